@@ -1,0 +1,63 @@
+"""What the HTTP layer needs from an engine client, as a Protocol.
+
+Implementations: ``asyncdp.client.DPClient`` (the real DP client of an API-server process, talking to engine
+processes over links) and ``asyncdp.testing.FakeEngineClient`` (deterministic, in-process, for API tests).
+
+The client owns request metrics (``asyncdp.metrics``): it knows the owning rank and every token's timing. The
+HTTP layer renders prompts, validates the body and maps exceptions (``asyncdp.api.errors``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from asyncdp.messages import RequestOutput
+from asyncdp.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class RankHint:
+    """A parsed rank hint (spec §7.6). ``local_index`` is the index among the managed ranks (header
+    ``X-data-parallel-rank`` / body ``data_parallel_rank``); ``global_rank`` the global form."""
+
+    local_index: int | None = None
+    global_rank: int | None = None
+
+
+class EngineClient(Protocol):
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """A Hugging Face tokenizer (``encode``, ``decode``, ``apply_chat_template``, ``eos_token_id``)."""
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        rank_hint: RankHint | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit one request and yield its output deltas until one has ``finished=True``.
+
+        Raises before the first yield: ``InvalidRequestError`` (rank hint out of range, E2/E3; prompt too long),
+        ``QueueFullError`` (admission limit), ``UnavailableError`` (no rank can serve, shutting down).
+        Raises while iterating: ``EngineDeadError`` when the owning rank dies.
+        Leaving the iteration early (break, cancellation, client disconnect) aborts the request on its engine.
+        """
+
+    def is_healthy(self) -> bool:
+        """True when at least one managed rank can serve and the server is not shutting down."""
+
+    def server_info(self) -> dict[str, Any]:
+        """The ``/server_info`` document of spec §12.2, as seen by this process."""
+
+    async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run a utility method (``pause``, ``resume``, ``is_paused``, ...) on every managed engine."""

@@ -1,0 +1,265 @@
+"""Every inter-process message, as a frozen typed struct, and the one codec that frames them.
+
+Messages are msgspec structs tagged by ``type`` (the class name) and encoded as msgpack. A frame with an unknown
+tag raises :class:`~asyncdp.errors.ProtocolError` at decode time; readers log and drop it (spec §5.1).
+``PROTOCOL_VERSION`` is carried in ``Hello`` and checked by the head at handshake (E5).
+
+Field names follow the DP vocabulary of the specification (§5.2): ``dp_rank``, ``wave``, ``client_index``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from asyncdp.errors import ProtocolError
+from asyncdp.sampling_params import SamplingParams
+
+PROTOCOL_VERSION = 1
+
+
+class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
+    pass
+
+
+# ---------------------------------------------------------------- shared payloads (untagged)
+
+
+class ClientAddr(msgspec.Struct, frozen=True, kw_only=True):
+    client_index: int
+    addr: str  # "unix:/path" or "tcp:host:port"
+
+
+class CoordinatorAddrs(msgspec.Struct, frozen=True, kw_only=True):
+    engine_addr: str
+    client_addr: str
+
+
+class DPGroupInfo(msgspec.Struct, frozen=True, kw_only=True):
+    master_addr: str
+    master_port: int
+    dp_size: int
+    backend: str  # "gloo" | "nccl"
+
+
+class Logprob(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    token_id: int
+    logprob: float
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Logprob of the sampled token plus the top-n alternatives (n = SamplingParams.logprobs)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[Logprob, ...] = ()
+
+
+class RequestOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What one step produced for one request: a delta, not the cumulative result."""
+
+    request_id: str
+    new_token_ids: list[int] = []
+    new_text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    logprobs: list[TokenLogprobs] | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    first_token_time: float | None = None
+
+
+class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0  # cumulative tokens looked up
+    prefix_cache_hits: int = 0  # cumulative tokens found
+    num_preemptions: int = 0  # cumulative
+    step: int = 0
+    wave: int = 0
+
+
+# ---------------------------------------------------------------- handshake
+
+
+class Hello(_Msg):
+    protocol_version: int
+    dp_rank: int
+    local: bool
+    headless: bool
+    host: str
+    pid: int
+
+
+class HandshakeInit(_Msg):
+    clients: list[ClientAddr]
+    coordinator: CoordinatorAddrs | None
+    dp_group: DPGroupInfo | None
+    client_count: int
+
+
+class HandshakeError(_Msg):
+    reason: str
+
+
+class Ready(_Msg):
+    dp_rank: int
+    local: bool
+    headless: bool
+    config_hash: str | None
+    config_summary: dict[str, Any]
+
+
+class EngineReady(_Msg):
+    dp_rank: int
+    max_model_len: int
+    num_kv_blocks: int
+    block_size: int
+    coordinator_client_addr: str | None
+    pid: int = 0
+
+
+# ---------------------------------------------------------------- client <-> engine
+
+
+class AddRequest(_Msg):
+    request_id: str
+    client_index: int
+    wave: int
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    pinned: bool = False
+
+
+class AbortRequests(_Msg):
+    request_ids: list[str]
+
+
+class UtilityCall(_Msg):
+    client_index: int
+    call_id: int
+    method: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+
+
+class UtilityResult(_Msg):
+    call_id: int
+    ok: bool
+    value: Any = None
+    error: str | None = None
+
+
+class EngineOutputs(_Msg):
+    dp_rank: int
+    outputs: list[RequestOutput]
+    finished_request_ids: list[str]
+    scheduler_stats: SchedulerStats | None
+    timestamp: float
+
+
+class EngineDead(_Msg):
+    dp_rank: int
+    reason: str
+
+
+# ---------------------------------------------------------------- coordinator
+
+
+class Subscribe(_Msg):
+    dp_rank: int | None = None  # engine
+    client_id: int | None = None  # client (client_index)
+
+
+class CoordinatorReady(_Msg):
+    pass
+
+
+class RankStats(_Msg):
+    dp_rank: int
+    num_waiting: int
+    num_running: int
+    kv_cache_usage: float
+    step: int = 0
+    wave: int = 0
+
+
+class WaveComplete(_Msg):
+    wave: int
+    dp_rank: int = 0
+
+
+class StartWaveRequest(_Msg):
+    dp_rank: int
+    wave: int
+
+
+class FirstRequest(_Msg):
+    exclude_rank: int
+    wave: int
+
+
+class StartWave(_Msg):
+    wave: int
+    exclude_rank: int | None
+
+
+class StatsSnapshot(_Msg):
+    counts: list[tuple[int, int, float]] | None
+    wave: int
+    running: bool
+    seq: int
+
+
+class Teardown(_Msg):
+    reason: str
+    dead_rank: int | None = None
+
+
+class NodeHello(_Msg):
+    start_rank: int
+    size_local: int
+    host: str
+    pid: int
+
+
+class NodeShutdown(_Msg):
+    reason: str
+    shutdown_timeout: float
+
+
+class Heartbeat(_Msg):
+    sender: str
+    seq: int
+
+
+class Goodbye(_Msg):
+    dp_rank: int
+
+
+Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
+    Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
+    AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead,
+    Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
+    StatsSnapshot, Teardown, NodeHello, NodeShutdown, Heartbeat, Goodbye,
+]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"invalid message: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"undecodable frame: {exc}") from exc
