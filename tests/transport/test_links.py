@@ -1,0 +1,70 @@
+import struct
+
+import anyio
+import pytest
+
+from asyncdp import messages
+from asyncdp.errors import ProtocolError
+from asyncdp.transport import connect, listen, memory_link_pair, serve_links
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["unix", "tcp"])
+async def test_messages_round_trip_over_sockets_in_order(kind, tmp_path):
+    listener, addr = await listen(kind, directory=str(tmp_path))
+    received: list[messages.Message] = []
+    done = anyio.Event()
+
+    async def handler(link):
+        async for msg in link:
+            received.append(msg)
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve_links, listener, handler)
+        link = await connect(addr)
+        sent = [messages.Heartbeat(sender="e0", seq=i) for i in range(50)]
+        sent.append(messages.StatsSnapshot(counts=[(1, 2, 0.5)], wave=3, running=True, seq=9))
+        for msg in sent:
+            await link.send(msg)
+        await link.aclose()
+        with anyio.fail_after(5):
+            await done.wait()
+        tg.cancel_scope.cancel()
+    assert received == sent
+
+
+@pytest.mark.anyio
+async def test_unknown_frame_type_raises_protocol_error(tmp_path):
+    listener, addr = await listen("unix", directory=str(tmp_path))
+    errors: list[Exception] = []
+    done = anyio.Event()
+
+    async def handler(link):
+        try:
+            await link.receive()
+        except ProtocolError as exc:
+            errors.append(exc)
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve_links, listener, handler)
+        stream = await anyio.connect_unix(addr.removeprefix("unix:"))
+        payload = b"\x81\xa4type\xa7Unknown"
+        await stream.send(struct.pack(">I", len(payload)) + payload)
+        with anyio.fail_after(5):
+            await done.wait()
+        await stream.aclose()
+        tg.cancel_scope.cancel()
+    assert errors and "Unknown" in str(errors[0])
+
+
+@pytest.mark.anyio
+async def test_memory_link_reports_end_of_stream_after_peer_closes():
+    a, b = memory_link_pair()
+    await a.send(messages.Goodbye(dp_rank=1))
+    await a.aclose()
+    assert await b.receive() == messages.Goodbye(dp_rank=1)
+    with pytest.raises(anyio.EndOfStream):
+        await b.receive()
+    await b.aclose()
