@@ -1,0 +1,186 @@
+"""Child processes of a deployment: spawn, control channel, parent-death detection, orderly stop.
+
+Every asyncdp child is ``python -m asyncdp.worker --control-fd N``. The parent keeps the other end of a Unix
+socket pair: the *control channel*. It carries newline-delimited JSON both ways: the parent sends the child's
+role and configuration first, then commands (``{"cmd": "shutdown"}``, process-table updates); the child reports
+events (``{"event": "ready", ...}`` with the addresses it bound). EOF on the channel means the parent died, and
+the child exits (spec §12.5 "no orphans"); on Linux the child also asks for SIGTERM on parent death (prctl).
+
+Children start in their own session, so a terminal's Ctrl-C reaches only the top process, which then stops
+children in order (API servers -> engines -> coordinator).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import orjson
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+log = logging.getLogger(__name__)
+
+MAX_CONTROL_LINE = 16 << 20
+
+
+class ControlChannel:
+    """Newline-delimited JSON over a connected Unix socket."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self._stream = stream
+        self._reader = BufferedByteReceiveStream(stream)
+        self._lock = anyio.Lock()
+
+    @classmethod
+    def from_fd(cls, fd: int) -> ControlChannel:
+        return cls(anyio.abc.UNIXSocketStream.from_socket(socket.socket(fileno=fd)))
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        async with self._lock:
+            await self._stream.send(orjson.dumps(obj) + b"\n")
+
+    async def receive(self) -> dict[str, Any]:
+        try:
+            line = await self._reader.receive_until(b"\n", MAX_CONTROL_LINE)
+        except (anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError):
+            raise anyio.EndOfStream from None
+        return orjson.loads(line)
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._stream.aclose()
+            except OSError:
+                pass
+
+
+@dataclass
+class ChildProcess:
+    """A spawned child as its parent sees it."""
+
+    name: str
+    role: str
+    rank: int | None
+    process: anyio.abc.Process
+    control: ControlChannel
+    events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _changed: anyio.Event = field(default_factory=anyio.Event)
+    exited: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def describe(self) -> str:
+        rank = "" if self.rank is None else f" rank {self.rank}"
+        return f"{self.role}{rank} ({self.name}, pid {self.pid})"
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def read_events(self) -> None:
+        """Task: record the child's control events until EOF."""
+        while True:
+            try:
+                msg = await self.control.receive()
+            except anyio.EndOfStream:
+                return
+            if "event" in msg:
+                self.events[msg["event"]] = msg
+                self._notify()
+
+    async def wait_event(self, name: str) -> dict[str, Any]:
+        """Wait until the child reported ``name``; raise ChildExited if it died first."""
+        while name not in self.events:
+            if self.exited.is_set():
+                raise ChildExited(self)
+            await self._changed.wait()
+        return self.events[name]
+
+    async def watch_exit(self) -> int:
+        """Task: wait for the process to end; returns its exit code."""
+        code = await self.process.wait()
+        self.exited.set()
+        self._notify()
+        return code
+
+    def send_signal(self, sig: int = signal.SIGTERM) -> None:
+        if self.process.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill_tree(self) -> None:
+        """SIGKILL the child's whole process group (it leads its own session)."""
+        if self.process.returncode is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.send_signal(signal.SIGKILL)
+
+    async def stop(self, *, grace_s: float, sig: int = signal.SIGTERM) -> int | None:
+        """Signal, wait up to ``grace_s``, then kill the tree. Returns the exit code (None if unknown)."""
+        self.send_signal(sig)
+        with anyio.move_on_after(grace_s):
+            await self.exited.wait()
+        if not self.exited.is_set():
+            log.warning("%s did not exit within %.1f s; killing", self.describe(), grace_s)
+            self.kill_tree()
+            with anyio.move_on_after(2.0):
+                await self.exited.wait()
+        return self.process.returncode
+
+
+class ChildExited(Exception):
+    def __init__(self, child: ChildProcess) -> None:
+        super().__init__(f"{child.describe()} exited with code {child.returncode} during startup")
+        self.child = child
+
+
+async def spawn_child(
+    *,
+    name: str,
+    role: str,
+    rank: int | None,
+    payload: dict[str, Any],
+    backend: str,
+    pass_fds: tuple[int, ...] = (),
+    env: dict[str, str] | None = None,
+) -> ChildProcess:
+    """Start ``python -m asyncdp.worker`` for ``role`` and send it its configuration."""
+    parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        child_fd = child_sock.fileno()
+        process = await anyio.open_process(
+            [sys.executable, "-m", "asyncdp.worker", "--control-fd", str(child_fd), "--name", name],
+            stdin=None,
+            stdout=None,
+            stderr=None,
+            pass_fds=(child_fd, *pass_fds),
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    except BaseException:
+        parent_sock.close()
+        raise
+    finally:
+        child_sock.close()
+    control = ControlChannel(anyio.abc.UNIXSocketStream.from_socket(parent_sock))
+    child = ChildProcess(name=name, role=role, rank=rank, process=process, control=control)
+    await control.send(
+        {"role": role, "name": name, "rank": rank, "parent_pid": os.getpid(), "backend": backend, "payload": payload}
+    )
+    return child
