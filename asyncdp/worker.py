@@ -30,12 +30,12 @@ PR_SET_PDEATHSIG = 1
 def _roles() -> dict[str, Callable[[dict[str, Any], ControlChannel], Awaitable[int]]]:
     # Imported lazily: a coordinator child must not pay for torch.
     def engine(payload: dict[str, Any], control: ControlChannel) -> Awaitable[int]:
-        from asyncdp.engine.rank import run_rank_process
+        from asyncdp.engine.rank_process import run_rank_process
 
         return run_rank_process(payload, control)
 
     def coordinator(payload: dict[str, Any], control: ControlChannel) -> Awaitable[int]:
-        from asyncdp.coordinator import run_coordinator_process
+        from asyncdp.coordinator_process import run_coordinator_process
 
         return run_coordinator_process(payload, control)
 
@@ -97,4 +97,8 @@ def _read_control_hello(fd: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    logging.shutdown()
+    sys.stderr.flush()
+    # A hard exit: an execution thread stuck in a collective must not keep a dead rank alive (spec §8.8).
+    os._exit(exit_code)

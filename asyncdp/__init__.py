@@ -1,0 +1,31 @@
+"""asyncdp: data-parallel LLM serving on anyio structured concurrency."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from asyncdp.llm import LLM
+    from asyncdp.outputs import CompletionOutput, RequestOutput
+    from asyncdp.sampling_params import SamplingParams
+
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import asyncdp` must stay cheap (no torch) for the CLI, the coordinator and the API processes.
+    if name == "LLM":
+        from asyncdp.llm import LLM
+
+        return LLM
+    if name in ("CompletionOutput", "RequestOutput"):
+        from asyncdp import outputs
+
+        return getattr(outputs, name)
+    if name == "SamplingParams":
+        from asyncdp.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'asyncdp' has no attribute {name!r}")

@@ -1,0 +1,168 @@
+"""The API-server role: one DP client plus the HTTP app on a shared listening socket.
+
+Theory of operation
+-------------------
+An API server owns a client listener (engines connect to it), a :class:`~asyncdp.client.DPClient` and the Quart
+app served by Hypercorn on a socket the launcher bound (spec §10: one port, N processes). It runs either inside
+the launcher (``--api-server-count 1``) or as a child process (``asyncdp-api-{i}``); both call
+:func:`serve_api`.
+
+Readiness: ``task_status.started()`` fires once every managed rank sent ``EngineReady`` and HTTP is being
+served. ``/health`` is 503 before that (connections queue on the socket meanwhile).
+
+Shutdown (spec §12.5): ``shutdown`` is set by a signal or by the launcher. New requests then get 503. With
+``shutdown_timeout_s == 0`` every in-flight request is aborted (``finish_reason = "abort"``); otherwise they
+drain until the deadline. A watchdog ends the server with exit code 1 when no managed rank can serve, unless
+keep-alive is set (spec §12.1).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from asyncdp.client import ClientConfig, DPClient
+from asyncdp.procs import ControlChannel
+from asyncdp.transport import listen
+
+log = logging.getLogger(__name__)
+
+WATCHDOG_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    client: ClientConfig
+    model_path: str
+    backend: str = "asyncio"
+    shutdown_timeout_s: float = 0.0
+    keep_alive_on_engine_death: bool = False
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    socket_dir: str | None = None
+    log_stats_interval_s: float = 10.0
+
+
+class ApiServerExit(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+def make_metrics(cfg: ApiConfig) -> Any:
+    from asyncdp.metrics import Metrics
+
+    return Metrics(model_name=cfg.client.model_name)
+
+
+async def bind_client_listener(cfg: ApiConfig) -> tuple[anyio.abc.Listener[Any], str]:
+    return await listen("unix", directory=cfg.socket_dir or tempfile.gettempdir(), prefix="asyncdp-client")
+
+
+async def serve_api(
+    cfg: ApiConfig,
+    http_sock: socket.socket,
+    client_listener: anyio.abc.Listener[Any],
+    shutdown: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[DPClient] = anyio.TASK_STATUS_IGNORED,
+) -> int:
+    """Serve until ``shutdown`` is set; return the exit code (0 orderly, 1 all engines dead)."""
+    from asyncdp.api.app import create_app
+    from asyncdp.api.serve import serve_http
+    from asyncdp.model import load_tokenizer
+
+    tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path)
+    client = DPClient(cfg.client, tokenizer, metrics=make_metrics(cfg))
+    app = create_app(client, backend=cfg.backend)
+    ssl = (cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
+    code = 0
+    async with anyio.create_task_group() as tg:
+        await tg.start(client.serve, client_listener)
+
+        async def http() -> None:
+            await serve_http(
+                app,
+                sock=http_sock,
+                backend=cfg.backend,
+                ssl=ssl,
+                shutdown_timeout_s=cfg.shutdown_timeout_s,
+                shutdown_trigger=shutdown.wait,
+            )
+
+        tg.start_soon(http)
+
+        async def watchdog() -> None:
+            nonlocal code
+            while True:
+                await anyio.sleep(WATCHDOG_INTERVAL_S)
+                if not client.is_healthy() and not client._shutting_down and not cfg.keep_alive_on_engine_death:
+                    log.error("no data-parallel rank can serve; the API server exits (keep-alive is off)")
+                    code = 1
+                    shutdown.set()
+                    return
+
+        tg.start_soon(watchdog)
+        task_status.started(client)
+        await shutdown.wait()
+        client.begin_shutdown()
+        if cfg.shutdown_timeout_s <= 0:
+            await client.abort_all()
+        # serve_http drains (or not) and returns; then everything else in this group stops.
+        with anyio.move_on_after(cfg.shutdown_timeout_s + 3.0):
+            while client.num_inflight:
+                await anyio.sleep(0.05)
+        tg.cancel_scope.deadline = anyio.current_time() + 1.0
+    return code
+
+
+async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> int:
+    """Main of an API-server child process (role "api")."""
+    cfg = msgspec.convert(payload["api"], ApiConfig)
+    http_sock = socket.socket(fileno=payload["http_fd"])
+    shutdown = anyio.Event()
+    code = 0
+    listener, client_addr = await bind_client_listener(cfg)
+    async with anyio.create_task_group() as tg:
+
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    shutdown.set()
+
+        async def on_control(client: DPClient) -> None:
+            nonlocal code
+            while True:
+                try:
+                    cmd = await control.receive()
+                except anyio.EndOfStream:
+                    log.error("API server %d: the parent process is gone; exiting", cfg.client.client_index)
+                    code = 1
+                    tg.cancel_scope.cancel()
+                    return
+                if cmd.get("cmd") == "processes":
+                    client.processes = cmd["processes"]
+                elif cmd.get("cmd") == "shutdown":
+                    shutdown.set()
+
+        tg.start_soon(on_signals)
+        await control.send({"event": "listening", "client_addr": client_addr})
+
+        async def run_api(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
+            nonlocal code
+            code = await serve_api(cfg, http_sock, listener, shutdown, task_status=task_status)
+            tg.cancel_scope.cancel()
+
+        client = await tg.start(run_api)
+        tg.start_soon(on_control, client)
+        await control.send({"event": "ready"})
+    http_sock.close()
+    return code

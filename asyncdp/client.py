@@ -1,0 +1,446 @@
+"""The DP client of an API-server process: routes requests to engine ranks and streams their outputs back.
+
+Theory of operation
+-------------------
+The client owns a listener that every managed engine connects to (spec §5.1 "client link"); the first frame on
+each link is ``EngineReady``. ``serve()`` accepts links until every managed rank is ready (E9 deadline), then
+reports readiness through ``task_status`` and keeps one reader task per link. A second task subscribes to the
+coordinator's ``StatsSnapshot`` stream and feeds the load balancer (:mod:`asyncdp.dp.balance`).
+
+``generate()`` asks the balancer for a rank, sends ``AddRequest`` on that rank's link and yields the output
+deltas the reader task posts into the request's collector. Leaving the generator early (client disconnect,
+cancellation) sends ``AbortRequests`` to the owning rank only. Every finished id an engine reports releases the
+balancer's in-flight count, so an idle deployment has zero in-flight everywhere (spec §7.3).
+
+When a rank dies (``EngineDead`` or link EOF) it leaves the balancer, its in-flight requests fail with
+``EngineDeadError`` and ``asyncdp:dp_engine_up`` drops to 0; the other ranks keep serving (dense, spec §13).
+MoE: the client stamps each request with its wave and sends ``FirstRequest`` when it believes the group is
+paused (spec §6.5).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from asyncdp import messages as m
+from asyncdp.api.engine_client import RankHint
+from asyncdp.dp.balance import LoadBalancer
+from asyncdp.errors import (
+    AsyncDPError,
+    EngineDeadError,
+    QueueFullError,
+    ShuttingDownError,
+    StartupError,
+    UnavailableError,
+)
+from asyncdp.sampling_params import SamplingParams
+from asyncdp.transport import Link, connect_with_retry
+
+log = logging.getLogger(__name__)
+
+ABORT_SEND_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    client_index: int
+    client_count: int
+    managed_ranks: tuple[int, ...]
+    dp_size: int
+    model_name: str
+    max_model_len: int
+    is_moe: bool = False
+    lb_policy: str = "vllm"
+    max_queued_requests: int | None = None
+    engine_ready_timeout_s: float = 600.0
+    coordinator_client_addr: str | None = None
+    mode: str = "internal"
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    dp_rank: int
+    arrival: float
+    num_prompt_tokens: int
+    pending: deque[m.RequestOutput] = field(default_factory=deque)
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    error: Exception | None = None
+    finished: bool = False
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    num_generated: int = 0
+    itls_s: list[float] = field(default_factory=list)
+
+    def post(self, out: m.RequestOutput, now: float) -> None:
+        n = len(out.new_token_ids)
+        if n:
+            if self.first_token_at is None:
+                self.first_token_at = now
+            elif self.last_token_at is not None:
+                gap = (now - self.last_token_at) / n
+                self.itls_s.extend([gap] * n)
+            self.last_token_at = now
+            self.num_generated += n
+        self.pending.append(out)
+        self.changed.set()
+
+    def fail(self, error: Exception) -> None:
+        self.error = error
+        self.changed.set()
+
+
+@dataclass(slots=True)
+class _Engine:
+    dp_rank: int
+    link: Link
+    ready: m.EngineReady
+    alive: bool = True
+    last_seen: float = 0.0
+
+
+class DPClient:
+    """Implements :class:`asyncdp.api.engine_client.EngineClient` over engine links."""
+
+    def __init__(self, cfg: ClientConfig, tokenizer: Any, *, metrics: Any = None) -> None:
+        self.cfg = cfg
+        self._tokenizer = tokenizer
+        self.metrics = metrics
+        self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
+        self._engines: dict[int, _Engine] = {}
+        self._requests: dict[str, _Request] = {}
+        self._utility_results: dict[int, tuple[anyio.Event, list[m.UtilityResult]]] = {}
+        self._call_ids = itertools.count(1)
+        self._all_ready = anyio.Event()
+        self._shutting_down = False
+        self._coordinator: Link | None = None
+        self.current_wave = 0
+        self.wave_running = False
+        self.snapshot_received_at: float | None = None
+        self.coordinator_state = "none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting"
+        self.processes: list[dict[str, Any]] = []
+        self.server_extra: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ EngineClient surface
+
+    @property
+    def model_name(self) -> str:
+        return self.cfg.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.cfg.max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def is_healthy(self) -> bool:
+        return (
+            self._all_ready.is_set()
+            and not self._shutting_down
+            and any(e.alive for e in self._engines.values())
+        )
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._requests)
+
+    def begin_shutdown(self) -> None:
+        """New requests get 503 from now on."""
+        self._shutting_down = True
+
+    async def abort_all(self) -> None:
+        """Abort every in-flight request (``--shutdown-timeout 0``); they finish with reason ``abort``."""
+        by_rank: dict[int, list[str]] = {}
+        for req in self._requests.values():
+            by_rank.setdefault(req.dp_rank, []).append(req.request_id)
+        for rank, ids in by_rank.items():
+            await self._send_abort(rank, ids)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        rank_hint: RankHint | None = None,
+    ) -> AsyncIterator[m.RequestOutput]:
+        if self._shutting_down:
+            raise ShuttingDownError("the server is shutting down")
+        if not any(e.alive for e in self._engines.values()):
+            raise UnavailableError("no data-parallel rank can serve requests")
+        if self.cfg.max_queued_requests is not None and len(self._requests) >= self.cfg.max_queued_requests:
+            raise QueueFullError(
+                f"too many requests in flight ({len(self._requests)} >= --max-queued-requests "
+                f"{self.cfg.max_queued_requests}); retry later"
+            )
+        local_index = rank_hint.local_index if rank_hint else None
+        global_rank = rank_hint.global_rank if rank_hint else None
+        dp_rank = self.lb.select(request_id, prompt_token_ids, local_index=local_index, global_rank=global_rank)
+        engine = self._engines.get(dp_rank)
+        if engine is None or not engine.alive:
+            self.lb.on_finish(request_id)
+            raise UnavailableError(f"data_parallel_rank {dp_rank} is not available")
+        pinned = rank_hint is not None and (local_index is not None or global_rank is not None)
+        if self.metrics is not None:
+            self.metrics.inc_lb_decision(dp_rank, "hint" if pinned else "score")
+        req = _Request(request_id, dp_rank, time.monotonic(), len(prompt_token_ids))
+        self._requests[request_id] = req
+        self._update_inflight_metric(dp_rank)
+        try:
+            await engine.link.send(
+                m.AddRequest(
+                    request_id=request_id,
+                    client_index=self.cfg.client_index,
+                    wave=self.current_wave,
+                    prompt_token_ids=prompt_token_ids,
+                    sampling_params=params,
+                    arrival_time=time.time(),
+                    pinned=pinned,
+                )
+            )
+            if self.cfg.is_moe and not self.wave_running and self._coordinator is not None:
+                self.wave_running = True
+                await self._coordinator.send(m.FirstRequest(exclude_rank=dp_rank, wave=self.current_wave))
+            while True:
+                await req.changed.wait()
+                req.changed = anyio.Event()
+                while req.pending:
+                    out = req.pending.popleft()
+                    yield out
+                    if out.finished:
+                        return
+                if req.error is not None:
+                    raise req.error
+        finally:
+            if not req.finished:
+                with anyio.CancelScope(shield=True):
+                    await self._send_abort(dp_rank, [request_id])
+                if req.error is not None or not self._engine_alive(dp_rank):
+                    self._release(req)
+
+    async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        live = [e for e in self._engines.values() if e.alive]
+        if not live:
+            raise UnavailableError("no data-parallel rank can serve requests")
+        call_id = next(self._call_ids)
+        done = anyio.Event()
+        results: list[m.UtilityResult] = []
+        self._utility_results[call_id] = (done, results)
+        try:
+            for e in live:
+                await e.link.send(
+                    m.UtilityCall(client_index=self.cfg.client_index, call_id=call_id, method=method,
+                                  args=list(args), kwargs=dict(kwargs))
+                )
+            while len(results) < len(live):
+                await done.wait()
+                done = anyio.Event()
+                self._utility_results[call_id] = (done, results)
+                if any(not e.alive for e in live):
+                    raise EngineDeadError(f"a rank died during utility call {method!r}")
+        finally:
+            del self._utility_results[call_id]
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise AsyncDPError(f"{method} failed: {failed[0].error}")
+        return results[0].value
+
+    # ------------------------------------------------------------------ serving
+
+    async def serve(
+        self, listener: anyio.abc.Listener[Any], *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Accept engine links; report ready once every managed rank sent EngineReady; then run forever."""
+        from asyncdp.transport.links import StreamLink
+
+        async with anyio.create_task_group() as tg:
+
+            async def accept() -> None:
+                async with listener:
+                    while True:
+                        stream = await listener.accept()
+                        tg.start_soon(self._engine_link, StreamLink(stream, name="engine"))
+
+            tg.start_soon(accept)
+            await self.wait_engines_ready()
+            if self.cfg.coordinator_client_addr:
+                tg.start_soon(self._follow_coordinator, self.cfg.coordinator_client_addr)
+            task_status.started()
+
+    async def wait_engines_ready(self) -> None:
+        with anyio.move_on_after(self.cfg.engine_ready_timeout_s) as scope:
+            await self._all_ready.wait()
+        if scope.cancelled_caught:
+            missing = sorted(set(self.cfg.managed_ranks) - set(self._engines))
+            raise StartupError(
+                f"engine ranks {missing} did not send EngineReady within --engine-ready-timeout-s "
+                f"{self.cfg.engine_ready_timeout_s:g}"
+            )
+
+    async def attach_engine(self, link: Link) -> None:
+        """Serve one engine link (public for in-memory harnesses): first frame EngineReady, then outputs."""
+        await self._engine_link(link)
+
+    async def _engine_link(self, link: Link) -> None:
+        try:
+            first = await link.receive()
+        except anyio.EndOfStream:
+            return
+        if not isinstance(first, m.EngineReady) or first.dp_rank not in self.cfg.managed_ranks:
+            log.error("client %d: unexpected first frame %r on an engine link", self.cfg.client_index, first)
+            await link.aclose()
+            return
+        rank = first.dp_rank
+        self._engines[rank] = _Engine(rank, link, first, last_seen=time.monotonic())
+        if self.metrics is not None:
+            self.metrics.set_engine_up(rank, True)
+        if first.coordinator_client_addr and self.cfg.coordinator_client_addr is None:
+            self.cfg = _with_coordinator(self.cfg, first.coordinator_client_addr)
+        if set(self.cfg.managed_ranks) <= set(self._engines):
+            self._all_ready.set()
+        reason = "link closed"
+        try:
+            async for msg in link:
+                self._engines[rank].last_seen = time.monotonic()
+                if isinstance(msg, m.EngineOutputs):
+                    self._on_outputs(msg)
+                elif isinstance(msg, m.UtilityResult):
+                    slot = self._utility_results.get(msg.call_id)
+                    if slot is not None:
+                        slot[1].append(msg)
+                        slot[0].set()
+                elif isinstance(msg, m.EngineDead):
+                    reason = msg.reason
+                    break
+        finally:
+            self._on_engine_dead(rank, reason)
+            await link.aclose()
+
+    def _on_outputs(self, msg: m.EngineOutputs) -> None:
+        now = time.monotonic()
+        for out in msg.outputs:
+            req = self._requests.get(out.request_id)
+            if req is not None:
+                req.post(out, now)
+        for rid in msg.finished_request_ids:
+            req = self._requests.get(rid)
+            if req is not None:
+                req.finished = True
+                self._release(req)
+                self._record_finished(req, msg, now)
+        if msg.scheduler_stats is not None and self.metrics is not None:
+            s = msg.scheduler_stats
+            self.metrics.set_engine_state(msg.dp_rank, s.num_running, s.num_waiting, s.kv_cache_usage)
+
+    def _record_finished(self, req: _Request, msg: m.EngineOutputs, now: float) -> None:
+        if self.metrics is None:
+            return
+        reason = "abort"
+        for out in msg.outputs:
+            if out.request_id == req.request_id and out.finish_reason:
+                reason = out.finish_reason
+        self.metrics.record_request_finished(
+            engine=req.dp_rank,
+            finished_reason=reason,
+            prompt_tokens=req.num_prompt_tokens,
+            generation_tokens=req.num_generated,
+            ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrival,
+            itls_s=req.itls_s,
+            e2e_s=now - req.arrival,
+        )
+
+    def _release(self, req: _Request) -> None:
+        if self._requests.pop(req.request_id, None) is not None:
+            self.lb.on_finish(req.request_id)
+            self._update_inflight_metric(req.dp_rank)
+
+    def _update_inflight_metric(self, dp_rank: int) -> None:
+        if self.metrics is not None:
+            self.metrics.set_inflight(dp_rank, self.lb.inflight_of(dp_rank))
+
+    def _engine_alive(self, dp_rank: int) -> bool:
+        e = self._engines.get(dp_rank)
+        return e is not None and e.alive
+
+    def _on_engine_dead(self, rank: int, reason: str) -> None:
+        engine = self._engines.get(rank)
+        if engine is None or not engine.alive:
+            return
+        engine.alive = False
+        if not self._shutting_down:
+            log.error("engine rank %d is dead (%s); it leaves the load balancer", rank, reason)
+        self.lb.mark_dead(rank)
+        if self.metrics is not None:
+            self.metrics.set_engine_up(rank, False)
+        for req in [r for r in self._requests.values() if r.dp_rank == rank]:
+            req.fail(EngineDeadError(f"engine rank {rank} died: {reason}"))
+
+    async def _send_abort(self, dp_rank: int, ids: list[str]) -> None:
+        engine = self._engines.get(dp_rank)
+        if engine is None or not engine.alive:
+            return
+        with anyio.move_on_after(ABORT_SEND_TIMEOUT_S):
+            try:
+                await engine.link.send(m.AbortRequests(request_ids=ids))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+
+    # ------------------------------------------------------------------ coordinator
+
+    async def _follow_coordinator(self, addr: str) -> None:
+        try:
+            link = await connect_with_retry(addr, timeout_s=30.0, what="the DP coordinator")
+        except TimeoutError:
+            log.warning("client %d: cannot reach the DP coordinator at %s", self.cfg.client_index, addr)
+            self.coordinator_state = "dead"
+            return
+        self._coordinator = link
+        self.coordinator_state = "alive"
+        async with link:
+            await link.send(m.Subscribe(client_id=self.cfg.client_index))
+            async for msg in link:
+                if isinstance(msg, m.StatsSnapshot):
+                    self._on_snapshot(msg)
+        self._coordinator = None
+        self.coordinator_state = "dead"
+        if not self._shutting_down:
+            log.warning("client %d: the DP coordinator is gone; routing on in-flight counts only",
+                        self.cfg.client_index)
+
+    def _on_snapshot(self, snap: m.StatsSnapshot) -> None:
+        self.snapshot_received_at = time.monotonic()
+        self.current_wave = snap.wave
+        self.wave_running = snap.running
+        if snap.counts is not None:
+            self.lb.on_snapshot([list(c) for c in snap.counts])
+        if self.metrics is not None:
+            self.metrics.set_snapshot_age(0.0)
+
+    def snapshot_age_s(self) -> float | None:
+        if self.snapshot_received_at is None:
+            return None
+        return time.monotonic() - self.snapshot_received_at
+
+    # ------------------------------------------------------------------ /server_info
+
+    def server_info(self) -> dict[str, Any]:
+        from asyncdp.server_info import client_server_info
+
+        return client_server_info(self)
+
+
+def _with_coordinator(cfg: ClientConfig, addr: str) -> ClientConfig:
+    import dataclasses
+
+    return dataclasses.replace(cfg, coordinator_client_addr=addr)

@@ -1,0 +1,151 @@
+"""The engine child process: handshake with the front-end, build the core, connect links, serve.
+
+Startup (spec §5.3): connect to the handshake address (retrying up to 300 s, E7), send ``Hello``, receive
+``HandshakeInit``, build the engine core off the event loop, connect to every client and to the coordinator
+(``Subscribe``, wait for ``CoordinatorReady``), send ``Ready`` to the front-end and ``EngineReady`` to each
+client. Then :class:`~asyncdp.engine.rank.EngineRank` runs until shutdown.
+
+Signals (SIGTERM/SIGINT) and ``{"cmd": "shutdown"}`` on the control channel start an orderly shutdown. EOF on
+the control channel means the parent died: the rank stops at once (exit 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from typing import Any
+
+import anyio
+import msgspec
+
+from asyncdp import messages as m
+from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
+from asyncdp.errors import StartupError
+from asyncdp.procs import ControlChannel
+from asyncdp.transport import Link, connect, connect_with_retry
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 300.0
+
+
+def rank_payload(cfg: RankConfig, handshake_addr: str) -> dict[str, Any]:
+    return {"rank": msgspec.to_builtins(cfg), "handshake_addr": handshake_addr}
+
+
+def _set_torch_threads(n: int | None) -> None:
+    if n is None:
+        return
+    import torch
+
+    torch.set_num_threads(n)
+
+
+async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
+    """Handshake over ``handshake`` (already connected) and return a connected rank, ready to run."""
+    await handshake.send(
+        m.Hello(
+            protocol_version=m.PROTOCOL_VERSION,
+            dp_rank=cfg.dp_rank,
+            local=True,
+            headless=False,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+    )
+    init = await handshake.receive()
+    if isinstance(init, m.HandshakeError):
+        raise StartupError(f"rank {cfg.dp_rank}: the front-end refused the handshake: {init.reason}")
+    if not isinstance(init, m.HandshakeInit):
+        raise StartupError(f"rank {cfg.dp_rank}: expected HandshakeInit, got {type(init).__name__}")
+
+    from asyncdp.engine.core import build_engine_core
+
+    _set_torch_threads(cfg.engine.torch_threads)
+    core = await anyio.to_thread.run_sync(build_engine_core, cfg.engine)
+    try:
+        clients = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}") for c in init.clients}
+        coordinator: Link | None = None
+        if init.coordinator is not None:
+            coordinator = await connect(init.coordinator.engine_addr, name="coordinator")
+            await coordinator.send(m.Subscribe(dp_rank=cfg.dp_rank))
+            while not isinstance(msg := await coordinator.receive(), m.CoordinatorReady):
+                if isinstance(msg, m.Teardown):
+                    raise RankTornDown(f"teardown during startup: {msg.reason}")
+        await handshake.send(
+            m.Ready(dp_rank=cfg.dp_rank, local=True, headless=False, config_hash=None, config_summary={})
+        )
+        coord_client_addr = init.coordinator.client_addr if init.coordinator else None
+        for link in clients.values():
+            await link.send(
+                m.EngineReady(
+                    dp_rank=cfg.dp_rank,
+                    max_model_len=core.max_model_len,
+                    num_kv_blocks=core.num_kv_blocks,
+                    block_size=cfg.engine.block_size,
+                    coordinator_client_addr=coord_client_addr,
+                    pid=os.getpid(),
+                )
+            )
+    except BaseException:
+        core.shutdown()
+        raise
+    return EngineRank(cfg, core, clients, coordinator)
+
+
+async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> int:
+    cfg = msgspec.convert(payload["rank"], RankConfig)
+    addr = payload["handshake_addr"]
+    rank: EngineRank | None = None
+    code = 0
+
+    async with anyio.create_task_group() as tg:
+
+        async def on_signals() -> None:
+            nonlocal code
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    if rank is None:  # still starting: nothing to drain
+                        tg.cancel_scope.cancel()
+                        return
+                    rank.request_shutdown()
+
+        async def on_control() -> None:
+            nonlocal code
+            while True:
+                try:
+                    cmd = await control.receive()
+                except anyio.EndOfStream:
+                    log.error("rank %d: the parent process is gone; exiting", cfg.dp_rank)
+                    code = 1
+                    tg.cancel_scope.cancel()
+                    return
+                if cmd.get("cmd") == "shutdown" and rank is not None:
+                    rank.request_shutdown()
+
+        tg.start_soon(on_signals)
+        tg.start_soon(on_control)
+        try:
+            with anyio.fail_after(HANDSHAKE_TIMEOUT_S):
+                handshake = await connect_with_retry(addr, timeout_s=HANDSHAKE_TIMEOUT_S, what="the front-end")
+        except TimeoutError:
+            log.error("did not receive handshake from the front-end at %s within %.0f s", addr, HANDSHAKE_TIMEOUT_S)
+            return 1
+        try:
+            rank = await start_rank(cfg, handshake)
+            await control.send({"event": "ready", "dp_rank": cfg.dp_rank})
+            await rank.run()
+        except RankTornDown as exc:
+            log.error("%s", exc)
+            code = 1
+        except Exception:
+            log.exception("rank %d failed", cfg.dp_rank)
+            code = 1
+        finally:
+            await handshake.aclose()
+            if rank is not None:
+                rank.core.shutdown()
+        tg.cancel_scope.cancel()
+    return code

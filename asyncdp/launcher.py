@@ -1,0 +1,445 @@
+"""The launcher role: start a single-node deployment in order, watch it, and tear it down in order.
+
+Theory of operation
+-------------------
+``run_serve(plan)`` is the top process of ``asyncdp serve``. In order (spec §5.3):
+
+1. bind the HTTP socket (E11: a busy port fails before any child starts);
+2. bind the client listener(s): in-process for one API server, or spawn ``asyncdp-api-{i}`` children that report
+   theirs over the control channel;
+3. spawn the DP coordinator when ``dp > 1`` and wait for its addresses (E8);
+4. bind the handshake listener and spawn one ``asyncdp-engine-dp{r}`` per rank; each engine says ``Hello``,
+   gets ``HandshakeInit`` (client and coordinator addresses) and reports ``Ready``;
+5. wait until every API server reports ready (all its ranks sent ``EngineReady``, E9).
+
+Every child is watched from the launcher's task group. During startup any child death aborts startup (E12,
+exit 1). Afterwards: an API-server death tears the node down (exit 1); a dense engine death only degrades
+service (the clients route around it) unless ``--dp-fail-fast``; a MoE engine or coordinator death tears the
+group down (exit 1).
+
+Shutdown (SIGTERM/SIGINT, spec §12.5) runs API servers -> engines -> coordinator under one deadline of
+``--shutdown-timeout + 5 s``; stragglers' process trees are killed. Exit 0 when orderly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from asyncdp import messages as m
+from asyncdp.api_server import ApiConfig, bind_client_listener, serve_api
+from asyncdp.client import ClientConfig, DPClient
+from asyncdp.config import EngineConfig
+from asyncdp.engine.rank import RankConfig
+from asyncdp.engine.rank_process import rank_payload
+from asyncdp.errors import StartupError
+from asyncdp.procs import ChildExited, ChildProcess, spawn_child
+from asyncdp.transport import Link, listen, serve_links
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Everything the launcher needs, resolved from the command line."""
+
+    engine: EngineConfig
+    served_model_name: str
+    model_path: str
+    is_moe: bool = False
+    dp_size: int = 1
+    api_server_count: int = 1
+    host: str | None = None
+    port: int = 8000
+    backend: str = "asyncio"
+    shutdown_timeout_s: float = 0.0
+    lb_policy: str = "vllm"
+    max_queued_requests: int | None = None
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    engine_ready_timeout_s: float = 600.0
+    coordinator_startup_timeout_s: float = 120.0
+    sync_interval: int = 32
+    prefill_schedule_interval: int = 1
+    enable_expert_parallel: bool = False
+    keep_alive_on_engine_death: bool = False
+    dp_fail_fast: bool = False
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    log_level: str = "INFO"
+    max_model_len: int = 0  # resolved by the caller from the model (0: unknown yet)
+
+    @property
+    def mode(self) -> str:
+        return "single" if self.dp_size == 1 else "internal"
+
+
+def bind_http_socket(host: str | None, port: int) -> socket.socket:
+    """Bind and listen on the user-facing port before anything else starts (E11)."""
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host or "0.0.0.0", port))
+        sock.listen(4096)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+@dataclass
+class _Deployment:
+    plan: LaunchPlan
+    http_sock: socket.socket
+    tmpdir: str
+    shutdown: anyio.Event = field(default_factory=anyio.Event)
+    api_shutdown: anyio.Event = field(default_factory=anyio.Event)
+    started: bool = False
+    failure: str | None = None
+    children: list[ChildProcess] = field(default_factory=list)
+    client_addrs: list[m.ClientAddr] = field(default_factory=list)
+    coordinator_addrs: m.CoordinatorAddrs | None = None
+    ready_ranks: set[int] = field(default_factory=set)
+    all_ranks_ready: anyio.Event = field(default_factory=anyio.Event)
+    inproc_client: DPClient | None = None
+    inproc_api_done: anyio.Event = field(default_factory=anyio.Event)
+    inproc_api_code: int = 0
+    handshake_addr: str = ""
+
+    @property
+    def http_port(self) -> int:
+        return self.http_sock.getsockname()[1]
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None and not self.shutdown.is_set():
+            log.error("%s", reason)
+            self.failure = reason
+        self.shutdown.set()
+
+    def process_table(self) -> list[dict[str, Any]]:
+        host = socket.gethostname()
+        c = self.plan.api_server_count
+        top = {
+            "role": "launcher" if c > 1 else "api_server",
+            "rank": None,
+            "client_index": None if c > 1 else 0,
+            "pid": os.getpid(),
+            "host": host,
+            "ports": {"http": self.http_port, "handshake": self.handshake_addr},
+        }
+        rows = [top]
+        for ch in self.children:
+            row: dict[str, Any] = {"role": {"api": "api_server"}.get(ch.role, ch.role), "rank": ch.rank,
+                                   "client_index": ch.rank if ch.role == "api" else None, "pid": ch.pid,
+                                   "host": host, "ports": {}}
+            if ch.role == "api":
+                row["rank"] = None
+                row["ports"] = {"http": self.http_port, "client_link": ch.events.get("listening", {}).get("client_addr")}
+            elif ch.role == "coordinator" and self.coordinator_addrs:
+                row["ports"] = {"engine_link": self.coordinator_addrs.engine_addr,
+                                "client_link": self.coordinator_addrs.client_addr}
+            rows.append(row)
+        return rows
+
+
+def run_serve(plan: LaunchPlan) -> int:
+    """Run a deployment until a signal or a failure; return the process exit code."""
+    try:
+        http_sock = bind_http_socket(plan.host, plan.port)
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 1
+    tmpdir = tempfile.mkdtemp(prefix="asyncdp-")
+    try:
+        return anyio.run(_serve, plan, http_sock, tmpdir, backend=plan.backend)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        http_sock.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str) -> int:
+    dep = _Deployment(plan, http_sock, tmpdir)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_signals, dep)
+        try:
+            await _start(dep, tg)
+        except (ChildExited, StartupError, TimeoutError) as exc:
+            dep.fail(f"startup failed: {exc}")
+        except Exception as exc:
+            log.exception("startup failed")
+            dep.fail(f"startup failed: {exc}")
+        if not dep.shutdown.is_set():
+            dep.started = True
+            await _publish_process_table(dep)
+            scheme = "https" if plan.ssl_certfile else "http"
+            log.info("asyncdp is serving %s on %s://%s:%d (dp=%d, %d API server%s)", plan.served_model_name, scheme,
+                     plan.host or "0.0.0.0", dep.http_port, plan.dp_size, plan.api_server_count,
+                     "s" if plan.api_server_count > 1 else "")
+        await dep.shutdown.wait()
+        await _stop_all(dep)
+        tg.cancel_scope.cancel()
+    if dep.failure is not None or dep.inproc_api_code:
+        return 1
+    return 0
+
+
+async def _watch_signals(dep: _Deployment) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if dep.shutdown.is_set():
+                log.warning("second signal: killing every child now")
+                for ch in dep.children:
+                    ch.kill_tree()
+                continue
+            log.info("received %s: shutting down", signal.Signals(signum).name)
+            dep.shutdown.set()
+
+
+async def _spawn(dep: _Deployment, tg: anyio.abc.TaskGroup, **kwargs: Any) -> ChildProcess:
+    env = kwargs.pop("env", None)
+    child = await spawn_child(backend=dep.plan.backend, env=env, **kwargs)
+    dep.children.append(child)
+    tg.start_soon(child.read_events)
+    tg.start_soon(_watch_child, dep, child)
+    return child
+
+
+async def _watch_child(dep: _Deployment, child: ChildProcess) -> None:
+    code = await child.watch_exit()
+    if dep.shutdown.is_set():
+        return
+    what = f"{child.describe()} exited with code {code}"
+    if not dep.started:
+        return  # startup waits see ChildExited and fail with E12
+    plan = dep.plan
+    if child.role == "engine" and not plan.is_moe and not plan.dp_fail_fast:
+        log.error("%s; the other ranks keep serving", what)
+        return
+    if child.role == "coordinator" and not plan.is_moe:
+        log.warning("%s; clients route on in-flight counts only", what)
+        return
+    dep.fail(f"{what}; tearing the deployment down")
+
+
+def _client_config(plan: LaunchPlan, client_index: int, coordinator_client_addr: str | None) -> ClientConfig:
+    return ClientConfig(
+        client_index=client_index,
+        client_count=plan.api_server_count,
+        managed_ranks=tuple(range(plan.dp_size)),
+        dp_size=plan.dp_size,
+        model_name=plan.served_model_name,
+        max_model_len=plan.max_model_len,
+        is_moe=plan.is_moe,
+        lb_policy=plan.lb_policy,
+        max_queued_requests=plan.max_queued_requests,
+        engine_ready_timeout_s=plan.engine_ready_timeout_s,
+        coordinator_client_addr=coordinator_client_addr,
+        mode=plan.mode,
+    )
+
+
+def _api_config(dep: _Deployment, client_index: int) -> ApiConfig:
+    plan = dep.plan
+    coord = dep.coordinator_addrs.client_addr if dep.coordinator_addrs else None
+    return ApiConfig(
+        client=_client_config(plan, client_index, coord),
+        model_path=plan.model_path,
+        backend=plan.backend,
+        shutdown_timeout_s=plan.shutdown_timeout_s,
+        keep_alive_on_engine_death=plan.keep_alive_on_engine_death,
+        ssl_keyfile=plan.ssl_keyfile,
+        ssl_certfile=plan.ssl_certfile,
+        socket_dir=dep.tmpdir,
+    )
+
+
+async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
+    plan = dep.plan
+    env = {}
+    if plan.api_server_count > 1:
+        metrics_dir = os.path.join(dep.tmpdir, "metrics")
+        os.makedirs(metrics_dir)
+        env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+
+    # 1. coordinator (its client address goes into every API server's config)
+    if plan.dp_size > 1:
+        coord = await _spawn(dep, tg, name="asyncdp-coordinator", role="coordinator", rank=None, payload={
+            "dp_size": plan.dp_size, "is_moe": plan.is_moe, "socket_dir": dep.tmpdir,
+            "heartbeat_interval_s": plan.heartbeat_interval_s, "heartbeat_timeout_s": plan.heartbeat_timeout_s,
+        })
+        with anyio.fail_after(plan.coordinator_startup_timeout_s):
+            ev = await coord.wait_event("ready")
+        dep.coordinator_addrs = m.CoordinatorAddrs(engine_addr=ev["engine_addr"], client_addr=ev["client_addr"])
+
+    # 2. API servers and their client listeners
+    api_children: list[ChildProcess] = []
+    if plan.api_server_count == 1:
+        listener, addr = await bind_client_listener(_api_config(dep, 0))
+        dep.client_addrs.append(m.ClientAddr(client_index=0, addr=addr))
+        inproc_ready = anyio.Event()
+
+        async def inproc_api() -> None:
+            async with anyio.create_task_group() as inner:
+                async def run(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
+                    dep.inproc_api_code = await serve_api(_api_config(dep, 0), dep.http_sock, listener,
+                                                          dep.api_shutdown, task_status=task_status)
+                    dep.inproc_api_done.set()
+                    if dep.inproc_api_code:
+                        dep.fail("the API server stopped: no data-parallel rank can serve")
+
+                try:
+                    dep.inproc_client = await inner.start(run)
+                except Exception as exc:  # startup of the API server failed (E9 and friends)
+                    dep.inproc_api_done.set()
+                    dep.fail(f"startup failed: {exc}")
+                    return
+                inproc_ready.set()
+
+        tg.start_soon(inproc_api)
+    else:
+        for i in range(plan.api_server_count):
+            child = await _spawn(dep, tg, name=f"asyncdp-api-{i}", role="api", rank=i, env=env,
+                                 payload={"api": msgspec.to_builtins(_api_config(dep, i)),
+                                          "http_fd": dep.http_sock.fileno()},
+                                 pass_fds=(dep.http_sock.fileno(),))
+            api_children.append(child)
+        for child in api_children:
+            with anyio.fail_after(60):
+                ev = await child.wait_event("listening")
+            dep.client_addrs.append(m.ClientAddr(client_index=child.rank or 0, addr=ev["client_addr"]))
+
+    # 3. engines, through the handshake listener
+    hs_listener, dep.handshake_addr = await listen("unix", directory=dep.tmpdir, prefix="asyncdp-handshake")
+    tg.start_soon(serve_links, hs_listener, lambda link: _handshake(dep, link))
+    engines = []
+    threads = max(1, (os.cpu_count() or 1) // plan.dp_size)
+    for r in range(plan.dp_size):
+        cfg = RankConfig(
+            dp_rank=r,
+            dp_size=plan.dp_size,
+            engine=plan.engine if plan.engine.torch_threads else plan.engine.replace(torch_threads=threads),
+            is_moe=plan.is_moe,
+            heartbeat_interval_s=plan.heartbeat_interval_s,
+            heartbeat_timeout_s=plan.heartbeat_timeout_s,
+            shutdown_timeout_s=plan.shutdown_timeout_s,
+            sync_interval=plan.sync_interval,
+            prefill_schedule_interval=plan.prefill_schedule_interval,
+        )
+        engines.append(await _spawn(dep, tg, name=f"asyncdp-engine-dp{r}", role="engine", rank=r,
+                                    payload=rank_payload(cfg, dep.handshake_addr)))
+
+    # 4. wait for every engine's Ready and every API server's ready
+    await _wait_all(dep, engines, "ready")
+    if plan.api_server_count == 1:
+        async with anyio.create_task_group() as waiters:
+            async def api_ready() -> None:
+                await inproc_ready.wait()
+                waiters.cancel_scope.cancel()
+
+            async def api_failed() -> None:
+                await dep.inproc_api_done.wait()
+                waiters.cancel_scope.cancel()
+
+            waiters.start_soon(api_ready)
+            waiters.start_soon(api_failed)
+        if not inproc_ready.is_set():
+            raise StartupError(dep.failure or "the API server did not start")
+    else:
+        await _wait_all(dep, api_children, "ready")
+
+
+async def _wait_all(dep: _Deployment, children: list[ChildProcess], event: str) -> None:
+    deadline = dep.plan.engine_ready_timeout_s
+    with anyio.fail_after(deadline):
+        for child in children:
+            await child.wait_event(event)
+
+
+async def _handshake(dep: _Deployment, link: Link) -> None:
+    """Handshake with one engine (spec §5.3 steps 2-6), then keep the link open for the deployment's life."""
+    plan = dep.plan
+    hello = await link.receive()
+    if not isinstance(hello, m.Hello):
+        await link.send(m.HandshakeError(reason=f"expected Hello, got {type(hello).__name__}"))
+        return
+    problem = None
+    if hello.protocol_version != m.PROTOCOL_VERSION:
+        problem = f"protocol_version {hello.protocol_version} != {m.PROTOCOL_VERSION}"
+    elif not 0 <= hello.dp_rank < plan.dp_size:
+        problem = f"dp_rank {hello.dp_rank} is outside [0, {plan.dp_size})"
+    elif hello.dp_rank in dep.ready_ranks:
+        problem = f"dp_rank {hello.dp_rank} connected twice"
+    elif hello.headless:
+        problem = (f"engine rank {hello.dp_rank} connected with headless=True, but this deployment expects "
+                   "headless=False")
+    if problem:
+        await link.send(m.HandshakeError(reason=problem))
+        dep.fail(f"startup failed: handshake with engine rank {hello.dp_rank}: {problem}")
+        return
+    await link.send(m.HandshakeInit(clients=dep.client_addrs, coordinator=dep.coordinator_addrs, dp_group=None,
+                                    client_count=plan.api_server_count))
+    ready = await link.receive()
+    if not isinstance(ready, m.Ready):
+        dep.fail(f"startup failed: engine rank {hello.dp_rank} sent {type(ready).__name__} instead of Ready")
+        return
+    dep.ready_ranks.add(hello.dp_rank)
+    if len(dep.ready_ranks) == plan.dp_size:
+        dep.all_ranks_ready.set()
+    async for _ in link:  # the handshake link stays open for the deployment's life (spec §5.7)
+        pass
+
+
+async def _publish_process_table(dep: _Deployment) -> None:
+    table = dep.process_table()
+    if dep.inproc_client is not None:
+        dep.inproc_client.processes = table
+    for ch in dep.children:
+        if ch.role == "api":
+            try:
+                await ch.control.send({"cmd": "processes", "processes": table})
+            except (anyio.BrokenResourceError, OSError):
+                pass
+
+
+async def _stop_all(dep: _Deployment) -> None:
+    """API servers -> engines -> coordinator, under one shared deadline (spec §12.5)."""
+    plan = dep.plan
+    deadline = anyio.current_time() + plan.shutdown_timeout_s + SHUTDOWN_GRACE_S
+
+    async def stop_role(role: str) -> None:
+        children = [c for c in dep.children if c.role == role and not c.exited.is_set()]
+        if not children:
+            return
+        async with anyio.create_task_group() as tg:
+            for ch in children:
+                tg.start_soon(lambda ch=ch: ch.stop(grace_s=max(0.5, deadline - anyio.current_time())))
+
+    dep.api_shutdown.set()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop_role, "api")
+        if dep.inproc_client is not None:
+            with anyio.move_on_after(max(0.5, deadline - anyio.current_time())):
+                await dep.inproc_api_done.wait()
+    await stop_role("engine")
+    await stop_role("coordinator")
+    for ch in dep.children:
+        await ch.control.aclose()
+    bad = [c for c in dep.children if c.returncode not in (0, None) and c.returncode != -signal.SIGTERM]
+    if bad and dep.failure is None and not dep.started:
+        dep.failure = "children failed: " + ", ".join(c.describe() for c in bad)

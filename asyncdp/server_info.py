@@ -1,0 +1,58 @@
+"""The ``/server_info`` document (spec §12.2), built from a DP client's view of the deployment."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from asyncdp import __version__
+
+if TYPE_CHECKING:
+    from asyncdp.client import DPClient
+
+
+def client_server_info(client: DPClient) -> dict[str, Any]:
+    cfg = client.cfg
+    now = time.monotonic()
+    ranks = []
+    for local_index, rank in enumerate(cfg.managed_ranks):
+        engine = client._engines.get(rank)
+        if engine is None:
+            state, seen = "starting", None
+        else:
+            state = "ready" if engine.alive else "dead"
+            seen = round(now - engine.last_seen, 3)
+        ranks.append({"dp_rank": rank, "local_index": local_index, "local": True, "state": state,
+                      "last_seen_s": seen, "inflight": client.lb.inflight_of(rank)})
+    age = client.snapshot_age_s()
+    coordinator = None
+    if cfg.dp_size > 1:
+        coord_proc = next((p for p in client.processes if p.get("role") == "coordinator"), None)
+        coordinator = {
+            "host": (coord_proc or {}).get("host", "127.0.0.1"),
+            "pid": (coord_proc or {}).get("pid"),
+            "state": client.coordinator_state,
+            "snapshot_age_s": None if age is None else round(age, 3),
+        }
+    return {
+        "asyncdp_version": __version__,
+        "model": cfg.model_name,
+        "is_moe": cfg.is_moe,
+        "enable_expert_parallel": bool(client.server_extra.get("enable_expert_parallel", False)),
+        "mode": cfg.mode,
+        "dp_size": cfg.dp_size,
+        "dp_size_local": len(cfg.managed_ranks),
+        "dp_start_rank": cfg.managed_ranks[0] if cfg.managed_ranks else 0,
+        "managed_ranks": ranks,
+        "api_process_count": cfg.client_count,
+        "api_process_rank": cfg.client_index,
+        "lb_policy": cfg.lb_policy,
+        "wave": {"current": client.current_wave, "running": client.wave_running} if cfg.is_moe else None,
+        "coordinator": coordinator,
+        "processes": client.processes,
+        "parallel_config": {
+            "data_parallel_size": cfg.dp_size,
+            "_api_process_count": cfg.client_count,
+            "_api_process_rank": cfg.client_index,
+        },
+    }
