@@ -274,8 +274,8 @@ def unsupported_reason(config: ServeConfig) -> str | None:
     if d.mode in names:
         return f"{names[d.mode]} is not supported in this build yet"
     if d.nnodes > 1 or d.dp_size_local < d.dp_size:
-        return (f"multi-node deployments (--nnodes {d.nnodes}, --data-parallel-size-local {d.dp_size_local} "
-                f"of --data-parallel-size {d.dp_size}) are not supported in this build yet")
+        return (f"a multi-node deployment (--nnodes {d.nnodes}; this node runs {d.dp_size_local} of "
+                f"--data-parallel-size {d.dp_size} ranks) is not supported in this build yet")
     return None
 
 
