@@ -13,6 +13,7 @@ Heavy modules (model, launcher) are imported lazily so that ``--help`` and valid
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -280,7 +281,7 @@ def unsupported_reason(config: ServeConfig) -> str | None:
 
 
 def _run_model_command(ns: argparse.Namespace) -> int:
-    from asyncdp import model
+    model = importlib.import_module("asyncdp.model")
 
     if ns.model_command == "export":
         out = model.export_builtin(ns.name, Path(ns.dir))
@@ -313,5 +314,7 @@ def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None 
         print(f"asyncdp: error: {exc}", file=sys.stderr)
         return 2
     if run_serve is None:
-        from asyncdp.launcher import run_serve
+        from asyncdp.launcher import run_serve as launcher_run_serve
+
+        run_serve = launcher_run_serve
     return int(run_serve(config))

@@ -555,6 +555,7 @@ def resolve(config: ServeConfig, *, is_moe: bool, num_experts: int,
 
     dp, rank, local = c.data_parallel_size, par.rank, par.local
     coordinator_needed = dp > 1 and (is_moe or not par.external)
+    managed: tuple[int, ...]
     if layout.headless:
         mode, managed, coordinator_here = "headless", (), False
     elif par.external:

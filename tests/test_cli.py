@@ -7,8 +7,10 @@ facts and a fake ``run_serve`` so nothing starts.
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,3 +171,46 @@ def test_auto_switch_warning_is_printed_before_the_unsupported_error(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("asyncdp: warning: hybrid LB with one local rank is external LB")
     assert err[1].startswith("asyncdp: error: external load-balancing mode")
+
+
+def test_resolved_config_survives_pickling_for_spawned_children():
+    launcher = FakeLauncher()
+    main(["serve", "-dp", "2", "--device-ids", "0,1"], model_facts=moe_facts, run_serve=launcher, env={})
+    config = launcher.configs[0]
+    assert pickle.loads(pickle.dumps(config)) == config
+
+
+class FakeModelPackage(types.ModuleType):
+    """Stands in for ``asyncdp.model``: records exports, lists two names."""
+
+    def __init__(self) -> None:
+        super().__init__("asyncdp.model")
+        self.exported: list[tuple[str, Path]] = []
+
+    def export_builtin(self, name: str, directory: Path) -> Path:
+        self.exported.append((name, directory))
+        return directory
+
+    def list_builtin(self) -> list[str]:
+        return ["builtin:tiny-dense", "builtin:tiny-moe"]
+
+
+def test_model_export_and_list_call_the_model_package(monkeypatch, capsys, tmp_path):
+    fake = FakeModelPackage()
+    monkeypatch.setitem(sys.modules, "asyncdp.model", fake)
+    assert main(["model", "export", "builtin:tiny-moe", str(tmp_path / "out")]) == 0
+    assert fake.exported == [("builtin:tiny-moe", tmp_path / "out")]
+    assert main(["model", "list"]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ["builtin:tiny-dense", "builtin:tiny-moe"]
+
+
+def test_model_export_of_unknown_name_exits_2(monkeypatch, capsys, tmp_path):
+    fake = FakeModelPackage()
+
+    def refuse(name: str, directory: Path) -> Path:
+        raise ModelNotFoundError(f"unknown built-in model {name!r}.")
+
+    fake.export_builtin = refuse  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "asyncdp.model", fake)
+    assert main(["model", "export", "nope", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "asyncdp: error: unknown built-in model 'nope'.\n"
