@@ -139,8 +139,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", default=None, metavar="{" + ",".join(HTTP_BACKENDS) + "}",
                    help=f"anyio backend of every process (default: {_D.backend})")
     g.add_argument("--lb-policy", "--dp-lb-policy", dest="lb_policy", default=None,
-                   metavar="{" + ",".join(LB_POLICIES) + "}",
-                   help=f"client load-balancing policy; env ASYNCDP_DP_LB_POLICY (default: {_D.lb_policy})")
+                   metavar="POLICY",
+                   help=f"client load-balancing policy, one of {', '.join(LB_POLICIES)}; "
+                        f"env ASYNCDP_DP_LB_POLICY (default: {_D.lb_policy})")
     g.add_argument("--log-level", default=None, metavar="{" + ",".join(LOG_LEVELS) + "}",
                    help=f"log level (default: {_D.log_level})")
 
@@ -177,24 +178,30 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     e = _D.engine
     g = p.add_argument_group("engine")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
-    g.add_argument("--max-num-seqs", type=int, default=None, help=f"(default: {e.max_num_seqs})")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help=f"(default: {e.max_num_batched_tokens})")
-    g.add_argument("--max-model-len", type=int, default=None, help="(default: the model's limit)")
-    g.add_argument("--block-size", type=int, default=None, help=f"KV-cache block size (default: {e.block_size})")
-    g.add_argument("--num-kv-blocks", type=int, default=None,
+    g.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                   help=f"most sequences per step (default: {e.max_num_seqs})")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help=f"most tokens per step (default: {e.max_num_batched_tokens})")
+    g.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="longest prompt plus output, in tokens (default: the model's limit)")
+    g.add_argument("--block-size", type=int, default=None, metavar="N", help=f"KV-cache block size (default: {e.block_size})")
+    g.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
                    help="KV-cache blocks per rank (default: from --kv-cache-memory-bytes)")
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=None,
-                   help=f"(default: {e.kv_cache_memory_bytes})")
-    _bool(g, "--enable-prefix-caching", help="(default: on)")
-    g.add_argument("--seed", type=int, default=None, help=f"(default: {e.seed})")
-    g.add_argument("--dtype", default=None, metavar="{auto,float32,bfloat16,float16}", help="(default: auto)")
-    g.add_argument("--device", default=None, metavar="{auto,cpu,cuda}", help="(default: auto)")
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=None, metavar="BYTES",
+                   help=f"KV-cache memory per rank when --num-kv-blocks is not given "
+                        f"(default: {e.kv_cache_memory_bytes})")
+    _bool(g, "--enable-prefix-caching", help="reuse cached KV blocks of shared prompt prefixes (default: on)")
+    g.add_argument("--seed", type=int, default=None, help=f"sampling seed (default: {e.seed})")
+    g.add_argument("--dtype", default=None, metavar="{auto,float32,bfloat16,float16}",
+                   help="model weight and activation dtype (default: auto)")
+    g.add_argument("--device", default=None, metavar="{auto,cpu,cuda}",
+                   help="execution device (default: auto)")
     g.add_argument("--executor", default=None, metavar="{torch,sim}",
                    help="torch runs the model; sim simulates step times with --sim-cost (default: torch)")
     g.add_argument("--sim-cost", default=None, metavar="A,B,C,D",
                    help="sim step time in ms: a + b*prefill_tokens + c*decode_seqs + d*kv_tokens")
-    g.add_argument("--torch-threads", type=int, default=None, help="(default: torch's)")
+    g.add_argument("--torch-threads", type=int, default=None, metavar="N",
+                   help="torch intra-op threads per engine (default: torch's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
