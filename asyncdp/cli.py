@@ -1,0 +1,327 @@
+"""The ``asyncdp`` command line: ``serve``, ``model export|list`` and ``--version``.
+
+Theory of operation: argv is normalised (``--data_parallel_size`` is ``--data-parallel-size``), parsed by argparse
+into ``{field: value}`` with ``None`` for every flag not given, and handed to :meth:`ServeConfig.from_flags`
+(range checks, env overrides). The model's facts (MoE or dense, number of experts) are read, then
+:func:`asyncdp.config.resolve` derives the deployment (spec §3). Any :class:`~asyncdp.errors.ConfigError`, argparse
+errors included, ends the command with one line ``asyncdp: error: <message>`` on stderr and exit code 2, before
+any child process exists. Only then does ``serve`` call ``asyncdp.launcher.run_serve(config)``.
+
+Heavy modules (model, launcher) are imported lazily so that ``--help`` and validation stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, Protocol
+
+from asyncdp.config import (
+    DEFAULT_MODEL,
+    DP_BACKENDS,
+    HTTP_BACKENDS,
+    LB_POLICIES,
+    LOG_LEVELS,
+    ServeConfig,
+    resolve,
+)
+from asyncdp.errors import ConfigError
+
+_D = ServeConfig()  # defaults for help texts
+
+
+class ModelFacts(Protocol):
+    is_moe: bool
+    num_experts: int
+
+
+ModelFactsFn = Callable[[str], ModelFacts]
+RunServeFn = Callable[[ServeConfig], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors become ConfigError, so every invalid command line reports the same single line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Spell ``--flag_name[=value]`` as ``--flag-name[=value]``; the value and everything after ``--`` stay."""
+    out: list[str] = []
+    for i, token in enumerate(argv):
+        if token == "--":
+            return out + list(argv[i:])
+        if token.startswith("--"):
+            name, sep, value = token.partition("=")
+            token = name.replace("_", "-") + sep + value
+        out.append(token)
+    return out
+
+
+def _bool(group: Any, *names: str, help: str, dest: str | None = None) -> None:
+    group.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, dest=dest, help=help)
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
+                   help=f"built-in model name or Hugging Face checkpoint directory (default: {DEFAULT_MODEL})")
+    p.add_argument("--model", default=None, help="same as the positional MODEL")
+
+    g = p.add_argument_group("data-parallel topology")
+    g.add_argument("--data-parallel-size", "-dp", type=int, default=None, metavar="N",
+                   help="global number of data-parallel ranks (engine replicas) (default: 1)")
+    g.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None, metavar="L",
+                   help="data-parallel ranks on this node; 0 = API-only head (default: derived)")
+    g.add_argument("--data-parallel-rank", "-dpn", type=int, default=None, metavar="R",
+                   help="run this process as the single external-LB rank R (MoE models only)")
+    g.add_argument("--data-parallel-start-rank", "-dpr", type=int, default=None, metavar="S",
+                   help="global rank of the first local rank; selects hybrid LB unless --headless (0 counts too)")
+    g.add_argument("--data-parallel-address", "-dpa", default=None, metavar="HOST",
+                   help="head-node address for the handshake and the DP process group "
+                        "(default: --master-addr, then 127.0.0.1)")
+    g.add_argument("--data-parallel-rpc-port", "-dpp", type=int, default=None, metavar="PORT",
+                   help=f"head-node TCP handshake port (default: {_D.data_parallel_rpc_port})")
+    g.add_argument("--data-parallel-backend", "-dpb", default=None, metavar="{" + ",".join(DP_BACKENDS) + "}",
+                   help="process backend; ray is not available in this build (default: mp)")
+    _bool(g, "--data-parallel-hybrid-lb", "-dph",
+          help="hybrid LB: each node's API servers balance over its own local ranks S..S+L-1 only. "
+               "Rank hints (X-data-parallel-rank) are local indices in [0, L) (default: off)")
+    _bool(g, "--data-parallel-external-lb", "-dpe",
+          help="external LB: one API endpoint per rank, set with --data-parallel-rank (default: off)")
+    g.add_argument("--data-parallel-multi-port-external-lb", "-dpm", action="store_true", default=None,
+                   help="multi-port supervisor: one child API server per local rank on consecutive ports "
+                        "--port .. --port+L-1")
+    _bool(g, "--enable-expert-parallel", "-ep",
+          help="shard MoE experts by expert across DP x TP ranks (default: off)")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, metavar="N",
+                   help="tensor-parallel size per rank (default: 1)")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=None, metavar="N",
+                   help="pipeline-parallel size per rank (default: 1)")
+    g.add_argument("--nnodes", "-n", type=int, default=None, metavar="N",
+                   help="number of nodes; lets asyncdp infer this node's ranks (default: 1)")
+    g.add_argument("--node-rank", "-r", type=int, default=None, metavar="I",
+                   help="index of this node in [0, nnodes) (default: 0)")
+    g.add_argument("--master-addr", default=None, metavar="HOST",
+                   help=f"fallback for --data-parallel-address (default: {_D.master_addr})")
+    g.add_argument("--master-port", type=int, default=None, metavar="PORT",
+                   help=f"rendezvous port of a multi-node TP/PP group, not used for DP (default: {_D.master_port})")
+    g.add_argument("--prefill-schedule-interval", type=int, default=None, metavar="N",
+                   help="MoE DP prefill cadence in steps; 1 = off (default: 1)")
+    g.add_argument("--cpu-distributed-timeout-seconds", type=int, default=None, metavar="S",
+                   help="timeout of the CPU (gloo) groups, including the DP control group (default: torch's)")
+    _bool(g, "--disable-nccl-for-dp-synchronization",
+          help="run the per-forward token-count exchange on the gloo group even on GPU (default: off)")
+    g.add_argument("--device-ids", default=None, metavar="IDS",
+                   help="devices relative to the visible set, e.g. 0,1,2,3; local rank i uses "
+                        "[i*tp*pp, (i+1)*tp*pp)")
+
+    g = p.add_argument_group("front-end and processes")
+    g.add_argument("--host", default=None, help="HTTP bind host (default: all interfaces)")
+    g.add_argument("--port", type=int, default=None,
+                   help=f"HTTP port; in multi-port mode the port of local rank 0 (default: {_D.port})")
+    g.add_argument("--uds", default=None, metavar="PATH", help="serve HTTP on a Unix domain socket")
+    g.add_argument("--headless", action="store_true", default=None,
+                   help="engines only: no API server and no coordinator on this node")
+    g.add_argument("--api-server-count", "-asc", type=int, default=None, metavar="C",
+                   help="API-server processes sharing --port; 0 behaves as --headless (default: per mode)")
+    g.add_argument("--shutdown-timeout", dest="shutdown_timeout_s", type=int, default=None, metavar="S",
+                   help="0 = abort in-flight requests at shutdown; > 0 = drain for up to S seconds (default: 0)")
+    g.add_argument("--ssl-keyfile", default=None, help="TLS key file (requires --ssl-certfile)")
+    g.add_argument("--ssl-certfile", default=None, help="TLS certificate file (requires --ssl-keyfile)")
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model name(s) in the API; the first is reported (default: MODEL)")
+    g.add_argument("--max-queued-requests", type=int, default=None, metavar="N",
+                   help="admission limit per API server; above it requests get HTTP 429 (default: unlimited)")
+    g.add_argument("--backend", default=None, metavar="{" + ",".join(HTTP_BACKENDS) + "}",
+                   help=f"anyio backend of every process (default: {_D.backend})")
+    g.add_argument("--lb-policy", "--dp-lb-policy", dest="lb_policy", default=None,
+                   metavar="POLICY",
+                   help=f"client load-balancing policy, one of {', '.join(LB_POLICIES)}; "
+                        f"env ASYNCDP_DP_LB_POLICY (default: {_D.lb_policy})")
+    g.add_argument("--log-level", default=None, metavar="{" + ",".join(LOG_LEVELS) + "}",
+                   help=f"log level (default: {_D.log_level})")
+
+    g = p.add_argument_group("multi-port supervisor")
+    g.add_argument("--data-parallel-supervisor-port", type=int, default=None, metavar="PORT",
+                   help=f"port of the aggregated /health, /ready, /readyz (default: {_D.data_parallel_supervisor_port})")
+    g.add_argument("--dp-supervisor-probe-interval-s", type=float, default=None, metavar="S",
+                   help="time between probe rounds, and between retries of a failed connection (default: 5.0)")
+    g.add_argument("--dp-supervisor-probe-timeout-s", type=float, default=None, metavar="S",
+                   help="request timeout: total time of one probe HTTP request, connect plus response "
+                        "(default: 5.0)")
+    g.add_argument("--dp-supervisor-probe-failure-threshold", type=int, default=None, metavar="N",
+                   help="connection attempts per probe once the node is ready; 1 before (default: 3)")
+
+    g = p.add_argument_group("asyncdp data-parallel tuning")
+    g.add_argument("--dp-sync-interval", type=int, default=None, metavar="STEPS",
+                   help="MoE: steps between group 'unfinished' all-reduces; env ASYNCDP_DP_SYNC_INTERVAL "
+                        f"(default: {_D.dp_sync_interval})")
+    g.add_argument("--dp-coordinator-startup-timeout-s", type=float, default=None, metavar="S",
+                   help="time allowed for the coordinator to report its addresses; env "
+                        f"ASYNCDP_DP_COORDINATOR_STARTUP_TIMEOUT_S (default: {_D.dp_coordinator_startup_timeout_s})")
+    g.add_argument("--engine-ready-timeout-s", type=float, default=None, metavar="S",
+                   help="time a client waits for EngineReady from all its ranks; env ASYNCDP_ENGINE_READY_TIMEOUT_S, "
+                        f"then VLLM_ENGINE_READY_TIMEOUT_S (default: {_D.engine_ready_timeout_s})")
+    g.add_argument("--dp-heartbeat-interval-s", type=float, default=None, metavar="S",
+                   help="interval of liveness heartbeats; env ASYNCDP_DP_HEARTBEAT_INTERVAL_S "
+                        f"(default: {_D.dp_heartbeat_interval_s})")
+    g.add_argument("--dp-heartbeat-timeout-s", type=float, default=None, metavar="S",
+                   help="silence after which a peer is dead, > 2x the interval; env ASYNCDP_DP_HEARTBEAT_TIMEOUT_S "
+                        f"(default: {_D.dp_heartbeat_timeout_s})")
+    _bool(g, "--dp-fail-fast",
+          help="dense only: tear the deployment down when any rank dies instead of degrading (default: off)")
+
+    e = _D.engine
+    g = p.add_argument_group("engine")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
+    g.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                   help=f"most sequences per step (default: {e.max_num_seqs})")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help=f"most tokens per step (default: {e.max_num_batched_tokens})")
+    g.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="longest prompt plus output, in tokens (default: the model's limit)")
+    g.add_argument("--block-size", type=int, default=None, metavar="N", help=f"KV-cache block size (default: {e.block_size})")
+    g.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
+                   help="KV-cache blocks per rank (default: from --kv-cache-memory-bytes)")
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=None, metavar="BYTES",
+                   help=f"KV-cache memory per rank when --num-kv-blocks is not given "
+                        f"(default: {e.kv_cache_memory_bytes})")
+    _bool(g, "--enable-prefix-caching", help="reuse cached KV blocks of shared prompt prefixes (default: on)")
+    g.add_argument("--seed", type=int, default=None, help=f"sampling seed (default: {e.seed})")
+    g.add_argument("--dtype", default=None, metavar="{auto,float32,bfloat16,float16}",
+                   help="model weight and activation dtype (default: auto)")
+    g.add_argument("--device", default=None, metavar="{auto,cpu,cuda}",
+                   help="execution device (default: auto)")
+    g.add_argument("--executor", default=None, metavar="{torch,sim}",
+                   help="torch runs the model; sim simulates step times with --sim-cost (default: torch)")
+    g.add_argument("--sim-cost", default=None, metavar="A,B,C,D",
+                   help="sim step time in ms: a + b*prefill_tokens + c*decode_seqs + d*kv_tokens")
+    g.add_argument("--torch-threads", type=int, default=None, metavar="N",
+                   help="torch intra-op threads per engine (default: torch's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="asyncdp", allow_abbrev=False,
+                     description="Data-parallel LLM serving (vLLM-compatible DP deployment).")
+    parser.add_argument("--version", action="version", version=f"asyncdp {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI API", allow_abbrev=False)
+    _add_serve_flags(serve)
+    model = sub.add_parser("model", help="built-in models")
+    msub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    export = msub.add_parser("export", help="write a built-in model as a Hugging Face checkpoint directory")
+    export.add_argument("name")
+    export.add_argument("dir")
+    msub.add_parser("list", help="list the built-in models")
+    return parser
+
+
+def _version() -> str:
+    import asyncdp
+
+    version = getattr(asyncdp, "__version__", None)
+    if version:
+        return str(version)
+    from importlib import metadata
+
+    try:
+        return metadata.version("asyncdp")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _serve_flags(ns: argparse.Namespace) -> dict[str, Any]:
+    flags = {k: v for k, v in vars(ns).items() if k not in ("command", "model_arg")}
+    if ns.model_arg is not None:
+        if ns.model is not None and ns.model != ns.model_arg:
+            raise ConfigError(f"the model is given twice: {ns.model_arg!r} and --model {ns.model!r}; give one.")
+        flags["model"] = ns.model_arg
+    if ns.device_ids is not None:
+        try:
+            flags["device_ids"] = [int(x) for x in ns.device_ids.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"--device-ids must be integers such as 0,1,2,3 (got {ns.device_ids!r}).") from None
+    return flags
+
+
+def default_model_facts(name: str) -> ModelFacts:
+    from asyncdp.model import read_model_info, resolve_model
+
+    return read_model_info(resolve_model(name))
+
+
+def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                       model_facts: ModelFactsFn | None = None) -> ServeConfig:
+    """Parse ``asyncdp serve`` arguments (without ``serve``) into a validated, resolved ServeConfig.
+
+    ``config.deployment`` is set. Raises ConfigError for anything invalid (spec §4.1).
+    """
+    ns = build_parser().parse_args(["serve", *normalize_argv(argv)])
+    config = ServeConfig.from_flags(_serve_flags(ns), env=env)
+    facts = (model_facts or default_model_facts)(config.model)
+    deployment = resolve(config, is_moe=bool(facts.is_moe), num_experts=int(facts.num_experts), env=env)
+    return config.replace(deployment=deployment)
+
+
+def unsupported_reason(config: ServeConfig) -> str | None:
+    """What this build cannot run yet (validated already), or None. Checked before anything starts."""
+    d = config.deployment
+    assert d is not None, "resolve() first"
+    if config.uds is not None:
+        return "--uds is not supported in this build yet"
+    names = {
+        "headless": "headless mode (--headless / --api-server-count 0)",
+        "hybrid": "hybrid load-balancing mode (--data-parallel-hybrid-lb / --data-parallel-start-rank)",
+        "external": "external load-balancing mode (--data-parallel-external-lb / --data-parallel-rank)",
+        "multi-port": "multi-port mode (--data-parallel-multi-port-external-lb)",
+    }
+    if d.mode in names:
+        return f"{names[d.mode]} is not supported in this build yet"
+    if d.nnodes > 1 or d.dp_size_local < d.dp_size:
+        return (f"a multi-node deployment (--nnodes {d.nnodes}; this node runs {d.dp_size_local} of "
+                f"--data-parallel-size {d.dp_size} ranks) is not supported in this build yet")
+    return None
+
+
+def _run_model_command(ns: argparse.Namespace) -> int:
+    model = importlib.import_module("asyncdp.model")
+
+    if ns.model_command == "export":
+        out = model.export_builtin(ns.name, Path(ns.dir))
+        print(out if out is not None else ns.dir)
+        return 0
+    lister = getattr(model, "list_builtin", None)
+    names = lister() if lister is not None else sorted(getattr(model, "BUILTIN_MODELS", {}))
+    for name in names:
+        print(name)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None = None,
+         run_serve: RunServeFn | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Entry point of ``asyncdp``; returns the exit code (2 for an invalid command line)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["serve"]:
+            config = build_serve_config(argv[1:], env=env, model_facts=model_facts)
+            assert config.deployment is not None
+            for warning in config.deployment.warnings:
+                print(f"asyncdp: warning: {warning}", file=sys.stderr)
+            reason = unsupported_reason(config)
+            if reason is not None:
+                raise ConfigError(reason)
+        else:
+            ns = build_parser().parse_args(normalize_argv(argv))
+            return _run_model_command(ns)
+    except ConfigError as exc:
+        print(f"asyncdp: error: {exc}", file=sys.stderr)
+        return 2
+    if run_serve is None:
+        from asyncdp.launcher import run_serve as launcher_run_serve
+
+        run_serve = launcher_run_serve
+    return int(run_serve(config))

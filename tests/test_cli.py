@@ -1,0 +1,216 @@
+"""The ``asyncdp`` command: exit codes, the one-line error format, --help, and the hand-off to the launcher.
+
+A few cases run ``python -m asyncdp`` as a real subprocess; the rest call :func:`asyncdp.cli.main` with fake model
+facts and a fake ``run_serve`` so nothing starts.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from asyncdp.cli import main, normalize_argv
+from asyncdp.config import ServeConfig
+from asyncdp.errors import ModelNotFoundError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_asyncdp(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ASYNCDP_", "VLLM_"))}
+    return subprocess.run([sys.executable, "-m", "asyncdp", *args], cwd=ROOT, env={**clean, **(env or {})},
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["serve", "-dp", "0"], {}, "--data-parallel-size must be >= 1 (got 0)"),
+    (["serve", "--data_parallel_rpc_port", "70000"], {}, "--data-parallel-rpc-port must be in 1..65535"),
+    (["serve", "--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
+    (["serve", "--dp-heartbeat-timeout-s", "1"], {}, "--dp-heartbeat-timeout-s must be greater than 2 x"),
+    (["serve"], {"ASYNCDP_DP_LB_POLICY": "bogus"}, "(got 'bogus')"),
+])
+def test_invalid_command_line_exits_2_with_one_error_line(args, env, message):
+    proc = run_asyncdp(*args, env=env)
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("asyncdp: error: ")
+    assert message in lines[0]
+    assert proc.stdout == ""
+
+
+def test_missing_command_exits_2():
+    proc = run_asyncdp()
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("asyncdp: error: ")
+
+
+DP_FLAGS = [
+    "--data-parallel-size", "-dp", "--data-parallel-size-local", "-dpl", "--data-parallel-rank", "-dpn",
+    "--data-parallel-start-rank", "-dpr", "--data-parallel-address", "-dpa", "--data-parallel-rpc-port", "-dpp",
+    "--data-parallel-backend", "-dpb", "--data-parallel-hybrid-lb", "-dph", "--data-parallel-external-lb", "-dpe",
+    "--data-parallel-multi-port-external-lb", "-dpm", "--enable-expert-parallel", "-ep", "--nnodes", "-n",
+    "--node-rank", "-r", "--master-addr", "--master-port", "--prefill-schedule-interval",
+    "--cpu-distributed-timeout-seconds", "--disable-nccl-for-dp-synchronization", "--device-ids",
+    "--headless", "--api-server-count", "-asc", "--shutdown-timeout", "--ssl-keyfile", "--ssl-certfile",
+    "--data-parallel-supervisor-port", "--dp-supervisor-probe-interval-s", "--dp-supervisor-probe-timeout-s",
+    "--dp-supervisor-probe-failure-threshold", "--dp-lb-policy", "--lb-policy", "--dp-sync-interval",
+    "--dp-coordinator-startup-timeout-s", "--engine-ready-timeout-s", "--dp-heartbeat-interval-s",
+    "--dp-heartbeat-timeout-s", "--dp-fail-fast", "--no-data-parallel-hybrid-lb", "--max-queued-requests",
+    "--backend", "--no-enable-prefix-caching", "--executor", "--sim-cost",
+]
+
+
+def test_serve_help_lists_every_dp_flag_and_documents_hybrid_rank_hints():
+    proc = run_asyncdp("serve", "--help")
+    assert proc.returncode == 0, proc.stderr
+    missing = [flag for flag in DP_FLAGS if flag not in proc.stdout]
+    assert missing == []
+    assert "local indices in [0, L)" in " ".join(proc.stdout.split())
+    assert "request timeout" in proc.stdout  # §2.3: the probe timeout is a request timeout, not a retry delay
+
+
+def test_version_exits_0():
+    proc = run_asyncdp("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("asyncdp ")
+
+
+def test_normalize_argv_rewrites_flag_names_only():
+    assert normalize_argv(["--data_parallel_size=2", "--served-model-name", "a_b", "-dp", "--", "--x_y"]) == [
+        "--data-parallel-size=2", "--served-model-name", "a_b", "-dp", "--", "--x_y"]
+
+
+# ---------------------------------------------------------------- main() with fakes
+
+
+@dataclass(frozen=True)
+class Facts:
+    is_moe: bool
+    num_experts: int
+
+
+class FakeLauncher:
+    def __init__(self, exit_code: int = 0) -> None:
+        self.exit_code = exit_code
+        self.configs: list[ServeConfig] = []
+
+    def __call__(self, config: ServeConfig) -> int:
+        self.configs.append(config)
+        return self.exit_code
+
+
+def moe_facts(_name: str) -> Facts:
+    return Facts(is_moe=True, num_experts=8)
+
+
+def test_supported_mode_hands_the_resolved_config_to_the_launcher_and_returns_its_code():
+    launcher = FakeLauncher(exit_code=1)
+    code = main(["serve", "my-model", "-dp", "2", "--port", "0"], model_facts=moe_facts, run_serve=launcher, env={})
+    assert code == 1
+    (config,) = launcher.configs
+    assert (config.model, config.port, config.deployment.mode, config.deployment.dp_size) == ("my-model", 0,
+                                                                                             "internal", 2)
+
+
+def test_dense_model_with_dp_runs_internal_mode():
+    launcher = FakeLauncher()
+    assert main(["serve", "-dp", "2"], model_facts=lambda _n: Facts(False, 0), run_serve=launcher, env={}) == 0
+    assert launcher.configs[0].deployment.is_moe is False
+
+
+@pytest.mark.parametrize(("argv", "what"), [
+    (["-dp", "4", "-dpl", "2", "-dpr", "2", "--headless"], "headless mode"),
+    (["-dp", "4", "-dpl", "2", "-dpr", "0"], "hybrid load-balancing mode"),
+    (["-dp", "2", "--data-parallel-rank", "1"], "external load-balancing mode"),
+    (["-dp", "4", "-dpl", "2", "-dpm"], "multi-port mode"),
+    (["-dp", "4", "--nnodes", "2"], "a multi-node deployment"),
+    (["-dp", "4", "-dpl", "0"], "a multi-node deployment"),
+    (["--uds", "/tmp/x.sock"], "--uds"),
+])
+def test_valid_but_unbuilt_mode_exits_2_before_the_launcher(argv, what, capsys):
+    launcher = FakeLauncher()
+    assert main(["serve", *argv], model_facts=moe_facts, run_serve=launcher, env={}) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("asyncdp: error: ") and what in err[-1]
+    assert err[-1].endswith("is not supported in this build yet")
+    assert launcher.configs == []
+
+
+def test_invalid_unbuilt_mode_reports_the_validation_error_not_the_unsupported_one(capsys):
+    assert main(["serve", "-dp", "4", "-dpl", "2", "-dpr", "3"], model_facts=moe_facts, run_serve=FakeLauncher(),
+                env={}) == 2
+    assert "exceeds --data-parallel-size 4" in capsys.readouterr().err
+
+
+def test_ray_backend_exits_2_with_v22(capsys):
+    assert main(["serve", "-dp", "2", "-dpb", "ray"], model_facts=moe_facts, run_serve=FakeLauncher(), env={}) == 2
+    assert "asyncdp: error: --data-parallel-backend ray is not available in this build; use mp." in (
+        capsys.readouterr().err)
+
+
+def test_unknown_model_exits_2(capsys):
+    def missing(name: str) -> Facts:
+        raise ModelNotFoundError(f"model {name!r} is neither a built-in name nor a checkpoint directory.")
+
+    assert main(["serve", "nope"], model_facts=missing, run_serve=FakeLauncher(), env={}) == 2
+    assert capsys.readouterr().err == "asyncdp: error: model 'nope' is neither a built-in name nor a checkpoint " \
+                                      "directory.\n"
+
+
+def test_auto_switch_warning_is_printed_before_the_unsupported_error(capsys):
+    assert main(["serve", "-dp", "4", "-dpl", "1", "-dpr", "3"], model_facts=moe_facts, run_serve=FakeLauncher(),
+                env={}) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("asyncdp: warning: hybrid LB with one local rank is external LB")
+    assert err[1].startswith("asyncdp: error: external load-balancing mode")
+
+
+def test_resolved_config_survives_pickling_for_spawned_children():
+    launcher = FakeLauncher()
+    main(["serve", "-dp", "2", "--device-ids", "0,1"], model_facts=moe_facts, run_serve=launcher, env={})
+    config = launcher.configs[0]
+    assert pickle.loads(pickle.dumps(config)) == config
+
+
+class FakeModelPackage(types.ModuleType):
+    """Stands in for ``asyncdp.model``: records exports, lists two names."""
+
+    def __init__(self) -> None:
+        super().__init__("asyncdp.model")
+        self.exported: list[tuple[str, Path]] = []
+
+    def export_builtin(self, name: str, directory: Path) -> Path:
+        self.exported.append((name, directory))
+        return directory
+
+    def list_builtin(self) -> list[str]:
+        return ["builtin:tiny-dense", "builtin:tiny-moe"]
+
+
+def test_model_export_and_list_call_the_model_package(monkeypatch, capsys, tmp_path):
+    fake = FakeModelPackage()
+    monkeypatch.setitem(sys.modules, "asyncdp.model", fake)
+    assert main(["model", "export", "builtin:tiny-moe", str(tmp_path / "out")]) == 0
+    assert fake.exported == [("builtin:tiny-moe", tmp_path / "out")]
+    assert main(["model", "list"]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ["builtin:tiny-dense", "builtin:tiny-moe"]
+
+
+def test_model_export_of_unknown_name_exits_2(monkeypatch, capsys, tmp_path):
+    fake = FakeModelPackage()
+
+    def refuse(name: str, directory: Path) -> Path:
+        raise ModelNotFoundError(f"unknown built-in model {name!r}.")
+
+    fake.export_builtin = refuse  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "asyncdp.model", fake)
+    assert main(["model", "export", "nope", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "asyncdp: error: unknown built-in model 'nope'.\n"
