@@ -39,10 +39,10 @@ import msgspec
 from asyncdp import messages as m
 from asyncdp.api_server import ApiConfig, bind_client_listener, serve_api
 from asyncdp.client import ClientConfig, DPClient
-from asyncdp.config import EngineConfig
+from asyncdp.config import EngineConfig, ServeConfig
 from asyncdp.engine.rank import RankConfig
 from asyncdp.engine.rank_process import rank_payload
-from asyncdp.errors import StartupError
+from asyncdp.errors import AsyncDPError, StartupError
 from asyncdp.procs import ChildExited, ChildProcess, spawn_child
 from asyncdp.transport import Link, listen, serve_links
 
@@ -156,8 +156,66 @@ class _Deployment:
         return rows
 
 
-def run_serve(plan: LaunchPlan) -> int:
-    """Run a deployment until a signal or a failure; return the process exit code."""
+def plan_from_config(config: ServeConfig) -> LaunchPlan:
+    """Resolve the model and turn a validated ``ServeConfig`` into a launch plan."""
+    from asyncdp.model import read_model_info, resolve_model
+
+    dep = config.deployment
+    assert dep is not None, "ServeConfig.deployment is set by asyncdp.cli.build_serve_config"
+    path = resolve_model(config.model)
+    info = read_model_info(path)
+    max_model_len = config.engine.max_model_len or info.max_position_embeddings
+    return LaunchPlan(
+        engine=config.engine.replace(model=str(path)),
+        served_model_name=config.served_model_names[0],
+        model_path=str(path),
+        is_moe=info.is_moe,
+        dp_size=dep.dp_size,
+        api_server_count=dep.api_server_count,
+        host=config.host,
+        port=config.port,
+        backend=config.backend,
+        shutdown_timeout_s=float(config.shutdown_timeout_s),
+        lb_policy=config.lb_policy,
+        max_queued_requests=config.max_queued_requests,
+        heartbeat_interval_s=config.dp_heartbeat_interval_s,
+        heartbeat_timeout_s=config.dp_heartbeat_timeout_s,
+        engine_ready_timeout_s=config.engine_ready_timeout_s,
+        coordinator_startup_timeout_s=config.dp_coordinator_startup_timeout_s,
+        sync_interval=config.dp_sync_interval,
+        prefill_schedule_interval=config.prefill_schedule_interval,
+        enable_expert_parallel=dep.enable_expert_parallel,
+        keep_alive_on_engine_death=config.keep_alive_on_engine_death,
+        dp_fail_fast=config.dp_fail_fast,
+        ssl_keyfile=config.ssl_keyfile,
+        ssl_certfile=config.ssl_certfile,
+        log_level=config.log_level.upper(),
+        max_model_len=max_model_len,
+    )
+
+
+def run_serve(config: ServeConfig) -> int:
+    """``asyncdp serve``: run a deployment until a signal or a failure; return the process exit code."""
+    from asyncdp.logs import setup_logging
+
+    setup_logging(prefix="asyncdp-launcher" if (config.deployment and config.deployment.api_server_count > 1)
+                  else "APIServer", level=config.log_level.upper())
+    try:
+        plan = plan_from_config(config)
+    except AsyncDPError as exc:
+        log.error("%s", exc)
+        return 1
+    return run_plan(plan)
+
+
+def run_plan(plan: LaunchPlan) -> int:
+    """Run a deployment described by ``plan``; return the process exit code."""
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle("asyncdp-launcher" if plan.api_server_count > 1 else "asyncdp-api-0")
+    except ImportError:
+        pass
     try:
         http_sock = bind_http_socket(plan.host, plan.port)
     except StartupError as exc:
@@ -213,7 +271,7 @@ async def _watch_signals(dep: _Deployment) -> None:
 
 async def _spawn(dep: _Deployment, tg: anyio.abc.TaskGroup, **kwargs: Any) -> ChildProcess:
     env = kwargs.pop("env", None)
-    child = await spawn_child(backend=dep.plan.backend, env=env, **kwargs)
+    child = await spawn_child(backend=dep.plan.backend, env=env, log_level=dep.plan.log_level, **kwargs)
     dep.children.append(child)
     tg.start_soon(child.read_events)
     tg.start_soon(_watch_child, dep, child)
@@ -279,7 +337,8 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
 
     # 1. coordinator (its client address goes into every API server's config)
     if plan.dp_size > 1:
-        coord = await _spawn(dep, tg, name="asyncdp-coordinator", role="coordinator", rank=None, payload={
+        coord = await _spawn(dep, tg, name="asyncdp-coordinator", role="coordinator", rank=None,
+                             log_prefix="DPCoordinator", payload={
             "dp_size": plan.dp_size, "is_moe": plan.is_moe, "socket_dir": dep.tmpdir,
             "heartbeat_interval_s": plan.heartbeat_interval_s, "heartbeat_timeout_s": plan.heartbeat_timeout_s,
         })
@@ -315,6 +374,7 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
     else:
         for i in range(plan.api_server_count):
             child = await _spawn(dep, tg, name=f"asyncdp-api-{i}", role="api", rank=i, env=env,
+                                 log_prefix=f"APIServer_{i}",
                                  payload={"api": msgspec.to_builtins(_api_config(dep, i)),
                                           "http_fd": dep.http_sock.fileno()},
                                  pass_fds=(dep.http_sock.fileno(),))
@@ -342,6 +402,7 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
             prefill_schedule_interval=plan.prefill_schedule_interval,
         )
         engines.append(await _spawn(dep, tg, name=f"asyncdp-engine-dp{r}", role="engine", rank=r,
+                                    log_prefix=f"EngineCore_DP{r}",
                                     payload=rank_payload(cfg, dep.handshake_addr)))
 
     # 4. wait for every engine's Ready and every API server's ready

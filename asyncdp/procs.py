@@ -159,6 +159,8 @@ async def spawn_child(
     backend: str,
     pass_fds: tuple[int, ...] = (),
     env: dict[str, str] | None = None,
+    log_prefix: str | None = None,
+    log_level: str = "INFO",
 ) -> ChildProcess:
     """Start ``python -m asyncdp.worker`` for ``role`` and send it its configuration."""
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -181,6 +183,7 @@ async def spawn_child(
     control = ControlChannel(anyio.abc.UNIXSocketStream.from_socket(parent_sock))
     child = ChildProcess(name=name, role=role, rank=rank, process=process, control=control)
     await control.send(
-        {"role": role, "name": name, "rank": rank, "parent_pid": os.getpid(), "backend": backend, "payload": payload}
+        {"role": role, "name": name, "rank": rank, "parent_pid": os.getpid(), "backend": backend,
+         "log_prefix": log_prefix or name, "log_level": log_level, "payload": payload}
     )
     return child
