@@ -94,7 +94,7 @@ class BlockManager:
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self._free) / self.num_usable_blocks
+        return (self.num_usable_blocks - len(self._free)) / self.num_usable_blocks
 
     def ref_count(self, block_id: int) -> int:
         return self._ref[block_id]
