@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from engine_testing import run_to_completion, sim_core
 
 from asyncdp.engine.block_manager import BlockManager
 from asyncdp.engine.executor import StepResult
 from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.scheduler import Scheduler
 from asyncdp.sampling_params import SamplingParams
-from engine_testing import run_to_completion, sim_core
 
 
 def make(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64) -> Scheduler:
@@ -72,8 +72,8 @@ def test_long_prompt_is_prefilled_in_chunks_and_samples_only_after_the_last_chun
 
 def test_block_shortage_preempts_the_most_recently_admitted_to_the_front_of_waiting():
     s = make(num_blocks=1 + 6, block_size=4, max_num_batched_tokens=64)
-    a = add(s, "a", 8, base=0)
-    b = add(s, "b", 8, base=100)
+    add(s, "a", 8, base=0)
+    add(s, "b", 8, base=100)
     c = add(s, "c", 8, base=200)
     step(s)  # a, b, c admitted, 2 blocks each = 6 blocks
     assert s.num_running == 3
