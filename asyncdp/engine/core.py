@@ -7,7 +7,8 @@ execute it, append the sampled tokens, detokenize, check stop conditions, free f
 Aborts. ``abort_requests(ids)`` only queues the ids (a deque append, safe from any thread, also while a step
 runs); the aborted requests appear as finished outputs (``finish_reason="abort"``) in the result of the next
 ``step()``, which applies them before scheduling and again right after the forward, so a request aborted
-during a step gets no further tokens. ``pause("abort")`` is delivered the same way. A step that has only
+during a step gets no further tokens. ``pause("abort")`` aborts at once; its outputs also come with the next
+``step()``. A step that has only
 aborts to report runs no forward (``StepOutputs.executed`` is False). Everything else (``add_request``,
 ``pause``, ``resume``) must be called from the thread that calls ``step()``, between steps.
 
@@ -35,8 +36,6 @@ from asyncdp.engine.scheduler import PauseMode, Scheduler
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
 from asyncdp.messages import RequestOutput, SchedulerStats
 from asyncdp.sampling_params import SamplingParams
-
-_ABORT_ALL = object()
 
 
 @dataclass(slots=True)
@@ -82,7 +81,8 @@ class EngineCore:
             max_num_batched_tokens=config.max_num_batched_tokens)
         self._decode = make_decode_fn(tokenizer) if tokenizer is not None else None
         self._vocab_size: int | None = getattr(executor, "vocab_size", None)
-        self._pending_aborts: deque[Any] = deque()
+        self._pending_aborts: deque[str] = deque()
+        self._pending_outputs: list[RequestOutput] = []  # finished by pause("abort"), reported by next step()
         self.num_steps = 0
 
     # ------------------------------------------------------------------ requests
@@ -124,11 +124,12 @@ class EngineCore:
 
     def has_unfinished(self) -> bool:
         """Unfinished requests (in any pause state) or queued aborts still to report."""
-        return self.scheduler.has_unfinished() or bool(self._pending_aborts)
+        return self.scheduler.has_unfinished() or bool(self._pending_aborts) or bool(self._pending_outputs)
 
     def has_steppable_work(self) -> bool:
         """Whether ``step()`` would run a forward or report something now (pause state respected)."""
-        return self.scheduler.has_steppable_work() or bool(self._pending_aborts)
+        return (self.scheduler.has_steppable_work() or bool(self._pending_aborts)
+                or bool(self._pending_outputs))
 
     def num_unfinished_for_sync(self) -> int:
         return self.scheduler.num_unfinished_for_sync()
@@ -136,9 +137,10 @@ class EngineCore:
     # ------------------------------------------------------------------ pause
 
     def pause(self, mode: PauseMode = "abort") -> None:
-        self.scheduler.pause("wait" if mode == "abort" else mode)
-        if mode == "abort":
-            self._pending_aborts.append(_ABORT_ALL)
+        """Enter a pause state now (§8.6); with ``abort`` every request finishes at once and the
+        ``finish_reason="abort"`` outputs are returned by the next ``step()``."""
+        for req in self.scheduler.pause(mode):
+            self._pending_outputs.append(self._abort_output(req))
 
     def resume(self) -> None:
         self.scheduler.resume()
@@ -148,26 +150,29 @@ class EngineCore:
 
     # ------------------------------------------------------------------ stepping
 
+    @staticmethod
+    def _abort_output(req: Request) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id, finished=True, finish_reason="abort",
+            new_text=req.detokenizer.take_delta(True) if req.detokenizer is not None else "",
+            num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=max(req.num_cached_tokens, 0),
+            first_token_time=req.first_token_time)
+
     def _apply_aborts(self, out: StepOutputs) -> None:
         pending = self._pending_aborts
         ids: list[str] = []
         while pending:
-            item = pending.popleft()
-            if item is _ABORT_ALL:
-                ids.extend(self.scheduler.requests)
-            else:
-                ids.append(item)
+            ids.append(pending.popleft())
         for req in self.scheduler.abort(ids):
             out.finished_request_ids.append(req.request_id)
-            out.outputs.append(RequestOutput(
-                request_id=req.request_id, finished=True, finish_reason="abort",
-                new_text=req.detokenizer.take_delta(True) if req.detokenizer is not None else "",
-                num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=max(req.num_cached_tokens, 0),
-                first_token_time=req.first_token_time))
+            out.outputs.append(self._abort_output(req))
 
     def step(self, *, throttle_new_prefills: bool = False) -> StepOutputs:
         t0 = time.perf_counter()
         out = StepOutputs()
+        if self._pending_outputs:
+            out.outputs, self._pending_outputs = self._pending_outputs, []
+            out.finished_request_ids.extend(o.request_id for o in out.outputs)
         if self._pending_aborts:
             self._apply_aborts(out)
         scheduler = self.scheduler

@@ -84,6 +84,19 @@ class Scheduler:
             return len(self.running)
         return len(self.requests)
 
+    def pending_prefill_tokens(self) -> int:
+        """Tokens still to compute before sampling, over waiting requests and partial prefills (O(queue))."""
+        total = sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)
+        for r in self.running:
+            left = r.num_tokens - r.num_computed_tokens
+            if left > 1 or (left == 1 and not r.output_token_ids):  # a decode step is not prefill work
+                total += left
+        return total
+
+    def running_context_tokens(self) -> int:
+        """Sum of the context lengths of running requests (O(running))."""
+        return sum(r.num_tokens for r in self.running)
+
     def add(self, req: Request) -> None:
         self.requests[req.request_id] = req
         self.waiting.append(req)

@@ -90,9 +90,11 @@ def test_pause_abort_aborts_all_and_resume_serves_new_requests():
     core.add_request("a", encode("aaaa"), SamplingParams(max_tokens=50))
     core.step()
     core.pause("abort")
-    assert core.is_paused()
+    assert core.is_paused() and core.num_unfinished_for_sync() == 0
+    assert core.has_unfinished()  # the abort output is still to be reported
     step = core.step()
     assert [(o.request_id, o.finish_reason) for o in step.outputs] == [("a", "abort")]
+    assert step.finished_request_ids == ["a"] and not core.has_unfinished()
     core.add_request("b", encode("bbbb"), SamplingParams(max_tokens=3))
     assert not core.step().executed and core.num_unfinished_for_sync() == 0
     core.resume()

@@ -186,3 +186,15 @@ def test_throttle_does_not_block_prefill_when_nothing_decodes():
     s = make()
     add(s, "a", 5)
     assert [r for r, _, _ in step(s, throttle_new_prefills=True)] == ["a"]
+
+
+def test_load_counters_cover_waiting_and_partial_prefills_but_not_decodes():
+    s = make(max_num_batched_tokens=16)
+    add(s, "a", 3)
+    step(s)  # a decodes from now on
+    add(s, "b", 30)
+    add(s, "c", 5)
+    assert s.pending_prefill_tokens() == 35
+    step(s)  # a: 1 decode, b: 15 of 30
+    assert s.pending_prefill_tokens() == 15 + 5
+    assert s.running_context_tokens() == (3 + 2) + 30
