@@ -185,3 +185,21 @@ def test_sim_step_cost_is_reported_not_slept():
     step = core.step()
     assert step.extra["sim_step_s"] == pytest.approx(0.009)  # 5 + 4 prefill tokens * 1 ms
     assert core.executor.last_step_s == pytest.approx(0.009)
+
+
+def test_every_chunk_has_blocks_for_its_positions_and_no_two_chunks_write_one_block():
+    shared = encode("shared prefix of the batch ") * 2
+    core, ex = scripted_core({}, num_kv_blocks=1 + 19, block_size=4, max_num_batched_tokens=32)
+    for i in range(8):
+        core.add_request(f"r{i}", shared + encode("x" * i), SamplingParams(max_tokens=10, ignore_eos=True))
+    run_to_completion(core)
+    assert core.stats().num_preemptions > 0 and core.stats().prefix_cache_hits > 0
+    for batch in ex.batches:
+        written: set[int] = set()
+        for c in batch.chunks:
+            end = c.start_pos + len(c.token_ids)
+            table = c.block_table[: -(-end // 4)]  # the live list may have grown since; check this step's part
+            assert len(table) * 4 >= end and 0 not in table
+            mine = {table[p // 4] for p in range(c.start_pos, end)}
+            assert not (mine & written)
+            written |= mine

@@ -26,14 +26,10 @@ class FakeInfo:
     num_experts: int = 0
 
 
-class HFLikeTokenizer:
-    """The bits of a transformers tokenizer that the engine and LLM use."""
+def hf_tokenizer():
+    from transformers import PreTrainedTokenizerFast
 
-    def __init__(self):
-        self.backend_tokenizer = make_byte_tokenizer()
-
-    def encode(self, text):
-        return list(text.encode())
+    return PreTrainedTokenizerFast(tokenizer_object=make_byte_tokenizer(), eos_token="<eos>")
 
 
 @pytest.fixture
@@ -47,7 +43,7 @@ def fake_model(monkeypatch):
         return Path("/nonexistent/fake")
 
     mod.resolve_model = resolve_model
-    mod.load_tokenizer = lambda path: HFLikeTokenizer()
+    mod.load_tokenizer = lambda path: hf_tokenizer()
     mod.read_model_info = lambda path: FakeInfo()
     runner = types.ModuleType("asyncdp.engine.model_runner")
 
@@ -112,3 +108,11 @@ def test_factory_rejects_max_model_len_beyond_the_model(fake_model):
 def test_unknown_model_raises_model_not_found(fake_model):
     with pytest.raises(ModelNotFoundError):
         LLM("builtin:nope", executor="sim")
+
+
+def test_text_of_a_completion_matches_decoding_its_tokens(fake_model):
+    llm = LLM("builtin:fake", num_kv_blocks=128)  # the fake torch executor plays scripted tokens
+    llm.llm_engine.executor.scripts = {"0": list("h\u00e9llo w\u00f6rld \u20ac!".encode()) + [EOS_ID]}
+    out = llm.generate("hi", SamplingParams(max_tokens=40))[0].outputs[0]
+    assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True) == "h\u00e9llo w\u00f6rld \u20ac!"
+    assert out.finish_reason == "stop"
