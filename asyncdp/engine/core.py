@@ -106,6 +106,8 @@ class EngineCore:
                 f"({self.max_model_len}).", field="prompt")
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use.", field="request_id")
+        if params.stop and self._decode is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this engine has none.", field="stop")
         vocab = self._vocab_size
         if vocab is not None and (min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}).", field="prompt")

@@ -35,7 +35,7 @@ def make_decode_fn(tokenizer: Any) -> DecodeFn:
     target = backend if backend is not None and hasattr(backend, "decode") else tokenizer
     # Both decode signatures take skip_special_tokens as the second positional argument; the bound method
     # itself is returned to save a Python call per decode (two per token per step).
-    return target.decode  # type: ignore[no-any-return]
+    return target.decode
 
 
 class IncrementalDetokenizer:

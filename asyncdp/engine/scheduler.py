@@ -168,6 +168,9 @@ class Scheduler:
             start = req.num_computed_tokens
             num_tokens = len(req.all_token_ids)
             remaining = num_tokens - start
+            if remaining <= 0:  # no token was sampled for it last step (an executor that skipped it)
+                i += 1
+                continue
             n = remaining if remaining < budget else budget
             while not bm.allocate(req, n):
                 victim = running.pop()

@@ -203,3 +203,9 @@ def test_every_chunk_has_blocks_for_its_positions_and_no_two_chunks_write_one_bl
             mine = {table[p // 4] for p in range(c.start_pos, end)}
             assert not (mine & written)
             written |= mine
+
+
+def test_stop_strings_without_a_tokenizer_are_rejected_naming_the_field():
+    with pytest.raises(InvalidRequestError) as err:
+        sim_core(tokenizer=None).add_request("a", [1, 2], SamplingParams(stop=("x",)))
+    assert err.value.field == "stop"
