@@ -27,7 +27,8 @@ from asyncdp.sampling_params import SamplingParams  # noqa: E402
 
 
 def measure(batch: int, prompt_len: int, steps: int, tokenizer: object, params: SamplingParams) -> float:
-    cfg = EngineConfig(executor="sim", max_num_seqs=batch, max_num_batched_tokens=8192, num_kv_blocks=8192)
+    blocks = batch * (prompt_len + steps + 80) // 16 + 64  # room for everyone: no preemption while measuring
+    cfg = EngineConfig(executor="sim", max_num_seqs=batch, max_num_batched_tokens=8192, num_kv_blocks=blocks)
     ex = SimExecutor(cfg, VOCAB_SIZE, max_model_len=prompt_len + steps + 64, avoid_token_ids={EOS_ID})
     core = EngineCore(cfg, ex, tokenizer, eos_token_ids={EOS_ID})
     for i in range(batch):
