@@ -1,0 +1,8 @@
+"""The engine of one rank: requests, KV block manager, scheduler, detokenizer, executors and the sync core.
+
+Nothing here imports torch except ``model_runner`` (and ``sampler``), which are imported only on demand.
+"""
+
+from asyncdp.engine.core import EngineCore, StepOutputs, build_engine_core
+
+__all__ = ["EngineCore", "StepOutputs", "build_engine_core"]

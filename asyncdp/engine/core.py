@@ -1,0 +1,286 @@
+"""The synchronous engine core of one rank: requests in, one ``step()`` at a time, output deltas out.
+
+``step()`` is a plain function (run on the rank's execution thread): apply queued aborts, schedule a batch,
+execute it, append the sampled tokens, detokenize, check stop conditions, free finished requests, and return
+``StepOutputs`` (``RequestOutput`` deltas in scheduling order, finished ids, timings).
+
+Aborts. ``abort_requests(ids)`` only queues the ids (a deque append, safe from any thread, also while a step
+runs); the aborted requests appear as finished outputs (``finish_reason="abort"``) in the result of the next
+``step()``, which applies them before scheduling and again right after the forward, so a request aborted
+during a step gets no further tokens. ``pause("abort")`` aborts at once; its outputs also come with the next
+``step()``. A step that has only
+aborts to report runs no forward (``StepOutputs.executed`` is False). Everything else (``add_request``,
+``pause``, ``resume``) must be called from the thread that calls ``step()``, between steps.
+
+Stop conditions, checked after each sampled token: a stop token id or EOS (unless ``ignore_eos``) and stop
+strings only once ``min_tokens`` outputs exist; ``max_tokens`` and ``max_model_len`` always ("length"). The
+text of a terminating stop/EOS token is not included (as vLLM); its id is.
+
+KV blocks: block 0 is never given to a request; an executor may use it as scratch for dummy batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncdp.config import EngineConfig
+from asyncdp.engine.block_manager import BlockManager
+from asyncdp.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
+from asyncdp.engine.executor import Executor
+from asyncdp.engine.request import Request, RequestStatus
+from asyncdp.engine.scheduler import PauseMode, Scheduler
+from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
+from asyncdp.messages import RequestOutput, SchedulerStats
+from asyncdp.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class StepOutputs:
+    outputs: list[RequestOutput] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)
+    executed: bool = False  # a real forward ran
+    num_scheduled_tokens: int = 0
+    forward_time_s: float = 0.0  # reported by the executor
+    step_time_s: float = 0.0  # the whole step() call
+    extra: dict[str, float] = field(default_factory=dict)  # the executor's StepResult.extra (sim_step_s)
+
+
+class EngineCore:
+    def __init__(
+        self,
+        config: EngineConfig,
+        executor: Executor,
+        tokenizer: Any,
+        *,
+        eos_token_ids: Iterable[int],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._clock = clock
+        num_blocks = executor.num_kv_blocks
+        capacity_tokens = (num_blocks - 1) * config.block_size
+        max_model_len = executor.max_model_len
+        if config.max_model_len is not None and config.max_model_len > capacity_tokens:
+            raise ConfigError(
+                f"--max-model-len {config.max_model_len} does not fit in the KV cache "
+                f"({num_blocks} blocks of {config.block_size} tokens, one reserved): lower --max-model-len or "
+                f"raise --num-kv-blocks / the KV cache memory.")
+        self.max_model_len = min(max_model_len, capacity_tokens)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
+            reserve_scratch_block=True)
+        self.scheduler = Scheduler(
+            self.block_manager, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens)
+        self._decode = make_decode_fn(tokenizer) if tokenizer is not None else None
+        self._vocab_size: int | None = getattr(executor, "vocab_size", None)
+        self._pending_aborts: deque[str] = deque()
+        self._pending_outputs: list[RequestOutput] = []  # finished by pause("abort"), reported by next step()
+        self.num_steps = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        arrival_time: float | None = None,
+        client_index: int = 0,
+    ) -> None:
+        params.validate()
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise PromptTooLongError("The prompt must contain at least one token.", field="prompt")
+        if n >= self.max_model_len:
+            raise PromptTooLongError(
+                f"The prompt has {n} tokens; with at least one generated token it exceeds max_model_len "
+                f"({self.max_model_len}).", field="prompt")
+        if request_id in self.scheduler.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use.", field="request_id")
+        if params.stop and self._decode is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this engine has none.", field="stop")
+        vocab = self._vocab_size
+        if vocab is not None and (min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}).", field="prompt")
+        room = self.max_model_len - n
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        req = Request(request_id, list(prompt_token_ids), params,
+                      arrival_time=self._clock() if arrival_time is None else arrival_time,
+                      client_index=client_index, max_tokens=max_tokens)
+        if self._decode is not None:
+            req.detokenizer = IncrementalDetokenizer(self._decode, prompt_token_ids, params)
+        self.scheduler.add(req)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Queue aborts (thread-safe). They are reported as finished outputs by the next ``step()``."""
+        self._pending_aborts.extend(request_ids)
+
+    def has_unfinished(self) -> bool:
+        """Unfinished requests (in any pause state) or queued aborts still to report."""
+        return self.scheduler.has_unfinished() or bool(self._pending_aborts) or bool(self._pending_outputs)
+
+    def has_steppable_work(self) -> bool:
+        """Whether ``step()`` would run a forward or report something now (pause state respected)."""
+        return (self.scheduler.has_steppable_work() or bool(self._pending_aborts)
+                or bool(self._pending_outputs))
+
+    def num_unfinished_for_sync(self) -> int:
+        return self.scheduler.num_unfinished_for_sync()
+
+    # ------------------------------------------------------------------ pause
+
+    def pause(self, mode: PauseMode = "abort") -> None:
+        """Enter a pause state now (§8.6); with ``abort`` every request finishes at once and the
+        ``finish_reason="abort"`` outputs are returned by the next ``step()``."""
+        for req in self.scheduler.pause(mode):
+            self._pending_outputs.append(self._abort_output(req))
+
+    def resume(self) -> None:
+        self.scheduler.resume()
+
+    def is_paused(self) -> bool:
+        return self.scheduler.pause_state != "unpaused"
+
+    # ------------------------------------------------------------------ stepping
+
+    @staticmethod
+    def _abort_output(req: Request) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id, finished=True, finish_reason="abort",
+            new_text=req.detokenizer.take_delta(True) if req.detokenizer is not None else "",
+            num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=max(req.num_cached_tokens, 0),
+            first_token_time=req.first_token_time)
+
+    def _apply_aborts(self, out: StepOutputs) -> None:
+        pending = self._pending_aborts
+        ids: list[str] = []
+        while pending:
+            ids.append(pending.popleft())
+        for req in self.scheduler.abort(ids):
+            out.finished_request_ids.append(req.request_id)
+            out.outputs.append(self._abort_output(req))
+
+    def step(self, *, throttle_new_prefills: bool = False) -> StepOutputs:
+        t0 = time.perf_counter()
+        out = StepOutputs()
+        if self._pending_outputs:
+            out.outputs, self._pending_outputs = self._pending_outputs, []
+            out.finished_request_ids.extend(o.request_id for o in out.outputs)
+        if self._pending_aborts:
+            self._apply_aborts(out)
+        scheduler = self.scheduler
+        batch = scheduler.schedule(throttle_new_prefills=throttle_new_prefills)
+        if batch.empty:
+            out.step_time_s = time.perf_counter() - t0
+            return out
+        result = self.executor.execute(batch)
+        self.num_steps += 1
+        out.executed = True
+        out.num_scheduled_tokens = batch.num_prefill_tokens + batch.num_decode_seqs
+        out.forward_time_s = result.forward_time_s
+        out.extra = result.extra
+        if self._pending_aborts:  # aborted while the forward ran: they get no more tokens
+            self._apply_aborts(out)
+        now = self._clock()
+        logprobs = result.logprobs
+        eos = self.eos_token_ids
+        max_model_len = self.max_model_len
+        finished: list[Request] = []
+        outputs = out.outputs
+        for idx, req, token in scheduler.update(batch, result):
+            params = req.sampling_params
+            n_out = len(req.output_token_ids)
+            if n_out == 1:
+                req.first_token_time = now
+            status = None
+            detok = req.detokenizer
+            if n_out >= params.min_tokens and (
+                    (token in eos and not params.ignore_eos) or token in params.stop_token_ids):
+                status = RequestStatus.FINISHED_STOPPED
+                req.stop_reason = None if token in eos and token not in params.stop_token_ids else token
+                if detok is not None:
+                    detok.flush()
+            elif detok is not None:
+                stop = detok.update(token, check_stop=n_out >= params.min_tokens)
+                if stop is not None:
+                    status = RequestStatus.FINISHED_STOPPED
+                    req.stop_reason = stop
+            if status is None and (n_out >= req.max_tokens or len(req.all_token_ids) >= max_model_len):
+                status = RequestStatus.FINISHED_LENGTH
+                if detok is not None:
+                    detok.flush()
+            if status is not None:
+                req.status = status
+                finished.append(req)
+            lp = logprobs[idx] if logprobs is not None else None
+            outputs.append(RequestOutput(
+                request_id=req.request_id, new_token_ids=[token],
+                new_text=detok.take_delta(status is not None) if detok is not None else "",
+                finished=status is not None, finish_reason=status.finish_reason if status is not None else None,
+                stop_reason=req.stop_reason if status is not None else None,
+                logprobs=[lp] if lp is not None else None,
+                num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=req.num_cached_tokens,
+                first_token_time=req.first_token_time))
+        if finished:
+            scheduler.retire(finished)
+            out.finished_request_ids.extend(r.request_id for r in finished)
+        out.step_time_s = time.perf_counter() - t0
+        return out
+
+    def execute_dummy(self) -> None:
+        """A padding forward (MoE lockstep) with no request state."""
+        self.executor.execute_dummy()
+
+    def stats(self, *, wave: int = 0) -> SchedulerStats:
+        bm = self.block_manager
+        return SchedulerStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=bm.usage, prefix_cache_queries=bm.prefix_cache_queries,
+            prefix_cache_hits=bm.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
+            step=self.num_steps, wave=wave)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+
+def build_engine_core(config: EngineConfig) -> EngineCore:
+    """Resolve the model, load tokenizer and model info, build the executor and the core.
+
+    Nothing is left running if any part fails: a built executor is shut down before the error propagates.
+    """
+    from asyncdp.model import load_tokenizer, read_model_info, resolve_model  # lazy: the model helper's code
+
+    config.validate()
+    model_path = resolve_model(config.model)
+    tokenizer_path = resolve_model(config.tokenizer) if config.tokenizer else model_path
+    tokenizer = load_tokenizer(tokenizer_path)
+    info = read_model_info(model_path)
+    if config.max_model_len is not None and config.max_model_len > info.max_position_embeddings:
+        raise ConfigError(
+            f"--max-model-len {config.max_model_len} exceeds the model's max_position_embeddings "
+            f"({info.max_position_embeddings}); lower --max-model-len.")
+    executor: Executor
+    if config.executor == "sim":
+        from asyncdp.engine.sim_executor import SimExecutor
+
+        executor = SimExecutor(
+            config, info.vocab_size, max_model_len=config.max_model_len or info.max_position_embeddings,
+            avoid_token_ids=info.eos_token_ids)
+    else:
+        from asyncdp.engine.model_runner import TorchExecutor  # the only torch importer
+
+        executor = TorchExecutor(config, model_path)
+    try:
+        return EngineCore(config, executor, tokenizer, eos_token_ids=info.eos_token_ids)
+    except BaseException:
+        executor.shutdown()
+        raise

@@ -1,0 +1,105 @@
+"""One request's state inside an engine core.
+
+A ``Request`` is created by ``EngineCore.add_request`` and lives until it finishes. The scheduler moves it between
+``waiting`` and ``running`` and advances ``num_computed_tokens``; the block manager owns the meaning of
+``block_ids``, ``block_hashes`` and ``num_registered_blocks``; the core appends sampled tokens and decides when it
+finishes. ``all_token_ids`` is prompt + output, kept incrementally so nothing per step is O(context).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from asyncdp.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from asyncdp.engine.detokenizer import IncrementalDetokenizer
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2  # back in waiting, to be recomputed from scratch (prefix cache permitting)
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    __slots__ = (
+        "request_id", "prompt_token_ids", "sampling_params", "arrival_time", "client_index", "status",
+        "output_token_ids", "all_token_ids", "num_computed_tokens", "block_ids", "block_hashes",
+        "num_registered_blocks", "num_cached_tokens", "num_preemptions", "detokenizer", "first_token_time",
+        "stop_reason", "max_tokens", "num_prompt_tokens", "extra",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        *,
+        arrival_time: float,
+        client_index: int = 0,
+        max_tokens: int,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time
+        self.client_index = client_index
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of the full blocks of all_token_ids, grown lazily
+        self.num_registered_blocks = 0  # leading blocks of block_ids already published to the prefix cache
+        self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 until admitted
+        self.num_preemptions = 0
+        self.detokenizer: IncrementalDetokenizer | None = None
+        self.first_token_time: float | None = None
+        self.stop_reason: str | int | None = None
+        self.max_tokens = max_tokens  # resolved: min(params.max_tokens, max_model_len - prompt)
+        self.extra: dict[str, Any] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self.status)
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}, computed={self.num_computed_tokens})")

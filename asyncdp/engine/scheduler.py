@@ -1,0 +1,261 @@
+"""Continuous-batching scheduler of one rank (vLLM v1 semantics, spec routing-bench §5 rules 1-7).
+
+Owns the ``waiting`` queue (FCFS; preempted requests re-enter at the front) and the ``running`` list (in
+admission order). ``schedule()`` builds one ``ModelBatch``:
+
+1. Running requests take the token budget first: a decode takes 1 token, a partial prefill
+   ``min(remaining, budget)`` (chunked prefill, no per-request cap).
+2. When a running request cannot get blocks, the most recently admitted running request is preempted
+   (recompute): its blocks are freed, full blocks staying cached, and it goes to the front of ``waiting``.
+3. Only if nothing was preempted, waiting requests are admitted FCFS while ``running < max_num_seqs``, budget
+   remains and blocks can be allocated. The first admission records the prefix-cache hit.
+
+``num_computed_tokens`` advances when a chunk is scheduled (so full blocks are published at scheduling time);
+``update()`` appends the sampled tokens. A prefill that completes in a step samples the first token at its end.
+
+Pause states (spec dp-deployment §8.6): ``unpaused``; ``paused-new`` (modes ``abort`` and ``wait``: running
+requests keep stepping, nothing is admitted); ``paused-all`` (mode ``keep``: nothing is scheduled).
+Throttling (§8.5): ``schedule(throttle_new_prefills=True)`` admits no new prefill while a running request is
+decoding, unless the last unthrottled step left waiting work behind for lack of token budget.
+
+Not thread-safe: one thread (the one that calls ``EngineCore.step``) drives it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Literal
+
+from asyncdp.engine.block_manager import BlockManager
+from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
+from asyncdp.engine.request import Request, RequestStatus
+
+PauseMode = Literal["abort", "wait", "keep"]
+PauseState = Literal["unpaused", "paused-new", "paused-all"]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # every unfinished request, waiting or running
+        self.pause_state: PauseState = "unpaused"
+        self.num_preemptions = 0
+        self._last_unthrottled_capacity_bound = False
+        # Requests scheduled in the batch being executed, aligned with its chunks.
+        self._scheduled: list[Request] = []
+
+    # ------------------------------------------------------------------ queues
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def has_steppable_work(self) -> bool:
+        """Whether ``schedule()`` could produce a non-empty batch in the current pause state."""
+        if self.pause_state == "paused-all":
+            return False
+        if self.pause_state == "paused-new":
+            return bool(self.running)
+        return bool(self.requests)
+
+    def num_unfinished_for_sync(self) -> int:
+        """Work that keeps a MoE wave running (§8.6): paused-all counts 0, paused-new only running requests."""
+        if self.pause_state == "paused-all":
+            return 0
+        if self.pause_state == "paused-new":
+            return len(self.running)
+        return len(self.requests)
+
+    def pending_prefill_tokens(self) -> int:
+        """Tokens still to compute before sampling, over waiting requests and partial prefills (O(queue))."""
+        total = sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)
+        for r in self.running:
+            left = r.num_tokens - r.num_computed_tokens
+            if left > 1 or (left == 1 and not r.output_token_ids):  # a decode step is not prefill work
+                total += left
+        return total
+
+    def running_context_tokens(self) -> int:
+        """Sum of the context lengths of running requests (O(running))."""
+        return sum(r.num_tokens for r in self.running)
+
+    def add(self, req: Request) -> None:
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """Remove ``req`` from whichever queue holds it and free its blocks."""
+        if req.is_finished:
+            return
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        req.status = status
+        self.block_manager.free(req)
+        del self.requests[req.request_id]
+
+    def abort(self, request_ids: Iterable[str]) -> list[Request]:
+        """Abort the named unfinished requests (unknown ids are ignored); returns those aborted."""
+        out = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is not None:
+                self.finish(req, RequestStatus.FINISHED_ABORTED)
+                out.append(req)
+        return out
+
+    # ------------------------------------------------------------------ pause
+
+    def pause(self, mode: PauseMode) -> list[Request]:
+        """Enter a pause state; mode ``abort`` aborts every request and returns them."""
+        if mode not in ("abort", "wait", "keep"):
+            raise ValueError(f"pause mode must be one of abort, wait, keep (got {mode!r})")
+        aborted: list[Request] = []
+        if mode == "abort":
+            aborted = self.abort(list(self.requests))
+        self.pause_state = "paused-all" if mode == "keep" else "paused-new"
+        return aborted
+
+    def resume(self) -> None:
+        self.pause_state = "unpaused"
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _preempt(self, req: Request) -> None:
+        self.block_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def schedule(self, *, throttle_new_prefills: bool = False) -> ModelBatch:
+        chunks: list[ScheduledChunk] = []
+        scheduled: list[Request] = []
+        self._scheduled = scheduled
+        batch = ModelBatch(chunks)
+        if self.pause_state == "paused-all":
+            return batch
+        bm = self.block_manager
+        budget = self.max_num_batched_tokens
+        running = self.running
+        num_prefill = num_decode = num_kv = 0
+        has_decode = False
+        preempted = False
+
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            start = req.num_computed_tokens
+            num_tokens = len(req.all_token_ids)
+            remaining = num_tokens - start
+            if remaining <= 0:  # no token was sampled for it last step (an executor that skipped it)
+                i += 1
+                continue
+            n = remaining if remaining < budget else budget
+            while not bm.allocate(req, n):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                end = start + n
+                is_decode = n == 1 and start >= req.num_prompt_tokens
+                if is_decode:
+                    num_decode += 1
+                    has_decode = True
+                else:
+                    num_prefill += n
+                num_kv += end
+                req.num_computed_tokens = end
+                chunks.append(ScheduledChunk(
+                    req.request_id, req.all_token_ids[start:end], start, req.block_ids, end == num_tokens,
+                    req.sampling_params, len(req.output_token_ids)))
+                scheduled.append(req)
+                budget -= n
+                i += 1
+                continue
+            break  # the request itself was preempted: everything after it is gone too
+
+        throttled = throttle_new_prefills and has_decode and not self._last_unthrottled_capacity_bound
+        if not preempted and not throttled and self.pause_state == "unpaused":
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < self.max_num_seqs:
+                req = waiting[0]
+                prefix = bm.find_cached_prefix(req)
+                start = len(prefix) * bm.block_size
+                num_tokens = len(req.all_token_ids)
+                remaining = num_tokens - start
+                n = remaining if remaining < budget else budget
+                if not bm.allocate(req, n, prefix):
+                    break
+                waiting.popleft()
+                if req.num_cached_tokens < 0:
+                    req.num_cached_tokens = start
+                    bm.record_admission(num_tokens, start)
+                req.status = RequestStatus.RUNNING
+                running.append(req)
+                end = start + n
+                num_prefill += n
+                num_kv += end
+                req.num_computed_tokens = end
+                chunks.append(ScheduledChunk(
+                    req.request_id, req.all_token_ids[start:end], start, req.block_ids, end == num_tokens,
+                    req.sampling_params, len(req.output_token_ids)))
+                scheduled.append(req)
+                budget -= n
+        if not throttle_new_prefills:
+            self._last_unthrottled_capacity_bound = budget <= 0 and bool(self.waiting)
+        batch.num_prefill_tokens = num_prefill
+        batch.num_decode_seqs = num_decode
+        batch.num_kv_tokens = num_kv
+        return batch
+
+    def update(self, batch: ModelBatch, result: StepResult) -> list[tuple[int, Request, int]]:
+        """Append sampled tokens; returns ``(chunk index, request, token)`` for each request that got one.
+
+        Requests finished (aborted) since ``schedule()`` are skipped.
+        """
+        out: list[tuple[int, Request, int]] = []
+        sampled = result.sampled
+        scheduled = self._scheduled
+        if len(sampled) != len(scheduled) or len(batch.chunks) != len(scheduled):
+            raise RuntimeError(f"executor returned {len(sampled)} samples for {len(scheduled)} chunks")
+        running = RequestStatus.RUNNING
+        for idx, req in enumerate(scheduled):
+            token = sampled[idx]
+            if token is None or req.status != running or req.num_computed_tokens != len(req.all_token_ids):
+                continue
+            req.output_token_ids.append(token)
+            req.all_token_ids.append(token)
+            out.append((idx, req, token))
+        self._scheduled = []
+        return out
+
+    def retire(self, reqs: list[Request]) -> None:
+        """Drop requests the core marked finished this step (O(running) once, not per request)."""
+        bm = self.block_manager
+        for req in reqs:
+            bm.free(req)
+            del self.requests[req.request_id]
+        self.running = [r for r in self.running if not r.is_finished]

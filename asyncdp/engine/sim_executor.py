@@ -1,0 +1,99 @@
+"""A torch-free executor: a step-time cost model and deterministic tokens.
+
+Used by the simulation harness, load tests and the engine tests. ``execute()`` returns at once; it does NOT
+sleep. The step's modelled duration ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens`` milliseconds
+(``EngineConfig.sim_cost``) is reported as ``StepResult.extra["sim_step_s"]`` and kept in ``last_step_s``, so
+the async rank loop can wait for it on its own clock (virtual time in tests, real time in a demo).
+``execute_dummy()`` costs ``a`` and records it the same way.
+
+Tokens are a pure function of (previous token, position, seed): BLAKE2b mod the vocabulary, never an id in
+``avoid_token_ids`` (none by default; the factory passes the model's EOS ids so outputs run to ``max_tokens``). They do not depend on the request id, the batch composition or on preemption, so a request
+recomputed after preemption, or served with prefix caching on or off, yields the same tokens. No other
+sampling parameter is honoured (``seed`` from the params is used when set, else the config seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from hashlib import blake2b
+
+from asyncdp.config import EngineConfig
+from asyncdp.engine.executor import ModelBatch, StepResult
+
+DEFAULT_SIM_KV_BLOCKS = 4096
+
+
+def sim_token(prev_token: int, position: int, seed: int, vocab_size: int) -> int:
+    digest = blake2b(f"{prev_token}/{position}/{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % vocab_size
+
+
+class SimExecutor:
+    def __init__(
+        self,
+        config: EngineConfig,
+        vocab_size: int,
+        *,
+        max_model_len: int,
+        clock: object = None,
+        avoid_token_ids: Iterable[int] = (),
+    ) -> None:
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2 (got {vocab_size})")
+        self._config = config
+        self._vocab_size = vocab_size
+        self._max_model_len = max_model_len
+        self._num_kv_blocks = config.num_kv_blocks if config.num_kv_blocks is not None else DEFAULT_SIM_KV_BLOCKS
+        avoid = frozenset(avoid_token_ids)
+        self._avoid = avoid if len(avoid) < vocab_size else frozenset()
+        self._clock = clock  # unused: the caller waits out last_step_s on whatever clock it has
+        cost = config.sim_cost
+        self._a_s = cost.a_ms / 1e3
+        self._b_s = cost.b_ms_per_token / 1e3
+        self._c_s = cost.c_ms_per_seq / 1e3
+        self._d_s = cost.d_ms_per_kv_token / 1e3
+        self.last_step_s = 0.0
+        self.num_steps = 0
+        self.num_dummy_steps = 0
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self._num_kv_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def step_cost_s(self, batch: ModelBatch) -> float:
+        return (self._a_s + self._b_s * batch.num_prefill_tokens + self._c_s * batch.num_decode_seqs
+                + self._d_s * batch.num_kv_tokens)
+
+    def execute(self, batch: ModelBatch) -> StepResult:
+        vocab = self._vocab_size
+        avoid = self._avoid
+        default_seed = self._config.seed
+        sampled: list[int | None] = []
+        for chunk in batch.chunks:
+            if not chunk.sample:
+                sampled.append(None)
+                continue
+            position = chunk.start_pos + len(chunk.token_ids)
+            seed = chunk.sampling_params.seed
+            token = sim_token(chunk.token_ids[-1], position, default_seed if seed is None else seed, vocab)
+            while token in avoid:
+                token = (token + 1) % vocab
+            sampled.append(token)
+        self.last_step_s = self.step_cost_s(batch)
+        self.num_steps += 1
+        return StepResult(sampled, forward_time_s=0.0, extra={"sim_step_s": self.last_step_s})
+
+    def execute_dummy(self) -> None:
+        self.last_step_s = self._a_s
+        self.num_dummy_steps += 1
+
+    def shutdown(self) -> None:
+        pass
