@@ -55,6 +55,22 @@ class VllmState:
     inflight: list[int]
     excluded: set[int] = field(default_factory=set)
     have_counts: bool = True  # False only for vllm_legacy@no_initial_counts before the first snapshot
+    scores: list[float] = field(default_factory=list)  # vllm: each rank's score, kept current by the hooks
+
+
+def _vllm_score(state: VllmState, i: int) -> float:
+    """Spec §7.2: in-flight floor, plus the KV penalty on waiting requests; +inf for a dead rank."""
+    if i in state.excluded:
+        return _INF
+    w = state.waiting[i]
+    score = w + state.running[i]
+    floor = state.client_count * state.inflight[i]
+    if floor > score:
+        score = floor
+    kv = state.kv[i]
+    if w > 0 and kv > 0.5:  # 0 at <= 50 % KV, up to 3 x waiting at 100 %
+        score += w * 6.0 * (kv - 0.5)
+    return score
 
 
 class VllmPolicy(Policy):
@@ -68,32 +84,29 @@ class VllmPolicy(Policy):
         if dp_size < 1 or not 0 <= router_index < num_routers:
             raise ConfigError(f"bad router layout: dp_size={dp_size}, router {router_index} of {num_routers}")
         return VllmState(dp_size, num_routers, (dp_size * router_index) // num_routers,
-                         [0] * dp_size, [0] * dp_size, [0.0] * dp_size, [0] * dp_size)
+                         [0] * dp_size, [0] * dp_size, [0.0] * dp_size, [0] * dp_size, scores=[0] * dp_size)
 
     def select(self, req: RequestView, snap: Snapshot | None, state: VllmState, now_us: int,
                rng: random.Random) -> Decision:
         hinted = hinted_decision(req)
         if hinted is not None:
             return hinted
-        c = state.client_count
-        # One comprehension instead of an explicit loop: this is the hot path (target 5 us at 64 ranks).
-        scores = [
-            (c * f if c * f > w + r else w + r) + (w * 6.0 * (kv - 0.5) if w > 0 and kv > 0.5 else 0)
-            for f, w, r, kv in zip(state.inflight, state.waiting, state.running, state.kv, strict=True)
-        ]
-        for i in state.excluded:
-            scores[i] = _INF
-        return Decision(_first_min_from(scores, state.start, state.excluded))
+        # Scores are maintained incrementally by the hooks (one rank changes per dispatch or finish), so the
+        # decision is a C-level min and index: about 2 us at 64 ranks instead of ~18 us for the literal scan.
+        return Decision(_first_min_from(state.scores, state.start, state.excluded))
 
     def on_dispatch(self, state: VllmState, req: RequestView, decision: Decision, now_us: int) -> None:
+        i = decision.dp_rank
         if not decision.hinted:
-            state.waiting[decision.dp_rank] += state.client_count
+            state.waiting[i] += state.client_count
             state.start = (state.start + 1) % state.n
-        state.inflight[decision.dp_rank] += 1
+        state.inflight[i] += 1
+        state.scores[i] = _vllm_score(state, i)
 
     def on_finish(self, state: VllmState, req_id: str, dp_rank: int, now_us: int) -> None:
         if state.inflight[dp_rank] > 0:
             state.inflight[dp_rank] -= 1
+            state.scores[dp_rank] = _vllm_score(state, dp_rank)
 
     def on_snapshot(self, state: VllmState, snap: Snapshot) -> None:
         if len(snap.loads) != state.n:
@@ -102,6 +115,11 @@ class VllmPolicy(Policy):
         state.running = [x.running for x in snap.loads]
         state.kv = [x.kv_usage for x in snap.loads]
         state.have_counts = True
+        state.scores = [_vllm_score(state, i) for i in range(state.n)]
+
+    def on_rank_dead(self, state: VllmState, dp_rank: int) -> None:
+        state.excluded.add(dp_rank)
+        state.scores[dp_rank] = _INF
 
 
 def _first_min_from(scores: list[float], start: int, excluded: set[int]) -> int:
@@ -329,5 +347,5 @@ class LoadBalancer:
         """Exclude a global rank from selection; returns the ids still in flight there (the client fails them)."""
         i = self._index[rank]
         self._dead.add(i)
-        self._state.excluded.add(i)
+        self._policy.on_rank_dead(self._state, i)
         return sorted(rid for rid, j in self._owner.items() if j == i)

@@ -115,6 +115,10 @@ class Policy:
     def on_snapshot(self, state: Any, snap: Snapshot) -> None:
         pass
 
+    def on_rank_dead(self, state: Any, dp_rank: int) -> None:
+        """Exclude a rank from every later decision (its engine died)."""
+        state.excluded.add(dp_rank)
+
     def on_kv_event(self, state: Any, ev: Any) -> None:
         pass
 

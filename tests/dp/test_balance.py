@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncdp.dp.balance import (
     POLICIES,
@@ -294,3 +296,61 @@ def test_unknown_policy_lists_valid_names():
         assert name in str(err.value)
     with pytest.raises(ConfigError):
         make_policy("vllm@nope")
+
+
+# ---------------------------------------------------------------- the fast path equals the spec's loop
+
+
+def spec_loop_pick(state):
+    """Spec §7.2 transcribed literally (dead ranks skipped)."""
+    n, c = state.n, state.client_count
+    best, pick = float("inf"), None
+    for k in range(n):
+        i = (state.start + k) % n
+        if i in state.excluded:
+            continue
+        waiting, running, kv = state.waiting[i], state.running[i], state.kv[i]
+        score = max(c * state.inflight[i], waiting + running)
+        if waiting > 0:
+            score += waiting * 6.0 * max(0.0, kv - 0.5)
+        if score < best:
+            best, pick = score, i
+    return pick
+
+
+loads = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.sampled_from([0.0, 0.3, 0.5, 0.75, 1.0])),
+                 min_size=4, max_size=4)
+ops = st.lists(st.one_of(
+    st.tuples(st.just("select"), st.none()),
+    st.tuples(st.just("hint"), st.integers(0, 3)),
+    st.tuples(st.just("finish"), st.integers(0, 50)),
+    st.tuples(st.just("snapshot"), loads),
+    st.tuples(st.just("dead"), st.integers(0, 3)),
+), max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.integers(1, 3), st.data())
+def test_incremental_scores_decide_like_the_spec_loop(operations, client_count, data):
+    client_index = data.draw(st.integers(0, client_count - 1))
+    lb = LoadBalancer([0, 1, 2, 3], client_index, client_count)
+    issued: list[str] = []
+    for k, (op, arg) in enumerate(operations):
+        if op == "select":
+            expected = spec_loop_pick(lb.state)
+            if expected is None:
+                with pytest.raises(UnavailableError):
+                    lb.select(f"r{k}")
+            else:
+                assert lb.select(f"r{k}") == expected
+                issued.append(f"r{k}")
+        elif op == "hint" and arg not in lb.state.excluded:
+            lb.select(f"r{k}", rank_hint=arg)
+            issued.append(f"r{k}")
+        elif op == "finish" and issued:
+            lb.on_finish(issued.pop(arg % len(issued)))
+        elif op == "snapshot":
+            lb.on_snapshot([list(x) for x in arg])
+        elif op == "dead":
+            lb.mark_dead(arg)
+    assert lb.inflight == lb.state.inflight
