@@ -41,7 +41,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from asyncdp.dp import wave as W
 from asyncdp.dp.stats import StatsBook
-from asyncdp.errors import AsyncDPError, EngineDeadError, ProtocolError, StartupError
+from asyncdp.errors import AsyncDPError, ConfigError, EngineDeadError, ProtocolError, StartupError
 from asyncdp.messages import (
     CoordinatorReady,
     EngineDead,
@@ -85,6 +85,14 @@ class CoordinatorConfig:
     subscribe_timeout_s: float | None = 600.0  # all N engines must subscribe by then
     teardown_flush_s: float = 2.0
     outbox_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.dp_size < 1:
+            raise ConfigError(f"--data-parallel-size must be >= 1 (got {self.dp_size}).")
+        if not 0 < self.heartbeat_interval_s < self.heartbeat_timeout_s:
+            raise ConfigError(
+                "--dp-heartbeat-interval-s must be > 0 and below --dp-heartbeat-timeout-s "
+                f"(got {self.heartbeat_interval_s:g} and {self.heartbeat_timeout_s:g}).")
 
 
 class _Peer:

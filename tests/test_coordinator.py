@@ -10,9 +10,10 @@ import pytest
 import trio
 
 from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
-from asyncdp.errors import AsyncDPError, EngineDeadError, StartupError
+from asyncdp.errors import AsyncDPError, ConfigError, EngineDeadError, StartupError
 from asyncdp.messages import (
     CoordinatorReady,
+    EngineDead,
     FirstRequest,
     Goodbye,
     Heartbeat,
@@ -372,6 +373,22 @@ async def test_moe_silent_engine_is_dead_after_heartbeat_timeout(autojump_clock)
     assert 5.0 <= t - t_silent <= 6.0
     assert td.dead_rank == 1 and "heartbeat" in td.reason
     assert isinstance(h.error, EngineDeadError)
+
+
+@pytest.mark.trio
+async def test_moe_engine_dead_message_tears_down_with_its_reason(autojump_clock):
+    async with coordinator(MOE2) as h:
+        e0, e1 = await h.engines(2)
+        await e0.send(EngineDead(dp_rank=0, reason="CUDA error"))
+        _, td = await e1.expect(Teardown)
+        await h.done.wait()
+    assert td.dead_rank == 0 and "CUDA error" in td.reason
+    assert isinstance(h.error, EngineDeadError)
+
+
+def test_config_rejects_heartbeat_interval_above_timeout():
+    with pytest.raises(ConfigError, match="--dp-heartbeat-interval-s"):
+        CoordinatorConfig(dp_size=2, wave_mode=True, heartbeat_interval_s=6.0)
 
 
 @pytest.mark.trio

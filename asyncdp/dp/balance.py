@@ -63,7 +63,7 @@ def _vllm_score(state: VllmState, i: int) -> float:
     if i in state.excluded:
         return _INF
     w = state.waiting[i]
-    score = w + state.running[i]
+    score: float = w + state.running[i]
     floor = state.client_count * state.inflight[i]
     if floor > score:
         score = floor
@@ -84,7 +84,7 @@ class VllmPolicy(Policy):
         if dp_size < 1 or not 0 <= router_index < num_routers:
             raise ConfigError(f"bad router layout: dp_size={dp_size}, router {router_index} of {num_routers}")
         return VllmState(dp_size, num_routers, (dp_size * router_index) // num_routers,
-                         [0] * dp_size, [0] * dp_size, [0.0] * dp_size, [0] * dp_size, scores=[0] * dp_size)
+                         [0] * dp_size, [0] * dp_size, [0.0] * dp_size, [0] * dp_size, scores=[0.0] * dp_size)
 
     def select(self, req: RequestView, snap: Snapshot | None, state: VllmState, now_us: int,
                rng: random.Random) -> Decision:
@@ -157,7 +157,7 @@ class VllmLegacyPolicy(VllmPolicy):
             return hinted
         if not state.have_counts:  # before vllm-project/vllm#22910: no loads yet means engines[0]
             return Decision(alive_indices(state)[0])
-        scores = [4 * w + r for w, r in zip(state.waiting, state.running, strict=True)]
+        scores: list[float] = [4 * w + r for w, r in zip(state.waiting, state.running, strict=True)]
         for i in state.excluded:
             scores[i] = _INF
         return Decision(_first_min_from(scores, state.start, state.excluded))
