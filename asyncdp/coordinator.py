@@ -1,0 +1,408 @@
+"""The DP coordinator role (spec §6, §5.7): aggregates rank load for the clients and runs the MoE wave machine.
+
+Theory of operation. The coordinator accepts two kinds of links: one from every engine (all N) and one from every
+API-server client. It owns no decisions itself: :class:`~asyncdp.dp.stats.StatsBook` decides what to publish and
+when, :class:`~asyncdp.dp.wave.WaveMachine` decides wave transitions and what engine loss means. This module only
+decodes, calls and performs.
+
+Tasks, all in one task group: an engine acceptor and one handler per engine link, a client acceptor and one
+handler per client link, the heartbeat sender, and the *core*. Each link handler runs a reader (the first frame is
+``Subscribe``; any frame counts as liveness, and silence past ``heartbeat_timeout_s`` means the peer is dead) and
+a writer draining that peer's bounded outbox, so no slow peer ever blocks the core. Readers forward load and wave
+messages to the core through one bounded memory stream; the core is the only task that changes state.
+
+Startup: once exactly N distinct engines have sent ``Subscribe{dp_rank}``, every engine gets
+``CoordinatorReady``. An unknown or duplicate rank, or a missing one after ``subscribe_timeout_s``, is a
+:class:`~asyncdp.errors.StartupError`.
+
+Publishing (§6.3): ``StatsSnapshot`` to every client, at most every 100 ms while counts change, a heartbeat
+snapshot every 5 s otherwise, wave changes at once with ``counts=None``. ``seq`` increases with every snapshot.
+
+Engine loss: MoE - ``Teardown{reason, dead_rank}`` to the other engines, flushed for up to ``teardown_flush_s``,
+then :func:`serve_coordinator` raises :class:`~asyncdp.errors.EngineDeadError` (the process exits 1); after a
+``Goodbye`` (orderly departure) it returns normally instead. Dense - the rank is marked dead and the coordinator
+keeps serving; it returns once every engine is gone.
+
+Links: anything with ``async send(msg)``, ``async receive()`` (raising ``anyio.EndOfStream`` at EOF) and
+``async aclose()``. Listeners: anything with ``async serve(handler)`` that calls ``handler(link)`` per link.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+
+from asyncdp.dp import wave as W
+from asyncdp.dp.stats import StatsBook
+from asyncdp.errors import AsyncDPError, ConfigError, EngineDeadError, ProtocolError, StartupError
+from asyncdp.messages import (
+    CoordinatorReady,
+    EngineDead,
+    FirstRequest,
+    Goodbye,
+    Heartbeat,
+    RankStats,
+    StartWave,
+    StartWaveRequest,
+    StatsSnapshot,
+    Subscribe,
+    Teardown,
+    WaveComplete,
+)
+
+log = logging.getLogger(__name__)
+
+_LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
+
+
+class Link(Protocol):
+    async def send(self, msg: Any) -> None: ...
+    async def receive(self) -> Any: ...
+    async def aclose(self) -> None: ...
+
+
+class Listener(Protocol):
+    async def serve(self, handler: Callable[[Any], Awaitable[None]]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    dp_size: int
+    wave_mode: bool  # MoE with dp > 1: waves, step snapshots, teardown on engine loss
+    external_lb: bool = False  # engines send no RankStats; snapshots carry counts=None
+    publish_interval_s: float = 0.1
+    heartbeat_publish_s: float = 5.0
+    step_snapshot_wait_s: float = 0.05
+    heartbeat_interval_s: float = 1.0  # --dp-heartbeat-interval-s
+    heartbeat_timeout_s: float = 5.0  # --dp-heartbeat-timeout-s
+    subscribe_timeout_s: float | None = 600.0  # all N engines must subscribe by then
+    teardown_flush_s: float = 2.0
+    outbox_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.dp_size < 1:
+            raise ConfigError(f"--data-parallel-size must be >= 1 (got {self.dp_size}).")
+        if not 0 < self.heartbeat_interval_s < self.heartbeat_timeout_s:
+            raise ConfigError(
+                "--dp-heartbeat-interval-s must be > 0 and below --dp-heartbeat-timeout-s "
+                f"(got {self.heartbeat_interval_s:g} and {self.heartbeat_timeout_s:g}).")
+
+
+class _Peer:
+    """One link with its bounded outbox; the writer task drains it."""
+
+    def __init__(self, link: Link, name: str, outbox_size: int) -> None:
+        self.link = link
+        self.name = name
+        self._send, self._recv = anyio.create_memory_object_stream[Any](outbox_size)
+        self.flushed = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self.lost_reason: str | None = None
+        self.departed = False  # said Goodbye: its EOF is not a loss
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Queue a message; False (and the peer is cut off) when its outbox is full or closed."""
+        try:
+            self._send.send_nowait(msg)
+            return True
+        except anyio.WouldBlock:
+            self.cut(f"{self.name} is not reading (outbox full)")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        return False
+
+    def close_outbox(self) -> None:
+        self._send.close()
+
+    def close(self) -> None:
+        self._send.close()
+        self._recv.close()
+
+    def cut(self, reason: str) -> None:
+        if self.lost_reason is None:
+            self.lost_reason = reason
+        self.scope.cancel()
+
+    async def write_loop(self, timeout_s: float) -> None:
+        try:
+            async with self._recv:
+                async for msg in self._recv:
+                    with anyio.move_on_after(timeout_s) as sc:
+                        await self.link.send(msg)
+                    if sc.cancelled_caught:
+                        self.cut(f"{self.name}: send timed out after {timeout_s:g} s")
+                        return
+        except _LINK_ERRORS as exc:
+            self.cut(f"{self.name} link closed ({type(exc).__name__})")
+        finally:
+            self.flushed.set()
+
+
+class Coordinator:
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.book = StatsBook(config.dp_size, wave_mode=config.wave_mode, external=config.external_lb,
+                              now_s=anyio.current_time(), publish_interval_s=config.publish_interval_s,
+                              heartbeat_interval_s=config.heartbeat_publish_s,
+                              step_snapshot_wait_s=config.step_snapshot_wait_s)
+        self.machine = W.WaveMachine(config.dp_size, config.wave_mode)
+        self.engines: dict[int, _Peer] = {}
+        self.clients: dict[int, _Peer] = {}
+        self.all_subscribed = anyio.Event()
+        self.seq = 0
+        self._hb_seq = 0
+        self._next_client_key = 0
+        self._inbox_send: MemoryObjectSendStream[tuple[Any, ...]]
+        self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[tuple[Any, ...]](1024)
+
+    # ------------------------------------------------------------ role main
+
+    async def run(self, engine_listener: Listener, client_listener: Listener,
+                  task_status: TaskStatus[None]) -> None:
+        async with self._inbox_send, self._inbox_recv, anyio.create_task_group() as tg:
+            tg.start_soon(engine_listener.serve, self._serve_engine)
+            tg.start_soon(client_listener.serve, self._serve_client)
+            tg.start_soon(self._send_heartbeats)
+            tg.start_soon(self._watch_subscriptions)
+            task_status.started()
+            await self._core()
+            tg.cancel_scope.cancel()
+
+    async def _watch_subscriptions(self) -> None:
+        timeout = self.config.subscribe_timeout_s
+        with anyio.move_on_after(math.inf if timeout is None else timeout):
+            await self.all_subscribed.wait()
+            return
+        missing = sorted(set(range(self.config.dp_size)) - set(self.engines))
+        raise StartupError(f"DP coordinator: engine ranks {missing} did not subscribe within {timeout:g} s")
+
+    async def _send_heartbeats(self) -> None:
+        while True:
+            await anyio.sleep(self.config.heartbeat_interval_s)
+            self._hb_seq += 1
+            beat = Heartbeat(sender="coordinator", seq=self._hb_seq)
+            for peer in [*self.engines.values(), *self.clients.values()]:
+                peer.send_nowait(beat)
+
+    # ------------------------------------------------------------ links
+
+    async def _receive(self, peer: _Peer) -> Any:
+        """The next frame, or None when the peer is gone (EOF, error, or silent past the heartbeat timeout)."""
+        timeout = self.config.heartbeat_timeout_s
+        while True:
+            with anyio.move_on_after(timeout):
+                try:
+                    return await peer.link.receive()
+                except ProtocolError as exc:
+                    log.warning("dropping a bad frame from %s: %s", peer.name, exc)
+                    continue
+                except _LINK_ERRORS as exc:
+                    peer.lost_reason = peer.lost_reason or f"{peer.name} link closed ({type(exc).__name__})"
+                    return None
+            peer.lost_reason = peer.lost_reason or f"no heartbeat from {peer.name} for {timeout:g} s"
+            return None
+
+    async def _run_peer(self, peer: _Peer, reader: Callable[[], Awaitable[None]]) -> None:
+        with peer.scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(peer.write_loop, self.config.heartbeat_timeout_s)
+                await reader()
+                tg.cancel_scope.cancel()
+
+    async def _serve_engine(self, link: Link) -> None:
+        peer = _Peer(link, "engine link", self.config.outbox_size)
+        try:
+            first = await self._receive(peer)
+            if first is None:
+                return
+            rank = self._subscribe_engine(first, peer)
+            await self._run_peer(peer, lambda: self._read_engine(peer, rank))
+            if not peer.departed:
+                await self._inbox_send.send(("lost", rank, peer.lost_reason or f"engine rank {rank} lost", False))
+        finally:
+            peer.close()
+            with anyio.CancelScope(shield=True):
+                await link.aclose()
+
+    def _subscribe_engine(self, msg: Any, peer: _Peer) -> int:
+        n = self.config.dp_size
+        if not isinstance(msg, Subscribe) or msg.dp_rank is None:
+            raise StartupError(f"DP coordinator: expected Subscribe{{dp_rank}} on an engine link, got {msg!r}")
+        rank = msg.dp_rank
+        if not 0 <= rank < n:
+            raise StartupError(f"DP coordinator: Subscribe from unknown engine rank {rank} (dp_size={n})")
+        if rank in self.engines or self.all_subscribed.is_set():
+            raise StartupError(f"DP coordinator: duplicate Subscribe from engine rank {rank}")
+        peer.name = f"engine rank {rank}"
+        self.engines[rank] = peer
+        if len(self.engines) == n:
+            self.all_subscribed.set()
+            for p in self.engines.values():
+                p.send_nowait(CoordinatorReady())
+            log.info("all %d engines subscribed; sent CoordinatorReady", n)
+        return rank
+
+    async def _read_engine(self, peer: _Peer, rank: int) -> None:
+        while (msg := await self._receive(peer)) is not None:
+            if isinstance(msg, RankStats | WaveComplete | StartWaveRequest):
+                await self._inbox_send.send(("engine", rank, msg))
+            elif isinstance(msg, Goodbye):
+                peer.departed = True
+                await self._inbox_send.send(("lost", rank, f"rank {rank} shut down", True))
+                return
+            elif isinstance(msg, EngineDead):
+                peer.lost_reason = f"engine rank {rank} died: {msg.reason}"
+                return
+            elif not isinstance(msg, Heartbeat):
+                log.warning("dropping unexpected %s from %s", type(msg).__name__, peer.name)
+
+    async def _serve_client(self, link: Link) -> None:
+        peer = _Peer(link, "client link", self.config.outbox_size)
+        key = self._next_client_key
+        self._next_client_key += 1
+        try:
+            first = await self._receive(peer)
+            if not isinstance(first, Subscribe) or first.client_id is None:
+                if first is not None:
+                    log.warning("client link opened with %r instead of Subscribe{client_id}; closing", first)
+                return
+            peer.name = f"client {first.client_id}"
+            self.clients[key] = peer
+            await self._inbox_send.send(("client_joined", key))
+            await self._run_peer(peer, lambda: self._read_client(peer))
+            log.info("%s left: %s", peer.name, peer.lost_reason)
+        finally:
+            self.clients.pop(key, None)
+            peer.close()
+            with anyio.CancelScope(shield=True):
+                await link.aclose()
+
+    async def _read_client(self, peer: _Peer) -> None:
+        while (msg := await self._receive(peer)) is not None:
+            if isinstance(msg, FirstRequest):
+                await self._inbox_send.send(("client", msg))
+            elif not isinstance(msg, Heartbeat | Subscribe):
+                log.warning("dropping unexpected %s from %s", type(msg).__name__, peer.name)
+
+    # ------------------------------------------------------------ the core
+
+    async def _core(self) -> None:
+        """The only task that changes state. Returns on an orderly end; raises when the group must die."""
+        while True:
+            now = anyio.current_time()
+            item = None
+            with anyio.CancelScope(deadline=self.book.next_publish_deadline(now)):
+                item = await self._inbox_recv.receive()
+            if item is None:
+                pub = self.book.take_snapshot(anyio.current_time())
+                if pub is not None:
+                    self._publish(pub.counts)
+                continue
+            if await self._handle(item):
+                return
+
+    async def _handle(self, item: tuple[Any, ...]) -> bool:
+        kind = item[0]
+        if kind == "engine":
+            rank, msg = item[1], item[2]
+            if isinstance(msg, RankStats):
+                if msg.dp_rank != rank:
+                    log.warning("RankStats for rank %d on the link of rank %d; dropped", msg.dp_rank, rank)
+                    return False
+                self.book.on_rank_stats(rank, msg.num_waiting, msg.num_running, msg.kv_cache_usage,
+                                        msg.step, msg.wave)
+                return False
+            if isinstance(msg, WaveComplete):
+                # The link says who sent it; a rank field that disagrees is not trusted.
+                return await self._perform(self.machine.handle(W.WaveComplete(msg.wave, rank)))
+            return await self._perform(self.machine.handle(W.StartWaveRequest(rank, msg.wave)))
+        if kind == "client":
+            msg = item[1]
+            return await self._perform(self.machine.handle(W.FirstRequest(msg.exclude_rank, msg.wave)))
+        if kind == "client_joined":
+            peer = self.clients.get(item[1])
+            if peer is not None:
+                self.seq += 1
+                counts = None if self.config.external_lb else self.book.counts
+                peer.send_nowait(self._snapshot(counts))
+            return False
+        _, rank, reason, orderly = item
+        return await self._perform(self.machine.handle(W.EngineLost(rank, reason, orderly)))
+
+    def _snapshot(self, counts: Any) -> StatsSnapshot:
+        return StatsSnapshot(counts=counts, wave=self.machine.current_wave, running=self.machine.running,
+                             seq=self.seq)
+
+    def _publish(self, counts: Any) -> None:
+        self.seq += 1
+        snap = self._snapshot(counts)
+        for peer in list(self.clients.values()):
+            peer.send_nowait(snap)
+
+    async def _perform(self, actions: list[W.Action]) -> bool:
+        for action in actions:
+            if isinstance(action, W.BroadcastStartWave):
+                msg = StartWave(wave=action.wave, exclude_rank=action.exclude_rank)
+                for peer in list(self.engines.values()):
+                    peer.send_nowait(msg)
+            elif isinstance(action, W.PublishWave):
+                self._publish(None)
+            elif isinstance(action, W.LogProtocolError):
+                log.error("protocol error: %s", action.message)
+            elif isinstance(action, W.MarkDead):
+                log.warning("engine rank %d lost (%s); it leaves the load statistics", action.dp_rank,
+                            action.reason)
+                self.book.mark_dead(action.dp_rank)
+                self.engines.pop(action.dp_rank, None)
+                if self.machine.all_dead:
+                    log.info("every engine is gone; the coordinator stops")
+                    return True
+            elif isinstance(action, W.Teardown):
+                await self._teardown(action)
+                if action.orderly:
+                    return True
+                raise EngineDeadError(f"DP group torn down: {action.reason}")
+        return False
+
+    async def _teardown(self, action: W.Teardown) -> None:
+        log.log(logging.INFO if action.orderly else logging.ERROR, "tearing down the DP group: %s", action.reason)
+        msg = Teardown(reason=action.reason, dead_rank=action.dead_rank)
+        others = [p for r, p in self.engines.items() if r != action.dead_rank]
+        for peer in others:
+            peer.send_nowait(msg)
+            peer.close_outbox()
+        with anyio.move_on_after(self.config.teardown_flush_s):
+            for peer in others:
+                await peer.flushed.wait()
+
+
+async def serve_coordinator(config: CoordinatorConfig, engine_listener: Listener, client_listener: Listener, *,
+                            task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Run the coordinator role until it ends. ``task_status.started()`` once its tasks are accepting links.
+
+    Returns after an orderly end (a MoE ``Goodbye``, or every dense engine gone). Raises
+    :class:`~asyncdp.errors.EngineDeadError` after a MoE teardown caused by a lost engine and
+    :class:`~asyncdp.errors.StartupError` for a bad subscription; the process maps both to exit code 1.
+    """
+    coordinator = Coordinator(config)
+    try:
+        await coordinator.run(engine_listener, client_listener, task_status)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], AsyncDPError):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

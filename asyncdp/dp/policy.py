@@ -1,0 +1,140 @@
+"""The pure routing-policy interface of routing-bench §2.0.
+
+A policy is a stateless object; its per-router state lives in a separate ``State`` made by ``init``. ``select``
+is a pure decision: it reads the request, the latest snapshot, the state and the rng it is given, and returns a
+:class:`Decision`. Every mutation caused by that decision happens in ``on_dispatch``; the other hooks
+(``on_first_token``, ``on_finish``, ``on_snapshot``) update the state as telemetry arrives. Ranks are *indices*
+``0..dp_size-1`` here. A state may carry ``excluded`` (indices of dead ranks); every policy skips them, and
+``select`` raises :class:`~asyncdp.errors.UnavailableError` when nothing is left.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asyncdp.errors import UnavailableError
+
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+# ---------------------------------------------------------------- request, snapshot, decision
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What a policy may see of a request (routing-bench C4). The true output length is hidden."""
+
+    req_id: str
+    tokens: Sequence[int]
+    max_tokens: int = 16
+    routing_key: str | None = None
+    rank_hint: int | None = None  # an index among the ranks, already validated
+    t_arrival_us: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def text(self) -> str:
+        """4 base-64 digits per token id (big-endian 24 bits), for character-based policies."""
+        return "".join(
+            _B64[(t >> 18) & 63] + _B64[(t >> 12) & 63] + _B64[(t >> 6) & 63] + _B64[t & 63] for t in self.tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RankLoad:
+    """One rank's entry in a snapshot (routing-bench §1.1); the coordinator fills the first three."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    waiting_uncached_tokens: int = 0
+    pending_prefill_tokens: int = 0
+    running_tokens: int = 0
+    gen_tput_tok_s: float = 0.0
+    num_cached_blocks: int = 0
+    sampled_at_us: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Loads of every rank the router manages, in index order."""
+
+    loads: tuple[RankLoad, ...]
+    seq: int = 0
+    delivered_at_us: int = 0
+
+    @classmethod
+    def from_counts(cls, counts: Sequence[Sequence[float]], *, seq: int = 0, delivered_at_us: int = 0) -> Snapshot:
+        """From wire counts ``[[waiting, running, kv_cache_usage], ...]`` (``StatsSnapshot.counts``)."""
+        return cls(tuple(RankLoad(int(c[0]), int(c[1]), float(c[2])) for c in counts), seq, delivered_at_us)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    dp_rank: int  # index among the router's ranks
+    hinted: bool = False
+    info: dict[str, Any] | None = None  # scores etc., for logs; None on the hot path
+
+
+# ---------------------------------------------------------------- interface
+
+
+class Policy:
+    """Base class: no-op hooks. Subclasses set ``name`` and implement ``init`` and ``select``."""
+
+    name = "?"
+    needs_tokens = False  # whether on_tokens must be called
+    timer_period_us: int | None = None
+
+    def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
+             params: dict[str, Any] | None = None) -> Any:
+        raise NotImplementedError
+
+    def select(self, req: RequestView, snap: Snapshot | None, state: Any, now_us: int,
+               rng: random.Random) -> Decision:
+        raise NotImplementedError
+
+    def on_dispatch(self, state: Any, req: RequestView, decision: Decision, now_us: int) -> None:
+        pass
+
+    def on_first_token(self, state: Any, req_id: str, dp_rank: int, now_us: int) -> None:
+        pass
+
+    def on_tokens(self, state: Any, req_id: str, dp_rank: int, n_new: int, now_us: int) -> None:
+        pass
+
+    def on_finish(self, state: Any, req_id: str, dp_rank: int, now_us: int) -> None:
+        pass
+
+    def on_snapshot(self, state: Any, snap: Snapshot) -> None:
+        pass
+
+    def on_rank_dead(self, state: Any, dp_rank: int) -> None:
+        """Exclude a rank from every later decision (its engine died)."""
+        state.excluded.add(dp_rank)
+
+    def on_kv_event(self, state: Any, ev: Any) -> None:
+        pass
+
+    def on_timer(self, state: Any, now_us: int) -> None:
+        pass
+
+
+def hinted_decision(req: RequestView) -> Decision | None:
+    """A hinted request bypasses the policy (routing-bench §2.0)."""
+    if req.rank_hint is None:
+        return None
+    return Decision(req.rank_hint, hinted=True)
+
+
+def alive_indices(state: Any) -> list[int]:
+    alive = [i for i in range(state.n) if i not in state.excluded]
+    if not alive:
+        raise UnavailableError("no data-parallel rank is alive")
+    return alive

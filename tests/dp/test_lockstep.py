@@ -1,0 +1,259 @@
+"""The MoE rank's lockstep state (spec §8.2-8.4, §8.6), driven by a synchronous group simulator.
+
+The simulator plays N ranks' loops in one thread: every rank that must join a forward does so in the same
+iteration, and a sum all-reduce is the plain sum of the ranks' flag vectors. A forward that some ranks join and
+others do not is a lockstep violation (a hang in a real deployment), so the simulator fails on it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncdp.dp.lockstep import Lockstep, PauseState, WaveCompleted, needs_sync
+from asyncdp.dp.wave import BroadcastStartWave, FirstRequest, StartWaveRequest, WaveComplete, WaveMachine
+from asyncdp.errors import PauseError
+
+
+class Group:
+    """N ranks + a wave machine standing in for the coordinator (its StartWave broadcasts are delivered at once)."""
+
+    def __init__(self, n=2, *, sync_interval=32, cadence="asyncdp"):
+        self.ranks = [Lockstep(r, n, sync_interval, cadence=cadence) for r in range(n)]
+        self.coord = WaveMachine(n, True)
+        self.work = [0] * n  # steps of real work left per rank
+        self.forwards = 0
+        self.dummy = [0] * n
+        self.reports: list[WaveCompleted] = []
+
+    def _to_coordinator(self, msg):
+        if msg is None:
+            return
+        for action in self.coord.handle(msg):
+            if isinstance(action, BroadcastStartWave):
+                for ls in self.ranks:
+                    ls.on_start_wave(action.wave, action.exclude_rank)
+
+    def add_request(self, rank, steps, client_wave=None, *, client_thinks_running=False):
+        """A client request: FirstRequest to the coordinator when it believes the group idle, as in §6.5."""
+        wave = self.coord.current_wave if client_wave is None else client_wave
+        self.work[rank] += steps
+        self._to_coordinator(self.ranks[rank].on_add_request(wave))
+        if not client_thinks_running and not self.coord.running:
+            for a in self.coord.handle(FirstRequest(rank, wave)):
+                if isinstance(a, BroadcastStartWave):
+                    for ls in self.ranks:
+                        ls.on_start_wave(a.wave, a.exclude_rank)
+
+    def pause(self, rank, mode="keep"):
+        self._to_coordinator(self.ranks[rank].begin_pause(mode))
+
+    def unfinished(self, r):
+        state = self.ranks[r].pause_state
+        return self.work[r] > 0 and state is not PauseState.PAUSED_ALL
+
+    def iterate(self):
+        """One loop iteration on every rank; returns whether any forward ran."""
+        joined = []
+        for r, ls in enumerate(self.ranks):
+            executed = self.unfinished(r)
+            if executed:
+                self.work[r] -= 1
+            if not executed:
+                if not ls.must_join(self.unfinished(r)):
+                    continue
+                self.dummy[r] += 1
+            joined.append(r)
+        if not joined:
+            return False
+        assert len(joined) == len(self.ranks), f"lockstep violation: only ranks {joined} ran a forward"
+        self.forwards += 1
+        syncing = [ls.advance() for ls in self.ranks]
+        assert len(set(syncing)) == 1
+        assert len({ls.step_counter for ls in self.ranks}) == 1
+        if syncing[0]:
+            flags = [ls.sync_flags(self.unfinished(r)) for r, ls in enumerate(self.ranks)]
+            s_unf, s_pause = (sum(col) for col in zip(*flags, strict=True))
+            for ls in self.ranks:
+                ls.apply_sync(s_unf, s_pause, len(self.ranks))
+        for ls in self.ranks:
+            done = ls.end_step()
+            if done is not None and done.report:
+                self.reports.append(done)
+                self.coord.handle(WaveComplete(done.wave, ls.dp_rank))
+        return True
+
+    def run_until_idle(self, limit=10_000):
+        for _ in range(limit):
+            if not self.iterate():
+                return
+        raise AssertionError("group never went idle")
+
+
+# ---------------------------------------------------------------- cadence
+
+
+def test_asyncdp_cadence_syncs_on_first_step_and_every_interval():
+    assert [s for s in range(1, 100) if needs_sync(s, 32)] == [1, 32, 64, 96]
+
+
+def test_vllm_cadence_syncs_only_every_interval():
+    assert [s for s in range(1, 100) if needs_sync(s, 32, "vllm")] == [32, 64, 96]
+
+
+def test_short_burst_stops_after_one_step():
+    g = Group(2)
+    g.add_request(0, 1)
+    g.run_until_idle()
+    assert g.forwards == 1 and g.dummy == [0, 1]
+    assert [r.current_wave for r in g.ranks] == [1, 1]
+    assert g.reports == [WaveCompleted(0, True)]
+    assert (g.coord.current_wave, g.coord.running) == (1, False)
+
+
+def test_vllm_cadence_short_burst_costs_a_full_interval():
+    g = Group(2, cadence="vllm")
+    g.add_request(1, 1)
+    g.run_until_idle()
+    assert g.forwards == 32 and g.dummy == [32, 31]
+
+
+def test_long_work_stops_at_first_sync_after_it_ends():
+    g = Group(3)
+    g.add_request(0, 40)
+    g.run_until_idle()
+    assert g.forwards == 64 and g.dummy[1] == 64
+
+
+def test_only_rank0_reports_wave_complete():
+    g = Group(3)
+    g.add_request(2, 2)
+    g.run_until_idle()
+    assert [d.wave for d in g.reports] == [0]
+
+
+# ---------------------------------------------------------------- wave messages (§8.4)
+
+
+def test_start_wave_wakes_unless_excluded_or_older():
+    ls = Lockstep(1, 2)
+    assert not ls.on_start_wave(0, exclude_rank=1)
+    assert not ls.engines_running
+    ls.current_wave = 3
+    assert not ls.on_start_wave(2, None)
+    assert ls.on_start_wave(4, 0)
+    assert (ls.current_wave, ls.engines_running) == (4, True)
+
+
+def test_stale_request_on_idle_rank_restarts_group():
+    ls = Lockstep(1, 2)
+    ls.current_wave = 5
+    assert ls.on_add_request(4) == StartWaveRequest(1, 5)
+    assert ls.engines_running
+    assert ls.on_add_request(4) is None  # already running
+
+
+def test_newer_request_wave_is_adopted():
+    ls = Lockstep(0, 2)
+    assert ls.on_add_request(7) is None
+    assert ls.current_wave == 7 and not ls.engines_running
+
+
+def test_stale_request_does_not_restart_paused_scheduler():
+    ls = Lockstep(0, 2)
+    ls.current_wave = 2
+    assert ls.on_add_request(1, scheduler_unpaused=False) is None
+    assert not ls.engines_running
+
+
+def test_stale_client_end_to_end_completes():
+    g = Group(2)
+    g.add_request(0, 1)
+    g.run_until_idle()
+    g.add_request(1, 3, client_wave=0, client_thinks_running=True)  # stale snapshot: no FirstRequest
+    g.run_until_idle()
+    assert g.work == [0, 0]
+    assert g.ranks[0].current_wave == g.ranks[1].current_wave == 2
+
+
+# ---------------------------------------------------------------- pause (§8.6)
+
+
+def test_pause_on_one_rank_keeps_group_running_until_all_pause():
+    g = Group(2)
+    g.pause(0)
+    assert g.ranks[0].pending_pause and g.ranks[1].engines_running  # peers woken to reach the sync
+    for _ in range(10):
+        g.iterate()
+    assert g.forwards == 10 and g.ranks[0].pending_pause  # partial pause: still stepping
+    with pytest.raises(PauseError, match="resume called while a pause is still in progress"):
+        g.ranks[0].resume()
+    g.pause(1)
+    g.run_until_idle()
+    assert g.forwards == 32  # consensus found at the next sync step
+    assert all(ls.pause_complete(False) for ls in g.ranks)
+    assert all(ls.ignore_start_wave and not ls.pending_pause for ls in g.ranks)
+
+
+def test_paused_group_ignores_start_wave_and_stale_requests():
+    g = Group(2)
+    g.pause(0)
+    g.pause(1)
+    g.run_until_idle()
+    ls = g.ranks[1]
+    assert not ls.on_start_wave(ls.current_wave + 3, None)
+    assert ls.on_add_request(0) is None
+    assert not ls.engines_running
+
+
+def test_keep_mode_freezes_work_and_resume_continues_it():
+    g = Group(2)
+    g.add_request(0, 100)
+    g.iterate()
+    g.pause(0, "keep")
+    g.pause(1, "keep")
+    g.run_until_idle()
+    left = g.work[0]
+    assert left > 0
+    for ls in g.ranks:
+        assert ls.resume() is True
+    max_unf = max(int(g.work[r] > 0) for r in range(2))
+    for ls in g.ranks:
+        ls.apply_resume_barrier(max_unf)
+    g.run_until_idle()
+    assert g.work == [0, 0]
+
+
+def test_resume_when_not_paused_is_a_noop():
+    ls = Lockstep(0, 2)
+    assert ls.resume() is False
+    assert not ls.engines_running
+
+
+def test_unknown_pause_mode_is_rejected():
+    with pytest.raises(PauseError):
+        Lockstep(0, 2).begin_pause("later")
+
+
+# ---------------------------------------------------------------- property: any schedule stays in lockstep
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 70), st.integers(0, 40)), min_size=1, max_size=6),
+       st.sampled_from(["asyncdp", "vllm"]))
+def test_any_request_schedule_stays_in_lockstep_and_drains(schedule, cadence):
+    g = Group(3, cadence=cadence)
+    waves = [0, 0, 0]
+    for rank, steps, gap in schedule:
+        g.add_request(rank, steps)
+        for _ in range(gap):
+            g.iterate()
+            now = [ls.current_wave for ls in g.ranks]
+            assert all(a >= b for a, b in zip(now, waves, strict=True))
+            waves = now
+    g.run_until_idle()
+    assert g.work == [0, 0, 0]
+    assert not any(ls.engines_running for ls in g.ranks)
+    assert len({ls.current_wave for ls in g.ranks}) == 1
+    assert g.coord.current_wave == g.ranks[0].current_wave and not g.coord.running

@@ -1,0 +1,81 @@
+"""The coordinator's stats intake and publish schedule (spec §6.2-6.3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncdp.dp.stats import StatsBook
+
+
+def test_idle_book_publishes_heartbeat_every_five_seconds():
+    book = StatsBook(2, wave_mode=False)
+    assert book.next_publish_deadline(0.0) == 5.0
+    assert book.take_snapshot(4.9) is None
+    pub = book.take_snapshot(5.0)
+    assert pub is not None and pub.counts == [(0, 0, 0.0), (0, 0, 0.0)]
+    assert book.next_publish_deadline(5.0) == 10.0
+
+
+def test_changed_stats_publish_after_at_most_100ms():
+    book = StatsBook(2, wave_mode=False)
+    book.take_snapshot(5.0)
+    book.on_rank_stats(1, 3, 2, 0.25)
+    assert book.next_publish_deadline(5.01) == pytest.approx(5.1)
+    assert book.take_snapshot(5.05) is None
+    assert book.take_snapshot(5.1).counts == [(0, 0, 0.0), (3, 2, 0.25)]
+    assert not book.stats_changed
+    assert book.next_publish_deadline(5.1) == pytest.approx(10.1)
+
+
+def test_long_idle_then_change_publishes_immediately():
+    book = StatsBook(1, wave_mode=False)
+    book.on_rank_stats(0, 1, 0, 0.0)
+    assert book.next_publish_deadline(3.0) == 3.0
+
+
+def test_unknown_and_dead_ranks_are_dropped():
+    book = StatsBook(2, wave_mode=False)
+    assert not book.on_rank_stats(2, 1, 1, 0.1)
+    book.on_rank_stats(0, 4, 4, 0.4)
+    book.mark_dead(0)
+    assert not book.on_rank_stats(0, 9, 9, 0.9)
+    assert book.counts[0] == (4, 4, 0.4)  # frozen at the last report
+
+
+def test_external_mode_publishes_none_not_zeros():
+    book = StatsBook(2, wave_mode=False, external=True)
+    assert not book.on_rank_stats(0, 1, 1, 0.5)
+    assert book.take_snapshot(5.0).counts is None
+
+
+def test_wave_mode_waits_for_a_step_snapshot():
+    book = StatsBook(2, wave_mode=True)
+    book.take_snapshot(5.0)
+    book.on_rank_stats(0, 1, 0, 0.0, step=1, wave=0)
+    # No complete step yet: wait at least 50 ms after this input.
+    assert book.next_publish_deadline(5.2) == pytest.approx(5.25)
+    book.on_rank_stats(1, 2, 0, 0.0, step=1, wave=0)
+    book.on_rank_stats(0, 0, 1, 0.0, step=2, wave=0)  # a newer step: step 1 is complete
+    assert book.step_snapshot == [(1, 0, 0.0), (2, 0, 0.0)]
+    assert book.next_publish_deadline(5.2) == pytest.approx(5.2)
+    assert book.take_snapshot(5.2).counts == [(1, 0, 0.0), (2, 0, 0.0)]
+    # The step snapshot went out; the live counts are still pending.
+    assert book.stats_changed
+    assert book.take_snapshot(5.3).counts == [(0, 1, 0.0), (2, 0, 0.0)]
+
+
+def test_older_step_stats_are_applied_without_new_snapshot():
+    book = StatsBook(2, wave_mode=True)
+    book.on_rank_stats(0, 1, 0, 0.0, step=5, wave=1)
+    book.on_rank_stats(1, 7, 0, 0.0, step=3, wave=1)
+    assert book.counts[1] == (7, 0, 0.0)
+    assert (book.last_wave, book.last_step) == (1, 5)
+    assert book.step_snapshot is None
+
+
+def test_newer_wave_orders_before_higher_step_of_older_wave():
+    book = StatsBook(1, wave_mode=True)
+    book.on_rank_stats(0, 1, 0, 0.0, step=40, wave=0)
+    book.on_rank_stats(0, 2, 0, 0.0, step=1, wave=1)
+    assert (book.last_wave, book.last_step) == (1, 1)
+    assert book.step_snapshot == [(1, 0, 0.0)]
