@@ -64,6 +64,7 @@ class ClientConfig:
     engine_ready_timeout_s: float = 600.0
     coordinator_client_addr: str | None = None
     mode: str = "internal"
+    heartbeat_interval_s: float = 1.0
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ class DPClient:
         self.metrics = metrics
         self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
         self._engines: dict[int, _Engine] = {}
+        self._local_index = {rank: i for i, rank in enumerate(cfg.managed_ranks)}
         self._requests: dict[str, _Request] = {}
         self._utility_results: dict[int, tuple[anyio.Event, list[m.UtilityResult]]] = {}
         self._call_ids = itertools.count(1)
@@ -186,7 +188,8 @@ class DPClient:
             )
         local_index = rank_hint.local_index if rank_hint else None
         global_rank = rank_hint.global_rank if rank_hint else None
-        dp_rank = self.lb.select(request_id, prompt_token_ids, local_index=local_index, global_rank=global_rank)
+        dp_rank = self.lb.select(request_id, prompt_token_ids, local_index, global_rank_hint=global_rank,
+                                 max_tokens=params.max_tokens or 16)
         engine = self._engines.get(dp_rank)
         if engine is None or not engine.alive:
             self.lb.on_finish(request_id)
@@ -365,9 +368,12 @@ class DPClient:
             self.lb.on_finish(req.request_id)
             self._update_inflight_metric(req.dp_rank)
 
+    def inflight_of(self, dp_rank: int) -> int:
+        return self.lb.inflight[self._local_index[dp_rank]]
+
     def _update_inflight_metric(self, dp_rank: int) -> None:
         if self.metrics is not None:
-            self.metrics.set_inflight(dp_rank, self.lb.inflight_of(dp_rank))
+            self.metrics.set_inflight(dp_rank, self.inflight_of(dp_rank))
 
     def _engine_alive(self, dp_rank: int) -> bool:
         e = self._engines.get(dp_rank)
@@ -407,11 +413,19 @@ class DPClient:
             return
         self._coordinator = link
         self.coordinator_state = "alive"
-        async with link:
+        async with link, anyio.create_task_group() as tg:
             await link.send(m.Subscribe(client_id=self.cfg.client_index))
+
+            async def heartbeat() -> None:
+                for seq in itertools.count(1):
+                    await anyio.sleep(self.cfg.heartbeat_interval_s)
+                    await link.send(m.Heartbeat(sender=f"client-{self.cfg.client_index}", seq=seq))
+
+            tg.start_soon(heartbeat)
             async for msg in link:
                 if isinstance(msg, m.StatsSnapshot):
                     self._on_snapshot(msg)
+            tg.cancel_scope.cancel()
         self._coordinator = None
         self.coordinator_state = "dead"
         if not self._shutting_down:

@@ -23,7 +23,7 @@ def client_server_info(client: DPClient) -> dict[str, Any]:
             state = "ready" if engine.alive else "dead"
             seen = round(now - engine.last_seen, 3)
         ranks.append({"dp_rank": rank, "local_index": local_index, "local": True, "state": state,
-                      "last_seen_s": seen, "inflight": client.lb.inflight_of(rank)})
+                      "last_seen_s": seen, "inflight": client.inflight_of(rank)})
     age = client.snapshot_age_s()
     coordinator = None
     if cfg.dp_size > 1:

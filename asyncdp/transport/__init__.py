@@ -8,13 +8,15 @@ address (spec §5.1: no pick-a-port-then-bind races).
 
 from asyncdp.transport.links import (
     Link,
+    LinkListener,
     MemoryLink,
     StreamLink,
     connect,
     connect_with_retry,
     listen,
+    listen_links,
     memory_link_pair,
     serve_links,
 )
 
-__all__ = ["Link", "MemoryLink", "StreamLink", "connect", "connect_with_retry", "listen", "memory_link_pair", "serve_links"]
+__all__ = ["Link", "LinkListener", "listen_links", "MemoryLink", "StreamLink", "connect", "connect_with_retry", "listen", "memory_link_pair", "serve_links"]

@@ -214,3 +214,23 @@ async def serve_links(
 
     async with listener:  # the listener belongs to this task: closed on cancellation too
         await listener.serve(wrap)
+
+
+class LinkListener:
+    """An anyio socket listener that hands out :class:`StreamLink` objects (``serve(handler)``)."""
+
+    def __init__(self, listener: anyio.abc.Listener[anyio.abc.SocketStream], addr: str, *, name: str = "peer") -> None:
+        self.listener = listener
+        self.addr = addr
+        self.name = name
+
+    async def serve(self, handler: Callable[[StreamLink], Any]) -> None:
+        await serve_links(self.listener, handler, name=self.name)
+
+    async def aclose(self) -> None:
+        await self.listener.aclose()
+
+
+async def listen_links(kind: str, *, name: str = "peer", **kwargs: Any) -> LinkListener:
+    listener, addr = await listen(kind, **kwargs)
+    return LinkListener(listener, addr, name=name)

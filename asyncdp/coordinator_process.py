@@ -1,0 +1,73 @@
+"""The coordinator child process (``asyncdp-coordinator``): bind its two listeners, report them, serve.
+
+It binds the engine-link and client-link listeners (Unix sockets on one node), reports both addresses to the
+launcher over the control channel (spec §5.1: the binder reports the real address), then runs
+:func:`asyncdp.coordinator.serve_coordinator`. Exit codes: 0 after an orderly end or a signal, 1 after a MoE
+teardown, a startup error, or the parent's death.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
+from asyncdp.errors import AsyncDPError
+from asyncdp.procs import ControlChannel
+from asyncdp.transport import listen_links
+
+log = logging.getLogger(__name__)
+
+
+async def run_coordinator_process(payload: dict[str, Any], control: ControlChannel) -> int:
+    config = CoordinatorConfig(
+        dp_size=payload["dp_size"],
+        wave_mode=payload["is_moe"] and payload["dp_size"] > 1,
+        external_lb=payload.get("external_lb", False),
+        heartbeat_interval_s=payload["heartbeat_interval_s"],
+        heartbeat_timeout_s=payload["heartbeat_timeout_s"],
+    )
+    engines = await listen_links("unix", directory=payload["socket_dir"], prefix="asyncdp-coord-engine", name="engine")
+    clients = await listen_links("unix", directory=payload["socket_dir"], prefix="asyncdp-coord-client", name="client")
+    code = 0
+    async with anyio.create_task_group() as tg:
+
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    return
+
+        async def on_control() -> None:
+            nonlocal code
+            while True:
+                try:
+                    await control.receive()
+                except anyio.EndOfStream:
+                    log.error("the parent process is gone; the coordinator exits")
+                    code = 1
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(on_signals)
+        tg.start_soon(on_control)
+        async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            nonlocal code
+            try:
+                await serve_coordinator(config, engines, clients, task_status=task_status)
+            except AsyncDPError as exc:
+                log.error("%s", exc)
+                code = 1
+            tg.cancel_scope.cancel()
+
+        try:
+            await tg.start(run)
+        except RuntimeError:  # it failed before it was ready (already logged)
+            tg.cancel_scope.cancel()
+            return 1
+        await control.send({"event": "ready", "engine_addr": engines.addr, "client_addr": clients.addr})
+    return code
