@@ -7,7 +7,9 @@ message that names the flag, its value and what to change.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from asyncdp.errors import ConfigError
 
@@ -64,3 +66,9 @@ class EngineConfig:
         need(self.device in ("auto", "cpu", "cuda"), "--device", "one of auto, cpu, cuda", self.device)
         need(self.torch_threads is None or self.torch_threads >= 1, "--torch-threads", ">= 1", self.torch_threads)
         return self
+
+
+def cache_dir() -> Path:
+    """Where built-in models are materialised: ``$ASYNCDP_CACHE_DIR``, else ``~/.cache/asyncdp``."""
+    value = os.environ.get("ASYNCDP_CACHE_DIR")
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "asyncdp"
