@@ -131,7 +131,7 @@ class TorchExecutor:
                 table = chunks[i].block_table[:max_blocks]
                 tables.append(table + pad[len(table):])
             max_ctx = max(context_lens)
-            meta.decode_slots = self._gather_slots(tables)[:, :max_ctx]
+            meta.decode_slots = self._gather_slots(tables)[:, :max_ctx].contiguous()
             lens = torch.tensor(context_lens, device=self.device)
             meta.decode_mask = (torch.arange(max_ctx, device=self.device) < lens.unsqueeze(1)).view(-1, 1, 1, max_ctx)
         for i in prefills:

@@ -34,7 +34,7 @@ class PrefillChunk:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64
     num_decode: int = 0
-    decode_slots: torch.Tensor | None = None  # [B, max_context] int64
+    decode_slots: torch.Tensor | None = None  # [B, max_context] int64, contiguous
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_context] bool
     prefills: list[PrefillChunk] = field(default_factory=list)
 
@@ -111,8 +111,10 @@ class Attention(nn.Module):
         assert meta.decode_slots is not None
         batch = q.shape[0]
         group = self.num_heads // self.num_kv_heads
-        keys = k_flat[meta.decode_slots].transpose(1, 2)  # [B, nkv, C, hd]
-        values = v_flat[meta.decode_slots].transpose(1, 2)
+        slots = meta.decode_slots
+        gathered = (batch, slots.shape[1], self.num_kv_heads, self.head_dim)
+        keys = k_flat.index_select(0, slots.view(-1)).view(gathered).transpose(1, 2)  # [B, nkv, C, hd]
+        values = v_flat.index_select(0, slots.view(-1)).view(gathered).transpose(1, 2)
         queries = q.view(batch, self.num_kv_heads, group, self.head_dim)  # a group's heads act as query rows
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.decode_mask)
         return out.reshape(batch, self.num_heads, self.head_dim)
