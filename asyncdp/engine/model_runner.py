@@ -6,11 +6,11 @@ attention metadata with a handful of tensor constructions, runs one forward, com
 that sample, and samples. ``StepResult.forward_time_s`` covers forward + logits + sampling; everything else in a
 step (input building here, scheduling above) is per-step overhead.
 
-KV cache: per layer K and V tensors ``[num_kv_blocks + 1, block_size, num_kv_heads, head_dim]``. Block ids
-``0 .. num_kv_blocks-1`` belong to the block manager; the extra last block is scratch: dummy batches write there
-and padded gathers read it, so no request's blocks are ever touched by them. ``num_kv_blocks`` is
-``config.num_kv_blocks`` or ``kv_cache_memory_bytes // bytes_per_block``, capped at what ``max_num_seqs``
-full-length sequences could use.
+KV cache: per layer K and V tensors ``[num_kv_blocks, block_size, num_kv_heads, head_dim]``. Block 0 is scratch,
+never given to a request (the engine core's block manager reserves it): dummy batches write there and padded
+gathers read it, so no request's blocks are ever touched by them. ``num_kv_blocks`` is ``config.num_kv_blocks``,
+or ``kv_cache_memory_bytes // bytes_per_block`` capped at what ``max_num_seqs`` full-length sequences could use
+plus the scratch block.
 """
 
 from __future__ import annotations
@@ -67,13 +67,13 @@ class TorchExecutor:
         elem = torch.finfo(self.dtype).bits // 8
         bytes_per_block = 2 * spec.num_layers * bs * spec.num_kv_heads * spec.head_dim * elem
         cap = config.max_num_seqs * math.ceil(max_len / bs)
-        num_blocks = config.num_kv_blocks or min(config.kv_cache_memory_bytes // bytes_per_block, cap)
-        if num_blocks < 1:
-            raise ConfigError(f"--kv-cache-memory-bytes {config.kv_cache_memory_bytes} holds no KV block "
+        num_blocks = config.num_kv_blocks or min(config.kv_cache_memory_bytes // bytes_per_block, cap + 1)
+        if num_blocks < 2:
+            raise ConfigError(f"--kv-cache-memory-bytes {config.kv_cache_memory_bytes} holds fewer than 2 KV blocks "
                               f"({bytes_per_block} bytes each); raise it.")
         self._num_kv_blocks = num_blocks
-        self.scratch_block = num_blocks
-        shape = (num_blocks + 1, bs, spec.num_kv_heads, spec.head_dim)
+        self.scratch_block = 0
+        shape = (num_blocks, bs, spec.num_kv_heads, spec.head_dim)
         # Zeroed, not empty: masked-out gathered slots must hold finite values (0 * NaN would poison outputs).
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(spec.num_layers)]

@@ -27,11 +27,11 @@ GREEDY = SamplingParams(
 
 
 class Blocks:
-    """Hands out KV blocks in order, in a shuffled-looking pattern so block ids are not positions."""
+    """Hands out KV blocks 1.. in order (block 0 is the executor's scratch block, as in the engine core)."""
 
     def __init__(self, block_size: int, num_blocks: int) -> None:
         self.block_size = block_size
-        self.free = list(range(num_blocks))[::-1]
+        self.free = list(range(1, num_blocks))[::-1]
         self.tables: dict[str, list[int]] = {}
 
     def table(self, request_id: str, num_tokens: int) -> list[int]:
@@ -130,7 +130,7 @@ def test_kv_blocks_derive_from_memory_and_cap_at_max_num_seqs(dense_path: Path) 
     assert small.num_kv_blocks == 10
     capped = make_executor(dense_path, num_kv_blocks=None, block_size=16, kv_cache_memory_bytes=1 << 30,
                            max_model_len=256, max_num_seqs=3)
-    assert capped.num_kv_blocks == 3 * 256 // 16
+    assert capped.num_kv_blocks == 3 * 256 // 16 + 1  # + the scratch block
     assert capped.max_model_len == 256
     assert make_executor(dense_path).max_model_len == 2048
 
