@@ -94,3 +94,41 @@ def test_intermediate_slices_sum_to_the_full_layer(moe_path: Path) -> None:
     full, *parts = _expert_outputs(moe_path, [ExpertShard()] + [ExpertShard.for_tensor_parallel(32, r, 3)
                                                                 for r in range(3)])
     torch.testing.assert_close(sum(parts), full)
+
+
+def test_fused_expert_tensors_load_like_per_expert_tensors(moe_path: Path, tmp_path: Path) -> None:
+    """transformers-5 style ``mlp.experts.gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I] tensors."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(moe_path / "model.safetensors"))
+    fused: dict[str, torch.Tensor] = {}
+    for layer in range(4):
+        p = f"model.layers.{layer}.mlp.experts"
+        gate_up = [torch.cat([tensors.pop(f"{p}.{e}.gate_proj.weight"), tensors.pop(f"{p}.{e}.up_proj.weight")])
+                   for e in range(8)]
+        fused[f"{p}.gate_up_proj"] = torch.stack(gate_up)
+        fused[f"{p}.down_proj"] = torch.stack([tensors.pop(f"{p}.{e}.down_proj.weight") for e in range(8)])
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(moe_path / name, tmp_path / name)
+    save_file({**tensors, **fused}, str(tmp_path / "model.safetensors"))
+    cpu = torch.device("cpu")
+    a = load_model(moe_path, device=cpu, dtype=torch.float32, shard=ExpertShard(expert_start=2, expert_end=5))
+    b = load_model(tmp_path, device=cpu, dtype=torch.float32, shard=ExpertShard(expert_start=2, expert_end=5))
+    for x, y in zip(a.moe_blocks(), b.moe_blocks(), strict=True):
+        torch.testing.assert_close(x.experts.w13, y.experts.w13, rtol=0, atol=0)
+        torch.testing.assert_close(x.experts.w2, y.experts.w2, rtol=0, atol=0)
+
+
+def test_checkpoint_missing_a_weight_is_refused(dense_path: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(dense_path / "model.safetensors"))
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    shutil.copy(dense_path / "config.json", tmp_path / "config.json")
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ModelNotFoundError, match="qkv_proj"):
+        load_model(tmp_path, device=torch.device("cpu"), dtype=torch.float32)

@@ -1,5 +1,8 @@
 """TorchExecutor against transformers: greedy decoding of a ragged batch, chunked prefill, dummy batches, sizing.
 
+Besides the built-ins (Qwen3, Qwen3-MoE), other architectures of the family are saved by transformers itself:
+Llama (tied embeddings), Qwen2 (q/k/v bias) and Mixtral (routed experts in transformers' own weight layout).
+
 The test plays the scheduler: it hands out KV blocks itself (``Blocks``), sends each prompt as one prefill chunk
 (or two, for chunked prefill) and then all sequences as one batched decode step per token.
 """
@@ -138,3 +141,42 @@ def test_kv_blocks_derive_from_memory_and_cap_at_max_num_seqs(dense_path: Path) 
 def test_max_model_len_beyond_model_limit_is_a_config_error(dense_path: Path) -> None:
     with pytest.raises(ConfigError, match="max_position_embeddings"):
         make_executor(dense_path, max_model_len=4096)
+
+
+COMMON = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+          "initializer_range": 0.3}
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, {"tie_word_embeddings": True, "rope_theta": 5000.0}),
+    "qwen2": (transformers.Qwen2Config, {"tie_word_embeddings": False}),
+    "mixtral": (transformers.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                             "tie_word_embeddings": False}),
+}
+
+
+def save_random_model(kind: str, dest: Path) -> transformers.PreTrainedModel:
+    config_cls, extra = FAMILIES[kind]
+    torch.manual_seed(7)
+    model = transformers.AutoModelForCausalLM.from_config(config_cls(**COMMON, **extra)).eval()
+    if kind == "qwen2":  # biases start at zero; make them matter
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("_proj.bias"):
+                    param.normal_(0.0, 0.5)
+    model.save_pretrained(str(dest))
+    return model
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILIES))
+def test_family_greedy_matches_transformers(kind: str, tmp_path: Path) -> None:
+    model = save_random_model(kind, tmp_path)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (5, 17, 1, 30)]
+    refs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                             do_sample=False, pad_token_id=0, eos_token_id=None)
+        refs.append(out[0, len(p):].tolist())
+    outs, _ = run_greedy(make_executor(tmp_path), prompts, split=8)
+    assert outs == refs
