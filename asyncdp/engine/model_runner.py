@@ -59,7 +59,6 @@ class TorchExecutor:
             raise ConfigError(f"--max-model-len {max_len} exceeds the model's max_position_embeddings "
                               f"({self.info.max_position_embeddings}); lower it.")
         self._max_model_len = max_len
-        torch.manual_seed(config.seed)
         self.model = load_model(model_path, device=self.device, dtype=self.dtype, shard=shard)
 
         self.block_size = bs = config.block_size

@@ -119,6 +119,46 @@ def test_chunked_prefill_gives_same_tokens_and_logprobs(model_path: Path) -> Non
     torch.testing.assert_close(torch.tensor(chunked_top), torch.tensor(whole_top), rtol=1e-4, atol=1e-4)
 
 
+
+def test_staggered_arrivals_mix_prefills_and_decodes_in_one_step(moe_path: Path) -> None:
+    """Prompt i arrives at step 3*i, so most steps carry decodes plus a (chunked) prefill with a cached prefix."""
+    prompts = encode_all(moe_path)
+    executor = make_executor(moe_path)
+    blocks = Blocks(executor.config.block_size, executor.num_kv_blocks)
+    outs: list[list[int]] = [[] for _ in prompts]
+    prefilled = [0] * len(prompts)
+    step = 0
+    while any(len(o) < NEW_TOKENS for o in outs):
+        chunks, which = [], []
+        for i, p in enumerate(prompts):
+            if step < 3 * i or len(outs[i]) == NEW_TOKENS:
+                continue
+            if prefilled[i] < len(p):  # prefill in pieces of at most 7 tokens
+                start, end = prefilled[i], min(prefilled[i] + 7, len(p))
+                prefilled[i] = end
+                chunks.append(ScheduledChunk(str(i), p[start:end], start, blocks.table(str(i), end), end == len(p),
+                                             GREEDY, 0))
+            else:
+                pos = len(p) + len(outs[i]) - 1
+                chunks.append(ScheduledChunk(str(i), [outs[i][-1]], pos, blocks.table(str(i), pos + 1), True,
+                                             GREEDY, len(outs[i])))
+            which.append(i)
+        result = executor.execute(ModelBatch(chunks))
+        for row, i in enumerate(which):
+            token = result.sampled[row]
+            if token is not None:
+                outs[i].append(token)
+        step += 1
+    assert outs == hf_greedy(moe_path, prompts)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batched_greedy_on_cuda_matches_cpu(model_path: Path) -> None:
+    prompts = encode_all(model_path)
+    cpu, _ = run_greedy(make_executor(model_path), prompts)
+    cuda, _ = run_greedy(make_executor(model_path, device="cuda"), prompts, split=6)
+    assert cuda == cpu
+
 def test_dummy_batches_between_steps_leave_outputs_unchanged(moe_path: Path) -> None:
     prompts = encode_all(moe_path)
     plain, _ = run_greedy(make_executor(moe_path), prompts)
