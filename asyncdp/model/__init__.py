@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from asyncdp.config import cache_dir
 from asyncdp.errors import ModelNotFoundError
@@ -96,6 +96,6 @@ def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return cast("PreTrainedTokenizerFast", AutoTokenizer.from_pretrained(str(path), local_files_only=True))
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"{path}: cannot load a tokenizer ({exc}).") from exc

@@ -123,6 +123,9 @@ class Backbone(nn.Module):
 
 
 class CausalLM(nn.Module):
+    rope_cos: torch.Tensor  # [max_positions, head_dim] fp32 buffers
+    rope_sin: torch.Tensor
+
     def __init__(self, spec: ArchSpec, shard: ExpertShard | None = None) -> None:
         super().__init__()
         self.spec = spec

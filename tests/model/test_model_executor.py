@@ -10,6 +10,7 @@ The test plays the scheduler: it hands out KV blocks itself (``Blocks``), sends 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -183,10 +184,10 @@ def test_max_model_len_beyond_model_limit_is_a_config_error(dense_path: Path) ->
         make_executor(dense_path, max_model_len=4096)
 
 
-COMMON = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+COMMON: dict[str, Any] = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
           "initializer_range": 0.3}
-FAMILIES = {
+FAMILIES: dict[str, tuple[Any, dict[str, Any]]] = {
     "llama": (transformers.LlamaConfig, {"tie_word_embeddings": True, "rope_theta": 5000.0}),
     "qwen2": (transformers.Qwen2Config, {"tie_word_embeddings": False}),
     "mixtral": (transformers.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2,
@@ -194,7 +195,7 @@ FAMILIES = {
 }
 
 
-def save_random_model(kind: str, dest: Path) -> transformers.PreTrainedModel:
+def save_random_model(kind: str, dest: Path) -> Any:
     config_cls, extra = FAMILIES[kind]
     torch.manual_seed(7)
     model = transformers.AutoModelForCausalLM.from_config(config_cls(**COMMON, **extra)).eval()
