@@ -21,6 +21,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from asyncdp.errors import ConfigError
@@ -90,6 +91,12 @@ class EngineConfig:
         need(self.device in ("auto", "cpu", "cuda"), "--device", "one of auto, cpu, cuda", self.device)
         need(self.torch_threads is None or self.torch_threads >= 1, "--torch-threads", ">= 1", self.torch_threads)
         return self
+
+
+def cache_dir() -> Path:
+    """Where built-in models are materialised: ``$ASYNCDP_CACHE_DIR``, else ``~/.cache/asyncdp``."""
+    value = os.environ.get("ASYNCDP_CACHE_DIR")
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "asyncdp"
 
 
 # ---------------------------------------------------------------- serve flags

@@ -1,0 +1,196 @@
+"""``TorchExecutor``: the real model behind the ``Executor`` interface (the engine's only torch importer).
+
+It owns the model, the paged KV cache and the sampler. Per step it flattens the scheduled chunks (single-token
+chunks first, so all decodes form one contiguous batched attention call), builds the slot mapping and the
+attention metadata with a handful of tensor constructions, runs one forward, computes logits only for the rows
+that sample, and samples. ``StepResult.forward_time_s`` covers forward + logits + sampling; everything else in a
+step (input building here, scheduling above) is per-step overhead.
+
+KV cache: per layer K and V tensors ``[num_kv_blocks, block_size, num_kv_heads, head_dim]``. Block 0 is scratch,
+never given to a request (the engine core's block manager reserves it): dummy batches write there and padded
+gathers read it, so no request's blocks are ever touched by them. ``num_kv_blocks`` is ``config.num_kv_blocks``,
+or ``kv_cache_memory_bytes // bytes_per_block`` capped at what ``max_num_seqs`` full-length sequences could use
+plus the scratch block.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from asyncdp.config import EngineConfig
+from asyncdp.engine.executor import ModelBatch, StepResult
+from asyncdp.engine.sampler import Sampler
+from asyncdp.errors import ConfigError
+from asyncdp.messages import TokenLogprobs
+from asyncdp.model import read_model_info
+from asyncdp.model.layers import AttentionMetadata, PrefillChunk
+from asyncdp.model.loader import load_model, torch_dtype
+from asyncdp.model.moe import ExpertShard
+
+
+def select_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was requested but CUDA is not available; use --device cpu or auto.")
+    return torch.device(name)
+
+
+class TorchExecutor:
+    def __init__(self, config: EngineConfig, model_path: Path, *, shard: ExpertShard | None = None) -> None:
+        config.validate()
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        self.config = config
+        self.device = select_device(config.device)
+        self.info = read_model_info(model_path)
+        dtype_name = self.info.dtype if config.dtype == "auto" else config.dtype
+        if dtype_name not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"checkpoint dtype {dtype_name!r} is not supported; pass --dtype float32.")
+        if self.device.type == "cpu" and dtype_name == "float16":
+            dtype_name = "float32"  # fp16 matmuls are slow or missing on CPU
+        self.dtype = torch_dtype(dtype_name)
+        max_len = config.max_model_len or self.info.max_position_embeddings
+        if max_len > self.info.max_position_embeddings:
+            raise ConfigError(f"--max-model-len {max_len} exceeds the model's max_position_embeddings "
+                              f"({self.info.max_position_embeddings}); lower it.")
+        self._max_model_len = max_len
+        self.model = load_model(model_path, device=self.device, dtype=self.dtype, shard=shard)
+
+        self.block_size = bs = config.block_size
+        spec = self.model.spec
+        elem = torch.finfo(self.dtype).bits // 8
+        bytes_per_block = 2 * spec.num_layers * bs * spec.num_kv_heads * spec.head_dim * elem
+        cap = config.max_num_seqs * math.ceil(max_len / bs)
+        num_blocks = config.num_kv_blocks or min(config.kv_cache_memory_bytes // bytes_per_block, cap + 1)
+        if num_blocks < 2:
+            raise ConfigError(f"--kv-cache-memory-bytes {config.kv_cache_memory_bytes} holds fewer than 2 KV blocks "
+                              f"({bytes_per_block} bytes each); raise it.")
+        self._num_kv_blocks = num_blocks
+        self.scratch_block = 0
+        shape = (num_blocks, bs, spec.num_kv_heads, spec.head_dim)
+        # Zeroed, not empty: masked-out gathered slots must hold finite values (0 * NaN would poison outputs).
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(spec.num_layers)]
+        self.sampler = Sampler(self.info.eos_token_ids, seed=config.seed, device=self.device)
+        self._offsets = torch.arange(bs, device=self.device)
+        self._dummy = self._dummy_inputs()
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self._num_kv_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    # ------------------------------------------------------------------ inputs
+
+    def _gather_slots(self, block_tables: list[list[int]]) -> torch.Tensor:
+        """[B, num_blocks] block ids -> [B, num_blocks * block_size] cache slots."""
+        table = torch.tensor(block_tables, dtype=torch.int64, device=self.device)
+        return (table.unsqueeze(-1) * self.block_size + self._offsets).flatten(1)
+
+    def _dummy_inputs(self) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        slot = self.scratch_block * self.block_size
+        ids = torch.zeros(1, dtype=torch.int64, device=self.device)
+        slots = torch.tensor([slot], dtype=torch.int64, device=self.device)
+        meta = AttentionMetadata(slot_mapping=slots, num_decode=1, decode_slots=slots.view(1, 1),
+                                 decode_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device))
+        return ids, ids.clone(), meta
+
+    def _prepare(self, batch: ModelBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        bs = self.block_size
+        chunks = batch.chunks
+        decodes = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
+        prefills = [i for i, c in enumerate(chunks) if len(c.token_ids) != 1]
+        last_index = [0] * len(chunks)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        context_lens: list[int] = []
+        tables: list[list[int]] = []
+        for flat, i in enumerate(decodes):
+            c = chunks[i]
+            pos = c.start_pos
+            input_ids.append(c.token_ids[0])
+            positions.append(pos)
+            slots.append(c.block_table[pos // bs] * bs + pos % bs)
+            context_lens.append(pos + 1)
+            last_index[i] = flat
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decode=len(decodes))
+        if decodes:
+            max_blocks = -(-max(context_lens) // bs)
+            pad = [self.scratch_block] * max_blocks
+            for i in decodes:
+                table = chunks[i].block_table[:max_blocks]
+                tables.append(table + pad[len(table):])
+            max_ctx = max(context_lens)
+            meta.decode_slots = self._gather_slots(tables)[:, :max_ctx].contiguous()
+            lens = torch.tensor(context_lens, device=self.device)
+            meta.decode_mask = (torch.arange(max_ctx, device=self.device) < lens.unsqueeze(1)).view(-1, 1, 1, max_ctx)
+        for i in prefills:
+            c = chunks[i]
+            start, num = len(input_ids), len(c.token_ids)
+            s = c.start_pos
+            table = c.block_table
+            input_ids.extend(c.token_ids)
+            positions.extend(range(s, s + num))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(s, s + num))
+            last_index[i] = start + num - 1
+            chunk = PrefillChunk(start=start, end=start + num)
+            if s > 0:
+                ctx = s + num
+                chunk.kv_slots = self._gather_slots([table[: -(-ctx // bs)]])[0, :ctx]
+                q_pos = torch.arange(s, ctx, device=self.device).unsqueeze(1)
+                chunk.mask = (torch.arange(ctx, device=self.device).unsqueeze(0) <= q_pos).unsqueeze(0)
+            meta.prefills.append(chunk)
+        meta.slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        return ids, pos_t, meta, last_index
+
+    # ------------------------------------------------------------------ steps
+
+    @torch.inference_mode()
+    def execute(self, batch: ModelBatch) -> StepResult:
+        chunks = batch.chunks
+        if not chunks:
+            return StepResult(sampled=[])
+        ids, positions, meta, last_index = self._prepare(batch)
+        sample_rows = [i for i, c in enumerate(chunks) if c.sample]
+        row_index = torch.tensor([last_index[i] for i in sample_rows], dtype=torch.int64, device=self.device)
+        started = time.perf_counter()
+        hidden = self.model(ids, positions, meta, self.kv_caches)
+        sampled: list[int | None] = [None] * len(chunks)
+        logprobs: list[TokenLogprobs | None] | None = None
+        if sample_rows:
+            logits = self.model.compute_logits(hidden[row_index])
+            params = [chunks[i].sampling_params for i in sample_rows]
+            counts = [chunks[i].num_output_tokens for i in sample_rows]
+            tokens, row_logprobs = self.sampler(logits, params, counts)
+            for row, i in enumerate(sample_rows):
+                sampled[i] = tokens[row]
+            if row_logprobs is not None:
+                logprobs = [None] * len(chunks)
+                for row, i in enumerate(sample_rows):
+                    logprobs[i] = row_logprobs[row]
+        elif self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return StepResult(sampled=sampled, logprobs=logprobs, forward_time_s=time.perf_counter() - started)
+
+    @torch.inference_mode()
+    def execute_dummy(self) -> None:
+        ids, positions, meta = self._dummy
+        self.model(ids, positions, meta, self.kv_caches)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def shutdown(self) -> None:
+        self.kv_caches = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
