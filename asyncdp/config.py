@@ -64,3 +64,14 @@ class EngineConfig:
         need(self.device in ("auto", "cpu", "cuda"), "--device", "one of auto, cpu, cuda", self.device)
         need(self.torch_threads is None or self.torch_threads >= 1, "--torch-threads", ">= 1", self.torch_threads)
         return self
+
+
+def prometheus_multiproc_dir() -> str | None:
+    """The directory of Prometheus multiprocess mode (env ``PROMETHEUS_MULTIPROC_DIR``), or None.
+
+    prometheus_client reads the same variable when it is first imported, so launchers set it in the
+    environment of their children before those start.
+    """
+    import os
+
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
