@@ -74,4 +74,4 @@ def prometheus_multiproc_dir() -> str | None:
     """
     import os
 
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None

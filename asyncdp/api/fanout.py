@@ -12,7 +12,7 @@ done. ``close()`` (sync, idempotent) cancels the producers; the HTTP layer calls
 
 from __future__ import annotations
 
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from dataclasses import dataclass
 
 import anyio
@@ -59,10 +59,8 @@ class Fanout:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the consumer left; closing the generator above aborted the request
             except Exception as exc:  # delivered to the consumer, which maps it to HTTP
-                try:
+                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await send.send((seq.index, exc))
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
 
     async def receive(self) -> Item | None:
         """The next item, or None once every producer is done."""

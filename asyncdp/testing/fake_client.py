@@ -58,6 +58,7 @@ class FakeEngineClient:
         self.shutting_down = False
         self.queue_full = False
         self.fail_after_tokens: int | None = None  # raise EngineDeadError after this many tokens
+        self.fail_with: Exception | None = None  # raised before the first yield (e.g. to provoke a 500)
         # What happened, for assertions.
         self.submitted: list[tuple[str, list[int], SamplingParams, RankHint | None]] = []
         self.finished: list[str] = []
@@ -180,6 +181,8 @@ class FakeEngineClient:
     async def _generate(
         self, request_id: str, prompt: list[int], params: SamplingParams, hint: RankHint | None,
     ) -> AsyncIterator[RequestOutput]:
+        if self.fail_with is not None:
+            raise self.fail_with
         if self.shutting_down:
             raise ShuttingDownError("the server is shutting down")
         if not self.healthy:
