@@ -5,7 +5,6 @@ Token delays here are real time (a real Hypercorn and real sockets), kept to ten
 
 from __future__ import annotations
 
-from contextlib import aclosing
 from functools import partial
 
 import anyio
