@@ -18,6 +18,7 @@ what changed since the stats it last received, so sums over processes stay exact
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -60,7 +61,7 @@ class Metrics:
         self._registry = CollectorRegistry(auto_describe=True)
         r = self._registry
 
-        def gauge(name: str, doc: str, mode: str = "mostrecent", labels: Iterable[str] = _E) -> Gauge:
+        def gauge(name: str, doc: str, mode: Any = "mostrecent", labels: Iterable[str] = _E) -> Gauge:
             return Gauge(name, doc, list(labels), registry=r, multiprocess_mode=mode)
 
         def counter(name: str, doc: str, labels: Iterable[str] = _E) -> Counter:

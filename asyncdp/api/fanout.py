@@ -1,7 +1,7 @@
 """Run the sequences of one HTTP request (prompts x n) as producer tasks, merged into one stream.
 
-Each sequence is iterated by exactly one producer task, from its first output to its end, inside
-``aclosing(client.generate(...))``: leaving early (the consumer went away, the server is stopping) closes the
+Each sequence is iterated by exactly one producer task, from its first output to its end, and its generator
+is closed when the task leaves it: leaving early (the consumer went away, the server is stopping) closes the
 generator, which aborts the request on its engine. Producers live in the app's task group, not in the
 response's async generator, because Quart iterates response bodies in a different task than the handler and
 a task group must not be held open across a ``yield``.
@@ -12,7 +12,7 @@ done. ``close()`` (sync, idempotent) cancels the producers; the HTTP layer calls
 
 from __future__ import annotations
 
-from contextlib import aclosing, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 
 import anyio
@@ -24,6 +24,9 @@ from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams
 
 Item = tuple[int, RequestOutput | Exception]
+
+# Upper bound on a client's cleanup when a sequence is closed early (it sends an abort to its engine).
+_ACLOSE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +54,18 @@ class Fanout:
         send: MemoryObjectSendStream[Item],
     ) -> None:
         with scope, send:
+            outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint)
             try:
-                async with aclosing(client.generate(seq.request_id, seq.prompt_token_ids, seq.params,
-                                                    rank_hint=hint)) as outputs:
+                try:
                     async for out in outputs:
                         await send.send((seq.index, out))
+                finally:
+                    # Closing an unfinished generator aborts its request. Shielded (and bounded) so the
+                    # client can still send the abort when this task is being cancelled.
+                    aclose = getattr(outputs, "aclose", None)
+                    if aclose is not None:
+                        with anyio.move_on_after(_ACLOSE_TIMEOUT_S, shield=True):
+                            await aclose()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the consumer left; closing the generator above aborted the request
             except Exception as exc:  # delivered to the consumer, which maps it to HTTP

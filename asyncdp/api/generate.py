@@ -143,7 +143,7 @@ def register_generation_routes(app: Quart, state: AppState) -> None:
 
     @app.post("/v1/completions")
     async def completions() -> Response:
-        req: CompletionRequest = decode_body(await request.get_data(), CompletionRequest)
+        req: CompletionRequest = decode_body(await request.get_data(as_text=False), CompletionRequest)
         model = state.check_model(req.model)
         if req.echo:
             raise HTTPError(400, "echo is not supported.", param="echo")
@@ -187,7 +187,7 @@ def register_generation_routes(app: Quart, state: AppState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
-        req: ChatRequest = decode_body(await request.get_data(), ChatRequest)
+        req: ChatRequest = decode_body(await request.get_data(as_text=False), ChatRequest)
         model = state.check_model(req.model)
         messages = chat_messages(req)
         tok = client.tokenizer

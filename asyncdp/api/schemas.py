@@ -67,7 +67,7 @@ class ChatRequest(_Common, kw_only=True):
     top_logprobs: int | None = None
 
 
-def decode_body(data: bytes, kind: type[msgspec.Struct]) -> Any:
+def decode_body(data: bytes | str, kind: type[msgspec.Struct]) -> Any:
     if not data.strip():
         raise HTTPError(400, "The request body is empty; expected a JSON object.")
     try:

@@ -69,7 +69,7 @@ async def serve_http(
     if backend == "asyncio":
         from hypercorn.asyncio import serve
     elif backend == "trio":
-        from hypercorn.trio import serve  # type: ignore[assignment]
+        from hypercorn.trio import serve
     else:
         raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
 

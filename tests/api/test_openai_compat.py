@@ -134,3 +134,28 @@ async def test_raw_sse_ends_with_done() -> None:
     assert r.headers["content-type"].startswith("text/event-stream")
     assert events[-1] == "[DONE]"
     assert all("choices" in orjson.loads(e) for e in events[:-1])
+
+
+async def test_streamed_chat_with_n2_gives_each_choice_a_role_then_its_own_text() -> None:
+    body = {"messages": [{"role": "user", "content": "two"}], "max_tokens": 6, "n": 2, "seed": 4}
+    async with running() as srv:
+        whole = (await srv.http.post("/v1/chat/completions", json=body)).json()
+        streamed = await srv.http.post("/v1/chat/completions", json={**body, "stream": True})
+    chunks = [orjson.loads(e) for e in sse_events(streamed.text)[:-1]]
+    per_choice: dict[int, list[dict]] = {0: [], 1: []}
+    for chunk in chunks:
+        per_choice[chunk["choices"][0]["index"]].append(chunk["choices"][0])
+    for index, deltas in per_choice.items():
+        assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(d["delta"].get("content", "") for d in deltas) == whole["choices"][index]["message"]["content"]
+        assert deltas[-1]["finish_reason"] == "length"
+
+
+async def test_streamed_completion_of_two_prompts_reports_usage_over_both() -> None:
+    body = {"prompt": ["ab", "cde"], "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    async with running() as srv:
+        r = await srv.http.post("/v1/completions", json=body)
+    chunks = [orjson.loads(e) for e in sse_events(r.text)[:-1]]
+    assert {c["choices"][0]["index"] for c in chunks if c["choices"]} == {0, 1}
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
