@@ -73,6 +73,12 @@ async def serve_http(
     else:
         raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
 
+    is_trio_app = any(cls.__name__ == "QuartTrio" for cls in type(app).__mro__)
+    is_quart_app = any(cls.__name__ == "Quart" for cls in type(app).__mro__)
+    if is_quart_app and is_trio_app != (backend == "trio"):
+        raise ValueError(f"the app was built for the other backend; build it with create_app(..., "
+                         f"backend={backend!r}) to serve it under {backend}")
+
     listener, owned = _listening_socket(host, port, sock)
     address = listener.getsockname()
     config = Config()

@@ -173,3 +173,10 @@ async def test_serve_on_an_inherited_socket_reports_its_address() -> None:
             tg.cancel_scope.cancel()
     finally:
         listener.close()
+
+
+async def test_serving_an_app_built_for_the_other_backend_is_refused() -> None:
+    backend = __import__("sniffio").current_async_library()
+    other = "trio" if backend == "asyncio" else "asyncio"
+    with pytest.raises(ValueError, match="other backend"):
+        await serve_http(create_app(FakeEngineClient(), backend=other))
