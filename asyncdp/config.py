@@ -579,3 +579,12 @@ def resolve(config: ServeConfig, *, is_moe: bool, num_experts: int,
         headless=layout.headless, external=par.external, hybrid=par.hybrid,
         local_engines_only=par.external or par.hybrid, enable_expert_parallel=ep,
         coordinator_here=coordinator_here, managed_ranks=managed, warnings=tuple(warnings), **common)
+
+
+def prometheus_multiproc_dir() -> str | None:
+    """The directory of Prometheus multiprocess mode (env ``PROMETHEUS_MULTIPROC_DIR``), or None.
+
+    prometheus_client reads the same variable when it is first imported, so launchers set it in the
+    environment of their children before those start.
+    """
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None

@@ -1,0 +1,181 @@
+"""The OpenAI-compatible Quart app: ``create_app(client)``.
+
+Theory of operation. The app is a thin shell over an ``EngineClient``: it decodes and validates bodies
+(``schemas``), renders prompts, checks lengths against ``client.max_model_len``, and turns output deltas into
+OpenAI JSON or Server-Sent Events (``generate``, ``openai_format``). Every error leaves through
+``asyncdp.api.errors``. The app owns one task group for the lifetime of serving (Quart's ``while_serving``),
+in which the producers of generation requests run (see ``fanout``); on shutdown it is cancelled, which aborts
+whatever is still generating. ``set_draining()`` makes every new request a 503 while in-flight ones finish.
+
+The same handlers run under asyncio (``Quart``) and trio (``QuartTrio``); only the app class differs.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+from anyio.abc import TaskGroup
+from quart import Quart, Response, request
+from werkzeug.exceptions import HTTPException
+
+from asyncdp.api.engine_client import EngineClient
+from asyncdp.api.errors import HTTPError, error_body, status_and_body
+from asyncdp.errors import ShuttingDownError, UnavailableError
+from asyncdp.metrics import CONTENT_TYPE, Metrics
+
+PAUSE_MODES = ("abort", "wait", "keep")
+_ALWAYS_OPEN = ("/health", "/metrics", "/server_info")
+
+
+@dataclass
+class AppState:
+    """What the handlers share. Stored as ``app.extensions["asyncdp"]``."""
+
+    client: EngineClient
+    metrics: Metrics
+    api_key: str | None
+    served_model_names: tuple[str, ...]
+    task_group: TaskGroup | None = None
+    draining: bool = False
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def check_model(self, model: str | None) -> str:
+        """The model name to answer with; 404 when the request names another model."""
+        from asyncdp.errors import ModelNotServedError
+
+        if model is None:
+            return self.served_model_names[0]
+        if model not in self.served_model_names:
+            raise ModelNotServedError(f"The model `{model}` does not exist.")
+        return model
+
+    def producers(self) -> TaskGroup:
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down")
+        if self.task_group is None:
+            raise UnavailableError("the server is not serving yet")
+        return self.task_group
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status=status, content_type="application/json")
+
+
+def state_of(app: Quart) -> AppState:
+    return app.extensions["asyncdp"]
+
+
+def set_draining(app: Quart) -> None:
+    """From now on, new requests get 503 and ``/health`` fails; in-flight requests continue."""
+    state_of(app).draining = True
+
+
+def create_app(
+    client: EngineClient,
+    *,
+    backend: str = "asyncio",
+    api_key: str | None = None,
+    metrics: Metrics | None = None,
+    served_model_names: list[str] | None = None,
+) -> Quart:
+    """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``)."""
+    if backend == "asyncio":
+        app_class: type[Quart] = Quart
+    elif backend == "trio":
+        from quart_trio import QuartTrio
+
+        app_class = QuartTrio
+    else:
+        raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
+    app = app_class("asyncdp.api")
+    # Streams last as long as generation does; the engine client and the drain deadline bound them instead.
+    app.config["RESPONSE_TIMEOUT"] = None
+    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    state = AppState(
+        client=client,
+        metrics=metrics if metrics is not None else Metrics(model_name=client.model_name),
+        api_key=api_key,
+        served_model_names=tuple(served_model_names or [client.model_name]),
+    )
+    app.extensions["asyncdp"] = state
+    app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]
+
+    @app.while_serving
+    async def _producers() -> Any:
+        async with anyio.create_task_group() as tg:
+            state.task_group = tg
+            try:
+                yield
+            finally:
+                state.task_group = None
+                tg.cancel_scope.cancel()
+
+    @app.before_request
+    async def _gate() -> Response | None:
+        if request.path.startswith("/v1/") and state.api_key is not None:
+            auth = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(auth.encode(), f"Bearer {state.api_key}".encode()):
+                return json_response(error_body(401, "Invalid or missing API key."), 401)
+        if state.draining and request.path not in _ALWAYS_OPEN:
+            return json_response(error_body(503, "The server is shutting down."), 503)
+        return None
+
+    @app.errorhandler(Exception)
+    async def _error(exc: Exception) -> Response:
+        if isinstance(exc, HTTPException):
+            status = exc.code or 500
+            return json_response(error_body(status, exc.description or exc.name), status)
+        status, body = status_and_body(exc)
+        return json_response(body, status)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.draining or not client.is_healthy():
+            return json_response(error_body(503, "No engine can serve requests."), 503)
+        return Response(b"", status=200)
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return Response(state.metrics.render(), content_type=CONTENT_TYPE)
+
+    @app.get("/server_info")
+    async def server_info() -> Response:
+        fmt = request.args.get("config_format", "json")
+        if fmt not in ("json", "text"):
+            raise HTTPError(400, f"config_format must be 'json' or 'text', got {fmt!r}.", param="config_format")
+        return json_response(client.server_info())
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "asyncdp", "root": name,
+                 "parent": None, "max_model_len": client.max_model_len} for name in state.served_model_names]
+        return json_response({"object": "list", "data": data})
+
+    @app.post("/pause")
+    async def pause() -> Response:
+        mode = request.args.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            raise HTTPError(400, f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}.", param="mode")
+        await client.call_utility("pause", mode=mode)
+        return json_response({"is_paused": True, "mode": mode})
+
+    @app.post("/resume")
+    async def resume() -> Response:
+        await client.call_utility("resume")
+        return json_response({"is_paused": False})
+
+    @app.get("/is_paused")
+    async def is_paused() -> Response:
+        result = await client.call_utility("is_paused")
+        # One answer per managed engine, or one for all: paused means every engine is paused.
+        paused = all(result) and len(result) > 0 if isinstance(result, list) else bool(result)
+        return json_response({"is_paused": paused})
+
+    from asyncdp.api.generate import register_generation_routes
+
+    register_generation_routes(app, state)
+    return app

@@ -1,0 +1,125 @@
+"""``serve_http``: run the app on Hypercorn under the anyio backend in use, with a graceful drain.
+
+Theory of operation. The listening socket is bound here first (or handed in: an inherited fd from the
+launcher, spec §10/E11), so readiness can report the real address (``task_status.started((host, port))``)
+and port 0 works. Hypercorn gets a duplicate of the descriptor (``fd://``) and serves in a child task.
+
+Shutdown, by ``shutdown_trigger()`` returning or by cancellation of the caller's scope:
+  1. ``set_draining(app)``: new requests get 503, ``/health`` fails;
+  2. Hypercorn closes its listener and gives in-flight connections ``shutdown_timeout_s`` to finish, then
+     cancels them; the app's lifespan shutdown then cancels generation producers (aborting their requests).
+The drain runs shielded from the caller's cancellation, bounded by ``shutdown_timeout_s`` plus a small margin,
+so cancelling ``serve_http`` is a graceful stop, not an abrupt one. A trigger ends ``serve_http`` normally;
+a cancellation is re-raised after the drain.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import sniffio
+from hypercorn.config import Config
+
+from asyncdp.api.app import set_draining
+
+# Time for Hypercorn's own shutdown steps (closing listeners, lifespan shutdown) beyond the drain deadline.
+_SHUTDOWN_MARGIN_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SSLFiles:
+    certfile: str
+    keyfile: str
+    ca_certs: str | None = None
+
+
+def _listening_socket(host: str, port: int, sock: socket.socket | int | None) -> tuple[socket.socket, bool]:
+    """The socket to serve on and whether this function created it (and so must close it)."""
+    if isinstance(sock, int):
+        return socket.socket(fileno=os.dup(sock)), True
+    if sock is not None:
+        return sock, False
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048), True
+
+
+async def serve_http(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    sock: socket.socket | int | None = None,
+    backend: str | None = None,
+    ssl: SSLFiles | None = None,
+    shutdown_timeout_s: float = 5.0,
+    shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
+    task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` until ``shutdown_trigger()`` returns or the caller's scope is cancelled, then drain.
+
+    ``sock``: an already bound (and listening) socket or file descriptor; it is not closed here.
+    ``task_status.started(address)`` reports ``sock.getsockname()`` once the socket listens.
+    """
+    backend = backend or sniffio.current_async_library()
+    if backend == "asyncio":
+        from hypercorn.asyncio import serve
+    elif backend == "trio":
+        from hypercorn.trio import serve
+    else:
+        raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
+
+    is_trio_app = any(cls.__name__ == "QuartTrio" for cls in type(app).__mro__)
+    is_quart_app = any(cls.__name__ == "Quart" for cls in type(app).__mro__)
+    if is_quart_app and is_trio_app != (backend == "trio"):
+        raise ValueError(f"the app was built for the other backend; build it with create_app(..., "
+                         f"backend={backend!r}) to serve it under {backend}")
+
+    listener, owned = _listening_socket(host, port, sock)
+    address = listener.getsockname()
+    config = Config()
+    config.bind = [f"fd://{os.dup(listener.fileno())}"]  # Hypercorn owns and closes the duplicate
+    config.graceful_timeout = shutdown_timeout_s
+    config.accesslog = None
+    if ssl is not None:
+        config.certfile, config.keyfile, config.ca_certs = ssl.certfile, ssl.keyfile, ssl.ca_certs
+    if owned:
+        listener.close()  # once Hypercorn closes its duplicate, new connections are refused
+
+    stop = anyio.Event()
+
+    async def hypercorn_stopped() -> None:
+        await stop.wait()
+
+    async def run_hypercorn() -> None:
+        try:
+            await serve(app, config, shutdown_trigger=hypercorn_stopped)
+        finally:
+            stop.set()
+
+    async def watch(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            if shutdown_trigger is None:
+                await anyio.sleep_forever()
+            else:
+                await shutdown_trigger()
+        finally:  # runs on cancellation too: that is what makes cancelling serve_http a graceful stop
+            if hasattr(app, "extensions") and "asyncdp" in app.extensions:
+                set_draining(app)
+            stop.set()
+
+    async with anyio.create_task_group() as outer:
+        await outer.start(watch)
+        # The server and its drain are shielded from the caller; `watch` turns cancellation into `stop`.
+        with anyio.CancelScope(shield=True) as server_scope:
+            async with anyio.create_task_group() as server:
+                server.start_soon(run_hypercorn)
+                task_status.started(address)
+                await stop.wait()
+                server_scope.deadline = anyio.current_time() + shutdown_timeout_s + _SHUTDOWN_MARGIN_S
+        outer.cancel_scope.cancel()

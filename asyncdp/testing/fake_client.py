@@ -1,0 +1,251 @@
+"""``FakeEngineClient``: a deterministic, in-process ``EngineClient`` for tests of the HTTP layer.
+
+Theory of operation. ``generate`` checks what the real DP client checks before the first yield (health,
+admission, rank-hint ranges E2/E3, prompt length) and then yields one ``RequestOutput`` per generated token,
+sleeping ``token_delay_s`` on the anyio clock before each (so trio's ``MockClock`` can drive it). The output is a
+pure function of the prompt, the seed and the token index: lowercase letters with a space every sixth token, so
+stop strings and logprobs are checkable. Leaving the iteration early records the request id in ``aborted``,
+as a real client would send ``AbortRequests``. Switches (``healthy``, ``shutting_down``, ``queue_full``,
+``fail_after_tokens``) reproduce the failure modes of spec §12.4. It is public API: users' tests may use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from asyncdp.api.engine_client import RankHint
+from asyncdp.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+    ShuttingDownError,
+    UnavailableError,
+)
+from asyncdp.messages import Logprob, RequestOutput, TokenLogprobs
+from asyncdp.metrics import Metrics
+from asyncdp.sampling_params import SamplingParams
+from asyncdp.testing.tokenizer import byte_tokenizer
+
+_LETTERS = b"abcdefghijklmnopqrstuvwxyz"
+
+
+class FakeEngineClient:
+    """Serves ``num_ranks`` pretend ranks (global ranks ``start_rank..``) of model ``model_name``."""
+
+    def __init__(
+        self,
+        *,
+        model_name: str = "fake-model",
+        max_model_len: int = 256,
+        token_delay_s: float = 0.0,
+        num_ranks: int = 1,
+        start_rank: int = 0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._model_name = model_name
+        self._max_model_len = max_model_len
+        self._tokenizer = byte_tokenizer()
+        self.token_delay_s = token_delay_s
+        self.num_ranks = num_ranks
+        self.start_rank = start_rank
+        self.metrics = metrics if metrics is not None else Metrics(model_name=model_name)
+        # Failure switches.
+        self.healthy = True
+        self.shutting_down = False
+        self.queue_full = False
+        self.fail_after_tokens: int | None = None  # raise EngineDeadError after this many tokens
+        self.fail_with: Exception | None = None  # raised before the first yield (e.g. to provoke a 500)
+        # What happened, for assertions.
+        self.submitted: list[tuple[str, list[int], SamplingParams, RankHint | None]] = []
+        self.finished: list[str] = []
+        self.aborted: list[str] = []
+        self.paused = False
+        self.utility_calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self._num_active = 0
+        self._changed: anyio.Event | None = None
+
+    # ------------------------------------------------------------------ EngineClient
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def is_healthy(self) -> bool:
+        return self.healthy and not self.shutting_down
+
+    def server_info(self) -> dict[str, Any]:
+        ranks = [
+            {"dp_rank": self.start_rank + i, "local_index": i, "local": True,
+             "state": "paused" if self.paused else ("ready" if self.healthy else "dead"), "last_seen_s": 0.0}
+            for i in range(self.num_ranks)
+        ]
+        return {
+            "asyncdp_version": "0.1.0", "model": self._model_name, "is_moe": False,
+            "enable_expert_parallel": False, "mode": "single" if self.num_ranks == 1 else "internal",
+            "dp_size": self.num_ranks, "dp_size_local": self.num_ranks, "dp_start_rank": self.start_rank,
+            "managed_ranks": ranks, "api_process_count": 1, "api_process_rank": 0, "lb_policy": "vllm",
+            "wave": None, "coordinator": None, "processes": [],
+            "parallel_config": {"data_parallel_size": self.num_ranks, "_api_process_count": 1,
+                                "_api_process_rank": 0},
+        }
+
+    async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self.utility_calls.append((method, args, kwargs))
+        if self.shutting_down:
+            raise ShuttingDownError("server shutting down")
+        if method == "pause":
+            self.paused = True
+            return None
+        if method == "resume":
+            self.paused = False
+            return None
+        if method == "is_paused":
+            return self.paused
+        raise InvalidRequestError(f"unknown utility method {method!r}")
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        rank_hint: RankHint | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        # Checks run at the first __anext__, before the first yield, as in the real client.
+        return self._generate(request_id, list(prompt_token_ids), params, rank_hint)
+
+    # ------------------------------------------------------------------ test helpers
+    @property
+    def num_active(self) -> int:
+        """Requests currently being generated."""
+        return self._num_active
+
+    async def wait_until(self, predicate: Any) -> None:
+        """Wait until ``predicate()`` is true; re-checked whenever a request starts, yields or ends."""
+        while not predicate():
+            if self._changed is None:
+                self._changed = anyio.Event()
+            await self._changed.wait()
+
+    def expected_token_ids(self, prompt_token_ids: list[int], seed: int | None, count: int) -> list[int]:
+        """The ids ``generate`` produces for this prompt (before stop strings), for assertions."""
+        return [self._token_at(prompt_token_ids, seed, k) for k in range(count)]
+
+    # ------------------------------------------------------------------ internals
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    @staticmethod
+    def _token_at(prompt: list[int], seed: int | None, k: int) -> int:
+        if k % 6 == 5:
+            return ord(" ")
+        base = (sum(prompt) + len(prompt) + (seed or 0)) % 26
+        return _LETTERS[(base + 3 * k) % 26]
+
+    def _check_hint(self, hint: RankHint | None) -> int:
+        if hint is None:
+            return self.start_rank
+        if hint.local_index is not None and not 0 <= hint.local_index < self.num_ranks:
+            raise InvalidRequestError(
+                f"data_parallel_rank {hint.local_index} is out of range [0, {self.num_ranks}).",
+                field="data_parallel_rank")
+        if hint.global_rank is not None:
+            last = self.start_rank + self.num_ranks - 1
+            if not self.start_rank <= hint.global_rank <= last:
+                raise InvalidRequestError(
+                    f"data_parallel_global_rank {hint.global_rank} is not served by this endpoint "
+                    f"(ranks {self.start_rank}..{last}).", field="data_parallel_global_rank")
+            return hint.global_rank
+        return self.start_rank + (hint.local_index or 0)
+
+    def _logprobs(self, token: int, k: int, num_top: int) -> TokenLogprobs:
+        # The sampled token is the most likely one; the alternatives are the letters after it.
+        lp = -0.05 - 0.1 * (k % 4)
+        alternatives = [Logprob(token_id=_LETTERS[(token + j) % 26], logprob=lp - 1.0 - j) for j in range(num_top)]
+        top = ([Logprob(token_id=token, logprob=lp)] + alternatives)[:num_top]
+        return TokenLogprobs(token_id=token, logprob=lp, top=tuple(top))
+
+    async def _generate(
+        self, request_id: str, prompt: list[int], params: SamplingParams, hint: RankHint | None,
+    ) -> AsyncIterator[RequestOutput]:
+        if self.fail_with is not None:
+            raise self.fail_with
+        if self.shutting_down:
+            raise ShuttingDownError("the server is shutting down")
+        if not self.healthy:
+            raise UnavailableError("no engine can serve the request")
+        if self.queue_full:
+            raise QueueFullError("the admission queue is full; retry later")
+        engine = self._check_hint(hint)
+        if len(prompt) + 1 > self._max_model_len:
+            raise PromptTooLongError(
+                f"prompt has {len(prompt)} tokens; max_model_len is {self._max_model_len}.", field="prompt")
+        self.submitted.append((request_id, prompt, params, hint))
+        limit = params.max_tokens if params.max_tokens is not None else self._max_model_len - len(prompt)
+        limit = min(limit, self._max_model_len - len(prompt))
+        now = anyio.current_time()
+        start, first_token_s, last_s = now, None, now
+        itls: list[float] = []
+        text = ""
+        generated = 0
+        reason = "abort"
+        completed = False
+        self._num_active += 1
+        self._notify()
+        try:
+            for k in range(limit):
+                if self.fail_after_tokens is not None and k >= self.fail_after_tokens:
+                    raise EngineDeadError(f"engine {engine} died")
+                await anyio.sleep(self.token_delay_s)
+                token = self._token_at(prompt, params.seed, k)
+                piece = chr(token)
+                generated += 1
+                now = anyio.current_time()
+                if first_token_s is None:
+                    first_token_s = now - start
+                else:
+                    itls.append(now - last_s)
+                last_s = now
+                stop_hit = next((s for s in params.stop if (text + piece).endswith(s)), None)
+                finished = stop_hit is not None or k == limit - 1
+                reason = "stop" if stop_hit is not None else "length"
+                if stop_hit is not None and not params.include_stop_str_in_output:
+                    # The stop string's earlier characters were already sent; vLLM holds them back. Our
+                    # stop strings in tests are one character, so trimming the current piece suffices.
+                    piece = piece[: max(0, len(piece) - len(stop_hit))]
+                text += piece
+                out = RequestOutput(
+                    request_id=request_id, new_token_ids=[token], new_text=piece, finished=finished,
+                    finish_reason=reason if finished else None, stop_reason=stop_hit,
+                    logprobs=[self._logprobs(token, k, params.logprobs)] if params.logprobs is not None
+                    else None,
+                    num_prompt_tokens=len(prompt),
+                )
+                completed = finished
+                self._notify()
+                yield out
+                if finished:
+                    break
+        finally:
+            self._num_active -= 1
+            if completed:
+                self.finished.append(request_id)
+            else:
+                self.aborted.append(request_id)
+                reason = "abort"
+            self.metrics.record_request_finished(
+                str(engine), reason, len(prompt), generated, first_token_s, itls, last_s - start)
+            self._notify()

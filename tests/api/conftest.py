@@ -1,0 +1,63 @@
+"""Helpers for HTTP tests: a real Hypercorn server on 127.0.0.1, port 0, over a FakeEngineClient.
+
+Tests are marked ``@pytest.mark.anyio`` and run on both backends through the ``anyio_backend`` fixture below:
+asyncio serves the ``Quart`` app, trio the ``QuartTrio`` app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+import sniffio
+
+from asyncdp.api import create_app, serve_http
+from asyncdp.testing import FakeEngineClient
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@dataclass
+class Server:
+    fake: FakeEngineClient
+    app: Any
+    base_url: str
+    http: httpx.AsyncClient
+    stop: anyio.Event
+
+    def openai(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0,
+                                  http_client=self.http)
+
+
+@asynccontextmanager
+async def running(
+    fake: FakeEngineClient | None = None, *, shutdown_timeout_s: float = 2.0, **app_kwargs: Any,
+) -> AsyncIterator[Server]:
+    """Serve a fresh app until the block ends (then cancel the server)."""
+    fake = fake if fake is not None else FakeEngineClient()
+    backend = sniffio.current_async_library()
+    app = create_app(fake, backend=backend, metrics=fake.metrics, **app_kwargs)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        host, port = await tg.start(partial(serve_http, app, shutdown_timeout_s=shutdown_timeout_s,
+                                            shutdown_trigger=stop.wait))
+        base_url = f"http://{host}:{port}"
+        async with httpx.AsyncClient(base_url=base_url, timeout=10.0) as http:
+            yield Server(fake, app, base_url, http, stop)
+        tg.cancel_scope.cancel()
+
+
+def sse_events(text: str) -> list[str]:
+    """The ``data:`` payloads of an SSE body, in order."""
+    return [block[len("data: "):] for block in text.split("\n\n") if block.startswith("data: ")]
