@@ -68,9 +68,11 @@ def test_hash_is_a_short_hex_digest_independent_of_key_order():
 def test_hash_is_pinned_so_mixed_builds_agree():
     # Ranks of one deployment may run different asyncdp builds; changing the hash scheme must be deliberate
     # (and bump PROTOCOL_VERSION). The value was checked with `b2sum -l 128` over the sorted, spaceless JSON.
-    fixed = {"model": "m", "dtype": "float32", "quantization": "none", "dp_size": 2, "tp_size": 1, "pp_size": 1,
-             "enable_expert_parallel": False, "num_experts": 4, "dp_sync_interval": 32,
-             "prefill_schedule_interval": 1, "max_model_len": 256, "block_size": 16, "protocol_version": 1}
+    fixed: dict[str, str | int | bool] = {
+        "model": "m", "dtype": "float32", "quantization": "none", "dp_size": 2, "tp_size": 1, "pp_size": 1,
+        "enable_expert_parallel": False, "num_experts": 4, "dp_sync_interval": 32, "prefill_schedule_interval": 1,
+        "max_model_len": 256, "block_size": 16, "protocol_version": 1,
+    }
     assert config_hash(fixed) == "67ed7404e2cb707d3711089af41ec994"
 
 
