@@ -294,7 +294,8 @@ def _run_model_command(ns: argparse.Namespace) -> int:
         out = model.export_builtin(ns.name, Path(ns.dir))
         print(out if out is not None else ns.dir)
         return 0
-    lister = getattr(model, "list_builtin", None)
+    # asyncdp.model names it builtin_names(); list_builtin() is the earlier spelling
+    lister = getattr(model, "builtin_names", None) or getattr(model, "list_builtin", None)
     names = lister() if lister is not None else sorted(getattr(model, "BUILTIN_MODELS", {}))
     for name in names:
         print(name)

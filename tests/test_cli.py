@@ -191,7 +191,7 @@ class FakeModelPackage(types.ModuleType):
         self.exported.append((name, directory))
         return directory
 
-    def list_builtin(self) -> list[str]:
+    def builtin_names(self) -> list[str]:  # the real package's spelling
         return ["builtin:tiny-dense", "builtin:tiny-moe"]
 
 
