@@ -281,6 +281,9 @@ def unsupported_reason(config: ServeConfig) -> str | None:
     }
     if d.mode in names:
         return f"{names[d.mode]} is not supported in this build yet"
+    if d.tensor_parallel_size > 1 or d.pipeline_parallel_size > 1:  # no engine shards a rank yet
+        return (f"tensor or pipeline parallelism (--tensor-parallel-size {d.tensor_parallel_size}, "
+                f"--pipeline-parallel-size {d.pipeline_parallel_size}) is not supported in this build yet")
     if d.nnodes > 1 or d.dp_size_local < d.dp_size:
         return (f"a multi-node deployment (--nnodes {d.nnodes}; this node runs {d.dp_size_local} of "
                 f"--data-parallel-size {d.dp_size} ranks) is not supported in this build yet")
