@@ -34,8 +34,11 @@ _D = ServeConfig()  # defaults for help texts
 
 
 class ModelFacts(Protocol):
-    is_moe: bool
-    num_experts: int
+    @property  # read-only, so frozen dataclasses (and ModelInfo) satisfy it
+    def is_moe(self) -> bool: ...
+
+    @property
+    def num_experts(self) -> int: ...
 
 
 ModelFactsFn = Callable[[str], ModelFacts]
