@@ -81,8 +81,9 @@ async def serve_api(
     from asyncdp.model import load_tokenizer
 
     tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path)
-    client = DPClient(cfg.client, tokenizer, metrics=make_metrics(cfg))
-    app = create_app(client, backend=cfg.backend)
+    metrics = make_metrics(cfg)
+    client = DPClient(cfg.client, tokenizer, metrics=metrics)
+    app = create_app(client, backend=cfg.backend, metrics=metrics)
     ssl = (cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
     async with anyio.create_task_group() as tg:

@@ -34,8 +34,11 @@ _D = ServeConfig()  # defaults for help texts
 
 
 class ModelFacts(Protocol):
-    is_moe: bool
-    num_experts: int
+    @property  # read-only, so frozen dataclasses (and ModelInfo) satisfy it
+    def is_moe(self) -> bool: ...
+
+    @property
+    def num_experts(self) -> int: ...
 
 
 ModelFactsFn = Callable[[str], ModelFacts]
@@ -281,6 +284,9 @@ def unsupported_reason(config: ServeConfig) -> str | None:
     }
     if d.mode in names:
         return f"{names[d.mode]} is not supported in this build yet"
+    if d.tensor_parallel_size > 1 or d.pipeline_parallel_size > 1:  # no engine shards a rank yet
+        return (f"tensor or pipeline parallelism (--tensor-parallel-size {d.tensor_parallel_size}, "
+                f"--pipeline-parallel-size {d.pipeline_parallel_size}) is not supported in this build yet")
     if d.nnodes > 1 or d.dp_size_local < d.dp_size:
         return (f"a multi-node deployment (--nnodes {d.nnodes}; this node runs {d.dp_size_local} of "
                 f"--data-parallel-size {d.dp_size} ranks) is not supported in this build yet")
@@ -294,7 +300,8 @@ def _run_model_command(ns: argparse.Namespace) -> int:
         out = model.export_builtin(ns.name, Path(ns.dir))
         print(out if out is not None else ns.dir)
         return 0
-    lister = getattr(model, "list_builtin", None)
+    # asyncdp.model names it builtin_names(); list_builtin() is the earlier spelling
+    lister = getattr(model, "builtin_names", None) or getattr(model, "list_builtin", None)
     names = lister() if lister is not None else sorted(getattr(model, "BUILTIN_MODELS", {}))
     for name in names:
         print(name)

@@ -13,11 +13,16 @@ Theory of operation (spec §2, §3, §4.1):
   parallel configuration), in that order, exactly as §3.1/§3.2 write them, plus the multi-port M-rules (§4.1,
   §11.3). It returns a :class:`DeploymentConfig` and never starts anything; every failure is a ConfigError,
   which the CLI turns into exit code 2 before any child process exists.
+* :func:`parallel_config_summary`, :func:`config_hash` and :func:`config_mismatch_message` are the pure parts of
+  the MoE lockstep agreement check (§5.3 ``Ready.config_hash``/``config_summary``, E6): every rank summarises the
+  settings that must agree, the head compares hashes and names the differing fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -588,3 +593,80 @@ def prometheus_multiproc_dir() -> str | None:
     environment of their children before those start.
     """
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+# ---------------------------------------------------------------- lockstep agreement (§5.3, E6)
+
+# Every setting that must agree across MoE lockstep ranks, in the order E6 reports them.
+CONFIG_SUMMARY_FIELDS = (
+    "model", "dtype", "quantization", "dp_size", "tp_size", "pp_size", "enable_expert_parallel", "num_experts",
+    "dp_sync_interval", "prefill_schedule_interval", "max_model_len", "block_size", "protocol_version",
+)
+
+SummaryValue = str | int | bool
+
+
+def parallel_config_summary(
+        engine: EngineConfig, *, model_identity: str, dp_size: int, tp_size: int = 1, pp_size: int = 1,
+        enable_expert_parallel: bool, num_experts: int, sync_interval: int, prefill_schedule_interval: int,
+        max_model_len: int, protocol_version: int) -> dict[str, SummaryValue]:
+    """The readable ``Ready.config_summary`` of one rank; keys are :data:`CONFIG_SUMMARY_FIELDS`, in order.
+
+    ``model_identity`` names the model and its revision (the caller decides how, e.g. a content hash of
+    ``config.json`` plus the weight files' names and sizes). ``max_model_len`` is the resolved limit, not the
+    flag. dtype and block size come from ``engine``; quantization is always ``"none"`` in this build.
+    """
+    return {
+        "model": str(model_identity),
+        "dtype": str(engine.dtype),
+        "quantization": "none",
+        "dp_size": int(dp_size),
+        "tp_size": int(tp_size),
+        "pp_size": int(pp_size),
+        "enable_expert_parallel": bool(enable_expert_parallel),
+        "num_experts": int(num_experts),
+        "dp_sync_interval": int(sync_interval),
+        "prefill_schedule_interval": int(prefill_schedule_interval),
+        "max_model_len": int(max_model_len),
+        "block_size": int(engine.block_size),
+        "protocol_version": int(protocol_version),
+    }
+
+
+def config_hash(summary: Mapping[str, SummaryValue]) -> str:
+    """Stable digest of a summary: BLAKE2b (16 bytes, hex) of its JSON with sorted keys and no spaces.
+
+    Key order, process and Python version do not matter; ``True`` and ``1`` hash differently (JSON keeps them
+    apart), so a bool flag can never collide with a count.
+    """
+    text = json.dumps(dict(summary), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.blake2b(text.encode("ascii"), digest_size=16).hexdigest()
+
+
+def _show(value: object) -> str:
+    if isinstance(value, str) and value and not any(ch.isspace() or ch == "," for ch in value):
+        return value
+    return repr(value)  # quote what would be ambiguous in a comma-separated list
+
+
+def config_mismatch_message(dp_rank: int, summary: Mapping[str, SummaryValue],
+                            rank0_summary: Mapping[str, SummaryValue]) -> str:
+    """E6: ``configuration mismatch: engine rank r differs from rank 0 in <field>=<a> vs <b>, ...``.
+
+    ``<a>`` is rank ``dp_rank``'s value, ``<b>`` rank 0's. Every differing field is listed: known fields in
+    :data:`CONFIG_SUMMARY_FIELDS` order, then unknown ones sorted; a field one side lacks shows ``<missing>``.
+    """
+    missing = object()
+    extra = sorted((set(summary) | set(rank0_summary)) - set(CONFIG_SUMMARY_FIELDS))
+    diffs = []
+    for name in (*CONFIG_SUMMARY_FIELDS, *extra):
+        a, b = summary.get(name, missing), rank0_summary.get(name, missing)
+        # type() too: 1 and True compare equal in Python but not in the hash
+        if a is missing and b is missing or (a == b and type(a) is type(b)):
+            continue
+        diffs.append(f"{name}={'<missing>' if a is missing else _show(a)} vs "
+                     f"{'<missing>' if b is missing else _show(b)}")
+    head = f"configuration mismatch: engine rank {dp_rank} differs from rank 0"
+    if not diffs:
+        return f"{head} in config_hash only (the summaries are equal; the ranks hash them differently)"
+    return f"{head} in {', '.join(diffs)}"

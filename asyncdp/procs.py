@@ -150,6 +150,15 @@ class ChildExited(Exception):
         self.child = child
 
 
+def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
+    """The parent's environment, with the parent's own asyncdp first on the path: a child must run the very
+    code its parent runs (a source checkout, a worktree), not whatever else is installed."""
+    env = {**os.environ, **(extra or {})}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 async def spawn_child(
     *,
     name: str,
@@ -173,7 +182,7 @@ async def spawn_child(
             stderr=None,
             pass_fds=(child_fd, *pass_fds),
             start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env=_child_env(env),
         )
     except BaseException:
         parent_sock.close()

@@ -134,6 +134,8 @@ def test_dense_model_with_dp_runs_internal_mode():
     (["-dp", "4", "--nnodes", "2"], "a multi-node deployment"),
     (["-dp", "4", "-dpl", "0"], "a multi-node deployment"),
     (["--uds", "/tmp/x.sock"], "--uds"),
+    (["-dp", "2", "-tp", "2"], "tensor or pipeline parallelism"),
+    (["-pp", "2"], "tensor or pipeline parallelism"),
 ])
 def test_valid_but_unbuilt_mode_exits_2_before_the_launcher(argv, what, capsys):
     launcher = FakeLauncher()
@@ -191,7 +193,7 @@ class FakeModelPackage(types.ModuleType):
         self.exported.append((name, directory))
         return directory
 
-    def list_builtin(self) -> list[str]:
+    def builtin_names(self) -> list[str]:  # the real package's spelling
         return ["builtin:tiny-dense", "builtin:tiny-moe"]
 
 
