@@ -5,8 +5,9 @@ admission, rank-hint ranges E2/E3, prompt length) and then yields one ``RequestO
 sleeping ``token_delay_s`` on the anyio clock before each (so trio's ``MockClock`` can drive it). The output is a
 pure function of the prompt, the seed and the token index: lowercase letters with a space every sixth token, so
 stop strings and logprobs are checkable. Leaving the iteration early records the request id in ``aborted``,
-as a real client would send ``AbortRequests``. Switches (``healthy``, ``shutting_down``, ``queue_full``,
-``fail_after_tokens``) reproduce the failure modes of spec §12.4. It is public API: users' tests may use it.
+as a real client would send ``AbortRequests``, and every request ends in ``metrics`` (``vllm:*`` counters)
+with its reason. Switches (``healthy``, ``shutting_down``, ``queue_full``, ``fail_after_tokens``,
+``fail_with``) reproduce the failure modes of spec §12.4. It is public API: users' tests may use it.
 """
 
 from __future__ import annotations
