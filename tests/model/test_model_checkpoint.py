@@ -146,3 +146,13 @@ def test_padded_and_grouped_expert_paths_agree(moe_path: Path) -> None:
     padded = experts._padded(hidden, local[order], counts, token_index, int(counts.max()))
     grouped = experts._grouped(hidden[token_index], counts.tolist())
     torch.testing.assert_close(padded, grouped)
+
+
+def test_model_package_imports_without_torch_or_transformers() -> None:
+    """API servers resolve models too; only the executor may pull in torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, asyncdp.model; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
