@@ -11,8 +11,10 @@ expert-parallel backend (each DP rank holds E/ep experts and exchanges tokens wi
 expert-range ``LocalExperts``; the TP-style backend wraps an intermediate-slice one and sums partial outputs
 across ranks. Tokens routed to experts outside the held range contribute nothing here.
 
-Computation groups tokens by expert: the (token, expert) pairs are sorted by expert id once, each expert runs
-one pair of matmuls over its contiguous rows, and the weighted results are scattered back with ``index_add_``.
+Computation groups tokens by expert: the (token, expert) pairs are sorted by expert id once; then either each
+expert runs one pair of matmuls over its contiguous rows (many tokens), or, when padding every group to the widest
+costs little (decode batches), all experts run as two batched matmuls over a padded [E, widest, H] buffer. The
+weighted results are scattered back to token order with ``index_add_``.
 """
 
 from __future__ import annotations
@@ -87,11 +89,36 @@ class LocalExperts(nn.Module):
                 pair_index = held.nonzero().squeeze(1)
                 local_ids = local_ids[pair_index]
                 weights = weights[pair_index]
+        out = torch.zeros_like(hidden)
+        if local_ids.numel() == 0:
+            return out
         order = torch.argsort(local_ids, stable=True)
-        counts = torch.bincount(local_ids, minlength=self.num_local_experts).tolist()
+        counts_t = torch.bincount(local_ids, minlength=self.num_local_experts)
+        counts = counts_t.tolist()
         pairs = order if pair_index is None else pair_index[order]
         token_index = pairs // top_k
-        x = hidden[token_index]
+        sorted_weights = weights[order].unsqueeze(1).to(hidden.dtype)
+        num_pairs, widest = local_ids.numel(), max(counts)
+        if num_pairs <= 512 and widest * self.num_local_experts <= max(4 * num_pairs, 2048):
+            y = self._padded(hidden, local_ids[order], counts_t, token_index, widest)
+        else:
+            y = self._grouped(hidden[token_index], counts)
+        out.index_add_(0, token_index, y * sorted_weights)
+        return out
+
+    def _padded(self, hidden: torch.Tensor, sorted_ids: torch.Tensor, counts: torch.Tensor,
+                token_index: torch.Tensor, widest: int) -> torch.Tensor:
+        """Few tokens (decode): every expert's rows padded to the widest group, two batched matmuls in all."""
+        starts = counts.cumsum(0) - counts
+        rank = torch.arange(sorted_ids.numel(), device=hidden.device) - starts[sorted_ids]
+        buf = hidden.new_zeros(self.num_local_experts, widest, hidden.shape[1])
+        buf[sorted_ids, rank] = hidden[token_index]
+        gate, up = torch.bmm(buf, self.w13.transpose(1, 2)).split(self.local_intermediate, dim=-1)
+        y = torch.bmm(F.silu(gate) * up, self.w2.transpose(1, 2))
+        return y[sorted_ids, rank]
+
+    def _grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Many tokens (prefill): one pair of matmuls per expert over its contiguous rows."""
         outputs = []
         offset = 0
         for expert, count in enumerate(counts):
@@ -100,11 +127,7 @@ class LocalExperts(nn.Module):
                 gate, up = F.linear(rows, self.w13[expert]).split(self.local_intermediate, dim=-1)
                 outputs.append(F.linear(F.silu(gate) * up, self.w2[expert]))
                 offset += count
-        out = torch.zeros_like(hidden)
-        if outputs:
-            y = torch.cat(outputs) * weights[order].unsqueeze(1).to(hidden.dtype)
-            out.index_add_(0, token_index, y)
-        return out
+        return torch.cat(outputs)
 
 
 class SparseMoeBlock(nn.Module):

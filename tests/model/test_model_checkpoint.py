@@ -132,3 +132,27 @@ def test_checkpoint_missing_a_weight_is_refused(dense_path: Path, tmp_path: Path
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ModelNotFoundError, match="qkv_proj"):
         load_model(tmp_path, device=torch.device("cpu"), dtype=torch.float32)
+
+
+def test_padded_and_grouped_expert_paths_agree(moe_path: Path) -> None:
+    model = load_model(moe_path, device=torch.device("cpu"), dtype=torch.float32)
+    experts = model.moe_blocks()[0].experts
+    hidden = torch.randn(40, 64, generator=torch.Generator().manual_seed(3))
+    ids, weights = model.moe_blocks()[0].route(hidden)
+    local = ids.reshape(-1)
+    order = torch.argsort(local, stable=True)
+    counts = torch.bincount(local, minlength=8)
+    token_index = order // 2
+    padded = experts._padded(hidden, local[order], counts, token_index, int(counts.max()))
+    grouped = experts._grouped(hidden[token_index], counts.tolist())
+    torch.testing.assert_close(padded, grouped)
+
+
+def test_model_package_imports_without_torch_or_transformers() -> None:
+    """API servers resolve models too; only the executor may pull in torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, asyncdp.model; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
