@@ -134,9 +134,15 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
     listener, client_addr = await bind_client_listener(cfg)
     async with anyio.create_task_group() as tg:
 
+        ready = False
+
         async def on_signals() -> None:
+            nonlocal code
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
+                    if not ready:  # still waiting for engines: nothing to drain
+                        tg.cancel_scope.cancel()
+                        return
                     shutdown.set()
 
         async def on_control(client: DPClient) -> None:
@@ -163,6 +169,7 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
             tg.cancel_scope.cancel()
 
         client = await tg.start(run_api)
+        ready = True
         tg.start_soon(on_control, client)
         await control.send({"event": "ready"})
     http_sock.close()

@@ -39,8 +39,8 @@ class ControlChannel:
         self._lock = anyio.Lock()
 
     @classmethod
-    def from_fd(cls, fd: int) -> ControlChannel:
-        return cls(anyio.abc.UNIXSocketStream.from_socket(socket.socket(fileno=fd)))
+    async def from_fd(cls, fd: int) -> ControlChannel:
+        return cls(await anyio.abc.UNIXSocketStream.from_socket(socket.socket(fileno=fd)))
 
     async def send(self, obj: dict[str, Any]) -> None:
         async with self._lock:
@@ -189,7 +189,7 @@ async def spawn_child(
         raise
     finally:
         child_sock.close()
-    control = ControlChannel(anyio.abc.UNIXSocketStream.from_socket(parent_sock))
+    control = ControlChannel(await anyio.abc.UNIXSocketStream.from_socket(parent_sock))
     child = ChildProcess(name=name, role=role, rank=rank, process=process, control=control)
     await control.send(
         {"role": role, "name": name, "rank": rank, "parent_pid": os.getpid(), "backend": backend,

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     role_main = _roles()[hello["role"]]
 
     async def run() -> int:
-        control = ControlChannel.from_fd(args.control_fd)
+        control = await ControlChannel.from_fd(args.control_fd)
         return await role_main(hello["payload"], control)
 
     try:

@@ -83,7 +83,7 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
                 m.EngineReady(
                     dp_rank=cfg.dp_rank,
                     max_model_len=core.max_model_len,
-                    num_kv_blocks=core.num_kv_blocks,
+                    num_kv_blocks=core.executor.num_kv_blocks,
                     block_size=cfg.engine.block_size,
                     coordinator_client_addr=coord_client_addr,
                     pid=os.getpid(),
