@@ -3,7 +3,7 @@
 Theory of operation: argv is normalised (``--data_parallel_size`` is ``--data-parallel-size``), parsed by argparse
 into ``{field: value}`` with ``None`` for every flag not given, and handed to :meth:`ServeConfig.from_flags`
 (range checks, env overrides). The model's facts (MoE or dense, number of experts) are read, then
-:func:`asyncdp.config.resolve` derives the deployment (spec §3). Any :class:`~asyncdp.errors.ConfigError`, argparse
+:func:`asyncdp.deployment.resolve` derives the deployment (spec §3). Any :class:`~asyncdp.errors.ConfigError`, argparse
 errors included, ends the command with one line ``asyncdp: error: <message>`` on stderr and exit code 2, before
 any child process exists. Only then does ``serve`` call ``asyncdp.launcher.run_serve(config)``.
 
@@ -26,8 +26,8 @@ from asyncdp.config import (
     LB_POLICIES,
     LOG_LEVELS,
     ServeConfig,
-    resolve,
 )
+from asyncdp.deployment import resolve
 from asyncdp.errors import ConfigError
 
 _D = ServeConfig()  # defaults for help texts

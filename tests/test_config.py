@@ -11,14 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 from asyncdp.cli import build_serve_config
-from asyncdp.config import (
-    LB_POLICIES,
-    DeploymentConfig,
-    ServeConfig,
-    SimCostProfile,
-    _pass2,
-    resolve,
-)
+from asyncdp.config import LB_POLICIES, ServeConfig, SimCostProfile
+from asyncdp.deployment import DeploymentConfig, _pass2, resolve
 from asyncdp.errors import ConfigError
 
 
