@@ -15,6 +15,7 @@ a cancellation is re-raised after the drain.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -85,6 +86,8 @@ async def serve_http(
     config.bind = [f"fd://{os.dup(listener.fileno())}"]  # Hypercorn owns and closes the duplicate
     config.graceful_timeout = shutdown_timeout_s
     config.accesslog = None
+    # Hypercorn's errors go through our logging set-up (one format per process), not its own handler.
+    config.errorlog = logging.getLogger("hypercorn.error")
     if ssl is not None:
         config.certfile, config.keyfile, config.ca_certs = ssl.certfile, ssl.keyfile, ssl.ca_certs
     if owned:
