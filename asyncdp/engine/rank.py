@@ -169,11 +169,11 @@ class EngineRank:
                     await self._loop()
                 tg.cancel_scope.cancel()
         except BaseException as exc:
-            if self.dp_group is not None:
-                self.dp_group.abort()
             leaf = _main_error(exc)
             if leaf is None:
-                raise
+                raise  # cancelled from outside: the process is going away
+            if self.dp_group is not None:
+                self.dp_group.abort()
             await self._announce_death(_describe(leaf))
             if leaf is exc:
                 raise

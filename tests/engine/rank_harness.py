@@ -77,6 +77,7 @@ class FakeClient:
         self.dead: dict[int, str] = {}
         self._ids = itertools.count(1)
         self.send_first_request = True
+        self.stats_arrived = trio.Event()
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -89,6 +90,8 @@ class FakeClient:
             if isinstance(msg, m.EngineOutputs):
                 if msg.scheduler_stats is not None:
                     self.stats[rank].append(msg.scheduler_stats)
+                    self.stats_arrived.set()
+                    self.stats_arrived = trio.Event()
                 for out in msg.outputs:
                     res = self.results.setdefault(out.request_id, Result())
                     res.tokens += out.new_token_ids
@@ -172,17 +175,23 @@ class Cluster:
         assert lockstep is not None
         return lockstep.state
 
-    def dummy(self, r: int) -> int:
-        return self.ranks[r].state.dummy_steps
+    async def wait_reported_idle(self) -> None:
+        """Until client 0 has every rank's stats for the end of its current wave."""
+        def reported(r: int) -> bool:
+            stats = self.client.stats[r]
+            return bool(stats) and not stats[-1].wave_running and stats[-1].wave == self.ls(r).current_wave
+
+        while not all(reported(r) for r in range(self.n)) or any(self.ls(r).engines_running for r in range(self.n)):
+            await self.client.stats_arrived.wait()
 
     async def wait_ended(self) -> None:
         for ev in self.ended.values():
             await ev.wait()
 
     async def wait_idle(self) -> None:
-        """Until no rank is running a wave (checked every virtual millisecond)."""
+        """Until no rank is running a wave (every wave transition sends stats to client 0, which wakes us)."""
         while any(self.ls(r).engines_running for r in range(self.n)):
-            await trio.sleep(0.001)
+            await self.client.stats_arrived.wait()
 
 
 @asynccontextmanager
