@@ -154,10 +154,12 @@ class EngineRank:
         try:
             async with anyio.create_task_group() as tg:
                 self._cancel_run = tg.cancel_scope
+                flushed: list[anyio.Event] = []
                 for ci, link in self.clients.items():
                     send, recv = anyio.create_memory_object_stream[m.Message](OUTBOX_SIZE)
                     self._outboxes[ci] = send
-                    tg.start_soon(self._write_link, link, recv)
+                    flushed.append(anyio.Event())
+                    tg.start_soon(self._write_link, link, recv, flushed[-1])
                     tg.start_soon(self._read_client, ci, link)
                 if self.coordinator is not None:
                     self._coordinator_seen = anyio.current_time()
@@ -167,6 +169,12 @@ class EngineRank:
                     await self.lockstep.run()
                 else:
                     await self._loop()
+                # Orderly end: the last outputs (aborts, the final tokens) still reach the clients.
+                for out in self._outboxes.values():
+                    out.close()
+                with anyio.move_on_after(EOF_FLUSH_S):
+                    for event in flushed:
+                        await event.wait()
                 tg.cancel_scope.cancel()
         except BaseException as exc:
             leaf = _main_error(exc)
@@ -236,13 +244,17 @@ class EngineRank:
         raise RankTornDown(f"rank {self.cfg.dp_rank}: {reason}")
 
     @staticmethod
-    async def _write_link(link: Link, outbox: anyio.abc.ObjectReceiveStream[m.Message]) -> None:
-        async with outbox:
-            async for msg in outbox:
-                try:
-                    await link.send(msg)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    return  # the client is gone; its requests are aborted when its link reader ends
+    async def _write_link(link: Link, outbox: anyio.abc.ObjectReceiveStream[m.Message],
+                          flushed: anyio.Event) -> None:
+        try:
+            async with outbox:
+                async for msg in outbox:
+                    try:
+                        await link.send(msg)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        return  # the client is gone; its requests are aborted when its link reader ends
+        finally:
+            flushed.set()
 
     async def send_coordinator(self, msg: m.Message) -> None:
         if self.coordinator is None:

@@ -79,11 +79,12 @@ class FakeClient:
         self.send_first_request = True
         self.stats_arrived = trio.Event()
 
-    async def run(self) -> None:
+    async def run(self, *, follow_coordinator: bool = True) -> None:
         async with trio.open_nursery() as nursery:
             for r, link in self.links.items():
                 nursery.start_soon(self._read_engine, r, link)
-            nursery.start_soon(self._follow_coordinator)
+            if follow_coordinator:
+                nursery.start_soon(self._follow_coordinator)
 
     async def _read_engine(self, rank: int, link: Link) -> None:
         async for msg in link:
@@ -206,7 +207,7 @@ class Cluster:
 async def open_cluster(n: int = 2, *, sync_interval: int = 32, cadence: str = "asyncdp",
                        shutdown_timeout_s: float = 0.0, prefill_schedule_interval: int = 1,
                        cost: SimCostProfile = COST, wrap_coordinator_link: Callable[[int, Link], Link] | None = None,
-                       ) -> AsyncIterator[Cluster]:
+                       inline_step: bool = True) -> AsyncIterator[Cluster]:
     """Start the coordinator, ``n`` MoE ranks and client 0; yield once every rank runs."""
     client = FakeClient(n)
     engine_listener, client_listener = PremadeListener(), PremadeListener()
@@ -226,7 +227,7 @@ async def open_cluster(n: int = 2, *, sync_interval: int = 32, cadence: str = "a
         cfg = RankConfig(dp_rank=r, dp_size=n, engine=sim_core(cost).config, is_moe=True,
                          shutdown_timeout_s=shutdown_timeout_s, sync_interval=sync_interval,
                          prefill_schedule_interval=prefill_schedule_interval, sync_cadence=cadence)
-        ranks.append(EngineRank(cfg, sim_core(cost), {0: client.engine_ends[r]}, coord_ends[r], inline_step=True,
+        ranks.append(EngineRank(cfg, sim_core(cost), {0: client.engine_ends[r]}, coord_ends[r], inline_step=inline_step,
                                 dp_group=groups[r]))
     cluster = Cluster(n, client, ranks, groups, coord_ends, coordinator_peer_links=peer_ends)
     ccfg = CoordinatorConfig(dp_size=n, wave_mode=True, subscribe_timeout_s=30.0)

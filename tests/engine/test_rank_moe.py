@@ -158,3 +158,32 @@ async def test_many_requests_to_random_ranks_with_stale_and_fresh_waves_all_comp
             await c.wait_idle()
         assert all(res.finish_reason == "length" for res in results)
         assert len({forwards(c, r) for r in range(4)}) == 1
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("interval", [1, 4])
+async def test_new_prefills_join_running_decodes_only_on_every_kth_wave_step(autojump_clock, interval):
+    async with open_cluster(2, prefill_schedule_interval=interval, sync_interval=64) as c:
+        batches: list[tuple[int, int, int]] = []  # (wave step, prefill tokens, decode seqs) of rank 0's forwards
+        executor = c.ranks[0].core.executor
+        execute = executor.execute
+
+        def recording(batch):
+            batches.append((c.ls(0).step_counter, batch.num_prefill_tokens, batch.num_decode_seqs))
+            return execute(batch)
+
+        executor.execute = recording
+        with trio.fail_after(30):
+            results = [await c.client.add(0, "long", max_tokens=120)]
+            for i in range(8):
+                await trio.sleep(0.0031 * (i + 1))
+                results.append(await c.client.add(0, f"short-{i}", max_tokens=3))
+            for res in results:
+                await res.done.wait()
+        assert all(res.finish_reason == "length" for res in results)
+        mixed = [step for step, prefill, decode in batches if prefill and decode]
+        assert mixed
+        if interval == 4:
+            assert all(step % 4 == 0 for step in mixed)
+        else:
+            assert any(step % 4 != 0 for step in mixed)  # without the cadence prefills join at any step
