@@ -46,6 +46,7 @@ import msgspec
 
 from asyncdp import messages as m
 from asyncdp.config import EngineConfig
+from asyncdp.engine.rank_links import Inbox, RankLinks
 from asyncdp.errors import AsyncDPError, InvalidRequestError, PauseError
 from asyncdp.transport import Link
 
@@ -57,8 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INBOX_SIZE = 4096
-OUTBOX_SIZE = 1024
-EOF_FLUSH_S = 5.0
 KV_USAGE_PUBLISH_DELTA = 0.01
 
 
@@ -75,15 +74,6 @@ class RankConfig:
     sync_interval: int = 32
     prefill_schedule_interval: int = 1
     sync_cadence: str = "asyncdp"  # "asyncdp" (also the first step of each wave) | "vllm" (benchmark only)
-
-
-@dataclass(slots=True)
-class _Inbox:
-    """Items the readers post to the busy loop."""
-
-    kind: str  # "client" | "coordinator" | "wake"
-    msg: Any = None
-    client_index: int = -1
 
 
 @dataclass
@@ -115,8 +105,7 @@ class EngineRank:
     ) -> None:
         self.cfg = cfg
         self.core = core
-        self.clients = clients
-        self.coordinator = coordinator
+        self.links = RankLinks(cfg.dp_rank, clients, coordinator)
         self.inline_step = inline_step
         self.dp_group = dp_group
         self.limiter = limiter if limiter is not None else anyio.CapacityLimiter(1)
@@ -130,16 +119,18 @@ class EngineRank:
                 from asyncdp.engine.lockstep_loop import LockstepLoop
 
                 self.lockstep = LockstepLoop(self, dp_group)
-        self._inbox_send, self._inbox = anyio.create_memory_object_stream[_Inbox](INBOX_SIZE)
-        self._outboxes: dict[int, anyio.abc.ObjectSendStream[m.Message]] = {}
+        self._inbox_send, self._inbox = anyio.create_memory_object_stream[Inbox](INBOX_SIZE)
         self._shutdown_deadline: float | None = None
         self._drain_expired = False
-        self._coordinator_seen = 0.0
-        self._stats_client = min(clients) if clients else 0
         self._pending_pauses: list[m.UtilityCall] = []
         self._cancel_run: anyio.CancelScope | None = None
+        self._loop_done = False
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def coordinator(self) -> Link | None:
+        return self.links.coordinator
 
     def request_shutdown(self) -> None:
         """Stop intake and start draining (idempotent). Safe to call from any task."""
@@ -154,27 +145,14 @@ class EngineRank:
         try:
             async with anyio.create_task_group() as tg:
                 self._cancel_run = tg.cancel_scope
-                flushed: list[anyio.Event] = []
-                for ci, link in self.clients.items():
-                    send, recv = anyio.create_memory_object_stream[m.Message](OUTBOX_SIZE)
-                    self._outboxes[ci] = send
-                    flushed.append(anyio.Event())
-                    tg.start_soon(self._write_link, link, recv, flushed[-1])
-                    tg.start_soon(self._read_client, ci, link)
-                if self.coordinator is not None:
-                    self._coordinator_seen = anyio.current_time()
-                    tg.start_soon(self._read_coordinator, self.coordinator)
-                    tg.start_soon(self._heartbeat, self.coordinator)
+                self.links.start(tg, self._inbox_send, self, heartbeat_interval_s=self.cfg.heartbeat_interval_s,
+                                 heartbeat_timeout_s=self.cfg.heartbeat_timeout_s)
                 if self.lockstep is not None:
                     await self.lockstep.run()
                 else:
                     await self._loop()
-                # Orderly end: the last outputs (aborts, the final tokens) still reach the clients.
-                for out in self._outboxes.values():
-                    out.close()
-                with anyio.move_on_after(EOF_FLUSH_S):
-                    for event in flushed:
-                        await event.wait()
+                self._loop_done = True
+                await self.links.flush()  # orderly end: the last outputs still reach the clients
                 tg.cancel_scope.cancel()
         except BaseException as exc:
             leaf = _main_error(exc)
@@ -182,91 +160,48 @@ class EngineRank:
                 raise  # cancelled from outside: the process is going away
             if self.dp_group is not None:
                 self.dp_group.abort()
-            await self._announce_death(_describe(leaf))
+            self.state.dead_reason = _describe(leaf)
+            await self.links.announce_death(self.state.dead_reason)
             if leaf is exc:
                 raise
             raise leaf from None
         finally:
-            for out in self._outboxes.values():
-                out.close()
+            self.links.close()
             self._inbox_send.close()
             self._inbox.close()
 
-    # ------------------------------------------------------------------ readers / writers
+    # ------------------------------------------------------------------ link events
 
-    async def _read_client(self, client_index: int, link: Link) -> None:
-        async for msg in link:
-            await self._inbox_send.send(_Inbox("client", msg, client_index))
-        if not self.state.shutting_down:
-            log.warning("rank %d: client %d closed its link", self.cfg.dp_rank, client_index)
+    def on_teardown(self, reason: str) -> None:
+        self._group_ended(reason)
 
-    async def _read_coordinator(self, link: Link) -> None:
-        async for msg in link:
-            self._coordinator_seen = anyio.current_time()
-            if isinstance(msg, m.Heartbeat):
-                continue
-            if isinstance(msg, m.Teardown):  # at once: the loop may be blocked in a collective
-                self._group_ended(f"teardown from the coordinator: {msg.reason}")
-                return
-            await self._inbox_send.send(_Inbox("coordinator", msg))
-        if not self.state.shutting_down or self.lockstep is not None:
-            self._coordinator_lost("the coordinator closed its link")
-
-    async def _heartbeat(self, link: Link) -> None:
-        seq = 0
-        while True:
-            await anyio.sleep(self.cfg.heartbeat_interval_s)
-            seq += 1
-            try:
-                await link.send(m.Heartbeat(sender=f"engine-{self.cfg.dp_rank}", seq=seq))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                pass  # the reader sees the EOF
-            silence = anyio.current_time() - self._coordinator_seen
-            if silence > self.cfg.heartbeat_timeout_s:
-                self._coordinator_lost(f"no heartbeat from the coordinator for {silence:.1f} s")
-                return
-
-    def _coordinator_lost(self, reason: str) -> None:
+    def on_coordinator_lost(self, reason: str) -> None:
         if self.cfg.is_moe and self.cfg.dp_size > 1:
             self._group_ended(reason)
             return
-        log.warning("rank %d: %s; serving on without load reports", self.cfg.dp_rank, reason)
-        self.coordinator = None
+        if not self.state.shutting_down:
+            log.warning("rank %d: %s; serving on without load reports", self.cfg.dp_rank, reason)
+        self.links.coordinator = None
 
     def _group_ended(self, reason: str) -> None:
         """The MoE group is gone (teardown, coordinator lost): abort the collectives; end (spec §8.7, §8.8)."""
         if self.dp_group is not None:
             self.dp_group.abort()
+        if self._loop_done:
+            return  # already leaving in order (after Goodbye): let the last outputs flush
         if self.state.shutting_down and self._cancel_run is not None:
             log.info("rank %d: %s while shutting down; exiting", self.cfg.dp_rank, reason)
             self._cancel_run.cancel()
             return
         raise RankTornDown(f"rank {self.cfg.dp_rank}: {reason}")
 
-    @staticmethod
-    async def _write_link(link: Link, outbox: anyio.abc.ObjectReceiveStream[m.Message],
-                          flushed: anyio.Event) -> None:
-        try:
-            async with outbox:
-                async for msg in outbox:
-                    try:
-                        await link.send(msg)
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        return  # the client is gone; its requests are aborted when its link reader ends
-        finally:
-            flushed.set()
-
     async def send_coordinator(self, msg: m.Message) -> None:
-        if self.coordinator is None:
-            return
-        try:
-            await self.coordinator.send(msg)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            self._coordinator_lost("the coordinator link broke")
+        if not await self.links.send_coordinator(msg):
+            self.on_coordinator_lost("the coordinator link broke")
 
     def _wake(self) -> None:
         try:
-            self._inbox_send.send_nowait(_Inbox("wake"))
+            self._inbox_send.send_nowait(Inbox("wake"))
         except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
 
@@ -357,28 +292,19 @@ class EngineRank:
         stats_to = next(iter(per_client))
         now = time.time()
         for ci, (outs, finished) in per_client.items():
-            await self._send_to_client(ci, m.EngineOutputs(
+            await self.links.send_to_client(ci, m.EngineOutputs(
                 dp_rank=self.cfg.dp_rank, outputs=outs, finished_request_ids=finished,
                 scheduler_stats=stats if ci == stats_to else None, timestamp=now))
 
     async def send_stats_to_client(self) -> None:
         """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
-        await self._send_to_client(self._stats_client, m.EngineOutputs(
+        await self.links.send_to_client(self.links.stats_client, m.EngineOutputs(
             dp_rank=self.cfg.dp_rank, outputs=[], finished_request_ids=[],
             scheduler_stats=self.scheduler_stats(), timestamp=time.time()))
 
-    async def _send_to_client(self, client_index: int, msg: m.Message) -> None:
-        out = self._outboxes.get(client_index)
-        if out is None:
-            return
-        try:
-            await out.send(msg)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-
     # ------------------------------------------------------------------ message handling
 
-    async def _handle(self, item: _Inbox) -> None:
+    async def _handle(self, item: Inbox) -> None:
         msg = item.msg
         if item.kind == "wake":
             return
@@ -417,7 +343,7 @@ class EngineRank:
             dp_rank=self.cfg.dp_rank,
             outputs=[m.RequestOutput(request_id=msg.request_id, finished=True, finish_reason="abort")],
             finished_request_ids=[msg.request_id], scheduler_stats=None, timestamp=time.time())
-        self._post_nowait(msg.client_index, out)
+        self.links.post_nowait(msg.client_index, out)
 
     async def _utility(self, call: m.UtilityCall) -> None:
         try:
@@ -435,7 +361,7 @@ class EngineRank:
             result = m.UtilityResult(call_id=call.call_id, ok=True, value=value)
         except (AsyncDPError, TypeError, ValueError) as exc:
             result = m.UtilityResult(call_id=call.call_id, ok=False, error=str(exc))
-        self._post_nowait(call.client_index, result)
+        self.links.post_nowait(call.client_index, result)
 
     async def _pause(self, mode: str) -> None:
         self.core.pause(mode)  # type: ignore[arg-type]  # the scheduler validates the mode
@@ -452,7 +378,7 @@ class EngineRank:
         if self._pending_pauses and self.pause_done():
             calls, self._pending_pauses = self._pending_pauses, []
             for call in calls:
-                self._post_nowait(call.client_index, m.UtilityResult(call_id=call.call_id, ok=True, value=True))
+                self.links.post_nowait(call.client_index, m.UtilityResult(call_id=call.call_id, ok=True, value=True))
 
     async def _resume(self) -> bool:
         if self.lockstep is not None:
@@ -461,7 +387,7 @@ class EngineRank:
         self.core.resume()
         calls, self._pending_pauses = self._pending_pauses, []
         for call in calls:
-            self._post_nowait(call.client_index, m.UtilityResult(
+            self.links.post_nowait(call.client_index, m.UtilityResult(
                 call_id=call.call_id, ok=False, error=str(PauseError("resumed before the pause completed"))))
         return True
 
@@ -475,19 +401,7 @@ class EngineRank:
             return self.cfg.dp_rank
         raise ValueError(f"unknown utility method {method!r}")
 
-    def _post_nowait(self, client_index: int, msg: m.Message) -> None:
-        out = self._outboxes.get(client_index)
-        if out is None:
-            return
-        try:
-            out.send_nowait(msg)
-        except anyio.WouldBlock:
-            log.warning("rank %d: outbox of client %d is full; dropping %s", self.cfg.dp_rank, client_index,
-                        type(msg).__name__)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-
-    # ------------------------------------------------------------------ stats / death
+    # ------------------------------------------------------------------ stats
 
     def scheduler_stats(self) -> m.SchedulerStats:
         stats = self.core.stats()
@@ -511,17 +425,6 @@ class EngineRank:
         await self.send_coordinator(m.RankStats(
             dp_rank=self.cfg.dp_rank, num_waiting=s.num_waiting, num_running=s.num_running,
             kv_cache_usage=s.kv_cache_usage, step=s.step, wave=s.wave))
-
-    async def _announce_death(self, reason: str) -> None:
-        """Tell every client and the coordinator that this rank is dead; bounded flush (spec §8.8)."""
-        self.state.dead_reason = reason
-        dead = m.EngineDead(dp_rank=self.cfg.dp_rank, reason=reason)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(EOF_FLUSH_S):
-            for link in [*self.clients.values(), *([self.coordinator] if self.coordinator else [])]:
-                try:
-                    await link.send(dead)
-                except Exception:  # noqa: BLE001 - best effort: the peer may be gone too
-                    pass
 
 
 class RankTornDown(AsyncDPError):
