@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 
 from asyncdp import messages as m
 from asyncdp.transport import Link
@@ -57,7 +58,7 @@ class RankLinks:
         self.clients = clients
         self.coordinator = coordinator
         self.stats_client = min(clients) if clients else 0  # gets scheduler stats when no client has outputs
-        self._outboxes: dict[int, anyio.abc.ObjectSendStream[m.Message]] = {}
+        self._outboxes: dict[int, MemoryObjectSendStream[m.Message]] = {}
         self._flushed: list[anyio.Event] = []
         self._coordinator_seen = 0.0
 

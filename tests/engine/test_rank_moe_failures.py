@@ -115,3 +115,22 @@ async def test_draining_rank_finishes_its_requests_before_leaving(autojump_clock
         assert res.finish_reason == "length" and len(res.tokens) == 40
         assert rejected.finish_reason == "abort"
         assert all(c.outcomes[r] is None for r in range(2))
+
+
+@pytest.mark.trio
+async def test_a_fatal_error_in_one_ranks_forward_tears_the_group_down(autojump_clock):
+    async with open_cluster(3) as c:
+        def broken(batch):
+            raise RuntimeError("device fault")
+
+        c.ranks[1].core.executor.execute = broken
+        res = await c.client.add(1, "r", max_tokens=5)
+        with trio.fail_after(2):
+            await c.wait_ended()
+            await c.coordinator_ended.wait()
+        failure = c.outcomes[1]
+        assert isinstance(failure, BaseExceptionGroup) and failure.subgroup(RuntimeError) is not None
+        assert "device fault" in c.client.dead[1]
+        assert all(isinstance(c.outcomes[r], RankTornDown) for r in (0, 2))
+        assert isinstance(c.coordinator_outcome[0], EngineDeadError)
+        assert not res.done.is_set()
