@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import msgspec
 
 from asyncdp import messages as m
@@ -257,6 +258,8 @@ class EngineRank:
             result = fn()
             if result.executed:
                 await anyio.sleep(getattr(core.executor, "last_step_s", 0.0))
+            else:
+                await anyio.lowlevel.checkpoint()  # never a loop without a scheduling point
         else:
             result = await anyio.to_thread.run_sync(fn, limiter=self.limiter, abandon_on_cancel=True)
         if result.executed:
