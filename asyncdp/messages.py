@@ -80,6 +80,10 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     num_preemptions: int = 0  # cumulative
     step: int = 0
     wave: int = 0
+    # MoE lockstep (dp > 1); cumulative counters, exported as asyncdp:dp_* metrics (spec §12.3).
+    num_dummy_steps: int = 0
+    waves_completed: int = 0
+    wave_running: bool = False
 
 
 # ---------------------------------------------------------------- handshake

@@ -6,45 +6,59 @@ A rank owns one :class:`~asyncdp.engine.core.EngineCore`. It receives ``AddReque
 ``UtilityCall`` from every client link and ``StartWave``/``Teardown``/``Heartbeat`` from the coordinator link.
 Reader tasks decode frames and post them into one bounded *inbox* stream; the busy loop is the only task that
 touches the core. Each step runs ``EngineCore.step()`` on the device's execution thread (one
-``CapacityLimiter(1)``) and the completion is posted back into the rank's task group, which sends each output
-only to the client that owns the request (``AddRequest.client_index``). The simulated executor steps inline and
-sleeps its modelled step time on the anyio clock, so whole clusters run in trio's virtual time.
+``CapacityLimiter(1)``, shared with the DP group's collectives) and the outputs go only to the client that owns
+the request (``AddRequest.client_index``). The simulated executor steps inline and sleeps its modelled step
+time on the anyio clock, so whole clusters run in trio's virtual time.
+
+Dense ranks (and MoE with dp = 1) run the plain loop below: no collectives, no waves. MoE ranks with dp > 1
+run the lockstep loop of :mod:`asyncdp.engine.lockstep_loop`, which uses this class's helpers.
 
 Stats: when a coordinator exists, the rank sends ``RankStats`` before and after every step if (running,
-waiting) changed or KV usage moved by >= 0.01 (spec §8.1).
+waiting) changed or KV usage moved by >= 0.01 (spec §8.1); MoE ranks stamp the wave step and wave.
+
+Pause (spec §8.6): ``pause(mode)`` answers only once the pause is complete (dense: the rank is idle; MoE: the
+group reached consensus and stopped), ``resume()`` unpauses, ``is_paused()``.
 
 Shutdown (spec §8.7): ``request_shutdown()`` stops intake; with ``shutdown_timeout_s == 0`` every request is
-aborted at once, otherwise the rank drains until the deadline and then aborts the rest; the loop then returns.
-A fatal error sends ``EngineDead`` to every client and the coordinator, flushes for up to 5 s and ends the
-process with exit code 1 even if the execution thread is stuck (spec §8.8).
+aborted at once, otherwise the rank drains until the deadline and then aborts the rest; the loop then returns
+(a MoE rank first waits until the group is idle and sends ``Goodbye``).
 
-Dense ranks run the plain loop (no collectives, no waves). MoE ranks run the lockstep loop of
-:mod:`asyncdp.engine.lockstep_loop`.
+Teardown and fatal errors (spec §8.8, §13): ``Teardown`` from the coordinator, or the loss of the coordinator
+in MoE mode, is acted on by the link reader at once, even while the loop is blocked in a collective or on the
+execution thread: the DP group is aborted and :meth:`EngineRank.run` raises :class:`RankTornDown` (a rank
+that was shutting down ends normally instead). Any failure sends ``EngineDead`` to every client and the
+coordinator, flushed for up to 5 s. The thread is never awaited once cancelled (``abandon_on_cancel``); the
+worker process hard-exits, so a thread stuck in a collective cannot keep a dead rank alive.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
+import msgspec
 
 from asyncdp import messages as m
 from asyncdp.config import EngineConfig
-from asyncdp.errors import AsyncDPError, InvalidRequestError
+from asyncdp.engine.rank_links import Inbox, RankLinks
+from asyncdp.errors import AsyncDPError, InvalidRequestError, PauseError
 from asyncdp.transport import Link
 
 if TYPE_CHECKING:
     from asyncdp.engine.core import EngineCore
+    from asyncdp.engine.dp_group import DPGroup
+    from asyncdp.engine.lockstep_loop import LockstepLoop
 
 log = logging.getLogger(__name__)
 
 INBOX_SIZE = 4096
-OUTBOX_SIZE = 1024
-EOF_FLUSH_S = 5.0
 KV_USAGE_PUBLISH_DELTA = 0.01
 
 
@@ -60,15 +74,7 @@ class RankConfig:
     shutdown_timeout_s: float = 0.0
     sync_interval: int = 32
     prefill_schedule_interval: int = 1
-
-
-@dataclass(slots=True)
-class _Inbox:
-    """Items the readers post to the busy loop."""
-
-    kind: str  # "client" | "coordinator" | "wake"
-    msg: Any = None
-    client_index: int = -1
+    sync_cadence: str = "asyncdp"  # "asyncdp" (also the first step of each wave) | "vllm" (benchmark only)
 
 
 @dataclass
@@ -95,21 +101,37 @@ class EngineRank:
         coordinator: Link | None,
         *,
         inline_step: bool = False,
+        dp_group: DPGroup | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
     ) -> None:
         self.cfg = cfg
         self.core = core
-        self.clients = clients
-        self.coordinator = coordinator
+        self.links = RankLinks(cfg.dp_rank, clients, coordinator)
         self.inline_step = inline_step
+        self.dp_group = dp_group
+        self.limiter = limiter if limiter is not None else anyio.CapacityLimiter(1)
         self.state = RankState()
-        self._limiter = anyio.CapacityLimiter(1)
-        self._inbox_send, self._inbox = anyio.create_memory_object_stream[_Inbox](INBOX_SIZE)
-        self._outboxes: dict[int, anyio.abc.ObjectSendStream[m.Message]] = {}
+        self.lockstep: LockstepLoop | None = None
+        if cfg.is_moe and cfg.dp_size > 1:
+            if dp_group is None:
+                log.warning("rank %d: MoE with dp_size %d but no DP group; running without lockstep",
+                            cfg.dp_rank, cfg.dp_size)
+            else:
+                from asyncdp.engine.lockstep_loop import LockstepLoop
+
+                self.lockstep = LockstepLoop(self, dp_group)
+        self._inbox_send, self._inbox = anyio.create_memory_object_stream[Inbox](INBOX_SIZE)
         self._shutdown_deadline: float | None = None
-        self._coordinator_seen = 0.0
-        self._stats_client = min(clients) if clients else 0
+        self._drain_expired = False
+        self._pending_pauses: list[m.UtilityCall] = []
+        self._cancel_run: anyio.CancelScope | None = None
+        self._loop_done = False
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def coordinator(self) -> Link | None:
+        return self.links.coordinator
 
     def request_shutdown(self) -> None:
         """Stop intake and start draining (idempotent). Safe to call from any task."""
@@ -117,138 +139,143 @@ class EngineRank:
             return
         self.state.shutting_down = True
         self._shutdown_deadline = anyio.current_time() + self.cfg.shutdown_timeout_s
-        try:
-            self._inbox_send.send_nowait(_Inbox("wake"))
-        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
+        self._wake()
 
     async def run(self) -> None:
-        """Run until shut down. Raises on a fatal error (after telling every peer)."""
+        """Run until shut down. Raises on a fatal error (after telling every peer); RankTornDown on teardown."""
         try:
             async with anyio.create_task_group() as tg:
-                for ci, link in self.clients.items():
-                    send, recv = anyio.create_memory_object_stream[m.Message](OUTBOX_SIZE)
-                    self._outboxes[ci] = send
-                    tg.start_soon(self._write_link, link, recv)
-                    tg.start_soon(self._read_client, ci, link)
-                if self.coordinator is not None:
-                    self._coordinator_seen = anyio.current_time()
-                    tg.start_soon(self._read_coordinator, self.coordinator)
-                    tg.start_soon(self._heartbeat, self.coordinator)
-                await self._loop()
+                self._cancel_run = tg.cancel_scope
+                self.links.start(tg, self._inbox_send, self, heartbeat_interval_s=self.cfg.heartbeat_interval_s,
+                                 heartbeat_timeout_s=self.cfg.heartbeat_timeout_s)
+                if self.lockstep is not None:
+                    await self.lockstep.run()
+                else:
+                    await self._loop()
+                self._loop_done = True
+                await self.links.flush()  # orderly end: the last outputs still reach the clients
                 tg.cancel_scope.cancel()
         except BaseException as exc:
-            if not isinstance(exc, anyio.get_cancelled_exc_class()):
-                await self._announce_death(_describe(exc))
-            raise
+            leaf = _main_error(exc)
+            if leaf is None:
+                raise  # cancelled from outside: the process is going away
+            if self.dp_group is not None:
+                self.dp_group.abort()
+            self.state.dead_reason = _describe(leaf)
+            await self.links.announce_death(self.state.dead_reason)
+            if leaf is exc:
+                raise
+            raise leaf from None
         finally:
-            for out in self._outboxes.values():
-                out.close()
+            self.links.close()
+            self._inbox_send.close()
+            self._inbox.close()
 
-    # ------------------------------------------------------------------ readers / writers
+    # ------------------------------------------------------------------ link events
 
-    async def _read_client(self, client_index: int, link: Link) -> None:
-        async for msg in link:
-            await self._inbox_send.send(_Inbox("client", msg, client_index))
-        if not self.state.shutting_down:
-            log.warning("rank %d: client %d closed its link", self.cfg.dp_rank, client_index)
+    def on_teardown(self, reason: str) -> None:
+        self._group_ended(reason)
 
-    async def _read_coordinator(self, link: Link) -> None:
-        async for msg in link:
-            self._coordinator_seen = anyio.current_time()
-            if isinstance(msg, m.Heartbeat):
-                continue
-            await self._inbox_send.send(_Inbox("coordinator", msg))
-        if not self.state.shutting_down:
-            await self._coordinator_lost("the coordinator closed its link")
-
-    async def _heartbeat(self, link: Link) -> None:
-        seq = 0
-        while True:
-            await anyio.sleep(self.cfg.heartbeat_interval_s)
-            seq += 1
-            await link.send(m.Heartbeat(sender=f"engine-{self.cfg.dp_rank}", seq=seq))
-            silence = anyio.current_time() - self._coordinator_seen
-            if silence > self.cfg.heartbeat_timeout_s:
-                await self._coordinator_lost(f"no heartbeat from the coordinator for {silence:.1f} s")
-                return
-
-    async def _coordinator_lost(self, reason: str) -> None:
+    def on_coordinator_lost(self, reason: str) -> None:
         if self.cfg.is_moe and self.cfg.dp_size > 1:
-            raise RankTornDown(f"rank {self.cfg.dp_rank}: {reason}")
-        log.warning("rank %d: %s; serving on without load reports", self.cfg.dp_rank, reason)
-        self.coordinator = None
-
-    @staticmethod
-    async def _write_link(link: Link, outbox: anyio.abc.ObjectReceiveStream[m.Message]) -> None:
-        async with outbox:
-            async for msg in outbox:
-                try:
-                    await link.send(msg)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    return  # the client is gone; its requests are aborted when its link reader ends
-
-    async def _send_to_client(self, client_index: int, msg: m.Message) -> None:
-        out = self._outboxes.get(client_index)
-        if out is None:
-            log.warning("rank %d: no link to client %d", self.cfg.dp_rank, client_index)
+            self._group_ended(reason)
             return
+        if not self.state.shutting_down:
+            log.warning("rank %d: %s; serving on without load reports", self.cfg.dp_rank, reason)
+        self.links.coordinator = None
+
+    def _group_ended(self, reason: str) -> None:
+        """The MoE group is gone (teardown, coordinator lost): abort the collectives; end (spec §8.7, §8.8)."""
+        if self.dp_group is not None:
+            self.dp_group.abort()
+        if self._loop_done:
+            return  # already leaving in order (after Goodbye): let the last outputs flush
+        if self.state.shutting_down and self._cancel_run is not None:
+            log.info("rank %d: %s while shutting down; exiting", self.cfg.dp_rank, reason)
+            self._cancel_run.cancel()
+            return
+        raise RankTornDown(f"rank {self.cfg.dp_rank}: {reason}")
+
+    async def send_coordinator(self, msg: m.Message) -> None:
+        if not await self.links.send_coordinator(msg):
+            self.on_coordinator_lost("the coordinator link broke")
+
+    def _wake(self) -> None:
         try:
-            await out.send(msg)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._inbox_send.send_nowait(Inbox("wake"))
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
-
-    async def _send_coordinator(self, msg: m.Message) -> None:
-        if self.coordinator is None:
-            return
-        try:
-            await self.coordinator.send(msg)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            await self._coordinator_lost("the coordinator link broke")
 
     # ------------------------------------------------------------------ the busy loop (dense)
 
     async def _loop(self) -> None:
         core = self.core
         while True:
-            if not core.has_unfinished():
-                if self.state.shutting_down:
+            if not core.has_steppable_work():
+                if self.state.shutting_down and not core.has_unfinished():
                     return
-                self._handle(await self._inbox.receive())
-            await self._drain_inbox()
-            if self.state.shutting_down:
-                self._apply_shutdown_policy()
-            await self._publish_stats()
-            if core.has_unfinished():
-                await self._step()
-                await self._publish_stats()
-            else:
-                await anyio.lowlevel.checkpoint()
+                await self.wait_input()
+            await self.drain_inbox()
+            self.apply_shutdown_policy()
+            await self.publish_stats()
+            if core.has_steppable_work():
+                await self.step()
+                await self.publish_stats()
+            self.complete_pauses()
 
-    async def _drain_inbox(self) -> None:
+    async def wait_input(self) -> None:
+        """Block for one inbox item (until the drain deadline while shutting down with frozen requests)."""
+        deadline = math.inf
+        if self.state.shutting_down and self._shutdown_deadline is not None and not self._drain_expired:
+            deadline = self._shutdown_deadline
+        item = None
+        with anyio.CancelScope(deadline=deadline):
+            item = await self._inbox.receive()
+        if item is not None:
+            await self._handle(item)
+
+    async def drain_inbox(self) -> None:
         while True:
             try:
                 item = self._inbox.receive_nowait()
             except anyio.WouldBlock:
                 return
-            self._handle(item)
-        await anyio.lowlevel.checkpoint()
+            await self._handle(item)
 
-    def _apply_shutdown_policy(self) -> None:
-        assert self._shutdown_deadline is not None
-        if anyio.current_time() >= self._shutdown_deadline and self.core.has_unfinished():
-            self.core.abort_requests(list(self.state.owners))
+    def apply_shutdown_policy(self) -> None:
+        if not self.state.shutting_down or self._drain_expired or self._shutdown_deadline is None:
+            return
+        if anyio.current_time() >= self._shutdown_deadline:
+            self._drain_expired = True
+            if self.core.has_unfinished():
+                self.core.abort_requests(list(self.state.owners))
 
-    async def _step(self) -> None:
+    async def step(self, *, throttle_new_prefills: bool = False) -> bool:
+        """One ``EngineCore.step()``; dispatches its outputs; True when a real forward ran."""
+        core = self.core
+        fn = functools.partial(core.step, throttle_new_prefills=throttle_new_prefills)
+        if self.inline_step:
+            result = fn()
+            if result.executed:
+                await anyio.sleep(getattr(core.executor, "last_step_s", 0.0))
+            else:
+                await anyio.lowlevel.checkpoint()  # never a loop without a scheduling point
+        else:
+            result = await anyio.to_thread.run_sync(fn, limiter=self.limiter, abandon_on_cancel=True)
+        if result.executed:
+            self.state.steps += 1
+        await self._dispatch_outputs(result.outputs)
+        return result.executed
+
+    async def run_dummy(self) -> None:
+        """A dummy batch (one padding token, no request state) to keep the collectives in lockstep."""
         core = self.core
         if self.inline_step:
-            result = core.step()
-            step_s = getattr(core.executor, "last_step_s", 0.0)
-            await anyio.sleep(step_s)
+            core.execute_dummy()
+            await anyio.sleep(getattr(core.executor, "last_step_s", 0.0))
         else:
-            result = await anyio.to_thread.run_sync(core.step, limiter=self._limiter, abandon_on_cancel=True)
-        self.state.steps += 1
-        await self._dispatch_outputs(result.outputs)
+            await anyio.to_thread.run_sync(core.execute_dummy, limiter=self.limiter, abandon_on_cancel=True)
+        self.state.dummy_steps += 1
 
     async def _dispatch_outputs(self, outputs: list[m.RequestOutput]) -> None:
         per_client: dict[int, tuple[list[m.RequestOutput], list[str]]] = {}
@@ -262,57 +289,55 @@ class EngineRank:
             if out.finished:
                 finished.append(out.request_id)
                 del owners[out.request_id]
-        stats = self.core.stats()
-        stats_to = next(iter(per_client), None)
+        if not per_client:
+            return
+        stats = self.scheduler_stats()
+        stats_to = next(iter(per_client))
         now = time.time()
         for ci, (outs, finished) in per_client.items():
-            await self._send_to_client(
-                ci,
-                m.EngineOutputs(
-                    dp_rank=self.cfg.dp_rank,
-                    outputs=outs,
-                    finished_request_ids=finished,
-                    scheduler_stats=stats if ci == stats_to else None,
-                    timestamp=now,
-                ),
-            )
+            await self.links.send_to_client(ci, m.EngineOutputs(
+                dp_rank=self.cfg.dp_rank, outputs=outs, finished_request_ids=finished,
+                scheduler_stats=stats if ci == stats_to else None, timestamp=now))
+
+    async def send_stats_to_client(self) -> None:
+        """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
+        await self.links.send_to_client(self.links.stats_client, m.EngineOutputs(
+            dp_rank=self.cfg.dp_rank, outputs=[], finished_request_ids=[],
+            scheduler_stats=self.scheduler_stats(), timestamp=time.time()))
 
     # ------------------------------------------------------------------ message handling
 
-    def _handle(self, item: _Inbox) -> None:
+    async def _handle(self, item: Inbox) -> None:
         msg = item.msg
         if item.kind == "wake":
             return
         if isinstance(msg, m.AddRequest):
-            self._add_request(msg)
+            await self._add_request(msg)
         elif isinstance(msg, m.AbortRequests):
             ids = [rid for rid in msg.request_ids if rid in self.state.owners]
             if ids:
                 self.core.abort_requests(ids)
         elif isinstance(msg, m.UtilityCall):
-            self._utility(msg)
-        elif isinstance(msg, m.Teardown):
-            raise RankTornDown(f"rank {self.cfg.dp_rank}: teardown from the coordinator: {msg.reason}")
-        elif isinstance(msg, (m.StartWave, m.CoordinatorReady)):
-            pass  # dense ranks have no waves
-        else:
+            await self._utility(msg)
+        elif isinstance(msg, m.StartWave):
+            if self.lockstep is not None:
+                self.lockstep.on_start_wave(msg)
+        elif not isinstance(msg, m.CoordinatorReady):
             log.warning("rank %d: dropping unexpected %s", self.cfg.dp_rank, type(msg).__name__)
 
-    def _add_request(self, msg: m.AddRequest) -> None:
+    async def _add_request(self, msg: m.AddRequest) -> None:
         self.state.owners[msg.request_id] = msg.client_index
         if self.state.shutting_down:
             self._reject(msg, "server shutting down")
             return
         try:
-            self.core.add_request(
-                msg.request_id,
-                msg.prompt_token_ids,
-                msg.sampling_params,
-                arrival_time=msg.arrival_time,
-                client_index=msg.client_index,
-            )
+            self.core.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params,
+                                  arrival_time=msg.arrival_time, client_index=msg.client_index)
         except InvalidRequestError as exc:
             self._reject(msg, str(exc))
+            return
+        if self.lockstep is not None:
+            await self.lockstep.on_add_request(msg)
 
     def _reject(self, msg: m.AddRequest, reason: str) -> None:
         log.info("rank %d: rejecting %s: %s", self.cfg.dp_rank, msg.request_id, reason)
@@ -320,88 +345,115 @@ class EngineRank:
         out = m.EngineOutputs(
             dp_rank=self.cfg.dp_rank,
             outputs=[m.RequestOutput(request_id=msg.request_id, finished=True, finish_reason="abort")],
-            finished_request_ids=[msg.request_id],
-            scheduler_stats=None,
-            timestamp=time.time(),
-        )
-        self._post_nowait(msg.client_index, out)
+            finished_request_ids=[msg.request_id], scheduler_stats=None, timestamp=time.time())
+        self.links.post_nowait(msg.client_index, out)
 
-    def _utility(self, call: m.UtilityCall) -> None:
+    async def _utility(self, call: m.UtilityCall) -> None:
         try:
             if self.state.shutting_down:
                 raise AsyncDPError("server shutting down")
-            value = self._run_utility(call.method, *call.args, **call.kwargs)
+            if call.method == "pause":
+                await self._pause(call.kwargs.get("mode", call.args[0] if call.args else "abort"))
+                self._pending_pauses.append(call)  # answered by complete_pauses() once the pause is done
+                self.complete_pauses()
+                return
+            if call.method == "resume":
+                value = await self._resume()
+            else:
+                value = self._run_utility(call.method, *call.args, **call.kwargs)
             result = m.UtilityResult(call_id=call.call_id, ok=True, value=value)
         except (AsyncDPError, TypeError, ValueError) as exc:
             result = m.UtilityResult(call_id=call.call_id, ok=False, error=str(exc))
-        self._post_nowait(call.client_index, result)
+        self.links.post_nowait(call.client_index, result)
+
+    async def _pause(self, mode: str) -> None:
+        self.core.pause(mode)  # type: ignore[arg-type]  # the scheduler validates the mode
+        if self.lockstep is not None:
+            await self.lockstep.begin_pause(mode)
+
+    def pause_done(self) -> bool:
+        if self.lockstep is not None:
+            return self.lockstep.pause_done()
+        return self.core.is_paused() and not self.core.has_steppable_work()
+
+    def complete_pauses(self) -> None:
+        """Answer the pending pause calls once the pause is complete (spec §8.6 step 3)."""
+        if self._pending_pauses and self.pause_done():
+            calls, self._pending_pauses = self._pending_pauses, []
+            for call in calls:
+                self.links.post_nowait(call.client_index, m.UtilityResult(call_id=call.call_id, ok=True, value=True))
+
+    async def _resume(self) -> bool:
+        if self.lockstep is not None:
+            await self.lockstep.resume()
+            return True
+        self.core.resume()
+        calls, self._pending_pauses = self._pending_pauses, []
+        for call in calls:
+            self.links.post_nowait(call.client_index, m.UtilityResult(
+                call_id=call.call_id, ok=False, error=str(PauseError("resumed before the pause completed"))))
+        return True
 
     def _run_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        core = self.core
-        if method == "pause":
-            core.pause(kwargs.get("mode", args[0] if args else "abort"))
-            return True
-        if method == "resume":
-            core.resume()
-            return True
         if method == "is_paused":
-            return core.is_paused()
+            return self.core.is_paused()
         if method == "stats":
-            s = core.stats()
+            s = self.core.stats()
             return {"num_running": s.num_running, "num_waiting": s.num_waiting, "kv_cache_usage": s.kv_cache_usage}
         if method == "ping":
             return self.cfg.dp_rank
         raise ValueError(f"unknown utility method {method!r}")
 
-    def _post_nowait(self, client_index: int, msg: m.Message) -> None:
-        out = self._outboxes.get(client_index)
-        if out is None:
-            return
-        try:
-            out.send_nowait(msg)
-        except anyio.WouldBlock:
-            log.warning("rank %d: outbox of client %d is full; dropping %s", self.cfg.dp_rank, client_index,
-                        type(msg).__name__)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+    # ------------------------------------------------------------------ stats
 
-    # ------------------------------------------------------------------ stats / death
+    def scheduler_stats(self) -> m.SchedulerStats:
+        stats = self.core.stats()
+        if self.lockstep is None:
+            return stats
+        ls = self.lockstep.state
+        return msgspec.structs.replace(
+            stats, step=ls.step_counter, wave=ls.current_wave, wave_running=ls.engines_running,
+            num_dummy_steps=self.state.dummy_steps, waves_completed=self.state.waves_completed)
 
-    async def _publish_stats(self) -> None:
+    async def publish_stats(self) -> None:
         if self.coordinator is None or self.cfg.external_lb:
             return
-        s = self.core.stats()
+        s = self.scheduler_stats()
         last = self.state.last_stats
         if last is not None and last[0] == s.num_running and last[1] == s.num_waiting and abs(
             last[2] - s.kv_cache_usage
         ) < KV_USAGE_PUBLISH_DELTA:
             return
         self.state.last_stats = (s.num_running, s.num_waiting, s.kv_cache_usage)
-        await self._send_coordinator(
-            m.RankStats(
-                dp_rank=self.cfg.dp_rank,
-                num_waiting=s.num_waiting,
-                num_running=s.num_running,
-                kv_cache_usage=s.kv_cache_usage,
-                step=s.step,
-                wave=s.wave,
-            )
-        )
-
-    async def _announce_death(self, reason: str) -> None:
-        """Tell every client and the coordinator that this rank is dead; bounded flush (spec §8.8)."""
-        self.state.dead_reason = reason
-        dead = m.EngineDead(dp_rank=self.cfg.dp_rank, reason=reason)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(EOF_FLUSH_S):
-            for link in [*self.clients.values(), *([self.coordinator] if self.coordinator else [])]:
-                try:
-                    await link.send(dead)
-                except Exception:  # noqa: BLE001 - best effort: the peer may be gone too
-                    pass
+        await self.send_coordinator(m.RankStats(
+            dp_rank=self.cfg.dp_rank, num_waiting=s.num_waiting, num_running=s.num_running,
+            kv_cache_usage=s.kv_cache_usage, step=s.step, wave=s.wave))
 
 
 class RankTornDown(AsyncDPError):
     """The group was torn down (coordinator Teardown, lost coordinator in MoE mode)."""
+
+
+def _main_error(exc: BaseException) -> BaseException | None:
+    """The error a failed run reports: None for plain cancellation; the single meaningful leaf of a task group
+    failure (a RankTornDown wins over the collective errors it causes), else ``exc`` itself."""
+    if isinstance(exc, anyio.get_cancelled_exc_class()):
+        return None
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    leaves = [e for e in _leaves(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
+    if not leaves:
+        return None
+    if all(isinstance(e, AsyncDPError) for e in leaves):
+        return next((e for e in leaves if isinstance(e, RankTornDown)), leaves[0])
+    return exc
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 def _describe(exc: BaseException) -> str:

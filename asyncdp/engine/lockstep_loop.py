@@ -1,0 +1,145 @@
+"""The MoE rank loop with dp > 1 (spec §8.3-8.7): every rank steps in lockstep with its peers.
+
+Theory of operation. :class:`LockstepLoop` is the I/O shell around the pure :class:`~asyncdp.dp.lockstep.Lockstep`
+state machine; it borrows the links, the inbox and the step helpers of its :class:`~asyncdp.engine.rank.EngineRank`
+and adds the one collective, the DP group's all-reduce. One iteration::
+
+    process inputs, blocking only while the group is idle and this rank has nothing steppable
+    publish stats; step if there is steppable work (throttled per §8.5); publish stats
+    if nothing executed: a dummy batch when the group is running, else back to the inputs
+    advance the wave step; on a sync step all-reduce (sum) [local_unfinished, pending_pause]
+    end_step: when the group went idle the wave is complete (rank 0 sends WaveComplete)
+
+Invariant: each iteration that reaches ``advance`` runs exactly one forward (real or dummy), and the sync
+schedule depends only on the shared step counter, so the k-th all-reduce of every rank is the same collective.
+The resume barrier (a max all-reduce) only runs while the whole group is stopped by a completed pause, so it
+pairs with the peers' resume barriers.
+
+Wave messages (§8.4): ``StartWave`` wakes this rank unless it is excluded, stale or paused; an ``AddRequest``
+stamped with an already-completed wave restarts the group through ``StartWaveRequest``. After every wave
+transition the rank sends its scheduler stats (wave, running flag, dummy-step and wave counters) to client 0.
+
+Shutdown (§8.7): a draining rank keeps dummy-stepping while its peers have work, leaves only when the group is
+idle, and says ``Goodbye`` to the coordinator first. Teardown is handled by the rank's coordinator reader,
+which aborts the DP group so that a pending all-reduce raises at once; the loop turns that into
+:class:`~asyncdp.engine.rank.RankTornDown`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from asyncdp import messages as m
+from asyncdp.dp.lockstep import Lockstep, StartWaveRequest, WaveCompleted
+from asyncdp.engine.dp_group import DPGroup, DPGroupAborted
+from asyncdp.engine.rank import RankTornDown
+
+if TYPE_CHECKING:
+    from asyncdp.engine.rank import EngineRank
+
+log = logging.getLogger(__name__)
+
+
+class LockstepLoop:
+    def __init__(self, rank: EngineRank, group: DPGroup) -> None:
+        cfg = rank.cfg
+        if group.dp_size != cfg.dp_size or group.dp_rank != cfg.dp_rank:
+            raise ValueError(f"DP group member {group.dp_rank}/{group.dp_size} does not match rank "
+                             f"{cfg.dp_rank}/{cfg.dp_size}")
+        self.rank = rank
+        self.group = group
+        self.state = Lockstep(cfg.dp_rank, cfg.dp_size, cfg.sync_interval, cadence=cfg.sync_cadence,
+                              has_coordinator=rank.coordinator is not None)
+        self._reported: tuple[int, bool] = (self.state.current_wave, self.state.engines_running)
+
+    async def run(self) -> None:
+        try:
+            await self._loop()
+        except DPGroupAborted as exc:
+            raise RankTornDown(f"rank {self.rank.cfg.dp_rank}: {exc}") from exc
+
+    async def _loop(self) -> None:
+        rank, core, ls = self.rank, self.rank.core, self.state
+        while True:
+            if not ls.should_step(core.has_steppable_work()):
+                if rank.state.shutting_down and not core.has_unfinished():
+                    log.info("rank %d: drained and the group is idle; leaving the group", rank.cfg.dp_rank)
+                    await rank.send_coordinator(m.Goodbye(dp_rank=rank.cfg.dp_rank))
+                    return
+                await rank.wait_input()
+            await rank.drain_inbox()
+            rank.apply_shutdown_policy()
+            rank.complete_pauses()
+            await rank.publish_stats()
+            executed = False
+            if core.has_steppable_work():
+                executed = await rank.step(throttle_new_prefills=self._throttled())
+                await rank.publish_stats()
+            local_unfinished = core.num_unfinished_for_sync() > 0
+            if not executed:
+                if not ls.must_join(local_unfinished):
+                    rank.complete_pauses()
+                    await self._report_transition()
+                    continue  # the group is idle: no collective; block on input
+                await rank.run_dummy()
+            if ls.advance():
+                s_unf, s_pause = await self.group.all_reduce(ls.sync_flags(local_unfinished), "sum")
+                ls.apply_sync(s_unf, s_pause)
+            await self._end_wave(ls.end_step())
+            rank.complete_pauses()
+            await self._report_transition()
+
+    def _throttled(self) -> bool:
+        """§8.5: with interval K > 1, only every K-th wave step may admit new prefills freely."""
+        k = self.rank.cfg.prefill_schedule_interval
+        return k > 1 and self.state.step_counter % k != 0
+
+    async def _end_wave(self, done: WaveCompleted | None) -> None:
+        if done is None:
+            return
+        self.rank.state.waves_completed += 1
+        if done.report:
+            await self.rank.send_coordinator(m.WaveComplete(wave=done.wave, dp_rank=self.rank.cfg.dp_rank))
+
+    async def _report_transition(self) -> None:
+        now = (self.state.current_wave, self.state.engines_running)
+        if now != self._reported:
+            self._reported = now
+            await self.rank.send_stats_to_client()
+
+    async def _request_wave(self, req: StartWaveRequest | None) -> None:
+        if req is not None:
+            await self.rank.send_coordinator(m.StartWaveRequest(dp_rank=req.dp_rank, wave=req.wave))
+
+    # ------------------------------------------------------------ wave messages (§8.4)
+
+    def on_start_wave(self, msg: m.StartWave) -> None:
+        self.state.on_start_wave(msg.wave, msg.exclude_rank)
+
+    async def on_add_request(self, msg: m.AddRequest) -> None:
+        """After the request is queued: apply its wave stamp; a stale stamp restarts the group."""
+        await self._request_wave(self.state.on_add_request(msg.wave, not self.rank.core.is_paused()))
+
+    # ------------------------------------------------------------ two-phase pause (§8.6)
+
+    async def begin_pause(self, mode: str) -> None:
+        """Phase 1 (the scheduler is already paused): reach the next sync, waking the group when idle."""
+        await self._request_wave(self.state.begin_pause(mode))
+
+    def pause_done(self) -> bool:
+        return self.state.pause_complete(self.rank.core.has_steppable_work())
+
+    async def resume(self) -> None:
+        """Unpause and run the resume barrier. Raises PauseError while a pause is still in progress."""
+        ls = self.state
+        if not ls.resume():
+            return  # not paused: a no-op
+        core = self.rank.core
+        core.resume()
+        (max_unfinished,) = await self.group.all_reduce([int(core.num_unfinished_for_sync() > 0)], "max")
+        if not ls.apply_resume_barrier(max_unfinished):
+            # Nothing to do anywhere: close the wave, so that a StartWave the coordinator sent while the
+            # group was paused (and that every rank ignored) does not leave it believing the group runs.
+            await self._end_wave(ls.end_step())
+        await self._report_transition()

@@ -1,0 +1,286 @@
+"""An in-memory DP deployment for the rank tests: N EngineRanks (simulated executor, inline steps), one
+MemoryDPGroup, the real coordinator over in-memory links, and a fake API client, all in one trio event loop.
+
+Everything is in virtual time (trio's MockClock with autojump): a step sleeps its modelled cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import trio
+
+from asyncdp import messages as m
+from asyncdp.config import EngineConfig, SimCostProfile
+from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
+from asyncdp.engine.core import EngineCore
+from asyncdp.engine.dp_group import MemoryDPGroup
+from asyncdp.engine.rank import EngineRank, RankConfig
+from asyncdp.engine.sim_executor import SimExecutor
+from asyncdp.sampling_params import SamplingParams
+from asyncdp.transport import Link, memory_link_pair
+
+VOCAB = 300
+EOS = 299
+COST = SimCostProfile(a_ms=2.0, b_ms_per_token=0.01, c_ms_per_seq=0.1)  # a dummy step costs 2 ms
+
+
+class PremadeListener:
+    """A coordinator listener that hands out link ends made in advance."""
+
+    def __init__(self) -> None:
+        self._send, self._recv = anyio.create_memory_object_stream[Link](64)
+
+    def offer(self, link: Link) -> None:
+        self._send.send_nowait(link)
+
+    def close(self) -> None:
+        self._send.close()
+        self._recv.close()
+
+    async def serve(self, handler: Callable[[Any], Any]) -> None:
+        async with self._recv, anyio.create_task_group() as tg:
+            async for link in self._recv:
+                tg.start_soon(handler, link)
+
+
+@dataclass
+class Result:
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    finished_at: float | None = None
+
+
+class FakeClient:
+    """Client 0: follows the coordinator's wave like the DP client (spec §6.5), sends requests to chosen
+    ranks, collects outputs, utility results and the scheduler stats each rank reports."""
+
+    def __init__(self, n: int) -> None:
+        self.links: dict[int, Link] = {}
+        self.engine_ends: dict[int, Link] = {}
+        for r in range(n):
+            ours, theirs = memory_link_pair(name=f"client0-rank{r}")
+            self.links[r], self.engine_ends[r] = ours, theirs
+        self.coord, self.coord_end = memory_link_pair(name="client0-coordinator")
+        self.current_wave = 0
+        self.wave_running = False
+        self.results: dict[str, Result] = {}
+        self.utility: dict[int, m.UtilityResult] = {}
+        self._utility_done: dict[int, trio.Event] = {}
+        self.stats: dict[int, list[m.SchedulerStats]] = {r: [] for r in range(n)}
+        self.dead: dict[int, str] = {}
+        self._ids = itertools.count(1)
+        self.send_first_request = True
+        self.stats_arrived = trio.Event()
+
+    async def run(self, *, follow_coordinator: bool = True) -> None:
+        async with trio.open_nursery() as nursery:
+            for r, link in self.links.items():
+                nursery.start_soon(self._read_engine, r, link)
+            if follow_coordinator:
+                nursery.start_soon(self._follow_coordinator)
+
+    async def _read_engine(self, rank: int, link: Link) -> None:
+        async for msg in link:
+            if isinstance(msg, m.EngineOutputs):
+                if msg.scheduler_stats is not None:
+                    self.stats[rank].append(msg.scheduler_stats)
+                    self.stats_arrived.set()
+                    self.stats_arrived = trio.Event()
+                for out in msg.outputs:
+                    res = self.results.setdefault(out.request_id, Result())
+                    res.tokens += out.new_token_ids
+                    if out.finished:
+                        res.finish_reason = out.finish_reason
+                        res.finished_at = trio.current_time()
+                        res.done.set()
+            elif isinstance(msg, m.UtilityResult):
+                self.utility[msg.call_id] = msg
+                self._utility_done.setdefault(msg.call_id, trio.Event()).set()
+            elif isinstance(msg, m.EngineDead):
+                self.dead[rank] = msg.reason
+
+    async def _follow_coordinator(self) -> None:
+        await self.coord.send(m.Subscribe(client_id=0))
+        async with trio.open_nursery() as nursery:
+
+            async def heartbeat() -> None:
+                for seq in itertools.count(1):
+                    await trio.sleep(1.0)
+                    try:
+                        await self.coord.send(m.Heartbeat(sender="client-0", seq=seq))
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        return
+
+            nursery.start_soon(heartbeat)
+            async for msg in self.coord:
+                if isinstance(msg, m.StatsSnapshot):
+                    self.current_wave, self.wave_running = msg.wave, msg.running
+            nursery.cancel_scope.cancel()
+
+    async def add(self, rank: int, request_id: str, *, max_tokens: int = 4, prompt_len: int = 8,
+                  wave: int | None = None) -> Result:
+        """Send one request to ``rank`` (stamped with the client's wave unless given), as DPClient does."""
+        res = self.results.setdefault(request_id, Result())
+        stamp = self.current_wave if wave is None else wave
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        await self.links[rank].send(m.AddRequest(
+            request_id=request_id, client_index=0, wave=stamp, prompt_token_ids=list(range(1, prompt_len + 1)),
+            sampling_params=params, arrival_time=0.0, pinned=True))
+        if self.send_first_request and not self.wave_running:
+            self.wave_running = True
+            await self.coord.send(m.FirstRequest(exclude_rank=rank, wave=stamp))
+        return res
+
+    async def call_nowait(self, rank: int, method: str, **kwargs: Any) -> int:
+        call_id = next(self._ids)
+        self._utility_done[call_id] = trio.Event()
+        await self.links[rank].send(m.UtilityCall(client_index=0, call_id=call_id, method=method, kwargs=kwargs))
+        return call_id
+
+    async def wait_utility(self, call_id: int) -> m.UtilityResult:
+        await self._utility_done[call_id].wait()
+        return self.utility[call_id]
+
+    async def call(self, rank: int, method: str, **kwargs: Any) -> m.UtilityResult:
+        return await self.wait_utility(await self.call_nowait(rank, method, **kwargs))
+
+
+def sim_core(cost: SimCostProfile = COST) -> EngineCore:
+    cfg = EngineConfig(executor="sim", sim_cost=cost, num_kv_blocks=512, block_size=16,
+                       max_num_batched_tokens=256).validate()
+    return EngineCore(cfg, SimExecutor(cfg, VOCAB, max_model_len=1024, avoid_token_ids={EOS}), None,
+                      eos_token_ids={EOS})
+
+
+@dataclass
+class Cluster:
+    n: int
+    client: FakeClient
+    ranks: list[EngineRank]
+    groups: list[MemoryDPGroup]
+    coordinator_links: dict[int, Link]  # the engine ends
+    outcomes: dict[int, BaseException | None] = field(default_factory=dict)  # None: run() returned
+    ended: dict[int, trio.Event] = field(default_factory=dict)
+    coordinator_outcome: list[BaseException | None] = field(default_factory=list)
+    rank_scopes: dict[int, trio.CancelScope] = field(default_factory=dict)
+    coordinator_peer_links: dict[int, Link] = field(default_factory=dict)  # the coordinator's ends
+    coordinator_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    coordinator_ended: trio.Event = field(default_factory=trio.Event)
+
+    async def kill_coordinator(self) -> None:
+        self.coordinator_scope.cancel()
+        for link in self.coordinator_peer_links.values():
+            await link.aclose()
+
+    def ls(self, r: int) -> Any:
+        lockstep = self.ranks[r].lockstep
+        assert lockstep is not None
+        return lockstep.state
+
+    async def wait_reported_idle(self) -> None:
+        """Until client 0 has every rank's stats for the end of its current wave."""
+        def reported(r: int) -> bool:
+            stats = self.client.stats[r]
+            return bool(stats) and not stats[-1].wave_running and stats[-1].wave == self.ls(r).current_wave
+
+        while not all(reported(r) for r in range(self.n)) or any(self.ls(r).engines_running for r in range(self.n)):
+            await self.client.stats_arrived.wait()
+
+    async def wait_ended(self) -> None:
+        for ev in self.ended.values():
+            await ev.wait()
+
+    async def wait_idle(self) -> None:
+        """Until no rank is running a wave (every wave transition sends stats to client 0, which wakes us)."""
+        while any(self.ls(r).engines_running for r in range(self.n)):
+            await self.client.stats_arrived.wait()
+
+
+@asynccontextmanager
+async def open_cluster(n: int = 2, *, sync_interval: int = 32, cadence: str = "asyncdp",
+                       shutdown_timeout_s: float = 0.0, prefill_schedule_interval: int = 1,
+                       cost: SimCostProfile = COST, wrap_coordinator_link: Callable[[int, Link], Link] | None = None,
+                       inline_step: bool = True) -> AsyncIterator[Cluster]:
+    """Start the coordinator, ``n`` MoE ranks and client 0; yield once every rank runs."""
+    client = FakeClient(n)
+    engine_listener, client_listener = PremadeListener(), PremadeListener()
+    groups = MemoryDPGroup.create(n)
+    coord_ends: dict[int, Link] = {}
+    peer_ends: dict[int, Link] = {}
+    every_link: list[Link] = [*client.links.values(), *client.engine_ends.values(), client.coord, client.coord_end]
+    for r in range(n):
+        ours, theirs = memory_link_pair(name=f"coordinator-rank{r}")
+        every_link += [ours, theirs]
+        peer_ends[r] = theirs
+        coord_ends[r] = ours if wrap_coordinator_link is None else wrap_coordinator_link(r, ours)
+        engine_listener.offer(theirs)
+    client_listener.offer(client.coord_end)
+    ranks = []
+    for r in range(n):
+        cfg = RankConfig(dp_rank=r, dp_size=n, engine=sim_core(cost).config, is_moe=True,
+                         shutdown_timeout_s=shutdown_timeout_s, sync_interval=sync_interval,
+                         prefill_schedule_interval=prefill_schedule_interval, sync_cadence=cadence)
+        ranks.append(EngineRank(cfg, sim_core(cost), {0: client.engine_ends[r]}, coord_ends[r], inline_step=inline_step,
+                                dp_group=groups[r]))
+    cluster = Cluster(n, client, ranks, groups, coord_ends, coordinator_peer_links=peer_ends)
+    ccfg = CoordinatorConfig(dp_size=n, wave_mode=True, subscribe_timeout_s=30.0)
+
+    async def run_coordinator() -> None:
+        with cluster.coordinator_scope:
+            try:
+                await serve_coordinator(ccfg, engine_listener, client_listener)
+                cluster.coordinator_outcome.append(None)
+            except BaseException as exc:
+                # Under trio the coordinator's teardown can come wrapped with stray Cancelled leaves from its
+                # link tasks (anyio re-raises them from inner task groups); the real error is the other leaf.
+                errors = [e for e in _leaves(exc) if not isinstance(e, trio.Cancelled)]
+                if not errors:
+                    raise
+                cluster.coordinator_outcome.append(errors[0])
+            finally:
+                cluster.coordinator_ended.set()
+
+    async def run_rank(r: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        link = coord_ends[r]
+        await link.send(m.Subscribe(dp_rank=r))
+        while not isinstance(await link.receive(), m.CoordinatorReady):
+            pass
+        with trio.CancelScope() as scope:
+            cluster.rank_scopes[r] = scope
+            task_status.started()
+            try:
+                await ranks[r].run()
+                cluster.outcomes[r] = None
+            except Exception as exc:  # noqa: BLE001 - recorded for the test to check
+                cluster.outcomes[r] = exc
+        cluster.ended[r].set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_coordinator)
+            nursery.start_soon(client.run)
+            for r in range(n):
+                cluster.ended[r] = trio.Event()
+            async with trio.open_nursery() as starting:
+                for r in range(n):
+                    starting.start_soon(nursery.start, run_rank, r)
+            yield cluster
+            nursery.cancel_scope.cancel()
+    finally:
+        engine_listener.close()
+        client_listener.close()
+        for link in every_link:
+            await link.aclose()
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]

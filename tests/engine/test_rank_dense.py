@@ -1,0 +1,175 @@
+"""The dense rank loop (spec §8.1): pause/resume answered when idle, no spinning while frozen, shutdown and
+teardown; MoE with dp = 1 runs the same loop. One EngineRank over in-memory links, in virtual time."""
+
+from __future__ import annotations
+
+import functools
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+import trio
+from rank_harness import FakeClient, sim_core
+
+from asyncdp import messages as m
+from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
+from asyncdp.sampling_params import SamplingParams
+from asyncdp.transport import memory_link_pair
+
+
+@asynccontextmanager
+async def open_rank(*, with_coordinator: bool = False, **cfg):
+    client = FakeClient(1)
+    core = sim_core()
+    coord, coord_end = memory_link_pair(name="coordinator") if with_coordinator else (None, None)
+    rank = EngineRank(RankConfig(dp_rank=0, dp_size=1, engine=core.config, **cfg), core,
+                      {0: client.engine_ends[0]}, coord_end, inline_step=True)
+    outcome: list[BaseException | None] = []
+    ended = trio.Event()
+
+    async def run_rank() -> None:
+        try:
+            await rank.run()
+            outcome.append(None)
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            outcome.append(exc)
+        ended.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(client.run, follow_coordinator=False))
+            nursery.start_soon(run_rank)
+            yield rank, client, coord, outcome, ended
+            nursery.cancel_scope.cancel()
+    finally:
+        for link in [*client.links.values(), *client.engine_ends.values(), client.coord, client.coord_end,
+                     *([coord, coord_end] if coord is not None and coord_end is not None else [])]:
+            await link.aclose()
+
+
+@pytest.mark.trio
+async def test_pause_wait_answers_only_once_running_requests_finished(autojump_clock):
+    async with open_rank() as (rank, client, _, _, _):
+        with trio.fail_after(30):
+            res = await client.add(0, "r", max_tokens=20)
+            await trio.sleep(0.005)
+            result = await client.call(0, "pause", mode="wait")
+            assert result.ok and res.done.is_set() and len(res.tokens) == 20
+            queued = await client.add(0, "q", max_tokens=3)
+            await trio.sleep(1.0)
+            assert not queued.done.is_set()
+            assert (await client.call(0, "is_paused")).value is True
+            assert (await client.call(0, "resume")).ok
+            await queued.done.wait()
+
+
+@pytest.mark.trio
+async def test_pause_keep_freezes_requests_without_stepping_and_resume_continues_them(autojump_clock):
+    async with open_rank() as (rank, client, _, _, _):
+        with trio.fail_after(30):
+            res = await client.add(0, "r", max_tokens=30)
+            while len(res.tokens) < 3:
+                await client.stats_arrived.wait()
+            assert (await client.call(0, "pause", mode="keep")).ok
+            steps = rank.state.steps
+            await trio.sleep(5.0)  # a loop that spun on frozen requests would never let virtual time pass
+            assert rank.state.steps == steps and not res.done.is_set()
+            assert (await client.call(0, "resume")).ok
+            await res.done.wait()
+        assert len(res.tokens) == 30 and rank.state.dummy_steps == 0
+
+
+@pytest.mark.trio
+async def test_resume_before_a_pause_completes_fails_the_pending_pause(autojump_clock):
+    async with open_rank() as (rank, client, _, _, _):
+        with trio.fail_after(30):
+            res = await client.add(0, "r", max_tokens=50)
+            await trio.sleep(0.005)
+            pending = await client.call_nowait(0, "pause", mode="wait")
+            assert (await client.call(0, "resume")).ok
+            failed = await client.wait_utility(pending)
+            assert not failed.ok and "resumed before the pause completed" in failed.error
+            await res.done.wait()
+
+
+@pytest.mark.trio
+async def test_moe_with_dp_1_runs_the_plain_loop_without_dummy_steps(autojump_clock):
+    async with open_rank(is_moe=True) as (rank, client, _, _, _):
+        assert rank.lockstep is None
+        with trio.fail_after(30):
+            res = await client.add(0, "r", max_tokens=5)
+            await res.done.wait()
+        assert rank.state.dummy_steps == 0 and rank.state.steps == 5
+
+
+@pytest.mark.trio
+async def test_teardown_from_the_coordinator_ends_a_dense_rank_with_rank_torn_down(autojump_clock):
+    async with open_rank(with_coordinator=True) as (rank, client, coord, outcome, ended):
+        await client.add(0, "r", max_tokens=10_000)
+        await trio.sleep(0.1)
+        with trio.fail_after(1):
+            await coord.send(m.Teardown(reason="test", dead_rank=None))
+            await ended.wait()
+        assert isinstance(outcome[0], RankTornDown)
+        assert "RankTornDown" in client.dead[0]
+
+
+@pytest.mark.trio
+async def test_dense_rank_keeps_serving_after_losing_the_coordinator(autojump_clock):
+    async with open_rank(with_coordinator=True) as (rank, client, coord, outcome, ended):
+        with trio.fail_after(30):
+            assert isinstance(await coord.receive(), m.RankStats | m.Heartbeat)
+            await coord.aclose()
+            await trio.sleep(0.1)
+            res = await client.add(0, "r", max_tokens=5)
+            await res.done.wait()
+        assert not ended.is_set() and rank.coordinator is None
+
+
+@pytest.mark.trio
+async def test_shutdown_aborts_frozen_requests_at_the_drain_deadline(autojump_clock):
+    async with open_rank(shutdown_timeout_s=5.0) as (rank, client, _, outcome, ended):
+        res = await client.add(0, "r", max_tokens=10_000)
+        await trio.sleep(0.01)
+        assert (await client.call(0, "pause", mode="keep")).ok
+        start = trio.current_time()
+        rank.request_shutdown()
+        with trio.fail_after(30):
+            await ended.wait()
+        assert trio.current_time() - start == pytest.approx(5.0, abs=0.01)
+        assert res.finish_reason == "abort" and outcome == [None]
+
+
+@pytest.mark.trio
+async def test_utility_calls_fail_while_shutting_down(autojump_clock):
+    async with open_rank(shutdown_timeout_s=5.0) as (rank, client, _, _, _):
+        await client.add(0, "r", max_tokens=10_000)
+        await trio.sleep(0.01)
+        rank.request_shutdown()
+        result = await client.call(0, "ping")
+        assert not result.ok and result.error == "server shutting down"
+
+
+@pytest.mark.anyio
+async def test_steps_run_on_the_execution_thread(anyio_backend):
+    client = FakeClient(1)
+    core = sim_core()
+    rank = EngineRank(RankConfig(dp_rank=0, dp_size=1, engine=core.config), core, {0: client.engine_ends[0]}, None)
+    outputs: list[m.RequestOutput] = []
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(rank.run)
+                await client.links[0].send(m.AddRequest(
+                    request_id="r", client_index=0, wave=0, prompt_token_ids=[1, 2, 3],
+                    sampling_params=SamplingParams(max_tokens=4, ignore_eos=True),
+                    arrival_time=0.0))
+                while not (outputs and outputs[-1].finished):
+                    msg = await client.links[0].receive()
+                    if isinstance(msg, m.EngineOutputs):
+                        outputs += msg.outputs
+                rank.request_shutdown()
+    finally:
+        for link in [*client.links.values(), *client.engine_ends.values(), client.coord, client.coord_end]:
+            await link.aclose()
+    assert sum(len(o.new_token_ids) for o in outputs) == 4 and rank.state.steps == 4
