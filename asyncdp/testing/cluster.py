@@ -222,6 +222,7 @@ class SimCluster:
         self._released = [[anyio.Event() for _ in range(dp_size)] for _ in range(num_clients)]
         self._first_snapshot = [anyio.Event() for _ in range(num_clients)]
         self._links: list[SimLink] = []
+        self._activity = anyio.Event()  # set (and replaced) whenever a message passes a rank or client link
 
     # ------------------------------------------------------------------ observation
 
@@ -242,11 +243,14 @@ class SimCluster:
         return not any(self.inflight_counts()) and not any(
             r.core.has_unfinished() for i, r in enumerate(self.ranks) if not self._rank_done[i].is_set())
 
-    async def wait_idle(self, *, poll_s: float = 0.01, timeout_s: float = 3600.0) -> None:
-        """Wait (polling on the anyio clock, so virtual time in tests) until :meth:`is_idle`."""
+    async def wait_idle(self, *, recheck_s: float = 0.1, timeout_s: float = 3600.0) -> None:
+        """Wait until :meth:`is_idle`. Rechecks whenever a message passes a rank or client link, and at least
+        every ``recheck_s`` (on the anyio clock: virtual time in tests) for transitions no link shows."""
         with anyio.fail_after(timeout_s):
             while not self.is_idle():
-                await anyio.sleep(poll_s)
+                activity = self._activity
+                with anyio.move_on_after(recheck_s):
+                    await activity.wait()
 
     # ------------------------------------------------------------------ requests
 
@@ -312,6 +316,10 @@ class SimCluster:
 
     # ------------------------------------------------------------------ wiring
 
+    def _poke(self, _msg: object = None) -> None:
+        self._activity.set()
+        self._activity = anyio.Event()
+
     def _on_client_send(self, dp_rank: int) -> Callable[[m.Message], None]:
         def record(msg: m.Message) -> None:
             if isinstance(msg, m.AddRequest):
@@ -322,6 +330,7 @@ class SimCluster:
         def record(msg: m.Message) -> None:
             if isinstance(msg, m.EngineOutputs):
                 self._finished[dp_rank] += len(msg.finished_request_ids)
+            self._poke()
         return record
 
     def _on_snapshot(self, client_index: int) -> Callable[[m.Message], None]:
@@ -471,6 +480,7 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
             rank_end, client_end = cluster._pair(f"rank{r}-client{ci}")
             rank_end.on_send = cluster._on_rank_send(r)
             client_end.on_send = cluster._on_client_send(r)
+            client_end.on_receive = cluster._poke
             client_end.on_close = cluster._released[ci][r].set
             rank_client_links[r][ci] = rank_end
             cluster._rank_links[r].append(rank_end)
