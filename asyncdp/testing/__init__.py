@@ -9,17 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-_CLUSTER_NAMES = frozenset({
-    "InjectedFault", "MemoryLinkListener", "SimCluster", "SimCoordinator", "SimLink", "SimRankExecutor",
-    "SimRequest", "open_sim_cluster", "sim_link_pair", "stream_rng",
-})
+_EXPORTS = {
+    "MemoryLinkListener": "links", "SimLink": "links", "sim_link_pair": "links",
+    "InjectedFault": "sim", "SimRankExecutor": "sim", "stream_rng": "sim",
+    "SimCluster": "cluster", "SimCoordinator": "cluster", "SimRequest": "cluster", "open_sim_cluster": "cluster",
+}
 
-__all__ = sorted(_CLUSTER_NAMES)
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CLUSTER_NAMES:
-        from asyncdp.testing import cluster
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asyncdp.testing' has no attribute {name!r}")
+    from importlib import import_module
 
-        return getattr(cluster, name)
-    raise AttributeError(f"module 'asyncdp.testing' has no attribute {name!r}")
+    return getattr(import_module(f"asyncdp.testing.{module}"), name)

@@ -38,12 +38,9 @@ every memory stream it created (also the ranks' inboxes), so nothing leaks and n
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from hashlib import blake2b
 from typing import Any
 
 import anyio
@@ -54,124 +51,17 @@ from asyncdp.client import ClientConfig, DPClient
 from asyncdp.config import EngineConfig, SimCostProfile
 from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
 from asyncdp.engine.core import EngineCore
-from asyncdp.engine.executor import ModelBatch, StepResult
 from asyncdp.engine.rank import EngineRank, RankConfig
-from asyncdp.engine.sim_executor import SimExecutor
 from asyncdp.errors import AsyncDPError, ConfigError
 from asyncdp.sampling_params import SamplingParams
-from asyncdp.transport import MemoryLink
+from asyncdp.testing.links import MemoryLinkListener, SimLink, sim_link_pair
+from asyncdp.testing.sim import SimRankExecutor
+from asyncdp.transport import Link
 
 DEFAULT_VOCAB_SIZE = 32_000
 DEFAULT_SIM_COST = SimCostProfile(a_ms=5.0, b_ms_per_token=0.02, c_ms_per_seq=0.01, d_ms_per_kv_token=1e-5)
 DEFAULT_ENGINE_CONFIG = EngineConfig(executor="sim", sim_cost=DEFAULT_SIM_COST, num_kv_blocks=4096,
                                      max_num_seqs=256, max_num_batched_tokens=2048)
-LINK_BUFFER = 4096
-
-
-def stream_rng(seed: int, stream: str) -> random.Random:
-    """The named random stream of spec §1.2: ``random.Random`` seeded with BLAKE2b-64 of ``"{seed}/{stream}"``."""
-    digest = blake2b(f"{seed}/{stream}".encode(), digest_size=8).digest()
-    return random.Random(int.from_bytes(digest, "little"))
-
-
-class InjectedFault(RuntimeError):
-    """The failure :meth:`SimCluster.crash_rank` makes a rank's executor raise."""
-
-
-class SimRankExecutor(SimExecutor):
-    """The simulated executor with step times rounded to whole microseconds and an injectable failure."""
-
-    fail_reason: str | None = None
-
-    def execute(self, batch: ModelBatch) -> StepResult:
-        if self.fail_reason is not None:
-            raise InjectedFault(self.fail_reason)
-        result = super().execute(batch)
-        self.last_step_s = round(self.last_step_s * 1e6) / 1e6
-        return result
-
-    def execute_dummy(self) -> None:
-        if self.fail_reason is not None:
-            raise InjectedFault(self.fail_reason)
-        super().execute_dummy()
-        self.last_step_s = round(self.last_step_s * 1e6) / 1e6
-
-
-# ---------------------------------------------------------------------------------------- links
-
-
-class SimLink(MemoryLink):
-    """A memory link end that reports what passes through it and can be closed without awaiting.
-
-    ``on_send(msg)`` runs after a successful send, ``on_receive(msg)`` after each receive, ``on_close()`` once,
-    at the first close. Closing closes this end's two streams, so the peer sees EOF and its sends break.
-    """
-
-    def __init__(self, send: Any, receive: Any, *, name: str, codec: bool) -> None:
-        super().__init__(send, receive, name=name, codec=codec)
-        self._streams = (send, receive)
-        self.on_send: Callable[[m.Message], None] | None = None
-        self.on_receive: Callable[[m.Message], None] | None = None
-        self.on_close: Callable[[], None] | None = None
-        self.closed = False
-
-    async def send(self, msg: m.Message) -> None:
-        await super().send(msg)
-        if self.on_send is not None:
-            self.on_send(msg)
-
-    async def receive(self) -> m.Message:
-        msg = await super().receive()
-        if self.on_receive is not None:
-            self.on_receive(msg)
-        return msg
-
-    async def aclose(self) -> None:
-        self.close_nowait()
-
-    def close_nowait(self) -> None:
-        for stream in self._streams:
-            stream.close()
-        if not self.closed:
-            self.closed = True
-            if self.on_close is not None:
-                self.on_close()
-
-
-def sim_link_pair(*, name: str, codec: bool = False, max_buffer: int = LINK_BUFFER) -> tuple[SimLink, SimLink]:
-    """Two connected :class:`SimLink` ends (``codec=True`` round-trips every message through the wire codec)."""
-    a_send, b_recv = anyio.create_memory_object_stream[Any](max_buffer)
-    b_send, a_recv = anyio.create_memory_object_stream[Any](max_buffer)
-    return (SimLink(a_send, a_recv, name=f"{name}:a", codec=codec),
-            SimLink(b_send, b_recv, name=f"{name}:b", codec=codec))
-
-
-class MemoryLinkListener:
-    """An in-memory listener for :func:`serve_coordinator`: ``connect()`` hands one end of a fresh link to the
-    caller and queues the other end for ``serve(handler)``, which runs ``handler(link)`` per link."""
-
-    def __init__(self, *, name: str, codec: bool = False) -> None:
-        self.name = name
-        self._codec = codec
-        self._send, self._recv = anyio.create_memory_object_stream[SimLink](math.inf)
-        self._links: list[SimLink] = []
-
-    def connect(self) -> SimLink:
-        ours, theirs = sim_link_pair(name=self.name, codec=self._codec)
-        self._links += [ours, theirs]
-        self._send.send_nowait(theirs)
-        return ours
-
-    async def serve(self, handler: Callable[[SimLink], Any]) -> None:
-        async with anyio.create_task_group() as tg:
-            async for link in self._recv:
-                tg.start_soon(handler, link)
-
-    def close(self) -> None:
-        self._send.close()
-        self._recv.close()
-        for link in self._links:  # also the ends nobody accepted
-            link.close_nowait()
 
 
 # ---------------------------------------------------------------------------------------- the cluster
@@ -361,7 +251,8 @@ class SimCluster:
                                                   coordinator_client_addr=None))
                 await rank.run()
         except Exception as exc:  # the rank died (it already sent EngineDead); the cluster serves on
-            self.rank_errors[dp_rank] = exc
+            leaves = _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+            self.rank_errors[dp_rank] = leaves[0] if len(leaves) == 1 else exc
         finally:
             self._close_rank_links(dp_rank)
             _close_rank_streams(rank)
@@ -474,7 +365,7 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
                            heartbeat_interval_s=heartbeat_interval_s)
         cluster.clients.append(DPClient(cfg, tokenizer))
 
-    rank_client_links: list[dict[int, SimLink]] = [{} for _ in ranks]
+    rank_client_links: list[dict[int, Link]] = [{} for _ in ranks]
     for r in ranks:
         for ci, client in enumerate(cluster.clients):
             rank_end, client_end = cluster._pair(f"rank{r}-client{ci}")
