@@ -39,7 +39,7 @@ every memory stream it created (also the ranks' inboxes), so nothing leaks and n
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,29 +153,43 @@ class SimCluster:
                        request_id: str | None = None) -> list[m.RequestOutput]:
         """Send one request through client ``client_index`` and return all its output deltas."""
         rid = request_id if request_id is not None else self.next_request_id(client_index)
-        return [out async for out in self.clients[client_index].generate(rid, list(prompt_token_ids), params)]
+        async with aclosing(self.clients[client_index].generate(rid, list(prompt_token_ids), params)) as gen:
+            return [out async for out in gen]
 
     async def complete_all(self, requests: Iterable[SimRequest]) -> dict[str, list[m.RequestOutput] | Exception]:
-        """Run requests concurrently (each after its ``delay_s``); per request id its deltas or its error.
+        """Run requests concurrently, each sent ``delay_s`` after the call; per request id its deltas or its
+        ``AsyncDPError``, in the given order.
 
-        Ids are assigned in the given order before anything runs, so they do not depend on scheduling.
+        Ids are assigned in the given order before anything runs. One dispatcher sends the requests in
+        (``delay_s``, position) order and waits until each one's rank is chosen before sending the next, so
+        requests due at the same instant are routed in a fixed order, not in trio's scheduling order.
         """
         jobs = [(r, r.request_id if r.request_id is not None else self.next_request_id(r.client_index))
                 for r in requests]
         results: dict[str, list[m.RequestOutput] | Exception] = {}
 
-        async def one(req: SimRequest, rid: str) -> None:
-            if req.delay_s > 0:
-                await anyio.sleep(req.delay_s)
+        async def one(req: SimRequest, rid: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+            gen = self.clients[req.client_index].generate(rid, list(req.prompt_token_ids), req.params)
+            outs: list[m.RequestOutput] = []
+            # started() first: this task runs on, without yielding, into generate() until the request is
+            # routed and its send checkpoints; only then does the dispatcher resume.
+            task_status.started()
             try:
-                results[rid] = await self.complete(req.client_index, req.prompt_token_ids, req.params,
-                                                   request_id=rid)
+                async with aclosing(gen):
+                    async for out in gen:
+                        outs.append(out)
+                results[rid] = outs
             except AsyncDPError as exc:
                 results[rid] = exc
 
+        start = anyio.current_time()
+        order = sorted(range(len(jobs)), key=lambda i: (jobs[i][0].delay_s, i))
         async with anyio.create_task_group() as tg:
-            for req, rid in jobs:
-                tg.start_soon(one, req, rid)
+            for i in order:
+                req, rid = jobs[i]
+                if req.delay_s > 0:
+                    await anyio.sleep_until(start + req.delay_s)
+                await tg.start(one, req, rid)
         return {rid: results[rid] for _, rid in jobs}
 
     # ------------------------------------------------------------------ faults

@@ -176,6 +176,18 @@ async def test_tokens_depend_only_on_the_seeded_workload_not_on_placement(autoju
     assert len(runs[0]) == 30
 
 
+@pytest.mark.trio
+async def test_requests_due_at_one_instant_are_routed_in_submission_order_every_run(autojump_clock):
+    runs = []
+    for _ in range(3):  # trio shuffles the run order of ready tasks differently in every run
+        async with open_sim_cluster(2, 2) as cluster:
+            start = trio.current_time()
+            await cluster.complete_all(workload(100, seed=3))
+            runs.append((dict(cluster.routed), cluster.finished_counts(), round(trio.current_time() - start, 6)))
+    assert runs[0] == runs[1] == runs[2]
+    assert set(runs[0][0].values()) == {0, 1}
+
+
 @pytest.mark.slow
 @pytest.mark.trio
 async def test_soak_thousands_of_requests_over_hours_of_virtual_time(autojump_clock):
