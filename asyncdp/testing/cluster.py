@@ -28,9 +28,11 @@ Faults: :meth:`SimCluster.kill_rank` cancels a rank and closes its links (a SIGK
 
 Determinism (routing-bench spec §1.2): modelled step times are rounded to whole microseconds; request ids are
 ``c{client_index}-{n}`` from per-client counters; random inputs come from :func:`stream_rng`, a
-``random.Random`` seeded with a BLAKE2b of ``"{seed}/{stream}"``. Which rank a request lands on can still depend
-on trio's scheduling order when several clients race at one instant, so tests assert bounds, not exact
-placements.
+``random.Random`` seeded with a BLAKE2b of ``"{seed}/{stream}"``; :meth:`SimCluster.complete_all` routes the
+requests due at one instant one after another in submission order. Placements therefore repeat run to run for
+requests sent together; beyond that, two events at exactly the same virtual instant (an arrival and an output,
+say) are still ordered by trio's scheduler, so tests assert bounds, not exact placements. The exact,
+event-ordered simulator of spec §1.2 is the benchmark's, not this harness's.
 
 Teardown: leaving the context marks every client as shutting down, cancels every task of the cluster and closes
 every memory stream it created (also the ranks' inboxes), so nothing leaks and no ``ResourceWarning`` fires.
@@ -98,6 +100,7 @@ class SimCluster:
         self.codec = codec
         self.clients: list[DPClient] = []
         self.ranks: list[EngineRank] = []
+        self._executors: list[SimRankExecutor] = []
         self.coordinator: SimCoordinator | None = None
         self.rank_errors: dict[int, BaseException] = {}
         #: per client: (virtual receive time, snapshot) of every StatsSnapshot, in arrival order
@@ -204,9 +207,7 @@ class SimCluster:
     async def crash_rank(self, dp_rank: int, reason: str = "injected fault") -> None:
         """Make the rank's next step raise :class:`InjectedFault`; returns once it is dead and every client has
         dropped it. The rank must have work (a step must run) for this to return."""
-        executor = self.ranks[dp_rank].core.executor
-        assert isinstance(executor, SimRankExecutor)
-        executor.fail_reason = reason
+        self._executors[dp_rank].fail_reason = reason
         await self._rank_done[dp_rank].wait()
         await self._wait_released(dp_rank)
 
@@ -395,6 +396,7 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
     for r in ranks:
         executor = SimRankExecutor(engine_config, vocab_size, max_model_len=max_model_len,
                                    avoid_token_ids=eos_token_ids)
+        cluster._executors.append(executor)
         core = EngineCore(engine_config, executor, tokenizer, eos_token_ids=eos_token_ids,
                           clock=anyio.current_time)
         coord_link = cluster.coordinator.engine_listener.connect() if cluster.coordinator else None
