@@ -7,7 +7,7 @@ tests assert bounds and invariants, never exact placements.
 
 from __future__ import annotations
 
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 
 import pytest
 import trio
@@ -19,6 +19,14 @@ from asyncdp.testing import InjectedFault, SimRequest, open_sim_cluster, stream_
 PUBLISH_S = 0.1
 HEARTBEAT_PUBLISH_S = 5.0
 EPS = 1e-6
+DEADLINE_S = 120.0  # virtual seconds: a request that never ends fails the test instead of hanging it
+
+
+@asynccontextmanager
+async def sim_cluster(*args, deadline_s: float = DEADLINE_S, **kwargs):
+    with trio.fail_after(deadline_s):
+        async with open_sim_cluster(*args, **kwargs) as cluster:
+            yield cluster
 
 
 def workload(n: int, *, num_clients: int = 2, seed: int = 0, max_tokens: tuple[int, int] = (8, 48),
@@ -41,7 +49,7 @@ def tokens_of(outs) -> list[int]:
 async def test_concurrent_requests_spread_over_every_rank_and_inflight_returns_to_zero(autojump_clock):
     total = 200
     reqs = workload(total)
-    async with open_sim_cluster(2, 2) as cluster:
+    async with sim_cluster(2, 2) as cluster:
         results = await cluster.complete_all(reqs)
         finished = cluster.finished_counts()
         assert sum(finished) == total
@@ -59,7 +67,7 @@ async def test_concurrent_requests_spread_over_every_rank_and_inflight_returns_t
 
 @pytest.mark.trio
 async def test_snapshots_come_at_most_every_100ms_under_load_and_every_5s_when_idle(autojump_clock):
-    async with open_sim_cluster(2, 2) as cluster:
+    async with sim_cluster(2, 2) as cluster:
         start = trio.current_time()
         await cluster.complete_all(workload(200, spacing_s=0.01))
         load_end = trio.current_time()
@@ -85,7 +93,7 @@ async def test_snapshots_come_at_most_every_100ms_under_load_and_every_5s_when_i
 async def test_killed_rank_fails_its_inflight_requests_and_later_requests_go_to_the_survivor(autojump_clock):
     params = SamplingParams(max_tokens=400, ignore_eos=True)  # long enough to be running at the kill
     first = [SimRequest(i % 2, [7, i + 1, 9, 11], params) for i in range(40)]
-    async with open_sim_cluster(2, 2) as cluster:
+    async with sim_cluster(2, 2) as cluster:
         results = {}
 
         async def run_first() -> None:
@@ -114,7 +122,7 @@ async def test_killed_rank_fails_its_inflight_requests_and_later_requests_go_to_
 @pytest.mark.trio
 async def test_crashed_rank_announces_engine_dead_to_clients_with_its_reason(autojump_clock):
     params = SamplingParams(max_tokens=400, ignore_eos=True)
-    async with open_sim_cluster(2, 2) as cluster:
+    async with sim_cluster(2, 2) as cluster:
         results = {}
 
         async def run() -> None:
@@ -136,7 +144,7 @@ async def test_crashed_rank_announces_engine_dead_to_clients_with_its_reason(aut
 @pytest.mark.trio
 async def test_leaving_the_generator_early_aborts_the_request_and_frees_its_kv_blocks(autojump_clock):
     prompt = list(range(1, 200))
-    async with open_sim_cluster(2, 1) as cluster:
+    async with sim_cluster(2, 1) as cluster:
         client = cluster.clients[0]
         usage_while_running = None
         received = 0
@@ -157,7 +165,7 @@ async def test_leaving_the_generator_early_aborts_the_request_and_frees_its_kv_b
 
 @pytest.mark.trio
 async def test_without_a_coordinator_clients_balance_on_inflight_counts(autojump_clock):
-    async with open_sim_cluster(2, 2, with_coordinator=False) as cluster:
+    async with sim_cluster(2, 2, with_coordinator=False) as cluster:
         assert cluster.coordinator is None
         results = await cluster.complete_all(workload(60))
         assert all(not isinstance(v, Exception) for v in results.values())
@@ -169,7 +177,7 @@ async def test_without_a_coordinator_clients_balance_on_inflight_counts(autojump
 async def test_tokens_depend_only_on_the_seeded_workload_not_on_placement(autojump_clock):
     runs = []
     for codec in (False, True):  # the second run also round-trips every message through the wire codec
-        async with open_sim_cluster(2, 2, codec=codec) as cluster:
+        async with sim_cluster(2, 2, codec=codec) as cluster:
             results = await cluster.complete_all(workload(30, seed=7))
             runs.append({rid: tokens_of(outs) for rid, outs in results.items()})
     assert runs[0] == runs[1]
@@ -180,7 +188,7 @@ async def test_tokens_depend_only_on_the_seeded_workload_not_on_placement(autoju
 async def test_requests_due_at_one_instant_are_routed_in_submission_order_every_run(autojump_clock):
     runs = []
     for _ in range(3):  # trio shuffles the run order of ready tasks differently in every run
-        async with open_sim_cluster(2, 2) as cluster:
+        async with sim_cluster(2, 2) as cluster:
             start = trio.current_time()
             await cluster.complete_all(workload(100, seed=3))
             runs.append((dict(cluster.routed), cluster.finished_counts(), round(trio.current_time() - start, 6)))
@@ -197,7 +205,7 @@ async def test_soak_thousands_of_requests_over_hours_of_virtual_time(autojump_cl
     for r in workload(total, seed=1, max_tokens=(16, 128)):
         t += rng.expovariate(1 / 2.5)  # ~2.5 s between arrivals: about 2.8 hours in all
         reqs.append(SimRequest(r.client_index, r.prompt_token_ids, r.params, delay_s=t))
-    async with open_sim_cluster(2, 2) as cluster:
+    async with sim_cluster(2, 2, deadline_s=6 * 3600) as cluster:
         results = await cluster.complete_all(reqs)
         assert trio.current_time() > 2 * 3600
         assert all(not isinstance(v, Exception) for v in results.values())
@@ -212,7 +220,7 @@ async def test_soak_thousands_of_requests_over_hours_of_virtual_time(autojump_cl
 @pytest.mark.trio
 async def test_leaving_the_cluster_with_requests_in_flight_tears_down_cleanly(autojump_clock):
     params = SamplingParams(max_tokens=1000, ignore_eos=True)
-    async with open_sim_cluster(2, 2) as cluster:
+    async with sim_cluster(2, 2) as cluster:
         with trio.move_on_after(0.3):  # cancels the requests mid-stream: their generators abort them
             await cluster.complete_all([SimRequest(i % 2, [5, i + 1], params) for i in range(10)])
         assert sum(cluster.finished_counts()) < 10  # nothing ran to max_tokens; ranks still hold work
