@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from contextlib import aclosing, asynccontextmanager
 
+import anyio
 import pytest
 import trio
 
+from asyncdp.config import EngineConfig
 from asyncdp.errors import EngineDeadError
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import InjectedFault, SimRequest, open_sim_cluster, stream_rng
@@ -194,6 +196,17 @@ async def test_requests_due_at_one_instant_are_routed_in_submission_order_every_
             runs.append((dict(cluster.routed), cluster.finished_counts(), round(trio.current_time() - start, 6)))
     assert runs[0] == runs[1] == runs[2]
     assert set(runs[0][0].values()) == {0, 1}
+
+
+@pytest.mark.anyio
+async def test_cluster_runs_in_real_time_on_both_backends_with_a_zero_cost_profile(anyio_backend):
+    zero_cost = EngineConfig(executor="sim", num_kv_blocks=1024)  # no modelled step time: nothing to wait
+    with anyio.fail_after(30):
+        async with open_sim_cluster(2, 2, engine_config=zero_cost) as cluster:
+            results = await cluster.complete_all(workload(20, max_tokens=(4, 12)))
+            assert all(not isinstance(v, Exception) for v in results.values())
+            assert sum(cluster.finished_counts()) == 20 and min(cluster.finished_counts()) > 0
+            assert cluster.inflight_counts() == [0, 0]
 
 
 @pytest.mark.slow
