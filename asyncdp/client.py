@@ -411,6 +411,11 @@ class DPClient:
             log.warning("client %d: cannot reach the DP coordinator at %s", self.cfg.client_index, addr)
             self.coordinator_state = "dead"
             return
+        await self.attach_coordinator(link)
+
+    async def attach_coordinator(self, link: Link) -> None:
+        """Follow the coordinator over an already-connected link (public for in-memory harnesses): subscribe,
+        heartbeat, feed every ``StatsSnapshot`` to the balancer; returns (link closed) when the coordinator ends."""
         self._coordinator = link
         self.coordinator_state = "alive"
         async with link, anyio.create_task_group() as tg:
@@ -419,7 +424,10 @@ class DPClient:
             async def heartbeat() -> None:
                 for seq in itertools.count(1):
                     await anyio.sleep(self.cfg.heartbeat_interval_s)
-                    await link.send(m.Heartbeat(sender=f"client-{self.cfg.client_index}", seq=seq))
+                    try:
+                        await link.send(m.Heartbeat(sender=f"client-{self.cfg.client_index}", seq=seq))
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        return  # the coordinator is gone; the reader below sees its EOF
 
             tg.start_soon(heartbeat)
             async for msg in link:

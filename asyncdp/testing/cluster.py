@@ -1,0 +1,426 @@
+"""A whole dense DP deployment in one anyio event loop, over in-memory links (the simulation harness).
+
+Theory of operation
+-------------------
+:func:`open_sim_cluster` builds, in the caller's event loop, the same roles a real deployment runs in separate
+processes, and wires them with in-memory links instead of sockets:
+
+* ``dp_size`` engine ranks: an :class:`~asyncdp.engine.core.EngineCore` over a :class:`SimRankExecutor`
+  driven by :class:`~asyncdp.engine.rank.EngineRank` with ``inline_step=True``, so each step's modelled
+  duration is slept on the anyio clock (virtual time under trio's ``MockClock(autojump_threshold=0)``);
+* the real :func:`~asyncdp.coordinator.serve_coordinator` over two :class:`MemoryLinkListener` objects
+  (optional: ``with_coordinator=False`` routes on in-flight counts only);
+* ``num_clients`` real :class:`~asyncdp.client.DPClient` objects whose engine links come through
+  ``attach_engine(link)`` and whose coordinator link through ``attach_coordinator(link)``.
+
+Startup mirrors the process roles: the coordinator accepts links; every rank subscribes to it and waits for
+``CoordinatorReady``, then sends ``EngineReady`` to every client; the context manager yields once every client
+saw every rank ready and, with a coordinator, got its welcome snapshot.
+
+Observation without mocks: every link end the harness hands out is a :class:`SimLink`, a memory link that
+can report what passes through it. The harness uses that to record, per client, the virtual time of every
+``StatsSnapshot`` it receives (``snapshots``), the rank each request was sent to (``routed``), and, per rank,
+how many requests it reported finished (``finished_counts()``). Nothing in the production roles changes.
+
+Faults: :meth:`SimCluster.kill_rank` cancels a rank and closes its links (a SIGKILL: peers see EOF);
+:meth:`SimCluster.crash_rank` makes its next step raise, so the rank runs its real death path and sends
+``EngineDead`` to every peer. A dead rank's error is kept in ``rank_errors``; the rest of the cluster serves on.
+
+Determinism (routing-bench spec §1.2): modelled step times are rounded to whole microseconds; request ids are
+``c{client_index}-{n}`` from per-client counters; random inputs come from :func:`stream_rng`, a
+``random.Random`` seeded with a BLAKE2b of ``"{seed}/{stream}"``; :meth:`SimCluster.complete_all` routes the
+requests due at one instant one after another in submission order. Placements therefore repeat run to run for
+requests sent together; beyond that, two events at exactly the same virtual instant (an arrival and an output,
+say) are still ordered by trio's scheduler, so tests assert bounds, not exact placements. The exact,
+event-ordered simulator of spec §1.2 is the benchmark's, not this harness's.
+
+Teardown: leaving the context marks every client as shutting down, cancels every task of the cluster and closes
+every memory stream it created (also the ranks' inboxes), so nothing leaks and no ``ResourceWarning`` fires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from asyncdp import messages as m
+from asyncdp.client import ClientConfig, DPClient
+from asyncdp.config import EngineConfig, SimCostProfile
+from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
+from asyncdp.engine.core import EngineCore
+from asyncdp.engine.rank import EngineRank, RankConfig
+from asyncdp.errors import AsyncDPError, ConfigError
+from asyncdp.sampling_params import SamplingParams
+from asyncdp.testing.links import MemoryLinkListener, SimLink, sim_link_pair
+from asyncdp.testing.sim import SimRankExecutor
+from asyncdp.transport import Link
+
+DEFAULT_VOCAB_SIZE = 32_000
+DEFAULT_SIM_COST = SimCostProfile(a_ms=5.0, b_ms_per_token=0.02, c_ms_per_seq=0.01, d_ms_per_kv_token=1e-5)
+DEFAULT_ENGINE_CONFIG = EngineConfig(executor="sim", sim_cost=DEFAULT_SIM_COST, num_kv_blocks=4096,
+                                     max_num_seqs=256, max_num_batched_tokens=2048)
+
+
+# ---------------------------------------------------------------------------------------- the cluster
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """One request for :meth:`SimCluster.complete_all`: sent by ``client_index`` after ``delay_s``."""
+
+    client_index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str | None = None
+    delay_s: float = 0.0
+
+
+@dataclass(slots=True)
+class SimCoordinator:
+    """The coordinator as the harness runs it: its config, listeners, and how it ended."""
+
+    config: CoordinatorConfig
+    engine_listener: MemoryLinkListener
+    client_listener: MemoryLinkListener
+    done: anyio.Event
+    error: BaseException | None = None
+
+
+class SimCluster:
+    """The running cluster :func:`open_sim_cluster` yields. See the module docstring."""
+
+    def __init__(self, *, dp_size: int, num_clients: int, codec: bool) -> None:
+        self.dp_size = dp_size
+        self.num_clients = num_clients
+        self.codec = codec
+        self.clients: list[DPClient] = []
+        self.ranks: list[EngineRank] = []
+        self._executors: list[SimRankExecutor] = []
+        self.coordinator: SimCoordinator | None = None
+        self.rank_errors: dict[int, BaseException] = {}
+        #: per client: (virtual receive time, snapshot) of every StatsSnapshot, in arrival order
+        self.snapshots: list[list[tuple[float, m.StatsSnapshot]]] = [[] for _ in range(num_clients)]
+        #: request id -> the rank its client sent it to
+        self.routed: dict[str, int] = {}
+        self._finished = [0] * dp_size
+        self._request_counters = [0] * num_clients
+        self._rank_links: list[list[SimLink]] = [[] for _ in range(dp_size)]
+        self._rank_scopes = [anyio.CancelScope() for _ in range(dp_size)]
+        self._rank_done = [anyio.Event() for _ in range(dp_size)]
+        self._released = [[anyio.Event() for _ in range(dp_size)] for _ in range(num_clients)]
+        self._first_snapshot = [anyio.Event() for _ in range(num_clients)]
+        self._links: list[SimLink] = []
+        self._activity = anyio.Event()  # set (and replaced) whenever a message passes a rank or client link
+
+    # ------------------------------------------------------------------ observation
+
+    def finished_counts(self) -> list[int]:
+        """Per rank: requests it reported finished (any reason, aborts included), as sent to the clients."""
+        return list(self._finished)
+
+    def inflight_counts(self) -> list[int]:
+        """Per client: requests it still tracks as in flight."""
+        return [c.num_inflight for c in self.clients]
+
+    def kv_usage(self) -> list[float]:
+        """Per rank: referenced KV blocks / usable blocks, read from the block manager."""
+        return [r.core.block_manager.usage for r in self.ranks]
+
+    def is_idle(self) -> bool:
+        """No client has a request in flight and no live rank has unfinished work."""
+        return not any(self.inflight_counts()) and not any(
+            r.core.has_unfinished() for i, r in enumerate(self.ranks) if not self._rank_done[i].is_set())
+
+    async def wait_idle(self, *, recheck_s: float = 0.1, timeout_s: float = 3600.0) -> None:
+        """Wait until :meth:`is_idle`. Rechecks whenever a message passes a rank or client link, and at least
+        every ``recheck_s`` (on the anyio clock: virtual time in tests) for transitions no link shows."""
+        with anyio.fail_after(timeout_s):
+            while not self.is_idle():
+                activity = self._activity
+                with anyio.move_on_after(recheck_s):
+                    await activity.wait()
+
+    # ------------------------------------------------------------------ requests
+
+    def next_request_id(self, client_index: int) -> str:
+        n = self._request_counters[client_index]
+        self._request_counters[client_index] = n + 1
+        return f"c{client_index}-{n}"
+
+    async def complete(self, client_index: int, prompt_token_ids: list[int], params: SamplingParams, *,
+                       request_id: str | None = None) -> list[m.RequestOutput]:
+        """Send one request through client ``client_index`` and return all its output deltas."""
+        rid = request_id if request_id is not None else self.next_request_id(client_index)
+        async with aclosing(self.clients[client_index].generate(rid, list(prompt_token_ids), params)) as gen:
+            return [out async for out in gen]
+
+    async def complete_all(self, requests: Iterable[SimRequest]) -> dict[str, list[m.RequestOutput] | Exception]:
+        """Run requests concurrently, each sent ``delay_s`` after the call; per request id its deltas or its
+        ``AsyncDPError``, in the given order.
+
+        Ids are assigned in the given order before anything runs. One dispatcher sends the requests in
+        (``delay_s``, position) order and waits until each one's rank is chosen before sending the next, so
+        requests due at the same instant are routed in a fixed order, not in trio's scheduling order.
+        """
+        jobs = [(r, r.request_id if r.request_id is not None else self.next_request_id(r.client_index))
+                for r in requests]
+        results: dict[str, list[m.RequestOutput] | Exception] = {}
+
+        async def one(req: SimRequest, rid: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+            gen = self.clients[req.client_index].generate(rid, list(req.prompt_token_ids), req.params)
+            outs: list[m.RequestOutput] = []
+            # started() first: this task runs on, without yielding, into generate() until the request is
+            # routed and its send checkpoints; only then does the dispatcher resume.
+            task_status.started()
+            try:
+                async with aclosing(gen):
+                    async for out in gen:
+                        outs.append(out)
+                results[rid] = outs
+            except AsyncDPError as exc:
+                results[rid] = exc
+
+        start = anyio.current_time()
+        order = sorted(range(len(jobs)), key=lambda i: (jobs[i][0].delay_s, i))
+        async with anyio.create_task_group() as tg:
+            for i in order:
+                req, rid = jobs[i]
+                if req.delay_s > 0:
+                    await anyio.sleep_until(start + req.delay_s)
+                await tg.start(one, req, rid)
+        return {rid: results[rid] for _, rid in jobs}
+
+    # ------------------------------------------------------------------ faults
+
+    async def kill_rank(self, dp_rank: int) -> None:
+        """Stop a rank abruptly (cancel it, close its links, as SIGKILL would); returns once every client has
+        dropped it from its balancer."""
+        self._rank_scopes[dp_rank].cancel()
+        self._close_rank_links(dp_rank)
+        await self._wait_released(dp_rank)
+
+    async def crash_rank(self, dp_rank: int, reason: str = "injected fault") -> None:
+        """Make the rank's next step raise :class:`InjectedFault`; returns once it is dead and every client has
+        dropped it. The rank must have work (a step must run) for this to return."""
+        self._executors[dp_rank].fail_reason = reason
+        await self._rank_done[dp_rank].wait()
+        await self._wait_released(dp_rank)
+
+    async def _wait_released(self, dp_rank: int) -> None:
+        for released in self._released:
+            await released[dp_rank].wait()
+
+    def _close_rank_links(self, dp_rank: int) -> None:
+        for link in self._rank_links[dp_rank]:
+            link.close_nowait()
+
+    # ------------------------------------------------------------------ wiring
+
+    def _poke(self, _msg: object = None) -> None:
+        self._activity.set()
+        self._activity = anyio.Event()
+
+    def _on_client_send(self, dp_rank: int) -> Callable[[m.Message], None]:
+        def record(msg: m.Message) -> None:
+            if isinstance(msg, m.AddRequest):
+                self.routed[msg.request_id] = dp_rank
+        return record
+
+    def _on_rank_send(self, dp_rank: int) -> Callable[[m.Message], None]:
+        def record(msg: m.Message) -> None:
+            if isinstance(msg, m.EngineOutputs):
+                self._finished[dp_rank] += len(msg.finished_request_ids)
+            self._poke()
+        return record
+
+    def _on_snapshot(self, client_index: int) -> Callable[[m.Message], None]:
+        def record(msg: m.Message) -> None:
+            if isinstance(msg, m.StatsSnapshot):
+                self.snapshots[client_index].append((anyio.current_time(), msg))
+                self._first_snapshot[client_index].set()
+        return record
+
+    def _pair(self, name: str) -> tuple[SimLink, SimLink]:
+        a, b = sim_link_pair(name=name, codec=self.codec)
+        self._links += [a, b]
+        return a, b
+
+    async def _run_rank(self, dp_rank: int, coordinator_link: SimLink | None) -> None:
+        rank = self.ranks[dp_rank]
+        try:
+            with self._rank_scopes[dp_rank]:
+                if coordinator_link is not None:  # as rank_process.start_rank, minus the handshake
+                    await coordinator_link.send(m.Subscribe(dp_rank=dp_rank))
+                    while not isinstance(await coordinator_link.receive(), m.CoordinatorReady):
+                        pass
+                core = rank.core
+                for link in rank.clients.values():
+                    await link.send(m.EngineReady(dp_rank=dp_rank, max_model_len=core.max_model_len,
+                                                  num_kv_blocks=core.executor.num_kv_blocks,
+                                                  block_size=core.block_manager.block_size,
+                                                  coordinator_client_addr=None))
+                await rank.run()
+        except Exception as exc:  # the rank died (it already sent EngineDead); the cluster serves on
+            leaves = _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+            self.rank_errors[dp_rank] = leaves[0] if len(leaves) == 1 else exc
+        finally:
+            self._close_rank_links(dp_rank)
+            _close_rank_streams(rank)
+            rank.core.shutdown()
+            self._rank_done[dp_rank].set()
+
+    async def _run_coordinator(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                               ) -> None:
+        coord = self.coordinator
+        assert coord is not None
+        try:
+            await serve_coordinator(coord.config, coord.engine_listener, coord.client_listener,
+                                    task_status=task_status)
+        except AsyncDPError as exc:
+            coord.error = exc
+        finally:
+            coord.done.set()
+
+    def _close_everything(self) -> None:
+        for i, rank in enumerate(self.ranks):
+            self._close_rank_links(i)
+            _close_rank_streams(rank)
+        for link in self._links:
+            link.close_nowait()
+        if self.coordinator is not None:
+            self.coordinator.engine_listener.close()
+            self.coordinator.client_listener.close()
+
+
+def _close_rank_streams(rank: EngineRank) -> None:
+    # EngineRank creates its inbox in __init__ and never closes it; an unclosed memory stream warns when it is
+    # collected, and warnings are errors in the suite.
+    for name in ("_inbox_send", "_inbox"):
+        stream = getattr(rank, name, None)
+        if stream is not None:
+            stream.close()
+
+
+@asynccontextmanager
+async def open_sim_cluster(
+    dp_size: int = 2,
+    num_clients: int = 2,
+    *,
+    engine_config: EngineConfig = DEFAULT_ENGINE_CONFIG,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    max_model_len: int = 8192,
+    eos_token_ids: Sequence[int] = (),
+    tokenizer: Any = None,
+    lb_policy: str = "vllm",
+    with_coordinator: bool = True,
+    coordinator_config: CoordinatorConfig | None = None,
+    heartbeat_interval_s: float = 1.0,
+    heartbeat_timeout_s: float = 5.0,
+    codec: bool = False,
+) -> AsyncIterator[SimCluster]:
+    """Start a dense DP deployment in this event loop; yield it once every client can route to every rank.
+
+    ``engine_config.executor`` must be ``"sim"``. ``eos_token_ids`` are never sampled (outputs run to
+    ``max_tokens``). ``codec=True`` round-trips every message through the msgpack codec (slower; exercises the
+    wire format). See the module docstring for what the yielded :class:`SimCluster` offers.
+    """
+    if engine_config.executor != "sim":
+        raise ConfigError(f"open_sim_cluster needs engine_config.executor='sim' (got {engine_config.executor!r}).")
+    engine_config.validate()
+    if dp_size < 1 or num_clients < 1:
+        raise ConfigError(f"dp_size and num_clients must be >= 1 (got {dp_size} and {num_clients}).")
+    if coordinator_config is None:
+        coordinator_config = CoordinatorConfig(dp_size=dp_size, wave_mode=False,
+                                               heartbeat_interval_s=heartbeat_interval_s,
+                                               heartbeat_timeout_s=heartbeat_timeout_s)
+    if coordinator_config.dp_size != dp_size or coordinator_config.wave_mode:
+        raise ConfigError("coordinator_config must be dense (wave_mode=False) with the cluster's dp_size.")
+
+    cluster = SimCluster(dp_size=dp_size, num_clients=num_clients, codec=codec)
+    ranks = tuple(range(dp_size))
+    try:
+        async with anyio.create_task_group() as tg:
+            try:
+                await _start(cluster, tg, engine_config, vocab_size, max_model_len, eos_token_ids, tokenizer,
+                             lb_policy, coordinator_config if with_coordinator else None, ranks,
+                             heartbeat_interval_s, heartbeat_timeout_s)
+                yield cluster
+            finally:
+                for client in cluster.clients:
+                    client.begin_shutdown()
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0] from None
+        raise
+    finally:
+        cluster._close_everything()
+
+
+async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: EngineConfig, vocab_size: int,
+                 max_model_len: int, eos_token_ids: Sequence[int], tokenizer: Any, lb_policy: str,
+                 coordinator_config: CoordinatorConfig | None, ranks: tuple[int, ...],
+                 heartbeat_interval_s: float, heartbeat_timeout_s: float) -> None:
+    dp_size, num_clients = cluster.dp_size, cluster.num_clients
+    if coordinator_config is not None:
+        cluster.coordinator = SimCoordinator(
+            coordinator_config, MemoryLinkListener(name="coord-engine", codec=cluster.codec),
+            MemoryLinkListener(name="coord-client", codec=cluster.codec), anyio.Event())
+        await tg.start(cluster._run_coordinator)
+
+    for ci in range(num_clients):
+        cfg = ClientConfig(client_index=ci, client_count=num_clients, managed_ranks=ranks, dp_size=dp_size,
+                           model_name="sim", max_model_len=max_model_len, lb_policy=lb_policy,
+                           heartbeat_interval_s=heartbeat_interval_s)
+        cluster.clients.append(DPClient(cfg, tokenizer))
+
+    rank_client_links: list[dict[int, Link]] = [{} for _ in ranks]
+    for r in ranks:
+        for ci, client in enumerate(cluster.clients):
+            rank_end, client_end = cluster._pair(f"rank{r}-client{ci}")
+            rank_end.on_send = cluster._on_rank_send(r)
+            client_end.on_send = cluster._on_client_send(r)
+            client_end.on_receive = cluster._poke
+            client_end.on_close = cluster._released[ci][r].set
+            rank_client_links[r][ci] = rank_end
+            cluster._rank_links[r].append(rank_end)
+            tg.start_soon(client.attach_engine, client_end)
+
+    coordinator_links: list[SimLink | None] = []
+    for r in ranks:
+        executor = SimRankExecutor(engine_config, vocab_size, max_model_len=max_model_len,
+                                   avoid_token_ids=eos_token_ids)
+        cluster._executors.append(executor)
+        core = EngineCore(engine_config, executor, tokenizer, eos_token_ids=eos_token_ids,
+                          clock=anyio.current_time)
+        coord_link = cluster.coordinator.engine_listener.connect() if cluster.coordinator else None
+        if coord_link is not None:
+            cluster._rank_links[r].append(coord_link)
+        coordinator_links.append(coord_link)
+        rank_cfg = RankConfig(dp_rank=r, dp_size=dp_size, engine=engine_config,
+                              heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
+        cluster.ranks.append(EngineRank(rank_cfg, core, rank_client_links[r], coord_link, inline_step=True))
+    for r in ranks:
+        tg.start_soon(cluster._run_rank, r, coordinator_links[r])
+
+    for client in cluster.clients:
+        await client.wait_engines_ready()
+    if cluster.coordinator is not None:
+        for ci, client in enumerate(cluster.clients):
+            link = cluster.coordinator.client_listener.connect()
+            link.on_receive = cluster._on_snapshot(ci)
+            tg.start_soon(client.attach_coordinator, link)
+            await cluster._first_snapshot[ci].wait()  # the welcome snapshot: the client routes on counts
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
