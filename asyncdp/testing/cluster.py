@@ -259,7 +259,7 @@ class SimCluster:
                     while not isinstance(await coordinator_link.receive(), m.CoordinatorReady):
                         pass
                 core = rank.core
-                for link in rank.clients.values():
+                for link in rank.links.clients.values():
                     await link.send(m.EngineReady(dp_rank=dp_rank, max_model_len=core.max_model_len,
                                                   num_kv_blocks=core.executor.num_kv_blocks,
                                                   block_size=core.block_manager.block_size,
