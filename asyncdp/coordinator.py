@@ -395,7 +395,8 @@ async def serve_coordinator(config: CoordinatorConfig, engine_listener: Listener
     try:
         await coordinator.run(engine_listener, client_listener, task_status)
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
+        # Under trio a teardown can leave Cancelled leaves beside the real error; they are not the cause.
+        leaves = [e for e in _leaves(group) if not isinstance(e, anyio.get_cancelled_exc_class())]
         if len(leaves) == 1 and isinstance(leaves[0], AsyncDPError):
             raise leaves[0] from None
         raise
