@@ -1,0 +1,273 @@
+"""One DP rank for the multi-process tests and the bench: joins a real gloo group, then serves commands.
+
+Run as a script: ``python dp_worker.py HOST PORT``. It connects back to the parent (``DPRanks``, loopback, a
+``multiprocessing.connection.Connection`` over the socket), receives ``("setup", {...})`` and then one command
+at a time, answering each with ``("ok", result)`` or ``("error", traceback)``. ``("exit", None)`` leaves the
+group and ends the process.
+
+``DPRanks`` is the parent side: it hosts the rendezvous store, starts ``dp_size`` workers, and sends every
+command to every rank before collecting the answers (the ranks' collectives pair up with each other), each wait
+bounded by a deadline. Closing it ends the workers, killing any that do not exit in time.
+
+``run_schedule`` is the lockstep driver shared with the single-process reference: it plays a scheduler that
+holds a fixed set of prompts, runs exactly ``total_steps`` forwards (dummy ones while it has nothing to do) and
+returns the greedy tokens of each prompt.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import traceback
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GREEDY_KW: dict[str, Any] = {"temperature": 0.0, "ignore_eos": True, "logprobs": 0}
+
+
+def run_schedule(executor: Any, prompts: list[list[int]], max_tokens: list[int], *, start_step: int,
+                 total_steps: int, empty_batch_steps: bool = False) -> tuple[list[list[int]], list[list[float]]]:
+    """Prefill every prompt at ``start_step``, decode each until it has ``max_tokens[i]`` tokens; dummies elsewhere.
+
+    Returns each prompt's greedy tokens and their logprobs.
+
+    ``empty_batch_steps`` runs idle steps as ``execute(ModelBatch([]))`` instead of ``execute_dummy()``.
+    """
+    from asyncdp.engine.executor import ModelBatch, ScheduledChunk
+    from asyncdp.sampling_params import SamplingParams
+
+    bs = executor.config.block_size
+    free = list(range(executor.num_kv_blocks - 1, 0, -1))  # block 0 is the scratch block
+    tables: dict[int, list[int]] = {}
+    outs: list[list[int]] = [[] for _ in prompts]
+    logprobs: list[list[float]] = [[] for _ in prompts]
+
+    def table(i: int, num_tokens: int) -> list[int]:
+        t = tables.setdefault(i, [])
+        while len(t) * bs < num_tokens:
+            t.append(free.pop())
+        return list(t)
+
+    for step in range(total_steps):
+        chunks, which = [], []
+        if step == start_step:
+            for i, p in enumerate(prompts):
+                params = SamplingParams(max_tokens=max_tokens[i], **GREEDY_KW)
+                chunks.append(ScheduledChunk(str(i), p, 0, table(i, len(p)), True, params, 0))
+                which.append(i)
+        elif step > start_step:
+            for i, p in enumerate(prompts):
+                if len(outs[i]) < max_tokens[i]:
+                    pos = len(p) + len(outs[i]) - 1
+                    params = SamplingParams(max_tokens=max_tokens[i], **GREEDY_KW)
+                    chunks.append(ScheduledChunk(str(i), [outs[i][-1]], pos, table(i, pos + 1), True, params,
+                                                 len(outs[i])))
+                    which.append(i)
+        if chunks:
+            result = executor.execute(ModelBatch(chunks))
+            for row, i in enumerate(which):
+                token = result.sampled[row]
+                assert token is not None and result.logprobs is not None
+                outs[i].append(token)
+                logprobs[i].append(result.logprobs[row].logprob)
+        elif empty_batch_steps:
+            executor.execute(ModelBatch([]))
+        else:
+            executor.execute_dummy()
+    if any(len(o) < n for o, n in zip(outs, max_tokens, strict=True)):
+        raise RuntimeError(f"{total_steps} steps are too few for max_tokens {max_tokens}")
+    return outs, logprobs
+
+
+class Worker:
+    def __init__(self, setup: dict[str, Any]) -> None:
+        import torch
+
+        from asyncdp.config import EngineConfig
+        from asyncdp.engine.model_runner import TorchExecutor
+        from asyncdp.messages import DPGroupInfo
+        from asyncdp.model.distributed import DPContext, init_dp_group
+
+        torch.set_num_threads(1)
+        self.dp_rank = setup["dp_rank"]
+        info = DPGroupInfo(master_addr="127.0.0.1", master_port=setup["port"], dp_size=setup["dp_size"],
+                           backend="gloo")
+        self.group = init_dp_group(info, self.dp_rank, timeout_s=60.0)
+        config = EngineConfig(model=setup["model"], device="cpu", dtype="float32", num_kv_blocks=64, block_size=16,
+                              max_num_seqs=8, torch_threads=1)
+        self.executors = {
+            ep: TorchExecutor(config, Path(setup["model"]), dp=DPContext(self.group, enable_expert_parallel=ep))
+            for ep in (True, False)}
+
+    def greedy(self, args: dict[str, Any]) -> dict[str, Any]:
+        executor = self.executors[args["ep"]]
+        before = executor.num_dp_exchanges
+        outs, logprobs = run_schedule(executor, args["prompts"], args["max_tokens"], start_step=args["start_step"],
+                            total_steps=args["total_steps"], empty_batch_steps=args.get("empty_batch_steps", False))
+        return {"outputs": outs, "logprobs": logprobs, "exchanges": executor.num_dp_exchanges - before}
+
+    def all_reduce(self, args: dict[str, Any]) -> dict[str, Any]:
+        import anyio
+
+        from asyncdp.model.distributed import DPGroupAborted, TorchDPGroup
+
+        async def main() -> dict[str, Any]:
+            group = TorchDPGroup.from_group(self.group, anyio.CapacityLimiter(1))
+            out: dict[str, Any] = {"rank": group.dp_rank, "size": group.dp_size}
+            out["sum"] = await group.all_reduce(args["values"], "sum")
+            out["max"] = await group.all_reduce(args["values"], "max")
+            group.abort()
+            try:
+                await group.all_reduce([1])
+            except DPGroupAborted:
+                out["after_abort"] = "aborted"
+            return out
+
+        return anyio.run(main)
+
+    def backends(self, args: dict[str, Any]) -> dict[str, Any]:
+        """EP and TP backends against the full layer on random data, with the given per-rank token counts."""
+        import torch
+
+        from asyncdp.model.expert_parallel import (
+            ExpertParallelBackend,
+            ForwardSizes,
+            TensorParallelExpertsBackend,
+            expert_shard_for,
+        )
+        from asyncdp.model.moe import LocalExperts
+
+        hidden, num_experts, inter, top_k = 16, args["num_experts"], 12, 2
+        gen = torch.Generator().manual_seed(7)
+        full = LocalExperts(hidden, num_experts, inter)
+        full.w13.data = torch.randn(num_experts, 2 * inter, hidden, generator=gen)
+        full.w2.data = torch.randn(num_experts, hidden, inter, generator=gen)
+        gen.manual_seed(100 + self.dp_rank)
+        num_tokens = args["tokens"][self.dp_rank]
+        x = torch.randn(num_tokens, hidden, generator=gen)
+        if args.get("route_to") is not None:  # every pair of this rank to experts of one rank
+            shard = expert_shard_for(num_experts, inter, args["route_to"], self.group.dp_size, True)
+            ids = torch.full((num_tokens, top_k), shard.expert_start, dtype=torch.int64)
+            ids[:, 1] = (shard.expert_end or num_experts) - 1
+            if top_k > 1 and ids[0, 0] == ids[0, 1]:
+                ids[:, 1] = (ids[:, 0] + 1) % num_experts
+        else:
+            ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)]) \
+                if num_tokens else torch.empty(0, top_k, dtype=torch.int64)
+        weights = torch.rand(num_tokens, top_k, generator=gen)
+        expected = full(x, ids, weights)
+        result: dict[str, Any] = {}
+        for ep in (True, False):
+            s = expert_shard_for(num_experts, inter, self.dp_rank, self.group.dp_size, ep)
+            e0, e1, i0, i1 = s.resolve(num_experts, inter)
+            part = LocalExperts(hidden, e1 - e0, i1 - i0, expert_start=e0, num_experts=num_experts,
+                                intermediate_start=i0)
+            part.w13.data = torch.cat([full.w13.data[e0:e1, i0:i1], full.w13.data[e0:e1, inter + i0: inter + i1]], 1)
+            part.w2.data = full.w2.data[e0:e1, :, i0:i1].clone()
+            sizes = ForwardSizes(self.group.exchange, self.dp_rank, self.group.dp_size, torch.device("cpu"))
+            sizes.exchange(num_tokens)
+            backend = (ExpertParallelBackend(part, self.group.data, self.dp_rank, self.group.dp_size, num_experts)
+                       if ep else TensorParallelExpertsBackend(part, self.group.data, sizes))
+            got = backend(x, ids, weights)
+            result["ep" if ep else "tp"] = {
+                "shape": list(got.shape), "max_abs_err": float((got - expected).abs().max()) if num_tokens else 0.0,
+                "sizes": sizes.sizes}
+        return result
+
+
+class DPRanks:
+    """``dp_size`` worker processes joined in one gloo DP group over loopback (the parent hosts the store)."""
+
+    def __init__(self, model: Path, dp_size: int, *, timeout_s: float = 90.0) -> None:
+        from asyncdp.model.distributed import host_rendezvous_store
+
+        self.timeout_s = timeout_s
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.conns: list[Connection] = []
+        self.store, port = host_rendezvous_store("127.0.0.1", timeout_s=timeout_s)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            server.settimeout(timeout_s)
+            addr = server.getsockname()
+            try:
+                for _ in range(dp_size):
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, __file__, addr[0], str(addr[1])], env=env, cwd=ROOT))
+                for _ in range(dp_size):
+                    sock, _ = server.accept()
+                    sock.setblocking(True)
+                    self.conns.append(Connection(sock.detach()))
+                self.call("setup", [{"model": str(model), "port": port, "dp_size": dp_size, "dp_rank": r}
+                                    for r in range(dp_size)])
+            except BaseException:
+                self.close()
+                raise
+
+    def call(self, cmd: str, args: list[Any]) -> list[Any]:
+        """Send ``cmd`` with ``args[r]`` to rank r, for every rank, then wait for every answer."""
+        for conn, a in zip(self.conns, args, strict=True):
+            conn.send((cmd, a))
+        results = []
+        for rank, conn in enumerate(self.conns):
+            if not conn.poll(self.timeout_s):
+                raise TimeoutError(f"rank {rank} did not answer {cmd!r} within {self.timeout_s} s")
+            status, value = conn.recv()
+            if status != "ok":
+                raise RuntimeError(f"rank {rank} failed {cmd!r}:\n{value}")
+            results.append(value)
+        return results
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("exit", None))
+            except OSError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for conn in self.conns:
+            conn.close()
+
+    def __enter__(self) -> DPRanks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main() -> int:
+    host, port = sys.argv[1], int(sys.argv[2])
+    conn = Client((host, port))
+    worker: Worker | None = None
+    try:
+        while True:
+            cmd, args = conn.recv()
+            if cmd == "exit":
+                conn.send(("ok", None))
+                return 0
+            try:
+                if cmd == "setup":
+                    worker = Worker(args)
+                    conn.send(("ok", {"dp_rank": worker.dp_rank}))
+                else:
+                    assert worker is not None, "setup first"
+                    conn.send(("ok", getattr(worker, cmd)(args)))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        if worker is not None:
+            worker.group.destroy()
+        conn.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

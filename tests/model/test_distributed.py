@@ -1,0 +1,129 @@
+"""MoE data parallelism with real processes: two ranks in a gloo group over loopback (spec §5.5, §9).
+
+One pair of worker processes (``dp_worker.py``) serves every multi-process check of this module. The greedy checks
+compare each prompt's tokens at dp = 2 against one single-process executor that decodes all prompts together:
+the ranks get different prompt subsets of different sizes, rank 1 starts late and finishes early (dummy batches
+while rank 0 decodes), so the per-layer all-to-all splits and the all-gather padding are uneven.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from dp_worker import DPRanks, run_schedule
+
+from asyncdp.config import EngineConfig
+from asyncdp.engine.model_runner import TorchExecutor
+from asyncdp.errors import StartupError
+from asyncdp.model.distributed import host_rendezvous_store, retry_address_in_use
+
+TEXTS = ["Hello world", "ab", "The quick brown fox jumps over the lazy dog.", "a",
+         "Once upon a time, in a land far away, there lived a king who"]
+MAX_TOKENS = [10, 4, 7, 3, 6]
+RANK_PROMPTS = [[0, 1, 2], [3, 4]]
+RANK_START = [0, 3]
+TOTAL_STEPS = 14
+
+
+@pytest.fixture(scope="module")
+def ranks(moe_path: Path) -> Any:
+    with DPRanks(moe_path, 2, timeout_s=90.0) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def reference(moe_path: Path) -> tuple[list[list[int]], list[list[float]]]:
+    config = EngineConfig(model=str(moe_path), device="cpu", dtype="float32", num_kv_blocks=64, block_size=16,
+                          max_num_seqs=8, torch_threads=1)
+    executor = TorchExecutor(config, moe_path)
+    prompts = [list(t.encode()) for t in TEXTS]
+    return run_schedule(executor, prompts, MAX_TOKENS, start_step=0, total_steps=max(MAX_TOKENS))
+
+
+def _rank_args(ep: bool, **extra: Any) -> list[dict[str, Any]]:
+    return [{"ep": ep, "prompts": [list(TEXTS[i].encode()) for i in which], "max_tokens": [MAX_TOKENS[i] for i in which],
+             "start_step": RANK_START[r], "total_steps": TOTAL_STEPS, **extra} for r, which in enumerate(RANK_PROMPTS)]
+
+
+@pytest.mark.parametrize("ep", [True, False], ids=["expert-parallel", "tensor-parallel-experts"])
+def test_greedy_tokens_at_dp2_match_dp1_with_uneven_ranks_and_dummy_steps(ranks: DPRanks,
+                                                                          reference: Any, ep: bool) -> None:
+    # EP off also runs its idle steps as empty batches (which must still join the collectives).
+    results = ranks.call("greedy", _rank_args(ep, empty_batch_steps=not ep))
+    for r, which in enumerate(RANK_PROMPTS):
+        assert results[r]["exchanges"] == TOTAL_STEPS  # one token-count exchange per forward, real or dummy
+        ref_tokens, ref_logprobs = reference
+        for i, tokens, logprobs in zip(which, results[r]["outputs"], results[r]["logprobs"], strict=True):
+            assert tokens == ref_tokens[i], f"prompt {i} on rank {r}"
+            # Same tokens could hide a small numeric error: the logprobs agree to float32 noise as well.
+            assert logprobs == pytest.approx(ref_logprobs[i], abs=1e-4), f"prompt {i} on rank {r}"
+
+
+@pytest.mark.parametrize(("tokens", "route_to"), [([5, 3], None), ([7, 0], None), ([4, 2], 1), ([1, 6], 0)],
+                         ids=["uneven", "one-rank-empty", "all-to-rank-1", "all-to-rank-0"])
+def test_expert_backends_match_the_full_layer_with_uneven_splits(ranks: DPRanks, tokens: list[int],
+                                                                 route_to: int | None) -> None:
+    results = ranks.call("backends", [{"tokens": tokens, "num_experts": 5, "route_to": route_to}] * 2)
+    for r, res in enumerate(results):
+        for kind in ("ep", "tp"):
+            assert res[kind]["sizes"] == tokens
+            assert res[kind]["shape"] == [tokens[r], 16]
+            assert res[kind]["max_abs_err"] < 1e-4, (kind, r, res[kind])
+
+
+def test_control_all_reduce_sums_and_maxes_across_processes_then_fails_after_abort(ranks: DPRanks) -> None:
+    results = ranks.call("all_reduce", [{"values": [1, 0, 7]}, {"values": [0, 1, 3]}])
+    for r, res in enumerate(results):
+        assert (res["rank"], res["size"]) == (r, 2)
+        assert res["sum"] == [1, 1, 10]
+        assert res["max"] == [1, 1, 7]
+        assert res["after_abort"] == "aborted"
+
+
+def test_rendezvous_store_binds_a_real_port_clients_can_reach() -> None:
+    store, port = host_rendezvous_store("127.0.0.1", timeout_s=10.0)
+    assert port > 0
+    client = dist.TCPStore("127.0.0.1", port, is_master=False)
+    client.set("k", "v")
+    assert store.get("k") == b"v"
+
+
+def test_init_retries_address_in_use_four_times_then_raises_startup_error() -> None:
+    calls, sleeps = [], []
+
+    def join() -> None:
+        calls.append(1)
+        raise RuntimeError("The server socket has failed to listen on any local network address: "
+                           "Address already in use")
+
+    with pytest.raises(StartupError, match="5 'address in use'"):
+        retry_address_in_use(join, sleep=sleeps.append, delay_s=0.1)
+    assert len(calls) == 5
+    assert sleeps == [0.1, 0.2, 0.4, 0.8]
+
+
+def test_init_retry_returns_after_a_transient_address_in_use() -> None:
+    attempts = iter([OSError("[Errno 98] Address already in use"), None])
+
+    def join() -> str:
+        exc = next(attempts)
+        if exc is not None:
+            raise exc
+        return "joined"
+
+    assert retry_address_in_use(join, sleep=lambda s: None) == "joined"
+
+
+def test_init_does_not_retry_other_failures() -> None:
+    calls = []
+
+    def join() -> None:
+        calls.append(1)
+        raise RuntimeError("connection refused")
+
+    with pytest.raises(RuntimeError, match="refused"):
+        retry_address_in_use(join, sleep=lambda s: None)
+    assert len(calls) == 1
