@@ -84,6 +84,38 @@ def run_schedule(executor: Any, prompts: list[list[int]], max_tokens: list[int],
     return outs, logprobs
 
 
+def time_decode(executor: Any, *, batch: int, prompt_len: int, steps: int, idle: bool = False) -> list[float]:
+    """Seconds per decode step of ``batch`` sequences after one prefill; ``idle``: dummy steps only (a rank with
+    no work keeping its peers company)."""
+    import time
+
+    from asyncdp.engine.executor import ModelBatch, ScheduledChunk
+    from asyncdp.sampling_params import SamplingParams
+
+    bs = executor.config.block_size
+    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+    per_seq = -(-(prompt_len + steps + 1) // bs)
+    tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(batch)]
+    last = [0] * batch
+    times = []
+    for step in range(steps + 1):
+        t0 = time.perf_counter()
+        if idle:
+            executor.execute_dummy()
+        else:
+            if step == 0:
+                chunks = [ScheduledChunk(str(i), [(i * 7 + j) % 200 + 32 for j in range(prompt_len)], 0, tables[i],
+                                         True, params, 0) for i in range(batch)]
+            else:
+                chunks = [ScheduledChunk(str(i), [last[i]], prompt_len + step - 1, tables[i], True, params, step)
+                          for i in range(batch)]
+            result = executor.execute(ModelBatch(chunks))
+            last = [t if t is not None else 0 for t in result.sampled]
+        if step:  # the prefill step is not a decode step
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 class Worker:
     def __init__(self, setup: dict[str, Any]) -> None:
         import torch
@@ -110,6 +142,38 @@ class Worker:
         outs, logprobs = run_schedule(executor, args["prompts"], args["max_tokens"], start_step=args["start_step"],
                             total_steps=args["total_steps"], empty_batch_steps=args.get("empty_batch_steps", False))
         return {"outputs": outs, "logprobs": logprobs, "exchanges": executor.num_dp_exchanges - before}
+
+    def decode_timing(self, args: dict[str, Any]) -> list[float]:
+        return time_decode(self.executors[args["ep"]], batch=args["batch"], prompt_len=args["prompt_len"],
+                           steps=args["steps"], idle=args.get("idle", False))
+
+    def collective_latency(self, args: dict[str, Any]) -> dict[str, float]:
+        """Seconds per collective of the kinds a forward issues, tiny payloads (latency-bound, as in decode)."""
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        group, n = self.group.data, args["iterations"]
+        counts = torch.ones(self.group.dp_size, dtype=torch.int64)
+        rows = torch.zeros(args["rows"] * self.group.dp_size, args["width"])
+        gathered = torch.empty(rows.shape[0] * self.group.dp_size, rows.shape[1])
+        kinds = {
+            "all_to_all_single(counts)": lambda: dist.all_to_all_single(torch.empty_like(counts), counts, group=group),
+            "all_to_all_single(rows)": lambda: dist.all_to_all_single(torch.empty_like(rows), rows, group=group),
+            "all_gather_single(rows)": lambda: dist.all_gather_single(gathered, rows, group=group),
+            "reduce_scatter_single(rows)": lambda: dist.reduce_scatter_single(
+                torch.empty(rows.shape[0] // self.group.dp_size, rows.shape[1]), rows, group=group),
+            "all_reduce(1 int)": lambda: dist.all_reduce(torch.ones(1, dtype=torch.int64), group=self.group.control),
+        }
+        out = {}
+        for name, fn in kinds.items():
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out[name] = (time.perf_counter() - t0) / n
+        return out
 
     def all_reduce(self, args: dict[str, Any]) -> dict[str, Any]:
         import anyio
