@@ -91,10 +91,23 @@ class DPProcessGroup:
     def exchange_device(self) -> torch.device:
         return self.device if self.exchange is self.data else torch.device("cpu")
 
+    def abort(self) -> None:
+        """Best effort: abort every communicator (NCCL unblocks pending collectives; gloo ones stay blocked
+        until a peer closes its connections, which is why the fatal path still hard-exits, spec §8.8)."""
+        for pg in {id(g): g for g in (self.data, self.exchange, self.control)}.values():
+            _abort_pg(pg)
+
     def destroy(self) -> None:
         """Leave the group (orderly shutdown only: peers must leave too)."""
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _abort_pg(pg: dist.ProcessGroup) -> None:
+    try:
+        pg.abort()
+    except (RuntimeError, AttributeError, NotImplementedError) as exc:
+        log.debug("process group abort not supported: %s", exc)
 
 
 def _is_address_in_use(exc: BaseException) -> bool:
@@ -176,8 +189,10 @@ class TorchDPGroup:
     limiter, so the all-reduce runs on the execution thread, in order with the step collectives.
     """
 
-    def __init__(self, pg: dist.ProcessGroup, dp_rank: int, dp_size: int, limiter: anyio.CapacityLimiter) -> None:
+    def __init__(self, pg: dist.ProcessGroup, dp_rank: int, dp_size: int, limiter: anyio.CapacityLimiter, *,
+                 on_abort: Callable[[], None] | None = None) -> None:
         self._pg = pg
+        self._on_abort = on_abort
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self._limiter = limiter
@@ -185,7 +200,7 @@ class TorchDPGroup:
 
     @classmethod
     def from_group(cls, group: DPProcessGroup, limiter: anyio.CapacityLimiter) -> TorchDPGroup:
-        return cls(group.control, group.dp_rank, group.dp_size, limiter)
+        return cls(group.control, group.dp_rank, group.dp_size, limiter, on_abort=group.abort)
 
     @property
     def aborted(self) -> bool:
@@ -220,10 +235,10 @@ class TorchDPGroup:
         if self._aborted is not None:
             return
         self._aborted = reason or f"rank {self.dp_rank} aborted the DP group"
-        try:
-            self._pg.abort()  # NCCL: unblocks pending collectives; gloo: may be unsupported
-        except (RuntimeError, AttributeError, NotImplementedError) as exc:
-            log.debug("process group abort not supported: %s", exc)
+        if self._on_abort is not None:  # every communicator of the rank (data and control)
+            self._on_abort()
+        else:
+            _abort_pg(self._pg)
 
 
 @dataclass(frozen=True, slots=True)

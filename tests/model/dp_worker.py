@@ -185,11 +185,17 @@ class Worker:
             out: dict[str, Any] = {"rank": group.dp_rank, "size": group.dp_size}
             out["sum"] = await group.all_reduce(args["values"], "sum")
             out["max"] = await group.all_reduce(args["values"], "max")
-            group.abort()
+            # abort() on a twin that records instead of aborting the communicators: the pair stays usable.
+            aborts: list[int] = []
+            twin = TorchDPGroup(self.group.control, group.dp_rank, group.dp_size, anyio.CapacityLimiter(1),
+                                on_abort=lambda: aborts.append(1))
+            twin.abort()
+            twin.abort()
             try:
-                await group.all_reduce([1])
+                await twin.all_reduce([1])
             except DPGroupAborted:
                 out["after_abort"] = "aborted"
+            out["communicator_aborts"] = len(aborts)
             return out
 
         return anyio.run(main)

@@ -81,6 +81,7 @@ def test_control_all_reduce_sums_and_maxes_across_processes_then_fails_after_abo
         assert res["sum"] == [1, 1, 10]
         assert res["max"] == [1, 1, 7]
         assert res["after_abort"] == "aborted"
+        assert res["communicator_aborts"] == 1  # abort is idempotent
 
 
 def test_rendezvous_store_binds_a_real_port_clients_can_reach() -> None:
