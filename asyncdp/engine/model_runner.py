@@ -120,7 +120,8 @@ class TorchExecutor:
         sizes = ForwardSizes(group.exchange, dp.dp_rank, dp.dp_size, group.exchange_device)
         install_expert_backends(self.model.moe_blocks(), group=group.data, dp_rank=dp.dp_rank, dp_size=dp.dp_size,
                                 num_experts=self.model.spec.num_experts,
-                                enable_expert_parallel=dp.enable_expert_parallel, sizes=sizes)
+                                enable_expert_parallel=dp.enable_expert_parallel, sizes=sizes,
+                                ep_padded_max_rows=dp.ep_padded_max_rows)
         return sizes
 
     @property

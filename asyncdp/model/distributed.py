@@ -247,6 +247,8 @@ class DPContext:
 
     group: DPProcessGroup
     enable_expert_parallel: bool
+    # Expert parallelism: padded all-to-all (no counts exchange) while max_tokens * top_k is at most this; 0: never.
+    ep_padded_max_rows: int = 256
 
     @property
     def dp_rank(self) -> int:

@@ -132,19 +132,25 @@ class Worker:
         self.group = init_dp_group(info, self.dp_rank, timeout_s=60.0)
         config = EngineConfig(model=setup["model"], device="cpu", dtype="float32", num_kv_blocks=64, block_size=16,
                               max_num_seqs=8, torch_threads=1)
-        self.executors = {
-            ep: TorchExecutor(config, Path(setup["model"]), dp=DPContext(self.group, enable_expert_parallel=ep))
-            for ep in (True, False)}
+        contexts = {"ep": DPContext(self.group, enable_expert_parallel=True),
+                    "ep-uneven": DPContext(self.group, enable_expert_parallel=True, ep_padded_max_rows=0),
+                    "tp": DPContext(self.group, enable_expert_parallel=False)}
+        self.executors = {name: TorchExecutor(config, Path(setup["model"]), dp=dp) for name, dp in contexts.items()}
 
     def greedy(self, args: dict[str, Any]) -> dict[str, Any]:
-        executor = self.executors[args["ep"]]
+        executor = self.executors[args["mode"]]
         before = executor.num_dp_exchanges
+        backends = [b.mlp._backend for b in executor.model.model.layers]
+        dispatch_before = [(getattr(b, "num_padded", 0), getattr(b, "num_uneven", 0)) for b in backends]
         outs, logprobs = run_schedule(executor, args["prompts"], args["max_tokens"], start_step=args["start_step"],
                             total_steps=args["total_steps"], empty_batch_steps=args.get("empty_batch_steps", False))
-        return {"outputs": outs, "logprobs": logprobs, "exchanges": executor.num_dp_exchanges - before}
+        padded = sum(getattr(b, "num_padded", 0) - d[0] for b, d in zip(backends, dispatch_before, strict=True))
+        uneven = sum(getattr(b, "num_uneven", 0) - d[1] for b, d in zip(backends, dispatch_before, strict=True))
+        return {"outputs": outs, "logprobs": logprobs, "exchanges": executor.num_dp_exchanges - before,
+                "padded_dispatches": padded, "uneven_dispatches": uneven}
 
     def decode_timing(self, args: dict[str, Any]) -> list[float]:
-        return time_decode(self.executors[args["ep"]], batch=args["batch"], prompt_len=args["prompt_len"],
+        return time_decode(self.executors[args["mode"]], batch=args["batch"], prompt_len=args["prompt_len"],
                            steps=args["steps"], idle=args.get("idle", False))
 
     def collective_latency(self, args: dict[str, Any]) -> dict[str, float]:
@@ -232,7 +238,8 @@ class Worker:
         weights = torch.rand(num_tokens, top_k, generator=gen)
         expected = full(x, ids, weights)
         result: dict[str, Any] = {}
-        for ep in (True, False):
+        for mode in ("ep", "ep-uneven", "tp"):
+            ep = mode != "tp"
             s = expert_shard_for(num_experts, inter, self.dp_rank, self.group.dp_size, ep)
             e0, e1, i0, i1 = s.resolve(num_experts, inter)
             part = LocalExperts(hidden, e1 - e0, i1 - i0, expert_start=e0, num_experts=num_experts,
@@ -241,10 +248,11 @@ class Worker:
             part.w2.data = full.w2.data[e0:e1, :, i0:i1].clone()
             sizes = ForwardSizes(self.group.exchange, self.dp_rank, self.group.dp_size, torch.device("cpu"))
             sizes.exchange(num_tokens)
-            backend = (ExpertParallelBackend(part, self.group.data, self.dp_rank, self.group.dp_size, num_experts)
+            backend = (ExpertParallelBackend(part, self.group.data, self.dp_rank, self.group.dp_size, num_experts,
+                                             sizes=sizes, padded_max_rows=0 if mode == "ep-uneven" else 256)
                        if ep else TensorParallelExpertsBackend(part, self.group.data, sizes))
             got = backend(x, ids, weights)
-            result["ep" if ep else "tp"] = {
+            result[mode] = {
                 "shape": list(got.shape), "max_abs_err": float((got - expected).abs().max()) if num_tokens else 0.0,
                 "sizes": sizes.sizes}
         return result

@@ -20,9 +20,9 @@ from asyncdp.engine.model_runner import TorchExecutor
 from asyncdp.errors import StartupError
 from asyncdp.model.distributed import host_rendezvous_store, retry_address_in_use
 
-TEXTS = ["Hello world", "ab", "The quick brown fox jumps over the lazy dog.", "a",
+TEXTS = ["Hello world", "ab", "The quick brown fox jumps over the lazy dog. " * 3, "a",
          "Once upon a time, in a land far away, there lived a king who"]
-MAX_TOKENS = [10, 4, 7, 3, 6]
+MAX_TOKENS = [10, 4, 7, 3, 6]  # rank 0's prefill (148 tokens x top-2) exceeds the padded dispatch cap
 RANK_PROMPTS = [[0, 1, 2], [3, 4]]
 RANK_START = [0, 3]
 TOTAL_STEPS = 14
@@ -43,23 +43,33 @@ def reference(moe_path: Path) -> tuple[list[list[int]], list[list[float]]]:
     return run_schedule(executor, prompts, MAX_TOKENS, start_step=0, total_steps=max(MAX_TOKENS))
 
 
-def _rank_args(ep: bool, **extra: Any) -> list[dict[str, Any]]:
-    return [{"ep": ep, "prompts": [list(TEXTS[i].encode()) for i in which], "max_tokens": [MAX_TOKENS[i] for i in which],
+def _rank_args(mode: str, **extra: Any) -> list[dict[str, Any]]:
+    return [{"mode": mode, "prompts": [list(TEXTS[i].encode()) for i in which], "max_tokens": [MAX_TOKENS[i] for i in which],
              "start_step": RANK_START[r], "total_steps": TOTAL_STEPS, **extra} for r, which in enumerate(RANK_PROMPTS)]
 
 
-@pytest.mark.parametrize("ep", [True, False], ids=["expert-parallel", "tensor-parallel-experts"])
-def test_greedy_tokens_at_dp2_match_dp1_with_uneven_ranks_and_dummy_steps(ranks: DPRanks,
-                                                                          reference: Any, ep: bool) -> None:
-    # EP off also runs its idle steps as empty batches (which must still join the collectives).
-    results = ranks.call("greedy", _rank_args(ep, empty_batch_steps=not ep))
+@pytest.mark.parametrize("mode", ["ep", "ep-uneven", "tp"])
+def test_greedy_tokens_at_dp2_match_dp1_with_uneven_ranks_and_dummy_steps(ranks: DPRanks, reference: Any,
+                                                                          mode: str) -> None:
+    # "ep": padded all-to-all in decode, uneven for the prefill steps (max_tokens * top_k above the cap).
+    # "ep-uneven": every step with the counts exchange and uneven splits. "tp": experts sharded, EP off; it also
+    # runs its idle steps as empty batches (which must still join the collectives).
+    results = ranks.call("greedy", _rank_args(mode, empty_batch_steps=mode == "tp"))
+    ref_tokens, ref_logprobs = reference
     for r, which in enumerate(RANK_PROMPTS):
-        assert results[r]["exchanges"] == TOTAL_STEPS  # one token-count exchange per forward, real or dummy
-        ref_tokens, ref_logprobs = reference
-        for i, tokens, logprobs in zip(which, results[r]["outputs"], results[r]["logprobs"], strict=True):
+        res = results[r]
+        assert res["exchanges"] == TOTAL_STEPS  # one token-count exchange per forward, real or dummy
+        for i, tokens, logprobs in zip(which, res["outputs"], res["logprobs"], strict=True):
             assert tokens == ref_tokens[i], f"prompt {i} on rank {r}"
             # Same tokens could hide a small numeric error: the logprobs agree to float32 noise as well.
             assert logprobs == pytest.approx(ref_logprobs[i], abs=1e-4), f"prompt {i} on rank {r}"
+    if mode != "tp":
+        layers = 4
+        dispatches = [(res["padded_dispatches"], res["uneven_dispatches"]) for res in results]
+        assert dispatches[0] == dispatches[1]  # the choice depends only on shared values
+        padded, uneven = dispatches[0]
+        assert padded + uneven == TOTAL_STEPS * layers
+        assert (padded > 0 and uneven > 0) if mode == "ep" else padded == 0
 
 
 @pytest.mark.parametrize(("tokens", "route_to"), [([5, 3], None), ([7, 0], None), ([4, 2], 1), ([1, 6], 0)],
@@ -68,7 +78,7 @@ def test_expert_backends_match_the_full_layer_with_uneven_splits(ranks: DPRanks,
                                                                  route_to: int | None) -> None:
     results = ranks.call("backends", [{"tokens": tokens, "num_experts": 5, "route_to": route_to}] * 2)
     for r, res in enumerate(results):
-        for kind in ("ep", "tp"):
+        for kind in ("ep", "ep-uneven", "tp"):
             assert res[kind]["sizes"] == tokens
             assert res[kind]["shape"] == [tokens[r], 16]
             assert res[kind]["max_abs_err"] < 1e-4, (kind, r, res[kind])
