@@ -49,8 +49,8 @@ except ImportError:  # pragma: no cover - until the lockstep loop's branch is me
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DPContext", "DPGroupAborted", "DPGroupError", "DPProcessGroup", "TorchDPGroup", "dp_backend",
-           "host_rendezvous_store", "init_dp_group"]
+__all__ = ["DPContext", "DPGroupAborted", "DPGroupError", "DPProcessGroup", "TorchDPGroup", "cpu_threads_per_engine",
+           "dp_backend", "host_rendezvous_store", "init_dp_group", "retry_address_in_use"]
 
 INIT_ATTEMPTS = 5  # spec E10
 INIT_RETRY_DELAY_S = 0.5
@@ -110,6 +110,18 @@ def _abort_pg(pg: dist.ProcessGroup) -> None:
         log.debug("process group abort not supported: %s", exc)
 
 
+def _first_line(exc: BaseException) -> str:
+    """torch's C++ errors carry a stack trace after the message."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def cpu_threads_per_engine(local_engines: int, cpu_count: int | None = None) -> int:
+    """Torch intra-op threads for one of ``local_engines`` CPU engines on this node (spec §5.5)."""
+    import os
+
+    return max(1, (cpu_count or os.cpu_count() or 1) // max(1, local_engines))
+
+
 def _is_address_in_use(exc: BaseException) -> bool:
     text = str(exc).lower()
     return "address already in use" in text or "address in use" in text or "eaddrinuse" in text
@@ -130,7 +142,7 @@ def retry_address_in_use(fn: Callable[[], T], *, attempts: int = INIT_ATTEMPTS,
                 raise
             if attempt == attempts:
                 raise StartupError(f"{what}: rendezvous failed after {attempts} 'address in use' errors: "
-                                   f"{exc}") from exc
+                                   f"{_first_line(exc)}") from exc
             log.warning("%s: address in use (attempt %d of %d); retrying", what, attempt, attempts)
             sleep(delay_s * 2 ** (attempt - 1))
     raise AssertionError("unreachable")
@@ -170,7 +182,7 @@ def init_dp_group(info: DPGroupInfo, dp_rank: int, *, timeout_s: float | None = 
         raise
     except (RuntimeError, OSError) as exc:
         raise StartupError(f"rank {dp_rank}: cannot join the DP process group at "
-                           f"{info.master_addr}:{info.master_port}: {exc}") from exc
+                           f"{info.master_addr}:{info.master_port}: {_first_line(exc)}") from exc
     data = dist.group.WORLD
     assert data is not None
     # Always a communicator of its own: with NCCL data it must be gloo; with gloo data it keeps the control

@@ -12,13 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 from dp_worker import DPRanks, run_schedule
 
 from asyncdp.config import EngineConfig
 from asyncdp.engine.model_runner import TorchExecutor
 from asyncdp.errors import StartupError
-from asyncdp.model.distributed import host_rendezvous_store, retry_address_in_use
+from asyncdp.messages import DPGroupInfo
+from asyncdp.model.distributed import (
+    cpu_threads_per_engine,
+    dp_backend,
+    host_rendezvous_store,
+    init_dp_group,
+    retry_address_in_use,
+)
 
 TEXTS = ["Hello world", "ab", "The quick brown fox jumps over the lazy dog. " * 3, "a",
          "Once upon a time, in a land far away, there lived a king who"]
@@ -138,3 +146,19 @@ def test_init_does_not_retry_other_failures() -> None:
     with pytest.raises(RuntimeError, match="refused"):
         retry_address_in_use(join, sleep=lambda s: None)
     assert len(calls) == 1
+
+
+def test_init_rejects_a_rank_outside_the_group_and_nccl_without_cuda() -> None:
+    info = DPGroupInfo(master_addr="127.0.0.1", master_port=1, dp_size=2, backend="gloo")
+    with pytest.raises(StartupError, match="outside the DP group"):
+        init_dp_group(info, 2)
+    if not torch.cuda.is_available():
+        with pytest.raises(StartupError, match="CUDA is not available"):
+            init_dp_group(DPGroupInfo(master_addr="127.0.0.1", master_port=1, dp_size=2, backend="nccl"), 0)
+
+
+def test_backend_and_cpu_threads_follow_the_device_and_local_engine_count() -> None:
+    assert dp_backend("cuda") == "nccl"
+    assert dp_backend("cpu") == "gloo"
+    assert cpu_threads_per_engine(4, cpu_count=16) == 4
+    assert cpu_threads_per_engine(4, cpu_count=2) == 1
