@@ -140,10 +140,11 @@ class Worker:
     def greedy(self, args: dict[str, Any]) -> dict[str, Any]:
         executor = self.executors[args["mode"]]
         before = executor.num_dp_exchanges
-        backends = [b.mlp._backend for b in executor.model.model.layers]
+        backends = [block.backend for block in executor.model.moe_blocks()]
         dispatch_before = [(getattr(b, "num_padded", 0), getattr(b, "num_uneven", 0)) for b in backends]
         outs, logprobs = run_schedule(executor, args["prompts"], args["max_tokens"], start_step=args["start_step"],
-                            total_steps=args["total_steps"], empty_batch_steps=args.get("empty_batch_steps", False))
+                                      total_steps=args["total_steps"],
+                                      empty_batch_steps=args.get("empty_batch_steps", False))
         padded = sum(getattr(b, "num_padded", 0) - d[0] for b, d in zip(backends, dispatch_before, strict=True))
         uneven = sum(getattr(b, "num_uneven", 0) - d[1] for b, d in zip(backends, dispatch_before, strict=True))
         return {"outputs": outs, "logprobs": logprobs, "exchanges": executor.num_dp_exchanges - before,

@@ -111,7 +111,8 @@ def test_rendezvous_store_binds_a_real_port_clients_can_reach() -> None:
 
 
 def test_init_retries_address_in_use_four_times_then_raises_startup_error() -> None:
-    calls, sleeps = [], []
+    calls: list[int] = []
+    sleeps: list[float] = []
 
     def join() -> None:
         calls.append(1)
