@@ -84,6 +84,43 @@ def run_schedule(executor: Any, prompts: list[list[int]], max_tokens: list[int],
     return outs, logprobs
 
 
+def run_core(executor: Any, requests: list[dict[str, Any]], *, all_reduce_sum: Any = None,
+             max_num_batched_tokens: int = 24) -> dict[str, Any]:
+    """Serve ``requests`` through a real ``EngineCore`` (scheduler, chunked prefill) in the MoE lockstep shape.
+
+    Each request is ``{"id", "prompt", "max_tokens", "arrive"}`` (the iteration it is added at). Every iteration
+    runs exactly one forward (the core's step, or a dummy when it scheduled nothing), then, with a group, an
+    all-reduce of "has work" decides whether the group goes on (a sync at every step). Returns the tokens and
+    logprobs of each request, and the numbers of real and dummy forwards.
+    """
+    from asyncdp.engine.core import EngineCore
+    from asyncdp.sampling_params import SamplingParams
+
+    config = executor.config.replace(max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False)
+    core = EngineCore(config, executor, None, eos_token_ids=())
+    tokens: dict[str, list[int]] = {r["id"]: [] for r in requests}
+    logprobs: dict[str, list[float]] = {r["id"]: [] for r in requests}
+    real = dummy = iteration = 0
+    while True:
+        for r in requests:
+            if r["arrive"] == iteration:
+                core.add_request(r["id"], r["prompt"], SamplingParams(max_tokens=r["max_tokens"], **GREEDY_KW))
+        out = core.step()
+        if out.executed:
+            real += 1
+        else:
+            core.execute_dummy()
+            dummy += 1
+        for o in out.outputs:
+            tokens[o.request_id].extend(o.new_token_ids)
+            logprobs[o.request_id].extend(lp.logprob for lp in o.logprobs or [])
+        iteration += 1
+        local = int(core.has_unfinished() or any(r["arrive"] >= iteration for r in requests))
+        if (all_reduce_sum(local) if all_reduce_sum is not None else local) == 0:
+            break
+    return {"tokens": tokens, "logprobs": logprobs, "real": real, "dummy": dummy}
+
+
 def time_decode(executor: Any, *, batch: int, prompt_len: int, steps: int, idle: bool = False) -> list[float]:
     """Seconds per decode step of ``batch`` sequences after one prefill; ``idle``: dummy steps only (a rank with
     no work keeping its peers company)."""
@@ -149,6 +186,17 @@ class Worker:
         uneven = sum(getattr(b, "num_uneven", 0) - d[1] for b, d in zip(backends, dispatch_before, strict=True))
         return {"outputs": outs, "logprobs": logprobs, "exchanges": executor.num_dp_exchanges - before,
                 "padded_dispatches": padded, "uneven_dispatches": uneven}
+
+    def core_generate(self, args: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        def all_reduce_sum(value: int) -> int:
+            t = torch.tensor([value], dtype=torch.int64)
+            dist.all_reduce(t, group=self.group.control)
+            return int(t.item())
+
+        return run_core(self.executors[args["mode"]], args["requests"], all_reduce_sum=all_reduce_sum)
 
     def decode_timing(self, args: dict[str, Any]) -> list[float]:
         return time_decode(self.executors[args["mode"]], batch=args["batch"], prompt_len=args["prompt_len"],

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from dp_worker import DPRanks, run_schedule
+from dp_worker import DPRanks, run_core, run_schedule
 
 from asyncdp.config import EngineConfig
 from asyncdp.engine.model_runner import TorchExecutor
@@ -78,6 +78,32 @@ def test_greedy_tokens_at_dp2_match_dp1_with_uneven_ranks_and_dummy_steps(ranks:
         padded, uneven = dispatches[0]
         assert padded + uneven == TOTAL_STEPS * layers
         assert (padded > 0 and uneven > 0) if mode == "ep" else padded == 0
+
+
+# Engine-core requests: (text index, max_tokens, arrival iteration) per rank. Rank 1's work arrives late and ends
+# early; the 24-token step budget splits the long prompts into chunks, mixed with other requests' decodes.
+CORE_REQUESTS = [[(2, 6, 0), (0, 5, 2), (1, 9, 4)], [(4, 4, 3), (3, 3, 5)]]
+
+
+def _core_requests(rank: int) -> list[dict[str, Any]]:
+    return [{"id": f"r{rank}-{i}", "prompt": list(TEXTS[t].encode()), "max_tokens": n, "arrive": at}
+            for i, (t, n, at) in enumerate(CORE_REQUESTS[rank])]
+
+
+@pytest.mark.parametrize("mode", ["ep", "tp"])
+def test_engine_cores_in_lockstep_at_dp2_match_dp1_with_chunked_prefill_and_late_arrivals(
+        ranks: DPRanks, moe_path: Path, mode: str) -> None:
+    config = EngineConfig(model=str(moe_path), device="cpu", dtype="float32", num_kv_blocks=64, block_size=16,
+                          max_num_seqs=8, torch_threads=1)
+    expected = run_core(TorchExecutor(config, moe_path), _core_requests(0) + _core_requests(1))
+    assert all(len(expected["tokens"][r["id"]]) == r["max_tokens"] for r in _core_requests(0) + _core_requests(1))
+    results = ranks.call("core_generate", [{"mode": mode, "requests": _core_requests(r)} for r in range(2)])
+    assert results[0]["real"] + results[0]["dummy"] == results[1]["real"] + results[1]["dummy"]  # lockstep
+    assert results[1]["dummy"] > 0  # rank 1 kept rank 0 company with dummy batches
+    for res in results:
+        for rid, tokens in res["tokens"].items():
+            assert tokens == expected["tokens"][rid], rid
+            assert res["logprobs"][rid] == pytest.approx(expected["logprobs"][rid], abs=1e-4), rid
 
 
 @pytest.mark.parametrize(("tokens", "route_to"), [([5, 3], None), ([7, 0], None), ([4, 2], 1), ([1, 6], 0)],
