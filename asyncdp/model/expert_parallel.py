@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 from asyncdp.model.moe import ExpertShard, LocalExperts, SparseMoeBlock
 
-__all__ = ["EP_PADDED_MAX_ROWS", "ExpertParallelBackend", "ForwardSizes", "TensorParallelExpertsBackend", "expert_shard_for",
-           "install_expert_backends"]
+__all__ = ["EP_PADDED_MAX_ROWS", "ExpertParallelBackend", "ForwardSizes", "TensorParallelExpertsBackend",
+           "expert_shard_for", "install_expert_backends", "pack_rows", "unpack_rows"]
 
 
 def expert_shard_for(num_experts: int, moe_intermediate: int, dp_rank: int, dp_size: int,
@@ -43,13 +43,15 @@ def expert_shard_for(num_experts: int, moe_intermediate: int, dp_rank: int, dp_s
     return ExpertShard.for_tensor_parallel(moe_intermediate, dp_rank, dp_size)
 
 
-def _pack(hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def pack_rows(hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """[T, H], [T, k] ids, [T, k] weights -> one [T, H + k + k * 4 / elem] tensor of hidden's dtype."""
     bits = ids.to(torch.int32).contiguous().view(hidden.dtype)
     return torch.cat([hidden, weights.to(hidden.dtype), bits], dim=1)
 
 
-def _unpack(packed: torch.Tensor, hidden_size: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def unpack_rows(packed: torch.Tensor, hidden_size: int,
+                top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of ``pack_rows``: views of hidden [T, H] and weights [T, k], and int64 ids [T, k]."""
     hidden = packed[:, :hidden_size]
     weights = packed[:, hidden_size: hidden_size + top_k]
     ids = packed[:, hidden_size + top_k:].contiguous().view(torch.int32).to(torch.int64)
@@ -151,7 +153,7 @@ class ExpertParallelBackend:
         token_index = order // top_k
         dest = self.owner[sorted_ids]
         send_counts = torch.bincount(dest, minlength=self.ep_size)
-        rows = _pack(hidden[token_index], sorted_ids.unsqueeze(1), topk_weights.reshape(-1)[order].unsqueeze(1))
+        rows = pack_rows(hidden[token_index], sorted_ids.unsqueeze(1), topk_weights.reshape(-1)[order].unsqueeze(1))
         capacity = 0 if self.sizes is None else self.sizes.max_tokens * top_k
         if 0 < capacity <= self.padded_max_rows:
             returned = self._padded(rows, dest, send_counts, capacity, hidden.shape[1])
@@ -171,7 +173,7 @@ class ExpertParallelBackend:
         recv_splits = recv_counts.tolist()
         received = rows.new_empty(sum(recv_splits), rows.shape[1])
         dist.all_to_all_single(received, rows, recv_splits, send_splits, group=self.group)
-        r_hidden, r_ids, r_weights = _unpack(received, hidden_size, 1)
+        r_hidden, r_ids, r_weights = unpack_rows(received, hidden_size, 1)
         computed = self.experts(r_hidden, r_ids, r_weights)  # weight * expert(row), one pair per row
         returned = rows.new_empty(rows.shape[0], hidden_size)
         dist.all_to_all_single(returned, computed, send_splits, recv_splits, group=self.group)
@@ -181,12 +183,12 @@ class ExpertParallelBackend:
                 hidden_size: int) -> torch.Tensor:
         ep, width = self.ep_size, rows.shape[1]
         slot = torch.arange(rows.shape[0], device=rows.device) - (send_counts.cumsum(0) - send_counts)[dest]
-        send = _pack(rows.new_zeros(ep * capacity, hidden_size), torch.full((ep * capacity, 1), -1,
+        send = pack_rows(rows.new_zeros(ep * capacity, hidden_size), torch.full((ep * capacity, 1), -1,
                      dtype=torch.int64, device=rows.device), rows.new_zeros(ep * capacity, 1)).view(ep, capacity, width)
         send[dest, slot] = rows
         received = torch.empty_like(send)
         dist.all_to_all_single(received, send, group=self.group)
-        r_hidden, r_ids, r_weights = _unpack(received.view(ep * capacity, width), hidden_size, 1)
+        r_hidden, r_ids, r_weights = unpack_rows(received.view(ep * capacity, width), hidden_size, 1)
         real = (r_ids[:, 0] >= 0).nonzero().squeeze(1)
         computed = rows.new_zeros(ep, capacity, hidden_size)
         computed.view(ep * capacity, hidden_size)[real] = self.experts(r_hidden[real], r_ids[real], r_weights[real])
@@ -212,12 +214,12 @@ class TensorParallelExpertsBackend:
             raise RuntimeError(f"forward of {num_tokens} tokens, but {sizes[self.sizes.dp_rank]} were exchanged; "
                                "ForwardSizes.exchange must run before every forward")
         max_tokens = max(sizes)
-        packed = _pack(hidden, topk_ids, topk_weights)
+        packed = pack_rows(hidden, topk_ids, topk_weights)
         if num_tokens < max_tokens:
             packed = torch.cat([packed, packed.new_zeros(max_tokens - num_tokens, packed.shape[1])])
         gathered = packed.new_empty(len(sizes) * max_tokens, packed.shape[1])
         _all_gather(gathered, packed, self.group)
-        g_hidden, g_ids, g_weights = _unpack(gathered, hidden_size, top_k)
+        g_hidden, g_ids, g_weights = unpack_rows(gathered, hidden_size, top_k)
         partial = hidden.new_zeros(len(sizes) * max_tokens, hidden_size)
         if all(s == max_tokens for s in sizes):
             partial = self.experts(g_hidden, g_ids, g_weights)

@@ -27,6 +27,7 @@ from asyncdp.model.distributed import (
     init_dp_group,
     retry_address_in_use,
 )
+from asyncdp.model.expert_parallel import pack_rows, unpack_rows
 
 TEXTS = ["Hello world", "ab", "The quick brown fox jumps over the lazy dog. " * 3, "a",
          "Once upon a time, in a land far away, there lived a king who"]
@@ -189,3 +190,17 @@ def test_backend_and_cpu_threads_follow_the_device_and_local_engine_count() -> N
     assert dp_backend("cpu") == "gloo"
     assert cpu_threads_per_engine(4, cpu_count=16) == 4
     assert cpu_threads_per_engine(4, cpu_count=2) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_packed_rows_carry_expert_ids_bit_exactly_in_every_dtype(dtype: torch.dtype) -> None:
+    hidden = torch.randn(5, 8).to(dtype)
+    ids = torch.tensor([[0, 1], [5, 255], [256, 70000], [-1, 3], [2**31 - 1, 7]])
+    weights = torch.rand(5, 2).to(dtype)
+    packed = pack_rows(hidden, ids, weights)
+    assert packed.dtype == dtype
+    # A byte copy, as the collectives do, keeps the id bits (they may read as subnormals or NaNs).
+    h, i, w = unpack_rows(torch.cat([packed[3:], packed[:3]]), 8, 2)
+    assert torch.equal(i, torch.cat([ids[3:], ids[:3]]))
+    assert torch.equal(h, torch.cat([hidden[3:], hidden[:3]]))
+    assert torch.equal(w, torch.cat([weights[3:], weights[:3]]))
