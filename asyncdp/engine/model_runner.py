@@ -11,6 +11,12 @@ never given to a request (the engine core's block manager reserves it): dummy ba
 gathers read it, so no request's blocks are ever touched by them. ``num_kv_blocks`` is ``config.num_kv_blocks``,
 or ``kv_cache_memory_bytes // bytes_per_block`` capped at what ``max_num_seqs`` full-length sequences could use
 plus the scratch block.
+
+DP mode (MoE, dp > 1; spec §9): built with a ``DPContext``, the executor loads only its expert shard (its expert
+block with expert parallelism, else its slice of every expert), routes every MoE block through the cross-rank
+backend, and exchanges token counts before every forward. ``execute`` and ``execute_dummy`` then run the same
+collectives in the same order on every rank, so they must be called in lockstep (one forward per loop
+iteration on every rank) from the rank's execution thread.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,9 +34,15 @@ from asyncdp.engine.sampler import Sampler
 from asyncdp.errors import ConfigError
 from asyncdp.messages import TokenLogprobs
 from asyncdp.model import read_model_info
+from asyncdp.model.decoder import ArchSpec
+from asyncdp.model.info import load_config
 from asyncdp.model.layers import AttentionMetadata, PrefillChunk
 from asyncdp.model.loader import load_model, torch_dtype
 from asyncdp.model.moe import ExpertShard
+
+if TYPE_CHECKING:
+    from asyncdp.model.distributed import DPContext
+    from asyncdp.model.expert_parallel import ForwardSizes
 
 
 def select_device(name: str) -> torch.device:
@@ -41,7 +54,8 @@ def select_device(name: str) -> torch.device:
 
 
 class TorchExecutor:
-    def __init__(self, config: EngineConfig, model_path: Path, *, shard: ExpertShard | None = None) -> None:
+    def __init__(self, config: EngineConfig, model_path: Path, *, shard: ExpertShard | None = None,
+                 dp: DPContext | None = None) -> None:
         config.validate()
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
@@ -59,10 +73,26 @@ class TorchExecutor:
             raise ConfigError(f"--max-model-len {max_len} exceeds the model's max_position_embeddings "
                               f"({self.info.max_position_embeddings}); lower it.")
         self._max_model_len = max_len
+        spec = ArchSpec.from_config(load_config(model_path))
+        if dp is not None and spec.num_experts:
+            from asyncdp.model.expert_parallel import expert_shard_for
+
+            if shard is not None:
+                raise ValueError("pass either shard or dp, not both: dp decides the rank's expert shard")
+            if dp.enable_expert_parallel and dp.dp_size > spec.num_experts:
+                raise ConfigError(f"expert-parallel size {dp.dp_size} exceeds the model's {spec.num_experts} "
+                                  "experts; lower --data-parallel-size or disable expert parallelism.")
+            if not dp.enable_expert_parallel and dp.dp_size > spec.moe_intermediate:
+                raise ConfigError(f"dp size {dp.dp_size} exceeds the experts' intermediate size "
+                                  f"{spec.moe_intermediate}; enable expert parallelism.")
+            shard = expert_shard_for(spec.num_experts, spec.moe_intermediate, dp.dp_rank, dp.dp_size,
+                                     dp.enable_expert_parallel)
         self.model = load_model(model_path, device=self.device, dtype=self.dtype, shard=shard)
+        self._sizes: ForwardSizes | None = None
+        if dp is not None:
+            self._sizes = self._install_dp(dp)
 
         self.block_size = bs = config.block_size
-        spec = self.model.spec
         elem = torch.finfo(self.dtype).bits // 8
         bytes_per_block = 2 * spec.num_layers * bs * spec.num_kv_heads * spec.head_dim * elem
         cap = config.max_num_seqs * math.ceil(max_len / bs)
@@ -79,6 +109,25 @@ class TorchExecutor:
         self.sampler = Sampler(self.info.eos_token_ids, seed=config.seed, device=self.device)
         self._offsets = torch.arange(bs, device=self.device)
         self._dummy = self._dummy_inputs()
+
+    def _install_dp(self, dp: DPContext) -> ForwardSizes:
+        from asyncdp.model.expert_parallel import ForwardSizes, install_expert_backends
+
+        group = dp.group
+        if group.device.type != self.device.type:
+            raise ConfigError(f"the DP group's data backend {group.backend} runs on {group.device.type}, "
+                              f"the model on {self.device.type}; use one device type on every rank.")
+        sizes = ForwardSizes(group.exchange, dp.dp_rank, dp.dp_size, group.exchange_device)
+        install_expert_backends(self.model.moe_blocks(), group=group.data, dp_rank=dp.dp_rank, dp_size=dp.dp_size,
+                                num_experts=self.model.spec.num_experts,
+                                enable_expert_parallel=dp.enable_expert_parallel, sizes=sizes,
+                                ep_padded_max_rows=dp.ep_padded_max_rows)
+        return sizes
+
+    @property
+    def num_dp_exchanges(self) -> int:
+        """Forwards run in DP mode (real and dummy); 0 outside DP mode."""
+        return 0 if self._sizes is None else self._sizes.num_exchanges
 
     @property
     def num_kv_blocks(self) -> int:
@@ -160,11 +209,15 @@ class TorchExecutor:
     def execute(self, batch: ModelBatch) -> StepResult:
         chunks = batch.chunks
         if not chunks:
+            if self._sizes is not None:  # peers run a forward this step: keep the collectives in lockstep
+                self.execute_dummy()
             return StepResult(sampled=[])
         ids, positions, meta, last_index = self._prepare(batch)
         sample_rows = [i for i, c in enumerate(chunks) if c.sample]
         row_index = torch.tensor([last_index[i] for i in sample_rows], dtype=torch.int64, device=self.device)
         started = time.perf_counter()
+        if self._sizes is not None:
+            self._sizes.exchange(ids.numel())
         hidden = self.model(ids, positions, meta, self.kv_caches)
         sampled: list[int | None] = [None] * len(chunks)
         logprobs: list[TokenLogprobs | None] | None = None
@@ -186,6 +239,8 @@ class TorchExecutor:
     @torch.inference_mode()
     def execute_dummy(self) -> None:
         ids, positions, meta = self._dummy
+        if self._sizes is not None:
+            self._sizes.exchange(ids.numel())
         self.model(ids, positions, meta, self.kv_caches)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

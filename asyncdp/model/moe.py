@@ -144,6 +144,11 @@ class SparseMoeBlock(nn.Module):
         """Route the expert computation through ``backend`` (e.g. an all-to-all wrapper around ``self.experts``)."""
         self._backend = backend
 
+    @property
+    def backend(self) -> ExpertBackend | None:
+        """The installed cross-rank backend, or None when ``self.experts`` computes alone."""
+        return self._backend
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)

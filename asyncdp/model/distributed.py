@@ -1,0 +1,271 @@
+"""The DP process group of a MoE deployment (spec §5.5) and the DP control collective over it (§8.3).
+
+Rendezvous. The head hosts a ``TCPStore`` bound to port 0 on the DP address (:func:`host_rendezvous_store`) and
+sends the real port in ``HandshakeInit.dp_group``; every engine joins as a store client and initialises the
+group with group rank = ``dp_rank`` (:func:`init_dp_group`, retried up to 5 times on "address in use", E10).
+The head itself never joins the group: the store only brokers the rank addresses.
+
+Groups. ``DPProcessGroup.data`` carries the per-forward collectives (token-count exchange and the MoE expert
+collectives of ``asyncdp.model.expert_parallel``); it is gloo on CPU and NCCL on CUDA. ``control`` is always a
+separate gloo group for the lockstep sync all-reduce. ``exchange`` is the group of the token-count exchange:
+``data``, or ``control`` when NCCL is disabled for DP synchronisation.
+
+Ordering. Collectives pair up by order on every rank, so every one of them is issued from the rank's execution
+thread: the engine runs its steps with ``anyio.to_thread.run_sync(..., limiter=L)`` and :class:`TorchDPGroup`
+runs its all-reduce through the same ``CapacityLimiter(1)`` ``L``. The loop that awaits them is one task, so
+steps and syncs enter the thread in loop order, identical on every rank (spec §8.3 invariant).
+
+Teardown. :meth:`TorchDPGroup.abort` makes every later call raise ``DPGroupAborted`` and asks the communicator
+to abort (best effort: a gloo collective already blocked may stay blocked; the fatal path hard-exits, §8.8).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+import torch
+import torch.distributed as dist
+
+from asyncdp.errors import AsyncDPError, StartupError
+from asyncdp.messages import DPGroupInfo
+
+try:  # the control-group protocol and its errors live with the lockstep loop (asyncdp.engine.dp_group)
+    from asyncdp.engine.dp_group import DPGroupAborted, DPGroupError
+except ImportError:  # pragma: no cover - until the lockstep loop's branch is merged; same names, same bases
+
+    class DPGroupError(AsyncDPError):  # type: ignore[no-redef]
+        """A collective of the DP control group failed (lockstep violation, bad arguments, lost peer)."""
+
+    class DPGroupAborted(DPGroupError):  # type: ignore[no-redef]
+        """The group was aborted (teardown); no collective can complete any more."""
+
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DPContext", "DPGroupAborted", "DPGroupError", "DPProcessGroup", "TorchDPGroup", "cpu_threads_per_engine",
+           "dp_backend", "host_rendezvous_store", "init_dp_group", "retry_address_in_use"]
+
+INIT_ATTEMPTS = 5  # spec E10
+INIT_RETRY_DELAY_S = 0.5
+STORE_TIMEOUT_S = 300.0
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+T = TypeVar("T")
+
+
+def dp_backend(device_type: str) -> str:
+    """The data-group backend for ``HandshakeInit.dp_group.backend``: NCCL on CUDA, gloo otherwise."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def host_rendezvous_store(host: str, *, timeout_s: float = STORE_TIMEOUT_S) -> tuple[dist.TCPStore, int]:
+    """The head's rendezvous store on ``host``, bound to port 0; returns it and the port it really got.
+
+    The head keeps the store alive for as long as the deployment runs (engines read addresses from it whenever
+    a new communicator is created).
+    """
+    store = dist.TCPStore(host, 0, world_size=None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    return store, int(store.port)
+
+
+@dataclass(slots=True)
+class DPProcessGroup:
+    """This rank's membership of the DP process group (one per engine process)."""
+
+    dp_rank: int
+    dp_size: int
+    backend: str  # of ``data``
+    data: dist.ProcessGroup  # MoE expert collectives
+    exchange: dist.ProcessGroup  # per-forward token-count exchange
+    control: dist.ProcessGroup  # gloo: lockstep sync all-reduce
+    device: torch.device  # where ``data`` tensors live
+
+    @property
+    def exchange_device(self) -> torch.device:
+        return self.device if self.exchange is self.data else torch.device("cpu")
+
+    def abort(self) -> None:
+        """Best effort: abort every communicator (NCCL unblocks pending collectives; gloo ones stay blocked
+        until a peer closes its connections, which is why the fatal path still hard-exits, spec §8.8)."""
+        for pg in {id(g): g for g in (self.data, self.exchange, self.control)}.values():
+            _abort_pg(pg)
+
+    def destroy(self) -> None:
+        """Leave the group (orderly shutdown only: peers must leave too)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _abort_pg(pg: dist.ProcessGroup) -> None:
+    try:
+        pg.abort()
+    except (RuntimeError, AttributeError, NotImplementedError) as exc:
+        log.debug("process group abort not supported: %s", exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    """torch's C++ errors carry a stack trace after the message."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def cpu_threads_per_engine(local_engines: int, cpu_count: int | None = None) -> int:
+    """Torch intra-op threads for one of ``local_engines`` CPU engines on this node (spec §5.5)."""
+    import os
+
+    return max(1, (cpu_count or os.cpu_count() or 1) // max(1, local_engines))
+
+
+def _is_address_in_use(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "address already in use" in text or "address in use" in text or "eaddrinuse" in text
+
+
+def retry_address_in_use(fn: Callable[[], T], *, attempts: int = INIT_ATTEMPTS,
+                         delay_s: float = INIT_RETRY_DELAY_S, sleep: Callable[[float], None] = time.sleep,
+                         what: str = "DP process group") -> T:
+    """Call ``fn``; on an "address in use" failure retry, ``attempts`` calls in all, then raise StartupError (E10).
+
+    Any other failure propagates at once. The delay doubles after each failure.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except (RuntimeError, OSError) as exc:
+            if not _is_address_in_use(exc):
+                raise
+            if attempt == attempts:
+                raise StartupError(f"{what}: rendezvous failed after {attempts} 'address in use' errors: "
+                                   f"{_first_line(exc)}") from exc
+            log.warning("%s: address in use (attempt %d of %d); retrying", what, attempt, attempts)
+            sleep(delay_s * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
+
+
+def init_dp_group(info: DPGroupInfo, dp_rank: int, *, timeout_s: float | None = None,
+                  device: torch.device | None = None, gloo_exchange: bool = False) -> DPProcessGroup:
+    """Join the DP process group described by ``info`` as rank ``dp_rank`` (blocking; run it off the loop).
+
+    ``device`` is where the data group's tensors live (CPU unless the backend is NCCL). ``gloo_exchange`` moves
+    the per-forward token-count exchange to the gloo control group (``--disable-nccl-for-dp-synchronization``).
+    Retries up to 5 times on "address in use" (E10); other failures raise StartupError at once.
+    """
+    if not 0 <= dp_rank < info.dp_size:
+        raise StartupError(f"dp_rank {dp_rank} is outside the DP group of size {info.dp_size}.")
+    backend = info.backend
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise StartupError("the DP group uses NCCL but CUDA is not available on this engine; "
+                           "run every rank on CUDA or every rank on CPU.")
+    if backend not in ("gloo", "nccl"):
+        raise StartupError(f"unknown DP group backend {backend!r}; expected gloo or nccl.")
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+    store_timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else STORE_TIMEOUT_S)
+
+    def join() -> None:
+        store = dist.TCPStore(info.master_addr, info.master_port, is_master=False, timeout=store_timeout)
+        try:
+            dist.init_process_group(backend, store=store, rank=dp_rank, world_size=info.dp_size, timeout=timeout)
+        except BaseException:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise
+
+    try:
+        retry_address_in_use(join, what=f"rank {dp_rank}: DP process group at {info.master_addr}:{info.master_port}")
+    except StartupError:
+        raise
+    except (RuntimeError, OSError) as exc:
+        raise StartupError(f"rank {dp_rank}: cannot join the DP process group at "
+                           f"{info.master_addr}:{info.master_port}: {_first_line(exc)}") from exc
+    data = dist.group.WORLD
+    assert data is not None
+    # Always a communicator of its own: with NCCL data it must be gloo; with gloo data it keeps the control
+    # all-reduce's buffers and tags apart from the forward's collectives.
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    exchange = control if gloo_exchange else data
+    dev = torch.device("cpu") if backend == "gloo" else (device or torch.device("cuda", torch.cuda.current_device()))
+    return DPProcessGroup(dp_rank=dp_rank, dp_size=info.dp_size, backend=backend, data=data, exchange=exchange,
+                          control=control, device=dev)
+
+
+class TorchDPGroup:
+    """The ``DPGroup`` protocol (``asyncdp.engine.dp_group``) over a torch process group.
+
+    ``pg`` should be the gloo control group (``DPProcessGroup.control``); ``limiter`` is the engine's step
+    limiter, so the all-reduce runs on the execution thread, in order with the step collectives.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup, dp_rank: int, dp_size: int, limiter: anyio.CapacityLimiter, *,
+                 on_abort: Callable[[], None] | None = None) -> None:
+        self._pg = pg
+        self._on_abort = on_abort
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self._limiter = limiter
+        self._aborted: str | None = None
+
+    @classmethod
+    def from_group(cls, group: DPProcessGroup, limiter: anyio.CapacityLimiter) -> TorchDPGroup:
+        return cls(group.control, group.dp_rank, group.dp_size, limiter, on_abort=group.abort)
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted is not None
+
+    def _check_aborted(self) -> None:
+        if self._aborted is not None:
+            raise DPGroupAborted(f"DP group aborted: {self._aborted}")
+
+    def _all_reduce_sync(self, values: list[int], op: str) -> list[int]:
+        self._check_aborted()
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=_OPS[op], group=self._pg)
+        return [int(v) for v in tensor.tolist()]
+
+    async def all_reduce(self, values: list[int], op: str = "sum") -> list[int]:
+        self._check_aborted()
+        if op not in _OPS:
+            raise DPGroupError(f"all_reduce op must be one of {', '.join(_OPS)} (got {op!r})")
+        try:
+            result = await anyio.to_thread.run_sync(self._all_reduce_sync, list(values), op,
+                                                    limiter=self._limiter, abandon_on_cancel=True)
+        except DPGroupError:
+            raise
+        except RuntimeError as exc:  # torch.distributed.DistError and friends: a peer is gone
+            self._check_aborted()
+            raise DPGroupError(f"DP control all-reduce failed on rank {self.dp_rank}: {exc}") from exc
+        self._check_aborted()
+        return result
+
+    def abort(self, reason: str | None = None) -> None:
+        if self._aborted is not None:
+            return
+        self._aborted = reason or f"rank {self.dp_rank} aborted the DP group"
+        if self._on_abort is not None:  # every communicator of the rank (data and control)
+            self._on_abort()
+        else:
+            _abort_pg(self._pg)
+
+
+@dataclass(frozen=True, slots=True)
+class DPContext:
+    """What ``TorchExecutor`` needs to run as one rank of a MoE DP group (spec §9)."""
+
+    group: DPProcessGroup
+    enable_expert_parallel: bool
+    # Expert parallelism: padded all-to-all (no counts exchange) while max_tokens * top_k is at most this; 0: never.
+    ep_padded_max_rows: int = 256
+
+    @property
+    def dp_rank(self) -> int:
+        return self.group.dp_rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.group.dp_size
