@@ -116,6 +116,9 @@ class _Deployment:
     ready_ranks: set[int] = field(default_factory=set)
     all_ranks_ready: anyio.Event = field(default_factory=anyio.Event)
     inproc_client: DPClient | None = None
+    dp_group_info: m.DPGroupInfo | None = None
+    rendezvous_store: Any = None  # the torch TCPStore of a MoE DP group; lives as long as the deployment
+    summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
     inproc_api_done: anyio.Event = field(default_factory=anyio.Event)
     inproc_api_code: int = 0
     handshake_addr: str = ""
@@ -384,7 +387,17 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
                 ev = await child.wait_event("listening")
             dep.client_addrs.append(m.ClientAddr(client_index=child.rank or 0, addr=ev["client_addr"]))
 
-    # 3. engines, through the handshake listener
+    # 3. a MoE group's torch.distributed rendezvous, hosted here on port 0 (spec §5.5)
+    if plan.is_moe and plan.dp_size > 1:
+        from asyncdp.model.distributed import dp_backend, host_rendezvous_store
+
+        host = "127.0.0.1"
+        dep.rendezvous_store, store_port = await anyio.to_thread.run_sync(host_rendezvous_store, host)
+        device = "cuda" if plan.engine.device == "cuda" else "cpu"
+        dep.dp_group_info = m.DPGroupInfo(master_addr=host, master_port=store_port, dp_size=plan.dp_size,
+                                          backend=dp_backend(device))
+
+    # 4. engines, through the handshake listener
     hs_listener, dep.handshake_addr = await listen("unix", directory=dep.tmpdir, prefix="asyncdp-handshake")
     tg.start_soon(serve_links, hs_listener, lambda link: _handshake(dep, link))
     engines = []
@@ -400,12 +413,13 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
             shutdown_timeout_s=plan.shutdown_timeout_s,
             sync_interval=plan.sync_interval,
             prefill_schedule_interval=plan.prefill_schedule_interval,
+            enable_expert_parallel=plan.enable_expert_parallel,
         )
         engines.append(await _spawn(dep, tg, name=f"asyncdp-engine-dp{r}", role="engine", rank=r,
                                     log_prefix=f"EngineCore_DP{r}",
                                     payload=rank_payload(cfg, dep.handshake_addr)))
 
-    # 4. wait for every engine's Ready and every API server's ready
+    # 5. wait for every engine's Ready and every API server's ready
     await _wait_all(dep, engines, "ready")
     if plan.api_server_count == 1:
         async with anyio.create_task_group() as waiters:
@@ -453,17 +467,37 @@ async def _handshake(dep: _Deployment, link: Link) -> None:
         await link.send(m.HandshakeError(reason=problem))
         dep.fail(f"startup failed: handshake with engine rank {hello.dp_rank}: {problem}")
         return
-    await link.send(m.HandshakeInit(clients=dep.client_addrs, coordinator=dep.coordinator_addrs, dp_group=None,
-                                    client_count=plan.api_server_count))
+    await link.send(m.HandshakeInit(clients=dep.client_addrs, coordinator=dep.coordinator_addrs,
+                                    dp_group=dep.dp_group_info, client_count=plan.api_server_count))
     ready = await link.receive()
     if not isinstance(ready, m.Ready):
         dep.fail(f"startup failed: engine rank {hello.dp_rank} sent {type(ready).__name__} instead of Ready")
         return
+    if ready.config_hash is not None:
+        problem = _check_config_agreement(dep, hello.dp_rank, ready)
+        if problem:
+            dep.fail(f"startup failed: {problem}")
+            return
     dep.ready_ranks.add(hello.dp_rank)
     if len(dep.ready_ranks) == plan.dp_size:
         dep.all_ranks_ready.set()
     async for _ in link:  # the handshake link stays open for the deployment's life (spec §5.7)
         pass
+
+
+def _check_config_agreement(dep: _Deployment, dp_rank: int, ready: m.Ready) -> str | None:
+    """E6: every MoE rank's parallel configuration must hash like rank 0's; name the differing fields."""
+    from asyncdp.config import config_hash, config_mismatch_message
+
+    dep.summaries[dp_rank] = dict(ready.config_summary)
+    rank0 = dep.summaries.get(0)
+    if rank0 is None:
+        return None
+    ranks = [dp_rank] if dp_rank != 0 else [r for r in dep.summaries if r != 0]
+    for r in ranks:
+        if config_hash(dep.summaries[r]) != config_hash(rank0):
+            return config_mismatch_message(r, dep.summaries[r], rank0)
+    return None
 
 
 async def _publish_process_table(dep: _Deployment) -> None:

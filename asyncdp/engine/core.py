@@ -252,8 +252,11 @@ class EngineCore:
         self.executor.shutdown()
 
 
-def build_engine_core(config: EngineConfig) -> EngineCore:
+def build_engine_core(config: EngineConfig, *, dp: Any = None) -> EngineCore:
     """Resolve the model, load tokenizer and model info, build the executor and the core.
+
+    ``dp`` (an ``asyncdp.model.distributed.DPContext``) builds the torch executor for a MoE rank of a DP group:
+    it loads only its share of the experts and joins the group's collectives on every forward.
 
     Nothing is left running if any part fails: a built executor is shut down before the error propagates.
     """
@@ -278,7 +281,7 @@ def build_engine_core(config: EngineConfig) -> EngineCore:
     else:
         from asyncdp.engine.model_runner import TorchExecutor  # the only torch importer
 
-        executor = TorchExecutor(config, model_path)
+        executor = TorchExecutor(config, model_path, dp=dp)
     try:
         return EngineCore(config, executor, tokenizer, eos_token_ids=info.eos_token_ids)
     except BaseException:

@@ -75,6 +75,7 @@ class RankConfig:
     sync_interval: int = 32
     prefill_schedule_interval: int = 1
     sync_cadence: str = "asyncdp"  # "asyncdp" (also the first step of each wave) | "vllm" (benchmark only)
+    enable_expert_parallel: bool = False  # MoE with dp > 1: experts split across ranks (all-to-all)
 
 
 @dataclass

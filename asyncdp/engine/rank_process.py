@@ -11,11 +11,13 @@ the control channel means the parent died: the rank stops at once (exit 1).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 import signal
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -25,6 +27,9 @@ from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
 from asyncdp.errors import StartupError
 from asyncdp.procs import ControlChannel
 from asyncdp.transport import Link, connect, connect_with_retry
+
+if TYPE_CHECKING:
+    from asyncdp.engine.core import EngineCore
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,48 @@ def _set_torch_threads(n: int | None) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
+    """What must agree across lockstep ranks (spec §5.3), readable, for Ready.config_summary."""
+    from asyncdp.config import parallel_config_summary
+    from asyncdp.model import read_model_info
+
+    info = read_model_info(cfg.engine.model)
+    config_json = os.path.join(cfg.engine.model, "config.json")
+    with open(config_json, "rb") as f:
+        identity = f"{os.path.basename(os.path.normpath(cfg.engine.model))}@{hashlib.blake2b(f.read(), digest_size=8).hexdigest()}"
+    return parallel_config_summary(
+        cfg.engine, model_identity=identity, dp_size=cfg.dp_size, enable_expert_parallel=cfg.enable_expert_parallel,
+        num_experts=info.num_experts, sync_interval=cfg.sync_interval,
+        prefill_schedule_interval=cfg.prefill_schedule_interval, max_model_len=core.max_model_len,
+        protocol_version=m.PROTOCOL_VERSION)
+
+
+async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCore, Any, anyio.CapacityLimiter]:
+    """Build the core; for a MoE rank of a DP group, join the torch.distributed group first (spec §5.5).
+
+    Group set-up and the executor's construction run on the rank's execution thread (one limiter): every
+    collective of this rank is issued from there, in the same order on every rank.
+    """
+    from asyncdp.engine.core import build_engine_core
+
+    limiter = anyio.CapacityLimiter(1)
+    if init.dp_group is None or not cfg.is_moe or cfg.dp_size == 1:
+        core = await anyio.to_thread.run_sync(build_engine_core, cfg.engine, limiter=limiter)
+        return core, None, limiter
+    from asyncdp.model.distributed import DPContext, TorchDPGroup, init_dp_group
+
+    group = await anyio.to_thread.run_sync(
+        functools.partial(init_dp_group, init.dp_group, cfg.dp_rank), limiter=limiter)
+    try:
+        ctx = DPContext(group, enable_expert_parallel=cfg.enable_expert_parallel)
+        core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp=ctx),
+                                              limiter=limiter)
+    except BaseException:
+        group.destroy()
+        raise
+    return core, TorchDPGroup.from_group(group, limiter), limiter
 
 
 async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
@@ -61,10 +108,8 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     if not isinstance(init, m.HandshakeInit):
         raise StartupError(f"rank {cfg.dp_rank}: expected HandshakeInit, got {type(init).__name__}")
 
-    from asyncdp.engine.core import build_engine_core
-
     _set_torch_threads(cfg.engine.torch_threads)
-    core = await anyio.to_thread.run_sync(build_engine_core, cfg.engine)
+    core, dp_group, limiter = await _build_core(cfg, init)
     try:
         clients = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}") for c in init.clients}
         coordinator: Link | None = None
@@ -74,8 +119,15 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
             while not isinstance(msg := await coordinator.receive(), m.CoordinatorReady):
                 if isinstance(msg, m.Teardown):
                     raise RankTornDown(f"teardown during startup: {msg.reason}")
+        summary: dict[str, Any] = {}
+        digest = None
+        if cfg.dp_size > 1 and cfg.is_moe:
+            from asyncdp.config import config_hash
+
+            summary = _summary(cfg, core)
+            digest = config_hash(summary)
         await handshake.send(
-            m.Ready(dp_rank=cfg.dp_rank, local=True, headless=False, config_hash=None, config_summary={})
+            m.Ready(dp_rank=cfg.dp_rank, local=True, headless=False, config_hash=digest, config_summary=summary)
         )
         coord_client_addr = init.coordinator.client_addr if init.coordinator else None
         for link in clients.values():
@@ -91,8 +143,10 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
             )
     except BaseException:
         core.shutdown()
+        if dp_group is not None:
+            dp_group.abort()
         raise
-    return EngineRank(cfg, core, clients, coordinator)
+    return EngineRank(cfg, core, clients, coordinator, dp_group=dp_group, limiter=limiter)
 
 
 async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> int:

@@ -33,19 +33,10 @@ import anyio.to_thread
 import torch
 import torch.distributed as dist
 
-from asyncdp.errors import AsyncDPError, StartupError
+# The control-group protocol and its errors live with the lockstep loop.
+from asyncdp.engine.dp_group import DPGroupAborted, DPGroupError
+from asyncdp.errors import StartupError
 from asyncdp.messages import DPGroupInfo
-
-try:  # the control-group protocol and its errors live with the lockstep loop (asyncdp.engine.dp_group)
-    from asyncdp.engine.dp_group import DPGroupAborted, DPGroupError
-except ImportError:  # pragma: no cover - until the lockstep loop's branch is merged; same names, same bases
-
-    class DPGroupError(AsyncDPError):  # type: ignore[no-redef]
-        """A collective of the DP control group failed (lockstep violation, bad arguments, lost peer)."""
-
-    class DPGroupAborted(DPGroupError):  # type: ignore[no-redef]
-        """The group was aborted (teardown); no collective can complete any more."""
-
 
 log = logging.getLogger(__name__)
 
