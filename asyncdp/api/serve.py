@@ -116,6 +116,8 @@ async def serve_http(
                 set_draining(app)
             stop.set()
 
+    if backend == "asyncio":
+        _quiet_cancelled_connection_callbacks()
     async with anyio.create_task_group() as outer:
         await outer.start(watch)
         # The server and its drain are shielded from the caller; `watch` turns cancellation into `stop`.
@@ -126,3 +128,23 @@ async def serve_http(
                 await stop.wait()
                 server_scope.deadline = anyio.current_time() + shutdown_timeout_s + _SHUTDOWN_MARGIN_S
         outer.cancel_scope.cancel()
+
+
+def _quiet_cancelled_connection_callbacks() -> None:
+    """Hypercorn's asyncio server starts one task per connection from a protocol callback; when shutdown cancels
+    a connection that is mid-request, asyncio logs that callback's CancelledError with a traceback. It is the
+    intended end of that connection, not an error, so only that case is filtered out."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), asyncio.CancelledError):
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
