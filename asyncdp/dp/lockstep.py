@@ -11,15 +11,32 @@ rank loop performs every collective itself and feeds the sums in; this object on
         if not ls.must_join(local_unfinished):
             continue                                     # group idle: no collective
         run_dummy_batch()
-    if ls.advance():                                     # a sync step: step 1 of a wave, then every interval
+    if ls.advance():                                     # a sync step (see the cadence below)
         s_unf, s_pause = all_reduce_sum(ls.sync_flags(local_unfinished))
         ls.apply_sync(s_unf, s_pause, dp_size)
     done = ls.end_step()                                 # WaveCompleted when the group went idle
     if done and done.report: send WaveComplete{wave=done.wave}
 
-Invariants: ``step_counter`` advances once per forward on every rank, and :meth:`needs_sync` depends only on it,
-so all ranks hit the same sync steps. ``current_wave`` never decreases. Between pause consensus and resume,
-``StartWave`` is ignored and a stale-wave request does not restart the group.
+The sync cadence (which steps all-reduce). A rank with nothing to do must keep running dummy forwards until a sync
+tells it the whole group is idle, so every step between "the last real work ended" and "the next sync" is wasted
+on every rank. The ``asyncdp`` cadence is adaptive:
+
+* step 1 of every wave syncs (a short burst on one rank pauses the group right after it);
+* after a sync whose ``sum_unfinished < dp_size`` (some ranks are idle and already burning dummy forwards) or
+  that saw a partial pause, EVERY step syncs ("dense" mode) until the group pauses or a sync sees every rank
+  busy again, so the group pauses on the very step its last real work ends;
+* while the last sync saw every rank busy, only every ``sync_interval``-th step syncs: no rank runs dummy
+  forwards then, so sparse syncs only save collectives.
+
+The one idle transition it cannot see at once is every rank finishing between two sparse syncs; then the group
+runs dummy forwards up to the next multiple of ``sync_interval``. The ``vllm`` cadence (every ``sync_interval``
+steps, never step 1, never dense) is kept for the benchmark.
+
+Invariants: ``step_counter`` advances once per forward on every rank, and :meth:`needs_sync` depends only on it
+and on ``dense``, which is a function of the previous all-reduce's sums, identical on every rank (spec §8.3: the
+sync schedule may depend only on values all ranks share). So every rank hits the same sync steps and the k-th
+all-reduce of every rank is the same collective. ``current_wave`` never decreases. Between pause consensus and
+resume, ``StartWave`` is ignored and a stale-wave request does not restart the group.
 """
 
 from __future__ import annotations
@@ -50,15 +67,17 @@ class WaveCompleted:
     report: bool  # this rank sends WaveComplete (rank 0, or every rank without a coordinator)
 
 
-def needs_sync(step_counter: int, sync_interval: int = DEFAULT_SYNC_INTERVAL, cadence: str = "asyncdp") -> bool:
+def needs_sync(step_counter: int, sync_interval: int = DEFAULT_SYNC_INTERVAL, cadence: str = "asyncdp", *,
+               dense: bool = False) -> bool:
     """Whether step ``step_counter`` (1-based within the wave) all-reduces the unfinished flags.
 
-    ``asyncdp``: the first step of every wave and every ``sync_interval`` steps. ``vllm``: only every
-    ``sync_interval`` steps (vLLM's cadence, kept for the benchmark).
+    ``asyncdp``: the first step of every wave, every step while ``dense`` (the last sync saw an idle rank or a
+    partial pause), else every ``sync_interval`` steps. ``vllm``: only every ``sync_interval`` steps (vLLM's
+    cadence, kept for the benchmark; ``dense`` is ignored).
     """
     if cadence == "vllm":
         return step_counter % sync_interval == 0
-    return step_counter == 1 or step_counter % sync_interval == 0
+    return dense or step_counter == 1 or step_counter % sync_interval == 0
 
 
 class Lockstep:
@@ -79,6 +98,8 @@ class Lockstep:
         self.pending_pause = False
         self.pause_state = PauseState.UNPAUSED
         self.ignore_start_wave = False
+        self.dense = False  # the last sync saw an idle rank or a partial pause: sync every step (asyncdp cadence)
+        self.num_syncs = 0  # all-reduces run by this object's loop (all waves), for stats and benchmarks
 
     # ------------------------------------------------------------ wave messages (§8.4)
 
@@ -114,7 +135,7 @@ class Lockstep:
         return local_unfinished or self.engines_running
 
     def needs_sync(self, step_counter: int) -> bool:
-        return needs_sync(step_counter, self.sync_interval, self.cadence)
+        return needs_sync(step_counter, self.sync_interval, self.cadence, dense=self.dense)
 
     def advance(self) -> bool:
         """Count one forward (real or dummy); True when this step must all-reduce (then call apply_sync)."""
@@ -131,10 +152,14 @@ class Lockstep:
     def apply_sync(self, sum_unfinished: int, sum_pending_pause: int, dp_size: int | None = None) -> bool:
         """Apply the all-reduced sums; returns (and stores) ``engines_running``."""
         n = self.dp_size if dp_size is None else dp_size
+        self.num_syncs += 1
+        partial_pause = sum_pending_pause % n != 0
         if sum_pending_pause == n:  # pause consensus
             self.pending_pause = False
             self.ignore_start_wave = True
-        self.engines_running = sum_unfinished > 0 or (sum_pending_pause % n != 0)  # partial pause keeps running
+        self.engines_running = sum_unfinished > 0 or partial_pause  # a partial pause keeps the group running
+        # Both sums are the same on every rank, so every rank switches cadence on the same step (§8.3).
+        self.dense = sum_unfinished < n or partial_pause
         return self.engines_running
 
     def global_unfinished(self, local_unfinished: bool,
@@ -152,6 +177,7 @@ class Lockstep:
         done = WaveCompleted(self.current_wave, self.dp_rank == 0 or not self.has_coordinator)
         self.current_wave += 1
         self.step_counter = 0
+        self.dense = False
         return done
 
     # ------------------------------------------------------------ two-phase pause (§8.6)

@@ -26,6 +26,7 @@ class Group:
         self.forwards = 0
         self.dummy = [0] * n
         self.reports: list[WaveCompleted] = []
+        self.sync_log: list[bool] = []  # per forward: whether it all-reduced
 
     def _to_coordinator(self, msg):
         if msg is None:
@@ -70,7 +71,8 @@ class Group:
         assert len(joined) == len(self.ranks), f"lockstep violation: only ranks {joined} ran a forward"
         self.forwards += 1
         syncing = [ls.advance() for ls in self.ranks]
-        assert len(set(syncing)) == 1
+        assert len(set(syncing)) == 1, f"ranks disagree on the sync step: {syncing}"
+        self.sync_log.append(syncing[0])
         assert len({ls.step_counter for ls in self.ranks}) == 1
         if syncing[0]:
             flags = [ls.sync_flags(self.unfinished(r)) for r, ls in enumerate(self.ranks)]
@@ -94,8 +96,16 @@ class Group:
 # ---------------------------------------------------------------- cadence
 
 
-def test_asyncdp_cadence_syncs_on_first_step_and_every_interval():
+def test_asyncdp_cadence_syncs_on_first_step_and_every_interval_while_all_busy():
     assert [s for s in range(1, 100) if needs_sync(s, 32)] == [1, 32, 64, 96]
+
+
+def test_asyncdp_cadence_syncs_every_step_when_dense():
+    assert all(needs_sync(s, 32, dense=True) for s in range(1, 100))
+
+
+def test_vllm_cadence_ignores_dense():
+    assert [s for s in range(1, 100) if needs_sync(s, 32, "vllm", dense=True)] == [32, 64, 96]
 
 
 def test_vllm_cadence_syncs_only_every_interval():
@@ -119,11 +129,45 @@ def test_vllm_cadence_short_burst_costs_a_full_interval():
     assert g.forwards == 32 and g.dummy == [32, 31]
 
 
-def test_long_work_stops_at_first_sync_after_it_ends():
+def test_long_work_on_one_rank_syncs_every_step_and_stops_when_it_ends():
     g = Group(3)
     g.add_request(0, 40)
     g.run_until_idle()
-    assert g.forwards == 64 and g.dummy[1] == 64
+    assert g.forwards == 40 and g.dummy == [0, 40, 40]  # step 1 saw idle ranks: dense from then on
+    assert all(g.sync_log)
+
+
+def test_all_busy_group_syncs_sparsely_then_densely_once_a_rank_is_idle():
+    g = Group(2, sync_interval=8)
+    g.add_request(0, 20)
+    g.add_request(1, 10)
+    g.run_until_idle()
+    syncs = [i + 1 for i, s in enumerate(g.sync_log) if s]
+    # step 1 and 8 see both busy; step 16 sees rank 1 idle (since step 10): dense until rank 0 ends at step 20
+    assert syncs == [1, 8, 16, 17, 18, 19, 20]
+    assert g.forwards == 20 and g.dummy == [0, 10]
+
+
+def test_dense_group_returns_to_sparse_when_every_rank_is_busy_again():
+    g = Group(2, sync_interval=8)
+    g.add_request(0, 30)
+    for _ in range(3):
+        g.iterate()
+    g.add_request(1, 30)
+    for _ in range(20):
+        g.iterate()
+    syncs = [i + 1 for i, s in enumerate(g.sync_log) if s]
+    # dense while rank 1 idles; step 4 (rank 1 now busy) flips back to the interval cadence
+    assert syncs == [1, 2, 3, 4, 8, 16]
+    assert not g.ranks[0].dense
+
+
+def test_idle_transition_after_a_dense_sync_costs_no_dummy_step():
+    g = Group(4, sync_interval=32)
+    for r, steps in enumerate((5, 9, 13, 50)):
+        g.add_request(r, steps)
+    g.run_until_idle()
+    assert g.forwards == 50  # paused on the step the last real work ended
 
 
 def test_only_rank0_reports_wave_complete():
@@ -191,7 +235,7 @@ def test_pause_on_one_rank_keeps_group_running_until_all_pause():
         g.ranks[0].resume()
     g.pause(1)
     g.run_until_idle()
-    assert g.forwards == 32  # consensus found at the next sync step
+    assert g.forwards == 11  # a partial pause syncs every step: consensus on the very next step
     assert all(ls.pause_complete(False) for ls in g.ranks)
     assert all(ls.ignore_start_wave and not ls.pending_pause for ls in g.ranks)
 
@@ -253,6 +297,7 @@ def test_any_request_schedule_stays_in_lockstep_and_drains(schedule, cadence):
             assert all(a >= b for a, b in zip(now, waves, strict=True))
             waves = now
     g.run_until_idle()
+    assert len({(ls.dense, ls.num_syncs) for ls in g.ranks}) == 1  # every rank ran the same syncs
     assert g.work == [0, 0, 0]
     assert not any(ls.engines_running for ls in g.ranks)
     assert len({ls.current_wave for ls in g.ranks}) == 1

@@ -49,8 +49,24 @@ async def test_idle_rank_runs_dummy_steps_while_a_peer_works(autojump_clock):
         for idle in (0, 2):
             assert c.ranks[idle].state.steps == 0
             assert c.ranks[idle].state.dummy_steps == forwards(c, 1)  # one dummy per forward of the busy rank
-        # Released at the first sync after the request finished (step 48 of the wave).
-        assert forwards(c, 1) == 48
+        # Step 1 saw idle ranks, so every step synced: released on the step the request finished.
+        assert forwards(c, 1) == 40
+        assert len({c.ls(r).num_syncs for r in range(3)}) == 1 and c.ls(1).num_syncs == 40
+
+
+@pytest.mark.trio
+async def test_busy_group_syncs_every_interval_and_pauses_soon_after_ranks_finish_apart(autojump_clock):
+    async with open_cluster(2, sync_interval=8) as c:
+        with trio.fail_after(30):
+            long = await c.client.add(0, "long", max_tokens=30)
+            short = await c.client.add(1, "short", max_tokens=12)
+            for res in (long, short):
+                await res.done.wait()
+            await c.wait_idle()
+        assert [c.ranks[r].state.steps for r in range(2)] == [30, 12]
+        # Syncs at 1 (and maybe 2, while rank 1's request arrives), 8, 16 (rank 1 idle), then 17..30 every step.
+        assert forwards(c, 0) == 30 and c.ranks[0].state.dummy_steps == 0
+        assert 1 + 2 + 14 <= c.ls(0).num_syncs <= 30 - 8
 
 
 @pytest.mark.trio
@@ -82,7 +98,7 @@ async def test_wave_transitions_send_scheduler_stats_to_client_0(autojump_clock)
         assert [s.wave_running for s in idle_stats] == [True, False]
         last = idle_stats[-1]
         assert (last.wave, last.waves_completed) == (1, 1)
-        assert last.num_dummy_steps == c.ranks[1].state.dummy_steps == 8
+        assert last.num_dummy_steps == c.ranks[1].state.dummy_steps == 6  # dense: stops on step 6
         assert c.client.stats[0][-1].wave_running is False
 
 
