@@ -55,7 +55,7 @@ async def test_idle_rank_runs_dummy_steps_while_a_peer_works(autojump_clock):
 
 
 @pytest.mark.trio
-async def test_busy_group_syncs_every_interval_and_pauses_soon_after_ranks_finish_apart(autojump_clock):
+async def test_busy_group_syncs_every_interval_and_pauses_on_the_last_step_when_ranks_finish_apart(autojump_clock):
     async with open_cluster(2, sync_interval=8) as c:
         with trio.fail_after(30):
             long = await c.client.add(0, "long", max_tokens=30)
@@ -64,9 +64,12 @@ async def test_busy_group_syncs_every_interval_and_pauses_soon_after_ranks_finis
                 await res.done.wait()
             await c.wait_idle()
         assert [c.ranks[r].state.steps for r in range(2)] == [30, 12]
-        # Syncs at 1 (and maybe 2, while rank 1's request arrives), 8, 16 (rank 1 idle), then 17..30 every step.
+        # Syncs at 1 (and 2 when rank 1's request came a step late), 9 (both busy: every interval), 17 (rank 1
+        # idle since step 12), then every step until rank 0's last one: no dummy after the last real step.
         assert forwards(c, 0) == 30 and c.ranks[0].state.dummy_steps == 0
-        assert 1 + 2 + 14 <= c.ls(0).num_syncs <= 30 - 8
+        assert c.ranks[1].state.dummy_steps == 30 - 12
+        assert 16 <= c.ls(0).num_syncs <= 17
+        assert len({c.ls(r).num_syncs for r in range(2)}) == 1
 
 
 @pytest.mark.trio
@@ -203,3 +206,17 @@ async def test_new_prefills_join_running_decodes_only_on_every_kth_wave_step(aut
             assert all(step % 4 == 0 for step in mixed)
         else:
             assert any(step % 4 != 0 for step in mixed)  # without the cadence prefills join at any step
+
+
+@pytest.mark.trio
+async def test_ranks_finishing_on_the_same_step_pause_on_it_through_the_drain_horizon(autojump_clock):
+    async with open_cluster(2, sync_interval=32) as c:
+        with trio.fail_after(30):
+            results = [await c.client.add(r, f"same-{r}", max_tokens=45) for r in range(2)]
+            for res in results:
+                await res.done.wait()
+            await c.wait_idle()
+        assert [c.ranks[r].state.steps for r in range(2)] in ([45, 45], [45, 46], [46, 45])
+        # Step 33's sync carried horizon 12 (or 13): the next sync is the last real step, no dummy forward after it.
+        assert [c.ranks[r].state.dummy_steps for r in range(2)] in ([0, 0], [0, 1], [1, 0])
+        assert c.ls(0).num_syncs <= 4
