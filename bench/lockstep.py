@@ -8,7 +8,9 @@ each wave's end (the step the group paused) is logged too. Workloads:
 * ``burst-1``: 20 isolated 1-token requests, rank ``i % N``, each waking the idle group (one wave each);
 * ``req-10``: 100 requests of 10 tokens sent at once, round-robin over the ranks (the issue's test);
 * ``long-apart``: one long request per rank, ``200 + 23*r`` tokens: a long wave whose ranks finish apart;
-* ``long-same``: one 200-token request per rank: every rank finishes on the same step.
+* ``long-same``: one 200-token request per rank: every rank finishes on the same step;
+* ``early-stop``: 8 requests per rank of up to 300 tokens with 10 stop token ids (about 1 in 30 tokens stops a
+  request), so the drain horizon (``max_tokens`` based) overestimates: the asyncdp cadence's fallback case.
 
 Per workload and cadence: the dummy steps every rank runs after the group's last real step of a wave (the idle
 transition; the same on every rank, by lockstep), the delay from the last real step's end to the pause in ms, the
@@ -34,11 +36,14 @@ import trio.testing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine"))
 
-from rank_harness import open_cluster  # noqa: E402
+from rank_harness import Result, open_cluster  # noqa: E402
 
+from asyncdp import messages as m  # noqa: E402
+from asyncdp.sampling_params import SamplingParams  # noqa: E402
 from asyncdp.testing.cluster import DEFAULT_SIM_COST  # noqa: E402
 
-WORKLOADS = ("burst-1", "req-10", "long-apart", "long-same")
+WORKLOADS = ("burst-1", "req-10", "long-apart", "long-same", "early-stop")
+STOP_IDS = tuple(range(40, 50))
 CADENCES = ("asyncdp", "vllm")
 
 
@@ -100,6 +105,19 @@ class WaveLog:
         }
 
 
+async def add_stopping(c: Any, rank: int, request_id: str) -> Any:
+    """Like FakeClient.add, with stop token ids and a seed per request (tokens are a pure function of it)."""
+    res = c.client.results.setdefault(request_id, Result())
+    params = SamplingParams(max_tokens=300, ignore_eos=True, stop_token_ids=STOP_IDS, seed=len(c.client.results))
+    await c.client.links[rank].send(m.AddRequest(
+        request_id=request_id, client_index=0, wave=c.client.current_wave, prompt_token_ids=list(range(1, 9)),
+        sampling_params=params, arrival_time=0.0, pinned=True))
+    if not c.client.wave_running:
+        c.client.wave_running = True
+        await c.client.coord.send(m.FirstRequest(exclude_rank=rank, wave=c.client.current_wave))
+    return res
+
+
 async def workload(name: str, n: int, cadence: str, sync_interval: int) -> dict[str, float]:
     async with open_cluster(n, cadence=cadence, sync_interval=sync_interval, cost=DEFAULT_SIM_COST) as c:
         assert len({c.ls(r).num_syncs for r in range(n)}) == 1
@@ -117,9 +135,13 @@ async def workload(name: str, n: int, cadence: str, sync_interval: int) -> dict[
                 jobs = [(i % n, 10) for i in range(100)]
             elif name == "long-apart":
                 jobs = [(r, 200 + 23 * r) for r in range(n)]
-            else:
+            elif name == "long-same":
                 jobs = [(r, 200) for r in range(n)]
+            else:
+                jobs = []
             results = [await c.client.add(r, f"q{i}", max_tokens=t) for i, (r, t) in enumerate(jobs)]
+            if name == "early-stop":
+                results = [await add_stopping(c, i % n, f"s{i}") for i in range(8 * n)]
             for res in results:
                 await res.done.wait()
             await c.wait_idle()
