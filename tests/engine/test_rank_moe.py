@@ -99,10 +99,30 @@ async def test_wave_transitions_send_scheduler_stats_to_client_0(autojump_clock)
             await c.wait_reported_idle()
         idle_stats = c.client.stats[1]  # rank 1 never had outputs: all its stats come from wave transitions
         assert [s.wave_running for s in idle_stats] == [True, False]
-        last = idle_stats[-1]
-        assert (last.wave, last.waves_completed) == (1, 1)
-        assert last.num_dummy_steps == c.ranks[1].state.dummy_steps == 6  # dense: stops on step 6
+        assert idle_stats[-1].wave == 1
+        # Counters are deltas since the previous attached stats: their sum is the rank's total.
+        assert sum(s.waves_completed for s in idle_stats) == 1
+        assert sum(s.num_dummy_steps for s in idle_stats) == c.ranks[1].state.dummy_steps == 6  # dense: 6 steps
         assert c.client.stats[0][-1].wave_running is False
+
+
+@pytest.mark.trio
+async def test_counters_attached_to_outputs_are_deltas_that_sum_to_the_rank_totals(autojump_clock):
+    async with open_cluster(2, sync_interval=4) as c:
+        with trio.fail_after(30):
+            for i in range(3):
+                # The same prompt each time: later requests hit the prefix cache.
+                res = await c.client.add(i % 2, f"r{i}", max_tokens=5, prompt_len=40)
+                await res.done.wait()
+                await c.wait_reported_idle()
+        for r in range(2):
+            got = c.client.stats[r]
+            total = c.ranks[r].scheduler_stats()
+            assert len(got) > 2
+            for field in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_dummy_steps",
+                          "waves_completed"):
+                assert sum(getattr(s, field) for s in got) == getattr(total, field), field
+        assert c.ranks[0].scheduler_stats().prefix_cache_hits > 0
 
 
 class InterceptLink(Link):
