@@ -343,8 +343,21 @@ class DPClient:
                 self._release(req)
                 self._record_finished(req, msg, now)
         if msg.scheduler_stats is not None and self.metrics is not None:
-            s = msg.scheduler_stats
-            self.metrics.set_engine_state(msg.dp_rank, s.num_running, s.num_waiting, s.kv_cache_usage)
+            self._export_stats(msg.dp_rank, msg.scheduler_stats)
+
+    def _export_stats(self, rank: int, s: m.SchedulerStats) -> None:
+        """Gauges are set; counters arrive as deltas since the rank last attached stats to any client (see
+        ``SchedulerStats``), so adding them here keeps the sum over API processes exact."""
+        metrics = self.metrics
+        metrics.set_engine_state(rank, s.num_running, s.num_waiting, s.kv_cache_usage)
+        metrics.add_engine_counters(rank, preemptions=s.num_preemptions, prefix_cache_queries=s.prefix_cache_queries,
+                                    prefix_cache_hits=s.prefix_cache_hits)
+        if self.cfg.is_moe:
+            metrics.set_wave(rank, s.wave, s.wave_running)
+            if s.num_dummy_steps:
+                metrics.add_dummy_steps(rank, s.num_dummy_steps)
+            if s.waves_completed:
+                metrics.inc_waves_completed(rank, s.waves_completed)
 
     def _record_finished(self, req: _Request, msg: m.EngineOutputs, now: float) -> None:
         if self.metrics is None:

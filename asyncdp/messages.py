@@ -72,15 +72,24 @@ class RequestOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A rank's scheduler state. Gauges (running, waiting, KV usage, step, wave, wave_running) are current values.
+
+    Counters (prefix-cache query/hit tokens, preemptions, dummy steps, completed waves): ``EngineCore.stats()``
+    returns them cumulative, but in ``EngineOutputs.scheduler_stats`` they are DELTAS since the rank last attached
+    stats to a client message. A rank attaches each stats object to exactly one client, so the deltas partition
+    the rank's totals: every API process adds what it receives to its counters, and the sum over API processes
+    is exact (with cumulative values a client could not tell what its peers already counted).
+    """
+
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0
-    prefix_cache_queries: int = 0  # cumulative tokens looked up
-    prefix_cache_hits: int = 0  # cumulative tokens found
-    num_preemptions: int = 0  # cumulative
+    prefix_cache_queries: int = 0  # tokens looked up (counter: see the class docstring)
+    prefix_cache_hits: int = 0  # tokens found (counter)
+    num_preemptions: int = 0  # (counter)
     step: int = 0
     wave: int = 0
-    # MoE lockstep (dp > 1); cumulative counters, exported as asyncdp:dp_* metrics (spec §12.3).
+    # MoE lockstep (dp > 1), exported as asyncdp:dp_* metrics (spec §12.3); counters as above.
     num_dummy_steps: int = 0
     waves_completed: int = 0
     wave_running: bool = False

@@ -7,19 +7,43 @@ rank loop performs every collective itself and feeds the sums in; this object on
     block = not ls.should_step(has_local_work)           # wait for input only when the group is idle
     executed = step_if_work()
     local_unfinished = scheduler.has_unfinished()         # follows the pause state (§8.6)
+    local_horizon = forwards_to_drain()                   # 0 when idle; None when unknown
     if not executed:
         if not ls.must_join(local_unfinished):
             continue                                     # group idle: no collective
         run_dummy_batch()
-    if ls.advance():                                     # a sync step: step 1 of a wave, then every interval
-        s_unf, s_pause = all_reduce_sum(ls.sync_flags(local_unfinished))
-        ls.apply_sync(s_unf, s_pause, dp_size)
+    if ls.advance():                                     # a sync step (see the cadence below)
+        s_unf, s_pause, *horizon = all_reduce_sum(ls.sync_flags(local_unfinished, local_horizon))
+        ls.apply_sync(s_unf, s_pause, dp_size, horizon)
     done = ls.end_step()                                 # WaveCompleted when the group went idle
     if done and done.report: send WaveComplete{wave=done.wave}
 
-Invariants: ``step_counter`` advances once per forward on every rank, and :meth:`needs_sync` depends only on it,
-so all ranks hit the same sync steps. ``current_wave`` never decreases. Between pause consensus and resume,
-``StartWave`` is ignored and a stale-wave request does not restart the group.
+The sync cadence (which steps all-reduce). A rank with nothing to do must keep running dummy forwards until a sync
+tells it the whole group is idle, so every step between "the last real work ended" and "the next sync" is wasted
+on every rank. The ``asyncdp`` cadence is adaptive:
+
+* step 1 of every wave syncs (a short burst on one rank pauses the group right after it);
+* after a sync whose ``sum_unfinished < dp_size`` (some ranks are idle and already burning dummy forwards) or
+  that saw a partial pause, EVERY step syncs ("dense" mode) until the group pauses or a sync sees every rank
+  busy again, so the group pauses on the very step its last real work ends;
+* while the last sync saw every rank busy, the next sync comes after ``min(H, sync_interval)`` steps, where ``H``
+  is the group's drain horizon: the most forwards any rank still needs for its requests if nothing new arrives and
+  none stops early (``max_tokens`` minus the tokens generated). Each rank contributes its horizon to the same
+  all-reduce as a row of flags ``[h <= 1, h <= 2, ..., h <= B]`` (``B = min(sync_interval, 64) - 1``); the sums
+  say, for each k, how many ranks drain within k steps, so the first k whose count is ``dp_size`` is the group's
+  ``H`` (a max, carried by a sum all-reduce). When every rank runs its requests to ``max_tokens`` the group
+  therefore syncs on the very step the last one ends, even when all ranks finish together; a request that stops
+  early (EOS, a stop string, an abort) only falls back to the ``sync_interval`` bound. An underestimate (queued
+  requests, chunked prefills) costs one extra sync, which carries a fresh horizon.
+
+The ``vllm`` cadence (every ``sync_interval`` steps, never step 1, never dense, no horizon) is kept for the
+benchmark.
+
+Invariants: ``step_counter`` advances once per forward on every rank, and :meth:`needs_sync` depends only on it
+and on ``dense`` and ``next_sync``, functions of earlier all-reduces' sums, identical on every rank (spec §8.3: the
+sync schedule may depend only on values all ranks share). So every rank hits the same sync steps and the k-th
+all-reduce of every rank is the same collective. ``current_wave`` never decreases. Between pause consensus and
+resume, ``StartWave`` is ignored and a stale-wave request does not restart the group.
 """
 
 from __future__ import annotations
@@ -33,6 +57,7 @@ from asyncdp.errors import PauseError
 
 DEFAULT_SYNC_INTERVAL = 32
 CADENCES = ("asyncdp", "vllm")
+MAX_HORIZON_FLAGS = 63  # the horizon row's length is min(sync_interval - 1, this): one small collective
 
 
 class PauseState(enum.Enum):
@@ -50,15 +75,36 @@ class WaveCompleted:
     report: bool  # this rank sends WaveComplete (rank 0, or every rank without a coordinator)
 
 
-def needs_sync(step_counter: int, sync_interval: int = DEFAULT_SYNC_INTERVAL, cadence: str = "asyncdp") -> bool:
+def needs_sync(step_counter: int, sync_interval: int = DEFAULT_SYNC_INTERVAL, cadence: str = "asyncdp", *,
+               dense: bool = False, next_sync: int | None = None) -> bool:
     """Whether step ``step_counter`` (1-based within the wave) all-reduces the unfinished flags.
 
-    ``asyncdp``: the first step of every wave and every ``sync_interval`` steps. ``vllm``: only every
-    ``sync_interval`` steps (vLLM's cadence, kept for the benchmark).
+    ``asyncdp``: the first step of every wave, every step while ``dense`` (the last sync saw an idle rank or a
+    partial pause), else from step ``next_sync`` on (set by the last sync; without one, every ``sync_interval``
+    steps). ``vllm``: only every ``sync_interval`` steps (vLLM's cadence, kept for the benchmark; the keyword
+    arguments are ignored).
     """
     if cadence == "vllm":
         return step_counter % sync_interval == 0
-    return step_counter == 1 or step_counter % sync_interval == 0
+    if dense or step_counter == 1:
+        return True
+    return step_counter >= next_sync if next_sync is not None else step_counter % sync_interval == 0
+
+
+def horizon_flags(horizon: int | None, num_flags: int) -> list[int]:
+    """A rank's drain horizon as the row ``[horizon <= 1, ..., horizon <= num_flags]`` (summed by the group);
+    ``None`` (unknown) is all zeros, so the group falls back to ``sync_interval``."""
+    if horizon is None:
+        return [0] * num_flags
+    return [int(horizon <= k) for k in range(1, num_flags + 1)]
+
+
+def group_horizon(counts: Sequence[int], dp_size: int, default: int) -> int:
+    """The group's drain horizon from the summed rows: the first k that every rank reached, else ``default``."""
+    for k, count in enumerate(counts, start=1):
+        if count >= dp_size:
+            return k
+    return default
 
 
 class Lockstep:
@@ -79,6 +125,10 @@ class Lockstep:
         self.pending_pause = False
         self.pause_state = PauseState.UNPAUSED
         self.ignore_start_wave = False
+        self.dense = False  # the last sync saw an idle rank or a partial pause: sync every step (asyncdp cadence)
+        self.next_sync: int | None = None  # while not dense: the step of the next sync (from the group horizon)
+        self.num_horizon_flags = 0 if cadence == "vllm" else min(sync_interval - 1, MAX_HORIZON_FLAGS)
+        self.num_syncs = 0  # all-reduces run by this object's loop (all waves), for stats and benchmarks
 
     # ------------------------------------------------------------ wave messages (§8.4)
 
@@ -114,7 +164,7 @@ class Lockstep:
         return local_unfinished or self.engines_running
 
     def needs_sync(self, step_counter: int) -> bool:
-        return needs_sync(step_counter, self.sync_interval, self.cadence)
+        return needs_sync(step_counter, self.sync_interval, self.cadence, dense=self.dense, next_sync=self.next_sync)
 
     def advance(self) -> bool:
         """Count one forward (real or dummy); True when this step must all-reduce (then call apply_sync)."""
@@ -124,26 +174,35 @@ class Lockstep:
         self.engines_running = True
         return False
 
-    def sync_flags(self, local_unfinished: bool) -> list[int]:
-        """The int vector this rank contributes to the sum all-reduce."""
-        return [int(local_unfinished), int(self.pending_pause)]
+    def sync_flags(self, local_unfinished: bool, local_horizon: int | None = None) -> list[int]:
+        """The int vector this rank contributes to the sum all-reduce: ``[unfinished, pending_pause]`` and, with
+        the asyncdp cadence, the horizon row (``local_horizon``: forwards this rank still needs, an estimate)."""
+        return [int(local_unfinished), int(self.pending_pause), *horizon_flags(local_horizon, self.num_horizon_flags)]
 
-    def apply_sync(self, sum_unfinished: int, sum_pending_pause: int, dp_size: int | None = None) -> bool:
-        """Apply the all-reduced sums; returns (and stores) ``engines_running``."""
+    def apply_sync(self, sum_unfinished: int, sum_pending_pause: int, dp_size: int | None = None,
+                   horizon_counts: Sequence[int] = ()) -> bool:
+        """Apply the all-reduced sums (``horizon_counts``: the summed horizon rows; empty means unknown);
+        returns (and stores) ``engines_running``."""
         n = self.dp_size if dp_size is None else dp_size
+        self.num_syncs += 1
+        partial_pause = sum_pending_pause % n != 0
         if sum_pending_pause == n:  # pause consensus
             self.pending_pause = False
             self.ignore_start_wave = True
-        self.engines_running = sum_unfinished > 0 or (sum_pending_pause % n != 0)  # partial pause keeps running
+        self.engines_running = sum_unfinished > 0 or partial_pause  # a partial pause keeps the group running
+        # Both sums are the same on every rank, so every rank switches cadence on the same step (§8.3).
+        self.dense = sum_unfinished < n or partial_pause
+        horizon = group_horizon(horizon_counts, n, self.sync_interval)
+        self.next_sync = self.step_counter + min(horizon, self.sync_interval)
         return self.engines_running
 
-    def global_unfinished(self, local_unfinished: bool,
-                          all_reduce_sum: Callable[[list[int]], Sequence[int]]) -> bool:
+    def global_unfinished(self, local_unfinished: bool, all_reduce_sum: Callable[[list[int]], Sequence[int]],
+                          local_horizon: int | None = None) -> bool:
         """``advance`` + the collective (performed by the given function) + ``apply_sync``."""
         if not self.advance():
             return True
-        s_unf, s_pause = all_reduce_sum(self.sync_flags(local_unfinished))
-        return self.apply_sync(s_unf, s_pause)
+        s_unf, s_pause, *horizon = all_reduce_sum(self.sync_flags(local_unfinished, local_horizon))
+        return self.apply_sync(s_unf, s_pause, horizon_counts=horizon)
 
     def end_step(self) -> WaveCompleted | None:
         """After the sync decision: close the wave when the group went idle."""
@@ -152,6 +211,8 @@ class Lockstep:
         done = WaveCompleted(self.current_wave, self.dp_rank == 0 or not self.has_coordinator)
         self.current_wave += 1
         self.step_counter = 0
+        self.dense = False
+        self.next_sync = None
         return done
 
     # ------------------------------------------------------------ two-phase pause (§8.6)

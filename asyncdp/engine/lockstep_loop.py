@@ -7,11 +7,13 @@ and adds the one collective, the DP group's all-reduce. One iteration::
     process inputs, blocking only while the group is idle and this rank has nothing steppable
     publish stats; step if there is steppable work (throttled per §8.5); publish stats
     if nothing executed: a dummy batch when the group is running, else back to the inputs
-    advance the wave step; on a sync step all-reduce (sum) [local_unfinished, pending_pause]
+    advance the wave step; on a sync step all-reduce (sum) [local_unfinished, pending_pause, horizon row]
     end_step: when the group went idle the wave is complete (rank 0 sends WaveComplete)
 
 Invariant: each iteration that reaches ``advance`` runs exactly one forward (real or dummy), and the sync
-schedule depends only on the shared step counter, so the k-th all-reduce of every rank is the same collective.
+schedule depends only on the shared step counter and earlier all-reduce results (the adaptive cadence of
+:mod:`asyncdp.dp.lockstep`), so the k-th all-reduce of every rank is the same collective. The drain horizon this
+rank contributes (:func:`forwards_to_drain`) is local, but it only enters the schedule through the all-reduce.
 The resume barrier (a max all-reduce) only runs while the whole group is stopped by a completed pause, so it
 pairs with the peers' resume barriers.
 
@@ -37,8 +39,25 @@ from asyncdp.engine.rank import RankTornDown
 
 if TYPE_CHECKING:
     from asyncdp.engine.rank import EngineRank
+    from asyncdp.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
+
+def forwards_to_drain(scheduler: Scheduler) -> int:
+    """Forwards this rank still needs for the work that keeps a wave running (§8.6), if nothing new arrives and no
+    request stops early: per request, its prefill chunks after the first plus the tokens left to ``max_tokens``.
+    It ignores queueing behind the batch limits, so it may come out short; that costs the group one extra sync."""
+    if scheduler.pause_state == "paused-all":
+        return 0
+    reqs = scheduler.running if scheduler.pause_state == "paused-new" else scheduler.requests.values()
+    budget = max(1, scheduler.max_num_batched_tokens)
+    horizon = 0
+    for req in reqs:
+        prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
+        chunks = -(-prompt_left // budget)
+        horizon = max(horizon, max(0, chunks - 1) + max(1, req.max_tokens - req.num_output_tokens))
+    return horizon
 
 
 class LockstepLoop:
@@ -84,8 +103,10 @@ class LockstepLoop:
                     continue  # the group is idle: no collective; block on input
                 await rank.run_dummy()
             if ls.advance():
-                s_unf, s_pause = await self.group.all_reduce(ls.sync_flags(local_unfinished), "sum")
-                ls.apply_sync(s_unf, s_pause)
+                horizon = forwards_to_drain(core.scheduler) if local_unfinished else 0
+                s_unf, s_pause, *horizons = await self.group.all_reduce(
+                    ls.sync_flags(local_unfinished, horizon), "sum")
+                ls.apply_sync(s_unf, s_pause, horizon_counts=horizons)
             await self._end_wave(ls.end_step())
             rank.complete_pauses()
             await self._report_transition()

@@ -88,6 +88,8 @@ class RankState:
     shutting_down: bool = False
     dead_reason: str | None = None
     last_stats: tuple[int, int, float] | None = None
+    # The cumulative counters as of the last stats attached to a client message: attached stats carry deltas.
+    attached_counters: tuple[int, ...] = (0, 0, 0, 0, 0)
     owners: dict[str, int] = field(default_factory=dict)
 
 
@@ -292,7 +294,7 @@ class EngineRank:
                 del owners[out.request_id]
         if not per_client:
             return
-        stats = self.scheduler_stats()
+        stats = self.attach_stats()
         stats_to = next(iter(per_client))
         now = time.time()
         for ci, (outs, finished) in per_client.items():
@@ -304,7 +306,7 @@ class EngineRank:
         """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
         await self.links.send_to_client(self.links.stats_client, m.EngineOutputs(
             dp_rank=self.cfg.dp_rank, outputs=[], finished_request_ids=[],
-            scheduler_stats=self.scheduler_stats(), timestamp=time.time()))
+            scheduler_stats=self.attach_stats(), timestamp=time.time()))
 
     # ------------------------------------------------------------------ message handling
 
@@ -415,6 +417,16 @@ class EngineRank:
         return msgspec.structs.replace(
             stats, step=ls.step_counter, wave=ls.current_wave, wave_running=ls.engines_running,
             num_dummy_steps=self.state.dummy_steps, waves_completed=self.state.waves_completed)
+
+    def attach_stats(self) -> m.SchedulerStats:
+        """Stats for one client message: the counters are deltas since the previous attached stats. Each stats
+        object goes to exactly one client, so the deltas partition the totals and API processes can sum them."""
+        s = self.scheduler_stats()
+        now = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions, s.num_dummy_steps, s.waves_completed)
+        q, h, p, d, w = (a - b for a, b in zip(now, self.state.attached_counters, strict=True))
+        self.state.attached_counters = now
+        return msgspec.structs.replace(s, prefix_cache_queries=q, prefix_cache_hits=h, num_preemptions=p,
+                                       num_dummy_steps=d, waves_completed=w)
 
     async def publish_stats(self) -> None:
         if self.coordinator is None or self.cfg.external_lb:

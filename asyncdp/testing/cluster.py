@@ -1,4 +1,5 @@
-"""A whole dense DP deployment in one anyio event loop, over in-memory links (the simulation harness).
+"""A whole DP deployment (dense, or MoE in lockstep) in one anyio event loop, over in-memory links (the simulation
+harness).
 
 Theory of operation
 -------------------
@@ -12,6 +13,11 @@ processes, and wires them with in-memory links instead of sockets:
   (optional: ``with_coordinator=False`` routes on in-flight counts only);
 * ``num_clients`` real :class:`~asyncdp.client.DPClient` objects whose engine links come through
   ``attach_engine(link)`` and whose coordinator link through ``attach_coordinator(link)``.
+
+MoE (``is_moe=True``): every rank also gets a member of one :class:`~asyncdp.engine.dp_group.MemoryDPGroup` and
+runs the lockstep loop (dummy batches, sync all-reduces, waves); the coordinator runs in wave mode and the clients
+send ``FirstRequest`` to wake an idle group, as in a real MoE deployment. :meth:`SimCluster.group_running` reads
+each rank's lockstep state.
 
 Startup mirrors the process roles: the coordinator accepts links; every rank subscribes to it and waits for
 ``CoordinatorReady``, then sends ``EngineReady`` to every client; the context manager yields once every client
@@ -53,6 +59,7 @@ from asyncdp.client import ClientConfig, DPClient
 from asyncdp.config import EngineConfig, SimCostProfile
 from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
 from asyncdp.engine.core import EngineCore
+from asyncdp.engine.dp_group import MemoryDPGroup
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.errors import AsyncDPError, ConfigError
 from asyncdp.sampling_params import SamplingParams
@@ -122,6 +129,10 @@ class SimCluster:
     def finished_counts(self) -> list[int]:
         """Per rank: requests it reported finished (any reason, aborts included), as sent to the clients."""
         return list(self._finished)
+
+    def group_running(self) -> list[bool]:
+        """MoE: per rank, whether its lockstep state says the group's wave is running (False on a dense rank)."""
+        return [r.lockstep is not None and r.lockstep.state.engines_running for r in self.ranks]
 
     def inflight_counts(self) -> list[int]:
         """Per client: requests it still tracks as in flight."""
@@ -322,8 +333,14 @@ async def open_sim_cluster(
     heartbeat_interval_s: float = 1.0,
     heartbeat_timeout_s: float = 5.0,
     codec: bool = False,
+    is_moe: bool = False,
+    sync_interval: int = 32,
+    sync_cadence: str = "asyncdp",
 ) -> AsyncIterator[SimCluster]:
-    """Start a dense DP deployment in this event loop; yield it once every client can route to every rank.
+    """Start a DP deployment in this event loop; yield it once every client can route to every rank.
+
+    ``is_moe=True`` runs the ranks in lockstep (with ``sync_interval`` and ``sync_cadence``, see
+    :mod:`asyncdp.dp.lockstep`) and the coordinator in wave mode.
 
     ``engine_config.executor`` must be ``"sim"``. ``eos_token_ids`` are never sampled (outputs run to
     ``max_tokens``). ``codec=True`` round-trips every message through the msgpack codec (slower; exercises the
@@ -335,11 +352,12 @@ async def open_sim_cluster(
     if dp_size < 1 or num_clients < 1:
         raise ConfigError(f"dp_size and num_clients must be >= 1 (got {dp_size} and {num_clients}).")
     if coordinator_config is None:
-        coordinator_config = CoordinatorConfig(dp_size=dp_size, wave_mode=False,
+        coordinator_config = CoordinatorConfig(dp_size=dp_size, wave_mode=is_moe,
                                                heartbeat_interval_s=heartbeat_interval_s,
                                                heartbeat_timeout_s=heartbeat_timeout_s)
-    if coordinator_config.dp_size != dp_size or coordinator_config.wave_mode:
-        raise ConfigError("coordinator_config must be dense (wave_mode=False) with the cluster's dp_size.")
+    if coordinator_config.dp_size != dp_size or coordinator_config.wave_mode != is_moe:
+        raise ConfigError("coordinator_config must have the cluster's dp_size, and wave_mode exactly when is_moe.")
+    moe = (sync_interval, sync_cadence) if is_moe else None
 
     cluster = SimCluster(dp_size=dp_size, num_clients=num_clients, codec=codec)
     ranks = tuple(range(dp_size))
@@ -348,7 +366,7 @@ async def open_sim_cluster(
             try:
                 await _start(cluster, tg, engine_config, vocab_size, max_model_len, eos_token_ids, tokenizer,
                              lb_policy, coordinator_config if with_coordinator else None, ranks,
-                             heartbeat_interval_s, heartbeat_timeout_s)
+                             heartbeat_interval_s, heartbeat_timeout_s, moe)
                 yield cluster
             finally:
                 for client in cluster.clients:
@@ -366,7 +384,7 @@ async def open_sim_cluster(
 async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: EngineConfig, vocab_size: int,
                  max_model_len: int, eos_token_ids: Sequence[int], tokenizer: Any, lb_policy: str,
                  coordinator_config: CoordinatorConfig | None, ranks: tuple[int, ...],
-                 heartbeat_interval_s: float, heartbeat_timeout_s: float) -> None:
+                 heartbeat_interval_s: float, heartbeat_timeout_s: float, moe: tuple[int, str] | None) -> None:
     dp_size, num_clients = cluster.dp_size, cluster.num_clients
     if coordinator_config is not None:
         cluster.coordinator = SimCoordinator(
@@ -376,7 +394,7 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
 
     for ci in range(num_clients):
         cfg = ClientConfig(client_index=ci, client_count=num_clients, managed_ranks=ranks, dp_size=dp_size,
-                           model_name="sim", max_model_len=max_model_len, lb_policy=lb_policy,
+                           model_name="sim", max_model_len=max_model_len, lb_policy=lb_policy, is_moe=moe is not None,
                            heartbeat_interval_s=heartbeat_interval_s)
         cluster.clients.append(DPClient(cfg, tokenizer))
 
@@ -393,6 +411,8 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
             tg.start_soon(client.attach_engine, client_end)
 
     coordinator_links: list[SimLink | None] = []
+    groups = MemoryDPGroup.create(dp_size) if moe is not None and dp_size > 1 else None
+    sync_interval, sync_cadence = moe if moe is not None else (32, "asyncdp")
     for r in ranks:
         executor = SimRankExecutor(engine_config, vocab_size, max_model_len=max_model_len,
                                    avoid_token_ids=eos_token_ids)
@@ -403,9 +423,11 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
         if coord_link is not None:
             cluster._rank_links[r].append(coord_link)
         coordinator_links.append(coord_link)
-        rank_cfg = RankConfig(dp_rank=r, dp_size=dp_size, engine=engine_config,
-                              heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
-        cluster.ranks.append(EngineRank(rank_cfg, core, rank_client_links[r], coord_link, inline_step=True))
+        rank_cfg = RankConfig(dp_rank=r, dp_size=dp_size, engine=engine_config, is_moe=moe is not None,
+                              heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s,
+                              sync_interval=sync_interval, sync_cadence=sync_cadence)
+        cluster.ranks.append(EngineRank(rank_cfg, core, rank_client_links[r], coord_link, inline_step=True,
+                                        dp_group=None if groups is None else groups[r]))
     for r in ranks:
         tg.start_soon(cluster._run_rank, r, coordinator_links[r])
 

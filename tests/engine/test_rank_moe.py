@@ -49,8 +49,27 @@ async def test_idle_rank_runs_dummy_steps_while_a_peer_works(autojump_clock):
         for idle in (0, 2):
             assert c.ranks[idle].state.steps == 0
             assert c.ranks[idle].state.dummy_steps == forwards(c, 1)  # one dummy per forward of the busy rank
-        # Released at the first sync after the request finished (step 48 of the wave).
-        assert forwards(c, 1) == 48
+        # Step 1 saw idle ranks, so every step synced: released on the step the request finished.
+        assert forwards(c, 1) == 40
+        assert len({c.ls(r).num_syncs for r in range(3)}) == 1 and c.ls(1).num_syncs == 40
+
+
+@pytest.mark.trio
+async def test_busy_group_syncs_every_interval_and_pauses_on_the_last_step_when_ranks_finish_apart(autojump_clock):
+    async with open_cluster(2, sync_interval=8) as c:
+        with trio.fail_after(30):
+            long = await c.client.add(0, "long", max_tokens=30)
+            short = await c.client.add(1, "short", max_tokens=12)
+            for res in (long, short):
+                await res.done.wait()
+            await c.wait_idle()
+        assert [c.ranks[r].state.steps for r in range(2)] == [30, 12]
+        # Syncs at 1 (and 2 when rank 1's request came a step late), 9 (both busy: every interval), 17 (rank 1
+        # idle since step 12), then every step until rank 0's last one: no dummy after the last real step.
+        assert forwards(c, 0) == 30 and c.ranks[0].state.dummy_steps == 0
+        assert c.ranks[1].state.dummy_steps == 30 - 12
+        assert 16 <= c.ls(0).num_syncs <= 17
+        assert len({c.ls(r).num_syncs for r in range(2)}) == 1
 
 
 @pytest.mark.trio
@@ -80,10 +99,30 @@ async def test_wave_transitions_send_scheduler_stats_to_client_0(autojump_clock)
             await c.wait_reported_idle()
         idle_stats = c.client.stats[1]  # rank 1 never had outputs: all its stats come from wave transitions
         assert [s.wave_running for s in idle_stats] == [True, False]
-        last = idle_stats[-1]
-        assert (last.wave, last.waves_completed) == (1, 1)
-        assert last.num_dummy_steps == c.ranks[1].state.dummy_steps == 8
+        assert idle_stats[-1].wave == 1
+        # Counters are deltas since the previous attached stats: their sum is the rank's total.
+        assert sum(s.waves_completed for s in idle_stats) == 1
+        assert sum(s.num_dummy_steps for s in idle_stats) == c.ranks[1].state.dummy_steps == 6  # dense: 6 steps
         assert c.client.stats[0][-1].wave_running is False
+
+
+@pytest.mark.trio
+async def test_counters_attached_to_outputs_are_deltas_that_sum_to_the_rank_totals(autojump_clock):
+    async with open_cluster(2, sync_interval=4) as c:
+        with trio.fail_after(30):
+            for i in range(3):
+                # The same prompt each time: later requests hit the prefix cache.
+                res = await c.client.add(i % 2, f"r{i}", max_tokens=5, prompt_len=40)
+                await res.done.wait()
+                await c.wait_reported_idle()
+        for r in range(2):
+            got = c.client.stats[r]
+            total = c.ranks[r].scheduler_stats()
+            assert len(got) > 2
+            for field in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_dummy_steps",
+                          "waves_completed"):
+                assert sum(getattr(s, field) for s in got) == getattr(total, field), field
+        assert c.ranks[0].scheduler_stats().prefix_cache_hits > 0
 
 
 class InterceptLink(Link):
@@ -187,3 +226,17 @@ async def test_new_prefills_join_running_decodes_only_on_every_kth_wave_step(aut
             assert all(step % 4 == 0 for step in mixed)
         else:
             assert any(step % 4 != 0 for step in mixed)  # without the cadence prefills join at any step
+
+
+@pytest.mark.trio
+async def test_ranks_finishing_on_the_same_step_pause_on_it_through_the_drain_horizon(autojump_clock):
+    async with open_cluster(2, sync_interval=32) as c:
+        with trio.fail_after(30):
+            results = [await c.client.add(r, f"same-{r}", max_tokens=45) for r in range(2)]
+            for res in results:
+                await res.done.wait()
+            await c.wait_idle()
+        assert [c.ranks[r].state.steps for r in range(2)] in ([45, 45], [45, 46], [46, 45])
+        # Step 33's sync carried horizon 12 (or 13): the next sync is the last real step, no dummy forward after it.
+        assert [c.ranks[r].state.dummy_steps for r in range(2)] in ([0, 0], [0, 1], [1, 0])
+        assert c.ls(0).num_syncs <= 4
