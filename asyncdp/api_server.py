@@ -115,6 +115,9 @@ async def serve_api(
         task_status.started(client)
         await shutdown.wait()
         client.begin_shutdown()
+        # Hypercorn closes its own duplicate of the listener now; this process's copy must go too, or the kernel
+        # keeps queueing new connections that nobody accepts (they hang, then reset) instead of refusing them.
+        http_sock.close()
         if cfg.shutdown_timeout_s <= 0:
             await client.abort_all()
         # serve_http drains (or not) and returns; then everything else in this group stops.
