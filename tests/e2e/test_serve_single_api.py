@@ -1,0 +1,84 @@
+"""End to end against dp=2 behind one in-launcher API server: admission limit (429), engine loss (spec §13), and
+the trio backend.
+
+The ``dp2_single_api`` deployment admits one request at a time (``--max-queued-requests 1``). Its last test
+SIGKILLs an engine, so it runs last in this module; the fixture then still expects an orderly exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import MODEL, Server, serve
+from tests.e2e.metrics_text import per_engine, read_metrics, successes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+
+async def test_concurrent_requests_over_max_queued_get_429(dp2_single_api: Server) -> None:
+    outcomes: list[str] = []
+    with anyio.fail_after(60):
+        async with dp2_single_api.openai() as client:
+
+            async def one(i: int) -> None:
+                try:
+                    await client.completions.create(model=MODEL, prompt=f"queue {i}", max_tokens=30,
+                                                    extra_body={"ignore_eos": True})
+                    outcomes.append("ok")
+                except openai.RateLimitError as exc:
+                    assert exc.status_code == 429
+                    outcomes.append("429")
+
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(one, i)
+    assert len(outcomes) == 8
+    assert "ok" in outcomes and "429" in outcomes, outcomes
+
+
+async def test_killed_engine_is_dead_in_server_info_and_the_survivor_serves(dp2_single_api: Server) -> None:
+    """SIGKILL rank 1's engine: /server_info says ``dead`` within 2 s, /health stays 200, and new requests all
+    succeed on rank 0 (spec §13, dense)."""
+    server = dp2_single_api
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=5.0) as http:
+        info = (await http.get("/server_info")).json()
+        victim = next(p["pid"] for p in info["processes"] if p["role"] == "engine" and p["rank"] == 1)
+        os.kill(victim, signal.SIGKILL)
+        with anyio.fail_after(2.0):
+            while True:
+                ranks = (await http.get("/server_info")).json()["managed_ranks"]
+                if [r["state"] for r in ranks] == ["ready", "dead"]:
+                    break
+                await anyio.sleep(0.1)
+        assert (await http.get("/health")).status_code == 200
+        text = await read_metrics(server.base_url)
+        assert per_engine(text, "asyncdp:dp_engine_up") == {"0": 1.0, "1": 0.0}
+
+    before = await successes(server.base_url)
+    n = 10
+    with anyio.fail_after(30):
+        async with server.openai() as client:
+            for i in range(n):  # one at a time: this deployment admits one request at a time
+                r = await client.completions.create(model=MODEL, prompt=f"survivor {i}", max_tokens=3)
+                assert r.choices[0].finish_reason in ("length", "stop")
+    after = await successes(server.base_url)
+    assert after.get("0", 0.0) - before.get("0", 0.0) == n
+    assert after.get("1", 0.0) == before.get("1", 0.0)
+
+
+async def test_trio_backend_serves_a_completion(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with serve(tmp_path, "-dp", "2", "--api-server-count", "1", "--backend", "trio") as server:
+        with anyio.fail_after(30):
+            async with server.openai() as client:
+                r = await client.completions.create(model=MODEL, prompt="Hello from trio", max_tokens=4)
+                s = await client.completions.create(model=MODEL, prompt="Hello from trio", max_tokens=4,
+                                                    stream=True)
+                streamed = [c async for c in s]
+        assert r.choices[0].finish_reason in ("length", "stop") and r.usage and r.usage.prompt_tokens > 0
+        assert streamed and streamed[-1].choices[0].finish_reason in ("length", "stop")
