@@ -128,7 +128,7 @@ def asyncdp_server(backend: str, timeout_s: float = 120.0) -> Iterator[str]:
     the launch (a lost race shows as an exit before /health answers)."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "asyncdp", "serve", "builtin:tiny-dense", "--served-model-name", BODY["model"],
+    cmd = [sys.executable, "-m", "asyncdp", "serve", "builtin:tiny-dense", "--served-model-name", str(BODY["model"]),
            "--executor", "sim", "--sim-cost", "0,0,0,0", "--api-server-count", "1", "--backend", backend,
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,

@@ -31,9 +31,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from openai import AsyncOpenAI
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "builtin:tiny-dense"
@@ -94,9 +96,7 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def openai(self, **kwargs):  # type: ignore[no-untyped-def]
-        from openai import AsyncOpenAI
-
+    def openai(self, **kwargs: Any) -> AsyncOpenAI:
         return AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="x", max_retries=0, **kwargs)
 
     def remember_tree(self) -> None:

@@ -11,6 +11,7 @@ import anyio
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import MODEL, Server
 from tests.e2e.metrics_text import per_engine, read_metrics, successes
@@ -65,7 +66,7 @@ async def test_two_bursts_of_200_all_succeed_and_balance_over_both_ranks(dp2: Se
 @pytest.mark.parametrize("stream_first", [False, True])
 async def test_temperature_zero_streamed_text_equals_non_streamed(dp2: Server, stream_first: bool) -> None:
     prompt = "The capital of France is"
-    messages = [{"role": "user", "content": "Tell me a story about a cat."}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story about a cat."}]
     with anyio.fail_after(60):
         async with dp2.openai() as client:
 
@@ -130,9 +131,12 @@ async def test_rank_hint_sends_every_request_to_that_rank(dp2: Server, form: str
     before = await successes(dp2.base_url)
     with anyio.fail_after(60):
         async with dp2.openai() as client, anyio.create_task_group() as tg:
+
+            async def one(i: int) -> None:
+                await client.completions.create(model=MODEL, prompt=f"hint {i}", max_tokens=3, **kwargs)
+
             for i in range(n):
-                tg.start_soon(lambda i=i: client.completions.create(model=MODEL, prompt=f"hint {i}",
-                                                                    max_tokens=3, **kwargs))
+                tg.start_soon(one, i)
     after = await successes(dp2.base_url)
     delta = {e: after.get(e, 0.0) - before.get(e, 0.0) for e in ("0", "1")}
     assert delta == {"0": 0.0, "1": float(n)}

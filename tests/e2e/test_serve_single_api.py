@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import anyio
 import httpx
@@ -72,7 +73,7 @@ async def test_killed_engine_is_dead_in_server_info_and_the_survivor_serves(dp2_
     assert after.get("1", 0.0) == before.get("1", 0.0)
 
 
-async def test_trio_backend_serves_a_completion(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_trio_backend_serves_a_completion(tmp_path: Path) -> None:
     with serve(tmp_path, "-dp", "2", "--api-server-count", "1", "--backend", "trio") as server:
         with anyio.fail_after(30):
             async with server.openai() as client:

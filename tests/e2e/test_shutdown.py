@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import anyio
 import httpx
@@ -47,7 +48,7 @@ async def _exit_code_after(server: Server, timeout_s: float) -> int | None:
         return None
 
 
-async def test_sigterm_with_zero_timeout_aborts_streams_and_exits_0_within_4s(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_sigterm_with_zero_timeout_aborts_streams_and_exits_0_within_4s(tmp_path: Path) -> None:
     with serve(tmp_path, "-dp", "2", "--shutdown-timeout", "0", *LONG_ARGS) as server:
         outcomes: list[str] = []
         with anyio.fail_after(30):
@@ -68,7 +69,7 @@ async def test_sigterm_with_zero_timeout_aborts_streams_and_exits_0_within_4s(tm
         assert not server.wait_gone(), server.log()[-3000:]
 
 
-async def test_sigterm_with_timeout_drains_in_flight_and_refuses_new(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_sigterm_with_timeout_drains_in_flight_and_refuses_new(tmp_path: Path) -> None:
     with serve(tmp_path, "-dp", "2", "--shutdown-timeout", "5", *LONG_ARGS) as server:
         outcomes: list[str] = []
         refused: list[str] = []
