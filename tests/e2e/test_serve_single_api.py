@@ -44,19 +44,40 @@ async def test_concurrent_requests_over_max_queued_get_429(dp2_single_api: Serve
 
 
 async def test_killed_engine_is_dead_in_server_info_and_the_survivor_serves(dp2_single_api: Server) -> None:
-    """SIGKILL rank 1's engine: /server_info says ``dead`` within 2 s, /health stays 200, and new requests all
-    succeed on rank 0 (spec §13, dense)."""
+    """SIGKILL rank 1's engine while a stream runs on it: the stream ends with an error instead of hanging,
+    /server_info says ``dead`` within 2 s, /health stays 200, and new requests all succeed on rank 0 (spec §13,
+    §12.4, dense). The stream held the only admission slot, so the survivors also show it was released."""
     server = dp2_single_api
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=5.0) as http:
+    ended: list[str] = []
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=5.0) as http, server.openai() as client:
         info = (await http.get("/server_info")).json()
         victim = next(p["pid"] for p in info["processes"] if p["role"] == "engine" and p["rank"] == 1)
-        os.kill(victim, signal.SIGKILL)
-        with anyio.fail_after(2.0):
-            while True:
-                ranks = (await http.get("/server_info")).json()["managed_ranks"]
-                if [r["state"] for r in ranks] == ["ready", "dead"]:
-                    break
-                await anyio.sleep(0.1)
+        first = anyio.Event()
+
+        async def doomed_stream() -> None:
+            stream = await client.completions.create(model=MODEL, prompt="doomed", max_tokens=480, stream=True,
+                                                     extra_headers={"X-data-parallel-rank": "1"},
+                                                     extra_body={"ignore_eos": True})
+            try:
+                async for chunk in stream:
+                    first.set()
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        ended.append(chunk.choices[0].finish_reason)
+            except (openai.APIError, httpx.HTTPError) as exc:
+                ended.append(type(exc).__name__)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(doomed_stream)
+                await first.wait()
+                os.kill(victim, signal.SIGKILL)
+                with anyio.fail_after(2.0):
+                    while True:
+                        ranks = (await http.get("/server_info")).json()["managed_ranks"]
+                        if [r["state"] for r in ranks] == ["ready", "dead"]:
+                            break
+                        await anyio.sleep(0.1)
+        assert len(ended) == 1 and ended[0] not in ("length", "stop"), ended
         assert (await http.get("/health")).status_code == 200
         text = await read_metrics(server.base_url)
         assert per_engine(text, "asyncdp:dp_engine_up") == {"0": 1.0, "1": 0.0}
