@@ -10,8 +10,8 @@ every 0.2 s, and fails with the server's log if the launcher exits first.
 asyncdp's children lead their own sessions, so one process group does not cover a deployment. The fixture records
 the launcher's process tree from ``/proc`` (pid and start time, so a reused pid is not mistaken for a survivor)
 once healthy and again before stopping. :meth:`Server.stop` sends SIGTERM to the launcher, asserts exit code 0,
-that its session is gone (``killpg(pgid, 0)``) and that no recorded process remains; the finalizer SIGKILLs
-whatever is left, so a failing test never leaks processes.
+that its session is gone (``killpg(pgid, 0)``), that no recorded process remains and that no traceback was
+logged; the finalizer SIGKILLs whatever is left, so a failing test never leaks processes.
 
 Module-scoped fixtures share one deployment between the tests of a module: ``dp2`` (dp=2 behind 2 API-server
 processes) and ``dp2_single_api`` (dp=2 behind one API server, ``--max-queued-requests 1``).
@@ -144,6 +144,7 @@ class Server:
         assert not left, f"processes left after shutdown: {left}\n{self.log()[-4000:]}"
         with pytest.raises(ProcessLookupError):
             os.killpg(self.process.pid, 0)
+        assert "Traceback" not in self.log(), f"a traceback was logged\n{self.log()[-4000:]}"
         return took
 
     def kill_all(self) -> None:

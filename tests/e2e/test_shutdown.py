@@ -66,6 +66,7 @@ async def test_sigterm_with_zero_timeout_aborts_streams_and_exits_0_within_4s(tm
         assert code == 0, f"exit {code} after {took:.1f} s\n{server.log()[-3000:]}"
         assert outcomes == ["abort"] * 4, outcomes  # spec 12.4: an in-flight stream ends with finish_reason abort
         assert not server.wait_gone(), server.log()[-3000:]
+        assert "Traceback" not in server.log(), server.log()[-3000:]
 
 
 async def test_sigterm_with_timeout_drains_in_flight_and_refuses_new(tmp_path: Path) -> None:
@@ -102,3 +103,4 @@ async def test_sigterm_with_timeout_drains_in_flight_and_refuses_new(tmp_path: P
         assert outcomes == ["length"], f"{outcomes}\n{server.log()[-3000:]}"
         assert code == 0, f"exit {code} after {took:.1f} s\n{server.log()[-3000:]}"
         assert not server.wait_gone(), server.log()[-3000:]
+        assert "Traceback" not in server.log(), server.log()[-3000:]
