@@ -429,7 +429,10 @@ class DPClient:
             async def heartbeat() -> None:
                 for seq in itertools.count(1):
                     await anyio.sleep(self.cfg.heartbeat_interval_s)
-                    await link.send(m.Heartbeat(sender=f"client-{self.cfg.client_index}", seq=seq))
+                    try:
+                        await link.send(m.Heartbeat(sender=f"client-{self.cfg.client_index}", seq=seq))
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        return  # the coordinator is gone; the reader below sees EOF and ends the link
 
             tg.start_soon(heartbeat)
             async for msg in link:
