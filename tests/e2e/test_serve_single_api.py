@@ -1,5 +1,5 @@
-"""End to end against dp=2 behind one in-launcher API server: admission limit (429), engine loss (spec §13), and
-the trio backend.
+"""End to end against dp=2 behind one in-launcher API server: admission limit (429), engine loss (spec §13,
+dense), and the trio backend.
 
 The ``dp2_single_api`` deployment admits one request at a time (``--max-queued-requests 1``). Its last test
 SIGKILLs an engine, so it runs last in this module; the fixture then still expects an orderly exit 0.
