@@ -79,14 +79,14 @@ async def serve_api(
 ) -> int:
     """Serve until ``shutdown`` is set; return the exit code (0 orderly, 1 all engines dead)."""
     from asyncdp.api.app import create_app
-    from asyncdp.api.serve import serve_http
+    from asyncdp.api.serve import SSLFiles, serve_http
     from asyncdp.model import load_tokenizer
 
     tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path)
     metrics = make_metrics(cfg)
     client = DPClient(cfg.client, tokenizer, metrics=metrics)
     app = create_app(client, backend=cfg.backend, metrics=metrics)
-    ssl = (cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
+    ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
     http_stop = anyio.Event()
     async with anyio.create_task_group() as tg:
