@@ -87,16 +87,19 @@ class Server:
     process: subprocess.Popen[bytes]
     log_path: Path
     args: tuple[str, ...]
+    scheme: str = "http"
     known: dict[int, int] = field(default_factory=dict)  # pid -> start time of every process seen in the tree
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def openai(self, **kwargs: Any) -> AsyncOpenAI:
+        if self.scheme == "https":  # the tests' self-signed certificate
+            kwargs.setdefault("http_client", httpx.AsyncClient(verify=False))
         return AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="x", max_retries=0, **kwargs)
 
     def remember_tree(self) -> None:
@@ -169,13 +172,14 @@ def _launch(args: tuple[str, ...], log_path: Path) -> Server:
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, cwd=ROOT)
-    return Server(port=port, process=proc, log_path=log_path, args=args)
+    scheme = "https" if "--ssl-certfile" in args else "http"
+    return Server(port=port, process=proc, log_path=log_path, args=args, scheme=scheme)
 
 
 def _wait_healthy(server: Server, timeout_s: float) -> bool:
     """True once /health is 200; False if the launcher exited first. Fails the test at the deadline."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2.0) as http:
+    with httpx.Client(timeout=2.0, verify=False) as http:
         while time.monotonic() < deadline:
             try:
                 if http.get(f"{server.base_url}/health").status_code == 200:

@@ -1,13 +1,14 @@
-"""End to end against dp=2 behind one in-launcher API server: admission limit (429), engine loss (spec §13,
-dense), and the trio backend.
+"""End to end against dp=2 behind one in-launcher API server: admission limit (429) and engine loss (spec §13,
+dense); plus two short-lived deployments: the trio backend, and TLS behind two API processes.
 
-The ``dp2_single_api`` deployment admits one request at a time (``--max-queued-requests 1``). Its last test
-SIGKILLs an engine, so it runs last in this module; the fixture then still expects an orderly exit 0.
+The ``dp2_single_api`` deployment admits one request at a time (``--max-queued-requests 1``). The last test that
+uses it SIGKILLs an engine, so it comes after the others; the fixture then still expects an orderly exit 0.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -104,3 +105,19 @@ async def test_trio_backend_serves_a_completion(tmp_path: Path) -> None:
                 streamed = [c async for c in s]
         assert r.choices[0].finish_reason in ("length", "stop") and r.usage and r.usage.prompt_tokens > 0
         assert streamed and streamed[-1].choices[0].finish_reason in ("length", "stop")
+
+
+async def test_tls_serves_a_completion_through_every_api_process(tmp_path: Path) -> None:
+    """--ssl-certfile/--ssl-keyfile with two API processes on the inherited socket: HTTPS answers."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a self-signed certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    with anyio.fail_after(30):
+        await anyio.run_process(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                                 "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"])
+    with serve(tmp_path, "-dp", "2", "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)) as server:
+        assert server.base_url.startswith("https://")
+        with anyio.fail_after(30):
+            async with server.openai() as client:
+                r = await client.completions.create(model=MODEL, prompt="Hello over TLS", max_tokens=3)
+        assert r.choices[0].finish_reason in ("length", "stop")
