@@ -132,15 +132,15 @@ class Server:
             left = self.remaining()
         return left
 
-    def stop(self, *, timeout_s: float = 15.0) -> float:
-        """SIGTERM the launcher; assert exit 0 and no leftover process. Returns the seconds it took."""
+    def stop(self, *, timeout_s: float = 15.0, sig: signal.Signals = signal.SIGTERM) -> float:
+        """Signal the launcher; assert exit 0 and no leftover process. Returns the seconds it took."""
         self.remember_tree()
         t0 = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(sig)
         try:
             code = self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"launcher did not exit within {timeout_s} s of SIGTERM\n{self.log()[-4000:]}")
+            pytest.fail(f"launcher did not exit within {timeout_s} s of {sig.name}\n{self.log()[-4000:]}")
         took = time.monotonic() - t0
         assert code == 0, f"launcher exited with {code}\n{self.log()[-4000:]}"
         left = self.wait_gone()

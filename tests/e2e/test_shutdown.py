@@ -2,7 +2,8 @@
 
 ``--shutdown-timeout 0``: every in-flight stream ends with ``finish_reason == "abort"`` and the launcher
 exits 0 within 4 s, leaving no process behind. ``--shutdown-timeout 5``: new requests are refused (503 or a
-refused connection) while the in-flight stream runs to its natural end, then the launcher exits 0.
+refused connection) while the in-flight stream runs to its natural end, then the launcher exits 0. SIGINT
+(Ctrl-C) stops a single-mode deployment the same way.
 """
 
 from __future__ import annotations
@@ -104,3 +105,14 @@ async def test_sigterm_with_timeout_drains_in_flight_and_refuses_new(tmp_path: P
         assert code == 0, f"exit {code} after {took:.1f} s\n{server.log()[-3000:]}"
         assert not server.wait_gone(), server.log()[-3000:]
         assert "Traceback" not in server.log(), server.log()[-3000:]
+
+
+async def test_sigint_stops_a_single_rank_deployment_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) is a graceful stop too, in single mode (one process plus its engine, no coordinator)."""
+    with serve(tmp_path, "-dp", "1", "--shutdown-timeout", "0") as server:
+        async with server.openai() as client:
+            with anyio.fail_after(30):
+                r = await client.completions.create(model=MODEL, prompt="before the signal", max_tokens=2)
+        assert r.choices[0].finish_reason in ("length", "stop")
+        took = await anyio.to_thread.run_sync(lambda: server.stop(timeout_s=4.1, sig=signal.SIGINT))
+        assert took < 4.1
