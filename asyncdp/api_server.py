@@ -36,6 +36,8 @@ from asyncdp.transport import listen
 log = logging.getLogger(__name__)
 
 WATCHDOG_INTERVAL_S = 5.0
+# At shutdown: how long aborted requests get to send their last chunk before HTTP stops.
+FLUSH_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,15 +79,16 @@ async def serve_api(
 ) -> int:
     """Serve until ``shutdown`` is set; return the exit code (0 orderly, 1 all engines dead)."""
     from asyncdp.api.app import create_app
-    from asyncdp.api.serve import serve_http
+    from asyncdp.api.serve import SSLFiles, serve_http
     from asyncdp.model import load_tokenizer
 
     tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path)
     metrics = make_metrics(cfg)
     client = DPClient(cfg.client, tokenizer, metrics=metrics)
     app = create_app(client, backend=cfg.backend, metrics=metrics)
-    ssl = (cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
+    ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
+    http_stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         await tg.start(client.serve, client_listener)
 
@@ -95,9 +98,10 @@ async def serve_api(
                 sock=http_sock,
                 backend=cfg.backend,
                 ssl=ssl,
-                shutdown_timeout_s=cfg.shutdown_timeout_s,
-                shutdown_trigger=shutdown.wait,
+                shutdown_timeout_s=max(cfg.shutdown_timeout_s, FLUSH_S),
+                shutdown_trigger=http_stop.wait,
             )
+            tg.cancel_scope.cancel()  # the client links and the watchdog end with the HTTP server
 
         tg.start_soon(http)
 
@@ -114,14 +118,22 @@ async def serve_api(
         tg.start_soon(watchdog)
         task_status.started(client)
         await shutdown.wait()
+        # Drain in this order (spec 12.4/12.5): new requests get 503 while HTTP keeps serving; in-flight requests
+        # get --shutdown-timeout to finish, then whatever is left is aborted, and HTTP stops only once their final
+        # chunks (finish_reason "abort") had a moment to reach the clients. Stopping HTTP first would cut them off.
         client.begin_shutdown()
-        if cfg.shutdown_timeout_s <= 0:
-            await client.abort_all()
-        # serve_http drains (or not) and returns; then everything else in this group stops.
-        with anyio.move_on_after(cfg.shutdown_timeout_s + 3.0):
-            while client.num_inflight:
-                await anyio.sleep(0.05)
-        tg.cancel_scope.deadline = anyio.current_time() + 1.0
+        # Hypercorn keeps its own duplicate of the listener until HTTP stops; this process's copy goes now, so
+        # that the kernel refuses new connections once the last accepting process stopped, instead of queueing
+        # connections that nobody will accept.
+        http_sock.close()
+        if cfg.shutdown_timeout_s > 0:
+            with anyio.move_on_after(cfg.shutdown_timeout_s):
+                await client.wait_idle()
+        await client.abort_all()
+        with anyio.move_on_after(FLUSH_S):
+            await client.wait_idle()
+        http_stop.set()
+        tg.cancel_scope.deadline = anyio.current_time() + FLUSH_S + 1.0  # backstop; serve_http drains shielded
     return code
 
 

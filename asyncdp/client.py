@@ -120,6 +120,7 @@ class DPClient:
         self._engines: dict[int, _Engine] = {}
         self._local_index = {rank: i for i, rank in enumerate(cfg.managed_ranks)}
         self._requests: dict[str, _Request] = {}
+        self._idle = anyio.Event()  # replaced while requests are in flight; set when the last one is released
         self._utility_results: dict[int, tuple[anyio.Event, list[m.UtilityResult]]] = {}
         self._call_ids = itertools.count(1)
         self._all_ready = anyio.Event()
@@ -156,6 +157,13 @@ class DPClient:
     @property
     def num_inflight(self) -> int:
         return len(self._requests)
+
+    async def wait_idle(self) -> None:
+        """Return once no request of this client is in flight."""
+        while self._requests:
+            if self._idle.is_set():
+                self._idle = anyio.Event()
+            await self._idle.wait()
 
     def begin_shutdown(self) -> None:
         """New requests get 503 from now on."""
@@ -378,6 +386,8 @@ class DPClient:
 
     def _release(self, req: _Request) -> None:
         if self._requests.pop(req.request_id, None) is not None:
+            if not self._requests:
+                self._idle.set()
             self.lb.on_finish(req.request_id)
             self._update_inflight_metric(req.dp_rank)
 

@@ -125,7 +125,7 @@ class _Deployment:
 
     @property
     def http_port(self) -> int:
-        return self.http_sock.getsockname()[1]
+        return self.http_sock.getsockname()[1] if self.http_sock.fileno() != -1 else self.plan.port
 
     def fail(self, reason: str) -> None:
         if self.failure is None and not self.shutdown.is_set():
@@ -526,6 +526,9 @@ async def _stop_all(dep: _Deployment) -> None:
                 tg.start_soon(lambda ch=ch: ch.stop(grace_s=max(0.5, deadline - anyio.current_time())))
 
     dep.api_shutdown.set()
+    # The launcher never accepts on the HTTP socket; its copy would keep the port open (connections queue and
+    # hang) after every API server stopped accepting. Spec §12.5: a refused connection once the listener closes.
+    dep.http_sock.close()
     async with anyio.create_task_group() as tg:
         tg.start_soon(stop_role, "api")
         if dep.inproc_client is not None:

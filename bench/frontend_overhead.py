@@ -4,7 +4,8 @@ Sides, each served by Hypercorn in its own child process on 127.0.0.1 (port 0, r
   bare          a Quart app whose POST /v1/completions returns a fixed completion JSON (the floor);
   api+fake      asyncdp's ``create_app`` over ``FakeEngineClient`` (tokenization, validation, fan-out,
                 response building; no engine);
-  asyncdp       ``asyncdp serve --executor sim``: see ``run_asyncdp_side`` (wired by the integration owner).
+  asyncdp       ``asyncdp serve --executor sim --sim-cost 0,0,0,0`` with one API server and one engine process
+                (the whole path: HTTP, DP client, engine link, scheduler; the model costs nothing).
 The load generator (this process) sends ``--requests`` non-streaming completions with at most
 ``--concurrency`` in flight over loopback (httpx), after a warm-up, and reports requests/s, p50 and p99
 latency, and each side's ratio to ``bare``. Prints a table and writes JSON.
@@ -111,14 +112,55 @@ def child_server(side: str, backend: str) -> Iterator[str]:
             proc.wait()
 
 
-def run_asyncdp_side(requests: int, concurrency: int, backend: str) -> Result | None:
-    """>>> INTEGRATION POINT: start ``asyncdp serve --executor sim`` and measure it. <<<
+def _free_port() -> int:
+    import socket
 
-    To wire: start the server (port 0, read its bound port), then
-    ``return anyio.run(measure, "asyncdp", base_url, requests, concurrency)`` and stop it.
-    Until then this side is skipped (None).
-    """
-    return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def asyncdp_server(backend: str, timeout_s: float = 120.0) -> Iterator[str]:
+    """``asyncdp serve`` on the zero-cost sim executor, one engine, one API server, on a free loopback port.
+
+    The launcher binds ``--port`` itself, so the port is found by binding port 0 here and closing it just before
+    the launch (a lost race shows as an exit before /health answers)."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "asyncdp", "serve", "builtin:tiny-dense", "--served-model-name", str(BODY["model"]),
+           "--executor", "sim", "--sim-cost", "0,0,0,0", "--api-server-count", "1", "--backend", backend,
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{base_url}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            try:  # the poll interval, ending early if the server died
+                raise RuntimeError(f"asyncdp serve exited with {proc.wait(timeout=0.2)} before ready")
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("asyncdp serve was not ready in time") from None
+        yield base_url
+    finally:
+        proc.terminate()  # SIGTERM: the launcher stops its children in order
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def run_asyncdp_side(requests: int, concurrency: int, backend: str) -> Result | None:
+    """The whole serving path: HTTP, tokenization, DP client, engine link, scheduler, sim executor (zero cost)."""
+    with asyncdp_server(backend) as base_url:
+        return anyio.run(measure, "asyncdp", base_url, requests, concurrency)
 
 
 # ---------------------------------------------------------------------- load generator

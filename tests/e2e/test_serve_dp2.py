@@ -1,0 +1,206 @@
+"""End to end against one real dp=2 deployment with two API-server processes sharing the port (spec §10).
+
+All tests of this module share the ``dp2`` deployment (one launcher, one coordinator, two API servers, two
+engines on builtin:tiny-dense) and talk to it with the official ``openai`` client over loopback. Counters are
+compared as deltas, so the tests do not depend on each other's order. Each test runs under ``fail_after``.
+"""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.e2e.conftest import MODEL, Server
+from tests.e2e.metrics_text import per_engine, read_metrics, successes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+DP_SIZE = 2
+API_COUNT = 2
+
+
+async def test_one_completion_reports_finish_reason_and_usage(dp2: Server) -> None:
+    with anyio.fail_after(30):
+        async with dp2.openai() as client:
+            r = await client.completions.create(model=MODEL, prompt="Hello, my name is", max_tokens=5)
+    choice = r.choices[0]
+    assert choice.finish_reason in ("length", "stop")
+    assert r.usage is not None and r.usage.prompt_tokens > 0
+    assert r.usage.completion_tokens == len(choice.text) or r.usage.completion_tokens <= 5
+
+
+async def test_two_bursts_of_200_all_succeed_and_balance_over_both_ranks(dp2: Server) -> None:
+    """Two bursts of 200 concurrent completions succeed; every rank gets > total // (dp + 1) of them
+    (the balance oracle, spec §7.5), and every API process's /metrics shows the whole node (§10)."""
+    before = await successes(dp2.base_url)
+    burst = 200
+    with anyio.fail_after(90):
+        async with dp2.openai() as client:
+            for _ in range(2):
+                results: list[str | None] = []
+
+                async def one(i: int, results: list[str | None] = results) -> None:
+                    r = await client.completions.create(model=MODEL, prompt=f"request number {i}", max_tokens=5)
+                    results.append(r.choices[0].finish_reason)
+
+                async with anyio.create_task_group() as tg:
+                    for i in range(burst):
+                        tg.start_soon(one, i)
+                assert len(results) == burst
+                assert set(results) <= {"length", "stop"}
+
+    total = 2 * burst
+    views = []
+    for _ in range(4 * API_COUNT):  # fresh connections: the reads land on both API processes
+        after = await successes(dp2.base_url)
+        views.append({e: after.get(e, 0.0) - before.get(e, 0.0) for e in ("0", "1")})
+    for delta in views:
+        assert sum(delta.values()) == total, f"a /metrics view misses requests: {views}"
+        for engine, n in delta.items():
+            assert n > total // (DP_SIZE + 1), f"engine {engine} got {n} of {total}: {delta}"
+
+
+@pytest.mark.parametrize("stream_first", [False, True])
+async def test_temperature_zero_streamed_text_equals_non_streamed(dp2: Server, stream_first: bool) -> None:
+    prompt = "The capital of France is"
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story about a cat."}]
+    with anyio.fail_after(60):
+        async with dp2.openai() as client:
+
+            async def completion(stream: bool) -> str:
+                if not stream:
+                    r = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0)
+                    return r.choices[0].text
+                s = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0,
+                                                    stream=True)
+                return "".join([c.choices[0].text async for c in s if c.choices])
+
+            async def chat(stream: bool) -> str:
+                if not stream:
+                    r = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20,
+                                                             temperature=0)
+                    return r.choices[0].message.content or ""
+                s = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20,
+                                                         temperature=0, stream=True)
+                return "".join([c.choices[0].delta.content or "" async for c in s if c.choices])
+
+            order = (True, False) if stream_first else (False, True)
+            texts = [await completion(s) for s in order]
+            chats = [await chat(s) for s in order]
+    assert texts[0] and texts[0] == texts[1]
+    assert chats[0] and chats[0] == chats[1]
+
+
+async def test_server_info_is_answered_by_every_api_process(dp2: Server) -> None:
+    """2·C² sequential GETs of /server_info on fresh connections: both API processes answer, each with count C, and the
+    process table lists the whole node (spec §10 acceptance, §12.2)."""
+    docs = []
+    with anyio.fail_after(30):
+        async with httpx.AsyncClient(base_url=dp2.base_url, timeout=5.0,
+                                     limits=httpx.Limits(max_keepalive_connections=0)) as http:
+
+            async def get() -> None:
+                r = await http.get("/server_info")
+                r.raise_for_status()
+                docs.append(r.json())
+
+            # One at a time: with one shared listening socket, a process that wakes up accepts every pending
+            # connection, so a concurrent batch tends to land on a single process. Which process accepts is the
+            # kernel's choice: 2·C² GETs usually reach both, and a few more make it certain.
+            for _ in range(2 * API_COUNT**2):
+                await get()
+            while len({d["api_process_rank"] for d in docs}) < API_COUNT and len(docs) < 100:
+                await get()
+    assert {d["api_process_count"] for d in docs} == {API_COUNT}
+    assert {d["api_process_rank"] for d in docs} == set(range(API_COUNT))
+    assert {d["parallel_config"]["_api_process_count"] for d in docs} == {API_COUNT}
+    for doc in docs:
+        assert doc["dp_size"] == DP_SIZE and [r["state"] for r in doc["managed_ranks"]] == ["ready", "ready"]
+        roles = sorted(p["role"] for p in doc["processes"])
+        assert roles == sorted(["launcher", "api_server", "api_server", "coordinator", "engine", "engine"])
+        assert all(isinstance(p["pid"], int) and p["pid"] > 0 for p in doc["processes"])
+        assert sorted(p["rank"] for p in doc["processes"] if p["role"] == "engine") == [0, 1]
+    assert {p["pid"] for p in docs[0]["processes"]} <= set(dp2.remaining())
+
+
+@pytest.mark.parametrize("form", ["header", "body"])
+async def test_rank_hint_sends_every_request_to_that_rank(dp2: Server, form: str) -> None:
+    n = 12
+    kwargs = ({"extra_headers": {"X-data-parallel-rank": "1"}} if form == "header"
+              else {"extra_body": {"data_parallel_rank": 1}})
+    before = await successes(dp2.base_url)
+    with anyio.fail_after(60):
+        async with dp2.openai() as client, anyio.create_task_group() as tg:
+
+            async def one(i: int) -> None:
+                await client.completions.create(model=MODEL, prompt=f"hint {i}", max_tokens=3, **kwargs)
+
+            for i in range(n):
+                tg.start_soon(one, i)
+    after = await successes(dp2.base_url)
+    delta = {e: after.get(e, 0.0) - before.get(e, 0.0) for e in ("0", "1")}
+    assert delta == {"0": 0.0, "1": float(n)}
+
+
+async def test_out_of_range_rank_hint_is_400_with_the_range(dp2: Server) -> None:
+    with anyio.fail_after(30):
+        async with dp2.openai() as client:
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                                extra_headers={"X-data-parallel-rank": "2"})
+    assert info.value.status_code == 400
+    assert "data_parallel_rank 2 is out of range [0, 2)" in str(info.value)
+
+
+async def test_client_disconnect_mid_stream_frees_the_request_and_its_kv_blocks(dp2: Server) -> None:
+    """A long pinned stream is dropped after a few chunks: rank 1 counts it as aborted, and its running gauge
+    and KV usage go back to 0 within a few seconds."""
+    pin = {"X-data-parallel-rank": "1"}
+    aborted_before = per_engine(await read_metrics(dp2.base_url), "vllm:request_success_total",
+                                finished_reason="abort").get("1", 0.0)
+    with anyio.fail_after(30):
+        async with dp2.openai() as client:
+            stream = await client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=480,
+                                                     temperature=1.0, stream=True, extra_headers=pin,
+                                                     extra_body={"ignore_eos": True})
+            chunks = 0
+            async for _ in stream:
+                chunks += 1
+                if chunks == 3:
+                    break
+            await stream.close()
+        assert chunks == 3
+
+        with anyio.fail_after(5):
+            while True:
+                text = await read_metrics(dp2.base_url)
+                aborted = per_engine(text, "vllm:request_success_total", finished_reason="abort").get("1", 0.0)
+                running = per_engine(text, "vllm:num_requests_running").get("1", 0.0)
+                kv = per_engine(text, "vllm:kv_cache_usage_perc").get("1", 0.0)
+                if aborted == aborted_before + 1 and running == 0 and kv == 0:
+                    break
+                await anyio.sleep(0.2)
+
+
+async def test_bad_requests_are_rejected_with_openai_errors(dp2: Server) -> None:
+    with anyio.fail_after(30):
+        async with dp2.openai() as client:
+            with pytest.raises(openai.BadRequestError):
+                await client.completions.create(model=MODEL, prompt="x", max_tokens=-1)
+            with pytest.raises(openai.BadRequestError):
+                await client.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=-0.5)
+            with pytest.raises(openai.BadRequestError):
+                await client.completions.create(model=MODEL, prompt="x", max_tokens=10_000)
+            with pytest.raises(openai.NotFoundError) as info:
+                await client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+            assert info.value.status_code == 404
+        async with httpx.AsyncClient(base_url=dp2.base_url, timeout=5.0) as http:
+            r = await http.post("/v1/completions", content=b'{"model": "' + MODEL.encode() + b'", "prompt": ',
+                                headers={"content-type": "application/json"})
+            assert r.status_code == 400
+            assert r.json()["error"]["code"] == 400 or r.json()["error"]["type"]
+            r = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": "not a list"})
+            assert r.status_code == 400
