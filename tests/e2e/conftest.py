@@ -162,11 +162,11 @@ class Server:
             pass
 
 
-def _launch(args: tuple[str, ...], log_path: Path) -> Server:
+def _launch(args: tuple[str, ...], log_path: Path, model: str = MODEL) -> Server:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "asyncdp", "serve", MODEL, "--host", "127.0.0.1", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "asyncdp", "serve", model, "--host", "127.0.0.1", "--port", str(port), *args]
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
@@ -196,18 +196,18 @@ def _wait_healthy(server: Server, timeout_s: float) -> bool:
 
 
 @contextmanager
-def serve(log_dir: Path, *args: str, ready_timeout_s: float = READY_TIMEOUT_S) -> Iterator[Server]:
+def serve(log_dir: Path, *args: str, ready_timeout_s: float = READY_TIMEOUT_S, model: str = MODEL) -> Iterator[Server]:
     """Run a deployment for the duration of the block; stop it (asserting a clean exit) afterwards.
 
     The caller may stop it itself (``server.stop()``) inside the block; the finalizer then only checks for leftovers.
     """
     full_args = (*BASE_ARGS, *args)
     log_path = log_dir / f"asyncdp-{uuid.uuid4().hex[:8]}.log"
-    server = _launch(full_args, log_path)
+    server = _launch(full_args, log_path, model)
     try:
         if not _wait_healthy(server, ready_timeout_s) and re.search(r"cannot listen on .*in use", server.log()):
             server.kill_all()
-            server = _launch(full_args, log_path)  # lost the race for the port: once more, on a new one
+            server = _launch(full_args, log_path, model)  # lost the race for the port: once more, on a new one
             _wait_healthy(server, ready_timeout_s)
         if server.process.poll() is not None:
             pytest.fail(f"server exited with {server.process.returncode} before ready\n{server.log()[-4000:]}")

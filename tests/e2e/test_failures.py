@@ -55,8 +55,6 @@ async def test_last_engine_death_turns_health_503_and_exits_1(tmp_path: Path) ->
         assert not await anyio.to_thread.run_sync(server.wait_gone, 2.0), server.log()[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="asyncdp/engine/rank.py: a dense rank's heartbeat to a dead coordinator "
-                   "raises BrokenResourceError and takes the rank down")
 async def test_killed_coordinator_is_dead_in_server_info_and_both_ranks_keep_serving(tmp_path: Path) -> None:
     """Dense: the coordinator's death only costs the load snapshots (spec §13); requests keep flowing to both
     ranks on in-flight counts, and /health stays 200."""
