@@ -146,8 +146,10 @@ class _Peer:
 
 
 class Coordinator:
-    def __init__(self, config: CoordinatorConfig) -> None:
+    def __init__(self, config: CoordinatorConfig, *, stopping: anyio.Event | None = None) -> None:
         self.config = config
+        # Set by the process when the deployment shuts down in order: engine departures are then expected.
+        self.stopping = stopping if stopping is not None else anyio.Event()
         self.book = StatsBook(config.dp_size, wave_mode=config.wave_mode, external=config.external_lb,
                               now_s=anyio.current_time(), publish_interval_s=config.publish_interval_s,
                               heartbeat_interval_s=config.heartbeat_publish_s,
@@ -357,8 +359,9 @@ class Coordinator:
             elif isinstance(action, W.LogProtocolError):
                 log.error("protocol error: %s", action.message)
             elif isinstance(action, W.MarkDead):
-                log.warning("engine rank %d lost (%s); it leaves the load statistics", action.dp_rank,
-                            action.reason)
+                level = logging.INFO if self.stopping.is_set() else logging.WARNING
+                log.log(level, "engine rank %d lost (%s); it leaves the load statistics", action.dp_rank,
+                        action.reason)
                 self.book.mark_dead(action.dp_rank)
                 self.engines.pop(action.dp_rank, None)
                 if self.machine.all_dead:
@@ -373,7 +376,8 @@ class Coordinator:
 
     async def _teardown(self, action: W.Teardown) -> None:
         log.log(logging.INFO if action.orderly else logging.ERROR, "tearing down the DP group: %s", action.reason)
-        msg = Teardown(reason=action.reason, dead_rank=action.dead_rank)
+        msg = Teardown(reason=action.reason, dead_rank=action.dead_rank,
+                       orderly=action.orderly and self.stopping.is_set())
         others = [p for r, p in self.engines.items() if r != action.dead_rank]
         for peer in others:
             peer.send_nowait(msg)
@@ -384,6 +388,7 @@ class Coordinator:
 
 
 async def serve_coordinator(config: CoordinatorConfig, engine_listener: Listener, client_listener: Listener, *,
+                            stopping: anyio.Event | None = None,
                             task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Run the coordinator role until it ends. ``task_status.started()`` once its tasks are accepting links.
 
@@ -391,7 +396,7 @@ async def serve_coordinator(config: CoordinatorConfig, engine_listener: Listener
     :class:`~asyncdp.errors.EngineDeadError` after a MoE teardown caused by a lost engine and
     :class:`~asyncdp.errors.StartupError` for a bad subscription; the process maps both to exit code 1.
     """
-    coordinator = Coordinator(config)
+    coordinator = Coordinator(config, stopping=stopping)
     try:
         await coordinator.run(engine_listener, client_listener, task_status)
     except BaseExceptionGroup as group:

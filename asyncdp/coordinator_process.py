@@ -34,6 +34,7 @@ async def run_coordinator_process(payload: dict[str, Any], control: ControlChann
     engines = await listen_links("unix", directory=payload["socket_dir"], prefix="asyncdp-coord-engine", name="engine")
     clients = await listen_links("unix", directory=payload["socket_dir"], prefix="asyncdp-coord-client", name="client")
     code = 0
+    stopping = anyio.Event()  # the launcher announces an orderly shutdown: departures are expected then
     async with anyio.create_task_group() as tg:
 
         async def on_signals() -> None:
@@ -46,19 +47,21 @@ async def run_coordinator_process(payload: dict[str, Any], control: ControlChann
             nonlocal code
             while True:
                 try:
-                    await control.receive()
+                    cmd = await control.receive()
                 except anyio.EndOfStream:
                     log.error("the parent process is gone; the coordinator exits")
                     code = 1
                     tg.cancel_scope.cancel()
                     return
+                if cmd.get("cmd") == "stopping":
+                    stopping.set()
 
         tg.start_soon(on_signals)
         tg.start_soon(on_control)
         async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
             nonlocal code
             try:
-                await serve_coordinator(config, engines, clients, task_status=task_status)
+                await serve_coordinator(config, engines, clients, stopping=stopping, task_status=task_status)
             except AsyncDPError as exc:
                 log.error("%s", exc)
                 code = 1

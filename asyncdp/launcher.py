@@ -525,6 +525,13 @@ async def _stop_all(dep: _Deployment) -> None:
             for ch in children:
                 tg.start_soon(lambda ch=ch: ch.stop(grace_s=max(0.5, deadline - anyio.current_time())))
 
+    for ch in dep.children:  # the coordinator logs the engines' departures as expected, not as losses
+        if ch.role == "coordinator" and not ch.exited.is_set():
+            with anyio.move_on_after(1.0):
+                try:
+                    await ch.control.send({"cmd": "stopping"})
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    pass
     dep.api_shutdown.set()
     # The launcher never accepts on the HTTP socket; its copy would keep the port open (connections queue and
     # hang) after every API server stopped accepting. Spec §12.5: a refused connection once the listener closes.

@@ -231,6 +231,9 @@ class StatsSnapshot(_Msg):
 class Teardown(_Msg):
     reason: str
     dead_rank: int | None = None
+    # True when the whole deployment is stopping in order (the launcher told the coordinator first): a rank
+    # that has not seen its own shutdown signal yet leaves in order too, instead of reporting a failure.
+    orderly: bool = False
 
 
 class NodeHello(_Msg):

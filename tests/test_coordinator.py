@@ -168,13 +168,13 @@ class Harness:
 
 
 @asynccontextmanager
-async def coordinator(config: CoordinatorConfig):
+async def coordinator(config: CoordinatorConfig, *, stopping: trio.Event | None = None):
     async with trio.open_nursery() as nursery:
         h = Harness(nursery)
 
         async def main() -> None:
             try:
-                await serve_coordinator(config, h.engine_listener, h.client_listener)
+                await serve_coordinator(config, h.engine_listener, h.client_listener, stopping=stopping)
             except AsyncDPError as exc:
                 h.error = exc
             h.ended_at = trio.current_time()
@@ -399,7 +399,20 @@ async def test_moe_goodbye_is_orderly_teardown(autojump_clock):
         _, td = await e0.expect(Teardown)
         await h.done.wait()
     assert td.reason == "rank 1 shut down" and td.dead_rank == 1
+    assert not td.orderly  # one rank left on its own: its peers must report the group's end as a failure
     assert h.error is None
+
+
+@pytest.mark.trio
+async def test_goodbye_while_the_deployment_stops_is_an_orderly_teardown_for_every_peer(autojump_clock):
+    stopping = trio.Event()
+    async with coordinator(MOE2, stopping=stopping) as h:
+        e0, e1 = await h.engines(2)
+        stopping.set()  # the launcher announced an orderly shutdown before signalling the engines
+        await e1.send(Goodbye(dp_rank=1))
+        _, td = await e0.expect(Teardown)
+        await h.done.wait()
+    assert td.orderly and td.dead_rank == 1
 
 
 @pytest.mark.trio

@@ -176,7 +176,9 @@ class EngineRank:
 
     # ------------------------------------------------------------------ link events
 
-    def on_teardown(self, reason: str) -> None:
+    def on_teardown(self, reason: str, *, orderly: bool = False) -> None:
+        if orderly:  # the deployment is stopping: this rank's own signal is merely late
+            self.request_shutdown()
         self._group_ended(reason)
 
     def on_coordinator_lost(self, reason: str) -> None:

@@ -45,8 +45,9 @@ class Inbox:
 
 
 class LinkOwner(Protocol):
-    def on_teardown(self, reason: str) -> None:
-        """``Teardown`` arrived from the coordinator (may raise to end the rank)."""
+    def on_teardown(self, reason: str, *, orderly: bool = False) -> None:
+        """``Teardown`` arrived from the coordinator (may raise to end the rank); ``orderly``: the deployment
+        is stopping in order."""
 
     def on_coordinator_lost(self, reason: str) -> None:
         """The coordinator link reached EOF or went silent (may raise to end the rank)."""
@@ -88,7 +89,7 @@ class RankLinks:
             if isinstance(msg, m.Heartbeat):
                 continue
             if isinstance(msg, m.Teardown):  # at once: the loop may be blocked in a collective
-                owner.on_teardown(f"teardown from the coordinator: {msg.reason}")
+                owner.on_teardown(f"teardown from the coordinator: {msg.reason}", orderly=msg.orderly)
                 return
             await inbox.send(Inbox("coordinator", msg))
         owner.on_coordinator_lost("the coordinator closed its link")

@@ -207,8 +207,9 @@ class Cluster:
 async def open_cluster(n: int = 2, *, sync_interval: int = 32, cadence: str = "asyncdp",
                        shutdown_timeout_s: float = 0.0, prefill_schedule_interval: int = 1,
                        cost: SimCostProfile = COST, wrap_coordinator_link: Callable[[int, Link], Link] | None = None,
-                       inline_step: bool = True) -> AsyncIterator[Cluster]:
-    """Start the coordinator, ``n`` MoE ranks and client 0; yield once every rank runs."""
+                       inline_step: bool = True, stopping: trio.Event | None = None) -> AsyncIterator[Cluster]:
+    """Start the coordinator, ``n`` MoE ranks and client 0; yield once every rank runs. ``stopping`` is the
+    coordinator's "the deployment is stopping in order" event."""
     client = FakeClient(n)
     engine_listener, client_listener = PremadeListener(), PremadeListener()
     groups = MemoryDPGroup.create(n)
@@ -235,7 +236,7 @@ async def open_cluster(n: int = 2, *, sync_interval: int = 32, cadence: str = "a
     async def run_coordinator() -> None:
         with cluster.coordinator_scope:
             try:
-                await serve_coordinator(ccfg, engine_listener, client_listener)
+                await serve_coordinator(ccfg, engine_listener, client_listener, stopping=stopping)
                 cluster.coordinator_outcome.append(None)
             except BaseException as exc:
                 # Under trio the coordinator's teardown can come wrapped with stray Cancelled leaves from its

@@ -90,6 +90,17 @@ async def test_shutting_down_rank_dummy_steps_until_peers_finish_then_says_goodb
 
 
 @pytest.mark.trio
+async def test_a_rank_whose_stop_signal_is_late_leaves_in_order_when_the_deployment_stops(autojump_clock):
+    stopping = trio.Event()
+    async with open_cluster(2, stopping=stopping) as c:
+        stopping.set()  # the launcher told the coordinator first, then signalled the engines
+        c.ranks[1].request_shutdown()  # rank 1 got its signal; rank 0's is still in flight
+        with trio.fail_after(5):
+            await c.wait_ended()
+        assert all(c.outcomes[r] is None for r in range(2)), c.outcomes
+
+
+@pytest.mark.trio
 async def test_every_rank_shutting_down_exits_cleanly_and_aborts_in_flight_requests(autojump_clock):
     async with open_cluster(3, shutdown_timeout_s=0.0) as c:
         reqs = [await c.client.add(r, f"r{r}", max_tokens=10_000) for r in range(3)]
