@@ -112,3 +112,14 @@ def test_public_api_is_pinned():
                                               "__version__"])
     for name in asyncdp.__all__:
         assert getattr(asyncdp, name) is not None
+
+
+def test_prompt_token_ids_outside_the_vocabulary_are_rejected_before_the_model():
+    from asyncdp.errors import InvalidRequestError
+
+    with LLM("builtin:tiny-dense") as llm:
+        vocab = llm.llm_engine.executor.vocab_size
+        with pytest.raises(InvalidRequestError, match="prompt"):
+            llm.generate([[65, vocab + 5, 66]], SamplingParams(max_tokens=2))
+        out = llm.generate([[65, 66]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 2

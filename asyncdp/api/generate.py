@@ -153,8 +153,12 @@ def register_generation_routes(app: Quart, state: AppState) -> None:
         prompt_ids = [p if isinstance(p, list) else tok.encode(p) for p in prompts(req)]
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
         params = sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs)
+        vocab = len(tok)
         for ids in prompt_ids:
             _check_length(len(ids), max_tokens, client.max_model_len)
+            if any(not 0 <= t < vocab for t in ids):
+                raise HTTPError(400, f"prompt token ids must be in [0, {vocab}) for this model's vocabulary.",
+                                param="prompt")
         hint = parse_rank_hint(request.headers, req, lambda: _managed(state))
         request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         seqs = _sequences(request_id, prompt_ids, params)

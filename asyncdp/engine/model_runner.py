@@ -137,6 +137,11 @@ class TorchExecutor:
     def max_model_len(self) -> int:
         return self._max_model_len
 
+    @property
+    def vocab_size(self) -> int:
+        """The engine core rejects prompt token ids outside ``[0, vocab_size)`` before they reach the model."""
+        return self.info.vocab_size
+
     # ------------------------------------------------------------------ inputs
 
     def _gather_slots(self, block_tables: list[list[int]]) -> torch.Tensor:

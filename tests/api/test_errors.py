@@ -173,3 +173,15 @@ async def test_queue_full_error_maps_through_the_single_table() -> None:
 
     status, body = status_and_body(QueueFullError("busy"))
     assert (status, body["error"]["type"], body["error"]["message"]) == (429, "RateLimitError", "busy")
+
+
+async def test_prompt_token_ids_outside_the_vocabulary_are_400_before_generate() -> None:
+    async with running(FakeEngineClient()) as srv:
+        vocab = len(srv.fake.tokenizer)
+        outside = await srv.http.post("/v1/completions", json={"prompt": [65, vocab], "max_tokens": 1})
+        negative = await srv.http.post("/v1/completions", json={"prompt": [[65], [-1]], "max_tokens": 1})
+        inside = await srv.http.post("/v1/completions", json={"prompt": [65, vocab - 1], "max_tokens": 1})
+    assert "vocabulary" in assert_openai_error(outside, 400, "BadRequestError", "prompt")["message"]
+    assert_openai_error(negative, 400, "BadRequestError", "prompt")
+    assert inside.status_code == 200
+    assert len(srv.fake.submitted) == 1
