@@ -24,7 +24,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,7 +184,7 @@ class DPClient:
         params: SamplingParams,
         *,
         rank_hint: RankHint | None = None,
-    ) -> AsyncIterator[m.RequestOutput]:
+    ) -> AsyncGenerator[m.RequestOutput, None]:
         if self._shutting_down:
             raise ShuttingDownError("the server is shutting down")
         if not any(e.alive for e in self._engines.values()):
@@ -270,7 +270,7 @@ class DPClient:
     # ------------------------------------------------------------------ serving
 
     async def serve(
-        self, listener: anyio.abc.Listener[Any], *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        self, listener: anyio.abc.SocketListener, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Accept engine links; report ready once every managed rank sent EngineReady; then run forever."""
         from asyncdp.transport.links import StreamLink

@@ -23,6 +23,7 @@ Shutdown (SIGTERM/SIGINT, spec §12.5) runs API servers -> engines -> coordinato
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -521,9 +522,10 @@ async def _stop_all(dep: _Deployment) -> None:
         children = [c for c in dep.children if c.role == role and not c.exited.is_set()]
         if not children:
             return
+        grace_s = max(0.5, deadline - anyio.current_time())
         async with anyio.create_task_group() as tg:
             for ch in children:
-                tg.start_soon(lambda ch=ch: ch.stop(grace_s=max(0.5, deadline - anyio.current_time())))
+                tg.start_soon(functools.partial(ch.stop, grace_s=grace_s))
 
     for ch in dep.children:  # the coordinator logs the engines' departures as expected, not as losses
         if ch.role == "coordinator" and not ch.exited.is_set():

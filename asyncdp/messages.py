@@ -98,7 +98,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 # ---------------------------------------------------------------- handshake
 
 
-class Hello(_Msg):
+class Hello(_Msg, frozen=True):
     protocol_version: int
     dp_rank: int
     local: bool
@@ -107,18 +107,18 @@ class Hello(_Msg):
     pid: int
 
 
-class HandshakeInit(_Msg):
+class HandshakeInit(_Msg, frozen=True):
     clients: list[ClientAddr]
     coordinator: CoordinatorAddrs | None
     dp_group: DPGroupInfo | None
     client_count: int
 
 
-class HandshakeError(_Msg):
+class HandshakeError(_Msg, frozen=True):
     reason: str
 
 
-class Ready(_Msg):
+class Ready(_Msg, frozen=True):
     dp_rank: int
     local: bool
     headless: bool
@@ -126,7 +126,7 @@ class Ready(_Msg):
     config_summary: dict[str, Any]
 
 
-class EngineReady(_Msg):
+class EngineReady(_Msg, frozen=True):
     dp_rank: int
     max_model_len: int
     num_kv_blocks: int
@@ -138,7 +138,7 @@ class EngineReady(_Msg):
 # ---------------------------------------------------------------- client <-> engine
 
 
-class AddRequest(_Msg):
+class AddRequest(_Msg, frozen=True):
     request_id: str
     client_index: int
     wave: int
@@ -148,11 +148,11 @@ class AddRequest(_Msg):
     pinned: bool = False
 
 
-class AbortRequests(_Msg):
+class AbortRequests(_Msg, frozen=True):
     request_ids: list[str]
 
 
-class UtilityCall(_Msg):
+class UtilityCall(_Msg, frozen=True):
     client_index: int
     call_id: int
     method: str
@@ -160,14 +160,14 @@ class UtilityCall(_Msg):
     kwargs: dict[str, Any] = {}
 
 
-class UtilityResult(_Msg):
+class UtilityResult(_Msg, frozen=True):
     call_id: int
     ok: bool
     value: Any = None
     error: str | None = None
 
 
-class EngineOutputs(_Msg):
+class EngineOutputs(_Msg, frozen=True):
     dp_rank: int
     outputs: list[RequestOutput]
     finished_request_ids: list[str]
@@ -175,7 +175,7 @@ class EngineOutputs(_Msg):
     timestamp: float
 
 
-class EngineDead(_Msg):
+class EngineDead(_Msg, frozen=True):
     dp_rank: int
     reason: str
 
@@ -183,16 +183,16 @@ class EngineDead(_Msg):
 # ---------------------------------------------------------------- coordinator
 
 
-class Subscribe(_Msg):
+class Subscribe(_Msg, frozen=True):
     dp_rank: int | None = None  # engine
     client_id: int | None = None  # client (client_index)
 
 
-class CoordinatorReady(_Msg):
+class CoordinatorReady(_Msg, frozen=True):
     pass
 
 
-class RankStats(_Msg):
+class RankStats(_Msg, frozen=True):
     dp_rank: int
     num_waiting: int
     num_running: int
@@ -201,34 +201,34 @@ class RankStats(_Msg):
     wave: int = 0
 
 
-class WaveComplete(_Msg):
+class WaveComplete(_Msg, frozen=True):
     wave: int
     dp_rank: int = 0
 
 
-class StartWaveRequest(_Msg):
+class StartWaveRequest(_Msg, frozen=True):
     dp_rank: int
     wave: int
 
 
-class FirstRequest(_Msg):
+class FirstRequest(_Msg, frozen=True):
     exclude_rank: int
     wave: int
 
 
-class StartWave(_Msg):
+class StartWave(_Msg, frozen=True):
     wave: int
     exclude_rank: int | None
 
 
-class StatsSnapshot(_Msg):
+class StatsSnapshot(_Msg, frozen=True):
     counts: list[tuple[int, int, float]] | None
     wave: int
     running: bool
     seq: int
 
 
-class Teardown(_Msg):
+class Teardown(_Msg, frozen=True):
     reason: str
     dead_rank: int | None = None
     # True when the whole deployment is stopping in order (the launcher told the coordinator first): a rank
@@ -236,24 +236,24 @@ class Teardown(_Msg):
     orderly: bool = False
 
 
-class NodeHello(_Msg):
+class NodeHello(_Msg, frozen=True):
     start_rank: int
     size_local: int
     host: str
     pid: int
 
 
-class NodeShutdown(_Msg):
+class NodeShutdown(_Msg, frozen=True):
     reason: str
     shutdown_timeout: float
 
 
-class Heartbeat(_Msg):
+class Heartbeat(_Msg, frozen=True):
     sender: str
     seq: int
 
 
-class Goodbye(_Msg):
+class Goodbye(_Msg, frozen=True):
     dp_rank: int
 
 

@@ -111,7 +111,7 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     _set_torch_threads(cfg.engine.torch_threads)
     core, dp_group, limiter = await _build_core(cfg, init)
     try:
-        clients = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}") for c in init.clients}
+        clients: dict[int, Link] = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}") for c in init.clients}
         coordinator: Link | None = None
         if init.coordinator is not None:
             coordinator = await connect(init.coordinator.engine_addr, name="coordinator")
