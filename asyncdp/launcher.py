@@ -475,7 +475,7 @@ async def _handshake(dep: _Deployment, link: Link) -> None:
         dep.fail(f"startup failed: engine rank {hello.dp_rank} sent {type(ready).__name__} instead of Ready")
         return
     if ready.config_hash is not None:
-        problem = _check_config_agreement(dep, hello.dp_rank, ready)
+        problem = check_config_agreement(dep.summaries, hello.dp_rank, ready.config_summary)
         if problem:
             dep.fail(f"startup failed: {problem}")
             return
@@ -486,18 +486,20 @@ async def _handshake(dep: _Deployment, link: Link) -> None:
         pass
 
 
-def _check_config_agreement(dep: _Deployment, dp_rank: int, ready: m.Ready) -> str | None:
-    """E6: every MoE rank's parallel configuration must hash like rank 0's; name the differing fields."""
+def check_config_agreement(summaries: dict[int, dict[str, Any]], dp_rank: int,
+                           summary: dict[str, Any]) -> str | None:
+    """E6: record ``dp_rank``'s parallel-configuration summary; return the mismatch message once it (or any rank
+    recorded before rank 0) hashes differently from rank 0's, naming the differing fields. Ranks may report in
+    any order."""
     from asyncdp.config import config_hash, config_mismatch_message
 
-    dep.summaries[dp_rank] = dict(ready.config_summary)
-    rank0 = dep.summaries.get(0)
+    summaries[dp_rank] = dict(summary)
+    rank0 = summaries.get(0)
     if rank0 is None:
         return None
-    ranks = [dp_rank] if dp_rank != 0 else [r for r in dep.summaries if r != 0]
-    for r in ranks:
-        if config_hash(dep.summaries[r]) != config_hash(rank0):
-            return config_mismatch_message(r, dep.summaries[r], rank0)
+    for r in ([dp_rank] if dp_rank != 0 else sorted(r for r in summaries if r != 0)):
+        if config_hash(summaries[r]) != config_hash(rank0):
+            return config_mismatch_message(r, summaries[r], rank0)
     return None
 
 
