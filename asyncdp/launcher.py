@@ -30,6 +30,7 @@ import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,13 +44,14 @@ from asyncdp.client import ClientConfig, DPClient
 from asyncdp.config import EngineConfig, ServeConfig
 from asyncdp.engine.rank import RankConfig
 from asyncdp.engine.rank_process import rank_payload
-from asyncdp.errors import AsyncDPError, StartupError
+from asyncdp.errors import AsyncDPError, ProtocolError, StartupError
 from asyncdp.procs import ChildExited, ChildProcess, spawn_child
 from asyncdp.transport import Link, listen, serve_links
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 5.0
+HANDSHAKE_HELLO_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,13 +241,7 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str) -> int
     dep = _Deployment(plan, http_sock, tmpdir)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_watch_signals, dep)
-        try:
-            await _start(dep, tg)
-        except (ChildExited, StartupError, TimeoutError) as exc:
-            dep.fail(f"startup failed: {exc}")
-        except Exception as exc:
-            log.exception("startup failed")
-            dep.fail(f"startup failed: {exc}")
+        await _run_startup(dep, functools.partial(_start, dep, tg))
         if not dep.shutdown.is_set():
             dep.started = True
             await _publish_process_table(dep)
@@ -259,6 +255,29 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str) -> int
     if dep.failure is not None or dep.inproc_api_code:
         return 1
     return 0
+
+
+async def _run_startup(dep: _Deployment, start: Callable[[], Awaitable[None]]) -> None:
+    """Run ``start`` until it returns, fails, or ``dep.shutdown`` is set (a signal, a failed handshake).
+
+    Startup waits last up to ``--engine-ready-timeout-s``; a SIGTERM or a failure seen elsewhere must end them
+    at once, not when the deadline expires.
+    """
+    async with anyio.create_task_group() as startup:
+
+        async def abort_on_shutdown() -> None:
+            await dep.shutdown.wait()
+            startup.cancel_scope.cancel()
+
+        startup.start_soon(abort_on_shutdown)
+        try:
+            await start()
+        except (ChildExited, StartupError, TimeoutError) as exc:
+            dep.fail(f"startup failed: {exc}")
+        except Exception as exc:
+            log.exception("startup failed")
+            dep.fail(f"startup failed: {exc}")
+        startup.cancel_scope.cancel()
 
 
 async def _watch_signals(dep: _Deployment) -> None:
@@ -275,8 +294,9 @@ async def _watch_signals(dep: _Deployment) -> None:
 
 async def _spawn(dep: _Deployment, tg: anyio.abc.TaskGroup, **kwargs: Any) -> ChildProcess:
     env = kwargs.pop("env", None)
-    child = await spawn_child(backend=dep.plan.backend, env=env, log_level=dep.plan.log_level, **kwargs)
-    dep.children.append(child)
+    with anyio.CancelScope(shield=True):  # short and bounded: a started child is always recorded, never orphaned
+        child = await spawn_child(backend=dep.plan.backend, env=env, log_level=dep.plan.log_level, **kwargs)
+        dep.children.append(child)
     tg.start_soon(child.read_events)
     tg.start_soon(_watch_child, dep, child)
     return child
@@ -449,8 +469,19 @@ async def _wait_all(dep: _Deployment, children: list[ChildProcess], event: str) 
 
 async def _handshake(dep: _Deployment, link: Link) -> None:
     """Handshake with one engine (spec §5.3 steps 2-6), then keep the link open for the deployment's life."""
+    try:
+        await _handshake_steps(dep, link)
+    except (anyio.EndOfStream, anyio.BrokenResourceError, ProtocolError, TimeoutError) as exc:
+        # The engine closed its link (it crashed loading the model, say) or spoke garbage. Its exit is seen by
+        # the child watchers; during startup, fail now with a reason instead of crashing the launcher.
+        if not dep.started:
+            dep.fail(f"startup failed: the handshake with an engine broke off ({type(exc).__name__}: {exc})")
+
+
+async def _handshake_steps(dep: _Deployment, link: Link) -> None:
     plan = dep.plan
-    hello = await link.receive()
+    with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected engine says Hello at once
+        hello = await link.receive()
     if not isinstance(hello, m.Hello):
         await link.send(m.HandshakeError(reason=f"expected Hello, got {type(hello).__name__}"))
         return
