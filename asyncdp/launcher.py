@@ -61,6 +61,7 @@ class LaunchPlan:
     engine: EngineConfig
     served_model_name: str
     model_path: str
+    tokenizer_path: str = ""  # --tokenizer, resolved; empty: the model's
     is_moe: bool = False
     dp_size: int = 1
     api_server_count: int = 1
@@ -164,7 +165,7 @@ class _Deployment:
 
 def plan_from_config(config: ServeConfig) -> LaunchPlan:
     """Resolve the model and turn a validated ``ServeConfig`` into a launch plan."""
-    from asyncdp.model import read_model_info, resolve_model
+    from asyncdp.model import read_model_info, resolve_model, resolve_tokenizer
 
     dep = config.deployment
     assert dep is not None, "ServeConfig.deployment is set by asyncdp.cli.build_serve_config"
@@ -175,6 +176,7 @@ def plan_from_config(config: ServeConfig) -> LaunchPlan:
         engine=config.engine.replace(model=str(path)),
         served_model_name=config.served_model_names[0],
         model_path=str(path),
+        tokenizer_path=str(resolve_tokenizer(config.engine.tokenizer, path)),
         is_moe=info.is_moe,
         dp_size=dep.dp_size,
         api_server_count=dep.api_server_count,
@@ -341,7 +343,7 @@ def _api_config(dep: _Deployment, client_index: int) -> ApiConfig:
     coord = dep.coordinator_addrs.client_addr if dep.coordinator_addrs else None
     return ApiConfig(
         client=_client_config(plan, client_index, coord),
-        model_path=plan.model_path,
+        model_path=plan.tokenizer_path or plan.model_path,  # the API server reads only the tokenizer from it
         backend=plan.backend,
         shutdown_timeout_s=plan.shutdown_timeout_s,
         keep_alive_on_engine_death=plan.keep_alive_on_engine_death,
