@@ -5,12 +5,16 @@ Theory of operation
 ``run_serve(plan)`` is the top process of ``asyncdp serve``. In order (spec §5.3):
 
 1. bind the HTTP socket (E11: a busy port fails before any child starts);
-2. bind the client listener(s): in-process for one API server, or spawn ``asyncdp-api-{i}`` children that report
+2. spawn the DP coordinator when ``dp > 1`` and wait for its addresses (E8): its client address goes into every
+   API server's configuration;
+3. bind the client listener(s): in-process for one API server, or spawn ``asyncdp-api-{i}`` children that report
    theirs over the control channel;
-3. spawn the DP coordinator when ``dp > 1`` and wait for its addresses (E8);
-4. bind the handshake listener and spawn one ``asyncdp-engine-dp{r}`` per rank; each engine says ``Hello``,
+4. for a MoE group, host the torch.distributed rendezvous store (port 0);
+5. bind the handshake listener and spawn one ``asyncdp-engine-dp{r}`` per rank; each engine says ``Hello``,
    gets ``HandshakeInit`` (client and coordinator addresses) and reports ``Ready``;
-5. wait until every API server reports ready (all its ranks sent ``EngineReady``, E9).
+6. wait until every API server reports ready (all its ranks sent ``EngineReady``, E9).
+
+A signal or a failure during startup ends these waits at once.
 
 Every child is watched from the launcher's task group. During startup any child death aborts startup (E12,
 exit 1). Afterwards: an API-server death tears the node down (exit 1); a dense engine death only degrades
