@@ -325,6 +325,16 @@ async def _watch_child(dep: _Deployment, child: ChildProcess) -> None:
     dep.fail(f"{what}; tearing the deployment down")
 
 
+def _coordinator_payload(dep: _Deployment) -> dict[str, Any]:
+    plan = dep.plan
+    return {
+        "dp_size": plan.dp_size, "is_moe": plan.is_moe, "socket_dir": dep.tmpdir,
+        "heartbeat_interval_s": plan.heartbeat_interval_s, "heartbeat_timeout_s": plan.heartbeat_timeout_s,
+        # Engines subscribe only after loading their model: the same budget as the API servers' ready wait.
+        "subscribe_timeout_s": plan.engine_ready_timeout_s,
+    }
+
+
 def _client_config(plan: LaunchPlan, client_index: int, coordinator_client_addr: str | None) -> ClientConfig:
     return ClientConfig(
         client_index=client_index,
@@ -368,10 +378,7 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
     # 1. coordinator (its client address goes into every API server's config)
     if plan.dp_size > 1:
         coord = await _spawn(dep, tg, name="asyncdp-coordinator", role="coordinator", rank=None,
-                             log_prefix="DPCoordinator", payload={
-            "dp_size": plan.dp_size, "is_moe": plan.is_moe, "socket_dir": dep.tmpdir,
-            "heartbeat_interval_s": plan.heartbeat_interval_s, "heartbeat_timeout_s": plan.heartbeat_timeout_s,
-        })
+                             log_prefix="DPCoordinator", payload=_coordinator_payload(dep))
         with anyio.fail_after(plan.coordinator_startup_timeout_s):
             ev = await coord.wait_event("ready")
         dep.coordinator_addrs = m.CoordinatorAddrs(engine_addr=ev["engine_addr"], client_addr=ev["client_addr"])

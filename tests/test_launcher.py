@@ -76,3 +76,18 @@ async def test_startup_failure_is_recorded_as_the_deployment_failure(deployment)
     await _run_startup(deployment, start_that_times_out)
     assert deployment.shutdown.is_set() and deployment.failure is not None
     assert deployment.failure.startswith("startup failed")
+
+
+def test_coordinator_waits_for_subscriptions_as_long_as_engines_may_take_to_get_ready(tmp_path):
+    from asyncdp.coordinator_process import coordinator_config
+    from asyncdp.launcher import _coordinator_payload
+
+    sock = socket.socket()
+    try:
+        plan = LaunchPlan(engine=EngineConfig(), served_model_name="m", model_path=str(tmp_path), dp_size=2,
+                          is_moe=True, engine_ready_timeout_s=1800.0)
+        config = coordinator_config(_coordinator_payload(_Deployment(plan, sock, str(tmp_path))))
+    finally:
+        sock.close()
+    assert config.subscribe_timeout_s == 1800.0  # a model that loads for 15 min must not fail at 10
+    assert config.wave_mode and config.dp_size == 2
