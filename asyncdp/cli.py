@@ -13,6 +13,7 @@ Heavy modules (model, launcher) are imported lazily so that ``--help`` and valid
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -285,7 +286,7 @@ def unsupported_reason(config: ServeConfig) -> str | None:
 
 
 def _run_model_command(ns: argparse.Namespace) -> int:
-    from asyncdp import model
+    model = importlib.import_module("asyncdp.model")  # through sys.modules: tests substitute a fake package
 
     if ns.model_command == "export":
         print(model.export_builtin(ns.name, Path(ns.dir)))
