@@ -224,17 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    import asyncdp
+    from asyncdp import __version__
 
-    version = getattr(asyncdp, "__version__", None)
-    if version:
-        return str(version)
-    from importlib import metadata
-
-    try:
-        return metadata.version("asyncdp")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return __version__
 
 
 def _serve_flags(ns: argparse.Namespace) -> dict[str, Any]:
@@ -294,16 +286,12 @@ def unsupported_reason(config: ServeConfig) -> str | None:
 
 
 def _run_model_command(ns: argparse.Namespace) -> int:
-    model = importlib.import_module("asyncdp.model")
+    model = importlib.import_module("asyncdp.model")  # through sys.modules: tests substitute a fake package
 
     if ns.model_command == "export":
-        out = model.export_builtin(ns.name, Path(ns.dir))
-        print(out if out is not None else ns.dir)
+        print(model.export_builtin(ns.name, Path(ns.dir)))
         return 0
-    # asyncdp.model names it builtin_names(); list_builtin() is the earlier spelling
-    lister = getattr(model, "builtin_names", None) or getattr(model, "list_builtin", None)
-    names = lister() if lister is not None else sorted(getattr(model, "BUILTIN_MODELS", {}))
-    for name in names:
+    for name in model.builtin_names():
         print(name)
     return 0
 

@@ -23,14 +23,20 @@ from asyncdp.transport import listen_links
 log = logging.getLogger(__name__)
 
 
-async def run_coordinator_process(payload: dict[str, Any], control: ControlChannel) -> int:
-    config = CoordinatorConfig(
+def coordinator_config(payload: dict[str, Any]) -> CoordinatorConfig:
+    """The coordinator's configuration from the launcher's payload."""
+    return CoordinatorConfig(
         dp_size=payload["dp_size"],
         wave_mode=payload["is_moe"] and payload["dp_size"] > 1,
         external_lb=payload.get("external_lb", False),
         heartbeat_interval_s=payload["heartbeat_interval_s"],
         heartbeat_timeout_s=payload["heartbeat_timeout_s"],
+        subscribe_timeout_s=payload["subscribe_timeout_s"],
     )
+
+
+async def run_coordinator_process(payload: dict[str, Any], control: ControlChannel) -> int:
+    config = coordinator_config(payload)
     engines = await listen_links("unix", directory=payload["socket_dir"], prefix="asyncdp-coord-engine", name="engine")
     clients = await listen_links("unix", directory=payload["socket_dir"], prefix="asyncdp-coord-client", name="client")
     code = 0

@@ -5,12 +5,16 @@ Theory of operation
 ``run_serve(plan)`` is the top process of ``asyncdp serve``. In order (spec §5.3):
 
 1. bind the HTTP socket (E11: a busy port fails before any child starts);
-2. bind the client listener(s): in-process for one API server, or spawn ``asyncdp-api-{i}`` children that report
+2. spawn the DP coordinator when ``dp > 1`` and wait for its addresses (E8): its client address goes into every
+   API server's configuration;
+3. bind the client listener(s): in-process for one API server, or spawn ``asyncdp-api-{i}`` children that report
    theirs over the control channel;
-3. spawn the DP coordinator when ``dp > 1`` and wait for its addresses (E8);
-4. bind the handshake listener and spawn one ``asyncdp-engine-dp{r}`` per rank; each engine says ``Hello``,
+4. for a MoE group, host the torch.distributed rendezvous store (port 0);
+5. bind the handshake listener and spawn one ``asyncdp-engine-dp{r}`` per rank; each engine says ``Hello``,
    gets ``HandshakeInit`` (client and coordinator addresses) and reports ``Ready``;
-5. wait until every API server reports ready (all its ranks sent ``EngineReady``, E9).
+6. wait until every API server reports ready (all its ranks sent ``EngineReady``, E9).
+
+A signal or a failure during startup ends these waits at once.
 
 Every child is watched from the launcher's task group. During startup any child death aborts startup (E12,
 exit 1). Afterwards: an API-server death tears the node down (exit 1); a dense engine death only degrades
@@ -30,6 +34,7 @@ import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,13 +48,14 @@ from asyncdp.client import ClientConfig, DPClient
 from asyncdp.config import EngineConfig, ServeConfig
 from asyncdp.engine.rank import RankConfig
 from asyncdp.engine.rank_process import rank_payload
-from asyncdp.errors import AsyncDPError, StartupError
+from asyncdp.errors import AsyncDPError, ProtocolError, StartupError
 from asyncdp.procs import ChildExited, ChildProcess, spawn_child
 from asyncdp.transport import Link, listen, serve_links
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 5.0
+HANDSHAKE_HELLO_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,7 @@ class LaunchPlan:
     engine: EngineConfig
     served_model_name: str
     model_path: str
+    tokenizer_path: str = ""  # --tokenizer, resolved; empty: the model's
     is_moe: bool = False
     dp_size: int = 1
     api_server_count: int = 1
@@ -162,7 +169,7 @@ class _Deployment:
 
 def plan_from_config(config: ServeConfig) -> LaunchPlan:
     """Resolve the model and turn a validated ``ServeConfig`` into a launch plan."""
-    from asyncdp.model import read_model_info, resolve_model
+    from asyncdp.model import read_model_info, resolve_model, resolve_tokenizer
 
     dep = config.deployment
     assert dep is not None, "ServeConfig.deployment is set by asyncdp.cli.build_serve_config"
@@ -173,6 +180,7 @@ def plan_from_config(config: ServeConfig) -> LaunchPlan:
         engine=config.engine.replace(model=str(path)),
         served_model_name=config.served_model_names[0],
         model_path=str(path),
+        tokenizer_path=str(resolve_tokenizer(config.engine.tokenizer, path)),
         is_moe=info.is_moe,
         dp_size=dep.dp_size,
         api_server_count=dep.api_server_count,
@@ -239,13 +247,7 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str) -> int
     dep = _Deployment(plan, http_sock, tmpdir)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_watch_signals, dep)
-        try:
-            await _start(dep, tg)
-        except (ChildExited, StartupError, TimeoutError) as exc:
-            dep.fail(f"startup failed: {exc}")
-        except Exception as exc:
-            log.exception("startup failed")
-            dep.fail(f"startup failed: {exc}")
+        await _run_startup(dep, functools.partial(_start, dep, tg))
         if not dep.shutdown.is_set():
             dep.started = True
             await _publish_process_table(dep)
@@ -259,6 +261,29 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str) -> int
     if dep.failure is not None or dep.inproc_api_code:
         return 1
     return 0
+
+
+async def _run_startup(dep: _Deployment, start: Callable[[], Awaitable[None]]) -> None:
+    """Run ``start`` until it returns, fails, or ``dep.shutdown`` is set (a signal, a failed handshake).
+
+    Startup waits last up to ``--engine-ready-timeout-s``; a SIGTERM or a failure seen elsewhere must end them
+    at once, not when the deadline expires.
+    """
+    async with anyio.create_task_group() as startup:
+
+        async def abort_on_shutdown() -> None:
+            await dep.shutdown.wait()
+            startup.cancel_scope.cancel()
+
+        startup.start_soon(abort_on_shutdown)
+        try:
+            await start()
+        except (ChildExited, StartupError, TimeoutError) as exc:
+            dep.fail(f"startup failed: {exc}")
+        except Exception as exc:
+            log.exception("startup failed")
+            dep.fail(f"startup failed: {exc}")
+        startup.cancel_scope.cancel()
 
 
 async def _watch_signals(dep: _Deployment) -> None:
@@ -275,8 +300,9 @@ async def _watch_signals(dep: _Deployment) -> None:
 
 async def _spawn(dep: _Deployment, tg: anyio.abc.TaskGroup, **kwargs: Any) -> ChildProcess:
     env = kwargs.pop("env", None)
-    child = await spawn_child(backend=dep.plan.backend, env=env, log_level=dep.plan.log_level, **kwargs)
-    dep.children.append(child)
+    with anyio.CancelScope(shield=True):  # short and bounded: a started child is always recorded, never orphaned
+        child = await spawn_child(backend=dep.plan.backend, env=env, log_level=dep.plan.log_level, **kwargs)
+        dep.children.append(child)
     tg.start_soon(child.read_events)
     tg.start_soon(_watch_child, dep, child)
     return child
@@ -297,6 +323,16 @@ async def _watch_child(dep: _Deployment, child: ChildProcess) -> None:
         log.warning("%s; clients route on in-flight counts only", what)
         return
     dep.fail(f"{what}; tearing the deployment down")
+
+
+def _coordinator_payload(dep: _Deployment) -> dict[str, Any]:
+    plan = dep.plan
+    return {
+        "dp_size": plan.dp_size, "is_moe": plan.is_moe, "socket_dir": dep.tmpdir,
+        "heartbeat_interval_s": plan.heartbeat_interval_s, "heartbeat_timeout_s": plan.heartbeat_timeout_s,
+        # Engines subscribe only after loading their model: the same budget as the API servers' ready wait.
+        "subscribe_timeout_s": plan.engine_ready_timeout_s,
+    }
 
 
 def _client_config(plan: LaunchPlan, client_index: int, coordinator_client_addr: str | None) -> ClientConfig:
@@ -321,7 +357,7 @@ def _api_config(dep: _Deployment, client_index: int) -> ApiConfig:
     coord = dep.coordinator_addrs.client_addr if dep.coordinator_addrs else None
     return ApiConfig(
         client=_client_config(plan, client_index, coord),
-        model_path=plan.model_path,
+        model_path=plan.tokenizer_path or plan.model_path,  # the API server reads only the tokenizer from it
         backend=plan.backend,
         shutdown_timeout_s=plan.shutdown_timeout_s,
         keep_alive_on_engine_death=plan.keep_alive_on_engine_death,
@@ -342,10 +378,7 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
     # 1. coordinator (its client address goes into every API server's config)
     if plan.dp_size > 1:
         coord = await _spawn(dep, tg, name="asyncdp-coordinator", role="coordinator", rank=None,
-                             log_prefix="DPCoordinator", payload={
-            "dp_size": plan.dp_size, "is_moe": plan.is_moe, "socket_dir": dep.tmpdir,
-            "heartbeat_interval_s": plan.heartbeat_interval_s, "heartbeat_timeout_s": plan.heartbeat_timeout_s,
-        })
+                             log_prefix="DPCoordinator", payload=_coordinator_payload(dep))
         with anyio.fail_after(plan.coordinator_startup_timeout_s):
             ev = await coord.wait_event("ready")
         dep.coordinator_addrs = m.CoordinatorAddrs(engine_addr=ev["engine_addr"], client_addr=ev["client_addr"])
@@ -449,8 +482,19 @@ async def _wait_all(dep: _Deployment, children: list[ChildProcess], event: str) 
 
 async def _handshake(dep: _Deployment, link: Link) -> None:
     """Handshake with one engine (spec §5.3 steps 2-6), then keep the link open for the deployment's life."""
+    try:
+        await _handshake_steps(dep, link)
+    except (anyio.EndOfStream, anyio.BrokenResourceError, ProtocolError, TimeoutError) as exc:
+        # The engine closed its link (it crashed loading the model, say) or spoke garbage. Its exit is seen by
+        # the child watchers; during startup, fail now with a reason instead of crashing the launcher.
+        if not dep.started:
+            dep.fail(f"startup failed: the handshake with an engine broke off ({type(exc).__name__}: {exc})")
+
+
+async def _handshake_steps(dep: _Deployment, link: Link) -> None:
     plan = dep.plan
-    hello = await link.receive()
+    with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected engine says Hello at once
+        hello = await link.receive()
     if not isinstance(hello, m.Hello):
         await link.send(m.HandshakeError(reason=f"expected Hello, got {type(hello).__name__}"))
         return

@@ -216,3 +216,16 @@ def test_model_export_of_unknown_name_exits_2(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "asyncdp.model", fake)
     assert main(["model", "export", "nope", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "asyncdp: error: unknown built-in model 'nope'.\n"
+
+
+def test_model_list_prints_every_builtin_name_with_its_prefix(capsys):
+    assert main(["model", "list"]) == 0
+    assert capsys.readouterr().out.split() == ["builtin:tiny-dense", "builtin:tiny-moe"]
+
+
+def test_model_export_prints_the_directory_and_unknown_name_exits_2(tmp_path, capsys):
+    assert main(["model", "export", "tiny-dense", str(tmp_path / "d")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "d")
+    assert (tmp_path / "d" / "config.json").is_file()
+    assert main(["model", "export", "nope", str(tmp_path / "e")]) == 2
+    assert "unknown built-in model 'nope'" in capsys.readouterr().err

@@ -1,12 +1,105 @@
-"""Launcher decisions that need no processes: the MoE configuration agreement check (E6), the HTTP bind (E11)."""
+"""Launcher decisions without child processes: startup control flow over memory links in virtual time, the MoE
+configuration agreement check (E6) and the HTTP bind (E11)."""
+
+from __future__ import annotations
 
 import socket
 
+import anyio
 import pytest
+import trio
 
+from asyncdp import messages as m
 from asyncdp.config import EngineConfig, parallel_config_summary
 from asyncdp.errors import StartupError
-from asyncdp.launcher import bind_http_socket, check_config_agreement
+from asyncdp.launcher import (
+    LaunchPlan,
+    _Deployment,
+    _handshake,
+    _run_startup,
+    bind_http_socket,
+    check_config_agreement,
+)
+from asyncdp.transport import memory_link_pair
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    sock = socket.socket()
+    plan = LaunchPlan(engine=EngineConfig(), served_model_name="m", model_path=str(tmp_path), dp_size=2)
+    yield _Deployment(plan, sock, str(tmp_path))
+    sock.close()
+
+
+def _hello(dp_rank: int) -> m.Hello:
+    return m.Hello(protocol_version=m.PROTOCOL_VERSION, dp_rank=dp_rank, local=True, headless=False,
+                   host="h", pid=1)
+
+
+@pytest.mark.trio
+async def test_engine_closing_link_before_ready_fails_startup_instead_of_raising(deployment):
+    launcher_end, engine_end = memory_link_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_handshake, deployment, launcher_end)
+        await engine_end.send(_hello(0))
+        assert isinstance(await engine_end.receive(), m.HandshakeInit)
+        await engine_end.aclose()  # the engine died loading its model
+    await launcher_end.aclose()
+    assert deployment.shutdown.is_set()
+    assert deployment.failure is not None and "handshake" in deployment.failure
+    assert 0 not in deployment.ready_ranks
+
+
+@pytest.mark.trio
+async def test_silent_engine_connection_times_out_without_raising(deployment, autojump_clock):
+    launcher_end, engine_end = memory_link_pair()
+    with trio.fail_after(120):
+        await _handshake(deployment, launcher_end)
+    await launcher_end.aclose()
+    await engine_end.aclose()
+    assert deployment.failure is not None
+
+
+@pytest.mark.trio
+async def test_shutdown_during_startup_ends_the_startup_wait_at_once(deployment, autojump_clock):
+    waited = trio.Event()
+
+    async def start_waiting_for_engines() -> None:
+        waited.set()
+        await anyio.sleep_forever()  # an engine-ready wait with a 600 s deadline
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_run_startup, deployment, start_waiting_for_engines)
+        await waited.wait()
+        start = trio.current_time()
+        deployment.shutdown.set()  # SIGTERM while the engines load
+    assert trio.current_time() - start < 1.0
+    assert deployment.failure is None  # a signal is an orderly end, not a failure
+
+
+@pytest.mark.trio
+async def test_startup_failure_is_recorded_as_the_deployment_failure(deployment):
+    async def start_that_times_out() -> None:
+        raise TimeoutError
+
+    await _run_startup(deployment, start_that_times_out)
+    assert deployment.shutdown.is_set() and deployment.failure is not None
+    assert deployment.failure.startswith("startup failed")
+
+
+def test_coordinator_waits_for_subscriptions_as_long_as_engines_may_take_to_get_ready(tmp_path):
+    from asyncdp.coordinator_process import coordinator_config
+    from asyncdp.launcher import _coordinator_payload
+
+    sock = socket.socket()
+    try:
+        plan = LaunchPlan(engine=EngineConfig(), served_model_name="m", model_path=str(tmp_path), dp_size=2,
+                          is_moe=True, engine_ready_timeout_s=1800.0)
+        config = coordinator_config(_coordinator_payload(_Deployment(plan, sock, str(tmp_path))))
+    finally:
+        sock.close()
+    assert config.subscribe_timeout_s == 1800.0  # a model that loads for 15 min must not fail at 10
+    assert config.wave_mode and config.dp_size == 2
 
 
 def summary(**changes):

@@ -8,8 +8,7 @@ Aborts. ``abort_requests(ids)`` only queues the ids (a deque append, safe from a
 runs); the aborted requests appear as finished outputs (``finish_reason="abort"``) in the result of the next
 ``step()``, which applies them before scheduling and again right after the forward, so a request aborted
 during a step gets no further tokens. ``pause("abort")`` aborts at once; its outputs also come with the next
-``step()``. A step that has only
-aborts to report runs no forward (``StepOutputs.executed`` is False). Everything else (``add_request``,
+``step()``. A step that has only aborts to report runs no forward (``StepOutputs.executed`` is False). Everything else (``add_request``,
 ``pause``, ``resume``) must be called from the thread that calls ``step()``, between steps.
 
 Stop conditions, checked after each sampled token: a stop token id or EOS (unless ``ignore_eos``) and stop
@@ -260,12 +259,12 @@ def build_engine_core(config: EngineConfig, *, dp: Any = None) -> EngineCore:
 
     Nothing is left running if any part fails: a built executor is shut down before the error propagates.
     """
-    from asyncdp.model import load_tokenizer, read_model_info, resolve_model  # lazy: the model helper's code
+    # lazy: asyncdp.model imports transformers
+    from asyncdp.model import load_tokenizer, read_model_info, resolve_model, resolve_tokenizer
 
     config.validate()
     model_path = resolve_model(config.model)
-    tokenizer_path = resolve_model(config.tokenizer) if config.tokenizer else model_path
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(resolve_tokenizer(config.tokenizer, model_path))
     info = read_model_info(model_path)
     if config.max_model_len is not None and config.max_model_len > info.max_position_embeddings:
         raise ConfigError(

@@ -158,7 +158,6 @@ async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> 
     async with anyio.create_task_group() as tg:
 
         async def on_signals() -> None:
-            nonlocal code
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     if rank is None:  # still starting: nothing to drain
@@ -186,6 +185,7 @@ async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> 
                 handshake = await connect_with_retry(addr, timeout_s=HANDSHAKE_TIMEOUT_S, what="the front-end")
         except TimeoutError:
             log.error("did not receive handshake from the front-end at %s within %.0f s", addr, HANDSHAKE_TIMEOUT_S)
+            tg.cancel_scope.cancel()  # a bare return would wait forever for the signal and control tasks
             return 1
         try:
             rank = await start_rank(cfg, handshake)

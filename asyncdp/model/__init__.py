@@ -6,6 +6,7 @@ Public functions (torch-free at import; weights are only touched by ``asyncdp.mo
   ``cache_dir()/models/<name>-<hash>`` (written to a temporary folder, then renamed, so concurrent engines never
   see half a checkpoint); any other value must be a directory holding ``config.json``, ``*.safetensors`` and
   tokenizer files.
+* ``resolve_tokenizer(tokenizer, model_path)``: the directory ``--tokenizer`` names (default: the model's).
 * ``load_tokenizer(path)``: the checkpoint's fast tokenizer, offline.
 * ``read_model_info(path)``: a ``ModelInfo`` from the JSON files.
 * ``export_builtin(name, dest)``: write a built-in checkpoint to ``dest`` (``asyncdp model export``).
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 __all__ = ["BUILTIN_PREFIX", "ModelInfo", "builtin_names", "export_builtin", "load_tokenizer", "read_model_info",
-           "resolve_model"]
+           "resolve_model", "resolve_tokenizer"]
 
 BUILTIN_PREFIX = "builtin:"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -89,6 +90,13 @@ def resolve_model(name_or_path: str) -> Path:
                 shutil.rmtree(tmp, ignore_errors=True)
         return final
     return _check_checkpoint(Path(name_or_path).expanduser(), name_or_path)
+
+
+def resolve_tokenizer(tokenizer: str | None, model_path: Path) -> Path:
+    """Where ``--tokenizer`` points: a built-in model, a directory holding only tokenizer files, or (unset) the model."""
+    if not tokenizer:
+        return model_path
+    return resolve_model(tokenizer) if tokenizer.startswith(BUILTIN_PREFIX) else Path(tokenizer).expanduser()
 
 
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:

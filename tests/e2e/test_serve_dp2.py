@@ -29,7 +29,8 @@ async def test_one_completion_reports_finish_reason_and_usage(dp2: Server) -> No
     choice = r.choices[0]
     assert choice.finish_reason in ("length", "stop")
     assert r.usage is not None and r.usage.prompt_tokens > 0
-    assert r.usage.completion_tokens == len(choice.text) or r.usage.completion_tokens <= 5
+    # "length" means all 5 tokens came; "stop" (EOS) may end the completion at any of the 5
+    assert r.usage.completion_tokens == 5 if choice.finish_reason == "length" else 1 <= r.usage.completion_tokens <= 5
 
 
 async def test_two_bursts_of_200_all_succeed_and_balance_over_both_ranks(dp2: Server) -> None:
@@ -201,6 +202,6 @@ async def test_bad_requests_are_rejected_with_openai_errors(dp2: Server) -> None
             r = await http.post("/v1/completions", content=b'{"model": "' + MODEL.encode() + b'", "prompt": ',
                                 headers={"content-type": "application/json"})
             assert r.status_code == 400
-            assert r.json()["error"]["code"] == 400 or r.json()["error"]["type"]
+            assert r.json()["error"]["code"] == 400 and r.json()["error"]["type"] == "BadRequestError"
             r = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": "not a list"})
             assert r.status_code == 400

@@ -43,6 +43,7 @@ def fake_model(monkeypatch):
         return Path("/nonexistent/fake")
 
     mod.resolve_model = resolve_model
+    mod.resolve_tokenizer = lambda tokenizer, model_path: model_path
     mod.load_tokenizer = lambda path: hf_tokenizer()
     mod.read_model_info = lambda path: FakeInfo()
     runner = types.ModuleType("asyncdp.engine.model_runner")

@@ -156,3 +156,20 @@ def test_model_package_imports_without_torch_or_transformers() -> None:
     code = ("import sys, asyncdp.model; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_tokenizer_flag_accepts_a_directory_holding_only_a_tokenizer(dense_path: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from asyncdp.config import EngineConfig
+    from asyncdp.engine.core import build_engine_core
+
+    tok_dir = tmp_path / "tokenizer-only"
+    tok_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(dense_path / name, tok_dir / name)
+    core = build_engine_core(EngineConfig(model=str(dense_path), tokenizer=str(tok_dir), executor="sim"))
+    try:
+        assert core.tokenizer.encode("hi", add_special_tokens=False) == list(b"hi")
+    finally:
+        core.shutdown()
