@@ -20,7 +20,7 @@ from quart import Quart, Response, request
 
 from asyncdp.api.app import AppState, json_response
 from asyncdp.api.errors import HTTPError, status_and_body
-from asyncdp.api.fanout import Fanout, Item, Sequence
+from asyncdp.api.fanout import Fanout, Item, Sequence, collect_one
 from asyncdp.api.openai_format import (
     Choice,
     chat_chunk,
@@ -90,6 +90,18 @@ async def _start(state: AppState, seqs: list[Sequence], hint: Any) -> tuple[Fano
         fan.close()
         raise
     return fan, first
+
+
+async def _collect_all(state: AppState, seqs: list[Sequence], hint: Any) -> list[Choice]:
+    """Every sequence's outputs, accumulated per choice, for a non-streamed response."""
+    if len(seqs) == 1:  # no fan-out to merge: the handler iterates the one sequence itself
+        state.producers()  # the same 503s as a fan-out: draining, or not serving yet
+        choice = Choice(seqs[0].index)
+        if not await collect_one(state.client, seqs[0], hint, choice.add):
+            raise RuntimeError("every sequence ended without output")
+        return [choice]
+    fan, first = await _start(state, seqs, hint)
+    return await _collect(fan, first, len(seqs))
 
 
 async def _collect(fan: Fanout, first: Item, num_choices: int) -> list[Choice]:
@@ -163,12 +175,12 @@ def register_generation_routes(app: Quart, state: AppState) -> None:
         request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         seqs = _sequences(request_id, prompt_ids, params)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
-        fan, first = await _start(state, seqs, hint)
         if not req.stream:
-            choices = await _collect(fan, first, len(seqs))
+            choices = await _collect_all(state, seqs, hint)
             return json_response(completion_response(request_id, created, model, choices, num_prompt_tokens, tok,
                                                      req.logprobs is not None))
 
+        fan, first = await _start(state, seqs, hint)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         offsets = [0] * len(seqs)
         generated = [0] * len(seqs)
@@ -217,12 +229,12 @@ def register_generation_routes(app: Quart, state: AppState) -> None:
         hint = parse_rank_hint(request.headers, req, lambda: _managed(state))
         request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         seqs = _sequences(request_id, [prompt_ids], params)
-        fan, first = await _start(state, seqs, hint)
         if not req.stream:
-            choices = await _collect(fan, first, len(seqs))
+            choices = await _collect_all(state, seqs, hint)
             return json_response(chat_response(request_id, created, model, choices, len(prompt_ids), tok,
                                                top_logprobs))
 
+        fan, first = await _start(state, seqs, hint)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         generated = [0] * len(seqs)
         roles = [sse(chat_chunk(request_id, created, model, i, {"role": "assistant", "content": ""},
