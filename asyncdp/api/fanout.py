@@ -99,13 +99,15 @@ async def collect_one(
     unfinished request when the caller is cancelled or ``on_output`` raises."""
     outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint)
     count = 0
+    exhausted = False
     try:
         async for out in outputs:
             on_output(out)
             count += 1
+        exhausted = True  # a generator that ran to its end has nothing left to close
     finally:
         aclose = getattr(outputs, "aclose", None)
-        if aclose is not None:
+        if aclose is not None and not exhausted:
             with anyio.move_on_after(_ACLOSE_TIMEOUT_S, shield=True):
                 await aclose()
     return count

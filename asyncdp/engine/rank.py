@@ -237,8 +237,11 @@ class EngineRank:
         if self.state.shutting_down and self._shutdown_deadline is not None and not self._drain_expired:
             deadline = self._shutdown_deadline
         item = None
-        with anyio.CancelScope(deadline=deadline):
+        if deadline == math.inf:  # the common case: no scope to build and tear down per wait
             item = await self._inbox.receive()
+        else:
+            with anyio.CancelScope(deadline=deadline):
+                item = await self._inbox.receive()
         if item is not None:
             await self._handle(item)
 
