@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import msgspec
 import orjson
 from quart import Quart, Response, request
 
@@ -68,13 +69,10 @@ def _sequences(base_id: str, prompt_ids: list[list[int]], params: SamplingParams
     for p, ids in enumerate(prompt_ids):
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
-            one = SamplingParams(**{**_fields(params), "n": 1, "seed": seed})
+            # n == 1: the sequence's params are the request's (seed + 0); frozen, so shared safely.
+            one = params if params.n == 1 else msgspec.structs.replace(params, n=1, seed=seed)
             seqs.append(Sequence(p * params.n + i, f"{base_id}-{p}-{i}", ids, one))
     return seqs
-
-
-def _fields(params: SamplingParams) -> dict[str, Any]:
-    return {f: getattr(params, f) for f in params.__struct_fields__}
 
 
 async def _start(state: AppState, seqs: list[Sequence], hint: Any) -> tuple[Fanout, Item]:
