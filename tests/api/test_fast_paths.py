@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from asyncdp.api.fanout import Sequence, collect_one
@@ -31,16 +32,33 @@ async def test_collect_one_passes_every_output_and_aborts_nothing_when_the_seque
     assert fake.finished == ["r1"] and fake.aborted == []
 
 
+class SlowCleanupClient:
+    """Yields one output a second forever; its cleanup (the abort) needs a checkpoint, as a real one does."""
+
+    def __init__(self) -> None:
+        self.aborted: list[str] = []
+
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams, *, rank_hint: object = None):
+        try:
+            while True:
+                await trio.sleep(1.0)
+                yield RequestOutput(request_id=request_id, new_token_ids=[1], new_text="a")
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.lowlevel.checkpoint()  # sending AbortRequests
+            self.aborted.append(request_id)
+
+
 @pytest.mark.trio
-async def test_collect_one_aborts_the_request_when_the_caller_is_cancelled_mid_sequence(
+async def test_collect_one_aborts_the_request_before_returning_when_the_caller_is_cancelled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    fake = FakeEngineClient(token_delay_s=1.0)
+    client = SlowCleanupClient()
     seen: list[RequestOutput] = []
-    with trio.move_on_after(2.5):  # MockClock: two tokens arrive, then the "client disconnects"
-        await collect_one(fake, seq(10), None, seen.append)
+    with trio.move_on_after(2.5):  # MockClock: two outputs arrive, then the "client disconnects"
+        await collect_one(client, seq(10), None, seen.append)  # type: ignore[arg-type]
     assert len(seen) == 2
-    assert fake.aborted == ["r1"]
+    assert client.aborted == ["r1"]
 
 
 @pytest.mark.trio
@@ -79,3 +97,20 @@ def test_rank_steps_the_sim_executor_inline_by_default_and_honours_an_explicit_c
         for r in ranks:  # never run: close the inbox that run() would close
             r._inbox_send.close()
             r._inbox.close()
+
+
+@pytest.mark.trio
+async def test_collect_one_aborts_the_request_before_raising_when_the_consumer_fails_between_outputs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client = SlowCleanupClient()
+    seen: list[RequestOutput] = []
+
+    def fail_on_second(out: RequestOutput) -> None:
+        seen.append(out)
+        if len(seen) == 2:
+            raise RuntimeError("building the response failed")
+
+    with pytest.raises(RuntimeError):
+        await collect_one(client, seq(10), None, fail_on_second)  # type: ignore[arg-type]
+    assert client.aborted == ["r1"]  # closed by collect_one, not later by the garbage collector
