@@ -11,7 +11,7 @@ done. ``close()`` (sync, idempotent) cancels the producers; the HTTP layer calls
 
 ``collect_one`` is the fast path for the commonest request, one non-streamed sequence: the handler task
 iterates the client's generator itself, with the same close-on-exit rule, and no producer task, memory stream
-or cancel scope is created (under trio that was a third of the HTTP layer's per-request scheduling work).
+or cancel scopes are created per request.
 """
 
 from __future__ import annotations
