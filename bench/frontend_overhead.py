@@ -10,6 +10,11 @@ The load generator (this process) sends ``--requests`` non-streaming completions
 ``--concurrency`` in flight over loopback (httpx), after a warm-up, and reports requests/s, p50 and p99
 latency, and each side's ratio to ``bare``. Prints a table and writes JSON.
 
+On a small machine the load generator shares the cores with the servers, so requests/s also measures how much
+CPU the servers leave it. The CPU columns separate the two (Linux, from /proc): ``srv us`` is the CPU time of
+the side's server processes (asyncdp: API server and engine together) per request, ``lg us`` the load
+generator's own. A side whose ``lg us`` is far above bare's was limited by the load generator, not by itself.
+
     python bench/frontend_overhead.py --requests 1000 --concurrency 32 --backend asyncio
 """
 
@@ -43,6 +48,8 @@ class Result:
     p50_ms: float
     p99_ms: float
     errors: int
+    server_cpu_us: float | None = None  # CPU time of the server's process tree per request
+    loadgen_cpu_us: float | None = None  # CPU time of this process per request
 
 
 # ---------------------------------------------------------------------- server sides (child processes)
@@ -93,7 +100,7 @@ def _serve_child(side: str, backend: str) -> None:
 
 
 @contextmanager
-def child_server(side: str, backend: str) -> Iterator[str]:
+def child_server(side: str, backend: str) -> Iterator[tuple[str, int]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, __file__, "--serve", side, "--backend", backend],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
@@ -102,7 +109,7 @@ def child_server(side: str, backend: str) -> Iterator[str]:
         line = proc.stdout.readline()  # blocks until the child listens (or dies: then the line is empty)
         if not line.startswith("PORT "):
             raise RuntimeError(f"{side} server failed to start (exit {proc.wait(timeout=10)})")
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
+        yield f"http://127.0.0.1:{int(line.split()[1])}", proc.pid
     finally:
         proc.terminate()
         try:
@@ -121,7 +128,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def asyncdp_server(backend: str, timeout_s: float = 120.0) -> Iterator[str]:
+def asyncdp_server(backend: str, timeout_s: float = 120.0) -> Iterator[tuple[str, int]]:
     """``asyncdp serve`` on the zero-cost sim executor, one engine, one API server, on a free loopback port.
 
     The launcher binds ``--port`` itself, so the port is found by binding port 0 here and closing it just before
@@ -147,7 +154,7 @@ def asyncdp_server(backend: str, timeout_s: float = 120.0) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 if time.monotonic() > deadline:
                     raise RuntimeError("asyncdp serve was not ready in time") from None
-        yield base_url
+        yield base_url, proc.pid
     finally:
         proc.terminate()  # SIGTERM: the launcher stops its children in order
         try:
@@ -159,14 +166,30 @@ def asyncdp_server(backend: str, timeout_s: float = 120.0) -> Iterator[str]:
 
 def run_asyncdp_side(requests: int, concurrency: int, backend: str) -> Result | None:
     """The whole serving path: HTTP, tokenization, DP client, engine link, scheduler, sim executor (zero cost)."""
-    with asyncdp_server(backend) as base_url:
-        return anyio.run(measure, "asyncdp", base_url, requests, concurrency)
+    with asyncdp_server(backend) as (base_url, pid):
+        return anyio.run(measure, "asyncdp", base_url, requests, concurrency, pid)
 
 
 # ---------------------------------------------------------------------- load generator
 
 
-async def measure(side: str, base_url: str, requests: int, concurrency: int) -> Result:
+def _tree_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` and its descendants so far (None where /proc is not there)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    try:
+        while todo:
+            p = todo.pop()
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+    except (OSError, ValueError):
+        return None
+    return total
+
+
+async def measure(side: str, base_url: str, requests: int, concurrency: int, server_pid: int | None = None) -> Result:
     latencies: list[float] = []
     errors = 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -185,28 +208,37 @@ async def measure(side: str, base_url: str, requests: int, concurrency: int) -> 
                 latencies.append(time.perf_counter() - t0)
                 errors += r.status_code != 200
 
-        start = time.perf_counter()
+        server_cpu0 = _tree_cpu_s(server_pid) if server_pid is not None else None
+        start, cpu0 = time.perf_counter(), time.process_time()
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
                 tg.start_soon(worker)
-        elapsed = time.perf_counter() - start
+        elapsed, loadgen_cpu = time.perf_counter() - start, time.process_time() - cpu0
+        server_cpu1 = _tree_cpu_s(server_pid) if server_pid is not None else None
     latencies.sort()
     return Result(side, requests, concurrency, requests / elapsed, 1000 * statistics.median(latencies),
-                  1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], errors)
+                  1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], errors,
+                  None if server_cpu0 is None or server_cpu1 is None else 1e6 * (server_cpu1 - server_cpu0) / requests,
+                  1e6 * loadgen_cpu / requests)
 
 
 def run_child_side(side: str, requests: int, concurrency: int, backend: str) -> Result:
-    with child_server(side, backend) as base_url:
-        return anyio.run(measure, side, base_url, requests, concurrency)
+    with child_server(side, backend) as (base_url, pid):
+        return anyio.run(measure, side, base_url, requests, concurrency, pid)
 
 
 def print_table(results: list[Result]) -> None:
     base = results[0]
     print(f"{'side':<10} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'req/s vs bare':>14} "
-          f"{'p50 vs bare':>12}")
+          f"{'p50 vs bare':>12} {'srv us':>7} {'lg us':>7}")
     for r in results:
         print(f"{r.side:<10} {r.requests_per_s:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>6} "
-              f"{r.requests_per_s / base.requests_per_s:>14.2f} {r.p50_ms / base.p50_ms:>12.2f}")
+              f"{r.requests_per_s / base.requests_per_s:>14.2f} {r.p50_ms / base.p50_ms:>12.2f} "
+              f"{_us(r.server_cpu_us):>7} {_us(r.loadgen_cpu_us):>7}")
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def main() -> None:

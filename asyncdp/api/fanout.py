@@ -8,10 +8,15 @@ a task group must not be held open across a ``yield``.
 
 The consumer reads ``(choice_index, RequestOutput | Exception)`` items; the stream ends when every producer is
 done. ``close()`` (sync, idempotent) cancels the producers; the HTTP layer calls it from a ``finally``.
+
+``collect_one`` is the fast path for the commonest request, one non-streamed sequence: the handler task
+iterates the client's generator itself, with the same close-on-exit rule, and no producer task, memory stream
+or cancel scopes are created per request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 
@@ -83,3 +88,26 @@ class Fanout:
         for scope in self._scopes:
             scope.cancel()
         self._recv.close()
+
+
+async def collect_one(
+    client: EngineClient, seq: Sequence, hint: RankHint | None, on_output: Callable[[RequestOutput], None],
+) -> int:
+    """Iterate one sequence in the calling task, passing each output to ``on_output``; return the count.
+
+    The generator is closed on the way out (shielded and bounded, as in the producers), which aborts an
+    unfinished request when the caller is cancelled or ``on_output`` raises."""
+    outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint)
+    count = 0
+    exhausted = False
+    try:
+        async for out in outputs:
+            on_output(out)
+            count += 1
+        exhausted = True  # a generator that ran to its end has nothing left to close
+    finally:
+        aclose = getattr(outputs, "aclose", None)
+        if aclose is not None and not exhausted:
+            with anyio.move_on_after(_ACLOSE_TIMEOUT_S, shield=True):
+                await aclose()
+    return count

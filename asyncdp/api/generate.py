@@ -15,12 +15,13 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import msgspec
 import orjson
 from quart import Quart, Response, request
 
 from asyncdp.api.app import AppState, json_response
 from asyncdp.api.errors import HTTPError, status_and_body
-from asyncdp.api.fanout import Fanout, Item, Sequence
+from asyncdp.api.fanout import Fanout, Item, Sequence, collect_one
 from asyncdp.api.openai_format import (
     Choice,
     chat_chunk,
@@ -68,13 +69,10 @@ def _sequences(base_id: str, prompt_ids: list[list[int]], params: SamplingParams
     for p, ids in enumerate(prompt_ids):
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
-            one = SamplingParams(**{**_fields(params), "n": 1, "seed": seed})
+            # n == 1: the sequence's params are the request's (seed + 0); frozen, so shared safely.
+            one = params if params.n == 1 else msgspec.structs.replace(params, n=1, seed=seed)
             seqs.append(Sequence(p * params.n + i, f"{base_id}-{p}-{i}", ids, one))
     return seqs
-
-
-def _fields(params: SamplingParams) -> dict[str, Any]:
-    return {f: getattr(params, f) for f in params.__struct_fields__}
 
 
 async def _start(state: AppState, seqs: list[Sequence], hint: Any) -> tuple[Fanout, Item]:
@@ -90,6 +88,18 @@ async def _start(state: AppState, seqs: list[Sequence], hint: Any) -> tuple[Fano
         fan.close()
         raise
     return fan, first
+
+
+async def _collect_all(state: AppState, seqs: list[Sequence], hint: Any) -> list[Choice]:
+    """Every sequence's outputs, accumulated per choice, for a non-streamed response."""
+    if len(seqs) == 1:  # no fan-out to merge: the handler iterates the one sequence itself
+        state.producers()  # the same 503s as a fan-out: draining, or not serving yet
+        choice = Choice(seqs[0].index)
+        if not await collect_one(state.client, seqs[0], hint, choice.add):
+            raise RuntimeError("every sequence ended without output")
+        return [choice]
+    fan, first = await _start(state, seqs, hint)
+    return await _collect(fan, first, len(seqs))
 
 
 async def _collect(fan: Fanout, first: Item, num_choices: int) -> list[Choice]:
@@ -163,12 +173,12 @@ def register_generation_routes(app: Quart, state: AppState) -> None:
         request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         seqs = _sequences(request_id, prompt_ids, params)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
-        fan, first = await _start(state, seqs, hint)
         if not req.stream:
-            choices = await _collect(fan, first, len(seqs))
+            choices = await _collect_all(state, seqs, hint)
             return json_response(completion_response(request_id, created, model, choices, num_prompt_tokens, tok,
                                                      req.logprobs is not None))
 
+        fan, first = await _start(state, seqs, hint)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         offsets = [0] * len(seqs)
         generated = [0] * len(seqs)
@@ -217,12 +227,12 @@ def register_generation_routes(app: Quart, state: AppState) -> None:
         hint = parse_rank_hint(request.headers, req, lambda: _managed(state))
         request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         seqs = _sequences(request_id, [prompt_ids], params)
-        fan, first = await _start(state, seqs, hint)
         if not req.stream:
-            choices = await _collect(fan, first, len(seqs))
+            choices = await _collect_all(state, seqs, hint)
             return json_response(chat_response(request_id, created, model, choices, len(prompt_ids), tok,
                                                top_logprobs))
 
+        fan, first = await _start(state, seqs, hint)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         generated = [0] * len(seqs)
         roles = [sse(chat_chunk(request_id, created, model, i, {"role": "assistant", "content": ""},

@@ -161,6 +161,20 @@ def _as_int(field: str, value: Any) -> int:
     raise _bad(field, f"{field} must be an integer (got {value!r}).")
 
 
+def _rank_headers(headers: Any) -> tuple[str | None, str | None]:
+    """The first ``X-data-parallel-rank`` and ``X-data-parallel-global-rank`` values (names case-insensitive),
+    in one pass: werkzeug's ``Headers.get`` scans every header per name, which showed per request."""
+    local = global_ = None
+    for name, value in headers.items():
+        key = name.lower()
+        if key == "x-data-parallel-rank":
+            if local is None:
+                local = value
+        elif key == "x-data-parallel-global-rank" and global_ is None:
+            global_ = value
+    return local, global_
+
+
 def _one_of(field: str, header: str | None, body: Any) -> int | None:
     from_header = _as_int(field, header) if header is not None else None
     from_body = _as_int(field, body) if body is not None else None
@@ -177,9 +191,9 @@ def parse_rank_hint(
     ``managed_ranks`` (a call returning ``server_info()["managed_ranks"]``, made only then) lets a local and a global hint be compared: if both are given
     and name different engines, that is a 400 here.
     """
-    local = _one_of("data_parallel_rank", headers.get("X-data-parallel-rank"), req.data_parallel_rank)
-    global_ = _one_of("data_parallel_global_rank", headers.get("X-data-parallel-global-rank"),
-                      req.data_parallel_global_rank)
+    local_header, global_header = _rank_headers(headers)
+    local = _one_of("data_parallel_rank", local_header, req.data_parallel_rank)
+    global_ = _one_of("data_parallel_global_rank", global_header, req.data_parallel_global_rank)
     if local is None and global_ is None:
         return None
     ranks = managed_ranks() if local is not None and global_ is not None and managed_ranks else None

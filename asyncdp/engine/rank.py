@@ -103,14 +103,17 @@ class EngineRank:
         clients: dict[int, Link],
         coordinator: Link | None,
         *,
-        inline_step: bool = False,
+        inline_step: bool | None = None,
         dp_group: DPGroup | None = None,
         limiter: anyio.CapacityLimiter | None = None,
     ) -> None:
         self.cfg = cfg
         self.core = core
         self.links = RankLinks(cfg.dp_rank, clients, coordinator)
-        self.inline_step = inline_step
+        # None: inline exactly when the executor only models its step time (the sim executor returns at once
+        # and reports ``last_step_s``, waited here on the anyio clock) and no DP group shares the execution
+        # thread. A thread round trip per step was a third of a zero-cost engine's per-request CPU.
+        self.inline_step = _models_step_time(core) and dp_group is None if inline_step is None else inline_step
         self.dp_group = dp_group
         self.limiter = limiter if limiter is not None else anyio.CapacityLimiter(1)
         self.state = RankState()
@@ -234,8 +237,11 @@ class EngineRank:
         if self.state.shutting_down and self._shutdown_deadline is not None and not self._drain_expired:
             deadline = self._shutdown_deadline
         item = None
-        with anyio.CancelScope(deadline=deadline):
+        if deadline == math.inf:  # the common case: no scope to build and tear down per wait
             item = await self._inbox.receive()
+        else:
+            with anyio.CancelScope(deadline=deadline):
+                item = await self._inbox.receive()
         if item is not None:
             await self._handle(item)
 
@@ -475,3 +481,9 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
     return f"{type(exc).__name__}: {exc}"
+
+
+def _models_step_time(core: EngineCore) -> bool:
+    from asyncdp.engine.sim_executor import SimExecutor
+
+    return isinstance(core.executor, SimExecutor)

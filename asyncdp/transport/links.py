@@ -63,7 +63,9 @@ class StreamLink(Link):
         self.name = name
         self._stream = stream
         self._reader = BufferedByteReceiveStream(stream)
-        self._send_lock = anyio.Lock()
+        # fast_acquire: an uncontended send does not yield to the scheduler here; the stream write right after
+        # is a checkpoint anyway. That is one task switch less per frame.
+        self._send_lock = anyio.Lock(fast_acquire=True)
 
     async def send(self, msg: messages.Message) -> None:
         payload = messages.encode(msg)
