@@ -109,7 +109,7 @@ async def serve_api(
             nonlocal code
             while True:
                 await anyio.sleep(WATCHDOG_INTERVAL_S)
-                if not client.is_healthy() and not client._shutting_down and not cfg.keep_alive_on_engine_death:
+                if not client.is_healthy() and not client.shutting_down and not cfg.keep_alive_on_engine_death:
                     log.error("no data-parallel rank can serve; the API server exits (keep-alive is off)")
                     code = 1
                     shutdown.set()
@@ -145,20 +145,23 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
     code = 0
     listener, client_addr = await bind_client_listener(cfg)
     async with anyio.create_task_group() as tg:
+        client: DPClient | None = None
+        processes: list[dict[str, Any]] = []
 
-        ready = False
+        def stop() -> None:
+            if client is None:  # still waiting for engines: nothing to drain
+                tg.cancel_scope.cancel()
+            else:
+                shutdown.set()
 
         async def on_signals() -> None:
-            nonlocal code
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
-                    if not ready:  # still waiting for engines: nothing to drain
-                        tg.cancel_scope.cancel()
-                        return
-                    shutdown.set()
+                    stop()
 
-        async def on_control(client: DPClient) -> None:
-            nonlocal code
+        async def on_control() -> None:
+            # Read from the start: the parent may stop this server, or die, while it still waits for engines.
+            nonlocal code, processes
             while True:
                 try:
                     cmd = await control.receive()
@@ -168,11 +171,14 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
                     tg.cancel_scope.cancel()
                     return
                 if cmd.get("cmd") == "processes":
-                    client.processes = cmd["processes"]
+                    processes = cmd["processes"]
+                    if client is not None:
+                        client.processes = processes
                 elif cmd.get("cmd") == "shutdown":
-                    shutdown.set()
+                    stop()
 
         tg.start_soon(on_signals)
+        tg.start_soon(on_control)
         await control.send({"event": "listening", "client_addr": client_addr})
 
         async def run_api(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
@@ -181,8 +187,7 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
             tg.cancel_scope.cancel()
 
         client = await tg.start(run_api)
-        ready = True
-        tg.start_soon(on_control, client)
+        client.processes = processes or client.processes
         await control.send({"event": "ready"})
     http_sock.close()
     return code

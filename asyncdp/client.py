@@ -37,6 +37,7 @@ from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import (
     AsyncDPError,
     EngineDeadError,
+    ProtocolError,
     QueueFullError,
     ShuttingDownError,
     StartupError,
@@ -48,6 +49,7 @@ from asyncdp.transport import Link, connect_with_retry
 log = logging.getLogger(__name__)
 
 ABORT_SEND_TIMEOUT_S = 2.0
+ENGINE_READY_FRAME_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,8 @@ class ClientConfig:
     coordinator_client_addr: str | None = None
     mode: str = "internal"
     heartbeat_interval_s: float = 1.0
+    enable_expert_parallel: bool = False
+    utility_timeout_s: float = 600.0
 
 
 @dataclass(slots=True)
@@ -131,7 +135,6 @@ class DPClient:
         self.snapshot_received_at: float | None = None
         self.coordinator_state = "none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting"
         self.processes: list[dict[str, Any]] = []
-        self.server_extra: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ EngineClient surface
 
@@ -146,6 +149,14 @@ class DPClient:
     @property
     def tokenizer(self) -> Any:
         return self._tokenizer
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    def engine_states(self) -> dict[int, tuple[bool, float]]:
+        """Per managed rank that sent EngineReady: (alive, monotonic time last heard from)."""
+        return {rank: (e.alive, e.last_seen) for rank, e in self._engines.items()}
 
     def is_healthy(self) -> bool:
         return (
@@ -241,6 +252,18 @@ class DPClient:
                     self._release(req)
 
     async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``method`` on every live managed engine; the first engine's value, or raise if any failed.
+
+        Bounded by ``utility_timeout_s``: a pause waits for running requests (mode ``wait``) or for the MoE
+        group's consensus, but never forever."""
+        try:
+            with anyio.fail_after(self.cfg.utility_timeout_s):
+                return await self._call_utility(method, *args, **kwargs)
+        except TimeoutError:
+            raise UnavailableError(f"{method} did not complete on every rank within "
+                                   f"{self.cfg.utility_timeout_s:g} s") from None
+
+    async def _call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
         live = [e for e in self._engines.values() if e.alive]
         if not live:
             raise UnavailableError("no data-parallel rank can serve requests")
@@ -305,8 +328,12 @@ class DPClient:
 
     async def _engine_link(self, link: Link) -> None:
         try:
-            first = await link.receive()
-        except anyio.EndOfStream:
+            with anyio.fail_after(ENGINE_READY_FRAME_TIMEOUT_S):  # a connected engine is ready: it says so at once
+                first = await link.receive()
+        except (anyio.EndOfStream, ProtocolError, TimeoutError) as exc:
+            log.error("client %d: dropping an engine link without a valid EngineReady (%s)",
+                      self.cfg.client_index, type(exc).__name__)
+            await link.aclose()
             return
         if not isinstance(first, m.EngineReady) or first.dp_rank not in self.cfg.managed_ranks:
             log.error("client %d: unexpected first frame %r on an engine link", self.cfg.client_index, first)

@@ -349,6 +349,7 @@ def _client_config(plan: LaunchPlan, client_index: int, coordinator_client_addr:
         engine_ready_timeout_s=plan.engine_ready_timeout_s,
         coordinator_client_addr=coordinator_client_addr,
         mode=plan.mode,
+        enable_expert_parallel=plan.enable_expert_parallel,
     )
 
 

@@ -15,13 +15,14 @@ def client_server_info(client: DPClient) -> dict[str, Any]:
     cfg = client.cfg
     now = time.monotonic()
     ranks = []
+    engines = client.engine_states()
     for local_index, rank in enumerate(cfg.managed_ranks):
-        engine = client._engines.get(rank)
-        if engine is None:
+        if rank not in engines:
             state, seen = "starting", None
         else:
-            state = "ready" if engine.alive else "dead"
-            seen = round(now - engine.last_seen, 3)
+            alive, last_seen = engines[rank]
+            state = "ready" if alive else "dead"
+            seen = round(now - last_seen, 3)
         ranks.append({"dp_rank": rank, "local_index": local_index, "local": True, "state": state,
                       "last_seen_s": seen, "inflight": client.inflight_of(rank)})
     age = client.snapshot_age_s()
@@ -38,7 +39,7 @@ def client_server_info(client: DPClient) -> dict[str, Any]:
         "asyncdp_version": __version__,
         "model": cfg.model_name,
         "is_moe": cfg.is_moe,
-        "enable_expert_parallel": bool(client.server_extra.get("enable_expert_parallel", False)),
+        "enable_expert_parallel": cfg.enable_expert_parallel,
         "mode": cfg.mode,
         "dp_size": cfg.dp_size,
         "dp_size_local": len(cfg.managed_ranks),

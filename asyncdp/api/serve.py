@@ -116,21 +116,24 @@ async def serve_http(
                 set_draining(app)
             stop.set()
 
-    if backend == "asyncio":
-        _quiet_cancelled_connection_callbacks()
-    async with anyio.create_task_group() as outer:
-        await outer.start(watch)
-        # The server and its drain are shielded from the caller; `watch` turns cancellation into `stop`.
-        with anyio.CancelScope(shield=True) as server_scope:
-            async with anyio.create_task_group() as server:
-                server.start_soon(run_hypercorn)
-                task_status.started(address)
-                await stop.wait()
-                server_scope.deadline = anyio.current_time() + shutdown_timeout_s + _SHUTDOWN_MARGIN_S
-        outer.cancel_scope.cancel()
+    restore = _quiet_cancelled_connection_callbacks() if backend == "asyncio" else None
+    try:
+        async with anyio.create_task_group() as outer:
+            await outer.start(watch)
+            # The server and its drain are shielded from the caller; `watch` turns cancellation into `stop`.
+            with anyio.CancelScope(shield=True) as server_scope:
+                async with anyio.create_task_group() as server:
+                    server.start_soon(run_hypercorn)
+                    task_status.started(address)
+                    await stop.wait()
+                    server_scope.deadline = anyio.current_time() + shutdown_timeout_s + _SHUTDOWN_MARGIN_S
+            outer.cancel_scope.cancel()
+    finally:
+        if restore is not None:
+            restore()
 
 
-def _quiet_cancelled_connection_callbacks() -> None:
+def _quiet_cancelled_connection_callbacks() -> Callable[[], None]:
     """Hypercorn's asyncio server starts one task per connection from a protocol callback; when shutdown cancels
     a connection that is mid-request, asyncio logs that callback's CancelledError with a traceback. It is the
     intended end of that connection, not an error, so only that case is filtered out."""
@@ -148,3 +151,4 @@ def _quiet_cancelled_connection_callbacks() -> None:
             loop.default_exception_handler(context)
 
     loop.set_exception_handler(handler)
+    return lambda: loop.set_exception_handler(previous)

@@ -75,6 +75,15 @@ async def test_100_requests_finish_balanced_and_the_group_pauses_within_5s(moe: 
     assert set(dummies) <= {"0", "1"}
 
 
+async def test_server_info_describes_the_moe_group(moe: Server) -> None:
+    async with httpx.AsyncClient(base_url=moe.base_url, timeout=10.0) as http:
+        info = (await http.get("/server_info")).json()
+    assert info["is_moe"] is True and info["enable_expert_parallel"] is True
+    assert info["wave"] is not None and info["wave"]["current"] >= 0
+    assert info["coordinator"]["state"] == "alive"
+    assert [r["state"] for r in info["managed_ranks"]] == ["ready", "ready"]
+
+
 async def test_greedy_output_equals_the_single_rank_output(moe: Server) -> None:
     prompts = ["The expert says", "Mixture of experts", "abc"]
     with LLM(MOE, torch_threads=1) as llm:  # dp=1, all experts in one process
