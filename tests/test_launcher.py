@@ -12,14 +12,8 @@ import trio
 from asyncdp import messages as m
 from asyncdp.config import EngineConfig, parallel_config_summary
 from asyncdp.errors import StartupError
-from asyncdp.launcher import (
-    LaunchPlan,
-    _Deployment,
-    _handshake,
-    _run_startup,
-    bind_http_socket,
-    check_config_agreement,
-)
+from asyncdp.launch_plan import LaunchPlan, bind_http_socket
+from asyncdp.launcher import _Deployment, _handshake, _run_startup, check_config_agreement
 from asyncdp.transport import memory_link_pair
 
 
