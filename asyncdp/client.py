@@ -37,6 +37,7 @@ from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import (
     AsyncDPError,
     EngineDeadError,
+    InvalidRequestError,
     ProtocolError,
     QueueFullError,
     ShuttingDownError,
@@ -370,7 +371,10 @@ class DPClient:
         for out in msg.outputs:
             req = self._requests.get(out.request_id)
             if req is not None:
-                req.post(out, now)
+                if out.error_type is not None:  # refused by the engine: an error status, not an empty answer
+                    req.fail(_rejection(out))
+                else:
+                    req.post(out, now)
         for rid in msg.finished_request_ids:
             req = self._requests.get(rid)
             if req is not None:
@@ -510,6 +514,15 @@ class DPClient:
         from asyncdp.server_info import client_server_info
 
         return client_server_info(self)
+
+
+def _rejection(out: m.RequestOutput) -> Exception:
+    reason = out.error or "the engine refused the request"
+    if out.error_type == "invalid_request":
+        return InvalidRequestError(reason)
+    if out.error_type == "unavailable":
+        return ShuttingDownError(reason)
+    return UnavailableError(reason)
 
 
 def _with_coordinator(cfg: ClientConfig, addr: str) -> ClientConfig:

@@ -59,3 +59,34 @@ async def test_a_utility_call_no_rank_answers_fails_with_503_after_its_deadline(
         assert isinstance(await engine_end.receive(), m.UtilityCall)
         tg.cancel_scope.cancel()
     await engine_end.aclose()
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(("error_type", "expected"), [("invalid_request", "InvalidRequestError"),
+                                                      ("unavailable", "ShuttingDownError")])
+async def test_a_request_the_engine_refuses_raises_instead_of_answering_empty(autojump_clock, error_type, expected):
+    from asyncdp import errors
+    from asyncdp.sampling_params import SamplingParams
+
+    client = DPClient(_config(), tokenizer=None)
+    client_end, engine_end = memory_link_pair()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.attach_engine, client_end)
+        await engine_end.send(_ready())
+        await client.wait_engines_ready()
+
+        async def engine() -> None:
+            add = await engine_end.receive()
+            assert isinstance(add, m.AddRequest)
+            out = m.RequestOutput(request_id=add.request_id, finished=True, finish_reason="abort",
+                                  error_type=error_type, error="no thanks")
+            await engine_end.send(m.EngineOutputs(dp_rank=0, outputs=[out], finished_request_ids=[add.request_id],
+                                                  scheduler_stats=None, timestamp=0.0))
+
+        tg.start_soon(engine)
+        with pytest.raises(getattr(errors, expected), match="no thanks"):
+            async for _ in client.generate("r1", [1, 2, 3], SamplingParams(max_tokens=2)):
+                pass
+        assert client.num_inflight == 0 and client.inflight_of(0) == 0
+        tg.cancel_scope.cancel()
+    await engine_end.aclose()
