@@ -72,8 +72,8 @@ class _Deployment:
     children: list[ChildProcess] = field(default_factory=list)
     client_addrs: list[m.ClientAddr] = field(default_factory=list)
     coordinator_addrs: m.CoordinatorAddrs | None = None
-    ready_ranks: set[int] = field(default_factory=set)
-    all_ranks_ready: anyio.Event = field(default_factory=anyio.Event)
+    connected_ranks: set[int] = field(default_factory=set)  # said Hello (a second Hello is E5)
+    ready_ranks: set[int] = field(default_factory=set)  # sent Ready
     inproc_client: DPClient | None = None
     dp_group_info: m.DPGroupInfo | None = None
     rendezvous_store: Any = None  # the torch TCPStore of a MoE DP group; lives as long as the deployment
@@ -416,7 +416,7 @@ async def _handshake_steps(dep: _Deployment, link: Link) -> None:
         problem = f"protocol_version {hello.protocol_version} != {m.PROTOCOL_VERSION}"
     elif not 0 <= hello.dp_rank < plan.dp_size:
         problem = f"dp_rank {hello.dp_rank} is outside [0, {plan.dp_size})"
-    elif hello.dp_rank in dep.ready_ranks:
+    elif hello.dp_rank in dep.connected_ranks:
         problem = f"dp_rank {hello.dp_rank} connected twice"
     elif hello.headless:
         problem = (f"engine rank {hello.dp_rank} connected with headless=True, but this deployment expects "
@@ -425,6 +425,7 @@ async def _handshake_steps(dep: _Deployment, link: Link) -> None:
         await link.send(m.HandshakeError(reason=problem))
         dep.fail(f"startup failed: handshake with engine rank {hello.dp_rank}: {problem}")
         return
+    dep.connected_ranks.add(hello.dp_rank)
     await link.send(m.HandshakeInit(clients=dep.client_addrs, coordinator=dep.coordinator_addrs,
                                     dp_group=dep.dp_group_info, client_count=plan.api_server_count))
     ready = await link.receive()
@@ -437,8 +438,6 @@ async def _handshake_steps(dep: _Deployment, link: Link) -> None:
             dep.fail(f"startup failed: {problem}")
             return
     dep.ready_ranks.add(hello.dp_rank)
-    if len(dep.ready_ranks) == plan.dp_size:
-        dep.all_ranks_ready.set()
     async for _ in link:  # the handshake link stays open for the deployment's life (spec §5.7)
         pass
 

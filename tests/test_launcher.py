@@ -45,6 +45,24 @@ async def test_engine_closing_link_before_ready_fails_startup_instead_of_raising
 
 
 @pytest.mark.trio
+async def test_a_second_hello_for_a_rank_still_starting_is_refused(deployment):
+    first_launcher, first_engine = memory_link_pair()
+    second_launcher, second_engine = memory_link_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_handshake, deployment, first_launcher)
+        await first_engine.send(_hello(1))
+        assert isinstance(await first_engine.receive(), m.HandshakeInit)  # rank 1 is loading its model
+        nursery.start_soon(_handshake, deployment, second_launcher)
+        await second_engine.send(_hello(1))
+        refused = await second_engine.receive()
+        nursery.cancel_scope.cancel()
+    for link in (first_launcher, first_engine, second_launcher, second_engine):
+        await link.aclose()
+    assert isinstance(refused, m.HandshakeError) and "connected twice" in refused.reason
+    assert deployment.failure is not None
+
+
+@pytest.mark.trio
 async def test_silent_engine_connection_times_out_without_raising(deployment, autojump_clock):
     launcher_end, engine_end = memory_link_pair()
     with trio.fail_after(120):
