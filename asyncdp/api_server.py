@@ -30,7 +30,7 @@ import anyio.abc
 import msgspec
 
 from asyncdp.client import ClientConfig, DPClient
-from asyncdp.procs import ControlChannel
+from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import listen
 
 log = logging.getLogger(__name__)
@@ -159,23 +159,21 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
                 async for _ in signals:
                     stop()
 
+        def on_command(cmd: dict[str, Any]) -> None:
+            nonlocal processes
+            if cmd.get("cmd") == "processes":
+                processes = cmd["processes"]
+                if client is not None:
+                    client.processes = processes
+            elif cmd.get("cmd") == "shutdown":
+                stop()
+
         async def on_control() -> None:
             # Read from the start: the parent may stop this server, or die, while it still waits for engines.
-            nonlocal code, processes
-            while True:
-                try:
-                    cmd = await control.receive()
-                except anyio.EndOfStream:
-                    log.error("API server %d: the parent process is gone; exiting", cfg.client.client_index)
-                    code = 1
-                    tg.cancel_scope.cancel()
-                    return
-                if cmd.get("cmd") == "processes":
-                    processes = cmd["processes"]
-                    if client is not None:
-                        client.processes = processes
-                elif cmd.get("cmd") == "shutdown":
-                    stop()
+            nonlocal code
+            await follow_parent(control, on_command, who=f"API server {cfg.client.client_index}")
+            code = 1
+            tg.cancel_scope.cancel()
 
         tg.start_soon(on_signals)
         tg.start_soon(on_control)

@@ -17,7 +17,7 @@ import anyio.abc
 
 from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
 from asyncdp.errors import AsyncDPError
-from asyncdp.procs import ControlChannel
+from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import listen_links
 
 log = logging.getLogger(__name__)
@@ -49,18 +49,15 @@ async def run_coordinator_process(payload: dict[str, Any], control: ControlChann
                     tg.cancel_scope.cancel()
                     return
 
+        def on_command(cmd: dict[str, Any]) -> None:
+            if cmd.get("cmd") == "stopping":
+                stopping.set()
+
         async def on_control() -> None:
             nonlocal code
-            while True:
-                try:
-                    cmd = await control.receive()
-                except anyio.EndOfStream:
-                    log.error("the parent process is gone; the coordinator exits")
-                    code = 1
-                    tg.cancel_scope.cancel()
-                    return
-                if cmd.get("cmd") == "stopping":
-                    stopping.set()
+            await follow_parent(control, on_command, who="the coordinator")
+            code = 1
+            tg.cancel_scope.cancel()
 
         tg.start_soon(on_signals)
         tg.start_soon(on_control)

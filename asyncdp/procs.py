@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,19 @@ class ControlChannel:
                 await self._stream.aclose()
             except OSError:
                 pass
+
+
+async def follow_parent(control: ControlChannel, on_command: Callable[[dict[str, Any]], None], *,
+                        who: str) -> None:
+    """Child side: hand every command from the parent to ``on_command``; return when the channel reaches EOF,
+    which means the parent died (the caller then ends the process with exit code 1)."""
+    while True:
+        try:
+            cmd = await control.receive()
+        except anyio.EndOfStream:
+            log.error("%s: the parent process is gone; exiting", who)
+            return
+        on_command(cmd)
 
 
 @dataclass

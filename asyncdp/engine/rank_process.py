@@ -25,7 +25,7 @@ import msgspec
 from asyncdp import messages as m
 from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
 from asyncdp.errors import StartupError
-from asyncdp.procs import ControlChannel
+from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import Link, connect, connect_with_retry
 
 if TYPE_CHECKING:
@@ -165,18 +165,15 @@ async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> 
                         return
                     rank.request_shutdown()
 
+        def on_command(cmd: dict[str, Any]) -> None:
+            if cmd.get("cmd") == "shutdown" and rank is not None:
+                rank.request_shutdown()
+
         async def on_control() -> None:
             nonlocal code
-            while True:
-                try:
-                    cmd = await control.receive()
-                except anyio.EndOfStream:
-                    log.error("rank %d: the parent process is gone; exiting", cfg.dp_rank)
-                    code = 1
-                    tg.cancel_scope.cancel()
-                    return
-                if cmd.get("cmd") == "shutdown" and rank is not None:
-                    rank.request_shutdown()
+            await follow_parent(control, on_command, who=f"rank {cfg.dp_rank}")
+            code = 1
+            tg.cancel_scope.cancel()
 
         tg.start_soon(on_signals)
         tg.start_soon(on_control)
