@@ -22,7 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from asyncdp.dp.balance import Decision, RequestView, Snapshot, VllmPolicy, make_policy  # noqa: E402
+from asyncdp.dp.balance import (  # noqa: E402
+    Decision,
+    RequestView,
+    Snapshot,
+    VllmPolicy,
+    make_policy,
+    spec_loop_pick,
+)
 
 TARGET_US = 5.0
 RANKS = (8, 64)
@@ -34,19 +41,8 @@ class SpecLoopVllm(VllmPolicy):
     name = "vllm (spec loop)"
 
     def select(self, req, snap, state, now_us, rng):
-        n, c = state.n, state.client_count
-        best, pick = float("inf"), 0
-        for k in range(n):
-            i = (state.start + k) % n
-            if i in state.excluded:
-                continue
-            waiting, running, kv = state.waiting[i], state.running[i], state.kv[i]
-            score = max(c * state.inflight[i], waiting + running)
-            if waiting > 0:
-                score += waiting * 6.0 * max(0.0, kv - 0.5)
-            if score < best:
-                best, pick = score, i
-        return Decision(pick)
+        pick = spec_loop_pick(state)
+        return Decision(0 if pick is None else pick)
 
 
 def random_snapshot(rng: random.Random, n: int) -> Snapshot:

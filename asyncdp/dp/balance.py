@@ -73,6 +73,24 @@ def _vllm_score(state: VllmState, i: int) -> float:
     return score
 
 
+def spec_loop_pick(state: VllmState) -> int | None:
+    """The spec's §7.2 selection loop transcribed literally (dead ranks skipped): the reference that
+    :class:`VllmPolicy`'s incremental fast path must match pick for pick (tested, and checked by the bench)."""
+    n, c = state.n, state.client_count
+    best, pick = float("inf"), None
+    for k in range(n):
+        i = (state.start + k) % n
+        if i in state.excluded:
+            continue
+        waiting, running, kv = state.waiting[i], state.running[i], state.kv[i]
+        score = max(c * state.inflight[i], waiting + running)
+        if waiting > 0:
+            score += waiting * 6.0 * max(0.0, kv - 0.5)
+        if score < best:
+            best, pick = score, i
+    return pick
+
+
 class VllmPolicy(Policy):
     """vLLM's internal DP balancer (spec §7.2): in-flight floor, KV penalty, strict ``<`` from a rotating start."""
 

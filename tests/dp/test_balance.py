@@ -17,6 +17,7 @@ from asyncdp.dp.balance import (
     VllmPolicy,
     make_policy,
     parse_rank_hint,
+    spec_loop_pick,
 )
 from asyncdp.errors import ConfigError, InvalidRequestError, UnavailableError
 
@@ -299,23 +300,6 @@ def test_unknown_policy_lists_valid_names():
 
 
 # ---------------------------------------------------------------- the fast path equals the spec's loop
-
-
-def spec_loop_pick(state):
-    """Spec §7.2 transcribed literally (dead ranks skipped)."""
-    n, c = state.n, state.client_count
-    best, pick = float("inf"), None
-    for k in range(n):
-        i = (state.start + k) % n
-        if i in state.excluded:
-            continue
-        waiting, running, kv = state.waiting[i], state.running[i], state.kv[i]
-        score = max(c * state.inflight[i], waiting + running)
-        if waiting > 0:
-            score += waiting * 6.0 * max(0.0, kv - 0.5)
-        if score < best:
-            best, pick = score, i
-    return pick
 
 
 loads = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.sampled_from([0.0, 0.3, 0.5, 0.75, 1.0])),
