@@ -187,10 +187,7 @@ class Scheduler:
                 else:
                     num_prefill += n
                 num_kv += end
-                req.num_computed_tokens = end
-                chunks.append(ScheduledChunk(
-                    req.request_id, req.all_token_ids[start:end], start, req.block_ids, end == num_tokens,
-                    req.sampling_params, len(req.output_token_ids)))
+                chunks.append(_take_chunk(req, start, end))
                 scheduled.append(req)
                 budget -= n
                 i += 1
@@ -218,10 +215,7 @@ class Scheduler:
                 end = start + n
                 num_prefill += n
                 num_kv += end
-                req.num_computed_tokens = end
-                chunks.append(ScheduledChunk(
-                    req.request_id, req.all_token_ids[start:end], start, req.block_ids, end == num_tokens,
-                    req.sampling_params, len(req.output_token_ids)))
+                chunks.append(_take_chunk(req, start, end))
                 scheduled.append(req)
                 budget -= n
         if not throttle_new_prefills:
@@ -259,3 +253,10 @@ class Scheduler:
             bm.free(req)
             del self.requests[req.request_id]
         self.running = [r for r in self.running if not r.is_finished]
+
+
+def _take_chunk(req: Request, start: int, end: int) -> ScheduledChunk:
+    """Schedule tokens ``[start, end)`` of ``req``: they count as computed from now on."""
+    req.num_computed_tokens = end
+    return ScheduledChunk(req.request_id, req.all_token_ids[start:end], start, req.block_ids,
+                          end == len(req.all_token_ids), req.sampling_params, len(req.output_token_ids))
