@@ -123,7 +123,6 @@ class DPClient:
         self.metrics = metrics
         self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
         self._engines: dict[int, _Engine] = {}
-        self._local_index = {rank: i for i, rank in enumerate(cfg.managed_ranks)}
         self._requests: dict[str, _Request] = {}
         self._idle = anyio.Event()  # replaced while requests are in flight; set when the last one is released
         self._utility_results: dict[int, tuple[anyio.Event, list[m.UtilityResult]]] = {}
@@ -423,7 +422,7 @@ class DPClient:
             self._update_inflight_metric(req.dp_rank)
 
     def inflight_of(self, dp_rank: int) -> int:
-        return self.lb.inflight[self._local_index[dp_rank]]
+        return self.lb.inflight_of(dp_rank)
 
     def _update_inflight_metric(self, dp_rank: int) -> None:
         if self.metrics is not None:

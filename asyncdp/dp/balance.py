@@ -272,6 +272,10 @@ class LoadBalancer:
         """This client's unfinished requests per managed rank, in local-index order."""
         return list(self._inflight)
 
+    def inflight_of(self, rank: int) -> int:
+        """This client's unfinished requests on global ``rank`` (O(1): called on every dispatch and finish)."""
+        return self._inflight[self._index[rank]]
+
     @property
     def dead_ranks(self) -> list[int]:
         return sorted(self._engines[i] for i in self._dead)
