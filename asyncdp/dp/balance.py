@@ -83,7 +83,7 @@ def spec_loop_pick(state: VllmState) -> int | None:
         if i in state.excluded:
             continue
         waiting, running, kv = state.waiting[i], state.running[i], state.kv[i]
-        score = max(c * state.inflight[i], waiting + running)
+        score: float = max(c * state.inflight[i], waiting + running)
         if waiting > 0:
             score += waiting * 6.0 * max(0.0, kv - 0.5)
         if score < best:
