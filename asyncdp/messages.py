@@ -66,6 +66,9 @@ class RequestOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     logprobs: list[TokenLogprobs] | None = None
+    # With SamplingParams.prompt_logprobs: one entry per prompt token (None for the first, which has no
+    # context), sent once, on the request's first output.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     first_token_time: float | None = None

@@ -7,12 +7,21 @@ the offline ``LLM`` both call it before a request reaches an engine.
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from asyncdp.errors import InvalidSamplingParams
 
 # Logprobs beyond this many alternatives are refused, as in vLLM's default.
 MAX_LOGPROBS = 20
+# Most sequences one request may ask for (n, best_of), as OpenAI caps them.
+MAX_N = 128
+# Integer fields that name token ids or counts travel as msgpack ints and index tensors: keep them in int32.
+MAX_INT32 = 2**31 - 1
+# OpenAI's ranges: penalties in [-2, 2], logit_bias values in [-100, 100].
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -29,7 +38,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # top-n alternatives per generated token (0: only the sampled token)
+    prompt_logprobs: int | None = None  # top-n alternatives per prompt token (0: only the prompt token)
     skip_special_tokens: bool = True
+    # Penalties, vLLM semantics: presence/frequency subtract from the logits of tokens already generated
+    # (frequency scaled by the count); repetition divides positive (multiplies negative) logits of tokens in the
+    # prompt or the output. 0 / 0 / 1 disable them.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # (token_id, bias) pairs added to the logits before sampling, sorted by token id, ids unique.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -40,28 +58,46 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         def bad(field: str, allowed: str, value: object) -> InvalidSamplingParams:
             return InvalidSamplingParams(f"{field} must be {allowed}, got {value!r}.", field=field)
 
-        if self.n < 1:
-            raise bad("n", ">= 1", self.n)
-        if not self.temperature >= 0.0:  # also catches NaN
-            raise bad("temperature", ">= 0", self.temperature)
+        if not 1 <= self.n <= MAX_N:
+            raise bad("n", f"in [1, {MAX_N}]", self.n)
+        if not 0.0 <= self.temperature < math.inf:  # also catches NaN
+            raise bad("temperature", ">= 0 and finite", self.temperature)
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "in (0, 1]", self.top_p)
-        if self.top_k < -1:
-            raise bad("top_k", "-1, 0 (disabled) or >= 1", self.top_k)
+        if not -1 <= self.top_k <= MAX_INT32:
+            raise bad("top_k", f"-1, 0 (disabled) or in [1, {MAX_INT32}]", self.top_k)
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "in [0, 1]", self.min_p)
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise bad("max_tokens", ">= 1", self.max_tokens)
-        if self.min_tokens < 0:
-            raise bad("min_tokens", ">= 0", self.min_tokens)
+        if self.max_tokens is not None and not 1 <= self.max_tokens <= MAX_INT32:
+            raise bad("max_tokens", f"in [1, {MAX_INT32}]", self.max_tokens)
+        if not 0 <= self.min_tokens <= MAX_INT32:
+            raise bad("min_tokens", f"in [0, {MAX_INT32}]", self.min_tokens)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise bad("logprobs", f"in [0, {MAX_LOGPROBS}]", self.logprobs)
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise bad("prompt_logprobs", f"in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
         if any(not s for s in self.stop):
             raise bad("stop", "non-empty strings", list(self.stop))
-        if any(t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "non-negative token ids", list(self.stop_token_ids))
+        if any(not 0 <= t <= MAX_INT32 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", f"token ids in [0, {MAX_INT32}]", list(self.stop_token_ids))
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise bad("seed", "a 64-bit integer", self.seed)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise bad(name, f"in [{-MAX_PENALTY:g}, {MAX_PENALTY:g}]", value)
+        if not 0.0 < self.repetition_penalty <= MAX_PENALTY:
+            raise bad("repetition_penalty", f"in (0, {MAX_PENALTY:g}]", self.repetition_penalty)
+        ids = [t for t, _ in self.logit_bias]
+        if any(not 0 <= t <= MAX_INT32 for t in ids) or len(set(ids)) != len(ids):
+            raise bad("logit_bias", f"unique token ids in [0, {MAX_INT32}]", ids)
+        if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
+            raise bad("logit_bias", f"biases in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+                      [b for _, b in self.logit_bias])
         return self
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)

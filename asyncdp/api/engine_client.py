@@ -26,6 +26,15 @@ class RankHint:
     global_rank: int | None = None
 
 
+class Admission(Protocol):
+    """Slots reserved for the sequences of one HTTP request (prompts x n), taken all at once (issue: a request
+    whose sequences do not all fit is refused whole, and nothing stays reserved)."""
+
+    def release(self) -> None:
+        """Give back every reserved slot no ``generate()`` call has taken yet. Idempotent; the HTTP layer calls
+        it once the request's sequences have all started (or failed to), and on every error path."""
+
+
 class EngineClient(Protocol):
     @property
     def model_name(self) -> str: ...
@@ -37,6 +46,10 @@ class EngineClient(Protocol):
     def tokenizer(self) -> Any:
         """A Hugging Face tokenizer (``encode``, ``decode``, ``apply_chat_template``, ``eos_token_id``)."""
 
+    def admit(self, num_sequences: int) -> Admission:
+        """Reserve ``num_sequences`` admission slots at once, or raise (``QueueFullError`` past
+        ``--max-queued-requests``, ``ShuttingDownError``, ``UnavailableError``) with nothing reserved."""
+
     def generate(
         self,
         request_id: str,
@@ -44,13 +57,18 @@ class EngineClient(Protocol):
         params: SamplingParams,
         *,
         rank_hint: RankHint | None = None,
+        admission: Admission | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Submit one request and yield its output deltas until one has ``finished=True``.
 
+        With ``admission`` the request takes one of its reserved slots instead of being admitted on its own.
         Raises before the first yield: ``InvalidRequestError`` (rank hint out of range, E2/E3; prompt too long),
         ``QueueFullError`` (admission limit), ``UnavailableError`` (no rank can serve, shutting down).
-        Raises while iterating: ``EngineDeadError`` when the owning rank dies.
+        Raises while iterating: ``EngineDeadError`` when the owning rank dies, ``ShuttingDownError`` when the
+        server abandons the request (shutdown deadline, teardown): an abandoned request never ends as a normal
+        output with ``finish_reason="abort"``; only a client-requested abort does.
         Leaving the iteration early (break, cancellation, client disconnect) aborts the request on its engine.
+        Every path out of the iteration releases the request's admission slot.
         """
 
     def is_healthy(self) -> bool:
