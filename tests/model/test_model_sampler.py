@@ -1,7 +1,8 @@
-"""Sampler: seeded reproducibility across batch compositions, filters, min_tokens and logprobs."""
+"""Sampler: seeded reproducibility across batch compositions, filters, min_tokens, logprobs, penalties, logit_bias."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from asyncdp.engine.sampler import Sampler, apply_logit_bias, apply_penalties, rank_seed, row_seed
@@ -177,3 +178,16 @@ def test_logit_bias_steers_sampled_rows_and_ignores_ids_beyond_the_vocabulary() 
 def test_rank_seeds_differ_across_ranks_and_seeds_and_are_stable() -> None:
     seeds = {rank_seed(s, r) for s in range(4) for r in range(8)}
     assert len(seeds) == 32 and rank_seed(0, 1) == rank_seed(0, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_penalties_and_logit_bias_on_cuda_match_cpu() -> None:
+    batch, prompts, outputs = penalised_batch(0)
+    rows = [i for i, p in enumerate(PENALISED) if p.has_penalties]
+    results = []
+    for device in ("cpu", "cuda"):
+        processed = batch.to(device)
+        apply_logit_bias(processed, PENALISED, [i for i, p in enumerate(PENALISED) if p.logit_bias])
+        apply_penalties(processed, PENALISED, rows, prompts, outputs)
+        results.append(processed.cpu())
+    torch.testing.assert_close(results[1], results[0])
