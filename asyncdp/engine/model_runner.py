@@ -4,8 +4,10 @@ It owns the model, the paged KV cache and the sampler. Per step it flattens the 
 chunks first, so all decodes form one contiguous batched attention call), builds the slot mapping and the
 attention metadata with a handful of tensor constructions, runs one forward, computes logits only for the rows
 that sample (plus, for a request with ``prompt_logprobs``, every row of its chunk that predicts a prompt token:
-row j of a chunk predicts token ``start_pos + j + 1``), and samples. ``StepResult.forward_time_s`` covers forward + logits + sampling; everything else in a
-step (input building here, scheduling above) is per-step overhead.
+row j of a chunk predicts token ``start_pos + j + 1``), and samples. Penalties get each row's prompt and output
+ids from the chunk (references to the request's lists). ``StepResult.forward_time_s`` covers forward + logits +
+sampling (+ prompt logprobs); everything else in a step (input building here, scheduling above) is per-step
+overhead.
 
 KV cache: per layer K and V tensors ``[num_kv_blocks, block_size, num_kv_heads, head_dim]``. Block 0 is scratch,
 never given to a request (the engine core's block manager reserves it): dummy batches write there and padded

@@ -10,7 +10,7 @@ by the temperature, apply min-p (on the tempered distribution), then top-k and t
 and draw with the exponential race ``argmax(p / Exp(1))``.
 
 Penalties need each row's prompt and output token ids (references held by the scheduled chunks); token counts
-are built per step, batched, only for the rows that use a penalty (one ``scatter_add_`` over padded ids).
+are built per step, batched, only for the rows that use a penalty (one ``bincount`` over the flattened ids).
 
 Reproducibility: a row with ``seed`` draws its Exp(1) noise from its own ``torch.Generator`` seeded with
 BLAKE2b(seed, num_output_tokens), so the same request yields the same tokens whatever else shares its batch.
@@ -86,11 +86,11 @@ def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams], row
 def _token_counts(token_ids: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
     """``[R, V]`` occurrence counts of each row's ids (ids outside ``[0, V)`` are dropped): one bincount."""
     num_rows = len(token_ids)
-    flat = torch.tensor(list(itertools.chain.from_iterable(token_ids)), dtype=torch.int64, device=device)
-    lengths = torch.tensor([len(t) for t in token_ids], dtype=torch.int64, device=device)
-    row = torch.repeat_interleave(torch.arange(num_rows, device=device), lengths)
+    # The flat index is built on the host (its length is known there) and copied once; the count runs on device.
+    flat = torch.tensor(list(itertools.chain.from_iterable(token_ids)), dtype=torch.int64)
+    row = torch.repeat_interleave(torch.arange(num_rows), torch.tensor([len(t) for t in token_ids]))
     flat = torch.where((flat < 0) | (flat >= vocab), vocab, flat)  # out of range -> a spare column, dropped
-    counts = torch.bincount(row * (vocab + 1) + flat, minlength=num_rows * (vocab + 1))
+    counts = torch.bincount((row * (vocab + 1) + flat).to(device), minlength=num_rows * (vocab + 1))
     return counts.view(num_rows, vocab + 1)[:, :vocab]
 
 
