@@ -129,6 +129,8 @@ class LLM:
                 completion.text += delta.new_text
                 if delta.logprobs is not None:
                     completion.logprobs = (completion.logprobs or []) + list(delta.logprobs)
+                if delta.prompt_logprobs is not None and result.prompt_logprobs is None:  # n > 1: same for all
+                    result.prompt_logprobs = delta.prompt_logprobs
                 result.num_cached_tokens = max(result.num_cached_tokens, delta.num_cached_tokens)
                 if delta.finished:
                     completion.finish_reason = delta.finish_reason

@@ -29,3 +29,5 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs, as vLLM's: one entry per prompt token, None for the first.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

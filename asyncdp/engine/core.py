@@ -15,6 +15,12 @@ Stop conditions, checked after each sampled token: a stop token id or EOS (unles
 strings only once ``min_tokens`` outputs exist; ``max_tokens`` and ``max_model_len`` always ("length"). The
 text of a terminating stop/EOS token is not included (as vLLM); its id is.
 
+Prompt logprobs (``SamplingParams.prompt_logprobs``): the executor returns, per prefill chunk, the logprobs of the
+prompt tokens that chunk predicts; the core files them on the ``Request`` by position and sends the whole list
+once, in the request's first output (the one with its first token), then drops it. Such a request takes no
+prefix-cache hit until then (the scheduler skips the lookup: cached positions have no logits); a preemption
+before the first output recomputes and overwrites the same positions, one after it computes none.
+
 KV blocks: block 0 is never given to a request; an executor may use it as scratch for dummy batches.
 """
 
@@ -29,11 +35,11 @@ from typing import Any
 from asyncdp.config import EngineConfig
 from asyncdp.engine.block_manager import BlockManager
 from asyncdp.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
-from asyncdp.engine.executor import Executor
+from asyncdp.engine.executor import Executor, ScheduledChunk
 from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.scheduler import PauseMode, Scheduler
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
-from asyncdp.messages import RequestOutput, SchedulerStats
+from asyncdp.messages import RequestOutput, SchedulerStats, TokenLogprobs
 from asyncdp.sampling_params import SamplingParams
 
 
@@ -189,6 +195,8 @@ class EngineCore:
         out.extra = result.extra
         if self._pending_aborts:  # aborted while the forward ran: they get no more tokens
             self._apply_aborts(out)
+        if result.prompt_logprobs is not None:
+            self._file_prompt_logprobs(batch.chunks, result.prompt_logprobs)
         now = self._clock()
         logprobs = result.logprobs
         eos = self.eos_token_ids
@@ -221,12 +229,13 @@ class EngineCore:
                 req.status = status
                 finished.append(req)
             lp = logprobs[idx] if logprobs is not None else None
+            prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
             outputs.append(RequestOutput(
                 request_id=req.request_id, new_token_ids=[token],
                 new_text=detok.take_delta(status is not None) if detok is not None else "",
                 finished=status is not None, finish_reason=status.finish_reason if status is not None else None,
                 stop_reason=req.stop_reason if status is not None else None,
-                logprobs=[lp] if lp is not None else None,
+                logprobs=[lp] if lp is not None else None, prompt_logprobs=prompt_lps,
                 num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=req.num_cached_tokens,
                 first_token_time=req.first_token_time))
         if finished:
@@ -234,6 +243,19 @@ class EngineCore:
             out.finished_request_ids.extend(r.request_id for r in finished)
         out.step_time_s = time.perf_counter() - t0
         return out
+
+    def _file_prompt_logprobs(self, chunks: list[ScheduledChunk],
+                              per_chunk: list[list[TokenLogprobs] | None]) -> None:
+        """Store each chunk's prompt logprobs at their positions (entry i: prompt token i given tokens < i)."""
+        requests = self.scheduler.requests
+        for chunk, entries in zip(chunks, per_chunk, strict=True):
+            if not entries:
+                continue
+            req = requests.get(chunk.request_id)
+            if req is None or req.prompt_logprobs is None:  # aborted meanwhile, or already delivered
+                continue
+            first = chunk.start_pos + 1
+            req.prompt_logprobs[first:first + len(entries)] = entries
 
     def execute_dummy(self) -> None:
         """A padding forward (MoE lockstep) with no request state."""
@@ -251,8 +273,11 @@ class EngineCore:
         self.executor.shutdown()
 
 
-def build_engine_core(config: EngineConfig, *, dp: Any = None) -> EngineCore:
+def build_engine_core(config: EngineConfig, *, dp: Any = None, dp_rank: int = 0) -> EngineCore:
     """Resolve the model, load tokenizer and model info, build the executor and the core.
+
+    ``dp_rank`` (the rank this core serves; ``dp.dp_rank`` when ``dp`` is given) seeds the torch executor's
+    unseeded sampling with ``rank_seed(config.seed, dp_rank)``, so ranks draw different samples.
 
     ``dp`` (an ``asyncdp.model.distributed.DPContext``) builds the torch executor for a MoE rank of a DP group:
     it loads only its share of the experts and joins the group's collectives on every forward.
@@ -280,7 +305,7 @@ def build_engine_core(config: EngineConfig, *, dp: Any = None) -> EngineCore:
     else:
         from asyncdp.engine.model_runner import TorchExecutor  # the only torch importer
 
-        executor = TorchExecutor(config, model_path, dp=dp)
+        executor = TorchExecutor(config, model_path, dp=dp, dp_rank=dp_rank)
     try:
         return EngineCore(config, executor, tokenizer, eos_token_ids=info.eos_token_ids)
     except BaseException:

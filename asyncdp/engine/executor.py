@@ -10,6 +10,7 @@ No torch here: this module is imported by everything above the executor.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +29,19 @@ class ScheduledChunk:
     sample: bool  # sample a token after the last of token_ids (prompt complete, or a decode step)
     sampling_params: SamplingParams
     num_output_tokens: int  # tokens generated before this step (seeding, min_tokens)
+    # References to the request's own lists (never copies; read during execute only): penalties count them, and
+    # prompt logprobs read the prompt token each chunk row predicts.
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    # Compute the logprobs of the prompt tokens this chunk predicts (rows at positions < num_prompt - 1), with
+    # this many top alternatives; None: none (not asked for, or already delivered before a preemption).
+    prompt_logprobs: int | None = None
+
+    def num_prompt_logprob_rows(self) -> int:
+        """Rows of this chunk whose next token is a prompt token: row j predicts token ``start_pos + j + 1``."""
+        if self.prompt_logprobs is None:
+            return 0
+        return max(0, min(len(self.token_ids), len(self.prompt_token_ids) - 1 - self.start_pos))
 
 
 @dataclass(slots=True)
@@ -46,6 +60,9 @@ class ModelBatch:
 class StepResult:
     sampled: list[int | None]  # aligned with batch.chunks; None where chunk.sample is False
     logprobs: list[TokenLogprobs | None] | None = None  # aligned likewise, when any chunk asked for them
+    # Aligned likewise, when any chunk has ``prompt_logprobs``: the logprobs of prompt tokens
+    # ``start_pos + 1 .. start_pos + num_prompt_logprob_rows()`` (given the tokens before each), else None.
+    prompt_logprobs: list[list[TokenLogprobs] | None] | None = None
     forward_time_s: float = 0.0  # time inside the model forward + sampling (for the overhead share)
     extra: dict[str, float] = field(default_factory=dict)
 

@@ -3,8 +3,11 @@
 It owns the model, the paged KV cache and the sampler. Per step it flattens the scheduled chunks (single-token
 chunks first, so all decodes form one contiguous batched attention call), builds the slot mapping and the
 attention metadata with a handful of tensor constructions, runs one forward, computes logits only for the rows
-that sample, and samples. ``StepResult.forward_time_s`` covers forward + logits + sampling; everything else in a
-step (input building here, scheduling above) is per-step overhead.
+that sample (plus, for a request with ``prompt_logprobs``, every row of its chunk that predicts a prompt token:
+row j of a chunk predicts token ``start_pos + j + 1``), and samples. Penalties get each row's prompt and output
+ids from the chunk (references to the request's lists). ``StepResult.forward_time_s`` covers forward + logits +
+sampling (+ prompt logprobs); everything else in a step (input building here, scheduling above) is per-step
+overhead.
 
 KV cache: per layer K and V tensors ``[num_kv_blocks, block_size, num_kv_heads, head_dim]``. Block 0 is scratch,
 never given to a request (the engine core's block manager reserves it): dummy batches write there and padded
@@ -29,8 +32,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from asyncdp.config import EngineConfig
-from asyncdp.engine.executor import ModelBatch, StepResult
-from asyncdp.engine.sampler import Sampler
+from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
+from asyncdp.engine.sampler import Sampler, rank_seed, token_logprobs
 from asyncdp.errors import ConfigError
 from asyncdp.messages import TokenLogprobs
 from asyncdp.model import read_model_info
@@ -45,6 +48,10 @@ if TYPE_CHECKING:
     from asyncdp.model.expert_parallel import ForwardSizes
 
 
+# Prompt-logprob rows per logits computation: bounds the [rows, vocab] fp32 buffer of a long prompt chunk.
+PROMPT_LOGITS_ROWS = 512
+
+
 def select_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -55,7 +62,7 @@ def select_device(name: str) -> torch.device:
 
 class TorchExecutor:
     def __init__(self, config: EngineConfig, model_path: Path, *, shard: ExpertShard | None = None,
-                 dp: DPContext | None = None) -> None:
+                 dp: DPContext | None = None, dp_rank: int = 0) -> None:
         config.validate()
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
@@ -106,7 +113,9 @@ class TorchExecutor:
         # Zeroed, not empty: masked-out gathered slots must hold finite values (0 * NaN would poison outputs).
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(spec.num_layers)]
-        self.sampler = Sampler(self.info.eos_token_ids, seed=config.seed, device=self.device)
+        # Unseeded sampling draws from a per-rank stream: ranks of one deployment must not repeat each other.
+        rank = dp.dp_rank if dp is not None else dp_rank
+        self.sampler = Sampler(self.info.eos_token_ids, seed=rank_seed(config.seed, rank), device=self.device)
         self._offsets = torch.arange(bs, device=self.device)
         self._dummy = self._dummy_inputs()
 
@@ -230,7 +239,11 @@ class TorchExecutor:
             logits = self.model.compute_logits(hidden[row_index])
             params = [chunks[i].sampling_params for i in sample_rows]
             counts = [chunks[i].num_output_tokens for i in sample_rows]
-            tokens, row_logprobs = self.sampler(logits, params, counts)
+            penalised = any(p.has_penalties for p in params)
+            tokens, row_logprobs = self.sampler(
+                logits, params, counts,
+                prompt_token_ids=[chunks[i].prompt_token_ids for i in sample_rows] if penalised else None,
+                output_token_ids=[chunks[i].output_token_ids for i in sample_rows] if penalised else None)
             for row, i in enumerate(sample_rows):
                 sampled[i] = tokens[row]
             if row_logprobs is not None:
@@ -239,7 +252,32 @@ class TorchExecutor:
                     logprobs[i] = row_logprobs[row]
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return StepResult(sampled=sampled, logprobs=logprobs, forward_time_s=time.perf_counter() - started)
+        prompt_logprobs = None
+        if any(c.prompt_logprobs is not None for c in chunks):
+            prompt_logprobs = self._prompt_logprobs(chunks, hidden, last_index)
+        return StepResult(sampled=sampled, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                          forward_time_s=time.perf_counter() - started)
+
+    def _prompt_logprobs(self, chunks: list[ScheduledChunk], hidden: torch.Tensor,
+                         last_index: list[int]) -> list[list[TokenLogprobs] | None]:
+        """Per chunk with ``prompt_logprobs``: log_softmax of the logits of every row that predicts a prompt token,
+        at that token, with the top alternatives; logits are computed PROMPT_LOGITS_ROWS rows at a time."""
+        out: list[list[TokenLogprobs] | None] = [None] * len(chunks)
+        for i, c in enumerate(chunks):
+            if c.prompt_logprobs is None:
+                continue
+            num = c.num_prompt_logprob_rows()
+            first_row = last_index[i] - len(c.token_ids) + 1  # the chunk's rows are contiguous in the flat batch
+            targets = c.prompt_token_ids[c.start_pos + 1: c.start_pos + 1 + num]
+            entries: list[TokenLogprobs] = []
+            for lo in range(0, num, PROMPT_LOGITS_ROWS):
+                hi = min(num, lo + PROMPT_LOGITS_ROWS)
+                raw = torch.log_softmax(self.model.compute_logits(hidden[first_row + lo: first_row + hi]), dim=-1)
+                ids = torch.tensor(list(targets[lo:hi]), dtype=torch.int64, device=self.device)
+                entries.extend(e for e in token_logprobs(raw, ids, [c.prompt_logprobs] * (hi - lo))
+                               if e is not None)
+            out[i] = entries
+        return out
 
     @torch.inference_mode()
     def execute_dummy(self) -> None:

@@ -74,7 +74,8 @@ async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCor
 
     limiter = anyio.CapacityLimiter(1)
     if init.dp_group is None or not cfg.is_moe or cfg.dp_size == 1:
-        core = await anyio.to_thread.run_sync(build_engine_core, cfg.engine, limiter=limiter)
+        core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp_rank=cfg.dp_rank),
+                                              limiter=limiter)
         return core, None, limiter
     from asyncdp.model.distributed import DPContext, TorchDPGroup, init_dp_group
 
@@ -82,7 +83,8 @@ async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCor
         functools.partial(init_dp_group, init.dp_group, cfg.dp_rank), limiter=limiter)
     try:
         ctx = DPContext(group, enable_expert_parallel=cfg.enable_expert_parallel)
-        core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp=ctx),
+        core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp=ctx,
+                                                                dp_rank=cfg.dp_rank),
                                               limiter=limiter)
     except BaseException:
         group.destroy()

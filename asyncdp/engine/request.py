@@ -15,6 +15,7 @@ from asyncdp.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from asyncdp.engine.detokenizer import IncrementalDetokenizer
+    from asyncdp.messages import TokenLogprobs
 
 
 class RequestStatus(enum.IntEnum):
@@ -46,7 +47,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "arrival_time", "client_index", "status",
         "output_token_ids", "all_token_ids", "num_computed_tokens", "block_ids", "block_hashes",
         "num_registered_blocks", "num_cached_tokens", "num_preemptions", "detokenizer", "first_token_time",
-        "stop_reason", "max_tokens", "num_prompt_tokens", "extra",
+        "stop_reason", "max_tokens", "num_prompt_tokens", "prompt_logprobs", "extra",
     )
 
     def __init__(
@@ -78,6 +79,10 @@ class Request:
         self.first_token_time: float | None = None
         self.stop_reason: str | int | None = None
         self.max_tokens = max_tokens  # resolved: min(params.max_tokens, max_model_len - prompt)
+        # With SamplingParams.prompt_logprobs: one entry per prompt token ([0] stays None), filled chunk by chunk,
+        # until the first output carries them; then None again (nothing more to compute, even after preemption).
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            [None] * self.num_prompt_tokens if sampling_params.prompt_logprobs is not None else None)
         self.extra: dict[str, Any] | None = None
 
     @property

@@ -1,20 +1,28 @@
 """Batched sampling of one token per row of ``logits [B, V]`` (fp32).
 
-Order per row: raw log-probabilities for logprobs (log_softmax of the unprocessed logits) -> min_tokens mask (EOS
-and ``stop_token_ids`` get -inf while ``num_output_tokens < min_tokens``; EOS is masked even with ``ignore_eos``,
-which is harmless since it would not stop the request) -> greedy rows take the argmax; sampled rows divide by the
-temperature, apply min-p (on the tempered distribution), then top-k and top-p (one sort shared by both), and draw
-with the exponential race ``argmax(p / Exp(1))``.
+Order per row (vLLM semantics): raw log-probabilities for logprobs (log_softmax of the unprocessed logits) ->
+``logit_bias`` added -> min_tokens mask (EOS and ``stop_token_ids`` get -inf while ``num_output_tokens <
+min_tokens``; EOS is masked even with ``ignore_eos``, which is harmless since it would not stop the request) ->
+penalties: repetition (tokens seen in the prompt or the output: positive logits divided by the penalty, negative
+ones multiplied), frequency (``-= frequency_penalty * count_in_output``) and presence (``-= presence_penalty`` for
+tokens in the output) -> greedy rows take the argmax (penalties and bias apply to them too); sampled rows divide
+by the temperature, apply min-p (on the tempered distribution), then top-k and top-p (one sort shared by both),
+and draw with the exponential race ``argmax(p / Exp(1))``.
+
+Penalties need each row's prompt and output token ids (references held by the scheduled chunks); token counts
+are built per step, batched, only for the rows that use a penalty (one ``bincount`` over the flattened ids).
 
 Reproducibility: a row with ``seed`` draws its Exp(1) noise from its own ``torch.Generator`` seeded with
 BLAKE2b(seed, num_output_tokens), so the same request yields the same tokens whatever else shares its batch.
-Rows without a seed share one generator seeded from the engine seed. Fast path: an all-greedy batch without
-logprobs or active min_tokens is a single argmax.
+Rows without a seed share one generator seeded from the engine seed (which ``rank_seed`` derives per DP rank, so
+ranks draw different unseeded samples). Fast path: an all-greedy batch without logprobs, active min_tokens,
+penalties or logit_bias is a single argmax.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Collection, Sequence
 
 import torch
@@ -28,6 +36,84 @@ def row_seed(seed: int, num_output_tokens: int) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & (2**63 - 1)
 
 
+def rank_seed(seed: int, dp_rank: int) -> int:
+    """The unseeded-sampling generator's seed of rank ``dp_rank``: distinct per rank, stable per (seed, rank)."""
+    data = b"rank" + (seed % 2**64).to_bytes(8, "little") + dp_rank.to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & (2**63 - 1)
+
+
+def token_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int | None]
+                   ) -> list[TokenLogprobs | None]:
+    """Per row of log-probabilities ``raw [B, V]``: the logprob of ``token_ids[row]`` and its top-n alternatives
+    (n = ``num_top[row]``; None: no entry for that row)."""
+    chosen = raw.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
+    ids_list: list[int] = token_ids.tolist()
+    max_n = max((n or 0) for n in num_top) if num_top else 0
+    top_values: list[list[float]] = []
+    top_ids: list[list[int]] = []
+    if max_n:
+        values, ids = raw.topk(min(max_n, raw.shape[1]), dim=-1)
+        top_values, top_ids = values.tolist(), ids.tolist()
+    out: list[TokenLogprobs | None] = []
+    for i, n in enumerate(num_top):
+        if n is None:
+            out.append(None)
+            continue
+        top = tuple(Logprob(token_id=t, logprob=v)
+                    for t, v in zip(top_ids[i][:n], top_values[i][:n], strict=True)) if n else ()
+        out.append(TokenLogprobs(token_id=ids_list[i], logprob=chosen[i], top=top))
+    return out
+
+
+def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams], rows: Sequence[int]) -> None:
+    """Add each row's ``logit_bias`` in place (ids beyond the vocabulary are ignored)."""
+    vocab = logits.shape[1]
+    index_rows: list[int] = []
+    index_cols: list[int] = []
+    values: list[float] = []
+    for i in rows:
+        for token_id, bias in params[i].logit_bias:
+            if token_id < vocab:
+                index_rows.append(i)
+                index_cols.append(token_id)
+                values.append(bias)
+    if values:
+        device = logits.device
+        logits.index_put_((torch.tensor(index_rows, device=device), torch.tensor(index_cols, device=device)),
+                          torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
+
+
+def _token_counts(token_ids: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """``[R, V]`` occurrence counts of each row's ids (ids outside ``[0, V)`` are dropped): one bincount."""
+    num_rows = len(token_ids)
+    # The flat index is built on the host (its length is known there) and copied once; the count runs on device.
+    flat = torch.tensor(list(itertools.chain.from_iterable(token_ids)), dtype=torch.int64)
+    row = torch.repeat_interleave(torch.arange(num_rows), torch.tensor([len(t) for t in token_ids]))
+    flat = torch.where((flat < 0) | (flat >= vocab), vocab, flat)  # out of range -> a spare column, dropped
+    counts = torch.bincount((row * (vocab + 1) + flat).to(device), minlength=num_rows * (vocab + 1))
+    return counts.view(num_rows, vocab + 1)[:, :vocab]
+
+
+def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], rows: Sequence[int],
+                    prompt_token_ids: Sequence[Sequence[int]], output_token_ids: Sequence[Sequence[int]]) -> None:
+    """Repetition, frequency and presence penalties of ``rows``, in place (vLLM semantics)."""
+    vocab = logits.shape[1]
+    device = logits.device
+    index = torch.tensor(rows, dtype=torch.int64, device=device)
+    sub = logits.index_select(0, index)
+    ps = [params[i] for i in rows]
+    out_counts = _token_counts([output_token_ids[i] for i in rows], vocab, device)
+    in_output = out_counts > 0
+    if any(p.repetition_penalty != 1.0 for p in ps):
+        seen = in_output | (_token_counts([prompt_token_ids[i] for i in rows], vocab, device) > 0)
+        rep = torch.tensor([p.repetition_penalty for p in ps], dtype=sub.dtype, device=device).unsqueeze(1)
+        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    freq = torch.tensor([p.frequency_penalty for p in ps], dtype=sub.dtype, device=device).unsqueeze(1)
+    pres = torch.tensor([p.presence_penalty for p in ps], dtype=sub.dtype, device=device).unsqueeze(1)
+    sub = sub - freq * out_counts.to(sub.dtype) - pres * in_output.to(sub.dtype)
+    logits.index_copy_(0, index, sub)
+
+
 class Sampler:
     def __init__(self, eos_token_ids: Collection[int], seed: int = 0, device: torch.device | None = None) -> None:
         self.eos_token_ids = tuple(sorted(eos_token_ids))
@@ -35,21 +121,36 @@ class Sampler:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-                 num_output_tokens: Sequence[int]) -> tuple[list[int], list[TokenLogprobs | None] | None]:
-        """Sample one token per row. Returns the tokens and, when any row asked for logprobs, per-row logprobs."""
+                 num_output_tokens: Sequence[int], *,
+                 prompt_token_ids: Sequence[Sequence[int]] | None = None,
+                 output_token_ids: Sequence[Sequence[int]] | None = None,
+                 ) -> tuple[list[int], list[TokenLogprobs | None] | None]:
+        """Sample one token per row. Returns the tokens and, when any row asked for logprobs, per-row logprobs.
+
+        ``prompt_token_ids`` / ``output_token_ids`` (per row) are read only by rows with a penalty; a row whose
+        ids are not given is penalised as if it had none.
+        """
         want_logprobs = any(p.logprobs is not None for p in params)
         min_tokens_rows = [i for i, (p, n) in enumerate(zip(params, num_output_tokens, strict=True))
                            if n < p.min_tokens]
+        bias_rows = [i for i, p in enumerate(params) if p.logit_bias]
+        penalty_rows = [i for i, p in enumerate(params) if p.has_penalties]
         all_greedy = all(p.greedy for p in params)
-        if all_greedy and not want_logprobs and not min_tokens_rows:
+        if all_greedy and not want_logprobs and not min_tokens_rows and not bias_rows and not penalty_rows:
             return logits.argmax(dim=-1).tolist(), None
 
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-        if min_tokens_rows:
+        if bias_rows or min_tokens_rows or penalty_rows:
             logits = logits.clone()
+        if bias_rows:
+            apply_logit_bias(logits, params, bias_rows)
+        if min_tokens_rows:
             for i in min_tokens_rows:
                 banned = list(self.eos_token_ids) + list(params[i].stop_token_ids)
                 logits[i, [t for t in banned if t < logits.shape[1]]] = float("-inf")
+        if penalty_rows:
+            none: list[Sequence[int]] = [()] * len(params)
+            apply_penalties(logits, params, penalty_rows, prompt_token_ids or none, output_token_ids or none)
 
         if all_greedy:
             tokens = logits.argmax(dim=-1)
@@ -58,7 +159,7 @@ class Sampler:
         token_list: list[int] = tokens.tolist()
         if raw_logprobs is None:
             return token_list, None
-        return token_list, self._logprobs(raw_logprobs, tokens, params, token_list)
+        return token_list, token_logprobs(raw_logprobs, tokens, [p.logprobs for p in params])
 
     def _sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                 num_output_tokens: Sequence[int]) -> torch.Tensor:
@@ -98,24 +199,3 @@ class Sampler:
                 noise[i] = torch.empty(vocab, device=logits.device).exponential_(generator=gen)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
-
-    @staticmethod
-    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, params: Sequence[SamplingParams],
-                  token_list: list[int]) -> list[TokenLogprobs | None]:
-        chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-        max_n = max((p.logprobs or 0) for p in params)
-        top_values: list[list[float]] = []
-        top_ids: list[list[int]] = []
-        if max_n:
-            values, ids = raw.topk(min(max_n, raw.shape[1]), dim=-1)
-            top_values, top_ids = values.tolist(), ids.tolist()
-        out: list[TokenLogprobs | None] = []
-        for i, p in enumerate(params):
-            if p.logprobs is None:
-                out.append(None)
-                continue
-            top = tuple(Logprob(token_id=t, logprob=v)
-                        for t, v in zip(top_ids[i][: p.logprobs], top_values[i][: p.logprobs], strict=True)
-                        ) if p.logprobs else ()
-            out.append(TokenLogprobs(token_id=token_list[i], logprob=chosen[i], top=top))
-        return out

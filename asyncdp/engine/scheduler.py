@@ -199,7 +199,8 @@ class Scheduler:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < self.max_num_seqs:
                 req = waiting[0]
-                prefix = bm.find_cached_prefix(req)
+                # Cached positions would have no logits: a request still owed prompt logprobs computes them all.
+                prefix = [] if req.prompt_logprobs is not None else bm.find_cached_prefix(req)
                 start = len(prefix) * bm.block_size
                 num_tokens = len(req.all_token_ids)
                 remaining = num_tokens - start
@@ -259,4 +260,6 @@ def _take_chunk(req: Request, start: int, end: int) -> ScheduledChunk:
     """Schedule tokens ``[start, end)`` of ``req``: they count as computed from now on."""
     req.num_computed_tokens = end
     return ScheduledChunk(req.request_id, req.all_token_ids[start:end], start, req.block_ids,
-                          end == len(req.all_token_ids), req.sampling_params, len(req.output_token_ids))
+                          end == len(req.all_token_ids), req.sampling_params, len(req.output_token_ids),
+                          req.prompt_token_ids, req.output_token_ids,
+                          req.sampling_params.prompt_logprobs if req.prompt_logprobs is not None else None)

@@ -9,16 +9,23 @@ the async rank loop can wait for it on its own clock (virtual time in tests, rea
 Tokens are a pure function of (previous token, position, seed): BLAKE2b mod the vocabulary, never an id in
 ``avoid_token_ids`` (none by default; the factory passes the model's EOS ids so outputs run to ``max_tokens``). They do not depend on the request id, the batch composition or on preemption, so a request
 recomputed after preemption, or served with prefix caching on or off, yields the same tokens. No other
-sampling parameter is honoured (``seed`` from the params is used when set, else the config seed).
+sampling parameter is honoured (``seed`` from the params is used when set, else the config seed; the config seed
+is not derived per rank, so simulated ranks agree on every token).
+
+Prompt logprobs (``SamplingParams.prompt_logprobs``) are those of a uniform model: every prompt token a chunk
+predicts gets ``-log(vocab_size)``, and its top-n alternatives are token ids ``0 .. n-1``, each at the same
+logprob. Deterministic and independent of the batch, so the simulated cluster and the API tests see the field.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from hashlib import blake2b
 
 from asyncdp.config import EngineConfig
-from asyncdp.engine.executor import ModelBatch, StepResult
+from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
+from asyncdp.messages import Logprob, TokenLogprobs
 
 DEFAULT_SIM_KV_BLOCKS = 4096
 
@@ -89,7 +96,20 @@ class SimExecutor:
             sampled.append(token)
         self.last_step_s = self.step_cost_s(batch)
         self.num_steps += 1
-        return StepResult(sampled, forward_time_s=0.0, extra={"sim_step_s": self.last_step_s})
+        prompt_logprobs = None
+        if any(c.prompt_logprobs is not None for c in batch.chunks):
+            prompt_logprobs = [self._prompt_logprobs(c) for c in batch.chunks]
+        return StepResult(sampled, prompt_logprobs=prompt_logprobs, forward_time_s=0.0,
+                          extra={"sim_step_s": self.last_step_s})
+
+    def _prompt_logprobs(self, chunk: ScheduledChunk) -> list[TokenLogprobs] | None:
+        if chunk.prompt_logprobs is None:
+            return None
+        value = -math.log(self._vocab_size)
+        top = tuple(Logprob(token_id=t, logprob=value) for t in range(min(chunk.prompt_logprobs, self._vocab_size)))
+        first = chunk.start_pos + 1
+        return [TokenLogprobs(token_id=t, logprob=value, top=top)
+                for t in chunk.prompt_token_ids[first:first + chunk.num_prompt_logprob_rows()]]
 
     def execute_dummy(self) -> None:
         self.last_step_s = self._a_s

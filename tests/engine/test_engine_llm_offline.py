@@ -49,7 +49,7 @@ def fake_model(monkeypatch):
     runner = types.ModuleType("asyncdp.engine.model_runner")
 
     class TorchExecutor(ScriptedExecutor):
-        def __init__(self, config, model_path, *, dp=None):
+        def __init__(self, config, model_path, *, dp=None, dp_rank=0):
             super().__init__({}, num_kv_blocks=config.num_kv_blocks or 64, max_model_len=256)
             built.append(self)
 

@@ -1,10 +1,11 @@
-"""Sampler: seeded reproducibility across batch compositions, filters, min_tokens and logprobs."""
+"""Sampler: seeded reproducibility across batch compositions, filters, min_tokens, logprobs, penalties, logit_bias."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from asyncdp.engine.sampler import Sampler, row_seed
+from asyncdp.engine.sampler import Sampler, apply_logit_bias, apply_penalties, rank_seed, row_seed
 from asyncdp.sampling_params import SamplingParams
 
 VOCAB = 50
@@ -87,3 +88,106 @@ def test_logprobs_report_raw_distribution_and_requested_width() -> None:
 def test_all_greedy_batch_without_logprobs_returns_no_logprobs() -> None:
     tokens, lps = Sampler({EOS})(logits(4), [SamplingParams(temperature=0.0)] * 4, [0] * 4)
     assert lps is None and len(tokens) == 4
+
+
+# ---------------------------------------------------------------- penalties and logit_bias
+
+
+def reference_processed(row: torch.Tensor, p: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """One row, token by token: bias, then repetition / frequency / presence penalties (vLLM semantics)."""
+    out = row.clone()
+    for token_id, bias in p.logit_bias:
+        out[token_id] += bias
+    for t in range(out.shape[0]):
+        count = output.count(t)
+        if t in prompt or count:
+            out[t] = out[t] / p.repetition_penalty if out[t] > 0 else out[t] * p.repetition_penalty
+        out[t] -= p.frequency_penalty * count + p.presence_penalty * (count > 0)
+    return out
+
+
+PENALISED = [
+    SamplingParams(temperature=0.0, repetition_penalty=1.7),
+    SamplingParams(temperature=0.0, frequency_penalty=1.5),
+    SamplingParams(temperature=0.0, presence_penalty=-1.2, logit_bias=((3, 4.0), (40, -100.0))),
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.0, repetition_penalty=0.6, frequency_penalty=-0.5, presence_penalty=2.0,
+                   logit_bias=((7, 2.5),)),
+]
+
+
+def penalised_batch(seed: int) -> tuple[torch.Tensor, list[list[int]], list[list[int]]]:
+    gen = torch.Generator().manual_seed(seed)
+    batch = torch.randn(len(PENALISED), VOCAB, generator=gen) * 2
+    prompts = [torch.randint(0, VOCAB, (int(n),), generator=gen).tolist() for n in (5, 1, 9, 3, 12)]
+    outputs = [torch.randint(0, VOCAB // 4, (int(n),), generator=gen).tolist() for n in (7, 12, 0, 4, 20)]
+    return batch, prompts, outputs
+
+
+def test_penalties_and_logit_bias_match_a_per_row_reference() -> None:
+    for seed in range(5):
+        batch, prompts, outputs = penalised_batch(seed)
+        processed = batch.clone()
+        bias_rows = [i for i, p in enumerate(PENALISED) if p.logit_bias]
+        apply_logit_bias(processed, PENALISED, bias_rows)
+        apply_penalties(processed, PENALISED, [i for i, p in enumerate(PENALISED) if p.has_penalties],
+                        prompts, outputs)
+        expected = torch.stack([reference_processed(batch[i], p, prompts[i], outputs[i])
+                                for i, p in enumerate(PENALISED)])
+        torch.testing.assert_close(processed, expected)
+        tokens, _ = Sampler({EOS})(batch, PENALISED, [len(o) for o in outputs],
+                                   prompt_token_ids=prompts, output_token_ids=outputs)
+        assert tokens == expected.argmax(dim=-1).tolist()
+
+
+def test_repetition_penalty_matches_transformers_processor() -> None:
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    gen = torch.Generator().manual_seed(11)
+    batch = torch.randn(3, VOCAB, generator=gen) * 3
+    prompts = [[1, 2, 3, 2], [50], [9, 9, 60, 61]]
+    outputs = [[4, 4, 5], [50, 51], []]
+    for penalty in (0.5, 1.3, 2.0):
+        params = [SamplingParams(temperature=0.0, repetition_penalty=penalty)] * 3
+        ours = batch.clone()
+        apply_penalties(ours, params, [0, 1, 2], prompts, outputs)
+        processor = RepetitionPenaltyLogitsProcessor(penalty)
+        theirs = torch.stack([processor(torch.tensor([p + o]), batch[i:i + 1].clone())[0]
+                              for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))])
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_penalties_apply_to_greedy_rows_and_leave_logprobs_raw() -> None:
+    batch = torch.zeros(1, VOCAB)
+    batch[0, 10], batch[0, 11] = 5.0, 4.0
+    params = [SamplingParams(temperature=0.0, frequency_penalty=1.0, logprobs=1)]
+    tokens, lps = Sampler({EOS})(batch, params, [2], prompt_token_ids=[[]], output_token_ids=[[10, 10]])
+    assert tokens == [11]  # 5 - 2 * 1 < 4
+    assert lps is not None and lps[0] is not None
+    raw = torch.log_softmax(batch, dim=-1)
+    assert lps[0].top[0].token_id == 10 and abs(lps[0].logprob - raw[0, 11].item()) < 1e-6
+
+
+def test_logit_bias_steers_sampled_rows_and_ignores_ids_beyond_the_vocabulary() -> None:
+    batch = logits(4, seed=9)
+    params = [SamplingParams(temperature=1.0, logit_bias=((17, 100.0), (VOCAB + 5, 100.0)))] * 4
+    tokens, _ = Sampler({EOS}, seed=3)(batch, params, [0] * 4)
+    assert tokens == [17] * 4
+
+
+def test_rank_seeds_differ_across_ranks_and_seeds_and_are_stable() -> None:
+    seeds = {rank_seed(s, r) for s in range(4) for r in range(8)}
+    assert len(seeds) == 32 and rank_seed(0, 1) == rank_seed(0, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_penalties_and_logit_bias_on_cuda_match_cpu() -> None:
+    batch, prompts, outputs = penalised_batch(0)
+    rows = [i for i, p in enumerate(PENALISED) if p.has_penalties]
+    results = []
+    for device in ("cpu", "cuda"):
+        processed = batch.to(device)
+        apply_logit_bias(processed, PENALISED, [i for i, p in enumerate(PENALISED) if p.logit_bias])
+        apply_penalties(processed, PENALISED, rows, prompts, outputs)
+        results.append(processed.cpu())
+    torch.testing.assert_close(results[1], results[0])
