@@ -7,12 +7,14 @@ app served by Hypercorn on a socket the launcher bound (spec §10: one port, N p
 the launcher (``--api-server-count 1``) or as a child process (``asyncdp-api-{i}``); both call
 :func:`serve_api`.
 
-Readiness: ``task_status.started()`` fires once every managed rank sent ``EngineReady`` and HTTP is being
-served. ``/health`` is 503 before that (connections queue on the socket meanwhile).
+Readiness: HTTP is served from the start; ``task_status.started()`` fires once every managed rank sent
+``EngineReady``. Before that ``/health`` and every generation request answer 503 at once.
 
 Shutdown (spec §12.5): ``shutdown`` is set by a signal or by the launcher. New requests then get 503. With
-``shutdown_timeout_s == 0`` every in-flight request is aborted (``finish_reason = "abort"``); otherwise they
-drain until the deadline. A watchdog ends the server with exit code 1 when no managed rank can serve, unless
+``shutdown_timeout_s == 0`` every in-flight request is abandoned at once; otherwise they drain until the
+deadline and the rest is abandoned then. An abandoned request fails with a 503 (a stream: an SSE error event)
+that names the cause (a signal, or the launcher's teardown reason); a client's own abort and an operator's
+``POST /pause?mode=abort`` still end requests with ``finish_reason = "abort"``. A watchdog ends the server with exit code 1 when no managed rank can serve, unless
 keep-alive is set (spec §12.1).
 """
 
@@ -22,6 +24,7 @@ import logging
 import signal
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,9 +78,13 @@ async def serve_api(
     client_listener: anyio.abc.Listener[Any],
     shutdown: anyio.Event,
     *,
+    stop_reason: Callable[[], str | None] | None = None,
     task_status: anyio.abc.TaskStatus[DPClient] = anyio.TASK_STATUS_IGNORED,
 ) -> int:
-    """Serve until ``shutdown`` is set; return the exit code (0 orderly, 1 all engines dead)."""
+    """Serve until ``shutdown`` is set; return the exit code (0 orderly, 1 all engines dead).
+
+    ``stop_reason()`` names why the deployment stops when it is not an operator's signal (a teardown): the
+    requests this server abandons fail with that cause."""
     from asyncdp.api.app import create_app
     from asyncdp.api.serve import SSLFiles, serve_http
     from asyncdp.model import load_tokenizer
@@ -90,7 +97,6 @@ async def serve_api(
     code = 0
     http_stop = anyio.Event()
     async with anyio.create_task_group() as tg:
-        await tg.start(client.serve, client_listener)
 
         async def http() -> None:
             await serve_http(
@@ -103,7 +109,10 @@ async def serve_api(
             )
             tg.cancel_scope.cancel()  # the client links and the watchdog end with the HTTP server
 
+        # HTTP from the start (issue #12): while the ranks load, /health and generation answer 503 at once
+        # (the client is not healthy and refuses admission) instead of leaving connections queued unanswered.
         tg.start_soon(http)
+        await tg.start(client.serve, client_listener)
 
         async def watchdog() -> None:
             nonlocal code
@@ -119,9 +128,14 @@ async def serve_api(
         task_status.started(client)
         await shutdown.wait()
         # Drain in this order (spec 12.4/12.5): new requests get 503 while HTTP keeps serving; in-flight requests
-        # get --shutdown-timeout to finish, then whatever is left is aborted, and HTTP stops only once their final
-        # chunks (finish_reason "abort") had a moment to reach the clients. Stopping HTTP first would cut them off.
-        client.begin_shutdown()
+        # get --shutdown-timeout to finish, then whatever is left is abandoned: it fails with a 503 / an SSE error
+        # event naming the cause (never a 200 cut short with finish_reason "abort"), and HTTP stops only once
+        # those answers had a moment to reach the clients. Stopping HTTP first would cut them off.
+        cause = stop_reason() if stop_reason is not None else None
+        if code:
+            cause = cause or "no data-parallel rank can serve"
+        what = f"the deployment is being torn down ({cause})" if cause else "the server is shutting down"
+        client.begin_shutdown(what)
         # Hypercorn keeps its own duplicate of the listener until HTTP stops; this process's copy goes now, so
         # that the kernel refuses new connections once the last accepting process stopped, instead of queueing
         # connections that nobody will accept.
@@ -129,7 +143,9 @@ async def serve_api(
         if cfg.shutdown_timeout_s > 0:
             with anyio.move_on_after(cfg.shutdown_timeout_s):
                 await client.wait_idle()
-        await client.abort_all()
+            await client.abort_all(f"{what} and its --shutdown-timeout of {cfg.shutdown_timeout_s:g} s passed")
+        else:
+            await client.abort_all(f"{what} with --shutdown-timeout 0")
         with anyio.move_on_after(FLUSH_S):
             await client.wait_idle()
         http_stop.set()
@@ -147,6 +163,7 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
     async with anyio.create_task_group() as tg:
         client: DPClient | None = None
         processes: list[dict[str, Any]] = []
+        reason: list[str] = []  # the launcher's teardown reason, when it sent one
 
         def stop() -> None:
             if client is None:  # still waiting for engines: nothing to drain
@@ -166,6 +183,8 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
                 if client is not None:
                     client.processes = processes
             elif cmd.get("cmd") == "shutdown":
+                if cmd.get("reason"):
+                    reason.append(str(cmd["reason"]))
                 stop()
 
         async def on_control() -> None:
@@ -181,7 +200,8 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
 
         async def run_api(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
             nonlocal code
-            code = await serve_api(cfg, http_sock, listener, shutdown, task_status=task_status)
+            code = await serve_api(cfg, http_sock, listener, shutdown, task_status=task_status,
+                                   stop_reason=lambda: reason[0] if reason else None)
             tg.cancel_scope.cancel()
 
         client = await tg.start(run_api)

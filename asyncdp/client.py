@@ -30,9 +30,10 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 
 from asyncdp import messages as m
-from asyncdp.api.engine_client import RankHint
+from asyncdp.api.engine_client import Admission, RankHint
 from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import (
     AsyncDPError,
@@ -50,6 +51,9 @@ from asyncdp.transport import Link, connect_with_retry
 log = logging.getLogger(__name__)
 
 ABORT_SEND_TIMEOUT_S = 2.0
+# How long a closed request waits for its engine to confirm the abort before its slot is released anyway: an
+# engine that never answers must not hold a slot (and the balancer's in-flight count) forever.
+ABORT_ACK_TIMEOUT_S = 5.0
 ENGINE_READY_FRAME_TIMEOUT_S = 30.0
 
 
@@ -80,6 +84,8 @@ class _Request:
     num_prompt_tokens: int
     pending: deque[m.RequestOutput] = field(default_factory=deque)
     changed: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)  # finished, or failed
+    client_abort: bool = False  # this client asked the engine to abort it (the caller left early)
     error: Exception | None = None
     finished: bool = False
     first_token_at: float | None = None
@@ -101,8 +107,33 @@ class _Request:
         self.changed.set()
 
     def fail(self, error: Exception) -> None:
-        self.error = error
+        if self.error is None:
+            self.error = error
         self.changed.set()
+        self.done.set()
+
+
+class ClientAdmission:
+    """Admission slots reserved by :meth:`DPClient.admit` for one HTTP request (the ``Admission`` protocol)."""
+
+    __slots__ = ("_client", "remaining")
+
+    def __init__(self, client: DPClient, num_sequences: int) -> None:
+        self._client = client
+        self.remaining = num_sequences
+
+    def take(self) -> bool:
+        """Turn one reserved slot into a request's slot; False when none is left."""
+        if self.remaining <= 0:
+            return False
+        self.remaining -= 1
+        self._client._unreserve(1)
+        return True
+
+    def release(self) -> None:
+        n, self.remaining = self.remaining, 0
+        if n:
+            self._client._unreserve(n)
 
 
 @dataclass(slots=True)
@@ -124,11 +155,13 @@ class DPClient:
         self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
         self._engines: dict[int, _Engine] = {}
         self._requests: dict[str, _Request] = {}
+        self._reserved = 0  # admission slots reserved by admit() and not yet taken by generate()
         self._idle = anyio.Event()  # replaced while requests are in flight; set when the last one is released
         self._utility_results: dict[int, tuple[anyio.Event, list[m.UtilityResult]]] = {}
         self._call_ids = itertools.count(1)
         self._all_ready = anyio.Event()
         self._shutting_down = False
+        self._abandon_reason = "the server is shutting down"
         self._coordinator: Link | None = None
         self.current_wave = 0
         self.wave_running = False
@@ -167,23 +200,58 @@ class DPClient:
 
     @property
     def num_inflight(self) -> int:
-        return len(self._requests)
+        """Admission slots in use: requests in flight plus slots reserved by :meth:`admit` and not yet taken."""
+        return len(self._requests) + self._reserved
 
     async def wait_idle(self) -> None:
-        """Return once no request of this client is in flight."""
-        while self._requests:
+        """Return once no request of this client is in flight and no admission slot is reserved."""
+        while self.num_inflight:
             if self._idle.is_set():
                 self._idle = anyio.Event()
             await self._idle.wait()
 
-    def begin_shutdown(self) -> None:
-        """New requests get 503 from now on."""
-        self._shutting_down = True
+    def admit(self, num_sequences: int) -> ClientAdmission:
+        """Reserve ``num_sequences`` slots at once (all or nothing) against ``--max-queued-requests``."""
+        self._check_can_admit()
+        limit = self.cfg.max_queued_requests
+        if limit is not None and self.num_inflight + num_sequences > limit:
+            raise QueueFullError(
+                f"too many requests in flight ({self.num_inflight} in flight + {num_sequences} requested > "
+                f"--max-queued-requests {limit}); retry later")
+        self._reserved += num_sequences
+        return ClientAdmission(self, num_sequences)
 
-    async def abort_all(self) -> None:
-        """Abort every in-flight request (``--shutdown-timeout 0``); they finish with reason ``abort``."""
+    def _check_can_admit(self) -> None:
+        if self._shutting_down:
+            raise ShuttingDownError("the server is shutting down")
+        if not self._all_ready.is_set():
+            raise UnavailableError("the server is starting: not every data-parallel rank is ready yet")
+        if not any(e.alive for e in self._engines.values()):
+            raise UnavailableError("no data-parallel rank can serve requests")
+
+    def _unreserve(self, n: int) -> None:
+        self._reserved -= n
+        self._on_slots_changed()
+
+    def _on_slots_changed(self) -> None:
+        if not self.num_inflight:
+            self._idle.set()
+
+    def begin_shutdown(self, reason: str = "the server is shutting down") -> None:
+        """New requests get 503 from now on; a request the engines abort from now on (their own drain deadline,
+        a teardown) fails with ``ShuttingDownError(reason)`` instead of ending as a normal ``abort``."""
+        self._shutting_down = True
+        self._abandon_reason = reason
+
+    async def abort_all(self, reason: str | None = None) -> None:
+        """Abandon every in-flight request (``--shutdown-timeout 0``, the drain deadline, a teardown): each
+        fails at once with ``ShuttingDownError`` naming ``reason`` (an error status or SSE error event, never a
+        200 with ``finish_reason="abort"``), and its engine is told to abort it."""
+        reason = reason or self._abandon_reason
         by_rank: dict[int, list[str]] = {}
-        for req in self._requests.values():
+        for req in list(self._requests.values()):
+            if not req.finished:
+                req.fail(ShuttingDownError(f"the request was abandoned: {reason}"))
             by_rank.setdefault(req.dp_rank, []).append(req.request_id)
         for rank, ids in by_rank.items():
             await self._send_abort(rank, ids)
@@ -195,16 +263,15 @@ class DPClient:
         params: SamplingParams,
         *,
         rank_hint: RankHint | None = None,
+        admission: Admission | None = None,
     ) -> AsyncGenerator[m.RequestOutput, None]:
-        if self._shutting_down:
-            raise ShuttingDownError("the server is shutting down")
-        if not any(e.alive for e in self._engines.values()):
-            raise UnavailableError("no data-parallel rank can serve requests")
-        if self.cfg.max_queued_requests is not None and len(self._requests) >= self.cfg.max_queued_requests:
-            raise QueueFullError(
-                f"too many requests in flight ({len(self._requests)} >= --max-queued-requests "
-                f"{self.cfg.max_queued_requests}); retry later"
-            )
+        # The slot: one of the HTTP request's reserved ones, or a fresh one. From the take on, the count stays
+        # right on every path: nothing awaits until the request is registered below, and every path out after
+        # that goes through the finally, which releases it.
+        if not isinstance(admission, ClientAdmission) or not admission.take():
+            self.admit(1).take()
+        else:
+            self._check_can_admit()
         local_index = rank_hint.local_index if rank_hint else None
         global_rank = rank_hint.global_rank if rank_hint else None
         dp_rank = self.lb.select(request_id, prompt_token_ids, local_index, global_rank_hint=global_rank,
@@ -220,17 +287,15 @@ class DPClient:
         self._requests[request_id] = req
         self._update_inflight_metric(dp_rank)
         try:
-            await engine.link.send(
-                m.AddRequest(
-                    request_id=request_id,
-                    client_index=self.cfg.client_index,
-                    wave=self.current_wave,
-                    prompt_token_ids=prompt_token_ids,
-                    sampling_params=params,
-                    arrival_time=time.time(),
-                    pinned=pinned,
-                )
-            )
+            await self._send_add(engine, req, m.AddRequest(
+                request_id=request_id,
+                client_index=self.cfg.client_index,
+                wave=self.current_wave,
+                prompt_token_ids=prompt_token_ids,
+                sampling_params=params,
+                arrival_time=time.time(),
+                pinned=pinned,
+            ))
             if self.cfg.is_moe and not self.wave_running and self._coordinator is not None:
                 self.wave_running = True
                 await self._coordinator.send(m.FirstRequest(exclude_rank=dp_rank, wave=self.current_wave))
@@ -246,10 +311,26 @@ class DPClient:
                     raise req.error
         finally:
             if not req.finished:
-                with anyio.CancelScope(shield=True):
-                    await self._send_abort(dp_rank, [request_id])
-                if req.error is not None or not self._engine_alive(dp_rank):
-                    self._release(req)
+                # Left early (caller gone, cancelled) or failed: abort it on its engine and give its slot back
+                # once the engine confirms, or after a deadline - never leave it counted for good (issue #12).
+                if req.error is None and self._engine_alive(dp_rank):
+                    req.client_abort = True
+                    with anyio.CancelScope(shield=True):
+                        await self._send_abort(dp_rank, [request_id])
+                        with anyio.move_on_after(ABORT_ACK_TIMEOUT_S):
+                            await req.done.wait()
+                self._release(req)
+
+    async def _send_add(self, engine: _Engine, req: _Request, msg: m.AddRequest) -> None:
+        """Send ``AddRequest``; a failure fails ``req`` (the engine does not have it: nothing to abort)."""
+        try:
+            await engine.link.send(msg)
+        except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as exc:
+            req.fail(InvalidRequestError(f"the request cannot be encoded for the engine: {exc}"))
+            raise req.error from exc  # type: ignore[misc]
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            req.fail(EngineDeadError(f"engine rank {engine.dp_rank}: its link broke ({type(exc).__name__})"))
+            raise req.error from exc  # type: ignore[misc]
 
     async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` on every live managed engine; the first engine's value, or raise if any failed.
@@ -372,12 +453,16 @@ class DPClient:
             if req is not None:
                 if out.error_type is not None:  # refused by the engine: an error status, not an empty answer
                     req.fail(_rejection(out))
+                elif out.finish_reason == "abort" and self._shutting_down and not req.client_abort:
+                    # Aborted by the server side (a rank's drain deadline, a teardown), not by the caller.
+                    req.fail(ShuttingDownError(f"the request was abandoned: {self._abandon_reason}"))
                 else:
                     req.post(out, now)
         for rid in msg.finished_request_ids:
             req = self._requests.get(rid)
             if req is not None:
                 req.finished = True
+                req.done.set()
                 self._release(req)
                 self._record_finished(req, msg, now)
         if msg.scheduler_stats is not None and self.metrics is not None:
@@ -415,9 +500,9 @@ class DPClient:
         )
 
     def _release(self, req: _Request) -> None:
+        """Give back the request's slot and its balancer count (idempotent)."""
         if self._requests.pop(req.request_id, None) is not None:
-            if not self._requests:
-                self._idle.set()
+            self._on_slots_changed()
             self.lb.on_finish(req.request_id)
             self._update_inflight_metric(req.dp_rank)
 
@@ -444,6 +529,8 @@ class DPClient:
             self.metrics.set_engine_up(rank, False)
         for req in [r for r in self._requests.values() if r.dp_rank == rank]:
             req.fail(EngineDeadError(f"engine rank {rank} died: {reason}"))
+            # Released here, not by the generator: a generator that was already closed will never run again.
+            self._release(req)
 
     async def _send_abort(self, dp_rank: int, ids: list[str]) -> None:
         engine = self._engines.get(dp_rank)

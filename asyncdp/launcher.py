@@ -307,7 +307,8 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
             async with anyio.create_task_group() as inner:
                 async def run(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
                     dep.inproc_api_code = await serve_api(_api_config(dep, 0), dep.http_sock, listener,
-                                                          dep.api_shutdown, task_status=task_status)
+                                                          dep.api_shutdown, task_status=task_status,
+                                                          stop_reason=lambda: dep.failure)
                     dep.inproc_api_done.set()
                     if dep.inproc_api_code:
                         dep.fail("the API server stopped: no data-parallel rank can serve")
@@ -492,6 +493,14 @@ async def _stop_all(dep: _Deployment) -> None:
                     await ch.control.send({"cmd": "stopping"})
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                     pass
+    if dep.failure is not None:  # a teardown: the API servers name it to the requests they abandon
+        for ch in dep.children:
+            if ch.role == "api" and not ch.exited.is_set():
+                with anyio.move_on_after(1.0):
+                    try:
+                        await ch.control.send({"cmd": "shutdown", "reason": dep.failure})
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        pass
     dep.api_shutdown.set()
     # The launcher never accepts on the HTTP socket; its copy would keep the port open (connections queue and
     # hang) after every API server stopped accepting. Spec §12.5: a refused connection once the listener closes.

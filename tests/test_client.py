@@ -90,3 +90,174 @@ async def test_a_request_the_engine_refuses_raises_instead_of_answering_empty(au
         assert client.num_inflight == 0 and client.inflight_of(0) == 0
         tg.cancel_scope.cancel()
     await engine_end.aclose()
+
+
+# ---------------------------------------------------------------- admission and slot release (issue #12)
+
+from collections.abc import AsyncIterator  # noqa: E402
+from contextlib import aclosing, asynccontextmanager  # noqa: E402
+
+from asyncdp import errors  # noqa: E402
+from asyncdp.client import ABORT_ACK_TIMEOUT_S  # noqa: E402
+from asyncdp.sampling_params import SamplingParams  # noqa: E402
+
+
+@asynccontextmanager
+async def _client_with_engine(**changes) -> AsyncIterator[tuple[DPClient, MemoryLink]]:
+    """A ready client with one hand-driven engine link (rank 0)."""
+    client = DPClient(_config(**changes), tokenizer=None)
+    client_end, engine_end = memory_link_pair()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.attach_engine, client_end)
+        await engine_end.send(_ready())
+        await client.wait_engines_ready()
+        yield client, engine_end
+        tg.cancel_scope.cancel()
+    await engine_end.aclose()
+
+
+def _outputs(*outs: m.RequestOutput) -> m.EngineOutputs:
+    return m.EngineOutputs(dp_rank=0, outputs=list(outs), scheduler_stats=None, timestamp=0.0,
+                           finished_request_ids=[o.request_id for o in outs if o.finished])
+
+
+async def _first_add(engine_end: MemoryLink) -> m.AddRequest:
+    while not isinstance(msg := await engine_end.receive(), m.AddRequest):
+        pass
+    return msg
+
+
+@pytest.mark.trio
+async def test_admitting_more_sequences_than_free_slots_is_refused_whole_and_reserves_nothing(autojump_clock):
+    async with _client_with_engine(max_queued_requests=8) as (client, _):
+        with pytest.raises(errors.QueueFullError, match="--max-queued-requests 8"):
+            client.admit(9)
+        assert client.num_inflight == 0
+        first = client.admit(5)
+        with pytest.raises(errors.QueueFullError):
+            client.admit(4)  # 5 + 4 > 8: refused whole, the 5 stay as they were
+        assert client.num_inflight == 5
+        first.release()
+        first.release()  # idempotent
+        assert client.num_inflight == 0
+        client.admit(8).release()
+        assert client.num_inflight == 0
+
+
+@pytest.mark.trio
+async def test_admission_while_the_ranks_are_still_starting_is_unavailable(autojump_clock):
+    client = DPClient(_config(), tokenizer=None)
+    with pytest.raises(errors.UnavailableError, match="starting"):
+        client.admit(1)
+    assert client.num_inflight == 0
+
+
+@pytest.mark.trio
+async def test_a_request_generated_with_an_admission_takes_its_reserved_slot_and_gives_it_back(autojump_clock):
+    async with _client_with_engine(max_queued_requests=2) as (client, engine_end):
+        admission = client.admit(2)
+
+        async def engine() -> None:
+            add = await _first_add(engine_end)
+            assert client.num_inflight == 2  # one taken, one still reserved: the count did not grow
+            await engine_end.send(_outputs(m.RequestOutput(request_id=add.request_id, new_token_ids=[7],
+                                                           finished=True, finish_reason="length")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            outs = [o async for o in client.generate("r1", [1, 2], SamplingParams(max_tokens=1),
+                                                     admission=admission)]
+        assert outs[-1].finish_reason == "length"
+        assert client.num_inflight == 1
+        admission.release()
+        assert client.num_inflight == 0 and client.inflight_of(0) == 0
+
+
+@pytest.mark.trio
+async def test_a_request_the_message_encoder_refuses_is_a_400_and_releases_its_slot(autojump_clock):
+    async with _client_with_engine(max_queued_requests=3) as (client, _):
+        for i in range(4):  # more than the cap: a leaked slot would turn the last ones into 429s
+            with pytest.raises(errors.InvalidRequestError, match="cannot be encoded"):
+                async for _ in client.generate(f"r{i}", [2**65], SamplingParams(max_tokens=1)):
+                    pass
+            assert client.num_inflight == 0 and client.inflight_of(0) == 0
+
+
+@pytest.mark.trio
+async def test_an_engine_that_never_answers_an_abort_gives_the_slot_back_after_a_deadline(autojump_clock):
+    async with _client_with_engine() as (client, engine_end):
+        async def engine() -> None:
+            add = await _first_add(engine_end)
+            await engine_end.send(_outputs(m.RequestOutput(request_id=add.request_id, new_token_ids=[7])))
+            async for _ in engine_end:  # reads the abort, never answers it
+                pass
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            start = anyio.current_time()
+            async with aclosing(client.generate("r1", [1, 2], SamplingParams(max_tokens=100))) as gen:
+                async for _ in gen:
+                    break  # the caller leaves early: the generator aborts the request
+            assert client.num_inflight == 0 and client.inflight_of(0) == 0
+            assert anyio.current_time() - start == pytest.approx(ABORT_ACK_TIMEOUT_S)
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_rank_that_dies_after_the_generator_was_closed_releases_the_slot(autojump_clock):
+    async with _client_with_engine() as (client, engine_end):
+        async def engine() -> None:
+            add = await _first_add(engine_end)
+            await engine_end.send(_outputs(m.RequestOutput(request_id=add.request_id, new_token_ids=[7])))
+            assert isinstance(await engine_end.receive(), m.AbortRequests)
+            await engine_end.send(m.EngineDead(dp_rank=0, reason="boom"))  # dies instead of answering
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            start = anyio.current_time()
+            async with aclosing(client.generate("r1", [1, 2], SamplingParams(max_tokens=100))) as gen:
+                async for _ in gen:
+                    break
+            assert client.num_inflight == 0 and client.inflight_of(0) == 0
+            assert anyio.current_time() - start < ABORT_ACK_TIMEOUT_S  # released by the death, not the deadline
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("how", ["abort_all", "engine_abort"])
+async def test_a_request_the_server_abandons_at_shutdown_is_an_error_naming_the_cause(autojump_clock, how):
+    async with _client_with_engine() as (client, engine_end):
+        async def engine() -> None:
+            add = await _first_add(engine_end)
+            await engine_end.send(_outputs(m.RequestOutput(request_id=add.request_id, new_token_ids=[7])))
+            client.begin_shutdown("the deployment is being torn down (engine rank 1 exited)")
+            if how == "abort_all":
+                await client.abort_all("the deployment is being torn down (engine rank 1 exited) with "
+                                       "--shutdown-timeout 0")
+            else:  # the rank's own drain deadline aborted it
+                await engine_end.send(_outputs(m.RequestOutput(request_id=add.request_id, finished=True,
+                                                               finish_reason="abort")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            outs = []
+            with pytest.raises(errors.ShuttingDownError, match="abandoned.*engine rank 1 exited"):
+                async for out in client.generate("r1", [1, 2], SamplingParams(max_tokens=100)):
+                    outs.append(out)
+            assert [o.finish_reason for o in outs] == [None]  # never a normal end with reason "abort"
+            assert client.num_inflight == 0 and client.inflight_of(0) == 0
+
+
+@pytest.mark.trio
+async def test_an_abort_outside_shutdown_still_ends_the_request_normally(autojump_clock):
+    """``POST /pause?mode=abort``: the engines abort every request; that stays a normal end with ``abort``."""
+    async with _client_with_engine() as (client, engine_end):
+        async def engine() -> None:
+            add = await _first_add(engine_end)
+            await engine_end.send(_outputs(m.RequestOutput(request_id=add.request_id, finished=True,
+                                                           finish_reason="abort")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            outs = [o async for o in client.generate("r1", [1, 2], SamplingParams(max_tokens=100))]
+        assert outs[-1].finish_reason == "abort"
+        assert client.num_inflight == 0
