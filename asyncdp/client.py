@@ -24,7 +24,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,11 @@ ABORT_SEND_TIMEOUT_S = 2.0
 # engine that never answers must not hold a slot (and the balancer's in-flight count) forever.
 ABORT_ACK_TIMEOUT_S = 5.0
 ENGINE_READY_FRAME_TIMEOUT_S = 30.0
+# Following the coordinator again after its link was lost: each connect is bounded, retries back off.
+COORDINATOR_CONNECT_TIMEOUT_S = 30.0
+COORDINATOR_BACKOFF_MIN_S = 0.5
+COORDINATOR_BACKOFF_MAX_S = 10.0
+COORDINATOR_GIVE_UP_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +173,8 @@ class DPClient:
         self.snapshot_received_at: float | None = None
         self.coordinator_state = "none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting"
         self.processes: list[dict[str, Any]] = []
+        if metrics is not None:
+            metrics.on_render(self._refresh_render_gauges)
 
     # ------------------------------------------------------------------ EngineClient surface
 
@@ -527,6 +534,7 @@ class DPClient:
         self.lb.mark_dead(rank)
         if self.metrics is not None:
             self.metrics.set_engine_up(rank, False)
+            self.metrics.clear_engine_state(rank)
         for req in [r for r in self._requests.values() if r.dp_rank == rank]:
             req.fail(EngineDeadError(f"engine rank {rank} died: {reason}"))
             # Released here, not by the generator: a generator that was already closed will never run again.
@@ -545,54 +553,96 @@ class DPClient:
     # ------------------------------------------------------------------ coordinator
 
     async def _follow_coordinator(self, addr: str) -> None:
-        try:
-            link = await connect_with_retry(addr, timeout_s=30.0, what="the DP coordinator")
-        except TimeoutError:
-            log.warning("client %d: cannot reach the DP coordinator at %s", self.cfg.client_index, addr)
-            self.coordinator_state = "dead"
-            return
-        await self.attach_coordinator(link)
+        async def connect() -> Link:
+            return await connect_with_retry(addr, timeout_s=COORDINATOR_CONNECT_TIMEOUT_S,
+                                            what="the DP coordinator")
+
+        await self.follow_coordinator(connect)
+
+    async def follow_coordinator(self, connect: Callable[[], Awaitable[Link]]) -> None:
+        """Follow the coordinator for the client's life: connect, subscribe, and after a lost link (the
+        coordinator dropped this client for missed heartbeats while its event loop was blocked, say) connect
+        and subscribe again, with capped exponential backoff, until shutdown or until it has been unreachable
+        for ``COORDINATOR_GIVE_UP_S`` (state ``dead`` from then on). ``/server_info`` and the metrics show
+        ``reconnecting`` meanwhile; routing falls back to in-flight counts."""
+        backoff_s = COORDINATOR_BACKOFF_MIN_S
+        unreachable_since: float | None = None
+        while not self._shutting_down:
+            try:
+                with anyio.fail_after(COORDINATOR_CONNECT_TIMEOUT_S):
+                    link = await connect()
+            except (TimeoutError, OSError, anyio.BrokenResourceError) as exc:
+                now = anyio.current_time()
+                unreachable_since = now if unreachable_since is None else unreachable_since
+                if now - unreachable_since >= COORDINATOR_GIVE_UP_S:
+                    log.warning("client %d: cannot reach the DP coordinator (%s); routing on in-flight counts "
+                                "only from now on", self.cfg.client_index, type(exc).__name__)
+                    self.coordinator_state = "dead"
+                    return
+                await anyio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, COORDINATOR_BACKOFF_MAX_S)
+                continue
+            if unreachable_since is not None or self.coordinator_state == "reconnecting":
+                log.info("client %d: following the DP coordinator again", self.cfg.client_index)
+            unreachable_since = None
+            backoff_s = COORDINATOR_BACKOFF_MIN_S
+            await self.attach_coordinator(link)
+            if self._shutting_down:
+                return
+            self.coordinator_state = "reconnecting"
+            await anyio.sleep(backoff_s)
 
     async def attach_coordinator(self, link: Link) -> None:
         """Follow the coordinator over an already-connected link (public for in-memory harnesses): subscribe,
         heartbeat, feed every ``StatsSnapshot`` to the balancer; returns (link closed) when the coordinator ends."""
         self._coordinator = link
         self.coordinator_state = "alive"
-        async with link, anyio.create_task_group() as tg:
-            await link.send(m.Subscribe(client_id=self.cfg.client_index))
+        try:
+            async with link, anyio.create_task_group() as tg:
+                await link.send(m.Subscribe(client_id=self.cfg.client_index))
 
-            async def heartbeat() -> None:
-                for seq in itertools.count(1):
-                    await anyio.sleep(self.cfg.heartbeat_interval_s)
-                    try:
-                        await link.send(m.Heartbeat(sender=f"client-{self.cfg.client_index}", seq=seq))
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        return  # the coordinator is gone; the reader below sees its EOF
+                async def heartbeat() -> None:
+                    for seq in itertools.count(1):
+                        await anyio.sleep(self.cfg.heartbeat_interval_s)
+                        try:
+                            await link.send(m.Heartbeat(sender=f"client-{self.cfg.client_index}", seq=seq))
+                        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                            return  # the coordinator is gone; the reader below sees its EOF
 
-            tg.start_soon(heartbeat)
-            async for msg in link:
-                if isinstance(msg, m.StatsSnapshot):
-                    self._on_snapshot(msg)
-            tg.cancel_scope.cancel()
+                tg.start_soon(heartbeat)
+                async for msg in link:
+                    if isinstance(msg, m.StatsSnapshot):
+                        self._on_snapshot(msg)
+                tg.cancel_scope.cancel()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass  # the Subscribe could not be sent: the link is already gone
         self._coordinator = None
         self.coordinator_state = "dead"
         if not self._shutting_down:
-            log.warning("client %d: the DP coordinator is gone; routing on in-flight counts only",
+            log.warning("client %d: lost the DP coordinator link; routing on in-flight counts only meanwhile",
                         self.cfg.client_index)
 
     def _on_snapshot(self, snap: m.StatsSnapshot) -> None:
-        self.snapshot_received_at = time.monotonic()
+        self.snapshot_received_at = anyio.current_time()
         self.current_wave = snap.wave
         self.wave_running = snap.running
         if snap.counts is not None:
             self.lb.on_snapshot([list(c) for c in snap.counts])
-        if self.metrics is not None:
-            self.metrics.set_snapshot_age(0.0)
+
+    def _refresh_render_gauges(self) -> None:
+        """At scrape time: the snapshot's real age (it keeps growing once the coordinator is gone) and whether
+        the coordinator is followed."""
+        if self.coordinator_state == "none":
+            return
+        age = self.snapshot_age_s()
+        if age is not None:
+            self.metrics.set_snapshot_age(age)
+        self.metrics.set_coordinator_up(self.coordinator_state == "alive")
 
     def snapshot_age_s(self) -> float | None:
         if self.snapshot_received_at is None:
             return None
-        return time.monotonic() - self.snapshot_received_at
+        return anyio.current_time() - self.snapshot_received_at
 
     # ------------------------------------------------------------------ /server_info
 

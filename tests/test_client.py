@@ -229,6 +229,7 @@ async def test_a_request_the_server_abandons_at_shutdown_is_an_error_naming_the_
         async def engine() -> None:
             add = await _first_add(engine_end)
             await engine_end.send(_outputs(m.RequestOutput(request_id=add.request_id, new_token_ids=[7])))
+            await anyio.sleep(1)  # the caller has the first delta
             client.begin_shutdown("the deployment is being torn down (engine rank 1 exited)")
             if how == "abort_all":
                 await client.abort_all("the deployment is being torn down (engine rank 1 exited) with "
@@ -261,3 +262,92 @@ async def test_an_abort_outside_shutdown_still_ends_the_request_normally(autojum
             outs = [o async for o in client.generate("r1", [1, 2], SamplingParams(max_tokens=100))]
         assert outs[-1].finish_reason == "abort"
         assert client.num_inflight == 0
+
+
+# ---------------------------------------------------------------- gauges and the coordinator link (issue #12)
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from asyncdp.metrics import Metrics  # noqa: E402
+
+
+def _sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+@pytest.mark.trio
+async def test_a_dead_ranks_engine_gauges_are_zeroed_instead_of_frozen(autojump_clock, monkeypatch):
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics = Metrics(model_name="m", multiproc_dir=None)
+    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2, is_moe=True), tokenizer=None, metrics=metrics)
+    ends = [memory_link_pair() for _ in range(2)]
+    async with anyio.create_task_group() as tg:
+        for rank, (client_end, engine_end) in enumerate(ends):
+            tg.start_soon(client.attach_engine, client_end)
+            await engine_end.send(_ready(rank))
+        await client.wait_engines_ready()
+        stats = m.SchedulerStats(num_running=50, num_waiting=3, kv_cache_usage=0.7, wave=4, wave_running=True)
+        await ends[1][1].send(m.EngineOutputs(dp_rank=1, outputs=[], finished_request_ids=[], scheduler_stats=stats,
+                                              timestamp=0.0))
+        await anyio.sleep(0.1)
+        assert _sample(metrics, "vllm:num_requests_running", engine="1") == 50
+        await ends[1][1].send(m.EngineDead(dp_rank=1, reason="boom"))
+        await anyio.sleep(0.1)
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                     "asyncdp:dp_running", "asyncdp:dp_wave", "asyncdp:dp_engine_up"):
+            assert _sample(metrics, name, engine="1") == 0, name
+        tg.cancel_scope.cancel()
+    for _, engine_end in ends:
+        await engine_end.aclose()
+
+
+@pytest.mark.trio
+async def test_the_coordinator_is_followed_again_after_it_dropped_the_client(autojump_clock, monkeypatch):
+    """A client the coordinator dropped (missed heartbeats while its event loop was blocked) reconnects and
+    subscribes again; meanwhile the snapshot age grows at scrape time and the state says ``reconnecting``."""
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics = Metrics(model_name="m", multiproc_dir=None)
+    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2), tokenizer=None, metrics=metrics)
+    coordinator_ends: list[MemoryLink] = []
+    connected = anyio.Event()
+
+    async def connect() -> MemoryLink:
+        nonlocal connected
+        ours, theirs = memory_link_pair()
+        coordinator_ends.append(theirs)
+        connected.set()
+        return ours
+
+    snapshot = m.StatsSnapshot(counts=[[0, 0, 0], [0, 0, 0]], wave=0, running=False, seq=1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.follow_coordinator, connect)
+        await connected.wait()
+        assert isinstance(await coordinator_ends[0].receive(), m.Subscribe)
+        await coordinator_ends[0].send(snapshot)
+        await anyio.sleep(23)
+        info = client.server_info()["coordinator"]
+        assert info["state"] == "alive"
+        assert info["snapshot_age_s"] == pytest.approx(23, abs=0.01)
+        assert _sample(metrics, "asyncdp:dp_coordinator_snapshot_age_seconds") == pytest.approx(23, abs=0.01)
+        connected = anyio.Event()
+        await coordinator_ends[0].aclose()  # the coordinator drops this client
+        await anyio.sleep(0.1)
+        assert client.server_info()["coordinator"]["state"] == "reconnecting"
+        assert _sample(metrics, "asyncdp:dp_coordinator_up") == 0
+        assert _sample(metrics, "asyncdp:dp_coordinator_snapshot_age_seconds") == pytest.approx(23.1, abs=0.01)
+        await connected.wait()
+        sub = await coordinator_ends[1].receive()
+        assert isinstance(sub, m.Subscribe) and sub.client_id == 0
+        await coordinator_ends[1].send(snapshot)
+        await anyio.sleep(0.1)
+        assert client.server_info()["coordinator"]["state"] == "alive"
+        assert _sample(metrics, "asyncdp:dp_coordinator_up") == 1
+        assert _sample(metrics, "asyncdp:dp_coordinator_snapshot_age_seconds") == pytest.approx(0.1, abs=0.01)
+        client.begin_shutdown()
+        tg.cancel_scope.cancel()
+    for end in coordinator_ends:
+        await end.aclose()
