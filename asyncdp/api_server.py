@@ -33,6 +33,7 @@ import anyio.abc
 import msgspec
 
 from asyncdp.client import ClientConfig, DPClient
+from asyncdp.node_table import NodeTable
 from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import listen
 
@@ -79,6 +80,7 @@ async def serve_api(
     shutdown: anyio.Event,
     *,
     stop_reason: Callable[[], str | None] | None = None,
+    node_table: NodeTable | None = None,
     task_status: anyio.abc.TaskStatus[DPClient] = anyio.TASK_STATUS_IGNORED,
 ) -> int:
     """Serve until ``shutdown`` is set; return the exit code (0 orderly, 1 all engines dead).
@@ -91,7 +93,7 @@ async def serve_api(
 
     tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path)
     metrics = make_metrics(cfg)
-    client = DPClient(cfg.client, tokenizer, metrics=metrics)
+    client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
     app = create_app(client, backend=cfg.backend, metrics=metrics)
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
@@ -109,6 +111,7 @@ async def serve_api(
             )
             tg.cancel_scope.cancel()  # the client links and the watchdog end with the HTTP server
 
+        tg.start_soon(client.run_node_heartbeat)
         # HTTP from the start (issue #12): while the ranks load, /health and generation answer 503 at once
         # (the client is not healthy and refuses admission) instead of leaving connections queued unanswered.
         tg.start_soon(http)
@@ -118,7 +121,7 @@ async def serve_api(
             nonlocal code
             while True:
                 await anyio.sleep(WATCHDOG_INTERVAL_S)
-                if not client.is_healthy() and not client.shutting_down and not cfg.keep_alive_on_engine_death:
+                if not client.can_serve() and not client.shutting_down and not cfg.keep_alive_on_engine_death:
                     log.error("no data-parallel rank can serve; the API server exits (keep-alive is off)")
                     code = 1
                     shutdown.set()
@@ -156,7 +159,16 @@ async def serve_api(
 async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> int:
     """Main of an API-server child process (role "api")."""
     cfg = msgspec.convert(payload["api"], ApiConfig)
-    http_sock = socket.socket(fileno=payload["http_fd"])
+    if "http_shared_port" in payload:  # its own SO_REUSEPORT listener: the kernel spreads connections
+        from asyncdp.transport.http_socket import listen_shared_port
+
+        host, port = payload["http_shared_port"]
+        http_sock = listen_shared_port(host, port)
+    else:
+        http_sock = socket.socket(fileno=payload["http_fd"])
+    node_table = None
+    if "node_table_fd" in payload:
+        node_table = NodeTable(payload["node_table_fd"], cfg.client.client_count)
     shutdown = anyio.Event()
     code = 0
     listener, client_addr = await bind_client_listener(cfg)
@@ -201,11 +213,13 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
         async def run_api(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
             nonlocal code
             code = await serve_api(cfg, http_sock, listener, shutdown, task_status=task_status,
-                                   stop_reason=lambda: reason[0] if reason else None)
+                                   stop_reason=lambda: reason[0] if reason else None, node_table=node_table)
             tg.cancel_scope.cancel()
 
         client = await tg.start(run_api)
         client.processes = processes or client.processes
         await control.send({"event": "ready"})
     http_sock.close()
+    if node_table is not None:
+        node_table.close()
     return code

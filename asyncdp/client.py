@@ -45,6 +45,7 @@ from asyncdp.errors import (
     StartupError,
     UnavailableError,
 )
+from asyncdp.node_table import HEARTBEAT_INTERVAL_S, NodeTable, monotonic_ms, node_admits, stuck_siblings
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import Link, connect_with_retry
 
@@ -153,8 +154,10 @@ class _Engine:
 class DPClient:
     """Implements :class:`asyncdp.api.engine_client.EngineClient` over engine links."""
 
-    def __init__(self, cfg: ClientConfig, tokenizer: Any, *, metrics: Any = None) -> None:
+    def __init__(self, cfg: ClientConfig, tokenizer: Any, *, metrics: Any = None,
+                 node_table: NodeTable | None = None) -> None:
         self.cfg = cfg
+        self._node = node_table
         self._tokenizer = tokenizer
         self.metrics = metrics
         self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
@@ -199,11 +202,41 @@ class DPClient:
         return {rank: (e.alive, e.last_seen) for rank, e in self._engines.items()}
 
     def is_healthy(self) -> bool:
-        return (
-            self._all_ready.is_set()
-            and not self._shutting_down
-            and any(e.alive for e in self._engines.values())
-        )
+        """Ready, not shutting down, some rank alive, and no sibling API process of the node stuck (its event
+        loop blocked: the kernel still hands it connections, so the node is not healthy)."""
+        return self.can_serve() and not self._shutting_down and not self.stuck_siblings()
+
+    def can_serve(self) -> bool:
+        """Every managed rank became ready once and at least one is alive now (what the watchdog checks)."""
+        return self._all_ready.is_set() and any(e.alive for e in self._engines.values())
+
+    def stuck_siblings(self) -> list[int]:
+        """Client indexes of this node's API processes whose heartbeat stopped (none without a node table)."""
+        if self._node is None:
+            return []
+        return stuck_siblings(self._node.slots(), self.cfg.client_index, monotonic_ms())
+
+    def node_processes(self) -> list[dict[str, Any]] | None:
+        """The node table as this process reads it (``/server_info``), or None without one."""
+        if self._node is None:
+            return None
+        now = monotonic_ms()
+        stuck = set(self.stuck_siblings())
+        return [{"client_index": s.client_index, "pid": s.pid or None, "inflight": s.inflight,
+                 "heartbeat_age_s": round((now - s.heartbeat_ms) / 1000, 3) if s.pid else None,
+                 "stuck": s.client_index in stuck} for s in self._node.slots()]
+
+    async def run_node_heartbeat(self) -> None:
+        """Task: claim this process's slot of the node table and keep its heartbeat fresh."""
+        if self._node is None:
+            return
+        import os
+
+        self._node.register(self.cfg.client_index, os.getpid())
+        self._publish_inflight()
+        while True:
+            self._node.beat(self.cfg.client_index)
+            await anyio.sleep(HEARTBEAT_INTERVAL_S)
 
     @property
     def num_inflight(self) -> int:
@@ -221,11 +254,22 @@ class DPClient:
         """Reserve ``num_sequences`` slots at once (all or nothing) against ``--max-queued-requests``."""
         self._check_can_admit()
         limit = self.cfg.max_queued_requests
-        if limit is not None and self.num_inflight + num_sequences > limit:
-            raise QueueFullError(
-                f"too many requests in flight ({self.num_inflight} in flight + {num_sequences} requested > "
-                f"--max-queued-requests {limit}); retry later")
+        if limit is not None:
+            if self._node is None:
+                if self.num_inflight + num_sequences > limit:
+                    raise QueueFullError(
+                        f"too many requests in flight ({self.num_inflight} in flight + {num_sequences} requested > "
+                        f"--max-queued-requests {limit}); retry later")
+            else:  # the node's pool: K slots per API process, usable by any of them
+                siblings = self._node.sibling_inflight(self.cfg.client_index)
+                count = self._node.num_processes
+                if not node_admits(self.num_inflight, siblings, num_sequences, limit, count):
+                    raise QueueFullError(
+                        f"too many requests in flight on this node ({self.num_inflight + siblings} in flight + "
+                        f"{num_sequences} requested > --max-queued-requests {limit} x {count} API servers); "
+                        "retry later")
         self._reserved += num_sequences
+        self._publish_inflight()
         return ClientAdmission(self, num_sequences)
 
     def _check_can_admit(self) -> None:
@@ -241,8 +285,13 @@ class DPClient:
         self._on_slots_changed()
 
     def _on_slots_changed(self) -> None:
+        self._publish_inflight()
         if not self.num_inflight:
             self._idle.set()
+
+    def _publish_inflight(self) -> None:
+        if self._node is not None:
+            self._node.set_inflight(self.cfg.client_index, self.num_inflight)
 
     def begin_shutdown(self, reason: str = "the server is shutting down") -> None:
         """New requests get 503 from now on; a request the engines abort from now on (their own drain deadline,
