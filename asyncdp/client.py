@@ -341,6 +341,7 @@ class DPClient:
             self.metrics.inc_lb_decision(dp_rank, "hint" if pinned else "score")
         req = _Request(request_id, dp_rank, time.monotonic(), len(prompt_token_ids))
         self._requests[request_id] = req
+        self._publish_inflight()  # the slot moved from "reserved" to this request: the node sees it again
         self._update_inflight_metric(dp_rank)
         try:
             await self._send_add(engine, req, m.AddRequest(

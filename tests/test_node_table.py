@@ -10,6 +10,7 @@ from asyncdp import messages as m
 from asyncdp.client import ClientConfig, DPClient
 from asyncdp.errors import QueueFullError
 from asyncdp.node_table import STUCK_AFTER_S, NodeTable, Slot, monotonic_ms, node_admits, stuck_siblings
+from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import memory_link_pair
 
 
@@ -42,6 +43,10 @@ def test_a_slot_written_through_one_mapping_is_read_through_another():
         os.close(fd)
 
 
+async def _drive(awaitable) -> None:
+    await awaitable
+
+
 def _client(table: NodeTable, index: int, **changes) -> DPClient:
     cfg = ClientConfig(client_index=index, client_count=table.num_processes, managed_ranks=(0,), dp_size=1,
                        model_name="m", max_model_len=64, **changes)
@@ -62,6 +67,14 @@ async def test_a_burst_on_one_api_process_uses_its_siblings_free_slots_and_no_mo
             burst = client.admit(16)  # more than this process's 8: the idle sibling's 8 are free
             assert table.slots()[0].inflight == 16
             burst.release()
+            gen = client.generate("r1", [1, 2], SamplingParams(max_tokens=1))
+            next_out = gen.__anext__()
+            async with anyio.create_task_group() as inner:
+                inner.start_soon(_drive, next_out)
+                assert isinstance(await engine_end.receive(), m.AddRequest)
+                assert table.slots()[0].inflight == 1  # a request in flight is published, not only reservations
+                inner.cancel_scope.cancel()
+            await gen.aclose()
             table.register(1, os.getpid())
             table.set_inflight(1, 6)  # the sibling is busy with 6
             with pytest.raises(QueueFullError, match="on this node"):
