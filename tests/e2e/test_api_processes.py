@@ -82,3 +82,29 @@ async def test_a_stopped_api_process_turns_its_siblings_health_503_until_it_resu
                 await anyio.sleep(0.2)
         info = await _server_info_fresh_connection(server.base_url)
         assert not any(p["stuck"] for p in info["api_processes"]), info["api_processes"]
+
+
+async def test_the_inflight_gauge_is_the_sum_over_the_api_processes(tmp_path: Path) -> None:
+    from tests.e2e.metrics_text import per_engine, read_metrics
+
+    with serve(tmp_path, "-dp", "2", "--api-server-count", "2", "--max-model-len", "2048") as server:
+        body = {"model": MODEL, "prompt": "hold", "max_tokens": 1900, "ignore_eos": True}
+
+        async def one() -> None:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=120.0) as http:  # its own connection
+                await http.post("/v1/completions", json=body)
+
+        with anyio.fail_after(90):
+            async with anyio.create_task_group() as tg:
+                for _ in range(12):  # enough fresh connections that both processes hold some
+                    tg.start_soon(one)
+                while True:
+                    table = (await _server_info_fresh_connection(server.base_url))["api_processes"]
+                    if all(p["inflight"] for p in table) and sum(p["inflight"] for p in table) == 12:
+                        break
+                    await anyio.sleep(0.05)
+                # Both processes hold requests now; the gauge on any process's page is their sum.
+                inflight = per_engine(await read_metrics(server.base_url), "asyncdp:dp_inflight_requests")
+                table = (await _server_info_fresh_connection(server.base_url))["api_processes"]
+                assert sum(inflight.values()) == sum(p["inflight"] for p in table) == 12, (inflight, table)
+                tg.cancel_scope.cancel()
