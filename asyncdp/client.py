@@ -7,13 +7,30 @@ each link is ``EngineReady``. ``serve()`` accepts links until every managed rank
 reports readiness through ``task_status`` and keeps one reader task per link. A second task subscribes to the
 coordinator's ``StatsSnapshot`` stream and feeds the load balancer (:mod:`asyncdp.dp.balance`).
 
+Admission: ``admit(n)`` reserves the slots of one HTTP request's ``n`` sequences at once against
+``--max-queued-requests`` (all or nothing; with a node table the cap is the node's pool, see
+:mod:`asyncdp.node_table`), and ``generate(..., admission=)`` takes one of them; ``generate`` alone admits
+itself. ``num_inflight`` counts requests in flight plus reserved slots.
+
 ``generate()`` asks the balancer for a rank, sends ``AddRequest`` on that rank's link and yields the output
 deltas the reader task posts into the request's collector. Leaving the generator early (client disconnect,
-cancellation) sends ``AbortRequests`` to the owning rank only. Every finished id an engine reports releases the
-balancer's in-flight count, so an idle deployment has zero in-flight everywhere (spec §7.3).
+cancellation) sends ``AbortRequests`` to the owning rank only and waits (bounded, ``ABORT_ACK_TIMEOUT_S``) for
+the engine to confirm. Every finished id an engine reports releases the balancer's in-flight count, so an idle
+deployment has zero in-flight everywhere (spec §7.3). Every other way out releases the slot too: a send the
+encoder refuses (400), a broken link, an engine that never confirms the abort, a rank that dies after the
+generator was closed.
+
+Abandoned requests: after ``begin_shutdown(reason)``, ``abort_all()`` (``--shutdown-timeout 0``, the drain
+deadline, a teardown) fails every in-flight request with ``ShuttingDownError`` naming the cause, and an
+``abort`` the engines report that this client did not ask for fails the same way. Only a caller's own early
+exit, and an abort outside shutdown (``POST /pause?mode=abort``), end as a normal output with reason ``abort``.
 
 When a rank dies (``EngineDead`` or link EOF) it leaves the balancer, its in-flight requests fail with
-``EngineDeadError`` and ``asyncdp:dp_engine_up`` drops to 0; the other ranks keep serving (dense, spec §13).
+``EngineDeadError`` (and are released), ``asyncdp:dp_engine_up`` and its engine gauges drop to 0; the other
+ranks keep serving (dense, spec §13).
+
+The coordinator link is followed for the client's life: a lost link (the coordinator dropped this client for
+missed heartbeats) is connected and subscribed again with capped backoff (state ``reconnecting``).
 MoE: the client stamps each request with its wave and sends ``FirstRequest`` when it believes the group is
 paused (spec §6.5).
 """
@@ -48,6 +65,7 @@ from asyncdp.errors import (
 from asyncdp.node_table import HEARTBEAT_INTERVAL_S, NodeTable, monotonic_ms, node_admits, stuck_siblings
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import Link, connect_with_retry
+from asyncdp.transport import connect as connect_link
 
 log = logging.getLogger(__name__)
 
@@ -603,9 +621,15 @@ class DPClient:
     # ------------------------------------------------------------------ coordinator
 
     async def _follow_coordinator(self, addr: str) -> None:
+        attempts = 0
+
         async def connect() -> Link:
-            return await connect_with_retry(addr, timeout_s=COORDINATOR_CONNECT_TIMEOUT_S,
-                                            what="the DP coordinator")
+            nonlocal attempts
+            attempts += 1
+            if attempts == 1:  # at startup the coordinator may still be binding: retry for a while
+                return await connect_with_retry(addr, timeout_s=COORDINATOR_CONNECT_TIMEOUT_S,
+                                                what="the DP coordinator")
+            return await connect_link(addr)
 
         await self.follow_coordinator(connect)
 
@@ -613,8 +637,9 @@ class DPClient:
         """Follow the coordinator for the client's life: connect, subscribe, and after a lost link (the
         coordinator dropped this client for missed heartbeats while its event loop was blocked, say) connect
         and subscribe again, with capped exponential backoff, until shutdown or until it has been unreachable
-        for ``COORDINATOR_GIVE_UP_S`` (state ``dead`` from then on). ``/server_info`` and the metrics show
-        ``reconnecting`` meanwhile; routing falls back to in-flight counts."""
+        for ``COORDINATOR_GIVE_UP_S``. State (``/server_info``, ``asyncdp:dp_coordinator_up``): ``reconnecting``
+        until an attempt answers, ``dead`` while attempts are refused (its process is gone), ``alive`` again once
+        subscribed. Routing falls back to in-flight counts meanwhile."""
         backoff_s = COORDINATOR_BACKOFF_MIN_S
         unreachable_since: float | None = None
         while not self._shutting_down:
@@ -622,17 +647,17 @@ class DPClient:
                 with anyio.fail_after(COORDINATOR_CONNECT_TIMEOUT_S):
                     link = await connect()
             except (TimeoutError, OSError, anyio.BrokenResourceError) as exc:
+                self.coordinator_state = "dead"
                 now = anyio.current_time()
                 unreachable_since = now if unreachable_since is None else unreachable_since
                 if now - unreachable_since >= COORDINATOR_GIVE_UP_S:
                     log.warning("client %d: cannot reach the DP coordinator (%s); routing on in-flight counts "
                                 "only from now on", self.cfg.client_index, type(exc).__name__)
-                    self.coordinator_state = "dead"
                     return
                 await anyio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, COORDINATOR_BACKOFF_MAX_S)
                 continue
-            if unreachable_since is not None or self.coordinator_state == "reconnecting":
+            if self.coordinator_state in ("reconnecting", "dead"):
                 log.info("client %d: following the DP coordinator again", self.cfg.client_index)
             unreachable_since = None
             backoff_s = COORDINATOR_BACKOFF_MIN_S

@@ -351,3 +351,35 @@ async def test_the_coordinator_is_followed_again_after_it_dropped_the_client(aut
         tg.cancel_scope.cancel()
     for end in coordinator_ends:
         await end.aclose()
+
+
+@pytest.mark.trio
+async def test_a_coordinator_that_refuses_reconnection_is_dead_until_it_answers_again(autojump_clock):
+    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2), tokenizer=None)
+    coordinator_ends: list[MemoryLink] = []
+    refuse = True
+    attempts = 0
+
+    async def connect() -> MemoryLink:
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1 and refuse:
+            raise ConnectionRefusedError("nobody listens")  # the coordinator process is gone
+        ours, theirs = memory_link_pair()
+        coordinator_ends.append(theirs)
+        return ours
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.follow_coordinator, connect)
+        await anyio.sleep(0.1)
+        assert client.coordinator_state == "alive"
+        await coordinator_ends[0].aclose()
+        await anyio.sleep(5)
+        assert client.coordinator_state == "dead"
+        refuse = False
+        await anyio.sleep(15)  # the next attempt, after the capped backoff
+        assert client.coordinator_state == "alive" and len(coordinator_ends) == 2
+        client.begin_shutdown()
+        tg.cancel_scope.cancel()
+    for end in coordinator_ends:
+        await end.aclose()
