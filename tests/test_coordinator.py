@@ -496,6 +496,14 @@ async def test_a_client_the_coordinator_dropped_for_silence_subscribes_again_and
         connects += 1
         return clients.connect()
 
+    try:
+        await _follow_a_silent_client(config, engines, clients, client, connect, lambda: connects)
+    finally:
+        engines.close()
+        clients.close()
+
+
+async def _follow_a_silent_client(config, engines, clients, client, connect, connects) -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(serve_coordinator, config, engines, clients)
         t0 = trio.current_time()
@@ -503,7 +511,7 @@ async def test_a_client_the_coordinator_dropped_for_silence_subscribes_again_and
         await trio.sleep(1.0)
         assert client.coordinator_state == "alive" and client.snapshot_age_s() is not None
         await trio.sleep(5.5)  # dropped after 5 s of silence, then followed again after the backoff
-        assert connects == 2
+        assert connects() == 2
         assert client.coordinator_state == "alive"
         assert client.snapshot_received_at >= t0 + 5.5  # the new subscription's snapshot
         client.begin_shutdown()
