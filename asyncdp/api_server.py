@@ -14,8 +14,12 @@ Shutdown (spec §12.5): ``shutdown`` is set by a signal or by the launcher. New 
 ``shutdown_timeout_s == 0`` every in-flight request is abandoned at once; otherwise they drain until the
 deadline and the rest is abandoned then. An abandoned request fails with a 503 (a stream: an SSE error event)
 that names the cause (a signal, or the launcher's teardown reason); a client's own abort and an operator's
-``POST /pause?mode=abort`` still end requests with ``finish_reason = "abort"``. A watchdog ends the server with exit code 1 when no managed rank can serve, unless
-keep-alive is set (spec §12.1).
+``POST /pause?mode=abort`` still end requests with ``finish_reason = "abort"``. A watchdog ends the server
+with exit code 1 when no managed rank can serve, unless keep-alive is set (spec §12.1).
+
+Several API servers on a node (``--api-server-count > 1``): each child listens on its own ``SO_REUSEPORT``
+socket (:mod:`asyncdp.transport.http_socket`) and shares the launcher's node table (:mod:`asyncdp.node_table`):
+pooled admission, and a heartbeat whose silence turns the siblings' ``/health`` to 503.
 """
 
 from __future__ import annotations
