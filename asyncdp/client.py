@@ -51,6 +51,7 @@ import msgspec
 
 from asyncdp import messages as m
 from asyncdp.api.engine_client import Admission, RankHint
+from asyncdp.coordinator_follower import CoordinatorFollower
 from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import (
     AsyncDPError,
@@ -64,8 +65,7 @@ from asyncdp.errors import (
 )
 from asyncdp.node_table import HEARTBEAT_INTERVAL_S, NodeTable, monotonic_ms, node_admits, stuck_siblings
 from asyncdp.sampling_params import SamplingParams
-from asyncdp.transport import Link, connect_with_retry
-from asyncdp.transport import connect as connect_link
+from asyncdp.transport import Link
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,6 @@ ABORT_SEND_TIMEOUT_S = 2.0
 # engine that never answers must not hold a slot (and the balancer's in-flight count) forever.
 ABORT_ACK_TIMEOUT_S = 5.0
 ENGINE_READY_FRAME_TIMEOUT_S = 30.0
-# Following the coordinator again after its link was lost: each connect is bounded, retries back off.
-COORDINATOR_CONNECT_TIMEOUT_S = 30.0
-COORDINATOR_BACKOFF_MIN_S = 0.5
-COORDINATOR_BACKOFF_MAX_S = 10.0
-COORDINATOR_GIVE_UP_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,11 +183,11 @@ class DPClient:
         self._all_ready = anyio.Event()
         self._shutting_down = False
         self._abandon_reason = "the server is shutting down"
-        self._coordinator: Link | None = None
         self.current_wave = 0
         self.wave_running = False
-        self.snapshot_received_at: float | None = None
-        self.coordinator_state = "none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting"
+        self.coordinator = CoordinatorFollower(
+            cfg.client_index, cfg.heartbeat_interval_s, self._on_snapshot, lambda: self._shutting_down,
+            state="none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting")
         self.processes: list[dict[str, Any]] = []
         if metrics is not None:
             metrics.on_render(self._refresh_render_gauges)
@@ -371,9 +366,10 @@ class DPClient:
                 arrival_time=time.time(),
                 pinned=pinned,
             ))
-            if self.cfg.is_moe and not self.wave_running and self._coordinator is not None:
+            coordinator = self.coordinator.link
+            if self.cfg.is_moe and not self.wave_running and coordinator is not None:
                 self.wave_running = True
-                await self._coordinator.send(m.FirstRequest(exclude_rank=dp_rank, wave=self.current_wave))
+                await coordinator.send(m.FirstRequest(exclude_rank=dp_rank, wave=self.current_wave))
             while True:
                 await req.changed.wait()
                 req.changed = anyio.Event()
@@ -621,84 +617,28 @@ class DPClient:
     # ------------------------------------------------------------------ coordinator
 
     async def _follow_coordinator(self, addr: str) -> None:
-        attempts = 0
-
-        async def connect() -> Link:
-            nonlocal attempts
-            attempts += 1
-            if attempts == 1:  # at startup the coordinator may still be binding: retry for a while
-                return await connect_with_retry(addr, timeout_s=COORDINATOR_CONNECT_TIMEOUT_S,
-                                                what="the DP coordinator")
-            return await connect_link(addr)
-
-        await self.follow_coordinator(connect)
+        await self.coordinator.follow_addr(addr)
 
     async def follow_coordinator(self, connect: Callable[[], Awaitable[Link]]) -> None:
-        """Follow the coordinator for the client's life: connect, subscribe, and after a lost link (the
-        coordinator dropped this client for missed heartbeats while its event loop was blocked, say) connect
-        and subscribe again, with capped exponential backoff, until shutdown or until it has been unreachable
-        for ``COORDINATOR_GIVE_UP_S``. State (``/server_info``, ``asyncdp:dp_coordinator_up``): ``reconnecting``
-        until an attempt answers, ``dead`` while attempts are refused (its process is gone), ``alive`` again once
-        subscribed. Routing falls back to in-flight counts meanwhile."""
-        backoff_s = COORDINATOR_BACKOFF_MIN_S
-        unreachable_since: float | None = None
-        while not self._shutting_down:
-            try:
-                with anyio.fail_after(COORDINATOR_CONNECT_TIMEOUT_S):
-                    link = await connect()
-            except (TimeoutError, OSError, anyio.BrokenResourceError) as exc:
-                self.coordinator_state = "dead"
-                now = anyio.current_time()
-                unreachable_since = now if unreachable_since is None else unreachable_since
-                if now - unreachable_since >= COORDINATOR_GIVE_UP_S:
-                    log.warning("client %d: cannot reach the DP coordinator (%s); routing on in-flight counts "
-                                "only from now on", self.cfg.client_index, type(exc).__name__)
-                    return
-                await anyio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, COORDINATOR_BACKOFF_MAX_S)
-                continue
-            if self.coordinator_state in ("reconnecting", "dead"):
-                log.info("client %d: following the DP coordinator again", self.cfg.client_index)
-            unreachable_since = None
-            backoff_s = COORDINATOR_BACKOFF_MIN_S
-            await self.attach_coordinator(link)
-            if self._shutting_down:
-                return
-            self.coordinator_state = "reconnecting"
-            await anyio.sleep(backoff_s)
+        """See :meth:`CoordinatorFollower.follow` (public for in-memory harnesses)."""
+        await self.coordinator.follow(connect)
 
     async def attach_coordinator(self, link: Link) -> None:
-        """Follow the coordinator over an already-connected link (public for in-memory harnesses): subscribe,
-        heartbeat, feed every ``StatsSnapshot`` to the balancer; returns (link closed) when the coordinator ends."""
-        self._coordinator = link
-        self.coordinator_state = "alive"
-        try:
-            async with link, anyio.create_task_group() as tg:
-                await link.send(m.Subscribe(client_id=self.cfg.client_index))
+        """See :meth:`CoordinatorFollower.attach` (public for in-memory harnesses)."""
+        await self.coordinator.attach(link)
 
-                async def heartbeat() -> None:
-                    for seq in itertools.count(1):
-                        await anyio.sleep(self.cfg.heartbeat_interval_s)
-                        try:
-                            await link.send(m.Heartbeat(sender=f"client-{self.cfg.client_index}", seq=seq))
-                        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                            return  # the coordinator is gone; the reader below sees its EOF
+    @property
+    def coordinator_state(self) -> str:
+        return self.coordinator.state
 
-                tg.start_soon(heartbeat)
-                async for msg in link:
-                    if isinstance(msg, m.StatsSnapshot):
-                        self._on_snapshot(msg)
-                tg.cancel_scope.cancel()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass  # the Subscribe could not be sent: the link is already gone
-        self._coordinator = None
-        self.coordinator_state = "dead"
-        if not self._shutting_down:
-            log.warning("client %d: lost the DP coordinator link; routing on in-flight counts only meanwhile",
-                        self.cfg.client_index)
+    @property
+    def snapshot_received_at(self) -> float | None:
+        return self.coordinator.snapshot_received_at
+
+    def snapshot_age_s(self) -> float | None:
+        return self.coordinator.snapshot_age_s()
 
     def _on_snapshot(self, snap: m.StatsSnapshot) -> None:
-        self.snapshot_received_at = anyio.current_time()
         self.current_wave = snap.wave
         self.wave_running = snap.running
         if snap.counts is not None:
@@ -713,11 +653,6 @@ class DPClient:
         if age is not None:
             self.metrics.set_snapshot_age(age)
         self.metrics.set_coordinator_up(self.coordinator_state == "alive")
-
-    def snapshot_age_s(self) -> float | None:
-        if self.snapshot_received_at is None:
-            return None
-        return anyio.current_time() - self.snapshot_received_at
 
     # ------------------------------------------------------------------ /server_info
 
