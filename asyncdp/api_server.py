@@ -7,13 +7,19 @@ app served by Hypercorn on a socket the launcher bound (spec §10: one port, N p
 the launcher (``--api-server-count 1``) or as a child process (``asyncdp-api-{i}``); both call
 :func:`serve_api`.
 
-Readiness: ``task_status.started()`` fires once every managed rank sent ``EngineReady`` and HTTP is being
-served. ``/health`` is 503 before that (connections queue on the socket meanwhile).
+Readiness: HTTP is served from the start; ``task_status.started()`` fires once every managed rank sent
+``EngineReady``. Before that ``/health`` and every generation request answer 503 at once.
 
 Shutdown (spec §12.5): ``shutdown`` is set by a signal or by the launcher. New requests then get 503. With
-``shutdown_timeout_s == 0`` every in-flight request is aborted (``finish_reason = "abort"``); otherwise they
-drain until the deadline. A watchdog ends the server with exit code 1 when no managed rank can serve, unless
-keep-alive is set (spec §12.1).
+``shutdown_timeout_s == 0`` every in-flight request is abandoned at once; otherwise they drain until the
+deadline and the rest is abandoned then. An abandoned request fails with a 503 (a stream: an SSE error event)
+that names the cause (a signal, or the launcher's teardown reason); a client's own abort and an operator's
+``POST /pause?mode=abort`` still end requests with ``finish_reason = "abort"``. A watchdog ends the server
+with exit code 1 when no managed rank can serve, unless keep-alive is set (spec §12.1).
+
+Several API servers on a node (``--api-server-count > 1``): each child listens on its own ``SO_REUSEPORT``
+socket (:mod:`asyncdp.transport.http_socket`) and shares the launcher's node table (:mod:`asyncdp.node_table`):
+pooled admission, and a heartbeat whose silence turns the siblings' ``/health`` to 503.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import logging
 import signal
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +37,7 @@ import anyio.abc
 import msgspec
 
 from asyncdp.client import ClientConfig, DPClient
+from asyncdp.node_table import NodeTable
 from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import listen
 
@@ -75,22 +83,26 @@ async def serve_api(
     client_listener: anyio.abc.Listener[Any],
     shutdown: anyio.Event,
     *,
+    stop_reason: Callable[[], str | None] | None = None,
+    node_table: NodeTable | None = None,
     task_status: anyio.abc.TaskStatus[DPClient] = anyio.TASK_STATUS_IGNORED,
 ) -> int:
-    """Serve until ``shutdown`` is set; return the exit code (0 orderly, 1 all engines dead)."""
+    """Serve until ``shutdown`` is set; return the exit code (0 orderly, 1 all engines dead).
+
+    ``stop_reason()`` names why the deployment stops when it is not an operator's signal (a teardown): the
+    requests this server abandons fail with that cause."""
     from asyncdp.api.app import create_app
     from asyncdp.api.serve import SSLFiles, serve_http
     from asyncdp.model import load_tokenizer
 
     tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path)
     metrics = make_metrics(cfg)
-    client = DPClient(cfg.client, tokenizer, metrics=metrics)
+    client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
     app = create_app(client, backend=cfg.backend, metrics=metrics)
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
     http_stop = anyio.Event()
     async with anyio.create_task_group() as tg:
-        await tg.start(client.serve, client_listener)
 
         async def http() -> None:
             await serve_http(
@@ -103,13 +115,17 @@ async def serve_api(
             )
             tg.cancel_scope.cancel()  # the client links and the watchdog end with the HTTP server
 
+        tg.start_soon(client.run_node_heartbeat)
+        # HTTP from the start (issue #12): while the ranks load, /health and generation answer 503 at once
+        # (the client is not healthy and refuses admission) instead of leaving connections queued unanswered.
         tg.start_soon(http)
+        await tg.start(client.serve, client_listener)
 
         async def watchdog() -> None:
             nonlocal code
             while True:
                 await anyio.sleep(WATCHDOG_INTERVAL_S)
-                if not client.is_healthy() and not client.shutting_down and not cfg.keep_alive_on_engine_death:
+                if not client.can_serve() and not client.shutting_down and not cfg.keep_alive_on_engine_death:
                     log.error("no data-parallel rank can serve; the API server exits (keep-alive is off)")
                     code = 1
                     shutdown.set()
@@ -119,9 +135,14 @@ async def serve_api(
         task_status.started(client)
         await shutdown.wait()
         # Drain in this order (spec 12.4/12.5): new requests get 503 while HTTP keeps serving; in-flight requests
-        # get --shutdown-timeout to finish, then whatever is left is aborted, and HTTP stops only once their final
-        # chunks (finish_reason "abort") had a moment to reach the clients. Stopping HTTP first would cut them off.
-        client.begin_shutdown()
+        # get --shutdown-timeout to finish, then whatever is left is abandoned: it fails with a 503 / an SSE error
+        # event naming the cause (never a 200 cut short with finish_reason "abort"), and HTTP stops only once
+        # those answers had a moment to reach the clients. Stopping HTTP first would cut them off.
+        cause = stop_reason() if stop_reason is not None else None
+        if code:
+            cause = cause or "no data-parallel rank can serve"
+        what = f"the deployment is being torn down ({cause})" if cause else "the server is shutting down"
+        client.begin_shutdown(what)
         # Hypercorn keeps its own duplicate of the listener until HTTP stops; this process's copy goes now, so
         # that the kernel refuses new connections once the last accepting process stopped, instead of queueing
         # connections that nobody will accept.
@@ -129,7 +150,9 @@ async def serve_api(
         if cfg.shutdown_timeout_s > 0:
             with anyio.move_on_after(cfg.shutdown_timeout_s):
                 await client.wait_idle()
-        await client.abort_all()
+            await client.abort_all(f"{what} and its --shutdown-timeout of {cfg.shutdown_timeout_s:g} s passed")
+        else:
+            await client.abort_all(f"{what} with --shutdown-timeout 0")
         with anyio.move_on_after(FLUSH_S):
             await client.wait_idle()
         http_stop.set()
@@ -140,13 +163,23 @@ async def serve_api(
 async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> int:
     """Main of an API-server child process (role "api")."""
     cfg = msgspec.convert(payload["api"], ApiConfig)
-    http_sock = socket.socket(fileno=payload["http_fd"])
+    if "http_shared_port" in payload:  # its own SO_REUSEPORT listener: the kernel spreads connections
+        from asyncdp.transport.http_socket import listen_shared_port
+
+        host, port = payload["http_shared_port"]
+        http_sock = listen_shared_port(host, port)
+    else:
+        http_sock = socket.socket(fileno=payload["http_fd"])
+    node_table = None
+    if "node_table_fd" in payload:
+        node_table = NodeTable(payload["node_table_fd"], cfg.client.client_count)
     shutdown = anyio.Event()
     code = 0
     listener, client_addr = await bind_client_listener(cfg)
     async with anyio.create_task_group() as tg:
         client: DPClient | None = None
         processes: list[dict[str, Any]] = []
+        reason: list[str] = []  # the launcher's teardown reason, when it sent one
 
         def stop() -> None:
             if client is None:  # still waiting for engines: nothing to drain
@@ -166,6 +199,8 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
                 if client is not None:
                     client.processes = processes
             elif cmd.get("cmd") == "shutdown":
+                if cmd.get("reason"):
+                    reason.append(str(cmd["reason"]))
                 stop()
 
         async def on_control() -> None:
@@ -181,11 +216,14 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
 
         async def run_api(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
             nonlocal code
-            code = await serve_api(cfg, http_sock, listener, shutdown, task_status=task_status)
+            code = await serve_api(cfg, http_sock, listener, shutdown, task_status=task_status,
+                                   stop_reason=lambda: reason[0] if reason else None, node_table=node_table)
             tg.cancel_scope.cancel()
 
         client = await tg.start(run_api)
         client.processes = processes or client.processes
         await control.send({"event": "ready"})
     http_sock.close()
+    if node_table is not None:
+        node_table.close()
     return code

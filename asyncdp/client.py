@@ -7,13 +7,30 @@ each link is ``EngineReady``. ``serve()`` accepts links until every managed rank
 reports readiness through ``task_status`` and keeps one reader task per link. A second task subscribes to the
 coordinator's ``StatsSnapshot`` stream and feeds the load balancer (:mod:`asyncdp.dp.balance`).
 
+Admission: ``admit(n)`` reserves the slots of one HTTP request's ``n`` sequences at once against
+``--max-queued-requests`` (all or nothing; with a node table the cap is the node's pool, see
+:mod:`asyncdp.node_table`), and ``generate(..., admission=)`` takes one of them; ``generate`` alone admits
+itself. ``num_inflight`` counts requests in flight plus reserved slots.
+
 ``generate()`` asks the balancer for a rank, sends ``AddRequest`` on that rank's link and yields the output
 deltas the reader task posts into the request's collector. Leaving the generator early (client disconnect,
-cancellation) sends ``AbortRequests`` to the owning rank only. Every finished id an engine reports releases the
-balancer's in-flight count, so an idle deployment has zero in-flight everywhere (spec §7.3).
+cancellation) sends ``AbortRequests`` to the owning rank only and waits (bounded, ``ABORT_ACK_TIMEOUT_S``) for
+the engine to confirm. Every finished id an engine reports releases the balancer's in-flight count, so an idle
+deployment has zero in-flight everywhere (spec §7.3). Every other way out releases the slot too: a send the
+encoder refuses (400), a broken link, an engine that never confirms the abort, a rank that dies after the
+generator was closed.
+
+Abandoned requests: after ``begin_shutdown(reason)``, ``abort_all()`` (``--shutdown-timeout 0``, the drain
+deadline, a teardown) fails every in-flight request with ``ShuttingDownError`` naming the cause, and an
+``abort`` the engines report that this client did not ask for fails the same way. Only a caller's own early
+exit, and an abort outside shutdown (``POST /pause?mode=abort``), end as a normal output with reason ``abort``.
 
 When a rank dies (``EngineDead`` or link EOF) it leaves the balancer, its in-flight requests fail with
-``EngineDeadError`` and ``asyncdp:dp_engine_up`` drops to 0; the other ranks keep serving (dense, spec §13).
+``EngineDeadError`` (and are released), ``asyncdp:dp_engine_up`` and its engine gauges drop to 0; the other
+ranks keep serving (dense, spec §13).
+
+The coordinator link is followed for the client's life: a lost link (the coordinator dropped this client for
+missed heartbeats) is connected and subscribed again with capped backoff (state ``reconnecting``).
 MoE: the client stamps each request with its wave and sends ``FirstRequest`` when it believes the group is
 paused (spec §6.5).
 """
@@ -24,15 +41,17 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 
 from asyncdp import messages as m
-from asyncdp.api.engine_client import RankHint
+from asyncdp.api.engine_client import Admission, RankHint
+from asyncdp.coordinator_follower import CoordinatorFollower
 from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import (
     AsyncDPError,
@@ -44,12 +63,16 @@ from asyncdp.errors import (
     StartupError,
     UnavailableError,
 )
+from asyncdp.node_table import HEARTBEAT_INTERVAL_S, NodeTable, monotonic_ms, node_admits, stuck_siblings
 from asyncdp.sampling_params import SamplingParams
-from asyncdp.transport import Link, connect_with_retry
+from asyncdp.transport import Link
 
 log = logging.getLogger(__name__)
 
 ABORT_SEND_TIMEOUT_S = 2.0
+# How long a closed request waits for its engine to confirm the abort before its slot is released anyway: an
+# engine that never answers must not hold a slot (and the balancer's in-flight count) forever.
+ABORT_ACK_TIMEOUT_S = 5.0
 ENGINE_READY_FRAME_TIMEOUT_S = 30.0
 
 
@@ -80,6 +103,8 @@ class _Request:
     num_prompt_tokens: int
     pending: deque[m.RequestOutput] = field(default_factory=deque)
     changed: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)  # finished, or failed
+    client_abort: bool = False  # this client asked the engine to abort it (the caller left early)
     error: Exception | None = None
     finished: bool = False
     first_token_at: float | None = None
@@ -101,8 +126,33 @@ class _Request:
         self.changed.set()
 
     def fail(self, error: Exception) -> None:
-        self.error = error
+        if self.error is None:
+            self.error = error
         self.changed.set()
+        self.done.set()
+
+
+class ClientAdmission:
+    """Admission slots reserved by :meth:`DPClient.admit` for one HTTP request (the ``Admission`` protocol)."""
+
+    __slots__ = ("_client", "remaining")
+
+    def __init__(self, client: DPClient, num_sequences: int) -> None:
+        self._client = client
+        self.remaining = num_sequences
+
+    def take(self) -> bool:
+        """Turn one reserved slot into a request's slot; False when none is left."""
+        if self.remaining <= 0:
+            return False
+        self.remaining -= 1
+        self._client._unreserve(1)
+        return True
+
+    def release(self) -> None:
+        n, self.remaining = self.remaining, 0
+        if n:
+            self._client._unreserve(n)
 
 
 @dataclass(slots=True)
@@ -117,24 +167,30 @@ class _Engine:
 class DPClient:
     """Implements :class:`asyncdp.api.engine_client.EngineClient` over engine links."""
 
-    def __init__(self, cfg: ClientConfig, tokenizer: Any, *, metrics: Any = None) -> None:
+    def __init__(self, cfg: ClientConfig, tokenizer: Any, *, metrics: Any = None,
+                 node_table: NodeTable | None = None) -> None:
         self.cfg = cfg
+        self._node = node_table
         self._tokenizer = tokenizer
         self.metrics = metrics
         self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
         self._engines: dict[int, _Engine] = {}
         self._requests: dict[str, _Request] = {}
+        self._reserved = 0  # admission slots reserved by admit() and not yet taken by generate()
         self._idle = anyio.Event()  # replaced while requests are in flight; set when the last one is released
         self._utility_results: dict[int, tuple[anyio.Event, list[m.UtilityResult]]] = {}
         self._call_ids = itertools.count(1)
         self._all_ready = anyio.Event()
         self._shutting_down = False
-        self._coordinator: Link | None = None
+        self._abandon_reason = "the server is shutting down"
         self.current_wave = 0
         self.wave_running = False
-        self.snapshot_received_at: float | None = None
-        self.coordinator_state = "none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting"
+        self.coordinator = CoordinatorFollower(
+            cfg.client_index, cfg.heartbeat_interval_s, self._on_snapshot, lambda: self._shutting_down,
+            state="none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting")
         self.processes: list[dict[str, Any]] = []
+        if metrics is not None:
+            metrics.on_render(self._refresh_render_gauges)
 
     # ------------------------------------------------------------------ EngineClient surface
 
@@ -159,31 +215,112 @@ class DPClient:
         return {rank: (e.alive, e.last_seen) for rank, e in self._engines.items()}
 
     def is_healthy(self) -> bool:
-        return (
-            self._all_ready.is_set()
-            and not self._shutting_down
-            and any(e.alive for e in self._engines.values())
-        )
+        """Ready, not shutting down, some rank alive, and no sibling API process of the node stuck (its event
+        loop blocked: the kernel still hands it connections, so the node is not healthy)."""
+        return self.can_serve() and not self._shutting_down and not self.stuck_siblings()
+
+    def can_serve(self) -> bool:
+        """Every managed rank became ready once and at least one is alive now (what the watchdog checks)."""
+        return self._all_ready.is_set() and any(e.alive for e in self._engines.values())
+
+    def stuck_siblings(self) -> list[int]:
+        """Client indexes of this node's API processes whose heartbeat stopped (none without a node table)."""
+        if self._node is None:
+            return []
+        return stuck_siblings(self._node.slots(), self.cfg.client_index, monotonic_ms())
+
+    def node_processes(self) -> list[dict[str, Any]] | None:
+        """The node table as this process reads it (``/server_info``), or None without one."""
+        if self._node is None:
+            return None
+        now = monotonic_ms()
+        stuck = set(self.stuck_siblings())
+        return [{"client_index": s.client_index, "pid": s.pid or None, "inflight": s.inflight,
+                 "heartbeat_age_s": round((now - s.heartbeat_ms) / 1000, 3) if s.pid else None,
+                 "stuck": s.client_index in stuck} for s in self._node.slots()]
+
+    async def run_node_heartbeat(self) -> None:
+        """Task: claim this process's slot of the node table and keep its heartbeat fresh."""
+        if self._node is None:
+            return
+        import os
+
+        self._node.register(self.cfg.client_index, os.getpid())
+        self._publish_inflight()
+        while True:
+            self._node.beat(self.cfg.client_index)
+            await anyio.sleep(HEARTBEAT_INTERVAL_S)
 
     @property
     def num_inflight(self) -> int:
-        return len(self._requests)
+        """Admission slots in use: requests in flight plus slots reserved by :meth:`admit` and not yet taken."""
+        return len(self._requests) + self._reserved
 
     async def wait_idle(self) -> None:
-        """Return once no request of this client is in flight."""
-        while self._requests:
+        """Return once no request of this client is in flight and no admission slot is reserved."""
+        while self.num_inflight:
             if self._idle.is_set():
                 self._idle = anyio.Event()
             await self._idle.wait()
 
-    def begin_shutdown(self) -> None:
-        """New requests get 503 from now on."""
-        self._shutting_down = True
+    def admit(self, num_sequences: int) -> ClientAdmission:
+        """Reserve ``num_sequences`` slots at once (all or nothing) against ``--max-queued-requests``."""
+        self._check_can_admit()
+        limit = self.cfg.max_queued_requests
+        if limit is not None:
+            if self._node is None:
+                if self.num_inflight + num_sequences > limit:
+                    raise QueueFullError(
+                        f"too many requests in flight ({self.num_inflight} in flight + {num_sequences} requested > "
+                        f"--max-queued-requests {limit}); retry later")
+            else:  # the node's pool: K slots per API process, usable by any of them
+                siblings = self._node.sibling_inflight(self.cfg.client_index)
+                count = self._node.num_processes
+                if not node_admits(self.num_inflight, siblings, num_sequences, limit, count):
+                    raise QueueFullError(
+                        f"too many requests in flight on this node ({self.num_inflight + siblings} in flight + "
+                        f"{num_sequences} requested > --max-queued-requests {limit} x {count} API servers); "
+                        "retry later")
+        self._reserved += num_sequences
+        self._publish_inflight()
+        return ClientAdmission(self, num_sequences)
 
-    async def abort_all(self) -> None:
-        """Abort every in-flight request (``--shutdown-timeout 0``); they finish with reason ``abort``."""
+    def _check_can_admit(self) -> None:
+        if self._shutting_down:
+            raise ShuttingDownError("the server is shutting down")
+        if not self._all_ready.is_set():
+            raise UnavailableError("the server is starting: not every data-parallel rank is ready yet")
+        if not any(e.alive for e in self._engines.values()):
+            raise UnavailableError("no data-parallel rank can serve requests")
+
+    def _unreserve(self, n: int) -> None:
+        self._reserved -= n
+        self._on_slots_changed()
+
+    def _on_slots_changed(self) -> None:
+        self._publish_inflight()
+        if not self.num_inflight:
+            self._idle.set()
+
+    def _publish_inflight(self) -> None:
+        if self._node is not None:
+            self._node.set_inflight(self.cfg.client_index, self.num_inflight)
+
+    def begin_shutdown(self, reason: str = "the server is shutting down") -> None:
+        """New requests get 503 from now on; a request the engines abort from now on (their own drain deadline,
+        a teardown) fails with ``ShuttingDownError(reason)`` instead of ending as a normal ``abort``."""
+        self._shutting_down = True
+        self._abandon_reason = reason
+
+    async def abort_all(self, reason: str | None = None) -> None:
+        """Abandon every in-flight request (``--shutdown-timeout 0``, the drain deadline, a teardown): each
+        fails at once with ``ShuttingDownError`` naming ``reason`` (an error status or SSE error event, never a
+        200 with ``finish_reason="abort"``), and its engine is told to abort it."""
+        reason = reason or self._abandon_reason
         by_rank: dict[int, list[str]] = {}
-        for req in self._requests.values():
+        for req in list(self._requests.values()):
+            if not req.finished:
+                req.fail(ShuttingDownError(f"the request was abandoned: {reason}"))
             by_rank.setdefault(req.dp_rank, []).append(req.request_id)
         for rank, ids in by_rank.items():
             await self._send_abort(rank, ids)
@@ -195,16 +332,15 @@ class DPClient:
         params: SamplingParams,
         *,
         rank_hint: RankHint | None = None,
+        admission: Admission | None = None,
     ) -> AsyncGenerator[m.RequestOutput, None]:
-        if self._shutting_down:
-            raise ShuttingDownError("the server is shutting down")
-        if not any(e.alive for e in self._engines.values()):
-            raise UnavailableError("no data-parallel rank can serve requests")
-        if self.cfg.max_queued_requests is not None and len(self._requests) >= self.cfg.max_queued_requests:
-            raise QueueFullError(
-                f"too many requests in flight ({len(self._requests)} >= --max-queued-requests "
-                f"{self.cfg.max_queued_requests}); retry later"
-            )
+        # The slot: one of the HTTP request's reserved ones, or a fresh one. From the take on, the count stays
+        # right on every path: nothing awaits until the request is registered below, and every path out after
+        # that goes through the finally, which releases it.
+        if not isinstance(admission, ClientAdmission) or not admission.take():
+            self.admit(1).take()
+        else:
+            self._check_can_admit()
         local_index = rank_hint.local_index if rank_hint else None
         global_rank = rank_hint.global_rank if rank_hint else None
         dp_rank = self.lb.select(request_id, prompt_token_ids, local_index, global_rank_hint=global_rank,
@@ -218,22 +354,22 @@ class DPClient:
             self.metrics.inc_lb_decision(dp_rank, "hint" if pinned else "score")
         req = _Request(request_id, dp_rank, time.monotonic(), len(prompt_token_ids))
         self._requests[request_id] = req
+        self._publish_inflight()  # the slot moved from "reserved" to this request: the node sees it again
         self._update_inflight_metric(dp_rank)
         try:
-            await engine.link.send(
-                m.AddRequest(
-                    request_id=request_id,
-                    client_index=self.cfg.client_index,
-                    wave=self.current_wave,
-                    prompt_token_ids=prompt_token_ids,
-                    sampling_params=params,
-                    arrival_time=time.time(),
-                    pinned=pinned,
-                )
-            )
-            if self.cfg.is_moe and not self.wave_running and self._coordinator is not None:
+            await self._send_add(engine, req, m.AddRequest(
+                request_id=request_id,
+                client_index=self.cfg.client_index,
+                wave=self.current_wave,
+                prompt_token_ids=prompt_token_ids,
+                sampling_params=params,
+                arrival_time=time.time(),
+                pinned=pinned,
+            ))
+            coordinator = self.coordinator.link
+            if self.cfg.is_moe and not self.wave_running and coordinator is not None:
                 self.wave_running = True
-                await self._coordinator.send(m.FirstRequest(exclude_rank=dp_rank, wave=self.current_wave))
+                await coordinator.send(m.FirstRequest(exclude_rank=dp_rank, wave=self.current_wave))
             while True:
                 await req.changed.wait()
                 req.changed = anyio.Event()
@@ -246,10 +382,26 @@ class DPClient:
                     raise req.error
         finally:
             if not req.finished:
-                with anyio.CancelScope(shield=True):
-                    await self._send_abort(dp_rank, [request_id])
-                if req.error is not None or not self._engine_alive(dp_rank):
-                    self._release(req)
+                # Left early (caller gone, cancelled) or failed: abort it on its engine and give its slot back
+                # once the engine confirms, or after a deadline - never leave it counted for good (issue #12).
+                if req.error is None and self._engine_alive(dp_rank):
+                    req.client_abort = True
+                    with anyio.CancelScope(shield=True):
+                        await self._send_abort(dp_rank, [request_id])
+                        with anyio.move_on_after(ABORT_ACK_TIMEOUT_S):
+                            await req.done.wait()
+                self._release(req)
+
+    async def _send_add(self, engine: _Engine, req: _Request, msg: m.AddRequest) -> None:
+        """Send ``AddRequest``; a failure fails ``req`` (the engine does not have it: nothing to abort)."""
+        try:
+            await engine.link.send(msg)
+        except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as exc:
+            req.fail(InvalidRequestError(f"the request cannot be encoded for the engine: {exc}"))
+            raise req.error from exc  # type: ignore[misc]
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            req.fail(EngineDeadError(f"engine rank {engine.dp_rank}: its link broke ({type(exc).__name__})"))
+            raise req.error from exc  # type: ignore[misc]
 
     async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` on every live managed engine; the first engine's value, or raise if any failed.
@@ -372,12 +524,16 @@ class DPClient:
             if req is not None:
                 if out.error_type is not None:  # refused by the engine: an error status, not an empty answer
                     req.fail(_rejection(out))
+                elif out.finish_reason == "abort" and self._shutting_down and not req.client_abort:
+                    # Aborted by the server side (a rank's drain deadline, a teardown), not by the caller.
+                    req.fail(ShuttingDownError(f"the request was abandoned: {self._abandon_reason}"))
                 else:
                     req.post(out, now)
         for rid in msg.finished_request_ids:
             req = self._requests.get(rid)
             if req is not None:
                 req.finished = True
+                req.done.set()
                 self._release(req)
                 self._record_finished(req, msg, now)
         if msg.scheduler_stats is not None and self.metrics is not None:
@@ -415,9 +571,9 @@ class DPClient:
         )
 
     def _release(self, req: _Request) -> None:
+        """Give back the request's slot and its balancer count (idempotent)."""
         if self._requests.pop(req.request_id, None) is not None:
-            if not self._requests:
-                self._idle.set()
+            self._on_slots_changed()
             self.lb.on_finish(req.request_id)
             self._update_inflight_metric(req.dp_rank)
 
@@ -442,8 +598,11 @@ class DPClient:
         self.lb.mark_dead(rank)
         if self.metrics is not None:
             self.metrics.set_engine_up(rank, False)
+            self.metrics.clear_engine_state(rank)
         for req in [r for r in self._requests.values() if r.dp_rank == rank]:
             req.fail(EngineDeadError(f"engine rank {rank} died: {reason}"))
+            # Released here, not by the generator: a generator that was already closed will never run again.
+            self._release(req)
 
     async def _send_abort(self, dp_rank: int, ids: list[str]) -> None:
         engine = self._engines.get(dp_rank)
@@ -458,54 +617,42 @@ class DPClient:
     # ------------------------------------------------------------------ coordinator
 
     async def _follow_coordinator(self, addr: str) -> None:
-        try:
-            link = await connect_with_retry(addr, timeout_s=30.0, what="the DP coordinator")
-        except TimeoutError:
-            log.warning("client %d: cannot reach the DP coordinator at %s", self.cfg.client_index, addr)
-            self.coordinator_state = "dead"
-            return
-        await self.attach_coordinator(link)
+        await self.coordinator.follow_addr(addr)
+
+    async def follow_coordinator(self, connect: Callable[[], Awaitable[Link]]) -> None:
+        """See :meth:`CoordinatorFollower.follow` (public for in-memory harnesses)."""
+        await self.coordinator.follow(connect)
 
     async def attach_coordinator(self, link: Link) -> None:
-        """Follow the coordinator over an already-connected link (public for in-memory harnesses): subscribe,
-        heartbeat, feed every ``StatsSnapshot`` to the balancer; returns (link closed) when the coordinator ends."""
-        self._coordinator = link
-        self.coordinator_state = "alive"
-        async with link, anyio.create_task_group() as tg:
-            await link.send(m.Subscribe(client_id=self.cfg.client_index))
+        """See :meth:`CoordinatorFollower.attach` (public for in-memory harnesses)."""
+        await self.coordinator.attach(link)
 
-            async def heartbeat() -> None:
-                for seq in itertools.count(1):
-                    await anyio.sleep(self.cfg.heartbeat_interval_s)
-                    try:
-                        await link.send(m.Heartbeat(sender=f"client-{self.cfg.client_index}", seq=seq))
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        return  # the coordinator is gone; the reader below sees its EOF
+    @property
+    def coordinator_state(self) -> str:
+        return self.coordinator.state
 
-            tg.start_soon(heartbeat)
-            async for msg in link:
-                if isinstance(msg, m.StatsSnapshot):
-                    self._on_snapshot(msg)
-            tg.cancel_scope.cancel()
-        self._coordinator = None
-        self.coordinator_state = "dead"
-        if not self._shutting_down:
-            log.warning("client %d: the DP coordinator is gone; routing on in-flight counts only",
-                        self.cfg.client_index)
+    @property
+    def snapshot_received_at(self) -> float | None:
+        return self.coordinator.snapshot_received_at
+
+    def snapshot_age_s(self) -> float | None:
+        return self.coordinator.snapshot_age_s()
 
     def _on_snapshot(self, snap: m.StatsSnapshot) -> None:
-        self.snapshot_received_at = time.monotonic()
         self.current_wave = snap.wave
         self.wave_running = snap.running
         if snap.counts is not None:
             self.lb.on_snapshot([list(c) for c in snap.counts])
-        if self.metrics is not None:
-            self.metrics.set_snapshot_age(0.0)
 
-    def snapshot_age_s(self) -> float | None:
-        if self.snapshot_received_at is None:
-            return None
-        return time.monotonic() - self.snapshot_received_at
+    def _refresh_render_gauges(self) -> None:
+        """At scrape time: the snapshot's real age (it keeps growing once the coordinator is gone) and whether
+        the coordinator is followed."""
+        if self.coordinator_state == "none":
+            return
+        age = self.snapshot_age_s()
+        if age is not None:
+            self.metrics.set_snapshot_age(age)
+        self.metrics.set_coordinator_up(self.coordinator_state == "alive")
 
     # ------------------------------------------------------------------ /server_info
 

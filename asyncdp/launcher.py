@@ -51,8 +51,10 @@ from asyncdp.engine.rank import RankConfig
 from asyncdp.engine.rank_process import rank_payload
 from asyncdp.errors import AsyncDPError, ProtocolError, StartupError
 from asyncdp.launch_plan import LaunchPlan, bind_http_socket, plan_from_config
+from asyncdp.node_table import NodeTable
 from asyncdp.procs import ChildExited, ChildProcess, spawn_child
 from asyncdp.transport import Link, listen, serve_links
+from asyncdp.transport.http_socket import reserve_shared_port
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ class _Deployment:
     inproc_api_done: anyio.Event = field(default_factory=anyio.Event)
     inproc_api_code: int = 0
     handshake_addr: str = ""
+    node_table: NodeTable | None = None  # with several API servers: their shared admission/heartbeat table
+    node_table_fd: int = -1
 
     @property
     def http_port(self) -> int:
@@ -132,6 +136,14 @@ def run_serve(config: ServeConfig) -> int:
     return run_plan(plan)
 
 
+def _bind_http(plan: LaunchPlan) -> socket.socket:
+    """E11, first act: the HTTP port. One API server listens on the launcher's socket; several each listen on
+    their own ``SO_REUSEPORT`` socket (the kernel spreads connections), the launcher only reserves the port."""
+    if plan.api_server_count == 1:
+        return bind_http_socket(plan.host, plan.port)
+    return reserve_shared_port(plan.host, plan.port)
+
+
 def run_plan(plan: LaunchPlan) -> int:
     """Run a deployment described by ``plan``; return the process exit code."""
     try:
@@ -141,7 +153,7 @@ def run_plan(plan: LaunchPlan) -> int:
     except ImportError:
         pass
     try:
-        http_sock = bind_http_socket(plan.host, plan.port)
+        http_sock = _bind_http(plan)
     except StartupError as exc:
         log.error("%s", exc)
         return 1
@@ -170,6 +182,9 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str) -> int
         await dep.shutdown.wait()
         await _stop_all(dep)
         tg.cancel_scope.cancel()
+    if dep.node_table is not None:
+        dep.node_table.close()
+        os.close(dep.node_table_fd)
     if dep.failure is not None or dep.inproc_api_code:
         return 1
     return 0
@@ -213,7 +228,8 @@ async def _watch_signals(dep: _Deployment) -> None:
 async def _spawn(dep: _Deployment, tg: anyio.abc.TaskGroup, **kwargs: Any) -> ChildProcess:
     env = kwargs.pop("env", None)
     with anyio.CancelScope(shield=True):  # short and bounded: a started child is always recorded, never orphaned
-        child = await spawn_child(backend=dep.plan.backend, env=env, log_level=dep.plan.log_level, **kwargs)
+        child = await spawn_child(backend=dep.plan.backend, env=env, log_level=dep.plan.log_level,
+                                  run_dir=dep.tmpdir, **kwargs)
         dep.children.append(child)
     tg.start_soon(child.read_events)
     tg.start_soon(_watch_child, dep, child)
@@ -222,6 +238,8 @@ async def _spawn(dep: _Deployment, tg: anyio.abc.TaskGroup, **kwargs: Any) -> Ch
 
 async def _watch_child(dep: _Deployment, child: ChildProcess) -> None:
     code = await child.watch_exit()
+    if child.role == "api" and dep.node_table is not None and child.rank is not None:
+        dep.node_table.clear(child.rank)  # its slots and heartbeat no longer count for the siblings
     if dep.shutdown.is_set():
         return
     what = f"{child.describe()} exited with code {code}"
@@ -307,7 +325,8 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
             async with anyio.create_task_group() as inner:
                 async def run(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
                     dep.inproc_api_code = await serve_api(_api_config(dep, 0), dep.http_sock, listener,
-                                                          dep.api_shutdown, task_status=task_status)
+                                                          dep.api_shutdown, task_status=task_status,
+                                                          stop_reason=lambda: dep.failure)
                     dep.inproc_api_done.set()
                     if dep.inproc_api_code:
                         dep.fail("the API server stopped: no data-parallel rank can serve")
@@ -322,12 +341,14 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
 
         tg.start_soon(inproc_api)
     else:
+        dep.node_table, dep.node_table_fd = NodeTable.create(plan.api_server_count)
         for i in range(plan.api_server_count):
             child = await _spawn(dep, tg, name=f"asyncdp-api-{i}", role="api", rank=i, env=env,
                                  log_prefix=f"APIServer_{i}",
                                  payload={"api": msgspec.to_builtins(_api_config(dep, i)),
-                                          "http_fd": dep.http_sock.fileno()},
-                                 pass_fds=(dep.http_sock.fileno(),))
+                                          "http_shared_port": [plan.host, dep.http_port],
+                                          "node_table_fd": dep.node_table_fd},
+                                 pass_fds=(dep.node_table_fd,))
             api_children.append(child)
         for child in api_children:
             with anyio.fail_after(60):
@@ -492,6 +513,14 @@ async def _stop_all(dep: _Deployment) -> None:
                     await ch.control.send({"cmd": "stopping"})
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                     pass
+    if dep.failure is not None:  # a teardown: the API servers name it to the requests they abandon
+        for ch in dep.children:
+            if ch.role == "api" and not ch.exited.is_set():
+                with anyio.move_on_after(1.0):
+                    try:
+                        await ch.control.send({"cmd": "shutdown", "reason": dep.failure})
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        pass
     dep.api_shutdown.set()
     # The launcher never accepts on the HTTP socket; its copy would keep the port open (connections queue and
     # hang) after every API server stopped accepting. Spec §12.5: a refused connection once the listener closes.

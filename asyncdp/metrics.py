@@ -17,7 +17,7 @@ what changed since the stats it last received, so sums over processes stay exact
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -102,6 +102,11 @@ class Metrics:
             "asyncdp:dp_coordinator_snapshot_age_seconds", "Seconds since the last coordinator stats snapshot.",
             "mostrecent", ("model_name",))
         self.dp_engine_up = gauge("asyncdp:dp_engine_up", "1 while the engine can serve, else 0.")
+        self.dp_coordinator_up = gauge(
+            "asyncdp:dp_coordinator_up", "1 while this API server follows the DP coordinator, else 0.",
+            "mostrecent", ("model_name",))
+        # Gauges whose value depends on the time of the scrape (an age) are refreshed by this hook at render.
+        self._before_render: list[Callable[[], None]] = []
 
     def _l(self, engine: int | str) -> dict[str, str]:
         return {"model_name": self.model_name, "engine": str(engine)}
@@ -161,6 +166,12 @@ class Metrics:
     def set_engine_up(self, engine: int | str, up: bool) -> None:
         self._c(self.dp_engine_up, engine).set(1 if up else 0)
 
+    def clear_engine_state(self, engine: int | str) -> None:
+        """A dead rank runs nothing: zero its state and wave gauges, which would otherwise stay frozen at its
+        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept)."""
+        self.set_engine_state(engine, 0, 0, 0.0)
+        self.set_wave(engine, 0, False)
+
     # ------------------------------------------------------------------ DP
     def inc_lb_decision(self, engine: int | str, reason: str) -> None:
         """``reason``: ``score`` (chosen by the policy) or ``hint`` (pinned by a rank hint)."""
@@ -171,6 +182,15 @@ class Metrics:
 
     def set_snapshot_age(self, s: float) -> None:
         self.dp_coordinator_snapshot_age.labels(model_name=self.model_name).set(s)
+
+    def set_coordinator_up(self, up: bool) -> None:
+        self.dp_coordinator_up.labels(model_name=self.model_name).set(1 if up else 0)
+
+    def on_render(self, refresh: Callable[[], None]) -> None:
+        """Run ``refresh`` before every render: it sets gauges that are only true at the time of the scrape
+        (the coordinator snapshot's age). In multiprocess mode the rendering process writes last, so the node's
+        page shows the age this process sees, as its ``/server_info`` does."""
+        self._before_render.append(refresh)
 
     def set_wave(self, engine: int | str, wave: int, running: bool) -> None:
         self._c(self.dp_wave, engine).set(wave)
@@ -185,6 +205,8 @@ class Metrics:
     # ------------------------------------------------------------------ exposition
     def render(self) -> bytes:
         """Prometheus text exposition: this process's metrics, or the whole node's in multiprocess mode."""
+        for refresh in self._before_render:
+            refresh()
         if self.multiproc_dir is None:
             return generate_latest(self._registry)
         registry = CollectorRegistry()

@@ -5,6 +5,8 @@ socket pair: the *control channel*. It carries newline-delimited JSON both ways:
 role and configuration first, then commands (``{"cmd": "shutdown"}``, process-table updates); the child reports
 events (``{"event": "ready", ...}`` with the addresses it bound). EOF on the channel means the parent died, and
 the child exits (spec §12.5 "no orphans"); on Linux the child also asks for SIGTERM on parent death (prctl).
+A child that finds its parent gone when it ends removes the deployment's run directory (the parent removes it
+itself on an orderly stop, but not when it was SIGKILLed).
 
 Children start in their own session, so a terminal's Ctrl-C reaches only the top process, which then stops
 children in order (API servers -> engines -> coordinator).
@@ -184,8 +186,12 @@ async def spawn_child(
     env: dict[str, str] | None = None,
     log_prefix: str | None = None,
     log_level: str = "INFO",
+    run_dir: str | None = None,
 ) -> ChildProcess:
-    """Start ``python -m asyncdp.worker`` for ``role`` and send it its configuration."""
+    """Start ``python -m asyncdp.worker`` for ``role`` and send it its configuration.
+
+    ``run_dir``: the deployment's run directory (sockets, metrics files). A child that outlives its parent
+    (the launcher was SIGKILLed) removes it on its way out, so the directory cannot outlive the deployment."""
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         child_fd = child_sock.fileno()
@@ -207,6 +213,6 @@ async def spawn_child(
     child = ChildProcess(name=name, role=role, rank=rank, process=process, control=control)
     await control.send(
         {"role": role, "name": name, "rank": rank, "parent_pid": os.getpid(), "backend": backend,
-         "log_prefix": log_prefix or name, "log_level": log_level, "payload": payload}
+         "log_prefix": log_prefix or name, "log_level": log_level, "payload": payload, "run_dir": run_dir}
     )
     return child

@@ -51,6 +51,8 @@ def client_server_info(client: DPClient) -> dict[str, Any]:
         "wave": {"current": client.current_wave, "running": client.wave_running} if cfg.is_moe else None,
         "coordinator": coordinator,
         "processes": client.processes,
+        # With several API processes on the node: each one's admission count and heartbeat, as read here.
+        "api_processes": client.node_processes(),
         "parallel_config": {
             "data_parallel_size": cfg.dp_size,
             "_api_process_count": cfg.client_count,

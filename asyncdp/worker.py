@@ -82,6 +82,19 @@ def main(argv: list[str] | None = None) -> int:
         return anyio.run(run, backend=hello.get("backend", "asyncio"))
     except KeyboardInterrupt:
         return 0
+    finally:
+        if os.getppid() != hello["parent_pid"]:
+            remove_orphaned_run_dir(hello.get("run_dir"))
+
+
+def remove_orphaned_run_dir(run_dir: str | None) -> None:
+    """The parent died without cleaning up (SIGKILL): remove its run directory. Every orphaned child tries;
+    whichever ends last removes what the others still held. Only an ``asyncdp-*`` directory is touched."""
+    if not run_dir or not os.path.basename(os.path.normpath(run_dir)).startswith("asyncdp-"):
+        return
+    import shutil
+
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _read_control_hello(fd: int) -> dict[str, Any]:

@@ -471,3 +471,48 @@ async def test_wave_wakeup_on_asyncio():
         tg.cancel_scope.cancel()
     engines.close()
     clients.close()
+
+
+# ---------------------------------------------------------------- a dropped client follows it again (issue #12)
+
+
+@pytest.mark.trio
+async def test_a_client_the_coordinator_dropped_for_silence_subscribes_again_and_gets_snapshots(autojump_clock):
+    """A client whose heartbeats stopped (its event loop was blocked) is dropped by the real coordinator; the
+    DP client connects and subscribes again instead of staying "coordinator dead" for good."""
+    from asyncdp.client import ClientConfig, DPClient
+    from asyncdp.testing.links import MemoryLinkListener
+
+    config = CoordinatorConfig(dp_size=2, wave_mode=False, heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0,
+                               subscribe_timeout_s=None)
+    engines, clients = MemoryLinkListener(name="engines"), MemoryLinkListener(name="clients")
+    # A heartbeat interval past the coordinator's timeout stands in for a blocked event loop.
+    client = DPClient(ClientConfig(client_index=0, client_count=1, managed_ranks=(0, 1), dp_size=2,
+                                   model_name="m", max_model_len=64, heartbeat_interval_s=30.0), tokenizer=None)
+    connects = 0
+
+    async def connect():
+        nonlocal connects
+        connects += 1
+        return clients.connect()
+
+    try:
+        await _follow_a_silent_client(config, engines, clients, client, connect, lambda: connects)
+    finally:
+        engines.close()
+        clients.close()
+
+
+async def _follow_a_silent_client(config, engines, clients, client, connect, connects) -> None:
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_coordinator, config, engines, clients)
+        t0 = trio.current_time()
+        tg.start_soon(client.follow_coordinator, connect)
+        await trio.sleep(1.0)
+        assert client.coordinator_state == "alive" and client.snapshot_age_s() is not None
+        await trio.sleep(5.5)  # dropped after 5 s of silence, then followed again after the backoff
+        assert connects() == 2
+        assert client.coordinator_state == "alive"
+        assert client.snapshot_received_at >= t0 + 5.5  # the new subscription's snapshot
+        client.begin_shutdown()
+        tg.cancel_scope.cancel()

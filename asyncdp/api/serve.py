@@ -16,6 +16,7 @@ a cancellation is re-raised after the drain.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -117,6 +118,7 @@ async def serve_http(
             stop.set()
 
     restore = _quiet_cancelled_connection_callbacks() if backend == "asyncio" else None
+    unflood = rate_limit_send_warnings() if backend == "asyncio" else None
     try:
         async with anyio.create_task_group() as outer:
             await outer.start(watch)
@@ -131,6 +133,8 @@ async def serve_http(
     finally:
         if restore is not None:
             restore()
+        if unflood is not None:
+            unflood()
 
 
 def _quiet_cancelled_connection_callbacks() -> Callable[[], None]:
@@ -152,3 +156,49 @@ def _quiet_cancelled_connection_callbacks() -> Callable[[], None]:
 
     loop.set_exception_handler(handler)
     return lambda: loop.set_exception_handler(previous)
+
+
+SEND_WARNING = "socket.send() raised exception."
+SEND_WARNING_EVERY_S = 10.0
+
+
+class SendWarningLimiter(logging.Filter):
+    """Let asyncio's ``socket.send() raised exception.`` through once per ``every_s``, with a count of those
+    held back since.
+
+    asyncio logs that line for every write to a transport whose peer already reset the connection, once more
+    than five writes went there. When many streams are cancelled at once (a load generator stopping), Hypercorn
+    still hands each closed connection the chunks its response had in hand, one write each, before the handler
+    sees the disconnect: hundreds of identical lines that say nothing about the server. ``now`` is injectable
+    for tests."""
+
+    def __init__(self, every_s: float = SEND_WARNING_EVERY_S, now: Callable[[], float] | None = None) -> None:
+        super().__init__("asyncdp-send-warnings")
+        import time
+
+        self.every_s = every_s
+        self._now = now or time.monotonic
+        self._next_s = -math.inf
+        self.suppressed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != SEND_WARNING:
+            return True
+        now = self._now()
+        if now < self._next_s:
+            self.suppressed += 1
+            return False
+        self._next_s = now + self.every_s
+        if self.suppressed:
+            record.msg = f"{SEND_WARNING} ({self.suppressed} more like it in the last {self.every_s:g} s: " \
+                         "writes to connections their clients had reset)"
+            self.suppressed = 0
+        return True
+
+
+def rate_limit_send_warnings() -> Callable[[], None]:
+    """Install :class:`SendWarningLimiter` on the ``asyncio`` logger; returns the function that removes it."""
+    logger = logging.getLogger("asyncio")
+    limiter = SendWarningLimiter()
+    logger.addFilter(limiter)
+    return lambda: logger.removeFilter(limiter)

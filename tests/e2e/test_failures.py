@@ -81,3 +81,46 @@ async def test_killed_coordinator_is_dead_in_server_info_and_both_ranks_keep_ser
                     assert r.choices[0].finish_reason in ("length", "stop")
         after = await successes(server.base_url)
         assert all(after.get(e, 0.0) > before.get(e, 0.0) for e in ("0", "1")), (before, after)
+
+
+async def _pinned_long_request(http: httpx.AsyncClient, out: list[httpx.Response]) -> None:
+    try:
+        out.append(await http.post("/v1/completions", headers={"X-data-parallel-rank": "0"},
+                                   json={"model": MODEL, "prompt": "cut short", "max_tokens": 1900,
+                                         "ignore_eos": True}))
+    except httpx.TransportError:
+        pass  # the server went away first: the assertion below reports it
+
+
+@pytest.mark.parametrize("victim", ["engine", "api_server"])
+async def test_a_request_cut_off_by_a_teardown_is_a_503_naming_the_cause(tmp_path: Path, victim: str) -> None:
+    """Issue #12: a request the deployment abandons while tearing itself down (--dp-fail-fast after a rank
+    died, or a sibling API server died) is an error status naming the cause, never a 200 cut short with
+    finish_reason "abort"."""
+    with serve(tmp_path, "-dp", "2", "--api-server-count", "2", "--dp-fail-fast", "--max-model-len", "2048") as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as http:
+            info = (await http.get("/server_info")).json()  # this connection's API process serves the request
+            me = info["api_process_rank"]
+            if victim == "engine":
+                pid = next(p["pid"] for p in info["processes"] if p["role"] == "engine" and p["rank"] == 1)
+            else:
+                pid = next(p["pid"] for p in info["processes"]
+                           if p["role"] == "api_server" and p["client_index"] != me)
+            out: list[httpx.Response] = []
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_pinned_long_request, http, out)
+                    # Polled over another connection, maybe another process: the node table's counts.
+                    while not out and not any(p["inflight"] for p in  # noqa: ASYNC110
+                                              (await http.get("/server_info")).json()["api_processes"]):
+                        await anyio.sleep(0.05)
+                    assert not out, out[0].text
+                    server.remember_tree()
+                    os.kill(pid, signal.SIGKILL)
+        code = await anyio.to_thread.run_sync(server.process.wait, 15)
+        assert code == 1
+        assert out, f"no answer before the server went away\n{server.log()[-3000:]}"
+        assert out[0].status_code == 503, out[0].text
+        message = out[0].json()["error"]["message"]
+        assert "torn down" in message and "exited with code -9" in message, message
+        assert not await anyio.to_thread.run_sync(server.wait_gone, 2.0)

@@ -233,9 +233,10 @@ async def test_soak_thousands_of_requests_over_hours_of_virtual_time(autojump_cl
 @pytest.mark.trio
 async def test_leaving_the_cluster_with_requests_in_flight_tears_down_cleanly(autojump_clock):
     params = SamplingParams(max_tokens=1000, ignore_eos=True)
-    async with sim_cluster(2, 2) as cluster:
-        with trio.move_on_after(0.3):  # cancels the requests mid-stream: their generators abort them
-            await cluster.complete_all([SimRequest(i % 2, [5, i + 1], params) for i in range(10)])
+    async with sim_cluster(2, 2) as cluster, trio.open_nursery() as nursery:
+        nursery.start_soon(cluster.complete_all, [SimRequest(i % 2, [5, i + 1], params) for i in range(10)])
+        await trio.sleep(0.3)
         assert sum(cluster.finished_counts()) < 10  # nothing ran to max_tokens; ranks still hold work
+        nursery.cancel_scope.cancel()  # cancels the requests mid-stream: their generators abort them
     # Leaving the context with work on the ranks raised nothing and left no stream open (warnings are errors).
     assert not any(c.is_healthy() for c in cluster.clients)

@@ -1,0 +1,128 @@
+"""An API server's side of the DP coordinator link: subscribe, heartbeat, hand every snapshot on, reconnect.
+
+Theory of operation
+-------------------
+:class:`CoordinatorFollower` is owned by the DP client (:class:`asyncdp.client.DPClient`). ``attach(link)``
+sends ``Subscribe{client_id}``, heartbeats every ``heartbeat_interval_s`` and passes each ``StatsSnapshot`` to
+the client's callback until the link ends. ``follow(connect)`` wraps that for the client's life: after a lost
+link (the coordinator dropped this client for missed heartbeats while its event loop was blocked, say) it
+connects and subscribes again, with capped exponential backoff, until the client shuts down or the coordinator
+has been unreachable for ``GIVE_UP_S``.
+
+State (``/server_info`` ``coordinator.state``, ``asyncdp:dp_coordinator_up``): ``none`` (no coordinator in
+this mode), ``starting``, ``alive`` while subscribed, ``reconnecting`` after a lost link until an attempt
+answers, ``dead`` while attempts are refused (its process is gone) or after giving up. The client routes on its
+own in-flight counts whenever it is not ``alive``. Time is ``anyio.current_time()`` (virtual in tests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from asyncdp import messages as m
+from asyncdp.transport import Link, connect_with_retry
+from asyncdp.transport import connect as connect_link
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 30.0  # each connection attempt; the first also retries for that long (startup)
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 10.0
+GIVE_UP_S = 600.0
+
+_LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+
+
+class CoordinatorFollower:
+    def __init__(self, client_index: int, heartbeat_interval_s: float,
+                 on_snapshot: Callable[[m.StatsSnapshot], None], shutting_down: Callable[[], bool], *,
+                 state: str = "starting") -> None:
+        self.client_index = client_index
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._on_snapshot = on_snapshot
+        self._shutting_down = shutting_down
+        self.state = state
+        self.link: Link | None = None  # while subscribed
+        self.snapshot_received_at: float | None = None
+
+    def snapshot_age_s(self) -> float | None:
+        if self.snapshot_received_at is None:
+            return None
+        return anyio.current_time() - self.snapshot_received_at
+
+    async def follow_addr(self, addr: str) -> None:
+        """:meth:`follow` the coordinator listening at ``addr``."""
+        attempts = 0
+
+        async def connect() -> Link:
+            nonlocal attempts
+            attempts += 1
+            if attempts == 1:  # at startup the coordinator may still be binding: retry for a while
+                return await connect_with_retry(addr, timeout_s=CONNECT_TIMEOUT_S, what="the DP coordinator")
+            return await connect_link(addr)
+
+        await self.follow(connect)
+
+    async def follow(self, connect: Callable[[], Awaitable[Link]]) -> None:
+        """Attach over ``connect()``'s link, and again after every lost link, until shutdown or give-up."""
+        backoff_s = BACKOFF_MIN_S
+        unreachable_since: float | None = None
+        while not self._shutting_down():
+            try:
+                with anyio.fail_after(CONNECT_TIMEOUT_S):
+                    link = await connect()
+            except (TimeoutError, OSError, anyio.BrokenResourceError) as exc:
+                self.state = "dead"
+                now = anyio.current_time()
+                unreachable_since = now if unreachable_since is None else unreachable_since
+                if now - unreachable_since >= GIVE_UP_S:
+                    log.warning("client %d: cannot reach the DP coordinator (%s); routing on in-flight counts "
+                                "only from now on", self.client_index, type(exc).__name__)
+                    return
+                await anyio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
+                continue
+            if self.state in ("reconnecting", "dead"):
+                log.info("client %d: following the DP coordinator again", self.client_index)
+            unreachable_since = None
+            backoff_s = BACKOFF_MIN_S
+            await self.attach(link)
+            if self._shutting_down():
+                return
+            self.state = "reconnecting"
+            await anyio.sleep(backoff_s)
+
+    async def attach(self, link: Link) -> None:
+        """Follow the coordinator over an already-connected link: subscribe, heartbeat, hand on every
+        ``StatsSnapshot``; returns (link closed) when the coordinator ends or drops this client."""
+        self.link = link
+        self.state = "alive"
+        try:
+            async with link, anyio.create_task_group() as tg:
+                await link.send(m.Subscribe(client_id=self.client_index))
+
+                async def heartbeat() -> None:
+                    for seq in itertools.count(1):
+                        await anyio.sleep(self.heartbeat_interval_s)
+                        try:
+                            await link.send(m.Heartbeat(sender=f"client-{self.client_index}", seq=seq))
+                        except _LINK_ERRORS:
+                            return  # the coordinator is gone; the reader below sees its EOF
+
+                tg.start_soon(heartbeat)
+                async for msg in link:
+                    if isinstance(msg, m.StatsSnapshot):
+                        self.snapshot_received_at = anyio.current_time()
+                        self._on_snapshot(msg)
+                tg.cancel_scope.cancel()
+        except _LINK_ERRORS:
+            pass  # the Subscribe could not be sent: the link is already gone
+        self.link = None
+        self.state = "dead"
+        if not self._shutting_down():
+            log.warning("client %d: lost the DP coordinator link; routing on in-flight counts only meanwhile",
+                        self.client_index)

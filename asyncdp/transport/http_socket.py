@@ -1,0 +1,46 @@
+"""The node's HTTP port shared by several API processes through ``SO_REUSEPORT`` (spec §10: one port, N processes).
+
+With one shared listening socket, whichever process wakes first accepts a whole burst (asyncio accepts up to
+its backlog per wake-up), so one API server gets every connection. Instead, each API process binds its own
+listener on the same address with ``SO_REUSEPORT`` and the kernel spreads new connections across them.
+
+The launcher binds first, with ``SO_REUSEPORT`` but without listening (:func:`reserve_shared_port`): a busy port
+fails before any child starts (E11), port 0 resolves to a real port, and no connection is ever queued on a
+socket nobody accepts on. The API children then bind and listen (:func:`listen_shared_port`). The kernel only
+lets processes of the same user share a port this way.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from asyncdp.errors import StartupError
+
+
+def _bind(host: str | None, port: int) -> socket.socket:
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host or "0.0.0.0", port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def reserve_shared_port(host: str | None, port: int) -> socket.socket:
+    """The launcher's socket: bound with ``SO_REUSEPORT``, not listening. Keep it open for the deployment."""
+    return _bind(host, port)
+
+
+def listen_shared_port(host: str | None, port: int, backlog: int = 4096) -> socket.socket:
+    """One API process's own listener on the shared port."""
+    sock = _bind(host, port)
+    try:
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
+    return sock
