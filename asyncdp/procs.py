@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import orjson
+import sniffio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 log = logging.getLogger(__name__)
@@ -213,6 +214,11 @@ async def spawn_child(
     child = ChildProcess(name=name, role=role, rank=rank, process=process, control=control)
     await control.send(
         {"role": role, "name": name, "rank": rank, "parent_pid": os.getpid(), "backend": backend,
+         # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits. asyncio forks from the event-loop
+         # thread, which lives as long as the parent; trio forks from a worker thread of its cache, which exits
+         # when idle and would SIGTERM a healthy child seconds after it started. There the control channel's EOF
+         # is the parent-death signal alone.
+         "parent_death_signal": sniffio.current_async_library() != "trio",
          "log_prefix": log_prefix or name, "log_level": log_level, "payload": payload, "run_dir": run_dir}
     )
     return child

@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     hello = _read_control_hello(args.control_fd)
-    _arm_parent_death_signal(hello["parent_pid"])
+    if hello.get("parent_death_signal", True):
+        _arm_parent_death_signal(hello["parent_pid"])
     setup_logging(prefix=hello.get("log_prefix") or args.name, level=hello.get("log_level", "INFO"))
     role_main = _roles()[hello["role"]]
 
