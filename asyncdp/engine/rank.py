@@ -322,6 +322,13 @@ class EngineRank:
         msg = item.msg
         if item.kind == "wake":
             return
+        if item.kind == "client_gone":
+            ids = [rid for rid, ci in self.state.owners.items() if ci == item.client_index]
+            if ids:
+                log.info("rank %d: aborting %d request(s) of client %d, whose link closed", self.cfg.dp_rank,
+                         len(ids), item.client_index)
+                self.core.abort_requests(ids)
+            return
         if isinstance(msg, m.AddRequest):
             await self._add_request(msg)
         elif isinstance(msg, m.AbortRequests):

@@ -18,6 +18,7 @@ reach the clients before an orderly exit. ``announce_death`` writes ``EngineDead
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,7 +40,7 @@ _LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 class Inbox:
     """An item the readers post to the busy loop."""
 
-    kind: str  # "client" | "coordinator" | "wake"
+    kind: str  # "client" | "client_gone" | "coordinator" | "wake"
     msg: Any = None
     client_index: int = -1
 
@@ -81,6 +82,9 @@ class RankLinks:
         async for msg in link:
             await inbox.send(Inbox("client", msg, client_index))
         log.info("rank %d: client %d closed its link", self.dp_rank, client_index)
+        # Nobody can receive that client's outputs any more: its requests are aborted, not run to the end.
+        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await inbox.send(Inbox("client_gone", None, client_index))
 
     async def _read_coordinator(self, link: Link, inbox: anyio.abc.ObjectSendStream[Inbox],
                                 owner: LinkOwner) -> None:

@@ -173,3 +173,16 @@ async def test_steps_run_on_the_execution_thread(anyio_backend):
         for link in [*client.links.values(), *client.engine_ends.values(), client.coord, client.coord_end]:
             await link.aclose()
     assert sum(len(o.new_token_ids) for o in outputs) == 4 and rank.state.steps == 4
+
+
+@pytest.mark.trio
+async def test_requests_of_a_client_whose_link_closed_are_aborted_not_run_to_the_end(autojump_clock):
+    async with open_rank() as (rank, client, _, _, _):
+        with trio.fail_after(30):
+            await client.add(0, "orphan", max_tokens=10_000)
+            await trio.sleep(0.05)
+            assert rank.core.has_unfinished()
+            await client.links[0].aclose()  # the API server went away
+            await trio.sleep(0.5)
+            assert not rank.core.has_unfinished()
+            assert "orphan" not in rank.state.owners
