@@ -98,10 +98,11 @@ class GrammarMatchers:
     def _tokenizer(self) -> Any:
         if self._ll_tokenizer is None:
             llg = _llguidance()
-            backend = getattr(self._hf_tokenizer, "backend_tokenizer", None)
-            if backend is None:
-                raise InvalidSamplingParams("structured outputs need a Hugging Face fast tokenizer; this engine "
-                                            "has none.", field="structured")
+            # A Hugging Face fast tokenizer's Rust backend, or a ``tokenizers.Tokenizer`` itself.
+            backend = getattr(self._hf_tokenizer, "backend_tokenizer", self._hf_tokenizer)
+            if not hasattr(backend, "to_str"):
+                raise InvalidSamplingParams("structured outputs need a fast (Rust) tokenizer; this engine's "
+                                            "tokenizer is not one.", field="structured")
             backend = copy.copy(backend)
             backend.no_padding()
             backend.no_truncation()
