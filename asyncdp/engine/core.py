@@ -139,8 +139,8 @@ class EngineCore:
 
     def _add_grammar(self, request_id: str, structured: StructuredOutputs) -> None:
         if not getattr(self.executor, "applies_token_masks", False) or self.tokenizer is None:
-            raise InvalidRequestError("structured outputs need the torch executor and a tokenizer; this engine "
-                                      "has neither.", field="structured")
+            raise InvalidRequestError("structured outputs need an executor that applies token masks (the torch "
+                                      "executor, not --executor sim) and a tokenizer.", field="structured")
         if self._grammars is None:
             from asyncdp.engine.structured import GrammarMatchers
 
