@@ -5,7 +5,8 @@ chunks first, so all decodes form one contiguous batched attention call), builds
 attention metadata with a handful of tensor constructions, runs one forward, computes logits only for the rows
 that sample (plus, for a request with ``prompt_logprobs``, every row of its chunk that predicts a prompt token:
 row j of a chunk predicts token ``start_pos + j + 1``), and samples. Structured-output rows arrive with the
-core's allowed-token bitmask (``ModelBatch.token_masks``), copied to the device once per step. Penalties get each row's prompt and output
+core's allowed-token bitmask (``ModelBatch.token_masks``), unpacked on the host and copied to the device once
+per step. Penalties get each row's prompt and output
 ids from the chunk (references to the request's lists). ``StepResult.forward_time_s`` covers forward + logits +
 sampling (+ prompt logprobs); everything else in a step (input building here, scheduling above) is per-step
 overhead.
@@ -246,8 +247,9 @@ class TorchExecutor:
             token_mask = None
             if batch.token_masks is not None:
                 row_of = {i: row for row, i in enumerate(sample_rows)}
+                allowed = batch.token_masks.allowed(logits.shape[1])
                 token_mask = ([row_of[i] for i in batch.token_masks.chunk_indices],
-                              torch.from_numpy(batch.token_masks.bitmask).to(self.device, non_blocking=True))
+                              torch.from_numpy(allowed).to(self.device))
             tokens, row_logprobs = self.sampler(
                 logits, params, counts,
                 prompt_token_ids=[chunks[i].prompt_token_ids for i in sample_rows] if penalised else None,

@@ -1,7 +1,7 @@
 """Batched sampling of one token per row of ``logits [B, V]`` (fp32).
 
 Order per row (vLLM semantics): the structured-output mask (tokens the row's grammar forbids get -inf; one
-bitmask tensor for the constrained rows, so logprobs are those of the constrained distribution, as in vLLM) ->
+bool tensor for the constrained rows, so logprobs are those of the constrained distribution, as in vLLM) ->
 raw log-probabilities for logprobs (log_softmax of the unprocessed logits) ->
 ``logit_bias`` added -> min_tokens mask (EOS and ``stop_token_ids`` get -inf while ``num_output_tokens <
 min_tokens``; EOS is masked even with ``ignore_eos``, which is harmless since it would not stop the request) ->
@@ -116,18 +116,14 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], rows
     logits.index_copy_(0, index, sub)
 
 
-def apply_token_bitmask(logits: torch.Tensor, rows: Sequence[int], bitmask: torch.Tensor) -> None:
-    """Set to -inf, in place, the logits of ``rows`` whose bit in ``bitmask`` (int32 ``[len(rows), ceil(V/32)]``,
-    bit t % 32 of word t // 32 for token t) is 0."""
-    vocab = logits.shape[1]
-    device = logits.device
-    shifts = torch.arange(32, dtype=torch.int32, device=device)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1).bool()
-    if allowed.shape[1] < vocab:  # tokens beyond the grammar's vocabulary are never allowed
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
-    index = torch.tensor(list(rows), dtype=torch.int64, device=device)
-    sub = logits.index_select(0, index).masked_fill_(~allowed[:, :vocab], float("-inf"))
-    logits.index_copy_(0, index, sub)
+def apply_allowed_tokens(logits: torch.Tensor, rows: Sequence[int], allowed: torch.Tensor) -> torch.Tensor:
+    """A copy of ``logits`` whose ``rows`` have -inf at every token not allowed (``allowed``: bool
+    ``[len(rows), V]``, one row per entry of ``rows``)."""
+    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    if len(rows) == logits.shape[0] and list(rows) == list(range(len(rows))):
+        return torch.where(allowed, logits, neg_inf)  # every row constrained: one pass, no gather
+    index = torch.tensor(list(rows), dtype=torch.int64, device=logits.device)
+    return logits.index_copy(0, index, torch.where(allowed, logits.index_select(0, index), neg_inf))
 
 
 class Sampler:
@@ -145,8 +141,8 @@ class Sampler:
         """Sample one token per row. Returns the tokens and, when any row asked for logprobs, per-row logprobs.
 
         ``prompt_token_ids`` / ``output_token_ids`` (per row) are read only by rows with a penalty; a row whose
-        ids are not given is penalised as if it had none. ``token_mask`` is (rows, bitmask): the allowed tokens
-        of the structured-output rows (see ``apply_token_bitmask``).
+        ids are not given is penalised as if it had none. ``token_mask`` is (rows, allowed): the allowed tokens
+        of the structured-output rows (see ``apply_allowed_tokens``).
         """
         want_logprobs = any(p.logprobs is not None for p in params)
         min_tokens_rows = [i for i, (p, n) in enumerate(zip(params, num_output_tokens, strict=True))
@@ -159,8 +155,7 @@ class Sampler:
             return logits.argmax(dim=-1).tolist(), None
 
         if token_mask is not None:
-            logits = logits.clone()
-            apply_token_bitmask(logits, token_mask[0], token_mask[1])
+            logits = apply_allowed_tokens(logits, token_mask[0], token_mask[1])  # a copy
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         if (bias_rows or min_tokens_rows or penalty_rows) and token_mask is None:
             logits = logits.clone()

@@ -31,9 +31,9 @@ class MaskingExecutor(ScriptedExecutor):
             self.masks.append(None)
             return result
         allowed_sets = []
+        unpacked = masks.allowed(self.vocab_size)
         for row, i in enumerate(masks.chunk_indices):
-            words = masks.bitmask[row].tolist()
-            allowed = {t for t in range(self.vocab_size) if (words[t // 32] >> (t % 32)) & 1}
+            allowed = {t for t in range(self.vocab_size) if unpacked[row, t]}
             allowed_sets.append(allowed)
             if result.sampled[i] not in allowed:
                 result.sampled[i] = min(allowed)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
 from asyncdp import LLM, SamplingParams
-from asyncdp.engine.sampler import Sampler, apply_token_bitmask
+from asyncdp.engine.executor import TokenMasks
+from asyncdp.engine.sampler import Sampler, apply_allowed_tokens
 from asyncdp.sampling_params import StructuredOutputs
 
 pytest.importorskip("llguidance", reason="structured outputs need llguidance (pip install llguidance)")
@@ -38,28 +40,40 @@ def follows_schema(value: object) -> bool:
             and isinstance(ok, bool))
 
 
-def bitmask_of(allowed: list[set[int]], vocab: int) -> torch.Tensor:
-    words = torch.zeros(len(allowed), (vocab + 31) // 32, dtype=torch.int64)
+def bitmask_of(allowed: list[set[int]], vocab: int) -> np.ndarray:
+    """The library's layout: int32 words, bit t % 32 of word t // 32 set when token t is allowed."""
+    words = np.zeros((len(allowed), (vocab + 31) // 32), dtype=np.uint32)
     for r, tokens in enumerate(allowed):
         for t in tokens:
-            words[r, t // 32] |= 1 << (t % 32)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # as the library writes them
+            words[r, t // 32] |= np.uint32(1 << (t % 32))
+    return words.view(np.int32)
 
 
-def test_bitmask_restricts_only_its_rows_and_argmax_picks_an_allowed_token() -> None:
+def test_token_masks_unpack_bit_t_of_the_bitmask_as_token_t() -> None:
+    vocab = 70
+    allowed = [{0, 31, 32, 63, 69}, set()]
+    unpacked = TokenMasks(chunk_indices=[0, 1], bitmask=bitmask_of(allowed, vocab)).allowed(vocab)
+    assert unpacked.shape == (2, vocab) and unpacked.dtype == bool
+    assert [set(np.nonzero(row)[0].tolist()) for row in unpacked] == allowed
+    assert not TokenMasks(chunk_indices=[0], bitmask=bitmask_of([{1}], 32)).allowed(40)[0, 32:].any()
+
+
+def test_allowed_tokens_restrict_only_their_rows_and_argmax_picks_an_allowed_token() -> None:
     vocab = 70
     logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0))
     allowed = [{3, 31, 63}, {69}]
-    masked = logits.clone()
-    apply_token_bitmask(masked, [0, 2], bitmask_of(allowed, vocab))
-    assert torch.equal(masked[1], logits[1])
+    mask = torch.from_numpy(TokenMasks(chunk_indices=[0, 2], bitmask=bitmask_of(allowed, vocab)).allowed(vocab))
+    before = logits.clone()
+    masked = apply_allowed_tokens(logits, [0, 2], mask)
+    assert torch.equal(logits, before) and torch.equal(masked[1], logits[1])
+    every_row = apply_allowed_tokens(logits[[0, 2]], [0, 1], mask)
+    assert torch.equal(every_row, masked[[0, 2]])
     for row, tokens in zip([0, 2], allowed, strict=True):
         finite = set(torch.nonzero(masked[row].isfinite()).flatten().tolist())
         assert finite == tokens
     greedy = SamplingParams(temperature=0.0)
     sampled = SamplingParams(temperature=1.0, seed=3)
-    tokens, _ = Sampler({0})(logits, [greedy, greedy, sampled], [0, 0, 0],
-                             token_mask=([0, 2], bitmask_of(allowed, vocab)))
+    tokens, _ = Sampler({0})(logits, [greedy, greedy, sampled], [0, 0, 0], token_mask=([0, 2], mask))
     assert tokens[0] in allowed[0] and tokens[1] == int(logits[1].argmax()) and tokens[2] == 69
 
 
