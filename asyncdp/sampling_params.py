@@ -2,7 +2,9 @@
 
 ``SamplingParams`` travels inside ``AddRequest`` on the wire, so it is a frozen msgspec struct. ``validate()``
 raises :class:`~asyncdp.errors.InvalidSamplingParams` naming the field and its allowed range; the API layer and
-the offline ``LLM`` both call it before a request reaches an engine.
+the offline ``LLM`` both call it before a request reaches an engine. ``structured`` (``StructuredOutputs``) is
+checked by compiling its grammar with llguidance (tokenizer-free, cached by text), so an uncompilable schema or
+regex is refused there too, naming ``structured.<field>``.
 """
 
 from __future__ import annotations
