@@ -166,3 +166,16 @@ def test_json_schema_request_on_the_real_model_returns_valid_json(smollm2_llm: L
     assert set(value) == {"name", "age"} and isinstance(value["name"], str) and type(value["age"]) is int
     assert out.finish_reason == "stop"
     assert value == {"name": "Alice", "age": 30}  # and sensible: the model reads the question
+
+
+@needs_smollm2
+def test_natural_text_is_likely_under_the_converted_model(smollm2_llm: LLM) -> None:
+    """Catches a wrong q/k row layout: with the GGUF's permuted rows left as they are, "Paris" still comes out,
+    but this paragraph's mean negative log-likelihood rises from about 2.3 to about 3.8 nats per token."""
+    text = ("The French Revolution was a period of political and societal change in France that began with the "
+            "Estates General of 1789 and ended with the coup of 18 Brumaire in November 1799 and the formation of "
+            "the French Consulate. Many of its ideas are considered fundamental principles of liberal democracy.")
+    out = smollm2_llm.generate([text], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0))[0]
+    entries = [e for e in out.prompt_logprobs if e is not None]
+    mean_nll = -sum(e.logprob for e in entries) / len(entries)
+    assert len(entries) > 50 and mean_nll < 3.0, mean_nll
