@@ -2,11 +2,14 @@
 
 ``SamplingParams`` travels inside ``AddRequest`` on the wire, so it is a frozen msgspec struct. ``validate()``
 raises :class:`~asyncdp.errors.InvalidSamplingParams` naming the field and its allowed range; the API layer and
-the offline ``LLM`` both call it before a request reaches an engine.
+the offline ``LLM`` both call it before a request reaches an engine. ``structured`` (``StructuredOutputs``) is
+checked by compiling its grammar with llguidance (tokenizer-free, cached by text), so an uncompilable schema or
+regex is refused there too, naming ``structured.<field>``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import msgspec
@@ -22,6 +25,53 @@ MAX_INT32 = 2**31 - 1
 # OpenAI's ranges: penalties in [-2, 2], logit_bias values in [-100, 100].
 MAX_PENALTY = 2.0
 MAX_LOGIT_BIAS = 100.0
+
+
+class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Constrain the output to a grammar (vLLM's ``StructuredOutputsParams``): set exactly one field.
+
+    ``json_schema`` is a JSON schema as a JSON string (``response_format`` ``json_schema``, ``guided_json``);
+    ``json_object`` any JSON object (``response_format`` ``json_object``); ``regex`` a regular expression (Rust
+    ``regex`` syntax); ``choice`` one of these strings exactly; ``grammar`` a Lark grammar (or llama.cpp GBNF).
+    The engine masks every other token out, and the request finishes with ``stop`` once the grammar is complete.
+    """
+
+    json_schema: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] = ()
+    grammar: str | None = None
+
+    def kind(self) -> tuple[str, str]:
+        """(field name, its text) of the one field set; InvalidSamplingParams when none or several are."""
+        given = [(name, value) for name, value in (
+            ("json_schema", self.json_schema), ("json_object", '{"type": "object"}' if self.json_object else None),
+            ("regex", self.regex), ("choice", json.dumps(list(self.choice)) if self.choice else None),
+            ("grammar", self.grammar)) if value is not None]
+        if len(given) != 1:
+            raise InvalidSamplingParams(
+                "structured outputs take exactly one of json_schema, json_object, regex, choice, grammar; got "
+                f"{[name for name, _ in given] or 'none'}.", field="structured")
+        return given[0]
+
+    def validate(self) -> None:
+        """Check that exactly one field is set and that the grammar library compiles it (cached by text)."""
+        # lazy: the grammar library is an optional extra
+        from asyncdp.engine.structured import check_grammar, refuse_grammar
+
+        name, text = self.kind()
+        if name == "json_schema":
+            try:
+                schema = json.loads(text)
+            except ValueError as exc:
+                raise InvalidSamplingParams(f"structured.json_schema is not valid JSON ({exc}).",
+                                            field="structured.json_schema") from exc
+            if not isinstance(schema, dict | bool):
+                raise InvalidSamplingParams("structured.json_schema must be a JSON object (a JSON schema).",
+                                            field="structured.json_schema")
+        error = check_grammar(name, text)
+        if error:
+            raise refuse_grammar(name, error)
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -48,6 +98,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     repetition_penalty: float = 1.0
     # (token_id, bias) pairs added to the logits before sampling, sorted by token id, ids unique.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # A grammar the output must follow (JSON schema, regex, choice, Lark); None: unconstrained.
+    structured: StructuredOutputs | None = None
 
     @property
     def greedy(self) -> bool:
@@ -96,6 +148,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
             raise bad("logit_bias", f"biases in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
                       [b for _, b in self.logit_bias])
+        if self.structured is not None:
+            self.structured.validate()
         return self
 
     @property

