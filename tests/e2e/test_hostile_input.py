@@ -34,6 +34,7 @@ from tests.e2e.metrics_text import per_engine
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 MAX_QUEUED = 8
+API_COUNT = 2
 REQUEST_TIMEOUT_S = 10.0
 FAMILY_DEADLINE_S = 25.0
 BIG_INTS = (10**30, 2**63, 2**64, -(2**63) - 1)
@@ -48,7 +49,7 @@ BAD_REQUEST = frozenset({400})
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with serve(tmp_path_factory.mktemp("hostile"), "-dp", "2", "--api-server-count", "2",
+    with serve(tmp_path_factory.mktemp("hostile"), "-dp", "2", "--api-server-count", str(API_COUNT),
                "--max-queued-requests", str(MAX_QUEUED)) as server:
         yield server
 
@@ -165,8 +166,8 @@ async def settle_problems(server: Server) -> list[str]:
     while True:
         problems = []
         views = await api_views(server)
-        if len(views) != 2:
-            problems.append(f"reached API processes {sorted(views)} of 2")
+        if len(views) != API_COUNT:
+            problems.append(f"reached API processes {sorted(views)} of {API_COUNT}")
         for rank, info in sorted(views.items()):
             if info["coordinator"]["state"] != "alive":
                 problems.append(f"API process {rank} sees the coordinator {info['coordinator']}")
@@ -180,8 +181,8 @@ async def settle_problems(server: Server) -> list[str]:
                 except httpx.HTTPError as exc:
                     problems.append(f"GET /metrics failed: {exc!r}")
                     continue
-                gauge = per_engine(text, "asyncdp:dp_inflight_requests")
-                if not gauge or sum(gauge.values()):
+                gauge = per_engine(text, "asyncdp:dp_inflight_requests")  # no series yet: nothing admitted
+                if sum(gauge.values()):
                     problems.append(f"asyncdp:dp_inflight_requests = {gauge}")
         if not problems or time.monotonic() > deadline:
             return problems
@@ -423,12 +424,14 @@ async def test_streamed_requests_with_bad_values_are_400s_before_the_stream(host
 
 
 async def test_n_above_the_free_slots_is_refused_and_releases_every_slot(hostile: Server) -> None:
-    """``n`` above ``--max-queued-requests`` is refused whole; the slots it took are released, so ``n`` equal to
-    the cap then succeeds on every API process (4 fresh connections each), twice."""
+    """``n`` above every slot of the node (``--max-queued-requests`` per API process, pooled or not) is refused
+    whole; the slots it took are released, so ``n`` equal to one process's cap then succeeds on every API process
+    (4 fresh connections each time), twice."""
+    too_many = MAX_QUEUED * API_COUNT + 1
     cases = []
     for _ in range(2):
-        cases += [Case(f"n={MAX_QUEUED + 1}", path, encode({**BASE[path], "n": MAX_QUEUED + 1}),
-                       frozenset({400, 429})) for path in (COMPLETIONS, CHAT)]
+        cases += [Case(f"n={too_many}", path, encode({**BASE[path], "n": too_many}), frozenset({400, 429}))
+                  for path in (COMPLETIONS, CHAT)]
         cases += [Case(f"n={MAX_QUEUED} after a refusal", COMPLETIONS,
                        encode({**BASE[COMPLETIONS], "n": MAX_QUEUED}), frozenset({200})) for _ in range(4)]
     await run_family(hostile, cases)
