@@ -4,7 +4,8 @@ The ``schemathesis run`` CLI runs in a subprocess against the server's own docum
 (boundary values of every field, valid and invalid) and fuzzing phases, positive and negative data, a bounded
 number of examples per operation, one worker, a fixed seed and a time budget. The checks are the ones that
 hold for any OpenAI-compatible server whatever it generates: no 5xx, every status and content type documented,
-and every response matching its documented schema (errors have OpenAI's shape). The control routes
+every response matching its documented schema (errors have OpenAI's shape), and every schema-invalid request
+refused (nothing is accepted and ignored). The control routes
 (``/pause``, ``/resume``, tagged ``control``) are left out: pausing would stall the rest of the run. Afterwards
 the deployment still serves, nothing is left in flight and every API process is attached to the coordinator;
 the fixture's teardown asserts a clean exit and no traceback in the log.
@@ -31,8 +32,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 MAX_EXAMPLES = 25  # per operation and phase
 MAX_TIME_S = 45
 MAX_MODEL_LEN = 64
+# positive_data_acceptance is left out: rules across fields (prompt plus max_tokens within max_model_len, token ids
+# in the vocabulary, best_of >= n) are stated in descriptions, not schemas, so schema-valid data may be a 400.
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
-          "response_schema_conformance")
+          "response_schema_conformance", "negative_data_rejection")
 
 
 def schemathesis_cli() -> list[str]:
@@ -76,7 +79,6 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_response(
         proc = await anyio.run_process(cmd, check=False, env=env, stderr=subprocess.STDOUT)
     out = proc.stdout.decode(errors="replace")
     assert proc.returncode == 0, f"schemathesis exited {proc.returncode}:\n{out[-12000:]}"
-    assert "No issues found" in out or "passed" in out, out[-4000:]
 
     with anyio.fail_after(30):
         async with server.openai() as client:
