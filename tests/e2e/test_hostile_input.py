@@ -423,6 +423,28 @@ async def test_streamed_requests_with_bad_values_are_400s_before_the_stream(host
     await run_family(hostile, cases)
 
 
+async def test_guidellms_stream_gets_usage_in_every_chunk(hostile: Server) -> None:
+    """guidellm streams with ``stream_options: {"include_usage": true, "continuous_usage_stats": true}`` (vLLM's
+    extension), ``stop: null`` and ``ignore_eos``: a 200 stream whose every chunk carries the usage so far."""
+    problems = []
+    async with httpx.AsyncClient(base_url=hostile.base_url, timeout=REQUEST_TIMEOUT_S) as http:
+        for path, length in ((COMPLETIONS, {"max_tokens": 4}), (CHAT, {"max_completion_tokens": 4})):
+            base = {k: v for k, v in BASE[path].items() if k != "max_tokens"}
+            body = {**base, **length, "stream": True, "stop": None, "ignore_eos": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+            r = await http.post(path, content=encode(body), headers={"content-type": "application/json"})
+            if r.status_code != 200:
+                problems.append(f"{path}: {r.status_code} {r.text[:300]}")
+                continue
+            events = [orjson.loads(line[5:]) for line in r.text.split("\n")
+                      if line.startswith("data:") and line != "data: [DONE]"]
+            without = [e for e in events if not isinstance(e.get("usage"), dict)]
+            if not events or without:
+                problems.append(f"{path}: {len(without)} of {len(events)} chunks without usage: {without[:2]}")
+    problems += await settle_problems(hostile)
+    assert not problems, "\n".join(problems)
+
+
 async def test_n_above_the_free_slots_is_refused_and_releases_every_slot(hostile: Server) -> None:
     """``n`` above every slot of the node (``--max-queued-requests`` per API process, pooled or not) is refused
     whole; the slots it took are released, so ``n`` equal to one process's cap then succeeds on every API process
