@@ -23,7 +23,7 @@ read the server's answer), so a failure names the parameter the server refused. 
 a table; writes ``bench/results/user_tools.json`` and keeps the tools' outputs and logs in
 ``bench/results/user_tools/``. Every run is bounded (request counts, and a timeout per run).
 
-    python bench/user_tools.py                       # all runs, about 5 min on 2 cores
+    python bench/user_tools.py                       # all runs, 5-8 min on 2 cores
     python bench/user_tools.py --only lm-eval        # runs whose name starts with "lm-eval"
 """
 
