@@ -148,8 +148,11 @@ async def check(http: httpx.AsyncClient, case: Case) -> str | None:
 async def api_views(server: Server) -> dict[int, dict[str, Any]]:
     """``/server_info`` of every API process (by ``api_process_rank``), from fresh connections (bounded)."""
     views: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + 15.0  # a stuck process costs a 5 s timeout per connection that lands on it
     async with httpx.AsyncClient(base_url=server.base_url, timeout=5.0) as http:
         for _ in range(40):
+            if time.monotonic() > deadline:
+                break
             try:
                 info = (await http.get("/server_info", headers={"Connection": "close"})).json()
             except httpx.HTTPError:
