@@ -7,6 +7,10 @@ OpenAI JSON or Server-Sent Events (``generate``, ``openai_format``). Every error
 in which the producers of generation requests run (see ``fanout``); on shutdown it is cancelled, which aborts
 whatever is still generating. ``set_draining()`` makes every new request a 503 while in-flight ones finish.
 
+Bodies larger than ``max_request_body_bytes`` are cut while they arrive (Quart's ``MAX_CONTENT_LENGTH``, which
+counts a chunked body's bytes too) and answered 413 in OpenAI's error shape. CPU-heavy preparation runs through
+``state.offload`` (worker threads, one bounded limiter per app).
+
 The same handlers run under asyncio (``Quart``) and trio (``QuartTrio``); only the app class differs.
 """
 
@@ -24,6 +28,8 @@ from werkzeug.exceptions import HTTPException
 
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import HTTPError, error_body, status_and_body
+from asyncdp.api.offload import Offload
+from asyncdp.config import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 from asyncdp.errors import ShuttingDownError, UnavailableError
 from asyncdp.metrics import CONTENT_TYPE, Metrics
 
@@ -39,6 +45,9 @@ class AppState:
     metrics: Metrics
     api_key: str | None
     served_model_names: tuple[str, ...]
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
+    max_request_body_bytes: int = 0
+    offload: Offload = field(default_factory=Offload)
     task_group: TaskGroup | None = None
     draining: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
@@ -81,8 +90,13 @@ def create_app(
     api_key: str | None = None,
     metrics: Metrics | None = None,
     served_model_names: list[str] | None = None,
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST,
+    max_request_body_bytes: int | None = None,
 ) -> Quart:
-    """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``)."""
+    """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
+
+    ``max_seqs_per_request`` bounds prompts x max(n, best_of) of one request (``--max-seqs-per-request``);
+    ``max_request_body_bytes`` the body (``--max-request-body-bytes``; None: derived from ``max_model_len``)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -94,12 +108,16 @@ def create_app(
     app = app_class("asyncdp.api")
     # Streams last as long as generation does; the engine client and the drain deadline bound them instead.
     app.config["RESPONSE_TIMEOUT"] = None
-    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    if max_request_body_bytes is None:
+        max_request_body_bytes = default_max_request_body_bytes(client.max_model_len)
+    app.config["MAX_CONTENT_LENGTH"] = max_request_body_bytes
     state = AppState(
         client=client,
         metrics=metrics if metrics is not None else Metrics(model_name=client.model_name),
         api_key=api_key,
         served_model_names=tuple(served_model_names or [client.model_name]),
+        max_seqs_per_request=max_seqs_per_request,
+        max_request_body_bytes=max_request_body_bytes,
     )
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]
@@ -128,7 +146,11 @@ def create_app(
     async def _error(exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
             status = exc.code or 500
-            return json_response(error_body(status, exc.description or exc.name), status)
+            message = exc.description or exc.name
+            if status == 413:
+                message = (f"The request body is larger than this server accepts ({state.max_request_body_bytes} "
+                           f"bytes, --max-request-body-bytes).")
+            return json_response(error_body(status, message), status)
         status, body = status_and_body(exc)
         return json_response(body, status)
 
@@ -175,7 +197,9 @@ def create_app(
         paused = all(result) and len(result) > 0 if isinstance(result, list) else bool(result)
         return json_response({"is_paused": paused})
 
-    from asyncdp.api.generate import register_generation_routes
+    from asyncdp.api import chat, completions, utility_routes
 
-    register_generation_routes(app, state)
+    completions.register(app, state)
+    chat.register(app, state)
+    utility_routes.register(app, state)
     return app
