@@ -62,7 +62,8 @@ class FakeEngineClient:
         self.healthy = True
         self.shutting_down = False
         self.queue_full = False
-        self.fail_after_tokens: int | None = None  # raise EngineDeadError after this many tokens
+        self.fail_after_tokens: int | None = None  # raise after this many tokens: EngineDeadError, or:
+        self.fail_after_tokens_with: Exception | None = None  # e.g. ShuttingDownError (server abandons it)
         self.fail_with: Exception | None = None  # raised before the first yield (e.g. to provoke a 500)
         # What happened, for assertions.
         self.submitted: list[tuple[str, list[int], SamplingParams, RankHint | None]] = []
@@ -258,7 +259,7 @@ class FakeEngineClient:
         try:
             for k in range(limit):
                 if self.fail_after_tokens is not None and k >= self.fail_after_tokens:
-                    raise EngineDeadError(f"engine {engine} died")
+                    raise self.fail_after_tokens_with or EngineDeadError(f"engine {engine} died")
                 await anyio.sleep(self.token_delay_s)
                 token = self._token_at(prompt, params.seed, k)
                 piece = chr(token)
