@@ -150,7 +150,10 @@ def create_app(
             if status == 413:
                 message = (f"The request body is larger than this server accepts ({state.max_request_body_bytes} "
                            f"bytes, --max-request-body-bytes).")
-            return json_response(error_body(status, message), status)
+            response = json_response(error_body(status, message), status)
+            if status == 405 and "Allow" in dict(exc.get_headers()):
+                response.headers["Allow"] = dict(exc.get_headers())["Allow"]
+            return response
         status, body = status_and_body(exc)
         return json_response(body, status)
 
@@ -158,7 +161,7 @@ def create_app(
     async def health() -> Response:
         if state.draining or not client.is_healthy():
             return json_response(error_body(503, "No engine can serve requests."), 503)
-        return Response(b"", status=200)
+        return Response(b"", status=200, content_type="text/plain")
 
     @app.get("/metrics")
     async def metrics_route() -> Response:

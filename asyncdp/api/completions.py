@@ -78,6 +78,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     prompt_ids = [p if isinstance(p, list) else tok.encode(p, add_special_tokens=add_special) for p in raw]
     vocab = len(tok)
     for ids in prompt_ids:
+        if not ids:
+            raise HTTPError(400, "prompt must contain at least one token.", param="prompt")
         if any(not 0 <= t < vocab for t in ids):
             raise HTTPError(400, f"prompt token ids must be in [0, {vocab}) for this model's vocabulary.",
                             param="prompt")

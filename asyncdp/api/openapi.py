@@ -25,7 +25,7 @@ from asyncdp.api.schemas import (
     TokenizeChat,
     TokenizeCompletion,
 )
-from asyncdp.sampling_params import MAX_INT32
+from asyncdp.sampling_params import MAX_INT32, MAX_LOGIT_BIAS
 
 _REF = "#/components/schemas/{name}"
 
@@ -38,9 +38,9 @@ _ERROR = {
 }
 
 _TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": MAX_INT32}}
-_PROMPT = {"anyOf": [
-    {"type": "string"},
-    {"type": "array", "minItems": 1, "items": {"type": "string"}},
+_PROMPT: dict[str, Any] = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
     _TOKEN_IDS,
     {"type": "array", "minItems": 1, "items": _TOKEN_IDS},
 ], "description": "A string, a list of strings, token ids, or a list of token-id lists. Token ids must be in "
@@ -61,9 +61,26 @@ _ROUTES: dict[tuple[str, str], tuple[str, tuple[type[msgspec.Struct], ...], tupl
                             ("application/json",)),
     ("post", "/detokenize"): ("Turn token ids into text", (DetokenizeRequest,), ("application/json",)),
 }
+_CONTENT_TYPES = {"/health": ("text/plain",), "/ping": ("text/plain",), "/metrics": ("text/plain",)}
 _ERRORS = {"400": "Invalid request", "401": "Missing or wrong API key", "404": "Unknown model or route",
            "413": "Body larger than --max-request-body-bytes", "429": "Admission limit reached",
            "503": "No engine can serve, or the server is shutting down"}
+
+
+def decimal_upto(n: int) -> str:
+    """A regex matching the decimal numbers 0..n written without leading zeros."""
+    digits, width = str(n), len(str(n))
+    alternatives = [f"[0-{min(n, 9)}]"]
+    if width > 2:
+        alternatives.append(f"[1-9][0-9]{{1,{width - 2}}}")
+    if width > 1:
+        for i, digit in enumerate(digits):
+            low, high = (1 if i == 0 else 0), int(digit) - 1
+            if high >= low:
+                rest = width - i - 1
+                alternatives.append(f"{digits[:i]}[{low}-{high}]" + (f"[0-9]{{{rest}}}" if rest else ""))
+        alternatives.append(digits)
+    return "^(" + "|".join(alternatives) + ")$"
 
 
 def _components(state: AppState) -> dict[str, Any]:
@@ -73,13 +90,23 @@ def _components(state: AppState) -> dict[str, Any]:
     local = {"type": ["integer", "null"], "minimum": 0, "maximum": max(len(ranks) - 1, 0)}
     global_ = {"anyOf": [{"type": "null"}, {"enum": sorted(r["dp_rank"] for r in ranks)}]} if ranks else {
         "type": "null"}
+    last_id = len(state.client.tokenizer) - 1
+    token_ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": last_id}}
+    prompt = {**_PROMPT, "anyOf": [*_PROMPT["anyOf"][:2], token_ids,
+                                   {"type": "array", "minItems": 1, "items": token_ids}]}
     for name, schema in components.items():
         props = schema.get("properties", {})
+        if "logit_bias" in props:
+            props["logit_bias"] = {"anyOf": [{"type": "null"}, {
+                "type": "object", "propertyNames": {"pattern": decimal_upto(last_id)},
+                "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS}}]}
+        if name == "DetokenizeRequest":
+            props["tokens"] = {"type": "array", "items": token_ids["items"]}
         for field, allowed in REFUSED.items():
             if field in props:
                 props[field] = {"enum": [None, *allowed], "description": "Not supported: only these values."}
         if "prompt" in props and name == "CompletionRequest":
-            props["prompt"] = _PROMPT
+            props["prompt"] = prompt
         if "content" in props:
             props["content"] = _CONTENT
         if "data_parallel_rank" in props:
@@ -101,7 +128,7 @@ def _operation(summary: str, bodies: tuple[type[msgspec.Struct], ...], content_t
     if bodies:
         refs = [{"$ref": _REF.format(name=b.__name__)} for b in bodies]
         op["requestBody"] = {"required": True, "content": {"application/json": {
-            "schema": refs[0] if len(refs) == 1 else {"oneOf": refs}}}}
+            "schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}}}
     return op
 
 
@@ -115,7 +142,8 @@ def openapi_document(app: Any) -> dict[str, Any]:
         path = rule.rule.replace("<path:model_id>", "{model_id}")
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             key = (method.lower(), path)
-            summary, bodies, types = _ROUTES.get(key, (f"{method} {path}", (), ("application/json",)))
+            default = (f"{method} {path}", (), _CONTENT_TYPES.get(path, ("application/json",)))
+            summary, bodies, types = _ROUTES.get(key, default)
             op = _operation(summary, bodies, types)
             if "{model_id}" in path:
                 op["parameters"] = [{"name": "model_id", "in": "path", "required": True,

@@ -84,7 +84,7 @@ def refuse_unsupported(req: _Common) -> None:
 
 def prompts(req: CompletionRequest) -> list[str | list[int]]:
     """The completion prompts: one string, a list of strings, token ids, or a list of token-id lists."""
-    p = req.prompt
+    p = _integral_ids(req.prompt)
     if isinstance(p, str):
         return [p]
     if isinstance(p, list) and p:
@@ -97,6 +97,17 @@ def prompts(req: CompletionRequest) -> list[str | list[int]]:
             return [list(x) for x in p]
     raise _bad("prompt", "prompt must be a string, a list of strings, a list of token ids, "
                          "or a list of token-id lists (non-empty).")
+
+
+def _integral_ids(p: Any) -> Any:
+    """Token ids written as integral floats (``2.0``) are the integers they are, as JSON Schema reads them.
+    Two levels at most: a prompt is a list of ids or a list of id lists."""
+    def one(x: Any) -> Any:
+        return int(x) if isinstance(x, float) and x.is_integer() else x
+
+    if isinstance(p, list):
+        return [[one(t) for t in x] if isinstance(x, list) else one(x) for x in p]
+    return p
 
 
 def chat_messages(req: ChatRequest | Any) -> list[dict[str, str]]:

@@ -24,7 +24,7 @@ Penalty = Annotated[float, Meta(ge=-MAX_PENALTY, le=MAX_PENALTY)]
 NumSeqs = Annotated[int, Meta(ge=1, le=MAX_N)]
 NumLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 StopString = Annotated[str, Meta(min_length=1)]
-TokenIdKey = Annotated[str, Meta(pattern="^[0-9]{1,10}$")]
+TokenIdKey = Annotated[str, Meta(pattern="^(0|[1-9][0-9]{0,9})$")]  # no leading zeros: one spelling per id
 Bias = Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 Json = dict[str, Any]
@@ -163,13 +163,30 @@ def decode_body(data: bytes | str, kind: type[msgspec.Struct]) -> Any:
     if not data.strip():
         raise HTTPError(400, "The request body is empty; expected a JSON object.")
     try:
-        return msgspec.json.decode(data, type=kind)
+        try:
+            return msgspec.json.decode(data, type=kind)
+        except msgspec.ValidationError as exc:
+            if "got `float`" not in str(exc):
+                raise
+            # JSON (and JSON Schema) has one number type: 2.0 is the integer 2. The strict decoder refuses it,
+            # so retry, rarely, with integral floats turned into ints.
+            return msgspec.convert(_integral(msgspec.json.decode(data)), kind, strict=True)
     except msgspec.ValidationError as exc:
         raise HTTPError(400, f"Invalid request body: {exc}", param=_field_of(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise HTTPError(400, f"The request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise HTTPError(400, "The request body is nested too deeply.") from None
+
+
+def _integral(obj: Any) -> Any:
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    if isinstance(obj, list):
+        return [_integral(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _integral(v) for k, v in obj.items()}
+    return obj
 
 
 def _field_of(message: str) -> str | None:

@@ -81,7 +81,7 @@ def register(app: Quart, state: AppState) -> None:
     async def ping() -> Response:
         if state.draining or not state.client.is_healthy():
             return json_response(error_body(503, "No engine can serve requests."), 503)
-        return Response(b"", status=200)
+        return Response(b"", status=200, content_type="text/plain")
 
     @app.get("/openapi.json")
     async def openapi() -> Response:

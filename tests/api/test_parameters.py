@@ -18,7 +18,7 @@ async def test_penalties_and_logit_bias_reach_the_sampling_params() -> None:
     async with running() as srv:
         r = await srv.http.post("/v1/completions", json={
             "prompt": "a", "max_tokens": 1, "presence_penalty": 0.5, "frequency_penalty": -1.5,
-            "repetition_penalty": 1.2, "logit_bias": {"66": 5, "010": -100, "65": 100}})
+            "repetition_penalty": 1.2, "logit_bias": {"66": 5, "10": -100, "65": 100}})
         c = await srv.http.post("/v1/chat/completions", json={
             "messages": CHAT, "max_tokens": 1, "presence_penalty": 2, "logit_bias": {"1": 1.5}})
     assert r.status_code == 200 and c.status_code == 200
@@ -230,3 +230,18 @@ async def test_null_means_the_default_for_every_nullable_field() -> None:
     assert chat.status_code == 200, chat.text
     params = srv.fake.submitted[0][2]
     assert (params.n, params.temperature, params.max_tokens, params.logprobs) == (1, 1.0, 16, None)
+
+
+async def test_integral_floats_are_the_integers_json_schema_says_they_are() -> None:
+    async with running() as srv:
+        ok = await srv.http.post("/v1/completions", content=b'{"prompt": [65.0, 66], "n": 2.0, "max_tokens": 1.0}')
+        fractional = await srv.http.post("/v1/completions", content=b'{"prompt": "a", "n": 1.5}')
+    assert ok.status_code == 200, ok.text
+    assert len(ok.json()["choices"]) == 2 and srv.fake.submitted[0][1] == [65, 66]
+    assert fractional.status_code == 400 and fractional.json()["error"]["param"] == "n"
+
+
+async def test_wrong_method_is_405_with_allow_header() -> None:
+    async with running() as srv:
+        r = await srv.http.request("TRACE", "/v1/completions")
+    assert r.status_code == 405 and "POST" in r.headers["allow"]

@@ -28,9 +28,8 @@ async def test_streamed_text_with_line_separators_parses_line_by_line(path: str)
     body = ({"prompt": text, "echo": True} if path == "/v1/completions" else
             {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": text}], "echo": True,
              "continue_final_message": True})
-    async with running() as srv:
-        async with srv.http.stream("POST", path, json={**body, "max_tokens": 3, "stream": True}) as r:
-            lines = [line async for line in r.aiter_lines()]
+    async with running() as srv, srv.http.stream("POST", path, json={**body, "max_tokens": 3, "stream": True}) as r:
+        lines = [line async for line in r.aiter_lines()]
     events = [line[len("data: "):] for line in lines if line.startswith("data: ")]
     assert [line for line in lines if line and not line.startswith("data: ")] == []
     assert events[-1] == "[DONE]"
