@@ -115,8 +115,27 @@ def _components(state: AppState) -> dict[str, Any]:
         if "model" in props:
             props["model"] = {"anyOf": [{"type": "null"}, {"enum": list(state.served_model_names)}]}
     components["CompletionRequest"]["required"] = ["prompt"]
+    for name in ("CompletionRequest", "ChatRequest"):
+        rules = [_when({"stream_options": {"type": "object"}}, {"stream": {"const": True}}),
+                 _when({"best_of": {"type": "integer"}, "stream": {"const": True}}, {"best_of": {"type": "null"}})]
+        if name == "CompletionRequest":
+            rules.append(_when({"max_tokens": {"const": 0}}, {"echo": {"const": True}}))
+        else:
+            rules.append(_when({"top_logprobs": {"type": "integer"}}, {"logprobs": {"const": True}}))
+            rules.append(_when({"continue_final_message": {"const": True}},
+                               {"add_generation_prompt": {"enum": [False, None]}}, required=False))
+        components[name]["allOf"] = rules
     components["ErrorResponse"] = _ERROR
     return components
+
+
+def _when(condition: dict[str, Any], then: dict[str, Any], *, required: bool = True) -> dict[str, Any]:
+    """JSON Schema ``if``/``then``: when the properties match ``condition``, they must also match ``then``."""
+    rule: dict[str, Any] = {"if": {"properties": condition, "required": sorted(condition)},
+                            "then": {"properties": then}}
+    if required:
+        rule["then"]["required"] = sorted(then)
+    return rule
 
 
 def _operation(summary: str, bodies: tuple[type[msgspec.Struct], ...], content_types: tuple[str, ...]) -> dict:
