@@ -72,7 +72,8 @@ def harmless(name: str, value: Any) -> bool:
 def refuse_unsupported(req: _Common) -> None:
     """400 for the first parameter asyncdp does not implement that the request sets to a value that matters."""
     for name in REFUSED:
-        if not harmless(name, getattr(req, name, None)):
+        value = getattr(req, name, None)
+        if value is not None and not harmless(name, value):
             raise _bad(name, f"{name} is not supported by this server.")
     opts = req.stream_options
     if opts is not None:
