@@ -38,6 +38,7 @@ from asyncdp.api.openai_format import (
     chat_logprobs,
     chat_response,
     prompt_logprobs_field,
+    usage,
     usage_chunk,
 )
 from asyncdp.api.params import chat_messages, logit_bias, refuse_unsupported, sampling_params
@@ -146,14 +147,22 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, created: int) ->
     req, tok, model, request_id = prep.req, state.client.tokenizer, prep.model, prep.request_id
     fan, first = await start_stream(state, prep.seqs, hint)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
+    num_prompt = len(prep.prompt.token_ids)
     generated = [0] * len(prep.seqs)
+
+    def with_usage(chunk: dict[str, Any], index: int) -> dict[str, Any]:
+        if continuous:  # vLLM's continuous_usage_stats: this choice's usage so far, in every chunk
+            chunk["usage"] = usage(num_prompt, generated[index])
+        return chunk
+
     prologue = []
     for i in range(len(prep.seqs)):
-        prologue.append(sse(chat_chunk(request_id, created, model, i, {"role": "assistant", "content": ""},
-                                       include_usage=include_usage)))
+        prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, {"role": "assistant", "content": ""},
+                                                  include_usage=include_usage), i)))
         if prep.echo:
-            prologue.append(sse(chat_chunk(request_id, created, model, i, {"content": prep.echo},
-                                           include_usage=include_usage)))
+            prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, {"content": prep.echo},
+                                                      include_usage=include_usage), i)))
     started = [False] * len(prep.seqs)
 
     def events(index: int, out: RequestOutput) -> list[bytes]:
@@ -169,7 +178,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, created: int) ->
                            stop_reason=out.stop_reason if out.finished else None, include_usage=include_usage)
         if first_of_choice and req.prompt_logprobs is not None:
             chunk["prompt_logprobs"] = prompt_logprobs_field(tok, prep.prompt.token_ids, out.prompt_logprobs)
-        return [sse(chunk)]
+        return [sse(with_usage(chunk, index))]
 
     def epilogue() -> list[bytes]:
         if not include_usage:

@@ -38,6 +38,7 @@ from asyncdp.api.openai_format import (
     completion_logprobs,
     completion_response,
     prompt_logprobs_field,
+    usage,
     usage_chunk,
 )
 from asyncdp.api.params import logit_bias, prompts, refuse_unsupported, sampling_params
@@ -137,6 +138,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, request_id: str,
     req, tok, model = prep.req, state.client.tokenizer, prep.model
     fan, first = await start_stream(state, prep.seqs, hint)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
     offsets = [0] * len(prep.seqs)
     generated = [0] * len(prep.seqs)
     started = [False] * len(prep.seqs)
@@ -155,6 +157,8 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, request_id: str,
                 tok, out.logprobs or [], offsets[index],
                 (prompt.token_ids, out.prompt_logprobs or [None] * len(prompt.token_ids)) if echo_now else None)
         chunk = completion_chunk(request_id, created, model, index, out, lps, include_usage)
+        if continuous:  # vLLM's continuous_usage_stats: this choice's usage so far, in every chunk
+            chunk["usage"] = usage(len(prompt.token_ids), generated[index])
         if echo_now:
             chunk["choices"][0]["text"] = prompt.text + out.new_text
             offsets[index] += len(prompt.text)

@@ -79,8 +79,8 @@ def refuse_unsupported(req: _Common) -> None:
     if opts is not None:
         if not req.stream:
             raise _bad("stream_options", "stream_options is only allowed when stream is true.")
-        if opts.continuous_usage_stats:
-            raise _bad("stream_options", "stream_options.continuous_usage_stats is not supported.")
+        if opts.continuous_usage_stats and not opts.include_usage:
+            raise _bad("stream_options", "stream_options.continuous_usage_stats needs include_usage: true.")
 
 
 def prompts(req: CompletionRequest) -> list[str | list[int]]:

@@ -3,11 +3,12 @@ null is "the default" for every nullable field."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from asyncdp.api.params import REFUSED
 from asyncdp.testing import FakeEngineClient
-from tests.api.conftest import running
+from tests.api.conftest import running, sse_events
 
 pytestmark = pytest.mark.anyio
 
@@ -245,3 +246,19 @@ async def test_wrong_method_is_405_with_allow_header() -> None:
     async with running() as srv:
         r = await srv.http.request("TRACE", "/v1/completions")
     assert r.status_code == 405 and "POST" in r.headers["allow"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(path: str) -> None:
+    body = {"prompt": "a"} if path == "/v1/completions" else {"messages": CHAT}
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    async with running() as srv:
+        r = await srv.http.post(path, json={**body, "max_tokens": 3, "stream": True, "stream_options": options,
+                                            "stop": None, "ignore_eos": True})
+        alone = await srv.http.post(path, json={**body, "stream": True,
+                                                "stream_options": {"continuous_usage_stats": True}})
+    chunks = [orjson.loads(e) for e in sse_events(r.text)[:-1]]
+    assert chunks and all(isinstance(c.get("usage"), dict) for c in chunks)
+    completion_tokens = [c["usage"]["completion_tokens"] for c in chunks]
+    assert completion_tokens == sorted(completion_tokens) and completion_tokens[-1] == 3
+    assert alone.status_code == 400 and alone.json()["error"]["param"] == "stream_options"
