@@ -7,8 +7,9 @@ OpenAI JSON or Server-Sent Events (``generate``, ``openai_format``). Every error
 in which the producers of generation requests run (see ``fanout``); on shutdown it is cancelled, which aborts
 whatever is still generating. ``set_draining()`` makes every new request a 503 while in-flight ones finish.
 
-Bodies larger than ``max_request_body_bytes`` are cut while they arrive (Quart's ``MAX_CONTENT_LENGTH``, which
-counts a chunked body's bytes too) and answered 413 in OpenAI's error shape. CPU-heavy preparation runs through
+Bodies larger than ``max_request_body_bytes`` are counted while they arrive (Quart's ``MAX_CONTENT_LENGTH``, which
+counts a chunked body's bytes too), discarded past the limit and answered 413 in OpenAI's error shape once the
+client has sent them (``asyncdp.api.body``), so the answer is not lost to a connection reset. CPU-heavy preparation runs through
 ``state.offload`` (worker threads, one bounded limiter per app).
 
 The same handlers run under asyncio (``Quart``) and trio (``QuartTrio``); only the app class differs.
@@ -26,6 +27,7 @@ from anyio.abc import TaskGroup
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from asyncdp.api.body import draining_request_class
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import HTTPError, error_body, status_and_body
 from asyncdp.api.offload import Offload
@@ -111,6 +113,7 @@ def create_app(
     if max_request_body_bytes is None:
         max_request_body_bytes = default_max_request_body_bytes(client.max_model_len)
     app.config["MAX_CONTENT_LENGTH"] = max_request_body_bytes
+    app.request_class = draining_request_class(app.request_class)
     state = AppState(
         client=client,
         metrics=metrics if metrics is not None else Metrics(model_name=client.model_name),
