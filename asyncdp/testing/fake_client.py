@@ -4,13 +4,16 @@ Theory of operation. ``generate`` checks what the real DP client checks before t
 admission, rank-hint ranges E2/E3, prompt length) and then yields one ``RequestOutput`` per generated token,
 sleeping ``token_delay_s`` on the anyio clock before each (so trio's ``MockClock`` can drive it). The output is a
 pure function of the prompt, the seed and the token index: lowercase letters with a space every sixth token, so
-stop strings and logprobs are checkable. With ``prompt_logprobs`` the first output carries one entry per prompt token
-(None for the first). Admission follows the real client: ``admit(k)`` reserves ``k`` slots all or nothing
-(``max_queued_requests`` bounds reserved plus running), ``generate(..., admission=)`` takes one of them, a plain
-``generate`` admits itself, and every way out of a request gives its slot back (``num_in_flight``). Leaving the iteration early records the request id in ``aborted``,
-as a real client would send ``AbortRequests``, and every request ends in ``metrics`` (``vllm:*`` counters)
-with its reason. Switches (``healthy``, ``shutting_down``, ``queue_full``, ``fail_after_tokens``,
-``fail_with``) reproduce the failure modes of spec §12.4. It is public API: users' tests may use it.
+stop strings and logprobs are checkable. With ``prompt_logprobs`` the first output carries one entry per prompt
+token (None for the first).
+
+Admission follows the real client: ``admit(k)`` reserves ``k`` slots all or nothing (``max_queued_requests``
+bounds reserved plus running), ``generate(..., admission=)`` takes one of them, a plain ``generate`` admits
+itself, and every way out of a request gives its slot back (``num_in_flight`` counts what is held). Leaving the
+iteration early records the request id in ``aborted``, as a real client would send ``AbortRequests``, and every
+request ends in ``metrics`` (``vllm:*`` counters) with its reason. Switches (``healthy``, ``shutting_down``,
+``queue_full``, ``fail_after_tokens`` with ``fail_after_tokens_with``, ``fail_with``) reproduce the failure
+modes of spec §12.4. It is public API: users' tests may use it.
 """
 
 from __future__ import annotations
@@ -193,14 +196,14 @@ class FakeEngineClient:
             raise QueueFullError("the admission queue is full; retry later")
 
     def _take_slot(self, admission: Admission | None) -> None:
-        if admission is None:
+        if admission is None:  # admitted on its own, as a one-sequence admit()
             self._check_serving()
-        elif self.fail_with is not None or self.shutting_down or not self.healthy:
-            self._check_serving()  # admitted, but the server stopped serving since
-        if admission is None:
             if self.max_queued_requests is not None and self.num_in_flight >= self.max_queued_requests:
                 raise QueueFullError("too many requests in flight; retry later")
-        elif not isinstance(admission, FakeAdmission) or admission.owner is not self or not admission.take():
+        elif self.fail_with is not None or self.shutting_down or not self.healthy:
+            self._check_serving()  # admitted, but the server stopped serving since
+        if admission is not None and (
+                not isinstance(admission, FakeAdmission) or admission.owner is not self or not admission.take()):
             # The HTTP layer started more sequences than it admitted, or one after releasing: a bug there.
             raise RuntimeError("generate() called with an admission that has no slot left")
         self._num_holding += 1
