@@ -59,6 +59,8 @@ class ApiConfig:
     ssl_certfile: str | None = None
     socket_dir: str | None = None
     log_stats_interval_s: float = 10.0
+    max_seqs_per_request: int = 256
+    max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
 
 
 class ApiServerExit(Exception):
@@ -98,7 +100,8 @@ async def serve_api(
     tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path)
     metrics = make_metrics(cfg)
     client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
-    app = create_app(client, backend=cfg.backend, metrics=metrics)
+    app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
+                     max_request_body_bytes=cfg.max_request_body_bytes)
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
     http_stop = anyio.Event()

@@ -139,6 +139,12 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="model name(s) in the API; the first is reported (default: MODEL)")
     g.add_argument("--max-queued-requests", type=int, default=None, metavar="N",
                    help="admission limit per API server; above it requests get HTTP 429 (default: unlimited)")
+    g.add_argument("--max-seqs-per-request", type=int, default=None, metavar="N",
+                   help="most sequences one request may run, prompts x max(n, best_of); above it HTTP 400 "
+                        f"(default: {_D.max_seqs_per_request})")
+    g.add_argument("--max-request-body-bytes", type=int, default=None, metavar="BYTES",
+                   help="largest request body, checked before parsing; above it HTTP 413 (default: 64 bytes "
+                        "per token of --max-model-len, at least 16 MiB)")
     g.add_argument("--backend", default=None, metavar="{" + ",".join(HTTP_BACKENDS) + "}",
                    help=f"anyio backend of every process (default: {_D.backend})")
     g.add_argument("--lb-policy", "--dp-lb-policy", dest="lb_policy", default=None,

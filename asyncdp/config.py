@@ -33,6 +33,17 @@ if TYPE_CHECKING:
     from asyncdp.deployment import DeploymentConfig
 
 DEFAULT_MODEL = "builtin:tiny-moe"
+# Most sequences (prompts x max(n, best_of)) one HTTP request may start: --max-seqs-per-request.
+DEFAULT_MAX_SEQS_PER_REQUEST = 256
+# --max-request-body-bytes by default: room for a max_model_len prompt written as JSON token ids or escaped
+# text (up to ~16 bytes a token), for a batch of such prompts, and never below 16 MiB.
+_BODY_BYTES_PER_TOKEN = 64
+_MIN_BODY_BYTES = 16 * 1024 * 1024
+
+
+def default_max_request_body_bytes(max_model_len: int) -> int:
+    """The default of ``--max-request-body-bytes``: 64 bytes per token of ``max_model_len``, at least 16 MiB."""
+    return max(_MIN_BODY_BYTES, _BODY_BYTES_PER_TOKEN * max_model_len)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +181,8 @@ class ServeConfig:
     ssl_certfile: str | None = None
     served_model_name: tuple[str, ...] = ()  # empty: the model argument
     max_queued_requests: int | None = None  # None: unlimited; above it HTTP 429
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
+    max_request_body_bytes: int | None = None  # None: default_max_request_body_bytes(max_model_len)
     backend: str = "asyncio"
     lb_policy: str = DEFAULT_LB_POLICY
     log_level: str = "info"
@@ -267,6 +280,9 @@ class ServeConfig:
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):  # M2 applies to every mode
             raise ConfigError("--ssl-keyfile and --ssl-certfile must be provided together.")
         optional_min(self.max_queued_requests, "--max-queued-requests", 1)
+        need(1 <= self.max_seqs_per_request <= 2**31 - 1, "--max-seqs-per-request", "in 1..2147483647",
+             self.max_seqs_per_request)
+        optional_min(self.max_request_body_bytes, "--max-request-body-bytes", 1024)
         need(self.backend in HTTP_BACKENDS, "--backend", "one of " + ", ".join(HTTP_BACKENDS), self.backend)
         need(self.lb_policy in LB_POLICIES, "--lb-policy (--dp-lb-policy, ASYNCDP_DP_LB_POLICY)",
              "one of " + ", ".join(LB_POLICIES), self.lb_policy)

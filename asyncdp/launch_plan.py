@@ -11,7 +11,12 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from asyncdp.config import EngineConfig, ServeConfig
+from asyncdp.config import (
+    DEFAULT_MAX_SEQS_PER_REQUEST,
+    EngineConfig,
+    ServeConfig,
+    default_max_request_body_bytes,
+)
 from asyncdp.errors import StartupError
 
 
@@ -32,6 +37,8 @@ class LaunchPlan:
     shutdown_timeout_s: float = 0.0
     lb_policy: str = "vllm"
     max_queued_requests: int | None = None
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
+    max_request_body_bytes: int = 0  # resolved with max_model_len (0: unknown yet)
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     engine_ready_timeout_s: float = 600.0
@@ -89,6 +96,8 @@ def plan_from_config(config: ServeConfig) -> LaunchPlan:
         shutdown_timeout_s=float(config.shutdown_timeout_s),
         lb_policy=config.lb_policy,
         max_queued_requests=config.max_queued_requests,
+        max_seqs_per_request=config.max_seqs_per_request,
+        max_request_body_bytes=config.max_request_body_bytes or default_max_request_body_bytes(max_model_len),
         heartbeat_interval_s=config.dp_heartbeat_interval_s,
         heartbeat_timeout_s=config.dp_heartbeat_timeout_s,
         engine_ready_timeout_s=config.engine_ready_timeout_s,

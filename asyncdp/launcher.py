@@ -295,6 +295,8 @@ def _api_config(dep: _Deployment, client_index: int) -> ApiConfig:
         ssl_keyfile=plan.ssl_keyfile,
         ssl_certfile=plan.ssl_certfile,
         socket_dir=dep.tmpdir,
+        max_seqs_per_request=plan.max_seqs_per_request,
+        max_request_body_bytes=plan.max_request_body_bytes or None,
     )
 
 

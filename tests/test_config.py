@@ -370,3 +370,35 @@ def test_multi_port_children_slice_device_ids_and_rank_zero_child_runs_coordinat
     assert [c.deployment.coordinator_here for c in d.children] == [True, False]
     assert deploy("-dp 4 -dpl 2 -dpm -tp 2").children[1].device_ids == (2, 3)
 
+
+
+def test_request_limit_flags_parse_validate_and_default() -> None:
+    from asyncdp.config import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
+
+    c = serve("")
+    assert (c.max_seqs_per_request, c.max_request_body_bytes) == (DEFAULT_MAX_SEQS_PER_REQUEST, None) == (256, None)
+    c = serve("--max-seqs-per-request 8 --max-request-body-bytes 4096")
+    assert (c.max_seqs_per_request, c.max_request_body_bytes) == (8, 4096)
+    assert "--max-seqs-per-request must be in 1..2147483647 (got 0)" in fails("--max-seqs-per-request 0")
+    assert "--max-request-body-bytes must be >= 1024 (got 10)" in fails("--max-request-body-bytes 10")
+    # The body default grows with the context length and never drops below 16 MiB.
+    assert default_max_request_body_bytes(2048) == 16 * 1024 * 1024
+    assert default_max_request_body_bytes(1_000_000) == 64_000_000
+
+
+def test_launch_plan_resolves_the_body_limit_from_max_model_len(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncdp.model as model
+    from asyncdp.launch_plan import plan_from_config
+
+    @dataclass(frozen=True)
+    class Info:
+        max_position_embeddings: int = 4096
+        is_moe: bool = False
+
+    monkeypatch.setattr(model, "resolve_model", lambda name: "/m")
+    monkeypatch.setattr(model, "read_model_info", lambda path: Info())
+    monkeypatch.setattr(model, "resolve_tokenizer", lambda tok, path: path)
+    default = plan_from_config(serve("--max-model-len 1000000", DENSE))
+    given = plan_from_config(serve("--max-request-body-bytes 2048 --max-seqs-per-request 3", DENSE))
+    assert (default.max_request_body_bytes, default.max_seqs_per_request) == (64_000_000, 256)
+    assert (given.max_request_body_bytes, given.max_seqs_per_request) == (2048, 3)

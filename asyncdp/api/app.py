@@ -7,6 +7,11 @@ OpenAI JSON or Server-Sent Events (``generate``, ``openai_format``). Every error
 in which the producers of generation requests run (see ``fanout``); on shutdown it is cancelled, which aborts
 whatever is still generating. ``set_draining()`` makes every new request a 503 while in-flight ones finish.
 
+Bodies larger than ``max_request_body_bytes`` are counted while they arrive (Quart's ``MAX_CONTENT_LENGTH``, which
+counts a chunked body's bytes too), discarded past the limit and answered 413 in OpenAI's error shape once the
+client has sent them (``asyncdp.api.body``), so the answer is not lost to a connection reset. CPU-heavy preparation runs through
+``state.offload`` (worker threads, one bounded limiter per app).
+
 The same handlers run under asyncio (``Quart``) and trio (``QuartTrio``); only the app class differs.
 """
 
@@ -22,8 +27,11 @@ from anyio.abc import TaskGroup
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from asyncdp.api.body import draining_request_class
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import HTTPError, error_body, status_and_body
+from asyncdp.api.offload import Offload
+from asyncdp.config import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 from asyncdp.errors import ShuttingDownError, UnavailableError
 from asyncdp.metrics import CONTENT_TYPE, Metrics
 
@@ -39,6 +47,9 @@ class AppState:
     metrics: Metrics
     api_key: str | None
     served_model_names: tuple[str, ...]
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
+    max_request_body_bytes: int = 0
+    offload: Offload = field(default_factory=Offload)
     task_group: TaskGroup | None = None
     draining: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
@@ -81,8 +92,13 @@ def create_app(
     api_key: str | None = None,
     metrics: Metrics | None = None,
     served_model_names: list[str] | None = None,
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST,
+    max_request_body_bytes: int | None = None,
 ) -> Quart:
-    """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``)."""
+    """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
+
+    ``max_seqs_per_request`` bounds prompts x max(n, best_of) of one request (``--max-seqs-per-request``);
+    ``max_request_body_bytes`` the body (``--max-request-body-bytes``; None: derived from ``max_model_len``)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -94,12 +110,17 @@ def create_app(
     app = app_class("asyncdp.api")
     # Streams last as long as generation does; the engine client and the drain deadline bound them instead.
     app.config["RESPONSE_TIMEOUT"] = None
-    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    if max_request_body_bytes is None:
+        max_request_body_bytes = default_max_request_body_bytes(client.max_model_len)
+    app.config["MAX_CONTENT_LENGTH"] = max_request_body_bytes
+    app.request_class = draining_request_class(app.request_class)
     state = AppState(
         client=client,
         metrics=metrics if metrics is not None else Metrics(model_name=client.model_name),
         api_key=api_key,
         served_model_names=tuple(served_model_names or [client.model_name]),
+        max_seqs_per_request=max_seqs_per_request,
+        max_request_body_bytes=max_request_body_bytes,
     )
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]
@@ -128,7 +149,14 @@ def create_app(
     async def _error(exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
             status = exc.code or 500
-            return json_response(error_body(status, exc.description or exc.name), status)
+            message = exc.description or exc.name
+            if status == 413:
+                message = (f"The request body is larger than this server accepts ({state.max_request_body_bytes} "
+                           f"bytes, --max-request-body-bytes).")
+            response = json_response(error_body(status, message), status)
+            if status == 405 and "Allow" in dict(exc.get_headers()):
+                response.headers["Allow"] = dict(exc.get_headers())["Allow"]
+            return response
         status, body = status_and_body(exc)
         return json_response(body, status)
 
@@ -136,7 +164,7 @@ def create_app(
     async def health() -> Response:
         if state.draining or not client.is_healthy():
             return json_response(error_body(503, "No engine can serve requests."), 503)
-        return Response(b"", status=200)
+        return Response(b"", status=200, content_type="text/plain")
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
@@ -175,7 +203,9 @@ def create_app(
         paused = all(result) and len(result) > 0 if isinstance(result, list) else bool(result)
         return json_response({"is_paused": paused})
 
-    from asyncdp.api.generate import register_generation_routes
+    from asyncdp.api import chat, completions, utility_routes
 
-    register_generation_routes(app, state)
+    completions.register(app, state)
+    chat.register(app, state)
+    utility_routes.register(app, state)
     return app

@@ -7,11 +7,13 @@ response's async generator, because Quart iterates response bodies in a differen
 a task group must not be held open across a ``yield``.
 
 The consumer reads ``(choice_index, RequestOutput | Exception)`` items; the stream ends when every producer is
-done. ``close()`` (sync, idempotent) cancels the producers; the HTTP layer calls it from a ``finally``.
+done. ``close()`` (sync, idempotent) cancels the producers and releases the request's ``Admission`` (the slots
+no producer took); the HTTP layer calls it from a ``finally``. A producer whose scope is already cancelled when
+it first runs never calls ``generate``, so no sequence starts on an admission that was released.
 
 ``collect_one`` is the fast path for the commonest request, one non-streamed sequence: the handler task
 iterates the client's generator itself, with the same close-on-exit rule, and no producer task, memory stream
-or cancel scopes are created per request.
+or cancel scopes are created per request. It releases its admission on the way out, too.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from asyncdp.api.engine_client import EngineClient, RankHint
+from asyncdp.api.engine_client import Admission, EngineClient, RankHint
 from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams
 
@@ -45,21 +47,30 @@ class Sequence:
 class Fanout:
     def __init__(
         self, tg: TaskGroup, client: EngineClient, seqs: list[Sequence], rank_hint: RankHint | None,
+        admission: Admission,
     ) -> None:
+        self._admission = admission
         send, self._recv = anyio.create_memory_object_stream[Item](max_buffer_size=8 * len(seqs))
         self._scopes = [anyio.CancelScope() for _ in seqs]
-        with send:
-            for seq, scope in zip(seqs, self._scopes, strict=True):
-                tg.start_soon(self._produce, client, seq, rank_hint, scope, send.clone(),
-                              name=f"generate {seq.request_id}")
+        try:
+            with send:
+                for seq, scope in zip(seqs, self._scopes, strict=True):
+                    tg.start_soon(self._produce, client, seq, rank_hint, admission, scope, send.clone(),
+                                  name=f"generate {seq.request_id}")
+        except BaseException:
+            self.close()
+            raise
 
     @staticmethod
     async def _produce(
-        client: EngineClient, seq: Sequence, hint: RankHint | None, scope: anyio.CancelScope,
-        send: MemoryObjectSendStream[Item],
+        client: EngineClient, seq: Sequence, hint: RankHint | None, admission: Admission,
+        scope: anyio.CancelScope, send: MemoryObjectSendStream[Item],
     ) -> None:
         with scope, send:
-            outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint)
+            if scope.cancel_called:  # closed before this task first ran: the admission may be released
+                return
+            outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint,
+                                      admission=admission)
             try:
                 try:
                     async for out in outputs:
@@ -88,18 +99,26 @@ class Fanout:
         for scope in self._scopes:
             scope.cancel()
         self._recv.close()
+        self._admission.release()
 
 
 async def collect_one(
     client: EngineClient, seq: Sequence, hint: RankHint | None, on_output: Callable[[RequestOutput], None],
+    admission: Admission | None = None,
 ) -> int:
     """Iterate one sequence in the calling task, passing each output to ``on_output``; return the count.
 
     The generator is closed on the way out (shielded and bounded, as in the producers), which aborts an
-    unfinished request when the caller is cancelled or ``on_output`` raises."""
-    outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint)
+    unfinished request when the caller is cancelled or ``on_output`` raises; then ``admission`` is released."""
     count = 0
     exhausted = False
+    try:
+        outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint,
+                                  admission=admission)
+    except BaseException:
+        if admission is not None:
+            admission.release()
+        raise
     try:
         async for out in outputs:
             on_output(out)
@@ -110,4 +129,6 @@ async def collect_one(
         if aclose is not None and not exhausted:
             with anyio.move_on_after(_ACLOSE_TIMEOUT_S, shield=True):
                 await aclose()
+        if admission is not None:
+            admission.release()
     return count

@@ -2,6 +2,12 @@
 
 ``Choice`` accumulates one sequence's deltas. The functions here are pure: ids, timestamps and the tokenizer
 are passed in, so the shapes can be checked without a server.
+
+Completions logprobs follow OpenAI's legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs`` as
+``{token text: logprob}`` including the chosen token, as vLLM does, ``text_offset``). With ``echo`` the prompt's
+tokens come first, from the engine's prompt logprobs: the first prompt token has no context, so its logprob and
+its ``top_logprobs`` entry are null (what lm-evaluation-harness's loglikelihood expects). ``prompt_logprobs``
+is vLLM's response field: ``[None, {"<token id>": {"logprob", "rank", "decoded_token"}}, ...]``.
 """
 
 from __future__ import annotations
@@ -20,8 +26,15 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+
+    @property
+    def cumulative_logprob(self) -> float:
+        return sum(lp.logprob for lp in self.logprobs)
 
     def add(self, out: RequestOutput) -> None:
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         self.text += out.new_text
         self.num_tokens += len(out.new_token_ids)
         if out.logprobs:
@@ -43,32 +56,94 @@ def _token_text(tokenizer: Any, token_id: int) -> str:
 # ---------------------------------------------------------------------- completions
 
 
-def completion_logprobs(tokenizer: Any, lps: list[TokenLogprobs], text_offset: int) -> dict[str, Any]:
-    """Completions-style logprobs; ``text_offset`` is where the first token starts in the choice's text."""
-    tokens, token_lps, tops, offsets = [], [], [], []
+def _top(tokenizer: Any, lp: TokenLogprobs) -> dict[str, float]:
+    top = {_token_text(tokenizer, t.token_id): t.logprob for t in lp.top}
+    top.setdefault(_token_text(tokenizer, lp.token_id), lp.logprob)
+    return top
+
+
+def completion_logprobs(
+    tokenizer: Any, lps: list[TokenLogprobs], text_offset: int,
+    prompt: tuple[list[int], list[TokenLogprobs | None]] | None = None,
+) -> dict[str, Any]:
+    """Completions-style logprobs; ``text_offset`` is where the first token starts in the choice's text.
+    ``prompt`` (token ids and their prompt logprobs) puts the echoed prompt's tokens first."""
+    tokens: list[str] = []
+    token_lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    if prompt is not None:
+        for token_id, entry in zip(*prompt, strict=False):
+            text = _token_text(tokenizer, token_id)
+            tokens.append(text)
+            token_lps.append(None if entry is None else entry.logprob)
+            tops.append(None if entry is None else _top(tokenizer, entry))
+            offsets.append(text_offset)
+            text_offset += len(text)
     for lp in lps:
         text = _token_text(tokenizer, lp.token_id)
         tokens.append(text)
         token_lps.append(lp.logprob)
-        tops.append({_token_text(tokenizer, t.token_id): t.logprob for t in lp.top})
+        tops.append(_top(tokenizer, lp))
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
+def prompt_logprobs_field(
+    tokenizer: Any, prompt_ids: list[int], entries: list[TokenLogprobs | None] | None,
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token, its own logprob and the top alternatives, keyed by id.
+    ``rank`` is exact for a token among the alternatives; otherwise it is one past them (a lower bound)."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for entry in (entries or [])[:len(prompt_ids)]:
+        if entry is None:
+            out.append(None)
+            continue
+        ranked = {t.token_id: (rank, t.logprob) for rank, t in enumerate(entry.top, start=1)}
+        ranked.setdefault(entry.token_id, (len(entry.top) + 1, entry.logprob))
+        out.append({str(t): {"logprob": lp, "rank": rank, "decoded_token": _token_text(tokenizer, t)}
+                    for t, (rank, lp) in ranked.items()})
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Echo:
+    """The prompt of one choice, for ``echo`` and ``prompt_logprobs``: its text and token ids."""
+
+    text: str
+    token_ids: list[int]
+
+
+def completion_choice(
+    tokenizer: Any, c: Choice, *, with_logprobs: bool, echo: Echo | None = None, prompt: Echo | None = None,
+    drop_generated: bool = False, text_offset: int = 0, index: int | None = None,
+) -> dict[str, Any]:
+    """One completions choice. ``echo``: prepend the prompt (text, and its tokens in ``logprobs``).
+    ``prompt``: add vLLM's ``prompt_logprobs``. ``drop_generated``: ``max_tokens: 0``, the prompt only."""
+    lps = [] if drop_generated else c.logprobs
+    text = "" if drop_generated else c.text
+    logprobs = None
+    if with_logprobs:
+        logprobs = completion_logprobs(
+            tokenizer, lps, text_offset,
+            (echo.token_ids, c.prompt_logprobs or [None] * len(echo.token_ids)) if echo is not None else None)
+    choice: dict[str, Any] = {
+        "index": c.index if index is None else index, "text": (echo.text if echo is not None else "") + text,
+        "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+    if prompt is not None:
+        choice["prompt_logprobs"] = prompt_logprobs_field(tokenizer, prompt.token_ids, c.prompt_logprobs)
+    return choice
+
+
 def completion_response(
-    request_id: str, created: int, model: str, choices: list[Choice], prompt_tokens: int, tokenizer: Any,
-    with_logprobs: bool,
+    request_id: str, created: int, model: str, choices: list[dict[str, Any]], prompt_tokens: int,
+    completion_tokens: int,
 ) -> dict[str, Any]:
     return {
         "id": request_id, "object": "text_completion", "created": created, "model": model,
-        "choices": [
-            {"index": c.index, "text": c.text,
-             "logprobs": completion_logprobs(tokenizer, c.logprobs, 0) if with_logprobs else None,
-             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-            for c in sorted(choices, key=lambda c: c.index)
-        ],
-        "usage": usage(prompt_tokens, sum(c.num_tokens for c in choices)),
+        "choices": sorted(choices, key=lambda c: c["index"]),
+        "usage": usage(prompt_tokens, completion_tokens),
     }
 
 
@@ -103,18 +178,25 @@ def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs], top_n: int) -> dict[
 
 def chat_response(
     request_id: str, created: int, model: str, choices: list[Choice], prompt_tokens: int, tokenizer: Any,
-    top_logprobs: int | None,
+    top_logprobs: int | None, *, echo: str = "", prompt: Echo | None = None,
 ) -> dict[str, Any]:
-    return {
+    """``echo``: text prepended to every message (chat ``echo`` of a final assistant message). ``prompt``: add
+    vLLM's top-level ``prompt_logprobs`` (the prompt is the same for every choice)."""
+    ordered = sorted(choices, key=lambda c: c.index)
+    response: dict[str, Any] = {
         "id": request_id, "object": "chat.completion", "created": created, "model": model,
         "choices": [
-            {"index": c.index, "message": {"role": "assistant", "content": c.text},
+            {"index": c.index, "message": {"role": "assistant", "content": echo + c.text},
              "logprobs": chat_logprobs(tokenizer, c.logprobs, top_logprobs) if top_logprobs is not None else None,
              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-            for c in sorted(choices, key=lambda c: c.index)
+            for c in ordered
         ],
         "usage": usage(prompt_tokens, sum(c.num_tokens for c in choices)),
     }
+    if prompt is not None:
+        response["prompt_logprobs"] = prompt_logprobs_field(
+            tokenizer, prompt.token_ids, ordered[0].prompt_logprobs if ordered else None)
+    return response
 
 
 def chat_chunk(

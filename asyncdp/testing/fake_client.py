@@ -4,10 +4,16 @@ Theory of operation. ``generate`` checks what the real DP client checks before t
 admission, rank-hint ranges E2/E3, prompt length) and then yields one ``RequestOutput`` per generated token,
 sleeping ``token_delay_s`` on the anyio clock before each (so trio's ``MockClock`` can drive it). The output is a
 pure function of the prompt, the seed and the token index: lowercase letters with a space every sixth token, so
-stop strings and logprobs are checkable. Leaving the iteration early records the request id in ``aborted``,
-as a real client would send ``AbortRequests``, and every request ends in ``metrics`` (``vllm:*`` counters)
-with its reason. Switches (``healthy``, ``shutting_down``, ``queue_full``, ``fail_after_tokens``,
-``fail_with``) reproduce the failure modes of spec §12.4. It is public API: users' tests may use it.
+stop strings and logprobs are checkable. With ``prompt_logprobs`` the first output carries one entry per prompt
+token (None for the first).
+
+Admission follows the real client: ``admit(k)`` reserves ``k`` slots all or nothing (``max_queued_requests``
+bounds reserved plus running), ``generate(..., admission=)`` takes one of them, a plain ``generate`` admits
+itself, and every way out of a request gives its slot back (``num_in_flight`` counts what is held). Leaving the
+iteration early records the request id in ``aborted``, as a real client would send ``AbortRequests``, and every
+request ends in ``metrics`` (``vllm:*`` counters) with its reason. Switches (``healthy``, ``shutting_down``,
+``queue_full``, ``fail_after_tokens`` with ``fail_after_tokens_with``, ``fail_with``) reproduce the failure
+modes of spec §12.4. It is public API: users' tests may use it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from asyncdp.api.engine_client import RankHint
+from asyncdp.api.engine_client import Admission, RankHint
 from asyncdp.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -46,6 +52,7 @@ class FakeEngineClient:
         num_ranks: int = 1,
         start_rank: int = 0,
         metrics: Metrics | None = None,
+        max_queued_requests: int | None = None,
     ) -> None:
         self._model_name = model_name
         self._max_model_len = max_model_len
@@ -58,7 +65,8 @@ class FakeEngineClient:
         self.healthy = True
         self.shutting_down = False
         self.queue_full = False
-        self.fail_after_tokens: int | None = None  # raise EngineDeadError after this many tokens
+        self.fail_after_tokens: int | None = None  # raise after this many tokens: EngineDeadError, or:
+        self.fail_after_tokens_with: Exception | None = None  # e.g. ShuttingDownError (server abandons it)
         self.fail_with: Exception | None = None  # raised before the first yield (e.g. to provoke a 500)
         # What happened, for assertions.
         self.submitted: list[tuple[str, list[int], SamplingParams, RankHint | None]] = []
@@ -67,6 +75,9 @@ class FakeEngineClient:
         self.paused = False
         self.utility_calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self._num_active = 0
+        self.max_queued_requests = max_queued_requests
+        self._num_reserved = 0  # admitted through admit() and not yet taken by a generate()
+        self._num_holding = 0  # generate() calls holding a slot
         self._changed: anyio.Event | None = None
 
     # ------------------------------------------------------------------ EngineClient
@@ -115,6 +126,18 @@ class FakeEngineClient:
             return self.paused
         raise InvalidRequestError(f"unknown utility method {method!r}")
 
+    def admit(self, num_sequences: int) -> FakeAdmission:
+        self._check_serving()
+        if num_sequences < 1:
+            raise ValueError(f"admit() needs at least one sequence, got {num_sequences}")
+        if self.max_queued_requests is not None and self.num_in_flight + num_sequences > self.max_queued_requests:
+            raise QueueFullError(
+                f"{num_sequences} sequences do not fit: {self.num_in_flight} in flight, --max-queued-requests "
+                f"{self.max_queued_requests}; retry later")
+        self._num_reserved += num_sequences
+        self._notify()
+        return FakeAdmission(self, num_sequences)
+
     def generate(
         self,
         request_id: str,
@@ -122,15 +145,21 @@ class FakeEngineClient:
         params: SamplingParams,
         *,
         rank_hint: RankHint | None = None,
+        admission: Admission | None = None,
     ) -> AsyncIterator[RequestOutput]:
         # Checks run at the first __anext__, before the first yield, as in the real client.
-        return self._generate(request_id, list(prompt_token_ids), params, rank_hint)
+        return self._generate(request_id, list(prompt_token_ids), params, rank_hint, admission)
 
     # ------------------------------------------------------------------ test helpers
     @property
     def num_active(self) -> int:
         """Requests currently being generated."""
         return self._num_active
+
+    @property
+    def num_in_flight(self) -> int:
+        """Admission slots in use: reserved by ``admit`` and not yet taken, plus those running requests hold."""
+        return self._num_reserved + self._num_holding
 
     async def wait_until(self, predicate: Any) -> None:
         """Wait until ``predicate()`` is true; re-checked whenever a request starts, yields or ends."""
@@ -156,6 +185,29 @@ class FakeEngineClient:
         base = (sum(prompt) + len(prompt) + (seed or 0)) % 26
         return _LETTERS[(base + 3 * k) % 26]
 
+    def _check_serving(self) -> None:
+        if self.fail_with is not None:
+            raise self.fail_with
+        if self.shutting_down:
+            raise ShuttingDownError("the server is shutting down")
+        if not self.healthy:
+            raise UnavailableError("no engine can serve the request")
+        if self.queue_full:
+            raise QueueFullError("the admission queue is full; retry later")
+
+    def _take_slot(self, admission: Admission | None) -> None:
+        if admission is None:  # admitted on its own, as a one-sequence admit()
+            self._check_serving()
+            if self.max_queued_requests is not None and self.num_in_flight >= self.max_queued_requests:
+                raise QueueFullError("too many requests in flight; retry later")
+        elif self.fail_with is not None or self.shutting_down or not self.healthy:
+            self._check_serving()  # admitted, but the server stopped serving since
+        if admission is not None and (
+                not isinstance(admission, FakeAdmission) or admission.owner is not self or not admission.take()):
+            # The HTTP layer started more sequences than it admitted, or one after releasing: a bug there.
+            raise RuntimeError("generate() called with an admission that has no slot left")
+        self._num_holding += 1
+
     def _check_hint(self, hint: RankHint | None) -> int:
         if hint is None:
             return self.start_rank
@@ -172,28 +224,29 @@ class FakeEngineClient:
             return hint.global_rank
         return self.start_rank + (hint.local_index or 0)
 
-    def _logprobs(self, token: int, k: int, num_top: int) -> TokenLogprobs:
+    def _prompt_logprobs(self, prompt: list[int], num_top: int) -> list[TokenLogprobs | None]:
+        return [None] + [self._logprobs(t, k, num_top, base=-1.0) for k, t in enumerate(prompt[1:])]
+
+    def _logprobs(self, token: int, k: int, num_top: int, base: float = -0.05) -> TokenLogprobs:
         # The sampled token is the most likely one; the alternatives are the letters after it.
-        lp = -0.05 - 0.1 * (k % 4)
+        lp = base - 0.1 * (k % 4)
         alternatives = [Logprob(token_id=_LETTERS[(token + j) % 26], logprob=lp - 1.0 - j) for j in range(num_top)]
         top = ([Logprob(token_id=token, logprob=lp)] + alternatives)[:num_top]
         return TokenLogprobs(token_id=token, logprob=lp, top=tuple(top))
 
     async def _generate(
         self, request_id: str, prompt: list[int], params: SamplingParams, hint: RankHint | None,
+        admission: Admission | None,
     ) -> AsyncIterator[RequestOutput]:
-        if self.fail_with is not None:
-            raise self.fail_with
-        if self.shutting_down:
-            raise ShuttingDownError("the server is shutting down")
-        if not self.healthy:
-            raise UnavailableError("no engine can serve the request")
-        if self.queue_full:
-            raise QueueFullError("the admission queue is full; retry later")
-        engine = self._check_hint(hint)
-        if len(prompt) + 1 > self._max_model_len:
-            raise PromptTooLongError(
-                f"prompt has {len(prompt)} tokens; max_model_len is {self._max_model_len}.", field="prompt")
+        self._take_slot(admission)
+        try:
+            engine = self._check_hint(hint)
+            if len(prompt) + 1 > self._max_model_len:
+                raise PromptTooLongError(
+                    f"prompt has {len(prompt)} tokens; max_model_len is {self._max_model_len}.", field="prompt")
+        except BaseException:
+            self._num_holding -= 1
+            raise
         self.submitted.append((request_id, prompt, params, hint))
         limit = params.max_tokens if params.max_tokens is not None else self._max_model_len - len(prompt)
         limit = min(limit, self._max_model_len - len(prompt))
@@ -209,7 +262,7 @@ class FakeEngineClient:
         try:
             for k in range(limit):
                 if self.fail_after_tokens is not None and k >= self.fail_after_tokens:
-                    raise EngineDeadError(f"engine {engine} died")
+                    raise self.fail_after_tokens_with or EngineDeadError(f"engine {engine} died")
                 await anyio.sleep(self.token_delay_s)
                 token = self._token_at(prompt, params.seed, k)
                 piece = chr(token)
@@ -233,6 +286,8 @@ class FakeEngineClient:
                     finish_reason=reason if finished else None, stop_reason=stop_hit,
                     logprobs=[self._logprobs(token, k, params.logprobs)] if params.logprobs is not None
                     else None,
+                    prompt_logprobs=self._prompt_logprobs(prompt, params.prompt_logprobs)
+                    if k == 0 and params.prompt_logprobs is not None else None,
                     num_prompt_tokens=len(prompt),
                 )
                 completed = finished
@@ -242,6 +297,7 @@ class FakeEngineClient:
                     break
         finally:
             self._num_active -= 1
+            self._num_holding -= 1
             if completed:
                 self.finished.append(request_id)
             else:
@@ -250,3 +306,24 @@ class FakeEngineClient:
             self.metrics.record_request_finished(
                 str(engine), reason, len(prompt), generated, first_token_s, itls, last_s - start)
             self._notify()
+
+
+class FakeAdmission:
+    """Slots ``FakeEngineClient.admit`` reserved; each ``generate(..., admission=)`` takes one."""
+
+    def __init__(self, owner: FakeEngineClient, num_slots: int) -> None:
+        self.owner = owner
+        self.num_left = num_slots
+
+    def take(self) -> bool:
+        if self.num_left == 0:
+            return False
+        self.num_left -= 1
+        self.owner._num_reserved -= 1
+        return True
+
+    def release(self) -> None:
+        if self.num_left:
+            self.owner._num_reserved -= self.num_left
+            self.num_left = 0
+            self.owner._notify()

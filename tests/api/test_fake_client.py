@@ -71,3 +71,23 @@ async def test_switches_raise_the_documented_errors_before_the_first_output() ->
     with pytest.raises(QueueFullError):
         await collect(fake, [1], SamplingParams())
     assert fake.submitted == []
+
+
+@pytest.mark.trio
+async def test_admit_reserves_all_or_nothing_and_every_generate_takes_one_slot() -> None:
+    fake = FakeEngineClient(max_queued_requests=4)
+    with pytest.raises(QueueFullError):
+        fake.admit(5)
+    assert fake.num_in_flight == 0
+    admission = fake.admit(3)
+    assert fake.num_in_flight == 3
+    with pytest.raises(QueueFullError):
+        fake.admit(2)
+    outs = await collect(fake, [1], SamplingParams(max_tokens=2), admission=admission)
+    assert outs[-1].finished and fake.num_in_flight == 2  # the finished request gave its slot back
+    admission.release()
+    admission.release()  # idempotent
+    assert fake.num_in_flight == 0
+    with pytest.raises(RuntimeError, match="no slot left"):
+        await collect(fake, [1], SamplingParams(max_tokens=1), admission=admission)
+    assert fake.num_in_flight == 0

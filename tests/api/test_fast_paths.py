@@ -38,7 +38,8 @@ class SlowCleanupClient:
     def __init__(self) -> None:
         self.aborted: list[str] = []
 
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams, *, rank_hint: object = None):
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams, *, rank_hint: object = None,
+                       admission: object = None):
         try:
             while True:
                 await trio.sleep(1.0)

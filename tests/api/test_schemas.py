@@ -6,15 +6,9 @@ import pytest
 
 from asyncdp.api.engine_client import RankHint
 from asyncdp.api.errors import HTTPError
-from asyncdp.api.schemas import (
-    ChatRequest,
-    CompletionRequest,
-    chat_messages,
-    decode_body,
-    parse_rank_hint,
-    prompts,
-    sampling_params,
-)
+from asyncdp.api.params import chat_messages, prompts, sampling_params
+from asyncdp.api.rank_hint import parse_rank_hint
+from asyncdp.api.schemas import ChatRequest, CompletionRequest, decode_body
 from asyncdp.errors import InvalidSamplingParams
 
 
@@ -58,8 +52,12 @@ def test_sampling_params_map_openai_and_vllm_fields() -> None:
 
 
 def test_out_of_range_value_names_its_field() -> None:
+    # Decoding enforces the schema's range; SamplingParams.validate() checks again behind it.
+    with pytest.raises(HTTPError) as decoded:
+        completion(top_p=2.0)
+    assert decoded.value.status == 400 and decoded.value.param == "top_p"
     with pytest.raises(InvalidSamplingParams) as err:
-        sampling_params(completion(top_p=2.0), max_tokens=16, logprobs=None)
+        sampling_params(CompletionRequest(prompt="p", top_p=2.0), max_tokens=16, logprobs=None)
     assert err.value.field == "top_p"
 
 

@@ -1,0 +1,189 @@
+"""``POST /v1/chat/completions``.
+
+Preparation (decode, checks, chat-template rendering, tokenization) is one plain function, ``prepare``, run off
+the event loop for large bodies. Template options follow vLLM: ``add_generation_prompt`` (default true, false
+by default when ``continue_final_message`` is set; both true is a 400), ``continue_final_message`` (the last
+message is left open for the model to continue), ``chat_template_kwargs`` (extra variables for the template;
+the ones asyncdp sets itself are refused). ``echo`` prepends the last message's content to each answer when
+that message is the assistant's.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from quart import Quart, Response, request
+
+from asyncdp.api.app import AppState, json_response
+from asyncdp.api.errors import HTTPError
+from asyncdp.api.fanout import Sequence
+from asyncdp.api.generate import (
+    best_choices,
+    check_length,
+    check_num_sequences,
+    managed_ranks,
+    run_whole,
+    sequences,
+    start_stream,
+    stream_response,
+)
+from asyncdp.api.offload import INLINE_BODY_BYTES, INLINE_TOKENS
+from asyncdp.api.openai_format import (
+    Echo,
+    chat_chunk,
+    chat_logprobs,
+    chat_response,
+    prompt_logprobs_field,
+    usage,
+    usage_chunk,
+)
+from asyncdp.api.params import chat_messages, logit_bias, refuse_unsupported, sampling_params
+from asyncdp.api.rank_hint import parse_rank_hint
+from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
+from asyncdp.api.sse import sse
+from asyncdp.errors import InvalidRequestError
+from asyncdp.messages import RequestOutput
+
+# Template arguments asyncdp passes itself; chat_template_kwargs may not override them.
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
+    "tools", "documents", "return_dict", "return_tensors", "truncation", "padding", "max_length",
+    "tokenizer_kwargs", "return_assistant_tokens_mask",
+})
+
+
+def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[list[dict[str, str]], list[int]]:
+    """The messages and the token ids of the rendered chat template; template errors are the caller's 400."""
+    messages = chat_messages(req)
+    if req.continue_final_message and req.add_generation_prompt:
+        raise HTTPError(400, "continue_final_message and add_generation_prompt cannot both be true.",
+                        param="continue_final_message")
+    continue_final = bool(req.continue_final_message)
+    add_generation = (not continue_final) if req.add_generation_prompt is None else req.add_generation_prompt
+    extra = req.chat_template_kwargs or {}
+    reserved = sorted(set(extra) & _RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise HTTPError(400, f"chat_template_kwargs may not set {', '.join(reserved)}.",
+                        param="chat_template_kwargs")
+    tok = state.client.tokenizer
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation, tokenize=False,
+                                       continue_final_message=continue_final, **extra)
+    except Exception as exc:  # a template that rejects these messages (roles, order) is the caller's error
+        raise HTTPError(400, f"The chat template rejected the messages: {exc}", param="messages") from None
+    add_special = bool(req.add_special_tokens)  # the template already holds the special tokens
+    return messages, tok.encode(text, add_special_tokens=add_special)
+
+
+@dataclass
+class Prepared:
+    req: ChatRequest
+    request_id: str
+    model: str
+    prompt: Echo
+    echo: str
+    seqs: list[Sequence]
+    per_prompt: int
+    n: int
+    top_logprobs: int | None
+
+
+def prepare(state: AppState, body: bytes) -> Prepared:
+    """Everything that can refuse the request, before any sequence starts (see ``completions.prepare``)."""
+    req: ChatRequest = decode_body(body, ChatRequest)
+    refuse_unsupported(req)
+    model = state.check_model(req.model)
+    n = req.n or 1
+    per_prompt = check_num_sequences(1, n, req.best_of, bool(req.stream), state.max_seqs_per_request)
+    messages, prompt_ids = render_prompt(state, req)
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if req.top_logprobs is not None and not req.logprobs:
+        raise HTTPError(400, "top_logprobs requires logprobs to be true.", param="top_logprobs")
+    top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    seq_logprobs = top_logprobs if top_logprobs is not None else (0 if per_prompt > n else None)
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    tok = state.client.tokenizer
+    try:
+        params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs,
+                                 prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)))
+    except InvalidRequestError as exc:
+        if exc.field == "logprobs":
+            exc.field = "top_logprobs"
+        elif exc.field == "max_tokens":
+            exc.field = field
+        raise
+    check_length(len(prompt_ids), max_tokens, state.client.max_model_len)
+    echo = messages[-1]["content"] if req.echo and messages[-1]["role"] == "assistant" else ""
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    seqs = sequences(request_id, [prompt_ids], params, per_prompt)
+    return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs)
+
+
+def register(app: Quart, state: AppState) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions() -> Response:
+        body = await request.get_data(as_text=False)
+        prep = await state.offload.run(len(body) > INLINE_BODY_BYTES, prepare, state, body)
+        hint = parse_rank_hint(request.headers, prep.req, lambda: managed_ranks(state))
+        created = int(time.time())
+        tok = state.client.tokenizer
+        if not prep.req.stream:
+            choices = best_choices(await run_whole(state, prep.seqs, hint), prep.per_prompt, prep.n)
+            heavy = (prep.top_logprobs is not None or prep.req.prompt_logprobs is not None) and (
+                len(prep.prompt.token_ids) + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
+            prompt = prep.prompt if prep.req.prompt_logprobs is not None else None
+            render = partial(chat_response, echo=prep.echo, prompt=prompt)
+            doc = await state.offload.run(heavy, render, prep.request_id, created, prep.model, choices,
+                                          len(prep.prompt.token_ids), tok, prep.top_logprobs)
+            return json_response(doc)
+        return await _streamed(state, prep, hint, created)
+
+
+async def _streamed(state: AppState, prep: Prepared, hint: Any, created: int) -> Response:
+    req, tok, model, request_id = prep.req, state.client.tokenizer, prep.model, prep.request_id
+    fan, first = await start_stream(state, prep.seqs, hint)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
+    num_prompt = len(prep.prompt.token_ids)
+    generated = [0] * len(prep.seqs)
+
+    def with_usage(chunk: dict[str, Any], index: int) -> dict[str, Any]:
+        if continuous:  # vLLM's continuous_usage_stats: this choice's usage so far, in every chunk
+            chunk["usage"] = usage(num_prompt, generated[index])
+        return chunk
+
+    prologue = []
+    for i in range(len(prep.seqs)):
+        prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, {"role": "assistant", "content": ""},
+                                                  include_usage=include_usage), i)))
+        if prep.echo:
+            prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, {"content": prep.echo},
+                                                      include_usage=include_usage), i)))
+    started = [False] * len(prep.seqs)
+
+    def events(index: int, out: RequestOutput) -> list[bytes]:
+        generated[index] += len(out.new_token_ids)
+        first_of_choice = not started[index]
+        started[index] = True
+        if not out.new_text and not out.finished and not (first_of_choice and req.prompt_logprobs is not None):
+            return []
+        lps = chat_logprobs(tok, out.logprobs or [], prep.top_logprobs) if prep.top_logprobs is not None else None
+        delta = {"content": out.new_text} if out.new_text else {}
+        chunk = chat_chunk(request_id, created, model, index, delta, logprobs=lps,
+                           finish_reason=out.finish_reason if out.finished else None,
+                           stop_reason=out.stop_reason if out.finished else None, include_usage=include_usage)
+        if first_of_choice and req.prompt_logprobs is not None:
+            chunk["prompt_logprobs"] = prompt_logprobs_field(tok, prep.prompt.token_ids, out.prompt_logprobs)
+        return [sse(with_usage(chunk, index))]
+
+    def epilogue() -> list[bytes]:
+        if not include_usage:
+            return []
+        return [sse(usage_chunk(request_id, created, model, "chat.completion.chunk", len(prep.prompt.token_ids),
+                                sum(generated)))]
+
+    return stream_response(fan, first, events, prologue, epilogue)

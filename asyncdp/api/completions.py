@@ -1,0 +1,179 @@
+"""``POST /v1/completions``.
+
+Preparation (decode, checks, tokenization) is one plain function, ``prepare``, that the handler runs off the
+event loop when the body is large (``asyncdp.api.offload``). ``echo`` prepends each prompt's text to its choices
+and, with ``logprobs``, its tokens to ``logprobs`` (through the engine's prompt logprobs); ``max_tokens: 0``
+runs one token and drops it, so only the prompt comes back. ``best_of`` runs ``best_of`` sequences per prompt
+with their sampled-token logprobs and returns the ``n`` most likely, renumbered (not with ``stream``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from quart import Quart, Response, request
+
+from asyncdp.api.app import AppState
+from asyncdp.api.errors import HTTPError
+from asyncdp.api.fanout import Sequence
+from asyncdp.api.generate import (
+    best_choices,
+    check_length,
+    check_num_sequences,
+    managed_ranks,
+    run_whole,
+    sequences,
+    start_stream,
+    stream_response,
+)
+from asyncdp.api.offload import INLINE_BODY_BYTES, INLINE_TOKENS
+from asyncdp.api.openai_format import (
+    Echo,
+    completion_choice,
+    completion_chunk,
+    completion_logprobs,
+    completion_response,
+    prompt_logprobs_field,
+    usage,
+    usage_chunk,
+)
+from asyncdp.api.params import logit_bias, prompts, refuse_unsupported, sampling_params
+from asyncdp.api.rank_hint import parse_rank_hint
+from asyncdp.api.schemas import CompletionRequest, decode_body
+from asyncdp.api.sse import sse
+from asyncdp.messages import RequestOutput
+
+
+@dataclass
+class Prepared:
+    req: CompletionRequest
+    request_id: str
+    model: str
+    prompt_ids: list[list[int]]
+    prompts: list[Echo]  # text and ids of each prompt
+    seqs: list[Sequence]
+    per_prompt: int
+    n: int
+    drop_generated: bool  # max_tokens 0: the prompt only
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.prompt_ids)
+
+
+def prepare(state: AppState, body: bytes) -> Prepared:
+    """Everything that can refuse the request, before any sequence starts. Runs in a worker thread for big
+    bodies: touches only the request, the tokenizer and immutable app settings."""
+    req: CompletionRequest = decode_body(body, CompletionRequest)
+    refuse_unsupported(req)
+    model = state.check_model(req.model)
+    raw = prompts(req)
+    n = req.n or 1
+    per_prompt = check_num_sequences(len(raw), n, req.best_of, bool(req.stream), state.max_seqs_per_request)
+    tok = state.client.tokenizer
+    add_special = True if req.add_special_tokens is None else req.add_special_tokens
+    prompt_ids = [p if isinstance(p, list) else tok.encode(p, add_special_tokens=add_special) for p in raw]
+    vocab = len(tok)
+    for ids in prompt_ids:
+        if not ids:
+            raise HTTPError(400, "prompt must contain at least one token.", param="prompt")
+        if any(not 0 <= t < vocab for t in ids):
+            raise HTTPError(400, f"prompt token ids must be in [0, {vocab}) for this model's vocabulary.",
+                            param="prompt")
+    requested = 16 if req.max_tokens is None else req.max_tokens
+    if requested == 0 and not req.echo:
+        raise HTTPError(400, "max_tokens must be >= 1, or 0 together with echo (the prompt only).",
+                        param="max_tokens")
+    max_tokens = max(requested, 1)
+    # best_of ranks sequences by their cumulative logprob, so they carry at least the sampled token's.
+    seq_logprobs = req.logprobs if req.logprobs is not None else (0 if per_prompt > n else None)
+    prompt_lps = req.prompt_logprobs
+    if req.echo and req.logprobs is not None:
+        prompt_lps = max(prompt_lps or 0, req.logprobs)
+    params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs, prompt_logprobs=prompt_lps,
+                             bias=logit_bias(req, vocab))
+    for ids in prompt_ids:
+        check_length(len(ids), max_tokens, state.client.max_model_len)
+    texts = [Echo(p if isinstance(p, str) else tok.decode(ids) if req.echo else "", ids)
+             for p, ids in zip(raw, prompt_ids, strict=True)]
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    seqs = sequences(request_id, prompt_ids, params, per_prompt)
+    return Prepared(req, request_id, model, prompt_ids, texts, seqs, per_prompt, n, requested == 0)
+
+
+def _render(state: AppState, prep: Prepared, choices: list[Any], request_id: str, created: int) -> bytes:
+    req, tok = prep.req, state.client.tokenizer
+    prompt_of = [prep.prompts[c.index // prep.n] for c in choices]  # renumbered: index = prompt * n + j
+    out = [completion_choice(tok, c, with_logprobs=req.logprobs is not None,
+                             echo=p if req.echo else None, prompt=p if req.prompt_logprobs is not None else None,
+                             drop_generated=prep.drop_generated)
+           for c, p in zip(choices, prompt_of, strict=True)]
+    generated = 0 if prep.drop_generated else sum(c.num_tokens for c in choices)
+    return orjson.dumps(completion_response(request_id, created, prep.model, out, prep.num_prompt_tokens,
+                                            generated))
+
+
+def register(app: Quart, state: AppState) -> None:
+    @app.post("/v1/completions")
+    async def completions() -> Response:
+        body = await request.get_data(as_text=False)
+        prep = await state.offload.run(len(body) > INLINE_BODY_BYTES, prepare, state, body)
+        req = prep.req
+        hint = parse_rank_hint(request.headers, req, lambda: managed_ranks(state))
+        request_id, created = prep.request_id, int(time.time())
+        if not req.stream:
+            choices = best_choices(await run_whole(state, prep.seqs, hint), prep.per_prompt, prep.n)
+            heavy = (req.echo or req.logprobs is not None or req.prompt_logprobs is not None) and (
+                prep.num_prompt_tokens + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
+            payload = await state.offload.run(heavy, _render, state, prep, choices, request_id, created)
+            return Response(payload, content_type="application/json")
+        return await _streamed(state, prep, hint, request_id, created)
+
+
+async def _streamed(state: AppState, prep: Prepared, hint: Any, request_id: str, created: int) -> Response:
+    req, tok, model = prep.req, state.client.tokenizer, prep.model
+    fan, first = await start_stream(state, prep.seqs, hint)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
+    offsets = [0] * len(prep.seqs)
+    generated = [0] * len(prep.seqs)
+    started = [False] * len(prep.seqs)
+
+    def events(index: int, out: RequestOutput) -> list[bytes]:
+        prompt = prep.prompts[index // prep.per_prompt]
+        echo_now = bool(req.echo) and not started[index]
+        if prep.drop_generated:
+            out = RequestOutput(request_id=out.request_id, finished=out.finished, finish_reason=out.finish_reason,
+                                stop_reason=out.stop_reason, prompt_logprobs=out.prompt_logprobs,
+                                logprobs=[] if out.logprobs is not None else None)
+        generated[index] += len(out.new_token_ids)
+        lps = None
+        if req.logprobs is not None:
+            lps = completion_logprobs(
+                tok, out.logprobs or [], offsets[index],
+                (prompt.token_ids, out.prompt_logprobs or [None] * len(prompt.token_ids)) if echo_now else None)
+        chunk = completion_chunk(request_id, created, model, index, out, lps, include_usage)
+        if continuous:  # vLLM's continuous_usage_stats: this choice's usage so far, in every chunk
+            chunk["usage"] = usage(len(prompt.token_ids), generated[index])
+        if echo_now:
+            chunk["choices"][0]["text"] = prompt.text + out.new_text
+            offsets[index] += len(prompt.text)
+        if req.prompt_logprobs is not None and not started[index]:
+            chunk["choices"][0]["prompt_logprobs"] = prompt_logprobs_field(tok, prompt.token_ids,
+                                                                           out.prompt_logprobs)
+        started[index] = True
+        offsets[index] += len(out.new_text)
+        return [sse(chunk)]
+
+    def epilogue() -> list[bytes]:
+        if not include_usage:
+            return []
+        return [sse(usage_chunk(request_id, created, model, "text_completion", prep.num_prompt_tokens,
+                                sum(generated)))]
+
+    return stream_response(fan, first, events, [], epilogue)
+

@@ -1,0 +1,176 @@
+"""From a decoded request body to what the engine client takes: prompts, chat messages, ``SamplingParams``.
+
+Pure functions over the structs of ``asyncdp.api.schemas``. ``refuse_unsupported`` is the one place that says
+which OpenAI/vLLM parameters asyncdp does not implement: each is a 400 naming it unless it is absent, null or a
+value that asks for nothing (``REFUSED``), so no parameter is ever accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncdp.api.errors import HTTPError
+from asyncdp.api.schemas import ChatMessage, ChatRequest, CompletionRequest, _Common
+from asyncdp.sampling_params import SamplingParams
+
+
+def _bad(field: str, message: str) -> HTTPError:
+    return HTTPError(400, message, param=field)
+
+
+# Parameter -> the non-null values that ask for nothing asyncdp lacks (null is always fine). Any other value is a
+# 400 naming the parameter. ``asyncdp.api.openapi`` publishes exactly these values as the parameter's schema.
+REFUSED: dict[str, tuple[Any, ...]] = {
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (),
+    "functions": ([],),
+    "function_call": ("none",),
+    "suffix": ("",),
+    "prompt_embeds": (),
+    "use_beam_search": (False,),
+    "length_penalty": (),
+    "spaces_between_special_tokens": (True,),
+    "truncate_prompt_tokens": (),
+    "allowed_token_ids": (),
+    "bad_words": ([],),
+    "logits_processors": ([],),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "guided_decoding_backend": (),
+    "guided_whitespace_pattern": (),
+    "structured_outputs": (),
+    "priority": (0,),
+    "request_id": (),
+    "return_tokens_as_token_ids": (False,),
+    "return_token_ids": (False,),
+    "cache_salt": (),
+    "kv_transfer_params": (),
+    "vllm_xargs": (),
+    "store": (False,),
+    "metadata": (),
+    "service_tier": ("auto", "default"),
+    "chat_template": (),
+    "documents": (),
+    "mm_processor_kwargs": (),
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "reasoning_effort": (),
+    "web_search_options": (),
+}
+
+
+def harmless(name: str, value: Any) -> bool:
+    """Whether ``value`` of the unimplemented parameter ``name`` asks for nothing (null or a no-op value)."""
+    return value is None or any(value == a and type(value) is type(a) for a in REFUSED[name])
+
+
+def refuse_unsupported(req: _Common) -> None:
+    """400 for the first parameter asyncdp does not implement that the request sets to a value that matters."""
+    for name in REFUSED:
+        value = getattr(req, name, None)
+        if value is not None and not harmless(name, value):
+            raise _bad(name, f"{name} is not supported by this server.")
+    opts = req.stream_options
+    if opts is not None:
+        if not req.stream:
+            raise _bad("stream_options", "stream_options is only allowed when stream is true.")
+        if opts.continuous_usage_stats and not opts.include_usage:
+            raise _bad("stream_options", "stream_options.continuous_usage_stats needs include_usage: true.")
+
+
+def prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The completion prompts: one string, a list of strings, token ids, or a list of token-id lists."""
+    p = _integral_ids(req.prompt)
+    if isinstance(p, str):
+        return [p]
+    if isinstance(p, list) and p:
+        if all(isinstance(x, str) for x in p):
+            return list(p)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+            return [list(p)]
+        if all(isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+               for x in p):
+            return [list(x) for x in p]
+    raise _bad("prompt", "prompt must be a string, a list of strings, a list of token ids, "
+                         "or a list of token-id lists (non-empty).")
+
+
+def _integral_ids(p: Any) -> Any:
+    """Token ids written as integral floats (``2.0``) are the integers they are, as JSON Schema reads them.
+    Two levels at most: a prompt is a list of ids or a list of id lists."""
+    def one(x: Any) -> Any:
+        return int(x) if isinstance(x, float) and x.is_integer() else x
+
+    if isinstance(p, list):
+        return [[one(t) for t in x] if isinstance(x, list) else one(x) for x in p]
+    return p
+
+
+def chat_messages(req: ChatRequest | Any) -> list[dict[str, str]]:
+    """Messages as the chat template expects them: role and plain-text content."""
+    messages: list[ChatMessage] = req.messages
+    if not messages:
+        raise _bad("messages", "messages must be a non-empty list.")
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
+                                               and isinstance(part.get("text"), str) for part in content):
+            text = "".join(part["text"] for part in content)
+        else:
+            raise _bad(f"messages[{i}].content", "message content must be a string or a list of text parts.")
+        out.append({"role": m.role, "content": text})
+    return out
+
+
+def logit_bias(req: _Common, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """``{"token id": bias}`` as sorted ``(id, bias)`` pairs; ids outside the vocabulary are a 400."""
+    if not req.logit_bias:
+        return ()
+    pairs = sorted((int(k), float(v)) for k, v in req.logit_bias.items())
+    outside = [t for t, _ in pairs if t >= vocab_size]
+    if outside:
+        raise _bad("logit_bias", f"logit_bias token ids must be in [0, {vocab_size}), got {outside[:5]}.")
+    for (a, _), (b, _) in zip(pairs, pairs[1:], strict=False):
+        if a == b:  # "01" and "1" name the same token
+            raise _bad("logit_bias", f"logit_bias names token id {a} twice.")
+    return tuple(pairs)
+
+
+def sampling_params(
+    req: CompletionRequest | ChatRequest, *, max_tokens: int | None, logprobs: int | None,
+    prompt_logprobs: int | None = None, bias: tuple[tuple[int, float], ...] = (),
+) -> SamplingParams:
+    """The per-sequence sampling parameters (n is fanned out by the caller), range-checked."""
+    stop: tuple[str, ...] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    params = SamplingParams(
+        n=1 if req.n is None else req.n,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if req.top_k is None else req.top_k,
+        min_p=0.0 if req.min_p is None else req.min_p,
+        seed=req.seed,
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens or 0,
+        ignore_eos=bool(req.ignore_eos),
+        stop=stop,
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=bias,
+    )
+    return params.validate()
