@@ -9,9 +9,9 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from asyncdp.llm import LLM
     from asyncdp.outputs import CompletionOutput, RequestOutput
-    from asyncdp.sampling_params import SamplingParams
+    from asyncdp.sampling_params import SamplingParams, StructuredOutputs
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "StructuredOutputs", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,8 +24,8 @@ def __getattr__(name: str) -> Any:
         from asyncdp import outputs
 
         return getattr(outputs, name)
-    if name == "SamplingParams":
-        from asyncdp.sampling_params import SamplingParams
+    if name in ("SamplingParams", "StructuredOutputs"):
+        from asyncdp import sampling_params
 
-        return SamplingParams
+        return getattr(sampling_params, name)
     raise AttributeError(f"module 'asyncdp' has no attribute {name!r}")

@@ -108,7 +108,7 @@ def test_text_prompts_decode_to_the_same_text_the_tokenizer_gives():
 
 
 def test_public_api_is_pinned():
-    assert sorted(asyncdp.__all__) == sorted(["LLM", "CompletionOutput", "RequestOutput", "SamplingParams",
+    assert sorted(asyncdp.__all__) == sorted(["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "StructuredOutputs",
                                               "__version__"])
     for name in asyncdp.__all__:
         assert getattr(asyncdp, name) is not None

@@ -45,6 +45,7 @@ from asyncdp.api.params import chat_messages, logit_bias, refuse_unsupported, sa
 from asyncdp.api.rank_hint import parse_rank_hint
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
+from asyncdp.api.structured import structured_outputs
 from asyncdp.errors import InvalidRequestError
 from asyncdp.messages import RequestOutput
 
@@ -109,7 +110,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     tok = state.client.tokenizer
     try:
         params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs,
-                                 prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)))
+                                 prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)),
+                                 structured=structured_outputs(req))
     except InvalidRequestError as exc:
         if exc.field == "logprobs":
             exc.field = "top_logprobs"

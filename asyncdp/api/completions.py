@@ -45,6 +45,7 @@ from asyncdp.api.params import logit_bias, prompts, refuse_unsupported, sampling
 from asyncdp.api.rank_hint import parse_rank_hint
 from asyncdp.api.schemas import CompletionRequest, decode_body
 from asyncdp.api.sse import sse
+from asyncdp.api.structured import structured_outputs
 from asyncdp.messages import RequestOutput
 
 
@@ -95,7 +96,7 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     if req.echo and req.logprobs is not None:
         prompt_lps = max(prompt_lps or 0, req.logprobs)
     params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs, prompt_logprobs=prompt_lps,
-                             bias=logit_bias(req, vocab))
+                             bias=logit_bias(req, vocab), structured=structured_outputs(req))
     for ids in prompt_ids:
         check_length(len(ids), max_tokens, state.client.max_model_len)
     texts = [Echo(p if isinstance(p, str) else tok.decode(ids) if req.echo else "", ids)

@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncdp.api.errors import HTTPError
 from asyncdp.api.schemas import ChatMessage, ChatRequest, CompletionRequest, _Common
-from asyncdp.sampling_params import SamplingParams
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs
 
 
 def _bad(field: str, message: str) -> HTTPError:
@@ -21,7 +21,6 @@ def _bad(field: str, message: str) -> HTTPError:
 # Parameter -> the non-null values that ask for nothing asyncdp lacks (null is always fine). Any other value is a
 # 400 naming the parameter. ``asyncdp.api.openapi`` publishes exactly these values as the parameter's schema.
 REFUSED: dict[str, tuple[Any, ...]] = {
-    "response_format": ({"type": "text"},),
     "tools": ([],),
     "tool_choice": ("none",),
     "parallel_tool_calls": (),
@@ -36,13 +35,8 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (),
     "bad_words": ([],),
     "logits_processors": ([],),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
-    "guided_decoding_backend": (),
+    "guided_decoding_backend": ("auto", "guidance", "llguidance"),  # the one backend asyncdp has
     "guided_whitespace_pattern": (),
-    "structured_outputs": (),
     "priority": (0,),
     "request_id": (),
     "return_tokens_as_token_ids": (False,),
@@ -149,6 +143,7 @@ def logit_bias(req: _Common, vocab_size: int) -> tuple[tuple[int, float], ...]:
 def sampling_params(
     req: CompletionRequest | ChatRequest, *, max_tokens: int | None, logprobs: int | None,
     prompt_logprobs: int | None = None, bias: tuple[tuple[int, float], ...] = (),
+    structured: StructuredOutputs | None = None,
 ) -> SamplingParams:
     """The per-sequence sampling parameters (n is fanned out by the caller), range-checked."""
     stop: tuple[str, ...] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
@@ -172,5 +167,6 @@ def sampling_params(
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=bias,
+        structured=structured,
     )
     return params.validate()

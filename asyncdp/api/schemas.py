@@ -35,6 +35,40 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     continuous_usage_stats: bool | None = None  # vLLM; refused when true
 
 
+class JsonSchemaSpec(msgspec.Struct, kw_only=True):
+    """``response_format.json_schema`` (OpenAI): the schema is required here, as vLLM requires it."""
+
+    schema_: Json = msgspec.field(name="schema")
+    name: str | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextFormat(msgspec.Struct, kw_only=True, tag="text", tag_field="type"):
+    pass
+
+
+class JsonObjectFormat(msgspec.Struct, kw_only=True, tag="json_object", tag_field="type"):
+    pass
+
+
+class JsonSchemaFormat(msgspec.Struct, kw_only=True, tag="json_schema", tag_field="type"):
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+
+
+class StructuredOutputsBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs``: exactly one of these (an unknown key is a 400, never ignored)."""
+
+    json: str | Json | None = None
+    regex: Annotated[str, Meta(min_length=1)] | None = None
+    choice: Annotated[list[str], Meta(min_length=1)] | None = None
+    grammar: Annotated[str, Meta(min_length=1)] | None = None
+    json_object: bool | None = None
+
+
 class _Common(msgspec.Struct, kw_only=True):
     model: str | None = None
     temperature: Annotated[float, Meta(ge=0.0)] | None = None
@@ -63,8 +97,14 @@ class _Common(msgspec.Struct, kw_only=True):
     echo: bool | None = None
     data_parallel_rank: Any = None  # typed by parse_rank_hint, so a bad value gets the E1 message
     data_parallel_global_rank: Any = None
+    # Structured outputs (asyncdp.api.structured): at most one of these per request.
+    response_format: ResponseFormat | None = None
+    guided_json: str | Json | None = None
+    guided_regex: Annotated[str, Meta(min_length=1)] | None = None
+    guided_choice: Annotated[list[str], Meta(min_length=1)] | None = None
+    guided_grammar: Annotated[str, Meta(min_length=1)] | None = None
+    structured_outputs: StructuredOutputsBody | None = None
     # Declared so a wrong type is a 400 too; refused unless absent, null or the value named in params.REFUSED.
-    response_format: Json | None = None
     tools: list[Json] | None = None
     tool_choice: str | Json | None = None
     parallel_tool_calls: bool | None = None
@@ -77,13 +117,8 @@ class _Common(msgspec.Struct, kw_only=True):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     logits_processors: list[Any] | None = None
-    guided_json: str | Json | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
-    structured_outputs: Json | None = None
     priority: int | None = None
     request_id: str | None = None
     return_tokens_as_token_ids: bool | None = None

@@ -1,0 +1,68 @@
+"""Structured outputs from a request body: OpenAI's ``response_format``, vLLM's ``guided_*`` parameters and
+``structured_outputs``, turned into the one ``StructuredOutputs`` the engine takes.
+
+A request names at most one source (two are a 400 naming both). The grammar is compiled here, before any
+sequence starts (``StructuredOutputs.validate``, cached by text), so a schema or regex the grammar library
+cannot compile is a 400 naming the request's own parameter, not an engine error after admission.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from asyncdp.api.errors import HTTPError
+from asyncdp.api.schemas import JsonObjectFormat, JsonSchemaFormat, StructuredOutputsBody, _Common
+from asyncdp.errors import InvalidSamplingParams
+from asyncdp.sampling_params import StructuredOutputs
+
+
+def _schema_text(value: str | dict[str, Any], param: str) -> str:
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            raise HTTPError(400, f"{param} must be a JSON schema (an object, or a string holding one): {exc}",
+                            param=param) from None
+        return value
+    return json.dumps(value)
+
+
+def _from_body(body: StructuredOutputsBody) -> StructuredOutputs:
+    return StructuredOutputs(
+        json_schema=None if body.json is None else _schema_text(body.json, "structured_outputs.json"),
+        json_object=bool(body.json_object), regex=body.regex, choice=tuple(body.choice or ()),
+        grammar=body.grammar)
+
+
+def structured_outputs(req: _Common) -> StructuredOutputs | None:
+    """The request's structured-output constraint, compiled and checked, or None when it asks for none."""
+    sources: list[tuple[str, StructuredOutputs]] = []
+    rf = req.response_format
+    if isinstance(rf, JsonObjectFormat):
+        sources.append(("response_format", StructuredOutputs(json_object=True)))
+    elif isinstance(rf, JsonSchemaFormat):
+        sources.append(("response_format", StructuredOutputs(
+            json_schema=json.dumps(rf.json_schema.schema_))))
+    if req.guided_json is not None:
+        sources.append(("guided_json", StructuredOutputs(json_schema=_schema_text(req.guided_json, "guided_json"))))
+    if req.guided_regex is not None:
+        sources.append(("guided_regex", StructuredOutputs(regex=req.guided_regex)))
+    if req.guided_choice is not None:
+        sources.append(("guided_choice", StructuredOutputs(choice=tuple(req.guided_choice))))
+    if req.guided_grammar is not None:
+        sources.append(("guided_grammar", StructuredOutputs(grammar=req.guided_grammar)))
+    if req.structured_outputs is not None:
+        sources.append(("structured_outputs", _from_body(req.structured_outputs)))
+    if not sources:
+        return None
+    if len(sources) > 1:
+        names = [name for name, _ in sources]
+        raise HTTPError(400, f"give at most one structured-output constraint; got {', '.join(names)}.",
+                        param=names[1])
+    param, constraint = sources[0]
+    try:
+        constraint.validate()
+    except InvalidSamplingParams as exc:
+        raise HTTPError(400, f"{param}: {exc}", param=param) from None
+    return constraint

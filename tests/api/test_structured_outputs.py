@@ -1,0 +1,68 @@
+"""Structured outputs over HTTP: response_format, guided_* and structured_outputs each become one compiled
+StructuredOutputs on the sampling params; conflicting or uncompilable constraints are 400s naming the parameter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asyncdp.sampling_params import StructuredOutputs
+from tests.api.conftest import running
+
+pytest.importorskip("llguidance", reason="structured outputs need the optional llguidance package")
+pytestmark = pytest.mark.anyio
+
+CHAT = [{"role": "user", "content": "hi"}]
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+CASES = [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
+     StructuredOutputs(json_schema=json.dumps(SCHEMA))),
+    ({"response_format": {"type": "json_object"}}, StructuredOutputs(json_object=True)),
+    ({"guided_json": SCHEMA}, StructuredOutputs(json_schema=json.dumps(SCHEMA))),
+    ({"guided_json": json.dumps(SCHEMA)}, StructuredOutputs(json_schema=json.dumps(SCHEMA))),
+    ({"guided_regex": "[ab]{3}"}, StructuredOutputs(regex="[ab]{3}")),
+    ({"guided_choice": ["yes", "no"]}, StructuredOutputs(choice=("yes", "no"))),
+    ({"guided_grammar": 'start: "x" | "y"'}, StructuredOutputs(grammar='start: "x" | "y"')),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, StructuredOutputs(choice=("a", "b"))),
+    ({"structured_outputs": {"json": SCHEMA}}, StructuredOutputs(json_schema=json.dumps(SCHEMA))),
+    ({"structured_outputs": {"regex": "a+"}}, StructuredOutputs(regex="a+")),
+]
+
+
+@pytest.mark.parametrize(("extra", "expected"), CASES)
+async def test_each_structured_output_source_reaches_the_sampling_params(extra: dict,
+                                                                         expected: StructuredOutputs) -> None:
+    async with running() as srv:
+        chat = await srv.http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2, **extra})
+        completion = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, **extra})
+    assert chat.status_code == 200, chat.text
+    assert completion.status_code == 200, completion.text
+    assert [s[2].structured for s in srv.fake.submitted] == [expected, expected]
+
+
+async def test_text_response_format_asks_for_no_constraint() -> None:
+    async with running() as srv:
+        r = await srv.http.post("/v1/chat/completions", json={
+            "messages": CHAT, "max_tokens": 1, "response_format": {"type": "text"}})
+    assert r.status_code == 200 and srv.fake.submitted[0][2].structured is None
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p"}}}, "response_format.json_schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+])
+async def test_bad_or_conflicting_constraints_are_400_naming_the_parameter(extra: dict, param: str) -> None:
+    async with running() as srv:
+        r = await srv.http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 1, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith(param), r.json()
+    assert srv.fake.submitted == []
