@@ -34,6 +34,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+from serving import asyncdp_serve  # bench/serving.py (scripts run from bench/)
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 1, "temperature": 0}
@@ -119,49 +120,13 @@ def child_server(side: str, backend: str) -> Iterator[tuple[str, int]]:
             proc.wait()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def asyncdp_server(backend: str, timeout_s: float = 120.0) -> Iterator[tuple[str, int]]:
-    """``asyncdp serve`` on the zero-cost sim executor, one engine, one API server, on a free loopback port.
-
-    The launcher binds ``--port`` itself, so the port is found by binding port 0 here and closing it just before
-    the launch (a lost race shows as an exit before /health answers)."""
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "asyncdp", "serve", "builtin:tiny-dense", "--served-model-name", str(BODY["model"]),
-           "--executor", "sim", "--sim-cost", "0,0,0,0", "--api-server-count", "1", "--backend", backend,
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if httpx.get(f"{base_url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            try:  # the poll interval, ending early if the server died
-                raise RuntimeError(f"asyncdp serve exited with {proc.wait(timeout=0.2)} before ready")
-            except subprocess.TimeoutExpired:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("asyncdp serve was not ready in time") from None
-        yield base_url, proc.pid
-    finally:
-        proc.terminate()  # SIGTERM: the launcher stops its children in order
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
+    """``asyncdp serve`` on the zero-cost sim executor, one engine, one API server, on a free loopback port."""
+    with asyncdp_serve("builtin:tiny-dense", "--served-model-name", str(BODY["model"]), "--executor", "sim",
+                       "--sim-cost", "0,0,0,0", "--api-server-count", "1", "--backend", backend,
+                       "--log-level", "warning", timeout_s=timeout_s) as served:
+        yield served
 
 
 def run_asyncdp_side(requests: int, concurrency: int, backend: str) -> Result | None:

@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+from serving import asyncdp_serve  # bench/serving.py (scripts run from bench/)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "builtin:tiny-dense"
@@ -66,44 +66,17 @@ class Run:
     required: bool = True
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def asyncdp_server(log_path: Path, timeout_s: float = 120.0) -> Iterator[str]:
     """``asyncdp serve builtin:tiny-dense -dp 2`` (two API servers) on a free loopback port; SIGTERM at the end."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "asyncdp", "serve", MODEL, "-dp", "2", "--host", "127.0.0.1", "--port", str(port),
-           "--executor", "torch", "--torch-threads", "1", "--max-model-len", str(MAX_MODEL_LEN)]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=ROOT, start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            try:  # the poll interval, ending early if the server died
-                raise RuntimeError(f"asyncdp serve exited with {proc.wait(timeout=0.2)} before ready; see {log_path}")
-            except subprocess.TimeoutExpired:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"asyncdp serve was not ready in {timeout_s} s; see {log_path}") from None
-        yield base_url
-    finally:
-        proc.send_signal(signal.SIGTERM)  # the launcher stops its children in order
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            with asyncdp_serve(MODEL, "-dp", "2", "--executor", "torch", "--torch-threads", "1", "--max-model-len",
+                               str(MAX_MODEL_LEN), log=log, env={"OMP_NUM_THREADS": "1"},
+                               timeout_s=timeout_s) as (base_url, _):
+                yield base_url
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; see {log_path}") from None
 
 
 def inflight(base_url: str) -> float:
