@@ -29,6 +29,7 @@ import signal
 import socket
 import tempfile
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ import anyio.abc
 import msgspec
 
 from asyncdp.client import ClientConfig, DPClient
+from asyncdp.logs import DrainCounts
 from asyncdp.node_table import NodeTable
 from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import listen
@@ -87,12 +89,14 @@ async def serve_api(
     *,
     stop_reason: Callable[[], str | None] | None = None,
     node_table: NodeTable | None = None,
+    drain: DrainCounts | None = None,
     task_status: anyio.abc.TaskStatus[DPClient] = anyio.TASK_STATUS_IGNORED,
 ) -> int:
     """Serve until ``shutdown`` is set; return the exit code (0 orderly, 1 all engines dead).
 
     ``stop_reason()`` names why the deployment stops when it is not an operator's signal (a teardown): the
-    requests this server abandons fail with that cause."""
+    requests this server abandons fail with that cause. ``drain``, when given, receives how many in-flight
+    requests finished during the drain and how many were abandoned (the launcher's "stopped" line)."""
     from asyncdp.api.app import create_app
     from asyncdp.api.serve import SSLFiles, serve_http
     from asyncdp.model import load_tokenizer
@@ -146,6 +150,7 @@ async def serve_api(
             cause = cause or "no data-parallel rank can serve"
         what = f"the deployment is being torn down ({cause})" if cause else "the server is shutting down"
         client.begin_shutdown(what)
+        inflight_at_stop = client.num_inflight
         # Hypercorn keeps its own duplicate of the listener until HTTP stops; this process's copy goes now, so
         # that the kernel refuses new connections once the last accepting process stopped, instead of queueing
         # connections that nobody will accept.
@@ -153,6 +158,10 @@ async def serve_api(
         if cfg.shutdown_timeout_s > 0:
             with anyio.move_on_after(cfg.shutdown_timeout_s):
                 await client.wait_idle()
+        if drain is not None:
+            drain.aborted = client.num_inflight
+            drain.drained = max(0, inflight_at_stop - drain.aborted)
+        if cfg.shutdown_timeout_s > 0:
             await client.abort_all(f"{what} and its --shutdown-timeout of {cfg.shutdown_timeout_s:g} s passed")
         else:
             await client.abort_all(f"{what} with --shutdown-timeout 0")
@@ -179,6 +188,7 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
     shutdown = anyio.Event()
     code = 0
     listener, client_addr = await bind_client_listener(cfg)
+    drain = DrainCounts()
     async with anyio.create_task_group() as tg:
         client: DPClient | None = None
         processes: list[dict[str, Any]] = []
@@ -220,7 +230,11 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
         async def run_api(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
             nonlocal code
             code = await serve_api(cfg, http_sock, listener, shutdown, task_status=task_status,
-                                   stop_reason=lambda: reason[0] if reason else None, node_table=node_table)
+                                   stop_reason=lambda: reason[0] if reason else None, node_table=node_table,
+                                   drain=drain)
+            with anyio.move_on_after(1.0), suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                # The launcher sums every API server's counts into one "stopped" line.
+                await control.send({"event": "stopped", "drained": drain.drained, "aborted": drain.aborted})
             tg.cancel_scope.cancel()
 
         client = await tg.start(run_api)

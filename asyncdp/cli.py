@@ -269,26 +269,64 @@ def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = N
 
 
 def unsupported_reason(config: ServeConfig) -> str | None:
-    """What this build cannot run yet (validated already), or None. Checked before anything starts."""
+    """What this build cannot run yet (validated already), or None. Checked before anything starts.
+
+    The message names only flags the command line (or the environment) set, and says what to change: this build
+    runs every data-parallel rank on this one node, one device per rank, behind internal load balancing."""
     d = config.deployment
     assert d is not None, "resolve() first"
     if config.uds is not None:
-        return "--uds is not supported in this build yet"
-    names = {
-        "headless": "headless mode (--headless / --api-server-count 0)",
-        "hybrid": "hybrid load-balancing mode (--data-parallel-hybrid-lb / --data-parallel-start-rank)",
-        "external": "external load-balancing mode (--data-parallel-external-lb / --data-parallel-rank)",
-        "multi-port": "multi-port mode (--data-parallel-multi-port-external-lb)",
-    }
-    if d.mode in names:
-        return f"{names[d.mode]} is not supported in this build yet"
-    if d.tensor_parallel_size > 1 or d.pipeline_parallel_size > 1:  # no engine shards a rank yet
-        return (f"tensor or pipeline parallelism (--tensor-parallel-size {d.tensor_parallel_size}, "
-                f"--pipeline-parallel-size {d.pipeline_parallel_size}) is not supported in this build yet")
+        return "--uds is not supported in this build yet; serve on TCP instead: drop --uds (and pass --host/--port)"
+    one_node = "this build serves one node with internal load balancing"
+    if d.mode == "headless":
+        flag = "--headless" if config.headless else "--api-server-count 0"
+        return (f"headless mode ({flag}) is not supported in this build yet; {one_node}: drop {flag} and run "
+                "every rank on the node that serves HTTP")
+    if d.mode == "hybrid":
+        passed = _passed(config, ("--data-parallel-hybrid-lb", config.data_parallel_hybrid_lb),
+                         ("--data-parallel-start-rank", config.data_parallel_start_rank),
+                         ("--data-parallel-size-local", config.data_parallel_size_local))
+        return (f"hybrid load-balancing mode ({', '.join(passed)}) is not supported in this build yet; {one_node}: "
+                f"drop {_names(passed)}")
+    if d.mode == "external":
+        passed = _passed(config, ("--data-parallel-external-lb", config.data_parallel_external_lb),
+                         ("--data-parallel-rank", config.data_parallel_rank))
+        return (f"external load-balancing mode ({', '.join(passed)}) is not supported in this build yet; {one_node}: "
+                f"drop {_names(passed)}")
+    if d.mode == "multi-port":
+        return ("multi-port mode (--data-parallel-multi-port-external-lb) is not supported in this build yet; "
+                f"{one_node}: drop --data-parallel-multi-port-external-lb")
+    sharded = _passed(config, ("--tensor-parallel-size", d.tensor_parallel_size > 1 and d.tensor_parallel_size),
+                      ("--pipeline-parallel-size", d.pipeline_parallel_size > 1 and d.pipeline_parallel_size))
+    if sharded:  # no engine shards a rank yet
+        what = " and ".join(f.split("-")[2] for f in sharded)
+        return (f"{what} parallelism ({', '.join(sharded)}) is not supported in this build yet; each "
+                f"data-parallel rank runs on one device: drop {_names(sharded)}")
     if d.nnodes > 1 or d.dp_size_local < d.dp_size:
-        return (f"a multi-node deployment (--nnodes {d.nnodes}; this node runs {d.dp_size_local} of "
-                f"--data-parallel-size {d.dp_size} ranks) is not supported in this build yet")
+        passed = _passed(config, ("--nnodes", d.nnodes > 1 and d.nnodes),
+                         ("--data-parallel-size-local", config.data_parallel_size_local))
+        why = ", ".join(passed) or "VLLM_RAY_DP_PACK_STRATEGY=span"
+        fix = f"drop {_names(passed)}" if passed else "unset VLLM_RAY_DP_PACK_STRATEGY"
+        return (f"a multi-node deployment ({why}: this node would run {d.dp_size_local} of the {d.dp_size} "
+                f"data-parallel ranks) is not supported in this build yet; run all {d.dp_size} ranks on this node: "
+                f"{fix}")
     return None
+
+
+def _names(passed: list[str]) -> str:
+    """``["--nnodes 2", "--data-parallel-size-local 2"]`` -> ``"--nnodes and --data-parallel-size-local"``."""
+    return " and ".join(flag.split()[0] for flag in passed)
+
+
+def _passed(config: ServeConfig, *flags: tuple[str, object]) -> list[str]:
+    """``--flag value`` (or ``--flag`` for a switch) for each flag whose value is set, in the order given."""
+    out = []
+    for flag, value in flags:
+        if value is True:
+            out.append(flag)
+        elif value is not None and value is not False:
+            out.append(f"{flag} {value}")
+    return out
 
 
 def _run_model_command(ns: argparse.Namespace) -> int:

@@ -279,7 +279,9 @@ class Coordinator:
             self.clients[key] = peer
             await self._inbox_send.send(("client_joined", key))
             await self._run_peer(peer, lambda: self._read_client(peer))
-            log.info("%s left: %s", peer.name, peer.lost_reason)
+            # While the deployment stops in order every client leaves: that is no news worth a line each.
+            log.log(logging.DEBUG if self.stopping.is_set() else logging.INFO, "%s left: %s", peer.name,
+                    peer.lost_reason)
         finally:
             self.clients.pop(key, None)
             peer.close()
@@ -359,13 +361,16 @@ class Coordinator:
             elif isinstance(action, W.LogProtocolError):
                 log.error("protocol error: %s", action.message)
             elif isinstance(action, W.MarkDead):
-                level = logging.INFO if self.stopping.is_set() else logging.WARNING
-                log.log(level, "engine rank %d lost (%s); it leaves the load statistics", action.dp_rank,
-                        action.reason)
+                if self.stopping.is_set():  # an orderly shutdown: the ranks leave, nothing was lost
+                    log.debug("engine rank %d left (%s)", action.dp_rank, action.reason)
+                else:
+                    log.warning("engine rank %d lost (%s); it leaves the load statistics", action.dp_rank,
+                                action.reason)
                 self.book.mark_dead(action.dp_rank)
                 self.engines.pop(action.dp_rank, None)
                 if self.machine.all_dead:
-                    log.info("every engine is gone; the coordinator stops")
+                    log.info("%s", "every engine rank left; the coordinator stops" if self.stopping.is_set()
+                             else "every engine rank is gone; the coordinator stops")
                     return True
             elif isinstance(action, W.Teardown):
                 await self._teardown(action)

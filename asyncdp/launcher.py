@@ -35,6 +35,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,7 @@ from asyncdp.engine.rank import RankConfig
 from asyncdp.engine.rank_process import rank_payload
 from asyncdp.errors import AsyncDPError, ProtocolError, StartupError
 from asyncdp.launch_plan import LaunchPlan, bind_http_socket, plan_from_config
+from asyncdp.logs import DrainCounts, serving_line, stopped_line
 from asyncdp.node_table import NodeTable
 from asyncdp.procs import ChildExited, ChildProcess, spawn_child
 from asyncdp.transport import Link, listen, serve_links
@@ -85,6 +87,8 @@ class _Deployment:
     handshake_addr: str = ""
     node_table: NodeTable | None = None  # with several API servers: their shared admission/heartbeat table
     node_table_fd: int = -1
+    started_at: float = 0.0  # time.monotonic() when `asyncdp serve` began: the startup line's total
+    inproc_drain: DrainCounts = field(default_factory=DrainCounts)
 
     @property
     def http_port(self) -> int:
@@ -126,14 +130,17 @@ def run_serve(config: ServeConfig) -> int:
     """``asyncdp serve``: run a deployment until a signal or a failure; return the process exit code."""
     from asyncdp.logs import setup_logging
 
+    started_at = time.monotonic()
     setup_logging(prefix="asyncdp-launcher" if (config.deployment and config.deployment.api_server_count > 1)
                   else "APIServer", level=config.log_level.upper())
     try:
-        plan = plan_from_config(config)
+        plan = plan_from_config(config)  # resolves the model: a built-in is generated (or converted) once here
     except AsyncDPError as exc:
         log.error("%s", exc)
         return 1
-    return run_plan(plan)
+    log.info("model %s: checkpoint %s (resolved in %.2f s)", config.model, plan.model_path,
+             time.monotonic() - started_at)
+    return run_plan(plan, started_at=started_at)
 
 
 def _bind_http(plan: LaunchPlan) -> socket.socket:
@@ -144,8 +151,11 @@ def _bind_http(plan: LaunchPlan) -> socket.socket:
     return reserve_shared_port(plan.host, plan.port)
 
 
-def run_plan(plan: LaunchPlan) -> int:
-    """Run a deployment described by ``plan``; return the process exit code."""
+def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
+    """Run a deployment described by ``plan``; return the process exit code.
+
+    ``started_at``: ``time.monotonic()`` when the command began (default: now), for the startup's total time."""
+    started_at = time.monotonic() if started_at is None else started_at
     try:
         import setproctitle
 
@@ -159,7 +169,7 @@ def run_plan(plan: LaunchPlan) -> int:
         return 1
     tmpdir = tempfile.mkdtemp(prefix="asyncdp-")
     try:
-        return anyio.run(_serve, plan, http_sock, tmpdir, backend=plan.backend)
+        return anyio.run(_serve, plan, http_sock, tmpdir, started_at, backend=plan.backend)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -167,27 +177,54 @@ def run_plan(plan: LaunchPlan) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str) -> int:
-    dep = _Deployment(plan, http_sock, tmpdir)
+async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str, started_at: float) -> int:
+    dep = _Deployment(plan, http_sock, tmpdir, started_at=started_at)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_watch_signals, dep)
         await _run_startup(dep, functools.partial(_start, dep, tg))
         if not dep.shutdown.is_set():
             dep.started = True
             await _publish_process_table(dep)
-            scheme = "https" if plan.ssl_certfile else "http"
-            log.info("asyncdp is serving %s on %s://%s:%d (dp=%d, %d API server%s)", plan.served_model_name, scheme,
-                     plan.host or "0.0.0.0", dep.http_port, plan.dp_size, plan.api_server_count,
-                     "s" if plan.api_server_count > 1 else "")
+            host, port = dep.http_sock.getsockname()[:2]  # the address really bound (port 0 resolved)
+            log.info("%s", serving_line(model=plan.served_model_name, model_path=_shown_model(plan),
+                                        scheme="https" if plan.ssl_certfile else "http", host=host, port=port,
+                                        dp_size=plan.dp_size, api_server_count=plan.api_server_count,
+                                        took_s=time.monotonic() - dep.started_at))
         await dep.shutdown.wait()
         await _stop_all(dep)
         tg.cancel_scope.cancel()
     if dep.node_table is not None:
         dep.node_table.close()
         os.close(dep.node_table_fd)
-    if dep.failure is not None or dep.inproc_api_code:
-        return 1
-    return 0
+    code = 1 if dep.failure is not None or dep.inproc_api_code else 0
+    counts, unreported = _drain_counts(dep)
+    log.log(logging.INFO if code == 0 else logging.ERROR, "%s",
+            stopped_line(counts, exit_status=code, unreported=unreported))
+    return code
+
+
+def _shown_model(plan: LaunchPlan) -> str | None:
+    """The checkpoint behind the served name, when the name alone does not say it (a built-in's cache folder
+    and a served name equal to the path add nothing)."""
+    if plan.served_model_name.startswith("builtin:") or plan.served_model_name == plan.model_path:
+        return None
+    return plan.model_path
+
+
+def _drain_counts(dep: _Deployment) -> tuple[list[DrainCounts], int]:
+    """Every API server's drain counts, and how many API servers exited without reporting theirs."""
+    if dep.plan.api_server_count == 1:
+        return [dep.inproc_drain], 0
+    counts, unreported = [], 0
+    for ch in dep.children:
+        if ch.role != "api":
+            continue
+        ev = ch.events.get("stopped")
+        if ev is None:
+            unreported += 1
+        else:
+            counts.append(DrainCounts(drained=int(ev["drained"]), aborted=int(ev["aborted"])))
+    return counts, unreported
 
 
 async def _run_startup(dep: _Deployment, start: Callable[[], Awaitable[None]]) -> None:
@@ -221,7 +258,10 @@ async def _watch_signals(dep: _Deployment) -> None:
                 for ch in dep.children:
                     ch.kill_tree()
                 continue
-            log.info("received %s: shutting down", signal.Signals(signum).name)
+            timeout_s = dep.plan.shutdown_timeout_s
+            log.info("received %s: shutting down (%s)", signal.Signals(signum).name,
+                     f"in-flight requests get up to {timeout_s:g} s to finish" if timeout_s > 0
+                     else "in-flight requests are aborted: --shutdown-timeout 0")
             dep.shutdown.set()
 
 
@@ -328,7 +368,8 @@ async def _start(dep: _Deployment, tg: anyio.abc.TaskGroup) -> None:
                 async def run(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
                     dep.inproc_api_code = await serve_api(_api_config(dep, 0), dep.http_sock, listener,
                                                           dep.api_shutdown, task_status=task_status,
-                                                          stop_reason=lambda: dep.failure)
+                                                          stop_reason=lambda: dep.failure,
+                                                          drain=dep.inproc_drain)
                     dep.inproc_api_done.set()
                     if dep.inproc_api_code:
                         dep.fail("the API server stopped: no data-parallel rank can serve")

@@ -135,16 +135,46 @@ def test_dense_model_with_dp_runs_internal_mode():
     (["-dp", "4", "--nnodes", "2"], "a multi-node deployment"),
     (["-dp", "4", "-dpl", "0"], "a multi-node deployment"),
     (["--uds", "/tmp/x.sock"], "--uds"),
-    (["-dp", "2", "-tp", "2"], "tensor or pipeline parallelism"),
-    (["-pp", "2"], "tensor or pipeline parallelism"),
+    (["-dp", "2", "-tp", "2"], "tensor parallelism"),
+    (["-pp", "2"], "pipeline parallelism"),
 ])
 def test_valid_but_unbuilt_mode_exits_2_before_the_launcher(argv, what, capsys):
     launcher = FakeLauncher()
     assert main(["serve", *argv], model_facts=moe_facts, run_serve=launcher, env={}) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[-1].startswith("asyncdp: error: ") and what in err[-1]
-    assert err[-1].endswith("is not supported in this build yet")
+    assert "is not supported in this build yet; " in err[-1]  # ... followed by what to change
     assert launcher.configs == []
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["-dp", "4", "-dpl", "2"],
+     "a multi-node deployment (--data-parallel-size-local 2: this node would run 2 of the 4 data-parallel ranks) "
+     "is not supported in this build yet; run all 4 ranks on this node: drop --data-parallel-size-local"),
+    (["-dp", "4", "--nnodes", "2"],
+     "a multi-node deployment (--nnodes 2: this node would run 2 of the 4 data-parallel ranks) is not supported "
+     "in this build yet; run all 4 ranks on this node: drop --nnodes"),
+    (["-dp", "2", "--data-parallel-rank", "1"],
+     "external load-balancing mode (--data-parallel-rank 1) is not supported in this build yet; this build serves "
+     "one node with internal load balancing: drop --data-parallel-rank"),
+    (["-dp", "4", "-dpl", "2", "--data-parallel-hybrid-lb"],
+     "hybrid load-balancing mode (--data-parallel-hybrid-lb, --data-parallel-size-local 2) is not supported in "
+     "this build yet; this build serves one node with internal load balancing: drop --data-parallel-hybrid-lb and "
+     "--data-parallel-size-local"),
+    (["-pp", "2"],
+     "pipeline parallelism (--pipeline-parallel-size 2) is not supported in this build yet; each data-parallel "
+     "rank runs on one device: drop --pipeline-parallel-size"),
+])
+def test_unbuilt_mode_message_says_what_to_change_and_names_only_flags_that_were_passed(argv, message, capsys):
+    assert main(["serve", *argv], model_facts=moe_facts, run_serve=FakeLauncher(), env={}) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"asyncdp: error: {message}"
+
+
+@pytest.mark.parametrize("argv", [["-dp", "4", "-dpl", "2"], ["-dp", "2", "-dpl", "1"], ["-dp", "4", "-dpl", "0"]])
+def test_multi_node_refusal_without_nnodes_never_cites_nnodes(argv, capsys):
+    assert main(["serve", *argv], model_facts=moe_facts, run_serve=FakeLauncher(), env={}) == 2
+    err = capsys.readouterr().err
+    assert "a multi-node deployment" in err and "--nnodes" not in err and "--tensor" not in err
 
 
 def test_invalid_unbuilt_mode_reports_the_validation_error_not_the_unsupported_one(capsys):

@@ -516,3 +516,31 @@ async def _follow_a_silent_client(config, engines, clients, client, connect, con
         assert client.snapshot_received_at >= t0 + 5.5  # the new subscription's snapshot
         client.begin_shutdown()
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_dense_engines_closing_while_the_deployment_stops_are_logged_as_left_not_lost(autojump_clock, caplog):
+    caplog.set_level(logging.DEBUG, logger="asyncdp.coordinator")
+    stopping = trio.Event()
+    async with coordinator(DENSE2, stopping=stopping) as h:
+        e0, e1 = await h.engines(2)
+        stopping.set()  # the launcher announced an orderly shutdown before stopping the engines
+        await e0.close()
+        await e1.close()
+        await h.done.wait()
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("lost" in msg for msg in messages), messages
+    assert all(r.levelno <= logging.INFO for r in caplog.records), messages
+    assert "every engine rank left; the coordinator stops" in messages
+
+
+@pytest.mark.trio
+async def test_dense_engine_closing_while_serving_is_a_warning_that_it_was_lost(autojump_clock, caplog):
+    caplog.set_level(logging.INFO, logger="asyncdp.coordinator")
+    async with coordinator(DENSE2) as h:
+        e0, e1 = await h.engines(2)
+        await e0.close()
+        await e1.close()
+        await h.done.wait()
+    lost = [r for r in caplog.records if "engine rank 0 lost" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING

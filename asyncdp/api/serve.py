@@ -28,6 +28,7 @@ import sniffio
 from hypercorn.config import Config
 
 from asyncdp.api.app import set_draining
+from asyncdp.logs import HTTP_LOGGER
 
 # Time for Hypercorn's own shutdown steps (closing listeners, lifespan shutdown) beyond the drain deadline.
 _SHUTDOWN_MARGIN_S = 5.0
@@ -87,8 +88,9 @@ async def serve_http(
     config.bind = [f"fd://{os.dup(listener.fileno())}"]  # Hypercorn owns and closes the duplicate
     config.graceful_timeout = shutdown_timeout_s
     config.accesslog = None
-    # Hypercorn's errors go through our logging set-up (one format per process), not its own handler.
-    config.errorlog = logging.getLogger("hypercorn.error")
+    # Hypercorn's errors go through our logging set-up (one format per process), not its own handler, and under
+    # asyncdp's name: "hypercorn.error" at INFO read as an error to everyone who saw it.
+    config.errorlog = http_logger()
     if ssl is not None:
         config.certfile, config.keyfile, config.ca_certs = ssl.certfile, ssl.keyfile, ssl.ca_certs
     if owned:
@@ -135,6 +137,31 @@ async def serve_http(
             restore()
         if unflood is not None:
             unflood()
+
+
+class RunningOnFilter(logging.Filter):
+    """Demote Hypercorn's ``Running on <bind> (CTRL + C to quit)`` to DEBUG.
+
+    Each API-server process prints it (once per process with several of them), and with the inherited socket
+    the bind it names is ``fd://N``, an address nobody can connect to. The launcher's "serving ... on
+    http://HOST:PORT" line says where the deployment really listens, once."""
+
+    def __init__(self) -> None:
+        super().__init__("asyncdp-running-on")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith("Running on ")):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(HTTP_LOGGER).isEnabledFor(logging.DEBUG)
+
+
+def http_logger() -> logging.Logger:
+    """The logger Hypercorn's error log goes to: ``asyncdp.http``, with :class:`RunningOnFilter` installed once."""
+    logger = logging.getLogger(HTTP_LOGGER)
+    if not any(isinstance(f, RunningOnFilter) for f in logger.filters):
+        logger.addFilter(RunningOnFilter())
+    return logger
 
 
 def _quiet_cancelled_connection_callbacks() -> Callable[[], None]:

@@ -98,7 +98,9 @@ class TorchExecutor:
                                   f"{spec.moe_intermediate}; enable expert parallelism.")
             shard = expert_shard_for(spec.num_experts, spec.moe_intermediate, dp.dp_rank, dp.dp_size,
                                      dp.enable_expert_parallel)
+        loading_since = time.monotonic()
         self.model = load_model(model_path, device=self.device, dtype=self.dtype, shard=shard)
+        self.load_s = time.monotonic() - loading_since  # reported by the rank's "weights loaded" line
         self._sizes: ForwardSizes | None = None
         if dp is not None:
             self._sizes = self._install_dp(dp)
@@ -145,6 +147,19 @@ class TorchExecutor:
     @property
     def num_kv_blocks(self) -> int:
         return self._num_kv_blocks
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters this rank holds (a MoE rank of a DP group: its share of the experts)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_caches)
+
+    def describe_weights(self) -> tuple[int, str, str, float]:
+        """(parameters, dtype, device, seconds the weights took to load), for the startup log."""
+        return self.num_parameters, str(self.dtype).removeprefix("torch."), str(self.device), self.load_s
 
     @property
     def max_model_len(self) -> int:

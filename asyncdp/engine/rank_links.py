@@ -81,7 +81,8 @@ class RankLinks:
     async def _read_client(self, client_index: int, link: Link, inbox: anyio.abc.ObjectSendStream[Inbox]) -> None:
         async for msg in link:
             await inbox.send(Inbox("client", msg, client_index))
-        log.info("rank %d: client %d closed its link", self.dp_rank, client_index)
+        # DEBUG: every client closes its link to every rank at each shutdown; the rank logs the aborts it causes.
+        log.debug("rank %d: client %d closed its link", self.dp_rank, client_index)
         # Nobody can receive that client's outputs any more: its requests are aborted, not run to the end.
         with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await inbox.send(Inbox("client_gone", None, client_index))

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -25,6 +26,7 @@ import msgspec
 from asyncdp import messages as m
 from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
 from asyncdp.errors import StartupError
+from asyncdp.logs import kv_cache_line, weights_line
 from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import Link, connect, connect_with_retry
 
@@ -92,6 +94,20 @@ async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCor
     return core, TorchDPGroup.from_group(group, limiter), limiter
 
 
+def _log_core(cfg: RankConfig, core: EngineCore, build_s: float) -> None:
+    """The rank's "weights loaded" and "KV cache" stage lines, from what its executor reports."""
+    executor = core.executor
+    describe = getattr(executor, "describe_weights", None)  # a simulated executor has no weights
+    if describe is not None:
+        num_parameters, dtype, device, load_s = describe()
+        log.info("%s", weights_line(cfg.dp_rank, num_parameters=num_parameters, dtype=dtype, device=device,
+                                    took_s=load_s))
+    else:
+        log.info("%s", weights_line(cfg.dp_rank, num_parameters=None, dtype=None, device=None, took_s=build_s))
+    log.info("%s", kv_cache_line(cfg.dp_rank, num_blocks=executor.num_kv_blocks, block_size=cfg.engine.block_size,
+                                 num_bytes=getattr(executor, "kv_cache_bytes", None)))
+
+
 async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     """Handshake over ``handshake`` (already connected) and return a connected rank, ready to run."""
     await handshake.send(
@@ -111,7 +127,9 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
         raise StartupError(f"rank {cfg.dp_rank}: expected HandshakeInit, got {type(init).__name__}")
 
     _set_torch_threads(cfg.engine.torch_threads)
+    building_since = time.monotonic()
     core, dp_group, limiter = await _build_core(cfg, init)
+    _log_core(cfg, core, time.monotonic() - building_since)
     try:
         clients: dict[int, Link] = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}") for c in init.clients}
         coordinator: Link | None = None
@@ -152,6 +170,7 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
 
 
 async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> int:
+    started_at = time.monotonic()
     cfg = msgspec.convert(payload["rank"], RankConfig)
     addr = payload["handshake_addr"]
     rank: EngineRank | None = None
@@ -188,6 +207,8 @@ async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> 
             return 1
         try:
             rank = await start_rank(cfg, handshake)
+            log.info("rank %d ready in %.1f s (max model length %d tokens)", cfg.dp_rank,
+                     time.monotonic() - started_at, rank.core.max_model_len)
             await control.send({"event": "ready", "dp_rank": cfg.dp_rank})
             await rank.run()
         except RankTornDown as exc:

@@ -28,11 +28,15 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from asyncdp.errors import ModelNotFoundError
+
+log = logging.getLogger(__name__)
 
 GENERATOR_VERSION = 1
 SEED = 1234
@@ -228,12 +232,22 @@ def _byte_of(char: str) -> int:
 
 def write_checkpoint(name: str, dest: Path) -> Path:
     """Write the built-in ``name`` (without the ``builtin:`` prefix) as a checkpoint into the directory ``dest``."""
+    since = time.monotonic()
     if name in PACKAGED_MODELS:
         from asyncdp.model.gguf_checkpoint import convert
 
         source = PACKAGED_MODELS[name]
-        return convert(packaged_gguf_path(name), dest, desc=f"dequantizing {source.title}",
-                       extra_eos=source.extra_eos)
+        out = convert(packaged_gguf_path(name), dest, desc=f"dequantizing {source.title}",
+                      extra_eos=source.extra_eos)
+        log.info("converted builtin:%s to a checkpoint in %.1f s (once: it is cached)", name, time.monotonic() - since)
+        return out
+    out = _write_generated(name, dest)
+    log.info("generated builtin:%s (random weights: a test and benchmark model) in %.2f s", name,
+             time.monotonic() - since)
+    return out
+
+
+def _write_generated(name: str, dest: Path) -> Path:
     from safetensors.torch import save_file
 
     config = BUILTIN_CONFIGS[name]
