@@ -76,7 +76,8 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_response(
            "--report", "junit", "--report-dir", str(report)]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "", "NO_COLOR": "1"}
     with anyio.fail_after(3 * MAX_TIME_S):  # the CLI's own budget, plus startup and the last requests
-        proc = await anyio.run_process(cmd, check=False, env=env, stderr=subprocess.STDOUT)
+        # In tmp_path: the CLI keeps a cache folder (.schemathesis/) in its working directory.
+        proc = await anyio.run_process(cmd, check=False, env=env, stderr=subprocess.STDOUT, cwd=tmp_path)
     out = proc.stdout.decode(errors="replace")
     assert proc.returncode == 0, f"schemathesis exited {proc.returncode}:\n{out[-12000:]}"
 
