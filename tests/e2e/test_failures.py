@@ -98,7 +98,11 @@ async def test_a_request_cut_off_by_a_teardown_is_a_503_naming_the_cause(tmp_pat
     died, or a sibling API server died) is an error status naming the cause, never a 200 cut short with
     finish_reason "abort"."""
     with serve(tmp_path, "-dp", "2", "--api-server-count", "2", "--dp-fail-fast", "--max-model-len", "2048") as server:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as http:
+        # Two clients: `http` holds one connection (to API process `me`) that the request reuses; the polls go
+        # over `poll`, so they can never take that connection and push the request onto a new one, which
+        # SO_REUSEPORT may hand to the victim.
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as http, \
+                httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as poll:
             info = (await http.get("/server_info")).json()  # this connection's API process serves the request
             me = info["api_process_rank"]
             if victim == "engine":
@@ -112,7 +116,7 @@ async def test_a_request_cut_off_by_a_teardown_is_a_503_naming_the_cause(tmp_pat
                     tg.start_soon(_pinned_long_request, http, out)
                     # Polled over another connection, maybe another process: the node table's counts.
                     while not out and not any(p["inflight"] for p in  # noqa: ASYNC110
-                                              (await http.get("/server_info")).json()["api_processes"]):
+                                              (await poll.get("/server_info")).json()["api_processes"]):
                         await anyio.sleep(0.05)
                     assert not out, out[0].text
                     server.remember_tree()
