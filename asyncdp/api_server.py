@@ -65,12 +65,6 @@ class ApiConfig:
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
 
 
-class ApiServerExit(Exception):
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-
-
 def make_metrics(cfg: ApiConfig) -> Any:
     from asyncdp.metrics import Metrics
 
