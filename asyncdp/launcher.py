@@ -45,6 +45,7 @@ import anyio.abc
 import msgspec
 
 from asyncdp import messages as m
+from asyncdp import runtime
 from asyncdp.api_server import ApiConfig, bind_client_listener, serve_api
 from asyncdp.client import ClientConfig, DPClient
 from asyncdp.config import ServeConfig
@@ -169,7 +170,7 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
         return 1
     tmpdir = tempfile.mkdtemp(prefix="asyncdp-")
     try:
-        return anyio.run(_serve, plan, http_sock, tmpdir, started_at, backend=plan.backend)
+        return runtime.run(_serve, plan, http_sock, tmpdir, started_at, backend=plan.backend)
     except KeyboardInterrupt:
         return 0
     finally:

@@ -2,7 +2,7 @@
 
 It reads its role and configuration from the control channel (blocking, before the event loop starts, because
 the anyio backend is part of the configuration), names the process for ``ps``, arms parent-death detection and
-runs the role's main under ``anyio.run``. Exit codes: 0 orderly, 1 failure (spec implementation frame).
+runs the role's main under :func:`asyncdp.runtime.run`. Exit codes: 0 orderly, 1 failure (spec implementation frame).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 import orjson
 
+from asyncdp import runtime
 from asyncdp.logs import setup_logging
 from asyncdp.procs import ControlChannel
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return await role_main(hello["payload"], control)
 
     try:
-        return anyio.run(run, backend=hello.get("backend", "asyncio"))
+        return runtime.run(run, backend=hello.get("backend", "asyncio"))
     except KeyboardInterrupt:
         return 0
     finally:

@@ -1,0 +1,60 @@
+"""Run a process role's async main under anyio, with the event-loop guards every asyncdp process needs.
+
+anyio's asyncio backend waits on a raw Unix socket with ``loop.add_reader(sock, future.set_result, None)`` and
+removes the reader from the future's done-callback. When the waiting task is cancelled in the same loop iteration
+in which the selector has already queued the reader's handle (a link closing while shutdown cancels its reader),
+the handle runs ``set_result`` on the cancelled future and asyncio logs ``InvalidStateError`` with a traceback at
+ERROR. Nothing is lost (the future was cancelled on purpose), so :func:`run` installs an exception handler that
+drops exactly that case and passes everything else to the previous handler.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+def is_cancelled_future_wakeup(context: dict[str, Any]) -> bool:
+    """True for the harmless race: a queued ``Future.set_result`` handle firing on a future already cancelled."""
+    if not isinstance(context.get("exception"), asyncio.InvalidStateError):
+        return False
+    handle = context.get("handle")
+    callback = getattr(handle, "_callback", None)
+    target = getattr(callback, "__self__", None)
+    return (isinstance(target, asyncio.Future) and getattr(callback, "__name__", "") == "set_result"
+            and target.cancelled())
+
+
+def install_loop_guards() -> None:
+    """Filter :func:`is_cancelled_future_wakeup` out of the running asyncio loop's exception handler."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+
+    def handler(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if is_cancelled_future_wakeup(context):
+            log.debug("ignored a wake-up of a cancelled future: %s", context.get("handle"))
+            return
+        if previous is not None:
+            previous(lp, context)
+        else:
+            lp.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
+def run(main: Callable[..., Awaitable[T]], *args: Any, backend: str = "asyncio") -> T:
+    """``anyio.run(main, *args, backend=backend)`` with :func:`install_loop_guards` in place first."""
+
+    async def guarded() -> T:
+        if backend == "asyncio":
+            install_loop_guards()
+        return await main(*args)
+
+    return anyio.run(guarded, backend=backend)
