@@ -3,9 +3,9 @@
 Theory of operation: argv is normalised (``--data_parallel_size`` is ``--data-parallel-size``), parsed by argparse
 into ``{field: value}`` with ``None`` for every flag not given, and handed to :meth:`ServeConfig.from_flags`
 (range checks, env overrides). The model's facts (MoE or dense, number of experts) are read, then
-:func:`asyncdp.deployment.resolve` derives the deployment (spec §3). Any :class:`~asyncdp.errors.ConfigError`, argparse
+:func:`asyncdp.config.deployment.resolve` derives the deployment (spec §3). Any :class:`~asyncdp.errors.ConfigError`, argparse
 errors included, ends the command with one line ``asyncdp: error: <message>`` on stderr and exit code 2, before
-any child process exists. Only then does ``serve`` call ``asyncdp.launcher.run_serve(config)``.
+any child process exists. Only then does ``serve`` call ``asyncdp.launcher.head.run_serve(config)``.
 
 Heavy modules (model, launcher) are imported lazily so that ``--help`` and validation stay fast.
 """
@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
-from asyncdp.config import (
+from asyncdp.config.deployment import resolve
+from asyncdp.config.flags import (
     DEFAULT_MODEL,
     DP_BACKENDS,
     HTTP_BACKENDS,
@@ -27,7 +28,6 @@ from asyncdp.config import (
     LOG_LEVELS,
     ServeConfig,
 )
-from asyncdp.deployment import resolve
 from asyncdp.errors import ConfigError
 
 _D = ServeConfig()  # defaults for help texts
@@ -360,7 +360,7 @@ def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None 
         print(f"asyncdp: error: {exc}", file=sys.stderr)
         return 2
     if run_serve is None:
-        from asyncdp.launcher import run_serve as launcher_run_serve
+        from asyncdp.launcher.head import run_serve as launcher_run_serve
 
         run_serve = launcher_run_serve
     return int(run_serve(config))

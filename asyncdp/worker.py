@@ -20,7 +20,7 @@ import orjson
 
 from asyncdp import runtime
 from asyncdp.logs import setup_logging
-from asyncdp.procs import ControlChannel
+from asyncdp.transport.control import ControlChannel
 
 log = logging.getLogger("asyncdp.worker")
 
@@ -35,12 +35,12 @@ def _roles() -> dict[str, Callable[[dict[str, Any], ControlChannel], Awaitable[i
         return run_rank_process(payload, control)
 
     def coordinator(payload: dict[str, Any], control: ControlChannel) -> Awaitable[int]:
-        from asyncdp.coordinator_process import run_coordinator_process
+        from asyncdp.coordinator.process import run_coordinator_process
 
         return run_coordinator_process(payload, control)
 
     def api(payload: dict[str, Any], control: ControlChannel) -> Awaitable[int]:
-        from asyncdp.api_server import run_api_process
+        from asyncdp.apiserver.process import run_api_process
 
         return run_api_process(payload, control)
 

@@ -31,9 +31,9 @@ from asyncdp.api.body import draining_request_class
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import HTTPError, error_body, status_and_body
 from asyncdp.api.offload import Offload
-from asyncdp.config import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
+from asyncdp.apiserver.metrics import CONTENT_TYPE, Metrics
+from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 from asyncdp.errors import ShuttingDownError, UnavailableError
-from asyncdp.metrics import CONTENT_TYPE, Metrics
 
 PAUSE_MODES = ("abort", "wait", "keep")
 _ALWAYS_OPEN = ("/health", "/metrics", "/server_info")

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.block_manager import BlockManager
 from asyncdp.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
 from asyncdp.engine.executor import Executor, ScheduledChunk

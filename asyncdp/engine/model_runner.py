@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
 from asyncdp.engine.sampler import Sampler, rank_seed, token_logprobs
 from asyncdp.errors import ConfigError

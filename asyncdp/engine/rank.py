@@ -46,7 +46,7 @@ import anyio.lowlevel
 import msgspec
 
 from asyncdp import messages as m
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.rank_links import Inbox, RankLinks
 from asyncdp.errors import AsyncDPError, InvalidRequestError, PauseError
 from asyncdp.transport import Link

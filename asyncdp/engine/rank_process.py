@@ -27,8 +27,8 @@ from asyncdp import messages as m
 from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
 from asyncdp.errors import StartupError
 from asyncdp.logs import kv_cache_line, weights_line
-from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import Link, connect, connect_with_retry
+from asyncdp.transport.control import ControlChannel, follow_parent
 
 if TYPE_CHECKING:
     from asyncdp.engine.core import EngineCore
@@ -52,7 +52,7 @@ def _set_torch_threads(n: int | None) -> None:
 
 def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
     """What must agree across lockstep ranks (spec §5.3), readable, for Ready.config_summary."""
-    from asyncdp.config import parallel_config_summary
+    from asyncdp.config.flags import parallel_config_summary
     from asyncdp.model import read_model_info
 
     info = read_model_info(cfg.engine.model)
@@ -142,7 +142,7 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
         summary: dict[str, Any] = {}
         digest = None
         if cfg.dp_size > 1 and cfg.is_moe:
-            from asyncdp.config import config_hash
+            from asyncdp.config.flags import config_hash
 
             summary = _summary(cfg, core)
             digest = config_hash(summary)

@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable
 from hashlib import blake2b
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
 from asyncdp.messages import Logprob, TokenLogprobs
 

@@ -9,9 +9,9 @@ processes, and wires them with in-memory links instead of sockets:
 * ``dp_size`` engine ranks: an :class:`~asyncdp.engine.core.EngineCore` over a :class:`SimRankExecutor`
   driven by :class:`~asyncdp.engine.rank.EngineRank` with ``inline_step=True``, so each step's modelled
   duration is slept on the anyio clock (virtual time under trio's ``MockClock(autojump_threshold=0)``);
-* the real :func:`~asyncdp.coordinator.serve_coordinator` over two :class:`MemoryLinkListener` objects
+* the real :func:`~asyncdp.coordinator.core.serve_coordinator` over two :class:`MemoryLinkListener` objects
   (optional: ``with_coordinator=False`` routes on in-flight counts only);
-* ``num_clients`` real :class:`~asyncdp.client.DPClient` objects whose engine links come through
+* ``num_clients`` real :class:`~asyncdp.apiserver.client.DPClient` objects whose engine links come through
   ``attach_engine(link)`` and whose coordinator link through ``attach_coordinator(link)``.
 
 MoE (``is_moe=True``): every rank also gets a member of one :class:`~asyncdp.engine.dp_group.MemoryDPGroup` and
@@ -55,9 +55,9 @@ import anyio
 import anyio.abc
 
 from asyncdp import messages as m
-from asyncdp.client import ClientConfig, DPClient
-from asyncdp.config import EngineConfig, SimCostProfile
-from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
+from asyncdp.apiserver.client import ClientConfig, DPClient
+from asyncdp.config.flags import EngineConfig, SimCostProfile
+from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.engine.core import EngineCore
 from asyncdp.engine.dp_group import MemoryDPGroup
 from asyncdp.engine.rank import EngineRank, RankConfig

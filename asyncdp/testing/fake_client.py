@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 
 from asyncdp.api.engine_client import Admission, RankHint
+from asyncdp.apiserver.metrics import Metrics
 from asyncdp.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -33,7 +34,6 @@ from asyncdp.errors import (
     UnavailableError,
 )
 from asyncdp.messages import Logprob, RequestOutput, TokenLogprobs
-from asyncdp.metrics import Metrics
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing.tokenizer import byte_tokenizer
 

@@ -3,7 +3,7 @@
 A :class:`SimLink` is a :class:`~asyncdp.transport.MemoryLink` with three optional hooks (``on_send``,
 ``on_receive``, ``on_close``) and a synchronous ``close_nowait()``, so a harness can observe traffic without
 mocking any role and can cut a link at once (the peer sees EOF, its sends break). :class:`MemoryLinkListener`
-has the ``serve(handler)`` shape :func:`~asyncdp.coordinator.serve_coordinator` expects from a listener.
+has the ``serve(handler)`` shape :func:`~asyncdp.coordinator.core.serve_coordinator` expects from a listener.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ import trio.lowlevel
 import trio.testing
 
 from asyncdp.api.fanout import Sequence, collect_one
+from asyncdp.apiserver.metrics import Metrics
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.errors import EngineDeadError
 from asyncdp.messages import RequestOutput
-from asyncdp.metrics import Metrics
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import FakeEngineClient
 from tests.api.test_metrics import key, samples

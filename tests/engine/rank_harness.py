@@ -16,8 +16,8 @@ import anyio
 import trio
 
 from asyncdp import messages as m
-from asyncdp.config import EngineConfig, SimCostProfile
-from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
+from asyncdp.config.flags import EngineConfig, SimCostProfile
+from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.engine.core import EngineCore
 from asyncdp.engine.dp_group import MemoryDPGroup
 from asyncdp.engine.rank import EngineRank, RankConfig

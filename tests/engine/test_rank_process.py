@@ -10,10 +10,10 @@ import msgspec
 import pytest
 import trio
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.rank import RankConfig
 from asyncdp.engine.rank_process import HANDSHAKE_TIMEOUT_S, run_rank_process
-from asyncdp.procs import ControlChannel
+from asyncdp.transport.control import ControlChannel
 
 
 @pytest.mark.trio

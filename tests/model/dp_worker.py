@@ -157,7 +157,7 @@ class Worker:
     def __init__(self, setup: dict[str, Any]) -> None:
         import torch
 
-        from asyncdp.config import EngineConfig
+        from asyncdp.config.flags import EngineConfig
         from asyncdp.engine.model_runner import TorchExecutor
         from asyncdp.messages import DPGroupInfo
         from asyncdp.model.distributed import DPContext, init_dp_group

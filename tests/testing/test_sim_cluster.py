@@ -13,7 +13,7 @@ import anyio
 import pytest
 import trio
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.errors import EngineDeadError
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import InjectedFault, SimRequest, open_sim_cluster, stream_rng

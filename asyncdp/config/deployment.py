@@ -3,7 +3,7 @@
 :func:`resolve` runs pass 1 (process layout from the raw flags) and pass 2 (resolved parallel configuration), in
 that order, exactly as §3.1/§3.2 write them, plus the multi-port M-rules. It returns a :class:`DeploymentConfig`
 and never starts anything; every failure is a :class:`~asyncdp.errors.ConfigError`, which the CLI turns into
-exit code 2 before any child process exists. The environment comes in as a mapping (``asyncdp.config`` is the
+exit code 2 before any child process exists. The environment comes in as a mapping (``asyncdp.config.flags`` is the
 only reader of ``os.environ``).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncdp.config import ServeConfig, environ
+from asyncdp.config.flags import ServeConfig, environ
 from asyncdp.errors import ConfigError
 
 # ---------------------------------------------------------------- resolved deployment (§3)

@@ -7,9 +7,16 @@ import anyio
 import pytest
 
 from asyncdp import messages as m
-from asyncdp.client import ClientConfig, DPClient
+from asyncdp.apiserver.client import ClientConfig, DPClient
+from asyncdp.apiserver.node_table import (
+    STUCK_AFTER_S,
+    NodeTable,
+    Slot,
+    monotonic_ms,
+    node_admits,
+    stuck_siblings,
+)
 from asyncdp.errors import QueueFullError
-from asyncdp.node_table import STUCK_AFTER_S, NodeTable, Slot, monotonic_ms, node_admits, stuck_siblings
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import memory_link_pair
 

@@ -5,7 +5,7 @@ layer only calls :meth:`Metrics.render` for ``GET /metrics``. Labels are ``model
 global ``dp_rank`` as a string).
 
 Several API processes on one node: when ``PROMETHEUS_MULTIPROC_DIR`` is set (read through
-:func:`asyncdp.config.prometheus_multiproc_dir`), values live in per-process files in that directory and
+:func:`asyncdp.config.flags.prometheus_multiproc_dir`), values live in per-process files in that directory and
 ``render()`` aggregates every process's files, so any process answers for the node. Counters and histograms
 are summed (each request is counted by the one client that owns it); engine-state gauges use "mostrecent"
 (the engine sends its scheduler stats to one client per step, so the newest write wins); per-client gauges
@@ -31,7 +31,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from asyncdp.config import prometheus_multiproc_dir
+from asyncdp.config.flags import prometheus_multiproc_dir
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -10,10 +10,10 @@ import pytest
 import trio
 
 from asyncdp import messages as m
-from asyncdp.config import EngineConfig, parallel_config_summary
+from asyncdp.config.flags import EngineConfig, parallel_config_summary
 from asyncdp.errors import StartupError
-from asyncdp.launch_plan import LaunchPlan, bind_http_socket
-from asyncdp.launcher import _Deployment, _handshake, _run_startup, check_config_agreement
+from asyncdp.launcher.head import _Deployment, _handshake, _run_startup, check_config_agreement
+from asyncdp.launcher.launch_plan import LaunchPlan, bind_http_socket
 from asyncdp.transport import memory_link_pair
 
 
@@ -100,8 +100,8 @@ async def test_startup_failure_is_recorded_as_the_deployment_failure(deployment)
 
 
 def test_coordinator_waits_for_subscriptions_as_long_as_engines_may_take_to_get_ready(tmp_path):
-    from asyncdp.coordinator_process import coordinator_config
-    from asyncdp.launcher import _coordinator_payload
+    from asyncdp.coordinator.process import coordinator_config
+    from asyncdp.launcher.head import _coordinator_payload
 
     sock = socket.socket()
     try:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-``run_serve(config)`` is the top process of ``asyncdp serve``; it resolves a :class:`~asyncdp.launch_plan.LaunchPlan`
+``run_serve(config)`` is the top process of ``asyncdp serve``; it resolves a :class:`~asyncdp.launcher.launch_plan.LaunchPlan`
 and, in order (spec §5.3):
 
 1. bind the HTTP socket (E11: a busy port fails before any child starts);
@@ -46,17 +46,17 @@ import msgspec
 
 from asyncdp import messages as m
 from asyncdp import runtime
-from asyncdp.api_server import ApiConfig, bind_client_listener, serve_api
-from asyncdp.client import ClientConfig, DPClient
-from asyncdp.config import ServeConfig
+from asyncdp.apiserver.client import ClientConfig, DPClient
+from asyncdp.apiserver.node_table import NodeTable
+from asyncdp.apiserver.process import ApiConfig, bind_client_listener, serve_api
+from asyncdp.config.flags import ServeConfig
 from asyncdp.engine.rank import RankConfig
 from asyncdp.engine.rank_process import rank_payload
 from asyncdp.errors import AsyncDPError, ProtocolError, StartupError
-from asyncdp.launch_plan import LaunchPlan, bind_http_socket, plan_from_config
+from asyncdp.launcher.launch_plan import LaunchPlan, bind_http_socket, plan_from_config
 from asyncdp.logs import DrainCounts, serving_line, stopped_line
-from asyncdp.node_table import NodeTable
-from asyncdp.procs import ChildExited, ChildProcess, spawn_child
 from asyncdp.transport import Link, listen, serve_links
+from asyncdp.transport.control import ChildExited, ChildProcess, spawn_child
 from asyncdp.transport.http_socket import reserve_shared_port
 
 log = logging.getLogger(__name__)
@@ -512,7 +512,7 @@ def check_config_agreement(summaries: dict[int, dict[str, Any]], dp_rank: int,
     """E6: record ``dp_rank``'s parallel-configuration summary; return the mismatch message once it (or any rank
     recorded before rank 0) hashes differently from rank 0's, naming the differing fields. Ranks may report in
     any order."""
-    from asyncdp.config import config_hash, config_mismatch_message
+    from asyncdp.config.flags import config_hash, config_mismatch_message
 
     summaries[dp_rank] = dict(summary)
     rank0 = summaries.get(0)

@@ -9,8 +9,8 @@ Theory of operation (spec §2, §3, §4.1):
 * :class:`ServeConfig` holds every ``asyncdp serve`` flag, one field per flag, named after the flag (``None`` =
   not given). :meth:`ServeConfig.from_flags` builds it from a flag mapping plus the environment (the §2.4 env
   overrides apply only where the flag was not given) and runs the per-flag range checks (V13).
-* :func:`asyncdp.deployment.resolve` (its own module) is the pure mode derivation that turns a ServeConfig into
-  a :class:`~asyncdp.deployment.DeploymentConfig`.
+* :func:`asyncdp.config.deployment.resolve` (its own module) is the pure mode derivation that turns a ServeConfig into
+  a :class:`~asyncdp.config.deployment.DeploymentConfig`.
 * :func:`parallel_config_summary`, :func:`config_hash` and :func:`config_mismatch_message` are the pure parts of
   the MoE lockstep agreement check (§5.3 ``Ready.config_hash``/``config_summary``, E6): every rank summarises the
   settings that must agree, the head compares hashes and names the differing fields.
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from asyncdp.errors import ConfigError
 
 if TYPE_CHECKING:
-    from asyncdp.deployment import DeploymentConfig
+    from asyncdp.config.deployment import DeploymentConfig
 
 DEFAULT_MODEL = "builtin:tiny-moe"
 # Most sequences (prompts x max(n, best_of)) one HTTP request may start: --max-seqs-per-request.

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`CoordinatorFollower` is owned by the DP client (:class:`asyncdp.client.DPClient`). ``attach(link)``
+:class:`CoordinatorFollower` is owned by the DP client (:class:`asyncdp.apiserver.client.DPClient`). ``attach(link)``
 sends ``Subscribe{client_id}``, heartbeats every ``heartbeat_interval_s`` and passes each ``StatsSnapshot`` to
 the client's callback until the link ends. ``follow(connect)`` wraps that for the client's life: after a lost
 link (the coordinator dropped this client for missed heartbeats while its event loop was blocked, say) it

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 from asyncdp.cli import build_serve_config
-from asyncdp.config import LB_POLICIES, ServeConfig, SimCostProfile
-from asyncdp.deployment import DeploymentConfig, _pass2, resolve
+from asyncdp.config.deployment import DeploymentConfig, _pass2, resolve
+from asyncdp.config.flags import LB_POLICIES, ServeConfig, SimCostProfile
 from asyncdp.errors import ConfigError
 
 
@@ -373,7 +373,7 @@ def test_multi_port_children_slice_device_ids_and_rank_zero_child_runs_coordinat
 
 
 def test_request_limit_flags_parse_validate_and_default() -> None:
-    from asyncdp.config import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
+    from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 
     c = serve("")
     assert (c.max_seqs_per_request, c.max_request_body_bytes) == (DEFAULT_MAX_SEQS_PER_REQUEST, None) == (256, None)
@@ -388,7 +388,7 @@ def test_request_limit_flags_parse_validate_and_default() -> None:
 
 def test_launch_plan_resolves_the_body_limit_from_max_model_len(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncdp.model as model
-    from asyncdp.launch_plan import plan_from_config
+    from asyncdp.launcher.launch_plan import plan_from_config
 
     @dataclass(frozen=True)
     class Info:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncdp.config import (
+from asyncdp.config.flags import (
     CONFIG_SUMMARY_FIELDS,
     EngineConfig,
     config_hash,

@@ -9,7 +9,7 @@ import anyio
 import pytest
 import trio
 
-from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
+from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.errors import AsyncDPError, ConfigError, EngineDeadError, StartupError
 from asyncdp.messages import (
     CoordinatorReady,
@@ -321,7 +321,7 @@ async def test_wave_lifecycle_end_to_end(autojump_clock):
 
 @pytest.mark.trio
 async def test_stale_wave_messages_are_ignored(autojump_clock, caplog):
-    caplog.set_level(logging.ERROR, logger="asyncdp.coordinator")
+    caplog.set_level(logging.ERROR, logger="asyncdp.coordinator.core")
     async with coordinator(MOE2) as h:
         e0, e1 = await h.engines(2)
         c = await h.client()
@@ -480,7 +480,7 @@ async def test_wave_wakeup_on_asyncio():
 async def test_a_client_the_coordinator_dropped_for_silence_subscribes_again_and_gets_snapshots(autojump_clock):
     """A client whose heartbeats stopped (its event loop was blocked) is dropped by the real coordinator; the
     DP client connects and subscribes again instead of staying "coordinator dead" for good."""
-    from asyncdp.client import ClientConfig, DPClient
+    from asyncdp.apiserver.client import ClientConfig, DPClient
     from asyncdp.testing.links import MemoryLinkListener
 
     config = CoordinatorConfig(dp_size=2, wave_mode=False, heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0,
@@ -520,7 +520,7 @@ async def _follow_a_silent_client(config, engines, clients, client, connect, con
 
 @pytest.mark.trio
 async def test_dense_engines_closing_while_the_deployment_stops_are_logged_as_left_not_lost(autojump_clock, caplog):
-    caplog.set_level(logging.DEBUG, logger="asyncdp.coordinator")
+    caplog.set_level(logging.DEBUG, logger="asyncdp.coordinator.core")
     stopping = trio.Event()
     async with coordinator(DENSE2, stopping=stopping) as h:
         e0, e1 = await h.engines(2)
@@ -536,7 +536,7 @@ async def test_dense_engines_closing_while_the_deployment_stops_are_logged_as_le
 
 @pytest.mark.trio
 async def test_dense_engine_closing_while_serving_is_a_warning_that_it_was_lost(autojump_clock, caplog):
-    caplog.set_level(logging.INFO, logger="asyncdp.coordinator")
+    caplog.set_level(logging.INFO, logger="asyncdp.coordinator.core")
     async with coordinator(DENSE2) as h:
         e0, e1 = await h.engines(2)
         await e0.close()

@@ -9,7 +9,7 @@ coordinator's ``StatsSnapshot`` stream and feeds the load balancer (:mod:`asyncd
 
 Admission: ``admit(n)`` reserves the slots of one HTTP request's ``n`` sequences at once against
 ``--max-queued-requests`` (all or nothing; with a node table the cap is the node's pool, see
-:mod:`asyncdp.node_table`), and ``generate(..., admission=)`` takes one of them; ``generate`` alone admits
+:mod:`asyncdp.apiserver.node_table`), and ``generate(..., admission=)`` takes one of them; ``generate`` alone admits
 itself. ``num_inflight`` counts requests in flight plus reserved slots.
 
 ``generate()`` asks the balancer for a rank, sends ``AddRequest`` on that rank's link and yields the output
@@ -51,7 +51,14 @@ import msgspec
 
 from asyncdp import messages as m
 from asyncdp.api.engine_client import Admission, RankHint
-from asyncdp.coordinator_follower import CoordinatorFollower
+from asyncdp.apiserver.coordinator_follower import CoordinatorFollower
+from asyncdp.apiserver.node_table import (
+    HEARTBEAT_INTERVAL_S,
+    NodeTable,
+    monotonic_ms,
+    node_admits,
+    stuck_siblings,
+)
 from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import (
     AsyncDPError,
@@ -63,7 +70,6 @@ from asyncdp.errors import (
     StartupError,
     UnavailableError,
 )
-from asyncdp.node_table import HEARTBEAT_INTERVAL_S, NodeTable, monotonic_ms, node_admits, stuck_siblings
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import Link
 
@@ -657,7 +663,7 @@ class DPClient:
     # ------------------------------------------------------------------ /server_info
 
     def server_info(self) -> dict[str, Any]:
-        from asyncdp.server_info import client_server_info
+        from asyncdp.apiserver.server_info import client_server_info
 
         return client_server_info(self)
 

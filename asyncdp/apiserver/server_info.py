@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from asyncdp import __version__
 
 if TYPE_CHECKING:
-    from asyncdp.client import DPClient
+    from asyncdp.apiserver.client import DPClient
 
 
 def client_server_info(client: DPClient) -> dict[str, Any]:

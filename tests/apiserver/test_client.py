@@ -4,7 +4,7 @@ import anyio
 import pytest
 
 from asyncdp import messages as m
-from asyncdp.client import ClientConfig, DPClient
+from asyncdp.apiserver.client import ClientConfig, DPClient
 from asyncdp.errors import UnavailableError
 from asyncdp.transport import memory_link_pair
 from asyncdp.transport.links import MemoryLink
@@ -98,7 +98,7 @@ from collections.abc import AsyncIterator  # noqa: E402
 from contextlib import aclosing, asynccontextmanager  # noqa: E402
 
 from asyncdp import errors  # noqa: E402
-from asyncdp.client import ABORT_ACK_TIMEOUT_S  # noqa: E402
+from asyncdp.apiserver.client import ABORT_ACK_TIMEOUT_S  # noqa: E402
 from asyncdp.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -268,7 +268,7 @@ async def test_an_abort_outside_shutdown_still_ends_the_request_normally(autojum
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from asyncdp.metrics import Metrics  # noqa: E402
+from asyncdp.apiserver.metrics import Metrics  # noqa: E402
 
 
 def _sample(metrics: Metrics, name: str, **labels: str) -> float | None:

@@ -2,7 +2,7 @@
 
 It binds the engine-link and client-link listeners (Unix sockets on one node), reports both addresses to the
 launcher over the control channel (spec §5.1: the binder reports the real address), then runs
-:func:`asyncdp.coordinator.serve_coordinator`. Exit codes: 0 after an orderly end or a signal, 1 after a MoE
+:func:`asyncdp.coordinator.core.serve_coordinator`. Exit codes: 0 after an orderly end or a signal, 1 after a MoE
 teardown, a startup error, or the parent's death.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
+from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.errors import AsyncDPError
-from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import listen_links
+from asyncdp.transport.control import ControlChannel, follow_parent
 
 log = logging.getLogger(__name__)
 

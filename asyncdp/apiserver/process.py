@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-An API server owns a client listener (engines connect to it), a :class:`~asyncdp.client.DPClient` and the Quart
+An API server owns a client listener (engines connect to it), a :class:`~asyncdp.apiserver.client.DPClient` and the Quart
 app served by Hypercorn on a socket the launcher bound (spec §10: one port, N processes). It runs either inside
 the launcher (``--api-server-count 1``) or as a child process (``asyncdp-api-{i}``); both call
 :func:`serve_api`.
@@ -18,7 +18,7 @@ that names the cause (a signal, or the launcher's teardown reason); a client's o
 with exit code 1 when no managed rank can serve, unless keep-alive is set (spec §12.1).
 
 Several API servers on a node (``--api-server-count > 1``): each child listens on its own ``SO_REUSEPORT``
-socket (:mod:`asyncdp.transport.http_socket`) and shares the launcher's node table (:mod:`asyncdp.node_table`):
+socket (:mod:`asyncdp.transport.http_socket`) and shares the launcher's node table (:mod:`asyncdp.apiserver.node_table`):
 pooled admission, and a heartbeat whose silence turns the siblings' ``/health`` to 503.
 """
 
@@ -37,11 +37,11 @@ import anyio
 import anyio.abc
 import msgspec
 
-from asyncdp.client import ClientConfig, DPClient
+from asyncdp.apiserver.client import ClientConfig, DPClient
+from asyncdp.apiserver.node_table import NodeTable
 from asyncdp.logs import DrainCounts
-from asyncdp.node_table import NodeTable
-from asyncdp.procs import ControlChannel, follow_parent
 from asyncdp.transport import listen
+from asyncdp.transport.control import ControlChannel, follow_parent
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ApiConfig:
 
 
 def make_metrics(cfg: ApiConfig) -> Any:
-    from asyncdp.metrics import Metrics
+    from asyncdp.apiserver.metrics import Metrics
 
     return Metrics(model_name=cfg.client.model_name)
 

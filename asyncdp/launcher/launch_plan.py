@@ -1,7 +1,7 @@
 """The launch plan: what ``asyncdp serve`` resolved from its command line and the model, before anything starts.
 
 :func:`plan_from_config` resolves the model (a built-in is materialised on first use), reads its facts and
-flattens the validated :class:`~asyncdp.config.ServeConfig` and its deployment into a :class:`LaunchPlan`, the
+flattens the validated :class:`~asyncdp.config.flags.ServeConfig` and its deployment into a :class:`LaunchPlan`, the
 one object the launcher works from. :func:`bind_http_socket` is the launcher's first act (E11): a busy port fails
 before any child process exists.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from asyncdp.config import (
+from asyncdp.config.flags import (
     DEFAULT_MAX_SEQS_PER_REQUEST,
     EngineConfig,
     ServeConfig,
