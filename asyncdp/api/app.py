@@ -29,11 +29,11 @@ from werkzeug.exceptions import HTTPException
 
 from asyncdp.api.body import draining_request_class
 from asyncdp.api.engine_client import EngineClient
-from asyncdp.api.errors import HTTPError, error_body, status_and_body
+from asyncdp.api.errors import error_body, status_and_body
 from asyncdp.api.offload import Offload
 from asyncdp.apiserver.metrics import CONTENT_TYPE, Metrics
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
-from asyncdp.errors import ShuttingDownError, UnavailableError
+from asyncdp.errors import HTTPError, ShuttingDownError, UnavailableError
 
 PAUSE_MODES = ("abort", "wait", "keep")
 _ALWAYS_OPEN = ("/health", "/metrics", "/server_info")

@@ -19,7 +19,6 @@ from typing import Any
 from quart import Quart, Response, request
 
 from asyncdp.api.app import AppState, json_response
-from asyncdp.api.errors import HTTPError
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
     best_choices,
@@ -46,7 +45,7 @@ from asyncdp.api.rank_hint import parse_rank_hint
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
-from asyncdp.errors import InvalidRequestError
+from asyncdp.errors import HTTPError, InvalidRequestError
 from asyncdp.messages import RequestOutput
 
 # Template arguments asyncdp passes itself; chat_template_kwargs may not override them.

@@ -18,7 +18,6 @@ import orjson
 from quart import Quart, Response, request
 
 from asyncdp.api.app import AppState
-from asyncdp.api.errors import HTTPError
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
     best_choices,
@@ -46,6 +45,7 @@ from asyncdp.api.rank_hint import parse_rank_hint
 from asyncdp.api.schemas import CompletionRequest, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
+from asyncdp.errors import HTTPError
 from asyncdp.messages import RequestOutput
 
 

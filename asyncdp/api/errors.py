@@ -16,6 +16,7 @@ import orjson
 
 from asyncdp.errors import (
     AsyncDPError,
+    HTTPError,
     InvalidRequestError,
     ModelNotServedError,
     PauseError,
@@ -36,15 +37,6 @@ _TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
-
-
-class HTTPError(Exception):
-    """An error the HTTP layer itself decides (bad body, unknown route, auth), with its status."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:

@@ -20,11 +20,11 @@ import msgspec
 from quart import Response
 
 from asyncdp.api.app import AppState
-from asyncdp.api.errors import HTTPError, status_and_body
+from asyncdp.api.errors import status_and_body
 from asyncdp.api.fanout import Fanout, Item, Sequence, collect_one
 from asyncdp.api.openai_format import Choice
 from asyncdp.api.sse import DONE, sse
-from asyncdp.errors import InvalidRequestError
+from asyncdp.errors import HTTPError, InvalidRequestError
 from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncdp.api.engine_client import RankHint
-from asyncdp.api.errors import HTTPError
 from asyncdp.api.schemas import _Common
+from asyncdp.errors import HTTPError
 
 
 def _bad(field: str, message: str) -> HTTPError:

@@ -15,9 +15,10 @@ from quart import Quart, Response, request
 
 import asyncdp
 from asyncdp.api.app import AppState, json_response
-from asyncdp.api.errors import HTTPError, error_body
+from asyncdp.api.errors import error_body
 from asyncdp.api.offload import INLINE_BODY_BYTES, INLINE_TOKENS
 from asyncdp.api.schemas import DetokenizeRequest, TokenizeChat, TokenizeCompletion, decode_body
+from asyncdp.errors import HTTPError
 
 
 class _TokenizeAny(msgspec.Struct, kw_only=True):

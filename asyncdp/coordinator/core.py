@@ -41,7 +41,14 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from asyncdp.dp import wave as W
 from asyncdp.dp.stats import StatsBook
-from asyncdp.errors import AsyncDPError, ConfigError, EngineDeadError, ProtocolError, StartupError
+from asyncdp.errors import (
+    AsyncDPError,
+    ConfigError,
+    EngineDeadError,
+    ProtocolError,
+    StartupError,
+    leaf_exceptions,
+)
 from asyncdp.messages import (
     CoordinatorReady,
     EngineDead,
@@ -406,14 +413,9 @@ async def serve_coordinator(config: CoordinatorConfig, engine_listener: Listener
         await coordinator.run(engine_listener, client_listener, task_status)
     except BaseExceptionGroup as group:
         # Under trio a teardown can leave Cancelled leaves beside the real error; they are not the cause.
-        leaves = [e for e in _leaves(group) if not isinstance(e, anyio.get_cancelled_exc_class())]
+        leaves = [e for e in leaf_exceptions(group) if not isinstance(e, anyio.get_cancelled_exc_class())]
         if len(leaves) == 1 and isinstance(leaves[0], AsyncDPError):
             raise leaves[0] from None
         raise
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out

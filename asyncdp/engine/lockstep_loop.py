@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 
 from asyncdp import messages as m
 from asyncdp.dp.lockstep import Lockstep, StartWaveRequest, WaveCompleted
-from asyncdp.engine.dp_group import DPGroup, DPGroupAborted
-from asyncdp.engine.rank import RankTornDown
+from asyncdp.engine.dp_group import DPGroup
+from asyncdp.errors import DPGroupAborted, RankTornDown
 
 if TYPE_CHECKING:
     from asyncdp.engine.rank import EngineRank

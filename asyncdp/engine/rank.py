@@ -48,7 +48,7 @@ import msgspec
 from asyncdp import messages as m
 from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.rank_links import Inbox, RankLinks
-from asyncdp.errors import AsyncDPError, InvalidRequestError, PauseError
+from asyncdp.errors import AsyncDPError, InvalidRequestError, PauseError, RankTornDown, leaf_exceptions
 from asyncdp.transport import Link
 
 if TYPE_CHECKING:
@@ -459,10 +459,6 @@ class EngineRank:
             kv_cache_usage=s.kv_cache_usage, step=s.step, wave=s.wave))
 
 
-class RankTornDown(AsyncDPError):
-    """The group was torn down (coordinator Teardown, lost coordinator in MoE mode)."""
-
-
 def _main_error(exc: BaseException) -> BaseException | None:
     """The error a failed run reports: None for plain cancellation; the single meaningful leaf of a task group
     failure (a RankTornDown wins over the collective errors it causes), else ``exc`` itself."""
@@ -470,19 +466,12 @@ def _main_error(exc: BaseException) -> BaseException | None:
         return None
     if not isinstance(exc, BaseExceptionGroup):
         return exc
-    leaves = [e for e in _leaves(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
+    leaves = [e for e in leaf_exceptions(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
     if not leaves:
         return None
     if all(isinstance(e, AsyncDPError) for e in leaves):
         return next((e for e in leaves if isinstance(e, RankTornDown)), leaves[0])
     return exc
-
-
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
 
 
 def _describe(exc: BaseException) -> str:

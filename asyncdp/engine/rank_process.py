@@ -24,8 +24,8 @@ import anyio
 import msgspec
 
 from asyncdp import messages as m
-from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
-from asyncdp.errors import StartupError
+from asyncdp.engine.rank import EngineRank, RankConfig
+from asyncdp.errors import RankTornDown, StartupError
 from asyncdp.logs import kv_cache_line, weights_line
 from asyncdp.transport import Link, connect, connect_with_retry
 from asyncdp.transport.control import ControlChannel, follow_parent

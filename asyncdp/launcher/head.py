@@ -52,11 +52,11 @@ from asyncdp.apiserver.process import ApiConfig, bind_client_listener, serve_api
 from asyncdp.config.flags import ServeConfig
 from asyncdp.engine.rank import RankConfig
 from asyncdp.engine.rank_process import rank_payload
-from asyncdp.errors import AsyncDPError, ProtocolError, StartupError
+from asyncdp.errors import AsyncDPError, ChildExited, ProtocolError, StartupError
 from asyncdp.launcher.launch_plan import LaunchPlan, bind_http_socket, plan_from_config
 from asyncdp.logs import DrainCounts, serving_line, stopped_line
 from asyncdp.transport import Link, listen, serve_links
-from asyncdp.transport.control import ChildExited, ChildProcess, spawn_child
+from asyncdp.transport.control import ChildProcess, spawn_child
 from asyncdp.transport.http_socket import reserve_shared_port
 
 log = logging.getLogger(__name__)

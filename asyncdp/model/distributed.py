@@ -34,8 +34,7 @@ import torch
 import torch.distributed as dist
 
 # The control-group protocol and its errors live with the lockstep loop.
-from asyncdp.engine.dp_group import DPGroupAborted, DPGroupError
-from asyncdp.errors import StartupError
+from asyncdp.errors import DPGroupAborted, DPGroupError, StartupError
 from asyncdp.messages import DPGroupInfo
 
 log = logging.getLogger(__name__)

@@ -61,7 +61,7 @@ from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.engine.core import EngineCore
 from asyncdp.engine.dp_group import MemoryDPGroup
 from asyncdp.engine.rank import EngineRank, RankConfig
-from asyncdp.errors import AsyncDPError, ConfigError
+from asyncdp.errors import AsyncDPError, ConfigError, leaf_exceptions
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing.links import MemoryLinkListener, SimLink, sim_link_pair
 from asyncdp.testing.sim import SimRankExecutor
@@ -277,7 +277,7 @@ class SimCluster:
                                                   coordinator_client_addr=None))
                 await rank.run()
         except Exception as exc:  # the rank died (it already sent EngineDead); the cluster serves on
-            leaves = _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+            leaves = leaf_exceptions(exc)
             self.rank_errors[dp_rank] = leaves[0] if len(leaves) == 1 else exc
         finally:
             self._close_rank_links(dp_rank)
@@ -373,7 +373,7 @@ async def open_sim_cluster(
                     client.begin_shutdown()
                 tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
+        leaves = leaf_exceptions(group)
         if len(leaves) == 1 and isinstance(leaves[0], Exception):
             raise leaves[0] from None
         raise
@@ -441,8 +441,3 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
             await cluster._first_snapshot[ci].wait()  # the welcome snapshot: the client routes on counts
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out

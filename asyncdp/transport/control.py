@@ -29,6 +29,8 @@ import orjson
 import sniffio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from asyncdp.errors import ChildExited
+
 log = logging.getLogger(__name__)
 
 MAX_CONTROL_LINE = 16 << 20
@@ -159,12 +161,6 @@ class ChildProcess:
             with anyio.move_on_after(2.0):
                 await self.exited.wait()
         return self.process.returncode
-
-
-class ChildExited(Exception):
-    def __init__(self, child: ChildProcess) -> None:
-        super().__init__(f"{child.describe()} exited with code {child.returncode} during startup")
-        self.child = child
 
 
 def _child_env(extra: dict[str, str] | None) -> dict[str, str]:

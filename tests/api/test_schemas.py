@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from asyncdp.api.engine_client import RankHint
-from asyncdp.api.errors import HTTPError
 from asyncdp.api.params import chat_messages, prompts, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint
 from asyncdp.api.schemas import ChatRequest, CompletionRequest, decode_body
-from asyncdp.errors import InvalidSamplingParams
+from asyncdp.errors import HTTPError, InvalidSamplingParams
 
 
 def completion(**fields: object) -> CompletionRequest:

@@ -12,7 +12,8 @@ import trio
 from rank_harness import FakeClient, sim_core
 
 from asyncdp import messages as m
-from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
+from asyncdp.engine.rank import EngineRank, RankConfig
+from asyncdp.errors import RankTornDown
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import memory_link_pair
 

@@ -6,8 +6,7 @@ import pytest
 import trio
 from rank_harness import open_cluster
 
-from asyncdp.engine.rank import RankTornDown
-from asyncdp.errors import EngineDeadError
+from asyncdp.errors import EngineDeadError, RankTornDown
 
 
 def hang_dummy_steps(rank) -> None:

@@ -12,7 +12,7 @@ import pytest
 import trio
 from rank_harness import open_cluster
 
-from asyncdp.engine.rank import RankTornDown
+from asyncdp.errors import RankTornDown
 
 
 @pytest.mark.trio

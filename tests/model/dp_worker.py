@@ -233,7 +233,8 @@ class Worker:
     def all_reduce(self, args: dict[str, Any]) -> dict[str, Any]:
         import anyio
 
-        from asyncdp.model.distributed import DPGroupAborted, TorchDPGroup
+        from asyncdp.errors import DPGroupAborted
+        from asyncdp.model.distributed import TorchDPGroup
 
         async def main() -> dict[str, Any]:
             group = TorchDPGroup.from_group(self.group, anyio.CapacityLimiter(1))
