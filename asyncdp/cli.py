@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from asyncdp import __version__
+    from asyncdp.version import __version__
 
     return __version__
 

@@ -33,7 +33,7 @@ import anyio.to_thread
 import torch
 import torch.distributed as dist
 
-# The control-group protocol and its errors live with the lockstep loop.
+# The control-group errors live in the one exception tree; DPGroupInfo is the rendezvous a rank is handed.
 from asyncdp.errors import DPGroupAborted, DPGroupError, StartupError
 from asyncdp.messages import DPGroupInfo
 
