@@ -10,7 +10,7 @@ Modes: :class:`Poisson` (exponential gaps), :class:`Burst` (everything at t=0, S
 inf``), :class:`Closed` (each client resends after its previous answer plus ``think_s``), :class:`Trace`
 (recorded timestamps divided by ``speed``), :class:`Ladder` (Poisson stages of ``(rate_rps, duration_s)``),
 :class:`RelativeLadder` (rungs as fractions of R_sat, the cache-blind saturation rate, which only the simulator
-can measure: its times are stored at R_sat = 1 req/s and :func:`resolve_times_ms` divides them by the measured
+can measure: its times are stored at R_sat = 1 req/s and :func:`retime` says to divide them by the measured
 R_sat) and :class:`Dispatch`.
 
 ``--rate-scale X`` multiplies every rate. On fixed send times that is a time compression by X: a Poisson
@@ -61,10 +61,10 @@ class Ladder(_Mode, frozen=True, tag="ladder"):
 
 
 class RelativeLadder(_Mode, frozen=True, tag="relative_ladder"):
-    """Rungs ``fractions × R_sat``, ``requests_per_rung`` each; stored times assume R_sat = 1 req/s."""
+    """Rungs ``fractions × R_sat`` of ``requests_per_rung`` requests each; stored times assume R_sat = 1 req/s."""
 
     fractions: tuple[float, ...] = RELATIVE_RUNGS
-    requests_per_rung: int = 100
+    requests_per_rung: tuple[int, ...] = ()
     reference: float = REFERENCE_RUNG
 
 
@@ -129,11 +129,16 @@ def relative_ladder_times(ladder: RelativeLadder, rng: random.Random) -> list[tu
     """The relative ladder at R_sat = 1 req/s: ``requests_per_rung`` Poisson arrivals per rung, as (t_ms, rung)."""
     out: list[tuple[float, int]] = []
     t = 0.0
-    for index, fraction in enumerate(ladder.fractions):
-        for _ in range(ladder.requests_per_rung):
+    for index, (fraction, count) in enumerate(zip(ladder.fractions, ladder.requests_per_rung, strict=True)):
+        for _ in range(count):
             t += rng.expovariate(fraction) * 1000.0
             out.append((_us(t), index))
     return out
+
+
+def split_evenly(n: int, parts: int) -> tuple[int, ...]:
+    """``n`` requests over ``parts`` rungs, the earlier rungs one larger where it does not divide."""
+    return tuple(n // parts + (1 if i < n % parts else 0) for i in range(parts))
 
 
 def relative_ladder(r_sat_rps: float, fractions: Sequence[float] = RELATIVE_RUNGS,
@@ -160,19 +165,28 @@ def scale_rates(arrival: Arrival, rate_scale: float) -> Arrival:
     return arrival
 
 
-def time_divisor(arrival: Arrival, rate_scale: float = 1.0, r_sat_rps: float | None = None) -> float:
-    """What stored send times are divided by: ``rate_scale``, times R_sat for a relative ladder."""
-    if rate_scale <= 0:
-        raise ConfigError(f"--rate-scale must be > 0 (got {rate_scale}).")
+def retime(arrival: Arrival, rate_scale: float = 1.0, r_sat_rps: float | None = None) -> tuple[Arrival, float]:
+    """How to replay stored send times: the arrival label after ``--rate-scale`` (and R_sat), and the divisor.
+
+    Stored times are at the generator's nominal rates, at trace speed 1, and at R_sat = 1 req/s for a relative
+    ladder; the send times are the stored ones divided by the divisor. A relative ladder becomes the absolute
+    :class:`Ladder` it stands for (each rung's duration is its expected length). Closed loop: divisor 1.
+    """
+    label = scale_rates(arrival, rate_scale)
     if isinstance(arrival, RelativeLadder):
         if r_sat_rps is None or r_sat_rps <= 0:
             raise ConfigError("a relative ladder needs the measured R_sat (> 0 req/s) before it can be replayed.")
-        return rate_scale * r_sat_rps
+        rates = [f * rate_scale * r_sat_rps for f in arrival.fractions]
+        ladder = Ladder(max_concurrency=arrival.max_concurrency,
+                        rungs=tuple((r, n / r) for r, n in zip(rates, arrival.requests_per_rung, strict=True)))
+        return ladder, rate_scale * r_sat_rps
     if isinstance(arrival, Closed):
-        return 1.0
-    return rate_scale
+        return label, 1.0
+    if isinstance(arrival, Trace):
+        return label, rate_scale * arrival.speed
+    return label, rate_scale
 
 
 def resolve_times_ms(times_ms: Sequence[float | None], divisor: float) -> list[float | None]:
-    """Stored send times divided by ``divisor`` (see :func:`time_divisor`), rounded to whole microseconds."""
+    """Stored send times divided by ``divisor`` (see :func:`retime`), rounded to whole microseconds."""
     return [None if t is None else _us(t / divisor) for t in times_ms]

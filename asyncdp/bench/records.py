@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from asyncdp.bench.arrivals import Arrival
+from asyncdp.bench.arrivals import Arrival, resolve_times_ms, retime
 from asyncdp.errors import ConfigError
 
 VOCAB_SIZE = 32_000
@@ -58,7 +58,8 @@ class Workload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     Cluster hints are the values the spec fixes for the workload; ``None`` leaves them to the cost profile.
     ``warmup_ms``: requests sent before it are outside the measure window (C6). ``duration_s``: nothing is sent
     after it (closed loops run for a fixed virtual time). ``sweep_rates_rps``: run the workload once per rate on
-    a fresh cluster, with the :class:`~asyncdp.bench.arrivals.Dispatch` rate replaced (W4).
+    a fresh cluster, with the :class:`~asyncdp.bench.arrivals.Dispatch` rate replaced (W4). ``resolved``: the
+    send times are final (see :func:`resolve`); until then they are at the nominal rates.
     """
 
     name: str
@@ -76,6 +77,7 @@ class Workload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     warmup_ms: float = 0.0
     duration_s: float | None = None
     sweep_rates_rps: tuple[float, ...] = ()
+    resolved: bool = False
     notes: str = ""
 
 
@@ -152,3 +154,16 @@ def check_records(records: tuple[Record, ...], source: str = "workload") -> None
             raise ConfigError(f"{where}: segment lengths do not add up to input_length {r.input_length}.")
         if r.input_length < 1 or r.output_length < 1:
             raise ConfigError(f"{where}: input_length and output_length must be >= 1.")
+
+
+def resolve(workload: Workload, rate_scale: float = 1.0, r_sat_rps: float | None = None) -> Workload:
+    """The workload with final send times: ``--rate-scale`` applied, a relative ladder placed at ``r_sat_rps``
+    and a trace at its replay speed. What every policy of a comparison then replays (C1)."""
+    if workload.resolved:
+        raise ConfigError(f"workload {workload.name} already has final send times; resolve it once.")
+    arrival, divisor = retime(workload.arrival, rate_scale, r_sat_rps)
+    times = resolve_times_ms([r.t_arrival_ms for r in workload.records], divisor)
+    records = tuple(msgspec.structs.replace(r, t_arrival_ms=t) for r, t in zip(workload.records, times, strict=True))
+    dispatch_rates = tuple(r * rate_scale for r in workload.sweep_rates_rps)
+    return msgspec.structs.replace(workload, arrival=arrival, records=records, sweep_rates_rps=dispatch_rates,
+                                   resolved=True, warmup_ms=workload.warmup_ms / divisor)
