@@ -42,27 +42,15 @@ from typing import Any
 
 from asyncdp.bench.arrivals import Trace
 from asyncdp.bench.records import Workload
+from asyncdp.bench.trace import MOONCAKE_BLOCK, block_segments
 from asyncdp.bench.workloads.common import Builder, Options, check_scale, lognormal_int, stream
 
-MOONCAKE_BLOCK = 512
 PRESETS = {  # outputs (lo, hi), ΔB (lo, hi), p_continue
     "toolagent": ((2, 32), (4, 12), 0.3),
     "conversation": ((200, 400), (12, 32), 0.25),
 }
 TURNS_MEDIAN, TURNS_SIGMA = 29, 0.8
 _SCALES = {"quick": (500, 500 / 120, 1.0, 4), "full": (23_608, 6.7, 0.8, 8)}
-
-
-def block_segment_id(hash_id: int) -> str:
-    """The segment a Mooncake hash id materialises as (a fixed random 512-token block seeded by the id)."""
-    return f"m/{hash_id}"
-
-
-def block_segments(hash_ids: list[int] | tuple[int, ...], input_length: int,
-                   block_size: int = MOONCAKE_BLOCK) -> list[tuple[str, int]]:
-    """Segments of a Mooncake row: one block per id, the last truncated so the lengths add up to input_length."""
-    tail = input_length - (len(hash_ids) - 1) * block_size
-    return [(block_segment_id(h), block_size if i < len(hash_ids) - 1 else tail) for i, h in enumerate(hash_ids)]
 
 
 def root_blocks(popularity_rank: int) -> int:
