@@ -1,6 +1,6 @@
 """W8: token-skew stress, spec §4 W8.
 
-Short requests as in W6; a fraction ``long_fraction`` (0.02) are long prompts of 55 000 tokens (quick: 16 000)
+Short requests as in W6; a fraction ``long_fraction`` (0.02; exactly that share, at seeded places) are long prompts of 55 000 tokens (quick: 16 000)
 with 1 output token, the token-balancing case of vllm-project/vllm#40795. Arrivals: Poisson at 0.7·R_sat (a
 one-rung relative ladder). ``group`` is ``short`` or ``long``, for the short requests' p99 TTFT.
 
@@ -36,12 +36,13 @@ def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) ->
     rng = stream(seed, "w8")
     arrival = RelativeLadder(fractions=(rung,), requests_per_rung=(n,), reference=rung)
     times = relative_ladder_times(arrival, stream(seed, "w8/arrivals"))
+    long_at = set(rng.sample(range(n), round(fraction * n)))
     b = Builder()
     for i, (t, _) in enumerate(times):
         if preset == "pure_long":
             segments, output = short_request(rng, i, "w8")
             segments, group = [(f"w8/long/{i}", rng.randint(1000, long_len))], "long"
-        elif one_shape or rng.random() < fraction:
+        elif one_shape or i in long_at:
             segments, output, group = [(f"w8/long/{i}", long_len)], 1, "long"
         else:
             segments, output = short_request(rng, i, "w8")
