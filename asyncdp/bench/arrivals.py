@@ -23,6 +23,7 @@ whole microseconds (spec §1.2), expressed in milliseconds.
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Sequence
 
@@ -57,7 +58,11 @@ class Trace(_Mode, frozen=True, tag="trace"):
 
 
 class Ladder(_Mode, frozen=True, tag="ladder"):
-    rungs: tuple[tuple[float, float], ...] = ()  # (rate_rps, duration_s), run one after the other
+    """Stages ``(rate_rps, duration_s)`` run one after the other. ``requests_per_rung``, when set (a resolved
+    relative ladder), says which records belong to which rung; otherwise the stage boundaries do."""
+
+    rungs: tuple[tuple[float, float], ...] = ()
+    requests_per_rung: tuple[int, ...] = ()
 
 
 class RelativeLadder(_Mode, frozen=True, tag="relative_ladder"):
@@ -177,7 +182,7 @@ def retime(arrival: Arrival, rate_scale: float = 1.0, r_sat_rps: float | None = 
         if r_sat_rps is None or r_sat_rps <= 0:
             raise ConfigError("a relative ladder needs the measured R_sat (> 0 req/s) before it can be replayed.")
         rates = [f * rate_scale * r_sat_rps for f in arrival.fractions]
-        ladder = Ladder(max_concurrency=arrival.max_concurrency,
+        ladder = Ladder(max_concurrency=arrival.max_concurrency, requests_per_rung=arrival.requests_per_rung,
                         rungs=tuple((r, n / r) for r, n in zip(rates, arrival.requests_per_rung, strict=True)))
         return ladder, rate_scale * r_sat_rps
     if isinstance(arrival, Closed):
@@ -190,3 +195,20 @@ def retime(arrival: Arrival, rate_scale: float = 1.0, r_sat_rps: float | None = 
 def resolve_times_ms(times_ms: Sequence[float | None], divisor: float) -> list[float | None]:
     """Stored send times divided by ``divisor`` (see :func:`retime`), rounded to whole microseconds."""
     return [None if t is None else _us(t / divisor) for t in times_ms]
+
+
+def rung_indices(arrival: Arrival, times_ms: Sequence[float | None]) -> list[int] | None:
+    """The ladder rung of each request (records in order), for per-rung metrics; None if not a ladder."""
+    counts: tuple[int, ...] = ()
+    if isinstance(arrival, RelativeLadder | Ladder):
+        counts = arrival.requests_per_rung
+    if counts:
+        out = [k for k, n in enumerate(counts) for _ in range(n)]
+        return out[:len(times_ms)] + [len(counts) - 1] * (len(times_ms) - len(out))
+    if not isinstance(arrival, Ladder):
+        return None
+    ends, total = [], 0.0
+    for _, duration_s in arrival.rungs:
+        total += duration_s * 1000.0
+        ends.append(total)
+    return [min(bisect.bisect_right(ends, t or 0.0), len(ends) - 1) for t in times_ms]

@@ -22,7 +22,7 @@ materialised tokens and real block hashes; the tests hold the two equal.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from hashlib import blake2b
 
 from asyncdp.bench.records import BLOCK_SIZE, VOCAB_SIZE, Record, answer_segment_id
@@ -167,3 +167,16 @@ def ideal_hit_rate(records: Sequence[Record], block_size: int = BLOCK_SIZE) -> f
     """Σ ideal cached prompt tokens / Σ prompt tokens (spec §4.0 "ideal hit rate")."""
     total = sum(r.input_length for r in records)
     return sum(ideal_hits(records, block_size)) / total if total else 0.0
+
+
+def ideal_hit_rate_by(records: Sequence[Record], key: Callable[[Record], Hashable],
+                      block_size: int = BLOCK_SIZE) -> dict[Hashable, float]:
+    """The ideal hit rate per ``key(record)`` (e.g. per round of W4: ``lambda r: r.turn``), keys in first-seen
+    order; the cache is still one cache over all records in order."""
+    hit: dict[Hashable, int] = {}
+    total: dict[Hashable, int] = {}
+    for r, h in zip(records, ideal_hits(records, block_size), strict=True):
+        k = key(r)
+        hit[k] = hit.get(k, 0) + h
+        total[k] = total.get(k, 0) + r.input_length
+    return {k: hit[k] / total[k] for k in total}

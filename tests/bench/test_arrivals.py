@@ -15,6 +15,7 @@ from asyncdp.bench.arrivals import (
     poisson_times_ms,
     relative_ladder,
     relative_ladder_times,
+    rung_indices,
     scale_rates,
     split_evenly,
     uniform_times_ms,
@@ -78,3 +79,11 @@ def test_bad_rates_are_config_errors():
         poisson_times_ms(0.0, 1, random.Random(0))
     with pytest.raises(ConfigError, match="rung 0"):
         ladder_times_ms([(1.0, 0.0)], random.Random(0))
+
+
+def test_rung_indices_by_count_for_relative_ladders_and_by_time_for_stages():
+    ladder = RelativeLadder(fractions=(0.5, 1.0), requests_per_rung=(2, 1))
+    assert rung_indices(ladder, [1.0, 2.0, 3.0]) == [0, 0, 1]
+    stages = Ladder(rungs=((1.0, 1.0), (2.0, 1.0)))
+    assert rung_indices(stages, [10.0, 999.0, 1000.0, 2500.0]) == [0, 0, 1, 1]
+    assert rung_indices(Poisson(rate_rps=1.0), [1.0]) is None

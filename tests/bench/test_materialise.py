@@ -9,6 +9,7 @@ from asyncdp.bench.materialise import (
     answer_tokens,
     hashes,
     ideal_hit_rate,
+    ideal_hit_rate_by,
     ideal_hits,
     ideal_hits_tokens,
     prompt_tokens,
@@ -90,3 +91,12 @@ def test_ideal_hits_on_segments_equal_those_on_tokens_and_block_hashes(spec, cou
     w = build(spec, "quick", 2)
     records = w.records[:count]
     assert ideal_hits(records) == ideal_hits_tokens(records, w.seed)
+
+
+def test_ideal_hit_rate_by_round_of_the_multi_turn_chat():
+    w = build("w4", "quick", 1)
+    by_round = ideal_hit_rate_by(w.records, lambda r: r.turn)
+    assert list(by_round) == [0, 1, 2, 3]
+    assert by_round[0] == 0.0
+    assert by_round[1] == pytest.approx(((256 + 32 - 1) // 16 * 16) / (256 + 32 + 256))  # answer less its last token
+    assert by_round[1] < by_round[2] < by_round[3]

@@ -81,7 +81,7 @@ def test_resolve_places_a_relative_ladder_at_r_sat():
         resolve(_workload(ladder))
     w = resolve(_workload(ladder), rate_scale=1.0, r_sat_rps=10.0)
     assert [r.t_arrival_ms for r in w.records] == [1.0, 3.0]
-    assert w.arrival == Ladder(rungs=((5.0, 0.2), (10.0, 0.1)))
+    assert w.arrival == Ladder(rungs=((5.0, 0.2), (10.0, 0.1)), requests_per_rung=(1, 1))
 
 
 def test_resolve_keeps_closed_loop_and_replays_a_trace_at_its_speed():
