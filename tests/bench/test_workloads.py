@@ -6,7 +6,14 @@ import pytest
 
 from asyncdp.bench.arrivals import Burst, Closed, Dispatch, Ladder, RelativeLadder, Trace
 from asyncdp.bench.materialise import Materialiser, ideal_hits
-from asyncdp.bench.records import BLOCK_SIZE, answer_segment_id, encode_workload
+from asyncdp.bench.records import (
+    BLOCK_SIZE,
+    answer_segment_id,
+    decode_workload,
+    encode_workload,
+    read_workload,
+    write_workload,
+)
 from asyncdp.bench.workloads import WORKLOADS, build
 from asyncdp.errors import ConfigError
 
@@ -271,3 +278,15 @@ def test_bad_workload_arguments_are_config_errors(spec, scale, options, message)
 def test_scale_out_presets_run_at_dp32():
     assert build("w1", "dp32", 1).dp_size == 32 and len(build("w1", "dp32", 1).records) == 256 * 16
     assert build("w3@ray_scaling", "dp32", 1).dp_size == 32
+
+
+@pytest.mark.parametrize("spec", ["w1", "w2", "w4", "w5", "w9", "w9@onoff", "w10"])
+def test_every_arrival_kind_survives_the_workload_file(spec, tmp_path):
+    w = build(spec, "quick", 1)
+    write_workload(w, tmp_path / "w.jsonl")
+    assert read_workload(tmp_path / "w.jsonl") == w
+
+
+def test_the_w2_stage_ladder_survives_the_workload_file():
+    w = build("w2", "full", 1, {"stage_s": 2.0})
+    assert decode_workload(encode_workload(w)) == w
