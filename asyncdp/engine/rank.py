@@ -184,9 +184,14 @@ class EngineRank:
                 raise
             raise leaf from None
         finally:
-            self.links.close()
-            self._inbox_send.close()
-            self._inbox.close()
+            self.close()
+
+    def close(self) -> None:
+        """Close the inbox and the outboxes (idempotent; :meth:`run` does it too, this is for a rank that never
+        ran: an unclosed memory stream warns when collected)."""
+        self.links.close()
+        self._inbox_send.close()
+        self._inbox.close()
 
     # ------------------------------------------------------------------ link events
 

@@ -17,7 +17,7 @@ _EXPORTS = {
     "FakeEngineClient": "fake_client", "byte_tokenizer": "tokenizer",
     "MemoryLinkListener": "links", "SimLink": "links", "sim_link_pair": "links",
     "InjectedFault": "sim", "SimRankExecutor": "sim", "stream_rng": "sim",
-    "SimCluster": "cluster", "SimCoordinator": "cluster", "SimRequest": "cluster", "open_sim_cluster": "cluster",
+    "SimCluster": "cluster", "SimCoordinator": "sim", "SimRequest": "sim", "open_sim_cluster": "cluster",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,8 +1,10 @@
 """In-memory links for the simulation harness: link ends that report what passes through them, and a listener.
 
 A :class:`SimLink` is a :class:`~asyncdp.transport.MemoryLink` with three optional hooks (``on_send``,
-``on_receive``, ``on_close``) and a synchronous ``close_nowait()``, so a harness can observe traffic without
-mocking any role and can cut a link at once (the peer sees EOF, its sends break). :class:`MemoryLinkListener`
+``on_receive``, ``on_close``), a synchronous ``close_nowait()`` and a reading gate (``stall()`` /
+``unstall()``), so a harness can observe traffic without mocking any role, can cut a link at once (the peer
+sees EOF, its sends break) and can play a peer that stops reading (the link's buffer fills, the sender's
+sends block). :class:`MemoryLinkListener`
 has the ``serve(handler)`` shape :func:`~asyncdp.coordinator.core.serve_coordinator` expects from a listener.
 """
 
@@ -34,13 +36,26 @@ class SimLink(MemoryLink):
         self.on_receive: Callable[[m.Message], None] | None = None
         self.on_close: Callable[[], None] | None = None
         self.closed = False
+        self._gate: anyio.Event | None = None
 
     async def send(self, msg: m.Message) -> None:
         await super().send(msg)
         if self.on_send is not None:
             self.on_send(msg)
 
+    def stall(self) -> None:
+        """Stop delivering to this end's reader (it blocks in ``receive``) until :meth:`unstall`."""
+        if self._gate is None:
+            self._gate = anyio.Event()
+
+    def unstall(self) -> None:
+        if self._gate is not None:
+            self._gate.set()
+            self._gate = None
+
     async def receive(self) -> m.Message:
+        while self._gate is not None:
+            await self._gate.wait()
         msg = await super().receive()
         if self.on_receive is not None:
             self.on_receive(msg)
