@@ -83,13 +83,18 @@ def sim_link_pair(*, name: str, codec: bool = False, max_buffer: int = LINK_BUFF
 
 class MemoryLinkListener:
     """An in-memory listener for :func:`serve_coordinator`: ``connect()`` hands one end of a fresh link to the
-    caller and queues the other end for ``serve(handler)``, which runs ``handler(link)`` per link."""
+    caller and queues the other end for ``serve(handler)``, which runs ``handler(link)`` per link; ``offer(link)``
+    queues a link end made elsewhere."""
 
     def __init__(self, *, name: str, codec: bool = False) -> None:
         self.name = name
         self._codec = codec
-        self._send, self._recv = anyio.create_memory_object_stream[SimLink](math.inf)
+        self._send, self._recv = anyio.create_memory_object_stream[Any](math.inf)
         self._links: list[SimLink] = []
+
+    def offer(self, link: Any) -> None:
+        """Queue a link end made elsewhere (any link) for ``serve``; its maker closes it."""
+        self._send.send_nowait(link)
 
     def connect(self) -> SimLink:
         ours, theirs = sim_link_pair(name=self.name, codec=self._codec)
@@ -97,7 +102,7 @@ class MemoryLinkListener:
         self._send.send_nowait(theirs)
         return ours
 
-    async def serve(self, handler: Callable[[SimLink], Any]) -> None:
+    async def serve(self, handler: Callable[[Any], Any]) -> None:
         async with anyio.create_task_group() as tg:
             async for link in self._recv:
                 tg.start_soon(handler, link)

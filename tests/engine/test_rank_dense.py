@@ -9,12 +9,13 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 import trio
-from rank_harness import FakeClient, sim_core
 
 from asyncdp import messages as m
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.errors import RankTornDown
 from asyncdp.sampling_params import SamplingParams
+from asyncdp.testing import FakeRankClient as FakeClient
+from asyncdp.testing import sim_rank_core as sim_core
 from asyncdp.transport import memory_link_pair
 
 
