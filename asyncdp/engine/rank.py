@@ -1,20 +1,23 @@
-"""The engine rank role: one DP rank's busy loop, its links, and the process around it.
+"""The engine rank role: one DP rank's busy loop and its links (the process around it: ``rank_process``).
 
 Theory of operation
 -------------------
 A rank owns one :class:`~asyncdp.engine.core.EngineCore`. It receives ``AddRequest``, ``AbortRequests`` and
 ``UtilityCall`` from every client link and ``StartWave``/``Teardown``/``Heartbeat`` from the coordinator link.
-Reader tasks decode frames and post them into one bounded *inbox* stream; the busy loop is the only task that
-touches the core. Each step runs ``EngineCore.step()`` on the device's execution thread (one
-``CapacityLimiter(1)``, shared with the DP group's collectives) and the outputs go only to the client that owns
-the request (``AddRequest.client_index``). The simulated executor steps inline and sleeps its modelled step
-time on the anyio clock, so whole clusters run in trio's virtual time.
+Reader tasks (:mod:`asyncdp.engine.rank_links`) decode frames and post them into one bounded *inbox* stream of
+typed items, dispatched with ``match`` (an unknown item is a :class:`~asyncdp.errors.ProtocolError`); the busy
+loop is the only task that touches the core. Each step runs ``EngineCore.step()`` on the device's execution
+thread (one ``CapacityLimiter(1)``, shared with the DP group's collectives) and the outputs go only to the
+client that owns the request (``AddRequest.client_index``), never waiting for it (a client whose outbox is full
+is cut off). An executor that only models its step time (``Executor.modelled_step_s`` is not None: the sim
+executor) steps inline and the rank sleeps that time on the anyio clock, so whole clusters run in trio's
+virtual time. Utility calls and pause/resume are :mod:`asyncdp.engine.rank_utility`'s; what the rank reports
+(outputs, stats) is :mod:`asyncdp.engine.rank_state`'s.
 
 Dense ranks (and MoE with dp = 1) run the plain loop below: no collectives, no waves. MoE ranks with dp > 1
 run the lockstep loop of :mod:`asyncdp.engine.lockstep_loop`, which uses this class's helpers.
 
-Stats: when a coordinator exists, the rank sends ``RankStats`` before and after every step if (running,
-waiting) changed or KV usage moved by >= 0.01 (spec §8.1); MoE ranks stamp the wave step and wave.
+Stats: with a coordinator, ``RankStats`` before and after every step if the load changed (spec §8.1).
 
 Pause (spec §8.6): ``pause(mode)`` answers only once the pause is complete (dense: the rank is idle; MoE: the
 group reached consensus and stopped), ``resume()`` unpauses, ``is_paused()``.
@@ -37,13 +40,12 @@ import functools
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
-import msgspec
 
 from asyncdp import messages as m
 from asyncdp.config.flags import EngineConfig
@@ -58,6 +60,7 @@ from asyncdp.engine.rank_links import (
     RankLinks,
     Wake,
 )
+from asyncdp.engine.rank_state import RankReports, RankState
 from asyncdp.engine.rank_utility import UtilityCalls
 from asyncdp.errors import AsyncDPError, InvalidRequestError, ProtocolError, RankTornDown, leaf_exceptions
 from asyncdp.transport import Link
@@ -69,7 +72,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INBOX_SIZE = 4096
-KV_USAGE_PUBLISH_DELTA = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,21 +89,6 @@ class RankConfig:
     sync_cadence: str = "asyncdp"  # "asyncdp" (also the first step of each wave) | "vllm" (benchmark only)
     enable_expert_parallel: bool = False  # MoE with dp > 1: experts split across ranks (all-to-all)
     client_outbox_size: int = OUTBOX_SIZE  # messages queued per client before its link is cut (rank_links)
-
-
-@dataclass
-class RankState:
-    """Observable state of a rank, for tests and /server_info."""
-
-    steps: int = 0
-    dummy_steps: int = 0
-    waves_completed: int = 0
-    shutting_down: bool = False
-    dead_reason: str | None = None
-    last_stats: tuple[int, int, float] | None = None
-    # The cumulative counters as of the last stats attached to a client message: attached stats carry deltas.
-    attached_counters: tuple[int, ...] = (0, 0, 0, 0, 0)
-    owners: dict[str, int] = field(default_factory=dict)
 
 
 class EngineRank:
@@ -138,6 +125,8 @@ class EngineRank:
             else:
                 self.lockstep = LockstepLoop(self, dp_group)
         self.utility = UtilityCalls(self)
+        self.reports = RankReports(cfg.dp_rank, core, self.state, self.links,
+                                   None if self.lockstep is None else self.lockstep.state)
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[InboxItem](INBOX_SIZE)
         self._shutdown_deadline: float | None = None
         self._drain_expired = False
@@ -291,7 +280,7 @@ class EngineRank:
             result = await anyio.to_thread.run_sync(fn, limiter=self.limiter, abandon_on_cancel=True)
         if result.executed:
             self.state.steps += 1
-        self._dispatch_outputs(result.outputs)
+        self.reports.dispatch_outputs(result.outputs)
         return result.executed
 
     def _modelled_step_s(self) -> float:
@@ -308,33 +297,9 @@ class EngineRank:
             await anyio.to_thread.run_sync(core.execute_dummy, limiter=self.limiter, abandon_on_cancel=True)
         self.state.dummy_steps += 1
 
-    def _dispatch_outputs(self, outputs: list[m.RequestOutput]) -> None:
-        per_client: dict[int, tuple[list[m.RequestOutput], list[str]]] = {}
-        owners = self.state.owners
-        for out in outputs:
-            ci = owners.get(out.request_id)
-            if ci is None:
-                continue
-            outs, finished = per_client.setdefault(ci, ([], []))
-            outs.append(out)
-            if out.finished:
-                finished.append(out.request_id)
-                del owners[out.request_id]
-        if not per_client:
-            return
-        stats = self.attach_stats()
-        stats_to = next(iter(per_client))
-        now = time.time()
-        for ci, (outs, finished) in per_client.items():
-            self.links.post_nowait(ci, m.EngineOutputs(
-                dp_rank=self.cfg.dp_rank, outputs=outs, finished_request_ids=finished,
-                scheduler_stats=stats if ci == stats_to else None, timestamp=now))
-
     def send_stats_to_client(self) -> None:
         """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
-        self.links.post_nowait(self.links.stats_client, m.EngineOutputs(
-            dp_rank=self.cfg.dp_rank, outputs=[], finished_request_ids=[],
-            scheduler_stats=self.attach_stats(), timestamp=time.time()))
+        self.reports.send_stats_to_client()
 
     # ------------------------------------------------------------------ message handling
 
@@ -401,37 +366,15 @@ class EngineRank:
     # ------------------------------------------------------------------ stats
 
     def scheduler_stats(self) -> m.SchedulerStats:
-        stats = self.core.stats()
-        if self.lockstep is None:
-            return stats
-        ls = self.lockstep.state
-        return msgspec.structs.replace(
-            stats, step=ls.step_counter, wave=ls.current_wave, wave_running=ls.engines_running,
-            num_dummy_steps=self.state.dummy_steps, waves_completed=self.state.waves_completed)
-
-    def attach_stats(self) -> m.SchedulerStats:
-        """Stats for one client message: the counters are deltas since the previous attached stats. Each stats
-        object goes to exactly one client, so the deltas partition the totals and API processes can sum them."""
-        s = self.scheduler_stats()
-        now = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions, s.num_dummy_steps, s.waves_completed)
-        q, h, p, d, w = (a - b for a, b in zip(now, self.state.attached_counters, strict=True))
-        self.state.attached_counters = now
-        return msgspec.structs.replace(s, prefix_cache_queries=q, prefix_cache_hits=h, num_preemptions=p,
-                                       num_dummy_steps=d, waves_completed=w)
+        return self.reports.scheduler_stats()
 
     async def publish_stats(self) -> None:
+        """``RankStats`` to the coordinator when the load changed (spec §8.1; see :mod:`.rank_state`)."""
         if self.coordinator is None or self.cfg.external_lb:
             return
-        s = self.scheduler_stats()
-        last = self.state.last_stats
-        if last is not None and last[0] == s.num_running and last[1] == s.num_waiting and abs(
-            last[2] - s.kv_cache_usage
-        ) < KV_USAGE_PUBLISH_DELTA:
-            return
-        self.state.last_stats = (s.num_running, s.num_waiting, s.kv_cache_usage)
-        await self.send_coordinator(m.RankStats(
-            dp_rank=self.cfg.dp_rank, num_waiting=s.num_waiting, num_running=s.num_running,
-            kv_cache_usage=s.kv_cache_usage, step=s.step, wave=s.wave))
+        report = self.reports.load_report()
+        if report is not None:
+            await self.send_coordinator(report)
 
 
 def _main_error(exc: BaseException) -> BaseException | None:
