@@ -54,7 +54,7 @@ class SimExecutor:
         self._num_kv_blocks = config.num_kv_blocks if config.num_kv_blocks is not None else DEFAULT_SIM_KV_BLOCKS
         avoid = frozenset(avoid_token_ids)
         self._avoid = avoid if len(avoid) < vocab_size else frozenset()
-        self._clock = clock  # unused: the caller waits out last_step_s on whatever clock it has
+        self._clock = clock  # unused: the caller waits out modelled_step_s on whatever clock it has
         cost = config.sim_cost
         self._a_s = cost.a_ms / 1e3
         self._b_s = cost.b_ms_per_token / 1e3
