@@ -200,13 +200,46 @@ class RankCluster:
         while any(self.ls(r).engines_running for r in range(self.n)):
             await self.client.stats_arrived.wait()
 
+    async def _run_coordinator(self, config: CoordinatorConfig, engine_listener: MemoryLinkListener,
+                               client_listener: MemoryLinkListener, stopping: anyio.Event | None) -> None:
+        with self.coordinator_scope:
+            try:
+                await serve_coordinator(config, engine_listener, client_listener, stopping=stopping)
+                self.coordinator_outcome.append(None)
+            except BaseException as exc:
+                # Under trio the coordinator's teardown can come wrapped with stray Cancelled leaves from its
+                # link tasks (anyio re-raises them from inner task groups); the real error is the other leaf.
+                errors = [e for e in leaf_exceptions(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
+                if not errors:
+                    raise
+                self.coordinator_outcome.append(errors[0])
+            finally:
+                self.coordinator_ended.set()
+
+    async def _run_rank(self, r: int, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Subscribe rank ``r`` (as the rank process does, minus the handshake), then run it to its end."""
+        link = self.coordinator_links[r]
+        await link.send(m.Subscribe(dp_rank=r))
+        while not isinstance(await link.receive(), m.CoordinatorReady):
+            pass
+        with anyio.CancelScope() as scope:
+            self.rank_scopes[r] = scope
+            task_status.started()
+            try:
+                await self.ranks[r].run()
+                self.outcomes[r] = None
+            except Exception as exc:  # noqa: BLE001 - recorded for the test to check
+                self.outcomes[r] = exc
+        self.ended[r].set()
+
 
 @asynccontextmanager
 async def open_rank_cluster(n: int = 2, *, sync_interval: int = 32, cadence: str = "asyncdp",
-                       shutdown_timeout_s: float = 0.0, prefill_schedule_interval: int = 1,
-                       cost: SimCostProfile = RANK_SIM_COST, wrap_coordinator_link: Callable[[int, Link], Link] | None = None,
-                       inline_step: bool = True, stopping: anyio.Event | None = None
-                       ) -> AsyncIterator[RankCluster]:
+                            shutdown_timeout_s: float = 0.0, prefill_schedule_interval: int = 1,
+                            cost: SimCostProfile = RANK_SIM_COST,
+                            wrap_coordinator_link: Callable[[int, Link], Link] | None = None,
+                            inline_step: bool = True, stopping: anyio.Event | None = None
+                            ) -> AsyncIterator[RankCluster]:
     """Start the coordinator, ``n`` MoE ranks and client 0; yield once every rank runs. ``stopping`` is the
     coordinator's "the deployment is stopping in order" event."""
     client = FakeRankClient(n)
@@ -228,50 +261,20 @@ async def open_rank_cluster(n: int = 2, *, sync_interval: int = 32, cadence: str
         cfg = RankConfig(dp_rank=r, dp_size=n, engine=sim_rank_core(cost).config, is_moe=True,
                          shutdown_timeout_s=shutdown_timeout_s, sync_interval=sync_interval,
                          prefill_schedule_interval=prefill_schedule_interval, sync_cadence=cadence)
-        ranks.append(EngineRank(cfg, sim_rank_core(cost), {0: client.engine_ends[r]}, coord_ends[r], inline_step=inline_step,
-                                dp_group=groups[r]))
+        ranks.append(EngineRank(cfg, sim_rank_core(cost), {0: client.engine_ends[r]}, coord_ends[r],
+                                inline_step=inline_step, dp_group=groups[r]))
     cluster = RankCluster(n, client, ranks, groups, coord_ends, coordinator_peer_links=peer_ends)
     ccfg = CoordinatorConfig(dp_size=n, wave_mode=True, subscribe_timeout_s=30.0)
 
-    async def run_coordinator() -> None:
-        with cluster.coordinator_scope:
-            try:
-                await serve_coordinator(ccfg, engine_listener, client_listener, stopping=stopping)
-                cluster.coordinator_outcome.append(None)
-            except BaseException as exc:
-                # Under trio the coordinator's teardown can come wrapped with stray Cancelled leaves from its
-                # link tasks (anyio re-raises them from inner task groups); the real error is the other leaf.
-                errors = [e for e in leaf_exceptions(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
-                if not errors:
-                    raise
-                cluster.coordinator_outcome.append(errors[0])
-            finally:
-                cluster.coordinator_ended.set()
-
-    async def run_rank(r: int, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        link = coord_ends[r]
-        await link.send(m.Subscribe(dp_rank=r))
-        while not isinstance(await link.receive(), m.CoordinatorReady):
-            pass
-        with anyio.CancelScope() as scope:
-            cluster.rank_scopes[r] = scope
-            task_status.started()
-            try:
-                await ranks[r].run()
-                cluster.outcomes[r] = None
-            except Exception as exc:  # noqa: BLE001 - recorded for the test to check
-                cluster.outcomes[r] = exc
-        cluster.ended[r].set()
-
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run_coordinator)
+            tg.start_soon(cluster._run_coordinator, ccfg, engine_listener, client_listener, stopping)
             tg.start_soon(client.run)
             for r in range(n):
                 cluster.ended[r] = anyio.Event()
             async with anyio.create_task_group() as starting:
                 for r in range(n):
-                    starting.start_soon(tg.start, run_rank, r)
+                    starting.start_soon(tg.start, cluster._run_rank, r)
             yield cluster
             tg.cancel_scope.cancel()
     finally:
