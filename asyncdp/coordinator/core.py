@@ -6,10 +6,13 @@ when, :class:`~asyncdp.dp.wave.WaveMachine` decides wave transitions and what en
 decodes, calls and performs.
 
 Tasks, all in one task group: an engine acceptor and one handler per engine link, a client acceptor and one
-handler per client link, the heartbeat sender, and the *core*. Each link handler runs a reader (the first frame is
-``Subscribe``; any frame counts as liveness, and silence past ``heartbeat_timeout_s`` means the peer is dead) and
-a writer draining that peer's bounded outbox, so no slow peer ever blocks the core. Readers forward load and wave
-messages to the core through one bounded memory stream; the core is the only task that changes state.
+handler per client link, the heartbeat sender (:func:`~asyncdp.transport.heartbeat.send_heartbeats`), and the
+*core*. Each link handler runs a reader (the first frame is ``Subscribe``; any frame counts as liveness, and
+silence past ``heartbeat_timeout_s`` means the peer is dead) and a writer draining that peer's bounded outbox, so
+no slow peer ever blocks the core (:mod:`asyncdp.coordinator.peers`; a peer whose outbox is full is cut off, never
+silently skipped). Readers forward load and wave messages to the core through one bounded memory stream of typed
+items (:data:`~asyncdp.coordinator.peers.CoordinatorInbox`, dispatched with ``match``; an unknown item is a
+:class:`~asyncdp.errors.ProtocolError`); the core is the only task that changes state.
 
 Startup: once exactly N distinct engines have sent ``Subscribe{dp_rank}``, every engine gets
 ``CoordinatorReady``. An unknown or duplicate rank, or a missing one after ``subscribe_timeout_s``, is a
@@ -24,7 +27,8 @@ then :func:`serve_coordinator` raises :class:`~asyncdp.errors.EngineDeadError` (
 keeps serving; it returns once every engine is gone.
 
 Links: anything with ``async send(msg)``, ``async receive()`` (raising ``anyio.EndOfStream`` at EOF) and
-``async aclose()``. Listeners: anything with ``async serve(handler)`` that calls ``handler(link)`` per link.
+``async aclose()``. Listeners: anything with ``async serve(handler)`` that calls ``handler(link)`` per link
+(the protocols are in :mod:`asyncdp.coordinator.peers`).
 """
 
 from __future__ import annotations
@@ -33,13 +37,23 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
+from asyncdp.coordinator.peers import (
+    ClientJoined,
+    ClientMessage,
+    CoordinatorInbox,
+    EngineMessage,
+    Link,
+    Listener,
+    Peer,
+)
 from asyncdp.dp import wave as W
+from asyncdp.dp.liveness import check_heartbeat_settings
 from asyncdp.dp.stats import StatsBook
 from asyncdp.errors import (
     AsyncDPError,
@@ -63,20 +77,11 @@ from asyncdp.messages import (
     Teardown,
     WaveComplete,
 )
+from asyncdp.transport.heartbeat import send_heartbeats
 
 log = logging.getLogger(__name__)
 
-_LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
-
-
-class Link(Protocol):
-    async def send(self, msg: Any) -> None: ...
-    async def receive(self) -> Any: ...
-    async def aclose(self) -> None: ...
-
-
-class Listener(Protocol):
-    async def serve(self, handler: Callable[[Any], Awaitable[None]]) -> None: ...
+__all__ = ["Coordinator", "CoordinatorConfig", "Link", "Listener", "serve_coordinator"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,65 +96,12 @@ class CoordinatorConfig:
     heartbeat_timeout_s: float = 5.0  # --dp-heartbeat-timeout-s
     subscribe_timeout_s: float | None = 600.0  # all N engines must subscribe by then
     teardown_flush_s: float = 2.0
-    outbox_size: int = 256
+    outbox_size: int = 256  # per peer; a peer whose outbox is full is cut off (asyncdp.coordinator.peers)
 
     def __post_init__(self) -> None:
         if self.dp_size < 1:
             raise ConfigError(f"--data-parallel-size must be >= 1 (got {self.dp_size}).")
-        if not 0 < self.heartbeat_interval_s < self.heartbeat_timeout_s:
-            raise ConfigError(
-                "--dp-heartbeat-interval-s must be > 0 and below --dp-heartbeat-timeout-s "
-                f"(got {self.heartbeat_interval_s:g} and {self.heartbeat_timeout_s:g}).")
-
-
-class _Peer:
-    """One link with its bounded outbox; the writer task drains it."""
-
-    def __init__(self, link: Link, name: str, outbox_size: int) -> None:
-        self.link = link
-        self.name = name
-        self._send, self._recv = anyio.create_memory_object_stream[Any](outbox_size)
-        self.flushed = anyio.Event()
-        self.scope = anyio.CancelScope()
-        self.lost_reason: str | None = None
-        self.departed = False  # said Goodbye: its EOF is not a loss
-
-    def send_nowait(self, msg: Any) -> bool:
-        """Queue a message; False (and the peer is cut off) when its outbox is full or closed."""
-        try:
-            self._send.send_nowait(msg)
-            return True
-        except anyio.WouldBlock:
-            self.cut(f"{self.name} is not reading (outbox full)")
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-        return False
-
-    def close_outbox(self) -> None:
-        self._send.close()
-
-    def close(self) -> None:
-        self._send.close()
-        self._recv.close()
-
-    def cut(self, reason: str) -> None:
-        if self.lost_reason is None:
-            self.lost_reason = reason
-        self.scope.cancel()
-
-    async def write_loop(self, timeout_s: float) -> None:
-        try:
-            async with self._recv:
-                async for msg in self._recv:
-                    with anyio.move_on_after(timeout_s) as sc:
-                        await self.link.send(msg)
-                    if sc.cancelled_caught:
-                        self.cut(f"{self.name}: send timed out after {timeout_s:g} s")
-                        return
-        except _LINK_ERRORS as exc:
-            self.cut(f"{self.name} link closed ({type(exc).__name__})")
-        finally:
-            self.flushed.set()
+        check_heartbeat_settings(self.heartbeat_interval_s, self.heartbeat_timeout_s)
 
 
 class Coordinator:
@@ -162,14 +114,13 @@ class Coordinator:
                               heartbeat_interval_s=config.heartbeat_publish_s,
                               step_snapshot_wait_s=config.step_snapshot_wait_s)
         self.machine = W.WaveMachine(config.dp_size, config.wave_mode)
-        self.engines: dict[int, _Peer] = {}
-        self.clients: dict[int, _Peer] = {}
+        self.engines: dict[int, Peer] = {}
+        self.clients: dict[int, Peer] = {}
         self.all_subscribed = anyio.Event()
         self.seq = 0
-        self._hb_seq = 0
         self._next_client_key = 0
-        self._inbox_send: MemoryObjectSendStream[tuple[Any, ...]]
-        self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[tuple[Any, ...]](1024)
+        self._inbox_send: MemoryObjectSendStream[CoordinatorInbox]
+        self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[CoordinatorInbox](1024)
 
     # ------------------------------------------------------------ role main
 
@@ -178,7 +129,7 @@ class Coordinator:
         async with self._inbox_send, self._inbox_recv, anyio.create_task_group() as tg:
             tg.start_soon(engine_listener.serve, self._serve_engine)
             tg.start_soon(client_listener.serve, self._serve_client)
-            tg.start_soon(self._send_heartbeats)
+            tg.start_soon(send_heartbeats, self._beat_nowait, self.config.heartbeat_interval_s, "coordinator")
             tg.start_soon(self._watch_subscriptions)
             task_status.started()
             await self._core()
@@ -192,55 +143,38 @@ class Coordinator:
         missing = sorted(set(range(self.config.dp_size)) - set(self.engines))
         raise StartupError(f"DP coordinator: engine ranks {missing} did not subscribe within {timeout:g} s")
 
-    async def _send_heartbeats(self) -> None:
-        while True:
-            await anyio.sleep(self.config.heartbeat_interval_s)
-            self._hb_seq += 1
-            beat = Heartbeat(sender="coordinator", seq=self._hb_seq)
-            for peer in [*self.engines.values(), *self.clients.values()]:
-                peer.send_nowait(beat)
+    def _beat_nowait(self, beat: Heartbeat) -> None:
+        for peer in [*self.engines.values(), *self.clients.values()]:
+            peer.send_nowait(beat)
 
     # ------------------------------------------------------------ links
 
-    async def _receive(self, peer: _Peer) -> Any:
-        """The next frame, or None when the peer is gone (EOF, error, or silent past the heartbeat timeout)."""
-        timeout = self.config.heartbeat_timeout_s
-        while True:
-            with anyio.move_on_after(timeout):
-                try:
-                    return await peer.link.receive()
-                except ProtocolError as exc:
-                    log.warning("dropping a bad frame from %s: %s", peer.name, exc)
-                    continue
-                except _LINK_ERRORS as exc:
-                    peer.lost_reason = peer.lost_reason or f"{peer.name} link closed ({type(exc).__name__})"
-                    return None
-            peer.lost_reason = peer.lost_reason or f"no heartbeat from {peer.name} for {timeout:g} s"
-            return None
+    def _peer(self, link: Link, name: str) -> Peer:
+        return Peer(link, name, self.config.outbox_size, self.config.heartbeat_timeout_s)
 
-    async def _run_peer(self, peer: _Peer, reader: Callable[[], Awaitable[None]]) -> None:
+    async def _run_peer(self, peer: Peer, reader: Callable[[], Awaitable[None]]) -> None:
         with peer.scope:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(peer.write_loop, self.config.heartbeat_timeout_s)
+                tg.start_soon(peer.write_loop)
                 await reader()
                 tg.cancel_scope.cancel()
 
     async def _serve_engine(self, link: Link) -> None:
-        peer = _Peer(link, "engine link", self.config.outbox_size)
+        peer = self._peer(link, "engine link")
         try:
-            first = await self._receive(peer)
+            first = await peer.receive()
             if first is None:
                 return
             rank = self._subscribe_engine(first, peer)
             await self._run_peer(peer, lambda: self._read_engine(peer, rank))
             if not peer.departed:
-                await self._inbox_send.send(("lost", rank, peer.lost_reason or f"engine rank {rank} lost", False))
+                await self._inbox_send.send(W.EngineLost(rank, peer.lost_reason or f"engine rank {rank} lost"))
         finally:
             peer.close()
             with anyio.CancelScope(shield=True):
                 await link.aclose()
 
-    def _subscribe_engine(self, msg: Any, peer: _Peer) -> int:
+    def _subscribe_engine(self, msg: Any, peer: Peer) -> int:
         n = self.config.dp_size
         if not isinstance(msg, Subscribe) or msg.dp_rank is None:
             raise StartupError(f"DP coordinator: expected Subscribe{{dp_rank}} on an engine link, got {msg!r}")
@@ -258,13 +192,13 @@ class Coordinator:
             log.info("all %d engines subscribed; sent CoordinatorReady", n)
         return rank
 
-    async def _read_engine(self, peer: _Peer, rank: int) -> None:
-        while (msg := await self._receive(peer)) is not None:
+    async def _read_engine(self, peer: Peer, rank: int) -> None:
+        while (msg := await peer.receive()) is not None:
             if isinstance(msg, RankStats | WaveComplete | StartWaveRequest):
-                await self._inbox_send.send(("engine", rank, msg))
+                await self._inbox_send.send(EngineMessage(rank, msg))
             elif isinstance(msg, Goodbye):
                 peer.departed = True
-                await self._inbox_send.send(("lost", rank, f"rank {rank} shut down", True))
+                await self._inbox_send.send(W.EngineLost(rank, f"rank {rank} shut down", orderly=True))
                 return
             elif isinstance(msg, EngineDead):
                 peer.lost_reason = f"engine rank {rank} died: {msg.reason}"
@@ -273,18 +207,18 @@ class Coordinator:
                 log.warning("dropping unexpected %s from %s", type(msg).__name__, peer.name)
 
     async def _serve_client(self, link: Link) -> None:
-        peer = _Peer(link, "client link", self.config.outbox_size)
+        peer = self._peer(link, "client link")
         key = self._next_client_key
         self._next_client_key += 1
         try:
-            first = await self._receive(peer)
+            first = await peer.receive()
             if not isinstance(first, Subscribe) or first.client_id is None:
                 if first is not None:
                     log.warning("client link opened with %r instead of Subscribe{client_id}; closing", first)
                 return
             peer.name = f"client {first.client_id}"
             self.clients[key] = peer
-            await self._inbox_send.send(("client_joined", key))
+            await self._inbox_send.send(ClientJoined(key))
             await self._run_peer(peer, lambda: self._read_client(peer))
             # While the deployment stops in order every client leaves: that is no news worth a line each.
             log.log(logging.DEBUG if self.stopping.is_set() else logging.INFO, "%s left: %s", peer.name,
@@ -295,10 +229,10 @@ class Coordinator:
             with anyio.CancelScope(shield=True):
                 await link.aclose()
 
-    async def _read_client(self, peer: _Peer) -> None:
-        while (msg := await self._receive(peer)) is not None:
+    async def _read_client(self, peer: Peer) -> None:
+        while (msg := await peer.receive()) is not None:
             if isinstance(msg, FirstRequest):
-                await self._inbox_send.send(("client", msg))
+                await self._inbox_send.send(ClientMessage(msg))
             elif not isinstance(msg, Heartbeat | Subscribe):
                 log.warning("dropping unexpected %s from %s", type(msg).__name__, peer.name)
 
@@ -319,33 +253,32 @@ class Coordinator:
             if await self._handle(item):
                 return
 
-    async def _handle(self, item: tuple[Any, ...]) -> bool:
-        kind = item[0]
-        if kind == "engine":
-            rank, msg = item[1], item[2]
-            if isinstance(msg, RankStats):
+    async def _handle(self, item: CoordinatorInbox) -> bool:
+        match item:
+            case EngineMessage(dp_rank=rank, msg=RankStats() as msg):
                 if msg.dp_rank != rank:
                     log.warning("RankStats for rank %d on the link of rank %d; dropped", msg.dp_rank, rank)
                     return False
                 self.book.on_rank_stats(rank, msg.num_waiting, msg.num_running, msg.kv_cache_usage,
                                         msg.step, msg.wave)
                 return False
-            if isinstance(msg, WaveComplete):
+            case EngineMessage(dp_rank=rank, msg=WaveComplete(wave=wave)):
                 # The link says who sent it; a rank field that disagrees is not trusted.
-                return await self._perform(self.machine.handle(W.WaveComplete(msg.wave, rank)))
-            return await self._perform(self.machine.handle(W.StartWaveRequest(rank, msg.wave)))
-        if kind == "client":
-            msg = item[1]
-            return await self._perform(self.machine.handle(W.FirstRequest(msg.exclude_rank, msg.wave)))
-        if kind == "client_joined":
-            peer = self.clients.get(item[1])
-            if peer is not None:
-                self.seq += 1
-                counts = None if self.config.external_lb else self.book.counts
-                peer.send_nowait(self._snapshot(counts))
-            return False
-        _, rank, reason, orderly = item
-        return await self._perform(self.machine.handle(W.EngineLost(rank, reason, orderly)))
+                return await self._perform(self.machine.handle(W.WaveComplete(wave, rank)))
+            case EngineMessage(dp_rank=rank, msg=StartWaveRequest(wave=wave)):
+                return await self._perform(self.machine.handle(W.StartWaveRequest(rank, wave)))
+            case ClientMessage(msg=msg):
+                return await self._perform(self.machine.handle(W.FirstRequest(msg.exclude_rank, msg.wave)))
+            case ClientJoined(key=key):
+                peer = self.clients.get(key)
+                if peer is not None:
+                    self.seq += 1
+                    peer.send_nowait(self._snapshot(None if self.config.external_lb else self.book.counts))
+                return False
+            case W.EngineLost():
+                return await self._perform(self.machine.handle(item))
+            case _:
+                raise ProtocolError(f"DP coordinator: unknown inbox item {item!r}")
 
     def _snapshot(self, counts: Any) -> StatsSnapshot:
         return StatsSnapshot(counts=counts, wave=self.machine.current_wave, running=self.machine.running,

@@ -2,8 +2,9 @@
 
 Used by the simulation harness, load tests and the engine tests. ``execute()`` returns at once; it does NOT
 sleep. The step's modelled duration ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens`` milliseconds
-(``EngineConfig.sim_cost``) is reported as ``StepResult.extra["sim_step_s"]`` and kept in ``last_step_s``, so
-the async rank loop can wait for it on its own clock (virtual time in tests, real time in a demo).
+(``EngineConfig.sim_cost``) is reported as ``StepResult.extra["sim_step_s"]`` and kept in ``last_step_s``, which
+the executor protocol's ``modelled_step_s`` returns, so the async rank loop can wait for it on its own clock
+(virtual time in tests, real time in a demo).
 ``execute_dummy()`` costs ``a`` and records it the same way.
 
 Tokens are a pure function of (previous token, position, seed): BLAKE2b mod the vocabulary, never an id in
@@ -53,7 +54,7 @@ class SimExecutor:
         self._num_kv_blocks = config.num_kv_blocks if config.num_kv_blocks is not None else DEFAULT_SIM_KV_BLOCKS
         avoid = frozenset(avoid_token_ids)
         self._avoid = avoid if len(avoid) < vocab_size else frozenset()
-        self._clock = clock  # unused: the caller waits out last_step_s on whatever clock it has
+        self._clock = clock  # unused: the caller waits out modelled_step_s on whatever clock it has
         cost = config.sim_cost
         self._a_s = cost.a_ms / 1e3
         self._b_s = cost.b_ms_per_token / 1e3
@@ -62,6 +63,11 @@ class SimExecutor:
         self.last_step_s = 0.0
         self.num_steps = 0
         self.num_dummy_steps = 0
+
+    @property
+    def modelled_step_s(self) -> float:
+        """The modelled duration of the last step (the executor protocol's declaration: never None here)."""
+        return self.last_step_s
 
     @property
     def num_kv_blocks(self) -> int:

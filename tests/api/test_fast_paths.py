@@ -15,8 +15,8 @@ from asyncdp.errors import EngineDeadError
 from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import FakeEngineClient
+from asyncdp.testing import sim_rank_core as sim_core
 from tests.api.test_metrics import key, samples
-from tests.engine.rank_harness import sim_core
 
 
 def seq(max_tokens: int) -> Sequence:

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
-from asyncdp.errors import AsyncDPError, ConfigError, EngineDeadError, StartupError
+from asyncdp.errors import AsyncDPError, ConfigError, EngineDeadError, ProtocolError, StartupError
 from asyncdp.messages import (
     CoordinatorReady,
     EngineDead,
@@ -49,9 +49,9 @@ class MemoryLink:
         self._recv.close()
 
 
-def link_pair() -> tuple[MemoryLink, MemoryLink]:
-    a_send, b_recv = anyio.create_memory_object_stream(1000)
-    b_send, a_recv = anyio.create_memory_object_stream(1000)
+def link_pair(max_buffer: int = 1000) -> tuple[MemoryLink, MemoryLink]:
+    a_send, b_recv = anyio.create_memory_object_stream(max_buffer)
+    b_send, a_recv = anyio.create_memory_object_stream(max_buffer)
     return MemoryLink(a_send, a_recv), MemoryLink(b_send, b_recv)
 
 
@@ -60,8 +60,8 @@ class MemoryListener:
         self._send, self._recv = anyio.create_memory_object_stream(100)
         self.links: list[MemoryLink] = []
 
-    def connect(self) -> MemoryLink:
-        ours, theirs = link_pair()
+    def connect(self, max_buffer: int = 1000) -> MemoryLink:
+        ours, theirs = link_pair(max_buffer)
         self._send.send_nowait(theirs)
         self.links += [ours, theirs]
         return ours
@@ -81,14 +81,15 @@ class MemoryListener:
 class FakePeer:
     """An engine or client: heartbeats every second, queues every non-heartbeat frame with its arrival time."""
 
-    def __init__(self, link: MemoryLink, nursery: trio.Nursery, name: str) -> None:
+    def __init__(self, link: MemoryLink, nursery: trio.Nursery, name: str, *, reading: bool = True) -> None:
         self.link = link
         self.name = name
         self.beats: list[float] = []
         self.eof_at: float | None = None
         self._q_send, self._q_recv = trio.open_memory_channel(10_000)
         self._hb_scope = trio.CancelScope()
-        nursery.start_soon(self._read)
+        if reading:  # a peer that never reads still heartbeats: it is alive, only stuck
+            nursery.start_soon(self._read)
         nursery.start_soon(self._heartbeat)
 
     async def _read(self) -> None:
@@ -442,6 +443,42 @@ async def test_silent_client_is_dropped_but_coordinator_continues(autojump_clock
         assert quiet.eof_at is not None
         other = await h.client(1)
         assert not h.done.is_set() and other.eof_at is None
+
+
+@pytest.mark.trio
+async def test_a_client_that_stops_reading_is_cut_off_when_its_outbox_is_full_and_others_are_served(
+        autojump_clock, caplog):
+    """No silent loss: the coordinator never skips a message for a peer that does not read; once that peer's
+    outbox is full it closes the peer's link (the peer sees EOF and subscribes again) and serves on."""
+    caplog.set_level(logging.INFO, logger="asyncdp.coordinator.core")
+    config = CoordinatorConfig(dp_size=2, wave_mode=False, outbox_size=2)
+    async with coordinator(config) as h:
+        await h.engines(2)
+        other = await h.client(0)
+        stuck_link = h.client_listener.connect(max_buffer=1)
+        stuck = FakePeer(stuck_link, h.nursery, "client-1", reading=False)
+        await stuck.send(Subscribe(client_id=1))
+        # Heartbeats every 1 s: one fills the link's buffer, one blocks the writer, two fill the outbox; the
+        # next one finds it full (long before a send could time out, after heartbeat_timeout_s).
+        await trio.sleep(config.heartbeat_timeout_s + 1)
+        with trio.fail_after(0.1):  # cut: what was queued, then EOF (a live link would go on forever)
+            with pytest.raises((anyio.EndOfStream, anyio.ClosedResourceError)):
+                while True:
+                    await stuck_link.receive()
+        beats_before = len(other.beats)
+        await trio.sleep(3)
+        assert len(other.beats) >= beats_before + 2 and other.eof_at is None and not h.done.is_set()
+    assert any("client 1 is not reading (outbox full" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.trio
+async def test_an_unknown_inbox_item_is_a_protocol_error(autojump_clock):
+    from asyncdp.coordinator.core import Coordinator
+
+    coord = Coordinator(DENSE2)
+    async with coord._inbox_send, coord._inbox_recv:
+        with pytest.raises(ProtocolError, match="unknown inbox item"):
+            await coord._handle(("lost", 0, "positional", False))
 
 
 # ---------------------------------------------------------------- asyncio backend
