@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
-from asyncdp.config.deployment import resolve
+from asyncdp.config.deployment import ResolvedServeConfig, resolve
 from asyncdp.config.flags import (
     DEFAULT_MODEL,
     DP_BACKENDS,
@@ -42,7 +42,7 @@ class ModelFacts(Protocol):
 
 
 ModelFactsFn = Callable[[str], ModelFacts]
-RunServeFn = Callable[[ServeConfig], int]
+RunServeFn = Callable[[ResolvedServeConfig], int]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -256,7 +256,7 @@ def default_model_facts(name: str) -> ModelFacts:
 
 
 def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                       model_facts: ModelFactsFn | None = None) -> ServeConfig:
+                       model_facts: ModelFactsFn | None = None) -> ResolvedServeConfig:
     """Parse ``asyncdp serve`` arguments (without ``serve``) into a validated, resolved ServeConfig.
 
     ``config.deployment`` is set. Raises ConfigError for anything invalid (spec §4.1).
@@ -265,16 +265,15 @@ def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = N
     config = ServeConfig.from_flags(_serve_flags(ns), env=env)
     facts = (model_facts or default_model_facts)(config.model)
     deployment = resolve(config, is_moe=bool(facts.is_moe), num_experts=int(facts.num_experts), env=env)
-    return config.replace(deployment=deployment)
+    return ResolvedServeConfig.with_deployment(config, deployment)
 
 
-def unsupported_reason(config: ServeConfig) -> str | None:
+def unsupported_reason(config: ResolvedServeConfig) -> str | None:
     """What this build cannot run yet (validated already), or None. Checked before anything starts.
 
     The message names only flags the command line (or the environment) set, and says what to change: this build
     runs every data-parallel rank on this one node, one device per rank, behind internal load balancing."""
     d = config.deployment
-    assert d is not None, "resolve() first"
     if config.uds is not None:
         return "--uds is not supported in this build yet; serve on TCP instead: drop --uds (and pass --host/--port)"
     one_node = "this build serves one node with internal load balancing"
@@ -347,7 +346,6 @@ def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None 
     try:
         if argv[:1] == ["serve"]:
             config = build_serve_config(argv[1:], env=env, model_facts=model_facts)
-            assert config.deployment is not None
             for warning in config.deployment.warnings:
                 print(f"asyncdp: warning: {warning}", file=sys.stderr)
             reason = unsupported_reason(config)

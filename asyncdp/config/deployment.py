@@ -2,13 +2,14 @@
 
 :func:`resolve` runs pass 1 (process layout from the raw flags) and pass 2 (resolved parallel configuration), in
 that order, exactly as §3.1/§3.2 write them, plus the multi-port M-rules. It returns a :class:`DeploymentConfig`
-and never starts anything; every failure is a :class:`~asyncdp.errors.ConfigError`, which the CLI turns into
+(the CLI pairs it with the flags in a :class:`ResolvedServeConfig`) and never starts anything; every failure is a :class:`~asyncdp.errors.ConfigError`, which the CLI turns into
 exit code 2 before any child process exists. The environment comes in as a mapping (``asyncdp.config.flags`` is the
 only reader of ``os.environ``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ class DeploymentConfig:
     pipeline_parallel_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
-    children: tuple[ServeConfig, ...] = ()  # multi-port: one resolved external-LB config per local rank
+    children: tuple[ResolvedServeConfig, ...] = ()  # multi-port: one resolved external-LB config per local rank
     warnings: tuple[str, ...] = field(default=())  # to be logged by the caller (auto-switch, V24)
 
     @property
@@ -61,6 +62,18 @@ class DeploymentConfig:
     def waves(self) -> bool:
         """MoE lockstep with wave coordination (§6.4)."""
         return self.is_moe and self.dp_size > 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedServeConfig(ServeConfig):
+    """The flags of ``asyncdp serve`` together with the deployment :func:`resolve` derived from them."""
+
+    deployment: DeploymentConfig
+
+    @classmethod
+    def with_deployment(cls, config: ServeConfig, deployment: DeploymentConfig) -> ResolvedServeConfig:
+        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(ServeConfig)}
+        return cls(**fields, deployment=deployment)
 
 
 _V9 = ("non-MoE models do not support external data-parallel mode; launch independent asyncdp instances "
@@ -256,8 +269,7 @@ def _multi_port_children(c: ServeConfig, *, is_moe: bool) -> tuple[int, list[Ser
         children.append(c.replace(
             port=c.port + i, data_parallel_rank=start + i, data_parallel_size_local=1, api_server_count=1,
             data_parallel_start_rank=None, data_parallel_hybrid_lb=False, data_parallel_external_lb=False,
-            data_parallel_multi_port_external_lb=False, headless=False, device_ids=tuple(devices),
-            deployment=None))
+            data_parallel_multi_port_external_lb=False, headless=False, device_ids=tuple(devices)))
     return start, children
 
 
@@ -279,7 +291,8 @@ def resolve(config: ServeConfig, *, is_moe: bool, num_experts: int,
     if c.data_parallel_multi_port_external_lb:
         start, unresolved = _multi_port_children(c, is_moe=is_moe)
         _pass1(c)
-        children = tuple(child.replace(deployment=resolve(child, is_moe=is_moe, num_experts=num_experts, env=env))
+        children = tuple(ResolvedServeConfig.with_deployment(child, resolve(child, is_moe=is_moe,
+                                                                             num_experts=num_experts, env=env))
                          for child in unresolved)
         ep = _expert_checks(c, is_moe=is_moe, num_experts=num_experts, warnings=warnings)
         return DeploymentConfig(

@@ -5,7 +5,9 @@ Startup (spec §5.3): connect to the handshake address (retrying up to 300 s, E7
 (``Subscribe``, wait for ``CoordinatorReady``), send ``Ready`` to the front-end and ``EngineReady`` to each
 client. Then :class:`~asyncdp.engine.rank.EngineRank` runs until shutdown.
 
-Signals (SIGTERM/SIGINT) and ``{"cmd": "shutdown"}`` on the control channel start an orderly shutdown. EOF on
+The process gets an :class:`~asyncdp.config.roles.EngineRole` and reports ``ChildReady`` on the control channel
+once the handshake is done. Signals (SIGTERM/SIGINT) and ``Shutdown`` on the control channel start an orderly
+shutdown. EOF on
 the control channel means the parent died: the rank stops at once (exit 1).
 """
 
@@ -21,9 +23,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import msgspec
 
 from asyncdp import messages as m
+from asyncdp.config.roles import EngineRole
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.errors import RankTornDown, StartupError
 from asyncdp.logs import kv_cache_line, weights_line
@@ -38,8 +40,14 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 300.0
 
 
-def rank_payload(cfg: RankConfig, handshake_addr: str) -> dict[str, Any]:
-    return {"rank": msgspec.to_builtins(cfg), "handshake_addr": handshake_addr}
+def rank_config(role: EngineRole) -> RankConfig:
+    """The rank's runtime configuration from its role config."""
+    return RankConfig(
+        dp_rank=role.dp_rank, dp_size=role.dp_size, engine=role.engine, is_moe=role.is_moe,
+        external_lb=role.external_lb, heartbeat_interval_s=role.heartbeat_interval_s,
+        heartbeat_timeout_s=role.heartbeat_timeout_s, shutdown_timeout_s=role.shutdown_timeout_s,
+        sync_interval=role.sync_interval, prefill_schedule_interval=role.prefill_schedule_interval,
+        enable_expert_parallel=role.enable_expert_parallel)
 
 
 def _set_torch_threads(n: int | None) -> None:
@@ -169,10 +177,10 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     return EngineRank(cfg, core, clients, coordinator, dp_group=dp_group, limiter=limiter)
 
 
-async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> int:
+async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
     started_at = time.monotonic()
-    cfg = msgspec.convert(payload["rank"], RankConfig)
-    addr = payload["handshake_addr"]
+    cfg = rank_config(role)
+    addr = role.handshake_addr
     rank: EngineRank | None = None
     code = 0
 
@@ -186,8 +194,8 @@ async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> 
                         return
                     rank.request_shutdown()
 
-        def on_command(cmd: dict[str, Any]) -> None:
-            if cmd.get("cmd") == "shutdown" and rank is not None:
+        def on_command(cmd: m.ControlMessage) -> None:
+            if isinstance(cmd, m.Shutdown) and rank is not None:
                 rank.request_shutdown()
 
         async def on_control() -> None:
@@ -209,7 +217,7 @@ async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> 
             rank = await start_rank(cfg, handshake)
             log.info("rank %d ready in %.1f s (max model length %d tokens)", cfg.dp_rank,
                      time.monotonic() - started_at, rank.core.max_model_len)
-            await control.send({"event": "ready", "dp_rank": cfg.dp_rank})
+            await control.send(m.ChildReady(dp_rank=cfg.dp_rank))
             await rank.run()
         except RankTornDown as exc:
             log.error("%s", exc)
