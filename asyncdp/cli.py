@@ -70,11 +70,18 @@ def _bool(group: Any, *names: str, help: str, dest: str | None = None) -> None:
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """Every ``asyncdp serve`` flag, one argument group per section of spec §2."""
     p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
                    help=f"built-in model name or Hugging Face checkpoint directory (default: {DEFAULT_MODEL})")
     p.add_argument("--model", default=None, help="same as the positional MODEL")
+    _add_topology_flags(p.add_argument_group("data-parallel topology"))
+    _add_front_end_flags(p.add_argument_group("front-end and processes"))
+    _add_supervisor_flags(p.add_argument_group("multi-port supervisor"))
+    _add_tuning_flags(p.add_argument_group("asyncdp data-parallel tuning"))
+    _add_engine_flags(p.add_argument_group("engine"))
 
-    g = p.add_argument_group("data-parallel topology")
+
+def _add_topology_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--data-parallel-size", "-dp", type=int, default=None, metavar="N",
                    help="global number of data-parallel ranks (engine replicas) (default: 1)")
     g.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None, metavar="L",
@@ -122,7 +129,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="devices relative to the visible set, e.g. 0,1,2,3; local rank i uses "
                         "[i*tp*pp, (i+1)*tp*pp)")
 
-    g = p.add_argument_group("front-end and processes")
+
+def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--host", default=None, help="HTTP bind host (default: all interfaces)")
     g.add_argument("--port", type=int, default=None,
                    help=f"HTTP port; in multi-port mode the port of local rank 0 (default: {_D.port})")
@@ -154,7 +162,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-level", default=None, metavar="{" + ",".join(LOG_LEVELS) + "}",
                    help=f"log level (default: {_D.log_level})")
 
-    g = p.add_argument_group("multi-port supervisor")
+
+def _add_supervisor_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--data-parallel-supervisor-port", type=int, default=None, metavar="PORT",
                    help=f"port of the aggregated /health, /ready, /readyz (default: {_D.data_parallel_supervisor_port})")
     g.add_argument("--dp-supervisor-probe-interval-s", type=float, default=None, metavar="S",
@@ -165,7 +174,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-supervisor-probe-failure-threshold", type=int, default=None, metavar="N",
                    help="connection attempts per probe once the node is ready; 1 before (default: 3)")
 
-    g = p.add_argument_group("asyncdp data-parallel tuning")
+
+def _add_tuning_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--dp-sync-interval", type=int, default=None, metavar="STEPS",
                    help="MoE: steps between group 'unfinished' all-reduces; env ASYNCDP_DP_SYNC_INTERVAL "
                         f"(default: {_D.dp_sync_interval})")
@@ -184,8 +194,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     _bool(g, "--dp-fail-fast",
           help="dense only: tear the deployment down when any rank dies instead of degrading (default: off)")
 
+
+def _add_engine_flags(g: argparse._ArgumentGroup) -> None:
     e = _D.engine
-    g = p.add_argument_group("engine")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
                    help=f"most sequences per step (default: {e.max_num_seqs})")

@@ -29,7 +29,7 @@ from asyncdp.launcher.node import RunningNode
 from asyncdp.launcher.plan import API_SERVER, COORDINATOR, ENGINE, ProcessSpec
 from asyncdp.transport.control import ChildProcess, spawn_child
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
 SHUTDOWN_GRACE_S = 5.0
 _SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)

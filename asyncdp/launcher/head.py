@@ -42,7 +42,7 @@ from asyncdp.launcher.startup import run_startup, start_node
 from asyncdp.logs import DrainCounts, serving_line, stopped_line
 from asyncdp.transport.http_socket import reserve_shared_port
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
 
 def run_serve(config: ResolvedServeConfig) -> int:

@@ -29,7 +29,7 @@ from asyncdp.launcher.plan import API_SERVER, COORDINATOR, LaunchTable, plan
 from asyncdp.logs import DrainCounts
 from asyncdp.transport.control import ChildProcess
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
 
 @dataclass

@@ -38,7 +38,7 @@ from asyncdp.launcher.plan import COORDINATOR, ENGINE, ProcessSpec
 from asyncdp.transport import listen, serve_links
 from asyncdp.transport.control import ChildProcess
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
 API_LISTENING_TIMEOUT_S = 60.0
 
