@@ -3,9 +3,11 @@
 Theory of operation: argv is normalised (``--data_parallel_size`` is ``--data-parallel-size``), parsed by argparse
 into ``{field: value}`` with ``None`` for every flag not given, and handed to :meth:`ServeConfig.from_flags`
 (range checks, env overrides). The model's facts (MoE or dense, number of experts) are read, then
-:func:`asyncdp.config.deployment.resolve` derives the deployment (spec §3). Any :class:`~asyncdp.errors.ConfigError`, argparse
-errors included, ends the command with one line ``asyncdp: error: <message>`` on stderr and exit code 2, before
-any child process exists. Only then does ``serve`` call ``asyncdp.launcher.head.run_serve(config)``.
+:func:`asyncdp.config.deployment.resolve` derives the deployment (spec §3), paired with the flags in a
+:class:`~asyncdp.config.deployment.ResolvedServeConfig`. Any :class:`~asyncdp.errors.ConfigError`, argparse errors
+included, ends the command with one line ``asyncdp: error: <message>`` on stderr and exit code 2, before any child
+process exists; so does a mode this build cannot run yet (:func:`unsupported_reason`: the launch table is
+computed for it, not performed). Only then does ``serve`` call ``asyncdp.launcher.head.run_serve(config)``.
 
 Heavy modules (model, launcher) are imported lazily so that ``--help`` and validation stay fast.
 """

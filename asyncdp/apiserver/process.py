@@ -142,35 +142,40 @@ async def serve_api(
         tg.start_soon(watchdog)
         task_status.started(client)
         await shutdown.wait()
-        # Drain in this order (spec 12.4/12.5): new requests get 503 while HTTP keeps serving; in-flight requests
-        # get --shutdown-timeout to finish, then whatever is left is abandoned: it fails with a 503 / an SSE error
-        # event naming the cause (never a 200 cut short with finish_reason "abort"), and HTTP stops only once
-        # those answers had a moment to reach the clients. Stopping HTTP first would cut them off.
         cause = stop_reason() if stop_reason is not None else None
         if code:
             cause = cause or "no data-parallel rank can serve"
-        what = f"the deployment is being torn down ({cause})" if cause else "the server is shutting down"
-        client.begin_shutdown(what)
-        inflight_at_stop = client.num_inflight
-        # Hypercorn keeps its own duplicate of the listener until HTTP stops; this process's copy goes now, so
-        # that the kernel refuses new connections once the last accepting process stopped, instead of queueing
-        # connections that nobody will accept.
-        http_sock.close()
-        if cfg.shutdown_timeout_s > 0:
-            with anyio.move_on_after(cfg.shutdown_timeout_s):
-                await client.wait_idle()
-        if drain is not None:
-            drain.aborted = client.num_inflight
-            drain.drained = max(0, inflight_at_stop - drain.aborted)
-        if cfg.shutdown_timeout_s > 0:
-            await client.abort_all(f"{what} and its --shutdown-timeout of {cfg.shutdown_timeout_s:g} s passed")
-        else:
-            await client.abort_all(f"{what} with --shutdown-timeout 0")
-        with anyio.move_on_after(FLUSH_S):
-            await client.wait_idle()
+        await _drain(cfg, client, http_sock, cause, drain)
         http_stop.set()
         tg.cancel_scope.deadline = anyio.current_time() + FLUSH_S + 1.0  # backstop; serve_http drains shielded
     return code
+
+
+async def _drain(cfg: ApiConfig, client: DPClient, http_sock: socket.socket, cause: str | None,
+                 drain: DrainCounts | None) -> None:
+    """Drain in this order (spec 12.4/12.5): new requests get 503 while HTTP keeps serving; in-flight requests get
+    --shutdown-timeout to finish, then whatever is left is abandoned: it fails with a 503 / an SSE error event
+    naming the cause (never a 200 cut short with finish_reason "abort"), and HTTP stops (after this returns) only
+    once those answers had a moment to reach the clients. Stopping HTTP first would cut them off."""
+    what = f"the deployment is being torn down ({cause})" if cause else "the server is shutting down"
+    client.begin_shutdown(what)
+    inflight_at_stop = client.num_inflight
+    # Hypercorn keeps its own duplicate of the listener until HTTP stops; this process's copy goes now, so
+    # that the kernel refuses new connections once the last accepting process stopped, instead of queueing
+    # connections that nobody will accept.
+    http_sock.close()
+    if cfg.shutdown_timeout_s > 0:
+        with anyio.move_on_after(cfg.shutdown_timeout_s):
+            await client.wait_idle()
+    if drain is not None:
+        drain.aborted = client.num_inflight
+        drain.drained = max(0, inflight_at_stop - drain.aborted)
+    if cfg.shutdown_timeout_s > 0:
+        await client.abort_all(f"{what} and its --shutdown-timeout of {cfg.shutdown_timeout_s:g} s passed")
+    else:
+        await client.abort_all(f"{what} with --shutdown-timeout 0")
+    with anyio.move_on_after(FLUSH_S):
+        await client.wait_idle()
 
 
 def api_config(role: ApiServerRole) -> ApiConfig:

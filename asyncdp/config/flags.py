@@ -1,4 +1,4 @@
-"""Frozen per-role configuration, and all validation of user input.
+"""The flags of ``asyncdp serve`` and the engine's configuration, and all validation of user input.
 
 This is the only module that reads ``os.environ``. Every check raises :class:`~asyncdp.errors.ConfigError` with a
 message that names the flag, its value and what to change.
