@@ -116,6 +116,32 @@ def _log_core(cfg: RankConfig, core: EngineCore, build_s: float) -> None:
                                  num_bytes=getattr(executor, "kv_cache_bytes", None)))
 
 
+async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[int, Link], Link | None]:
+    """Connect to every client and to the coordinator (``Subscribe``, then wait for ``CoordinatorReady``)."""
+    clients: dict[int, Link] = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}")
+                                for c in init.clients}
+    coordinator: Link | None = None
+    if init.coordinator is not None:
+        coordinator = await connect(init.coordinator.engine_addr, name="coordinator")
+        await coordinator.send(m.Subscribe(dp_rank=cfg.dp_rank))
+        while not isinstance(msg := await coordinator.receive(), m.CoordinatorReady):
+            if isinstance(msg, m.Teardown):
+                raise RankTornDown(f"teardown during startup: {msg.reason}")
+    return clients, coordinator
+
+
+def _ready(cfg: RankConfig, core: EngineCore) -> m.Ready:
+    """``Ready`` for the front-end; a MoE rank of a DP group carries its configuration hash and summary (E6)."""
+    summary: dict[str, Any] = {}
+    digest = None
+    if cfg.dp_size > 1 and cfg.is_moe:
+        from asyncdp.config.flags import config_hash
+
+        summary = _summary(cfg, core)
+        digest = config_hash(summary)
+    return m.Ready(dp_rank=cfg.dp_rank, local=True, headless=False, config_hash=digest, config_summary=summary)
+
+
 async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     """Handshake over ``handshake`` (already connected) and return a connected rank, ready to run."""
     await handshake.send(
@@ -139,24 +165,8 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     core, dp_group, limiter = await _build_core(cfg, init)
     _log_core(cfg, core, time.monotonic() - building_since)
     try:
-        clients: dict[int, Link] = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}") for c in init.clients}
-        coordinator: Link | None = None
-        if init.coordinator is not None:
-            coordinator = await connect(init.coordinator.engine_addr, name="coordinator")
-            await coordinator.send(m.Subscribe(dp_rank=cfg.dp_rank))
-            while not isinstance(msg := await coordinator.receive(), m.CoordinatorReady):
-                if isinstance(msg, m.Teardown):
-                    raise RankTornDown(f"teardown during startup: {msg.reason}")
-        summary: dict[str, Any] = {}
-        digest = None
-        if cfg.dp_size > 1 and cfg.is_moe:
-            from asyncdp.config.flags import config_hash
-
-            summary = _summary(cfg, core)
-            digest = config_hash(summary)
-        await handshake.send(
-            m.Ready(dp_rank=cfg.dp_rank, local=True, headless=False, config_hash=digest, config_summary=summary)
-        )
+        clients, coordinator = await _connect_peers(cfg, init)
+        await handshake.send(_ready(cfg, core))
         coord_client_addr = init.coordinator.client_addr if init.coordinator else None
         for link in clients.values():
             await link.send(
