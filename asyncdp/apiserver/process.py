@@ -17,6 +17,10 @@ that names the cause (a signal, or the launcher's teardown reason); a client's o
 ``POST /pause?mode=abort`` still end requests with ``finish_reason = "abort"``. A watchdog ends the server
 with exit code 1 when no managed rank can serve, unless keep-alive is set (spec §12.1).
 
+A child gets an :class:`~asyncdp.config.roles.ApiServerRole` (:func:`api_config` turns it into its runtime
+config), reports ``ApiListening`` (its client address), ``ChildReady`` and, at exit, ``ApiStopped`` on the control
+channel, and follows ``ProcessTable`` and ``Shutdown`` from the launcher.
+
 Several API servers on a node (``--api-server-count > 1``): each child listens on its own ``SO_REUSEPORT``
 socket (:mod:`asyncdp.transport.http_socket`) and shares the launcher's node table (:mod:`asyncdp.apiserver.node_table`):
 pooled admission, and a heartbeat whose silence turns the siblings' ``/health`` to 503.
@@ -37,8 +41,11 @@ import anyio
 import anyio.abc
 import msgspec
 
+from asyncdp import messages as m
 from asyncdp.apiserver.client import ClientConfig, DPClient
 from asyncdp.apiserver.node_table import NodeTable
+from asyncdp.config.roles import ApiServerRole
+from asyncdp.errors import ConfigError
 from asyncdp.logs import DrainCounts
 from asyncdp.transport import listen
 from asyncdp.transport.control import ControlChannel, follow_parent
@@ -135,50 +142,75 @@ async def serve_api(
         tg.start_soon(watchdog)
         task_status.started(client)
         await shutdown.wait()
-        # Drain in this order (spec 12.4/12.5): new requests get 503 while HTTP keeps serving; in-flight requests
-        # get --shutdown-timeout to finish, then whatever is left is abandoned: it fails with a 503 / an SSE error
-        # event naming the cause (never a 200 cut short with finish_reason "abort"), and HTTP stops only once
-        # those answers had a moment to reach the clients. Stopping HTTP first would cut them off.
         cause = stop_reason() if stop_reason is not None else None
         if code:
             cause = cause or "no data-parallel rank can serve"
-        what = f"the deployment is being torn down ({cause})" if cause else "the server is shutting down"
-        client.begin_shutdown(what)
-        inflight_at_stop = client.num_inflight
-        # Hypercorn keeps its own duplicate of the listener until HTTP stops; this process's copy goes now, so
-        # that the kernel refuses new connections once the last accepting process stopped, instead of queueing
-        # connections that nobody will accept.
-        http_sock.close()
-        if cfg.shutdown_timeout_s > 0:
-            with anyio.move_on_after(cfg.shutdown_timeout_s):
-                await client.wait_idle()
-        if drain is not None:
-            drain.aborted = client.num_inflight
-            drain.drained = max(0, inflight_at_stop - drain.aborted)
-        if cfg.shutdown_timeout_s > 0:
-            await client.abort_all(f"{what} and its --shutdown-timeout of {cfg.shutdown_timeout_s:g} s passed")
-        else:
-            await client.abort_all(f"{what} with --shutdown-timeout 0")
-        with anyio.move_on_after(FLUSH_S):
-            await client.wait_idle()
+        await _drain(cfg, client, http_sock, cause, drain)
         http_stop.set()
         tg.cancel_scope.deadline = anyio.current_time() + FLUSH_S + 1.0  # backstop; serve_http drains shielded
     return code
 
 
-async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> int:
-    """Main of an API-server child process (role "api")."""
-    cfg = msgspec.convert(payload["api"], ApiConfig)
-    if "http_shared_port" in payload:  # its own SO_REUSEPORT listener: the kernel spreads connections
+async def _drain(cfg: ApiConfig, client: DPClient, http_sock: socket.socket, cause: str | None,
+                 drain: DrainCounts | None) -> None:
+    """Drain in this order (spec 12.4/12.5): new requests get 503 while HTTP keeps serving; in-flight requests get
+    --shutdown-timeout to finish, then whatever is left is abandoned: it fails with a 503 / an SSE error event
+    naming the cause (never a 200 cut short with finish_reason "abort"), and HTTP stops (after this returns) only
+    once those answers had a moment to reach the clients. Stopping HTTP first would cut them off."""
+    what = f"the deployment is being torn down ({cause})" if cause else "the server is shutting down"
+    client.begin_shutdown(what)
+    inflight_at_stop = client.num_inflight
+    # Hypercorn keeps its own duplicate of the listener until HTTP stops; this process's copy goes now, so
+    # that the kernel refuses new connections once the last accepting process stopped, instead of queueing
+    # connections that nobody will accept.
+    http_sock.close()
+    if cfg.shutdown_timeout_s > 0:
+        with anyio.move_on_after(cfg.shutdown_timeout_s):
+            await client.wait_idle()
+    if drain is not None:
+        drain.aborted = client.num_inflight
+        drain.drained = max(0, inflight_at_stop - drain.aborted)
+    if cfg.shutdown_timeout_s > 0:
+        await client.abort_all(f"{what} and its --shutdown-timeout of {cfg.shutdown_timeout_s:g} s passed")
+    else:
+        await client.abort_all(f"{what} with --shutdown-timeout 0")
+    with anyio.move_on_after(FLUSH_S):
+        await client.wait_idle()
+
+
+def api_config(role: ApiServerRole) -> ApiConfig:
+    """The API server's runtime configuration (its DP client's included) from its role config."""
+    client = ClientConfig(
+        client_index=role.client_index, client_count=role.client_count, managed_ranks=role.managed_ranks,
+        dp_size=role.dp_size, model_name=role.model_name, max_model_len=role.max_model_len, is_moe=role.is_moe,
+        lb_policy=role.lb_policy, max_queued_requests=role.max_queued_requests,
+        engine_ready_timeout_s=role.engine_ready_timeout_s, coordinator_client_addr=role.coordinator_client_addr,
+        mode=role.mode, enable_expert_parallel=role.enable_expert_parallel)
+    return ApiConfig(
+        client=client, model_path=role.model_path, backend=role.backend, shutdown_timeout_s=role.shutdown_timeout_s,
+        keep_alive_on_engine_death=role.keep_alive_on_engine_death, ssl_keyfile=role.ssl_keyfile,
+        ssl_certfile=role.ssl_certfile, socket_dir=role.socket_dir, max_seqs_per_request=role.max_seqs_per_request,
+        max_request_body_bytes=role.max_request_body_bytes)
+
+
+def _http_socket(role: ApiServerRole) -> socket.socket:
+    if role.http_shared_port is not None:  # its own SO_REUSEPORT listener: the kernel spreads connections
         from asyncdp.transport.http_socket import listen_shared_port
 
-        host, port = payload["http_shared_port"]
-        http_sock = listen_shared_port(host, port)
-    else:
-        http_sock = socket.socket(fileno=payload["http_fd"])
+        host, port = role.http_shared_port
+        return listen_shared_port(host, port)
+    if role.http_fd is None:
+        raise ConfigError(f"API server {role.client_index}: its role config names no HTTP socket")
+    return socket.socket(fileno=role.http_fd)
+
+
+async def run_api_process(role: ApiServerRole, control: ControlChannel) -> int:
+    """Main of an API-server child process (role "api")."""
+    cfg = api_config(role)
+    http_sock = _http_socket(role)
     node_table = None
-    if "node_table_fd" in payload:
-        node_table = NodeTable(payload["node_table_fd"], cfg.client.client_count)
+    if role.node_table_fd is not None:
+        node_table = NodeTable(role.node_table_fd, cfg.client.client_count)
     shutdown = anyio.Event()
     code = 0
     listener, client_addr = await bind_client_listener(cfg)
@@ -199,15 +231,15 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
                 async for _ in signals:
                     stop()
 
-        def on_command(cmd: dict[str, Any]) -> None:
+        def on_command(cmd: m.ControlMessage) -> None:
             nonlocal processes
-            if cmd.get("cmd") == "processes":
-                processes = cmd["processes"]
+            if isinstance(cmd, m.ProcessTable):
+                processes = [msgspec.to_builtins(row) for row in cmd.processes]
                 if client is not None:
                     client.processes = processes
-            elif cmd.get("cmd") == "shutdown":
-                if cmd.get("reason"):
-                    reason.append(str(cmd["reason"]))
+            elif isinstance(cmd, m.Shutdown):
+                if cmd.reason:
+                    reason.append(cmd.reason)
                 stop()
 
         async def on_control() -> None:
@@ -219,7 +251,7 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
 
         tg.start_soon(on_signals)
         tg.start_soon(on_control)
-        await control.send({"event": "listening", "client_addr": client_addr})
+        await control.send(m.ApiListening(client_addr=client_addr))
 
         async def run_api(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
             nonlocal code
@@ -228,12 +260,12 @@ async def run_api_process(payload: dict[str, Any], control: ControlChannel) -> i
                                    drain=drain)
             with anyio.move_on_after(1.0), suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 # The launcher sums every API server's counts into one "stopped" line.
-                await control.send({"event": "stopped", "drained": drain.drained, "aborted": drain.aborted})
+                await control.send(m.ApiStopped(drained=drain.drained, aborted=drain.aborted))
             tg.cancel_scope.cancel()
 
         client = await tg.start(run_api)
         client.processes = processes or client.processes
-        await control.send({"event": "ready"})
+        await control.send(m.ChildReady())
     http_sock.close()
     if node_table is not None:
         node_table.close()

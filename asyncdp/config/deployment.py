@@ -2,13 +2,14 @@
 
 :func:`resolve` runs pass 1 (process layout from the raw flags) and pass 2 (resolved parallel configuration), in
 that order, exactly as §3.1/§3.2 write them, plus the multi-port M-rules. It returns a :class:`DeploymentConfig`
-and never starts anything; every failure is a :class:`~asyncdp.errors.ConfigError`, which the CLI turns into
+(the CLI pairs it with the flags in a :class:`ResolvedServeConfig`) and never starts anything; every failure is a :class:`~asyncdp.errors.ConfigError`, which the CLI turns into
 exit code 2 before any child process exists. The environment comes in as a mapping (``asyncdp.config.flags`` is the
 only reader of ``os.environ``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ class DeploymentConfig:
     pipeline_parallel_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
-    children: tuple[ServeConfig, ...] = ()  # multi-port: one resolved external-LB config per local rank
+    children: tuple[ResolvedServeConfig, ...] = ()  # multi-port: one resolved external-LB config per local rank
     warnings: tuple[str, ...] = field(default=())  # to be logged by the caller (auto-switch, V24)
 
     @property
@@ -61,6 +62,18 @@ class DeploymentConfig:
     def waves(self) -> bool:
         """MoE lockstep with wave coordination (§6.4)."""
         return self.is_moe and self.dp_size > 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedServeConfig(ServeConfig):
+    """The flags of ``asyncdp serve`` together with the deployment :func:`resolve` derived from them."""
+
+    deployment: DeploymentConfig
+
+    @classmethod
+    def with_deployment(cls, config: ServeConfig, deployment: DeploymentConfig) -> ResolvedServeConfig:
+        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(ServeConfig)}
+        return cls(**fields, deployment=deployment)
 
 
 _V9 = ("non-MoE models do not support external data-parallel mode; launch independent asyncdp instances "
@@ -116,50 +129,72 @@ class _Parallel:  # pass 2 result
 
 def _pass2(c: ServeConfig, headless: bool, *, is_moe: bool, env: Mapping[str, str]) -> _Parallel:
     """§3.2: resolved parallel configuration, rules R1-R8 in order."""
-    dp, tp, pp = c.data_parallel_size, c.tensor_parallel_size, c.pipeline_parallel_size
-    rank, local, start = c.data_parallel_rank, c.data_parallel_size_local, c.data_parallel_start_rank
-    warnings: list[str] = []
+    _check_lb_flags(c, headless)  # R1-R3
+    rank, local, inferred_rank = _infer_from_nodes(c)  # R4
+    external = c.data_parallel_external_lb or rank is not None  # R5
+    hybrid = c.data_parallel_hybrid_lb
+    if c.data_parallel_size > 1 and external and not is_moe:  # R6
+        raise ConfigError(_V9)
+    par = _place_local_ranks(c, headless, rank=rank, local=local, inferred_rank=inferred_rank, external=external,
+                             hybrid=hybrid, is_moe=is_moe, env=env)  # R7
+    _check_ranks(c, headless, par)  # R8
+    return par
+
+
+def _check_lb_flags(c: ServeConfig, headless: bool) -> None:
+    """R1-R3: load-balancing flags that cannot go together."""
     if headless and c.data_parallel_hybrid_lb:  # R1
         raise ConfigError("--data-parallel-hybrid-lb cannot be used with --headless.")
     if c.data_parallel_hybrid_lb and c.data_parallel_external_lb:  # R2
         raise ConfigError("--data-parallel-hybrid-lb and --data-parallel-external-lb cannot be enabled together.")
-    if headless and (c.data_parallel_external_lb or rank is not None):  # R3
+    if headless and (c.data_parallel_external_lb or c.data_parallel_rank is not None):  # R3
         raise ConfigError("--headless cannot be combined with external LB (--data-parallel-external-lb or "
                           "--data-parallel-rank); headless nodes belong to internal-LB deployments.")
-    inferred_rank = 0  # R4
-    if c.nnodes > 1:
-        if c.data_parallel_backend != "mp":
-            raise ConfigError(f"--nnodes {c.nnodes} requires --data-parallel-backend mp "
-                              f"(got {c.data_parallel_backend}); use mp or --nnodes 1.")
-        world, per_rank = dp * tp * pp, tp * pp
-        if world % c.nnodes != 0:
-            raise ConfigError(f"--nnodes {c.nnodes} must evenly divide the total world size {world} (dp*tp*pp).")
-        if not 0 <= c.node_rank < c.nnodes:
-            raise ConfigError(f"--node-rank must be between 0 and {c.nnodes - 1} (got {c.node_rank}).")
-        local_world = world // c.nnodes
-        if per_rank > local_world:
-            raise ConfigError(f"a data-parallel rank would span nodes (tp*pp={per_rank} > {world}/{c.nnodes}); "
-                              "multi-node tensor/pipeline parallelism is not supported.")
-        inferred_rank = (c.node_rank * local_world) // per_rank
-        if dp > 1 and c.data_parallel_external_lb:
-            if rank is not None and rank != inferred_rank:
-                raise ConfigError(f"--data-parallel-rank {rank} conflicts with rank {inferred_rank} inferred from "
-                                  "--node-rank/--nnodes; drop one of them.")
-            rank = inferred_rank
-        elif local is None:
-            local = max(local_world // per_rank, 1)
-    external = c.data_parallel_external_lb or rank is not None  # R5
-    hybrid = c.data_parallel_hybrid_lb
-    if dp > 1 and external and not is_moe:  # R6
-        raise ConfigError(_V9)
-    if external:  # R7
+
+
+def _infer_from_nodes(c: ServeConfig) -> tuple[int | None, int | None, int]:
+    """R4: with ``--nnodes > 1``, the rank (external LB) or the local size this node's share of the world gives.
+    Returns ``(rank, local, inferred_rank)``."""
+    dp, tp, pp = c.data_parallel_size, c.tensor_parallel_size, c.pipeline_parallel_size
+    rank, local = c.data_parallel_rank, c.data_parallel_size_local
+    if c.nnodes <= 1:
+        return rank, local, 0
+    if c.data_parallel_backend != "mp":
+        raise ConfigError(f"--nnodes {c.nnodes} requires --data-parallel-backend mp "
+                          f"(got {c.data_parallel_backend}); use mp or --nnodes 1.")
+    world, per_rank = dp * tp * pp, tp * pp
+    if world % c.nnodes != 0:
+        raise ConfigError(f"--nnodes {c.nnodes} must evenly divide the total world size {world} (dp*tp*pp).")
+    if not 0 <= c.node_rank < c.nnodes:
+        raise ConfigError(f"--node-rank must be between 0 and {c.nnodes - 1} (got {c.node_rank}).")
+    local_world = world // c.nnodes
+    if per_rank > local_world:
+        raise ConfigError(f"a data-parallel rank would span nodes (tp*pp={per_rank} > {world}/{c.nnodes}); "
+                          "multi-node tensor/pipeline parallelism is not supported.")
+    inferred_rank = (c.node_rank * local_world) // per_rank
+    if dp > 1 and c.data_parallel_external_lb:
+        if rank is not None and rank != inferred_rank:
+            raise ConfigError(f"--data-parallel-rank {rank} conflicts with rank {inferred_rank} inferred from "
+                              "--node-rank/--nnodes; drop one of them.")
+        rank = inferred_rank
+    elif local is None:
+        local = max(local_world // per_rank, 1)
+    return rank, local, inferred_rank
+
+
+def _place_local_ranks(c: ServeConfig, headless: bool, *, rank: int | None, local: int | None, inferred_rank: int,
+                       external: bool, hybrid: bool, is_moe: bool, env: Mapping[str, str]) -> _Parallel:
+    """R7: this node's first rank and local size, and the LB mode they settle (hybrid with one rank is external)."""
+    dp, start = c.data_parallel_size, c.data_parallel_start_rank
+    warnings: list[str] = []
+    if external:
         if rank is None:
             raise ConfigError("--data-parallel-external-lb requires a rank: set --data-parallel-rank, "
                               "or use --nnodes/--node-rank so it can be inferred.")
         if local not in (None, 1):
             raise ConfigError(f"an external data-parallel rank requires --data-parallel-size-local 1 (got {local}).")
-        local, hybrid = 1, False
-    elif local is not None:
+        return _Parallel(rank=rank, local=1, external=True, hybrid=False, warnings=warnings)
+    if local is not None:
         if start is not None and not headless:
             hybrid = True  # start rank 0 counts
         if hybrid and local == 1:
@@ -170,15 +205,19 @@ def _pass2(c: ServeConfig, headless: bool, *, is_moe: bool, env: Mapping[str, st
         if local == dp:
             hybrid = False  # single node: internal
         rank = start if start is not None else inferred_rank
-    else:
-        if hybrid:
-            raise ConfigError("--data-parallel-hybrid-lb requires --data-parallel-size-local.")
-        if start is not None and start != 0:
-            raise ConfigError(f"--data-parallel-start-rank {start} requires --data-parallel-size-local.")
-        span = c.data_parallel_backend == "ray" and env.get("VLLM_RAY_DP_PACK_STRATEGY") == "span"
-        local = 1 if span else dp
-        rank = 0
-    if local > dp:  # R8
+        return _Parallel(rank=rank, local=local, external=external, hybrid=hybrid, warnings=warnings)
+    if hybrid:
+        raise ConfigError("--data-parallel-hybrid-lb requires --data-parallel-size-local.")
+    if start is not None and start != 0:
+        raise ConfigError(f"--data-parallel-start-rank {start} requires --data-parallel-size-local.")
+    span = c.data_parallel_backend == "ray" and env.get("VLLM_RAY_DP_PACK_STRATEGY") == "span"
+    return _Parallel(rank=0, local=1 if span else dp, external=False, hybrid=False, warnings=warnings)
+
+
+def _check_ranks(c: ServeConfig, headless: bool, par: _Parallel) -> None:
+    """R8: the resolved rank range fits the deployment."""
+    dp, rank, local, external = c.data_parallel_size, par.rank, par.local, par.external
+    if local > dp:
         raise ConfigError(f"--data-parallel-size-local ({local}) must be <= --data-parallel-size ({dp}).")
     if external and dp <= 1:
         raise ConfigError(f"external data-parallel mode requires --data-parallel-size > 1 (got {dp}).")
@@ -189,10 +228,9 @@ def _pass2(c: ServeConfig, headless: bool, *, is_moe: bool, env: Mapping[str, st
                           f"--data-parallel-size {dp}.")
     if headless and local <= 0:
         raise ConfigError(f"--data-parallel-size-local must be > 0 on a headless node (got {local}).")
-    if dp > 1 and not (external or hybrid or headless) and rank != 0:
+    if dp > 1 and not (external or par.hybrid or headless) and rank != 0:
         raise ConfigError(f"this node owns ranks {rank}..{rank + local - 1} but only the head (rank 0) runs API "
                           "servers in internal LB mode; add --headless, or use --data-parallel-hybrid-lb.")
-    return _Parallel(rank=rank, local=local, external=external, hybrid=hybrid, warnings=warnings)
 
 
 def _check_devices(c: ServeConfig, local: int) -> None:
@@ -256,8 +294,7 @@ def _multi_port_children(c: ServeConfig, *, is_moe: bool) -> tuple[int, list[Ser
         children.append(c.replace(
             port=c.port + i, data_parallel_rank=start + i, data_parallel_size_local=1, api_server_count=1,
             data_parallel_start_rank=None, data_parallel_hybrid_lb=False, data_parallel_external_lb=False,
-            data_parallel_multi_port_external_lb=False, headless=False, device_ids=tuple(devices),
-            deployment=None))
+            data_parallel_multi_port_external_lb=False, headless=False, device_ids=tuple(devices)))
     return start, children
 
 
@@ -279,7 +316,8 @@ def resolve(config: ServeConfig, *, is_moe: bool, num_experts: int,
     if c.data_parallel_multi_port_external_lb:
         start, unresolved = _multi_port_children(c, is_moe=is_moe)
         _pass1(c)
-        children = tuple(child.replace(deployment=resolve(child, is_moe=is_moe, num_experts=num_experts, env=env))
+        children = tuple(ResolvedServeConfig.with_deployment(child, resolve(child, is_moe=is_moe,
+                                                                             num_experts=num_experts, env=env))
                          for child in unresolved)
         ep = _expert_checks(c, is_moe=is_moe, num_experts=num_experts, warnings=warnings)
         return DeploymentConfig(

@@ -1,4 +1,4 @@
-"""Frozen per-role configuration, and all validation of user input.
+"""The flags of ``asyncdp serve`` and the engine's configuration, and all validation of user input.
 
 This is the only module that reads ``os.environ``. Every check raises :class:`~asyncdp.errors.ConfigError` with a
 message that names the flag, its value and what to change.
@@ -9,8 +9,8 @@ Theory of operation (spec §2, §3, §4.1):
 * :class:`ServeConfig` holds every ``asyncdp serve`` flag, one field per flag, named after the flag (``None`` =
   not given). :meth:`ServeConfig.from_flags` builds it from a flag mapping plus the environment (the §2.4 env
   overrides apply only where the flag was not given) and runs the per-flag range checks (V13).
-* :func:`asyncdp.config.deployment.resolve` (its own module) is the pure mode derivation that turns a ServeConfig into
-  a :class:`~asyncdp.config.deployment.DeploymentConfig`.
+* :func:`asyncdp.config.deployment.resolve` (its own module, which imports this one and never the other way) is
+  the pure mode derivation that turns a ServeConfig into a :class:`~asyncdp.config.deployment.DeploymentConfig`.
 * :func:`parallel_config_summary`, :func:`config_hash` and :func:`config_mismatch_message` are the pure parts of
   the MoE lockstep agreement check (§5.3 ``Ready.config_hash``/``config_summary``, E6): every rank summarises the
   settings that must agree, the head compares hashes and names the differing fields.
@@ -25,12 +25,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncdp.errors import ConfigError
-
-if TYPE_CHECKING:
-    from asyncdp.config.deployment import DeploymentConfig
 
 DEFAULT_MODEL = "builtin:tiny-moe"
 # Most sequences (prompts x max(n, best_of)) one HTTP request may start: --max-seqs-per-request.
@@ -144,7 +141,8 @@ KEEP_ALIVE_ENV = ("ASYNCDP_KEEP_ALIVE_ON_ENGINE_DEATH", "VLLM_KEEP_ALIVE_ON_ENGI
 
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
-    """Every ``asyncdp serve`` flag, one field each (spec §2). ``deployment`` is set once :func:`resolve` ran."""
+    """Every ``asyncdp serve`` flag, one field each (spec §2). Resolved, it becomes a
+    :class:`~asyncdp.config.deployment.ResolvedServeConfig` (this module does not know the deployment)."""
 
     model: str = DEFAULT_MODEL
     engine: EngineConfig = EngineConfig()
@@ -199,8 +197,6 @@ class ServeConfig:
     dp_heartbeat_timeout_s: float = 5.0
     dp_fail_fast: bool = False
     keep_alive_on_engine_death: bool = False
-    # resolved by resolve(); None until then
-    deployment: DeploymentConfig | None = None
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -216,7 +212,7 @@ class ServeConfig:
         Keys are ServeConfig or EngineConfig field names; ``sim_cost`` may be the ``"a,b,c,d"`` string.
         """
         env = os.environ if env is None else env
-        serve_fields = {f.name for f in dataclasses.fields(cls)} - {"engine", "deployment"}
+        serve_fields = {f.name for f in dataclasses.fields(cls)} - {"engine"}
         engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
         unknown = set(flags) - serve_fields - engine_fields
         if unknown:

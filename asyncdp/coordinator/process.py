@@ -1,20 +1,22 @@
 """The coordinator child process (``asyncdp-coordinator``): bind its two listeners, report them, serve.
 
-It binds the engine-link and client-link listeners (Unix sockets on one node), reports both addresses to the
-launcher over the control channel (spec §5.1: the binder reports the real address), then runs
+It gets a :class:`~asyncdp.config.roles.CoordinatorRole`, binds the engine-link and client-link listeners (Unix
+sockets on one node), reports both addresses to the launcher (``CoordinatorListening`` on the control channel;
+spec §5.1: the binder reports the real address) once it serves, and runs
 :func:`asyncdp.coordinator.core.serve_coordinator`. Exit codes: 0 after an orderly end or a signal, 1 after a MoE
-teardown, a startup error, or the parent's death.
+teardown, a startup error, or the parent's death. ``Stopping`` from the launcher marks an orderly shutdown.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-from typing import Any
 
 import anyio
 import anyio.abc
 
+from asyncdp import messages as m
+from asyncdp.config.roles import CoordinatorRole
 from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.errors import AsyncDPError
 from asyncdp.transport import listen_links
@@ -23,22 +25,22 @@ from asyncdp.transport.control import ControlChannel, follow_parent
 log = logging.getLogger(__name__)
 
 
-def coordinator_config(payload: dict[str, Any]) -> CoordinatorConfig:
-    """The coordinator's configuration from the launcher's payload."""
+def coordinator_config(role: CoordinatorRole) -> CoordinatorConfig:
+    """The coordinator's runtime configuration from its role config."""
     return CoordinatorConfig(
-        dp_size=payload["dp_size"],
-        wave_mode=payload["is_moe"] and payload["dp_size"] > 1,
-        external_lb=payload.get("external_lb", False),
-        heartbeat_interval_s=payload["heartbeat_interval_s"],
-        heartbeat_timeout_s=payload["heartbeat_timeout_s"],
-        subscribe_timeout_s=payload["subscribe_timeout_s"],
+        dp_size=role.dp_size,
+        wave_mode=role.wave_mode,
+        external_lb=role.external_lb,
+        heartbeat_interval_s=role.heartbeat_interval_s,
+        heartbeat_timeout_s=role.heartbeat_timeout_s,
+        subscribe_timeout_s=role.subscribe_timeout_s,
     )
 
 
-async def run_coordinator_process(payload: dict[str, Any], control: ControlChannel) -> int:
-    config = coordinator_config(payload)
-    engines = await listen_links("unix", directory=payload["socket_dir"], prefix="asyncdp-coord-engine", name="engine")
-    clients = await listen_links("unix", directory=payload["socket_dir"], prefix="asyncdp-coord-client", name="client")
+async def run_coordinator_process(role: CoordinatorRole, control: ControlChannel) -> int:
+    config = coordinator_config(role)
+    engines = await listen_links("unix", directory=role.socket_dir, prefix="asyncdp-coord-engine", name="engine")
+    clients = await listen_links("unix", directory=role.socket_dir, prefix="asyncdp-coord-client", name="client")
     code = 0
     stopping = anyio.Event()  # the launcher announces an orderly shutdown: departures are expected then
     async with anyio.create_task_group() as tg:
@@ -49,8 +51,8 @@ async def run_coordinator_process(payload: dict[str, Any], control: ControlChann
                     tg.cancel_scope.cancel()
                     return
 
-        def on_command(cmd: dict[str, Any]) -> None:
-            if cmd.get("cmd") == "stopping":
+        def on_command(cmd: m.ControlMessage) -> None:
+            if isinstance(cmd, m.Stopping):
                 stopping.set()
 
         async def on_control() -> None:
@@ -75,5 +77,5 @@ async def run_coordinator_process(payload: dict[str, Any], control: ControlChann
         except RuntimeError:  # it failed before it was ready (already logged)
             tg.cancel_scope.cancel()
             return 1
-        await control.send({"event": "ready", "engine_addr": engines.addr, "client_addr": clients.addr})
+        await control.send(m.CoordinatorListening(engine_addr=engines.addr, client_addr=clients.addr))
     return code

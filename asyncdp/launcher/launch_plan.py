@@ -1,61 +1,22 @@
 """The launch plan: what ``asyncdp serve`` resolved from its command line and the model, before anything starts.
 
 :func:`plan_from_config` resolves the model (a built-in is materialised on first use), reads its facts and
-flattens the validated :class:`~asyncdp.config.flags.ServeConfig` and its deployment into a :class:`LaunchPlan`, the
-one object the launcher works from. :func:`bind_http_socket` is the launcher's first act (E11): a busy port fails
+flattens the validated, resolved ``ServeConfig`` into a :class:`~asyncdp.config.roles.LaunchPlan` that carries the
+deployment as ``resolve()`` derived it (the launcher never re-derives the mode), the one object the launcher and
+the role configs work from. :func:`bind_http_socket` is the launcher's first act (E11): a busy port fails
 before any child process exists.
 """
 
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
 
-from asyncdp.config.flags import (
-    DEFAULT_MAX_SEQS_PER_REQUEST,
-    EngineConfig,
-    ServeConfig,
-    default_max_request_body_bytes,
-)
+from asyncdp.config.deployment import ResolvedServeConfig
+from asyncdp.config.flags import default_max_request_body_bytes
+from asyncdp.config.roles import LaunchPlan
 from asyncdp.errors import StartupError
 
-
-@dataclass(frozen=True, slots=True)
-class LaunchPlan:
-    """Everything the launcher needs, resolved from the command line."""
-
-    engine: EngineConfig
-    served_model_name: str
-    model_path: str
-    tokenizer_path: str = ""  # --tokenizer, resolved; empty: the model's
-    is_moe: bool = False
-    dp_size: int = 1
-    api_server_count: int = 1
-    host: str | None = None
-    port: int = 8000
-    backend: str = "asyncio"
-    shutdown_timeout_s: float = 0.0
-    lb_policy: str = "vllm"
-    max_queued_requests: int | None = None
-    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
-    max_request_body_bytes: int = 0  # resolved with max_model_len (0: unknown yet)
-    heartbeat_interval_s: float = 1.0
-    heartbeat_timeout_s: float = 5.0
-    engine_ready_timeout_s: float = 600.0
-    coordinator_startup_timeout_s: float = 120.0
-    sync_interval: int = 32
-    prefill_schedule_interval: int = 1
-    enable_expert_parallel: bool = False
-    keep_alive_on_engine_death: bool = False
-    dp_fail_fast: bool = False
-    ssl_keyfile: str | None = None
-    ssl_certfile: str | None = None
-    log_level: str = "INFO"
-    max_model_len: int = 0  # resolved by the caller from the model (0: unknown yet)
-
-    @property
-    def mode(self) -> str:
-        return "single" if self.dp_size == 1 else "internal"
+__all__ = ["LaunchPlan", "bind_http_socket", "plan_from_config"]
 
 
 def bind_http_socket(host: str | None, port: int) -> socket.socket:
@@ -73,12 +34,11 @@ def bind_http_socket(host: str | None, port: int) -> socket.socket:
     return sock
 
 
-def plan_from_config(config: ServeConfig) -> LaunchPlan:
-    """Resolve the model and turn a validated ``ServeConfig`` into a launch plan."""
+def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
+    """Resolve the model and turn a validated, resolved ``ServeConfig`` into a launch plan."""
     from asyncdp.model import read_model_info, resolve_model, resolve_tokenizer
 
     dep = config.deployment
-    assert dep is not None, "ServeConfig.deployment is set by asyncdp.cli.build_serve_config"
     path = resolve_model(config.model)
     info = read_model_info(path)
     max_model_len = config.engine.max_model_len or info.max_position_embeddings
@@ -87,9 +47,7 @@ def plan_from_config(config: ServeConfig) -> LaunchPlan:
         served_model_name=config.served_model_names[0],
         model_path=str(path),
         tokenizer_path=str(resolve_tokenizer(config.engine.tokenizer, path)),
-        is_moe=info.is_moe,
-        dp_size=dep.dp_size,
-        api_server_count=dep.api_server_count,
+        deployment=dep,
         host=config.host,
         port=config.port,
         backend=config.backend,
@@ -104,7 +62,6 @@ def plan_from_config(config: ServeConfig) -> LaunchPlan:
         coordinator_startup_timeout_s=config.dp_coordinator_startup_timeout_s,
         sync_interval=config.dp_sync_interval,
         prefill_schedule_interval=config.prefill_schedule_interval,
-        enable_expert_parallel=dep.enable_expert_parallel,
         keep_alive_on_engine_death=config.keep_alive_on_engine_death,
         dp_fail_fast=config.dp_fail_fast,
         ssl_keyfile=config.ssl_keyfile,

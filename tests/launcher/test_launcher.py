@@ -10,18 +10,29 @@ import pytest
 import trio
 
 from asyncdp import messages as m
-from asyncdp.config.flags import EngineConfig, parallel_config_summary
+from asyncdp.config.deployment import resolve
+from asyncdp.config.flags import EngineConfig, ServeConfig, parallel_config_summary
+from asyncdp.config.roles import LaunchPlan, coordinator_role
 from asyncdp.errors import StartupError
-from asyncdp.launcher.head import _Deployment, _handshake, _run_startup, check_config_agreement
-from asyncdp.launcher.launch_plan import LaunchPlan, bind_http_socket
+from asyncdp.launcher.handshake import check_config_agreement
+from asyncdp.launcher.handshake import handshake as _handshake
+from asyncdp.launcher.launch_plan import bind_http_socket
+from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.startup import run_startup as _run_startup
 from asyncdp.transport import memory_link_pair
+
+
+def launch_plan(tmp_path, *, dp_size: int = 2, is_moe: bool = False, **fields) -> LaunchPlan:
+    deployment = resolve(ServeConfig(data_parallel_size=dp_size), is_moe=is_moe, num_experts=8 if is_moe else 0,
+                         env={})
+    return LaunchPlan(engine=EngineConfig(), served_model_name="m", model_path=str(tmp_path), deployment=deployment,
+                      **fields)
 
 
 @pytest.fixture
 def deployment(tmp_path):
     sock = socket.socket()
-    plan = LaunchPlan(engine=EngineConfig(), served_model_name="m", model_path=str(tmp_path), dp_size=2)
-    yield _Deployment(plan, sock, str(tmp_path))
+    yield RunningNode(launch_plan(tmp_path), sock, str(tmp_path))
     sock.close()
 
 
@@ -101,15 +112,9 @@ async def test_startup_failure_is_recorded_as_the_deployment_failure(deployment)
 
 def test_coordinator_waits_for_subscriptions_as_long_as_engines_may_take_to_get_ready(tmp_path):
     from asyncdp.coordinator.process import coordinator_config
-    from asyncdp.launcher.head import _coordinator_payload
 
-    sock = socket.socket()
-    try:
-        plan = LaunchPlan(engine=EngineConfig(), served_model_name="m", model_path=str(tmp_path), dp_size=2,
-                          is_moe=True, engine_ready_timeout_s=1800.0)
-        config = coordinator_config(_coordinator_payload(_Deployment(plan, sock, str(tmp_path))))
-    finally:
-        sock.close()
+    plan = launch_plan(tmp_path, is_moe=True, engine_ready_timeout_s=1800.0)
+    config = coordinator_config(coordinator_role(plan, socket_dir=str(tmp_path)))
     assert config.subscribe_timeout_s == 1800.0  # a model that loads for 15 min must not fail at 10
     assert config.wave_mode and config.dp_size == 2
 
