@@ -29,6 +29,7 @@ from asyncdp.config.roles import EngineRole
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.errors import RankTornDown, StartupError
 from asyncdp.logs import kv_cache_line, weights_line
+from asyncdp.model.threads import set_torch_threads
 from asyncdp.transport import Link, connect, connect_with_retry
 from asyncdp.transport.control import ControlChannel, follow_parent
 
@@ -48,14 +49,6 @@ def rank_config(role: EngineRole) -> RankConfig:
         heartbeat_timeout_s=role.heartbeat_timeout_s, shutdown_timeout_s=role.shutdown_timeout_s,
         sync_interval=role.sync_interval, prefill_schedule_interval=role.prefill_schedule_interval,
         enable_expert_parallel=role.enable_expert_parallel)
-
-
-def _set_torch_threads(n: int | None) -> None:
-    if n is None:
-        return
-    import torch
-
-    torch.set_num_threads(n)
 
 
 def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
@@ -160,7 +153,7 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     if not isinstance(init, m.HandshakeInit):
         raise StartupError(f"rank {cfg.dp_rank}: expected HandshakeInit, got {type(init).__name__}")
 
-    _set_torch_threads(cfg.engine.torch_threads)
+    set_torch_threads(cfg.engine.torch_threads)
     building_since = time.monotonic()
     core, dp_group, limiter = await _build_core(cfg, init)
     _log_core(cfg, core, time.monotonic() - building_since)
