@@ -97,6 +97,7 @@ class ClientConfig:
     coordinator_client_addr: str | None = None
     mode: str = "internal"
     heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0  # --dp-heartbeat-timeout-s: a coordinator silent this long is dead
     enable_expert_parallel: bool = False
     utility_timeout_s: float = 600.0
 
@@ -193,7 +194,8 @@ class DPClient:
         self.wave_running = False
         self.coordinator = CoordinatorFollower(
             cfg.client_index, cfg.heartbeat_interval_s, self._on_snapshot, lambda: self._shutting_down,
-            state="none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting")
+            state="none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting",
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s, on_lost=self.lb.forget_snapshot)
         self.processes: list[dict[str, Any]] = []
         if metrics is not None:
             metrics.on_render(self._refresh_render_gauges)

@@ -365,6 +365,13 @@ class LoadBalancer:
         self._snap = Snapshot.from_counts([counts[g] for g in self._engines], seq=seq, delivered_at_us=now_us)
         self._policy.on_snapshot(self._state, self._snap)
 
+    def forget_snapshot(self) -> None:
+        """The coordinator is gone: route on this client's own in-flight counts, not on its last loads frozen."""
+        if self._snap is None:
+            return
+        self._snap = Snapshot(tuple(RankLoad() for _ in self._engines))
+        self._policy.on_snapshot(self._state, self._snap)
+
     def mark_dead(self, rank: int) -> list[str]:
         """Exclude a global rank from selection; returns the ids still in flight there (the client fails them)."""
         i = self._index[rank]
