@@ -30,6 +30,8 @@ import struct
 import time
 from dataclasses import dataclass
 
+from asyncdp.dp.liveness import expired
+
 HEARTBEAT_INTERVAL_S = 0.5
 STUCK_AFTER_S = 5.0
 
@@ -54,9 +56,9 @@ def node_admits(own_inflight: int, sibling_inflight: int, num_sequences: int, pe
 
 def stuck_siblings(slots: list[Slot], own_index: int, now_ms: int, stuck_after_s: float = STUCK_AFTER_S) -> list[int]:
     """Client indexes of siblings in use (pid set) whose heartbeat is older than ``stuck_after_s``."""
-    limit_ms = stuck_after_s * 1000
+    now_s = now_ms / 1000
     return [s.client_index for s in slots
-            if s.client_index != own_index and s.pid and now_ms - s.heartbeat_ms > limit_ms]
+            if s.client_index != own_index and s.pid and expired(s.heartbeat_ms / 1000, now_s, stuck_after_s)]
 
 
 def monotonic_ms() -> int:
