@@ -429,3 +429,59 @@ async def test_a_coordinator_silent_past_the_heartbeat_timeout_is_dead_and_the_c
         tg.cancel_scope.cancel()
     for end in coordinator_ends:
         await end.aclose()
+
+
+# ---------------------------------------------------------------- every wait on an engine has a deadline (issue 7)
+
+
+@pytest.mark.trio
+async def test_a_request_in_flight_fails_at_once_when_its_ranks_link_closes(autojump_clock):
+    async with _client_with_engine() as (client, engine_end):
+        async def engine() -> None:
+            await _first_add(engine_end)
+            await engine_end.aclose()  # the rank's process is gone: EOF on the client's side
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            start = anyio.current_time()
+            with pytest.raises(errors.EngineDeadError, match="engine rank 0 died: its link closed"):
+                async for _ in client.generate("r1", [1, 2], SamplingParams(max_tokens=100)):
+                    pass
+            assert anyio.current_time() - start == 0
+            assert client.num_inflight == 0 and client.inflight_of(0) == 0
+
+
+@pytest.mark.trio
+async def test_a_utility_call_fails_at_once_when_a_ranks_link_closes_instead_of_waiting_for_its_deadline(
+        autojump_clock):
+    async with _client_with_engine(utility_timeout_s=600.0) as (client, engine_end):
+        async def engine() -> None:
+            assert isinstance(await engine_end.receive(), m.UtilityCall)
+            await engine_end.aclose()  # dies without answering
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            start = anyio.current_time()
+            with pytest.raises(errors.EngineDeadError, match="engine rank 0 died during utility call 'pause'"):
+                await client.call_utility("pause", mode="keep")
+            assert anyio.current_time() - start == 0
+
+
+@pytest.mark.trio
+async def test_a_request_whose_ranks_link_stays_full_fails_after_the_send_deadline_naming_the_rank(autojump_clock):
+    from asyncdp.apiserver.engine_links import ENGINE_SEND_TIMEOUT_S
+
+    client = DPClient(_config(), tokenizer=None)
+    client_end, engine_end = memory_link_pair(max_buffer=0)  # the engine never reads: every send blocks
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.attach_engine, client_end)
+        await engine_end.send(_ready())
+        await client.wait_engines_ready()
+        start = anyio.current_time()
+        with pytest.raises(errors.EngineTimeoutError, match="engine rank 0 did not take AddRequest within 30 s"):
+            async for _ in client.generate("r1", [1, 2], SamplingParams(max_tokens=4)):
+                pass
+        assert anyio.current_time() - start == pytest.approx(ENGINE_SEND_TIMEOUT_S)
+        assert client.num_inflight == 0 and client.inflight_of(0) == 0
+        tg.cancel_scope.cancel()
+    await engine_end.aclose()
