@@ -18,7 +18,7 @@ from typing import Any
 
 from quart import Quart, Response, request
 
-from asyncdp.api.app import AppState, json_response
+from asyncdp.api.context import AppState, json_response
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
     best_choices,

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from quart import Quart, Response, request
 
-from asyncdp.api.app import AppState
+from asyncdp.api.context import AppState
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
     best_choices,

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 from quart import Response
 
-from asyncdp.api.app import AppState
+from asyncdp.api.context import AppState
 from asyncdp.api.errors import status_and_body
 from asyncdp.api.fanout import Fanout, Item, Sequence, collect_one
 from asyncdp.api.openai_format import Choice
