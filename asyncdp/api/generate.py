@@ -166,10 +166,3 @@ def stream_response(
     response.headers["Cache-Control"] = "no-cache"
     response.timeout = None
     return response
-
-
-def managed_ranks(state: AppState) -> list[dict[str, Any]] | None:
-    try:
-        return state.client.server_info().get("managed_ranks")
-    except Exception:  # server_info is advisory here; the client re-checks the hint's range
-        return None
