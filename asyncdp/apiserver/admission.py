@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import anyio
+
 from asyncdp.apiserver.node_table import NodeTable, node_admits
 from asyncdp.errors import QueueFullError
 
@@ -54,3 +56,48 @@ class ClientAdmission:
         n, self.remaining = self.remaining, 0
         if n:
             self._unreserve(n)
+
+
+class AdmissionSlots:
+    """One client's admission count: requests in flight (``num_requests()``, the client's streams) plus slots
+    reserved by :meth:`admit` and not yet taken; published to the node table on every change."""
+
+    def __init__(self, limit: int | None, node: NodeTable | None, client_index: int,
+                 num_requests: Callable[[], int]) -> None:
+        self._limit = limit
+        self._node = node
+        self._client_index = client_index
+        self._num_requests = num_requests
+        self._reserved = 0
+        self._idle = anyio.Event()  # replaced while slots are in use; set when the last one is given back
+
+    @property
+    def num_inflight(self) -> int:
+        return self._num_requests() + self._reserved
+
+    def admit(self, num_sequences: int) -> ClientAdmission:
+        """Reserve ``num_sequences`` slots at once (all or nothing), or raise ``QueueFullError``."""
+        check_admits(self.num_inflight, num_sequences, self._limit, self._node, self._client_index)
+        self._reserved += num_sequences
+        self.publish()
+        return ClientAdmission(self._unreserve, num_sequences)
+
+    def _unreserve(self, n: int) -> None:
+        self._reserved -= n
+        self.changed()
+
+    def changed(self) -> None:
+        """A request was registered or released, or a reservation given back."""
+        self.publish()
+        if not self.num_inflight:
+            self._idle.set()
+
+    def publish(self) -> None:
+        if self._node is not None:
+            self._node.set_inflight(self._client_index, self.num_inflight)
+
+    async def wait_idle(self) -> None:
+        while self.num_inflight:
+            if self._idle.is_set():
+                self._idle = anyio.Event()
+            await self._idle.wait()

@@ -2,22 +2,19 @@
 
 Theory of operation
 -------------------
-The client owns a listener that every managed engine connects to (spec §5.1 "client link"); the first frame on
-each link is ``EngineReady``. ``serve()`` accepts links until every managed rank is ready (E9 deadline), then
-reports readiness through ``task_status`` and keeps one reader task per link. A second task subscribes to the
-coordinator's ``StatsSnapshot`` stream and feeds the load balancer (:mod:`asyncdp.dp.balance`).
+``serve()`` accepts the links of the managed engines (:class:`~asyncdp.apiserver.engine_links.EngineLinks`,
+spec §5.1) until every rank sent ``EngineReady`` (E9 deadline), reports readiness through ``task_status``, and
+follows the coordinator, whose ``StatsSnapshot`` stream feeds the load balancer (:mod:`asyncdp.dp.balance`).
 
-Admission: ``admit(n)`` reserves the slots of one HTTP request's ``n`` sequences at once against
-``--max-queued-requests`` (all or nothing; with a node table the cap is the node's pool, see
-:mod:`asyncdp.apiserver.node_table`), and ``generate(..., admission=)`` takes one of them; ``generate`` alone admits
-itself. ``num_inflight`` counts requests in flight plus reserved slots.
+Admission (:mod:`asyncdp.apiserver.admission`): ``admit(n)`` reserves one HTTP request's ``n`` slots at once
+against ``--max-queued-requests`` (all or nothing; with a node table, the node's pool), ``generate(...,
+admission=)`` takes one; ``num_inflight`` counts requests in flight plus reserved slots.
 
-``generate()`` asks the balancer for a rank, sends ``AddRequest`` on that rank's link and yields the output
-deltas the reader task posts into the request's :class:`~asyncdp.apiserver.request_stream.RequestStream`.
-The balancer is the one owner of request -> rank (and of the per-rank in-flight counts); this client keeps only
-each request's stream. Leaving the generator early (client disconnect,
-cancellation) sends ``AbortRequests`` to the owning rank only and waits (bounded, ``ABORT_ACK_TIMEOUT_S``) for
-the engine to confirm. Every finished id an engine reports releases the balancer's in-flight count, so an idle
+``generate()`` asks the balancer for a rank, sends ``AddRequest`` and yields the deltas the link's reader posts
+into the request's :class:`~asyncdp.apiserver.request_stream.RequestStream`. The balancer is the one owner of
+request -> rank and of the per-rank in-flight counts; this client keeps only the streams. Leaving the generator
+early (disconnect, cancellation) sends ``AbortRequests`` to the owning rank only and waits (``ABORT_ACK_TIMEOUT_S``)
+for the engine to confirm. Every finished id an engine reports releases the balancer's in-flight count, so an idle
 deployment has zero in-flight everywhere (spec §7.3). Every other way out releases the slot too: a send the
 encoder refuses (400), a broken link, an engine that never confirms the abort, a rank that dies after the
 generator was closed.
@@ -29,9 +26,9 @@ exit, and an abort outside shutdown (``POST /pause?mode=abort``), end as a norma
 
 Every wait on an engine has a deadline (:mod:`asyncdp.apiserver.engine_links`): sends (``ENGINE_SEND_TIMEOUT_S``),
 utility calls (``utility_timeout_s``), abort confirmations (``ABORT_ACK_TIMEOUT_S``); output streams end when
-the rank's link does. When a rank dies (``EngineDead`` or link EOF) it leaves the balancer, its in-flight
-requests and the utility calls waiting on it fail at once with ``EngineDeadError`` (and are released), ``asyncdp:dp_engine_up`` and its engine gauges drop to 0; the other
-ranks keep serving (dense, spec §13).
+the rank's link does. When a rank dies (``EngineDead`` or link EOF) it leaves the balancer, its requests and
+the utility calls waiting on it fail at once with ``EngineDeadError`` (and are released), its gauges drop to 0;
+the other ranks keep serving (dense, spec §13).
 
 The coordinator link is followed for the client's life (:mod:`asyncdp.apiserver.coordinator_follower`): a
 lost link, or one silent for ``heartbeat_timeout_s``, is connected and subscribed again with capped backoff;
@@ -43,7 +40,6 @@ paused (spec §6.5).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -54,26 +50,25 @@ import msgspec
 
 from asyncdp import messages as m
 from asyncdp.api.engine_client import Admission, RankHint
-from asyncdp.apiserver.admission import ClientAdmission, check_admits
+from asyncdp.apiserver.admission import AdmissionSlots, ClientAdmission
 from asyncdp.apiserver.client_config import ClientConfig
 from asyncdp.apiserver.coordinator_follower import CoordinatorFollower
 from asyncdp.apiserver.engine_links import (
     ENGINE_READY_FRAME_TIMEOUT_S,
     EngineLink,
+    EngineLinks,
     UtilityCalls,
-    read_engine_ready,
     send_to_engine,
 )
-from asyncdp.apiserver.node_table import HEARTBEAT_INTERVAL_S, NodeTable, monotonic_ms, stuck_siblings
-from asyncdp.apiserver.request_stream import RequestStream, rejection
+from asyncdp.apiserver.node_table import NodeTable, monotonic_ms, run_heartbeat, stuck_siblings
+from asyncdp.apiserver.request_stream import RequestStream, apply_outputs
 from asyncdp.apiserver.server_info import client_server_info, node_processes
-from asyncdp.apiserver.stats_export import export_scheduler_stats, record_finished
+from asyncdp.apiserver.stats_export import export_scheduler_stats, record_finished, refresh_coordinator_gauges
 from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import (
     EngineDeadError,
     InvalidRequestError,
     ShuttingDownError,
-    StartupError,
     UnavailableError,
 )
 from asyncdp.sampling_params import SamplingParams
@@ -83,7 +78,6 @@ __all__ = ["ABORT_ACK_TIMEOUT_S", "ENGINE_READY_FRAME_TIMEOUT_S", "ClientAdmissi
 
 log = logging.getLogger(__name__)
 
-ABORT_SEND_TIMEOUT_S = 2.0
 # How long a closed request waits for its engine to confirm the abort before its slot is released anyway: an
 # engine that never answers must not hold a slot (and the balancer's in-flight count) forever.
 ABORT_ACK_TIMEOUT_S = 5.0
@@ -102,12 +96,13 @@ class DPClient:
         self._tokenizer = tokenizer
         self.metrics = metrics
         self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
-        self._engines: dict[int, EngineLink] = {}
+        self._links = EngineLinks(cfg.managed_ranks, cfg.client_index, on_ready=self._on_engine_ready,
+                                  on_message=self._on_engine_message, on_dead=self._on_engine_dead)
+        self._engines = self._links.engines
         self._requests: dict[str, RequestStream] = {}  # streams only: the balancer owns request -> rank
-        self._reserved = 0  # admission slots reserved by admit() and not yet taken by generate()
-        self._idle = anyio.Event()  # replaced while requests are in flight; set when the last one is released
+        self._slots = AdmissionSlots(cfg.max_queued_requests, node_table, cfg.client_index,
+                                     lambda: len(self._requests))
         self._utility = UtilityCalls(cfg.client_index)
-        self._all_ready = anyio.Event()
         self._shutting_down = False
         self._abandon_reason = "the server is shutting down"
         self.current_wave = 0
@@ -149,7 +144,7 @@ class DPClient:
 
     def can_serve(self) -> bool:
         """Every managed rank became ready once and at least one is alive now (what the watchdog checks)."""
-        return self._all_ready.is_set() and any(e.alive for e in self._engines.values())
+        return self._links.all_ready.is_set() and self._links.any_alive()
 
     def stuck_siblings(self) -> list[int]:
         """Client indexes of this node's API processes whose heartbeat stopped (none without a node table)."""
@@ -163,57 +158,32 @@ class DPClient:
 
     async def run_node_heartbeat(self) -> None:
         """Task: claim this process's slot of the node table and keep its heartbeat fresh."""
-        if self._node is None:
-            return
-        self._node.register(self.cfg.client_index, os.getpid())
-        self._publish_inflight()
-        while True:
-            self._node.beat(self.cfg.client_index)
-            await anyio.sleep(HEARTBEAT_INTERVAL_S)
+        if self._node is not None:
+            await run_heartbeat(self._node, self.cfg.client_index, self._slots.publish)
 
     # ------------------------------------------------------------------ admission
 
     @property
     def num_inflight(self) -> int:
         """Admission slots in use: requests in flight plus slots reserved by :meth:`admit` and not yet taken."""
-        return len(self._requests) + self._reserved
+        return self._slots.num_inflight
 
     async def wait_idle(self) -> None:
         """Return once no request of this client is in flight and no admission slot is reserved."""
-        while self.num_inflight:
-            if self._idle.is_set():
-                self._idle = anyio.Event()
-            await self._idle.wait()
+        await self._slots.wait_idle()
 
     def admit(self, num_sequences: int) -> ClientAdmission:
         """Reserve ``num_sequences`` slots at once (all or nothing) against ``--max-queued-requests``."""
         self._check_can_admit()
-        check_admits(self.num_inflight, num_sequences, self.cfg.max_queued_requests, self._node,
-                     self.cfg.client_index)
-        self._reserved += num_sequences
-        self._publish_inflight()
-        return ClientAdmission(self._unreserve, num_sequences)
+        return self._slots.admit(num_sequences)
 
     def _check_can_admit(self) -> None:
         if self._shutting_down:
             raise ShuttingDownError("the server is shutting down")
-        if not self._all_ready.is_set():
+        if not self._links.all_ready.is_set():
             raise UnavailableError("the server is starting: not every data-parallel rank is ready yet")
-        if not any(e.alive for e in self._engines.values()):
+        if not self._links.any_alive():
             raise UnavailableError("no data-parallel rank can serve requests")
-
-    def _unreserve(self, n: int) -> None:
-        self._reserved -= n
-        self._on_slots_changed()
-
-    def _on_slots_changed(self) -> None:
-        self._publish_inflight()
-        if not self.num_inflight:
-            self._idle.set()
-
-    def _publish_inflight(self) -> None:
-        if self._node is not None:
-            self._node.set_inflight(self.cfg.client_index, self.num_inflight)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -232,7 +202,7 @@ class DPClient:
             if not req.finished:
                 req.fail(ShuttingDownError(f"the request was abandoned: {reason}"))
         for rank, ids in self.lb.group_by_owner(list(self._requests)).items():
-            await self._send_abort(rank, ids)
+            await self._links.send_abort(rank, ids)
 
     # ------------------------------------------------------------------ requests
 
@@ -255,7 +225,7 @@ class DPClient:
         dp_rank, engine = self._route(request_id, prompt_token_ids, params, rank_hint)
         req = RequestStream(request_id, time.monotonic(), len(prompt_token_ids))
         self._requests[request_id] = req
-        self._publish_inflight()  # the slot moved from "reserved" to this request: the node sees it again
+        self._slots.publish()  # the slot moved from "reserved" to this request: the node sees it again
         self._update_inflight_metric(dp_rank)
         try:
             await self._send_add(engine, req, m.AddRequest(
@@ -283,10 +253,10 @@ class DPClient:
             if not req.finished:
                 # Left early (caller gone, cancelled) or failed: abort it on its engine and give its slot back
                 # once the engine confirms, or after a deadline - never leave it counted for good (issue #12).
-                if req.error is None and self._engine_alive(dp_rank):
+                if req.error is None and self._links.alive(dp_rank):
                     req.client_abort = True
                     with anyio.CancelScope(shield=True):
-                        await self._send_abort(dp_rank, [request_id])
+                        await self._links.send_abort(dp_rank, [request_id])
                         with anyio.move_on_after(ABORT_ACK_TIMEOUT_S):
                             await req.done.wait()
                 self._release(req)
@@ -343,90 +313,47 @@ class DPClient:
         self, listener: anyio.abc.SocketListener, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Accept engine links; report ready once every managed rank sent EngineReady; then run forever."""
-        from asyncdp.transport.links import StreamLink
-
         async with anyio.create_task_group() as tg:
-
-            async def accept() -> None:
-                async with listener:
-                    while True:
-                        stream = await listener.accept()
-                        tg.start_soon(self._engine_link, StreamLink(stream, name="engine"))
-
-            tg.start_soon(accept)
+            tg.start_soon(self._links.accept, listener, tg)
             await self.wait_engines_ready()
             if self.cfg.coordinator_client_addr:
-                tg.start_soon(self._follow_coordinator, self.cfg.coordinator_client_addr)
+                tg.start_soon(self.coordinator.follow_addr, self.cfg.coordinator_client_addr)
             task_status.started()
 
     async def wait_engines_ready(self) -> None:
-        with anyio.move_on_after(self.cfg.engine_ready_timeout_s) as scope:
-            await self._all_ready.wait()
-        if scope.cancelled_caught:
-            missing = sorted(set(self.cfg.managed_ranks) - set(self._engines))
-            raise StartupError(
-                f"engine ranks {missing} did not send EngineReady within --engine-ready-timeout-s "
-                f"{self.cfg.engine_ready_timeout_s:g}"
-            )
+        await self._links.wait_ready(self.cfg.engine_ready_timeout_s)
 
     async def attach_engine(self, link: Link) -> None:
         """Serve one engine link (public for in-memory harnesses): first frame EngineReady, then outputs."""
-        await self._engine_link(link)
+        await self._links.serve_link(link)
 
-    async def _engine_link(self, link: Link) -> None:
-        first = await read_engine_ready(link, self.cfg.managed_ranks, self.cfg.client_index)
-        if first is None:
-            return
-        rank = first.dp_rank
-        engine = self._engines[rank] = EngineLink(rank, link, first, last_seen=time.monotonic())
+    def _on_engine_ready(self, engine: EngineLink) -> None:
         if self.metrics is not None:
-            self.metrics.set_engine_up(rank, True)
-        if first.coordinator_client_addr and self.cfg.coordinator_client_addr is None:
-            self.cfg = self.cfg.with_coordinator(first.coordinator_client_addr)
-        if set(self.cfg.managed_ranks) <= set(self._engines):
-            self._all_ready.set()
-        reason = "its link closed"
-        try:
-            async for msg in link:
-                engine.last_seen = time.monotonic()
-                if isinstance(msg, m.EngineOutputs):
-                    self._on_outputs(msg)
-                elif isinstance(msg, m.UtilityResult):
-                    self._utility.on_result(rank, msg)
-                elif isinstance(msg, m.EngineDead):
-                    reason = msg.reason
-                    break
-        finally:
-            self._on_engine_dead(rank, reason)
-            await link.aclose()
+            self.metrics.set_engine_up(engine.dp_rank, True)
+        addr = engine.ready.coordinator_client_addr
+        if addr and self.cfg.coordinator_client_addr is None:
+            self.cfg = self.cfg.with_coordinator(addr)
+
+    def _on_engine_message(self, rank: int, msg: m.Message) -> None:
+        if isinstance(msg, m.EngineOutputs):
+            self._on_outputs(msg)
+        elif isinstance(msg, m.UtilityResult):
+            self._utility.on_result(rank, msg)
 
     def _on_outputs(self, msg: m.EngineOutputs) -> None:
         now = time.monotonic()
-        for out in msg.outputs:
-            req = self._requests.get(out.request_id)
-            if req is not None:
-                if out.error_type is not None:  # refused by the engine: an error status, not an empty answer
-                    req.fail(rejection(out))
-                elif out.finish_reason == "abort" and self._shutting_down and not req.client_abort:
-                    # Aborted by the server side (a rank's drain deadline, a teardown), not by the caller.
-                    req.fail(ShuttingDownError(f"the request was abandoned: {self._abandon_reason}"))
-                else:
-                    req.post(out, now)
-        for rid in msg.finished_request_ids:
-            req = self._requests.get(rid)
-            if req is not None:
-                req.finished = True
-                req.done.set()
-                if self.metrics is not None:
-                    record_finished(self.metrics, msg.dp_rank, req, msg, now)
-                self._release(req)
+        abandoned = self._abandon_reason if self._shutting_down else None
+        for req in apply_outputs(self._requests, msg, now, abandoned):
+            if self.metrics is not None:
+                record_finished(self.metrics, msg.dp_rank, req, msg, now)
+            self._release(req)
         if msg.scheduler_stats is not None and self.metrics is not None:
             export_scheduler_stats(self.metrics, msg.dp_rank, msg.scheduler_stats, self.cfg.is_moe)
 
     def _release(self, req: RequestStream) -> None:
         """Give back the request's slot and its balancer count (idempotent)."""
         if self._requests.pop(req.request_id, None) is not None:
-            self._on_slots_changed()
+            self._slots.changed()
             rank = self.lb.on_finish(req.request_id)
             if rank is not None:
                 self._update_inflight_metric(rank)
@@ -438,15 +365,7 @@ class DPClient:
         if self.metrics is not None:
             self.metrics.set_inflight(dp_rank, self.inflight_of(dp_rank))
 
-    def _engine_alive(self, dp_rank: int) -> bool:
-        e = self._engines.get(dp_rank)
-        return e is not None and e.alive
-
     def _on_engine_dead(self, rank: int, reason: str) -> None:
-        engine = self._engines.get(rank)
-        if engine is None or not engine.alive:
-            return
-        engine.alive = False
         if not self._shutting_down:
             log.error("engine rank %d is dead (%s); it leaves the load balancer", rank, reason)
         if self.metrics is not None:
@@ -460,20 +379,7 @@ class DPClient:
                 # Released here, not by the generator: a generator that was already closed will never run again.
                 self._release(req)
 
-    async def _send_abort(self, dp_rank: int, ids: list[str]) -> None:
-        engine = self._engines.get(dp_rank)
-        if engine is None or not engine.alive:
-            return
-        with anyio.move_on_after(ABORT_SEND_TIMEOUT_S):
-            try:
-                await engine.link.send(m.AbortRequests(request_ids=ids))
-            except _LINK_ERRORS:
-                pass
-
     # ------------------------------------------------------------------ coordinator
-
-    async def _follow_coordinator(self, addr: str) -> None:
-        await self.coordinator.follow_addr(addr)
 
     async def follow_coordinator(self, connect: Callable[[], Awaitable[Link]]) -> None:
         """See :meth:`CoordinatorFollower.follow` (public for in-memory harnesses)."""
@@ -501,14 +407,7 @@ class DPClient:
             self.lb.on_snapshot([list(c) for c in snap.counts])
 
     def _refresh_render_gauges(self) -> None:
-        """At scrape time: the snapshot's real age (it keeps growing once the coordinator is gone) and whether
-        the coordinator is followed."""
-        if self.coordinator_state == "none":
-            return
-        age = self.snapshot_age_s()
-        if age is not None:
-            self.metrics.set_snapshot_age(age)
-        self.metrics.set_coordinator_up(self.coordinator_state == "alive")
+        refresh_coordinator_gauges(self.metrics, self.coordinator_state, self.snapshot_age_s())
 
     def server_info(self) -> dict[str, Any]:
         return client_server_info(self)

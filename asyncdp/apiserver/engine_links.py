@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-Every managed rank connects to the client's listener; :func:`read_engine_ready` takes the first frame within
+:class:`EngineLinks` accepts the links every managed rank opens to the client's listener and keeps one reader
+per link; :func:`read_engine_ready` takes the first frame within
 ``ENGINE_READY_FRAME_TIMEOUT_S`` and accepts it only if it is an ``EngineReady`` of a managed rank (anything else
 drops that link; the client keeps waiting for a good one). :class:`EngineLink` is one accepted link: the rank,
 its ``EngineReady``, whether it is alive and when it was last heard from.
@@ -19,13 +20,23 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from asyncdp import messages as m
-from asyncdp.errors import AsyncDPError, EngineDeadError, EngineTimeoutError, ProtocolError, UnavailableError
+from asyncdp.errors import (
+    AsyncDPError,
+    EngineDeadError,
+    EngineTimeoutError,
+    ProtocolError,
+    StartupError,
+    UnavailableError,
+)
 from asyncdp.transport import Link
 
 log = logging.getLogger(__name__)
@@ -33,6 +44,7 @@ log = logging.getLogger(__name__)
 ENGINE_READY_FRAME_TIMEOUT_S = 30.0
 # A send to a rank waits for room on its link at most this long: a rank that does not read for that long is stuck.
 ENGINE_SEND_TIMEOUT_S = 30.0
+ABORT_SEND_TIMEOUT_S = 2.0
 
 _LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
@@ -138,3 +150,80 @@ class UtilityCalls:
                 pending.error = EngineDeadError(
                     f"engine rank {dp_rank} died during utility call {pending.method!r}: {reason}")
                 pending.done.set()
+
+
+class EngineLinks:
+    """The client's accepted engine links by rank: the handshake, one reader per link, readiness, aborts.
+
+    ``on_ready(engine)`` runs once a link's ``EngineReady`` is accepted, ``on_message(rank, msg)`` for every later
+    frame but ``EngineDead``, ``on_dead(rank, reason)`` once when the link ends (``EngineDead``, EOF, error)."""
+
+    def __init__(self, managed_ranks: tuple[int, ...], client_index: int, *,
+                 on_ready: Callable[[EngineLink], None], on_message: Callable[[int, m.Message], None],
+                 on_dead: Callable[[int, str], None]) -> None:
+        self.managed_ranks = managed_ranks
+        self.client_index = client_index
+        self.engines: dict[int, EngineLink] = {}
+        self.all_ready = anyio.Event()
+        self._on_ready = on_ready
+        self._on_message = on_message
+        self._on_dead = on_dead
+
+    def alive(self, dp_rank: int) -> bool:
+        e = self.engines.get(dp_rank)
+        return e is not None and e.alive
+
+    def any_alive(self) -> bool:
+        return any(e.alive for e in self.engines.values())
+
+    async def accept(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
+        """Task: accept engine connections and serve each in ``tg``."""
+        from asyncdp.transport.links import StreamLink
+
+        async with listener:
+            while True:
+                stream = await listener.accept()
+                tg.start_soon(self.serve_link, StreamLink(stream, name="engine"))
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        with anyio.move_on_after(timeout_s) as scope:
+            await self.all_ready.wait()
+        if scope.cancelled_caught:
+            missing = sorted(set(self.managed_ranks) - set(self.engines))
+            raise StartupError(f"engine ranks {missing} did not send EngineReady within --engine-ready-timeout-s "
+                               f"{timeout_s:g}")
+
+    async def serve_link(self, link: Link) -> None:
+        """Serve one engine link: first frame ``EngineReady``, then every frame until it ends."""
+        first = await read_engine_ready(link, self.managed_ranks, self.client_index)
+        if first is None:
+            return
+        rank = first.dp_rank
+        engine = self.engines[rank] = EngineLink(rank, link, first, last_seen=time.monotonic())
+        self._on_ready(engine)
+        if set(self.managed_ranks) <= set(self.engines):
+            self.all_ready.set()
+        reason = "its link closed"
+        try:
+            async for msg in link:
+                engine.last_seen = time.monotonic()
+                if isinstance(msg, m.EngineDead):
+                    reason = msg.reason
+                    break
+                self._on_message(rank, msg)
+        finally:
+            if engine.alive:
+                engine.alive = False
+                self._on_dead(rank, reason)
+            await link.aclose()
+
+    async def send_abort(self, dp_rank: int, ids: list[str]) -> None:
+        """Best effort, bounded by ``ABORT_SEND_TIMEOUT_S``; nothing is sent to a dead rank."""
+        engine = self.engines.get(dp_rank)
+        if engine is None or not engine.alive:
+            return
+        with anyio.move_on_after(ABORT_SEND_TIMEOUT_S):
+            try:
+                await engine.link.send(m.AbortRequests(request_ids=ids))
+            except _LINK_ERRORS:
+                pass

@@ -28,7 +28,10 @@ import mmap
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import anyio
 
 from asyncdp.dp.liveness import expired
 
@@ -117,3 +120,12 @@ class NodeTable:
 
     def sibling_inflight(self, own_index: int) -> int:
         return sum(s.inflight for s in self.slots() if s.client_index != own_index and s.pid)
+
+
+async def run_heartbeat(node: NodeTable, client_index: int, publish_inflight: Callable[[], None]) -> None:
+    """Task of one API process: claim its slot (pid), publish its admission count, beat every interval."""
+    node.register(client_index, os.getpid())
+    publish_inflight()
+    while True:
+        node.beat(client_index)
+        await anyio.sleep(HEARTBEAT_INTERVAL_S)

@@ -62,3 +62,29 @@ def rejection(out: m.RequestOutput) -> Exception:
     if out.error_type == "unavailable":
         return ShuttingDownError(reason)
     return UnavailableError(reason)
+
+
+def apply_outputs(requests: dict[str, RequestStream], msg: m.EngineOutputs, now: float,
+                  abandoned: str | None) -> list[RequestStream]:
+    """Post one ``EngineOutputs`` frame to its streams; returns the streams it finished.
+
+    A refused request fails with its rejection; with ``abandoned`` (the shutdown reason) an ``abort`` this client
+    did not ask for (a rank's drain deadline, a teardown) fails with ``ShuttingDownError`` instead of ending."""
+    for out in msg.outputs:
+        req = requests.get(out.request_id)
+        if req is None:
+            continue
+        if out.error_type is not None:  # refused by the engine: an error status, not an empty answer
+            req.fail(rejection(out))
+        elif out.finish_reason == "abort" and abandoned is not None and not req.client_abort:
+            req.fail(ShuttingDownError(f"the request was abandoned: {abandoned}"))
+        else:
+            req.post(out, now)
+    finished = []
+    for rid in msg.finished_request_ids:
+        req = requests.get(rid)
+        if req is not None:
+            req.finished = True
+            req.done.set()
+            finished.append(req)
+    return finished

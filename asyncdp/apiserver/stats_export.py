@@ -39,3 +39,13 @@ def record_finished(metrics: Any, rank: int, req: RequestStream, msg: m.EngineOu
         itls_s=req.itls_s,
         e2e_s=now - req.arrival,
     )
+
+
+def refresh_coordinator_gauges(metrics: Any, coordinator_state: str, snapshot_age_s: float | None) -> None:
+    """At scrape time: the snapshot's real age (it keeps growing once the coordinator is gone) and whether the
+    coordinator is followed (``asyncdp:dp_coordinator_up``: 1 only while ``alive``)."""
+    if coordinator_state == "none":
+        return
+    if snapshot_age_s is not None:
+        metrics.set_snapshot_age(snapshot_age_s)
+    metrics.set_coordinator_up(coordinator_state == "alive")
