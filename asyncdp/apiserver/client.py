@@ -53,28 +53,17 @@ from asyncdp.api.engine_client import Admission, RankHint
 from asyncdp.apiserver.admission import AdmissionSlots, ClientAdmission
 from asyncdp.apiserver.client_config import ClientConfig
 from asyncdp.apiserver.coordinator_follower import CoordinatorFollower
-from asyncdp.apiserver.engine_links import (
-    ENGINE_READY_FRAME_TIMEOUT_S,
-    EngineLink,
-    EngineLinks,
-    UtilityCalls,
-    send_to_engine,
-)
+from asyncdp.apiserver.engine_links import EngineLink, EngineLinks, UtilityCalls, send_to_engine
 from asyncdp.apiserver.node_table import NodeTable, monotonic_ms, run_heartbeat, stuck_siblings
 from asyncdp.apiserver.request_stream import RequestStream, apply_outputs
 from asyncdp.apiserver.server_info import client_server_info, node_processes
 from asyncdp.apiserver.stats_export import export_scheduler_stats, record_finished, refresh_coordinator_gauges
 from asyncdp.dp.balance import LoadBalancer
-from asyncdp.errors import (
-    EngineDeadError,
-    InvalidRequestError,
-    ShuttingDownError,
-    UnavailableError,
-)
+from asyncdp.errors import EngineDeadError, InvalidRequestError, ShuttingDownError, UnavailableError
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import Link
 
-__all__ = ["ABORT_ACK_TIMEOUT_S", "ENGINE_READY_FRAME_TIMEOUT_S", "ClientAdmission", "ClientConfig", "DPClient"]
+__all__ = ["ABORT_ACK_TIMEOUT_S", "ClientAdmission", "ClientConfig", "DPClient"]
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +87,6 @@ class DPClient:
         self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
         self._links = EngineLinks(cfg.managed_ranks, cfg.client_index, on_ready=self._on_engine_ready,
                                   on_message=self._on_engine_message, on_dead=self._on_engine_dead)
-        self._engines = self._links.engines
         self._requests: dict[str, RequestStream] = {}  # streams only: the balancer owns request -> rank
         self._slots = AdmissionSlots(cfg.max_queued_requests, node_table, cfg.client_index,
                                      lambda: len(self._requests))
@@ -113,9 +101,8 @@ class DPClient:
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, on_lost=self.lb.forget_snapshot)
         self.processes: list[dict[str, Any]] = []
         if metrics is not None:
-            metrics.on_render(self._refresh_render_gauges)
-
-    # ------------------------------------------------------------------ EngineClient surface
+            metrics.on_render(lambda: refresh_coordinator_gauges(metrics, self.coordinator_state,
+                                                                 self.snapshot_age_s()))
 
     @property
     def model_name(self) -> str:
@@ -135,7 +122,7 @@ class DPClient:
 
     def engine_states(self) -> dict[int, tuple[bool, float]]:
         """Per managed rank that sent EngineReady: (alive, monotonic time last heard from)."""
-        return {rank: (e.alive, e.last_seen) for rank, e in self._engines.items()}
+        return {rank: (e.alive, e.last_seen) for rank, e in self._links.engines.items()}
 
     def is_healthy(self) -> bool:
         """Ready, not shutting down, some rank alive, and no sibling API process of the node stuck (its event
@@ -161,8 +148,6 @@ class DPClient:
         if self._node is not None:
             await run_heartbeat(self._node, self.cfg.client_index, self._slots.publish)
 
-    # ------------------------------------------------------------------ admission
-
     @property
     def num_inflight(self) -> int:
         """Admission slots in use: requests in flight plus slots reserved by :meth:`admit` and not yet taken."""
@@ -185,8 +170,6 @@ class DPClient:
         if not self._links.any_alive():
             raise UnavailableError("no data-parallel rank can serve requests")
 
-    # ------------------------------------------------------------------ shutdown
-
     def begin_shutdown(self, reason: str = "the server is shutting down") -> None:
         """New requests get 503 from now on; a request the engines abort from now on (their own drain deadline,
         a teardown) fails with ``ShuttingDownError(reason)`` instead of ending as a normal ``abort``."""
@@ -203,8 +186,6 @@ class DPClient:
                 req.fail(ShuttingDownError(f"the request was abandoned: {reason}"))
         for rank, ids in self.lb.group_by_owner(list(self._requests)).items():
             await self._links.send_abort(rank, ids)
-
-    # ------------------------------------------------------------------ requests
 
     async def generate(
         self,
@@ -268,7 +249,7 @@ class DPClient:
         global_rank = rank_hint.global_rank if rank_hint else None
         dp_rank = self.lb.select(request_id, prompt_token_ids, local_index, global_rank_hint=global_rank,
                                  max_tokens=params.max_tokens or 16)
-        engine = self._engines.get(dp_rank)
+        engine = self._links.engines.get(dp_rank)
         if engine is None or not engine.alive:
             self.lb.on_finish(request_id)
             raise UnavailableError(f"data_parallel_rank {dp_rank} is not available")
@@ -304,10 +285,8 @@ class DPClient:
 
         Bounded by ``utility_timeout_s``: a pause waits for running requests (mode ``wait``) or for the MoE
         group's consensus, but never forever; a rank that dies meanwhile fails the call at once."""
-        return await self._utility.call(list(self._engines.values()), method, args, kwargs,
+        return await self._utility.call(list(self._links.engines.values()), method, args, kwargs,
                                         self.cfg.utility_timeout_s)
-
-    # ------------------------------------------------------------------ serving
 
     async def serve(
         self, listener: anyio.abc.SocketListener, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -379,8 +358,6 @@ class DPClient:
                 # Released here, not by the generator: a generator that was already closed will never run again.
                 self._release(req)
 
-    # ------------------------------------------------------------------ coordinator
-
     async def follow_coordinator(self, connect: Callable[[], Awaitable[Link]]) -> None:
         """See :meth:`CoordinatorFollower.follow` (public for in-memory harnesses)."""
         await self.coordinator.follow(connect)
@@ -405,9 +382,6 @@ class DPClient:
         self.wave_running = snap.running
         if snap.counts is not None:
             self.lb.on_snapshot([list(c) for c in snap.counts])
-
-    def _refresh_render_gauges(self) -> None:
-        refresh_coordinator_gauges(self.metrics, self.coordinator_state, self.snapshot_age_s())
 
     def server_info(self) -> dict[str, Any]:
         return client_server_info(self)
