@@ -313,11 +313,6 @@ class LoadBalancer:
         self.decisions["hint" if decision.hinted else "score"] += 1
         return self._engines[i]
 
-    def on_first_token(self, request_id: str, now_us: int = 0) -> None:
-        i = self._owner.get(request_id)
-        if i is not None:
-            self._policy.on_first_token(self._state, request_id, i, now_us)
-
     def on_finish(self, request_id: str, now_us: int = 0) -> int | None:
         """Forget a finished or aborted request; returns its global rank, or None for an unknown id."""
         i = self._owner.pop(request_id, None)
