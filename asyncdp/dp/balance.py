@@ -220,7 +220,9 @@ def make_policy(name: str) -> Policy:
 class LoadBalancer:
     """One DP client's routing state over its managed global ranks (spec §7).
 
-    ``select`` returns a global rank and records the request as in flight there until ``on_finish``.
+    ``select`` returns a global rank and records the request as in flight there until ``on_finish``. The
+    request -> rank map lives here only; the per-rank counts are the policy state's ``inflight`` (every policy
+    keeps it through ``on_dispatch`` / ``on_finish``), read here, not counted a second time.
     """
 
     def __init__(self, engines: Sequence[int], client_index: int = 0, client_count: int = 1,
@@ -237,7 +239,6 @@ class LoadBalancer:
         self._rng = random.Random(seed)
         self._snap: Snapshot | None = None
         self._owner: dict[str, int] = {}  # request_id -> local index
-        self._inflight = [0] * len(ranks)
         self._dead: set[int] = set()
         self.decisions = {"score": 0, "hint": 0}
 
@@ -259,11 +260,11 @@ class LoadBalancer:
     @property
     def inflight(self) -> list[int]:
         """This client's unfinished requests per managed rank, in local-index order."""
-        return list(self._inflight)
+        return list(self._state.inflight)
 
     def inflight_of(self, rank: int) -> int:
         """This client's unfinished requests on global ``rank`` (O(1): called on every dispatch and finish)."""
-        return self._inflight[self._index[rank]]
+        return self._state.inflight[self._index[rank]]
 
     @property
     def dead_ranks(self) -> list[int]:
@@ -309,7 +310,6 @@ class LoadBalancer:
         self._policy.on_dispatch(self._state, req, decision, now_us)
         i = decision.dp_rank
         self._owner[request_id] = i
-        self._inflight[i] += 1
         self.decisions["hint" if decision.hinted else "score"] += 1
         return self._engines[i]
 
@@ -318,7 +318,6 @@ class LoadBalancer:
         i = self._owner.pop(request_id, None)
         if i is None:
             return None
-        self._inflight[i] -= 1
         self._policy.on_finish(self._state, request_id, i, now_us)
         return self._engines[i]
 

@@ -6,7 +6,9 @@ is a pure decision: it reads the request, the latest snapshot, the state and the
 (``on_finish``, ``on_snapshot``, ``on_rank_dead``) update the state as telemetry arrives (hooks for telemetry
 nothing sends yet, such as first tokens, KV events or timers, are left out until a policy needs one). Ranks are
 *indices* ``0..dp_size-1`` here. A state may carry ``excluded`` (indices of dead ranks); every policy skips them, and
-``select`` raises :class:`~asyncdp.errors.UnavailableError` when nothing is left.
+``select`` raises :class:`~asyncdp.errors.UnavailableError` when nothing is left. Every state carries
+``inflight`` (per index: dispatched and not finished), kept by ``on_dispatch`` and ``on_finish``; it is the one
+per-rank in-flight count (:class:`asyncdp.dp.balance.LoadBalancer` reads it instead of counting again).
 """
 
 from __future__ import annotations
