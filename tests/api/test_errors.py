@@ -210,3 +210,13 @@ async def test_prompt_token_ids_outside_the_vocabulary_are_400_before_generate()
     assert_openai_error(negative, 400, "BadRequestError", "prompt")
     assert inside.status_code == 200
     assert len(srv.fake.submitted) == 1
+
+
+def test_an_engine_that_misses_its_deadline_is_a_503_naming_the_rank_and_the_wait() -> None:
+    from asyncdp.api.errors import status_and_body
+    from asyncdp.errors import EngineTimeoutError
+
+    status, body = status_and_body(EngineTimeoutError(
+        "pause did not complete on every rank within 30 s (--utility-timeout-s); no answer from engine rank(s) [1]"))
+    assert status == 503 and body["error"]["type"] == "ServiceUnavailableError"
+    assert "engine rank(s) [1]" in body["error"]["message"] and "--utility-timeout-s" in body["error"]["message"]
