@@ -12,6 +12,7 @@
      ├── QueueFullError              the admission limit is reached (HTTP 429)
      ├── UnavailableError            no rank can serve, or the server is shutting down (HTTP 503)
      │    ├── EngineDeadError        the engine that owned a request died
+     │    ├── EngineTimeoutError     an engine did not take or answer a message within its deadline
      │    └── ShuttingDownError      the deployment is draining or stopping
      ├── ProtocolError               a malformed or unknown inter-process message
      ├── StartupError                a handshake check, deadline or child process failed at startup (exit 1)
@@ -75,6 +76,11 @@ class UnavailableError(AsyncDPError):
 
 class EngineDeadError(UnavailableError):
     """The engine that owned the request died."""
+
+
+class EngineTimeoutError(UnavailableError):
+    """An engine rank did not accept a message (its link stayed full) or answer a call within the deadline; the
+    message names the rank and the wait."""
 
 
 class ShuttingDownError(UnavailableError):

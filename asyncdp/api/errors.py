@@ -12,8 +12,6 @@ import logging
 from http import HTTPStatus
 from typing import Any
 
-import orjson
-
 from asyncdp.errors import (
     AsyncDPError,
     HTTPError,
@@ -63,8 +61,3 @@ def status_and_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
         return 500, error_body(500, "internal server error")
     log.error("unexpected error while handling a request", exc_info=exc)
     return 500, error_body(500, "internal server error")
-
-
-def json_error(status: int, body: dict[str, Any]) -> tuple[bytes, int, dict[str, str]]:
-    """A Quart response tuple for an error body."""
-    return orjson.dumps(body), status, {"content-type": "application/json"}

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 import asyncdp
-from asyncdp.api.app import AppState
+from asyncdp.api.context import AppState
 from asyncdp.api.params import REFUSED
 from asyncdp.api.schemas import (
     ChatRequest,

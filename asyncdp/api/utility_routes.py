@@ -14,7 +14,7 @@ import msgspec
 from quart import Quart, Response, request
 
 import asyncdp
-from asyncdp.api.app import AppState, json_response
+from asyncdp.api.context import AppState, json_response
 from asyncdp.api.errors import error_body
 from asyncdp.api.offload import INLINE_BODY_BYTES, INLINE_TOKENS
 from asyncdp.api.schemas import DetokenizeRequest, TokenizeChat, TokenizeCompletion, decode_body

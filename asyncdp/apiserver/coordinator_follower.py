@@ -4,15 +4,19 @@ Theory of operation
 -------------------
 :class:`CoordinatorFollower` is owned by the DP client (:class:`asyncdp.apiserver.client.DPClient`). ``attach(link)``
 sends ``Subscribe{client_id}``, heartbeats every ``heartbeat_interval_s`` and passes each ``StatsSnapshot`` to
-the client's callback until the link ends. ``follow(connect)`` wraps that for the client's life: after a lost
+the client's callback until the link ends, or until the coordinator has been silent (no frame at all: it sends a
+``Heartbeat`` every interval even when nothing changes) for ``heartbeat_timeout_s`` (``--dp-heartbeat-timeout-s``,
+decided by :class:`asyncdp.dp.liveness.Liveness`): a link that stays open but silent is a dead coordinator (a
+frozen process, a lost host), closed here and then treated as a lost link. ``follow(connect)`` wraps that for the client's life: after a lost
 link (the coordinator dropped this client for missed heartbeats while its event loop was blocked, say) it
 connects and subscribes again, with capped exponential backoff, until the client shuts down or the coordinator
 has been unreachable for ``GIVE_UP_S``.
 
 State (``/server_info`` ``coordinator.state``, ``asyncdp:dp_coordinator_up``): ``none`` (no coordinator in
 this mode), ``starting``, ``alive`` while subscribed, ``reconnecting`` after a lost link until an attempt
-answers, ``dead`` while attempts are refused (its process is gone) or after giving up. The client routes on its
-own in-flight counts whenever it is not ``alive``. Time is ``anyio.current_time()`` (virtual in tests).
+answers, ``dead`` after a silent link, while attempts are refused (its process is gone) or after giving up. Whenever
+the coordinator stops being ``alive`` the client's ``on_lost`` callback runs, and the client routes on its own
+in-flight counts (the last snapshot is forgotten, not kept frozen). Time is ``anyio.current_time()`` (virtual in tests).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from asyncdp import messages as m
+from asyncdp.dp.liveness import Liveness
 from asyncdp.transport import Link, connect_with_retry
 from asyncdp.transport import connect as connect_link
 
@@ -40,10 +45,13 @@ _LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 class CoordinatorFollower:
     def __init__(self, client_index: int, heartbeat_interval_s: float,
                  on_snapshot: Callable[[m.StatsSnapshot], None], shutting_down: Callable[[], bool], *,
-                 state: str = "starting") -> None:
+                 state: str = "starting", heartbeat_timeout_s: float = 5.0,
+                 on_lost: Callable[[], None] = lambda: None) -> None:
         self.client_index = client_index
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self._on_snapshot = on_snapshot
+        self._on_lost = on_lost
         self._shutting_down = shutting_down
         self.state = state
         self.link: Link | None = None  # while subscribed
@@ -90,39 +98,55 @@ class CoordinatorFollower:
                 log.info("client %d: following the DP coordinator again", self.client_index)
             unreachable_since = None
             backoff_s = BACKOFF_MIN_S
-            await self.attach(link)
+            silent = await self.attach(link)
             if self._shutting_down():
                 return
-            self.state = "reconnecting"
+            self.state = "dead" if silent else "reconnecting"
             await anyio.sleep(backoff_s)
 
-    async def attach(self, link: Link) -> None:
+    async def attach(self, link: Link) -> bool:
         """Follow the coordinator over an already-connected link: subscribe, heartbeat, hand on every
-        ``StatsSnapshot``; returns (link closed) when the coordinator ends or drops this client."""
+        ``StatsSnapshot``; returns when the coordinator ends or drops this client (False) or has been silent for
+        ``heartbeat_timeout_s`` (True; the link is closed here)."""
         self.link = link
         self.state = "alive"
+        liveness = Liveness(self.heartbeat_timeout_s, anyio.current_time())
+        silent = False
         try:
             async with link, anyio.create_task_group() as tg:
                 await link.send(m.Subscribe(client_id=self.client_index))
-
-                async def heartbeat() -> None:
-                    for seq in itertools.count(1):
-                        await anyio.sleep(self.heartbeat_interval_s)
+                tg.start_soon(self._send_heartbeats, link)
+                while True:
+                    with anyio.move_on_at(liveness.deadline_s()) as silence:
                         try:
-                            await link.send(m.Heartbeat(sender=f"client-{self.client_index}", seq=seq))
-                        except _LINK_ERRORS:
-                            return  # the coordinator is gone; the reader below sees its EOF
-
-                tg.start_soon(heartbeat)
-                async for msg in link:
-                    if isinstance(msg, m.StatsSnapshot):
-                        self.snapshot_received_at = anyio.current_time()
-                        self._on_snapshot(msg)
+                            msg = await link.receive()
+                        except (anyio.EndOfStream, *_LINK_ERRORS):
+                            break  # the coordinator ended or dropped this client
+                        liveness.heard(anyio.current_time())
+                        if isinstance(msg, m.StatsSnapshot):
+                            self.snapshot_received_at = anyio.current_time()
+                            self._on_snapshot(msg)
+                        continue
+                    if silence.cancelled_caught:  # nothing heard before the liveness deadline
+                        silent = True
+                        break
                 tg.cancel_scope.cancel()
         except _LINK_ERRORS:
             pass  # the Subscribe could not be sent: the link is already gone
         self.link = None
         self.state = "dead"
+        self._on_lost()
         if not self._shutting_down():
-            log.warning("client %d: lost the DP coordinator link; routing on in-flight counts only meanwhile",
-                        self.client_index)
+            why = (liveness.describe("the DP coordinator", anyio.current_time()) if silent
+                   else "lost the DP coordinator link")
+            log.warning("client %d: %s; routing on in-flight counts only meanwhile", self.client_index, why)
+        return silent
+
+    async def _send_heartbeats(self, link: Link) -> None:
+        for seq in itertools.count(1):
+            await anyio.sleep(self.heartbeat_interval_s)
+            try:
+                with anyio.move_on_after(self.heartbeat_timeout_s):  # a full link to a silent peer: skip a beat
+                    await link.send(m.Heartbeat(sender=f"client-{self.client_index}", seq=seq))
+            except _LINK_ERRORS:
+                return  # the coordinator is gone; the reader sees its EOF

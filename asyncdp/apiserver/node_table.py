@@ -28,7 +28,12 @@ import mmap
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import anyio
+
+from asyncdp.dp.liveness import expired
 
 HEARTBEAT_INTERVAL_S = 0.5
 STUCK_AFTER_S = 5.0
@@ -54,9 +59,9 @@ def node_admits(own_inflight: int, sibling_inflight: int, num_sequences: int, pe
 
 def stuck_siblings(slots: list[Slot], own_index: int, now_ms: int, stuck_after_s: float = STUCK_AFTER_S) -> list[int]:
     """Client indexes of siblings in use (pid set) whose heartbeat is older than ``stuck_after_s``."""
-    limit_ms = stuck_after_s * 1000
+    now_s = now_ms / 1000
     return [s.client_index for s in slots
-            if s.client_index != own_index and s.pid and now_ms - s.heartbeat_ms > limit_ms]
+            if s.client_index != own_index and s.pid and expired(s.heartbeat_ms / 1000, now_s, stuck_after_s)]
 
 
 def monotonic_ms() -> int:
@@ -115,3 +120,12 @@ class NodeTable:
 
     def sibling_inflight(self, own_index: int) -> int:
         return sum(s.inflight for s in self.slots() if s.client_index != own_index and s.pid)
+
+
+async def run_heartbeat(node: NodeTable, client_index: int, publish_inflight: Callable[[], None]) -> None:
+    """Task of one API process: claim its slot (pid), publish its admission count, beat every interval."""
+    node.register(client_index, os.getpid())
+    publish_inflight()
+    while True:
+        node.beat(client_index)
+        await anyio.sleep(HEARTBEAT_INTERVAL_S)

@@ -1,17 +1,50 @@
-"""The ``/server_info`` document (spec §12.2), built from a DP client's view of the deployment."""
+"""The ``/server_info`` document (spec §12.2), built from a DP client's view of the deployment.
+
+Built only for ``GET /server_info`` (never per request): it reads the client through :class:`ServerInfoSource`,
+so this module does not import the client.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from asyncdp import __version__
+from asyncdp.apiserver.client_config import ClientConfig
+from asyncdp.apiserver.node_table import NodeTable, monotonic_ms, stuck_siblings
 
-if TYPE_CHECKING:
-    from asyncdp.apiserver.client import DPClient
+
+class ServerInfoSource(Protocol):
+    """What the document reads from a DP client."""
+
+    cfg: ClientConfig
+    processes: list[dict[str, Any]]
+    current_wave: int
+    wave_running: bool
+
+    @property
+    def coordinator_state(self) -> str: ...
+
+    def engine_states(self) -> dict[int, tuple[bool, float]]: ...
+
+    def inflight_of(self, dp_rank: int) -> int: ...
+
+    def snapshot_age_s(self) -> float | None: ...
+
+    def node_processes(self) -> list[dict[str, Any]] | None: ...
 
 
-def client_server_info(client: DPClient) -> dict[str, Any]:
+def node_processes(node: NodeTable, client_index: int) -> list[dict[str, Any]]:
+    """The node table as one API process reads it: each process's admission count, heartbeat and whether stuck."""
+    now = monotonic_ms()
+    slots = node.slots()
+    stuck = set(stuck_siblings(slots, client_index, now))
+    return [{"client_index": s.client_index, "pid": s.pid or None, "inflight": s.inflight,
+             "heartbeat_age_s": round((now - s.heartbeat_ms) / 1000, 3) if s.pid else None,
+             "stuck": s.client_index in stuck} for s in slots]
+
+
+def client_server_info(client: ServerInfoSource) -> dict[str, Any]:
     cfg = client.cfg
     now = time.monotonic()
     ranks = []

@@ -4,7 +4,8 @@ Theory of operation. Policies follow the pure interface of :mod:`asyncdp.dp.poli
 ``on_dispatch`` / ``on_finish`` / ``on_snapshot`` mutate the policy's own state. Policies see rank *indices*.
 
 :class:`LoadBalancer` is the small stateful façade one DP client uses (spec §7.1-7.6). It owns the managed
-global ranks, the ``owner`` map and per-rank in-flight counts, resolves rank hints (E1/E2/E3 of §4.2), excludes
+global ranks, the ``owner`` map and per-rank in-flight counts (the one owner of request -> rank: the DP client
+keeps only output streams), resolves rank hints (E1/E2/E3 of §4.2, :mod:`asyncdp.dp.hints`), excludes
 dead ranks, slices coordinator snapshots to its managed range, and counts decisions by reason. It performs no
 I/O: the client sends the request and feeds finishes and snapshots back in.
 
@@ -16,12 +17,12 @@ KV term and rotation), and the baselines ``round_robin``, ``random``, ``power_of
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncdp.dp.baselines import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
+from asyncdp.dp.hints import parse_rank, resolve_rank_hint
 from asyncdp.dp.policy import (
     Decision,
     Policy,
@@ -35,7 +36,7 @@ from asyncdp.errors import ConfigError, InvalidRequestError, UnavailableError
 
 __all__ = [
     "POLICIES", "PRESETS", "Decision", "LoadBalancer", "Policy", "RankLoad", "RequestView", "Snapshot",
-    "VllmLegacyPolicy", "VllmPolicy", "VllmState", "make_policy", "parse_rank_hint",
+    "VllmLegacyPolicy", "VllmPolicy", "VllmState", "make_policy", "parse_rank",
 ]
 
 _INF = float("inf")
@@ -214,24 +215,14 @@ def make_policy(name: str) -> Policy:
     return POLICIES[base](**PRESETS.get(name, {}))
 
 
-# ---------------------------------------------------------------- rank hints and the client façade
-
-_INT_RE = re.compile(r"[+-]?[0-9]+")
-
-
-def parse_rank_hint(value: object, field: str = "data_parallel_rank") -> int:
-    """An int, or a string holding one (headers are strings); anything else is E1."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
-        return int(value.strip())
-    raise InvalidRequestError(f"{field} must be an integer (got {value!r}).", field=field)
-
+# ---------------------------------------------------------------- the client façade
 
 class LoadBalancer:
     """One DP client's routing state over its managed global ranks (spec §7).
 
-    ``select`` returns a global rank and records the request as in flight there until ``on_finish``.
+    ``select`` returns a global rank and records the request as in flight there until ``on_finish``. The
+    request -> rank map lives here only; the per-rank counts are the policy state's ``inflight`` (every policy
+    keeps it through ``on_dispatch`` / ``on_finish``), read here, not counted a second time.
     """
 
     def __init__(self, engines: Sequence[int], client_index: int = 0, client_count: int = 1,
@@ -248,7 +239,6 @@ class LoadBalancer:
         self._rng = random.Random(seed)
         self._snap: Snapshot | None = None
         self._owner: dict[str, int] = {}  # request_id -> local index
-        self._inflight = [0] * len(ranks)
         self._dead: set[int] = set()
         self.decisions = {"score": 0, "hint": 0}
 
@@ -270,11 +260,11 @@ class LoadBalancer:
     @property
     def inflight(self) -> list[int]:
         """This client's unfinished requests per managed rank, in local-index order."""
-        return list(self._inflight)
+        return list(self._state.inflight)
 
     def inflight_of(self, rank: int) -> int:
         """This client's unfinished requests on global ``rank`` (O(1): called on every dispatch and finish)."""
-        return self._inflight[self._index[rank]]
+        return self._state.inflight[self._index[rank]]
 
     @property
     def dead_ranks(self) -> list[int]:
@@ -305,25 +295,7 @@ class LoadBalancer:
 
     def resolve_hint(self, rank_hint: object = None, global_rank_hint: object = None) -> int | None:
         """The local index a hint names, or None without a hint. Raises E1, E2, E3 (spec §4.2)."""
-        n = len(self._engines)
-        local = glob = None
-        if rank_hint is not None:
-            local = parse_rank_hint(rank_hint, "data_parallel_rank")
-            if not 0 <= local < n:
-                raise InvalidRequestError(f"data_parallel_rank {local} is out of range [0, {n}).",
-                                          field="data_parallel_rank")
-        if global_rank_hint is not None:
-            g = parse_rank_hint(global_rank_hint, "data_parallel_global_rank")
-            if g not in self._index:
-                raise InvalidRequestError(
-                    f"data_parallel_global_rank {g} is not served by this endpoint "
-                    f"(ranks {self._engines[0]}..{self._engines[-1]}).", field="data_parallel_global_rank")
-            glob = self._index[g]
-        if local is not None and glob is not None and local != glob:
-            raise InvalidRequestError(
-                f"data_parallel_rank {local} and data_parallel_global_rank {global_rank_hint} name different "
-                f"ranks ({self._engines[local]} and {self._engines[glob]}).", field="data_parallel_rank")
-        return local if local is not None else glob
+        return resolve_rank_hint(self._engines, rank_hint, global_rank_hint)
 
     def select(self, request_id: str, prompt_token_ids: Sequence[int] = (), rank_hint: object = None, *,
                global_rank_hint: object = None, max_tokens: int = 16, now_us: int = 0) -> int:
@@ -338,21 +310,14 @@ class LoadBalancer:
         self._policy.on_dispatch(self._state, req, decision, now_us)
         i = decision.dp_rank
         self._owner[request_id] = i
-        self._inflight[i] += 1
         self.decisions["hint" if decision.hinted else "score"] += 1
         return self._engines[i]
-
-    def on_first_token(self, request_id: str, now_us: int = 0) -> None:
-        i = self._owner.get(request_id)
-        if i is not None:
-            self._policy.on_first_token(self._state, request_id, i, now_us)
 
     def on_finish(self, request_id: str, now_us: int = 0) -> int | None:
         """Forget a finished or aborted request; returns its global rank, or None for an unknown id."""
         i = self._owner.pop(request_id, None)
         if i is None:
             return None
-        self._inflight[i] -= 1
         self._policy.on_finish(self._state, request_id, i, now_us)
         return self._engines[i]
 
@@ -363,6 +328,13 @@ class LoadBalancer:
         if len(counts) <= self._engines[-1]:
             raise ValueError(f"snapshot covers {len(counts)} ranks; this client manages up to {self._engines[-1]}")
         self._snap = Snapshot.from_counts([counts[g] for g in self._engines], seq=seq, delivered_at_us=now_us)
+        self._policy.on_snapshot(self._state, self._snap)
+
+    def forget_snapshot(self) -> None:
+        """The coordinator is gone: route on this client's own in-flight counts, not on its last loads frozen."""
+        if self._snap is None:
+            return
+        self._snap = Snapshot(tuple(RankLoad() for _ in self._engines))
         self._policy.on_snapshot(self._state, self._snap)
 
     def mark_dead(self, rank: int) -> list[str]:

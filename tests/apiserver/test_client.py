@@ -311,7 +311,9 @@ async def test_the_coordinator_is_followed_again_after_it_dropped_the_client(aut
     subscribes again; meanwhile the snapshot age grows at scrape time and the state says ``reconnecting``."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     metrics = Metrics(model_name="m", multiproc_dir=None)
-    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2), tokenizer=None, metrics=metrics)
+    # A heartbeat timeout past the 23 s of silence below: this test is about a dropped link, not a silent one.
+    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2, heartbeat_timeout_s=60.0), tokenizer=None,
+                      metrics=metrics)
     coordinator_ends: list[MemoryLink] = []
     connected = anyio.Event()
 
@@ -355,7 +357,8 @@ async def test_the_coordinator_is_followed_again_after_it_dropped_the_client(aut
 
 @pytest.mark.trio
 async def test_a_coordinator_that_refuses_reconnection_is_dead_until_it_answers_again(autojump_clock):
-    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2), tokenizer=None)
+    # The fake coordinator never sends a frame: a heartbeat timeout past this test's 20 s keeps it "alive".
+    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2, heartbeat_timeout_s=60.0), tokenizer=None)
     coordinator_ends: list[MemoryLink] = []
     refuse = True
     attempts = 0
@@ -383,3 +386,102 @@ async def test_a_coordinator_that_refuses_reconnection_is_dead_until_it_answers_
         tg.cancel_scope.cancel()
     for end in coordinator_ends:
         await end.aclose()
+
+
+@pytest.mark.trio
+async def test_a_coordinator_silent_past_the_heartbeat_timeout_is_dead_and_the_client_routes_on_inflight(
+        autojump_clock, monkeypatch):
+    """The link stays open but nothing arrives (a frozen coordinator process, a lost host): after
+    ``heartbeat_timeout_s`` the coordinator is dead in ``/server_info`` and ``/metrics``, its last loads are not
+    kept frozen, and the client connects and subscribes again."""
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics = Metrics(model_name="m", multiproc_dir=None)
+    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2, heartbeat_timeout_s=5.0), tokenizer=None,
+                      metrics=metrics)
+    coordinator_ends: list[MemoryLink] = []
+    reconnected = anyio.Event()
+
+    async def connect() -> MemoryLink:
+        ours, theirs = memory_link_pair()
+        coordinator_ends.append(theirs)
+        if len(coordinator_ends) == 2:
+            reconnected.set()
+        return ours
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.follow_coordinator, connect)
+        await anyio.sleep(0.1)
+        assert isinstance(await coordinator_ends[0].receive(), m.Subscribe)
+        # Rank 0 is loaded: while this snapshot is believed, every request goes to rank 1.
+        await coordinator_ends[0].send(m.StatsSnapshot(counts=[[40, 0, 0], [0, 0, 0]], wave=0, running=False, seq=1))
+        await anyio.sleep(4.8)  # silent, but not for the timeout yet
+        assert client.server_info()["coordinator"]["state"] == "alive"
+        assert _sample(metrics, "asyncdp:dp_coordinator_up") == 1
+        await anyio.sleep(0.3)  # 5.1 s of silence: dead (the reconnection waits for its backoff)
+        assert client.server_info()["coordinator"]["state"] == "dead"
+        assert _sample(metrics, "asyncdp:dp_coordinator_up") == 0
+        picks = {client.lb.select(f"r{i}") for i in range(3)}
+        assert picks == {0, 1}  # on in-flight counts: rank 0's stale 40 waiting no longer counts
+        with anyio.fail_after(5):
+            await reconnected.wait()
+        assert isinstance(await coordinator_ends[1].receive(), m.Subscribe)
+        client.begin_shutdown()
+        tg.cancel_scope.cancel()
+    for end in coordinator_ends:
+        await end.aclose()
+
+
+# ---------------------------------------------------------------- every wait on an engine has a deadline (issue 7)
+
+
+@pytest.mark.trio
+async def test_a_request_in_flight_fails_at_once_when_its_ranks_link_closes(autojump_clock):
+    async with _client_with_engine() as (client, engine_end):
+        async def engine() -> None:
+            await _first_add(engine_end)
+            await engine_end.aclose()  # the rank's process is gone: EOF on the client's side
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            start = anyio.current_time()
+            with pytest.raises(errors.EngineDeadError, match="engine rank 0 died: its link closed"):
+                async for _ in client.generate("r1", [1, 2], SamplingParams(max_tokens=100)):
+                    pass
+            assert anyio.current_time() - start == 0
+            assert client.num_inflight == 0 and client.inflight_of(0) == 0
+
+
+@pytest.mark.trio
+async def test_a_utility_call_fails_at_once_when_a_ranks_link_closes_instead_of_waiting_for_its_deadline(
+        autojump_clock):
+    async with _client_with_engine(utility_timeout_s=600.0) as (client, engine_end):
+        async def engine() -> None:
+            assert isinstance(await engine_end.receive(), m.UtilityCall)
+            await engine_end.aclose()  # dies without answering
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            start = anyio.current_time()
+            with pytest.raises(errors.EngineDeadError, match="engine rank 0 died during utility call 'pause'"):
+                await client.call_utility("pause", mode="keep")
+            assert anyio.current_time() - start == 0
+
+
+@pytest.mark.trio
+async def test_a_request_whose_ranks_link_stays_full_fails_after_the_send_deadline_naming_the_rank(autojump_clock):
+    from asyncdp.apiserver.engine_links import ENGINE_SEND_TIMEOUT_S
+
+    client = DPClient(_config(), tokenizer=None)
+    client_end, engine_end = memory_link_pair(max_buffer=0)  # the engine never reads: every send blocks
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.attach_engine, client_end)
+        await engine_end.send(_ready())
+        await client.wait_engines_ready()
+        start = anyio.current_time()
+        with pytest.raises(errors.EngineTimeoutError, match="engine rank 0 did not take AddRequest within 30 s"):
+            async for _ in client.generate("r1", [1, 2], SamplingParams(max_tokens=4)):
+                pass
+        assert anyio.current_time() - start == pytest.approx(ENGINE_SEND_TIMEOUT_S)
+        assert client.num_inflight == 0 and client.inflight_of(0) == 0
+        tg.cancel_scope.cancel()
+    await engine_end.aclose()

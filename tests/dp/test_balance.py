@@ -16,7 +16,7 @@ from asyncdp.dp.balance import (
     Snapshot,
     VllmPolicy,
     make_policy,
-    parse_rank_hint,
+    parse_rank,
     spec_loop_pick,
 )
 from asyncdp.errors import ConfigError, InvalidRequestError, UnavailableError
@@ -184,8 +184,8 @@ def test_conflicting_hint_forms_are_rejected():
 
 
 def test_parse_rank_hint_accepts_header_strings():
-    assert parse_rank_hint(" 3 ") == 3
-    assert parse_rank_hint(-2) == -2
+    assert parse_rank(" 3 ") == 3
+    assert parse_rank(-2) == -2
 
 
 # ---------------------------------------------------------------- façade bookkeeping
