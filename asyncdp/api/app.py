@@ -29,7 +29,7 @@ from asyncdp.api.body import draining_request_class
 from asyncdp.api.context import PAUSE_MODES, AppState, json_response, set_draining, state_of
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import error_body, status_and_body
-from asyncdp.apiserver.metrics import CONTENT_TYPE, Metrics
+from asyncdp.api.metrics import CONTENT_TYPE, Metrics
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 from asyncdp.errors import HTTPError
 

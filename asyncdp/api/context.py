@@ -14,8 +14,8 @@ from anyio.abc import TaskGroup
 from quart import Quart, Response
 
 from asyncdp.api.engine_client import EngineClient
+from asyncdp.api.metrics import Metrics
 from asyncdp.api.offload import Offload
-from asyncdp.apiserver.metrics import Metrics
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
 from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
 

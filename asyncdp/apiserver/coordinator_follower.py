@@ -21,7 +21,6 @@ in-flight counts (the last snapshot is forgotten, not kept frozen). Time is ``an
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -31,6 +30,7 @@ from asyncdp import messages as m
 from asyncdp.dp.liveness import Liveness
 from asyncdp.transport import Link, connect_with_retry
 from asyncdp.transport import connect as connect_link
+from asyncdp.transport.heartbeat import send_heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +143,8 @@ class CoordinatorFollower:
         return silent
 
     async def _send_heartbeats(self, link: Link) -> None:
-        for seq in itertools.count(1):
-            await anyio.sleep(self.heartbeat_interval_s)
-            try:
-                with anyio.move_on_after(self.heartbeat_timeout_s):  # a full link to a silent peer: skip a beat
-                    await link.send(m.Heartbeat(sender=f"client-{self.client_index}", seq=seq))
-            except _LINK_ERRORS:
-                return  # the coordinator is gone; the reader sees its EOF
+        async def beat(msg: m.Heartbeat) -> None:
+            with anyio.move_on_after(self.heartbeat_timeout_s):  # a full link to a silent peer: skip a beat
+                await link.send(msg)
+
+        await send_heartbeats(beat, self.heartbeat_interval_s, f"client-{self.client_index}")

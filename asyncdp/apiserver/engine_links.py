@@ -13,7 +13,7 @@ link that stays full means the rank stopped reading) and turns a broken link int
 deadline passed is ``EngineTimeoutError``; both name the rank and the message. :class:`UtilityCalls` keeps the
 calls waiting on ``UtilityResult`` frames: a call ends when every rank it was sent to answered, fails at once
 with ``EngineDeadError`` when one of those ranks dies or its link closes (``on_rank_dead``), and fails with
-``EngineTimeoutError`` naming the ranks that never answered after ``--utility-timeout-s``.
+``EngineTimeoutError`` naming the ranks that never answered within ``ClientConfig.utility_timeout_s`` (600 s).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class UtilityCalls:
                 await pending.done.wait()
         except TimeoutError:
             raise EngineTimeoutError(
-                f"{method} did not complete on every rank within {timeout_s:g} s (--utility-timeout-s); no "
+                f"{method} did not complete on every rank within {timeout_s:g} s; no "
                 f"answer from engine rank(s) {sorted(pending.waiting)}") from None
         finally:
             del self._pending[call_id]

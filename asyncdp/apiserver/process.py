@@ -73,7 +73,7 @@ class ApiConfig:
 
 
 def make_metrics(cfg: ApiConfig) -> Any:
-    from asyncdp.apiserver.metrics import Metrics
+    from asyncdp.api.metrics import Metrics
 
     return Metrics(model_name=cfg.client.model_name)
 
@@ -185,7 +185,8 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         dp_size=role.dp_size, model_name=role.model_name, max_model_len=role.max_model_len, is_moe=role.is_moe,
         lb_policy=role.lb_policy, max_queued_requests=role.max_queued_requests,
         engine_ready_timeout_s=role.engine_ready_timeout_s, coordinator_client_addr=role.coordinator_client_addr,
-        mode=role.mode, enable_expert_parallel=role.enable_expert_parallel)
+        mode=role.mode, enable_expert_parallel=role.enable_expert_parallel,
+        heartbeat_interval_s=role.heartbeat_interval_s, heartbeat_timeout_s=role.heartbeat_timeout_s)
     return ApiConfig(
         client=client, model_path=role.model_path, backend=role.backend, shutdown_timeout_s=role.shutdown_timeout_s,
         keep_alive_on_engine_death=role.keep_alive_on_engine_death, ssl_keyfile=role.ssl_keyfile,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from asyncdp import __version__
 from asyncdp.apiserver.client_config import ClientConfig
 from asyncdp.apiserver.node_table import NodeTable, monotonic_ms, stuck_siblings
+from asyncdp.version import __version__
 
 
 class ServerInfoSource(Protocol):

@@ -2,7 +2,7 @@
 
 Gauges are set; counters arrive as deltas since the rank last attached stats to any client (see
 ``SchedulerStats``), so adding them here keeps the sum over API processes exact. Plain functions over a
-:class:`asyncdp.apiserver.metrics.Metrics`; the client calls them and owns nothing else here.
+:class:`asyncdp.api.metrics.Metrics`; the client calls them and owns nothing else here.
 """
 
 from __future__ import annotations

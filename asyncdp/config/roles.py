@@ -124,6 +124,8 @@ class ApiServerRole(_Role, frozen=True):
     engine_ready_timeout_s: float = 600.0
     coordinator_client_addr: str | None = None
     enable_expert_parallel: bool = False
+    heartbeat_interval_s: float = 1.0  # to the coordinator
+    heartbeat_timeout_s: float = 5.0  # a coordinator silent this long is dead
     backend: str = "asyncio"
     shutdown_timeout_s: float = 0.0
     keep_alive_on_engine_death: bool = False
@@ -171,7 +173,8 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         model_path=plan.tokenizer_path or plan.model_path, mode=plan.mode, is_moe=plan.is_moe,
         lb_policy=plan.lb_policy, max_queued_requests=plan.max_queued_requests,
         engine_ready_timeout_s=plan.engine_ready_timeout_s, coordinator_client_addr=coordinator_client_addr,
-        enable_expert_parallel=plan.enable_expert_parallel, backend=plan.backend,
+        enable_expert_parallel=plan.enable_expert_parallel, heartbeat_interval_s=plan.heartbeat_interval_s,
+        heartbeat_timeout_s=plan.heartbeat_timeout_s, backend=plan.backend,
         shutdown_timeout_s=plan.shutdown_timeout_s, keep_alive_on_engine_death=plan.keep_alive_on_engine_death,
         ssl_keyfile=plan.ssl_keyfile, ssl_certfile=plan.ssl_certfile, socket_dir=socket_dir,
         max_seqs_per_request=plan.max_seqs_per_request, max_request_body_bytes=plan.max_request_body_bytes or None,

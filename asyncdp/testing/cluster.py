@@ -344,7 +344,7 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
     for ci in range(num_clients):
         cfg = ClientConfig(client_index=ci, client_count=num_clients, managed_ranks=ranks, dp_size=dp_size,
                            model_name="sim", max_model_len=max_model_len, lb_policy=lb_policy, is_moe=moe is not None,
-                           heartbeat_interval_s=heartbeat_interval_s)
+                           heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
         cluster.clients.append(DPClient(cfg, tokenizer))
 
     rank_client_links: list[dict[int, Link]] = [{} for _ in ranks]

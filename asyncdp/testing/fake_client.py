@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from asyncdp.api.engine_client import Admission, RankHint
-from asyncdp.apiserver.metrics import Metrics
+from asyncdp.api.metrics import Metrics
 from asyncdp.dp.hints import resolve_rank_hint
 from asyncdp.errors import (
     EngineDeadError,

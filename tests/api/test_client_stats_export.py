@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncdp import messages as m
+from asyncdp.api.metrics import Metrics
 from asyncdp.apiserver.client import ClientConfig, DPClient
-from asyncdp.apiserver.metrics import Metrics
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, str], float]:

@@ -217,6 +217,6 @@ def test_an_engine_that_misses_its_deadline_is_a_503_naming_the_rank_and_the_wai
     from asyncdp.errors import EngineTimeoutError
 
     status, body = status_and_body(EngineTimeoutError(
-        "pause did not complete on every rank within 30 s (--utility-timeout-s); no answer from engine rank(s) [1]"))
+        "pause did not complete on every rank within 30 s; no answer from engine rank(s) [1]"))
     assert status == 503 and body["error"]["type"] == "ServiceUnavailableError"
-    assert "engine rank(s) [1]" in body["error"]["message"] and "--utility-timeout-s" in body["error"]["message"]
+    assert "engine rank(s) [1]" in body["error"]["message"] and "within 30 s" in body["error"]["message"]

@@ -9,7 +9,7 @@ import trio.lowlevel
 import trio.testing
 
 from asyncdp.api.fanout import Sequence, collect_one
-from asyncdp.apiserver.metrics import Metrics
+from asyncdp.api.metrics import Metrics
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.errors import EngineDeadError
 from asyncdp.messages import RequestOutput

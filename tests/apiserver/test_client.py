@@ -268,7 +268,7 @@ async def test_an_abort_outside_shutdown_still_ends_the_request_normally(autojum
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from asyncdp.apiserver.metrics import Metrics  # noqa: E402
+from asyncdp.api.metrics import Metrics  # noqa: E402
 
 
 def _sample(metrics: Metrics, name: str, **labels: str) -> float | None:
