@@ -62,6 +62,7 @@ from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import EngineDeadError, InvalidRequestError, ShuttingDownError, UnavailableError
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import Link
+from asyncdp.transport.links import LINK_ERRORS
 
 __all__ = ["ABORT_ACK_TIMEOUT_S", "ClientAdmission", "ClientConfig", "DPClient"]
 
@@ -72,7 +73,6 @@ log = logging.getLogger(__name__)
 ABORT_ACK_TIMEOUT_S = 5.0
 COORDINATOR_SEND_TIMEOUT_S = 2.0  # FirstRequest is best effort: a lost coordinator is the follower's business
 
-_LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
 class DPClient:
@@ -266,7 +266,7 @@ class DPClient:
             with anyio.move_on_after(COORDINATOR_SEND_TIMEOUT_S):
                 try:
                     await coordinator.send(m.FirstRequest(exclude_rank=dp_rank, wave=self.current_wave))
-                except _LINK_ERRORS:
+                except LINK_ERRORS:
                     pass  # the follower sees the lost link and reconnects
 
     async def _send_add(self, engine: EngineLink, req: RequestStream, msg: m.AddRequest) -> None:

@@ -31,6 +31,7 @@ from asyncdp.dp.liveness import Liveness
 from asyncdp.transport import Link, connect_with_retry
 from asyncdp.transport import connect as connect_link
 from asyncdp.transport.heartbeat import send_heartbeats
+from asyncdp.transport.links import LINK_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
 GIVE_UP_S = 600.0
 
-_LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
 class CoordinatorFollower:
@@ -120,7 +120,7 @@ class CoordinatorFollower:
                     with anyio.move_on_at(liveness.deadline_s()) as silence:
                         try:
                             msg = await link.receive()
-                        except (anyio.EndOfStream, *_LINK_ERRORS):
+                        except (anyio.EndOfStream, *LINK_ERRORS):
                             break  # the coordinator ended or dropped this client
                         liveness.heard(anyio.current_time())
                         if isinstance(msg, m.StatsSnapshot):
@@ -131,7 +131,7 @@ class CoordinatorFollower:
                         silent = True
                         break
                 tg.cancel_scope.cancel()
-        except _LINK_ERRORS:
+        except LINK_ERRORS:
             pass  # the Subscribe could not be sent: the link is already gone
         self.link = None
         self.state = "dead"

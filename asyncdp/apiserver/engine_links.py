@@ -38,6 +38,7 @@ from asyncdp.errors import (
     UnavailableError,
 )
 from asyncdp.transport import Link
+from asyncdp.transport.links import LINK_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,6 @@ ENGINE_READY_FRAME_TIMEOUT_S = 30.0
 ENGINE_SEND_TIMEOUT_S = 30.0
 ABORT_SEND_TIMEOUT_S = 2.0
 
-_LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
 @dataclass(slots=True)
@@ -85,7 +85,7 @@ async def send_to_engine(engine: EngineLink, msg: m.Message, timeout_s: float = 
     except TimeoutError:
         raise EngineTimeoutError(f"engine rank {engine.dp_rank} did not take {what} within {timeout_s:g} s "
                                  "(its link stayed full)") from None
-    except _LINK_ERRORS as exc:
+    except LINK_ERRORS as exc:
         raise EngineDeadError(f"engine rank {engine.dp_rank}: its link broke ({type(exc).__name__})") from exc
 
 
@@ -225,5 +225,5 @@ class EngineLinks:
         with anyio.move_on_after(ABORT_SEND_TIMEOUT_S):
             try:
                 await engine.link.send(m.AbortRequests(request_ids=ids))
-            except _LINK_ERRORS:
+            except LINK_ERRORS:
                 pass

@@ -27,10 +27,10 @@ from asyncdp.dp import wave as W
 from asyncdp.dp.liveness import Liveness
 from asyncdp.errors import ProtocolError
 from asyncdp.messages import FirstRequest, RankStats, StartWaveRequest, WaveComplete
+from asyncdp.transport.links import LINK_ERRORS
 
 log = logging.getLogger(__name__)
 
-LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
 class Link(Protocol):

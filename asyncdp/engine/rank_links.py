@@ -35,13 +35,13 @@ from asyncdp import messages as m
 from asyncdp.dp.liveness import Liveness
 from asyncdp.transport import Link
 from asyncdp.transport.heartbeat import send_heartbeats
+from asyncdp.transport.links import LINK_ERRORS
 
 log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 1024
 EOF_FLUSH_S = 5.0
 CUT_NOTICE_S = 1.0  # how long a cut link's writer tries to hand the client its EngineDead notice
-_LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
 # ---------------------------------------------------------------------------------------- the rank's inbox
@@ -129,7 +129,7 @@ class RankLinks:
         try:
             async for msg in link:
                 await inbox.send(ClientMessage(client_index, msg))
-        except _LINK_ERRORS:
+        except LINK_ERRORS:
             pass  # this rank cut the link (a full outbox), or it broke: the same as a close
         # DEBUG: every client closes its link to every rank at each shutdown; the rank logs the aborts it causes.
         log.debug("rank %d: the link of client %d ended", self.dp_rank, client_index)
@@ -167,7 +167,7 @@ class RankLinks:
                     async for msg in box.recv:
                         try:
                             await link.send(msg)
-                        except _LINK_ERRORS:
+                        except LINK_ERRORS:
                             return  # the client is gone
         finally:
             if box.cut_reason is not None:
@@ -177,9 +177,9 @@ class RankLinks:
     async def _close_cut_link(self, link: Link, reason: str) -> None:
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(CUT_NOTICE_S):
-                with suppress(*_LINK_ERRORS):
+                with suppress(*LINK_ERRORS):
                     await link.send(m.EngineDead(dp_rank=self.dp_rank, reason=reason))
-            with anyio.move_on_after(CUT_NOTICE_S), suppress(*_LINK_ERRORS):
+            with anyio.move_on_after(CUT_NOTICE_S), suppress(*LINK_ERRORS):
                 await link.aclose()
 
     def post_nowait(self, client_index: int, msg: m.Message) -> None:
@@ -230,7 +230,7 @@ class RankLinks:
         try:
             await self.coordinator.send(msg)
             return True
-        except _LINK_ERRORS:
+        except LINK_ERRORS:
             return False
 
     async def announce_death(self, reason: str) -> None:

@@ -13,8 +13,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from asyncdp.messages import Heartbeat
-
-LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
+from asyncdp.transport.links import LINK_ERRORS
 
 
 async def send_heartbeats(send: Callable[[Heartbeat], Awaitable[None] | None], interval_s: float,
