@@ -1,0 +1,65 @@
+"""Chained block hashes and the units policies hash (routing-bench §1.2, §2.0 ``units``/``hashes``).
+
+``hash_block(parent, units)`` is the engine's chained hash (``asyncdp.engine.block_manager.hash_block_tokens``):
+BLAKE2b-64 over the parent hash (u64 little-endian) followed by each unit as a u32 little-endian, read back
+little-endian. Token blocks therefore hash exactly as the engine hashes them, which is what lets a KV event's
+block hashes be compared with a prompt's (a test pins the equality). Character units hash the code point of each
+character the same way. dp/ may not import the engine, so the algorithm is written twice and tested equal.
+
+``units(req, kind)`` is the sequence a policy works on: the token ids (``"tokens"``) or the fixed 4 characters
+per token rendering of C4 (``"chars"``, :attr:`RequestView.text`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from hashlib import blake2b
+
+from asyncdp.dp.policy import RequestView
+from asyncdp.errors import ConfigError
+
+ROOT_HASH = 0
+UNIT_KINDS = ("tokens", "chars")
+
+_structs: dict[int, struct.Struct] = {}
+
+
+def hash_block(parent_hash: int, block: Sequence[int]) -> int:
+    """BLAKE2b-64 of ``parent_hash`` (u64 LE) then the block's units (u32 LE each)."""
+    n = len(block)
+    packer = _structs.get(n)
+    if packer is None:
+        packer = _structs[n] = struct.Struct(f"<Q{n}I")
+    return int.from_bytes(blake2b(packer.pack(parent_hash, *block), digest_size=8).digest(), "little")
+
+
+def block_hashes(seq: Sequence[int] | str, block_size: int, limit: int | None = None,
+                 parent_hash: int = ROOT_HASH) -> list[int]:
+    """The chained hash of each complete block of ``block_size`` units (a partial tail has none), at most
+    ``limit`` of them. A ``str`` is hashed by code points."""
+    if block_size < 1:
+        raise ConfigError(f"block size must be >= 1 unit (got {block_size}).")
+    ids: Sequence[int] = [ord(c) for c in seq] if isinstance(seq, str) else seq
+    n = len(ids) // block_size
+    if limit is not None:
+        n = min(n, limit)
+    out: list[int] = []
+    for b in range(n):
+        parent_hash = hash_block(parent_hash, ids[b * block_size:(b + 1) * block_size])
+        out.append(parent_hash)
+    return out
+
+
+def units(req: RequestView, kind: str) -> Sequence[int] | str:
+    """The request's tokens, or its 4-characters-per-token text (C4)."""
+    if kind == "tokens":
+        return tuple(req.tokens)
+    if kind == "chars":
+        return req.text
+    raise ConfigError(f"unit kind must be one of {', '.join(UNIT_KINDS)} (got {kind!r}).")
+
+
+def stable_hash64(text: str) -> int:
+    """A process-independent 64-bit hash of a string (never the salted built-in ``hash``)."""
+    return int.from_bytes(blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
