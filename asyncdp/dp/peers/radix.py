@@ -23,12 +23,19 @@ Units = Sequence[Any]  # str or tuple[int, ...]
 
 
 def _common(key: Units, seq: Units, pos: int) -> int:
-    """How many leading units of ``key`` equal ``seq[pos:]``."""
+    """How many leading units of ``key`` equal ``seq[pos:]``: whole-edge equality first, then a binary search
+    over slice equality, so a 100 k-character prompt costs C-level compares, not a Python loop per unit."""
     n = min(len(key), len(seq) - pos)
-    k = 0
-    while k < n and key[k] == seq[pos + k]:
-        k += 1
-    return k
+    if key[:n] == seq[pos:pos + n]:
+        return n
+    lo, hi = 0, n - 1  # the answer is in [lo, hi]: key[:lo] matches, key[:hi + 1] does not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if key[:mid] == seq[pos:pos + mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(eq=False, slots=True)

@@ -11,7 +11,7 @@ from asyncdp.dp.peers import PEER_POLICIES
 from asyncdp.dp.peers.dynamo import DynamoKvPolicy
 from asyncdp.dp.peers.events import KvEvent
 from asyncdp.dp.peers.hashing import block_hashes
-from asyncdp.dp.policy import RankLoad, Snapshot
+from asyncdp.dp.policy import Decision, RankLoad, Snapshot
 from asyncdp.errors import ConfigError
 from tests.dp.peers.helpers import Router, req
 
@@ -24,7 +24,7 @@ def test_cost_counts_a_shared_prefix_once_and_adds_pending_prefill():
     r = Router(p, 2)
     first = req(P[:32])
     r.state.reqs.clear()
-    p.on_dispatch(r.state, first, _d(0), 0)  # rank 0: pending 32 tokens, active {h0, h1}
+    p.on_dispatch(r.state, first, Decision(0), 0)  # rank 0: pending 32 tokens, active {h0, h1}
     assert r.state.pending == [32, 0] and set(r.state.active[0]) == set(H[:2])
     c = p.costs(req(P), r.state, [0, 1], 0)
     # rank 0: prefill (32 + 48)/16 = 5, decode |{h0,h1} ∪ {h0,h1,h2}| = 3 -> 8; rank 1: 3 + 3 = 6
@@ -35,11 +35,6 @@ def test_cost_counts_a_shared_prefix_once_and_adds_pending_prefill():
     # rank 0 now caches 2 blocks: prefill (48 - 32)/16 = 1, decode 3 -> 4
     assert p.costs(req(P), r.state, [0, 1], 1) == {0: 4.0, 1: 6.0}
     assert r.route(req(P)) == 0
-
-
-def _d(rank):
-    from asyncdp.dp.policy import Decision
-    return Decision(rank)
 
 
 def test_overlap_weight_zero_is_pure_load_balancing():
@@ -53,7 +48,7 @@ def test_literal_2025_formula_ignores_earlier_pending_prefill():
     p = PEER_POLICIES["dynamo_kv@literal2025"]()
     assert isinstance(p, DynamoKvPolicy)
     r = Router(p, 2)
-    p.on_dispatch(r.state, req(list(range(160))), _d(0), 0)
+    p.on_dispatch(r.state, req(list(range(160))), Decision(0), 0)
     c = p.costs(req(P), r.state, [0, 1], 0)
     assert c[0] == 3.0 + 13.0 and c[1] == 6.0  # only decode blocks differ
 

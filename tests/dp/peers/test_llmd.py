@@ -8,7 +8,7 @@ from asyncdp.dp.peers import PEER_POLICIES
 from asyncdp.dp.peers.events import KvEvent
 from asyncdp.dp.peers.hashing import block_hashes
 from asyncdp.dp.peers.llmd import LlmdWeightedPolicy
-from asyncdp.dp.policy import RankLoad, Snapshot
+from asyncdp.dp.policy import Decision, RankLoad, Snapshot
 from tests.dp.peers.helpers import Router, req
 
 A = list(range(100, 116))  # one 16-token block (64 chars)
@@ -23,18 +23,13 @@ def snap(rows, at_us=0):
 def test_score_arithmetic_of_the_default_weights():
     p = LlmdWeightedPolicy()
     r = Router(p, 3)
-    p.on_dispatch(r.state, req(A), _d(0), 0)  # rank 0 holds block A
-    p.on_dispatch(r.state, req(A + B), _d(2), 0)  # rank 2 holds A, A+B
+    p.on_dispatch(r.state, req(A), Decision(0), 0)  # rank 0 holds block A
+    p.on_dispatch(r.state, req(A + B), Decision(2), 0)  # rank 2 holds A, A+B
     r.snapshot(snap([(4, 0.5), (0, 0.9), (2, 0.1)]))
     s = p.scores(req(A + B), r.state, [0, 1, 2], now_us=0)
     # queue [0, 1, 0.5], kv [0.5, 0.1, 0.9], prefix [1/2, 0, 2/2]
     assert s == pytest.approx({0: 2 * 0 + 2 * 0.5 + 3 * 0.5, 1: 2 * 1 + 2 * 0.1, 2: 2 * 0.5 + 2 * 0.9 + 3 * 1})
     assert r.route(req(A + B)) == 2
-
-
-def _d(rank):
-    from asyncdp.dp.policy import Decision
-    return Decision(rank)
 
 
 def test_the_match_walk_stops_at_the_first_hash_no_rank_holds():
@@ -105,11 +100,11 @@ def test_precise_scores_the_leading_run_of_event_or_speculative_blocks():
 def test_prefix_affinity_filter_keeps_sticky_ranks_even_when_they_are_busier():
     p = LlmdWeightedPolicy(prefix_affinity_filter=True, prefix=0.1)
     r = Router(p, 2)
-    p.on_dispatch(r.state, req(A + B), _d(0), 0)
+    p.on_dispatch(r.state, req(A + B), Decision(0), 0)
     r.snapshot(snap([(9, 0.9), (0, 0.0)]))
     picks = [Router.route(r, req(A + B)) for _ in range(20)]
     assert picks.count(0) >= 18  # only the 1 % skip can leave the sticky rank
     plain = Router(LlmdWeightedPolicy(prefix=0.1), 2)
-    plain.policy.on_dispatch(plain.state, req(A + B), _d(0), 0)
+    plain.policy.on_dispatch(plain.state, req(A + B), Decision(0), 0)
     plain.snapshot(snap([(9, 0.9), (0, 0.0)]))
     assert plain.route(req(A + B)) == 1

@@ -8,6 +8,7 @@ from asyncdp.dp.peers import PEER_POLICIES
 from asyncdp.dp.peers.events import KvEvent
 from asyncdp.dp.peers.hashing import block_hashes
 from asyncdp.dp.peers.sglang import SglangCacheAwarePolicy
+from asyncdp.dp.policy import RankLoad, Snapshot
 from asyncdp.errors import ConfigError
 from tests.dp.peers.helpers import Router, prompt, req
 
@@ -120,7 +121,6 @@ def test_eviction_timer_trims_each_owner_to_max_tree_size():
 
 
 def test_kv_triggers_make_a_kv_spread_imbalanced():
-    from asyncdp.dp.policy import RankLoad, Snapshot
     r = warmed(balance_token_usage_threshold=0.5)
     r.state.processed = [1, 0]
     r.snapshot(Snapshot((RankLoad(kv_usage=0.9), RankLoad(kv_usage=0.1))))
