@@ -37,18 +37,33 @@ def hash_block(parent_hash: int, block: Sequence[int]) -> int:
 def block_hashes(seq: Sequence[int] | str, block_size: int, limit: int | None = None,
                  parent_hash: int = ROOT_HASH) -> list[int]:
     """The chained hash of each complete block of ``block_size`` units (a partial tail has none), at most
-    ``limit`` of them. A ``str`` is hashed by code points."""
+    ``limit`` of them. A ``str`` is hashed by code points: UTF-32-LE is exactly the u32 LE packing."""
     if block_size < 1:
         raise ConfigError(f"block size must be >= 1 unit (got {block_size}).")
-    ids: Sequence[int] = [ord(c) for c in seq] if isinstance(seq, str) else seq
-    n = len(ids) // block_size
+    n = len(seq) // block_size
     if limit is not None:
         n = min(n, limit)
     out: list[int] = []
+    if isinstance(seq, str):
+        for b in range(n):
+            data = parent_hash.to_bytes(8, "little") + seq[b * block_size:(b + 1) * block_size].encode("utf-32-le")
+            parent_hash = int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+            out.append(parent_hash)
+        return out
     for b in range(n):
-        parent_hash = hash_block(parent_hash, ids[b * block_size:(b + 1) * block_size])
+        parent_hash = hash_block(parent_hash, seq[b * block_size:(b + 1) * block_size])
         out.append(parent_hash)
     return out
+
+
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_PAIRS = [a + b for a in _B64 for b in _B64]  # 12 bits -> 2 characters
+
+
+def render_text(tokens: Sequence[int]) -> str:
+    """:attr:`RequestView.text` (4 base-64 digits per token, big-endian 24 bits), two table look-ups a token."""
+    pairs = _PAIRS
+    return "".join([pairs[(t >> 12) & 4095] + pairs[t & 4095] for t in tokens])
 
 
 def units(req: RequestView, kind: str) -> Sequence[int] | str:
@@ -56,7 +71,7 @@ def units(req: RequestView, kind: str) -> Sequence[int] | str:
     if kind == "tokens":
         return tuple(req.tokens)
     if kind == "chars":
-        return req.text
+        return render_text(req.tokens)
     raise ConfigError(f"unit kind must be one of {', '.join(UNIT_KINDS)} (got {kind!r}).")
 
 

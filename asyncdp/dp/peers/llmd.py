@@ -27,7 +27,7 @@ from typing import Any
 
 from asyncdp.dp.peers.block_index import BlockIndex
 from asyncdp.dp.peers.events import KvEvent, KvEventIndex
-from asyncdp.dp.peers.hashing import block_hashes
+from asyncdp.dp.peers.hashing import block_hashes, render_text
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot, alive_indices, hinted_decision
 
 SPECULATIVE_TTL_US = 2_000_000
@@ -105,7 +105,8 @@ class LlmdWeightedPolicy(Policy):
         return score
 
     def prompt_hashes(self, req: RequestView) -> list[int]:
-        return block_hashes(req.text, self.block_chars, self.max_prefix_blocks)
+        head = req.tokens[:self.max_prefix_blocks * self.block_chars // 4]  # render only what is hashed
+        return block_hashes(render_text(head), self.block_chars, self.max_prefix_blocks)
 
     def prefix_scores(self, req: RequestView, state: LlmdState, alive: list[int]) -> dict[int, float]:
         hashes = self.prompt_hashes(req)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncdp.dp.peers.block_index import BlockIndex
-from asyncdp.dp.peers.hashing import block_hashes
+from asyncdp.dp.peers.hashing import block_hashes, render_text
 from asyncdp.dp.peers.radix import RadixTree
 from asyncdp.dp.peers.ring import HashRing
 from asyncdp.dp.peers.session import QPS_WINDOW_US
@@ -176,7 +176,7 @@ class ProdstackPrefixAwarePolicy(_InflightPolicy):
 
     def runs(self, req: RequestView, state: PeerState, alive: list[int]) -> tuple[dict[int, int], int]:
         assert state.index is not None
-        hashes = block_hashes(req.text, self.chunk_chars)
+        hashes = block_hashes(render_text(req.tokens), self.chunk_chars)
         return {i: state.index.prefix_run(i, hashes) for i in alive}, len(hashes)
 
     def select(self, req: RequestView, snap: Snapshot | None, state: PeerState, now_us: int,
@@ -194,7 +194,7 @@ class ProdstackPrefixAwarePolicy(_InflightPolicy):
     def on_dispatch(self, state: PeerState, req: RequestView, decision: Decision, now_us: int) -> None:
         super().on_dispatch(state, req, decision, now_us)
         assert state.index is not None
-        state.index.insert(decision.dp_rank, block_hashes(req.text, self.chunk_chars), now_us)
+        state.index.insert(decision.dp_rank, block_hashes(render_text(req.tokens), self.chunk_chars), now_us)
         state.recent.append((now_us, decision.dp_rank))
         while state.recent and now_us - state.recent[0][0] >= QPS_WINDOW_US:
             state.recent.popleft()
@@ -249,7 +249,7 @@ class RayPrefixPolicy(_InflightPolicy):
         if max(q[i] for i in alive) - min(q[i] for i in alive) > self.imbalance:
             return Decision(min(alive, key=lambda i: (q[i], i)))
         assert state.tree is not None
-        text = req.text
+        text = render_text(req.tokens)
         cands = alive
         if text:
             matched, node = state.tree.match(text)
@@ -264,5 +264,5 @@ class RayPrefixPolicy(_InflightPolicy):
     def on_dispatch(self, state: PeerState, req: RequestView, decision: Decision, now_us: int) -> None:
         super().on_dispatch(state, req, decision, now_us)
         assert state.tree is not None
-        if req.text:
-            state.tree.insert(req.text, decision.dp_rank, now_us)
+        if req.tokens:
+            state.tree.insert(render_text(req.tokens), decision.dp_rank, now_us)

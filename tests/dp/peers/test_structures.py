@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from asyncdp.dp.peers.block_index import BlockIndex
 from asyncdp.dp.peers.events import KvEvent, KvEventIndex
-from asyncdp.dp.peers.hashing import block_hashes, stable_hash64, units
+from asyncdp.dp.peers.hashing import block_hashes, render_text, stable_hash64, units
 from asyncdp.dp.peers.radix import RadixTree
 from asyncdp.dp.peers.ring import HashRing
 from asyncdp.engine.block_manager import compute_block_hashes
@@ -36,6 +36,18 @@ def test_block_hashes_chain_so_a_shared_prefix_shares_leading_hashes_only():
 def test_block_hashes_limit_and_chars():
     assert len(block_hashes(list(range(100)), 10, limit=3)) == 3
     assert block_hashes("abcd" * 8, 16) == block_hashes([ord(c) for c in "abcd" * 8], 16)
+
+
+@given(st.lists(st.integers(0, 2 ** 32 - 1), max_size=50))
+@settings(max_examples=60, deadline=None)
+def test_render_text_is_the_request_views_text(tokens):
+    assert render_text(tokens) == req(tokens).text
+
+
+def test_char_block_hashes_equal_hashing_the_code_points_as_units():
+    text = req(list(range(5000, 5100))).text
+    ids = [ord(c) for c in text]
+    assert block_hashes(text, 64) == block_hashes(ids, 64) == compute_block_hashes(ids, 64)
 
 
 def test_units_are_tokens_or_the_four_char_rendering():
