@@ -44,6 +44,10 @@ def test_render_text_is_the_request_views_text(tokens):
     assert render_text(tokens) == req(tokens).text
 
 
+def test_render_text_handles_ids_beyond_32_bits_like_the_request_view():
+    assert render_text([2 ** 40 + 5, 3, 2 ** 24 + 1]) == req([2 ** 40 + 5, 3, 2 ** 24 + 1]).text
+
+
 def test_char_block_hashes_equal_hashing_the_code_points_as_units():
     text = req(list(range(5000, 5100))).text
     ids = [ord(c) for c in text]
