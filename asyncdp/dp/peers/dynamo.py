@@ -109,6 +109,7 @@ class DynamoKvPolicy(Policy):
         """Lower is better (``@early2025``'s logit is negated so the same picker applies)."""
         bs = state.block_size
         blocks = block_hashes(req.tokens, bs)
+        unique = set(blocks)
         out: dict[int, float] = {}
         top_wait = max(1, max(state.waiting[i] for i in cands))
         for i in cands:
@@ -118,7 +119,7 @@ class DynamoKvPolicy(Policy):
                 out[i] = -(2 * frac - state.kv[i] - state.waiting[i] / top_wait)
                 continue
             act = state.active[i]
-            decode = len(act) + sum(1 for h in blocks if h not in act) + state.output_blocks[i]
+            decode = len(act) + len(unique.difference(act)) + state.output_blocks[i]
             pending = state.pending[i] if self.count_pending else 0
             if self.formula == "2026":
                 own = max(0.0, req.prompt_len / bs - self.credit * ov)

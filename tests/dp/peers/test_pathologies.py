@@ -143,3 +143,19 @@ def test_equal_costs_without_kv_events_scatter_a_conversations_turns():
         return ranks
     assert len(turns(with_events=False)) > 1
     assert len(turns(with_events=True)) == 1
+
+
+def test_several_routers_with_local_state_herd_onto_the_same_rank():
+    """ai-dynamo/dynamo#589, smg-project/smg#1621: R replicas with local state pick alike; the spread grows
+    with R."""
+    def spread(num_routers: int) -> int:
+        routers = [Router(PEER_POLICIES["sglang_cache_aware"](), 8, router_index=j, num_routers=num_routers)
+                   for j in range(num_routers)]
+        per_rank = Counter()
+        for k in range(4):  # each replica routes 4 distinct requests; arrivals alternate between replicas
+            for j, r in enumerate(routers):
+                per_rank[r.route(unique(100 * j + k, 64), now_us=k)] += 1
+        return max(per_rank.values()) - min(per_rank[i] for i in range(8))
+    assert spread(1) <= 1
+    assert spread(4) > spread(1)
+    assert spread(16) > spread(4)
