@@ -125,3 +125,10 @@ def test_sticky_keys_expire_after_two_idle_hours():
     r.route(req([1], key="b"), now_us=1)
     p.on_timer(r.state, STICKY_IDLE_US + 1)
     assert r.state.sticky == {"b": (1 - a, 1)} and r.state.active_keys[a] == 0
+
+
+def test_sticky_least_loaded_breaks_ties_by_the_highest_rendezvous_hash():
+    from asyncdp.dp.peers.hashing import stable_hash64
+    for key in ("alpha", "beta", "gamma", "delta"):
+        r = Router(SessionHashPolicy(sticky_least_loaded=True), 5)
+        assert r.route(req([1], key=key)) == max(range(5), key=lambda i: stable_hash64(f"{key}/{i}"))
