@@ -13,7 +13,7 @@ number of leading prompt blocks rank i caches: from KV events by default, from t
   [ours: the credit applies to the request's own blocks; the router's earlier pending prefill is added
   outside the max];
 - ``@early2025``: ``logit = 2·ov/len(blocks) - kv_usage - waiting_i/max(1, max_j waiting_j)`` with a local
-  ``waiting`` copy (snapshot, +1 per dispatch), argmax with random ties.
+  ``waiting`` copy (replaced by each snapshot, +1 per dispatch, -1 at finish [ours]), argmax with random ties.
 
 With ``temperature == 0`` the lowest cost wins; ties go to the rank with fewer indexed blocks, then uniformly at
 random. With ``temperature > 0`` rank i is drawn with ``p ∝ exp(-((cost_i - min)/(max - min))/T)`` (uniform
