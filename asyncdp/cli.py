@@ -30,6 +30,7 @@ from asyncdp.config.flags import (
     LOG_LEVELS,
     ServeConfig,
 )
+from asyncdp.dp.balance import make_policy
 from asyncdp.errors import ConfigError
 
 _D = ServeConfig()  # defaults for help texts
@@ -276,6 +277,7 @@ def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = N
     """
     ns = build_parser().parse_args(["serve", *normalize_argv(argv)])
     config = ServeConfig.from_flags(_serve_flags(ns), env=env)
+    make_policy(config.lb_policy)  # a preset name is checked here (the flag check knows base names only)
     facts = (model_facts or default_model_facts)(config.model)
     deployment = resolve(config, is_moe=bool(facts.is_moe), num_experts=int(facts.num_experts), env=env)
     return ResolvedServeConfig.with_deployment(config, deployment)

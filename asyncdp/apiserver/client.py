@@ -55,7 +55,7 @@ from asyncdp.apiserver.client_config import ClientConfig
 from asyncdp.apiserver.coordinator_follower import CoordinatorFollower
 from asyncdp.apiserver.engine_links import EngineLink, EngineLinks, UtilityCalls, send_to_engine
 from asyncdp.apiserver.node_table import NodeTable, monotonic_ms, run_heartbeat, stuck_siblings
-from asyncdp.apiserver.request_stream import RequestStream, apply_outputs
+from asyncdp.apiserver.request_stream import RequestStream, apply_outputs, now_us, tell_policy
 from asyncdp.apiserver.server_info import client_server_info, node_processes
 from asyncdp.apiserver.stats_export import export_scheduler_stats, record_finished, refresh_coordinator_gauges
 from asyncdp.dp.balance import LoadBalancer
@@ -248,7 +248,7 @@ class DPClient:
         local_index = rank_hint.local_index if rank_hint else None
         global_rank = rank_hint.global_rank if rank_hint else None
         dp_rank = self.lb.select(request_id, prompt_token_ids, local_index, global_rank_hint=global_rank,
-                                 max_tokens=params.max_tokens or 16)
+                                 max_tokens=params.max_tokens or 16, now_us=now_us())
         engine = self._links.engines.get(dp_rank)
         if engine is None or not engine.alive:
             self.lb.on_finish(request_id)
@@ -322,6 +322,7 @@ class DPClient:
     def _on_outputs(self, msg: m.EngineOutputs) -> None:
         now = time.monotonic()
         abandoned = self._abandon_reason if self._shutting_down else None
+        tell_policy(self.lb, self._requests, msg)
         for req in apply_outputs(self._requests, msg, now, abandoned):
             if self.metrics is not None:
                 record_finished(self.metrics, msg.dp_rank, req, msg, now)
@@ -333,7 +334,7 @@ class DPClient:
         """Give back the request's slot and its balancer count (idempotent)."""
         if self._requests.pop(req.request_id, None) is not None:
             self._slots.changed()
-            rank = self.lb.on_finish(req.request_id)
+            rank = self.lb.on_finish(req.request_id, now_us())
             if rank is not None:
                 self._update_inflight_metric(rank)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from asyncdp import messages as m
+from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import InvalidRequestError, ShuttingDownError, UnavailableError
 
 
@@ -88,3 +89,21 @@ def apply_outputs(requests: dict[str, RequestStream], msg: m.EngineOutputs, now:
             req.done.set()
             finished.append(req)
     return finished
+
+
+def tell_policy(lb: LoadBalancer, requests: dict[str, RequestStream], msg: m.EngineOutputs) -> None:
+    """Report first tokens and token counts to the balancer, for the policies that model them (the peers'),
+    before :func:`apply_outputs` posts the frame (which sets ``first_token_at``)."""
+    now = now_us()
+    for out in msg.outputs:
+        req = requests.get(out.request_id)
+        if req is None or not out.new_token_ids:
+            continue
+        if req.first_token_at is None:
+            lb.on_first_token(out.request_id, now)
+        lb.on_tokens(out.request_id, len(out.new_token_ids), now)
+
+
+def now_us() -> int:
+    """The policies' clock: the event loop's (virtual under a mock clock), in whole microseconds."""
+    return int(anyio.current_time() * 1_000_000)

@@ -120,7 +120,11 @@ def cache_dir() -> Path:
 
 # ---------------------------------------------------------------- serve flags
 
-LB_POLICIES = ("vllm", "vllm_legacy", "round_robin", "random", "power_of_two")
+# Base names of the --lb-policy choices (asyncdp.dp.balance.make_policy builds them; ``name@preset`` picks a
+# preset, checked by the CLI against make_policy's table). A test keeps this list equal to make_policy's.
+LB_POLICIES = ("vllm", "vllm_legacy", "round_robin", "random", "power_of_two", "sglang_cache_aware", "llmd_weighted",
+               "dynamo_kv", "aibrix_prefix", "session_hash", "vllm_token", "smg_least_load", "smg_prefix_hash",
+               "prodstack_prefixaware", "prodstack_loadaware", "ray_prefix")
 DEFAULT_LB_POLICY = "vllm"
 HTTP_BACKENDS = ("asyncio", "trio")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -280,7 +284,7 @@ class ServeConfig:
              self.max_seqs_per_request)
         optional_min(self.max_request_body_bytes, "--max-request-body-bytes", 1024)
         need(self.backend in HTTP_BACKENDS, "--backend", "one of " + ", ".join(HTTP_BACKENDS), self.backend)
-        need(self.lb_policy in LB_POLICIES, "--lb-policy (--dp-lb-policy, ASYNCDP_DP_LB_POLICY)",
+        need(self.lb_policy.partition("@")[0] in LB_POLICIES, "--lb-policy (--dp-lb-policy, ASYNCDP_DP_LB_POLICY)",
              "one of " + ", ".join(LB_POLICIES), self.lb_policy)
         need(self.log_level in LOG_LEVELS, "--log-level", "one of " + ", ".join(LOG_LEVELS), self.log_level)
         need(1 <= self.data_parallel_supervisor_port <= 65535, "--data-parallel-supervisor-port",

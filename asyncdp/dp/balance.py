@@ -23,6 +23,7 @@ from typing import Any
 
 from asyncdp.dp.baselines import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
 from asyncdp.dp.hints import parse_rank, resolve_rank_hint
+from asyncdp.dp.peers import PEER_POLICIES
 from asyncdp.dp.policy import (
     Decision,
     Policy,
@@ -209,10 +210,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 def make_policy(name: str) -> Policy:
     """Build a policy from ``name`` or ``name@preset``; unknown names raise ConfigError listing the valid ones."""
     base = name.partition("@")[0]
-    if base not in POLICIES or ("@" in name and name not in PRESETS):
-        valid = ", ".join([*POLICIES, *PRESETS])
-        raise ConfigError(f"unknown load-balancing policy {name!r}; valid policies: {valid}.")
-    return POLICIES[base](**PRESETS.get(name, {}))
+    if base in POLICIES and ("@" not in name or name in PRESETS):
+        return POLICIES[base](**PRESETS.get(name, {}))
+    if name in PEER_POLICIES:
+        return PEER_POLICIES[name]()
+    raise ConfigError(f"unknown load-balancing policy {name!r}; valid policies: {', '.join(policy_names())}.")
+
+
+def policy_names() -> list[str]:
+    """Every name :func:`make_policy` accepts, presets included."""
+    return [*POLICIES, *PRESETS, *PEER_POLICIES]
 
 
 # ---------------------------------------------------------------- the client façade
@@ -220,9 +227,7 @@ def make_policy(name: str) -> Policy:
 class LoadBalancer:
     """One DP client's routing state over its managed global ranks (spec §7).
 
-    ``select`` returns a global rank and records the request as in flight there until ``on_finish``. The
-    request -> rank map lives here only; the per-rank counts are the policy state's ``inflight`` (every policy
-    keeps it through ``on_dispatch`` / ``on_finish``), read here, not counted a second time.
+    ``select`` returns a global rank and records the request as in flight there until ``on_finish``.
     """
 
     def __init__(self, engines: Sequence[int], client_index: int = 0, client_count: int = 1,
@@ -239,6 +244,7 @@ class LoadBalancer:
         self._rng = random.Random(seed)
         self._snap: Snapshot | None = None
         self._owner: dict[str, int] = {}  # request_id -> local index
+        self._inflight = [0] * len(ranks)
         self._dead: set[int] = set()
         self.decisions = {"score": 0, "hint": 0}
 
@@ -260,11 +266,11 @@ class LoadBalancer:
     @property
     def inflight(self) -> list[int]:
         """This client's unfinished requests per managed rank, in local-index order."""
-        return list(self._state.inflight)
+        return list(self._inflight)
 
     def inflight_of(self, rank: int) -> int:
         """This client's unfinished requests on global ``rank`` (O(1): called on every dispatch and finish)."""
-        return self._state.inflight[self._index[rank]]
+        return self._inflight[self._index[rank]]
 
     @property
     def dead_ranks(self) -> list[int]:
@@ -310,14 +316,27 @@ class LoadBalancer:
         self._policy.on_dispatch(self._state, req, decision, now_us)
         i = decision.dp_rank
         self._owner[request_id] = i
+        self._inflight[i] += 1
         self.decisions["hint" if decision.hinted else "score"] += 1
         return self._engines[i]
+
+    def on_first_token(self, request_id: str, now_us: int = 0) -> None:
+        i = self._owner.get(request_id)
+        if i is not None:
+            self._policy.on_first_token(self._state, request_id, i, now_us)
+
+    def on_tokens(self, request_id: str, n_new: int, now_us: int = 0) -> None:
+        """``n_new`` output tokens of ``request_id`` arrived; only for a policy that ``needs_tokens``."""
+        i = self._owner.get(request_id)
+        if i is not None and self._policy.needs_tokens:
+            self._policy.on_tokens(self._state, request_id, i, n_new, now_us)
 
     def on_finish(self, request_id: str, now_us: int = 0) -> int | None:
         """Forget a finished or aborted request; returns its global rank, or None for an unknown id."""
         i = self._owner.pop(request_id, None)
         if i is None:
             return None
+        self._inflight[i] -= 1
         self._policy.on_finish(self._state, request_id, i, now_us)
         return self._engines[i]
 

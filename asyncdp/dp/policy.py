@@ -3,12 +3,15 @@
 A policy is a stateless object; its per-router state lives in a separate ``State`` made by ``init``. ``select``
 is a pure decision: it reads the request, the latest snapshot, the state and the rng it is given, and returns a
 :class:`Decision`. Every mutation caused by that decision happens in ``on_dispatch``; the other hooks
-(``on_finish``, ``on_snapshot``, ``on_rank_dead``) update the state as telemetry arrives (hooks for telemetry
-nothing sends yet, such as first tokens, KV events or timers, are left out until a policy needs one). Ranks are
-*indices* ``0..dp_size-1`` here. A state may carry ``excluded`` (indices of dead ranks); every policy skips them, and
-``select`` raises :class:`~asyncdp.errors.UnavailableError` when nothing is left. Every state carries
-``inflight`` (per index: dispatched and not finished), kept by ``on_dispatch`` and ``on_finish``; it is the one
-per-rank in-flight count (:class:`asyncdp.dp.balance.LoadBalancer` reads it instead of counting again).
+(``on_first_token``, ``on_tokens`` for a policy with ``needs_tokens``, ``on_finish``, ``on_snapshot``,
+``on_rank_dead``, ``on_kv_event``, and ``on_timer`` every ``timer_period_us``) update the state as telemetry
+arrives; the peers' policies (:mod:`asyncdp.dp.peers`) use them all. The DP client's
+:class:`~asyncdp.dp.balance.LoadBalancer` delivers first tokens, token counts, finishes, snapshots and dead
+ranks; KV events and timers come from the routing simulator (no production component emits KV events yet).
+A policy's counts (``inflight``, ``load``, ...) are its own model of the ranks, updated when its rules say (some
+peers count load from the first token, not from dispatch); the true in-flight count of a client is the
+balancer's. Ranks are *indices* ``0..dp_size-1`` here. A state may carry ``excluded`` (indices of dead ranks); every policy skips them, and
+``select`` raises :class:`~asyncdp.errors.UnavailableError` when nothing is left.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class Policy:
     """Base class: no-op hooks. Subclasses set ``name`` and implement ``init`` and ``select``."""
 
     name = "?"
+    needs_tokens = False  # whether on_tokens must be called
+    timer_period_us: int | None = None  # how often on_timer must be called (None: never)
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
              params: dict[str, Any] | None = None) -> Any:
@@ -104,6 +109,12 @@ class Policy:
     def on_dispatch(self, state: Any, req: RequestView, decision: Decision, now_us: int) -> None:
         pass
 
+    def on_first_token(self, state: Any, req_id: str, dp_rank: int, now_us: int) -> None:
+        pass
+
+    def on_tokens(self, state: Any, req_id: str, dp_rank: int, n_new: int, now_us: int) -> None:
+        pass
+
     def on_finish(self, state: Any, req_id: str, dp_rank: int, now_us: int) -> None:
         pass
 
@@ -113,6 +124,12 @@ class Policy:
     def on_rank_dead(self, state: Any, dp_rank: int) -> None:
         """Exclude a rank from every later decision (its engine died)."""
         state.excluded.add(dp_rank)
+
+    def on_kv_event(self, state: Any, ev: Any) -> None:
+        pass
+
+    def on_timer(self, state: Any, now_us: int) -> None:
+        pass
 
 
 def hinted_decision(req: RequestView) -> Decision | None:
