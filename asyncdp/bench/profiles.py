@@ -65,8 +65,9 @@ def load_profile(name_or_file: str) -> Profile:
     if missing:
         raise ConfigError(f"{path}: cost profile lacks {', '.join(missing)}.")
     try:
-        return Profile(str(data.get("name", path.stem)), *(float(data[k]) for k in _FIELDS[:4]),
-                       *(int(data[k]) for k in _FIELDS[4:]))
+        costs = {k: float(data[k]) for k in _FIELDS[:4]}
+        sizes = {k: int(data[k]) for k in _FIELDS[4:]}
+        return Profile(name=str(data.get("name", path.stem)), **costs, **sizes)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: bad cost profile value ({exc}).") from exc
 
