@@ -65,9 +65,9 @@ def load_profile(name_or_file: str) -> Profile:
     if missing:
         raise ConfigError(f"{path}: cost profile lacks {', '.join(missing)}.")
     try:
-        costs = {k: float(data[k]) for k in _FIELDS[:4]}
-        sizes = {k: int(data[k]) for k in _FIELDS[4:]}
-        return Profile(name=str(data.get("name", path.stem)), **costs, **sizes)
+        a, b, c, d = (float(data[k]) for k in _FIELDS[:4])
+        blocks, seqs, batched = (int(data[k]) for k in _FIELDS[4:])
+        return Profile(str(data.get("name", path.stem)), a, b, c, d, blocks, seqs, batched)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: bad cost profile value ({exc}).") from exc
 
