@@ -44,6 +44,8 @@ def add_bench_parser(sub: Any) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", help="generator name[@preset] (w1..w10), comma-separated for several")
     src.add_argument("--trace", help="a Mooncake-format trace file (JSONL) to replay")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a workload generator option (repeatable), e.g. groups=4")
     p.add_argument("--scale", default="quick", choices=("quick", "full", "dp32"), help="workload scale")
     p.add_argument("--trace-block-size", type=int, default=TRACE_BLOCK, help="tokens per trace hash id")
     p.add_argument("--export-trace", help="write the (first seed's) workload as a Mooncake trace and go on")
@@ -103,8 +105,14 @@ def _workloads(ns: argparse.Namespace, seed: int) -> Iterator[Any]:
     if ns.trace:
         yield read_trace(ns.trace, ns.trace_block_size, seed=seed, dp_size=ns.dp or 8)
         return
+    options = {}
+    for item in ns.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option must be KEY=VALUE (got {item!r}).")
+        options[key.strip()] = value.strip()
     for name in _csv(ns.workload or ""):
-        yield build(name, ns.scale, seed)
+        yield build(name, ns.scale, seed, options)
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -1,0 +1,65 @@
+"""``asyncdp bench routing`` end to end on tiny workloads: JSON with every metric key, the tables and the gates
+on stdout, the same bytes for the same seed, policy listing, trace export and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+from asyncdp.bench.metrics import METRIC_KEYS
+from asyncdp.bench.trace import read_trace
+from asyncdp.cli import main
+
+TINY = ["--workload", "w1", "--dp", "2", "--option", "groups=2", "--option", "prompts_per_group=4",
+        "--option", "system_len=128", "--option", "question_len=16", "--option", "output_len=4"]
+
+
+def test_routing_run_writes_json_with_every_metric_key_and_prints_tables_and_gates(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    assert main(["bench", "routing", *TINY, "--policies", "vllm,round_robin", "--seeds", "1,2",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    runs = doc["runs"]
+    assert [(r["workload"], r["policy"], r["seed"], r["dp"]) for r in runs] == [
+        ("w1", "vllm", 1, 2), ("w1", "round_robin", 1, 2), ("w1", "vllm", 2, 2), ("w1", "round_robin", 2, 2)]
+    for r in runs:
+        assert set(r["metrics"]) == set(METRIC_KEYS)
+        assert r["counts"]["completed"] == 8 and r["counts"]["failed"] == 0
+    printed = capsys.readouterr().out
+    assert "== w1" in printed and "ratio to vllm" in printed
+    assert "G1: n/a" in printed  # the candidate policy (asyncdp) is not in this run
+
+
+def test_the_same_arguments_write_the_same_json_bytes(tmp_path):
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path in paths:
+        assert main(["bench", "routing", *TINY, "--policies", "random", "--json", str(path)]) == 0
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def test_gates_judge_the_candidate_policy_when_it_is_in_the_run(tmp_path, capsys):
+    assert main(["bench", "routing", *TINY, "--policies", "vllm,round_robin", "--candidate", "round_robin"]) == 0
+    printed = capsys.readouterr().out
+    for gate in ("G1", "G2", "G3", "G4"):
+        assert f"{gate}: PASS" in printed or f"{gate}: FAIL" in printed, printed
+
+
+def test_list_policies_prints_every_known_policy(capsys):
+    assert main(["bench", "routing", "--list-policies"]) == 0
+    names = capsys.readouterr().out.split()
+    assert names[:5] == ["vllm", "round_robin", "random", "power_of_two", "vllm_legacy"]
+
+
+def test_export_trace_writes_the_workload_as_a_mooncake_trace(tmp_path):
+    trace = tmp_path / "w1.jsonl"
+    assert main(["bench", "routing", *TINY, "--policies", "round_robin", "--export-trace", str(trace)]) == 0
+    assert len(read_trace(trace).records) == 8
+
+
+def test_an_unknown_policy_is_a_clear_error_before_any_run(capsys):
+    assert main(["bench", "routing", *TINY, "--policies", "vllm,nope"]) == 2
+    assert "unknown load-balancing policy 'nope'" in capsys.readouterr().err
+
+
+def test_a_run_without_workload_or_trace_is_an_error(capsys):
+    assert main(["bench", "routing"]) == 2
+    assert "--workload" in capsys.readouterr().err
