@@ -3,8 +3,11 @@ on stdout, the same bytes for the same seed, policy listing, trace export and cl
 
 from __future__ import annotations
 
+import argparse
 import json
+from pathlib import Path
 
+from asyncdp.bench.command import add_bench_parser
 from asyncdp.bench.metrics import METRIC_KEYS
 from asyncdp.bench.trace import read_trace
 from asyncdp.cli import main
@@ -63,3 +66,15 @@ def test_an_unknown_policy_is_a_clear_error_before_any_run(capsys):
 def test_a_run_without_workload_or_trace_is_an_error(capsys):
     assert main(["bench", "routing"]) == 2
     assert "--workload" in capsys.readouterr().err
+
+
+def test_every_bench_routing_option_is_documented_in_the_cli_reference():
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    routing = parser._subparsers._group_actions[0].choices["bench"]._subparsers._group_actions[0].choices["routing"]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## `asyncdp bench routing`"):]
+    flags = [s for a in routing._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    assert flags
+    for flag in flags:
+        assert f"| `{flag}` |" in section, flag
