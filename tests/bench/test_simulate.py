@@ -71,3 +71,23 @@ def test_one_rank_serves_a_multi_turn_workload_at_its_ideal_hit_rate():
     log = simulate(workload, "round_robin", 3, ClusterSpec(dp_size=1, profile=load_profile("gpu_8b")))
     assert all(e.error is None for e in log.events)
     assert metrics.compute(log)["prefix_hit_rate"] == pytest.approx(workload.ideal_hit_rate, abs=1e-6)
+
+
+def test_sim_executor_emits_the_token_source_tokens_and_falls_back_where_it_gives_none():
+    from asyncdp.config.flags import EngineConfig
+    from asyncdp.engine.executor import ModelBatch, ScheduledChunk
+    from asyncdp.engine.sim_executor import SimExecutor
+    from asyncdp.sampling_params import SamplingParams
+
+    answers = {"a": [7, 8]}
+    given = SimExecutor(EngineConfig(executor="sim"), 100, max_model_len=64,
+                        token_source=lambda rid, i: answers[rid][i] if rid in answers and i < 2 else None)
+    plain = SimExecutor(EngineConfig(executor="sim"), 100, max_model_len=64)
+
+    def batch(rid: str, n_out: int) -> ModelBatch:
+        return ModelBatch([ScheduledChunk(request_id=rid, token_ids=[5], start_pos=3, block_table=[0], sample=True,
+                                          sampling_params=SamplingParams(max_tokens=4), num_output_tokens=n_out)])
+
+    assert given.execute(batch("a", 1)).sampled == [8]
+    assert given.execute(batch("a", 2)).sampled == plain.execute(batch("a", 2)).sampled  # past the answer
+    assert given.execute(batch("b", 0)).sampled == plain.execute(batch("b", 0)).sampled  # unknown request
