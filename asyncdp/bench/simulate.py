@@ -312,10 +312,15 @@ def expand_sweep(workload: Workload) -> list[tuple[str, Workload]]:
 def measure_r_sat(workload: Workload, spec: ClusterSpec, seed: int,
                   run: Callable[..., RunLog] = simulate) -> float:
     """R_sat (§4.0): ``round_robin`` in closed loop at concurrency 64·dp over the workload's records,
-    completions per second over the second half of the run."""
+    completions per second over the second half of the saturated part of the run: until the last record is
+    sent (a finite workload drains after that, and its tail would understate the rate); when every record fits
+    in the first wave, over the second half of the whole run."""
     log = run(workload, "round_robin", seed, spec, closed_concurrency=64 * spec.dp_size)
     ends = sorted(e.t_last_s for e in log.events if e.t_last_s is not None)
     if not ends or ends[-1] <= 0:
         raise ConfigError(f"{workload.name}: cannot measure R_sat (nothing completed).")
-    half = ends[-1] / 2
-    return sum(1 for t in ends if t >= half) / half
+    saturated_until = max(e.t_send_s for e in log.events)
+    if saturated_until <= 0:
+        saturated_until = ends[-1]
+    half = saturated_until / 2
+    return sum(1 for t in ends if half <= t <= saturated_until) / half

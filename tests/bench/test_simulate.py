@@ -91,3 +91,18 @@ def test_sim_executor_emits_the_token_source_tokens_and_falls_back_where_it_give
     assert given.execute(batch("a", 1)).sampled == [8]
     assert given.execute(batch("a", 2)).sampled == plain.execute(batch("a", 2)).sampled  # past the answer
     assert given.execute(batch("b", 0)).sampled == plain.execute(batch("b", 0)).sampled  # unknown request
+
+
+def test_r_sat_counts_completions_in_the_second_half_of_the_saturated_part_only():
+    from asyncdp.bench.simulate import measure_r_sat
+
+    def fake_run(workload, policy, seed, spec, *, closed_concurrency):
+        assert (policy, closed_concurrency) == ("round_robin", 64 * spec.dp_size)
+        # sends until t=9; completions at 1..10 (one a second) then a drain tail at 20 and 40
+        events = [ev(i, 0, float(i), float(i) + 0.5, float(i + 1), 2) for i in range(10)]
+        events += [ev(10, 0, 0.0, 1.0, 20.0, 2), ev(11, 0, 0.0, 1.0, 40.0, 2)]
+        return RunLog(dp_size=spec.dp_size, events=events)
+
+    workload = build("w1", "quick", 1, TINY_W1)
+    # the window is [4.5, 9]: completions at 5, 6, 7, 8, 9 -> 5 / 4.5 s
+    assert measure_r_sat(workload, SPEC, 1, run=fake_run) == pytest.approx(5 / 4.5)
