@@ -134,7 +134,7 @@ def run(ns: argparse.Namespace) -> int:
         make_policy(name)  # an unknown name fails here, before any run
     profile = load_profile(ns.profile)
     seeds = _seeds(ns.seeds)
-    plans: list[tuple[int, str, Any, Any]] = []  # (seed, label, workload, spec)
+    plans: list[tuple[int, str, Any, Any, dict[str, set[int]]]] = []  # (seed, label, workload, spec, rungs)
     hashes: dict[str, str] = {}
     for seed in seeds:
         for workload in _workloads(ns, seed):
@@ -149,12 +149,13 @@ def run(ns: argparse.Namespace) -> int:
                       file=sys.stderr)
             resolved = resolve(workload, ns.rate_scale, r_sat)
             hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
-            plans.extend((seed, label, w, spec) for label, w in expand_sweep(resolved))
+            rungs = _rungs(workload, resolved)
+            plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved))
     advance, close = _progress(len(plans) * len(policies))
     runs: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
     try:
-        for seed, label, workload, spec in plans:
+        for seed, label, workload, spec, rungs in plans:
             for policy in policies:
                 started = time.monotonic()
                 log = simulate(workload, policy, seed, spec)
@@ -162,6 +163,9 @@ def run(ns: argparse.Namespace) -> int:
                 runs.append({"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
                              "ideal_hit_rate": workload.ideal_hit_rate, "counts": metrics.summary(log),
                              "metrics": {k: round(v, 9) for k, v in metrics.compute(log).items()}})
+                for rung_label, ids in rungs.items():
+                    runs.append({**runs[-1], "workload": f"{label}@{rung_label}", "counts": {"requests": len(ids)},
+                                 "metrics": {k: round(v, 9) for k, v in metrics.compute(log, ids).items()}})
                 advance(f"{label} {policy} seed {seed} ({time.monotonic() - started:.1f} s)")
     finally:
         close()
@@ -178,6 +182,22 @@ def run(ns: argparse.Namespace) -> int:
     if ns.plots:
         _plots(Path(ns.plots), logs)
     return 0
+
+
+def _rungs(workload: Any, resolved: Any) -> dict[str, set[int]]:
+    """Rung label -> measured req_ids, for a ladder (``0.7rsat`` for a relative one, ``15rps`` for an absolute
+    one); empty otherwise."""
+    from asyncdp.bench.arrivals import RelativeLadder, rung_indices
+    from asyncdp.bench.metrics import rung_request_ids
+
+    indices = rung_indices(resolved.arrival, [r.t_arrival_ms for r in resolved.records])
+    if indices is None:
+        return {}
+    if isinstance(workload.arrival, RelativeLadder):
+        names = [f"{f:g}rsat" for f in workload.arrival.fractions]
+    else:
+        names = [f"{rate:g}rps" for rate, _ in resolved.arrival.rungs]
+    return {names[k]: ids for k, ids in rung_request_ids(indices).items()}
 
 
 def _trio_version() -> str:

@@ -11,14 +11,15 @@ Over the *measured* requests (sent at or after the workload's warm-up) that comp
 - max/mean load ratio = the busiest rank's measured request count over the mean over all ranks;
 - preemptions: the ranks' own counter over the whole run.
 
-Percentiles are the nearest-rank kind on the sorted values (``ceil(q·n)``-th), so they are values that occurred
+On a ladder, each rung is also measured on its own (:func:`rung_request_ids`: the rung's requests after 10 %
+warm-up). Percentiles are the nearest-rank kind on the sorted values (``ceil(q·n)``-th), so they are values that occurred
 and exact on small logs. Empty sets give 0.0.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from asyncdp.bench.simulate import RequestEvent, RunLog
 
@@ -56,10 +57,11 @@ def meets_slo(ev: RequestEvent) -> bool:
     return per_token is None or per_token <= SLO_TPOT_S
 
 
-def compute(log: RunLog) -> dict[str, float]:
-    """Every key of :data:`METRIC_KEYS` for ``log`` (see the module docstring)."""
+def compute(log: RunLog, only: Collection[int] | None = None) -> dict[str, float]:
+    """Every key of :data:`METRIC_KEYS` for ``log`` (see the module docstring); ``only``: just those req_ids
+    (one ladder rung). Preemptions are the whole run's either way."""
     done = [e for e in log.events if e.measured and e.error is None and e.t_first_s is not None
-            and e.t_last_s is not None]
+            and e.t_last_s is not None and (only is None or e.req_id in only)]
     ttft = [e.t_first_s - e.t_send_s for e in done if e.t_first_s is not None]
     e2e = [e.t_last_s - e.t_send_s for e in done if e.t_last_s is not None]
     tpots = [t for t in (tpot(e) for e in done) if t is not None]
@@ -81,6 +83,15 @@ def compute(log: RunLog) -> dict[str, float]:
         "max_mean_load_ratio": max(per_rank) / load_mean if load_mean > 0 else 0.0,
         "preemptions": float(log.preemptions),
     }
+
+
+def rung_request_ids(rungs: Sequence[int], warmup_fraction: float = 0.1) -> dict[int, set[int]]:
+    """Per ladder rung, the req_ids measured in it (§4.0): the rung's requests (``rungs[i]`` is record i's rung)
+    less the first ``warmup_fraction`` of them."""
+    members: dict[int, list[int]] = {}
+    for req_id, rung in enumerate(rungs):
+        members.setdefault(rung, []).append(req_id)
+    return {rung: set(ids[int(len(ids) * warmup_fraction):]) for rung, ids in sorted(members.items())}
 
 
 def summary(log: RunLog) -> dict[str, int]:

@@ -78,3 +78,14 @@ def test_every_bench_routing_option_is_documented_in_the_cli_reference():
     assert flags
     for flag in flags:
         assert f"| `{flag}` |" in section, flag
+
+
+def test_a_relative_ladder_is_also_measured_rung_by_rung(tmp_path):
+    out = tmp_path / "ladder.json"
+    assert main(["bench", "routing", "--workload", "w6", "--dp", "2", "--option", "num_requests=60",
+                 "--r-sat", "20", "--policies", "round_robin", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    labels = [r["workload"] for r in runs]
+    assert labels == ["w6", "w6@0.3rsat", "w6@0.5rsat", "w6@0.7rsat", "w6@0.85rsat", "w6@1rsat", "w6@1.2rsat"]
+    assert [r["counts"]["requests"] for r in runs[1:]] == [9] * 6  # 10 per rung, less the first as warm-up
+    assert all(set(r["metrics"]) == set(METRIC_KEYS) for r in runs)
