@@ -89,3 +89,25 @@ def test_a_relative_ladder_is_also_measured_rung_by_rung(tmp_path):
     assert labels == ["w6", "w6@0.3rsat", "w6@0.5rsat", "w6@0.7rsat", "w6@0.85rsat", "w6@1rsat", "w6@1.2rsat"]
     assert [r["counts"]["requests"] for r in runs[1:]] == [9] * 6  # 10 per rung, less the first as warm-up
     assert all(set(r["metrics"]) == set(METRIC_KEYS) for r in runs)
+
+
+def _run(workload, policy, **metrics):
+    base = dict.fromkeys(METRIC_KEYS, 1.0)
+    return {"workload": workload, "policy": policy, "seed": 1, "dp": 8, "metrics": {**base, **metrics}}
+
+
+def test_gates_compare_the_candidate_with_vllm_and_the_best_other_policy():
+    from asyncdp.bench.report import gates
+
+    runs = [
+        _run("w1", "vllm", ttft_p99_s=4.0, goodput_rps=10.0),
+        _run("w1", "rr", ttft_mean_s=0.5, prefix_hit_rate=0.8),
+        _run("w1", "asyncdp", ttft_p99_s=2.0, ttft_mean_s=0.53, goodput_rps=9.7, prefix_hit_rate=0.7),
+        _run("w6@0.3rsat", "vllm"), _run("w6@0.3rsat", "asyncdp", ttft_mean_s=0.2),
+        _run("w2@0.5rsat", "vllm", ttft_p99_s=1.0), _run("w2@0.5rsat", "asyncdp", ttft_p99_s=1.0),
+    ]
+    verdicts = {g: (v, d) for g, v, d in gates(runs)}
+    assert verdicts["G1"][0] == "PASS"  # 2.0 <= 0.5 * 4.0; w2's 0.5 rung is not the reference rung
+    assert verdicts["G2"][0] == "FAIL" and "w1" in verdicts["G2"][1]  # 0.53 > 1.05 * 0.5
+    assert verdicts["G3"][0] == "FAIL" and "w1" in verdicts["G3"][1]  # 0.7 < 0.9 * 0.8
+    assert verdicts["G4"] == ("FAIL", "w1: goodput 9.7 vs limit 9.8")
