@@ -195,7 +195,7 @@ class _Driver:
         async with anyio.create_task_group() as tg:
             self.tg = tg
             if self.dispatch is not None:
-                tg.start_soon(self._dispatcher, tg.cancel_scope)
+                tg.start_soon(self._dispatcher)
             roots = [r for r in self.w.records if r.after_req is None or self.closed]
             if not self.closed:
                 roots.sort(key=lambda r: (r.t_arrival_ms or 0.0, r.req_id))
@@ -206,7 +206,6 @@ class _Driver:
                         break
                     await anyio.sleep_until(self.t0 + due)
                 await self._submit(tg, rec)
-            self._roots_done = True
             if self.dispatch is not None:
                 await self._wait_drained()
                 tg.cancel_scope.cancel()
@@ -222,7 +221,7 @@ class _Driver:
             await self.slots.acquire()
         await tg.start(self._one, rec)
 
-    async def _dispatcher(self, scope: anyio.CancelScope) -> None:
+    async def _dispatcher(self) -> None:
         d = self.dispatch
         assert d is not None and self.slots is not None and self.tg is not None
         while True:
@@ -242,9 +241,8 @@ class _Driver:
             with anyio.move_on_after(1.0):
                 await self.ready_changed.wait()
 
-    _outstanding = 0
-    _later_count = 0
-    _roots_done = False
+    _outstanding = 0  # requests in flight
+    _later_count = 0  # dependents waiting out their think time
 
     async def _one(self, rec: Record, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         rid = f"r{rec.req_id}"
