@@ -1,4 +1,5 @@
-"""The ``asyncdp`` command line: ``serve``, ``model export|list`` and ``--version``.
+"""The ``asyncdp`` command line: ``serve``, ``model export|list``, ``bench routing`` (delegated to
+:mod:`asyncdp.bench.command`) and ``--version``.
 
 Theory of operation: argv is normalised (``--data_parallel_size`` is ``--data-parallel-size``), parsed by argparse
 into ``{field: value}`` with ``None`` for every flag not given, and handed to :meth:`ServeConfig.from_flags`
@@ -21,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
+from asyncdp.bench.command import add_bench_parser
+from asyncdp.bench.command import run as run_bench
 from asyncdp.config.deployment import ResolvedServeConfig, resolve
 from asyncdp.config.flags import (
     DEFAULT_MODEL,
@@ -240,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("name")
     export.add_argument("dir")
     msub.add_parser("list", help="list the built-in models")
+    add_bench_parser(sub)
     return parser
 
 
@@ -368,6 +372,8 @@ def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None 
                 raise ConfigError(reason)
         else:
             ns = build_parser().parse_args(normalize_argv(argv))
+            if ns.command == "bench":
+                return run_bench(ns)
             return _run_model_command(ns)
     except ConfigError as exc:
         print(f"asyncdp: error: {exc}", file=sys.stderr)

@@ -63,6 +63,7 @@ from asyncdp.engine.core import EngineCore
 from asyncdp.engine.dp_group import MemoryDPGroup
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.engine.rank_links import OUTBOX_SIZE
+from asyncdp.engine.sim_executor import TokenSource
 from asyncdp.errors import AsyncDPError, ConfigError, leaf_exceptions
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing.cluster_links import ClusterLinks
@@ -282,6 +283,7 @@ async def open_sim_cluster(
     sync_cadence: str = "asyncdp",
     client_outbox_size: int = OUTBOX_SIZE,
     link_buffer: int = LINK_BUFFER,
+    token_source: TokenSource | None = None,
 ) -> AsyncIterator[SimCluster]:
     """Start a DP deployment in this event loop; yield it once every client can route to every rank.
 
@@ -292,7 +294,8 @@ async def open_sim_cluster(
     ``max_tokens``). ``codec=True`` round-trips every message through the msgpack codec (slower; exercises the
     wire format). ``client_outbox_size`` is each rank's outbox per client (a full one cuts that client's link)
     and ``link_buffer`` each in-memory link's buffer: small values play a client that stops reading (with
-    :meth:`SimCluster.stall_client`). See the module docstring for what the yielded :class:`SimCluster` offers.
+    :meth:`SimCluster.stall_client`). ``token_source`` is handed to every rank's simulated executor (see
+    :mod:`asyncdp.engine.sim_executor`: it picks each request's output tokens). See the module docstring for what the yielded :class:`SimCluster` offers.
     """
     if engine_config.executor != "sim":
         raise ConfigError(f"open_sim_cluster needs engine_config.executor='sim' (got {engine_config.executor!r}).")
@@ -314,7 +317,7 @@ async def open_sim_cluster(
             try:
                 await _start(cluster, tg, engine_config, vocab_size, max_model_len, eos_token_ids, tokenizer,
                              lb_policy, coordinator_config if with_coordinator else None, ranks,
-                             heartbeat_interval_s, heartbeat_timeout_s, moe, client_outbox_size)
+                             heartbeat_interval_s, heartbeat_timeout_s, moe, client_outbox_size, token_source)
                 yield cluster
             finally:
                 for client in cluster.clients:
@@ -333,7 +336,7 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
                  max_model_len: int, eos_token_ids: Sequence[int], tokenizer: Any, lb_policy: str,
                  coordinator_config: CoordinatorConfig | None, ranks: tuple[int, ...],
                  heartbeat_interval_s: float, heartbeat_timeout_s: float, moe: tuple[int, str] | None,
-                 client_outbox_size: int) -> None:
+                 client_outbox_size: int, token_source: TokenSource | None = None) -> None:
     dp_size, num_clients = cluster.dp_size, cluster.num_clients
     if coordinator_config is not None:
         cluster.coordinator = SimCoordinator(
@@ -359,7 +362,7 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
     sync_interval, sync_cadence = moe if moe is not None else (32, "asyncdp")
     for r in ranks:
         executor = SimRankExecutor(engine_config, vocab_size, max_model_len=max_model_len,
-                                   avoid_token_ids=eos_token_ids)
+                                   avoid_token_ids=eos_token_ids, token_source=token_source)
         cluster._executors.append(executor)
         core = EngineCore(engine_config, executor, tokenizer, eos_token_ids=eos_token_ids,
                           clock=anyio.current_time)
