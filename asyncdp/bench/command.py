@@ -17,7 +17,7 @@ import argparse
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any
@@ -233,10 +233,3 @@ def _plots(directory: Path, logs: dict[tuple[str, str, int], Any]) -> None:
         ax.legend()
         fig.savefig(directory / f"ttft_cdf_{label.replace('@', '_').replace(':', '_')}.png")
         plt.close(fig)
-
-
-def main(argv: Sequence[str]) -> int:
-    """``asyncdp bench ...`` on its own (the CLI delegates here after parsing)."""
-    from asyncdp.cli import main as cli_main
-
-    return cli_main(["bench", *argv])
