@@ -94,11 +94,12 @@ def apply_outputs(requests: dict[str, RequestStream], msg: m.EngineOutputs, now:
 def tell_policy(lb: LoadBalancer, requests: dict[str, RequestStream], msg: m.EngineOutputs) -> None:
     """Report first tokens and token counts to the balancer, for the policies that model them (the peers'),
     before :func:`apply_outputs` posts the frame (which sets ``first_token_at``)."""
-    now = now_us()
+    now: int | None = None
     for out in msg.outputs:
         req = requests.get(out.request_id)
         if req is None or not out.new_token_ids:
             continue
+        now = now_us() if now is None else now  # read the clock only for a frame that carries tokens
         if req.first_token_at is None:
             lb.on_first_token(out.request_id, now)
         lb.on_tokens(out.request_id, len(out.new_token_ids), now)
