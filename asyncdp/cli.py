@@ -1,11 +1,14 @@
-"""The ``asyncdp`` command line: ``serve``, ``model export|list`` and ``--version``.
+"""The ``asyncdp`` command line: ``serve``, ``model export|list``, ``bench routing`` (delegated to
+:mod:`asyncdp.bench.command`) and ``--version``.
 
 Theory of operation: argv is normalised (``--data_parallel_size`` is ``--data-parallel-size``), parsed by argparse
 into ``{field: value}`` with ``None`` for every flag not given, and handed to :meth:`ServeConfig.from_flags`
 (range checks, env overrides). The model's facts (MoE or dense, number of experts) are read, then
-:func:`asyncdp.deployment.resolve` derives the deployment (spec §3). Any :class:`~asyncdp.errors.ConfigError`, argparse
-errors included, ends the command with one line ``asyncdp: error: <message>`` on stderr and exit code 2, before
-any child process exists. Only then does ``serve`` call ``asyncdp.launcher.run_serve(config)``.
+:func:`asyncdp.config.deployment.resolve` derives the deployment (spec §3), paired with the flags in a
+:class:`~asyncdp.config.deployment.ResolvedServeConfig`. Any :class:`~asyncdp.errors.ConfigError`, argparse errors
+included, ends the command with one line ``asyncdp: error: <message>`` on stderr and exit code 2, before any child
+process exists; so does a mode this build cannot run yet (:func:`unsupported_reason`: the launch table is
+computed for it, not performed). Only then does ``serve`` call ``asyncdp.launcher.head.run_serve(config)``.
 
 Heavy modules (model, launcher) are imported lazily so that ``--help`` and validation stay fast.
 """
@@ -19,7 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
-from asyncdp.config import (
+from asyncdp.bench.command import add_bench_parser
+from asyncdp.bench.command import run as run_bench
+from asyncdp.config.deployment import ResolvedServeConfig, resolve
+from asyncdp.config.flags import (
     DEFAULT_MODEL,
     DP_BACKENDS,
     HTTP_BACKENDS,
@@ -27,7 +33,7 @@ from asyncdp.config import (
     LOG_LEVELS,
     ServeConfig,
 )
-from asyncdp.deployment import resolve
+from asyncdp.dp.balance import make_policy
 from asyncdp.errors import ConfigError
 
 _D = ServeConfig()  # defaults for help texts
@@ -42,7 +48,7 @@ class ModelFacts(Protocol):
 
 
 ModelFactsFn = Callable[[str], ModelFacts]
-RunServeFn = Callable[[ServeConfig], int]
+RunServeFn = Callable[[ResolvedServeConfig], int]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,11 +76,18 @@ def _bool(group: Any, *names: str, help: str, dest: str | None = None) -> None:
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """Every ``asyncdp serve`` flag, one argument group per section of spec §2."""
     p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
                    help=f"built-in model name or Hugging Face checkpoint directory (default: {DEFAULT_MODEL})")
     p.add_argument("--model", default=None, help="same as the positional MODEL")
+    _add_topology_flags(p.add_argument_group("data-parallel topology"))
+    _add_front_end_flags(p.add_argument_group("front-end and processes"))
+    _add_supervisor_flags(p.add_argument_group("multi-port supervisor"))
+    _add_tuning_flags(p.add_argument_group("asyncdp data-parallel tuning"))
+    _add_engine_flags(p.add_argument_group("engine"))
 
-    g = p.add_argument_group("data-parallel topology")
+
+def _add_topology_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--data-parallel-size", "-dp", type=int, default=None, metavar="N",
                    help="global number of data-parallel ranks (engine replicas) (default: 1)")
     g.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None, metavar="L",
@@ -122,7 +135,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="devices relative to the visible set, e.g. 0,1,2,3; local rank i uses "
                         "[i*tp*pp, (i+1)*tp*pp)")
 
-    g = p.add_argument_group("front-end and processes")
+
+def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--host", default=None, help="HTTP bind host (default: all interfaces)")
     g.add_argument("--port", type=int, default=None,
                    help=f"HTTP port; in multi-port mode the port of local rank 0 (default: {_D.port})")
@@ -154,7 +168,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-level", default=None, metavar="{" + ",".join(LOG_LEVELS) + "}",
                    help=f"log level (default: {_D.log_level})")
 
-    g = p.add_argument_group("multi-port supervisor")
+
+def _add_supervisor_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--data-parallel-supervisor-port", type=int, default=None, metavar="PORT",
                    help=f"port of the aggregated /health, /ready, /readyz (default: {_D.data_parallel_supervisor_port})")
     g.add_argument("--dp-supervisor-probe-interval-s", type=float, default=None, metavar="S",
@@ -165,7 +180,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-supervisor-probe-failure-threshold", type=int, default=None, metavar="N",
                    help="connection attempts per probe once the node is ready; 1 before (default: 3)")
 
-    g = p.add_argument_group("asyncdp data-parallel tuning")
+
+def _add_tuning_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--dp-sync-interval", type=int, default=None, metavar="STEPS",
                    help="MoE: steps between group 'unfinished' all-reduces; env ASYNCDP_DP_SYNC_INTERVAL "
                         f"(default: {_D.dp_sync_interval})")
@@ -184,8 +200,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     _bool(g, "--dp-fail-fast",
           help="dense only: tear the deployment down when any rank dies instead of degrading (default: off)")
 
+
+def _add_engine_flags(g: argparse._ArgumentGroup) -> None:
     e = _D.engine
-    g = p.add_argument_group("engine")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
                    help=f"most sequences per step (default: {e.max_num_seqs})")
@@ -226,11 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("name")
     export.add_argument("dir")
     msub.add_parser("list", help="list the built-in models")
+    add_bench_parser(sub)
     return parser
 
 
 def _version() -> str:
-    from asyncdp import __version__
+    from asyncdp.version import __version__
 
     return __version__
 
@@ -256,25 +274,25 @@ def default_model_facts(name: str) -> ModelFacts:
 
 
 def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                       model_facts: ModelFactsFn | None = None) -> ServeConfig:
+                       model_facts: ModelFactsFn | None = None) -> ResolvedServeConfig:
     """Parse ``asyncdp serve`` arguments (without ``serve``) into a validated, resolved ServeConfig.
 
     ``config.deployment`` is set. Raises ConfigError for anything invalid (spec §4.1).
     """
     ns = build_parser().parse_args(["serve", *normalize_argv(argv)])
     config = ServeConfig.from_flags(_serve_flags(ns), env=env)
+    make_policy(config.lb_policy)  # a preset name is checked here (the flag check knows base names only)
     facts = (model_facts or default_model_facts)(config.model)
     deployment = resolve(config, is_moe=bool(facts.is_moe), num_experts=int(facts.num_experts), env=env)
-    return config.replace(deployment=deployment)
+    return ResolvedServeConfig.with_deployment(config, deployment)
 
 
-def unsupported_reason(config: ServeConfig) -> str | None:
+def unsupported_reason(config: ResolvedServeConfig) -> str | None:
     """What this build cannot run yet (validated already), or None. Checked before anything starts.
 
     The message names only flags the command line (or the environment) set, and says what to change: this build
     runs every data-parallel rank on this one node, one device per rank, behind internal load balancing."""
     d = config.deployment
-    assert d is not None, "resolve() first"
     if config.uds is not None:
         return "--uds is not supported in this build yet; serve on TCP instead: drop --uds (and pass --host/--port)"
     one_node = "this build serves one node with internal load balancing"
@@ -347,7 +365,6 @@ def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None 
     try:
         if argv[:1] == ["serve"]:
             config = build_serve_config(argv[1:], env=env, model_facts=model_facts)
-            assert config.deployment is not None
             for warning in config.deployment.warnings:
                 print(f"asyncdp: warning: {warning}", file=sys.stderr)
             reason = unsupported_reason(config)
@@ -355,12 +372,14 @@ def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None 
                 raise ConfigError(reason)
         else:
             ns = build_parser().parse_args(normalize_argv(argv))
+            if ns.command == "bench":
+                return run_bench(ns)
             return _run_model_command(ns)
     except ConfigError as exc:
         print(f"asyncdp: error: {exc}", file=sys.stderr)
         return 2
     if run_serve is None:
-        from asyncdp.launcher import run_serve as launcher_run_serve
+        from asyncdp.launcher.head import run_serve as launcher_run_serve
 
         run_serve = launcher_run_serve
     return int(run_serve(config))

@@ -12,15 +12,26 @@
      ├── QueueFullError              the admission limit is reached (HTTP 429)
      ├── UnavailableError            no rank can serve, or the server is shutting down (HTTP 503)
      │    ├── EngineDeadError        the engine that owned a request died
+     │    ├── EngineTimeoutError     an engine did not take or answer a message within its deadline
      │    └── ShuttingDownError      the deployment is draining or stopping
      ├── ProtocolError               a malformed or unknown inter-process message
      ├── StartupError                a handshake check, deadline or child process failed at startup (exit 1)
-     └── PauseError                  pause/resume misuse (resume while a pause is still in progress)
+     │    └── ChildExited            a child process exited before it reported what startup waits for
+     ├── PauseError                  pause/resume misuse (resume while a pause is still in progress)
+     ├── RankTornDown                the MoE group was torn down (coordinator Teardown, lost coordinator)
+     ├── DPGroupError                a collective of the DP control group failed (lockstep violation, lost peer)
+     │    └── DPGroupAborted         the group was aborted (teardown); no collective can complete any more
+     └── HTTPError                   an error the HTTP layer decides itself (bad body, auth, size), with a status
+
+Helpers: :func:`leaf_exceptions` flattens an exception group (nested groups included) into its leaves, for the
+roles that report the one meaningful error of a failed task group.
 
 The mapping from these to HTTP status codes and OpenAI error JSON lives in one place: ``asyncdp.api.errors``.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 
 class AsyncDPError(Exception):
@@ -67,6 +78,11 @@ class EngineDeadError(UnavailableError):
     """The engine that owned the request died."""
 
 
+class EngineTimeoutError(UnavailableError):
+    """An engine rank did not accept a message (its link stayed full) or answer a call within the deadline; the
+    message names the rank and the wait."""
+
+
 class ShuttingDownError(UnavailableError):
     """The deployment is shutting down and takes no new work."""
 
@@ -81,3 +97,49 @@ class StartupError(AsyncDPError):
 
 class PauseError(AsyncDPError):
     """Pause/resume misuse, e.g. resume while a pause is still in progress."""
+
+
+class _Child(Protocol):
+    @property
+    def returncode(self) -> int | None: ...
+
+    def describe(self) -> str: ...
+
+
+class ChildExited(StartupError):
+    """A child process exited before it reported the event that startup waits for (spec E12)."""
+
+    def __init__(self, child: _Child) -> None:
+        super().__init__(f"{child.describe()} exited with code {child.returncode} during startup")
+        self.child = child
+
+
+class RankTornDown(AsyncDPError):
+    """The group was torn down (coordinator Teardown, lost coordinator in MoE mode)."""
+
+
+class DPGroupError(AsyncDPError):
+    """A collective of the DP control group failed (lockstep violation, bad arguments, lost peer)."""
+
+
+class DPGroupAborted(DPGroupError):
+    """The group was aborted (teardown); no collective can complete any more."""
+
+
+class HTTPError(AsyncDPError):
+    """An error the HTTP layer itself decides (bad body, unknown route, auth), with its status."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+def leaf_exceptions(exc: BaseException) -> list[BaseException]:
+    """Every non-group exception inside ``exc`` (``[exc]`` itself when it is not a group), depth first."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    out: list[BaseException] = []
+    for sub in exc.exceptions:
+        out.extend(leaf_exceptions(sub))
+    return out

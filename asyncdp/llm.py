@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import EngineCore, build_engine_core
 from asyncdp.errors import InvalidRequestError
 from asyncdp.outputs import CompletionOutput, RequestOutput

@@ -3,14 +3,18 @@
 ``SamplingParams`` travels inside ``AddRequest`` on the wire, so it is a frozen msgspec struct. ``validate()``
 raises :class:`~asyncdp.errors.InvalidSamplingParams` naming the field and its allowed range; the API layer and
 the offline ``LLM`` both call it before a request reaches an engine. ``structured`` (``StructuredOutputs``) is
-checked by compiling its grammar with llguidance (tokenizer-free, cached by text), so an uncompilable schema or
-regex is refused there too, naming ``structured.<field>``.
+checked by compiling its grammar with llguidance (tokenizer-free, cached by text; ``grammar_text`` and
+``check_grammar`` live here so that this wire type imports nothing of the engine), so an uncompilable schema or
+regex is refused there too, naming ``structured.<field>``. The engine's matchers build from the same
+``grammar_text``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from typing import Any
 
 import msgspec
 
@@ -25,6 +29,47 @@ MAX_INT32 = 2**31 - 1
 # OpenAI's ranges: penalties in [-2, 2], logit_bias values in [-100, 100].
 MAX_PENALTY = 2.0
 MAX_LOGIT_BIAS = 100.0
+INSTALL_HINT = "structured outputs need the 'llguidance' package on the server; install it with: pip install llguidance"
+# JSON is generated compact (no optional whitespace): small models otherwise loop on spaces and newlines.
+_JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+def llguidance_module() -> Any:
+    """The grammar library (an optional extra, imported on first use)."""
+    try:
+        import llguidance
+    except ImportError as exc:
+        raise InvalidSamplingParams(INSTALL_HINT, field="structured") from exc
+    return llguidance
+
+
+def grammar_text(kind: str, text: str) -> str:
+    """The llguidance grammar of a ``StructuredOutputs.kind()`` pair (the engine's matchers compile the same)."""
+    llg = llguidance_module()
+    matcher = llg.LLMatcher
+    if kind in ("json_schema", "json_object"):
+        return str(matcher.grammar_from_json_schema(text, defaults=_JSON_OPTIONS))
+    if kind == "regex":
+        return str(matcher.grammar_from_regex(text))
+    if kind == "choice":
+        return str(matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(text))))
+    if kind == "grammar":
+        return str(llg.grammar_from("grammar", text))  # Lark, or llama.cpp GBNF converted to Lark
+    raise ValueError(f"unknown structured output kind {kind!r}")
+
+
+def refuse_grammar(kind: str, message: str) -> InvalidSamplingParams:
+    return InvalidSamplingParams(f"structured.{kind} cannot be compiled: {message}", field=f"structured.{kind}")
+
+
+@functools.lru_cache(maxsize=256)
+def check_grammar(kind: str, text: str) -> str:
+    """The library's error message for this grammar, or "" when it compiles (cached by text)."""
+    try:
+        grammar = grammar_text(kind, text)
+    except ValueError as exc:
+        return str(exc)
+    return str(llguidance_module().LLMatcher.validate_grammar(grammar)).strip()
 
 
 class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -56,9 +101,6 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
 
     def validate(self) -> None:
         """Check that exactly one field is set and that the grammar library compiles it (cached by text)."""
-        # lazy: the grammar library is an optional extra
-        from asyncdp.engine.structured import check_grammar, refuse_grammar
-
         name, text = self.kind()
         if name == "json_schema":
             try:

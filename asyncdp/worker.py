@@ -1,8 +1,9 @@
 """Entry point of every asyncdp child process: ``python -m asyncdp.worker --control-fd N --name NAME``.
 
-It reads its role and configuration from the control channel (blocking, before the event loop starts, because
-the anyio backend is part of the configuration), names the process for ``ps``, arms parent-death detection and
-runs the role's main under :func:`asyncdp.runtime.run`. Exit codes: 0 orderly, 1 failure (spec implementation frame).
+It reads a typed ``WorkerHello`` (the role's frozen config from :mod:`asyncdp.config.roles`) from the control
+channel (blocking, before the event loop starts, because the anyio backend is part of it), names the process for
+``ps``, arms parent-death detection and runs the role's main, chosen by the type of the role config, under
+:func:`asyncdp.runtime.run`. A first frame that is no ``WorkerHello`` is a ProtocolError (exit 1). Exit codes: 0 orderly, 1 failure (spec implementation frame).
 """
 
 from __future__ import annotations
@@ -13,38 +14,35 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable
 
-import orjson
-
+from asyncdp import messages as m
 from asyncdp import runtime
+from asyncdp.config.roles import ApiServerRole, CoordinatorRole, EngineRole, RoleConfig
+from asyncdp.errors import ProtocolError
 from asyncdp.logs import setup_logging
-from asyncdp.procs import ControlChannel
+from asyncdp.transport.control import ControlChannel, read_frame_blocking
 
 log = logging.getLogger("asyncdp.worker")
 
 PR_SET_PDEATHSIG = 1
 
 
-def _roles() -> dict[str, Callable[[dict[str, Any], ControlChannel], Awaitable[int]]]:
-    # Imported lazily: a coordinator child must not pay for torch.
-    def engine(payload: dict[str, Any], control: ControlChannel) -> Awaitable[int]:
+def role_main(role: RoleConfig, control: ControlChannel) -> Awaitable[int]:
+    """The main of the role ``role`` configures. Imported lazily: a coordinator child must not pay for torch."""
+    if isinstance(role, EngineRole):
         from asyncdp.engine.rank_process import run_rank_process
 
-        return run_rank_process(payload, control)
+        return run_rank_process(role, control)
+    if isinstance(role, CoordinatorRole):
+        from asyncdp.coordinator.process import run_coordinator_process
 
-    def coordinator(payload: dict[str, Any], control: ControlChannel) -> Awaitable[int]:
-        from asyncdp.coordinator_process import run_coordinator_process
+        return run_coordinator_process(role, control)
+    if isinstance(role, ApiServerRole):
+        from asyncdp.apiserver.process import run_api_process
 
-        return run_coordinator_process(payload, control)
-
-    def api(payload: dict[str, Any], control: ControlChannel) -> Awaitable[int]:
-        from asyncdp.api_server import run_api_process
-
-        return run_api_process(payload, control)
-
-    return {"engine": engine, "coordinator": coordinator, "api": api}
+        return run_api_process(role, control)
+    raise ProtocolError(f"no process main for role config {type(role).__name__}")
 
 
 def _arm_parent_death_signal(parent_pid: int) -> None:
@@ -69,23 +67,22 @@ def main(argv: list[str] | None = None) -> int:
         setproctitle.setproctitle(args.name)
     except ImportError:
         pass
-    hello = _read_control_hello(args.control_fd)
-    if hello.get("parent_death_signal", True):
-        _arm_parent_death_signal(hello["parent_pid"])
-    setup_logging(prefix=hello.get("log_prefix") or args.name, level=hello.get("log_level", "INFO"))
-    role_main = _roles()[hello["role"]]
+    hello = read_hello(args.control_fd)
+    if hello.parent_death_signal:
+        _arm_parent_death_signal(hello.parent_pid)
+    setup_logging(prefix=hello.log_prefix or args.name, level=hello.log_level)
 
     async def run() -> int:
         control = await ControlChannel.from_fd(args.control_fd)
-        return await role_main(hello["payload"], control)
+        return await role_main(hello.role, control)
 
     try:
-        return runtime.run(run, backend=hello.get("backend", "asyncio"))
+        return runtime.run(run, backend=hello.backend)
     except KeyboardInterrupt:
         return 0
     finally:
-        if os.getppid() != hello["parent_pid"]:
-            remove_orphaned_run_dir(hello.get("run_dir"))
+        if os.getppid() != hello.parent_pid:
+            remove_orphaned_run_dir(hello.run_dir)
 
 
 def remove_orphaned_run_dir(run_dir: str | None) -> None:
@@ -98,16 +95,14 @@ def remove_orphaned_run_dir(run_dir: str | None) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _read_control_hello(fd: int) -> dict[str, Any]:
-    """Read exactly one line from the control socket without consuming anything after it."""
-    data = bytearray()
-    while True:
-        byte = os.read(fd, 1)
-        if not byte:
-            sys.exit(1)  # parent gone before sending the configuration
-        if byte == b"\n":
-            return orjson.loads(bytes(data))
-        data += byte
+def read_hello(fd: int) -> m.WorkerHello:
+    """The first control frame, which must be the ``WorkerHello``; exit 1 if the parent is gone before it."""
+    hello = read_frame_blocking(fd)
+    if hello is None:
+        sys.exit(1)  # parent gone before sending the configuration
+    if not isinstance(hello, m.WorkerHello):
+        raise ProtocolError(f"expected WorkerHello as the first control frame, got {type(hello).__name__}")
+    return hello
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine")
 
 from engine_testing import EOS_ID, VOCAB_SIZE, make_byte_tokenizer  # noqa: E402
 
-from asyncdp.config import EngineConfig  # noqa: E402
+from asyncdp.config.flags import EngineConfig  # noqa: E402
 from asyncdp.engine.core import EngineCore  # noqa: E402
 from asyncdp.engine.sim_executor import SimExecutor  # noqa: E402
 from asyncdp.sampling_params import SamplingParams  # noqa: E402

@@ -34,12 +34,11 @@ import trio
 import trio.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine"))
-
-from rank_harness import Result, open_cluster  # noqa: E402
 
 from asyncdp import messages as m  # noqa: E402
 from asyncdp.sampling_params import SamplingParams  # noqa: E402
+from asyncdp.testing import RankResult as Result  # noqa: E402
+from asyncdp.testing import open_rank_cluster as open_cluster  # noqa: E402
 from asyncdp.testing.cluster import DEFAULT_SIM_COST  # noqa: E402
 
 WORKLOADS = ("burst-1", "req-10", "long-apart", "long-same", "early-stop")

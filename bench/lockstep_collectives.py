@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests" / "model"))
 import torch  # noqa: E402
 from dp_worker import DPRanks, time_decode  # noqa: E402
 
-from asyncdp.config import EngineConfig  # noqa: E402
+from asyncdp.config.flags import EngineConfig  # noqa: E402
 from asyncdp.engine.model_runner import TorchExecutor  # noqa: E402
 from asyncdp.model import export_builtin  # noqa: E402
 from asyncdp.model.decoder import ArchSpec  # noqa: E402

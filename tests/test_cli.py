@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from asyncdp.cli import main, normalize_argv
-from asyncdp.config import ServeConfig
+from asyncdp.config.flags import ServeConfig
 from asyncdp.errors import ModelNotFoundError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from asyncdp.cli import build_parser, build_serve_config, unsupported_reason
-from asyncdp.config import ENV_OVERRIDES, KEEP_ALIVE_ENV, MODES
+from asyncdp.config.flags import ENV_OVERRIDES, KEEP_ALIVE_ENV, MODES
 from asyncdp.errors import ConfigError
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "reference" / "cli.md"

@@ -18,72 +18,24 @@ The same handlers run under asyncio (``Quart``) and trio (``QuartTrio``); only t
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import orjson
-from anyio.abc import TaskGroup
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from asyncdp.api import chat, completions, utility_routes
 from asyncdp.api.body import draining_request_class
+from asyncdp.api.context import PAUSE_MODES, AppState, json_response, set_draining, state_of
 from asyncdp.api.engine_client import EngineClient
-from asyncdp.api.errors import HTTPError, error_body, status_and_body
-from asyncdp.api.offload import Offload
-from asyncdp.config import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
-from asyncdp.errors import ShuttingDownError, UnavailableError
-from asyncdp.metrics import CONTENT_TYPE, Metrics
+from asyncdp.api.errors import error_body, status_and_body
+from asyncdp.api.metrics import CONTENT_TYPE, Metrics
+from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
+from asyncdp.errors import HTTPError
 
-PAUSE_MODES = ("abort", "wait", "keep")
 _ALWAYS_OPEN = ("/health", "/metrics", "/server_info")
 
-
-@dataclass
-class AppState:
-    """What the handlers share. Stored as ``app.extensions["asyncdp"]``."""
-
-    client: EngineClient
-    metrics: Metrics
-    api_key: str | None
-    served_model_names: tuple[str, ...]
-    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
-    max_request_body_bytes: int = 0
-    offload: Offload = field(default_factory=Offload)
-    task_group: TaskGroup | None = None
-    draining: bool = False
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    def check_model(self, model: str | None) -> str:
-        """The model name to answer with; 404 when the request names another model."""
-        from asyncdp.errors import ModelNotServedError
-
-        if model is None:
-            return self.served_model_names[0]
-        if model not in self.served_model_names:
-            raise ModelNotServedError(f"The model `{model}` does not exist.")
-        return model
-
-    def producers(self) -> TaskGroup:
-        if self.draining:
-            raise ShuttingDownError("the server is shutting down")
-        if self.task_group is None:
-            raise UnavailableError("the server is not serving yet")
-        return self.task_group
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(obj), status=status, content_type="application/json")
-
-
-def state_of(app: Quart) -> AppState:
-    return app.extensions["asyncdp"]
-
-
-def set_draining(app: Quart) -> None:
-    """From now on, new requests get 503 and ``/health`` fails; in-flight requests continue."""
-    state_of(app).draining = True
-
+__all__ = ["AppState", "create_app", "json_response", "set_draining", "state_of"]
 
 def create_app(
     client: EngineClient,
@@ -125,6 +77,17 @@ def create_app(
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]
 
+    _install_hooks(app, state)
+    _register_control_routes(app, state)
+    completions.register(app, state)
+    chat.register(app, state)
+    utility_routes.register(app, state)
+    return app
+
+
+def _install_hooks(app: Quart, state: AppState) -> None:
+    """The producers' task group for the serving lifetime, the auth and drain gate, the one error handler."""
+
     @app.while_serving
     async def _producers() -> Any:
         async with anyio.create_task_group() as tg:
@@ -159,6 +122,11 @@ def create_app(
             return response
         status, body = status_and_body(exc)
         return json_response(body, status)
+
+
+def _register_control_routes(app: Quart, state: AppState) -> None:
+    """``/health``, ``/metrics``, ``/server_info``, ``/v1/models`` and ``/pause`` ``/resume`` ``/is_paused``."""
+    client = state.client
 
     @app.get("/health")
     async def health() -> Response:
@@ -202,10 +170,3 @@ def create_app(
         # One answer per managed engine, or one for all: paused means every engine is paused.
         paused = all(result) and len(result) > 0 if isinstance(result, list) else bool(result)
         return json_response({"is_paused": paused})
-
-    from asyncdp.api import chat, completions, utility_routes
-
-    completions.register(app, state)
-    chat.register(app, state)
-    utility_routes.register(app, state)
-    return app

@@ -18,14 +18,12 @@ from typing import Any
 
 from quart import Quart, Response, request
 
-from asyncdp.api.app import AppState, json_response
-from asyncdp.api.errors import HTTPError
+from asyncdp.api.context import AppState, json_response
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
     best_choices,
     check_length,
     check_num_sequences,
-    managed_ranks,
     run_whole,
     sequences,
     start_stream,
@@ -46,7 +44,7 @@ from asyncdp.api.rank_hint import parse_rank_hint
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
-from asyncdp.errors import InvalidRequestError
+from asyncdp.errors import HTTPError, InvalidRequestError
 from asyncdp.messages import RequestOutput
 
 # Template arguments asyncdp passes itself; chat_template_kwargs may not override them.
@@ -130,7 +128,7 @@ def register(app: Quart, state: AppState) -> None:
     async def chat_completions() -> Response:
         body = await request.get_data(as_text=False)
         prep = await state.offload.run(len(body) > INLINE_BODY_BYTES, prepare, state, body)
-        hint = parse_rank_hint(request.headers, prep.req, lambda: managed_ranks(state))
+        hint = parse_rank_hint(request.headers, prep.req)
         created = int(time.time())
         tok = state.client.tokenizer
         if not prep.req.stream:

@@ -17,14 +17,12 @@ from typing import Any
 import orjson
 from quart import Quart, Response, request
 
-from asyncdp.api.app import AppState
-from asyncdp.api.errors import HTTPError
+from asyncdp.api.context import AppState
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
     best_choices,
     check_length,
     check_num_sequences,
-    managed_ranks,
     run_whole,
     sequences,
     start_stream,
@@ -46,6 +44,7 @@ from asyncdp.api.rank_hint import parse_rank_hint
 from asyncdp.api.schemas import CompletionRequest, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
+from asyncdp.errors import HTTPError
 from asyncdp.messages import RequestOutput
 
 
@@ -124,7 +123,7 @@ def register(app: Quart, state: AppState) -> None:
         body = await request.get_data(as_text=False)
         prep = await state.offload.run(len(body) > INLINE_BODY_BYTES, prepare, state, body)
         req = prep.req
-        hint = parse_rank_hint(request.headers, req, lambda: managed_ranks(state))
+        hint = parse_rank_hint(request.headers, req)
         request_id, created = prep.request_id, int(time.time())
         if not req.stream:
             choices = best_choices(await run_whole(state, prep.seqs, hint), prep.per_prompt, prep.n)

@@ -1,9 +1,9 @@
 """What the HTTP layer needs from an engine client, as a Protocol.
 
-Implementations: ``asyncdp.client.DPClient`` (the real DP client of an API-server process, talking to engine
+Implementations: ``asyncdp.apiserver.client.DPClient`` (the real DP client of an API-server process, talking to engine
 processes over links) and ``asyncdp.testing.FakeEngineClient`` (deterministic, in-process, for API tests).
 
-The client owns request metrics (``asyncdp.metrics``): it knows the owning rank and every token's timing. The
+The client owns request metrics (``asyncdp.api.metrics``): it knows the owning rank and every token's timing. The
 HTTP layer renders prompts, validates the body and maps exceptions (``asyncdp.api.errors``).
 """
 

@@ -12,10 +12,9 @@ import logging
 from http import HTTPStatus
 from typing import Any
 
-import orjson
-
 from asyncdp.errors import (
     AsyncDPError,
+    HTTPError,
     InvalidRequestError,
     ModelNotServedError,
     PauseError,
@@ -36,15 +35,6 @@ _TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
-
-
-class HTTPError(Exception):
-    """An error the HTTP layer itself decides (bad body, unknown route, auth), with its status."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -71,8 +61,3 @@ def status_and_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
         return 500, error_body(500, "internal server error")
     log.error("unexpected error while handling a request", exc_info=exc)
     return 500, error_body(500, "internal server error")
-
-
-def json_error(status: int, body: dict[str, Any]) -> tuple[bytes, int, dict[str, str]]:
-    """A Quart response tuple for an error body."""
-    return orjson.dumps(body), status, {"content-type": "application/json"}

@@ -19,12 +19,12 @@ from typing import Any
 import msgspec
 from quart import Response
 
-from asyncdp.api.app import AppState
-from asyncdp.api.errors import HTTPError, status_and_body
+from asyncdp.api.context import AppState
+from asyncdp.api.errors import status_and_body
 from asyncdp.api.fanout import Fanout, Item, Sequence, collect_one
 from asyncdp.api.openai_format import Choice
 from asyncdp.api.sse import DONE, sse
-from asyncdp.errors import InvalidRequestError
+from asyncdp.errors import HTTPError, InvalidRequestError
 from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams
 
@@ -166,10 +166,3 @@ def stream_response(
     response.headers["Cache-Control"] = "no-cache"
     response.timeout = None
     return response
-
-
-def managed_ranks(state: AppState) -> list[dict[str, Any]] | None:
-    try:
-        return state.client.server_info().get("managed_ranks")
-    except Exception:  # server_info is advisory here; the client re-checks the hint's range
-        return None

@@ -15,8 +15,7 @@ from typing import Any
 
 import msgspec
 
-import asyncdp
-from asyncdp.api.app import AppState
+from asyncdp.api.context import AppState
 from asyncdp.api.params import REFUSED
 from asyncdp.api.schemas import (
     ChatRequest,
@@ -26,6 +25,7 @@ from asyncdp.api.schemas import (
     TokenizeCompletion,
 )
 from asyncdp.sampling_params import MAX_INT32, MAX_LOGIT_BIAS
+from asyncdp.version import __version__
 
 _REF = "#/components/schemas/{name}"
 
@@ -178,7 +178,7 @@ def openapi_document(app: Any) -> dict[str, Any]:
             paths.setdefault(path, {})[key[0]] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": "asyncdp OpenAI-compatible API", "version": asyncdp.__version__},
+        "info": {"title": "asyncdp OpenAI-compatible API", "version": __version__},
         "paths": paths,
         "components": {"schemas": _components(state)},
     }

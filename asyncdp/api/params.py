@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncdp.api.errors import HTTPError
 from asyncdp.api.schemas import ChatMessage, ChatRequest, CompletionRequest, _Common
+from asyncdp.errors import HTTPError
 from asyncdp.sampling_params import SamplingParams, StructuredOutputs
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asyncdp.api.errors import HTTPError
+from asyncdp.errors import HTTPError
 from asyncdp.sampling_params import MAX_INT32, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_PENALTY
 
 Count = Annotated[int, Meta(ge=0, le=MAX_INT32)]

@@ -27,7 +27,7 @@ import anyio
 import sniffio
 from hypercorn.config import Config
 
-from asyncdp.api.app import set_draining
+from asyncdp.api.context import set_draining
 from asyncdp.logs import HTTP_LOGGER
 
 # Time for Hypercorn's own shutdown steps (closing listeners, lifespan shutdown) beyond the drain deadline.
@@ -69,30 +69,10 @@ async def serve_http(
     ``task_status.started(address)`` reports ``sock.getsockname()`` once the socket listens.
     """
     backend = backend or sniffio.current_async_library()
-    if backend == "asyncio":
-        from hypercorn.asyncio import serve
-    elif backend == "trio":
-        from hypercorn.trio import serve
-    else:
-        raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
-
-    is_trio_app = any(cls.__name__ == "QuartTrio" for cls in type(app).__mro__)
-    is_quart_app = any(cls.__name__ == "Quart" for cls in type(app).__mro__)
-    if is_quart_app and is_trio_app != (backend == "trio"):
-        raise ValueError(f"the app was built for the other backend; build it with create_app(..., "
-                         f"backend={backend!r}) to serve it under {backend}")
-
+    serve = _hypercorn_serve(app, backend)
     listener, owned = _listening_socket(host, port, sock)
     address = listener.getsockname()
-    config = Config()
-    config.bind = [f"fd://{os.dup(listener.fileno())}"]  # Hypercorn owns and closes the duplicate
-    config.graceful_timeout = shutdown_timeout_s
-    config.accesslog = None
-    # Hypercorn's errors go through our logging set-up (one format per process), not its own handler, and under
-    # asyncdp's name: "hypercorn.error" at INFO read as an error to everyone who saw it.
-    config.errorlog = http_logger()
-    if ssl is not None:
-        config.certfile, config.keyfile, config.ca_certs = ssl.certfile, ssl.keyfile, ssl.ca_certs
+    config = _hypercorn_config(listener, shutdown_timeout_s, ssl)
     if owned:
         listener.close()  # once Hypercorn closes its duplicate, new connections are refused
 
@@ -137,6 +117,35 @@ async def serve_http(
             restore()
         if unflood is not None:
             unflood()
+
+
+def _hypercorn_serve(app: Any, backend: str) -> Callable[..., Awaitable[Any]]:
+    """Hypercorn's ``serve`` for ``backend``; refuses an app built for the other backend."""
+    if backend == "asyncio":
+        from hypercorn.asyncio import serve
+    elif backend == "trio":
+        from hypercorn.trio import serve
+    else:
+        raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
+    is_trio_app = any(cls.__name__ == "QuartTrio" for cls in type(app).__mro__)
+    is_quart_app = any(cls.__name__ == "Quart" for cls in type(app).__mro__)
+    if is_quart_app and is_trio_app != (backend == "trio"):
+        raise ValueError(f"the app was built for the other backend; build it with create_app(..., "
+                         f"backend={backend!r}) to serve it under {backend}")
+    return serve
+
+
+def _hypercorn_config(listener: socket.socket, shutdown_timeout_s: float, ssl: SSLFiles | None) -> Config:
+    config = Config()
+    config.bind = [f"fd://{os.dup(listener.fileno())}"]  # Hypercorn owns and closes the duplicate
+    config.graceful_timeout = shutdown_timeout_s
+    config.accesslog = None
+    # Hypercorn's errors go through our logging set-up (one format per process), not its own handler, and under
+    # asyncdp's name: "hypercorn.error" at INFO read as an error to everyone who saw it.
+    config.errorlog = http_logger()
+    if ssl is not None:
+        config.certfile, config.keyfile, config.ca_certs = ssl.certfile, ssl.keyfile, ssl.ca_certs
+    return config
 
 
 class RunningOnFilter(logging.Filter):

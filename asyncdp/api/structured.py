@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from asyncdp.api.errors import HTTPError
 from asyncdp.api.schemas import JsonObjectFormat, JsonSchemaFormat, StructuredOutputsBody, _Common
-from asyncdp.errors import InvalidSamplingParams
+from asyncdp.errors import HTTPError, InvalidSamplingParams
 from asyncdp.sampling_params import StructuredOutputs
 
 

@@ -13,11 +13,12 @@ from typing import Any
 import msgspec
 from quart import Quart, Response, request
 
-import asyncdp
-from asyncdp.api.app import AppState, json_response
-from asyncdp.api.errors import HTTPError, error_body
+from asyncdp.api.context import AppState, json_response
+from asyncdp.api.errors import error_body
 from asyncdp.api.offload import INLINE_BODY_BYTES, INLINE_TOKENS
 from asyncdp.api.schemas import DetokenizeRequest, TokenizeChat, TokenizeCompletion, decode_body
+from asyncdp.errors import HTTPError
+from asyncdp.version import __version__
 
 
 class _TokenizeAny(msgspec.Struct, kw_only=True):
@@ -75,7 +76,7 @@ def register(app: Quart, state: AppState) -> None:
 
     @app.get("/version")
     async def version() -> Response:
-        return json_response({"version": asyncdp.__version__})
+        return json_response({"version": __version__})
 
     @app.route("/ping", methods=["GET", "POST"])
     async def ping() -> Response:

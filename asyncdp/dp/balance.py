@@ -4,7 +4,8 @@ Theory of operation. Policies follow the pure interface of :mod:`asyncdp.dp.poli
 ``on_dispatch`` / ``on_finish`` / ``on_snapshot`` mutate the policy's own state. Policies see rank *indices*.
 
 :class:`LoadBalancer` is the small stateful façade one DP client uses (spec §7.1-7.6). It owns the managed
-global ranks, the ``owner`` map and per-rank in-flight counts, resolves rank hints (E1/E2/E3 of §4.2), excludes
+global ranks, the ``owner`` map and per-rank in-flight counts (the one owner of request -> rank: the DP client
+keeps only output streams), resolves rank hints (E1/E2/E3 of §4.2, :mod:`asyncdp.dp.hints`), excludes
 dead ranks, slices coordinator snapshots to its managed range, and counts decisions by reason. It performs no
 I/O: the client sends the request and feeds finishes and snapshots back in.
 
@@ -16,12 +17,13 @@ KV term and rotation), and the baselines ``round_robin``, ``random``, ``power_of
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncdp.dp.baselines import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
+from asyncdp.dp.hints import parse_rank, resolve_rank_hint
+from asyncdp.dp.peers import PEER_POLICIES
 from asyncdp.dp.policy import (
     Decision,
     Policy,
@@ -35,7 +37,7 @@ from asyncdp.errors import ConfigError, InvalidRequestError, UnavailableError
 
 __all__ = [
     "POLICIES", "PRESETS", "Decision", "LoadBalancer", "Policy", "RankLoad", "RequestView", "Snapshot",
-    "VllmLegacyPolicy", "VllmPolicy", "VllmState", "make_policy", "parse_rank_hint",
+    "VllmLegacyPolicy", "VllmPolicy", "VllmState", "make_policy", "parse_rank",
 ]
 
 _INF = float("inf")
@@ -208,25 +210,19 @@ PRESETS: dict[str, dict[str, Any]] = {
 def make_policy(name: str) -> Policy:
     """Build a policy from ``name`` or ``name@preset``; unknown names raise ConfigError listing the valid ones."""
     base = name.partition("@")[0]
-    if base not in POLICIES or ("@" in name and name not in PRESETS):
-        valid = ", ".join([*POLICIES, *PRESETS])
-        raise ConfigError(f"unknown load-balancing policy {name!r}; valid policies: {valid}.")
-    return POLICIES[base](**PRESETS.get(name, {}))
+    if base in POLICIES and ("@" not in name or name in PRESETS):
+        return POLICIES[base](**PRESETS.get(name, {}))
+    if name in PEER_POLICIES:
+        return PEER_POLICIES[name]()
+    raise ConfigError(f"unknown load-balancing policy {name!r}; valid policies: {', '.join(policy_names())}.")
 
 
-# ---------------------------------------------------------------- rank hints and the client façade
+def policy_names() -> list[str]:
+    """Every name :func:`make_policy` accepts, presets included."""
+    return [*POLICIES, *PRESETS, *PEER_POLICIES]
 
-_INT_RE = re.compile(r"[+-]?[0-9]+")
 
-
-def parse_rank_hint(value: object, field: str = "data_parallel_rank") -> int:
-    """An int, or a string holding one (headers are strings); anything else is E1."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
-        return int(value.strip())
-    raise InvalidRequestError(f"{field} must be an integer (got {value!r}).", field=field)
-
+# ---------------------------------------------------------------- the client façade
 
 class LoadBalancer:
     """One DP client's routing state over its managed global ranks (spec §7).
@@ -305,25 +301,7 @@ class LoadBalancer:
 
     def resolve_hint(self, rank_hint: object = None, global_rank_hint: object = None) -> int | None:
         """The local index a hint names, or None without a hint. Raises E1, E2, E3 (spec §4.2)."""
-        n = len(self._engines)
-        local = glob = None
-        if rank_hint is not None:
-            local = parse_rank_hint(rank_hint, "data_parallel_rank")
-            if not 0 <= local < n:
-                raise InvalidRequestError(f"data_parallel_rank {local} is out of range [0, {n}).",
-                                          field="data_parallel_rank")
-        if global_rank_hint is not None:
-            g = parse_rank_hint(global_rank_hint, "data_parallel_global_rank")
-            if g not in self._index:
-                raise InvalidRequestError(
-                    f"data_parallel_global_rank {g} is not served by this endpoint "
-                    f"(ranks {self._engines[0]}..{self._engines[-1]}).", field="data_parallel_global_rank")
-            glob = self._index[g]
-        if local is not None and glob is not None and local != glob:
-            raise InvalidRequestError(
-                f"data_parallel_rank {local} and data_parallel_global_rank {global_rank_hint} name different "
-                f"ranks ({self._engines[local]} and {self._engines[glob]}).", field="data_parallel_rank")
-        return local if local is not None else glob
+        return resolve_rank_hint(self._engines, rank_hint, global_rank_hint)
 
     def select(self, request_id: str, prompt_token_ids: Sequence[int] = (), rank_hint: object = None, *,
                global_rank_hint: object = None, max_tokens: int = 16, now_us: int = 0) -> int:
@@ -347,6 +325,12 @@ class LoadBalancer:
         if i is not None:
             self._policy.on_first_token(self._state, request_id, i, now_us)
 
+    def on_tokens(self, request_id: str, n_new: int, now_us: int = 0) -> None:
+        """``n_new`` output tokens of ``request_id`` arrived; only for a policy that ``needs_tokens``."""
+        i = self._owner.get(request_id)
+        if i is not None and self._policy.needs_tokens:
+            self._policy.on_tokens(self._state, request_id, i, n_new, now_us)
+
     def on_finish(self, request_id: str, now_us: int = 0) -> int | None:
         """Forget a finished or aborted request; returns its global rank, or None for an unknown id."""
         i = self._owner.pop(request_id, None)
@@ -363,6 +347,13 @@ class LoadBalancer:
         if len(counts) <= self._engines[-1]:
             raise ValueError(f"snapshot covers {len(counts)} ranks; this client manages up to {self._engines[-1]}")
         self._snap = Snapshot.from_counts([counts[g] for g in self._engines], seq=seq, delivered_at_us=now_us)
+        self._policy.on_snapshot(self._state, self._snap)
+
+    def forget_snapshot(self) -> None:
+        """The coordinator is gone: route on this client's own in-flight counts, not on its last loads frozen."""
+        if self._snap is None:
+            return
+        self._snap = Snapshot(tuple(RankLoad() for _ in self._engines))
         self._policy.on_snapshot(self._state, self._snap)
 
     def mark_dead(self, rank: int) -> list[str]:

@@ -49,7 +49,7 @@ resume, ``StartWave`` is ignored and a stale-wave request does not restart the g
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from asyncdp.dp.wave import StartWaveRequest
@@ -195,14 +195,6 @@ class Lockstep:
         horizon = group_horizon(horizon_counts, n, self.sync_interval)
         self.next_sync = self.step_counter + min(horizon, self.sync_interval)
         return self.engines_running
-
-    def global_unfinished(self, local_unfinished: bool, all_reduce_sum: Callable[[list[int]], Sequence[int]],
-                          local_horizon: int | None = None) -> bool:
-        """``advance`` + the collective (performed by the given function) + ``apply_sync``."""
-        if not self.advance():
-            return True
-        s_unf, s_pause, *horizon = all_reduce_sum(self.sync_flags(local_unfinished, local_horizon))
-        return self.apply_sync(s_unf, s_pause, horizon_counts=horizon)
 
     def end_step(self) -> WaveCompleted | None:
         """After the sync decision: close the wave when the group went idle."""

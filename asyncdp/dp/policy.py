@@ -3,8 +3,14 @@
 A policy is a stateless object; its per-router state lives in a separate ``State`` made by ``init``. ``select``
 is a pure decision: it reads the request, the latest snapshot, the state and the rng it is given, and returns a
 :class:`Decision`. Every mutation caused by that decision happens in ``on_dispatch``; the other hooks
-(``on_first_token``, ``on_finish``, ``on_snapshot``) update the state as telemetry arrives. Ranks are *indices*
-``0..dp_size-1`` here. A state may carry ``excluded`` (indices of dead ranks); every policy skips them, and
+(``on_first_token``, ``on_tokens`` for a policy with ``needs_tokens``, ``on_finish``, ``on_snapshot``,
+``on_rank_dead``, ``on_kv_event``, and ``on_timer`` every ``timer_period_us``) update the state as telemetry
+arrives; the peers' policies (:mod:`asyncdp.dp.peers`) use them all. The DP client's
+:class:`~asyncdp.dp.balance.LoadBalancer` delivers first tokens, token counts, finishes, snapshots and dead
+ranks; KV events and timers come from the routing simulator (no production component emits KV events yet).
+A policy's counts (``inflight``, ``load``, ...) are its own model of the ranks, updated when its rules say (some
+peers count load from the first token, not from dispatch); the true in-flight count of a client is the
+balancer's. Ranks are *indices* ``0..dp_size-1`` here. A state may carry ``excluded`` (indices of dead ranks); every policy skips them, and
 ``select`` raises :class:`~asyncdp.errors.UnavailableError` when nothing is left.
 """
 
@@ -90,7 +96,7 @@ class Policy:
 
     name = "?"
     needs_tokens = False  # whether on_tokens must be called
-    timer_period_us: int | None = None
+    timer_period_us: int | None = None  # how often on_timer must be called (None: never)
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
              params: dict[str, Any] | None = None) -> Any:

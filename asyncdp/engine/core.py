@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.block_manager import BlockManager
 from asyncdp.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
-from asyncdp.engine.executor import Executor, ScheduledChunk
+from asyncdp.engine.executor import Executor, ModelBatch, ScheduledChunk, StepResult
 from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.scheduler import PauseMode, Scheduler
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
@@ -208,18 +208,26 @@ class EngineCore:
             out.outputs.append(self._abort_output(req))
 
     def step(self, *, throttle_new_prefills: bool = False) -> StepOutputs:
+        """Report what finished outside a forward, schedule, execute, and turn the sampled tokens into outputs."""
         t0 = time.perf_counter()
+        out = self._take_pending()
+        batch = self.scheduler.schedule(throttle_new_prefills=throttle_new_prefills)
+        if not batch.empty:
+            self._execute(batch, out)
+        out.step_time_s = time.perf_counter() - t0
+        return out
+
+    def _take_pending(self) -> StepOutputs:
+        """A step's outputs so far: the requests ``pause("abort")`` finished, and the queued aborts applied."""
         out = StepOutputs()
         if self._pending_outputs:
             out.outputs, self._pending_outputs = self._pending_outputs, []
             out.finished_request_ids.extend(o.request_id for o in out.outputs)
         if self._pending_aborts:
             self._apply_aborts(out)
-        scheduler = self.scheduler
-        batch = scheduler.schedule(throttle_new_prefills=throttle_new_prefills)
-        if batch.empty:
-            out.step_time_s = time.perf_counter() - t0
-            return out
+        return out
+
+    def _execute(self, batch: ModelBatch, out: StepOutputs) -> None:
         grammars = self._grammars
         if grammars is not None and grammars.matchers:
             batch.token_masks = grammars.token_masks(batch.chunks)
@@ -235,41 +243,28 @@ class EngineCore:
             self._apply_aborts(out)
         if result.prompt_logprobs is not None:
             self._file_prompt_logprobs(batch.chunks, result.prompt_logprobs)
+        finished = self._append_tokens(batch, result, grammars, out.outputs)
+        if finished:
+            self._drop_grammars(finished)
+            self.scheduler.retire(finished)
+            out.finished_request_ids.extend(r.request_id for r in finished)
+
+    def _append_tokens(self, batch: ModelBatch, result: StepResult, grammars: GrammarMatchers | None,
+                       outputs: list[RequestOutput]) -> list[Request]:
+        """Append each sampled token, check the stop conditions, and add one output delta per request; returns
+        the requests that finished."""
         now = self._clock()
         logprobs = result.logprobs
-        eos = self.eos_token_ids
-        max_model_len = self.max_model_len
         finished: list[Request] = []
-        outputs = out.outputs
-        for idx, req, token in scheduler.update(batch, result):
-            params = req.sampling_params
+        for idx, req, token in self.scheduler.update(batch, result):
             n_out = len(req.output_token_ids)
             if n_out == 1:
                 req.first_token_time = now
-            status = None
-            detok = req.detokenizer
-            if n_out >= params.min_tokens and (
-                    (token in eos and not params.ignore_eos) or token in params.stop_token_ids):
-                status = RequestStatus.FINISHED_STOPPED
-                req.stop_reason = None if token in eos and token not in params.stop_token_ids else token
-                if detok is not None:
-                    detok.flush()
-            elif detok is not None:
-                stop = detok.update(token, check_stop=n_out >= params.min_tokens)
-                if stop is not None:
-                    status = RequestStatus.FINISHED_STOPPED
-                    req.stop_reason = stop
-            if status is None and grammars is not None and grammars.advance(req.request_id, token):
-                status = RequestStatus.FINISHED_STOPPED  # the grammar is complete: nothing else may follow
-                if detok is not None:
-                    detok.flush()
-            if status is None and (n_out >= req.max_tokens or len(req.all_token_ids) >= max_model_len):
-                status = RequestStatus.FINISHED_LENGTH
-                if detok is not None:
-                    detok.flush()
+            status = self._stop_status(req, token, n_out, grammars)
             if status is not None:
                 req.status = status
                 finished.append(req)
+            detok = req.detokenizer
             lp = logprobs[idx] if logprobs is not None else None
             prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
             outputs.append(RequestOutput(
@@ -280,12 +275,34 @@ class EngineCore:
                 logprobs=[lp] if lp is not None else None, prompt_logprobs=prompt_lps,
                 num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=req.num_cached_tokens,
                 first_token_time=req.first_token_time))
-        if finished:
-            self._drop_grammars(finished)
-            scheduler.retire(finished)
-            out.finished_request_ids.extend(r.request_id for r in finished)
-        out.step_time_s = time.perf_counter() - t0
-        return out
+        return finished
+
+    def _stop_status(self, req: Request, token: int, n_out: int,
+                     grammars: GrammarMatchers | None) -> RequestStatus | None:
+        """Whether ``token`` (the ``n_out``-th output) ends the request, in vLLM's order: a stop token or EOS,
+        a stop string, a completed grammar, then the length limits. Flushes the detokenizer when it does."""
+        params = req.sampling_params
+        detok = req.detokenizer
+        eos = self.eos_token_ids
+        if n_out >= params.min_tokens and (
+                (token in eos and not params.ignore_eos) or token in params.stop_token_ids):
+            req.stop_reason = None if token in eos and token not in params.stop_token_ids else token
+            if detok is not None:
+                detok.flush()
+            return RequestStatus.FINISHED_STOPPED
+        if detok is not None:
+            stop = detok.update(token, check_stop=n_out >= params.min_tokens)
+            if stop is not None:
+                req.stop_reason = stop
+                return RequestStatus.FINISHED_STOPPED
+        status = None
+        if grammars is not None and grammars.advance(req.request_id, token):
+            status = RequestStatus.FINISHED_STOPPED  # the grammar is complete: nothing else may follow
+        elif n_out >= req.max_tokens or len(req.all_token_ids) >= self.max_model_len:
+            status = RequestStatus.FINISHED_LENGTH
+        if status is not None and detok is not None:
+            detok.flush()
+        return status
 
     def _file_prompt_logprobs(self, chunks: list[ScheduledChunk],
                               per_chunk: list[list[TokenLogprobs] | None]) -> None:

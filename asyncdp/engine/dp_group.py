@@ -22,17 +22,9 @@ from typing import Protocol
 
 import anyio
 
-from asyncdp.errors import AsyncDPError
+from asyncdp.errors import DPGroupAborted, DPGroupError
 
 REDUCE_OPS = ("sum", "max")
-
-
-class DPGroupError(AsyncDPError):
-    """A collective of the DP control group failed (lockstep violation, bad arguments, lost peer)."""
-
-
-class DPGroupAborted(DPGroupError):
-    """The group was aborted (teardown); no collective can complete any more."""
 
 
 class DPGroup(Protocol):

@@ -91,7 +91,15 @@ class Executor(Protocol):
 
     An executor that honours ``ModelBatch.token_masks`` says so with a true ``applies_token_masks`` attribute;
     the engine core refuses structured-output requests otherwise.
+
+    ``modelled_step_s`` says how the step's time passes: ``None`` for a real executor (``execute`` takes the
+    time itself, so the rank runs it on the execution thread); a float for an executor that only *models* its
+    cost (``execute`` returns at once and this is the modelled duration of the last ``execute`` or
+    ``execute_dummy``, which the rank then waits on the anyio clock: virtual time in tests).
     """
+
+    @property
+    def modelled_step_s(self) -> float | None: ...
 
     @property
     def num_kv_blocks(self) -> int: ...

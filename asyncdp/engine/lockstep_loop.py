@@ -2,7 +2,7 @@
 
 Theory of operation. :class:`LockstepLoop` is the I/O shell around the pure :class:`~asyncdp.dp.lockstep.Lockstep`
 state machine; it borrows the links, the inbox and the step helpers of its :class:`~asyncdp.engine.rank.EngineRank`
-and adds the one collective, the DP group's all-reduce. One iteration::
+(through the :class:`LockstepHost` protocol, so this module never imports the rank) and adds the one collective, the DP group's all-reduce. One iteration::
 
     process inputs, blocking only while the group is idle and this rank has nothing steppable
     publish stats; step if there is steppable work (throttled per §8.5); publish stats
@@ -30,15 +30,15 @@ which aborts the DP group so that a pending all-reduce raises at once; the loop 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from asyncdp import messages as m
 from asyncdp.dp.lockstep import Lockstep, StartWaveRequest, WaveCompleted
-from asyncdp.engine.dp_group import DPGroup, DPGroupAborted
-from asyncdp.engine.rank import RankTornDown
+from asyncdp.engine.dp_group import DPGroup
+from asyncdp.errors import DPGroupAborted, RankTornDown
 
 if TYPE_CHECKING:
-    from asyncdp.engine.rank import EngineRank
+    from asyncdp.engine.core import EngineCore
     from asyncdp.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,50 @@ def forwards_to_drain(scheduler: Scheduler) -> int:
     return horizon
 
 
+class _HostConfig(Protocol):
+    @property
+    def dp_rank(self) -> int: ...
+    @property
+    def dp_size(self) -> int: ...
+    @property
+    def sync_interval(self) -> int: ...
+    @property
+    def sync_cadence(self) -> str: ...
+    @property
+    def prefill_schedule_interval(self) -> int: ...
+
+
+class _HostState(Protocol):
+    shutting_down: bool
+    waves_completed: int
+
+
+class LockstepHost(Protocol):
+    """What the lockstep loop borrows from its rank (an :class:`~asyncdp.engine.rank.EngineRank`): the loop
+    depends on this shape, not on the rank module, so the rank can own its loop without an import cycle."""
+
+    @property
+    def cfg(self) -> _HostConfig: ...
+    @property
+    def core(self) -> EngineCore: ...
+    @property
+    def state(self) -> _HostState: ...
+    @property
+    def coordinator(self) -> object | None: ...
+
+    async def send_coordinator(self, msg: m.Message) -> None: ...
+    async def wait_input(self) -> None: ...
+    async def drain_inbox(self) -> None: ...
+    def apply_shutdown_policy(self) -> None: ...
+    def complete_pauses(self) -> None: ...
+    async def publish_stats(self) -> None: ...
+    async def step(self, *, throttle_new_prefills: bool = False) -> bool: ...
+    async def run_dummy(self) -> None: ...
+    def send_stats_to_client(self) -> None: ...
+
+
 class LockstepLoop:
-    def __init__(self, rank: EngineRank, group: DPGroup) -> None:
+    def __init__(self, rank: LockstepHost, group: DPGroup) -> None:
         cfg = rank.cfg
         if group.dp_size != cfg.dp_size or group.dp_rank != cfg.dp_rank:
             raise ValueError(f"DP group member {group.dp_rank}/{group.dp_size} does not match rank "
@@ -127,7 +169,7 @@ class LockstepLoop:
         now = (self.state.current_wave, self.state.engines_running)
         if now != self._reported:
             self._reported = now
-            await self.rank.send_stats_to_client()
+            self.rank.send_stats_to_client()
 
     async def _request_wave(self, req: StartWaveRequest | None) -> None:
         if req is not None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
 from asyncdp.engine.sampler import Sampler, rank_seed, token_logprobs
 from asyncdp.errors import ConfigError
@@ -64,6 +64,7 @@ def select_device(name: str) -> torch.device:
 
 class TorchExecutor:
     applies_token_masks = True  # structured outputs: ModelBatch.token_masks restrict the sampled rows
+    modelled_step_s: float | None = None  # a real forward: execute() takes the time itself (see Executor)
 
     def __init__(self, config: EngineConfig, model_path: Path, *, shard: ExpertShard | None = None,
                  dp: DPContext | None = None, dp_rank: int = 0) -> None:

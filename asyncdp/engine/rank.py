@@ -1,20 +1,23 @@
-"""The engine rank role: one DP rank's busy loop, its links, and the process around it.
+"""The engine rank role: one DP rank's busy loop and its links (the process around it: ``rank_process``).
 
 Theory of operation
 -------------------
 A rank owns one :class:`~asyncdp.engine.core.EngineCore`. It receives ``AddRequest``, ``AbortRequests`` and
 ``UtilityCall`` from every client link and ``StartWave``/``Teardown``/``Heartbeat`` from the coordinator link.
-Reader tasks decode frames and post them into one bounded *inbox* stream; the busy loop is the only task that
-touches the core. Each step runs ``EngineCore.step()`` on the device's execution thread (one
-``CapacityLimiter(1)``, shared with the DP group's collectives) and the outputs go only to the client that owns
-the request (``AddRequest.client_index``). The simulated executor steps inline and sleeps its modelled step
-time on the anyio clock, so whole clusters run in trio's virtual time.
+Reader tasks (:mod:`asyncdp.engine.rank_links`) decode frames and post them into one bounded *inbox* stream of
+typed items, dispatched with ``match`` (an unknown item is a :class:`~asyncdp.errors.ProtocolError`); the busy
+loop is the only task that touches the core. Each step runs ``EngineCore.step()`` on the device's execution
+thread (one ``CapacityLimiter(1)``, shared with the DP group's collectives) and the outputs go only to the
+client that owns the request (``AddRequest.client_index``), never waiting for it (a client whose outbox is full
+is cut off). An executor that only models its step time (``Executor.modelled_step_s`` is not None: the sim
+executor) steps inline and the rank sleeps that time on the anyio clock, so whole clusters run in trio's
+virtual time. Utility calls and pause/resume are :mod:`asyncdp.engine.rank_utility`'s; what the rank reports
+(outputs, stats) is :mod:`asyncdp.engine.rank_state`'s.
 
 Dense ranks (and MoE with dp = 1) run the plain loop below: no collectives, no waves. MoE ranks with dp > 1
 run the lockstep loop of :mod:`asyncdp.engine.lockstep_loop`, which uses this class's helpers.
 
-Stats: when a coordinator exists, the rank sends ``RankStats`` before and after every step if (running,
-waiting) changed or KV usage moved by >= 0.01 (spec §8.1); MoE ranks stamp the wave step and wave.
+Stats: with a coordinator, ``RankStats`` before and after every step if the load changed (spec §8.1).
 
 Pause (spec §8.6): ``pause(mode)`` answers only once the pause is complete (dense: the rank is idle; MoE: the
 group reached consensus and stopped), ``resume()`` unpauses, ``is_paused()``.
@@ -37,29 +40,38 @@ import functools
 import logging
 import math
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
-import msgspec
 
 from asyncdp import messages as m
-from asyncdp.config import EngineConfig
-from asyncdp.engine.rank_links import Inbox, RankLinks
-from asyncdp.errors import AsyncDPError, InvalidRequestError, PauseError
+from asyncdp.config.flags import EngineConfig
+from asyncdp.engine.lockstep_loop import LockstepLoop
+from asyncdp.engine.rank_links import (
+    OUTBOX_SIZE,
+    WAKE,
+    ClientGone,
+    ClientMessage,
+    CoordinatorMessage,
+    InboxItem,
+    RankLinks,
+    Wake,
+)
+from asyncdp.engine.rank_state import RankReports, RankState
+from asyncdp.engine.rank_utility import UtilityCalls
+from asyncdp.errors import AsyncDPError, InvalidRequestError, ProtocolError, RankTornDown, leaf_exceptions
 from asyncdp.transport import Link
 
 if TYPE_CHECKING:
     from asyncdp.engine.core import EngineCore
     from asyncdp.engine.dp_group import DPGroup
-    from asyncdp.engine.lockstep_loop import LockstepLoop
 
 log = logging.getLogger(__name__)
 
 INBOX_SIZE = 4096
-KV_USAGE_PUBLISH_DELTA = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,21 +88,7 @@ class RankConfig:
     prefill_schedule_interval: int = 1
     sync_cadence: str = "asyncdp"  # "asyncdp" (also the first step of each wave) | "vllm" (benchmark only)
     enable_expert_parallel: bool = False  # MoE with dp > 1: experts split across ranks (all-to-all)
-
-
-@dataclass
-class RankState:
-    """Observable state of a rank, for tests and /server_info."""
-
-    steps: int = 0
-    dummy_steps: int = 0
-    waves_completed: int = 0
-    shutting_down: bool = False
-    dead_reason: str | None = None
-    last_stats: tuple[int, int, float] | None = None
-    # The cumulative counters as of the last stats attached to a client message: attached stats carry deltas.
-    attached_counters: tuple[int, ...] = (0, 0, 0, 0, 0)
-    owners: dict[str, int] = field(default_factory=dict)
+    client_outbox_size: int = OUTBOX_SIZE  # messages queued per client before its link is cut (rank_links)
 
 
 class EngineRank:
@@ -109,11 +107,13 @@ class EngineRank:
     ) -> None:
         self.cfg = cfg
         self.core = core
-        self.links = RankLinks(cfg.dp_rank, clients, coordinator)
-        # None: inline exactly when the executor only models its step time (the sim executor returns at once
-        # and reports ``last_step_s``, waited here on the anyio clock) and no DP group shares the execution
+        self.links = RankLinks(cfg.dp_rank, clients, coordinator, outbox_size=cfg.client_outbox_size)
+        # None: inline exactly when the executor only models its step time (``modelled_step_s`` is not None: it
+        # returns at once and the rank waits that long on the anyio clock) and no DP group shares the execution
         # thread. A thread round trip per step was a third of a zero-cost engine's per-request CPU.
-        self.inline_step = _models_step_time(core) and dp_group is None if inline_step is None else inline_step
+        if inline_step is None:
+            inline_step = core.executor.modelled_step_s is not None and dp_group is None
+        self.inline_step = inline_step
         self.dp_group = dp_group
         self.limiter = limiter if limiter is not None else anyio.CapacityLimiter(1)
         self.state = RankState()
@@ -123,13 +123,13 @@ class EngineRank:
                 log.warning("rank %d: MoE with dp_size %d but no DP group; running without lockstep",
                             cfg.dp_rank, cfg.dp_size)
             else:
-                from asyncdp.engine.lockstep_loop import LockstepLoop
-
                 self.lockstep = LockstepLoop(self, dp_group)
-        self._inbox_send, self._inbox = anyio.create_memory_object_stream[Inbox](INBOX_SIZE)
+        self.utility = UtilityCalls(self)
+        self.reports = RankReports(cfg.dp_rank, core, self.state, self.links,
+                                   None if self.lockstep is None else self.lockstep.state)
+        self._inbox_send, self._inbox = anyio.create_memory_object_stream[InboxItem](INBOX_SIZE)
         self._shutdown_deadline: float | None = None
         self._drain_expired = False
-        self._pending_pauses: list[m.UtilityCall] = []
         self._cancel_run: anyio.CancelScope | None = None
         self._loop_done = False
 
@@ -173,9 +173,14 @@ class EngineRank:
                 raise
             raise leaf from None
         finally:
-            self.links.close()
-            self._inbox_send.close()
-            self._inbox.close()
+            self.close()
+
+    def close(self) -> None:
+        """Close the inbox and the outboxes (idempotent; :meth:`run` does it too, this is for a rank that never
+        ran: an unclosed memory stream warns when collected)."""
+        self.links.close()
+        self._inbox_send.close()
+        self._inbox.close()
 
     # ------------------------------------------------------------------ link events
 
@@ -210,7 +215,7 @@ class EngineRank:
 
     def _wake(self) -> None:
         try:
-            self._inbox_send.send_nowait(Inbox("wake"))
+            self._inbox_send.send_nowait(WAKE)
         except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
 
@@ -268,80 +273,64 @@ class EngineRank:
         if self.inline_step:
             result = fn()
             if result.executed:
-                await anyio.sleep(getattr(core.executor, "last_step_s", 0.0))
+                await anyio.sleep(self._modelled_step_s())
             else:
                 await anyio.lowlevel.checkpoint()  # never a loop without a scheduling point
         else:
             result = await anyio.to_thread.run_sync(fn, limiter=self.limiter, abandon_on_cancel=True)
         if result.executed:
             self.state.steps += 1
-        await self._dispatch_outputs(result.outputs)
+        self.reports.dispatch_outputs(result.outputs)
         return result.executed
+
+    def _modelled_step_s(self) -> float:
+        modelled = self.core.executor.modelled_step_s
+        return 0.0 if modelled is None else modelled
 
     async def run_dummy(self) -> None:
         """A dummy batch (one padding token, no request state) to keep the collectives in lockstep."""
         core = self.core
         if self.inline_step:
             core.execute_dummy()
-            await anyio.sleep(getattr(core.executor, "last_step_s", 0.0))
+            await anyio.sleep(self._modelled_step_s())
         else:
             await anyio.to_thread.run_sync(core.execute_dummy, limiter=self.limiter, abandon_on_cancel=True)
         self.state.dummy_steps += 1
 
-    async def _dispatch_outputs(self, outputs: list[m.RequestOutput]) -> None:
-        per_client: dict[int, tuple[list[m.RequestOutput], list[str]]] = {}
-        owners = self.state.owners
-        for out in outputs:
-            ci = owners.get(out.request_id)
-            if ci is None:
-                continue
-            outs, finished = per_client.setdefault(ci, ([], []))
-            outs.append(out)
-            if out.finished:
-                finished.append(out.request_id)
-                del owners[out.request_id]
-        if not per_client:
-            return
-        stats = self.attach_stats()
-        stats_to = next(iter(per_client))
-        now = time.time()
-        for ci, (outs, finished) in per_client.items():
-            await self.links.send_to_client(ci, m.EngineOutputs(
-                dp_rank=self.cfg.dp_rank, outputs=outs, finished_request_ids=finished,
-                scheduler_stats=stats if ci == stats_to else None, timestamp=now))
-
-    async def send_stats_to_client(self) -> None:
+    def send_stats_to_client(self) -> None:
         """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
-        await self.links.send_to_client(self.links.stats_client, m.EngineOutputs(
-            dp_rank=self.cfg.dp_rank, outputs=[], finished_request_ids=[],
-            scheduler_stats=self.attach_stats(), timestamp=time.time()))
+        self.reports.send_stats_to_client()
 
     # ------------------------------------------------------------------ message handling
 
-    async def _handle(self, item: Inbox) -> None:
-        msg = item.msg
-        if item.kind == "wake":
-            return
-        if item.kind == "client_gone":
-            ids = [rid for rid, ci in self.state.owners.items() if ci == item.client_index]
-            if ids:
-                log.info("rank %d: aborting %d request(s) of client %d, whose link closed", self.cfg.dp_rank,
-                         len(ids), item.client_index)
-                self.core.abort_requests(ids)
-            return
-        if isinstance(msg, m.AddRequest):
-            await self._add_request(msg)
-        elif isinstance(msg, m.AbortRequests):
-            ids = [rid for rid in msg.request_ids if rid in self.state.owners]
-            if ids:
-                self.core.abort_requests(ids)
-        elif isinstance(msg, m.UtilityCall):
-            await self._utility(msg)
-        elif isinstance(msg, m.StartWave):
-            if self.lockstep is not None:
-                self.lockstep.on_start_wave(msg)
-        elif not isinstance(msg, m.CoordinatorReady):
-            log.warning("rank %d: dropping unexpected %s", self.cfg.dp_rank, type(msg).__name__)
+    async def _handle(self, item: InboxItem) -> None:
+        match item:
+            case ClientMessage(msg=m.AddRequest() as msg):
+                await self._add_request(msg)
+            case ClientMessage(msg=m.AbortRequests() as msg):
+                ids = [rid for rid in msg.request_ids if rid in self.state.owners]
+                if ids:
+                    self.core.abort_requests(ids)
+            case ClientMessage(msg=m.UtilityCall() as msg):
+                await self.utility.handle(msg)
+            case CoordinatorMessage(msg=m.StartWave() as msg):
+                if self.lockstep is not None:
+                    self.lockstep.on_start_wave(msg)
+            case CoordinatorMessage(msg=m.CoordinatorReady()) | Wake():
+                pass
+            case ClientGone(client_index=ci):
+                self._abort_client(ci)
+            case ClientMessage(msg=msg) | CoordinatorMessage(msg=msg):
+                log.warning("rank %d: dropping unexpected %s", self.cfg.dp_rank, type(msg).__name__)
+            case _:
+                raise ProtocolError(f"rank {self.cfg.dp_rank}: unknown inbox item {item!r}")
+
+    def _abort_client(self, client_index: int) -> None:
+        ids = [rid for rid, ci in self.state.owners.items() if ci == client_index]
+        if ids:
+            log.info("rank %d: aborting %d request(s) of client %d, whose link ended", self.cfg.dp_rank,
+                     len(ids), client_index)
+            self.core.abort_requests(ids)
 
     async def _add_request(self, msg: m.AddRequest) -> None:
         self.state.owners[msg.request_id] = msg.client_index
@@ -367,100 +356,25 @@ class EngineRank:
             finished_request_ids=[msg.request_id], scheduler_stats=None, timestamp=time.time())
         self.links.post_nowait(msg.client_index, out)
 
-    async def _utility(self, call: m.UtilityCall) -> None:
-        try:
-            if self.state.shutting_down:
-                raise AsyncDPError("server shutting down")
-            if call.method == "pause":
-                await self._pause(call.kwargs.get("mode", call.args[0] if call.args else "abort"))
-                self._pending_pauses.append(call)  # answered by complete_pauses() once the pause is done
-                self.complete_pauses()
-                return
-            if call.method == "resume":
-                value = await self._resume()
-            else:
-                value = self._run_utility(call.method, *call.args, **call.kwargs)
-            result = m.UtilityResult(call_id=call.call_id, ok=True, value=value)
-        except (AsyncDPError, TypeError, ValueError) as exc:
-            result = m.UtilityResult(call_id=call.call_id, ok=False, error=str(exc))
-        self.links.post_nowait(call.client_index, result)
-
-    async def _pause(self, mode: str) -> None:
-        self.core.pause(mode)  # type: ignore[arg-type]  # the scheduler validates the mode
-        if self.lockstep is not None:
-            await self.lockstep.begin_pause(mode)
-
     def pause_done(self) -> bool:
-        if self.lockstep is not None:
-            return self.lockstep.pause_done()
-        return self.core.is_paused() and not self.core.has_steppable_work()
+        return self.utility.pause_done()
 
     def complete_pauses(self) -> None:
         """Answer the pending pause calls once the pause is complete (spec §8.6 step 3)."""
-        if self._pending_pauses and self.pause_done():
-            calls, self._pending_pauses = self._pending_pauses, []
-            for call in calls:
-                self.links.post_nowait(call.client_index, m.UtilityResult(call_id=call.call_id, ok=True, value=True))
-
-    async def _resume(self) -> bool:
-        if self.lockstep is not None:
-            await self.lockstep.resume()
-            return True
-        self.core.resume()
-        calls, self._pending_pauses = self._pending_pauses, []
-        for call in calls:
-            self.links.post_nowait(call.client_index, m.UtilityResult(
-                call_id=call.call_id, ok=False, error=str(PauseError("resumed before the pause completed"))))
-        return True
-
-    def _run_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        if method == "is_paused":
-            return self.core.is_paused()
-        if method == "stats":
-            s = self.core.stats()
-            return {"num_running": s.num_running, "num_waiting": s.num_waiting, "kv_cache_usage": s.kv_cache_usage}
-        if method == "ping":
-            return self.cfg.dp_rank
-        raise ValueError(f"unknown utility method {method!r}")
+        self.utility.complete_pauses()
 
     # ------------------------------------------------------------------ stats
 
     def scheduler_stats(self) -> m.SchedulerStats:
-        stats = self.core.stats()
-        if self.lockstep is None:
-            return stats
-        ls = self.lockstep.state
-        return msgspec.structs.replace(
-            stats, step=ls.step_counter, wave=ls.current_wave, wave_running=ls.engines_running,
-            num_dummy_steps=self.state.dummy_steps, waves_completed=self.state.waves_completed)
-
-    def attach_stats(self) -> m.SchedulerStats:
-        """Stats for one client message: the counters are deltas since the previous attached stats. Each stats
-        object goes to exactly one client, so the deltas partition the totals and API processes can sum them."""
-        s = self.scheduler_stats()
-        now = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions, s.num_dummy_steps, s.waves_completed)
-        q, h, p, d, w = (a - b for a, b in zip(now, self.state.attached_counters, strict=True))
-        self.state.attached_counters = now
-        return msgspec.structs.replace(s, prefix_cache_queries=q, prefix_cache_hits=h, num_preemptions=p,
-                                       num_dummy_steps=d, waves_completed=w)
+        return self.reports.scheduler_stats()
 
     async def publish_stats(self) -> None:
+        """``RankStats`` to the coordinator when the load changed (spec §8.1; see :mod:`.rank_state`)."""
         if self.coordinator is None or self.cfg.external_lb:
             return
-        s = self.scheduler_stats()
-        last = self.state.last_stats
-        if last is not None and last[0] == s.num_running and last[1] == s.num_waiting and abs(
-            last[2] - s.kv_cache_usage
-        ) < KV_USAGE_PUBLISH_DELTA:
-            return
-        self.state.last_stats = (s.num_running, s.num_waiting, s.kv_cache_usage)
-        await self.send_coordinator(m.RankStats(
-            dp_rank=self.cfg.dp_rank, num_waiting=s.num_waiting, num_running=s.num_running,
-            kv_cache_usage=s.kv_cache_usage, step=s.step, wave=s.wave))
-
-
-class RankTornDown(AsyncDPError):
-    """The group was torn down (coordinator Teardown, lost coordinator in MoE mode)."""
+        report = self.reports.load_report()
+        if report is not None:
+            await self.send_coordinator(report)
 
 
 def _main_error(exc: BaseException) -> BaseException | None:
@@ -470,7 +384,7 @@ def _main_error(exc: BaseException) -> BaseException | None:
         return None
     if not isinstance(exc, BaseExceptionGroup):
         return exc
-    leaves = [e for e in _leaves(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
+    leaves = [e for e in leaf_exceptions(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
     if not leaves:
         return None
     if all(isinstance(e, AsyncDPError) for e in leaves):
@@ -478,20 +392,8 @@ def _main_error(exc: BaseException) -> BaseException | None:
     return exc
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
-
-
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
     return f"{type(exc).__name__}: {exc}"
 
-
-def _models_step_time(core: EngineCore) -> bool:
-    from asyncdp.engine.sim_executor import SimExecutor
-
-    return isinstance(core.executor, SimExecutor)

@@ -1,18 +1,24 @@
 """A rank's links: the readers, the heartbeat, one bounded outbox and writer per client, the death notice
-(spec §5.7, §8.1, §8.8).
+(spec §5.7, §8.1, §8.8), and the typed items the readers post to the busy loop.
 
 Theory of operation. Readers decode frames and post them into the rank's bounded inbox (the busy loop is the
-only consumer). Two coordinator events cannot wait for the loop, which may be blocked in a collective or on
-the execution thread: ``Teardown`` and the loss of the coordinator (EOF, or silence past the heartbeat
-timeout) go straight to the owner's ``on_teardown`` / ``on_coordinator_lost``. Heartbeats are sent and
-checked by their own task on the event loop, never by the execution thread.
+only consumer) as one of the :data:`InboxItem` structs. Two coordinator events cannot wait for the loop, which
+may be blocked in a collective or on the execution thread: ``Teardown`` and the loss of the coordinator (EOF, or
+silence past the heartbeat timeout by :class:`~asyncdp.dp.liveness.Liveness`) go straight to the owner's
+``on_teardown`` / ``on_coordinator_lost``. Heartbeats are sent (:func:`~asyncdp.transport.heartbeat.send_heartbeats`)
+and checked by their own tasks on the event loop, never by the execution thread.
 
-The busy loop never writes to a client link itself: it puts messages into that client's bounded outbox, and a
-writer task drains it, so a slow client delays only its own writer (until its outbox is full). Outputs go
-only to the client that owns the request; utility results only to the caller. Coordinator messages are few
-and sent directly. ``flush`` closes the outboxes and waits (bounded) for the writers, so the last outputs
-reach the clients before an orderly exit. ``announce_death`` writes ``EngineDead`` straight to every link
-(shielded, at most 5 s), bypassing outboxes that may be stuck.
+The busy loop never writes to a client link and never waits for one: :meth:`RankLinks.post_nowait` puts the
+message into that client's bounded outbox and a writer task drains it, so a slow client delays only its own
+writer. A message is never dropped while the link is up: when a client's outbox is full (the client stopped
+reading) the rank *cuts that client's link* instead, once, with a warning: the writer stops, tells the client
+``EngineDead`` (best effort, bounded by ``CUT_NOTICE_S``) and closes the link, so the client's reader sees EOF and
+fails that client's requests with a clear error; the reader here then posts :class:`ClientGone` and the rank
+aborts the client's requests. Other clients are unaffected. Outputs go only to the client that owns the
+request; utility results only to the caller. Coordinator messages are few and sent directly. ``flush`` closes
+the outboxes and waits (bounded) for the writers, so the last outputs reach the clients before an orderly exit.
+``announce_death`` writes ``EngineDead`` straight to every link (shielded, at most 5 s), bypassing outboxes that
+may be stuck.
 """
 
 from __future__ import annotations
@@ -20,29 +26,56 @@ from __future__ import annotations
 import logging
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectSendStream
 
 from asyncdp import messages as m
+from asyncdp.dp.liveness import Liveness
 from asyncdp.transport import Link
+from asyncdp.transport.heartbeat import send_heartbeats
+from asyncdp.transport.links import LINK_ERRORS
 
 log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 1024
 EOF_FLUSH_S = 5.0
-_LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+CUT_NOTICE_S = 1.0  # how long a cut link's writer tries to hand the client its EngineDead notice
 
 
-@dataclass(slots=True)
-class Inbox:
-    """An item the readers post to the busy loop."""
+# ---------------------------------------------------------------------------------------- the rank's inbox
 
-    kind: str  # "client" | "client_gone" | "coordinator" | "wake"
-    msg: Any = None
-    client_index: int = -1
+
+@dataclass(frozen=True, slots=True)
+class ClientMessage:
+    """A frame from client ``client_index``'s link."""
+
+    client_index: int
+    msg: m.Message
+
+
+@dataclass(frozen=True, slots=True)
+class ClientGone:
+    """Client ``client_index``'s link ended (it closed it, or the rank cut it): nobody receives its outputs."""
+
+    client_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorMessage:
+    """A frame from the coordinator other than ``Heartbeat`` and ``Teardown`` (handled by the reader)."""
+
+    msg: m.Message
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """No news: only wakes the busy loop (a shutdown request from another task)."""
+
+
+InboxItem = ClientMessage | ClientGone | CoordinatorMessage | Wake
+WAKE = Wake()
 
 
 class LinkOwner(Protocol):
@@ -54,109 +87,141 @@ class LinkOwner(Protocol):
         """The coordinator link reached EOF or went silent (may raise to end the rank)."""
 
 
+class _ClientOutbox:
+    """One client's bounded outbox, drained by its writer task; ``cut`` ends both at once."""
+
+    def __init__(self, client_index: int, size: int) -> None:
+        self.client_index = client_index
+        self.size = size
+        self.send, self.recv = anyio.create_memory_object_stream[m.Message](size)
+        self.flushed = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self.cut_reason: str | None = None
+
+
 class RankLinks:
-    def __init__(self, dp_rank: int, clients: dict[int, Link], coordinator: Link | None) -> None:
+    def __init__(self, dp_rank: int, clients: dict[int, Link], coordinator: Link | None, *,
+                 outbox_size: int = OUTBOX_SIZE) -> None:
         self.dp_rank = dp_rank
         self.clients = clients
         self.coordinator = coordinator
         self.stats_client = min(clients) if clients else 0  # gets scheduler stats when no client has outputs
-        self._outboxes: dict[int, MemoryObjectSendStream[m.Message]] = {}
-        self._flushed: list[anyio.Event] = []
-        self._coordinator_seen = 0.0
+        self.outbox_size = outbox_size
+        self._outboxes: dict[int, _ClientOutbox] = {}
 
-    def start(self, tg: anyio.abc.TaskGroup, inbox: anyio.abc.ObjectSendStream[Inbox], owner: LinkOwner, *,
+    def start(self, tg: anyio.abc.TaskGroup, inbox: anyio.abc.ObjectSendStream[InboxItem], owner: LinkOwner, *,
               heartbeat_interval_s: float, heartbeat_timeout_s: float) -> None:
-        """Start the writers, the readers and (with a coordinator) the heartbeat task in ``tg``."""
+        """Start the writers, the readers and (with a coordinator) the heartbeat tasks in ``tg``."""
         for ci, link in self.clients.items():
-            send, recv = anyio.create_memory_object_stream[m.Message](OUTBOX_SIZE)
-            self._outboxes[ci] = send
-            self._flushed.append(anyio.Event())
-            tg.start_soon(self._write_link, link, recv, self._flushed[-1])
+            box = self._outboxes[ci] = _ClientOutbox(ci, self.outbox_size)
+            tg.start_soon(self._write_link, link, box)
             tg.start_soon(self._read_client, ci, link, inbox)
         if self.coordinator is not None:
-            self._coordinator_seen = anyio.current_time()
-            tg.start_soon(self._read_coordinator, self.coordinator, inbox, owner)
-            tg.start_soon(self._heartbeat, self.coordinator, owner, heartbeat_interval_s, heartbeat_timeout_s)
+            liveness = Liveness(heartbeat_timeout_s, anyio.current_time())
+            tg.start_soon(self._read_coordinator, self.coordinator, inbox, owner, liveness)
+            tg.start_soon(send_heartbeats, self.coordinator.send, heartbeat_interval_s, f"engine-{self.dp_rank}")
+            tg.start_soon(self._watch_coordinator, owner, liveness, heartbeat_interval_s)
 
-    async def _read_client(self, client_index: int, link: Link, inbox: anyio.abc.ObjectSendStream[Inbox]) -> None:
-        async for msg in link:
-            await inbox.send(Inbox("client", msg, client_index))
+    # ------------------------------------------------------------ readers and the coordinator watch
+
+    async def _read_client(self, client_index: int, link: Link,
+                           inbox: anyio.abc.ObjectSendStream[InboxItem]) -> None:
+        try:
+            async for msg in link:
+                await inbox.send(ClientMessage(client_index, msg))
+        except LINK_ERRORS:
+            pass  # this rank cut the link (a full outbox), or it broke: the same as a close
         # DEBUG: every client closes its link to every rank at each shutdown; the rank logs the aborts it causes.
-        log.debug("rank %d: client %d closed its link", self.dp_rank, client_index)
+        log.debug("rank %d: the link of client %d ended", self.dp_rank, client_index)
         # Nobody can receive that client's outputs any more: its requests are aborted, not run to the end.
         with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await inbox.send(Inbox("client_gone", None, client_index))
+            await inbox.send(ClientGone(client_index))
 
-    async def _read_coordinator(self, link: Link, inbox: anyio.abc.ObjectSendStream[Inbox],
-                                owner: LinkOwner) -> None:
+    async def _read_coordinator(self, link: Link, inbox: anyio.abc.ObjectSendStream[InboxItem],
+                                owner: LinkOwner, liveness: Liveness) -> None:
         async for msg in link:
-            self._coordinator_seen = anyio.current_time()
+            liveness.heard(anyio.current_time())
             if isinstance(msg, m.Heartbeat):
                 continue
             if isinstance(msg, m.Teardown):  # at once: the loop may be blocked in a collective
                 owner.on_teardown(f"teardown from the coordinator: {msg.reason}", orderly=msg.orderly)
                 return
-            await inbox.send(Inbox("coordinator", msg))
+            await inbox.send(CoordinatorMessage(msg))
         owner.on_coordinator_lost("the coordinator closed its link")
 
-    async def _heartbeat(self, link: Link, owner: LinkOwner, interval_s: float, timeout_s: float) -> None:
-        seq = 0
+    @staticmethod
+    async def _watch_coordinator(owner: LinkOwner, liveness: Liveness, interval_s: float) -> None:
         while True:
             await anyio.sleep(interval_s)
-            seq += 1
-            try:
-                await link.send(m.Heartbeat(sender=f"engine-{self.dp_rank}", seq=seq))
-            except _LINK_ERRORS:
-                pass  # the reader sees the EOF
-            silence = anyio.current_time() - self._coordinator_seen
-            if silence > timeout_s:
-                owner.on_coordinator_lost(f"no heartbeat from the coordinator for {silence:.1f} s")
+            now = anyio.current_time()
+            if liveness.expired(now):
+                owner.on_coordinator_lost(liveness.describe("the coordinator", now))
                 return
 
-    @staticmethod
-    async def _write_link(link: Link, outbox: anyio.abc.ObjectReceiveStream[m.Message],
-                          flushed: anyio.Event) -> None:
+    # ------------------------------------------------------------ client outboxes
+
+    async def _write_link(self, link: Link, box: _ClientOutbox) -> None:
         try:
-            async with outbox:
-                async for msg in outbox:
-                    try:
-                        await link.send(msg)
-                    except _LINK_ERRORS:
-                        return  # the client is gone
+            with box.scope:
+                async with box.recv:
+                    async for msg in box.recv:
+                        try:
+                            await link.send(msg)
+                        except LINK_ERRORS:
+                            return  # the client is gone
         finally:
-            flushed.set()
+            if box.cut_reason is not None:
+                await self._close_cut_link(link, box.cut_reason)
+            box.flushed.set()
+
+    async def _close_cut_link(self, link: Link, reason: str) -> None:
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(CUT_NOTICE_S):
+                with suppress(*LINK_ERRORS):
+                    await link.send(m.EngineDead(dp_rank=self.dp_rank, reason=reason))
+            with anyio.move_on_after(CUT_NOTICE_S), suppress(*LINK_ERRORS):
+                await link.aclose()
+
+    def post_nowait(self, client_index: int, msg: m.Message) -> None:
+        """Queue ``msg`` for a client without waiting; a full outbox cuts that client's link (never a drop of a
+        message the client could still receive). A no-op for an unknown, closed or already cut client."""
+        box = self._outboxes.get(client_index)
+        if box is None or box.cut_reason is not None:
+            return
+        try:
+            box.send.send_nowait(msg)
+        except anyio.WouldBlock:
+            self.cut_client(client_index, f"the outbox to client {client_index} is full ({box.size} messages: "
+                                          f"the client stopped reading); rank {self.dp_rank} cut its link")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+    def cut_client(self, client_index: int, reason: str) -> None:
+        """End one client's link now (idempotent): its writer stops, notifies and closes the link."""
+        box = self._outboxes.get(client_index)
+        if box is None or box.cut_reason is not None:
+            return
+        box.cut_reason = reason
+        log.warning("rank %d: %s", self.dp_rank, box.cut_reason)
+        box.send.close()
+        box.scope.cancel()
+
+    def is_cut(self, client_index: int) -> bool:
+        box = self._outboxes.get(client_index)
+        return box is not None and box.cut_reason is not None
 
     def close(self) -> None:
-        for out in self._outboxes.values():
-            out.close()
+        for box in self._outboxes.values():
+            box.send.close()
 
     async def flush(self, timeout_s: float = EOF_FLUSH_S) -> None:
         """Close every outbox and wait until the writers have sent what was queued (bounded)."""
         self.close()
         with anyio.move_on_after(timeout_s):
-            for event in self._flushed:
-                await event.wait()
+            for box in self._outboxes.values():
+                await box.flushed.wait()
 
-    async def send_to_client(self, client_index: int, msg: m.Message) -> None:
-        out = self._outboxes.get(client_index)
-        if out is None:
-            return
-        try:
-            await out.send(msg)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-
-    def post_nowait(self, client_index: int, msg: m.Message) -> None:
-        out = self._outboxes.get(client_index)
-        if out is None:
-            return
-        try:
-            out.send_nowait(msg)
-        except anyio.WouldBlock:
-            log.warning("rank %d: outbox of client %d is full; dropping %s", self.dp_rank, client_index,
-                        type(msg).__name__)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+    # ------------------------------------------------------------ direct sends
 
     async def send_coordinator(self, msg: m.Message) -> bool:
         """False when the coordinator link is broken (the caller decides what that means)."""
@@ -165,14 +230,15 @@ class RankLinks:
         try:
             await self.coordinator.send(msg)
             return True
-        except _LINK_ERRORS:
+        except LINK_ERRORS:
             return False
 
     async def announce_death(self, reason: str) -> None:
         """Tell every client and the coordinator that this rank is dead; bounded flush (spec §8.8)."""
         dead = m.EngineDead(dp_rank=self.dp_rank, reason=reason)
+        links = [link for ci, link in self.clients.items() if not self.is_cut(ci)]
         with anyio.CancelScope(shield=True), anyio.move_on_after(EOF_FLUSH_S):
-            for link in [*self.clients.values(), *([self.coordinator] if self.coordinator else [])]:
+            for link in [*links, *([self.coordinator] if self.coordinator else [])]:
                 try:
                     await link.send(dead)
                 except Exception:  # noqa: BLE001 - best effort: the peer may be gone too

@@ -5,7 +5,9 @@ Startup (spec §5.3): connect to the handshake address (retrying up to 300 s, E7
 (``Subscribe``, wait for ``CoordinatorReady``), send ``Ready`` to the front-end and ``EngineReady`` to each
 client. Then :class:`~asyncdp.engine.rank.EngineRank` runs until shutdown.
 
-Signals (SIGTERM/SIGINT) and ``{"cmd": "shutdown"}`` on the control channel start an orderly shutdown. EOF on
+The process gets an :class:`~asyncdp.config.roles.EngineRole` and reports ``ChildReady`` on the control channel
+once the handshake is done. Signals (SIGTERM/SIGINT) and ``Shutdown`` on the control channel start an orderly
+shutdown. EOF on
 the control channel means the parent died: the rank stops at once (exit 1).
 """
 
@@ -21,14 +23,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import msgspec
 
 from asyncdp import messages as m
-from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
-from asyncdp.errors import StartupError
+from asyncdp.config.roles import EngineRole
+from asyncdp.engine.rank import EngineRank, RankConfig
+from asyncdp.errors import RankTornDown, StartupError
 from asyncdp.logs import kv_cache_line, weights_line
-from asyncdp.procs import ControlChannel, follow_parent
+from asyncdp.model.threads import set_torch_threads
 from asyncdp.transport import Link, connect, connect_with_retry
+from asyncdp.transport.control import ControlChannel, follow_parent
 
 if TYPE_CHECKING:
     from asyncdp.engine.core import EngineCore
@@ -38,21 +41,19 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 300.0
 
 
-def rank_payload(cfg: RankConfig, handshake_addr: str) -> dict[str, Any]:
-    return {"rank": msgspec.to_builtins(cfg), "handshake_addr": handshake_addr}
-
-
-def _set_torch_threads(n: int | None) -> None:
-    if n is None:
-        return
-    import torch
-
-    torch.set_num_threads(n)
+def rank_config(role: EngineRole) -> RankConfig:
+    """The rank's runtime configuration from its role config."""
+    return RankConfig(
+        dp_rank=role.dp_rank, dp_size=role.dp_size, engine=role.engine, is_moe=role.is_moe,
+        external_lb=role.external_lb, heartbeat_interval_s=role.heartbeat_interval_s,
+        heartbeat_timeout_s=role.heartbeat_timeout_s, shutdown_timeout_s=role.shutdown_timeout_s,
+        sync_interval=role.sync_interval, prefill_schedule_interval=role.prefill_schedule_interval,
+        enable_expert_parallel=role.enable_expert_parallel)
 
 
 def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
     """What must agree across lockstep ranks (spec §5.3), readable, for Ready.config_summary."""
-    from asyncdp.config import parallel_config_summary
+    from asyncdp.config.flags import parallel_config_summary
     from asyncdp.model import read_model_info
 
     info = read_model_info(cfg.engine.model)
@@ -108,6 +109,32 @@ def _log_core(cfg: RankConfig, core: EngineCore, build_s: float) -> None:
                                  num_bytes=getattr(executor, "kv_cache_bytes", None)))
 
 
+async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[int, Link], Link | None]:
+    """Connect to every client and to the coordinator (``Subscribe``, then wait for ``CoordinatorReady``)."""
+    clients: dict[int, Link] = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}")
+                                for c in init.clients}
+    coordinator: Link | None = None
+    if init.coordinator is not None:
+        coordinator = await connect(init.coordinator.engine_addr, name="coordinator")
+        await coordinator.send(m.Subscribe(dp_rank=cfg.dp_rank))
+        while not isinstance(msg := await coordinator.receive(), m.CoordinatorReady):
+            if isinstance(msg, m.Teardown):
+                raise RankTornDown(f"teardown during startup: {msg.reason}")
+    return clients, coordinator
+
+
+def _ready(cfg: RankConfig, core: EngineCore) -> m.Ready:
+    """``Ready`` for the front-end; a MoE rank of a DP group carries its configuration hash and summary (E6)."""
+    summary: dict[str, Any] = {}
+    digest = None
+    if cfg.dp_size > 1 and cfg.is_moe:
+        from asyncdp.config.flags import config_hash
+
+        summary = _summary(cfg, core)
+        digest = config_hash(summary)
+    return m.Ready(dp_rank=cfg.dp_rank, local=True, headless=False, config_hash=digest, config_summary=summary)
+
+
 async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     """Handshake over ``handshake`` (already connected) and return a connected rank, ready to run."""
     await handshake.send(
@@ -126,29 +153,13 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     if not isinstance(init, m.HandshakeInit):
         raise StartupError(f"rank {cfg.dp_rank}: expected HandshakeInit, got {type(init).__name__}")
 
-    _set_torch_threads(cfg.engine.torch_threads)
+    set_torch_threads(cfg.engine.torch_threads)
     building_since = time.monotonic()
     core, dp_group, limiter = await _build_core(cfg, init)
     _log_core(cfg, core, time.monotonic() - building_since)
     try:
-        clients: dict[int, Link] = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}") for c in init.clients}
-        coordinator: Link | None = None
-        if init.coordinator is not None:
-            coordinator = await connect(init.coordinator.engine_addr, name="coordinator")
-            await coordinator.send(m.Subscribe(dp_rank=cfg.dp_rank))
-            while not isinstance(msg := await coordinator.receive(), m.CoordinatorReady):
-                if isinstance(msg, m.Teardown):
-                    raise RankTornDown(f"teardown during startup: {msg.reason}")
-        summary: dict[str, Any] = {}
-        digest = None
-        if cfg.dp_size > 1 and cfg.is_moe:
-            from asyncdp.config import config_hash
-
-            summary = _summary(cfg, core)
-            digest = config_hash(summary)
-        await handshake.send(
-            m.Ready(dp_rank=cfg.dp_rank, local=True, headless=False, config_hash=digest, config_summary=summary)
-        )
+        clients, coordinator = await _connect_peers(cfg, init)
+        await handshake.send(_ready(cfg, core))
         coord_client_addr = init.coordinator.client_addr if init.coordinator else None
         for link in clients.values():
             await link.send(
@@ -169,10 +180,10 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     return EngineRank(cfg, core, clients, coordinator, dp_group=dp_group, limiter=limiter)
 
 
-async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> int:
+async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
     started_at = time.monotonic()
-    cfg = msgspec.convert(payload["rank"], RankConfig)
-    addr = payload["handshake_addr"]
+    cfg = rank_config(role)
+    addr = role.handshake_addr
     rank: EngineRank | None = None
     code = 0
 
@@ -186,8 +197,8 @@ async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> 
                         return
                     rank.request_shutdown()
 
-        def on_command(cmd: dict[str, Any]) -> None:
-            if cmd.get("cmd") == "shutdown" and rank is not None:
+        def on_command(cmd: m.ControlMessage) -> None:
+            if isinstance(cmd, m.Shutdown) and rank is not None:
                 rank.request_shutdown()
 
         async def on_control() -> None:
@@ -209,7 +220,7 @@ async def run_rank_process(payload: dict[str, Any], control: ControlChannel) -> 
             rank = await start_rank(cfg, handshake)
             log.info("rank %d ready in %.1f s (max model length %d tokens)", cfg.dp_rank,
                      time.monotonic() - started_at, rank.core.max_model_len)
-            await control.send({"event": "ready", "dp_rank": cfg.dp_rank})
+            await control.send(m.ChildReady(dp_rank=cfg.dp_rank))
             await rank.run()
         except RankTornDown as exc:
             log.error("%s", exc)

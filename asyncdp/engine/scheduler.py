@@ -149,25 +149,33 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def schedule(self, *, throttle_new_prefills: bool = False) -> ModelBatch:
-        chunks: list[ScheduledChunk] = []
-        scheduled: list[Request] = []
-        self._scheduled = scheduled
-        batch = ModelBatch(chunks)
+        """This step's batch: the running requests first (preempting from the back when KV blocks run out), then
+        new prefills from the waiting queue while budget, sequence slots and blocks last (none after a preemption,
+        while throttled, or while paused)."""
+        batch = ModelBatch([])
+        self._scheduled = []
         if self.pause_state == "paused-all":
             return batch
+        budget, preempted, has_decode = self._schedule_running(batch, self.max_num_batched_tokens)
+        throttled = throttle_new_prefills and has_decode and not self._last_unthrottled_capacity_bound
+        if not preempted and not throttled and self.pause_state == "unpaused":
+            budget = self._admit_waiting(batch, budget)
+        if not throttle_new_prefills:
+            self._last_unthrottled_capacity_bound = budget <= 0 and bool(self.waiting)
+        return batch
+
+    def _schedule_running(self, batch: ModelBatch, budget: int) -> tuple[int, bool, bool]:
+        """Give each running request its next chunk; returns (budget left, preempted, any decode)."""
+        chunks, scheduled = batch.chunks, self._scheduled
         bm = self.block_manager
-        budget = self.max_num_batched_tokens
         running = self.running
         num_prefill = num_decode = num_kv = 0
-        has_decode = False
         preempted = False
-
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             start = req.num_computed_tokens
-            num_tokens = len(req.all_token_ids)
-            remaining = num_tokens - start
+            remaining = len(req.all_token_ids) - start
             if remaining <= 0:  # no token was sampled for it last step (an executor that skipped it)
                 i += 1
                 continue
@@ -180,10 +188,8 @@ class Scheduler:
                     break
             else:
                 end = start + n
-                is_decode = n == 1 and start >= req.num_prompt_tokens
-                if is_decode:
+                if n == 1 and start >= req.num_prompt_tokens:
                     num_decode += 1
-                    has_decode = True
                 else:
                     num_prefill += n
                 num_kv += end
@@ -193,38 +199,42 @@ class Scheduler:
                 i += 1
                 continue
             break  # the request itself was preempted: everything after it is gone too
+        batch.num_prefill_tokens += num_prefill
+        batch.num_decode_seqs += num_decode
+        batch.num_kv_tokens += num_kv
+        return budget, preempted, num_decode > 0
 
-        throttled = throttle_new_prefills and has_decode and not self._last_unthrottled_capacity_bound
-        if not preempted and not throttled and self.pause_state == "unpaused":
-            waiting = self.waiting
-            while waiting and budget > 0 and len(running) < self.max_num_seqs:
-                req = waiting[0]
-                # Cached positions would have no logits: a request still owed prompt logprobs computes them all.
-                prefix = [] if req.prompt_logprobs is not None else bm.find_cached_prefix(req)
-                start = len(prefix) * bm.block_size
-                num_tokens = len(req.all_token_ids)
-                remaining = num_tokens - start
-                n = remaining if remaining < budget else budget
-                if not bm.allocate(req, n, prefix):
-                    break
-                waiting.popleft()
-                if req.num_cached_tokens < 0:
-                    req.num_cached_tokens = start
-                    bm.record_admission(num_tokens, start)
-                req.status = RequestStatus.RUNNING
-                running.append(req)
-                end = start + n
-                num_prefill += n
-                num_kv += end
-                chunks.append(_take_chunk(req, start, end))
-                scheduled.append(req)
-                budget -= n
-        if not throttle_new_prefills:
-            self._last_unthrottled_capacity_bound = budget <= 0 and bool(self.waiting)
-        batch.num_prefill_tokens = num_prefill
-        batch.num_decode_seqs = num_decode
-        batch.num_kv_tokens = num_kv
-        return batch
+    def _admit_waiting(self, batch: ModelBatch, budget: int) -> int:
+        """Admit waiting requests (with their cached prefix) while they fit; returns the budget left."""
+        chunks, scheduled = batch.chunks, self._scheduled
+        bm = self.block_manager
+        running, waiting = self.running, self.waiting
+        num_prefill = num_kv = 0
+        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+            req = waiting[0]
+            # Cached positions would have no logits: a request still owed prompt logprobs computes them all.
+            prefix = [] if req.prompt_logprobs is not None else bm.find_cached_prefix(req)
+            start = len(prefix) * bm.block_size
+            num_tokens = len(req.all_token_ids)
+            remaining = num_tokens - start
+            n = remaining if remaining < budget else budget
+            if not bm.allocate(req, n, prefix):
+                break
+            waiting.popleft()
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = start
+                bm.record_admission(num_tokens, start)
+            req.status = RequestStatus.RUNNING
+            running.append(req)
+            end = start + n
+            num_prefill += n
+            num_kv += end
+            chunks.append(_take_chunk(req, start, end))
+            scheduled.append(req)
+            budget -= n
+        batch.num_prefill_tokens += num_prefill
+        batch.num_kv_tokens += num_kv
+        return budget
 
     def update(self, batch: ModelBatch, result: StepResult) -> list[tuple[int, Request, int]]:
         """Append sampled tokens; returns ``(chunk index, request, token)`` for each request that got one.

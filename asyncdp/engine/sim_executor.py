@@ -2,8 +2,9 @@
 
 Used by the simulation harness, load tests and the engine tests. ``execute()`` returns at once; it does NOT
 sleep. The step's modelled duration ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens`` milliseconds
-(``EngineConfig.sim_cost``) is reported as ``StepResult.extra["sim_step_s"]`` and kept in ``last_step_s``, so
-the async rank loop can wait for it on its own clock (virtual time in tests, real time in a demo).
+(``EngineConfig.sim_cost``) is reported as ``StepResult.extra["sim_step_s"]`` and kept in ``last_step_s``, which
+the executor protocol's ``modelled_step_s`` returns, so the async rank loop can wait for it on its own clock
+(virtual time in tests, real time in a demo).
 ``execute_dummy()`` costs ``a`` and records it the same way.
 
 Tokens are a pure function of (previous token, position, seed): BLAKE2b mod the vocabulary, never an id in
@@ -15,19 +16,27 @@ is not derived per rank, so simulated ranks agree on every token).
 Prompt logprobs (``SamplingParams.prompt_logprobs``) are those of a uniform model: every prompt token a chunk
 predicts gets ``-log(vocab_size)``, and its top-n alternatives are token ids ``0 .. n-1``, each at the same
 logprob. Deterministic and independent of the batch, so the simulated cluster and the API tests see the field.
+
+``token_source`` (optional; the routing benchmark's): ``token_source(request_id, index)`` gives the ``index``-th
+output token of a request, or None to fall back to the rule above. The benchmark uses it to emit each request's
+answer segment, so a later turn that quotes the answer hits the blocks the engine cached for it (routing-bench
+spec §4.0 "Materialisation"). Without it nothing changes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from hashlib import blake2b
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
 from asyncdp.messages import Logprob, TokenLogprobs
 
 DEFAULT_SIM_KV_BLOCKS = 4096
+
+#: ``(request_id, output index) -> token id | None`` (None: the default token rule)
+TokenSource = Callable[[str, int], int | None]
 
 
 def sim_token(prev_token: int, position: int, seed: int, vocab_size: int) -> int:
@@ -44,6 +53,7 @@ class SimExecutor:
         max_model_len: int,
         clock: object = None,
         avoid_token_ids: Iterable[int] = (),
+        token_source: TokenSource | None = None,
     ) -> None:
         if vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2 (got {vocab_size})")
@@ -53,7 +63,8 @@ class SimExecutor:
         self._num_kv_blocks = config.num_kv_blocks if config.num_kv_blocks is not None else DEFAULT_SIM_KV_BLOCKS
         avoid = frozenset(avoid_token_ids)
         self._avoid = avoid if len(avoid) < vocab_size else frozenset()
-        self._clock = clock  # unused: the caller waits out last_step_s on whatever clock it has
+        self._token_source = token_source
+        self._clock = clock  # unused: the caller waits out modelled_step_s on whatever clock it has
         cost = config.sim_cost
         self._a_s = cost.a_ms / 1e3
         self._b_s = cost.b_ms_per_token / 1e3
@@ -62,6 +73,11 @@ class SimExecutor:
         self.last_step_s = 0.0
         self.num_steps = 0
         self.num_dummy_steps = 0
+
+    @property
+    def modelled_step_s(self) -> float:
+        """The modelled duration of the last step (the executor protocol's declaration: never None here)."""
+        return self.last_step_s
 
     @property
     def num_kv_blocks(self) -> int:
@@ -83,11 +99,17 @@ class SimExecutor:
         vocab = self._vocab_size
         avoid = self._avoid
         default_seed = self._config.seed
+        source = self._token_source
         sampled: list[int | None] = []
         for chunk in batch.chunks:
             if not chunk.sample:
                 sampled.append(None)
                 continue
+            if source is not None:
+                given = source(chunk.request_id, chunk.num_output_tokens)
+                if given is not None:
+                    sampled.append(given)
+                    continue
             position = chunk.start_pos + len(chunk.token_ids)
             seed = chunk.sampling_params.seed
             token = sim_token(chunk.token_ids[-1], position, default_seed if seed is None else seed, vocab)

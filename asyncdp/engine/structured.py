@@ -2,9 +2,10 @@
 
 The grammar library is llguidance (the one vLLM uses by default; it installs without a CUDA torch or triton).
 ``SamplingParams.structured`` names a JSON schema, any JSON object, a regex, a list of choices or a Lark grammar;
-``grammar_text`` turns it into an llguidance grammar and ``check_grammar`` compiles it once per distinct text
-(tokenizer-free, cached), so ``SamplingParams.validate`` refuses a grammar the library cannot compile with an
-``InvalidSamplingParams`` naming the field, before the request reaches a step.
+``asyncdp.sampling_params.grammar_text`` turns it into an llguidance grammar; ``SamplingParams.validate`` compiles
+it once per distinct text (tokenizer-free, cached) and refuses what the library cannot compile with an
+``InvalidSamplingParams`` naming the field, before the request reaches a step. The parameters own that check, so
+``sampling_params`` (a wire type under ``messages``) never imports the engine.
 
 ``GrammarMatchers`` lives in the engine core. ``add`` (called by ``EngineCore.add_request``) gives the request a
 matcher: a ``deep_copy`` of a compiled template cached by grammar text (so a repeated schema compiles once).
@@ -23,14 +24,13 @@ No torch here (the bitmask is a numpy array): the executor converts it.
 from __future__ import annotations
 
 import copy
-import functools
-import json
 import logging
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncdp.errors import InvalidSamplingParams
+from asyncdp.sampling_params import grammar_text, llguidance_module, refuse_grammar
 
 if TYPE_CHECKING:
     from asyncdp.engine.executor import ScheduledChunk, TokenMasks
@@ -38,47 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "structured outputs need the 'llguidance' package on the server; install it with: pip install llguidance"
-# JSON is generated compact (no optional whitespace): small models otherwise loop on spaces and newlines.
-_JSON_OPTIONS = {"whitespace_flexible": False}
 _MAX_TEMPLATES = 64
-
-
-def _llguidance() -> Any:
-    try:
-        import llguidance
-    except ImportError as exc:
-        raise InvalidSamplingParams(INSTALL_HINT, field="structured") from exc
-    return llguidance
-
-
-def grammar_text(kind: str, text: str) -> str:
-    """The llguidance grammar of a ``StructuredOutputs.kind()`` pair."""
-    llg = _llguidance()
-    matcher = llg.LLMatcher
-    if kind in ("json_schema", "json_object"):
-        return str(matcher.grammar_from_json_schema(text, defaults=_JSON_OPTIONS))
-    if kind == "regex":
-        return str(matcher.grammar_from_regex(text))
-    if kind == "choice":
-        return str(matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(text))))
-    if kind == "grammar":
-        return str(llg.grammar_from("grammar", text))  # Lark, or llama.cpp GBNF converted to Lark
-    raise ValueError(f"unknown structured output kind {kind!r}")
-
-
-def refuse_grammar(kind: str, message: str) -> InvalidSamplingParams:
-    return InvalidSamplingParams(f"structured.{kind} cannot be compiled: {message}", field=f"structured.{kind}")
-
-
-@functools.lru_cache(maxsize=256)
-def check_grammar(kind: str, text: str) -> str:
-    """The library's error message for this grammar, or "" when it compiles (cached by text)."""
-    try:
-        grammar = grammar_text(kind, text)
-    except ValueError as exc:
-        return str(exc)
-    return str(_llguidance().LLMatcher.validate_grammar(grammar)).strip()
 
 
 class GrammarMatchers:
@@ -97,7 +57,7 @@ class GrammarMatchers:
 
     def _tokenizer(self) -> Any:
         if self._ll_tokenizer is None:
-            llg = _llguidance()
+            llg = llguidance_module()
             # A Hugging Face fast tokenizer's Rust backend, or a ``tokenizers.Tokenizer`` itself.
             backend = getattr(self._hf_tokenizer, "backend_tokenizer", self._hf_tokenizer)
             if not hasattr(backend, "to_str"):
@@ -120,7 +80,7 @@ class GrammarMatchers:
             grammar = grammar_text(kind, text)
         except ValueError as exc:
             raise refuse_grammar(kind, str(exc)) from exc
-        template = _llguidance().LLMatcher(self._tokenizer(), grammar, log_level=0)
+        template = llguidance_module().LLMatcher(self._tokenizer(), grammar, log_level=0)
         if template.is_error():
             raise refuse_grammar(kind, template.get_error())
         self._templates[key] = template

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from asyncdp.config import cache_dir
+from asyncdp.config.flags import cache_dir
 from asyncdp.errors import ModelNotFoundError
 from asyncdp.model import builtin
 from asyncdp.model.info import ModelInfo, read_model_info

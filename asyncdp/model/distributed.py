@@ -33,9 +33,8 @@ import anyio.to_thread
 import torch
 import torch.distributed as dist
 
-# The control-group protocol and its errors live with the lockstep loop.
-from asyncdp.engine.dp_group import DPGroupAborted, DPGroupError
-from asyncdp.errors import StartupError
+# The control-group errors live in the one exception tree; DPGroupInfo is the rendezvous a rank is handed.
+from asyncdp.errors import DPGroupAborted, DPGroupError, StartupError
 from asyncdp.messages import DPGroupInfo
 
 log = logging.getLogger(__name__)

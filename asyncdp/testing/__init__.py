@@ -2,9 +2,13 @@
 
 - :class:`FakeEngineClient`: a deterministic in-process engine client, to test HTTP code without engines.
 - :func:`byte_tokenizer`: a tiny byte-level Hugging Face tokenizer with a ChatML template.
-- :func:`open_sim_cluster` (:mod:`asyncdp.testing.cluster`): a whole dense DP deployment (coordinator, engine
-  ranks with the simulated executor, DP clients) in one event loop over in-memory links; under trio's
-  ``MockClock`` it runs in virtual time.
+- :func:`open_sim_cluster` (:mod:`asyncdp.testing.cluster`): a whole DP deployment (coordinator, engine
+  ranks with the simulated executor, real DP clients; dense or MoE) in one event loop over in-memory links;
+  under trio's ``MockClock`` it runs in virtual time. ``SimCluster.stall_client`` plays a client that stops
+  reading.
+- :func:`open_rank_cluster` (:mod:`asyncdp.testing.rank_cluster`): MoE ranks in lockstep with the real
+  coordinator, driven by :class:`FakeRankClient` (client 0, which places every request on the rank the test
+  names and records outputs, utility results and stats); :func:`sim_rank_core` builds one rank's core.
 
 Names are imported lazily so ``import asyncdp.testing`` stays cheap.
 """
@@ -17,7 +21,9 @@ _EXPORTS = {
     "FakeEngineClient": "fake_client", "byte_tokenizer": "tokenizer",
     "MemoryLinkListener": "links", "SimLink": "links", "sim_link_pair": "links",
     "InjectedFault": "sim", "SimRankExecutor": "sim", "stream_rng": "sim",
-    "SimCluster": "cluster", "SimCoordinator": "cluster", "SimRequest": "cluster", "open_sim_cluster": "cluster",
+    "SimCluster": "cluster", "SimCoordinator": "sim", "SimRequest": "sim", "open_sim_cluster": "cluster",
+    "FakeRankClient": "rank_cluster", "RankCluster": "rank_cluster", "RankResult": "rank_cluster",
+    "open_rank_cluster": "rank_cluster", "sim_rank_core": "rank_cluster",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,9 +9,9 @@ processes, and wires them with in-memory links instead of sockets:
 * ``dp_size`` engine ranks: an :class:`~asyncdp.engine.core.EngineCore` over a :class:`SimRankExecutor`
   driven by :class:`~asyncdp.engine.rank.EngineRank` with ``inline_step=True``, so each step's modelled
   duration is slept on the anyio clock (virtual time under trio's ``MockClock(autojump_threshold=0)``);
-* the real :func:`~asyncdp.coordinator.serve_coordinator` over two :class:`MemoryLinkListener` objects
+* the real :func:`~asyncdp.coordinator.core.serve_coordinator` over two :class:`MemoryLinkListener` objects
   (optional: ``with_coordinator=False`` routes on in-flight counts only);
-* ``num_clients`` real :class:`~asyncdp.client.DPClient` objects whose engine links come through
+* ``num_clients`` real :class:`~asyncdp.apiserver.client.DPClient` objects whose engine links come through
   ``attach_engine(link)`` and whose coordinator link through ``attach_coordinator(link)``.
 
 MoE (``is_moe=True``): every rank also gets a member of one :class:`~asyncdp.engine.dp_group.MemoryDPGroup` and
@@ -23,14 +23,16 @@ Startup mirrors the process roles: the coordinator accepts links; every rank sub
 ``CoordinatorReady``, then sends ``EngineReady`` to every client; the context manager yields once every client
 saw every rank ready and, with a coordinator, got its welcome snapshot.
 
-Observation without mocks: every link end the harness hands out is a :class:`SimLink`, a memory link that
-can report what passes through it. The harness uses that to record, per client, the virtual time of every
-``StatsSnapshot`` it receives (``snapshots``), the rank each request was sent to (``routed``), and, per rank,
-how many requests it reported finished (``finished_counts()``). Nothing in the production roles changes.
+Observation without mocks: every link end is a :class:`SimLink` wired by
+:class:`~asyncdp.testing.cluster_links.ClusterLinks`, which records per client the virtual time of every
+``StatsSnapshot`` (``snapshots``), the rank each request was sent to (``routed``), and per rank how many requests
+it reported finished (``finished_counts()``). Nothing in the production roles changes.
 
 Faults: :meth:`SimCluster.kill_rank` cancels a rank and closes its links (a SIGKILL: peers see EOF);
 :meth:`SimCluster.crash_rank` makes its next step raise, so the rank runs its real death path and sends
 ``EngineDead`` to every peer. A dead rank's error is kept in ``rank_errors``; the rest of the cluster serves on.
+:meth:`SimCluster.stall_client` makes a client stop reading (with a small ``client_outbox_size`` the ranks
+then cut its links; :meth:`SimCluster.wait_link_cut`).
 
 Determinism (routing-bench spec §1.2): modelled step times are rounded to whole microseconds; request ids are
 ``c{client_index}-{n}`` from per-client counters; random inputs come from :func:`stream_rng`, a
@@ -46,25 +48,27 @@ every memory stream it created (also the ranks' inboxes), so nothing leaks and n
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
 
 from asyncdp import messages as m
-from asyncdp.client import ClientConfig, DPClient
-from asyncdp.config import EngineConfig, SimCostProfile
-from asyncdp.coordinator import CoordinatorConfig, serve_coordinator
+from asyncdp.apiserver.client import ClientConfig, DPClient
+from asyncdp.config.flags import EngineConfig, SimCostProfile
+from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.engine.core import EngineCore
 from asyncdp.engine.dp_group import MemoryDPGroup
 from asyncdp.engine.rank import EngineRank, RankConfig
-from asyncdp.errors import AsyncDPError, ConfigError
+from asyncdp.engine.rank_links import OUTBOX_SIZE
+from asyncdp.engine.sim_executor import TokenSource
+from asyncdp.errors import AsyncDPError, ConfigError, leaf_exceptions
 from asyncdp.sampling_params import SamplingParams
-from asyncdp.testing.links import MemoryLinkListener, SimLink, sim_link_pair
-from asyncdp.testing.sim import SimRankExecutor
+from asyncdp.testing.cluster_links import ClusterLinks
+from asyncdp.testing.links import LINK_BUFFER, MemoryLinkListener, SimLink
+from asyncdp.testing.sim import SimCoordinator, SimRankExecutor, SimRequest
 from asyncdp.transport import Link
 
 DEFAULT_VOCAB_SIZE = 32_000
@@ -76,59 +80,32 @@ DEFAULT_ENGINE_CONFIG = EngineConfig(executor="sim", sim_cost=DEFAULT_SIM_COST, 
 # ---------------------------------------------------------------------------------------- the cluster
 
 
-@dataclass(frozen=True, slots=True)
-class SimRequest:
-    """One request for :meth:`SimCluster.complete_all`: sent by ``client_index`` after ``delay_s``."""
-
-    client_index: int
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    request_id: str | None = None
-    delay_s: float = 0.0
-
-
-@dataclass(slots=True)
-class SimCoordinator:
-    """The coordinator as the harness runs it: its config, listeners, and how it ended."""
-
-    config: CoordinatorConfig
-    engine_listener: MemoryLinkListener
-    client_listener: MemoryLinkListener
-    done: anyio.Event
-    error: BaseException | None = None
-
-
 class SimCluster:
     """The running cluster :func:`open_sim_cluster` yields. See the module docstring."""
 
-    def __init__(self, *, dp_size: int, num_clients: int, codec: bool) -> None:
+    def __init__(self, *, dp_size: int, num_clients: int, codec: bool, link_buffer: int = LINK_BUFFER) -> None:
         self.dp_size = dp_size
         self.num_clients = num_clients
         self.codec = codec
+        self.wiring = ClusterLinks(dp_size=dp_size, num_clients=num_clients, codec=codec, link_buffer=link_buffer)
         self.clients: list[DPClient] = []
         self.ranks: list[EngineRank] = []
         self._executors: list[SimRankExecutor] = []
         self.coordinator: SimCoordinator | None = None
         self.rank_errors: dict[int, BaseException] = {}
         #: per client: (virtual receive time, snapshot) of every StatsSnapshot, in arrival order
-        self.snapshots: list[list[tuple[float, m.StatsSnapshot]]] = [[] for _ in range(num_clients)]
+        self.snapshots = self.wiring.snapshots
         #: request id -> the rank its client sent it to
-        self.routed: dict[str, int] = {}
-        self._finished = [0] * dp_size
+        self.routed = self.wiring.routed
         self._request_counters = [0] * num_clients
-        self._rank_links: list[list[SimLink]] = [[] for _ in range(dp_size)]
         self._rank_scopes = [anyio.CancelScope() for _ in range(dp_size)]
         self._rank_done = [anyio.Event() for _ in range(dp_size)]
-        self._released = [[anyio.Event() for _ in range(dp_size)] for _ in range(num_clients)]
-        self._first_snapshot = [anyio.Event() for _ in range(num_clients)]
-        self._links: list[SimLink] = []
-        self._activity = anyio.Event()  # set (and replaced) whenever a message passes a rank or client link
 
     # ------------------------------------------------------------------ observation
 
     def finished_counts(self) -> list[int]:
         """Per rank: requests it reported finished (any reason, aborts included), as sent to the clients."""
-        return list(self._finished)
+        return list(self.wiring.finished)
 
     def group_running(self) -> list[bool]:
         """MoE: per rank, whether its lockstep state says the group's wave is running (False on a dense rank)."""
@@ -152,7 +129,7 @@ class SimCluster:
         every ``recheck_s`` (on the anyio clock: virtual time in tests) for transitions no link shows."""
         with anyio.fail_after(timeout_s):
             while not self.is_idle():
-                activity = self._activity
+                activity = self.wiring.activity
                 with anyio.move_on_after(recheck_s):
                     await activity.wait()
 
@@ -212,7 +189,7 @@ class SimCluster:
         """Stop a rank abruptly (cancel it, close its links, as SIGKILL would); returns once every client has
         dropped it from its balancer."""
         self._rank_scopes[dp_rank].cancel()
-        self._close_rank_links(dp_rank)
+        self.wiring.close_rank(dp_rank)
         await self._wait_released(dp_rank)
 
     async def crash_rank(self, dp_rank: int, reason: str = "injected fault") -> None:
@@ -223,43 +200,22 @@ class SimCluster:
         await self._wait_released(dp_rank)
 
     async def _wait_released(self, dp_rank: int) -> None:
-        for released in self._released:
+        for released in self.wiring.released:
             await released[dp_rank].wait()
 
-    def _close_rank_links(self, dp_rank: int) -> None:
-        for link in self._rank_links[dp_rank]:
-            link.close_nowait()
+    def stall_client(self, client_index: int) -> None:
+        """Client ``client_index`` stops reading from every rank (its links' buffers, then the ranks' outboxes to
+        it, fill up) until :meth:`unstall_client`; the other clients are unaffected."""
+        self.wiring.stall_client(client_index)
+
+    def unstall_client(self, client_index: int) -> None:
+        self.wiring.unstall_client(client_index)
+
+    async def wait_link_cut(self, dp_rank: int, client_index: int) -> None:
+        """Until rank ``dp_rank``'s end of its link to client ``client_index`` is closed (the rank cut it)."""
+        await self.wiring.rank_closed[dp_rank][client_index].wait()
 
     # ------------------------------------------------------------------ wiring
-
-    def _poke(self, _msg: object = None) -> None:
-        self._activity.set()
-        self._activity = anyio.Event()
-
-    def _on_client_send(self, dp_rank: int) -> Callable[[m.Message], None]:
-        def record(msg: m.Message) -> None:
-            if isinstance(msg, m.AddRequest):
-                self.routed[msg.request_id] = dp_rank
-        return record
-
-    def _on_rank_send(self, dp_rank: int) -> Callable[[m.Message], None]:
-        def record(msg: m.Message) -> None:
-            if isinstance(msg, m.EngineOutputs):
-                self._finished[dp_rank] += len(msg.finished_request_ids)
-            self._poke()
-        return record
-
-    def _on_snapshot(self, client_index: int) -> Callable[[m.Message], None]:
-        def record(msg: m.Message) -> None:
-            if isinstance(msg, m.StatsSnapshot):
-                self.snapshots[client_index].append((anyio.current_time(), msg))
-                self._first_snapshot[client_index].set()
-        return record
-
-    def _pair(self, name: str) -> tuple[SimLink, SimLink]:
-        a, b = sim_link_pair(name=name, codec=self.codec)
-        self._links += [a, b]
-        return a, b
 
     async def _run_rank(self, dp_rank: int, coordinator_link: SimLink | None) -> None:
         rank = self.ranks[dp_rank]
@@ -277,11 +233,11 @@ class SimCluster:
                                                   coordinator_client_addr=None))
                 await rank.run()
         except Exception as exc:  # the rank died (it already sent EngineDead); the cluster serves on
-            leaves = _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+            leaves = leaf_exceptions(exc)
             self.rank_errors[dp_rank] = leaves[0] if len(leaves) == 1 else exc
         finally:
-            self._close_rank_links(dp_rank)
-            _close_rank_streams(rank)
+            self.wiring.close_rank(dp_rank)
+            rank.close()
             rank.core.shutdown()
             self._rank_done[dp_rank].set()
 
@@ -298,23 +254,12 @@ class SimCluster:
             coord.done.set()
 
     def _close_everything(self) -> None:
-        for i, rank in enumerate(self.ranks):
-            self._close_rank_links(i)
-            _close_rank_streams(rank)
-        for link in self._links:
-            link.close_nowait()
+        for rank in self.ranks:
+            rank.close()
+        self.wiring.close_all()
         if self.coordinator is not None:
             self.coordinator.engine_listener.close()
             self.coordinator.client_listener.close()
-
-
-def _close_rank_streams(rank: EngineRank) -> None:
-    # EngineRank creates its inbox in __init__ and never closes it; an unclosed memory stream warns when it is
-    # collected, and warnings are errors in the suite.
-    for name in ("_inbox_send", "_inbox"):
-        stream = getattr(rank, name, None)
-        if stream is not None:
-            stream.close()
 
 
 @asynccontextmanager
@@ -336,6 +281,9 @@ async def open_sim_cluster(
     is_moe: bool = False,
     sync_interval: int = 32,
     sync_cadence: str = "asyncdp",
+    client_outbox_size: int = OUTBOX_SIZE,
+    link_buffer: int = LINK_BUFFER,
+    token_source: TokenSource | None = None,
 ) -> AsyncIterator[SimCluster]:
     """Start a DP deployment in this event loop; yield it once every client can route to every rank.
 
@@ -344,7 +292,10 @@ async def open_sim_cluster(
 
     ``engine_config.executor`` must be ``"sim"``. ``eos_token_ids`` are never sampled (outputs run to
     ``max_tokens``). ``codec=True`` round-trips every message through the msgpack codec (slower; exercises the
-    wire format). See the module docstring for what the yielded :class:`SimCluster` offers.
+    wire format). ``client_outbox_size`` is each rank's outbox per client (a full one cuts that client's link)
+    and ``link_buffer`` each in-memory link's buffer: small values play a client that stops reading (with
+    :meth:`SimCluster.stall_client`). ``token_source`` is handed to every rank's simulated executor (see
+    :mod:`asyncdp.engine.sim_executor`: it picks each request's output tokens). See the module docstring for what the yielded :class:`SimCluster` offers.
     """
     if engine_config.executor != "sim":
         raise ConfigError(f"open_sim_cluster needs engine_config.executor='sim' (got {engine_config.executor!r}).")
@@ -359,21 +310,21 @@ async def open_sim_cluster(
         raise ConfigError("coordinator_config must have the cluster's dp_size, and wave_mode exactly when is_moe.")
     moe = (sync_interval, sync_cadence) if is_moe else None
 
-    cluster = SimCluster(dp_size=dp_size, num_clients=num_clients, codec=codec)
+    cluster = SimCluster(dp_size=dp_size, num_clients=num_clients, codec=codec, link_buffer=link_buffer)
     ranks = tuple(range(dp_size))
     try:
         async with anyio.create_task_group() as tg:
             try:
                 await _start(cluster, tg, engine_config, vocab_size, max_model_len, eos_token_ids, tokenizer,
                              lb_policy, coordinator_config if with_coordinator else None, ranks,
-                             heartbeat_interval_s, heartbeat_timeout_s, moe)
+                             heartbeat_interval_s, heartbeat_timeout_s, moe, client_outbox_size, token_source)
                 yield cluster
             finally:
                 for client in cluster.clients:
                     client.begin_shutdown()
                 tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
+        leaves = leaf_exceptions(group)
         if len(leaves) == 1 and isinstance(leaves[0], Exception):
             raise leaves[0] from None
         raise
@@ -384,7 +335,8 @@ async def open_sim_cluster(
 async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: EngineConfig, vocab_size: int,
                  max_model_len: int, eos_token_ids: Sequence[int], tokenizer: Any, lb_policy: str,
                  coordinator_config: CoordinatorConfig | None, ranks: tuple[int, ...],
-                 heartbeat_interval_s: float, heartbeat_timeout_s: float, moe: tuple[int, str] | None) -> None:
+                 heartbeat_interval_s: float, heartbeat_timeout_s: float, moe: tuple[int, str] | None,
+                 client_outbox_size: int, token_source: TokenSource | None = None) -> None:
     dp_size, num_clients = cluster.dp_size, cluster.num_clients
     if coordinator_config is not None:
         cluster.coordinator = SimCoordinator(
@@ -395,19 +347,14 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
     for ci in range(num_clients):
         cfg = ClientConfig(client_index=ci, client_count=num_clients, managed_ranks=ranks, dp_size=dp_size,
                            model_name="sim", max_model_len=max_model_len, lb_policy=lb_policy, is_moe=moe is not None,
-                           heartbeat_interval_s=heartbeat_interval_s)
+                           heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
         cluster.clients.append(DPClient(cfg, tokenizer))
 
     rank_client_links: list[dict[int, Link]] = [{} for _ in ranks]
     for r in ranks:
         for ci, client in enumerate(cluster.clients):
-            rank_end, client_end = cluster._pair(f"rank{r}-client{ci}")
-            rank_end.on_send = cluster._on_rank_send(r)
-            client_end.on_send = cluster._on_client_send(r)
-            client_end.on_receive = cluster._poke
-            client_end.on_close = cluster._released[ci][r].set
+            rank_end, client_end = cluster.wiring.engine_pair(r, ci)
             rank_client_links[r][ci] = rank_end
-            cluster._rank_links[r].append(rank_end)
             tg.start_soon(client.attach_engine, client_end)
 
     coordinator_links: list[SimLink | None] = []
@@ -415,17 +362,18 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
     sync_interval, sync_cadence = moe if moe is not None else (32, "asyncdp")
     for r in ranks:
         executor = SimRankExecutor(engine_config, vocab_size, max_model_len=max_model_len,
-                                   avoid_token_ids=eos_token_ids)
+                                   avoid_token_ids=eos_token_ids, token_source=token_source)
         cluster._executors.append(executor)
         core = EngineCore(engine_config, executor, tokenizer, eos_token_ids=eos_token_ids,
                           clock=anyio.current_time)
         coord_link = cluster.coordinator.engine_listener.connect() if cluster.coordinator else None
         if coord_link is not None:
-            cluster._rank_links[r].append(coord_link)
+            cluster.wiring.add_rank_end(r, coord_link)
         coordinator_links.append(coord_link)
         rank_cfg = RankConfig(dp_rank=r, dp_size=dp_size, engine=engine_config, is_moe=moe is not None,
                               heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s,
-                              sync_interval=sync_interval, sync_cadence=sync_cadence)
+                              sync_interval=sync_interval, sync_cadence=sync_cadence,
+                              client_outbox_size=client_outbox_size)
         cluster.ranks.append(EngineRank(rank_cfg, core, rank_client_links[r], coord_link, inline_step=True,
                                         dp_group=None if groups is None else groups[r]))
     for r in ranks:
@@ -436,13 +384,8 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
     if cluster.coordinator is not None:
         for ci, client in enumerate(cluster.clients):
             link = cluster.coordinator.client_listener.connect()
-            link.on_receive = cluster._on_snapshot(ci)
+            cluster.wiring.watch_snapshots(ci, link)
             tg.start_soon(client.attach_coordinator, link)
-            await cluster._first_snapshot[ci].wait()  # the welcome snapshot: the client routes on counts
+            await cluster.wiring.first_snapshot[ci].wait()  # the welcome snapshot: the client routes on counts
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out

@@ -24,6 +24,8 @@ from typing import Any
 import anyio
 
 from asyncdp.api.engine_client import Admission, RankHint
+from asyncdp.api.metrics import Metrics
+from asyncdp.dp.hints import resolve_rank_hint
 from asyncdp.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -33,7 +35,6 @@ from asyncdp.errors import (
     UnavailableError,
 )
 from asyncdp.messages import Logprob, RequestOutput, TokenLogprobs
-from asyncdp.metrics import Metrics
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing.tokenizer import byte_tokenizer
 
@@ -211,18 +212,9 @@ class FakeEngineClient:
     def _check_hint(self, hint: RankHint | None) -> int:
         if hint is None:
             return self.start_rank
-        if hint.local_index is not None and not 0 <= hint.local_index < self.num_ranks:
-            raise InvalidRequestError(
-                f"data_parallel_rank {hint.local_index} is out of range [0, {self.num_ranks}).",
-                field="data_parallel_rank")
-        if hint.global_rank is not None:
-            last = self.start_rank + self.num_ranks - 1
-            if not self.start_rank <= hint.global_rank <= last:
-                raise InvalidRequestError(
-                    f"data_parallel_global_rank {hint.global_rank} is not served by this endpoint "
-                    f"(ranks {self.start_rank}..{last}).", field="data_parallel_global_rank")
-            return hint.global_rank
-        return self.start_rank + (hint.local_index or 0)
+        ranks = range(self.start_rank, self.start_rank + self.num_ranks)
+        index = resolve_rank_hint(ranks, hint.local_index, hint.global_rank)
+        return self.start_rank + (index or 0)
 
     def _prompt_logprobs(self, prompt: list[int], num_top: int) -> list[TokenLogprobs | None]:
         return [None] + [self._logprobs(t, k, num_top, base=-1.0) for k, t in enumerate(prompt[1:])]

@@ -1,9 +1,11 @@
 """In-memory links for the simulation harness: link ends that report what passes through them, and a listener.
 
 A :class:`SimLink` is a :class:`~asyncdp.transport.MemoryLink` with three optional hooks (``on_send``,
-``on_receive``, ``on_close``) and a synchronous ``close_nowait()``, so a harness can observe traffic without
-mocking any role and can cut a link at once (the peer sees EOF, its sends break). :class:`MemoryLinkListener`
-has the ``serve(handler)`` shape :func:`~asyncdp.coordinator.serve_coordinator` expects from a listener.
+``on_receive``, ``on_close``), a synchronous ``close_nowait()`` and a reading gate (``stall()`` /
+``unstall()``), so a harness can observe traffic without mocking any role, can cut a link at once (the peer
+sees EOF, its sends break) and can play a peer that stops reading (the link's buffer fills, the sender's
+sends block). :class:`MemoryLinkListener`
+has the ``serve(handler)`` shape :func:`~asyncdp.coordinator.core.serve_coordinator` expects from a listener.
 """
 
 from __future__ import annotations
@@ -34,13 +36,26 @@ class SimLink(MemoryLink):
         self.on_receive: Callable[[m.Message], None] | None = None
         self.on_close: Callable[[], None] | None = None
         self.closed = False
+        self._gate: anyio.Event | None = None
 
     async def send(self, msg: m.Message) -> None:
         await super().send(msg)
         if self.on_send is not None:
             self.on_send(msg)
 
+    def stall(self) -> None:
+        """Stop delivering to this end's reader (it blocks in ``receive``) until :meth:`unstall`."""
+        if self._gate is None:
+            self._gate = anyio.Event()
+
+    def unstall(self) -> None:
+        if self._gate is not None:
+            self._gate.set()
+            self._gate = None
+
     async def receive(self) -> m.Message:
+        while self._gate is not None:
+            await self._gate.wait()
         msg = await super().receive()
         if self.on_receive is not None:
             self.on_receive(msg)
@@ -68,13 +83,18 @@ def sim_link_pair(*, name: str, codec: bool = False, max_buffer: int = LINK_BUFF
 
 class MemoryLinkListener:
     """An in-memory listener for :func:`serve_coordinator`: ``connect()`` hands one end of a fresh link to the
-    caller and queues the other end for ``serve(handler)``, which runs ``handler(link)`` per link."""
+    caller and queues the other end for ``serve(handler)``, which runs ``handler(link)`` per link; ``offer(link)``
+    queues a link end made elsewhere."""
 
     def __init__(self, *, name: str, codec: bool = False) -> None:
         self.name = name
         self._codec = codec
-        self._send, self._recv = anyio.create_memory_object_stream[SimLink](math.inf)
+        self._send, self._recv = anyio.create_memory_object_stream[Any](math.inf)
         self._links: list[SimLink] = []
+
+    def offer(self, link: Any) -> None:
+        """Queue a link end made elsewhere (any link) for ``serve``; its maker closes it."""
+        self._send.send_nowait(link)
 
     def connect(self) -> SimLink:
         ours, theirs = sim_link_pair(name=self.name, codec=self._codec)
@@ -82,7 +102,7 @@ class MemoryLinkListener:
         self._send.send_nowait(theirs)
         return ours
 
-    async def serve(self, handler: Callable[[SimLink], Any]) -> None:
+    async def serve(self, handler: Callable[[Any], Any]) -> None:
         async with anyio.create_task_group() as tg:
             async for link in self._recv:
                 tg.start_soon(handler, link)

@@ -1,4 +1,5 @@
-"""Simulated-rank pieces of the harness: named random streams and the sim executor with an injectable fault.
+"""Simulated-rank pieces of the harness: named random streams, the sim executor with an injectable fault, and the
+plain records :mod:`asyncdp.testing.cluster` takes and gives (``SimRequest``, ``SimCoordinator``).
 
 Determinism (routing-bench spec §1.2): each random stream is its own ``random.Random`` seeded with a 64-bit
 BLAKE2b of ``"{seed}/{stream}"``; modelled step times are rounded to whole microseconds before the rank sleeps
@@ -8,10 +9,16 @@ them on the anyio clock.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from hashlib import blake2b
 
+import anyio
+
+from asyncdp.coordinator.core import CoordinatorConfig
 from asyncdp.engine.executor import ModelBatch, StepResult
 from asyncdp.engine.sim_executor import SimExecutor
+from asyncdp.sampling_params import SamplingParams
+from asyncdp.testing.links import MemoryLinkListener
 
 
 def stream_rng(seed: int, stream: str) -> random.Random:
@@ -41,3 +48,25 @@ class SimRankExecutor(SimExecutor):
             raise InjectedFault(self.fail_reason)
         super().execute_dummy()
         self.last_step_s = round(self.last_step_s * 1e6) / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """One request for :meth:`SimCluster.complete_all`: sent by ``client_index`` after ``delay_s``."""
+
+    client_index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str | None = None
+    delay_s: float = 0.0
+
+
+@dataclass(slots=True)
+class SimCoordinator:
+    """The coordinator as the harness runs it: its config, listeners, and how it ended."""
+
+    config: CoordinatorConfig
+    engine_listener: MemoryLinkListener
+    client_listener: MemoryLinkListener
+    done: anyio.Event
+    error: BaseException | None = None

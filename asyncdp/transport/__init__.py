@@ -7,6 +7,7 @@ address (spec §5.1: no pick-a-port-then-bind races).
 """
 
 from asyncdp.transport.links import (
+    LINK_ERRORS,
     Link,
     LinkListener,
     MemoryLink,
@@ -19,4 +20,4 @@ from asyncdp.transport.links import (
     serve_links,
 )
 
-__all__ = ["Link", "LinkListener", "listen_links", "MemoryLink", "StreamLink", "connect", "connect_with_retry", "listen", "memory_link_pair", "serve_links"]
+__all__ = ["LINK_ERRORS", "Link", "LinkListener", "listen_links", "MemoryLink", "StreamLink", "connect", "connect_with_retry", "listen", "memory_link_pair", "serve_links"]

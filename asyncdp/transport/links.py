@@ -22,6 +22,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from asyncdp import messages
 from asyncdp.errors import ProtocolError
 
+# What a link operation raises once the peer is gone (closed, reset, or ended); handlers treat them alike.
+LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")

@@ -1,12 +1,12 @@
-"""DPClient exports the scheduler stats a rank attaches to its outputs as Prometheus metrics (asyncdp.client)."""
+"""DPClient exports the scheduler stats a rank attaches to its outputs as Prometheus metrics (asyncdp.apiserver.client)."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncdp import messages as m
-from asyncdp.client import ClientConfig, DPClient
-from asyncdp.metrics import Metrics
+from asyncdp.api.metrics import Metrics
+from asyncdp.apiserver.client import ClientConfig, DPClient
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, str], float]:

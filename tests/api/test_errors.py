@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 import orjson
 import pytest
@@ -63,6 +65,29 @@ async def test_prompt_or_max_tokens_beyond_max_model_len_is_400_before_generate(
     assert "max_model_len" in assert_openai_error(too_many, 400, "BadRequestError", "max_tokens")["message"]
     assert fits.status_code == 200
     assert len(srv.fake.submitted) == 1
+
+
+class _CountingServerInfo(FakeEngineClient):
+    """A fake client that counts how often the ``/server_info`` document is built."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_server_info = 0
+
+    def server_info(self) -> dict[str, Any]:
+        self.num_server_info += 1
+        return super().server_info()
+
+
+async def test_a_request_with_local_and_global_hints_is_resolved_without_building_server_info() -> None:
+    async with running(_CountingServerInfo(num_ranks=2, start_rank=4)) as srv:
+        ok = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "data_parallel_rank": 1,
+                                                           "data_parallel_global_rank": 5})
+        conflict = await srv.http.post(
+            "/v1/completions", json={"prompt": "a", "data_parallel_rank": 0, "data_parallel_global_rank": 5})
+    assert ok.status_code == 200
+    assert_openai_error(conflict, 400, "BadRequestError", "data_parallel_rank")
+    assert srv.fake.num_server_info == 0
 
 
 async def test_rank_hints_are_parsed_and_bad_ones_rejected() -> None:
@@ -185,3 +210,13 @@ async def test_prompt_token_ids_outside_the_vocabulary_are_400_before_generate()
     assert_openai_error(negative, 400, "BadRequestError", "prompt")
     assert inside.status_code == 200
     assert len(srv.fake.submitted) == 1
+
+
+def test_an_engine_that_misses_its_deadline_is_a_503_naming_the_rank_and_the_wait() -> None:
+    from asyncdp.api.errors import status_and_body
+    from asyncdp.errors import EngineTimeoutError
+
+    status, body = status_and_body(EngineTimeoutError(
+        "pause did not complete on every rank within 30 s; no answer from engine rank(s) [1]"))
+    assert status == 503 and body["error"]["type"] == "ServiceUnavailableError"
+    assert "engine rank(s) [1]" in body["error"]["message"] and "within 30 s" in body["error"]["message"]

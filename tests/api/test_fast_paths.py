@@ -9,14 +9,14 @@ import trio.lowlevel
 import trio.testing
 
 from asyncdp.api.fanout import Sequence, collect_one
+from asyncdp.api.metrics import Metrics
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.errors import EngineDeadError
 from asyncdp.messages import RequestOutput
-from asyncdp.metrics import Metrics
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import FakeEngineClient
+from asyncdp.testing import sim_rank_core as sim_core
 from tests.api.test_metrics import key, samples
-from tests.engine.rank_harness import sim_core
 
 
 def seq(max_tokens: int) -> Sequence:

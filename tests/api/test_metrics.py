@@ -1,4 +1,4 @@
-"""asyncdp.metrics: one process with a private registry; several processes aggregated through a directory."""
+"""asyncdp.api.metrics: one process with a private registry; several processes aggregated through a directory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from asyncdp.metrics import Metrics
+from asyncdp.api.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_two_metrics_objects_in_one_process_do_not_collide() -> None:
 
 WRITER = textwrap.dedent("""
     import os, sys
-    from asyncdp.metrics import Metrics
+    from asyncdp.api.metrics import Metrics
     i = int(sys.argv[1])
     m = Metrics(model_name="m")
     assert m.multiproc_dir == os.environ["PROMETHEUS_MULTIPROC_DIR"]
@@ -77,7 +77,7 @@ WRITER = textwrap.dedent("""
 
 RENDERER = textwrap.dedent("""
     import sys
-    from asyncdp.metrics import Metrics, mark_process_dead
+    from asyncdp.api.metrics import Metrics, mark_process_dead
     if len(sys.argv) > 1:
         mark_process_dead(int(sys.argv[1]))
     sys.stdout.write(Metrics(model_name="m").render().decode())

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from asyncdp.api.engine_client import RankHint
-from asyncdp.api.errors import HTTPError
 from asyncdp.api.params import chat_messages, prompts, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint
 from asyncdp.api.schemas import ChatRequest, CompletionRequest, decode_body
-from asyncdp.errors import InvalidSamplingParams
+from asyncdp.errors import HTTPError, InvalidSamplingParams
 
 
 def completion(**fields: object) -> CompletionRequest:
@@ -88,7 +87,16 @@ def test_non_integer_rank_hint_is_e1(headers: dict, body: dict, message: str) ->
 
 
 def test_local_and_global_hints_naming_different_engines_conflict() -> None:
-    ranks = [{"dp_rank": 4, "local_index": 0}, {"dp_rank": 5, "local_index": 1}]
-    assert parse_rank_hint({}, completion(data_parallel_rank=1, data_parallel_global_rank=5), lambda: ranks)
-    with pytest.raises(HTTPError):
-        parse_rank_hint({}, completion(data_parallel_rank=0, data_parallel_global_rank=5), lambda: ranks)
+    # Resolved once, by the client against its managed ranks (4, 5): no /server_info document per request.
+    from asyncdp.api.errors import status_and_body
+    from asyncdp.dp.hints import resolve_rank_hint
+    from asyncdp.errors import InvalidRequestError
+
+    ranks = (4, 5)
+    hint = parse_rank_hint({}, completion(data_parallel_rank=1, data_parallel_global_rank=5))
+    assert hint and resolve_rank_hint(ranks, hint.local_index, hint.global_rank) == 1
+    hint = parse_rank_hint({}, completion(data_parallel_rank=0, data_parallel_global_rank=5))
+    assert hint is not None
+    with pytest.raises(InvalidRequestError) as err:
+        resolve_rank_hint(ranks, hint.local_index, hint.global_rank)
+    assert status_and_body(err.value)[0] == 400

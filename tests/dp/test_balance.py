@@ -16,7 +16,7 @@ from asyncdp.dp.balance import (
     Snapshot,
     VllmPolicy,
     make_policy,
-    parse_rank_hint,
+    parse_rank,
     spec_loop_pick,
 )
 from asyncdp.errors import ConfigError, InvalidRequestError, UnavailableError
@@ -184,8 +184,8 @@ def test_conflicting_hint_forms_are_rejected():
 
 
 def test_parse_rank_hint_accepts_header_strings():
-    assert parse_rank_hint(" 3 ") == 3
-    assert parse_rank_hint(-2) == -2
+    assert parse_rank(" 3 ") == 3
+    assert parse_rank(-2) == -2
 
 
 # ---------------------------------------------------------------- façade bookkeeping
@@ -338,3 +338,19 @@ def test_incremental_scores_decide_like_the_spec_loop(operations, client_count, 
         elif op == "dead":
             lb.mark_dead(arg)
     assert lb.inflight == lb.state.inflight
+
+
+def test_the_lb_policy_flag_knows_exactly_the_base_names_make_policy_builds() -> None:
+    from asyncdp.config.flags import LB_POLICIES
+    from asyncdp.dp.balance import make_policy, policy_names
+
+    assert sorted(LB_POLICIES) == sorted({n.partition("@")[0] for n in policy_names()})
+    for name in policy_names():
+        assert make_policy(name).name.partition("@")[0] == name.partition("@")[0]
+
+
+def test_an_unknown_policy_preset_is_a_config_error_naming_the_valid_ones() -> None:
+    from asyncdp.dp.balance import make_policy
+
+    with pytest.raises(ConfigError, match="unknown load-balancing policy 'dynamo_kv@nope'.*sglang_cache_aware"):
+        make_policy("dynamo_kv@nope")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders
 from tokenizers.models import BPE
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import EngineCore
 from asyncdp.engine.executor import ModelBatch, StepResult
 from asyncdp.engine.sim_executor import SimExecutor

@@ -178,7 +178,7 @@ def test_stats_report_queues_usage_and_steps():
 
 
 def test_sim_step_cost_is_reported_not_slept():
-    from asyncdp.config import SimCostProfile
+    from asyncdp.config.flags import SimCostProfile
     core = sim_core(sim_cost=SimCostProfile(a_ms=5.0, b_ms_per_token=1.0, c_ms_per_seq=0.0,
                                             d_ms_per_kv_token=0.0))
     core.add_request("a", encode("abcd"), SamplingParams(max_tokens=2))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from engine_testing import EOS_ID, VOCAB_SIZE, ScriptedExecutor, make_byte_tokenizer
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import build_engine_core
 from asyncdp.errors import ConfigError, InvalidSamplingParams, ModelNotFoundError
 from asyncdp.llm import LLM

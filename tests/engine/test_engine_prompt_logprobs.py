@@ -7,7 +7,7 @@ import math
 
 from engine_testing import VOCAB_SIZE, encode, scripted_core, sim_core
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk
 from asyncdp.engine.request import RequestStatus
 from asyncdp.engine.sim_executor import SimExecutor

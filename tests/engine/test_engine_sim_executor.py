@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from engine_testing import EOS_ID, VOCAB_SIZE, encode, run_to_completion, sim_core
 
-from asyncdp.config import EngineConfig, SimCostProfile
+from asyncdp.config.flags import EngineConfig, SimCostProfile
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk
 from asyncdp.engine.sim_executor import DEFAULT_SIM_KV_BLOCKS, SimExecutor
 from asyncdp.sampling_params import SamplingParams

@@ -9,11 +9,13 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 import trio
-from rank_harness import FakeClient, sim_core
 
 from asyncdp import messages as m
-from asyncdp.engine.rank import EngineRank, RankConfig, RankTornDown
+from asyncdp.engine.rank import EngineRank, RankConfig
+from asyncdp.errors import RankTornDown
 from asyncdp.sampling_params import SamplingParams
+from asyncdp.testing import FakeRankClient as FakeClient
+from asyncdp.testing import sim_rank_core as sim_core
 from asyncdp.transport import memory_link_pair
 
 
@@ -186,3 +188,23 @@ async def test_requests_of_a_client_whose_link_closed_are_aborted_not_run_to_the
             await trio.sleep(0.5)
             assert not rank.core.has_unfinished()
             assert "orphan" not in rank.state.owners
+
+
+@pytest.mark.trio
+async def test_an_unknown_inbox_item_is_a_protocol_error_and_a_stray_link_message_only_a_warning(
+        autojump_clock, caplog):
+    from asyncdp.engine.rank_links import ClientMessage
+    from asyncdp.errors import ProtocolError
+
+    client = FakeClient(1)
+    rank = EngineRank(RankConfig(dp_rank=0, dp_size=1, engine=sim_core().config), sim_core(),
+                      {0: client.engine_ends[0]}, None, inline_step=True)
+    try:
+        with pytest.raises(ProtocolError, match="unknown inbox item"):
+            await rank._handle(("client", m.AbortRequests(request_ids=["r"]), 0))  # the old positional shape
+        await rank._handle(ClientMessage(0, m.Goodbye(dp_rank=3)))  # a link message a client may not send
+        assert any("dropping unexpected Goodbye" in r.getMessage() for r in caplog.records)
+    finally:
+        rank.close()
+        for link in [*client.links.values(), *client.engine_ends.values(), client.coord, client.coord_end]:
+            await link.aclose()

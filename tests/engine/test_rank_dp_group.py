@@ -6,7 +6,8 @@ import anyio
 import pytest
 import trio
 
-from asyncdp.engine.dp_group import DPGroup, DPGroupAborted, DPGroupError, MemoryDPGroup, reduce_values
+from asyncdp.engine.dp_group import DPGroup, MemoryDPGroup, reduce_values
+from asyncdp.errors import DPGroupAborted, DPGroupError
 
 
 def test_reduce_values_sums_and_maxes_elementwise():

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import trio
-from rank_harness import open_cluster
 
-from asyncdp.engine.rank import RankTornDown
-from asyncdp.errors import EngineDeadError
+from asyncdp.errors import EngineDeadError, RankTornDown
+from asyncdp.testing import open_rank_cluster as open_cluster
 
 
 def hang_dummy_steps(rank) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import trio
-from rank_harness import open_cluster
 
 from asyncdp import messages as m
+from asyncdp.testing import open_rank_cluster as open_cluster
 
 
 async def pause_all(c, mode: str = "keep") -> None:

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 import trio
-from rank_harness import open_cluster
 
-from asyncdp.engine.rank import RankTornDown
+from asyncdp.errors import RankTornDown
+from asyncdp.testing import open_rank_cluster as open_cluster
 
 
 @pytest.mark.trio

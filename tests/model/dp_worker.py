@@ -157,7 +157,7 @@ class Worker:
     def __init__(self, setup: dict[str, Any]) -> None:
         import torch
 
-        from asyncdp.config import EngineConfig
+        from asyncdp.config.flags import EngineConfig
         from asyncdp.engine.model_runner import TorchExecutor
         from asyncdp.messages import DPGroupInfo
         from asyncdp.model.distributed import DPContext, init_dp_group
@@ -233,7 +233,8 @@ class Worker:
     def all_reduce(self, args: dict[str, Any]) -> dict[str, Any]:
         import anyio
 
-        from asyncdp.model.distributed import DPGroupAborted, TorchDPGroup
+        from asyncdp.errors import DPGroupAborted
+        from asyncdp.model.distributed import TorchDPGroup
 
         async def main() -> dict[str, Any]:
             group = TorchDPGroup.from_group(self.group, anyio.CapacityLimiter(1))

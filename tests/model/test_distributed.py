@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from dp_worker import DPRanks, run_core, run_schedule
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.model_runner import TorchExecutor
 from asyncdp.errors import StartupError
 from asyncdp.messages import DPGroupInfo

@@ -161,7 +161,7 @@ def test_model_package_imports_without_torch_or_transformers() -> None:
 def test_tokenizer_flag_accepts_a_directory_holding_only_a_tokenizer(dense_path: Path, tmp_path: Path) -> None:
     import shutil
 
-    from asyncdp.config import EngineConfig
+    from asyncdp.config.flags import EngineConfig
     from asyncdp.engine.core import build_engine_core
 
     tok_dir = tmp_path / "tokenizer-only"

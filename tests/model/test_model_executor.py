@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk
 from asyncdp.engine.model_runner import TorchExecutor
 from asyncdp.errors import ConfigError

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import EngineCore, build_engine_core
 from asyncdp.llm import LLM
 from asyncdp.messages import TokenLogprobs

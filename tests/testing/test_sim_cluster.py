@@ -13,7 +13,7 @@ import anyio
 import pytest
 import trio
 
-from asyncdp.config import EngineConfig
+from asyncdp.config.flags import EngineConfig
 from asyncdp.errors import EngineDeadError
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import InjectedFault, SimRequest, open_sim_cluster, stream_rng
@@ -240,3 +240,27 @@ async def test_leaving_the_cluster_with_requests_in_flight_tears_down_cleanly(au
         nursery.cancel_scope.cancel()  # cancels the requests mid-stream: their generators abort them
     # Leaving the context with work on the ranks raised nothing and left no stream open (warnings are errors).
     assert not any(c.is_healthy() for c in cluster.clients)
+
+
+@pytest.mark.trio
+async def test_a_peer_policy_hears_first_tokens_from_the_client_and_its_predicted_prefill_drains(autojump_clock):
+    """dynamo_kv adds each request's uncached prefill at dispatch and removes it at the first token: the DP
+    client must deliver first tokens, or the prediction only grows while requests run."""
+    from asyncdp.dp.peers import DynamoKvPolicy
+
+    seen: list[list[int]] = []
+
+    class Watching(DynamoKvPolicy):
+        def on_first_token(self, state, req_id, dp_rank, now_us):
+            super().on_first_token(state, req_id, dp_rank, now_us)
+            seen.append(list(state.pending))
+
+    async with sim_cluster(2, 1, lb_policy="dynamo_kv") as cluster:
+        client = cluster.clients[0]
+        client.lb._policy = Watching()
+        client.lb._state = client.lb._policy.init(2, 0, 1, None)
+        reqs = workload(12, num_clients=1, max_tokens=(24, 32))
+        results = await cluster.complete_all(reqs)
+        assert all(not isinstance(outs, Exception) for outs in results.values())
+        assert len(seen) == len(reqs)  # one first token per request
+        assert client.lb.state.pending == [0, 0]

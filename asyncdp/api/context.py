@@ -1,0 +1,66 @@
+"""What the HTTP handlers share: :class:`AppState` (``app.extensions["asyncdp"]``) and the JSON response helper.
+
+The route modules (``chat``, ``completions``, ``utility_routes``, ``generate``, ``openapi``) import this module,
+never ``asyncdp.api.app``: the app factory imports the routes, not the reverse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from anyio.abc import TaskGroup
+from quart import Quart, Response
+
+from asyncdp.api.engine_client import EngineClient
+from asyncdp.api.metrics import Metrics
+from asyncdp.api.offload import Offload
+from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
+from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
+
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+@dataclass
+class AppState:
+    """What the handlers share. Stored as ``app.extensions["asyncdp"]``."""
+
+    client: EngineClient
+    metrics: Metrics
+    api_key: str | None
+    served_model_names: tuple[str, ...]
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
+    max_request_body_bytes: int = 0
+    offload: Offload = field(default_factory=Offload)
+    task_group: TaskGroup | None = None
+    draining: bool = False
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def check_model(self, model: str | None) -> str:
+        """The model name to answer with; 404 when the request names another model."""
+        if model is None:
+            return self.served_model_names[0]
+        if model not in self.served_model_names:
+            raise ModelNotServedError(f"The model `{model}` does not exist.")
+        return model
+
+    def producers(self) -> TaskGroup:
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down")
+        if self.task_group is None:
+            raise UnavailableError("the server is not serving yet")
+        return self.task_group
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status=status, content_type="application/json")
+
+
+def state_of(app: Quart) -> AppState:
+    return app.extensions["asyncdp"]
+
+
+def set_draining(app: Quart) -> None:
+    """From now on, new requests get 503 and ``/health`` fails; in-flight requests continue."""
+    state_of(app).draining = True

@@ -1,0 +1,227 @@
+"""Prometheus metrics of an API-server process, with vLLM's names and labels (spec §12.3, §10).
+
+The DP client owns one :class:`Metrics` and calls its ``record_*`` / ``set_*`` / ``inc_*`` methods; the HTTP
+layer only calls :meth:`Metrics.render` for ``GET /metrics``. Labels are ``model_name`` and ``engine`` (the
+global ``dp_rank`` as a string).
+
+Several API processes on one node: when ``PROMETHEUS_MULTIPROC_DIR`` is set (read through
+:func:`asyncdp.config.flags.prometheus_multiproc_dir`), values live in per-process files in that directory and
+``render()`` aggregates every process's files, so any process answers for the node. Counters and histograms
+are summed (each request is counted by the one client that owns it); engine-state gauges use "mostrecent"
+(the engine sends its scheduler stats to one client per step, so the newest write wins); per-client gauges
+such as in-flight counts are summed over live processes. Without the directory, a private registry is used.
+
+Cumulative engine counters (preemptions, prefix-cache queries/hits) are added as deltas: the caller passes
+what changed since the stats it last received, so sums over processes stay exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    values,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from asyncdp.config.flags import prometheus_multiproc_dir
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vLLM's buckets (seconds).
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0)
+_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                    240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+_E = ("model_name", "engine")
+
+
+class Metrics:
+    """All metrics of one API-server process. ``engine`` arguments are global dp ranks (int or str)."""
+
+    def __init__(self, *, model_name: str, multiproc_dir: str | None = None) -> None:
+        self.model_name = model_name
+        self.multiproc_dir = multiproc_dir if multiproc_dir is not None else prometheus_multiproc_dir()
+        if self.multiproc_dir is not None and not _multiprocess_values_enabled():
+            # prometheus_client chose its value class at import, before the directory was known here.
+            values.ValueClass = values.MultiProcessValue()
+        # vLLM exposes no *_created series; dashboards written for it do not expect them.
+        disable_created_metrics()
+        # Metrics register into a private registry: several Metrics objects may live in one process (tests).
+        self._registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[int, int | str, tuple[str, ...]], Any] = {}
+        r = self._registry
+
+        def gauge(name: str, doc: str, mode: Any = "mostrecent", labels: Iterable[str] = _E) -> Gauge:
+            return Gauge(name, doc, list(labels), registry=r, multiprocess_mode=mode)
+
+        def counter(name: str, doc: str, labels: Iterable[str] = _E) -> Counter:
+            return Counter(name, doc, list(labels), registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, list(_E), registry=r, buckets=buckets)
+
+        self.num_requests_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_cache_usage_perc = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.request_success = counter("vllm:request_success", "Count of successfully processed requests.",
+                                       (*_E, "finished_reason"))
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self.time_to_first_token = histogram("vllm:time_to_first_token_seconds",
+                                             "Histogram of time to first token in seconds.", _TTFT_BUCKETS)
+        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds",
+                                             "Histogram of inter-token latency in seconds.", _ITL_BUCKETS)
+        self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds",
+                                             "Histogram of e2e request latency in seconds.", _LATENCY_BUCKETS)
+        self.request_queue_time = histogram("vllm:request_queue_time_seconds",
+                                            "Histogram of time spent in WAITING phase for request.",
+                                            _LATENCY_BUCKETS)
+        self.dp_wave = gauge("asyncdp:dp_wave", "MoE: the rank's current wave number.")
+        self.dp_running = gauge("asyncdp:dp_running", "MoE: 1 while the rank's wave is running.")
+        self.dp_waves_completed = counter("asyncdp:dp_waves_completed", "MoE: waves this rank has completed.")
+        self.dp_dummy_steps = counter("asyncdp:dp_dummy_steps", "Dummy forward passes run by the rank.")
+        self.dp_lb_decisions = counter("asyncdp:dp_lb_decisions", "Load-balancing decisions per engine.",
+                                       (*_E, "reason"))
+        self.dp_inflight_requests = gauge("asyncdp:dp_inflight_requests",
+                                          "Requests in flight per engine from this node's clients.", "livesum")
+        self.dp_coordinator_snapshot_age = gauge(
+            "asyncdp:dp_coordinator_snapshot_age_seconds", "Seconds since the last coordinator stats snapshot.",
+            "mostrecent", ("model_name",))
+        self.dp_engine_up = gauge("asyncdp:dp_engine_up", "1 while the engine can serve, else 0.")
+        self.dp_coordinator_up = gauge(
+            "asyncdp:dp_coordinator_up", "1 while this API server follows the DP coordinator, else 0.",
+            "mostrecent", ("model_name",))
+        # Gauges whose value depends on the time of the scrape (an age) are refreshed by this hook at render.
+        self._before_render: list[Callable[[], None]] = []
+
+    def _l(self, engine: int | str) -> dict[str, str]:
+        return {"model_name": self.model_name, "engine": str(engine)}
+
+    def _c(self, metric: Any, engine: int | str, *extra: str) -> Any:
+        """``metric``'s child for ``engine`` (and extra label values), cached: prometheus_client's
+        ``labels()`` validates and stringifies its arguments on every call, which showed in per-request
+        profiles."""
+        key = (id(metric), engine, extra)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(self.model_name, str(engine), *extra)
+        return child
+
+    # ------------------------------------------------------------------ requests
+    def record_request_finished(
+        self,
+        engine: int | str,
+        finished_reason: str,
+        prompt_tokens: int,
+        generation_tokens: int,
+        ttft_s: float | None,
+        itls_s: Iterable[float],
+        e2e_s: float,
+        queue_s: float | None = None,
+    ) -> None:
+        """Count one finished request (any reason, including ``abort``) on the engine that owned it."""
+        self._c(self.request_success, engine, finished_reason).inc()
+        self._c(self.prompt_tokens, engine).inc(prompt_tokens)
+        self._c(self.generation_tokens, engine).inc(generation_tokens)
+        if ttft_s is not None:
+            self._c(self.time_to_first_token, engine).observe(ttft_s)
+        itl = self._c(self.inter_token_latency, engine)
+        for gap in itls_s:
+            itl.observe(gap)
+        self._c(self.e2e_request_latency, engine).observe(e2e_s)
+        if queue_s is not None:
+            self._c(self.request_queue_time, engine).observe(queue_s)
+
+    # ------------------------------------------------------------------ engine state
+    def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float) -> None:
+        self._c(self.num_requests_running, engine).set(running)
+        self._c(self.num_requests_waiting, engine).set(waiting)
+        self._c(self.kv_cache_usage_perc, engine).set(kv_usage)
+
+    def add_engine_counters(
+        self, engine: int | str, *, preemptions: int = 0, prefix_cache_queries: int = 0, prefix_cache_hits: int = 0,
+    ) -> None:
+        """Add deltas of the engine's cumulative counters since the caller's last stats."""
+        if preemptions:
+            self._c(self.num_preemptions, engine).inc(preemptions)
+        if prefix_cache_queries:
+            self._c(self.prefix_cache_queries, engine).inc(prefix_cache_queries)
+        if prefix_cache_hits:
+            self._c(self.prefix_cache_hits, engine).inc(prefix_cache_hits)
+
+    def set_engine_up(self, engine: int | str, up: bool) -> None:
+        self._c(self.dp_engine_up, engine).set(1 if up else 0)
+
+    def clear_engine_state(self, engine: int | str) -> None:
+        """A dead rank runs nothing: zero its state and wave gauges, which would otherwise stay frozen at its
+        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept)."""
+        self.set_engine_state(engine, 0, 0, 0.0)
+        self.set_wave(engine, 0, False)
+
+    # ------------------------------------------------------------------ DP
+    def inc_lb_decision(self, engine: int | str, reason: str) -> None:
+        """``reason``: ``score`` (chosen by the policy) or ``hint`` (pinned by a rank hint)."""
+        self._c(self.dp_lb_decisions, engine, reason).inc()
+
+    def set_inflight(self, engine: int | str, n: int) -> None:
+        self._c(self.dp_inflight_requests, engine).set(n)
+
+    def set_snapshot_age(self, s: float) -> None:
+        self.dp_coordinator_snapshot_age.labels(model_name=self.model_name).set(s)
+
+    def set_coordinator_up(self, up: bool) -> None:
+        self.dp_coordinator_up.labels(model_name=self.model_name).set(1 if up else 0)
+
+    def on_render(self, refresh: Callable[[], None]) -> None:
+        """Run ``refresh`` before every render: it sets gauges that are only true at the time of the scrape
+        (the coordinator snapshot's age). In multiprocess mode the rendering process writes last, so the node's
+        page shows the age this process sees, as its ``/server_info`` does."""
+        self._before_render.append(refresh)
+
+    def set_wave(self, engine: int | str, wave: int, running: bool) -> None:
+        self._c(self.dp_wave, engine).set(wave)
+        self._c(self.dp_running, engine).set(1 if running else 0)
+
+    def inc_waves_completed(self, engine: int | str, n: int = 1) -> None:
+        self._c(self.dp_waves_completed, engine).inc(n)
+
+    def add_dummy_steps(self, engine: int | str, n: int) -> None:
+        self._c(self.dp_dummy_steps, engine).inc(n)
+
+    # ------------------------------------------------------------------ exposition
+    def render(self) -> bytes:
+        """Prometheus text exposition: this process's metrics, or the whole node's in multiprocess mode."""
+        for refresh in self._before_render:
+            refresh()
+        if self.multiproc_dir is None:
+            return generate_latest(self._registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.multiproc_dir)
+        return generate_latest(registry)
+
+
+def _multiprocess_values_enabled() -> bool:
+    return values.ValueClass is not values.MutexValue
+
+
+def mark_process_dead(pid: int, multiproc_dir: str | None = None) -> None:
+    """Drop a dead API process's live gauges (call from the launcher when a child exits)."""
+    from prometheus_client import multiprocess
+
+    path = multiproc_dir if multiproc_dir is not None else prometheus_multiproc_dir()
+    if path is not None:
+        multiprocess.mark_process_dead(pid, path)

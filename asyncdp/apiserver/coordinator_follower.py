@@ -1,0 +1,150 @@
+"""An API server's side of the DP coordinator link: subscribe, heartbeat, hand every snapshot on, reconnect.
+
+Theory of operation
+-------------------
+:class:`CoordinatorFollower` is owned by the DP client (:class:`asyncdp.apiserver.client.DPClient`). ``attach(link)``
+sends ``Subscribe{client_id}``, heartbeats every ``heartbeat_interval_s`` and passes each ``StatsSnapshot`` to
+the client's callback until the link ends, or until the coordinator has been silent (no frame at all: it sends a
+``Heartbeat`` every interval even when nothing changes) for ``heartbeat_timeout_s`` (``--dp-heartbeat-timeout-s``,
+decided by :class:`asyncdp.dp.liveness.Liveness`): a link that stays open but silent is a dead coordinator (a
+frozen process, a lost host), closed here and then treated as a lost link. ``follow(connect)`` wraps that for the client's life: after a lost
+link (the coordinator dropped this client for missed heartbeats while its event loop was blocked, say) it
+connects and subscribes again, with capped exponential backoff, until the client shuts down or the coordinator
+has been unreachable for ``GIVE_UP_S``.
+
+State (``/server_info`` ``coordinator.state``, ``asyncdp:dp_coordinator_up``): ``none`` (no coordinator in
+this mode), ``starting``, ``alive`` while subscribed, ``reconnecting`` after a lost link until an attempt
+answers, ``dead`` after a silent link, while attempts are refused (its process is gone) or after giving up. Whenever
+the coordinator stops being ``alive`` the client's ``on_lost`` callback runs, and the client routes on its own
+in-flight counts (the last snapshot is forgotten, not kept frozen). Time is ``anyio.current_time()`` (virtual in tests).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from asyncdp import messages as m
+from asyncdp.dp.liveness import Liveness
+from asyncdp.transport import Link, connect_with_retry
+from asyncdp.transport import connect as connect_link
+from asyncdp.transport.heartbeat import send_heartbeats
+from asyncdp.transport.links import LINK_ERRORS
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 30.0  # each connection attempt; the first also retries for that long (startup)
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 10.0
+GIVE_UP_S = 600.0
+
+
+
+class CoordinatorFollower:
+    def __init__(self, client_index: int, heartbeat_interval_s: float,
+                 on_snapshot: Callable[[m.StatsSnapshot], None], shutting_down: Callable[[], bool], *,
+                 state: str = "starting", heartbeat_timeout_s: float = 5.0,
+                 on_lost: Callable[[], None] = lambda: None) -> None:
+        self.client_index = client_index
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._on_snapshot = on_snapshot
+        self._on_lost = on_lost
+        self._shutting_down = shutting_down
+        self.state = state
+        self.link: Link | None = None  # while subscribed
+        self.snapshot_received_at: float | None = None
+
+    def snapshot_age_s(self) -> float | None:
+        if self.snapshot_received_at is None:
+            return None
+        return anyio.current_time() - self.snapshot_received_at
+
+    async def follow_addr(self, addr: str) -> None:
+        """:meth:`follow` the coordinator listening at ``addr``."""
+        attempts = 0
+
+        async def connect() -> Link:
+            nonlocal attempts
+            attempts += 1
+            if attempts == 1:  # at startup the coordinator may still be binding: retry for a while
+                return await connect_with_retry(addr, timeout_s=CONNECT_TIMEOUT_S, what="the DP coordinator")
+            return await connect_link(addr)
+
+        await self.follow(connect)
+
+    async def follow(self, connect: Callable[[], Awaitable[Link]]) -> None:
+        """Attach over ``connect()``'s link, and again after every lost link, until shutdown or give-up."""
+        backoff_s = BACKOFF_MIN_S
+        unreachable_since: float | None = None
+        while not self._shutting_down():
+            try:
+                with anyio.fail_after(CONNECT_TIMEOUT_S):
+                    link = await connect()
+            except (TimeoutError, OSError, anyio.BrokenResourceError) as exc:
+                self.state = "dead"
+                now = anyio.current_time()
+                unreachable_since = now if unreachable_since is None else unreachable_since
+                if now - unreachable_since >= GIVE_UP_S:
+                    log.warning("client %d: cannot reach the DP coordinator (%s); routing on in-flight counts "
+                                "only from now on", self.client_index, type(exc).__name__)
+                    return
+                await anyio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
+                continue
+            if self.state in ("reconnecting", "dead"):
+                log.info("client %d: following the DP coordinator again", self.client_index)
+            unreachable_since = None
+            backoff_s = BACKOFF_MIN_S
+            silent = await self.attach(link)
+            if self._shutting_down():
+                return
+            self.state = "dead" if silent else "reconnecting"
+            await anyio.sleep(backoff_s)
+
+    async def attach(self, link: Link) -> bool:
+        """Follow the coordinator over an already-connected link: subscribe, heartbeat, hand on every
+        ``StatsSnapshot``; returns when the coordinator ends or drops this client (False) or has been silent for
+        ``heartbeat_timeout_s`` (True; the link is closed here)."""
+        self.link = link
+        self.state = "alive"
+        liveness = Liveness(self.heartbeat_timeout_s, anyio.current_time())
+        silent = False
+        try:
+            async with link, anyio.create_task_group() as tg:
+                await link.send(m.Subscribe(client_id=self.client_index))
+                tg.start_soon(self._send_heartbeats, link)
+                while True:
+                    with anyio.move_on_at(liveness.deadline_s()) as silence:
+                        try:
+                            msg = await link.receive()
+                        except (anyio.EndOfStream, *LINK_ERRORS):
+                            break  # the coordinator ended or dropped this client
+                        liveness.heard(anyio.current_time())
+                        if isinstance(msg, m.StatsSnapshot):
+                            self.snapshot_received_at = anyio.current_time()
+                            self._on_snapshot(msg)
+                        continue
+                    if silence.cancelled_caught:  # nothing heard before the liveness deadline
+                        silent = True
+                        break
+                tg.cancel_scope.cancel()
+        except LINK_ERRORS:
+            pass  # the Subscribe could not be sent: the link is already gone
+        self.link = None
+        self.state = "dead"
+        self._on_lost()
+        if not self._shutting_down():
+            why = (liveness.describe("the DP coordinator", anyio.current_time()) if silent
+                   else "lost the DP coordinator link")
+            log.warning("client %d: %s; routing on in-flight counts only meanwhile", self.client_index, why)
+        return silent
+
+    async def _send_heartbeats(self, link: Link) -> None:
+        async def beat(msg: m.Heartbeat) -> None:
+            with anyio.move_on_after(self.heartbeat_timeout_s):  # a full link to a silent peer: skip a beat
+                await link.send(msg)
+
+        await send_heartbeats(beat, self.heartbeat_interval_s, f"client-{self.client_index}")

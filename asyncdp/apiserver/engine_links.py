@@ -1,0 +1,229 @@
+"""The DP client's links to its engine ranks: the ``EngineReady`` handshake, bounded sends, utility calls.
+
+Theory of operation
+-------------------
+:class:`EngineLinks` accepts the links every managed rank opens to the client's listener and keeps one reader
+per link; :func:`read_engine_ready` takes the first frame within
+``ENGINE_READY_FRAME_TIMEOUT_S`` and accepts it only if it is an ``EngineReady`` of a managed rank (anything else
+drops that link; the client keeps waiting for a good one). :class:`EngineLink` is one accepted link: the rank,
+its ``EngineReady``, whether it is alive and when it was last heard from.
+
+Every wait on an engine has a deadline. :func:`send_to_engine` bounds a send by ``ENGINE_SEND_TIMEOUT_S`` (a
+link that stays full means the rank stopped reading) and turns a broken link into ``EngineDeadError``; a
+deadline passed is ``EngineTimeoutError``; both name the rank and the message. :class:`UtilityCalls` keeps the
+calls waiting on ``UtilityResult`` frames: a call ends when every rank it was sent to answered, fails at once
+with ``EngineDeadError`` when one of those ranks dies or its link closes (``on_rank_dead``), and fails with
+``EngineTimeoutError`` naming the ranks that never answered within ``ClientConfig.utility_timeout_s`` (600 s).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from asyncdp import messages as m
+from asyncdp.errors import (
+    AsyncDPError,
+    EngineDeadError,
+    EngineTimeoutError,
+    ProtocolError,
+    StartupError,
+    UnavailableError,
+)
+from asyncdp.transport import Link
+from asyncdp.transport.links import LINK_ERRORS
+
+log = logging.getLogger(__name__)
+
+ENGINE_READY_FRAME_TIMEOUT_S = 30.0
+# A send to a rank waits for room on its link at most this long: a rank that does not read for that long is stuck.
+ENGINE_SEND_TIMEOUT_S = 30.0
+ABORT_SEND_TIMEOUT_S = 2.0
+
+
+
+@dataclass(slots=True)
+class EngineLink:
+    dp_rank: int
+    link: Link
+    ready: m.EngineReady
+    alive: bool = True
+    last_seen: float = 0.0
+
+
+async def read_engine_ready(link: Link, managed_ranks: tuple[int, ...], client_index: int) -> m.EngineReady | None:
+    """The link's first frame if it is the ``EngineReady`` of a managed rank; else None (the link is closed)."""
+    try:
+        with anyio.fail_after(ENGINE_READY_FRAME_TIMEOUT_S):  # a connected engine is ready: it says so at once
+            first = await link.receive()
+    except (anyio.EndOfStream, ProtocolError, TimeoutError) as exc:
+        log.error("client %d: dropping an engine link without a valid EngineReady (%s)",
+                  client_index, type(exc).__name__)
+        await link.aclose()
+        return None
+    if not isinstance(first, m.EngineReady) or first.dp_rank not in managed_ranks:
+        log.error("client %d: unexpected first frame %r on an engine link", client_index, first)
+        await link.aclose()
+        return None
+    return first
+
+
+async def send_to_engine(engine: EngineLink, msg: m.Message, timeout_s: float = ENGINE_SEND_TIMEOUT_S) -> None:
+    """Send ``msg`` within ``timeout_s``: ``EngineTimeoutError`` past it, ``EngineDeadError`` on a broken link.
+    Encoding errors (``msgspec.EncodeError``, ``OverflowError``, ...) pass through: the caller maps them."""
+    what = type(msg).__name__
+    try:
+        with anyio.fail_after(timeout_s):
+            await engine.link.send(msg)
+    except TimeoutError:
+        raise EngineTimeoutError(f"engine rank {engine.dp_rank} did not take {what} within {timeout_s:g} s "
+                                 "(its link stayed full)") from None
+    except LINK_ERRORS as exc:
+        raise EngineDeadError(f"engine rank {engine.dp_rank}: its link broke ({type(exc).__name__})") from exc
+
+
+@dataclass(slots=True)
+class _PendingCall:
+    method: str
+    waiting: set[int]  # ranks that have not answered yet
+    results: dict[int, m.UtilityResult] = field(default_factory=dict)
+    error: Exception | None = None
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+class UtilityCalls:
+    """Utility calls in flight from one client, keyed by ``call_id``."""
+
+    def __init__(self, client_index: int) -> None:
+        self._client_index = client_index
+        self._pending: dict[int, _PendingCall] = {}
+        self._ids = itertools.count(1)
+
+    async def call(self, engines: list[EngineLink], method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   timeout_s: float) -> Any:
+        """Run ``method`` on every live engine of ``engines``; the first one's value, or raise."""
+        live = [e for e in engines if e.alive]
+        if not live:
+            raise UnavailableError("no data-parallel rank can serve requests")
+        call_id = next(self._ids)
+        pending = self._pending[call_id] = _PendingCall(method, {e.dp_rank for e in live})
+        msg = m.UtilityCall(client_index=self._client_index, call_id=call_id, method=method, args=list(args),
+                            kwargs=dict(kwargs))
+        try:
+            with anyio.fail_after(timeout_s):
+                for e in live:
+                    await send_to_engine(e, msg, timeout_s)
+                await pending.done.wait()
+        except TimeoutError:
+            raise EngineTimeoutError(
+                f"{method} did not complete on every rank within {timeout_s:g} s; no "
+                f"answer from engine rank(s) {sorted(pending.waiting)}") from None
+        finally:
+            del self._pending[call_id]
+        if pending.error is not None:
+            raise pending.error
+        failed = [r for r in pending.results.values() if not r.ok]
+        if failed:
+            raise AsyncDPError(f"{method} failed: {failed[0].error}")
+        return pending.results[live[0].dp_rank].value
+
+    def on_result(self, dp_rank: int, msg: m.UtilityResult) -> None:
+        pending = self._pending.get(msg.call_id)
+        if pending is None or dp_rank not in pending.waiting:
+            return  # a late answer to a call that already ended
+        pending.results[dp_rank] = msg
+        pending.waiting.discard(dp_rank)
+        if not pending.waiting:
+            pending.done.set()
+
+    def on_rank_dead(self, dp_rank: int, reason: str) -> None:
+        """Fail at once every call still waiting on ``dp_rank`` (it died, or its link closed)."""
+        for pending in self._pending.values():
+            if dp_rank in pending.waiting and pending.error is None:
+                pending.error = EngineDeadError(
+                    f"engine rank {dp_rank} died during utility call {pending.method!r}: {reason}")
+                pending.done.set()
+
+
+class EngineLinks:
+    """The client's accepted engine links by rank: the handshake, one reader per link, readiness, aborts.
+
+    ``on_ready(engine)`` runs once a link's ``EngineReady`` is accepted, ``on_message(rank, msg)`` for every later
+    frame but ``EngineDead``, ``on_dead(rank, reason)`` once when the link ends (``EngineDead``, EOF, error)."""
+
+    def __init__(self, managed_ranks: tuple[int, ...], client_index: int, *,
+                 on_ready: Callable[[EngineLink], None], on_message: Callable[[int, m.Message], None],
+                 on_dead: Callable[[int, str], None]) -> None:
+        self.managed_ranks = managed_ranks
+        self.client_index = client_index
+        self.engines: dict[int, EngineLink] = {}
+        self.all_ready = anyio.Event()
+        self._on_ready = on_ready
+        self._on_message = on_message
+        self._on_dead = on_dead
+
+    def alive(self, dp_rank: int) -> bool:
+        e = self.engines.get(dp_rank)
+        return e is not None and e.alive
+
+    def any_alive(self) -> bool:
+        return any(e.alive for e in self.engines.values())
+
+    async def accept(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
+        """Task: accept engine connections and serve each in ``tg``."""
+        from asyncdp.transport.links import StreamLink
+
+        async with listener:
+            while True:
+                stream = await listener.accept()
+                tg.start_soon(self.serve_link, StreamLink(stream, name="engine"))
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        with anyio.move_on_after(timeout_s) as scope:
+            await self.all_ready.wait()
+        if scope.cancelled_caught:
+            missing = sorted(set(self.managed_ranks) - set(self.engines))
+            raise StartupError(f"engine ranks {missing} did not send EngineReady within --engine-ready-timeout-s "
+                               f"{timeout_s:g}")
+
+    async def serve_link(self, link: Link) -> None:
+        """Serve one engine link: first frame ``EngineReady``, then every frame until it ends."""
+        first = await read_engine_ready(link, self.managed_ranks, self.client_index)
+        if first is None:
+            return
+        rank = first.dp_rank
+        engine = self.engines[rank] = EngineLink(rank, link, first, last_seen=time.monotonic())
+        self._on_ready(engine)
+        if set(self.managed_ranks) <= set(self.engines):
+            self.all_ready.set()
+        reason = "its link closed"
+        try:
+            async for msg in link:
+                engine.last_seen = time.monotonic()
+                if isinstance(msg, m.EngineDead):
+                    reason = msg.reason
+                    break
+                self._on_message(rank, msg)
+        finally:
+            if engine.alive:
+                engine.alive = False
+                self._on_dead(rank, reason)
+            await link.aclose()
+
+    async def send_abort(self, dp_rank: int, ids: list[str]) -> None:
+        """Best effort, bounded by ``ABORT_SEND_TIMEOUT_S``; nothing is sent to a dead rank."""
+        engine = self.engines.get(dp_rank)
+        if engine is None or not engine.alive:
+            return
+        with anyio.move_on_after(ABORT_SEND_TIMEOUT_S):
+            try:
+                await engine.link.send(m.AbortRequests(request_ids=ids))
+            except LINK_ERRORS:
+                pass

@@ -1,0 +1,235 @@
+"""``asyncdp bench routing``: replay workloads through the simulated cluster once per (policy, seed), then
+print the tables, the ratios to ``vllm`` and the gates, and write JSON (spec routing-bench §6).
+
+Flow: for each seed, each workload is built (``--workload``, or read from a Mooncake ``--trace``), its send
+times fixed once (:func:`~asyncdp.bench.records.resolve` with ``--rate-scale`` and, for a relative ladder,
+R_sat: ``--r-sat`` or measured with ``round_robin`` in closed loop), and every policy replays that same
+workload (C1) on a fresh cluster (C6), sequentially in this process. The JSON holds no wall-clock value, so the
+same arguments give the same bytes; wall times go to stderr with the progress.
+
+This module only parses and orchestrates: :mod:`~asyncdp.bench.simulate` runs, :mod:`~asyncdp.bench.metrics`
+measures, :mod:`~asyncdp.bench.report` formats. It imports them lazily so ``asyncdp --help`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from hashlib import blake2b
+from pathlib import Path
+from typing import Any
+
+from asyncdp.errors import ConfigError
+
+BASE_POLICIES = ("vllm", "round_robin", "random", "power_of_two", "vllm_legacy")
+TRACE_BLOCK = 512
+
+
+def known_policies() -> list[str]:
+    """The default ``--policies``: the five base ones, then every other name make_policy knows."""
+    from asyncdp.dp.balance import POLICIES
+
+    return [*BASE_POLICIES, *(p for p in POLICIES if p not in BASE_POLICIES)]
+
+
+def add_bench_parser(sub: Any) -> None:
+    """Register ``bench routing`` on the top-level subparsers ``sub``."""
+    bench = sub.add_parser("bench", help="benchmarks (routing policies on a simulated cluster)")
+    bsub = bench.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
+    p = bsub.add_parser("routing", allow_abbrev=False,
+                        help="compare load-balancing policies on a simulated cluster in virtual time")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", help="generator name[@preset] (w1..w10), comma-separated for several")
+    src.add_argument("--trace", help="a Mooncake-format trace file (JSONL) to replay")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a workload generator option (repeatable), e.g. groups=4")
+    p.add_argument("--scale", default="quick", choices=("quick", "full", "dp32"), help="workload scale")
+    p.add_argument("--trace-block-size", type=int, default=TRACE_BLOCK, help="tokens per trace hash id")
+    p.add_argument("--export-trace", help="write the (first seed's) workload as a Mooncake trace and go on")
+    p.add_argument("--dp", type=int, default=None, help="ranks (default: the workload's)")
+    p.add_argument("--policies", help="comma-separated policy names (default: every known policy)")
+    p.add_argument("--list-policies", action="store_true", help="print the known policy names and exit")
+    p.add_argument("--profile", default="gpu_8b", help="cost profile name or profile file")
+    p.add_argument("--seeds", default="1", help="comma-separated seeds")
+    p.add_argument("--routers", type=int, default=1, help="router replicas (DP clients)")
+    p.add_argument("--lockstep", action="store_true", help="MoE lockstep ranks (waves)")
+    p.add_argument("--telemetry", default="vllm_coord", help="telemetry preset (vllm_coord, periodic_1s, "
+                   "periodic_10s, none)")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every arrival rate")
+    p.add_argument("--r-sat", type=float, default=None, help="R_sat in req/s for relative ladders "
+                   "(default: measured)")
+    p.add_argument("--candidate", default="asyncdp", help="the policy the gates judge")
+    p.add_argument("--json", help="write the JSON result here")
+    p.add_argument("--plots", help="write PNG plots into this directory (needs matplotlib)")
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in _csv(text)]
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers (got {text!r}).") from None
+
+
+def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """(advance(label), close()) of a progress bar on stderr: tqdm when installed, else a plain counter."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        done = [0]
+
+        def advance(label: str) -> None:
+            done[0] += 1
+            print(f"[{done[0]}/{total}] {label}", file=sys.stderr, flush=True)
+
+        return advance, lambda: None
+    bar = tqdm(total=total, file=sys.stderr, unit="run")
+
+    def advance_bar(label: str) -> None:
+        bar.set_postfix_str(label)
+        bar.update(1)
+
+    return advance_bar, bar.close
+
+
+def _workloads(ns: argparse.Namespace, seed: int) -> Iterator[Any]:
+    from asyncdp.bench.trace import read_trace
+    from asyncdp.bench.workloads import build
+
+    if ns.trace:
+        yield read_trace(ns.trace, ns.trace_block_size, seed=seed, dp_size=ns.dp or 8)
+        return
+    options = {}
+    for item in ns.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option must be KEY=VALUE (got {item!r}).")
+        options[key.strip()] = value.strip()
+    for name in _csv(ns.workload or ""):
+        yield build(name, ns.scale, seed, options)
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run ``bench routing`` for parsed arguments ``ns``; returns the exit code."""
+    if ns.list_policies:
+        print("\n".join(known_policies()))
+        return 0
+    from asyncdp.bench import metrics, report
+    from asyncdp.bench.profiles import load_profile, profile_hash
+    from asyncdp.bench.records import encode_workload, resolve
+    from asyncdp.bench.simulate import ClusterSpec, expand_sweep, measure_r_sat, simulate
+    from asyncdp.bench.trace import write_trace
+    from asyncdp.dp.balance import make_policy
+
+    if not ns.workload and not ns.trace:
+        raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
+    policies = _csv(ns.policies) if ns.policies else known_policies()
+    for name in policies:
+        make_policy(name)  # an unknown name fails here, before any run
+    profile = load_profile(ns.profile)
+    seeds = _seeds(ns.seeds)
+    plans: list[tuple[int, str, Any, Any, dict[str, set[int]]]] = []  # (seed, label, workload, spec, rungs)
+    hashes: dict[str, str] = {}
+    for seed in seeds:
+        for workload in _workloads(ns, seed):
+            if ns.export_trace and seed == seeds[0]:
+                write_trace(workload, ns.export_trace, ns.trace_block_size)
+            spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
+                               telemetry=ns.telemetry)
+            r_sat = ns.r_sat
+            if r_sat is None and type(workload.arrival).__name__ == "RelativeLadder":
+                r_sat = measure_r_sat(workload, spec, seed)
+                print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
+                      file=sys.stderr)
+            resolved = resolve(workload, ns.rate_scale, r_sat)
+            hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
+            rungs = _rungs(workload, resolved)
+            plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved))
+    advance, close = _progress(len(plans) * len(policies))
+    runs: list[dict[str, Any]] = []
+    logs: dict[tuple[str, str, int], Any] = {}
+    try:
+        for seed, label, workload, spec, rungs in plans:
+            for policy in policies:
+                started = time.monotonic()
+                log = simulate(workload, policy, seed, spec)
+                logs[(label, policy, seed)] = log
+                runs.append({"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
+                             "ideal_hit_rate": workload.ideal_hit_rate, "counts": metrics.summary(log),
+                             "metrics": {k: round(v, 9) for k, v in metrics.compute(log).items()}})
+                for rung_label, ids in rungs.items():
+                    runs.append({**runs[-1], "workload": f"{label}@{rung_label}", "counts": {"requests": len(ids)},
+                                 "metrics": {k: round(v, 9) for k, v in metrics.compute(log, ids).items()}})
+                advance(f"{label} {policy} seed {seed} ({time.monotonic() - started:.1f} s)")
+    finally:
+        close()
+    gate_rows = report.gates(runs, ns.candidate)
+    print(report.tables(runs))
+    print()
+    print(report.gates_text(gate_rows))
+    header = {"seeds": seeds, "workload_hashes": hashes, "scale": ns.scale, "profile": profile.name,
+              "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
+              "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
+              "python": platform.python_version(), "trio": _trio_version()}
+    if ns.json:
+        Path(ns.json).write_text(report.to_json(runs, header, gate_rows))
+    if ns.plots:
+        _plots(Path(ns.plots), logs)
+    return 0
+
+
+def _rungs(workload: Any, resolved: Any) -> dict[str, set[int]]:
+    """Rung label -> measured req_ids, for a ladder (``0.7rsat`` for a relative one, ``15rps`` for an absolute
+    one); empty otherwise."""
+    from asyncdp.bench.arrivals import RelativeLadder, rung_indices
+    from asyncdp.bench.metrics import rung_request_ids
+
+    indices = rung_indices(resolved.arrival, [r.t_arrival_ms for r in resolved.records])
+    if indices is None:
+        return {}
+    if isinstance(workload.arrival, RelativeLadder):
+        names = [f"{f:g}rsat" for f in workload.arrival.fractions]
+    else:
+        names = [f"{rate:g}rps" for rate, _ in resolved.arrival.rungs]
+    return {names[k]: ids for k, ids in rung_request_ids(indices).items()}
+
+
+def _trio_version() -> str:
+    import trio
+
+    return str(trio.__version__)
+
+
+def _plots(directory: Path, logs: dict[tuple[str, str, int], Any]) -> None:
+    """TTFT CDF per policy, one PNG per workload (first seed). Other plots of §6 are not drawn yet."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("asyncdp bench: --plots needs matplotlib, which is not installed; no plots written.",
+              file=sys.stderr)
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    by_workload: dict[str, dict[str, list[float]]] = {}
+    for (label, policy, _seed), log in logs.items():
+        ttfts = sorted(e.t_first_s - e.t_send_s for e in log.events if e.measured and e.t_first_s is not None)
+        by_workload.setdefault(label, {}).setdefault(policy, ttfts)
+    for label, per_policy in by_workload.items():
+        fig, ax = plt.subplots()
+        for policy, values in per_policy.items():
+            if values:
+                ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=policy)
+        ax.set_xscale("log")
+        ax.set_xlabel("TTFT (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.legend()
+        fig.savefig(directory / f"ttft_cdf_{label.replace('@', '_').replace(':', '_')}.png")
+        plt.close(fig)

@@ -1,0 +1,101 @@
+"""The metrics of spec routing-bench §6, computed from a run's per-request event log only (C7).
+
+Over the *measured* requests (sent at or after the workload's warm-up) that completed without error:
+
+- TTFT = first-token time − send time (mean, p50, p90, p99); e2e = last-token time − send time (p99);
+- TPOT = (e2e − TTFT) / (output tokens − 1), mean over requests with ≥ 2 output tokens;
+- goodput = requests meeting the SLO (TTFT ≤ 2 s and TPOT ≤ 100 ms; TTFT only for 1-token outputs) per second
+  of the window; throughput = output tokens per second of the window. The window runs from the first measured
+  send to the last measured token;
+- prefix hit rate = Σ cached prompt tokens at first admission / Σ prompt tokens;
+- max/mean load ratio = the busiest rank's measured request count over the mean over all ranks;
+- preemptions: the ranks' own counter over the whole run.
+
+On a ladder, each rung is also measured on its own (:func:`rung_request_ids`: the rung's requests after 10 %
+warm-up). Percentiles are the nearest-rank kind on the sorted values (``ceil(q·n)``-th), so they are values that occurred
+and exact on small logs. Empty sets give 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+
+from asyncdp.bench.simulate import RequestEvent, RunLog
+
+SLO_TTFT_S = 2.0
+SLO_TPOT_S = 0.100
+METRIC_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "e2e_p99_s", "goodput_rps",
+               "throughput_tok_s", "prefix_hit_rate", "max_mean_load_ratio", "preemptions")
+#: for each metric, whether lower is better (latencies, load ratio, preemptions)
+LOWER_IS_BETTER = {k: k not in ("goodput_rps", "throughput_tok_s", "prefix_hit_rate") for k in METRIC_KEYS}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` in [0, 1] of ``values``."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def tpot(ev: RequestEvent) -> float | None:
+    if ev.output_tokens < 2 or ev.t_first_s is None or ev.t_last_s is None:
+        return None
+    return (ev.t_last_s - ev.t_first_s) / (ev.output_tokens - 1)
+
+
+def meets_slo(ev: RequestEvent) -> bool:
+    assert ev.t_first_s is not None
+    if ev.t_first_s - ev.t_send_s > SLO_TTFT_S:
+        return False
+    per_token = tpot(ev)
+    return per_token is None or per_token <= SLO_TPOT_S
+
+
+def compute(log: RunLog, only: Collection[int] | None = None) -> dict[str, float]:
+    """Every key of :data:`METRIC_KEYS` for ``log`` (see the module docstring); ``only``: just those req_ids
+    (one ladder rung). Preemptions are the whole run's either way."""
+    done = [e for e in log.events if e.measured and e.error is None and e.t_first_s is not None
+            and e.t_last_s is not None and (only is None or e.req_id in only)]
+    ttft = [e.t_first_s - e.t_send_s for e in done if e.t_first_s is not None]
+    e2e = [e.t_last_s - e.t_send_s for e in done if e.t_last_s is not None]
+    tpots = [t for t in (tpot(e) for e in done) if t is not None]
+    window = 0.0
+    if done:
+        window = max(e.t_last_s or 0.0 for e in done) - min(e.t_send_s for e in done)
+    prompt = sum(e.prompt_tokens for e in done)
+    per_rank = [0] * log.dp_size
+    for e in done:
+        if 0 <= e.rank < log.dp_size:
+            per_rank[e.rank] += 1
+    load_mean = mean(per_rank)
+    return {
+        "ttft_mean_s": mean(ttft), "ttft_p50_s": percentile(ttft, 0.5), "ttft_p90_s": percentile(ttft, 0.9),
+        "ttft_p99_s": percentile(ttft, 0.99), "tpot_mean_s": mean(tpots), "e2e_p99_s": percentile(e2e, 0.99),
+        "goodput_rps": sum(1 for e in done if meets_slo(e)) / window if window > 0 else 0.0,
+        "throughput_tok_s": sum(e.output_tokens for e in done) / window if window > 0 else 0.0,
+        "prefix_hit_rate": sum(e.cached_tokens for e in done) / prompt if prompt else 0.0,
+        "max_mean_load_ratio": max(per_rank) / load_mean if load_mean > 0 else 0.0,
+        "preemptions": float(log.preemptions),
+    }
+
+
+def rung_request_ids(rungs: Sequence[int], warmup_fraction: float = 0.1) -> dict[int, set[int]]:
+    """Per ladder rung, the req_ids measured in it (§4.0): the rung's requests (``rungs[i]`` is record i's rung)
+    less the first ``warmup_fraction`` of them."""
+    members: dict[int, list[int]] = {}
+    for req_id, rung in enumerate(rungs):
+        members.setdefault(rung, []).append(req_id)
+    return {rung: set(ids[int(len(ids) * warmup_fraction):]) for rung, ids in sorted(members.items())}
+
+
+def summary(log: RunLog) -> dict[str, int]:
+    """Counts that say whether the metrics cover the run: requests sent, measured, completed, failed, unsent."""
+    return {"sent": len(log.events), "measured": sum(1 for e in log.events if e.measured),
+            "completed": sum(1 for e in log.events if e.error is None and e.t_last_s is not None),
+            "failed": sum(1 for e in log.events if e.error is not None), "unsent": log.unsent}

@@ -1,0 +1,142 @@
+"""The routing benchmark's report (spec routing-bench §6, gates of §3): tables, ratios to ``vllm``, gates, JSON.
+
+A *run* is one (workload, policy, seed) as a plain dict: ``workload`` (its label, e.g. ``w1`` or ``w4@8rps``),
+``policy``, ``seed``, ``dp``, ``metrics`` (:data:`~asyncdp.bench.metrics.METRIC_KEYS`) and ``counts``. The
+tables show, per workload, the mean over seeds of each metric per policy (± the spread, max − min, when there
+are several seeds), then each metric as a ratio to ``vllm``'s.
+
+Gates, for the candidate policy (``asyncdp`` unless told otherwise), where the run has the data; otherwise the
+gate reads ``n/a`` with the reason:
+
+- G1: on W1, W2, W4 and W5, p99 TTFT ≤ 0.5 × ``vllm``'s (at the reference rung ``@0.7rsat`` where the run
+  has rungs; other rung entries are skipped);
+- G2: on every workload, mean TTFT ≤ 1.05 × the best other policy's;
+- G3: on every workload, prefix hit rate ≥ 0.9 × the best other policy's;
+- G4: on every workload, goodput ≥ 0.98 × ``vllm``'s.
+
+A ladder's rungs come as their own entries (``w2@0.85rsat``), so G2-G4 see every rung. What this version
+does not do: the information classes of §3 (every other policy in the run counts as a baseline), and G5-G7
+(they need detectors and timing data the simulator does not yet log).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from asyncdp.bench.metrics import LOWER_IS_BETTER, METRIC_KEYS, mean
+
+REFERENCE_POLICY = "vllm"
+G1_WORKLOADS = ("w1", "w2", "w4", "w5")
+_SHORT = {"ttft_mean_s": "ttft_mean", "ttft_p50_s": "ttft_p50", "ttft_p90_s": "ttft_p90", "ttft_p99_s": "ttft_p99",
+          "tpot_mean_s": "tpot_mean", "e2e_p99_s": "e2e_p99", "goodput_rps": "goodput", "throughput_tok_s": "tok/s",
+          "prefix_hit_rate": "hit", "max_mean_load_ratio": "max/mean", "preemptions": "preempt"}
+
+
+def family(workload_label: str) -> str:
+    """``w4@8rps`` -> ``w4``."""
+    return workload_label.partition("@")[0]
+
+
+def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, tuple[float, float]]]]:
+    """workload -> policy -> metric -> (mean over seeds, spread = max - min), in first-seen order."""
+    values: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for run in runs:
+        per_metric = values.setdefault(run["workload"], {}).setdefault(run["policy"], {})
+        for key in METRIC_KEYS:
+            per_metric.setdefault(key, []).append(float(run["metrics"][key]))
+    return {w: {p: {k: (mean(v), max(v) - min(v)) for k, v in ms.items()} for p, ms in ps.items()}
+            for w, ps in values.items()}
+
+
+def _fmt(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.4g}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(  # noqa: E731
+        zip(cells, widths, strict=True)))
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def tables(runs: Sequence[dict[str, Any]]) -> str:
+    """Per workload: the metrics table (policy × metric) and the ratio-to-vllm table."""
+    out: list[str] = []
+    header = ["policy", *(_SHORT[k] for k in METRIC_KEYS)]
+    for workload, by_policy in aggregate(runs).items():
+        rows = []
+        for policy, ms in by_policy.items():
+            rows.append([policy, *(_fmt(m) + (f"±{_fmt(s)}" if s else "") for m, s in (ms[k] for k in METRIC_KEYS))])
+        out.append(f"== {workload} (mean over seeds; times in s)\n{_table(header, rows)}")
+        ref = by_policy.get(REFERENCE_POLICY)
+        if ref is None:
+            out.append(f"(no ratio-to-{REFERENCE_POLICY} table: {REFERENCE_POLICY} not in the run)")
+            continue
+        ratio_rows = []
+        for policy, ms in by_policy.items():
+            cells = [policy]
+            for k in METRIC_KEYS:
+                base = ref[k][0]
+                cells.append(_fmt(ms[k][0] / base) if base else "-")
+            ratio_rows.append(cells)
+        out.append(f"-- {workload}: ratio to {REFERENCE_POLICY} (lower is better for "
+                   f"{', '.join(_SHORT[k] for k in METRIC_KEYS if LOWER_IS_BETTER[k])})\n"
+                   f"{_table(header, ratio_rows)}")
+    return "\n\n".join(out)
+
+
+def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tuple[str, str, str]]:
+    """``(gate, PASS | FAIL | n/a, detail)`` for G1-G4 (module docstring)."""
+    agg = aggregate(runs)
+    if not any(candidate in ps for ps in agg.values()):
+        why = f"policy {candidate!r} not in the run"
+        return [(g, "n/a", why) for g in ("G1", "G2", "G3", "G4")]
+    results: dict[str, list[tuple[bool, str]]] = {g: [] for g in ("G1", "G2", "G3", "G4")}
+    for workload, ps in agg.items():
+        if candidate not in ps:
+            continue
+        mine = {k: v[0] for k, v in ps[candidate].items()}
+        ref = ps.get(REFERENCE_POLICY)
+        others = {p: {k: v[0] for k, v in ms.items()} for p, ms in ps.items() if p != candidate}
+        if ref is not None and candidate != REFERENCE_POLICY:
+            rung = workload.partition("@")[2]
+            if family(workload) in G1_WORKLOADS and (not rung.endswith("rsat") or rung == "0.7rsat"):
+                lim = 0.5 * ref["ttft_p99_s"][0]
+                results["G1"].append((mine["ttft_p99_s"] <= lim, f"{workload}: p99 {mine['ttft_p99_s']:.4g} s vs "
+                                      f"limit {lim:.4g}"))
+            lim = 0.98 * ref["goodput_rps"][0]
+            results["G4"].append((mine["goodput_rps"] >= lim, f"{workload}: goodput {mine['goodput_rps']:.4g} vs "
+                                  f"limit {lim:.4g}"))
+        if others:
+            best_ttft = min(o["ttft_mean_s"] for o in others.values())
+            results["G2"].append((mine["ttft_mean_s"] <= 1.05 * best_ttft,
+                                  f"{workload}: mean {mine['ttft_mean_s']:.4g} s vs limit {1.05 * best_ttft:.4g}"))
+            best_hit = max(o["prefix_hit_rate"] for o in others.values())
+            results["G3"].append((mine["prefix_hit_rate"] >= 0.9 * best_hit,
+                                  f"{workload}: hit {mine['prefix_hit_rate']:.4g} vs limit {0.9 * best_hit:.4g}"))
+    out = []
+    for gate, checks in results.items():
+        if not checks:
+            out.append((gate, "n/a", "no workload in the run has the data"))
+            continue
+        failed = [d for ok, d in checks if not ok]
+        out.append((gate, "FAIL" if failed else "PASS", "; ".join(failed or [d for _, d in checks])))
+    return out
+
+
+def gates_text(rows: Sequence[tuple[str, str, str]]) -> str:
+    return "\n".join(f"{gate}: {verdict}  {detail}" for gate, verdict, detail in rows)
+
+
+def to_json(runs: Sequence[dict[str, Any]], header: dict[str, Any], gate_rows: Sequence[tuple[str, str, str]]
+            ) -> str:
+    """The JSON document: ``{"header", "runs", "gates"}``, keys sorted, so a seed gives the same bytes."""
+    doc = {"header": header, "runs": list(runs),
+           "gates": [{"gate": g, "verdict": v, "detail": d} for g, v, d in gate_rows]}
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"

@@ -1,0 +1,163 @@
+"""What the workload generators share: named random streams, option parsing, draws, and the record builder.
+
+A generator is ``(scale, seed, options) -> Workload`` and is deterministic: every random draw comes from a
+stream of :func:`stream` (``random.Random`` seeded with BLAKE2b-64 of ``"{seed}/workload/{name}"``, spec §1.2),
+and nothing iterates over a set or a string-keyed dict in an order that matters. :class:`Options` takes the
+user's options, hands out defaults, and rejects what the generator did not ask for, so a typo is an error rather
+than a silently ignored knob; the resolved values go into the workload header.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from hashlib import blake2b
+from typing import Any, TypeVar
+
+from asyncdp.bench.arrivals import (
+    RELATIVE_RUNGS,
+    Arrival,
+    Burst,
+    Poisson,
+    RelativeLadder,
+    burst_times_ms,
+    poisson_times_ms,
+    relative_ladder_times,
+    split_evenly,
+)
+from asyncdp.bench.materialise import ideal_hit_rate
+from asyncdp.bench.records import Record, Workload, check_records
+from asyncdp.errors import ConfigError
+
+SCALES = ("quick", "full", "dp32")
+T = TypeVar("T")
+
+
+def stream(seed: int, name: str) -> random.Random:
+    """The workload's random stream ``name`` (spec §1.2: BLAKE2b-64 of ``"{seed}/workload/{name}"``)."""
+    digest = blake2b(f"{seed}/workload/{name}".encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(digest, "little"))
+
+
+class Options:
+    """The user's options for one generator; :meth:`resolved` fails on any option nobody asked for."""
+
+    def __init__(self, workload: str, options: Mapping[str, Any] | None) -> None:
+        self.workload = workload
+        self._given = dict(options or {})
+        self._resolved: dict[str, Any] = {}
+
+    def get(self, name: str, default: T, kind: Callable[[Any], T] | None = None) -> T:
+        raw = self._given.get(name, default)
+        convert: Callable[[Any], Any] = kind or type(default)
+        try:
+            value = raw if raw is None else convert(raw)
+        except (TypeError, ValueError) as exc:
+            what = getattr(convert, "__name__", "value")
+            raise ConfigError(f"{self.workload}: option {name}={raw!r} is not a valid {what}.") from exc
+        self._resolved[name] = value
+        return value  # type: ignore[return-value]
+
+    def choice(self, name: str, default: str, allowed: Sequence[str]) -> str:
+        value = self.get(name, default, str)
+        if value not in allowed:
+            raise ConfigError(f"{self.workload}: option {name}={value!r} must be one of {', '.join(allowed)}.")
+        return value
+
+    def resolved(self) -> dict[str, Any]:
+        unknown = sorted(set(self._given) - set(self._resolved))
+        if unknown:
+            raise ConfigError(f"{self.workload}: unknown option(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(sorted(self._resolved))}.")
+        return dict(sorted(self._resolved.items()))
+
+
+def check_scale(workload: str, scale: str, allowed: Sequence[str] = SCALES) -> None:
+    if scale not in allowed:
+        raise ConfigError(f"{workload} has no scale {scale!r}; it has {', '.join(allowed)}.")
+
+
+def zipf_picker(n: int, alpha: float, rng: random.Random) -> Callable[[random.Random], int]:
+    """Draw an index in [0, n) with P(popularity rank k) ∝ k^-alpha over a permutation seeded from ``rng``."""
+    order = list(range(n))
+    rng.shuffle(order)
+    cum = list(itertools.accumulate((k + 1) ** -alpha for k in range(n)))
+    total = cum[-1]
+
+    def pick(r: random.Random) -> int:
+        return order[min(bisect.bisect_left(cum, r.random() * total), n - 1)]
+
+    return pick
+
+
+def lognormal_int(rng: random.Random, median: float, sigma: float, lo: int, hi: int) -> int:
+    return min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma))))
+
+
+def uniform_length(rng: random.Random, length: int, range_ratio: float) -> int:
+    """SGLang's ``range_ratio``: U[ratio·L, L] when ratio < 1, else L."""
+    if range_ratio >= 1.0:
+        return length
+    return rng.randint(max(1, int(length * range_ratio)), length)
+
+
+def open_loop(n: int, mode: str, rate_rps: float, rng: random.Random,
+              fractions: Sequence[float] = RELATIVE_RUNGS) -> tuple[list[float], Arrival]:
+    """Send times of ``n`` open-loop requests: ``burst``, ``poisson`` at ``rate_rps``, or a relative ``ladder``."""
+    if mode == "burst":
+        return burst_times_ms(n), Burst()
+    if mode == "poisson":
+        return poisson_times_ms(rate_rps, n, rng), Poisson(rate_rps=rate_rps)
+    ladder = RelativeLadder(fractions=tuple(fractions), requests_per_rung=split_evenly(n, len(fractions)))
+    return [t for t, _ in relative_ladder_times(ladder, rng)], ladder
+
+
+ARRIVAL_MODES = ("burst", "poisson", "ladder")
+
+
+class Builder:
+    """Collects records (``req_id`` = index) and makes the Workload, with its ideal hit rate."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def add(self, *, segments: Sequence[tuple[str, int]], output_length: int, group: str,
+            t_arrival_ms: float | None = None, client: int = 0, turn: int = 0, after_req: int | None = None,
+            think_ms: float = 0.0, routing_key: str | None = None,
+            hash_ids: Sequence[int] | None = None) -> int:
+        req_id = len(self.records)
+        segs = tuple((sid, int(length)) for sid, length in segments)
+        self.records.append(Record(
+            req_id=req_id, t_arrival_ms=t_arrival_ms, client=client, turn=turn, after_req=after_req,
+            think_ms=round(think_ms * 1000.0) / 1000.0, segments=segs,
+            input_length=sum(length for _, length in segs), output_length=int(output_length), group=group,
+            hash_ids=None if hash_ids is None else tuple(hash_ids), routing_key=routing_key))
+        return req_id
+
+    def build(self, *, name: str, scale: str, seed: int, options: Options, arrival: Arrival, dp_size: int,
+              **header: Any) -> Workload:
+        records = tuple(self.records)
+        check_records(records, name)
+        block_size = header.get("block_size", 16)
+        return Workload(name=name, scale=scale, seed=seed, arrival=arrival, records=records,
+                        ideal_hit_rate=round(ideal_hit_rate(records, block_size), 6), dp_size=dp_size,
+                        options=options.resolved(), **header)
+
+
+def as_bool(value: Any) -> bool:
+    """An option flag: a bool, or one of true/false/1/0/yes/no."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)

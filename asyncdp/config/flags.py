@@ -1,0 +1,394 @@
+"""The flags of ``asyncdp serve`` and the engine's configuration, and all validation of user input.
+
+This is the only module that reads ``os.environ``. Every check raises :class:`~asyncdp.errors.ConfigError` with a
+message that names the flag, its value and what to change.
+
+Theory of operation (spec §2, §3, §4.1):
+
+* :class:`EngineConfig` is what one rank's engine core needs.
+* :class:`ServeConfig` holds every ``asyncdp serve`` flag, one field per flag, named after the flag (``None`` =
+  not given). :meth:`ServeConfig.from_flags` builds it from a flag mapping plus the environment (the §2.4 env
+  overrides apply only where the flag was not given) and runs the per-flag range checks (V13).
+* :func:`asyncdp.config.deployment.resolve` (its own module, which imports this one and never the other way) is
+  the pure mode derivation that turns a ServeConfig into a :class:`~asyncdp.config.deployment.DeploymentConfig`.
+* :func:`parallel_config_summary`, :func:`config_hash` and :func:`config_mismatch_message` are the pure parts of
+  the MoE lockstep agreement check (§5.3 ``Ready.config_hash``/``config_summary``, E6): every rank summarises the
+  settings that must agree, the head compares hashes and names the differing fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncdp.errors import ConfigError
+
+DEFAULT_MODEL = "builtin:tiny-moe"
+# Most sequences (prompts x max(n, best_of)) one HTTP request may start: --max-seqs-per-request.
+DEFAULT_MAX_SEQS_PER_REQUEST = 256
+# --max-request-body-bytes by default: room for a max_model_len prompt written as JSON token ids or escaped
+# text (up to ~16 bytes a token), for a batch of such prompts, and never below 16 MiB.
+_BODY_BYTES_PER_TOKEN = 64
+_MIN_BODY_BYTES = 16 * 1024 * 1024
+
+
+def default_max_request_body_bytes(max_model_len: int) -> int:
+    """The default of ``--max-request-body-bytes``: 64 bytes per token of ``max_model_len``, at least 16 MiB."""
+    return max(_MIN_BODY_BYTES, _BODY_BYTES_PER_TOKEN * max_model_len)
+
+
+@dataclass(frozen=True, slots=True)
+class SimCostProfile:
+    """Step-time model of the simulated executor: ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens`` (ms)."""
+
+    a_ms: float = 0.0
+    b_ms_per_token: float = 0.0
+    c_ms_per_seq: float = 0.0
+    d_ms_per_kv_token: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> SimCostProfile:
+        """Parse ``--sim-cost "a,b,c,d"`` (milliseconds)."""
+        parts = [p.strip() for p in text.split(",")]
+        try:
+            values = [float(p) for p in parts]
+        except ValueError:
+            values = []
+        if len(values) != 4 or any(v < 0 for v in values):
+            raise ConfigError(f"--sim-cost must be four non-negative numbers 'a,b,c,d' in ms (got {text!r}).")
+        return cls(*values)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything one rank's engine core needs. Shared by the offline ``LLM`` and the engine process."""
+
+    model: str = DEFAULT_MODEL
+    tokenizer: str | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's own limit
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_bytes
+    kv_cache_memory_bytes: int = 1 << 30
+    enable_prefix_caching: bool = True
+    executor: str = "torch"  # "torch" | "sim"
+    sim_cost: SimCostProfile = SimCostProfile()
+    seed: int = 0
+    dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16"
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    torch_threads: int | None = None  # None: leave torch's default
+
+    def replace(self, **changes: object) -> EngineConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def validate(self) -> EngineConfig:
+        def need(cond: bool, flag: str, allowed: str, value: object) -> None:
+            if not cond:
+                raise ConfigError(f"{flag} must be {allowed} (got {value!r}).")
+
+        need(self.max_num_seqs >= 1, "--max-num-seqs", ">= 1", self.max_num_seqs)
+        need(self.max_num_batched_tokens >= 1, "--max-num-batched-tokens", ">= 1", self.max_num_batched_tokens)
+        need(self.max_model_len is None or self.max_model_len >= 2, "--max-model-len", ">= 2", self.max_model_len)
+        need(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "--block-size", "a power of two in [1, 128]",
+             self.block_size)
+        need(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "--num-kv-blocks", ">= 1", self.num_kv_blocks)
+        need(self.executor in ("torch", "sim"), "--executor", "one of torch, sim", self.executor)
+        need(self.dtype in ("auto", "float32", "bfloat16", "float16"), "--dtype",
+             "one of auto, float32, bfloat16, float16", self.dtype)
+        need(self.device in ("auto", "cpu", "cuda"), "--device", "one of auto, cpu, cuda", self.device)
+        need(self.torch_threads is None or self.torch_threads >= 1, "--torch-threads", ">= 1", self.torch_threads)
+        return self
+
+
+def environ() -> Mapping[str, str]:
+    """The process environment; the one accessor other modules use instead of ``os.environ``."""
+    return os.environ
+
+
+def cache_dir() -> Path:
+    """Where built-in models are materialised: ``$ASYNCDP_CACHE_DIR``, else ``~/.cache/asyncdp``."""
+    value = os.environ.get("ASYNCDP_CACHE_DIR")
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "asyncdp"
+
+
+# ---------------------------------------------------------------- serve flags
+
+# Base names of the --lb-policy choices (asyncdp.dp.balance.make_policy builds them; ``name@preset`` picks a
+# preset, checked by the CLI against make_policy's table). A test keeps this list equal to make_policy's.
+LB_POLICIES = ("vllm", "vllm_legacy", "round_robin", "random", "power_of_two", "sglang_cache_aware", "llmd_weighted",
+               "dynamo_kv", "aibrix_prefix", "session_hash", "vllm_token", "smg_least_load", "smg_prefix_hash",
+               "prodstack_prefixaware", "prodstack_loadaware", "ray_prefix")
+DEFAULT_LB_POLICY = "vllm"
+HTTP_BACKENDS = ("asyncio", "trio")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DP_BACKENDS = ("mp", "ray")
+MODES = ("single", "internal", "hybrid", "external", "headless", "multi-port")
+
+# §2.4: field -> (env variables in priority order, parser). A given flag always wins over the environment.
+ENV_OVERRIDES: dict[str, tuple[tuple[str, ...], type]] = {
+    "lb_policy": (("ASYNCDP_DP_LB_POLICY",), str),
+    "dp_sync_interval": (("ASYNCDP_DP_SYNC_INTERVAL",), int),
+    "dp_coordinator_startup_timeout_s": (("ASYNCDP_DP_COORDINATOR_STARTUP_TIMEOUT_S",), float),
+    "engine_ready_timeout_s": (("ASYNCDP_ENGINE_READY_TIMEOUT_S", "VLLM_ENGINE_READY_TIMEOUT_S"), float),
+    "dp_heartbeat_interval_s": (("ASYNCDP_DP_HEARTBEAT_INTERVAL_S",), float),
+    "dp_heartbeat_timeout_s": (("ASYNCDP_DP_HEARTBEAT_TIMEOUT_S",), float),
+}
+KEEP_ALIVE_ENV = ("ASYNCDP_KEEP_ALIVE_ON_ENGINE_DEATH", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Every ``asyncdp serve`` flag, one field each (spec §2). Resolved, it becomes a
+    :class:`~asyncdp.config.deployment.ResolvedServeConfig` (this module does not know the deployment)."""
+
+    model: str = DEFAULT_MODEL
+    engine: EngineConfig = EngineConfig()
+    # §2.1 data-parallel topology (None = not given; pass 2 derives it)
+    data_parallel_size: int = 1
+    data_parallel_size_local: int | None = None
+    data_parallel_rank: int | None = None
+    data_parallel_start_rank: int | None = None
+    data_parallel_address: str | None = None
+    data_parallel_rpc_port: int = 29550
+    data_parallel_backend: str = "mp"
+    data_parallel_hybrid_lb: bool = False
+    data_parallel_external_lb: bool = False
+    data_parallel_multi_port_external_lb: bool = False
+    enable_expert_parallel: bool = False
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    prefill_schedule_interval: int = 1
+    cpu_distributed_timeout_seconds: int | None = None
+    disable_nccl_for_dp_synchronization: bool = False
+    device_ids: tuple[int, ...] | None = None
+    # §2.2 front-end and process
+    host: str | None = None
+    port: int = 8000
+    uds: str | None = None
+    headless: bool = False
+    api_server_count: int | None = None
+    shutdown_timeout_s: int = 0
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    served_model_name: tuple[str, ...] = ()  # empty: the model argument
+    max_queued_requests: int | None = None  # None: unlimited; above it HTTP 429
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
+    max_request_body_bytes: int | None = None  # None: default_max_request_body_bytes(max_model_len)
+    backend: str = "asyncio"
+    lb_policy: str = DEFAULT_LB_POLICY
+    log_level: str = "info"
+    # §2.3 multi-port supervisor
+    data_parallel_supervisor_port: int = 9256
+    dp_supervisor_probe_interval_s: float = 5.0
+    dp_supervisor_probe_timeout_s: float = 5.0  # total time of one probe request (connect plus response)
+    dp_supervisor_probe_failure_threshold: int = 3
+    # §2.4 asyncdp-only
+    dp_sync_interval: int = 32
+    dp_coordinator_startup_timeout_s: float = 120.0
+    engine_ready_timeout_s: float = 600.0
+    dp_heartbeat_interval_s: float = 1.0
+    dp_heartbeat_timeout_s: float = 5.0
+    dp_fail_fast: bool = False
+    keep_alive_on_engine_death: bool = False
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        return self.served_model_name or (self.model,)
+
+    def replace(self, **changes: object) -> ServeConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServeConfig:
+        """Build and validate from ``{field: value}`` (None = flag not given), applying §2.4 env overrides.
+
+        Keys are ServeConfig or EngineConfig field names; ``sim_cost`` may be the ``"a,b,c,d"`` string.
+        """
+        env = os.environ if env is None else env
+        serve_fields = {f.name for f in dataclasses.fields(cls)} - {"engine"}
+        engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = set(flags) - serve_fields - engine_fields
+        if unknown:
+            raise TypeError(f"unknown flag fields: {sorted(unknown)}")
+        given = {k: v for k, v in flags.items() if v is not None}
+        serve = {k: v for k, v in given.items() if k in serve_fields}
+        engine = {k: v for k, v in given.items() if k in engine_fields and k not in serve_fields}
+        if isinstance(engine.get("sim_cost"), str):
+            engine["sim_cost"] = SimCostProfile.parse(engine["sim_cost"])
+        for name, (variables, parse) in ENV_OVERRIDES.items():
+            if name in serve:
+                continue
+            for var in variables:
+                raw = env.get(var, "").strip()
+                if raw:
+                    try:
+                        serve[name] = parse(raw)
+                    except ValueError:
+                        raise ConfigError(f"environment variable {var}={raw!r} is not a valid "
+                                          f"{parse.__name__}.") from None
+                    break
+        if "keep_alive_on_engine_death" not in serve:
+            serve["keep_alive_on_engine_death"] = any(env.get(v, "").strip() == "1" for v in KEEP_ALIVE_ENV)
+        for key in ("device_ids", "served_model_name"):
+            if key in serve:
+                serve[key] = tuple(serve[key])
+        model = serve.get("model", DEFAULT_MODEL)
+        return cls(engine=EngineConfig(model=model, **engine), **serve).validate()
+
+    def validate(self) -> ServeConfig:
+        """Per-flag range checks (V13 and friends). Cross-flag rules live in :func:`resolve`."""
+
+        def need(cond: bool, flag: str, allowed: str, value: object) -> None:
+            if not cond:
+                raise ConfigError(f"{flag} must be {allowed} (got {value!r}).")
+
+        def optional_min(value: int | None, flag: str, low: int) -> None:
+            need(value is None or value >= low, flag, f">= {low}", value)
+
+        need(self.data_parallel_backend in DP_BACKENDS, "--data-parallel-backend", "one of mp, ray",
+             self.data_parallel_backend)
+        need(self.data_parallel_size >= 1, "--data-parallel-size", ">= 1", self.data_parallel_size)
+        optional_min(self.data_parallel_size_local, "--data-parallel-size-local", 0)
+        optional_min(self.data_parallel_rank, "--data-parallel-rank", 0)
+        optional_min(self.data_parallel_start_rank, "--data-parallel-start-rank", 0)
+        need(1 <= self.data_parallel_rpc_port <= 65535, "--data-parallel-rpc-port", "in 1..65535",
+             self.data_parallel_rpc_port)
+        need(self.tensor_parallel_size >= 1, "--tensor-parallel-size", ">= 1", self.tensor_parallel_size)
+        need(self.pipeline_parallel_size >= 1, "--pipeline-parallel-size", ">= 1", self.pipeline_parallel_size)
+        need(self.nnodes >= 1, "--nnodes", ">= 1", self.nnodes)
+        need(self.node_rank >= 0, "--node-rank", ">= 0", self.node_rank)
+        need(1 <= self.master_port <= 65535, "--master-port", "in 1..65535", self.master_port)
+        need(self.prefill_schedule_interval >= 1, "--prefill-schedule-interval", ">= 1",
+             self.prefill_schedule_interval)
+        optional_min(self.cpu_distributed_timeout_seconds, "--cpu-distributed-timeout-seconds", 1)
+        need(self.device_ids is None or (len(self.device_ids) > 0 and min(self.device_ids) >= 0),
+             "--device-ids", "a non-empty list of device indices >= 0", self.device_ids)
+        need(0 <= self.port <= 65535, "--port", "in 0..65535", self.port)
+        optional_min(self.api_server_count, "--api-server-count", 0)
+        need(self.shutdown_timeout_s >= 0, "--shutdown-timeout", ">= 0", self.shutdown_timeout_s)
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):  # M2 applies to every mode
+            raise ConfigError("--ssl-keyfile and --ssl-certfile must be provided together.")
+        optional_min(self.max_queued_requests, "--max-queued-requests", 1)
+        need(1 <= self.max_seqs_per_request <= 2**31 - 1, "--max-seqs-per-request", "in 1..2147483647",
+             self.max_seqs_per_request)
+        optional_min(self.max_request_body_bytes, "--max-request-body-bytes", 1024)
+        need(self.backend in HTTP_BACKENDS, "--backend", "one of " + ", ".join(HTTP_BACKENDS), self.backend)
+        need(self.lb_policy.partition("@")[0] in LB_POLICIES, "--lb-policy (--dp-lb-policy, ASYNCDP_DP_LB_POLICY)",
+             "one of " + ", ".join(LB_POLICIES), self.lb_policy)
+        need(self.log_level in LOG_LEVELS, "--log-level", "one of " + ", ".join(LOG_LEVELS), self.log_level)
+        need(1 <= self.data_parallel_supervisor_port <= 65535, "--data-parallel-supervisor-port",
+             "in 1..65535", self.data_parallel_supervisor_port)
+        need(self.dp_supervisor_probe_interval_s > 0, "--dp-supervisor-probe-interval-s", "> 0",
+             self.dp_supervisor_probe_interval_s)
+        need(self.dp_supervisor_probe_timeout_s > 0, "--dp-supervisor-probe-timeout-s", "> 0",
+             self.dp_supervisor_probe_timeout_s)
+        need(self.dp_supervisor_probe_failure_threshold >= 1, "--dp-supervisor-probe-failure-threshold",
+             ">= 1", self.dp_supervisor_probe_failure_threshold)
+        need(self.dp_sync_interval >= 1, "--dp-sync-interval", ">= 1", self.dp_sync_interval)
+        need(self.dp_coordinator_startup_timeout_s > 0, "--dp-coordinator-startup-timeout-s", "> 0",
+             self.dp_coordinator_startup_timeout_s)
+        need(self.engine_ready_timeout_s > 0, "--engine-ready-timeout-s", "> 0", self.engine_ready_timeout_s)
+        need(self.dp_heartbeat_interval_s > 0, "--dp-heartbeat-interval-s", "> 0", self.dp_heartbeat_interval_s)
+        if not self.dp_heartbeat_timeout_s > 2 * self.dp_heartbeat_interval_s:
+            raise ConfigError(
+                f"--dp-heartbeat-timeout-s must be greater than 2 x --dp-heartbeat-interval-s "
+                f"(got {self.dp_heartbeat_timeout_s} <= 2 x {self.dp_heartbeat_interval_s}).")
+        self.engine.validate()
+        return self
+
+
+def prometheus_multiproc_dir() -> str | None:
+    """The directory of Prometheus multiprocess mode (env ``PROMETHEUS_MULTIPROC_DIR``), or None.
+
+    prometheus_client reads the same variable when it is first imported, so launchers set it in the
+    environment of their children before those start.
+    """
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+# ---------------------------------------------------------------- lockstep agreement (§5.3, E6)
+
+# Every setting that must agree across MoE lockstep ranks, in the order E6 reports them.
+CONFIG_SUMMARY_FIELDS = (
+    "model", "dtype", "quantization", "dp_size", "tp_size", "pp_size", "enable_expert_parallel", "num_experts",
+    "dp_sync_interval", "prefill_schedule_interval", "max_model_len", "block_size", "protocol_version",
+)
+
+SummaryValue = str | int | bool
+
+
+def parallel_config_summary(
+        engine: EngineConfig, *, model_identity: str, dp_size: int, tp_size: int = 1, pp_size: int = 1,
+        enable_expert_parallel: bool, num_experts: int, sync_interval: int, prefill_schedule_interval: int,
+        max_model_len: int, protocol_version: int) -> dict[str, SummaryValue]:
+    """The readable ``Ready.config_summary`` of one rank; keys are :data:`CONFIG_SUMMARY_FIELDS`, in order.
+
+    ``model_identity`` names the model and its revision (the caller decides how, e.g. a content hash of
+    ``config.json`` plus the weight files' names and sizes). ``max_model_len`` is the resolved limit, not the
+    flag. dtype and block size come from ``engine``; quantization is always ``"none"`` in this build.
+    """
+    return {
+        "model": str(model_identity),
+        "dtype": str(engine.dtype),
+        "quantization": "none",
+        "dp_size": int(dp_size),
+        "tp_size": int(tp_size),
+        "pp_size": int(pp_size),
+        "enable_expert_parallel": bool(enable_expert_parallel),
+        "num_experts": int(num_experts),
+        "dp_sync_interval": int(sync_interval),
+        "prefill_schedule_interval": int(prefill_schedule_interval),
+        "max_model_len": int(max_model_len),
+        "block_size": int(engine.block_size),
+        "protocol_version": int(protocol_version),
+    }
+
+
+def config_hash(summary: Mapping[str, SummaryValue]) -> str:
+    """Stable digest of a summary: BLAKE2b (16 bytes, hex) of its JSON with sorted keys and no spaces.
+
+    Key order, process and Python version do not matter; ``True`` and ``1`` hash differently (JSON keeps them
+    apart), so a bool flag can never collide with a count.
+    """
+    text = json.dumps(dict(summary), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.blake2b(text.encode("ascii"), digest_size=16).hexdigest()
+
+
+def _show(value: object) -> str:
+    if isinstance(value, str) and value and not any(ch.isspace() or ch == "," for ch in value):
+        return value
+    return repr(value)  # quote what would be ambiguous in a comma-separated list
+
+
+def config_mismatch_message(dp_rank: int, summary: Mapping[str, SummaryValue],
+                            rank0_summary: Mapping[str, SummaryValue]) -> str:
+    """E6: ``configuration mismatch: engine rank r differs from rank 0 in <field>=<a> vs <b>, ...``.
+
+    ``<a>`` is rank ``dp_rank``'s value, ``<b>`` rank 0's. Every differing field is listed: known fields in
+    :data:`CONFIG_SUMMARY_FIELDS` order, then unknown ones sorted; a field one side lacks shows ``<missing>``.
+    """
+    missing = object()
+    extra = sorted((set(summary) | set(rank0_summary)) - set(CONFIG_SUMMARY_FIELDS))
+    diffs = []
+    for name in (*CONFIG_SUMMARY_FIELDS, *extra):
+        a, b = summary.get(name, missing), rank0_summary.get(name, missing)
+        # type() too: 1 and True compare equal in Python but not in the hash
+        if a is missing and b is missing or (a == b and type(a) is type(b)):
+            continue
+        diffs.append(f"{name}={'<missing>' if a is missing else _show(a)} vs "
+                     f"{'<missing>' if b is missing else _show(b)}")
+    head = f"configuration mismatch: engine rank {dp_rank} differs from rank 0"
+    if not diffs:
+        return f"{head} in config_hash only (the summaries are equal; the ranks hash them differently)"
+    return f"{head} in {', '.join(diffs)}"

@@ -1,0 +1,181 @@
+"""Each process role's frozen configuration, derived from the resolved deployment (no dict payloads).
+
+Theory of operation
+-------------------
+:class:`LaunchPlan` is what ``asyncdp serve`` resolved before anything starts: the flags, the model's facts
+(path, tokenizer, context length) and the :class:`~asyncdp.config.deployment.DeploymentConfig`. The launcher
+derives one role config per child from it with :func:`coordinator_role`, :func:`engine_role` and
+:func:`api_server_role`; the configs are frozen msgspec structs, tagged by class name (:data:`RoleConfig`), so
+they travel inside the worker hello of the control channel (:mod:`asyncdp.messages`) through the one codec, and
+a child that gets the wrong role or a malformed config fails with a :class:`~asyncdp.errors.ProtocolError`.
+Each role's process main turns its role config into the role's own runtime config (``CoordinatorConfig``,
+``RankConfig``, ``ApiConfig``); this module imports no role.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import msgspec
+
+from asyncdp.config.deployment import DeploymentConfig
+from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, EngineConfig
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Everything the launcher needs: the resolved deployment plus the flags and model facts the roles use."""
+
+    engine: EngineConfig
+    served_model_name: str
+    model_path: str
+    deployment: DeploymentConfig
+    tokenizer_path: str = ""  # --tokenizer, resolved; empty: the model's
+    host: str | None = None
+    port: int = 8000
+    backend: str = "asyncio"
+    shutdown_timeout_s: float = 0.0
+    lb_policy: str = "vllm"
+    max_queued_requests: int | None = None
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
+    max_request_body_bytes: int = 0  # resolved with max_model_len (0: unknown yet)
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    engine_ready_timeout_s: float = 600.0
+    coordinator_startup_timeout_s: float = 120.0
+    sync_interval: int = 32
+    prefill_schedule_interval: int = 1
+    keep_alive_on_engine_death: bool = False
+    dp_fail_fast: bool = False
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    log_level: str = "INFO"
+    max_model_len: int = 0  # resolved by the caller from the model (0: unknown yet)
+
+    @property
+    def dp_size(self) -> int:
+        return self.deployment.dp_size
+
+    @property
+    def api_server_count(self) -> int:
+        return self.deployment.api_server_count
+
+    @property
+    def is_moe(self) -> bool:
+        return self.deployment.is_moe
+
+    @property
+    def enable_expert_parallel(self) -> bool:
+        return self.deployment.enable_expert_parallel
+
+    @property
+    def mode(self) -> str:
+        return self.deployment.mode
+
+
+class _Role(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    pass
+
+
+class CoordinatorRole(_Role, frozen=True):
+    """``asyncdp-coordinator``: where to bind, how many engines to expect, the heartbeat rule."""
+
+    dp_size: int
+    wave_mode: bool  # MoE with dp > 1
+    external_lb: bool
+    socket_dir: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    subscribe_timeout_s: float  # engines subscribe only after loading their model
+
+
+class EngineRole(_Role, frozen=True):
+    """``asyncdp-engine-dp{r}``: one rank's configuration and the handshake address it joins."""
+
+    dp_rank: int
+    dp_size: int
+    engine: EngineConfig
+    handshake_addr: str
+    is_moe: bool = False
+    external_lb: bool = False
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    shutdown_timeout_s: float = 0.0
+    sync_interval: int = 32
+    prefill_schedule_interval: int = 1
+    enable_expert_parallel: bool = False
+
+
+class ApiServerRole(_Role, frozen=True):
+    """``asyncdp-api-{i}`` (or the in-process API server): its client identity, managed ranks and HTTP settings."""
+
+    client_index: int
+    client_count: int
+    managed_ranks: tuple[int, ...]
+    dp_size: int
+    model_name: str
+    max_model_len: int
+    model_path: str  # the API server reads only the tokenizer from it
+    mode: str
+    is_moe: bool = False
+    lb_policy: str = "vllm"
+    max_queued_requests: int | None = None
+    engine_ready_timeout_s: float = 600.0
+    coordinator_client_addr: str | None = None
+    enable_expert_parallel: bool = False
+    heartbeat_interval_s: float = 1.0  # to the coordinator
+    heartbeat_timeout_s: float = 5.0  # a coordinator silent this long is dead
+    backend: str = "asyncio"
+    shutdown_timeout_s: float = 0.0
+    keep_alive_on_engine_death: bool = False
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    socket_dir: str | None = None
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
+    max_request_body_bytes: int | None = None
+    # How a child gets its HTTP socket: its own SO_REUSEPORT listener on (host, port), or an inherited fd.
+    http_shared_port: tuple[str | None, int] | None = None
+    http_fd: int | None = None
+    node_table_fd: int | None = None  # the siblings' shared admission/heartbeat table (several API servers)
+
+
+RoleConfig = Union[CoordinatorRole, EngineRole, ApiServerRole]  # noqa: UP007 - msgspec needs a real Union
+
+
+def coordinator_role(plan: LaunchPlan, *, socket_dir: str) -> CoordinatorRole:
+    return CoordinatorRole(
+        dp_size=plan.dp_size, wave_mode=plan.deployment.waves, external_lb=plan.deployment.external,
+        socket_dir=socket_dir, heartbeat_interval_s=plan.heartbeat_interval_s,
+        heartbeat_timeout_s=plan.heartbeat_timeout_s,
+        # Engines subscribe only after loading their model: the same budget as the API servers' ready wait.
+        subscribe_timeout_s=plan.engine_ready_timeout_s)
+
+
+def engine_role(plan: LaunchPlan, dp_rank: int, *, handshake_addr: str, torch_threads: int) -> EngineRole:
+    """Rank ``dp_rank``; ``torch_threads`` applies unless ``--torch-threads`` was given."""
+    engine = plan.engine if plan.engine.torch_threads else plan.engine.replace(torch_threads=torch_threads)
+    return EngineRole(
+        dp_rank=dp_rank, dp_size=plan.dp_size, engine=engine, handshake_addr=handshake_addr, is_moe=plan.is_moe,
+        external_lb=plan.deployment.external, heartbeat_interval_s=plan.heartbeat_interval_s,
+        heartbeat_timeout_s=plan.heartbeat_timeout_s, shutdown_timeout_s=plan.shutdown_timeout_s,
+        sync_interval=plan.sync_interval, prefill_schedule_interval=plan.prefill_schedule_interval,
+        enable_expert_parallel=plan.enable_expert_parallel)
+
+
+def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple[int, ...],
+                    coordinator_client_addr: str | None, socket_dir: str | None,
+                    http_shared_port: tuple[str | None, int] | None = None,
+                    node_table_fd: int | None = None) -> ApiServerRole:
+    return ApiServerRole(
+        client_index=client_index, client_count=plan.api_server_count, managed_ranks=managed_ranks,
+        dp_size=plan.dp_size, model_name=plan.served_model_name, max_model_len=plan.max_model_len,
+        model_path=plan.tokenizer_path or plan.model_path, mode=plan.mode, is_moe=plan.is_moe,
+        lb_policy=plan.lb_policy, max_queued_requests=plan.max_queued_requests,
+        engine_ready_timeout_s=plan.engine_ready_timeout_s, coordinator_client_addr=coordinator_client_addr,
+        enable_expert_parallel=plan.enable_expert_parallel, heartbeat_interval_s=plan.heartbeat_interval_s,
+        heartbeat_timeout_s=plan.heartbeat_timeout_s, backend=plan.backend,
+        shutdown_timeout_s=plan.shutdown_timeout_s, keep_alive_on_engine_death=plan.keep_alive_on_engine_death,
+        ssl_keyfile=plan.ssl_keyfile, ssl_certfile=plan.ssl_certfile, socket_dir=socket_dir,
+        max_seqs_per_request=plan.max_seqs_per_request, max_request_body_bytes=plan.max_request_body_bytes or None,
+        http_shared_port=http_shared_port, node_table_fd=node_table_fd)

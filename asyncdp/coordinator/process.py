@@ -1,0 +1,81 @@
+"""The coordinator child process (``asyncdp-coordinator``): bind its two listeners, report them, serve.
+
+It gets a :class:`~asyncdp.config.roles.CoordinatorRole`, binds the engine-link and client-link listeners (Unix
+sockets on one node), reports both addresses to the launcher (``CoordinatorListening`` on the control channel;
+spec §5.1: the binder reports the real address) once it serves, and runs
+:func:`asyncdp.coordinator.core.serve_coordinator`. Exit codes: 0 after an orderly end or a signal, 1 after a MoE
+teardown, a startup error, or the parent's death. ``Stopping`` from the launcher marks an orderly shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import anyio
+import anyio.abc
+
+from asyncdp import messages as m
+from asyncdp.config.roles import CoordinatorRole
+from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
+from asyncdp.errors import AsyncDPError
+from asyncdp.transport import listen_links
+from asyncdp.transport.control import ControlChannel, follow_parent
+
+log = logging.getLogger(__name__)
+
+
+def coordinator_config(role: CoordinatorRole) -> CoordinatorConfig:
+    """The coordinator's runtime configuration from its role config."""
+    return CoordinatorConfig(
+        dp_size=role.dp_size,
+        wave_mode=role.wave_mode,
+        external_lb=role.external_lb,
+        heartbeat_interval_s=role.heartbeat_interval_s,
+        heartbeat_timeout_s=role.heartbeat_timeout_s,
+        subscribe_timeout_s=role.subscribe_timeout_s,
+    )
+
+
+async def run_coordinator_process(role: CoordinatorRole, control: ControlChannel) -> int:
+    config = coordinator_config(role)
+    engines = await listen_links("unix", directory=role.socket_dir, prefix="asyncdp-coord-engine", name="engine")
+    clients = await listen_links("unix", directory=role.socket_dir, prefix="asyncdp-coord-client", name="client")
+    code = 0
+    stopping = anyio.Event()  # the launcher announces an orderly shutdown: departures are expected then
+    async with anyio.create_task_group() as tg:
+
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    return
+
+        def on_command(cmd: m.ControlMessage) -> None:
+            if isinstance(cmd, m.Stopping):
+                stopping.set()
+
+        async def on_control() -> None:
+            nonlocal code
+            await follow_parent(control, on_command, who="the coordinator")
+            code = 1
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(on_signals)
+        tg.start_soon(on_control)
+        async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            nonlocal code
+            try:
+                await serve_coordinator(config, engines, clients, stopping=stopping, task_status=task_status)
+            except AsyncDPError as exc:
+                log.error("%s", exc)
+                code = 1
+            tg.cancel_scope.cancel()
+
+        try:
+            await tg.start(run)
+        except RuntimeError:  # it failed before it was ready (already logged)
+            tg.cancel_scope.cancel()
+            return 1
+        await control.send(m.CoordinatorListening(engine_addr=engines.addr, client_addr=clients.addr))
+    return code

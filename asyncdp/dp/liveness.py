@@ -1,0 +1,50 @@
+"""The one liveness rule of asyncdp: a peer is dead once it has been silent for longer than its timeout.
+
+Every role that watches a peer (the coordinator its engines and clients, a rank its coordinator, an API server's
+client the coordinator, an API process its siblings in the node table) keeps one :class:`Liveness` per peer:
+``heard(now_s)`` on every frame, ``expired(now_s)`` or ``deadline_s()`` to decide. Any frame counts, not only
+heartbeats. Time comes in as an argument (``anyio.current_time()`` in the shells, virtual in tests), so the rule
+is pure and the same on every clock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asyncdp.errors import ConfigError
+
+
+def check_heartbeat_settings(interval_s: float, timeout_s: float) -> None:
+    """``--dp-heartbeat-interval-s`` must be positive and below ``--dp-heartbeat-timeout-s``."""
+    if not 0 < interval_s < timeout_s:
+        raise ConfigError(
+            "--dp-heartbeat-interval-s must be > 0 and below --dp-heartbeat-timeout-s "
+            f"(got {interval_s:g} and {timeout_s:g}).")
+
+
+@dataclass
+class Liveness:
+    """When a peer was last heard from, and whether its silence passed ``timeout_s``."""
+
+    timeout_s: float
+    last_heard_s: float = field(default=0.0)
+
+    def heard(self, now_s: float) -> None:
+        self.last_heard_s = max(self.last_heard_s, now_s)
+
+    def silence_s(self, now_s: float) -> float:
+        return max(0.0, now_s - self.last_heard_s)
+
+    def deadline_s(self) -> float:
+        """The time at which the peer counts as dead unless it is heard from before."""
+        return self.last_heard_s + self.timeout_s
+
+    def expired(self, now_s: float) -> bool:
+        return expired(self.last_heard_s, now_s, self.timeout_s)
+
+    def describe(self, peer: str, now_s: float) -> str:
+        return f"no heartbeat from {peer} for {self.silence_s(now_s):.1f} s (timeout {self.timeout_s:g} s)"
+
+
+def expired(last_heard_s: float, now_s: float, timeout_s: float) -> bool:
+    """:meth:`Liveness.expired` for a peer whose last-heard time lives elsewhere (a shared-memory slot)."""
+    return now_s - last_heard_s > timeout_s

@@ -1,0 +1,113 @@
+"""A rank's observable state, and the reports it makes from it: outputs to their owners, stats to the clients
+(as deltas) and load to the coordinator (spec §8.1).
+
+Theory of operation. :class:`RankState` is what tests and ``/server_info`` read of a rank. :class:`RankReports`
+turns a step's outputs and the core's statistics into messages: each ``EngineOutputs`` goes only to the client
+that owns its requests (``RankState.owners``, filled by ``AddRequest``, emptied as requests finish) through
+:meth:`~asyncdp.engine.rank_links.RankLinks.post_nowait`; the scheduler stats ride on exactly one client message
+per step, with the cumulative counters as deltas since the previous attached stats, so the deltas partition the
+totals and API processes can sum them. ``load_report`` says which ``RankStats`` the coordinator needs: only when
+(running, waiting) changed or KV usage moved by at least :data:`KV_USAGE_PUBLISH_DELTA`; MoE ranks stamp the
+wave step and wave from the lockstep state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from asyncdp import messages as m
+
+if TYPE_CHECKING:
+    from asyncdp.dp.lockstep import Lockstep
+    from asyncdp.engine.core import EngineCore
+    from asyncdp.engine.rank_links import RankLinks
+
+KV_USAGE_PUBLISH_DELTA = 0.01
+
+
+@dataclass
+class RankState:
+    """Observable state of a rank, for tests and /server_info."""
+
+    steps: int = 0
+    dummy_steps: int = 0
+    waves_completed: int = 0
+    shutting_down: bool = False
+    dead_reason: str | None = None
+    last_stats: tuple[int, int, float] | None = None
+    # The cumulative counters as of the last stats attached to a client message: attached stats carry deltas.
+    attached_counters: tuple[int, ...] = (0, 0, 0, 0, 0)
+    owners: dict[str, int] = field(default_factory=dict)
+
+
+class RankReports:
+    def __init__(self, dp_rank: int, core: EngineCore, state: RankState, links: RankLinks,
+                 lockstep: Lockstep | None) -> None:
+        self.dp_rank = dp_rank
+        self.core = core
+        self.state = state
+        self.links = links
+        self.lockstep = lockstep  # MoE with dp > 1: the wave fields come from here
+
+    def scheduler_stats(self) -> m.SchedulerStats:
+        stats = self.core.stats()
+        ls = self.lockstep
+        if ls is None:
+            return stats
+        return msgspec.structs.replace(
+            stats, step=ls.step_counter, wave=ls.current_wave, wave_running=ls.engines_running,
+            num_dummy_steps=self.state.dummy_steps, waves_completed=self.state.waves_completed)
+
+    def attach_stats(self) -> m.SchedulerStats:
+        """Stats for one client message: the counters are deltas since the previous attached stats."""
+        s = self.scheduler_stats()
+        now = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions, s.num_dummy_steps, s.waves_completed)
+        q, h, p, d, w = (a - b for a, b in zip(now, self.state.attached_counters, strict=True))
+        self.state.attached_counters = now
+        return msgspec.structs.replace(s, prefix_cache_queries=q, prefix_cache_hits=h, num_preemptions=p,
+                                       num_dummy_steps=d, waves_completed=w)
+
+    def dispatch_outputs(self, outputs: list[m.RequestOutput]) -> None:
+        """One ``EngineOutputs`` per owning client; the first of them carries the attached stats."""
+        per_client: dict[int, tuple[list[m.RequestOutput], list[str]]] = {}
+        owners = self.state.owners
+        for out in outputs:
+            ci = owners.get(out.request_id)
+            if ci is None:
+                continue
+            outs, finished = per_client.setdefault(ci, ([], []))
+            outs.append(out)
+            if out.finished:
+                finished.append(out.request_id)
+                del owners[out.request_id]
+        if not per_client:
+            return
+        stats = self.attach_stats()
+        stats_to = next(iter(per_client))
+        now = time.time()
+        for ci, (outs, finished) in per_client.items():
+            self.links.post_nowait(ci, m.EngineOutputs(
+                dp_rank=self.dp_rank, outputs=outs, finished_request_ids=finished,
+                scheduler_stats=stats if ci == stats_to else None, timestamp=now))
+
+    def send_stats_to_client(self) -> None:
+        """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
+        self.links.post_nowait(self.links.stats_client, m.EngineOutputs(
+            dp_rank=self.dp_rank, outputs=[], finished_request_ids=[],
+            scheduler_stats=self.attach_stats(), timestamp=time.time()))
+
+    def load_report(self) -> m.RankStats | None:
+        """The ``RankStats`` the coordinator needs now, or None when the load did not change enough."""
+        s = self.scheduler_stats()
+        last = self.state.last_stats
+        if last is not None and last[0] == s.num_running and last[1] == s.num_waiting and abs(
+            last[2] - s.kv_cache_usage
+        ) < KV_USAGE_PUBLISH_DELTA:
+            return None
+        self.state.last_stats = (s.num_running, s.num_waiting, s.kv_cache_usage)
+        return m.RankStats(dp_rank=self.dp_rank, num_waiting=s.num_waiting, num_running=s.num_running,
+                           kv_cache_usage=s.kv_cache_usage, step=s.step, wave=s.wave)

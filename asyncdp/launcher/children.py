@@ -1,0 +1,133 @@
+"""The launcher's children: spawn one from a table row, watch it, tell it things, stop them all in order.
+
+Theory of operation
+-------------------
+:func:`spawn` starts a row of the :class:`~asyncdp.launcher.plan.LaunchTable` with its role config (a child
+that is spawned is always recorded, never orphaned) and starts two tasks in the node's task group: one reads
+its control events, one waits for its exit. :func:`watch_child` decides what an exit means: during startup the
+startup waits see it (E12); afterwards an API-server death tears the node down, a dense engine death only
+degrades service (unless ``--dp-fail-fast``), a MoE engine or coordinator death tears the group down.
+
+:func:`stop_all` runs the table's ``stop_order`` (API servers -> engines -> coordinator, spec §12.5) under one
+deadline of ``--shutdown-timeout + 5 s``: it warns the coordinator (``Stopping``), names a teardown to the API
+servers (``Shutdown{reason}``), closes the launcher's copy of the HTTP socket, then signals each stage and kills
+stragglers' process trees.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+
+import anyio
+import anyio.abc
+
+from asyncdp import messages as m
+from asyncdp.config.roles import RoleConfig
+from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.plan import API_SERVER, COORDINATOR, ENGINE, ProcessSpec
+from asyncdp.transport.control import ChildProcess, spawn_child
+
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
+
+SHUTDOWN_GRACE_S = 5.0
+_SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+
+
+async def spawn(node: RunningNode, tg: anyio.abc.TaskGroup, row: ProcessSpec, config: RoleConfig, *,
+                env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> ChildProcess:
+    rank = row.client_index if row.role == API_SERVER else row.dp_rank
+    with anyio.CancelScope(shield=True):  # short and bounded: a started child is always recorded, never orphaned
+        child = await spawn_child(name=row.name, role=row.role, rank=rank, config=config, backend=node.plan.backend,
+                                  env=env, log_prefix=row.log_prefix, log_level=node.plan.log_level,
+                                  run_dir=node.tmpdir, pass_fds=pass_fds)
+        node.children.append(child)
+    tg.start_soon(child.read_events)
+    tg.start_soon(watch_child, node, child)
+    return child
+
+
+async def watch_child(node: RunningNode, child: ChildProcess) -> None:
+    code = await child.watch_exit()
+    if child.role == API_SERVER and node.node_table is not None and child.rank is not None:
+        node.node_table.clear(child.rank)  # its slots and heartbeat no longer count for the siblings
+    if node.shutdown.is_set():
+        return
+    what = f"{child.describe()} exited with code {code}"
+    if not node.started:
+        return  # startup waits see ChildExited and fail with E12
+    plan = node.plan
+    if child.role == ENGINE and not plan.is_moe and not plan.dp_fail_fast:
+        log.error("%s; the other ranks keep serving", what)
+        return
+    if child.role == COORDINATOR and not plan.is_moe:
+        log.warning("%s; clients route on in-flight counts only", what)
+        return
+    node.fail(f"{what}; tearing the deployment down")
+
+
+async def tell(children: list[ChildProcess], msg: m.ControlMessage) -> None:
+    """Best effort, one second each: a child that is gone or stuck does not hold the launcher."""
+    for ch in children:
+        if not ch.exited.is_set():
+            with anyio.move_on_after(1.0):
+                try:
+                    await ch.control.send(msg)
+                except _SEND_ERRORS:
+                    pass
+
+
+async def publish_process_table(node: RunningNode) -> None:
+    table = node.process_table()
+    if node.inproc_client is not None:
+        node.inproc_client.processes = [_row_dict(row) for row in table]
+    for ch in node.children:
+        if ch.role == API_SERVER:
+            try:
+                await ch.control.send(m.ProcessTable(processes=table))
+            except (anyio.BrokenResourceError, OSError):
+                pass
+
+
+def _row_dict(row: m.ProcessRow) -> dict[str, object]:
+    import msgspec
+
+    out: dict[str, object] = msgspec.to_builtins(row)
+    return out
+
+
+async def stop_all(node: RunningNode) -> None:
+    """The table's stop order, under one shared deadline (spec §12.5)."""
+    deadline = anyio.current_time() + node.plan.shutdown_timeout_s + SHUTDOWN_GRACE_S
+
+    async def stop_role(role: str) -> None:
+        children = [c for c in node.children if c.role == role and not c.exited.is_set()]
+        if not children:
+            return
+        grace_s = max(0.5, deadline - anyio.current_time())
+        async with anyio.create_task_group() as tg:
+            for ch in children:
+                tg.start_soon(functools.partial(ch.stop, grace_s=grace_s))
+
+    # The coordinator logs the engines' departures as expected, not as losses.
+    await tell([c for c in node.children if c.role == COORDINATOR], m.Stopping())
+    if node.failure is not None:  # a teardown: the API servers name it to the requests they abandon
+        await tell([c for c in node.children if c.role == API_SERVER], m.Shutdown(reason=node.failure))
+    node.api_shutdown.set()
+    # The launcher never accepts on the HTTP socket; its copy would keep the port open (connections queue and
+    # hang) after every API server stopped accepting. Spec §12.5: a refused connection once the listener closes.
+    node.http_sock.close()
+    for role in node.table.stop_order:
+        if role == API_SERVER:
+            await stop_role(API_SERVER)
+            if node.inproc_client is not None:
+                with anyio.move_on_after(max(0.5, deadline - anyio.current_time())):
+                    await node.inproc_api_done.wait()
+        else:
+            await stop_role(role)
+    for ch in node.children:
+        await ch.control.aclose()
+    bad = [c for c in node.children if c.returncode not in (0, None) and c.returncode != -signal.SIGTERM]
+    if bad and node.failure is None and not node.started:
+        node.failure = "children failed: " + ", ".join(c.describe() for c in bad)

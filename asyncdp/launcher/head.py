@@ -1,0 +1,161 @@
+"""The launcher role: perform this node's launch table, watch it, and tear it down in order.
+
+Theory of operation
+-------------------
+``run_serve(config)`` is the top process of ``asyncdp serve``. It resolves a
+:class:`~asyncdp.config.roles.LaunchPlan` (the model is materialised here), binds the HTTP socket first (E11: a
+busy port fails before any child starts) and runs the node: :func:`asyncdp.launcher.plan.plan` computes the
+:class:`~asyncdp.launcher.plan.LaunchTable` from the resolved deployment, :mod:`.startup` performs its start order
+(coordinator -> API servers -> rendezvous -> engines -> readiness), :mod:`.children` watches every child and
+stops them in the table's stop order. The shell decides nothing about the topology; it only performs the table.
+
+A signal or a failure during startup ends the startup waits at once. During startup any child death aborts
+startup (E12, exit 1); afterwards :func:`asyncdp.launcher.children.watch_child` decides. Shutdown (SIGTERM/SIGINT,
+spec §12.5) runs API servers -> engines -> coordinator under one deadline of ``--shutdown-timeout + 5 s``; a
+second signal kills every child's process tree at once. Exit 0 when orderly, 1 after any failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+
+import anyio
+import anyio.abc
+
+from asyncdp import messages as m
+from asyncdp import runtime
+from asyncdp.config.deployment import ResolvedServeConfig
+from asyncdp.config.roles import LaunchPlan
+from asyncdp.errors import AsyncDPError, StartupError
+from asyncdp.launcher.children import publish_process_table, stop_all
+from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config
+from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.plan import API_SERVER
+from asyncdp.launcher.startup import run_startup, start_node
+from asyncdp.logs import DrainCounts, serving_line, stopped_line
+from asyncdp.transport.http_socket import reserve_shared_port
+
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
+
+
+def run_serve(config: ResolvedServeConfig) -> int:
+    """``asyncdp serve``: run a deployment until a signal or a failure; return the process exit code."""
+    from asyncdp.logs import setup_logging
+
+    started_at = time.monotonic()
+    setup_logging(prefix="asyncdp-launcher" if config.deployment.api_server_count > 1 else "APIServer",
+                  level=config.log_level.upper())
+    try:
+        plan = plan_from_config(config)  # resolves the model: a built-in is generated (or converted) once here
+    except AsyncDPError as exc:
+        log.error("%s", exc)
+        return 1
+    log.info("model %s: checkpoint %s (resolved in %.2f s)", config.model, plan.model_path,
+             time.monotonic() - started_at)
+    return run_plan(plan, started_at=started_at)
+
+
+def _bind_http(plan: LaunchPlan) -> socket.socket:
+    """E11, first act: the HTTP port. One API server listens on the launcher's socket; several each listen on
+    their own ``SO_REUSEPORT`` socket (the kernel spreads connections), the launcher only reserves the port."""
+    if plan.api_server_count == 1:
+        return bind_http_socket(plan.host, plan.port)
+    return reserve_shared_port(plan.host, plan.port)
+
+
+def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
+    """Run a deployment described by ``plan``; return the process exit code.
+
+    ``started_at``: ``time.monotonic()`` when the command began (default: now), for the startup's total time."""
+    started_at = time.monotonic() if started_at is None else started_at
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle("asyncdp-launcher" if plan.api_server_count > 1 else "asyncdp-api-0")
+    except ImportError:
+        pass
+    try:
+        http_sock = _bind_http(plan)
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 1
+    tmpdir = tempfile.mkdtemp(prefix="asyncdp-")
+    try:
+        return runtime.run(_serve, plan, http_sock, tmpdir, started_at, backend=plan.backend)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        http_sock.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str, started_at: float) -> int:
+    node = RunningNode(plan, http_sock, tmpdir, started_at=started_at)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_signals, node)
+        await run_startup(node, functools.partial(start_node, node, tg))
+        if not node.shutdown.is_set():
+            node.started = True
+            await publish_process_table(node)
+            host, port = node.http_sock.getsockname()[:2]  # the address really bound (port 0 resolved)
+            log.info("%s", serving_line(model=plan.served_model_name, model_path=_shown_model(plan),
+                                        scheme="https" if plan.ssl_certfile else "http", host=host, port=port,
+                                        dp_size=plan.dp_size, api_server_count=plan.api_server_count,
+                                        took_s=time.monotonic() - node.started_at))
+        await node.shutdown.wait()
+        await stop_all(node)
+        tg.cancel_scope.cancel()
+    if node.node_table is not None:
+        node.node_table.close()
+        os.close(node.node_table_fd)
+    code = 1 if node.failure is not None or node.inproc_api_code else 0
+    counts, unreported = _drain_counts(node)
+    log.log(logging.INFO if code == 0 else logging.ERROR, "%s",
+            stopped_line(counts, exit_status=code, unreported=unreported))
+    return code
+
+
+def _shown_model(plan: LaunchPlan) -> str | None:
+    """The checkpoint behind the served name, when the name alone does not say it (a built-in's cache folder
+    and a served name equal to the path add nothing)."""
+    if plan.served_model_name.startswith("builtin:") or plan.served_model_name == plan.model_path:
+        return None
+    return plan.model_path
+
+
+def _drain_counts(node: RunningNode) -> tuple[list[DrainCounts], int]:
+    """Every API server's drain counts, and how many API servers exited without reporting theirs."""
+    if node.inproc_client is not None or node.table.top == "api_server":
+        return [node.inproc_drain], 0
+    counts, unreported = [], 0
+    for ch in node.children:
+        if ch.role != API_SERVER:
+            continue
+        ev = ch.event(m.ApiStopped)
+        if ev is None:
+            unreported += 1
+        else:
+            counts.append(DrainCounts(drained=ev.drained, aborted=ev.aborted))
+    return counts, unreported
+
+
+async def _watch_signals(node: RunningNode) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if node.shutdown.is_set():
+                log.warning("second signal: killing every child now")
+                for ch in node.children:
+                    ch.kill_tree()
+                continue
+            timeout_s = node.plan.shutdown_timeout_s
+            log.info("received %s: shutting down (%s)", signal.Signals(signum).name,
+                     f"in-flight requests get up to {timeout_s:g} s to finish" if timeout_s > 0
+                     else "in-flight requests are aborted: --shutdown-timeout 0")
+            node.shutdown.set()

@@ -1,0 +1,71 @@
+"""The launch plan: what ``asyncdp serve`` resolved from its command line and the model, before anything starts.
+
+:func:`plan_from_config` resolves the model (a built-in is materialised on first use), reads its facts and
+flattens the validated, resolved ``ServeConfig`` into a :class:`~asyncdp.config.roles.LaunchPlan` that carries the
+deployment as ``resolve()`` derived it (the launcher never re-derives the mode), the one object the launcher and
+the role configs work from. :func:`bind_http_socket` is the launcher's first act (E11): a busy port fails
+before any child process exists.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from asyncdp.config.deployment import ResolvedServeConfig
+from asyncdp.config.flags import default_max_request_body_bytes
+from asyncdp.config.roles import LaunchPlan
+from asyncdp.errors import StartupError
+
+__all__ = ["LaunchPlan", "bind_http_socket", "plan_from_config"]
+
+
+def bind_http_socket(host: str | None, port: int) -> socket.socket:
+    """Bind and listen on the user-facing port before anything else starts (E11)."""
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host or "0.0.0.0", port))
+        sock.listen(4096)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
+    """Resolve the model and turn a validated, resolved ``ServeConfig`` into a launch plan."""
+    from asyncdp.model import read_model_info, resolve_model, resolve_tokenizer
+
+    dep = config.deployment
+    path = resolve_model(config.model)
+    info = read_model_info(path)
+    max_model_len = config.engine.max_model_len or info.max_position_embeddings
+    return LaunchPlan(
+        engine=config.engine.replace(model=str(path)),
+        served_model_name=config.served_model_names[0],
+        model_path=str(path),
+        tokenizer_path=str(resolve_tokenizer(config.engine.tokenizer, path)),
+        deployment=dep,
+        host=config.host,
+        port=config.port,
+        backend=config.backend,
+        shutdown_timeout_s=float(config.shutdown_timeout_s),
+        lb_policy=config.lb_policy,
+        max_queued_requests=config.max_queued_requests,
+        max_seqs_per_request=config.max_seqs_per_request,
+        max_request_body_bytes=config.max_request_body_bytes or default_max_request_body_bytes(max_model_len),
+        heartbeat_interval_s=config.dp_heartbeat_interval_s,
+        heartbeat_timeout_s=config.dp_heartbeat_timeout_s,
+        engine_ready_timeout_s=config.engine_ready_timeout_s,
+        coordinator_startup_timeout_s=config.dp_coordinator_startup_timeout_s,
+        sync_interval=config.dp_sync_interval,
+        prefill_schedule_interval=config.prefill_schedule_interval,
+        keep_alive_on_engine_death=config.keep_alive_on_engine_death,
+        dp_fail_fast=config.dp_fail_fast,
+        ssl_keyfile=config.ssl_keyfile,
+        ssl_certfile=config.ssl_certfile,
+        log_level=config.log_level.upper(),
+        max_model_len=max_model_len,
+    )

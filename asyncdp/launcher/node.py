@@ -1,0 +1,94 @@
+"""The running node: what the launcher's tasks share while they perform the launch table.
+
+Theory of operation
+-------------------
+:class:`RunningNode` holds the node's :class:`~asyncdp.config.roles.LaunchPlan`, the
+:class:`~asyncdp.launcher.plan.LaunchTable` computed from its deployment, the HTTP socket bound first (E11), and
+what startup learns as it goes (the coordinator's and the API servers' addresses, the engines that said Hello and
+Ready, the spawned children). ``shutdown`` is the one event every task waits on: a signal sets it, and so does
+:meth:`RunningNode.fail`, which records the first failure (the exit status is 1 then). Nothing here starts a
+task; the shell (:mod:`.head`, :mod:`.startup`, :mod:`.children`) does.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from asyncdp import messages as m
+from asyncdp.apiserver.client import DPClient
+from asyncdp.apiserver.node_table import NodeTable
+from asyncdp.config.roles import LaunchPlan
+from asyncdp.launcher.plan import API_SERVER, COORDINATOR, LaunchTable, plan
+from asyncdp.logs import DrainCounts
+from asyncdp.transport.control import ChildProcess
+
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
+
+
+@dataclass
+class RunningNode:
+    plan: LaunchPlan
+    http_sock: socket.socket
+    tmpdir: str
+    shutdown: anyio.Event = field(default_factory=anyio.Event)
+    api_shutdown: anyio.Event = field(default_factory=anyio.Event)
+    started: bool = False
+    failure: str | None = None
+    children: list[ChildProcess] = field(default_factory=list)
+    client_addrs: list[m.ClientAddr] = field(default_factory=list)
+    coordinator_addrs: m.CoordinatorAddrs | None = None
+    connected_ranks: set[int] = field(default_factory=set)  # said Hello (a second Hello is E5)
+    ready_ranks: set[int] = field(default_factory=set)  # sent Ready
+    inproc_client: DPClient | None = None
+    dp_group_info: m.DPGroupInfo | None = None
+    rendezvous_store: Any = None  # the torch TCPStore of a MoE DP group; lives as long as the deployment
+    summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    inproc_api_done: anyio.Event = field(default_factory=anyio.Event)
+    inproc_api_code: int = 0
+    handshake_addr: str = ""
+    node_table: NodeTable | None = None  # with several API servers: their shared admission/heartbeat table
+    node_table_fd: int = -1
+    started_at: float = 0.0  # time.monotonic() when `asyncdp serve` began: the startup line's total
+    inproc_drain: DrainCounts = field(default_factory=DrainCounts)
+
+    @functools.cached_property
+    def table(self) -> LaunchTable:
+        """What this node starts, from the resolved deployment (never re-derived here)."""
+        return plan(self.plan.deployment)
+
+    @property
+    def http_port(self) -> int:
+        return self.http_sock.getsockname()[1] if self.http_sock.fileno() != -1 else self.plan.port
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None and not self.shutdown.is_set():
+            log.error("%s", reason)
+            self.failure = reason
+        self.shutdown.set()
+
+    def process_table(self) -> list[m.ProcessRow]:
+        """The node's processes for ``/server_info``: the top process first, then every child."""
+        host = socket.gethostname()
+        several = self.table.top == "launcher"
+        rows = [m.ProcessRow(role="launcher" if several else "api_server", rank=None,
+                             client_index=None if several else 0, pid=os.getpid(), host=host,
+                             ports={"http": self.http_port, "handshake": self.handshake_addr})]
+        for ch in self.children:
+            ports: dict[str, int | str | None] = {}
+            if ch.role == API_SERVER:
+                listening = ch.event(m.ApiListening)
+                ports = {"http": self.http_port, "client_link": listening.client_addr if listening else None}
+            elif ch.role == COORDINATOR and self.coordinator_addrs:
+                ports = {"engine_link": self.coordinator_addrs.engine_addr,
+                         "client_link": self.coordinator_addrs.client_addr}
+            is_api = ch.role == API_SERVER
+            rows.append(m.ProcessRow(role="api_server" if is_api else ch.role, rank=None if is_api else ch.rank,
+                                     client_index=ch.rank if is_api else None, pid=ch.pid, host=host, ports=ports))
+        return rows

@@ -1,0 +1,113 @@
+"""``asyncdp bench routing`` end to end on tiny workloads: JSON with every metric key, the tables and the gates
+on stdout, the same bytes for the same seed, policy listing, trace export and clear errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from asyncdp.bench.command import add_bench_parser
+from asyncdp.bench.metrics import METRIC_KEYS
+from asyncdp.bench.trace import read_trace
+from asyncdp.cli import main
+
+TINY = ["--workload", "w1", "--dp", "2", "--option", "groups=2", "--option", "prompts_per_group=4",
+        "--option", "system_len=128", "--option", "question_len=16", "--option", "output_len=4"]
+
+
+def test_routing_run_writes_json_with_every_metric_key_and_prints_tables_and_gates(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    assert main(["bench", "routing", *TINY, "--policies", "vllm,round_robin", "--seeds", "1,2",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    runs = doc["runs"]
+    assert [(r["workload"], r["policy"], r["seed"], r["dp"]) for r in runs] == [
+        ("w1", "vllm", 1, 2), ("w1", "round_robin", 1, 2), ("w1", "vllm", 2, 2), ("w1", "round_robin", 2, 2)]
+    for r in runs:
+        assert set(r["metrics"]) == set(METRIC_KEYS)
+        assert r["counts"]["completed"] == 8 and r["counts"]["failed"] == 0
+    printed = capsys.readouterr().out
+    assert "== w1" in printed and "ratio to vllm" in printed
+    assert "G1: n/a" in printed  # the candidate policy (asyncdp) is not in this run
+
+
+def test_the_same_arguments_write_the_same_json_bytes(tmp_path):
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path in paths:
+        assert main(["bench", "routing", *TINY, "--policies", "random", "--json", str(path)]) == 0
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def test_gates_judge_the_candidate_policy_when_it_is_in_the_run(tmp_path, capsys):
+    assert main(["bench", "routing", *TINY, "--policies", "vllm,round_robin", "--candidate", "round_robin"]) == 0
+    printed = capsys.readouterr().out
+    for gate in ("G1", "G2", "G3", "G4"):
+        assert f"{gate}: PASS" in printed or f"{gate}: FAIL" in printed, printed
+
+
+def test_list_policies_prints_every_known_policy(capsys):
+    assert main(["bench", "routing", "--list-policies"]) == 0
+    names = capsys.readouterr().out.split()
+    assert names[:5] == ["vllm", "round_robin", "random", "power_of_two", "vllm_legacy"]
+
+
+def test_export_trace_writes_the_workload_as_a_mooncake_trace(tmp_path):
+    trace = tmp_path / "w1.jsonl"
+    assert main(["bench", "routing", *TINY, "--policies", "round_robin", "--export-trace", str(trace)]) == 0
+    assert len(read_trace(trace).records) == 8
+
+
+def test_an_unknown_policy_is_a_clear_error_before_any_run(capsys):
+    assert main(["bench", "routing", *TINY, "--policies", "vllm,nope"]) == 2
+    assert "unknown load-balancing policy 'nope'" in capsys.readouterr().err
+
+
+def test_a_run_without_workload_or_trace_is_an_error(capsys):
+    assert main(["bench", "routing"]) == 2
+    assert "--workload" in capsys.readouterr().err
+
+
+def test_every_bench_routing_option_is_documented_in_the_cli_reference():
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    routing = parser._subparsers._group_actions[0].choices["bench"]._subparsers._group_actions[0].choices["routing"]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## `asyncdp bench routing`"):]
+    flags = [s for a in routing._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    assert flags
+    for flag in flags:
+        assert f"| `{flag}` |" in section, flag
+
+
+def test_a_relative_ladder_is_also_measured_rung_by_rung(tmp_path):
+    out = tmp_path / "ladder.json"
+    assert main(["bench", "routing", "--workload", "w6", "--dp", "2", "--option", "num_requests=60",
+                 "--r-sat", "20", "--policies", "round_robin", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    labels = [r["workload"] for r in runs]
+    assert labels == ["w6", "w6@0.3rsat", "w6@0.5rsat", "w6@0.7rsat", "w6@0.85rsat", "w6@1rsat", "w6@1.2rsat"]
+    assert [r["counts"]["requests"] for r in runs[1:]] == [9] * 6  # 10 per rung, less the first as warm-up
+    assert all(set(r["metrics"]) == set(METRIC_KEYS) for r in runs)
+
+
+def _run(workload, policy, **metrics):
+    base = dict.fromkeys(METRIC_KEYS, 1.0)
+    return {"workload": workload, "policy": policy, "seed": 1, "dp": 8, "metrics": {**base, **metrics}}
+
+
+def test_gates_compare_the_candidate_with_vllm_and_the_best_other_policy():
+    from asyncdp.bench.report import gates
+
+    runs = [
+        _run("w1", "vllm", ttft_p99_s=4.0, goodput_rps=10.0),
+        _run("w1", "rr", ttft_mean_s=0.5, prefix_hit_rate=0.8),
+        _run("w1", "asyncdp", ttft_p99_s=2.0, ttft_mean_s=0.53, goodput_rps=9.7, prefix_hit_rate=0.7),
+        _run("w6@0.3rsat", "vllm"), _run("w6@0.3rsat", "asyncdp", ttft_mean_s=0.2),
+        _run("w2@0.5rsat", "vllm", ttft_p99_s=1.0), _run("w2@0.5rsat", "asyncdp", ttft_p99_s=1.0),
+    ]
+    verdicts = {g: (v, d) for g, v, d in gates(runs)}
+    assert verdicts["G1"][0] == "PASS"  # 2.0 <= 0.5 * 4.0; w2's 0.5 rung is not the reference rung
+    assert verdicts["G2"][0] == "FAIL" and "w1" in verdicts["G2"][1]  # 0.53 > 1.05 * 0.5
+    assert verdicts["G3"][0] == "FAIL" and "w1" in verdicts["G3"][1]  # 0.7 < 0.9 * 0.8
+    assert verdicts["G4"] == ("FAIL", "w1: goodput 9.7 vs limit 9.8")

@@ -1,0 +1,108 @@
+"""The routing benchmark's simulator and metrics: exact metrics on a hand-made log, determinism per seed, every
+request of a shared-prefix workload completing under two policies, and answers emitted so that a multi-turn
+history hits the cache (spec routing-bench §1.2, §4.0, §6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncdp.bench import metrics
+from asyncdp.bench.profiles import load_profile
+from asyncdp.bench.records import resolve
+from asyncdp.bench.simulate import ClusterSpec, RequestEvent, RunLog, simulate
+from asyncdp.bench.workloads import build
+
+SPEC = ClusterSpec(dp_size=2, profile=load_profile("gpu_8b"))
+TINY_W1 = {"groups": 4, "prompts_per_group": 4, "system_len": 256, "question_len": 32, "output_len": 8}
+
+
+def ev(req_id, rank, send, first, last, out, prompt=100, cached=0, measured=True, error=None):
+    return RequestEvent(req_id=req_id, router=0, rank=rank, t_send_s=send, prompt_tokens=prompt, measured=measured,
+                        t_first_s=first, t_last_s=last, output_tokens=out, cached_tokens=cached, error=error)
+
+
+def test_metrics_of_a_hand_made_log_are_exact():
+    log = RunLog(dp_size=2, preemptions=3, events=[
+        ev(0, 0, 0.0, 1.0, 2.0, 11, cached=50),   # ttft 1, tpot 0.1 -> meets the SLO
+        ev(1, 0, 1.0, 4.0, 5.0, 11, cached=30),   # ttft 3 -> misses
+        ev(2, 1, 2.0, 2.5, 10.0, 6),              # tpot 1.5 -> misses
+        ev(3, 1, 3.0, 3.5, 3.5, 1, cached=20),    # one token: TTFT only -> meets
+        ev(4, 1, 0.5, 0.6, 0.7, 2, measured=False),          # warm-up: left out
+        ev(5, 0, 0.0, None, None, 0, error="EngineDeadError"),  # failed: left out
+    ])
+    got = metrics.compute(log)
+    assert got == pytest.approx({
+        "ttft_mean_s": (1 + 3 + 0.5 + 0.5) / 4, "ttft_p50_s": 0.5, "ttft_p90_s": 3.0, "ttft_p99_s": 3.0,
+        "tpot_mean_s": (0.1 + 0.1 + 1.5) / 3, "e2e_p99_s": 8.0,
+        "goodput_rps": 2 / 10.0, "throughput_tok_s": 29 / 10.0, "prefix_hit_rate": 100 / 400,
+        "max_mean_load_ratio": 1.0, "preemptions": 3.0})
+    assert set(got) == set(metrics.METRIC_KEYS)
+    assert metrics.summary(log) == {"sent": 6, "measured": 5, "completed": 5, "failed": 1, "unsent": 0}
+
+
+def test_load_ratio_counts_requests_per_rank_over_the_mean_of_every_rank():
+    log = RunLog(dp_size=4, events=[ev(i, 0, 0.0, 1.0, 1.0, 1) for i in range(3)] + [ev(3, 1, 0.0, 1.0, 1.0, 1)])
+    assert metrics.compute(log)["max_mean_load_ratio"] == 3 / 1.0
+
+
+def test_same_seed_gives_the_same_event_log_and_metrics():
+    workload = resolve(build("w1", "quick", 7, TINY_W1))
+    first = simulate(workload, "random", 7, SPEC)
+    second = simulate(workload, "random", 7, SPEC)
+    assert first == second
+    assert metrics.compute(first) == metrics.compute(second)
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "vllm"])
+def test_every_request_of_a_shared_prefix_workload_completes_with_its_full_output(policy):
+    workload = resolve(build("w1", "quick", 1, TINY_W1))
+    log = simulate(workload, policy, 1, SPEC)
+    assert [e.req_id for e in log.events] == list(range(len(workload.records)))
+    assert all(e.error is None for e in log.events)
+    assert [e.output_tokens for e in log.events] == [r.output_length for r in workload.records]
+    assert {e.rank for e in log.events} == {0, 1}
+    assert metrics.compute(log)["prefix_hit_rate"] > 0  # the shared system prompt hit on its rank
+
+
+def test_one_rank_serves_a_multi_turn_workload_at_its_ideal_hit_rate():
+    # Each turn quotes the previous answer: the hit reaches into it only if the executor emitted the answer
+    # segment (token_source), as the ideal hit rate assumes.
+    workload = resolve(build("w4", "quick", 3, {"clients": 4, "rounds": 3, "request_len": 64, "output_len": 32}))
+    log = simulate(workload, "round_robin", 3, ClusterSpec(dp_size=1, profile=load_profile("gpu_8b")))
+    assert all(e.error is None for e in log.events)
+    assert metrics.compute(log)["prefix_hit_rate"] == pytest.approx(workload.ideal_hit_rate, abs=1e-6)
+
+
+def test_sim_executor_emits_the_token_source_tokens_and_falls_back_where_it_gives_none():
+    from asyncdp.config.flags import EngineConfig
+    from asyncdp.engine.executor import ModelBatch, ScheduledChunk
+    from asyncdp.engine.sim_executor import SimExecutor
+    from asyncdp.sampling_params import SamplingParams
+
+    answers = {"a": [7, 8]}
+    given = SimExecutor(EngineConfig(executor="sim"), 100, max_model_len=64,
+                        token_source=lambda rid, i: answers[rid][i] if rid in answers and i < 2 else None)
+    plain = SimExecutor(EngineConfig(executor="sim"), 100, max_model_len=64)
+
+    def batch(rid: str, n_out: int) -> ModelBatch:
+        return ModelBatch([ScheduledChunk(request_id=rid, token_ids=[5], start_pos=3, block_table=[0], sample=True,
+                                          sampling_params=SamplingParams(max_tokens=4), num_output_tokens=n_out)])
+
+    assert given.execute(batch("a", 1)).sampled == [8]
+    assert given.execute(batch("a", 2)).sampled == plain.execute(batch("a", 2)).sampled  # past the answer
+    assert given.execute(batch("b", 0)).sampled == plain.execute(batch("b", 0)).sampled  # unknown request
+
+
+def test_r_sat_counts_completions_in_the_second_half_of_the_saturated_part_only():
+    from asyncdp.bench.simulate import measure_r_sat
+
+    def fake_run(workload, policy, seed, spec, *, closed_concurrency):
+        assert (policy, closed_concurrency) == ("round_robin", 64 * spec.dp_size)
+        # sends until t=9; completions at 1..10 (one a second) then a drain tail at 20 and 40
+        events = [ev(i, 0, float(i), float(i) + 0.5, float(i + 1), 2) for i in range(10)]
+        events += [ev(10, 0, 0.0, 1.0, 20.0, 2), ev(11, 0, 0.0, 1.0, 40.0, 2)]
+        return RunLog(dp_size=spec.dp_size, events=events)
+
+    workload = build("w1", "quick", 1, TINY_W1)
+    # the window is [4.5, 9]: completions at 5, 6, 7, 8, 9 -> 5 / 4.5 s
+    assert measure_r_sat(workload, SPEC, 1, run=fake_run) == pytest.approx(5 / 4.5)

@@ -1,0 +1,55 @@
+"""Each role's frozen config is derived from the resolved deployment and crosses the control channel intact."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+import pytest
+
+from asyncdp import messages as m
+from asyncdp.cli import build_serve_config
+from asyncdp.config.flags import EngineConfig
+from asyncdp.config.roles import LaunchPlan, api_server_role, coordinator_role, engine_role
+
+
+@dataclass(frozen=True)
+class Facts:
+    is_moe: bool = True
+    num_experts: int = 8
+
+
+def launch_plan(cmd: str, **fields) -> LaunchPlan:
+    config = build_serve_config(shlex.split(cmd), env={}, model_facts=lambda _name: Facts())
+    return LaunchPlan(engine=EngineConfig(executor="sim"), served_model_name="m", model_path="/m",
+                      deployment=config.deployment, **fields)
+
+
+@pytest.mark.parametrize("cmd", ["", "-dp 4", "-dp 4 --api-server-count 1", "-dp 4 -dpl 2 -dpr 2 -dph",
+                                 "-dp 2 --data-parallel-rank 1"])
+def test_every_role_config_round_trips_in_the_worker_hello(cmd):
+    plan = launch_plan(cmd)
+    roles = [coordinator_role(plan, socket_dir="/run"),
+             engine_role(plan, plan.deployment.dp_start_rank, handshake_addr="unix:/hs", torch_threads=2),
+             api_server_role(plan, 0, managed_ranks=plan.deployment.managed_ranks, coordinator_client_addr=None,
+                             socket_dir="/run", http_shared_port=(None, 8000), node_table_fd=5)]
+    for role in roles:
+        hello = m.WorkerHello(role=role, name="asyncdp-x", parent_pid=1)
+        assert m.decode_control(m.encode(hello)) == hello
+
+
+def test_role_configs_follow_the_deployment_not_the_dp_size():
+    plan = launch_plan("-dp 4 -dpl 2 -dpr 2 -dph", engine_ready_timeout_s=900.0)
+    api = api_server_role(plan, 1, managed_ranks=plan.deployment.managed_ranks, coordinator_client_addr="tcp:h:1",
+                          socket_dir=None)
+    assert (api.mode, api.managed_ranks, api.client_count, api.client_index) == ("hybrid", (2, 3), 2, 1)
+    coord = coordinator_role(plan, socket_dir="/run")
+    assert (coord.wave_mode, coord.subscribe_timeout_s) == (True, 900.0)
+
+
+def test_engine_role_keeps_an_explicit_torch_thread_count():
+    plan = launch_plan("-dp 2")
+    assert engine_role(plan, 1, handshake_addr="unix:/hs", torch_threads=3).engine.torch_threads == 3
+    explicit = LaunchPlan(engine=EngineConfig(torch_threads=8), served_model_name="m", model_path="/m",
+                          deployment=plan.deployment)
+    assert engine_role(explicit, 1, handshake_addr="unix:/hs", torch_threads=3).engine.torch_threads == 8

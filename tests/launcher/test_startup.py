@@ -1,0 +1,101 @@
+"""The launcher's shell performs the launch table: children start in the table's order with role configs taken
+from the table's rows (managed ranks included), with fake children instead of processes."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from dataclasses import dataclass
+
+import pytest
+
+from asyncdp import messages as m
+from asyncdp.cli import build_serve_config
+from asyncdp.config.flags import EngineConfig
+from asyncdp.config.roles import ApiServerRole, EngineRole, LaunchPlan, RoleConfig
+from asyncdp.errors import StartupError
+from asyncdp.launcher import startup
+from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.plan import ProcessSpec
+
+
+@dataclass(frozen=True)
+class Facts:
+    is_moe: bool = False
+    num_experts: int = 0
+
+
+class FakeChild:
+    """Reports every event at once, as a child that started well would."""
+
+    def __init__(self, row: ProcessSpec) -> None:
+        self.rank = row.client_index if row.role == "api" else row.dp_rank
+
+    async def wait_event(self, kind: type) -> m.ControlMessage:
+        if kind is m.CoordinatorListening:
+            return m.CoordinatorListening(engine_addr="unix:/coord-engine", client_addr="unix:/coord-client")
+        if kind is m.ApiListening:
+            return m.ApiListening(client_addr=f"unix:/api-{self.rank}")
+        return m.ChildReady(dp_rank=self.rank)
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    calls: list[tuple[ProcessSpec, RoleConfig]] = []
+
+    async def fake_spawn(node, tg, row, config, **_kwargs):
+        calls.append((row, config))
+        return FakeChild(row)
+
+    monkeypatch.setattr(startup, "spawn", fake_spawn)
+    return calls
+
+
+def node_for(cmd: str, tmp_path, sock: socket.socket) -> RunningNode:
+    config = build_serve_config(shlex.split(cmd), env={}, model_facts=lambda _name: Facts())
+    plan = LaunchPlan(engine=EngineConfig(executor="sim"), served_model_name="m", model_path=str(tmp_path),
+                      deployment=config.deployment)
+    return RunningNode(plan, sock, str(tmp_path))
+
+
+@pytest.mark.anyio
+async def test_internal_node_starts_coordinator_api_servers_then_engines_with_the_tables_configs(tmp_path, spawned):
+    import anyio
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        node = node_for("-dp 2 --api-server-count 2", tmp_path, sock)
+        async with anyio.create_task_group() as tg:
+            await startup.start_node(node, tg)
+            tg.cancel_scope.cancel()  # the handshake listener's task
+        if node.node_table is not None:
+            node.node_table.close()
+    assert [row.name for row, _ in spawned] == ["asyncdp-coordinator", "asyncdp-api-0", "asyncdp-api-1",
+                                                "asyncdp-engine-dp0", "asyncdp-engine-dp1"]
+    apis = [config for _, config in spawned if isinstance(config, ApiServerRole)]
+    assert [(a.client_index, a.client_count, a.managed_ranks) for a in apis] == [(0, 2, (0, 1)), (1, 2, (0, 1))]
+    assert all(a.coordinator_client_addr == "unix:/coord-client" for a in apis)
+    engines = [config for _, config in spawned if isinstance(config, EngineRole)]
+    assert [e.dp_rank for e in engines] == [0, 1] and all(e.handshake_addr == node.handshake_addr for e in engines)
+    assert node.client_addrs == [m.ClientAddr(client_index=0, addr="unix:/api-0"),
+                                 m.ClientAddr(client_index=1, addr="unix:/api-1")]
+    assert node.coordinator_addrs == m.CoordinatorAddrs(engine_addr="unix:/coord-engine",
+                                                        client_addr="unix:/coord-client")
+
+
+@pytest.mark.anyio
+async def test_hybrid_node_api_servers_manage_only_local_ranks_and_the_shell_refuses_a_tcp_handshake(
+        tmp_path, spawned):
+    import anyio
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        node = node_for("-dp 4 -dpl 2 -dpr 0 --api-server-count 2", tmp_path, sock)
+        async with anyio.create_task_group() as tg:
+            with pytest.raises(StartupError, match="tcp handshake listener"):  # this build: Unix only, for now
+                await startup.start_node(node, tg)
+        if node.node_table is not None:
+            node.node_table.close()
+    apis = [config for _, config in spawned if isinstance(config, ApiServerRole)]
+    assert [a.managed_ranks for a in apis] == [(0, 1), (0, 1)]  # the deployment's, not range(dp_size)
+    assert not [config for _, config in spawned if isinstance(config, EngineRole)]
