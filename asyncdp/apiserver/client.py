@@ -86,7 +86,8 @@ class DPClient:
         self.metrics = metrics
         self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
         self._links = EngineLinks(cfg.managed_ranks, cfg.client_index, on_ready=self._on_engine_ready,
-                                  on_message=self._on_engine_message, on_dead=self._on_engine_dead)
+                                  on_message=self._on_engine_message, on_dead=self._on_engine_dead,
+                                  heartbeat_timeout_s=cfg.heartbeat_timeout_s)
         self._requests: dict[str, RequestStream] = {}  # streams only: the balancer owns request -> rank
         self._slots = AdmissionSlots(cfg.max_queued_requests, node_table, cfg.client_index,
                                      lambda: len(self._requests))

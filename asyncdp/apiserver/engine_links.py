@@ -29,6 +29,7 @@ import anyio
 import anyio.abc
 
 from asyncdp import messages as m
+from asyncdp.dp.liveness import Liveness
 from asyncdp.errors import (
     AsyncDPError,
     EngineDeadError,
@@ -160,8 +161,9 @@ class EngineLinks:
 
     def __init__(self, managed_ranks: tuple[int, ...], client_index: int, *,
                  on_ready: Callable[[EngineLink], None], on_message: Callable[[int, m.Message], None],
-                 on_dead: Callable[[int, str], None]) -> None:
+                 on_dead: Callable[[int, str], None], heartbeat_timeout_s: float = 5.0) -> None:
         self.managed_ranks = managed_ranks
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.client_index = client_index
         self.engines: dict[int, EngineLink] = {}
         self.all_ready = anyio.Event()
@@ -204,18 +206,36 @@ class EngineLinks:
         if set(self.managed_ranks) <= set(self.engines):
             self.all_ready.set()
         reason = "its link closed"
+        liveness = Liveness(self.heartbeat_timeout_s, anyio.current_time())
         try:
-            async for msg in link:
-                engine.last_seen = time.monotonic()
-                if isinstance(msg, m.EngineDead):
-                    reason = msg.reason
-                    break
-                self._on_message(rank, msg)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch, rank, liveness, tg.cancel_scope)
+                async for msg in link:
+                    liveness.heard(anyio.current_time())
+                    engine.last_seen = time.monotonic()
+                    if isinstance(msg, m.EngineDead):
+                        reason = msg.reason
+                        break
+                    if not isinstance(msg, m.Heartbeat):
+                        self._on_message(rank, msg)
+                tg.cancel_scope.cancel()
+            if tg.cancel_scope.cancelled_caught and liveness.expired(anyio.current_time()):
+                reason = liveness.describe(f"engine rank {rank}", anyio.current_time())
         finally:
             if engine.alive:
                 engine.alive = False
                 self._on_dead(rank, reason)
             await link.aclose()
+
+    @staticmethod
+    async def _watch(rank: int, liveness: Liveness, reader: anyio.CancelScope) -> None:
+        """Cancel the link's reader once the rank has been silent past the heartbeat timeout (a rank frozen with
+        its link open: its requests must not wait forever)."""
+        while True:
+            await anyio.sleep_until(liveness.deadline_s() + 1e-3)
+            if liveness.expired(anyio.current_time()):
+                reader.cancel()
+                return
 
     async def send_abort(self, dp_rank: int, ids: list[str]) -> None:
         """Best effort, bounded by ``ABORT_SEND_TIMEOUT_S``; nothing is sent to a dead rank."""

@@ -6,7 +6,8 @@ only consumer) as one of the :data:`InboxItem` structs. Two coordinator events c
 may be blocked in a collective or on the execution thread: ``Teardown`` and the loss of the coordinator (EOF, or
 silence past the heartbeat timeout by :class:`~asyncdp.dp.liveness.Liveness`) go straight to the owner's
 ``on_teardown`` / ``on_coordinator_lost``. Heartbeats are sent (:func:`~asyncdp.transport.heartbeat.send_heartbeats`)
-and checked by their own tasks on the event loop, never by the execution thread.
+to the coordinator and, through their outboxes, to every client (which declares a rank silent past the heartbeat
+timeout dead), and checked by their own tasks on the event loop, never by the execution thread.
 
 The busy loop never writes to a client link and never waits for one: :meth:`RankLinks.post_nowait` puts the
 message into that client's bounded outbox and a writer task drains it, so a slow client delays only its own
@@ -23,6 +24,7 @@ may be stuck.
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import suppress
 from dataclasses import dataclass
@@ -116,6 +118,9 @@ class RankLinks:
             box = self._outboxes[ci] = _ClientOutbox(ci, self.outbox_size)
             tg.start_soon(self._write_link, link, box)
             tg.start_soon(self._read_client, ci, link, inbox)
+            # through the outbox, like every frame to a client: a client that stops reading is cut, not blocked on
+            tg.start_soon(send_heartbeats, functools.partial(self.post_nowait, ci), heartbeat_interval_s,
+                          f"engine-{self.dp_rank}")
         if self.coordinator is not None:
             liveness = Liveness(heartbeat_timeout_s, anyio.current_time())
             tg.start_soon(self._read_coordinator, self.coordinator, inbox, owner, liveness)

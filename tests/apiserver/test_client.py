@@ -46,7 +46,9 @@ async def test_a_malformed_first_frame_drops_that_link_and_the_client_keeps_wait
 
 @pytest.mark.trio
 async def test_a_utility_call_no_rank_answers_fails_with_503_after_its_deadline(autojump_clock):
-    client = DPClient(_config(utility_timeout_s=30.0), tokenizer=None)
+    # an engine that stays connected and never answers (it sends no heartbeat either: the liveness rule must not
+    # end the call first)
+    client = DPClient(_config(utility_timeout_s=30.0, heartbeat_timeout_s=60.0), tokenizer=None)
     client_end, engine_end = memory_link_pair()
     async with anyio.create_task_group() as tg:
         tg.start_soon(client.attach_engine, client_end)
@@ -471,7 +473,7 @@ async def test_a_utility_call_fails_at_once_when_a_ranks_link_closes_instead_of_
 async def test_a_request_whose_ranks_link_stays_full_fails_after_the_send_deadline_naming_the_rank(autojump_clock):
     from asyncdp.apiserver.engine_links import ENGINE_SEND_TIMEOUT_S
 
-    client = DPClient(_config(), tokenizer=None)
+    client = DPClient(_config(heartbeat_timeout_s=60.0), tokenizer=None)
     client_end, engine_end = memory_link_pair(max_buffer=0)  # the engine never reads: every send blocks
     async with anyio.create_task_group() as tg:
         tg.start_soon(client.attach_engine, client_end)

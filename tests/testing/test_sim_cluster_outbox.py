@@ -54,3 +54,19 @@ async def test_a_client_that_keeps_reading_with_a_tiny_outbox_is_never_cut(autoj
             outs = await cluster.complete(1, PROMPT, params)
             assert not cluster.ranks[0].links.is_cut(1)
     assert sum(len(o.new_token_ids) for o in outs) == MAX_TOKENS
+
+
+@pytest.mark.trio
+async def test_a_rank_silent_past_the_heartbeat_timeout_fails_its_requests_at_once(autojump_clock):
+    """Nothing arrives from the rank (frozen with its link open, as the client sees it): after
+    --dp-heartbeat-timeout-s the client declares it dead and its request ends with an error naming the silence,
+    instead of waiting for outputs forever."""
+    params = SamplingParams(max_tokens=5000, ignore_eos=True)  # far longer than the timeout
+    with trio.fail_after(60):
+        async with open_sim_cluster(1, 1, heartbeat_timeout_s=3.0) as cluster:
+            start = trio.current_time()
+            cluster.stall_client(0)
+            with pytest.raises(EngineDeadError, match="no heartbeat from engine rank 0"):
+                await cluster.complete(0, PROMPT, params)
+            assert 3.0 < trio.current_time() - start < 5.0
+            cluster.unstall_client(0)
