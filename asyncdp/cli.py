@@ -291,21 +291,12 @@ def unsupported_reason(config: ResolvedServeConfig) -> str | None:
     """What this build cannot run yet (validated already), or None. Checked before anything starts.
 
     The message names only flags the command line (or the environment) set, and says what to change: this build
-    runs every data-parallel rank on this one node, one device per rank, behind internal load balancing."""
+    runs internal-LB deployments (on one node, or with headless engine nodes and API-only heads) and hybrid-LB
+    deployments, one device per rank."""
     d = config.deployment
     if config.uds is not None:
         return "--uds is not supported in this build yet; serve on TCP instead: drop --uds (and pass --host/--port)"
-    one_node = "this build serves one node with internal load balancing"
-    if d.mode == "headless":
-        flag = "--headless" if config.headless else "--api-server-count 0"
-        return (f"headless mode ({flag}) is not supported in this build yet; {one_node}: drop {flag} and run "
-                "every rank on the node that serves HTTP")
-    if d.mode == "hybrid":
-        passed = _passed(config, ("--data-parallel-hybrid-lb", config.data_parallel_hybrid_lb),
-                         ("--data-parallel-start-rank", config.data_parallel_start_rank),
-                         ("--data-parallel-size-local", config.data_parallel_size_local))
-        return (f"hybrid load-balancing mode ({', '.join(passed)}) is not supported in this build yet; {one_node}: "
-                f"drop {_names(passed)}")
+    one_node = "this build serves internal and hybrid load balancing"
     if d.mode == "external":
         passed = _passed(config, ("--data-parallel-external-lb", config.data_parallel_external_lb),
                          ("--data-parallel-rank", config.data_parallel_rank))
@@ -320,14 +311,6 @@ def unsupported_reason(config: ResolvedServeConfig) -> str | None:
         what = " and ".join(f.split("-")[2] for f in sharded)
         return (f"{what} parallelism ({', '.join(sharded)}) is not supported in this build yet; each "
                 f"data-parallel rank runs on one device: drop {_names(sharded)}")
-    if d.nnodes > 1 or d.dp_size_local < d.dp_size:
-        passed = _passed(config, ("--nnodes", d.nnodes > 1 and d.nnodes),
-                         ("--data-parallel-size-local", config.data_parallel_size_local))
-        why = ", ".join(passed) or "VLLM_RAY_DP_PACK_STRATEGY=span"
-        fix = f"drop {_names(passed)}" if passed else "unset VLLM_RAY_DP_PACK_STRATEGY"
-        return (f"a multi-node deployment ({why}: this node would run {d.dp_size_local} of the {d.dp_size} "
-                f"data-parallel ranks) is not supported in this build yet; run all {d.dp_size} ranks on this node: "
-                f"{fix}")
     return None
 
 

@@ -116,6 +116,7 @@ class Hello(_Msg, frozen=True):
     headless: bool
     host: str
     pid: int
+    launcher_pid: int = 0  # the engine's parent: tells the head which launch (node) a remote engine belongs to
 
 
 class HandshakeInit(_Msg, frozen=True):
@@ -256,11 +257,37 @@ class Goodbye(_Msg, frozen=True):
     dp_rank: int
 
 
+class NodeHello(_Msg, frozen=True):
+    """Headless launcher -> head, the first frame of a node link (spec §5.7): which ranks it brings, and the
+    parallel configuration its engines will run (checked before they start: a mismatch names the fields)."""
+
+    start_rank: int
+    size_local: int
+    host: str
+    pid: int
+    protocol_version: int
+    config_summary: dict[str, Any]
+
+
+class NodeAccepted(_Msg, frozen=True):
+    """Head -> headless launcher: the node belongs to the deployment; its engines may start."""
+
+    head_host: str
+    head_pid: int
+
+
+class NodeShutdown(_Msg, frozen=True):
+    """Head -> headless launchers: an orderly shutdown of the deployment; drain for ``shutdown_timeout`` s."""
+
+    reason: str
+    shutdown_timeout: float
+
+
 Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
     AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead,
     Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
-    StatsSnapshot, Teardown, Heartbeat, Goodbye,
+    StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown,
 ]
 
 
@@ -299,12 +326,26 @@ class ProcessRow(msgspec.Struct, frozen=True, kw_only=True):
     pid: int
     host: str
     ports: dict[str, int | str | None]
+    node: int = 0  # the launch (node) it belongs to: an index into the NodeRow list, 0 the answering one's head
+
+
+class NodeRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One node (launch) of the deployment, as ``/server_info`` shows it."""
+
+    node: int
+    role: str  # "head" | "headless" | "hybrid"
+    host: str
+    pid: int | None  # its launcher's pid, when known
+    ranks: list[int]
+    state: str  # "alive" | "lost" | "stopped"
 
 
 class ProcessTable(_Msg, frozen=True):
-    """Launcher -> API server: the node's processes, once every one started."""
+    """Launcher -> API server: the deployment's processes and nodes once every one started (again when a node
+    is lost)."""
 
     processes: list[ProcessRow]
+    nodes: list[NodeRow] = []
 
 
 class CoordinatorListening(_Msg, frozen=True):

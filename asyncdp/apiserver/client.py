@@ -101,6 +101,7 @@ class DPClient:
             state="none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting",
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, on_lost=self.lb.forget_snapshot)
         self.processes: list[dict[str, Any]] = []
+        self.nodes: list[dict[str, Any]] = []  # the deployment's launches, as the launcher last published them
         if metrics is not None:
             metrics.on_render(lambda: refresh_coordinator_gauges(metrics, self.coordinator_state,
                                                                  self.snapshot_age_s()))

@@ -19,6 +19,7 @@ class ClientConfig:
     max_queued_requests: int | None = None
     engine_ready_timeout_s: float = 600.0
     coordinator_client_addr: str | None = None
+    local_ranks: tuple[int, ...] | None = None  # ranks whose engines run on this node (None: all managed ones)
     mode: str = "internal"
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0  # --dp-heartbeat-timeout-s: a coordinator silent this long is dead

@@ -67,6 +67,7 @@ class ApiConfig:
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
     socket_dir: str | None = None
+    client_link_host: str | None = None  # TCP on this host when a managed engine runs on another node
     log_stats_interval_s: float = 10.0
     max_seqs_per_request: int = 256
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
@@ -79,6 +80,9 @@ def make_metrics(cfg: ApiConfig) -> Any:
 
 
 async def bind_client_listener(cfg: ApiConfig) -> tuple[anyio.abc.Listener[Any], str]:
+    """The listener every managed engine connects to: Unix on one node, TCP port 0 across nodes (spec §5.1)."""
+    if cfg.client_link_host is not None:
+        return await listen("tcp", host=cfg.client_link_host)
     return await listen("unix", directory=cfg.socket_dir or tempfile.gettempdir(), prefix="asyncdp-client")
 
 
@@ -186,11 +190,13 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         lb_policy=role.lb_policy, max_queued_requests=role.max_queued_requests,
         engine_ready_timeout_s=role.engine_ready_timeout_s, coordinator_client_addr=role.coordinator_client_addr,
         mode=role.mode, enable_expert_parallel=role.enable_expert_parallel,
+        local_ranks=role.local_ranks,
         heartbeat_interval_s=role.heartbeat_interval_s, heartbeat_timeout_s=role.heartbeat_timeout_s)
     return ApiConfig(
         client=client, model_path=role.model_path, backend=role.backend, shutdown_timeout_s=role.shutdown_timeout_s,
         keep_alive_on_engine_death=role.keep_alive_on_engine_death, ssl_keyfile=role.ssl_keyfile,
-        ssl_certfile=role.ssl_certfile, socket_dir=role.socket_dir, max_seqs_per_request=role.max_seqs_per_request,
+        ssl_certfile=role.ssl_certfile, socket_dir=role.socket_dir, client_link_host=role.client_link_host,
+        max_seqs_per_request=role.max_seqs_per_request,
         max_request_body_bytes=role.max_request_body_bytes)
 
 
@@ -219,6 +225,7 @@ async def run_api_process(role: ApiServerRole, control: ControlChannel) -> int:
     async with anyio.create_task_group() as tg:
         client: DPClient | None = None
         processes: list[dict[str, Any]] = []
+        nodes: list[dict[str, Any]] = []
         reason: list[str] = []  # the launcher's teardown reason, when it sent one
 
         def stop() -> None:
@@ -236,8 +243,10 @@ async def run_api_process(role: ApiServerRole, control: ControlChannel) -> int:
             nonlocal processes
             if isinstance(cmd, m.ProcessTable):
                 processes = [msgspec.to_builtins(row) for row in cmd.processes]
+                nodes[:] = [msgspec.to_builtins(row) for row in cmd.nodes]
                 if client is not None:
                     client.processes = processes
+                    client.nodes = list(nodes)
             elif isinstance(cmd, m.Shutdown):
                 if cmd.reason:
                     reason.append(cmd.reason)
@@ -266,6 +275,7 @@ async def run_api_process(role: ApiServerRole, control: ControlChannel) -> int:
 
         client = await tg.start(run_api)
         client.processes = processes or client.processes
+        client.nodes = list(nodes) or client.nodes
         await control.send(m.ChildReady())
     http_sock.close()
     if node_table is not None:

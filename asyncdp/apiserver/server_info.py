@@ -19,6 +19,7 @@ class ServerInfoSource(Protocol):
 
     cfg: ClientConfig
     processes: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
     current_wave: int
     wave_running: bool
 
@@ -49,6 +50,7 @@ def client_server_info(client: ServerInfoSource) -> dict[str, Any]:
     now = time.monotonic()
     ranks = []
     engines = client.engine_states()
+    on_node = set(cfg.managed_ranks if cfg.local_ranks is None else cfg.local_ranks)
     for local_index, rank in enumerate(cfg.managed_ranks):
         if rank not in engines:
             state, seen = "starting", None
@@ -56,7 +58,7 @@ def client_server_info(client: ServerInfoSource) -> dict[str, Any]:
             alive, last_seen = engines[rank]
             state = "ready" if alive else "dead"
             seen = round(now - last_seen, 3)
-        ranks.append({"dp_rank": rank, "local_index": local_index, "local": True, "state": state,
+        ranks.append({"dp_rank": rank, "local_index": local_index, "local": rank in on_node, "state": state,
                       "last_seen_s": seen, "inflight": client.inflight_of(rank)})
     age = client.snapshot_age_s()
     coordinator = None
@@ -75,8 +77,9 @@ def client_server_info(client: ServerInfoSource) -> dict[str, Any]:
         "enable_expert_parallel": cfg.enable_expert_parallel,
         "mode": cfg.mode,
         "dp_size": cfg.dp_size,
-        "dp_size_local": len(cfg.managed_ranks),
-        "dp_start_rank": cfg.managed_ranks[0] if cfg.managed_ranks else 0,
+        # This node's engines (0 on an API-only head), and the first of them.
+        "dp_size_local": len(on_node),
+        "dp_start_rank": min(on_node) if on_node else 0,
         "managed_ranks": ranks,
         "api_process_count": cfg.client_count,
         "api_process_rank": cfg.client_index,
@@ -84,6 +87,7 @@ def client_server_info(client: ServerInfoSource) -> dict[str, Any]:
         "wave": {"current": client.current_wave, "running": client.wave_running} if cfg.is_moe else None,
         "coordinator": coordinator,
         "processes": client.processes,
+        "nodes": client.nodes,
         # With several API processes on the node: each one's admission count and heartbeat, as read here.
         "api_processes": client.node_processes(),
         "parallel_config": {

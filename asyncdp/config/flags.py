@@ -371,24 +371,38 @@ def _show(value: object) -> str:
     return repr(value)  # quote what would be ambiguous in a comma-separated list
 
 
-def config_mismatch_message(dp_rank: int, summary: Mapping[str, SummaryValue],
-                            rank0_summary: Mapping[str, SummaryValue]) -> str:
-    """E6: ``configuration mismatch: engine rank r differs from rank 0 in <field>=<a> vs <b>, ...``.
-
-    ``<a>`` is rank ``dp_rank``'s value, ``<b>`` rank 0's. Every differing field is listed: known fields in
-    :data:`CONFIG_SUMMARY_FIELDS` order, then unknown ones sorted; a field one side lacks shows ``<missing>``.
-    """
+def summary_differences(summary: Mapping[str, SummaryValue], reference: Mapping[str, SummaryValue]) -> list[str]:
+    """``<field>=<a> vs <b>`` for every field where ``summary`` (a) differs from ``reference`` (b): known fields in
+    :data:`CONFIG_SUMMARY_FIELDS` order, then unknown ones sorted; a field one side lacks shows ``<missing>``."""
     missing = object()
-    extra = sorted((set(summary) | set(rank0_summary)) - set(CONFIG_SUMMARY_FIELDS))
+    extra = sorted((set(summary) | set(reference)) - set(CONFIG_SUMMARY_FIELDS))
     diffs = []
     for name in (*CONFIG_SUMMARY_FIELDS, *extra):
-        a, b = summary.get(name, missing), rank0_summary.get(name, missing)
+        a, b = summary.get(name, missing), reference.get(name, missing)
         # type() too: 1 and True compare equal in Python but not in the hash
         if a is missing and b is missing or (a == b and type(a) is type(b)):
             continue
         diffs.append(f"{name}={'<missing>' if a is missing else _show(a)} vs "
                      f"{'<missing>' if b is missing else _show(b)}")
+    return diffs
+
+
+def config_mismatch_message(dp_rank: int, summary: Mapping[str, SummaryValue],
+                            rank0_summary: Mapping[str, SummaryValue]) -> str:
+    """E6: ``configuration mismatch: engine rank r differs from rank 0 in <field>=<a> vs <b>, ...``.
+
+    ``<a>`` is rank ``dp_rank``'s value, ``<b>`` rank 0's (see :func:`summary_differences`).
+    """
+    diffs = summary_differences(summary, rank0_summary)
     head = f"configuration mismatch: engine rank {dp_rank} differs from rank 0"
     if not diffs:
         return f"{head} in config_hash only (the summaries are equal; the ranks hash them differently)"
     return f"{head} in {', '.join(diffs)}"
+
+
+def model_identity(model_path: str) -> str:
+    """The model's name and revision for the configuration summary: its folder's name and a digest of its
+    ``config.json`` (every node computes the same value for the same checkpoint)."""
+    with open(os.path.join(model_path, "config.json"), "rb") as f:
+        digest = hashlib.blake2b(f.read(), digest_size=8).hexdigest()
+    return f"{os.path.basename(os.path.normpath(model_path))}@{digest}"

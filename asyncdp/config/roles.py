@@ -88,6 +88,9 @@ class CoordinatorRole(_Role, frozen=True):
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     subscribe_timeout_s: float  # engines subscribe only after loading their model
+    # TCP on this host (the DP address) when peers are on other nodes; None: a Unix socket (spec §5.1).
+    engine_link_host: str | None = None
+    client_link_host: str | None = None
 
 
 class EngineRole(_Role, frozen=True):
@@ -96,7 +99,11 @@ class EngineRole(_Role, frozen=True):
     dp_rank: int
     dp_size: int
     engine: EngineConfig
-    handshake_addr: str
+    handshake_addr: str  # the head front-end's (rank 0's) handshake listener
+    # Hybrid node S > 0: this node's own front-end, which hands out the client addresses (spec §5.4).
+    local_handshake_addr: str | None = None
+    headless: bool = False  # this engine runs on a headless node (Hello.headless, E4)
+    local: bool = True  # the head front-end runs on this node (Hello.local)
     is_moe: bool = False
     external_lb: bool = False
     heartbeat_interval_s: float = 1.0
@@ -123,6 +130,8 @@ class ApiServerRole(_Role, frozen=True):
     max_queued_requests: int | None = None
     engine_ready_timeout_s: float = 600.0
     coordinator_client_addr: str | None = None
+    client_link_host: str | None = None  # TCP on this host when a managed engine runs on another node
+    local_ranks: tuple[int, ...] = ()  # the ranks whose engines run on this node
     enable_expert_parallel: bool = False
     heartbeat_interval_s: float = 1.0  # to the coordinator
     heartbeat_timeout_s: float = 5.0  # a coordinator silent this long is dead
@@ -143,8 +152,10 @@ class ApiServerRole(_Role, frozen=True):
 RoleConfig = Union[CoordinatorRole, EngineRole, ApiServerRole]  # noqa: UP007 - msgspec needs a real Union
 
 
-def coordinator_role(plan: LaunchPlan, *, socket_dir: str) -> CoordinatorRole:
+def coordinator_role(plan: LaunchPlan, *, socket_dir: str, engine_link_host: str | None = None,
+                     client_link_host: str | None = None) -> CoordinatorRole:
     return CoordinatorRole(
+        engine_link_host=engine_link_host, client_link_host=client_link_host,
         dp_size=plan.dp_size, wave_mode=plan.deployment.waves, external_lb=plan.deployment.external,
         socket_dir=socket_dir, heartbeat_interval_s=plan.heartbeat_interval_s,
         heartbeat_timeout_s=plan.heartbeat_timeout_s,
@@ -152,11 +163,15 @@ def coordinator_role(plan: LaunchPlan, *, socket_dir: str) -> CoordinatorRole:
         subscribe_timeout_s=plan.engine_ready_timeout_s)
 
 
-def engine_role(plan: LaunchPlan, dp_rank: int, *, handshake_addr: str, torch_threads: int) -> EngineRole:
+def engine_role(plan: LaunchPlan, dp_rank: int, *, handshake_addr: str, torch_threads: int,
+                local_handshake_addr: str | None = None) -> EngineRole:
     """Rank ``dp_rank``; ``torch_threads`` applies unless ``--torch-threads`` was given."""
     engine = plan.engine if plan.engine.torch_threads else plan.engine.replace(torch_threads=torch_threads)
+    dep = plan.deployment
     return EngineRole(
-        dp_rank=dp_rank, dp_size=plan.dp_size, engine=engine, handshake_addr=handshake_addr, is_moe=plan.is_moe,
+        dp_rank=dp_rank, dp_size=plan.dp_size, engine=engine, handshake_addr=handshake_addr,
+        local_handshake_addr=local_handshake_addr, headless=dep.headless,
+        local=not dep.headless and dep.dp_start_rank == 0, is_moe=plan.is_moe,
         external_lb=plan.deployment.external, heartbeat_interval_s=plan.heartbeat_interval_s,
         heartbeat_timeout_s=plan.heartbeat_timeout_s, shutdown_timeout_s=plan.shutdown_timeout_s,
         sync_interval=plan.sync_interval, prefill_schedule_interval=plan.prefill_schedule_interval,
@@ -165,6 +180,7 @@ def engine_role(plan: LaunchPlan, dp_rank: int, *, handshake_addr: str, torch_th
 
 def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple[int, ...],
                     coordinator_client_addr: str | None, socket_dir: str | None,
+                    client_link_host: str | None = None,
                     http_shared_port: tuple[str | None, int] | None = None,
                     node_table_fd: int | None = None) -> ApiServerRole:
     return ApiServerRole(
@@ -173,6 +189,7 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         model_path=plan.tokenizer_path or plan.model_path, mode=plan.mode, is_moe=plan.is_moe,
         lb_policy=plan.lb_policy, max_queued_requests=plan.max_queued_requests,
         engine_ready_timeout_s=plan.engine_ready_timeout_s, coordinator_client_addr=coordinator_client_addr,
+        client_link_host=client_link_host, local_ranks=plan.deployment.local_ranks,
         enable_expert_parallel=plan.enable_expert_parallel, heartbeat_interval_s=plan.heartbeat_interval_s,
         heartbeat_timeout_s=plan.heartbeat_timeout_s, backend=plan.backend,
         shutdown_timeout_s=plan.shutdown_timeout_s, keep_alive_on_engine_death=plan.keep_alive_on_engine_death,

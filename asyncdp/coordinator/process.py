@@ -1,7 +1,7 @@
 """The coordinator child process (``asyncdp-coordinator``): bind its two listeners, report them, serve.
 
 It gets a :class:`~asyncdp.config.roles.CoordinatorRole`, binds the engine-link and client-link listeners (Unix
-sockets on one node), reports both addresses to the launcher (``CoordinatorListening`` on the control channel;
+sockets on one node, TCP port 0 on the DP address for peers on other nodes), reports both addresses to the launcher (``CoordinatorListening`` on the control channel;
 spec §5.1: the binder reports the real address) once it serves, and runs
 :func:`asyncdp.coordinator.core.serve_coordinator`. Exit codes: 0 after an orderly end or a signal, 1 after a MoE
 teardown, a startup error, or the parent's death. ``Stopping`` from the launcher marks an orderly shutdown.
@@ -19,7 +19,7 @@ from asyncdp import messages as m
 from asyncdp.config.roles import CoordinatorRole
 from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.errors import AsyncDPError
-from asyncdp.transport import listen_links
+from asyncdp.transport import LinkListener, listen_links
 from asyncdp.transport.control import ControlChannel, follow_parent
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,17 @@ def coordinator_config(role: CoordinatorRole) -> CoordinatorConfig:
     )
 
 
+async def _listen(tcp_host: str | None, socket_dir: str, name: str) -> LinkListener:
+    """TCP port 0 on ``tcp_host`` when peers are on other nodes, else a fresh Unix socket (spec §5.1)."""
+    if tcp_host is not None:
+        return await listen_links("tcp", host=tcp_host, name=name)
+    return await listen_links("unix", directory=socket_dir, prefix=f"asyncdp-coord-{name}", name=name)
+
+
 async def run_coordinator_process(role: CoordinatorRole, control: ControlChannel) -> int:
     config = coordinator_config(role)
-    engines = await listen_links("unix", directory=role.socket_dir, prefix="asyncdp-coord-engine", name="engine")
-    clients = await listen_links("unix", directory=role.socket_dir, prefix="asyncdp-coord-client", name="client")
+    engines = await _listen(role.engine_link_host, role.socket_dir, "engine")
+    clients = await _listen(role.client_link_host, role.socket_dir, "client")
     code = 0
     stopping = anyio.Event()  # the launcher announces an orderly shutdown: departures are expected then
     async with anyio.create_task_group() as tg:

@@ -1,7 +1,7 @@
 """The engine child process: handshake with the front-end, build the core, connect links, serve.
 
 Startup (spec §5.3): connect to the handshake address (retrying up to 300 s, E7), send ``Hello``, receive
-``HandshakeInit``, build the engine core off the event loop, connect to every client and to the coordinator
+``HandshakeInit`` (on a hybrid node with ``S > 0``: from the head and from this node's front-end, spec §5.4), build the engine core off the event loop, connect to every client and to the coordinator
 (``Subscribe``, wait for ``CoordinatorReady``), send ``Ready`` to the front-end and ``EngineReady`` to each
 client. Then :class:`~asyncdp.engine.rank.EngineRank` runs until shutdown.
 
@@ -14,7 +14,6 @@ the control channel means the parent died: the rank stops at once (exit 1).
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import signal
@@ -52,19 +51,16 @@ def rank_config(role: EngineRole) -> RankConfig:
 
 
 def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
-    """What must agree across lockstep ranks (spec §5.3), readable, for Ready.config_summary."""
-    from asyncdp.config.flags import parallel_config_summary
+    """What must agree across the ranks of a group (spec §5.3), readable, for Ready.config_summary."""
+    from asyncdp.config.flags import model_identity, parallel_config_summary
     from asyncdp.model import read_model_info
 
     info = read_model_info(cfg.engine.model)
-    config_json = os.path.join(cfg.engine.model, "config.json")
-    with open(config_json, "rb") as f:
-        identity = f"{os.path.basename(os.path.normpath(cfg.engine.model))}@{hashlib.blake2b(f.read(), digest_size=8).hexdigest()}"
     return parallel_config_summary(
-        cfg.engine, model_identity=identity, dp_size=cfg.dp_size, enable_expert_parallel=cfg.enable_expert_parallel,
-        num_experts=info.num_experts, sync_interval=cfg.sync_interval,
-        prefill_schedule_interval=cfg.prefill_schedule_interval, max_model_len=core.max_model_len,
-        protocol_version=m.PROTOCOL_VERSION)
+        cfg.engine, model_identity=model_identity(cfg.engine.model), dp_size=cfg.dp_size,
+        enable_expert_parallel=cfg.enable_expert_parallel, num_experts=info.num_experts,
+        sync_interval=cfg.sync_interval, prefill_schedule_interval=cfg.prefill_schedule_interval,
+        max_model_len=core.max_model_len, protocol_version=m.PROTOCOL_VERSION)
 
 
 async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCore, Any, anyio.CapacityLimiter]:
@@ -123,35 +119,43 @@ async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[i
     return clients, coordinator
 
 
-def _ready(cfg: RankConfig, core: EngineCore) -> m.Ready:
-    """``Ready`` for the front-end; a MoE rank of a DP group carries its configuration hash and summary (E6)."""
+def _ready(cfg: RankConfig, core: EngineCore, *, local: bool, headless: bool) -> m.Ready:
+    """``Ready`` for a front-end; a rank of a DP group carries its configuration hash and summary (E6)."""
     summary: dict[str, Any] = {}
     digest = None
-    if cfg.dp_size > 1 and cfg.is_moe:
+    if cfg.dp_size > 1:
         from asyncdp.config.flags import config_hash
 
         summary = _summary(cfg, core)
         digest = config_hash(summary)
-    return m.Ready(dp_rank=cfg.dp_rank, local=True, headless=False, config_hash=digest, config_summary=summary)
+    return m.Ready(dp_rank=cfg.dp_rank, local=local, headless=headless, config_hash=digest, config_summary=summary)
 
 
-async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
-    """Handshake over ``handshake`` (already connected) and return a connected rank, ready to run."""
-    await handshake.send(
-        m.Hello(
-            protocol_version=m.PROTOCOL_VERSION,
-            dp_rank=cfg.dp_rank,
-            local=True,
-            headless=False,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-        )
-    )
-    init = await handshake.receive()
+async def _hello(cfg: RankConfig, link: Link, *, local: bool, headless: bool, what: str) -> m.HandshakeInit:
+    """Say ``Hello`` on one handshake link and return the front-end's ``HandshakeInit`` (spec §5.3 steps 2-3)."""
+    await link.send(m.Hello(protocol_version=m.PROTOCOL_VERSION, dp_rank=cfg.dp_rank, local=local,
+                            headless=headless, host=socket.gethostname(), pid=os.getpid(),
+                            launcher_pid=os.getppid()))
+    init = await link.receive()
     if isinstance(init, m.HandshakeError):
-        raise StartupError(f"rank {cfg.dp_rank}: the front-end refused the handshake: {init.reason}")
+        raise StartupError(f"rank {cfg.dp_rank}: {what} refused the handshake: {init.reason}")
     if not isinstance(init, m.HandshakeInit):
-        raise StartupError(f"rank {cfg.dp_rank}: expected HandshakeInit, got {type(init).__name__}")
+        raise StartupError(f"rank {cfg.dp_rank}: expected HandshakeInit from {what}, got {type(init).__name__}")
+    return init
+
+
+async def start_rank(cfg: RankConfig, handshake: Link, *, local_handshake: Link | None = None, local: bool = True,
+                     headless: bool = False) -> EngineRank:
+    """Handshake over ``handshake`` (already connected) and return a connected rank, ready to run.
+
+    ``handshake`` leads to the head front-end (rank 0's: the coordinator's addresses, the DP group's rendezvous);
+    ``local_handshake``, on a hybrid node with ``S > 0``, to this node's own front-end, which hands out the client
+    addresses (spec §5.4). ``local``/``headless`` are what ``Hello`` says to the head (E4)."""
+    init = await _hello(cfg, handshake, local=local, headless=headless, what="the front-end")
+    if local_handshake is not None:
+        own = await _hello(cfg, local_handshake, local=True, headless=False, what="this node's front-end")
+        init = m.HandshakeInit(clients=own.clients, coordinator=init.coordinator, dp_group=init.dp_group,
+                               client_count=own.client_count)
 
     set_torch_threads(cfg.engine.torch_threads)
     building_since = time.monotonic()
@@ -159,7 +163,9 @@ async def start_rank(cfg: RankConfig, handshake: Link) -> EngineRank:
     _log_core(cfg, core, time.monotonic() - building_since)
     try:
         clients, coordinator = await _connect_peers(cfg, init)
-        await handshake.send(_ready(cfg, core))
+        await handshake.send(_ready(cfg, core, local=local, headless=headless))
+        if local_handshake is not None:
+            await local_handshake.send(_ready(cfg, core, local=True, headless=False))
         coord_client_addr = init.coordinator.client_addr if init.coordinator else None
         for link in clients.values():
             await link.send(
@@ -209,15 +215,21 @@ async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
 
         tg.start_soon(on_signals)
         tg.start_soon(on_control)
+        local_handshake: Link | None = None
         try:
             with anyio.fail_after(HANDSHAKE_TIMEOUT_S):
                 handshake = await connect_with_retry(addr, timeout_s=HANDSHAKE_TIMEOUT_S, what="the front-end")
+                if role.local_handshake_addr is not None:
+                    addr = role.local_handshake_addr
+                    local_handshake = await connect_with_retry(addr, timeout_s=HANDSHAKE_TIMEOUT_S,
+                                                               what="this node's front-end")
         except TimeoutError:
             log.error("did not receive handshake from the front-end at %s within %.0f s", addr, HANDSHAKE_TIMEOUT_S)
             tg.cancel_scope.cancel()  # a bare return would wait forever for the signal and control tasks
             return 1
         try:
-            rank = await start_rank(cfg, handshake)
+            rank = await start_rank(cfg, handshake, local_handshake=local_handshake, local=role.local,
+                                    headless=role.headless)
             log.info("rank %d ready in %.1f s (max model length %d tokens)", cfg.dp_rank,
                      time.monotonic() - started_at, rank.core.max_model_len)
             await control.send(m.ChildReady(dp_rank=cfg.dp_rank))
@@ -230,6 +242,8 @@ async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
             code = 1
         finally:
             await handshake.aclose()
+            if local_handshake is not None:
+                await local_handshake.aclose()
             if rank is not None:
                 rank.core.shutdown()
         tg.cancel_scope.cancel()

@@ -79,27 +79,45 @@ async def tell(children: list[ChildProcess], msg: m.ControlMessage) -> None:
 
 
 async def publish_process_table(node: RunningNode) -> None:
+    """The deployment's processes and nodes to every API server of this node (``/server_info``)."""
     table = node.process_table()
+    nodes = node.node_rows()
     if node.inproc_client is not None:
         node.inproc_client.processes = [_row_dict(row) for row in table]
+        node.inproc_client.nodes = [_row_dict(row) for row in nodes]
     for ch in node.children:
-        if ch.role == API_SERVER:
-            try:
-                await ch.control.send(m.ProcessTable(processes=table))
-            except (anyio.BrokenResourceError, OSError):
-                pass
+        if ch.role == API_SERVER and not ch.exited.is_set():
+            with anyio.move_on_after(1.0):
+                try:
+                    await ch.control.send(m.ProcessTable(processes=table, nodes=nodes))
+                except _SEND_ERRORS:
+                    pass
 
 
-def _row_dict(row: m.ProcessRow) -> dict[str, object]:
+def _row_dict(row: m.ProcessRow | m.NodeRow) -> dict[str, object]:
     import msgspec
 
     out: dict[str, object] = msgspec.to_builtins(row)
     return out
 
 
+async def _stop_remote_nodes(node: RunningNode, deadline: float) -> None:
+    """``NodeShutdown`` (or ``Teardown`` after a failure) to every headless node; wait until they left."""
+    if not node.remote_nodes:
+        return
+    if node.failure is not None:
+        await tell_nodes(node, m.Teardown(reason=node.failure))
+    else:
+        await tell_nodes(node, m.NodeShutdown(reason="the head received a signal",
+                                              shutdown_timeout=node.plan.shutdown_timeout_s))
+    with anyio.move_on_after(max(0.5, deadline - anyio.current_time())):
+        await wait_nodes_gone(node)
+
+
 async def stop_all(node: RunningNode) -> None:
     """The table's stop order, under one shared deadline (spec §12.5)."""
-    deadline = anyio.current_time() + node.plan.shutdown_timeout_s + SHUTDOWN_GRACE_S
+    timeout_s = node.plan.shutdown_timeout_s if node.stop_deadline_s is None else node.stop_deadline_s
+    deadline = anyio.current_time() + timeout_s + SHUTDOWN_GRACE_S
 
     async def stop_role(role: str) -> None:
         children = [c for c in node.children if c.role == role and not c.exited.is_set()]
@@ -117,17 +135,41 @@ async def stop_all(node: RunningNode) -> None:
     node.api_shutdown.set()
     # The launcher never accepts on the HTTP socket; its copy would keep the port open (connections queue and
     # hang) after every API server stopped accepting. Spec §12.5: a refused connection once the listener closes.
-    node.http_sock.close()
+    if node.http_sock is not None:
+        node.http_sock.close()
     for role in node.table.stop_order:
         if role == API_SERVER:
             await stop_role(API_SERVER)
             if node.inproc_client is not None:
                 with anyio.move_on_after(max(0.5, deadline - anyio.current_time())):
                     await node.inproc_api_done.wait()
+        elif role == ENGINE:
+            async with anyio.create_task_group() as tg:  # this node's engines and every headless node's at once
+                tg.start_soon(stop_role, ENGINE)
+                tg.start_soon(_stop_remote_nodes, node, deadline)
         else:
             await stop_role(role)
+    if ENGINE not in node.table.stop_order:  # an API-only head: the engines are all on headless nodes
+        await _stop_remote_nodes(node, deadline)
     for ch in node.children:
         await ch.control.aclose()
     bad = [c for c in node.children if c.returncode not in (0, None) and c.returncode != -signal.SIGTERM]
     if bad and node.failure is None and not node.started:
         node.failure = "children failed: " + ", ".join(c.describe() for c in bad)
+
+
+async def tell_nodes(node: RunningNode, msg: m.Message) -> None:
+    """Best effort, one second each: ``NodeShutdown`` or ``Teardown`` to every headless node still linked."""
+    for remote in node.remote_nodes:
+        if not remote.closed.is_set():
+            with anyio.move_on_after(1.0):
+                try:
+                    await remote.link.send(msg)
+                except _SEND_ERRORS:
+                    pass
+
+
+async def wait_nodes_gone(node: RunningNode) -> None:
+    """Until every headless node closed its node link (after its engines exited)."""
+    for remote in node.remote_nodes:
+        await remote.closed.wait()

@@ -1,94 +1,126 @@
-"""The head's side of the engine handshake (spec §5.3 steps 2-6) and the MoE configuration agreement (E6).
+"""The front-end's side of the handshake (spec §5.3 steps 2-6, §5.4) and of the node links (§5.7).
 
 Theory of operation
 -------------------
-Each engine connects to the node's handshake listener and says ``Hello``; :func:`handshake` checks it (protocol
-version, rank range, a rank seen twice, the headless flag: E4, E5), answers ``HandshakeInit`` (the client
-addresses, the coordinator's, the DP group's rendezvous) and waits for ``Ready``. For a MoE group,
-:func:`check_config_agreement` compares every rank's configuration summary with rank 0's and names the differing
-fields. The link then stays open for the deployment's life (spec §5.7). A broken or silent handshake during
-startup fails the node with a reason; it never raises into the launcher's task group.
+Every connection to a handshake listener starts with one frame. ``Hello`` is an engine: :func:`handshake` has
+the node's :class:`~asyncdp.launcher.node_book.NodeBook` check it (E4, E5), waits until the addresses
+``HandshakeInit`` carries are all known (``node.init_ready``: the API servers' client listeners, the coordinator's,
+the DP group's rendezvous), answers, and waits for ``Ready`` (E6 through the book). ``NodeHello`` is a headless
+launcher: :func:`serve_node_link` has the book admit it (ranks, configuration), answers ``NodeAccepted`` and keeps
+the link alive with heartbeats both ways until it ends; a lost node is a teardown for a MoE group and a
+degradation for a dense one (its API servers see the engine links end on their own). Both links stay open for the
+deployment's life. A refused or broken handshake during startup fails the node with a reason (the refused side
+gets ``HandshakeError`` with the same reason); it never raises into the launcher's task group.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import os
+import socket
 
 import anyio
 
 from asyncdp import messages as m
 from asyncdp.errors import ProtocolError
-from asyncdp.launcher.node import RunningNode
-from asyncdp.transport import Link
+from asyncdp.launcher.children import publish_process_table
+from asyncdp.launcher.node import RemoteNodeLink, RunningNode
+from asyncdp.launcher.node_book import span
+from asyncdp.transport import LINK_ERRORS, Link
+from asyncdp.transport.heartbeat import keep_link
+
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
 HANDSHAKE_HELLO_TIMEOUT_S = 30.0
 
 
 async def handshake(node: RunningNode, link: Link) -> None:
-    """Handshake with one engine, then keep the link open for the deployment's life."""
+    """Serve one connection to the handshake listener: an engine's handshake or a headless node's node link."""
     try:
-        await _handshake_steps(node, link)
-    except (anyio.EndOfStream, anyio.BrokenResourceError, ProtocolError, TimeoutError) as exc:
+        with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected peer speaks at once
+            first = await link.receive()
+        if isinstance(first, m.NodeHello):
+            await serve_node_link(node, link, first)
+        elif isinstance(first, m.Hello):
+            await _engine_handshake(node, link, first)
+        else:
+            await link.send(m.HandshakeError(reason=f"expected Hello or NodeHello, got {type(first).__name__}"))
+    except (anyio.EndOfStream, ProtocolError, TimeoutError, *LINK_ERRORS) as exc:
         # The engine closed its link (it crashed loading the model, say) or spoke garbage. Its exit is seen by
         # the child watchers; during startup, fail now with a reason instead of crashing the launcher.
         if not node.started:
             node.fail(f"startup failed: the handshake with an engine broke off ({type(exc).__name__}: {exc})")
 
 
-def _hello_problem(node: RunningNode, hello: m.Hello) -> str | None:
-    dp_size = node.plan.dp_size
-    if hello.protocol_version != m.PROTOCOL_VERSION:
-        return f"protocol_version {hello.protocol_version} != {m.PROTOCOL_VERSION}"
-    if not 0 <= hello.dp_rank < dp_size:
-        return f"dp_rank {hello.dp_rank} is outside [0, {dp_size})"
-    if hello.dp_rank in node.connected_ranks:
-        return f"dp_rank {hello.dp_rank} connected twice"
-    if hello.headless:
-        return (f"engine rank {hello.dp_rank} connected with headless=True, but this deployment expects "
-                "headless=False")
-    return None
+def _refuse(node: RunningNode, problem: str) -> None:
+    """A refused peer fails startup; once the deployment serves, the refusal is only logged."""
+    if node.started:
+        log.error("refused a peer: %s", problem)
+    else:
+        node.fail(f"startup failed: {problem}")
 
 
-async def _handshake_steps(node: RunningNode, link: Link) -> None:
-    with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected engine says Hello at once
-        hello = await link.receive()
-    if not isinstance(hello, m.Hello):
-        await link.send(m.HandshakeError(reason=f"expected Hello, got {type(hello).__name__}"))
-        return
-    problem = _hello_problem(node, hello)
+async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> None:
+    book = node.book
+    assert book is not None, "the shell sets the book before it listens"
+    problem = book.admit_engine(hello)
     if problem:
         await link.send(m.HandshakeError(reason=problem))
-        node.fail(f"startup failed: handshake with engine rank {hello.dp_rank}: {problem}")
+        _refuse(node, f"handshake with engine rank {hello.dp_rank}: {problem}")
         return
-    node.connected_ranks.add(hello.dp_rank)
-    await link.send(m.HandshakeInit(clients=node.client_addrs, coordinator=node.coordinator_addrs,
-                                    dp_group=node.dp_group_info, client_count=node.table.client_count))
+    await node.init_ready.wait()  # bounded by the startup deadline; a failed startup cancels it
+    managed = hello.dp_rank in node.plan.deployment.managed_ranks
+    await link.send(m.HandshakeInit(clients=node.client_addrs if managed else [],
+                                    coordinator=node.coordinator_addrs, dp_group=node.dp_group_info,
+                                    client_count=node.table.client_count))
     ready = await link.receive()
     if not isinstance(ready, m.Ready):
         node.fail(f"startup failed: engine rank {hello.dp_rank} sent {type(ready).__name__} instead of Ready")
         return
-    if ready.config_hash is not None:
-        problem = check_config_agreement(node.summaries, hello.dp_rank, ready.config_summary)
-        if problem:
-            node.fail(f"startup failed: {problem}")
-            return
-    node.ready_ranks.add(hello.dp_rank)
+    problem = book.engine_ready(hello.dp_rank, ready.config_hash, ready.config_summary)
+    if problem:
+        with anyio.move_on_after(1.0):
+            await link.send(m.HandshakeError(reason=problem))
+        node.fail(f"startup failed: {problem}")
+        return
+    node.note_ranks_changed()
     async for _ in link:  # the handshake link stays open for the deployment's life (spec §5.7)
         pass
+    book.engine_gone(hello.dp_rank)
 
 
-def check_config_agreement(summaries: dict[int, dict[str, Any]], dp_rank: int,
-                           summary: dict[str, Any]) -> str | None:
-    """E6: record ``dp_rank``'s parallel-configuration summary; return the mismatch message once it (or any rank
-    recorded before rank 0) hashes differently from rank 0's, naming the differing fields. Ranks may report in
-    any order."""
-    from asyncdp.config.flags import config_hash, config_mismatch_message
-
-    summaries[dp_rank] = dict(summary)
-    rank0 = summaries.get(0)
-    if rank0 is None:
-        return None
-    for r in ([dp_rank] if dp_rank != 0 else sorted(r for r in summaries if r != 0)):
-        if config_hash(summaries[r]) != config_hash(rank0):
-            return config_mismatch_message(r, summaries[r], rank0)
-    return None
+async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> None:
+    """The head's side of a headless node's node link: admit, then heartbeats both ways until it ends."""
+    book = node.book
+    assert book is not None, "the shell sets the book before it listens"
+    entry, problem = book.admit_node(hello)
+    if entry is None:
+        with anyio.move_on_after(1.0):
+            await link.send(m.HandshakeError(reason=problem or "refused"))
+        _refuse(node, problem or "a node was refused")
+        return
+    await link.send(m.NodeAccepted(head_host=socket.gethostname(), head_pid=os.getpid()))
+    log.info("%s joined", entry.describe())
+    remote = RemoteNodeLink(entry, link)
+    node.remote_nodes.append(remote)
+    plan = node.plan
+    try:
+        why = await keep_link(link, lambda msg: None, interval_s=plan.heartbeat_interval_s,
+                              timeout_s=plan.heartbeat_timeout_s, sender="head")
+    finally:
+        remote.closed.set()
+    orderly = node.shutdown.is_set() and node.failure is None
+    lost = book.lose_node(entry, orderly=orderly)
+    node.note_ranks_changed()
+    if node.shutdown.is_set():
+        log.info("%s left", entry.describe())
+        return
+    what = (f"lost {entry.describe()}: " + ("its node link closed" if why == "closed" else
+                                            f"no heartbeat for {plan.heartbeat_timeout_s:g} s"))
+    if plan.is_moe:
+        node.fail(f"{what}; the MoE group is torn down")
+    elif not node.started:
+        node.fail(f"startup failed: {what}")
+    else:
+        log.error("%s; %s leave the balancer, the other ranks keep serving", what, span(lost))
+        await publish_process_table(node)

@@ -35,10 +35,12 @@ from asyncdp.config.deployment import ResolvedServeConfig
 from asyncdp.config.roles import LaunchPlan
 from asyncdp.errors import AsyncDPError, StartupError
 from asyncdp.launcher.children import publish_process_table, stop_all
-from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config
+from asyncdp.launcher.headless import start_headless
+from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config, plan_summary
 from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.node_book import NodeBook, span
 from asyncdp.launcher.plan import API_SERVER
-from asyncdp.launcher.startup import run_startup, start_node
+from asyncdp.launcher.startup import head_handshake_addr, run_startup, start_node
 from asyncdp.logs import DrainCounts, serving_line, stopped_line
 from asyncdp.transport.http_socket import reserve_shared_port
 
@@ -50,7 +52,9 @@ def run_serve(config: ResolvedServeConfig) -> int:
     from asyncdp.logs import setup_logging
 
     started_at = time.monotonic()
-    setup_logging(prefix="asyncdp-launcher" if config.deployment.api_server_count > 1 else "APIServer",
+    dep = config.deployment
+    setup_logging(prefix="HeadlessLauncher" if dep.headless else
+                  "asyncdp-launcher" if dep.api_server_count > 1 else "APIServer",
                   level=config.log_level.upper())
     try:
         plan = plan_from_config(config)  # resolves the model: a built-in is generated (or converted) once here
@@ -75,14 +79,15 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
 
     ``started_at``: ``time.monotonic()`` when the command began (default: now), for the startup's total time."""
     started_at = time.monotonic() if started_at is None else started_at
+    headless = plan.deployment.headless
     try:
         import setproctitle
 
-        setproctitle.setproctitle("asyncdp-launcher" if plan.api_server_count > 1 else "asyncdp-api-0")
+        setproctitle.setproctitle("asyncdp-launcher" if plan.api_server_count != 1 else "asyncdp-api-0")
     except ImportError:
         pass
     try:
-        http_sock = _bind_http(plan)
+        http_sock = None if headless else _bind_http(plan)
     except StartupError as exc:
         log.error("%s", exc)
         return 1
@@ -92,34 +97,60 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        http_sock.close()
+        if http_sock is not None:
+            http_sock.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-async def _serve(plan: LaunchPlan, http_sock: socket.socket, tmpdir: str, started_at: float) -> int:
-    node = RunningNode(plan, http_sock, tmpdir, started_at=started_at)
+def _book(plan: LaunchPlan, summary: dict[str, object]) -> NodeBook:
+    dep = plan.deployment
+    return NodeBook(dp_size=dep.dp_size, mode=dep.mode, local_ranks=dep.local_ranks, summary=summary,
+                    host=socket.gethostname(), pid=os.getpid())
+
+
+async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str, started_at: float) -> int:
+    summary = plan_summary(plan)
+    node = RunningNode(plan, http_sock, tmpdir, started_at=started_at, book=_book(plan, summary))
+    headless = node.table.top == "headless"
     async with anyio.create_task_group() as tg:
         tg.start_soon(_watch_signals, node)
-        await run_startup(node, functools.partial(start_node, node, tg))
+        if headless:
+            await run_startup(node, functools.partial(start_headless, node, tg, summary))
+        else:
+            await run_startup(node, functools.partial(start_node, node, tg))
         if not node.shutdown.is_set():
             node.started = True
-            await publish_process_table(node)
-            host, port = node.http_sock.getsockname()[:2]  # the address really bound (port 0 resolved)
-            log.info("%s", serving_line(model=plan.served_model_name, model_path=_shown_model(plan),
-                                        scheme="https" if plan.ssl_certfile else "http", host=host, port=port,
-                                        dp_size=plan.dp_size, api_server_count=plan.api_server_count,
-                                        took_s=time.monotonic() - node.started_at))
+            log.info("%s", _ready_line(node))
+            if not headless:
+                await publish_process_table(node)
         await node.shutdown.wait()
         await stop_all(node)
+        if node.head_link is not None:
+            await node.head_link.aclose()
         tg.cancel_scope.cancel()
     if node.node_table is not None:
         node.node_table.close()
         os.close(node.node_table_fd)
     code = 1 if node.failure is not None or node.inproc_api_code else 0
+    if headless:
+        log.log(logging.INFO if code == 0 else logging.ERROR, "headless node stopped (exit status %d)", code)
+        return code
     counts, unreported = _drain_counts(node)
     log.log(logging.INFO if code == 0 else logging.ERROR, "%s",
             stopped_line(counts, exit_status=code, unreported=unreported))
     return code
+
+
+def _ready_line(node: RunningNode) -> str:
+    plan = node.plan
+    took_s = time.monotonic() - node.started_at
+    if node.http_sock is None:
+        return (f"headless node serving {span(plan.deployment.local_ranks)} of {plan.dp_size} for the head at "
+                f"{head_handshake_addr(node)}; startup took {took_s:.1f} s")
+    host, port = node.http_sock.getsockname()[:2]  # the address really bound (port 0 resolved)
+    return serving_line(model=plan.served_model_name, model_path=_shown_model(plan),
+                        scheme="https" if plan.ssl_certfile else "http", host=host, port=port,
+                        dp_size=plan.dp_size, api_server_count=plan.api_server_count, took_s=took_s)
 
 
 def _shown_model(plan: LaunchPlan) -> str | None:

@@ -16,7 +16,7 @@ from asyncdp.config.flags import default_max_request_body_bytes
 from asyncdp.config.roles import LaunchPlan
 from asyncdp.errors import StartupError
 
-__all__ = ["LaunchPlan", "bind_http_socket", "plan_from_config"]
+__all__ = ["LaunchPlan", "bind_http_socket", "plan_from_config", "plan_summary"]
 
 
 def bind_http_socket(host: str | None, port: int) -> socket.socket:
@@ -32,6 +32,23 @@ def bind_http_socket(host: str | None, port: int) -> socket.socket:
         raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def plan_summary(plan: LaunchPlan) -> dict[str, object]:
+    """What must agree across the launches of one deployment, as ``NodeHello`` carries it (the head compares
+    a headless node's with its own and names the differing fields)."""
+    from asyncdp import messages as m
+    from asyncdp.config.flags import model_identity, parallel_config_summary
+    from asyncdp.model import read_model_info
+
+    dep = plan.deployment
+    info = read_model_info(plan.model_path)
+    return dict(parallel_config_summary(
+        plan.engine, model_identity=model_identity(plan.model_path), dp_size=dep.dp_size,
+        tp_size=dep.tensor_parallel_size, pp_size=dep.pipeline_parallel_size,
+        enable_expert_parallel=dep.enable_expert_parallel, num_experts=info.num_experts,
+        sync_interval=plan.sync_interval, prefill_schedule_interval=plan.prefill_schedule_interval,
+        max_model_len=plan.max_model_len, protocol_version=m.PROTOCOL_VERSION))
 
 
 def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:

@@ -25,17 +25,28 @@ from asyncdp import messages as m
 from asyncdp.apiserver.client import DPClient
 from asyncdp.apiserver.node_table import NodeTable
 from asyncdp.config.roles import LaunchPlan
+from asyncdp.launcher.node_book import NodeBook, NodeEntry
 from asyncdp.launcher.plan import API_SERVER, COORDINATOR, LaunchTable, plan
 from asyncdp.logs import DrainCounts
+from asyncdp.transport import Link
 from asyncdp.transport.control import ChildProcess
 
 log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
 
 @dataclass
+class RemoteNodeLink:
+    """A headless node's node link, held by the head (spec §5.7)."""
+
+    entry: NodeEntry
+    link: Link
+    closed: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass
 class RunningNode:
     plan: LaunchPlan
-    http_sock: socket.socket
+    http_sock: socket.socket | None  # None on a headless node (no HTTP)
     tmpdir: str
     shutdown: anyio.Event = field(default_factory=anyio.Event)
     api_shutdown: anyio.Event = field(default_factory=anyio.Event)
@@ -44,19 +55,29 @@ class RunningNode:
     children: list[ChildProcess] = field(default_factory=list)
     client_addrs: list[m.ClientAddr] = field(default_factory=list)
     coordinator_addrs: m.CoordinatorAddrs | None = None
-    connected_ranks: set[int] = field(default_factory=set)  # said Hello (a second Hello is E5)
-    ready_ranks: set[int] = field(default_factory=set)  # sent Ready
+    book: NodeBook | None = None  # the handshake listener's book of nodes and ranks (set by the shell)
+    init_ready: anyio.Event = field(default_factory=anyio.Event)  # HandshakeInit's addresses are all known
+    ranks_changed: anyio.Event = field(default_factory=anyio.Event)  # a rank became ready or a node was lost
+    remote_nodes: list[RemoteNodeLink] = field(default_factory=list)
+    head_link: Link | None = None  # a headless node's node link to the head
+    stop_deadline_s: float | None = None  # a headless node told to stop: the head's --shutdown-timeout
     inproc_client: DPClient | None = None
     dp_group_info: m.DPGroupInfo | None = None
     rendezvous_store: Any = None  # the torch TCPStore of a MoE DP group; lives as long as the deployment
-    summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
     inproc_api_done: anyio.Event = field(default_factory=anyio.Event)
     inproc_api_code: int = 0
     handshake_addr: str = ""
+    local_handshake_addr: str = ""  # a hybrid node with S > 0: its own engines' listener
     node_table: NodeTable | None = None  # with several API servers: their shared admission/heartbeat table
     node_table_fd: int = -1
     started_at: float = 0.0  # time.monotonic() when `asyncdp serve` began: the startup line's total
     inproc_drain: DrainCounts = field(default_factory=DrainCounts)
+
+    def __post_init__(self) -> None:
+        if self.book is None:  # the shell passes one with the plan's configuration summary (node admission)
+            dep = self.plan.deployment
+            self.book = NodeBook(dp_size=dep.dp_size, mode=dep.mode, local_ranks=dep.local_ranks, summary={},
+                                 host=socket.gethostname(), pid=os.getpid())
 
     @functools.cached_property
     def table(self) -> LaunchTable:
@@ -64,8 +85,14 @@ class RunningNode:
         return plan(self.plan.deployment)
 
     @property
-    def http_port(self) -> int:
+    def http_port(self) -> int | None:
+        if self.http_sock is None:
+            return None
         return self.http_sock.getsockname()[1] if self.http_sock.fileno() != -1 else self.plan.port
+
+    def note_ranks_changed(self) -> None:
+        self.ranks_changed.set()
+        self.ranks_changed = anyio.Event()
 
     def fail(self, reason: str) -> None:
         if self.failure is None and not self.shutdown.is_set():
@@ -74,11 +101,12 @@ class RunningNode:
         self.shutdown.set()
 
     def process_table(self) -> list[m.ProcessRow]:
-        """The node's processes for ``/server_info``: the top process first, then every child."""
+        """The deployment's processes for ``/server_info``: the top process first, then every child, then what the
+        handshake learned of other nodes (their launchers and engines)."""
         host = socket.gethostname()
-        several = self.table.top == "launcher"
-        rows = [m.ProcessRow(role="launcher" if several else "api_server", rank=None,
-                             client_index=None if several else 0, pid=os.getpid(), host=host,
+        top = {"launcher": "launcher", "headless": "headless_launcher"}.get(self.table.top, "api_server")
+        rows = [m.ProcessRow(role=top, rank=None, client_index=0 if top == "api_server" else None,
+                             pid=os.getpid(), host=host,
                              ports={"http": self.http_port, "handshake": self.handshake_addr})]
         for ch in self.children:
             ports: dict[str, int | str | None] = {}
@@ -91,4 +119,19 @@ class RunningNode:
             is_api = ch.role == API_SERVER
             rows.append(m.ProcessRow(role="api_server" if is_api else ch.role, rank=None if is_api else ch.rank,
                                      client_index=ch.rank if is_api else None, pid=ch.pid, host=host, ports=ports))
+        book = self.book
+        if book is not None:
+            for remote in self.remote_nodes:
+                entry = remote.entry
+                rows.append(m.ProcessRow(role="headless_launcher", rank=None, client_index=None,
+                                         pid=entry.pid or 0, host=entry.host, ports={}, node=entry.index))
+            local = set(self.plan.deployment.local_ranks)
+            for rank, hello in sorted(book.connected.items()):
+                if rank not in local:
+                    owner = book.node_of(rank)
+                    rows.append(m.ProcessRow(role="engine", rank=rank, client_index=None, pid=hello.pid,
+                                             host=hello.host, ports={}, node=owner.index if owner else -1))
         return rows
+
+    def node_rows(self) -> list[m.NodeRow]:
+        return self.book.rows() if self.book is not None else []

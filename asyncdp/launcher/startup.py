@@ -18,6 +18,7 @@ turns a startup exception into the node's failure (exit 1).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -30,7 +31,7 @@ from asyncdp.apiserver.client import DPClient
 from asyncdp.apiserver.node_table import NodeTable
 from asyncdp.apiserver.process import api_config, bind_client_listener, serve_api
 from asyncdp.config.roles import api_server_role, coordinator_role, engine_role
-from asyncdp.errors import ChildExited, StartupError
+from asyncdp.errors import ChildExited, StartupError, leaf_exceptions
 from asyncdp.launcher.children import spawn
 from asyncdp.launcher.handshake import handshake
 from asyncdp.launcher.node import RunningNode
@@ -41,6 +42,7 @@ from asyncdp.transport.control import ChildProcess
 log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
 API_LISTENING_TIMEOUT_S = 60.0
+PROGRESS_EVERY_S = 10.0  # "waiting for ..." lines during startup (spec §2.5)
 
 
 async def run_startup(node: RunningNode, start: Callable[[], Awaitable[None]]) -> None:
@@ -69,6 +71,7 @@ async def run_startup(node: RunningNode, start: Callable[[], Awaitable[None]]) -
 async def start_node(node: RunningNode, tg: anyio.abc.TaskGroup) -> None:
     """Perform the table's start order (module docstring)."""
     table = node.table
+    await _bind_handshake(node, tg)
     if table.role(COORDINATOR):
         await _start_coordinator(node, tg, table.role(COORDINATOR)[0])
     inproc_ready: anyio.Event | None = None
@@ -80,16 +83,53 @@ async def start_node(node: RunningNode, tg: anyio.abc.TaskGroup) -> None:
         api_children = await _start_api_children(node, tg, apis)
     if table.rendezvous_here:
         await _host_rendezvous(node)
+    node.init_ready.set()  # every address HandshakeInit carries is known: answer the engines' Hellos
     engines = await _start_engines(node, tg, table.role(ENGINE))
     await _wait_all(node, engines)
+    await _wait_ranks_ready(node)
     if inproc_ready is not None:
         await _wait_inproc_api(node, inproc_ready)
     else:
         await _wait_all(node, api_children)
 
 
+def _tcp_host(node: RunningNode, link_name: str) -> str | None:
+    """The DP address when the table says ``link_name`` is bound on TCP (peers on other nodes), else None."""
+    link = node.table.link(link_name)
+    return link.host if link is not None and link.action == "bind" and link.transport == "tcp" else None
+
+
+async def _bind_handshake(node: RunningNode, tg: anyio.abc.TaskGroup) -> None:
+    """The handshake listener(s) this node hosts, serving at once (spec §5.1, §5.4).
+
+    The head's TCP listener is the user-facing ``--data-parallel-rpc-port``: bound first, so that a busy port
+    fails before any child starts, and open for the deployment's life (engines and headless nodes of other
+    launches may connect before this node's own children are up: their ``Hello`` waits for ``init_ready``). A
+    hybrid node with ``S > 0`` also hosts a Unix listener for its own engines."""
+    for name in ("handshake", "local_handshake"):
+        link = node.table.link(name)
+        if link is None or link.action != "bind":
+            continue
+        if link.transport == "tcp":
+            assert link.host is not None, "a TCP link names its host"
+            try:
+                listener, addr = await listen("tcp", host=link.host, port=link.port)
+            except OSError as exc:
+                raise StartupError(f"cannot listen on {link.host}:{link.port} for the data-parallel handshake "
+                                   f"(--data-parallel-rpc-port): {exc.strerror or exc}") from None
+        else:
+            listener, addr = await listen("unix", directory=node.tmpdir, prefix=f"asyncdp-{name}")
+        if name == "handshake":
+            node.handshake_addr = addr
+        else:
+            node.local_handshake_addr = addr
+        tg.start_soon(serve_links, listener, functools.partial(handshake, node))
+
+
 async def _start_coordinator(node: RunningNode, tg: anyio.abc.TaskGroup, row: ProcessSpec) -> None:
-    coord = await spawn(node, tg, row, coordinator_role(node.plan, socket_dir=node.tmpdir))
+    role = coordinator_role(node.plan, socket_dir=node.tmpdir, engine_link_host=_tcp_host(node, "coordinator_engine"),
+                            client_link_host=_tcp_host(node, "coordinator_client"))
+    coord = await spawn(node, tg, row, role)
     with anyio.fail_after(node.plan.coordinator_startup_timeout_s):
         ev = await coord.wait_event(m.CoordinatorListening)
     node.coordinator_addrs = m.CoordinatorAddrs(engine_addr=ev.engine_addr, client_addr=ev.client_addr)
@@ -102,8 +142,11 @@ def _coordinator_client_addr(node: RunningNode) -> str | None:
 async def _start_inproc_api(node: RunningNode, tg: anyio.abc.TaskGroup, row: ProcessSpec) -> anyio.Event:
     """The single API server runs in the launcher, on the launcher's HTTP socket. Returns its ready event."""
     role = api_server_role(node.plan, 0, managed_ranks=row.managed_ranks,
-                           coordinator_client_addr=_coordinator_client_addr(node), socket_dir=node.tmpdir)
+                           coordinator_client_addr=_coordinator_client_addr(node), socket_dir=node.tmpdir,
+                           client_link_host=_tcp_host(node, "client"))
     cfg = api_config(role)
+    http_sock = node.http_sock
+    assert http_sock is not None, "an API server's node binds its HTTP port first"
     listener, addr = await bind_client_listener(cfg)
     node.client_addrs.append(m.ClientAddr(client_index=0, addr=addr))
     ready = anyio.Event()
@@ -111,7 +154,7 @@ async def _start_inproc_api(node: RunningNode, tg: anyio.abc.TaskGroup, row: Pro
     async def inproc_api() -> None:
         async with anyio.create_task_group() as inner:
             async def run(*, task_status: anyio.abc.TaskStatus[DPClient]) -> None:
-                node.inproc_api_code = await serve_api(cfg, node.http_sock, listener, node.api_shutdown,
+                node.inproc_api_code = await serve_api(cfg, http_sock, listener, node.api_shutdown,
                                                        task_status=task_status, stop_reason=lambda: node.failure,
                                                        drain=node.inproc_drain)
                 node.inproc_api_done.set()
@@ -122,7 +165,10 @@ async def _start_inproc_api(node: RunningNode, tg: anyio.abc.TaskGroup, row: Pro
                 node.inproc_client = await inner.start(run)
             except Exception as exc:  # startup of the API server failed (E9 and friends)
                 node.inproc_api_done.set()
-                node.fail(f"startup failed: {exc}")
+                leaves = leaf_exceptions(exc)
+                if not all(isinstance(e, (StartupError, TimeoutError)) for e in leaves):
+                    log.error("the API server failed to start", exc_info=exc)
+                node.fail("startup failed: " + "; ".join(str(e) or type(e).__name__ for e in leaves))
                 return
             ready.set()
 
@@ -142,7 +188,9 @@ async def _start_api_children(node: RunningNode, tg: anyio.abc.TaskGroup,
         index = row.client_index or 0
         role = api_server_role(node.plan, index, managed_ranks=row.managed_ranks,
                                coordinator_client_addr=_coordinator_client_addr(node), socket_dir=node.tmpdir,
-                               http_shared_port=(node.plan.host, node.http_port), node_table_fd=node.node_table_fd)
+                               client_link_host=_tcp_host(node, "client"),
+                               http_shared_port=(node.plan.host, node.http_port or node.plan.port),
+                               node_table_fd=node.node_table_fd)
         children.append(await spawn(node, tg, row, role, env=env, pass_fds=(node.node_table_fd,)))
     for child in children:
         with anyio.fail_after(API_LISTENING_TIMEOUT_S):
@@ -152,30 +200,39 @@ async def _start_api_children(node: RunningNode, tg: anyio.abc.TaskGroup,
 
 
 async def _host_rendezvous(node: RunningNode) -> None:
-    """A MoE group's torch.distributed rendezvous, hosted here on port 0 (spec §5.5)."""
+    """A MoE group's torch.distributed rendezvous, hosted here on the DP address, port 0 (spec §5.5)."""
     from asyncdp.model.distributed import dp_backend, host_rendezvous_store
 
     plan = node.plan
-    host = "127.0.0.1"
+    host = plan.deployment.data_parallel_address
     node.rendezvous_store, store_port = await anyio.to_thread.run_sync(host_rendezvous_store, host)
     device = "cuda" if plan.engine.device == "cuda" else "cpu"
     node.dp_group_info = m.DPGroupInfo(master_addr=host, master_port=store_port, dp_size=plan.dp_size,
                                        backend=dp_backend(device))
 
 
+def engine_threads(plan_local_engines: int) -> int:
+    """Torch threads per engine: the cores divided among this node's engines (spec §5.5)."""
+    return max(1, (os.cpu_count() or 1) // max(1, plan_local_engines))
+
+
+def head_handshake_addr(node: RunningNode) -> str:
+    """Where this node's engines find the head front-end: its own listener, or the head's rpc port."""
+    link = node.table.link("handshake")
+    if link is not None and link.action == "connect":
+        return f"tcp:{link.host}:{link.port}"
+    return node.handshake_addr
+
+
 async def _start_engines(node: RunningNode, tg: anyio.abc.TaskGroup,
                          rows: tuple[ProcessSpec, ...]) -> list[ChildProcess]:
-    """The handshake listener, then one engine per row; each engine's handshake runs in the node's task group."""
-    link = node.table.link("handshake")
-    if link is None or link.action != "bind" or link.transport != "unix":  # the CLI refuses the other modes
-        raise StartupError(f"this build cannot host a {link.transport if link else 'missing'} handshake listener")
-    hs_listener, node.handshake_addr = await listen("unix", directory=node.tmpdir, prefix="asyncdp-handshake")
-    tg.start_soon(serve_links, hs_listener, lambda link: handshake(node, link))
-    threads = max(1, (os.cpu_count() or 1) // node.plan.dp_size)
+    """One engine per row, each told where the head's (and on a hybrid node, its own) handshake listener is."""
+    threads = engine_threads(len(rows))
     engines = []
     for row in rows:
         assert row.dp_rank is not None, "an engine row has a rank"
-        role = engine_role(node.plan, row.dp_rank, handshake_addr=node.handshake_addr, torch_threads=threads)
+        role = engine_role(node.plan, row.dp_rank, handshake_addr=head_handshake_addr(node), torch_threads=threads,
+                           local_handshake_addr=node.local_handshake_addr or None)
         engines.append(await spawn(node, tg, row, role))
     return engines
 
@@ -184,6 +241,27 @@ async def _wait_all(node: RunningNode, children: list[ChildProcess]) -> None:
     with anyio.fail_after(node.plan.engine_ready_timeout_s):
         for child in children:
             await child.wait_event(m.ChildReady)
+
+
+async def _wait_ranks_ready(node: RunningNode) -> None:
+    """The head front-end (the owner of the TCP handshake listener) is ready only when every rank of the
+    deployment sent ``Ready``, local or remote (spec §5.3 step 8). Logs what it waits for every 10 s; E9 at
+    ``--engine-ready-timeout-s``."""
+    link = node.table.link("handshake")
+    book = node.book
+    if link is None or link.action != "bind" or link.transport != "tcp" or book is None:
+        return
+    deadline = anyio.current_time() + node.plan.engine_ready_timeout_s
+    while book.missing():
+        now = anyio.current_time()
+        if now >= deadline:
+            raise StartupError(f"{book.waiting_line()} within --engine-ready-timeout-s "
+                               f"({node.plan.engine_ready_timeout_s:g} s)")
+        changed = node.ranks_changed
+        with anyio.move_on_after(min(PROGRESS_EVERY_S, deadline - now)) as waited:
+            await changed.wait()
+        if waited.cancelled_caught and book.missing():
+            log.info("waiting for the deployment's ranks: %s", book.waiting_line())
 
 
 async def _wait_inproc_api(node: RunningNode, ready: anyio.Event) -> None:

@@ -1,4 +1,5 @@
-"""The one heartbeat sender: every role that must look alive to a peer runs :func:`send_heartbeats` in a task.
+"""The one heartbeat sender: every role that must look alive to a peer runs :func:`send_heartbeats` in a task;
+:func:`keep_link` is both halves for a link that exists only to say "alive" (the node links of spec §5.7).
 
 The receiving side is :class:`asyncdp.dp.liveness.Liveness` (any frame counts, not only heartbeats); this side
 only has to make sure a frame goes out at least every ``interval_s``. ``send`` is the role's own way to deliver
@@ -12,8 +13,9 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from asyncdp.messages import Heartbeat
-from asyncdp.transport.links import LINK_ERRORS
+from asyncdp.dp.liveness import Liveness
+from asyncdp.messages import Heartbeat, Message
+from asyncdp.transport.links import LINK_ERRORS, Link
 
 
 async def send_heartbeats(send: Callable[[Heartbeat], Awaitable[None] | None], interval_s: float,
@@ -33,3 +35,37 @@ async def send_heartbeats(send: Callable[[Heartbeat], Awaitable[None] | None], i
                 await pending
         except LINK_ERRORS:
             pass
+
+
+async def keep_link(link: Link, on_message: Callable[[Message], bool | None], *, interval_s: float,
+                    timeout_s: float, sender: str) -> str:
+    """Keep a liveness link (spec §5.7): heartbeat on it every ``interval_s`` and read it until it ends.
+
+    Every frame counts as a sign of life (:class:`~asyncdp.dp.liveness.Liveness`); ``on_message(msg)`` gets each
+    frame that is not a heartbeat and may return True to stop following. Returns why it ended: ``"closed"`` (EOF
+    or a broken link: the peer's process ended), ``"silent"`` (nothing heard for ``timeout_s``: host or network
+    lost) or ``"done"`` (``on_message`` said so). The link stays open; the caller closes it.
+    """
+    liveness = Liveness(timeout_s, anyio.current_time())
+
+    async def beat(msg: Heartbeat) -> None:
+        with anyio.move_on_after(timeout_s):  # a full link to a silent peer: skip a beat
+            await link.send(msg)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(send_heartbeats, beat, interval_s, sender)
+        try:
+            while True:
+                with anyio.move_on_at(liveness.deadline_s()):
+                    try:
+                        msg = await link.receive()
+                    except (anyio.EndOfStream, *LINK_ERRORS):
+                        return "closed"
+                    liveness.heard(anyio.current_time())
+                    if not isinstance(msg, Heartbeat) and on_message(msg):
+                        return "done"
+                    continue
+                return "silent"
+        finally:
+            tg.cancel_scope.cancel()
+    return "closed"  # not reached: the loop returns (mypy cannot tell that a task group re-raises)

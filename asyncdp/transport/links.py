@@ -185,9 +185,12 @@ async def connect_with_retry(
 
 
 async def listen(
-    kind: str, *, host: str = "127.0.0.1", directory: str | None = None, prefix: str = "asyncdp"
+    kind: str, *, host: str = "127.0.0.1", port: int = 0, directory: str | None = None, prefix: str = "asyncdp"
 ) -> tuple[anyio.abc.Listener[anyio.abc.SocketStream], str]:
-    """Bind a fresh listener (``kind`` is "unix" or "tcp") and return it with its real address."""
+    """Bind a fresh listener (``kind`` is "unix" or "tcp") and return it with its real address.
+
+    TCP binds ``port`` 0 (the kernel picks) unless the port is user-facing (``--data-parallel-rpc-port``); a
+    busy port raises :class:`OSError` as the socket layer reports it."""
     if kind == "unix":
         directory = directory or tempfile.gettempdir()
         fd, path = tempfile.mkstemp(prefix=f"{prefix}-", suffix=".sock", dir=directory)
@@ -196,9 +199,12 @@ async def listen(
         listener = await anyio.create_unix_listener(path)
         return listener, f"unix:{path}"
     if kind == "tcp":
-        tcp = await anyio.create_tcp_listener(local_host=host, local_port=0)
+        multi = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        # One address, one socket: the plain listener (it has accept(), which the engine links' reader uses).
+        tcp = multi.listeners[0] if len(multi.listeners) == 1 else multi
         sockname = tcp.extra(anyio.abc.SocketAttribute.local_address)
-        return tcp, f"tcp:{sockname[0]}:{sockname[1]}"
+        host_part = f"[{sockname[0]}]" if ":" in str(sockname[0]) else sockname[0]
+        return tcp, f"tcp:{host_part}:{sockname[1]}"
     raise ValueError(f"unknown listener kind {kind!r}")
 
 

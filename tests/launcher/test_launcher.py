@@ -14,10 +14,10 @@ from asyncdp.config.deployment import resolve
 from asyncdp.config.flags import EngineConfig, ServeConfig, parallel_config_summary
 from asyncdp.config.roles import LaunchPlan, coordinator_role
 from asyncdp.errors import StartupError
-from asyncdp.launcher.handshake import check_config_agreement
 from asyncdp.launcher.handshake import handshake as _handshake
 from asyncdp.launcher.launch_plan import bind_http_socket
 from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.node_book import check_config_agreement
 from asyncdp.launcher.startup import run_startup as _run_startup
 from asyncdp.transport import memory_link_pair
 
@@ -32,7 +32,9 @@ def launch_plan(tmp_path, *, dp_size: int = 2, is_moe: bool = False, **fields) -
 @pytest.fixture
 def deployment(tmp_path):
     sock = socket.socket()
-    yield RunningNode(launch_plan(tmp_path), sock, str(tmp_path))
+    node = RunningNode(launch_plan(tmp_path), sock, str(tmp_path))
+    node.init_ready.set()  # the addresses HandshakeInit carries are known (none in these tests)
+    yield node
     sock.close()
 
 
@@ -52,7 +54,7 @@ async def test_engine_closing_link_before_ready_fails_startup_instead_of_raising
     await launcher_end.aclose()
     assert deployment.shutdown.is_set()
     assert deployment.failure is not None and "handshake" in deployment.failure
-    assert 0 not in deployment.ready_ranks
+    assert deployment.book is not None and 0 not in deployment.book.ready
 
 
 @pytest.mark.trio

@@ -51,10 +51,10 @@ def spawned(monkeypatch):
     return calls
 
 
-def node_for(cmd: str, tmp_path, sock: socket.socket) -> RunningNode:
+def node_for(cmd: str, tmp_path, sock: socket.socket, **plan_fields) -> RunningNode:
     config = build_serve_config(shlex.split(cmd), env={}, model_facts=lambda _name: Facts())
     plan = LaunchPlan(engine=EngineConfig(executor="sim"), served_model_name="m", model_path=str(tmp_path),
-                      deployment=config.deployment)
+                      deployment=config.deployment, **plan_fields)
     return RunningNode(plan, sock, str(tmp_path))
 
 
@@ -83,19 +83,71 @@ async def test_internal_node_starts_coordinator_api_servers_then_engines_with_th
                                                         client_addr="unix:/coord-client")
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.mark.anyio
-async def test_hybrid_node_api_servers_manage_only_local_ranks_and_the_shell_refuses_a_tcp_handshake(
-        tmp_path, spawned):
+async def test_hybrid_head_binds_the_rpc_port_and_waits_for_every_rank_of_the_deployment(tmp_path, spawned):
     import anyio
 
+    rpc = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        node = node_for("-dp 4 -dpl 2 -dpr 0 --api-server-count 2", tmp_path, sock)
+        node = node_for(f"-dp 4 -dpl 2 -dpr 0 --api-server-count 2 -dpa 127.0.0.1 -dpp {rpc}", tmp_path, sock,
+                        engine_ready_timeout_s=0.3)
         async with anyio.create_task_group() as tg:
-            with pytest.raises(StartupError, match="tcp handshake listener"):  # this build: Unix only, for now
+            # No engine connects (the children are fakes): the head names the ranks it still waits for (E9).
+            with pytest.raises(StartupError, match=r"ranks 0\.\.3 not connected yet"):
                 await startup.start_node(node, tg)
+            tg.cancel_scope.cancel()  # the handshake listener's task
         if node.node_table is not None:
             node.node_table.close()
+    assert node.handshake_addr == f"tcp:127.0.0.1:{rpc}"  # the user-facing rpc port, on the DP address
     apis = [config for _, config in spawned if isinstance(config, ApiServerRole)]
     assert [a.managed_ranks for a in apis] == [(0, 1), (0, 1)]  # the deployment's, not range(dp_size)
-    assert not [config for _, config in spawned if isinstance(config, EngineRole)]
+    engines = [config for _, config in spawned if isinstance(config, EngineRole)]
+    assert [(e.dp_rank, e.handshake_addr, e.local_handshake_addr) for e in engines] == [
+        (0, f"tcp:127.0.0.1:{rpc}", None), (1, f"tcp:127.0.0.1:{rpc}", None)]
+
+
+@pytest.mark.anyio
+async def test_hybrid_node_s_gt_0_engines_join_the_head_and_their_own_front_end(tmp_path, spawned):
+    import anyio
+
+    rpc = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        node = node_for(f"-dp 4 -dpl 2 -dpr 2 -dph -dpa 127.0.0.1 -dpp {rpc} --api-server-count 2", tmp_path, sock)
+        async with anyio.create_task_group() as tg:
+            await startup.start_node(node, tg)
+            tg.cancel_scope.cancel()  # the local handshake listener's task
+        if node.node_table is not None:
+            node.node_table.close()
+    assert [row.name for row, _ in spawned] == ["asyncdp-api-0", "asyncdp-api-1", "asyncdp-engine-dp2",
+                                                "asyncdp-engine-dp3"]  # no coordinator: the head hosts it
+    apis = [config for _, config in spawned if isinstance(config, ApiServerRole)]
+    assert [(a.managed_ranks, a.coordinator_client_addr) for a in apis] == [((2, 3), None), ((2, 3), None)]
+    engines = [config for _, config in spawned if isinstance(config, EngineRole)]
+    assert node.handshake_addr == "" and node.local_handshake_addr.startswith("unix:")
+    assert [(e.dp_rank, e.handshake_addr, e.local_handshake_addr, e.local, e.headless) for e in engines] == [
+        (2, f"tcp:127.0.0.1:{rpc}", node.local_handshake_addr, False, False),
+        (3, f"tcp:127.0.0.1:{rpc}", node.local_handshake_addr, False, False)]
+
+
+@pytest.mark.anyio
+async def test_a_busy_rpc_port_fails_startup_naming_the_flag(tmp_path, spawned):
+    import anyio
+
+    with socket.socket() as busy, socket.socket() as sock:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        rpc = busy.getsockname()[1]
+        sock.bind(("127.0.0.1", 0))
+        node = node_for(f"-dp 4 -dpl 2 -dpa 127.0.0.1 -dpp {rpc} --api-server-count 2", tmp_path, sock)
+        async with anyio.create_task_group() as tg:
+            with pytest.raises(StartupError, match=f"127.0.0.1:{rpc} .*--data-parallel-rpc-port"):
+                await startup.start_node(node, tg)
+    assert spawned == []  # before any child

@@ -1,0 +1,115 @@
+"""A headless node: engines only, joined to the head over a node link (spec §3.4, §5.7, §12.5, §13).
+
+Theory of operation
+-------------------
+A headless launcher has no HTTP port, no API server and no coordinator. :func:`join_head` connects to the head's
+handshake listener (``--data-parallel-address:--data-parallel-rpc-port``), retrying until
+``--engine-ready-timeout-s`` and logging what it waits for every 10 s, so launch order does not matter; it says
+``NodeHello`` (its ranks and its parallel configuration) and waits for ``NodeAccepted``. A ``HandshakeError``
+(overlapping ranks, a configuration that differs from the head's: the fields are named) fails the node before
+any engine starts. :func:`start_headless` then spawns the local engines, which handshake with the head
+themselves, and waits for them. :func:`follow_head` keeps the node link alive with heartbeats both ways:
+``NodeShutdown`` is an orderly end (the engines drain, exit 0), ``Teardown`` and the link's loss (EOF, or no
+heartbeat for ``--dp-heartbeat-timeout-s``: the head's tree died or its host is gone) stop the engines (signal,
+grace, kill) and exit 1, with a log line saying so. vLLM's headless nodes never notice a lost head.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import anyio
+import anyio.abc
+
+from asyncdp import messages as m
+from asyncdp.config.roles import engine_role
+from asyncdp.errors import StartupError
+from asyncdp.launcher.children import spawn
+from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.node_book import span
+from asyncdp.launcher.plan import ENGINE
+from asyncdp.launcher.startup import engine_threads, head_handshake_addr
+from asyncdp.transport import LINK_ERRORS, Link, connect_with_retry
+from asyncdp.transport.heartbeat import keep_link
+
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
+
+NODE_ACCEPT_TIMEOUT_S = 30.0
+
+
+async def join_head(node: RunningNode, summary: dict[str, object]) -> Link:
+    """Connect the node link, say ``NodeHello``, and return the link once the head accepted this node."""
+    plan = node.plan
+    dep = plan.deployment
+    addr = head_handshake_addr(node)
+    ranks = span(dep.local_ranks)
+    try:
+        link = await connect_with_retry(addr, timeout_s=plan.engine_ready_timeout_s,
+                                        what=f"the head front-end (this headless node brings {ranks})")
+    except TimeoutError:
+        raise StartupError(f"no head front-end listening at {addr} (--data-parallel-address/"
+                           f"--data-parallel-rpc-port) within --engine-ready-timeout-s "
+                           f"({plan.engine_ready_timeout_s:g} s)") from None
+    try:
+        await link.send(m.NodeHello(start_rank=dep.dp_start_rank, size_local=dep.dp_size_local,
+                                    host=socket.gethostname(), pid=os.getpid(), protocol_version=m.PROTOCOL_VERSION,
+                                    config_summary=dict(summary)))
+        with anyio.fail_after(NODE_ACCEPT_TIMEOUT_S):
+            answer = await link.receive()
+    except (anyio.EndOfStream, TimeoutError, *LINK_ERRORS) as exc:
+        await link.aclose()
+        raise StartupError(f"the head at {addr} did not answer this node's NodeHello ({type(exc).__name__})") from None
+    if isinstance(answer, m.HandshakeError):
+        await link.aclose()
+        raise StartupError(f"the head at {addr} refused this node: {answer.reason}")
+    if not isinstance(answer, m.NodeAccepted):
+        await link.aclose()
+        raise StartupError(f"the head at {addr} answered NodeHello with {type(answer).__name__}")
+    log.info("joined the head at %s (%s, pid %d) with %s", addr, answer.head_host, answer.head_pid, ranks)
+    return link
+
+
+async def start_headless(node: RunningNode, tg: anyio.abc.TaskGroup, summary: dict[str, object]) -> None:
+    """Join the head, then start this node's engines and wait until every one is ready."""
+    node.head_link = await join_head(node, summary)
+    tg.start_soon(follow_head, node, node.head_link)
+    rows = node.table.role(ENGINE)
+    threads = engine_threads(len(rows))
+    engines = []
+    for row in rows:
+        assert row.dp_rank is not None, "an engine row has a rank"
+        role = engine_role(node.plan, row.dp_rank, handshake_addr=head_handshake_addr(node), torch_threads=threads)
+        engines.append(await spawn(node, tg, row, role))
+    with anyio.fail_after(node.plan.engine_ready_timeout_s):
+        for child in engines:
+            await child.wait_event(m.ChildReady)
+
+
+async def follow_head(node: RunningNode, link: Link) -> None:
+    """The node link, for the node's life: an orderly stop, a teardown, or the loss of the head."""
+    plan = node.plan
+    head = head_handshake_addr(node)
+
+    def on_message(msg: m.Message) -> bool:
+        if isinstance(msg, m.NodeShutdown):
+            log.info("the head at %s shuts the deployment down (%s): stopping this node's engines", head,
+                     msg.reason)
+            node.stop_deadline_s = msg.shutdown_timeout
+            node.shutdown.set()  # keep heartbeating until this node closes the link, its engines gone
+            return False
+        if isinstance(msg, m.Teardown):
+            node.fail(f"the head at {head} tore the deployment down: {msg.reason}")
+            return True
+        if isinstance(msg, m.HandshakeError):
+            node.fail(f"the head at {head} refused this node: {msg.reason}")
+            return True
+        return False
+
+    why = await keep_link(link, on_message, interval_s=plan.heartbeat_interval_s,
+                          timeout_s=plan.heartbeat_timeout_s, sender=f"node-{plan.deployment.dp_start_rank}")
+    if why == "done" or node.shutdown.is_set():
+        return
+    what = "its node link closed" if why == "closed" else f"no heartbeat for {plan.heartbeat_timeout_s:g} s"
+    node.fail(f"lost the head front-end at {head} ({what}): stopping this node's engines")

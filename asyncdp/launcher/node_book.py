@@ -1,0 +1,191 @@
+"""The head's book of the deployment's nodes and ranks: who may join, who is ready, who is lost. Pure.
+
+Theory of operation
+-------------------
+The head front-end (the owner of rank 0) hosts the handshake listener every engine of the deployment joins, and
+headless launchers open their node link on it (spec §5.3, §5.4, §5.7). :class:`NodeBook` decides, without any
+I/O, what each arrival means:
+
+* :meth:`NodeBook.admit_node` checks a ``NodeHello``: the protocol version, that headless nodes belong to an
+  internal-LB deployment, that the node's ranks lie in ``[0, N)`` and overlap no other node's (this node's own
+  ranks included), and that its parallel configuration equals the head's (the differing fields are named);
+* :meth:`NodeBook.admit_engine` checks an engine's ``Hello`` (E4, E5): protocol version, rank range, a rank seen
+  twice, local vs remote, the headless flag the mode expects, and, in internal mode, that a remote rank comes
+  from an admitted headless node;
+* :meth:`NodeBook.engine_ready` records ``Ready`` and checks the configuration agreement with rank 0 (E6);
+* :meth:`NodeBook.lose_node` marks a node lost and names its ranks; :meth:`NodeBook.missing` lists the ranks not
+  ready yet (the startup progress line), :meth:`NodeBook.rows` the nodes for ``/server_info``.
+
+Every check returns a problem string (the message both sides log) or None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncdp.config.flags import config_hash, config_mismatch_message, summary_differences
+from asyncdp.messages import PROTOCOL_VERSION, Hello, NodeHello, NodeRow
+
+
+def span(ranks: list[int] | tuple[int, ...] | range) -> str:
+    """``[2, 3]`` -> ``"ranks 2..3"``; one rank -> ``"rank 2"``; none -> ``"no ranks"``."""
+    ranks = sorted(ranks)
+    if not ranks:
+        return "no ranks"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}..{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def check_config_agreement(summaries: dict[int, dict[str, Any]], dp_rank: int,
+                           summary: Mapping[str, Any]) -> str | None:
+    """E6: record ``dp_rank``'s parallel-configuration summary; return the mismatch message once it (or any rank
+    recorded before rank 0) hashes differently from rank 0's, naming the differing fields. Ranks may report in
+    any order."""
+    summaries[dp_rank] = dict(summary)
+    rank0 = summaries.get(0)
+    if rank0 is None:
+        return None
+    for r in ([dp_rank] if dp_rank != 0 else sorted(r for r in summaries if r != 0)):
+        if config_hash(summaries[r]) != config_hash(rank0):
+            return config_mismatch_message(r, summaries[r], rank0)
+    return None
+
+
+@dataclass
+class NodeEntry:
+    """One launch of the deployment as the head knows it."""
+
+    index: int  # 0: the head itself; remote nodes count from 1 in the order they joined
+    role: str  # "head" | "headless" | "hybrid"
+    host: str
+    pid: int | None  # its launcher's pid (None: not known yet)
+    ranks: list[int]
+    state: str = "alive"  # "alive" | "lost" | "stopped"
+
+    def describe(self) -> str:
+        where = f"{self.host}, pid {self.pid}" if self.pid else self.host
+        return f"the {self.role} node with {span(self.ranks)} ({where})"
+
+
+@dataclass
+class NodeBook:
+    dp_size: int
+    mode: str  # the head's mode: "internal" | "hybrid" | "external" | "single"
+    local_ranks: tuple[int, ...]  # the head's own engines
+    summary: Mapping[str, Any]  # the head's parallel configuration (parallel_config_summary)
+    host: str = "127.0.0.1"
+    pid: int | None = None
+    nodes: list[NodeEntry] = field(default_factory=list)
+    connected: dict[int, Hello] = field(default_factory=dict)  # rank -> its Hello
+    ready: set[int] = field(default_factory=set)
+    summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            self.nodes.append(NodeEntry(0, "head", self.host, self.pid, list(self.local_ranks)))
+
+    # ------------------------------------------------------------------ arrivals
+
+    def admit_node(self, hello: NodeHello) -> tuple[NodeEntry | None, str | None]:
+        """A headless launcher's ``NodeHello``: its entry, or the reason it is refused."""
+        ranks = list(range(hello.start_rank, hello.start_rank + hello.size_local))
+        who = f"the headless node with {span(ranks)} ({hello.host}, pid {hello.pid})"
+        if hello.protocol_version != PROTOCOL_VERSION:
+            return None, f"{who} speaks protocol_version {hello.protocol_version}, the head {PROTOCOL_VERSION}"
+        if self.mode != "internal":
+            return None, (f"{who} joined a {self.mode}-LB deployment; headless nodes belong to internal-LB "
+                          "deployments (drop --headless and give that node its own API endpoint)")
+        if not ranks or ranks[0] < 0 or ranks[-1] >= self.dp_size:
+            return None, f"{who} is outside the deployment's ranks [0, {self.dp_size})"
+        for node in self.nodes:
+            if node.state != "lost" and (taken := sorted(set(ranks) & set(node.ranks))):
+                return None, f"{who} overlaps {node.describe()} in {span(taken)}"
+        diffs = summary_differences(hello.config_summary, self.summary)
+        if diffs:
+            return None, f"configuration mismatch: {who} differs from the head in {', '.join(diffs)}"
+        entry = NodeEntry(len(self.nodes), "headless", hello.host, hello.pid, ranks)
+        self.nodes.append(entry)
+        return entry, None
+
+    def admit_engine(self, hello: Hello) -> str | None:
+        """An engine's ``Hello`` (E4, E5): None when it may join."""
+        r = hello.dp_rank
+        if hello.protocol_version != PROTOCOL_VERSION:
+            return f"engine rank {r}: protocol_version {hello.protocol_version} != {PROTOCOL_VERSION}"
+        if not 0 <= r < self.dp_size:
+            return f"engine rank {r}: dp_rank {r} is outside [0, {self.dp_size})"
+        if r in self.connected:
+            first = self.connected[r]
+            return (f"engine rank {r}: dp_rank {r} connected twice (first from {first.host}, pid {first.pid}; "
+                    f"again from {hello.host}, pid {hello.pid})")
+        is_local = r in self.local_ranks
+        if hello.local != is_local:
+            return (f"engine rank {r}: connected with local={hello.local}, but rank {r} runs "
+                    f"{'on the head' if is_local else 'on another node'}")
+        expect_headless = not is_local and self.mode == "internal"
+        if hello.headless != expect_headless:
+            return (f"engine rank {r} connected with headless={hello.headless}, but this deployment expects "
+                    f"headless={expect_headless} (use --headless only on engine-only nodes of internal-LB "
+                    "deployments)")
+        if expect_headless and self.node_of(r) is None:
+            return f"engine rank {r}: no admitted headless node brings rank {r}"
+        self.connected[r] = hello
+        if not is_local and self.mode != "internal":  # a hybrid/external node: known only through its engines
+            self._note_remote_engine(hello)
+        return None
+
+    def engine_ready(self, dp_rank: int, config_hash_: str | None, summary: Mapping[str, Any]) -> str | None:
+        """``Ready`` from ``dp_rank``: None, or the E6 mismatch once its configuration differs from rank 0's."""
+        if config_hash_ is not None:
+            problem = check_config_agreement(self.summaries, dp_rank, summary)
+            if problem:
+                return problem
+        self.ready.add(dp_rank)
+        return None
+
+    def engine_gone(self, dp_rank: int) -> None:
+        """The rank's handshake link closed (its process ended)."""
+        self.ready.discard(dp_rank)
+
+    # ------------------------------------------------------------------ views
+
+    def node_of(self, dp_rank: int) -> NodeEntry | None:
+        return next((n for n in self.nodes if dp_rank in n.ranks and n.state != "lost"), None)
+
+    def lose_node(self, entry: NodeEntry, *, orderly: bool = False) -> list[int]:
+        """Mark ``entry`` lost (or stopped, after ``NodeShutdown``); return its ranks."""
+        entry.state = "stopped" if orderly else "lost"
+        for r in entry.ranks:
+            self.ready.discard(r)
+        return list(entry.ranks)
+
+    def missing(self) -> list[int]:
+        """Ranks of the deployment that did not send ``Ready`` yet."""
+        return [r for r in range(self.dp_size) if r not in self.ready]
+
+    def waiting_line(self) -> str:
+        """What startup still waits for, for the progress log every 10 s."""
+        missing = self.missing()
+        absent = [r for r in missing if r not in self.connected]
+        parts = [f"{span(missing)} not ready"]
+        if absent:
+            parts.append(f"{span(absent)} not connected yet")
+        return "; ".join(parts)
+
+    def rows(self) -> list[NodeRow]:
+        return [NodeRow(node=n.index, role=n.role, host=n.host, pid=n.pid, ranks=list(n.ranks), state=n.state)
+                for n in self.nodes]
+
+    def _note_remote_engine(self, hello: Hello) -> None:
+        """Group a hybrid node's engines by their launcher (the parent pid their ``Hello`` names)."""
+        for node in self.nodes[1:]:
+            if node.role == "hybrid" and node.host == hello.host and node.pid == (hello.launcher_pid or None):
+                node.ranks = sorted({*node.ranks, hello.dp_rank})
+                return
+        self.nodes.append(NodeEntry(len(self.nodes), "hybrid", hello.host, hello.launcher_pid or None,
+                                    [hello.dp_rank]))
