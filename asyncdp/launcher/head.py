@@ -37,7 +37,7 @@ from asyncdp.errors import AsyncDPError, StartupError
 from asyncdp.launcher.children import publish_process_table, stop_all
 from asyncdp.launcher.headless import start_headless
 from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config, plan_summary
-from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.node import RunningNode, node_role
 from asyncdp.launcher.node_book import NodeBook, span
 from asyncdp.launcher.plan import API_SERVER
 from asyncdp.launcher.startup import head_handshake_addr, run_startup, start_node
@@ -105,7 +105,7 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
 def _book(plan: LaunchPlan, summary: dict[str, object]) -> NodeBook:
     dep = plan.deployment
     return NodeBook(dp_size=dep.dp_size, mode=dep.mode, local_ranks=dep.local_ranks, summary=summary,
-                    host=socket.gethostname(), pid=os.getpid())
+                    host=socket.gethostname(), pid=os.getpid(), role=node_role(dep))
 
 
 async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str, started_at: float) -> int:

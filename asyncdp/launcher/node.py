@@ -24,6 +24,7 @@ import anyio
 from asyncdp import messages as m
 from asyncdp.apiserver.client import DPClient
 from asyncdp.apiserver.node_table import NodeTable
+from asyncdp.config.deployment import DeploymentConfig
 from asyncdp.config.roles import LaunchPlan
 from asyncdp.launcher.node_book import NodeBook, NodeEntry
 from asyncdp.launcher.plan import API_SERVER, COORDINATOR, LaunchTable, plan
@@ -32,6 +33,13 @@ from asyncdp.transport import Link
 from asyncdp.transport.control import ChildProcess
 
 log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
+
+
+def node_role(dep: DeploymentConfig) -> str:
+    """This launch's role among the deployment's nodes: the head owns rank 0's front-end."""
+    if dep.headless:
+        return "headless"
+    return "head" if dep.dp_start_rank == 0 else dep.mode
 
 
 @dataclass
@@ -77,7 +85,7 @@ class RunningNode:
         if self.book is None:  # the shell passes one with the plan's configuration summary (node admission)
             dep = self.plan.deployment
             self.book = NodeBook(dp_size=dep.dp_size, mode=dep.mode, local_ranks=dep.local_ranks, summary={},
-                                 host=socket.gethostname(), pid=os.getpid())
+                                 host=socket.gethostname(), pid=os.getpid(), role=node_role(dep))
 
     @functools.cached_property
     def table(self) -> LaunchTable:

@@ -80,6 +80,7 @@ class NodeBook:
     summary: Mapping[str, Any]  # the head's parallel configuration (parallel_config_summary)
     host: str = "127.0.0.1"
     pid: int | None = None
+    role: str = "head"  # this launch's own role (a hybrid node with S > 0 keeps a book of its own engines)
     nodes: list[NodeEntry] = field(default_factory=list)
     connected: dict[int, Hello] = field(default_factory=dict)  # rank -> its Hello
     ready: set[int] = field(default_factory=set)
@@ -87,7 +88,7 @@ class NodeBook:
 
     def __post_init__(self) -> None:
         if not self.nodes:
-            self.nodes.append(NodeEntry(0, "head", self.host, self.pid, list(self.local_ranks)))
+            self.nodes.append(NodeEntry(0, self.role, self.host, self.pid, list(self.local_ranks)))
 
     # ------------------------------------------------------------------ arrivals
 
