@@ -42,13 +42,13 @@ _POLL_S = 0.05
 
 
 def describe_exit(returncode: int) -> str:
-    """``0`` -> ``"exit status 0"``; ``-9`` -> ``"signal SIGKILL"``."""
+    """``1`` -> ``"status 1"``; ``-9`` -> ``"signal SIGKILL"`` (as in "exited with ...")."""
     if returncode < 0:
         try:
             return f"signal {signal.Signals(-returncode).name}"
         except ValueError:
             return f"signal {-returncode}"
-    return f"exit status {returncode}"
+    return f"status {returncode}"
 
 
 def child_environment(extra: dict[str, str]) -> dict[str, str]:

@@ -50,6 +50,7 @@ log = logging.getLogger("asyncdp.supervisor")
 
 PROCESS_TITLE = "asyncdp-supervisor"
 _REAP_AFTER_KILL_S = 5.0
+PROGRESS_LOG_EVERY_S = 10.0  # "waiting for ..." while the children start (spec §2.5)
 SUPERVISOR_PORT = "the supervisor port (--data-parallel-supervisor-port)"
 
 
@@ -129,6 +130,7 @@ async def _run_prober(sup: Supervision) -> None:
     s = sup.settings
     targets = [ProbeTarget(c.command.dp_rank, probe_host(s.host), c.command.port, tls=s.tls)
                for c in sup.children]
+    next_progress_log = anyio.current_time() + PROGRESS_LOG_EVERY_S
     while not sup.shutdown.is_set():
         results = await probe_round(targets, attempts=attempts_per_probe(ready=sup.ready,
                                                                           failure_threshold=s.probe_failure_threshold),
@@ -139,6 +141,10 @@ async def _run_prober(sup: Supervision) -> None:
         if verdict.kind == "ready" and not sup.ready:
             sup.ready = True
             sup.became_ready.set()
+        elif verdict.kind == "polling" and anyio.current_time() >= next_progress_log:
+            next_progress_log = anyio.current_time() + PROGRESS_LOG_EVERY_S
+            log.info("waiting for %d of %d children to become healthy: %s", len(verdict.unhealthy), len(targets),
+                     "; ".join(f"rank {r.dp_rank} (port {r.port}) {r.describe()}" for r in verdict.unhealthy))
         elif verdict.kind == "unhealthy":
             by_rank = {c.command.dp_rank: c for c in sup.children}
             sup.start_shutdown(failure="; ".join(f"{by_rank[r.dp_rank].describe()} is unhealthy: {r.describe()}"
@@ -162,7 +168,7 @@ async def _run_http(sup: Supervision) -> None:
             await tg.start(functools.partial(serve_health, app, sock, backend=s.backend, ssl=ssl,
                                              shutdown_trigger=sup.stop_http.wait))
             sock.close()  # Hypercorn serves its duplicate; once it stops, the port is closed
-            host = probe_host(s.host)
+            host = s.host or "0.0.0.0"
             log.info("every child is ready: serving /health, /ready, /readyz on %s://%s:%d", s.scheme,
                      f"[{host}]" if ":" in host else host, s.supervisor_port)
     except Exception as exc:  # the server failed: shutdown (the children are stopped by the caller)
@@ -230,18 +236,21 @@ async def supervise(commands: Sequence[ChildCommand], settings: SupervisorSettin
 def run_supervisor(config: ResolvedServeConfig, argv: list[str]) -> int:
     """``asyncdp serve ... --data-parallel-multi-port-external-lb``: ``argv`` is the ``serve`` arguments as the
     user typed them (without ``serve``); returns the process exit code."""
+    return run_children(child_commands(argv, config.deployment), SupervisorSettings.from_config(config))
+
+
+def run_children(commands: Sequence[ChildCommand], settings: SupervisorSettings) -> int:
+    """The supervisor process around :func:`supervise`: logging, the process title, the event loop."""
     from asyncdp.logs import setup_logging
 
-    setup_logging(prefix="asyncdp-supervisor", level=config.log_level.upper())
+    setup_logging(prefix="asyncdp-supervisor", level=settings.log_level.upper())
     try:
         import setproctitle
 
         setproctitle.setproctitle(PROCESS_TITLE)
     except ImportError:
         pass
-    commands = child_commands(argv, config.deployment)
-    settings = SupervisorSettings.from_config(config)
     try:
         return runtime.run(supervise, commands, settings, backend=settings.backend)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the signal watcher is in place
         return 1
