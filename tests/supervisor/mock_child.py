@@ -27,6 +27,11 @@ import sys
 from pathlib import Path
 
 
+def _record_probe(path: Path) -> None:
+    with open(path, "a") as f:
+        f.write("probe\n")
+
+
 def _status(args: argparse.Namespace, state: Path, draining: bool) -> int:
     if draining:
         return 503
@@ -36,7 +41,7 @@ def _status(args: argparse.Namespace, state: Path, draining: bool) -> int:
         return args.status
 
 
-async def _main(args: argparse.Namespace) -> int:
+async def _main(args: argparse.Namespace, grandchild: subprocess.Popen[bytes] | None) -> int:
     state = Path(args.state_dir)
     stop = asyncio.Event()
     draining = False
@@ -49,8 +54,7 @@ async def _main(args: argparse.Namespace) -> int:
             return
         path = head.split(b" ", 2)[1].decode("ascii", "replace") if b" " in head else "?"
         if path == "/health":
-            with open(state / f"{args.name}.probes", "a") as f:
-                f.write("probe\n")
+            _record_probe(state / f"{args.name}.probes")
             code = _status(args, state, draining)
         else:
             code = 404
@@ -67,9 +71,6 @@ async def _main(args: argparse.Namespace) -> int:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(args.certfile, args.keyfile)
     server = await asyncio.start_server(handle, args.host, args.port, ssl=context)
-    grandchild = None
-    if args.grandchild:
-        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     loop = asyncio.get_running_loop()
     received: list[str] = []
 
@@ -110,7 +111,11 @@ def main() -> int:
     p.add_argument("--certfile")
     p.add_argument("--keyfile")
     p.add_argument("--grandchild", action="store_true")
-    return asyncio.run(_main(p.parse_args()))
+    args = p.parse_args()
+    grandchild = None
+    if args.grandchild:
+        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    return asyncio.run(_main(args, grandchild))
 
 
 if __name__ == "__main__":
