@@ -126,6 +126,10 @@ async def get_status(target: ProbeTarget, *, timeout_s: float, path: str = HEALT
 
 
 def _reason(exc: BaseException) -> str:
+    while isinstance(exc, OSError) and isinstance(exc.__cause__, OSError):
+        exc = exc.__cause__  # anyio's "All connection attempts failed" wraps the one that says why
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
     if isinstance(exc, TimeoutError):
         return "timed out"
     if isinstance(exc, anyio.EndOfStream | anyio.IncompleteRead):
