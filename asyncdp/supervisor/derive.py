@@ -16,11 +16,15 @@ The child is told it is supervised by ``ASYNCDP_SUPERVISED_RANK=r`` in its envir
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from asyncdp.config.deployment import DeploymentConfig
+from asyncdp.config.deployment import DeploymentConfig, ResolvedServeConfig
 from asyncdp.config.flags import SUPERVISED_RANK_ENV
+from asyncdp.errors import ConfigError
+
+# ``asyncdp serve`` arguments (without ``serve``) and an environment -> the resolved config (the CLI's parser).
+ResolveArgs = Callable[[Sequence[str], Mapping[str, str]], ResolvedServeConfig]
 
 # Switches (no value) that select multi-port mode: a child is a plain external-LB rank server.
 STRIPPED_SWITCHES = frozenset({"--data-parallel-multi-port-external-lb", "-dpm"})
@@ -50,6 +54,11 @@ class ChildCommand:
     port: int
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)  # added to the supervisor's environment
+
+    @property
+    def serve_args(self) -> tuple[str, ...]:
+        """The arguments after ``python -m asyncdp serve``."""
+        return self.argv[4:] if self.argv[1:4] == ("-m", "asyncdp", "serve") else self.argv[1:]
 
     def describe(self, pid: int | None = None) -> str:
         where = f"child rank {self.dp_rank} (port {self.port}"
@@ -120,3 +129,17 @@ def child_commands(parent_args: Sequence[str], deployment: DeploymentConfig, *,
         commands.append(ChildCommand(dp_rank=rank, port=child.port, argv=(python, "-m", "asyncdp", "serve", *args),
                                      env={SUPERVISED_RANK_ENV: str(rank)}))
     return tuple(commands)
+
+
+def check_child_commands(commands: Sequence[ChildCommand], resolve_args: ResolveArgs) -> None:
+    """Pass 2 on every child's derived arguments, before anything is spawned (§11.3): each must resolve to an
+    external-LB server of its rank and port, one local rank, one API server. ConfigError otherwise (the
+    resolver's own, or one naming the child)."""
+    for command in commands:
+        child = resolve_args(command.serve_args, command.env)
+        d = child.deployment
+        got = (d.mode, d.dp_rank, child.port, d.dp_size_local, d.api_server_count)
+        if got != ("external", command.dp_rank, command.port, 1, 1):
+            raise ConfigError(f"the derived command of {command.describe()} resolves to mode {d.mode}, rank "
+                              f"{d.dp_rank}, port {child.port}, {d.dp_size_local} local rank(s), "
+                              f"{d.api_server_count} API server(s): {' '.join(command.serve_args)}")

@@ -41,7 +41,7 @@ from asyncdp.api.serve import SSLFiles
 from asyncdp.config.deployment import ResolvedServeConfig
 from asyncdp.errors import StartupError
 from asyncdp.supervisor.children import SupervisedChild, describe_exit
-from asyncdp.supervisor.derive import ChildCommand, child_commands
+from asyncdp.supervisor.derive import ChildCommand, ResolveArgs, check_child_commands, child_commands
 from asyncdp.supervisor.health_server import create_health_app, ensure_port_free, listen_socket, serve_health
 from asyncdp.supervisor.probe import ProbeTarget, attempts_per_probe, judge_round, probe_host, probe_round
 from asyncdp.supervisor.settings import SupervisorSettings
@@ -233,10 +233,17 @@ async def supervise(commands: Sequence[ChildCommand], settings: SupervisorSettin
     return code
 
 
-def run_supervisor(config: ResolvedServeConfig, argv: list[str]) -> int:
+def run_supervisor(config: ResolvedServeConfig, argv: list[str], *, resolve_args: ResolveArgs | None = None) -> int:
     """``asyncdp serve ... --data-parallel-multi-port-external-lb``: ``argv`` is the ``serve`` arguments as the
-    user typed them (without ``serve``); returns the process exit code."""
-    return run_children(child_commands(argv, config.deployment), SupervisorSettings.from_config(config))
+    user typed them (without ``serve``); returns the process exit code.
+
+    ``resolve_args`` (the CLI's parser: arguments and environment -> resolved config) runs pass 2 on every
+    child's derived arguments before anything starts (:func:`~asyncdp.supervisor.derive.check_child_commands`);
+    its ConfigError propagates to the caller."""
+    commands = child_commands(argv, config.deployment)
+    if resolve_args is not None:
+        check_child_commands(commands, resolve_args)
+    return run_children(commands, SupervisorSettings.from_config(config))
 
 
 def run_children(commands: Sequence[ChildCommand], settings: SupervisorSettings) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from asyncdp.errors import ConfigError
 from asyncdp.supervisor.derive import (
     STRIPPED_SWITCHES,
     STRIPPED_WITH_VALUE,
+    check_child_commands,
     child_commands,
     child_serve_args,
     strip_supervisor_flags,
@@ -39,7 +41,7 @@ def commands(args: list[str]):
 
 def serve_args(command) -> list[str]:
     assert command.argv[:4] == (sys.executable, "-m", "asyncdp", "serve")
-    return list(command.argv[4:])
+    return list(command.serve_args)
 
 
 def test_node_rank_1_with_4_local_ranks_derives_ranks_4_to_7_on_consecutive_ports():
@@ -128,3 +130,18 @@ def test_supervised_rank_comes_from_the_environment_only():
         resolved(["-dp", "2"], env={SUPERVISED_RANK_ENV: "five"})
     with pytest.raises(ConfigError, match=SUPERVISED_RANK_ENV):
         resolved(["-dp", "2"], env={SUPERVISED_RANK_ENV: "-1"})
+
+
+def resolve_args(args, env):
+    return build_serve_config(list(args), env=dict(env), model_facts=moe)
+
+
+def test_pass_2_on_the_derived_commands_accepts_them_and_names_a_child_that_resolves_elsewhere():
+    cmds = commands(["-dp", "4", "-dpl", "2", "-dpr", "2", "-dpm", "--port", "8100"])
+    check_child_commands(cmds, resolve_args)  # every child: external, its rank and port, 1 local rank, 1 server
+    wrong = dataclasses.replace(cmds[1], port=8200)
+    with pytest.raises(ConfigError, match=r"child rank 3 \(port 8200\) resolves to mode external, rank 3, port 8101"):
+        check_child_commands([cmds[0], wrong], resolve_args)
+    bad = dataclasses.replace(cmds[0], argv=(*cmds[0].argv, "--data-parallel-hybrid-lb"))
+    with pytest.raises(ConfigError):  # the parser's own error: hybrid and an external rank
+        check_child_commands([bad], resolve_args)
