@@ -153,6 +153,19 @@ async def _run_prober(sup: Supervision) -> None:
         await anyio.sleep(s.probe_interval_s)
 
 
+async def _monitor_prober(sup: Supervision) -> None:
+    """The prober's end, whatever it is, starts shutdown (§11.3 "Monitoring"): a bug in it stops the children in
+    order instead of leaving them unwatched or killing them abruptly."""
+    try:
+        await _run_prober(sup)
+    except Exception as exc:
+        log.exception("the prober failed")
+        sup.start_shutdown(failure=f"the prober failed: {type(exc).__name__}: {exc}")
+    else:
+        if not sup.shutdown.is_set():
+            sup.start_shutdown(failure="the prober ended")
+
+
 async def _run_http(sup: Supervision) -> None:
     """Bind the supervisor port now (every child is ready) and serve it until the end; a failure shuts down."""
     s = sup.settings
@@ -213,7 +226,7 @@ async def supervise(commands: Sequence[ChildCommand], settings: SupervisorSettin
                 sup.children.append(child)
                 log.info("started %s: %s", child.describe(), " ".join(command.argv))
                 tg.start_soon(_watch_child, sup, child)
-            tg.start_soon(_run_prober, sup)
+            tg.start_soon(_monitor_prober, sup)
             await _wait_any(sup.became_ready, sup.shutdown)
             if not sup.shutdown.is_set():
                 tg.start_soon(_run_http, sup)

@@ -118,8 +118,9 @@ def test_child_that_outlives_the_grace_has_its_tree_killed_and_the_supervisor_ex
     assert fleet.marker("a", "exit") is None and fleet.marker("b", "exit") == "drained"
 
 
-def test_tls_children_are_probed_over_https_and_the_supervisor_serves_https(make_fleet, certs):
-    fleet = start_fleet(make_fleet([ChildSpec("a"), ChildSpec("b")], certs=certs))
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_tls_children_are_probed_over_https_and_the_supervisor_serves_https(make_fleet, certs, backend):
+    fleet = start_fleet(make_fleet([ChildSpec("a"), ChildSpec("b")], certs=certs, backend=backend))
     fleet.wait_for("supervisor ready over https", lambda: fleet.get() == 200, 15.0)
     assert fleet.probes("a") >= 1
     fleet.signal(signal.SIGTERM)
