@@ -107,14 +107,17 @@ async def _watch_signals(sup: Supervision, *, task_status: anyio.abc.TaskStatus[
         task_status.started()
         async for signum in signals:
             name = signal.Signals(signum).name
-            if sup.shutdown.is_set():
-                log.warning("received %s during shutdown: killing every child now", name)
+            if sup.signal is not None:
+                log.warning("second signal (%s): killing every child now", name)
                 sup.kill_all()
-                continue
-            sup.signal = signum
-            log.info("received %s: stopping every child (they drain for up to %g s)", name,
-                     sup.settings.shutdown_timeout_s)
-            sup.start_shutdown()
+            elif sup.shutdown.is_set():  # a failure stops the children already; a second signal kills them
+                sup.signal = signum
+                log.info("received %s: the children are stopping already", name)
+            else:
+                sup.signal = signum
+                log.info("received %s: stopping every child (they drain for up to %g s)", name,
+                         sup.settings.shutdown_timeout_s)
+                sup.start_shutdown()
 
 
 async def _watch_child(sup: Supervision, child: SupervisedChild) -> None:

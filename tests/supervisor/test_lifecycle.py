@@ -163,3 +163,16 @@ def test_sigkill_of_the_supervisor_takes_every_child_down_within_5s(make_fleet, 
     fleet.wait_exit(5.0)
     fleet.wait_all_gone(5.0)
     assert time.monotonic() - t0 < 5.0
+
+
+def test_a_second_signal_kills_draining_children_at_once_and_exits_1(make_fleet):
+    fleet = start_fleet(make_fleet([ChildSpec("a", drain_s=60.0), ChildSpec("b", drain_s=60.0)],
+                                   shutdown_timeout_s=60.0))
+    fleet.wait_for("supervisor ready", lambda: fleet.get() == 200, 15.0)
+    fleet.signal(signal.SIGTERM)
+    fleet.wait_for("both children draining", lambda: all(fleet.marker(n, "signal") for n in ("a", "b")), 5.0)
+    t0 = fleet.signal(signal.SIGINT)
+    assert fleet.wait_exit(5.0) == 1
+    assert time.monotonic() - t0 < 5.0
+    fleet.wait_all_gone(1.0)
+    assert "second signal (SIGINT): killing every child now" in fleet.log()
