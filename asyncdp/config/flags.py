@@ -141,6 +141,9 @@ ENV_OVERRIDES: dict[str, tuple[tuple[str, ...], type]] = {
     "dp_heartbeat_timeout_s": (("ASYNCDP_DP_HEARTBEAT_TIMEOUT_S",), float),
 }
 KEEP_ALIVE_ENV = ("ASYNCDP_KEEP_ALIVE_ON_ENGINE_DEATH", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")
+# Set by the multi-port supervisor (§11.3) in the environment of each child it starts: the child's global rank.
+# Internal (no flag, not a user override): it makes the child name itself asyncdp-api-dp{r}, log as APIServer_DP{r}.
+SUPERVISED_RANK_ENV = "ASYNCDP_SUPERVISED_RANK"
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +204,7 @@ class ServeConfig:
     dp_heartbeat_timeout_s: float = 5.0
     dp_fail_fast: bool = False
     keep_alive_on_engine_death: bool = False
+    supervised_rank: int | None = None  # env ASYNCDP_SUPERVISED_RANK: this server is a multi-port child
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -240,6 +244,11 @@ class ServeConfig:
                     break
         if "keep_alive_on_engine_death" not in serve:
             serve["keep_alive_on_engine_death"] = any(env.get(v, "").strip() == "1" for v in KEEP_ALIVE_ENV)
+        if "supervised_rank" not in serve and (raw := env.get(SUPERVISED_RANK_ENV, "").strip()):
+            try:
+                serve["supervised_rank"] = int(raw)
+            except ValueError:
+                raise ConfigError(f"environment variable {SUPERVISED_RANK_ENV}={raw!r} is not a valid int.") from None
         for key in ("device_ids", "served_model_name"):
             if key in serve:
                 serve[key] = tuple(serve[key])
@@ -295,6 +304,7 @@ class ServeConfig:
              self.dp_supervisor_probe_timeout_s)
         need(self.dp_supervisor_probe_failure_threshold >= 1, "--dp-supervisor-probe-failure-threshold",
              ">= 1", self.dp_supervisor_probe_failure_threshold)
+        optional_min(self.supervised_rank, SUPERVISED_RANK_ENV, 0)
         need(self.dp_sync_interval >= 1, "--dp-sync-interval", ">= 1", self.dp_sync_interval)
         need(self.dp_coordinator_startup_timeout_s > 0, "--dp-coordinator-startup-timeout-s", "> 0",
              self.dp_coordinator_startup_timeout_s)
