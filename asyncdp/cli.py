@@ -291,20 +291,10 @@ def unsupported_reason(config: ResolvedServeConfig) -> str | None:
     """What this build cannot run yet (validated already), or None. Checked before anything starts.
 
     The message names only flags the command line (or the environment) set, and says what to change: this build
-    runs internal-LB deployments (on one node, or with headless engine nodes and API-only heads) and hybrid-LB
-    deployments, one device per rank."""
+    runs every data-parallel mode (internal, hybrid, external, multi-port), one device per rank."""
     d = config.deployment
     if config.uds is not None:
         return "--uds is not supported in this build yet; serve on TCP instead: drop --uds (and pass --host/--port)"
-    one_node = "this build serves internal and hybrid load balancing"
-    if d.mode == "external":
-        passed = _passed(config, ("--data-parallel-external-lb", config.data_parallel_external_lb),
-                         ("--data-parallel-rank", config.data_parallel_rank))
-        return (f"external load-balancing mode ({', '.join(passed)}) is not supported in this build yet; {one_node}: "
-                f"drop {_names(passed)}")
-    if d.mode == "multi-port":
-        return ("multi-port mode (--data-parallel-multi-port-external-lb) is not supported in this build yet; "
-                f"{one_node}: drop --data-parallel-multi-port-external-lb")
     sharded = _passed(config, ("--tensor-parallel-size", d.tensor_parallel_size > 1 and d.tensor_parallel_size),
                       ("--pipeline-parallel-size", d.pipeline_parallel_size > 1 and d.pipeline_parallel_size))
     if sharded:  # no engine shards a rank yet
@@ -361,6 +351,18 @@ def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None 
     except ConfigError as exc:
         print(f"asyncdp: error: {exc}", file=sys.stderr)
         return 2
+    if run_serve is None and config.deployment.mode == "multi-port":
+        from asyncdp.config.flags import environ
+        from asyncdp.supervisor.process import run_supervisor
+
+        def resolve_child(args: Sequence[str], extra_env: Mapping[str, str]) -> ResolvedServeConfig:
+            return build_serve_config(list(args), env={**environ(), **extra_env}, model_facts=model_facts)
+
+        try:
+            return run_supervisor(config, argv[1:], resolve_args=resolve_child)
+        except ConfigError as exc:
+            print(f"asyncdp: error: {exc}", file=sys.stderr)
+            return 2
     if run_serve is None:
         from asyncdp.launcher.head import run_serve as launcher_run_serve
 

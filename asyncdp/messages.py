@@ -333,7 +333,7 @@ class NodeRow(msgspec.Struct, frozen=True, kw_only=True):
     """One node (launch) of the deployment, as ``/server_info`` shows it."""
 
     node: int
-    role: str  # "head" | "headless" | "hybrid"
+    role: str  # "head" | "headless" | "hybrid" | "external"
     host: str
     pid: int | None  # its launcher's pid, when known
     ranks: list[int]

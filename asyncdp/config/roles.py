@@ -52,6 +52,7 @@ class LaunchPlan:
     ssl_certfile: str | None = None
     log_level: str = "INFO"
     max_model_len: int = 0  # resolved by the caller from the model (0: unknown yet)
+    supervised_rank: int | None = None  # a multi-port supervisor's child: titled asyncdp-api-dp{rank}
 
     @property
     def dp_size(self) -> int:

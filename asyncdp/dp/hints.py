@@ -34,6 +34,11 @@ def resolve_rank_hint(ranks: Sequence[int], local_hint: object = None, global_hi
     if local_hint is not None:
         local = parse_rank(local_hint, "data_parallel_rank")
         if not 0 <= local < n:
+            if n == 1:  # an external-LB rank endpoint: say which rank it serves
+                raise InvalidRequestError(
+                    f"data_parallel_rank {local} is out of range [0, 1): this endpoint serves only data-parallel "
+                    f"rank {ranks[0]} (send data_parallel_rank 0, or data_parallel_global_rank {ranks[0]}).",
+                    field="data_parallel_rank")
             raise InvalidRequestError(f"data_parallel_rank {local} is out of range [0, {n}).",
                                       field="data_parallel_rank")
     if global_hint is not None:

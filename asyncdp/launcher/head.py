@@ -53,8 +53,13 @@ def run_serve(config: ResolvedServeConfig) -> int:
 
     started_at = time.monotonic()
     dep = config.deployment
-    setup_logging(prefix="HeadlessLauncher" if dep.headless else
-                  "asyncdp-launcher" if dep.api_server_count > 1 else "APIServer",
+    if config.supervised_rank is not None:  # a multi-port child (spec §11.3)
+        prefix = f"APIServer_DP{config.supervised_rank}"
+    elif dep.headless:
+        prefix = "HeadlessLauncher"
+    else:
+        prefix = "asyncdp-launcher" if dep.api_server_count > 1 else "APIServer"
+    setup_logging(prefix=prefix,
                   level=config.log_level.upper())
     try:
         plan = plan_from_config(config)  # resolves the model: a built-in is generated (or converted) once here
@@ -83,7 +88,11 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
     try:
         import setproctitle
 
-        setproctitle.setproctitle("asyncdp-launcher" if plan.api_server_count != 1 else "asyncdp-api-0")
+        if plan.supervised_rank is not None:
+            title = f"asyncdp-api-dp{plan.supervised_rank}"
+        else:
+            title = "asyncdp-launcher" if plan.api_server_count != 1 else "asyncdp-api-0"
+        setproctitle.setproctitle(title)
     except ImportError:
         pass
     try:

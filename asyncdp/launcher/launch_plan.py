@@ -85,4 +85,5 @@ def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
         ssl_certfile=config.ssl_certfile,
         log_level=config.log_level.upper(),
         max_model_len=max_model_len,
+        supervised_rank=config.supervised_rank,
     )

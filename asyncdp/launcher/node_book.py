@@ -61,7 +61,7 @@ class NodeEntry:
     """One launch of the deployment as the head knows it."""
 
     index: int  # 0: the head itself; remote nodes count from 1 in the order they joined
-    role: str  # "head" | "headless" | "hybrid"
+    role: str  # "head" | "headless" | "hybrid" | "external"
     host: str
     pid: int | None  # its launcher's pid (None: not known yet)
     ranks: list[int]
@@ -183,10 +183,11 @@ class NodeBook:
                 for n in self.nodes]
 
     def _note_remote_engine(self, hello: Hello) -> None:
-        """Group a hybrid node's engines by their launcher (the parent pid their ``Hello`` names)."""
+        """Group a hybrid node's (or an external rank server's) engines by their launcher (the parent pid their
+        ``Hello`` names)."""
         for node in self.nodes[1:]:
-            if node.role == "hybrid" and node.host == hello.host and node.pid == (hello.launcher_pid or None):
+            if node.role == self.mode and node.host == hello.host and node.pid == (hello.launcher_pid or None):
                 node.ranks = sorted({*node.ranks, hello.dp_rank})
                 return
-        self.nodes.append(NodeEntry(len(self.nodes), "hybrid", hello.host, hello.launcher_pid or None,
+        self.nodes.append(NodeEntry(len(self.nodes), self.mode, hello.host, hello.launcher_pid or None,
                                     [hello.dp_rank]))
