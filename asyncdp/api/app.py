@@ -125,7 +125,8 @@ def _install_hooks(app: Quart, state: AppState) -> None:
 
 
 def _register_control_routes(app: Quart, state: AppState) -> None:
-    """``/health``, ``/metrics``, ``/server_info``, ``/v1/models`` and ``/pause`` ``/resume`` ``/is_paused``."""
+    """``/health``, ``/metrics``, ``/server_info``, ``/load``, ``/v1/models`` and ``/pause`` ``/resume``
+    ``/is_paused``."""
     client = state.client
 
     @app.get("/health")
@@ -144,6 +145,10 @@ def _register_control_routes(app: Quart, state: AppState) -> None:
         if fmt not in ("json", "text"):
             raise HTTPError(400, f"config_format must be 'json' or 'text', got {fmt!r}.", param="config_format")
         return json_response(client.server_info())
+
+    @app.get("/load")
+    async def load() -> Response:
+        return json_response(client.load())
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -77,5 +77,8 @@ class EngineClient(Protocol):
     def server_info(self) -> dict[str, Any]:
         """The ``/server_info`` document of spec §12.2, as seen by this process."""
 
+    def load(self) -> dict[str, Any]:
+        """The ``GET /load`` document: per managed rank, the load a router needs (docs/howto/external-lb.md)."""
+
     async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run a utility method (``pause``, ``resume``, ``is_paused``, ...) on every managed engine."""

@@ -54,6 +54,7 @@ from asyncdp.apiserver.admission import AdmissionSlots, ClientAdmission
 from asyncdp.apiserver.client_config import ClientConfig
 from asyncdp.apiserver.coordinator_follower import CoordinatorFollower
 from asyncdp.apiserver.engine_links import EngineLink, EngineLinks, UtilityCalls, send_to_engine
+from asyncdp.apiserver.load_view import LoadView
 from asyncdp.apiserver.node_table import NodeTable, monotonic_ms, run_heartbeat, stuck_siblings
 from asyncdp.apiserver.request_stream import RequestStream, apply_outputs, now_us, tell_policy
 from asyncdp.apiserver.server_info import client_server_info, node_processes
@@ -102,6 +103,7 @@ class DPClient:
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, on_lost=self.lb.forget_snapshot)
         self.processes: list[dict[str, Any]] = []
         self.nodes: list[dict[str, Any]] = []  # the deployment's launches, as the launcher last published them
+        self._load = LoadView(cfg.managed_ranks)  # GET /load
         if metrics is not None:
             metrics.on_render(lambda: refresh_coordinator_gauges(metrics, self.coordinator_state,
                                                                  self.snapshot_age_s()))
@@ -329,8 +331,10 @@ class DPClient:
             if self.metrics is not None:
                 record_finished(self.metrics, msg.dp_rank, req, msg, now)
             self._release(req)
-        if msg.scheduler_stats is not None and self.metrics is not None:
-            export_scheduler_stats(self.metrics, msg.dp_rank, msg.scheduler_stats, self.cfg.is_moe)
+        if msg.scheduler_stats is not None:
+            self._load.on_scheduler_stats(msg.dp_rank, msg.scheduler_stats, now)
+            if self.metrics is not None:
+                export_scheduler_stats(self.metrics, msg.dp_rank, msg.scheduler_stats, self.cfg.is_moe)
 
     def _release(self, req: RequestStream) -> None:
         """Give back the request's slot and its balancer count (idempotent)."""
@@ -383,8 +387,14 @@ class DPClient:
     def _on_snapshot(self, snap: m.StatsSnapshot) -> None:
         self.current_wave = snap.wave
         self.wave_running = snap.running
+        self._load.on_snapshot(snap, time.monotonic())
         if snap.counts is not None:
             self.lb.on_snapshot([list(c) for c in snap.counts])
 
     def server_info(self) -> dict[str, Any]:
         return client_server_info(self)
+
+    def load(self) -> dict[str, Any]:
+        """The ``GET /load`` document (:mod:`.load_view`)."""
+        return self._load.document(self.cfg, self.engine_states(), now=time.monotonic(), wave=self.current_wave,
+                                   wave_running=self.wave_running, inflight_of=self.inflight_of)

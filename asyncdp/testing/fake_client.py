@@ -113,6 +113,15 @@ class FakeEngineClient:
                                 "_api_process_rank": 0},
         }
 
+    def load(self) -> dict[str, Any]:
+        """A ``GET /load`` document with the fake's ranks, idle (the format of asyncdp.apiserver.load_view)."""
+        ranks = [{"dp_rank": self.start_rank + i, "local_index": i, "up": self.healthy, "waiting": 0, "running": 0,
+                  "kv_cache_usage": 0.0, "prefix_cache_queries": 0, "prefix_cache_hits": 0, "inflight": 0,
+                  "wave": 0, "wave_running": False, "age_s": None} for i in range(self.num_ranks)]
+        return {"seq": 0, "age_s": None, "mode": "single" if self.num_ranks == 1 else "internal",
+                "dp_size": self.num_ranks, "api_process_rank": 0, "api_process_count": 1, "wave": None,
+                "coordinator": None, "ranks": ranks}
+
     async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
         self.utility_calls.append((method, args, kwargs))
         if self.shutting_down:

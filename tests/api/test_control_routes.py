@@ -79,3 +79,11 @@ async def test_utility_failure_while_shutting_down_is_503() -> None:
         srv.fake.shutting_down = True
         r = await srv.http.post("/pause")
     assert r.status_code == 503
+
+
+async def test_load_returns_the_clients_load_document_in_json() -> None:
+    async with running(FakeEngineClient(num_ranks=2, start_rank=4)) as srv:
+        r = await srv.http.get("/load")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    assert r.json() == srv.fake.load()
+    assert [(rank["dp_rank"], rank["local_index"]) for rank in r.json()["ranks"]] == [(4, 0), (5, 1)]
