@@ -127,13 +127,24 @@ def test_dense_model_with_dp_runs_internal_mode():
     assert launcher.configs[0].deployment.is_moe is False
 
 
+@pytest.mark.parametrize(("argv", "mode"), [
+    (["-dp", "4", "-dpl", "2", "-dpr", "2", "--headless"], "headless"),
+    (["-dp", "4", "-dpl", "2", "-dpr", "0"], "hybrid"),
+    (["-dp", "4", "-dpl", "2", "--data-parallel-hybrid-lb"], "hybrid"),
+    (["-dp", "2", "--data-parallel-rank", "1"], "external"),
+    (["-dp", "4", "-dpl", "2", "-dpm"], "multi-port"),
+    (["-dp", "4", "--nnodes", "2"], "internal"),
+    (["-dp", "4", "-dpl", "2"], "internal"),
+    (["-dp", "4", "-dpl", "0"], "internal"),
+])
+def test_every_data_parallel_mode_reaches_the_launcher(argv, mode, capsys):
+    launcher = FakeLauncher()
+    assert main(["serve", *argv], model_facts=moe_facts, run_serve=launcher, env={}) == 0
+    assert [c.deployment.mode for c in launcher.configs] == [mode]
+    assert "error" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("argv", "what"), [
-    (["-dp", "4", "-dpl", "2", "-dpr", "2", "--headless"], "headless mode"),
-    (["-dp", "4", "-dpl", "2", "-dpr", "0"], "hybrid load-balancing mode"),
-    (["-dp", "2", "--data-parallel-rank", "1"], "external load-balancing mode"),
-    (["-dp", "4", "-dpl", "2", "-dpm"], "multi-port mode"),
-    (["-dp", "4", "--nnodes", "2"], "a multi-node deployment"),
-    (["-dp", "4", "-dpl", "0"], "a multi-node deployment"),
     (["--uds", "/tmp/x.sock"], "--uds"),
     (["-dp", "2", "-tp", "2"], "tensor parallelism"),
     (["-pp", "2"], "pipeline parallelism"),
@@ -148,19 +159,6 @@ def test_valid_but_unbuilt_mode_exits_2_before_the_launcher(argv, what, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["-dp", "4", "-dpl", "2"],
-     "a multi-node deployment (--data-parallel-size-local 2: this node would run 2 of the 4 data-parallel ranks) "
-     "is not supported in this build yet; run all 4 ranks on this node: drop --data-parallel-size-local"),
-    (["-dp", "4", "--nnodes", "2"],
-     "a multi-node deployment (--nnodes 2: this node would run 2 of the 4 data-parallel ranks) is not supported "
-     "in this build yet; run all 4 ranks on this node: drop --nnodes"),
-    (["-dp", "2", "--data-parallel-rank", "1"],
-     "external load-balancing mode (--data-parallel-rank 1) is not supported in this build yet; this build serves "
-     "one node with internal load balancing: drop --data-parallel-rank"),
-    (["-dp", "4", "-dpl", "2", "--data-parallel-hybrid-lb"],
-     "hybrid load-balancing mode (--data-parallel-hybrid-lb, --data-parallel-size-local 2) is not supported in "
-     "this build yet; this build serves one node with internal load balancing: drop --data-parallel-hybrid-lb and "
-     "--data-parallel-size-local"),
     (["-pp", "2"],
      "pipeline parallelism (--pipeline-parallel-size 2) is not supported in this build yet; each data-parallel "
      "rank runs on one device: drop --pipeline-parallel-size"),
@@ -170,11 +168,12 @@ def test_unbuilt_mode_message_says_what_to_change_and_names_only_flags_that_were
     assert capsys.readouterr().err.splitlines()[-1] == f"asyncdp: error: {message}"
 
 
-@pytest.mark.parametrize("argv", [["-dp", "4", "-dpl", "2"], ["-dp", "2", "-dpl", "1"], ["-dp", "4", "-dpl", "0"]])
-def test_multi_node_refusal_without_nnodes_never_cites_nnodes(argv, capsys):
-    assert main(["serve", *argv], model_facts=moe_facts, run_serve=FakeLauncher(), env={}) == 2
-    err = capsys.readouterr().err
-    assert "a multi-node deployment" in err and "--nnodes" not in err and "--tensor" not in err
+def test_dense_model_with_external_lb_flags_exits_2_saying_to_run_independent_servers(capsys):
+    launcher = FakeLauncher()
+    assert main(["serve", "-dp", "2", "--data-parallel-rank", "1"], model_facts=lambda _n: Facts(False, 0),
+                run_serve=launcher, env={}) == 2
+    assert "launch independent asyncdp instances" in capsys.readouterr().err
+    assert launcher.configs == []
 
 
 def test_invalid_unbuilt_mode_reports_the_validation_error_not_the_unsupported_one(capsys):
@@ -198,12 +197,13 @@ def test_unknown_model_exits_2(capsys):
                                       "directory.\n"
 
 
-def test_auto_switch_warning_is_printed_before_the_unsupported_error(capsys):
-    assert main(["serve", "-dp", "4", "-dpl", "1", "-dpr", "3"], model_facts=moe_facts, run_serve=FakeLauncher(),
-                env={}) == 2
+def test_auto_switch_warning_is_printed_before_the_external_rank_starts(capsys):
+    launcher = FakeLauncher()
+    assert main(["serve", "-dp", "4", "-dpl", "1", "-dpr", "3"], model_facts=moe_facts, run_serve=launcher,
+                env={}) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("asyncdp: warning: hybrid LB with one local rank is external LB")
-    assert err[1].startswith("asyncdp: error: external load-balancing mode")
+    assert [(c.deployment.mode, c.deployment.dp_start_rank) for c in launcher.configs] == [("external", 3)]
 
 
 def test_resolved_config_survives_pickling_for_spawned_children():
