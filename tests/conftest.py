@@ -1,6 +1,12 @@
 import os
 
 import pytest
+from hypothesis import settings
+
+# Property tests check decisions, not speed: on two cores shared with e2e process trees a 200 ms per-example
+# deadline fails pure tests at random (tests/launcher/test_plan.py did), so no per-example deadline.
+settings.register_profile("asyncdp", deadline=None)
+settings.load_profile("asyncdp")
 
 # Every torch-using test runs single-threaded: two cores are shared by every process of the suite.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

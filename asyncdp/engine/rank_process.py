@@ -31,6 +31,7 @@ from asyncdp.logs import kv_cache_line, weights_line
 from asyncdp.model.threads import set_torch_threads
 from asyncdp.transport import Link, connect, connect_with_retry
 from asyncdp.transport.control import ControlChannel, follow_parent
+from asyncdp.transport.heartbeat import send_heartbeats
 
 if TYPE_CHECKING:
     from asyncdp.engine.core import EngineCore
@@ -113,9 +114,15 @@ async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[i
     if init.coordinator is not None:
         coordinator = await connect(init.coordinator.engine_addr, name="coordinator")
         await coordinator.send(m.Subscribe(dp_rank=cfg.dp_rank))
-        while not isinstance(msg := await coordinator.receive(), m.CoordinatorReady):
-            if isinstance(msg, m.Teardown):
-                raise RankTornDown(f"teardown during startup: {msg.reason}")
+        async with anyio.create_task_group() as beats:
+            # The coordinator sends CoordinatorReady once every rank subscribed, which may be long after this
+            # one (ranks load their models at different speeds): stay alive to it meanwhile (spec §5.7).
+            beats.start_soon(send_heartbeats, coordinator.send, cfg.heartbeat_interval_s, f"rank-{cfg.dp_rank}")
+            while not isinstance(msg := await coordinator.receive(), m.CoordinatorReady | m.Teardown):
+                pass
+            beats.cancel_scope.cancel()
+        if isinstance(msg, m.Teardown):  # raised outside the task group: callers catch it as itself
+            raise RankTornDown(f"teardown during startup: {msg.reason}")
     return clients, coordinator
 
 

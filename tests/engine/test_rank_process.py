@@ -28,3 +28,37 @@ async def test_missing_front_end_exits_1_after_the_handshake_timeout(tmp_path, a
         await control.aclose()
         parent.close()
     assert code == 1
+
+
+@pytest.mark.anyio
+async def test_a_rank_waiting_for_coordinator_ready_keeps_heartbeating_to_the_coordinator(tmp_path):
+    """Ranks subscribe as soon as their model is loaded and CoordinatorReady comes only once every rank did: a
+    rank that loaded first must not look dead (silent past the heartbeat timeout) to the coordinator meanwhile."""
+    from asyncdp import messages as m
+    from asyncdp.engine.rank_process import _connect_peers, rank_config
+    from asyncdp.transport import listen_links
+
+    coordinator = await listen_links("unix", directory=str(tmp_path), prefix="coord", name="engine")
+    role = EngineRole(dp_rank=1, dp_size=2, engine=EngineConfig(executor="sim"), handshake_addr="unix:/unused",
+                      heartbeat_interval_s=0.05, heartbeat_timeout_s=0.5)
+    init = m.HandshakeInit(clients=[], coordinator=m.CoordinatorAddrs(engine_addr=coordinator.addr,
+                                                                      client_addr="unix:/unused"),
+                           dp_group=None, client_count=1)
+    seen: list[m.Message] = []
+
+    async def slow_coordinator(link) -> None:
+        with anyio.fail_after(10):
+            while len([msg for msg in seen if isinstance(msg, m.Heartbeat)]) < 3:  # the other rank still loads
+                seen.append(await link.receive())
+        await link.send(m.CoordinatorReady())
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(coordinator.serve, slow_coordinator)
+        with anyio.fail_after(10):
+            clients, link = await _connect_peers(rank_config(role), init)
+        tg.cancel_scope.cancel()
+    assert link is not None
+    await link.aclose()
+    assert isinstance(seen[0], m.Subscribe) and seen[0].dp_rank == 1
+    assert [type(msg) for msg in seen[1:]] == [m.Heartbeat] * 3
