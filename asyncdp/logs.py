@@ -66,11 +66,16 @@ def kv_cache_line(dp_rank: int, *, num_blocks: int, block_size: int, num_bytes: 
 
 
 def serving_line(*, model: str, model_path: str | None, scheme: str, host: str, port: int, dp_size: int,
-                 api_server_count: int, took_s: float) -> str:
-    """The last startup line: what is served, at the address actually bound, by how many processes."""
+                 api_server_count: int, took_s: float, managed: str | None = None) -> str:
+    """The last startup line: what is served, at the address actually bound, by how many processes.
+
+    ``managed`` names the ranks this endpoint serves when they are not all of the deployment's (a hybrid node,
+    an external rank server): ``"ranks 2..3"``."""
     shown_host = f"[{host}]" if ":" in host else host
     what = model if not model_path or model_path == model else f"{model} ({model_path})"
     ranks = f"{dp_size} rank{'s' if dp_size != 1 else ''}"
+    if managed:
+        ranks = f"{managed} of {ranks}"
     apis = f"{api_server_count} API server{'s' if api_server_count != 1 else ''}"
     return f"serving {what} on {scheme}://{shown_host}:{port} with {ranks} ({apis}); startup took {took_s:.1f} s"
 

@@ -47,6 +47,12 @@ def test_serving_line_brackets_an_ipv6_host_and_shows_the_checkpoint_behind_a_se
     assert line.startswith("serving mine (/ckpt/llama) on https://[::1]:8000 with 1 rank (1 API server);")
 
 
+def test_serving_line_of_a_hybrid_node_names_its_own_ranks_among_the_deployments() -> None:
+    line = serving_line(model="m", model_path=None, scheme="http", host="127.0.0.1", port=8001, dp_size=4,
+                        api_server_count=2, took_s=1.0, managed="ranks 2..3")
+    assert "with ranks 2..3 of 4 ranks (2 API servers)" in line
+
+
 def test_kv_cache_line_leaves_out_the_scratch_block() -> None:
     line = kv_cache_line(1, num_blocks=8193, block_size=16, num_bytes=128 * 2**20)
     assert line == "rank 1: KV cache of 8192 blocks x 16 tokens = 131072 tokens (128.0 MiB)"

@@ -87,6 +87,11 @@ async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> No
     async for _ in link:  # the handshake link stays open for the deployment's life (spec §5.7)
         pass
     book.engine_gone(hello.dp_rank)
+    plan = node.plan
+    remote = hello.dp_rank not in plan.deployment.local_ranks  # local engines are watched as children
+    if remote and node.started and not node.shutdown.is_set() and (plan.is_moe or plan.dp_fail_fast):
+        why = "the MoE group is torn down" if plan.is_moe else "--dp-fail-fast tears the deployment down"
+        node.fail(f"engine rank {hello.dp_rank} on {hello.host} (pid {hello.pid}) ended; {why}")
 
 
 async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> None:
@@ -122,5 +127,6 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
     elif not node.started:
         node.fail(f"startup failed: {what}")
     else:
-        log.error("%s; %s leave the balancer, the other ranks keep serving", what, span(lost))
+        log.error("%s; %s %s the balancer, the other ranks keep serving", what, span(lost),
+                  "leaves" if len(lost) == 1 else "leave")
         await publish_process_table(node)

@@ -157,9 +157,11 @@ def _ready_line(node: RunningNode) -> str:
         return (f"headless node serving {span(plan.deployment.local_ranks)} of {plan.dp_size} for the head at "
                 f"{head_handshake_addr(node)}; startup took {took_s:.1f} s")
     host, port = node.http_sock.getsockname()[:2]  # the address really bound (port 0 resolved)
+    managed = plan.deployment.managed_ranks
     return serving_line(model=plan.served_model_name, model_path=_shown_model(plan),
                         scheme="https" if plan.ssl_certfile else "http", host=host, port=port,
-                        dp_size=plan.dp_size, api_server_count=plan.api_server_count, took_s=took_s)
+                        dp_size=plan.dp_size, api_server_count=plan.api_server_count, took_s=took_s,
+                        managed=span(managed) if len(managed) != plan.dp_size else None)
 
 
 def _shown_model(plan: LaunchPlan) -> str | None:
