@@ -38,11 +38,11 @@ MOE = "builtin:tiny-moe"
 PORT_RACE = re.compile(r"cannot listen on .*in use|Address already in use")
 
 
-def launch(log_path: Path, model: str, *args: str) -> Server:
+def launch(log_path: Path, model: str, *args: str, port: int | None = None) -> Server:
     """``python -m asyncdp serve MODEL --host 127.0.0.1 BASE_ARGS ARGS`` in a new session; ``args`` name the port.
 
-    The returned :class:`Server`'s ``port`` is the value of the first ``--port`` in ``args``."""
-    port = int(args[args.index("--port") + 1])
+    The returned :class:`Server`'s ``port`` is ``port``, else the value of the first ``--port`` in ``args``."""
+    port = int(args[args.index("--port") + 1]) if port is None else port
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "asyncdp", "serve", model, "--host", "127.0.0.1", *BASE_ARGS, *args]
