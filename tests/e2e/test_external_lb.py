@@ -219,6 +219,15 @@ async def test_a_rank_hint_naming_the_other_rank_is_a_400_that_names_the_served_
         ok = await http.post("/v1/completions", headers={"X-data-parallel-rank": "0"},
                              json={"model": MOE, "prompt": "hi", "max_tokens": 2})
         assert ok.status_code == 200, ok.text
+    async with httpx.AsyncClient(base_url=group[1].base_url, timeout=30.0) as http:
+        # rank 1's server: local index 0, or the global form naming rank 1; the global form of rank 0 is refused
+        for headers in ({"X-data-parallel-rank": "0"}, {"X-data-parallel-global-rank": "1"}):
+            ok = await http.post("/v1/completions", headers=headers, json={"model": MOE, "prompt": "hi",
+                                                                           "max_tokens": 2})
+            assert ok.status_code == 200, (headers, ok.text)
+        r = await http.post("/v1/completions", headers={"X-data-parallel-global-rank": "0"},
+                            json={"model": MOE, "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 400 and "is not served by this endpoint" in r.json()["error"]["message"], r.text
 
 
 # ---------------------------------------------------------------------------------------------------------------
