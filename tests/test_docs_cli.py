@@ -169,7 +169,7 @@ def mode_table() -> dict[str, str]:
 def test_mode_table_covers_every_mode_and_says_runs_or_refused():
     table = mode_table()
     assert {re.split(r",| \(", name)[0] for name in table} == set(MODES)
-    assert set(table.values()) == {"**runs**", "refused, exit 2"}
+    assert set(table.values()) <= {"**runs**", "refused, exit 2"}
 
 
 def example_rows() -> list[list[str]]:
