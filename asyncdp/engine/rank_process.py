@@ -26,7 +26,7 @@ import anyio
 from asyncdp import messages as m
 from asyncdp.config.roles import EngineRole
 from asyncdp.engine.rank import EngineRank, RankConfig
-from asyncdp.errors import RankTornDown, StartupError
+from asyncdp.errors import DPGroupError, RankTornDown, StartupError, leaf_exceptions
 from asyncdp.logs import kv_cache_line, weights_line
 from asyncdp.model.threads import set_torch_threads
 from asyncdp.transport import Link, connect, connect_with_retry
@@ -193,6 +193,21 @@ async def start_rank(cfg: RankConfig, handshake: Link, *, local_handshake: Link 
     return EngineRank(cfg, core, clients, coordinator, dp_group=dp_group, limiter=limiter)
 
 
+_PEER_LOSS = ("connection reset by peer", "connection closed by peer", "read error", "broken pipe")
+
+
+def _lost_peer(exc: BaseException) -> str | None:
+    """The one-line cause when ``exc`` is only a DP collective that failed because a peer is gone (a group
+    error, or gloo's "Connection reset by peer"), else None (a real failure: logged with its traceback)."""
+    leaves = leaf_exceptions(exc)
+    for leaf in leaves:
+        text = str(leaf)
+        if not (isinstance(leaf, DPGroupError) or
+                (isinstance(leaf, RuntimeError) and any(p in text.lower() for p in _PEER_LOSS))):
+            return None
+    return str(leaves[0]).splitlines()[0][:300] if leaves else None
+
+
 async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
     started_at = time.monotonic()
     cfg = rank_config(role)
@@ -244,8 +259,12 @@ async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
         except RankTornDown as exc:
             log.error("%s", exc)
             code = 1
-        except Exception:
-            log.exception("rank %d failed", cfg.dp_rank)
+        except Exception as exc:
+            lost = _lost_peer(exc)
+            if lost is not None and cfg.is_moe and cfg.dp_size > 1:  # expected when a peer of the group dies
+                log.error("rank %d: the DP group lost a peer during a collective: %s", cfg.dp_rank, lost)
+            else:
+                log.exception("rank %d failed", cfg.dp_rank)
             code = 1
         finally:
             await handshake.aclose()

@@ -62,3 +62,15 @@ async def test_a_rank_waiting_for_coordinator_ready_keeps_heartbeating_to_the_co
     await link.aclose()
     assert isinstance(seen[0], m.Subscribe) and seen[0].dp_rank == 1
     assert [type(msg) for msg in seen[1:]] == [m.Heartbeat] * 3
+
+
+def test_a_collective_broken_by_a_lost_peer_is_one_line_and_a_real_bug_keeps_its_traceback():
+    from asyncdp.engine.rank_process import _lost_peer
+    from asyncdp.errors import DPGroupError
+
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:5: "
+                        "Connection reset by peer")
+    assert _lost_peer(ExceptionGroup("step", [gloo])) == str(gloo)
+    assert _lost_peer(DPGroupError("DP control all-reduce failed on rank 0")) is not None
+    assert _lost_peer(ExceptionGroup("step", [gloo, KeyError("slot")])) is None  # a bug among them: traceback
+    assert _lost_peer(RuntimeError("shape mismatch")) is None
