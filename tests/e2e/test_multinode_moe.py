@@ -8,7 +8,6 @@ and prompts (in-process ``LLM``, all experts in one process). CI runs the expert
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
