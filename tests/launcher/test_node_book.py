@@ -1,0 +1,264 @@
+"""The head's node book (asyncdp/launcher/node_book.py): who may join, who is ready, who is lost. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncdp.config.flags import config_hash
+from asyncdp.launcher.node_book import NodeBook, span
+from asyncdp.messages import PROTOCOL_VERSION, Hello, NodeHello, NodeRow
+
+SUMMARY: dict[str, Any] = {"model": "tiny", "dtype": "float32", "dp_size": 4, "enable_expert_parallel": False,
+                           "dp_sync_interval": 32, "protocol_version": PROTOCOL_VERSION}
+
+
+def book(mode: str = "internal", local: tuple[int, ...] = (0, 1), dp: int = 4) -> NodeBook:
+    return NodeBook(dp_size=dp, mode=mode, local_ranks=local, summary=SUMMARY, host="h0", pid=100)
+
+
+def node_hello(start: int = 2, size: int = 2, **kw: Any) -> NodeHello:
+    fields: dict[str, Any] = {"start_rank": start, "size_local": size, "host": "h1", "pid": 200,
+                              "protocol_version": PROTOCOL_VERSION, "config_summary": dict(SUMMARY)}
+    return NodeHello(**{**fields, **kw})
+
+
+def hello(rank: int, *, local: bool, headless: bool, pid: int = 300, **kw: Any) -> Hello:
+    return Hello(protocol_version=kw.pop("protocol_version", PROTOCOL_VERSION), dp_rank=rank, local=local,
+                 headless=headless, host=kw.pop("host", "h1"), pid=pid, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- span
+
+
+@pytest.mark.parametrize(("ranks", "text"), [([], "no ranks"), ([2], "rank 2"), ([3, 2], "ranks 2..3"),
+                                             ([0, 2, 3], "ranks 0, 2, 3")])
+def test_span_names_ranks_as_a_range_when_contiguous(ranks: list[int], text: str) -> None:
+    assert span(ranks) == text
+
+
+# ---------------------------------------------------------------------------------------------- admit_node
+
+
+def test_admit_node_accepts_disjoint_in_range_ranks_with_the_heads_configuration() -> None:
+    b = book()
+    entry, problem = b.admit_node(node_hello())
+    assert problem is None and entry is not None
+    assert (entry.index, entry.role, entry.host, entry.pid, entry.ranks) == (1, "headless", "h1", 200, [2, 3])
+    assert b.node_of(3) is entry and b.node_of(0) is b.nodes[0]
+
+
+def test_admit_node_refuses_ranks_overlapping_the_heads_by_name() -> None:
+    entry, problem = book().admit_node(node_hello(start=1, size=2))
+    assert entry is None
+    assert problem is not None and "overlaps the head node with ranks 0..1" in problem and "in rank 1" in problem
+
+
+def test_admit_node_refuses_ranks_overlapping_an_earlier_headless_node() -> None:
+    b = book(local=(0,))
+    assert b.admit_node(node_hello(start=1, size=2))[1] is None
+    entry, problem = b.admit_node(node_hello(start=2, size=2, pid=201))
+    assert entry is None and problem is not None
+    assert "overlaps the headless node with ranks 1..2 (h1, pid 200) in rank 2" in problem
+
+
+def test_admit_node_takes_over_the_ranks_of_a_lost_node() -> None:
+    b = book()
+    first, _ = b.admit_node(node_hello())
+    assert first is not None
+    b.lose_node(first)
+    entry, problem = b.admit_node(node_hello(pid=201))
+    assert problem is None and entry is not None and entry.index == 2
+
+
+@pytest.mark.parametrize(("start", "size"), [(3, 2), (-1, 2), (4, 1), (2, 0)])
+def test_admit_node_refuses_ranks_outside_the_deployment(start: int, size: int) -> None:
+    entry, problem = book().admit_node(node_hello(start=start, size=size))
+    assert entry is None and problem is not None and "outside the deployment's ranks [0, 4)" in problem
+
+
+def test_admit_node_mismatch_names_every_differing_field() -> None:
+    other = {**SUMMARY, "dp_sync_interval": 16, "enable_expert_parallel": True}
+    entry, problem = book().admit_node(node_hello(config_summary=other))
+    assert entry is None and problem is not None
+    assert problem.startswith("configuration mismatch: the headless node with ranks 2..3")
+    assert "enable_expert_parallel=True vs False" in problem and "dp_sync_interval=16 vs 32" in problem
+    assert "model=" not in problem and "dtype=" not in problem
+
+
+def test_admit_node_mismatch_names_a_field_the_node_lacks() -> None:
+    partial = {k: v for k, v in SUMMARY.items() if k != "dtype"}
+    _, problem = book().admit_node(node_hello(config_summary=partial))
+    assert problem is not None and "dtype=<missing> vs float32" in problem
+
+
+def test_admit_node_refuses_another_protocol_version() -> None:
+    entry, problem = book().admit_node(node_hello(protocol_version=PROTOCOL_VERSION + 1))
+    assert entry is None and problem is not None
+    assert f"protocol_version {PROTOCOL_VERSION + 1}, the head {PROTOCOL_VERSION}" in problem
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "external", "single"])
+def test_admit_node_refuses_headless_nodes_outside_internal_mode(mode: str) -> None:
+    entry, problem = book(mode=mode).admit_node(node_hello())
+    assert entry is None and problem is not None
+    assert f"joined a {mode}-LB deployment" in problem and "internal-LB" in problem
+
+
+def test_a_refused_node_is_not_recorded() -> None:
+    b = book()
+    b.admit_node(node_hello(start=1))
+    assert [n.index for n in b.nodes] == [0]
+
+
+# ---------------------------------------------------------------------------------------------- admit_engine
+
+
+def test_admit_engine_accepts_local_ranks_and_ranks_of_an_admitted_headless_node() -> None:
+    b = book()
+    b.admit_node(node_hello())
+    assert b.admit_engine(hello(0, local=True, headless=False)) is None
+    assert b.admit_engine(hello(2, local=False, headless=True)) is None
+    assert set(b.connected) == {0, 2}
+
+
+@pytest.mark.parametrize("rank", [-1, 4, 10])
+def test_admit_engine_refuses_a_rank_out_of_range_e5(rank: int) -> None:
+    problem = book().admit_engine(hello(rank, local=False, headless=True))
+    assert problem == f"engine rank {rank}: dp_rank {rank} is outside [0, 4)"
+
+
+def test_admit_engine_refuses_a_duplicate_rank_naming_both_connections_e4() -> None:
+    b = book()
+    assert b.admit_engine(hello(1, local=True, headless=False, pid=301, host="h0")) is None
+    problem = b.admit_engine(hello(1, local=True, headless=False, pid=302, host="h0"))
+    assert problem == ("engine rank 1: dp_rank 1 connected twice (first from h0, pid 301; again from h0, "
+                       "pid 302)")
+
+
+def test_admit_engine_refuses_another_protocol_version() -> None:
+    problem = book().admit_engine(hello(0, local=True, headless=False, protocol_version=PROTOCOL_VERSION + 1))
+    assert problem == f"engine rank 0: protocol_version {PROTOCOL_VERSION + 1} != {PROTOCOL_VERSION}"
+
+
+def test_admit_engine_refuses_a_local_remote_mismatch_both_ways() -> None:
+    b = book()
+    b.admit_node(node_hello())
+    assert b.admit_engine(hello(0, local=False, headless=True)) == (
+        "engine rank 0: connected with local=False, but rank 0 runs on the head")
+    assert b.admit_engine(hello(2, local=True, headless=False)) == (
+        "engine rank 2: connected with local=True, but rank 2 runs on another node")
+
+
+def test_admit_engine_refuses_a_wrong_headless_flag() -> None:
+    b = book()
+    b.admit_node(node_hello())
+    p1 = b.admit_engine(hello(2, local=False, headless=False))
+    assert p1 is not None and "headless=False" in p1 and "expects headless=True" in p1
+    p2 = b.admit_engine(hello(0, local=True, headless=True))
+    assert p2 is not None and "expects headless=False" in p2
+
+
+def test_admit_engine_refuses_a_remote_rank_no_admitted_node_brings_in_internal_mode() -> None:
+    b = book()
+    assert b.admit_engine(hello(3, local=False, headless=True)) == (
+        "engine rank 3: no admitted headless node brings rank 3")
+    assert 3 not in b.connected
+
+
+def test_admit_engine_refuses_a_rank_of_a_lost_node() -> None:
+    b = book()
+    entry, _ = b.admit_node(node_hello())
+    assert entry is not None
+    b.lose_node(entry)
+    assert b.admit_engine(hello(2, local=False, headless=True)) == (
+        "engine rank 2: no admitted headless node brings rank 2")
+
+
+def test_hybrid_remote_engines_are_grouped_into_nodes_by_launcher_pid() -> None:
+    b = book(mode="hybrid")
+    assert b.admit_engine(hello(3, local=False, headless=False, launcher_pid=500)) is None
+    assert b.admit_engine(hello(2, local=False, headless=False, launcher_pid=500)) is None
+    assert b.admit_engine(hello(0, local=True, headless=False)) is None
+    assert [(n.index, n.role, n.pid, n.ranks) for n in b.nodes] == [(0, "head", 100, [0, 1]),
+                                                                   (1, "hybrid", 500, [2, 3])]
+
+
+# ---------------------------------------------------------------------------------------------- engine_ready
+
+
+def test_engine_ready_records_ranks_without_a_hash_unchecked() -> None:
+    b = book()
+    assert b.engine_ready(1, None, {"anything": 1}) is None
+    assert b.ready == {1}
+
+
+def test_engine_ready_mismatch_with_rank_0_names_the_fields_e6_in_either_order() -> None:
+    other = {**SUMMARY, "dp_sync_interval": 8}
+    b = book()
+    assert b.engine_ready(1, config_hash(other), other) is None  # before rank 0: nothing to compare yet
+    problem = b.engine_ready(0, config_hash(SUMMARY), SUMMARY)
+    assert problem == "configuration mismatch: engine rank 1 differs from rank 0 in dp_sync_interval=8 vs 32"
+    b2 = book()
+    assert b2.engine_ready(0, config_hash(SUMMARY), SUMMARY) is None
+    assert b2.engine_ready(1, config_hash(other), other) == problem
+    assert 1 not in b2.ready
+
+
+def test_engine_ready_agreeing_ranks_are_all_ready_and_missing_shrinks() -> None:
+    b = book()
+    for r in (2, 0, 1):
+        assert b.engine_ready(r, config_hash(SUMMARY), SUMMARY) is None
+    assert b.missing() == [3]
+    b.engine_gone(0)
+    assert b.missing() == [0, 3]
+
+
+# ---------------------------------------------------------------------------------------------- loss, views
+
+
+def test_lose_node_marks_it_lost_and_its_ranks_not_ready() -> None:
+    b = book()
+    entry, _ = b.admit_node(node_hello())
+    assert entry is not None
+    for r in range(4):
+        b.engine_ready(r, None, {})
+    assert b.lose_node(entry) == [2, 3]
+    assert entry.state == "lost" and b.missing() == [2, 3] and b.node_of(2) is None
+
+
+def test_lose_node_after_node_shutdown_is_stopped_not_lost() -> None:
+    b = book()
+    entry, _ = b.admit_node(node_hello())
+    assert entry is not None
+    b.lose_node(entry, orderly=True)
+    assert entry.state == "stopped"
+
+
+def test_waiting_line_names_ranks_not_ready_and_those_not_connected() -> None:
+    b = book()
+    b.admit_node(node_hello())
+    b.admit_engine(hello(0, local=True, headless=False))
+    b.engine_ready(0, None, {})
+    b.admit_engine(hello(2, local=False, headless=True))
+    assert b.waiting_line() == "ranks 1..3 not ready; ranks 1, 3 not connected yet"
+    for r in (1, 3):
+        b.connected[r] = hello(r, local=r < 2, headless=r >= 2)
+    assert b.waiting_line() == "ranks 1..3 not ready"
+
+
+def test_rows_list_every_node_for_server_info() -> None:
+    b = book()
+    entry, _ = b.admit_node(node_hello())
+    assert entry is not None
+    b.lose_node(entry)
+    assert b.rows() == [NodeRow(node=0, role="head", host="h0", pid=100, ranks=[0, 1], state="alive"),
+                        NodeRow(node=1, role="headless", host="h1", pid=200, ranks=[2, 3], state="lost")]
+
+
+def test_an_api_only_head_has_an_empty_node_of_its_own() -> None:
+    b = book(local=(), dp=2)
+    entry, problem = b.admit_node(node_hello(start=0, size=2))
+    assert problem is None and entry is not None
+    assert b.rows()[0].ranks == [] and b.node_of(0) is entry
