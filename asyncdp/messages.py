@@ -109,6 +109,29 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 # ---------------------------------------------------------------- handshake
 
 
+class ProcessRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One process of the node, as ``/server_info`` shows it."""
+
+    role: str
+    rank: int | None
+    client_index: int | None
+    pid: int
+    host: str
+    ports: dict[str, int | str | None]
+    node: int = 0  # the launch (node) it belongs to: an index into the NodeRow list, 0 the answering one's head
+
+
+class NodeRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One node (launch) of the deployment, as ``/server_info`` shows it."""
+
+    node: int
+    role: str  # "head" | "headless" | "hybrid" | "external"
+    host: str
+    pid: int | None  # its launcher's pid, when known
+    ranks: list[int]
+    state: str  # "alive" | "lost" | "stopped"
+
+
 class Hello(_Msg, frozen=True):
     protocol_version: int
     dp_rank: int
@@ -258,8 +281,10 @@ class Goodbye(_Msg, frozen=True):
 
 
 class NodeHello(_Msg, frozen=True):
-    """Headless launcher -> head, the first frame of a node link (spec §5.7): which ranks it brings, and the
-    parallel configuration its engines will run (checked before they start: a mismatch names the fields)."""
+    """Launcher -> head, the first frame of a node link (spec §5.7): which ranks it brings, and the parallel
+    configuration its engines run (a headless node says it before they start: a mismatch names the fields).
+    A hybrid node with S > 0 or an external rank server opens one once it serves, with its processes, so that
+    every endpoint's ``/server_info`` shows the whole deployment."""
 
     start_rank: int
     size_local: int
@@ -267,13 +292,23 @@ class NodeHello(_Msg, frozen=True):
     pid: int
     protocol_version: int
     config_summary: dict[str, Any]
+    role: str = "headless"  # "headless" | "hybrid" | "external"
+    processes: list[ProcessRow] = []
 
 
 class NodeAccepted(_Msg, frozen=True):
-    """Head -> headless launcher: the node belongs to the deployment; its engines may start."""
+    """Head -> launcher: the node belongs to the deployment (a headless node's engines may start)."""
 
     head_host: str
     head_pid: int
+    node_index: int = 0
+
+
+class NodeTopology(_Msg, frozen=True):
+    """Head -> hybrid/external nodes: the deployment's processes and nodes, each time they change."""
+
+    processes: list[ProcessRow]
+    nodes: list[NodeRow]
 
 
 class NodeShutdown(_Msg, frozen=True):
@@ -287,7 +322,7 @@ Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
     AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead,
     Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
-    StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown,
+    StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeTopology,
 ]
 
 
@@ -315,29 +350,6 @@ class Shutdown(_Msg, frozen=True):
     """Launcher -> API server or engine: stop in order; ``reason`` names a teardown to abandoned requests."""
 
     reason: str | None = None
-
-
-class ProcessRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One process of the node, as ``/server_info`` shows it."""
-
-    role: str
-    rank: int | None
-    client_index: int | None
-    pid: int
-    host: str
-    ports: dict[str, int | str | None]
-    node: int = 0  # the launch (node) it belongs to: an index into the NodeRow list, 0 the answering one's head
-
-
-class NodeRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One node (launch) of the deployment, as ``/server_info`` shows it."""
-
-    node: int
-    role: str  # "head" | "headless" | "hybrid" | "external"
-    host: str
-    pid: int | None  # its launcher's pid, when known
-    ranks: list[int]
-    state: str  # "alive" | "lost" | "stopped"
 
 
 class ProcessTable(_Msg, frozen=True):

@@ -92,6 +92,27 @@ async def publish_process_table(node: RunningNode) -> None:
                     await ch.control.send(m.ProcessTable(processes=table, nodes=nodes))
                 except _SEND_ERRORS:
                     pass
+    for remote in node.remote_nodes:  # hybrid/external nodes show the head's whole view on their endpoints
+        if remote.entry.role != "headless" and not remote.closed.is_set():
+            with anyio.move_on_after(1.0):
+                try:
+                    await remote.link.send(m.NodeTopology(processes=table, nodes=nodes))
+                except _SEND_ERRORS:
+                    pass
+
+
+async def publish_topology(node: RunningNode, processes: list[m.ProcessRow], nodes: list[m.NodeRow]) -> None:
+    """A hybrid/external node: the head's view of the deployment, to this node's API servers as is."""
+    if node.inproc_client is not None:
+        node.inproc_client.processes = [_row_dict(row) for row in processes]
+        node.inproc_client.nodes = [_row_dict(row) for row in nodes]
+    for ch in node.children:
+        if ch.role == API_SERVER and not ch.exited.is_set():
+            with anyio.move_on_after(1.0):
+                try:
+                    await ch.control.send(m.ProcessTable(processes=processes, nodes=nodes))
+                except _SEND_ERRORS:
+                    pass
 
 
 def _row_dict(row: m.ProcessRow | m.NodeRow) -> dict[str, object]:
@@ -103,7 +124,7 @@ def _row_dict(row: m.ProcessRow | m.NodeRow) -> dict[str, object]:
 
 async def _stop_remote_nodes(node: RunningNode, deadline: float) -> None:
     """``NodeShutdown`` (or ``Teardown`` after a failure) to every headless node; wait until they left."""
-    if not node.remote_nodes:
+    if not any(r.entry.role == "headless" for r in node.remote_nodes):
         return
     if node.failure is not None:
         await tell_nodes(node, m.Teardown(reason=node.failure))
@@ -161,7 +182,7 @@ async def stop_all(node: RunningNode) -> None:
 async def tell_nodes(node: RunningNode, msg: m.Message) -> None:
     """Best effort, one second each: ``NodeShutdown`` or ``Teardown`` to every headless node still linked."""
     for remote in node.remote_nodes:
-        if not remote.closed.is_set():
+        if remote.entry.role == "headless" and not remote.closed.is_set():
             with anyio.move_on_after(1.0):
                 try:
                     await remote.link.send(msg)
@@ -170,6 +191,8 @@ async def tell_nodes(node: RunningNode, msg: m.Message) -> None:
 
 
 async def wait_nodes_gone(node: RunningNode) -> None:
-    """Until every headless node closed its node link (after its engines exited)."""
+    """Until every headless node closed its node link (after its engines exited). Hybrid and external nodes
+    stop on their own signals; their topology links close with this process."""
     for remote in node.remote_nodes:
-        await remote.closed.wait()
+        if remote.entry.role == "headless":
+            await remote.closed.wait()

@@ -104,11 +104,13 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
             await link.send(m.HandshakeError(reason=problem or "refused"))
         _refuse(node, problem or "a node was refused")
         return
-    await link.send(m.NodeAccepted(head_host=socket.gethostname(), head_pid=os.getpid()))
+    await link.send(m.NodeAccepted(head_host=socket.gethostname(), head_pid=os.getpid(), node_index=entry.index))
     log.info("%s joined", entry.describe())
     remote = RemoteNodeLink(entry, link)
     node.remote_nodes.append(remote)
     plan = node.plan
+    if hello.role != "headless" and node.started:  # every endpoint's /server_info: the whole deployment
+        await publish_process_table(node)
     try:
         why = await keep_link(link, lambda msg: None, interval_s=plan.heartbeat_interval_s,
                               timeout_s=plan.heartbeat_timeout_s, sender="head")
@@ -124,9 +126,9 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
                                             f"no heartbeat for {plan.heartbeat_timeout_s:g} s"))
     if plan.is_moe:
         node.fail(f"{what}; the MoE group is torn down")
-    elif not node.started:
+    elif not node.started and hello.role == "headless":
         node.fail(f"startup failed: {what}")
-    else:
+    else:  # dense: the other nodes keep serving (a hybrid node's own endpoint went with it)
         log.error("%s; %s %s the balancer, the other ranks keep serving", what, span(lost),
                   "leaves" if len(lost) == 1 else "leave")
         await publish_process_table(node)

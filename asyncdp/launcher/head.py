@@ -39,6 +39,7 @@ from asyncdp.launcher.headless import start_headless
 from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config, plan_summary
 from asyncdp.launcher.node import RunningNode, node_role
 from asyncdp.launcher.node_book import NodeBook, span
+from asyncdp.launcher.peer_link import follow_head_topology, wants_topology_link
 from asyncdp.launcher.plan import API_SERVER
 from asyncdp.launcher.startup import head_handshake_addr, run_startup, start_node
 from asyncdp.logs import DrainCounts, serving_line, stopped_line
@@ -132,6 +133,8 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str,
             log.info("%s", _ready_line(node))
             if not headless:
                 await publish_process_table(node)
+            if wants_topology_link(node):
+                tg.start_soon(follow_head_topology, node, summary)
         await node.shutdown.wait()
         await stop_all(node)
         if node.head_link is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
 
 from asyncdp import messages as m
 from asyncdp.apiserver.client import DPClient
@@ -131,6 +132,10 @@ class RunningNode:
         if book is not None:
             for remote in self.remote_nodes:
                 entry = remote.entry
+                if entry.role != "headless":  # it reported its own processes
+                    rows.extend(msgspec.structs.replace(row, node=entry.index) for row in entry.processes
+                                if row.role != "engine")
+                    continue
                 rows.append(m.ProcessRow(role="headless_launcher", rank=None, client_index=None,
                                          pid=entry.pid or 0, host=entry.host, ports={}, node=entry.index))
             local = set(self.plan.deployment.local_ranks)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncdp.config.flags import config_hash, config_mismatch_message, summary_differences
-from asyncdp.messages import PROTOCOL_VERSION, Hello, NodeHello, NodeRow
+from asyncdp.messages import PROTOCOL_VERSION, Hello, NodeHello, NodeRow, ProcessRow
 
 
 def span(ranks: list[int] | tuple[int, ...] | range) -> str:
@@ -66,6 +66,7 @@ class NodeEntry:
     pid: int | None  # its launcher's pid (None: not known yet)
     ranks: list[int]
     state: str = "alive"  # "alive" | "lost" | "stopped"
+    processes: list[ProcessRow] = field(default_factory=list)  # what a hybrid/external node reported of itself
 
     def describe(self) -> str:
         where = f"{self.host}, pid {self.pid}" if self.pid else self.host
@@ -93,24 +94,37 @@ class NodeBook:
     # ------------------------------------------------------------------ arrivals
 
     def admit_node(self, hello: NodeHello) -> tuple[NodeEntry | None, str | None]:
-        """A headless launcher's ``NodeHello``: its entry, or the reason it is refused."""
+        """A launcher's ``NodeHello``: its entry, or the reason it is refused.
+
+        A headless node joins an internal-LB deployment before its engines start. A hybrid node (S > 0) or an
+        external rank server joins a deployment of its own mode once it serves; its engines may have said
+        ``Hello`` already, so the entry they created (same launcher pid) is completed, not refused as an
+        overlap."""
         ranks = list(range(hello.start_rank, hello.start_rank + hello.size_local))
-        who = f"the headless node with {span(ranks)} ({hello.host}, pid {hello.pid})"
+        who = f"the {hello.role} node with {span(ranks)} ({hello.host}, pid {hello.pid})"
         if hello.protocol_version != PROTOCOL_VERSION:
             return None, f"{who} speaks protocol_version {hello.protocol_version}, the head {PROTOCOL_VERSION}"
-        if self.mode != "internal":
-            return None, (f"{who} joined a {self.mode}-LB deployment; headless nodes belong to internal-LB "
-                          "deployments (drop --headless and give that node its own API endpoint)")
+        expected = "internal" if hello.role == "headless" else hello.role
+        if self.mode != expected:
+            if hello.role == "headless":
+                return None, (f"{who} joined a {self.mode}-LB deployment; headless nodes belong to internal-LB "
+                              "deployments (drop --headless and give that node its own API endpoint)")
+            return None, f"{who} joined a {self.mode}-LB deployment; every node must use the same LB mode"
         if not ranks or ranks[0] < 0 or ranks[-1] >= self.dp_size:
             return None, f"{who} is outside the deployment's ranks [0, {self.dp_size})"
+        known = next((n for n in self.nodes[1:] if n.role == hello.role and n.pid == hello.pid
+                      and n.host == hello.host and n.state != "lost"), None)
         for node in self.nodes:
-            if node.state != "lost" and (taken := sorted(set(ranks) & set(node.ranks))):
+            if node is not known and node.state != "lost" and (taken := sorted(set(ranks) & set(node.ranks))):
                 return None, f"{who} overlaps {node.describe()} in {span(taken)}"
         diffs = summary_differences(hello.config_summary, self.summary)
         if diffs:
             return None, f"configuration mismatch: {who} differs from the head in {', '.join(diffs)}"
-        entry = NodeEntry(len(self.nodes), "headless", hello.host, hello.pid, ranks)
-        self.nodes.append(entry)
+        entry = known or NodeEntry(len(self.nodes), hello.role, hello.host, hello.pid, ranks)
+        entry.ranks = ranks
+        entry.processes = list(hello.processes)
+        if known is None:
+            self.nodes.append(entry)
         return entry, None
 
     def admit_engine(self, hello: Hello) -> str | None:

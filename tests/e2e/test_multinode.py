@@ -115,19 +115,10 @@ async def test_server_info_on_the_head_lists_every_node(layout: Layout) -> None:
     assert {n["state"] for n in nodes} == {"alive"}
 
 
-HYBRID_PROCESSES = ("product defect: in hybrid mode the head's /server_info lists the other node's engines but "
-                    "not its launcher/API server (the node row has the launcher's pid), so 'processes' does not "
-                    "list every process of the deployment")
-HYBRID_NODES = ("product defect: the hybrid node with S > 0 answers /server_info with only itself in 'nodes' "
-                "(as node 0, role hybrid), not the whole topology the head shows")
-
-
-async def test_server_info_on_every_other_endpoint_lists_every_node(
-        layout: Layout, request: pytest.FixtureRequest) -> None:
+async def test_server_info_on_every_other_endpoint_lists_every_node(layout: Layout) -> None:
     """Issue 8: /server_info on any API server shows the whole topology (only hybrid has a second endpoint)."""
     if len(layout.dep.endpoints) == 1:
         pytest.skip("one endpoint: the head's view is checked above")
-    request.applymarker(pytest.mark.xfail(strict=True, reason=HYBRID_NODES))
     async with httpx.AsyncClient(timeout=5.0) as http:
         for endpoint in layout.dep.endpoints[1:]:
             info = (await http.get(f"{endpoint.base_url}/server_info")).json()
@@ -137,11 +128,8 @@ async def test_server_info_on_every_other_endpoint_lists_every_node(
                 ("hybrid", [2, 3], layout.dep.nodes[1].process.pid)], nodes
 
 
-async def test_server_info_on_the_head_lists_every_process_of_the_deployment(
-        layout: Layout, request: pytest.FixtureRequest) -> None:
+async def test_server_info_on_the_head_lists_every_process_of_the_deployment(layout: Layout) -> None:
     """pid, role, rank and node of every process of every node's tree, as /proc sees the trees."""
-    if layout.name == "hybrid":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=HYBRID_PROCESSES))
     async with httpx.AsyncClient(timeout=5.0) as http:
         info = (await http.get(f"{layout.dep.head.base_url}/server_info")).json()
     listed = {p["pid"]: p for p in info["processes"]}

@@ -262,3 +262,25 @@ def test_an_api_only_head_has_an_empty_node_of_its_own() -> None:
     entry, problem = b.admit_node(node_hello(start=0, size=2))
     assert problem is None and entry is not None
     assert b.rows()[0].ranks == [] and b.node_of(0) is entry
+
+
+def test_a_hybrid_node_joining_after_its_engines_completes_their_entry_with_its_processes() -> None:
+    from asyncdp.messages import ProcessRow
+
+    b = book(mode="hybrid")
+    assert b.admit_engine(hello(2, local=False, headless=False, launcher_pid=500)) is None
+    api = ProcessRow(role="api_server", rank=None, client_index=0, pid=500, host="h1", ports={})
+    entry, problem = b.admit_node(node_hello(role="hybrid", pid=500, processes=[api]))
+    assert problem is None and entry is not None
+    assert [(n.index, n.role, n.pid, n.ranks) for n in b.nodes] == [(0, "head", 100, [0, 1]),
+                                                                   (1, "hybrid", 500, [2, 3])]
+    assert entry.processes == [api]
+
+
+def test_a_hybrid_node_overlapping_another_launchs_ranks_or_of_another_mode_is_refused() -> None:
+    b = book(mode="hybrid")
+    assert b.admit_engine(hello(2, local=False, headless=False, launcher_pid=500)) is None
+    entry, problem = b.admit_node(node_hello(role="hybrid", pid=600))  # ranks 2..3 came from launcher 500
+    assert entry is None and problem is not None and "overlaps" in problem and "pid 500" in problem
+    entry, problem = b.admit_node(node_hello(start=2, size=1, role="external", pid=700))
+    assert entry is None and problem is not None and "every node must use the same LB mode" in problem

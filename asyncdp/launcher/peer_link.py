@@ -1,0 +1,87 @@
+"""A hybrid node with ``S > 0`` (or an external rank server ``r > 0``) on the head's node link, for the topology.
+
+Theory of operation
+-------------------
+Such a node serves on its own: its engines handshake with the head and with this node's front-end, its API
+servers follow the head's coordinator. Once it serves, :func:`follow_head_topology` opens a node link to the
+head's handshake listener and says ``NodeHello`` with ``role`` = its mode, its configuration summary and its own
+processes; the head admits it (same checks as a headless node, the ranks its engines already brought included)
+and answers ``NodeAccepted``. From then on the head sends ``NodeTopology`` (every process and node of the
+deployment) whenever its view changes, and this node hands it to its API servers as is: ``/server_info`` on any
+endpoint shows the whole deployment. Heartbeats go both ways. Losing the link is not a failure here (a dense
+hybrid node keeps serving its ranks when the head is gone, spec §11.1; a MoE group's teardown comes through the
+coordinator): it is logged and the endpoints fall back to this node's own view.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import anyio
+
+from asyncdp import messages as m
+from asyncdp.launcher.children import publish_process_table, publish_topology
+from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.startup import head_handshake_addr
+from asyncdp.transport import LINK_ERRORS, connect_with_retry
+from asyncdp.transport.heartbeat import keep_link
+
+log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
+
+JOIN_TIMEOUT_S = 30.0
+
+
+def wants_topology_link(node: RunningNode) -> bool:
+    """A front-end whose engines handshake with another launch's head (hybrid S > 0, external r > 0)."""
+    link = node.table.link("handshake")
+    return link is not None and link.action == "connect" and not node.plan.deployment.headless
+
+
+async def follow_head_topology(node: RunningNode, summary: dict[str, object]) -> None:
+    """Task, after startup: join the head as a peer node and mirror its topology to this node's API servers."""
+    dep = node.plan.deployment
+    addr = head_handshake_addr(node)
+    try:
+        with anyio.fail_after(JOIN_TIMEOUT_S):
+            link = await connect_with_retry(addr, timeout_s=JOIN_TIMEOUT_S, what="the head front-end")
+            await link.send(m.NodeHello(start_rank=dep.dp_start_rank, size_local=dep.dp_size_local,
+                                        host=socket.gethostname(), pid=os.getpid(),
+                                        protocol_version=m.PROTOCOL_VERSION, config_summary=dict(summary),
+                                        role=dep.mode, processes=node.process_table()))
+            answer = await link.receive()
+    except (TimeoutError, anyio.EndOfStream, *LINK_ERRORS) as exc:
+        log.warning("could not join the head at %s for the deployment's topology (%s); /server_info shows this "
+                    "node only", addr, type(exc).__name__)
+        return
+    if not isinstance(answer, m.NodeAccepted):
+        reason = answer.reason if isinstance(answer, m.HandshakeError) else type(answer).__name__
+        log.warning("the head at %s refused this node's topology link: %s", addr, reason)
+        await link.aclose()
+        return
+    send, receive = anyio.create_memory_object_stream[m.NodeTopology](16)
+
+    def on_message(msg: m.Message) -> bool:
+        if isinstance(msg, m.NodeTopology):
+            try:
+                send.send_nowait(msg)
+            except anyio.WouldBlock:  # the publisher is behind: a newer view follows
+                pass
+        return False
+
+    async def publish() -> None:
+        async for topology in receive:
+            await publish_topology(node, topology.processes, topology.nodes)
+
+    plan = node.plan
+    async with link, send, receive, anyio.create_task_group() as tg:
+        tg.start_soon(publish)
+        why = await keep_link(link, on_message, interval_s=plan.heartbeat_interval_s,
+                              timeout_s=plan.heartbeat_timeout_s, sender=f"node-{dep.dp_start_rank}")
+        tg.cancel_scope.cancel()
+    if node.shutdown.is_set():
+        return
+    log.warning("lost the head's node link at %s (%s): this node keeps serving its ranks; /server_info shows "
+                "this node only", addr, "closed" if why == "closed" else "no heartbeat")
+    await publish_process_table(node)
