@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -199,16 +200,25 @@ async def _start_api_children(node: RunningNode, tg: anyio.abc.TaskGroup,
     return children
 
 
-async def _host_rendezvous(node: RunningNode) -> None:
-    """A MoE group's torch.distributed rendezvous, hosted here on the DP address, port 0 (spec §5.5)."""
+def _rendezvous_store(host: str, device: str) -> tuple[Any, int, str]:
+    """In a worker thread: importing torch takes seconds, and the event loop keeps heartbeating meanwhile."""
     from asyncdp.model.distributed import dp_backend, host_rendezvous_store
 
+    store, port = host_rendezvous_store(host)
+    return store, port, dp_backend(device)
+
+
+async def _host_rendezvous(node: RunningNode) -> None:
+    """A MoE group's torch.distributed rendezvous, hosted here on the DP address, port 0 (spec §5.5).
+
+    Off the event loop, import included: a headless node that joined already is heartbeating to this loop, and
+    a loop blocked in ``import torch`` for longer than ``--dp-heartbeat-timeout-s`` lost it."""
     plan = node.plan
     host = plan.deployment.data_parallel_address
-    node.rendezvous_store, store_port = await anyio.to_thread.run_sync(host_rendezvous_store, host)
     device = "cuda" if plan.engine.device == "cuda" else "cpu"
+    node.rendezvous_store, store_port, backend = await anyio.to_thread.run_sync(_rendezvous_store, host, device)
     node.dp_group_info = m.DPGroupInfo(master_addr=host, master_port=store_port, dp_size=plan.dp_size,
-                                       backend=dp_backend(device))
+                                       backend=backend)
 
 
 def engine_threads(plan_local_engines: int) -> int:

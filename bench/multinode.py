@@ -1,0 +1,177 @@
+"""Multi-node overhead and failure detection, side by side in one run (issue 8).
+
+Three deployments of the same model and rank count on loopback, driven by the same burst of completions:
+
+* ``one node``: ``-dp 2`` (every link a Unix socket);
+* ``head + headless``: ``-dp 2 -dpl 1`` on the head and ``-dp 2 -dpl 1 -dpr 1 --headless`` as a second launch
+  (the handshake, client, coordinator and rendezvous links of the remote rank go over TCP);
+* ``hybrid``: two launches with ``-dph``, each an endpoint for its own rank, the burst split between them.
+
+It prints requests/s and mean/p99 latency per deployment and their ratio to ``one node``, then kills the head's
+tree of the head + headless deployment and reports how long the headless node took to notice and exit.
+
+Run: ``.venv/bin/python bench/multinode.py [--requests 200] [--concurrency 16] [--max-tokens 16]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.serving import ROOT, free_port  # noqa: E402
+
+MODEL = "builtin:tiny-dense"
+BASE = ("--executor", "torch", "--max-model-len", "512", "--torch-threads", "1", "--api-server-count", "1")
+
+
+@contextmanager
+def launch(*args: str, port: int | None, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    cmd = [sys.executable, "-m", "asyncdp", "serve", MODEL, *BASE, *args]
+    if port is not None:
+        cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                                start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def wait_healthy(urls: list[str], timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(urls)
+    while pending:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not healthy within {timeout_s:g} s: {pending}")
+        try:
+            if httpx.get(f"{pending[0]}/health", timeout=2.0).status_code == 200:
+                pending.pop(0)
+                continue
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+
+
+async def burst(urls: list[str], n: int, concurrency: int, max_tokens: int) -> tuple[float, list[float]]:
+    """``n`` completions spread round-robin over ``urls``; returns (wall seconds, per-request latencies)."""
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    async with httpx.AsyncClient(timeout=60.0) as http:
+        async def one(i: int) -> None:
+            async with sem:
+                t0 = time.perf_counter()
+                r = await http.post(f"{urls[i % len(urls)]}/v1/completions",
+                                    json={"model": MODEL, "prompt": f"request {i} of the burst", "max_tokens": max_tokens,
+                                          "ignore_eos": True, "temperature": 1.0})
+                r.raise_for_status()
+                latencies.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        return time.perf_counter() - t0, latencies
+
+
+def measure(name: str, urls: list[str], args: argparse.Namespace) -> dict[str, float]:
+    asyncio.run(burst(urls, min(20, args.requests), args.concurrency, args.max_tokens))  # warm-up
+    wall, lat = asyncio.run(burst(urls, args.requests, args.concurrency, args.max_tokens))
+    lat.sort()
+    row = {"rps": args.requests / wall, "mean_s": statistics.fmean(lat), "p99_s": lat[int(0.99 * (len(lat) - 1))]}
+    print(f"  {name:<16} {row['rps']:7.1f} req/s  mean {row['mean_s'] * 1000:7.1f} ms  p99 {row['p99_s'] * 1000:7.1f} ms",
+          flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--log", type=Path, default=Path("/tmp/asyncdp-bench-multinode.log"))
+    args = parser.parse_args()
+    rows: dict[str, dict[str, float]] = {}
+    print(f"{args.requests} completions of {args.max_tokens} tokens, concurrency {args.concurrency}, "
+          f"{MODEL}, 2 ranks (log: {args.log})", flush=True)
+
+    port = free_port()
+    with launch("-dp", "2", port=port, log=args.log):
+        wait_healthy([f"http://127.0.0.1:{port}"])
+        rows["one node"] = measure("one node", [f"http://127.0.0.1:{port}"], args)
+
+    port, rpc = free_port(), free_port()
+    net = ("-dpa", "127.0.0.1", "-dpp", str(rpc))
+    detect_s = None
+    with ExitStack() as stack:
+        head = stack.enter_context(launch("-dp", "2", "-dpl", "1", *net, port=port, log=args.log))
+        node = stack.enter_context(launch("-dp", "2", "-dpl", "1", "-dpr", "1", "--headless", *net, port=None,
+                                          log=args.log))
+        wait_healthy([f"http://127.0.0.1:{port}"])
+        rows["head + headless"] = measure("head + headless", [f"http://127.0.0.1:{port}"], args)
+        tree = [head.pid, *_descendants(head.pid)]  # its children lead their own sessions: kill each
+        t0 = time.monotonic()
+        for pid in tree:
+            _kill(pid)
+        code = node.wait(timeout=30)
+        detect_s = time.monotonic() - t0
+        print(f"  head SIGKILLed: the headless node exited with {code} after {detect_s:.2f} s", flush=True)
+
+    p0, p1, rpc = free_port(), free_port(), free_port()
+    net = ("-dpa", "127.0.0.1", "-dpp", str(rpc), "-dph")
+    with ExitStack() as stack:
+        stack.enter_context(launch("-dp", "2", "-dpl", "1", "-dpr", "1", *net, port=p1, log=args.log))
+        stack.enter_context(launch("-dp", "2", "-dpl", "1", "-dpr", "0", *net, port=p0, log=args.log))
+        urls = [f"http://127.0.0.1:{p0}", f"http://127.0.0.1:{p1}"]
+        wait_healthy(urls)
+        rows["hybrid"] = measure("hybrid", urls, args)
+
+    base = rows["one node"]
+    print("\nratio to one node (req/s, mean latency, p99 latency):")
+    for name, row in rows.items():
+        print(f"  {name:<16} {row['rps'] / base['rps']:5.2f}  {row['mean_s'] / base['mean_s']:5.2f}  "
+              f"{row['p99_s'] / base['p99_s']:5.2f}")
+
+
+def _descendants(root: int) -> list[int]:
+    out, todo = [], [root]
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                text = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(entry))
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+if __name__ == "__main__":
+    main()
