@@ -20,6 +20,7 @@ node, no process left in any tree and no traceback in any log; the finalizer SIG
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -32,12 +33,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
 from tests.e2e.conftest import BASE_ARGS, MODEL, READY_TIMEOUT_S, ROOT, Server, free_port
 
 LOST_RACE = re.compile(r"cannot listen on .*in use")
+LONG = 400  # tokens: long enough to be in flight when a test acts on the first one
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,60 @@ def deployment(log_dir: Path, *specs: NodeSpec, model: str = MODEL, wait_before:
     finally:
         if any(n.process.poll() is None or n.remaining() for n in dep.nodes):
             dep.kill_all()
+
+
+# ---------------------------------------------------------------------------------------------- acting on nodes
+
+
+def kill_tree(node: Server) -> None:
+    """SIGKILL every process of a node's tree (its children lead their own sessions: no one process group)."""
+    node.remember_tree()
+    for pid in [node.process.pid, *node.remaining()]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    node.process.wait(timeout=5)
+
+
+async def wait_code(node: Server, timeout_s: float, dep: Deployment) -> int:
+    """The node's exit code; fails the test (with every log) if it is still running at the deadline."""
+    try:
+        return await anyio.to_thread.run_sync(lambda: node.process.wait(timeout=timeout_s))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{node.args} did not exit within {timeout_s} s\n{dep.logs()}")
+
+
+async def stream_completion(http: httpx.AsyncClient, started: anyio.Event, out: list[tuple[object, ...]],
+                            **body: object) -> None:
+    """A streamed completion (``body`` overrides the defaults): appends ("done", chunks, finish_reason) or
+    ("error", status or error object or transport error); ``started`` is set at the first chunk or the end."""
+    chunks = 0
+    finish = None
+    payload = {"model": MODEL, "prompt": "tell me a long story", "max_tokens": LONG, "ignore_eos": True,
+               "stream": True, **body}
+    try:
+        async with http.stream("POST", "/v1/completions", json=payload) as r:
+            if r.status_code != 200:
+                out.append(("error", r.status_code))
+                started.set()
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    out.append(("error", data["error"]))
+                    started.set()
+                    return
+                chunks += 1
+                started.set()
+                finish = data["choices"][0].get("finish_reason") or finish
+    except httpx.HTTPError as exc:
+        out.append(("error", repr(exc)))
+        started.set()
+        return
+    out.append(("done", chunks, finish))
 
 
 # ---------------------------------------------------------------------------------------------- layouts
