@@ -16,6 +16,10 @@ the deployment, local or remote, is ready — and fails with all logs if any nod
 tree once healthy. :meth:`Deployment.stop` signals the nodes with an endpoint (the hybrid nodes with ``S > 0``
 first, the head last; headless nodes follow the head's ``NodeShutdown``), then asserts exit code 0 on every
 node, no process left in any tree and no traceback in any log; the finalizer SIGKILLs whatever is left.
+:meth:`Deployment.drop` takes a node killed on purpose out of those checks.
+
+Tests act on nodes with :func:`kill_tree` (SIGKILL of a whole recorded tree), :func:`wait_code` (an exit code
+under a deadline) and :func:`stream_completion` (a long streamed request that reports how it ended).
 """
 
 from __future__ import annotations
@@ -96,6 +100,12 @@ class Deployment:
     def logs(self) -> str:
         return "\n".join(f"===== {s.name} ({n.log_path}) =====\n{n.log()[-3000:]}"
                          for n, s in zip(self.nodes, self.specs, strict=True))
+
+    def drop(self, name: str) -> Server:
+        """Take a node killed on purpose out of the deployment (stop() then checks only the others)."""
+        i = [s.name for s in self.specs].index(name)
+        self.specs.pop(i)
+        return self.nodes.pop(i)
 
     def remember_trees(self) -> None:
         for n in self.nodes:

@@ -103,8 +103,7 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
                                                              "max_tokens": 5})
                 assert r.status_code == 200, r.text
         assert not await anyio.to_thread.run_sync(hl.wait_gone, 5.0), dep.logs()
-        dep.nodes.remove(hl)  # killed on purpose: only the head is stopped and checked
-        dep.specs = [s for s in dep.specs if s.name != "headless"]
+        dep.drop("headless")  # killed on purpose: only the head is stopped and checked
         dep.stop()
 
 
