@@ -16,10 +16,15 @@ the deployment, local or remote, is ready — and fails with all logs if any nod
 tree once healthy. :meth:`Deployment.stop` signals the nodes with an endpoint (the hybrid nodes with ``S > 0``
 first, the head last; headless nodes follow the head's ``NodeShutdown``), then asserts exit code 0 on every
 node, no process left in any tree and no traceback in any log; the finalizer SIGKILLs whatever is left.
+:meth:`Deployment.drop` takes a node killed on purpose out of those checks.
+
+Tests act on nodes with :func:`kill_tree` (SIGKILL of a whole recorded tree), :func:`wait_code` (an exit code
+under a deadline) and :func:`stream_completion` (a long streamed request that reports how it ended).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -32,12 +37,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
 from tests.e2e.conftest import BASE_ARGS, MODEL, READY_TIMEOUT_S, ROOT, Server, free_port
 
 LOST_RACE = re.compile(r"cannot listen on .*in use")
+LONG = 400  # tokens: long enough to be in flight when a test acts on the first one
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,12 @@ class Deployment:
     def logs(self) -> str:
         return "\n".join(f"===== {s.name} ({n.log_path}) =====\n{n.log()[-3000:]}"
                          for n, s in zip(self.nodes, self.specs, strict=True))
+
+    def drop(self, name: str) -> Server:
+        """Take a node killed on purpose out of the deployment (stop() then checks only the others)."""
+        i = [s.name for s in self.specs].index(name)
+        self.specs.pop(i)
+        return self.nodes.pop(i)
 
     def remember_trees(self) -> None:
         for n in self.nodes:
@@ -213,6 +226,60 @@ def deployment(log_dir: Path, *specs: NodeSpec, model: str = MODEL, wait_before:
     finally:
         if any(n.process.poll() is None or n.remaining() for n in dep.nodes):
             dep.kill_all()
+
+
+# ---------------------------------------------------------------------------------------------- acting on nodes
+
+
+def kill_tree(node: Server) -> None:
+    """SIGKILL every process of a node's tree (its children lead their own sessions: no one process group)."""
+    node.remember_tree()
+    for pid in [node.process.pid, *node.remaining()]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    node.process.wait(timeout=5)
+
+
+async def wait_code(node: Server, timeout_s: float, dep: Deployment) -> int:
+    """The node's exit code; fails the test (with every log) if it is still running at the deadline."""
+    try:
+        return await anyio.to_thread.run_sync(lambda: node.process.wait(timeout=timeout_s))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{node.args} did not exit within {timeout_s} s\n{dep.logs()}")
+
+
+async def stream_completion(http: httpx.AsyncClient, started: anyio.Event, out: list[tuple[object, ...]],
+                            **body: object) -> None:
+    """A streamed completion (``body`` overrides the defaults): appends ("done", chunks, finish_reason) or
+    ("error", status or error object or transport error); ``started`` is set at the first chunk or the end."""
+    chunks = 0
+    finish = None
+    payload = {"model": MODEL, "prompt": "tell me a long story", "max_tokens": LONG, "ignore_eos": True,
+               "stream": True, **body}
+    try:
+        async with http.stream("POST", "/v1/completions", json=payload) as r:
+            if r.status_code != 200:
+                out.append(("error", r.status_code))
+                started.set()
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    out.append(("error", data["error"]))
+                    started.set()
+                    return
+                chunks += 1
+                started.set()
+                finish = data["choices"][0].get("finish_reason") or finish
+    except httpx.HTTPError as exc:
+        out.append(("error", repr(exc)))
+        started.set()
+        return
+    out.append(("done", chunks, finish))
 
 
 # ---------------------------------------------------------------------------------------------- layouts

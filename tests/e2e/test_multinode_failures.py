@@ -1,83 +1,39 @@
 """End to end: launch order, shutdown, node loss and refused joins across nodes (issue 8, spec §5.3, §12.5, §13).
 
 Each test runs its own small deployment (``-dp 2``: one rank on the head, one on a headless node), because each
-ends it. "Killing a node" means SIGKILL of every process of its tree as recorded from /proc (children lead their
-own sessions, so one process group does not cover a node).
+ends it (the MoE node loss is in test_multinode_moe.py, on that module's deployment). "Killing a node" means
+SIGKILL of every process of its tree as recorded from /proc (children lead their own sessions, so one process
+group does not cover a node).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
+from functools import partial
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, Server
-from tests.e2e.multinode import Deployment, deployment, head, headless, start
+from tests.e2e.conftest import MODEL
+from tests.e2e.multinode import (
+    Deployment,
+    deployment,
+    head,
+    headless,
+    kill_tree,
+    start,
+    stream_completion,
+    wait_code,
+    wait_healthy,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
-MOE = "builtin:tiny-moe"
 HEAD = head("-dp", "2", "-dpl", "1")
 HEADLESS = headless("-dp", "2", "-dpl", "1", "-dpr", "1")
-LONG = 400  # tokens: long enough to be in flight when the test acts on the first one
 DRAIN = 48  # tokens: short enough to finish within --shutdown-timeout 5 on a loaded CPU
-# MoE: the head imports torch (for the rendezvous store) on its event loop after the headless node joined, which
-# on 2 loaded cores stalls its node-link heartbeats past the default 5 s timeout (a product defect, reported);
-# a longer heartbeat timeout keeps startup alive. Loss by SIGKILL is seen by EOF, at once, either way.
-MOE_HB = ("--dp-heartbeat-timeout-s", "30")
-
-
-def kill_tree(node: Server) -> None:
-    node.remember_tree()
-    for pid in [node.process.pid, *node.remaining()]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    node.process.wait(timeout=5)
-
-
-async def wait_code(node: Server, timeout_s: float, dep: Deployment) -> int:
-    try:
-        return await anyio.to_thread.run_sync(lambda: node.process.wait(timeout=timeout_s))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{node.args} did not exit within {timeout_s} s\n{dep.logs()}")
-
-
-async def _stream(http: httpx.AsyncClient, started: anyio.Event, out: list[object], **body: object) -> None:
-    """A streamed completion: appends ("done", tokens, finish_reason) or ("error", status or message)."""
-    chunks = 0
-    finish = None
-    try:
-        async with http.stream("POST", "/v1/completions", json={
-                "model": body.pop("model", MODEL), "prompt": "tell me a long story", "max_tokens": body.pop("max_tokens", LONG),
-                "ignore_eos": True, "stream": True, **body}) as r:
-            if r.status_code != 200:
-                out.append(("error", r.status_code))
-                started.set()
-                return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
-                if "error" in data:
-                    out.append(("error", data["error"]))
-                    started.set()
-                    return
-                chunks += 1
-                started.set()
-                finish = data["choices"][0].get("finish_reason") or finish
-    except httpx.HTTPError as exc:
-        out.append(("error", repr(exc)))
-        started.set()
-        return
-    out.append(("done", chunks, finish))
 
 
 async def test_headless_node_started_first_waits_and_joins_and_sigterm_drains_across_nodes(tmp_path: Path) -> None:
@@ -88,13 +44,13 @@ async def test_headless_node_started_first_waits_and_joins_and_sigterm_drains_ac
     with deployment(tmp_path, *specs, wait_before=("headless",)) as dep:
         hl, hd = dep.node("headless"), dep.node("head")
         assert "joined the head" in hl.log()
-        out: list[object] = []
+        out: list[tuple[object, ...]] = []
         started = anyio.Event()
         async with httpx.AsyncClient(base_url=hd.base_url, timeout=60.0) as http:
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(lambda: _stream(http, started, out, data_parallel_rank=1,
-                                                     max_tokens=DRAIN))
+                    tg.start_soon(partial(stream_completion, http, started, out, data_parallel_rank=1,
+                                          max_tokens=DRAIN))
                     await started.wait()
                     dep.remember_trees()
                     hd.process.send_signal(signal.SIGTERM)
@@ -122,17 +78,18 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
     /server_info shows rank 1 dead and its node lost, /health stays 200."""
     with deployment(tmp_path, HEAD, HEADLESS, ready_timeout_s=120) as dep:
         hd, hl = dep.node("head"), dep.node("headless")
-        out: list[object] = []
+        out: list[tuple[object, ...]] = []
         async with httpx.AsyncClient(base_url=hd.base_url, timeout=30.0) as http:
             with anyio.fail_after(30):
                 async with anyio.create_task_group() as tg:
                     events = [anyio.Event() for _ in range(2)]
                     for ev in events:
-                        tg.start_soon(lambda ev=ev: _stream(http, ev, out, data_parallel_rank=1))
+                        tg.start_soon(partial(stream_completion, http, ev, out, data_parallel_rank=1))
                     for ev in events:
                         await ev.wait()
                     kill_tree(hl)
-            assert len(out) == 2 and all(o[0] == "error" for o in out), out  # type: ignore[index]
+            assert len(out) == 2, out
+            assert all(o[0] == "error" and "engine rank 1" in str(o[1]) for o in out), out
             with anyio.fail_after(15):  # within the heartbeat timeout (EOF: at once)
                 while True:
                     info = (await http.get("/server_info")).json()
@@ -145,33 +102,9 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
                 r = await http.post("/v1/completions", json={"model": MODEL, "prompt": f"after {i}",
                                                              "max_tokens": 5})
                 assert r.status_code == 200, r.text
-        dep.nodes.remove(hl)  # killed on purpose: only the head is stopped and checked
-        dep.specs = [s for s in dep.specs if s.name != "headless"]
+        assert not await anyio.to_thread.run_sync(hl.wait_gone, 5.0), dep.logs()
+        dep.drop("headless")  # killed on purpose: only the head is stopped and checked
         dep.stop()
-
-
-async def test_sigkilled_headless_moe_node_tears_the_group_down_and_the_head_exits_1(tmp_path: Path) -> None:
-    specs = (head("-dp", "2", "-dpl", "1", "--enable-expert-parallel", *MOE_HB),
-             headless("-dp", "2", "-dpl", "1", "-dpr", "1", "--enable-expert-parallel", *MOE_HB))
-    with deployment(tmp_path, *specs, model=MOE, ready_timeout_s=120) as dep:
-        hd, hl = dep.node("head"), dep.node("headless")
-        out: list[object] = []
-        async with httpx.AsyncClient(base_url=hd.base_url, timeout=30.0) as http:
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    events = [anyio.Event() for _ in range(4)]
-                    for i, ev in enumerate(events):
-                        tg.start_soon(lambda ev=ev, i=i: _stream(http, ev, out, model=MOE,
-                                                                  data_parallel_rank=i % 2))
-                    for ev in events:
-                        await ev.wait()
-                    hd.remember_tree()
-                    kill_tree(hl)
-        assert len(out) == 4 and all(o[0] == "error" for o in out), out  # type: ignore[index]
-        code = await wait_code(hd, 5, dep)
-        assert code == 1, dep.logs()
-        left = await anyio.to_thread.run_sync(dep.wait_gone, 5.0)
-        assert not left, f"left after the teardown: {left}\n{dep.logs()}"
 
 
 async def _both_fail(tmp_path: Path, head_args: tuple[str, ...], headless_args: tuple[str, ...]) -> Deployment:
@@ -197,3 +130,20 @@ async def test_headless_node_overlapping_the_heads_ranks_is_refused_by_name(tmp_
     dep = await _both_fail(tmp_path, ("-dp", "2", "-dpl", "1"), ("-dp", "2", "-dpl", "1", "-dpr", "0"))
     for n in dep.nodes:
         assert "overlaps" in n.log() and "rank 0" in n.log(), dep.logs()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "product defect: the MoE head imports torch (asyncdp.model.distributed, in startup._host_rendezvous) on its "
+    "event loop after the headless node joined, so its node-link heartbeats stop for seconds (8 s on 2 loaded "
+    "cores) and the headless node declares the head lost; a dense deployment starts with the same flags"))
+async def test_moe_head_keeps_heartbeating_to_a_headless_node_while_it_hosts_the_rendezvous(tmp_path: Path) -> None:
+    hb = ("--enable-expert-parallel", "--dp-heartbeat-interval-s", "0.2", "--dp-heartbeat-timeout-s", "1.5")
+    dep = start(tmp_path, (head("-dp", "2", "-dpl", "1", *hb), headless("-dp", "2", "-dpl", "1", "-dpr", "1", *hb)),
+                model="builtin:tiny-moe")
+    try:
+        exited = await anyio.to_thread.run_sync(wait_healthy, dep, 120.0)
+        assert "lost the head front-end" not in dep.node("headless").log(), dep.logs()
+        assert exited is None, dep.logs()
+        dep.stop()
+    finally:
+        dep.kill_all()
