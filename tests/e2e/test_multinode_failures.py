@@ -132,10 +132,6 @@ async def test_headless_node_overlapping_the_heads_ranks_is_refused_by_name(tmp_
         assert "overlaps" in n.log() and "rank 0" in n.log(), dep.logs()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "product defect: the MoE head imports torch (asyncdp.model.distributed, in startup._host_rendezvous) on its "
-    "event loop after the headless node joined, so its node-link heartbeats stop for seconds (8 s on 2 loaded "
-    "cores) and the headless node declares the head lost; a dense deployment starts with the same flags"))
 async def test_moe_head_keeps_heartbeating_to_a_headless_node_while_it_hosts_the_rendezvous(tmp_path: Path) -> None:
     hb = ("--enable-expert-parallel", "--dp-heartbeat-interval-s", "0.2", "--dp-heartbeat-timeout-s", "1.5")
     dep = start(tmp_path, (head("-dp", "2", "-dpl", "1", *hb), headless("-dp", "2", "-dpl", "1", "-dpr", "1", *hb)),
