@@ -56,7 +56,10 @@ from asyncdp.testing.sim import stream_rng
 
 #: telemetry presets (§1.1) this simulator can play: publish interval of the coordinator's periodic snapshot
 #: in seconds, or None for no coordinator (each router routes on its own in-flight counts only).
-TELEMETRY: dict[str, float | None] = {"vllm_coord": 0.1, "periodic_1s": 1.0, "periodic_10s": 10.0, "none": None}
+#: ``oracle`` is approximated by a 1 ms period: the coordinator republishes the ranks' step-end stats within 1 ms
+#: (the freshest state a rank reports; exact decision-time state would need a probe the client does not have).
+TELEMETRY: dict[str, float | None] = {"vllm_coord": 0.1, "periodic_1s": 1.0, "periodic_10s": 10.0, "none": None,
+                                      "oracle": 0.001}
 DEFAULT_MAX_MODEL_LEN = 65_536
 DEADLINE_S = 48 * 3600.0  # virtual: a run that never ends fails instead of hanging
 
@@ -94,6 +97,7 @@ class RequestEvent:
     output_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    turn: int = 0  # the record's round (multi-turn workloads), for the per-round hit rate of §8
 
 
 @dataclass(slots=True)
@@ -251,7 +255,7 @@ class _Driver:
         params = SamplingParams(max_tokens=rec.output_length, ignore_eos=True)
         t_send = self.now()
         ev = RequestEvent(req_id=rec.req_id, router=router, rank=-1, t_send_s=t_send, prompt_tokens=rec.input_length,
-                          measured=self.closed is None and t_send * 1e3 >= self.w.warmup_ms)
+                          turn=rec.turn, measured=self.closed is None and t_send * 1e3 >= self.w.warmup_ms)
         self.log.events.append(ev)
         self._outstanding += 1
         gen = self.cluster.clients[router].generate(rid, self.mat.prompt(rec), params)
