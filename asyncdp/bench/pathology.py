@@ -4,7 +4,7 @@ Each detector is a signal with a threshold; the pathology *shows* when the signa
 runs on every policy, on the workload families of its §8 row (:data:`DETECTORS`: ``families``), over the
 measured requests that completed:
 
-- ``hotspot``: the time average, over 1 s virtual samples while anything is in flight, of the busiest rank's
+- ``hotspot``: the time average, over 1 s virtual samples while at least 2·dp requests are in flight, of the busiest rank's
   outstanding requests (sent, last token not yet seen: ``waiting + running`` as the client sees it) over the
   mean; threshold 2 (rows "stale metrics herd", "prefix hot-spotting", "several routers herd");
 - ``miss_share``: the share of cache misses (requests whose cached prompt tokens are under half the prompt) that
@@ -82,7 +82,7 @@ def hotspot(log: RunLog, done: Sequence[RequestEvent]) -> float:
         while k < len(edges) and edges[k][0] <= t:
             out[edges[k][2]] += edges[k][1]
             k += 1
-        if sum(out) > 0:
+        if sum(out) >= 2 * log.dp_size:  # below that a rank cannot be "hot": 1 request on 4 ranks reads 4
             ratios.append(_ratio(out))
         t += SAMPLE_S
     return sum(ratios) / len(ratios) if ratios else 0.0
