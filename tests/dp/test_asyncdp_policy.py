@@ -1,7 +1,7 @@
 """Conformance vectors for asyncdp's own policy (``asyncdp``, asyncdp/dp/asyncdp_policy.py), hand-computed.
 
 Prompts are 16-token blocks (the policy's block size). Unless stated the cost is
-``pending + 16·decoding + others + kv_penalty + prompt_len - credit`` per rank (module docstring)."""
+``pending + 16·decoding + others + kv_penalty + prompt_len - 2·credit`` per rank (module docstring)."""
 
 from __future__ import annotations
 
@@ -47,18 +47,18 @@ def test_a_prefix_hit_wins_over_a_slightly_lighter_rank():
     assert route(p, s, first, hint=0) == 0
     p.on_first_token(s, first.req_id, 0, 1)  # rank 0: one decoding request, 16 tokens; rank 1: idle
     assert s.base == [16.0, 0.0]
-    # rank 0: 16 + 80 - 64 (4 blocks hit) = 32; rank 1: 0 + 80 = 80
+    # rank 0: 16 + 80 - 2·64 (4 blocks hit) = -32; rank 1: 0 + 80 = 80
     assert route(p, s, prompt(2), now_us=2) == 0
 
 
 def test_a_hit_loses_to_a_rank_lighter_by_more_than_the_hit():
     p = AsyncdpPolicy()
     s = p.init(2)
-    for k in range(5):  # rank 0: five decoding requests = 80 tokens of load
+    for k in range(9):  # rank 0: nine decoding requests = 144 tokens of load
         req = prompt(10 + k)
         route(p, s, req, hint=0)
         p.on_first_token(s, req.req_id, 0, 1)
-    # rank 0: 80 + 80 - 64 = 96; rank 1: 80
+    # rank 0: 144 + 80 - 2·64 = 96; rank 1: 80
     assert route(p, s, prompt(2), now_us=2) == 1
 
 
