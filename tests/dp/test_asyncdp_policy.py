@@ -63,7 +63,7 @@ def test_a_hit_loses_to_a_rank_lighter_by_more_than_the_hit():
 
 
 def test_the_hot_spot_bound_overrides_affinity():
-    p = AsyncdpPolicy(decode_tokens=0)  # isolate the bound: decoding requests cost nothing
+    p = AsyncdpPolicy(decode_tokens=0, hot_ratio=1.5, hot_slack=4)  # decoding costs nothing: the bound alone
     s = p.init(4)
     for k in range(5):
         req = prompt(10 + k)
