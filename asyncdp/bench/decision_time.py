@@ -2,11 +2,13 @@
 the prompt hashing timed apart, at several ``dp_size``.
 
 The synthetic stream: shared-prefix prompts (``GROUPS`` groups of a 256-token system prompt + a 64-token
-question, so the prefix policies' indexes hold hits), loads from a random snapshot every 100 decisions, and
-requests finishing (first token, then finish) so in-flight counts stay bounded at 4 per rank, as in a live
-client. Each decision is timed in three parts: ``hash`` (:func:`~asyncdp.dp.asyncdp_policy.prompt_hashes`, only
+question, so the prefix policies' indexes hold hits), requests finishing (first token, then finish, oldest
+first) so in-flight counts stay bounded at 4 per rank, and every 100 decisions a snapshot of the stream's own
+in-flight counts (split at random between waiting and running, random KV usage), as a live client sees. Each decision is timed in three parts: ``hash`` (:func:`~asyncdp.dp.asyncdp_policy.prompt_hashes`, only
 for a policy that hashes that way; the others hash inside ``select``), ``select`` and ``hooks``
-(``on_dispatch``). Timings are not deterministic: they never enter the deterministic JSON.
+(``on_dispatch``). The clock is the thread's CPU time (``time.thread_time_ns``, its own cost calibrated away),
+so time the process spent descheduled on a busy machine is not counted. Timings are not deterministic: they
+never enter the deterministic JSON.
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ def _requests(count: int, rng: random.Random) -> list[RequestView]:
                         max_tokens=64) for k in range(count)]
 
 
-def _snapshot(rng: random.Random, n: int) -> Snapshot:
-    return Snapshot.from_counts([[rng.randrange(0, 20), rng.randrange(0, 64), rng.random()] for _ in range(n)])
+def _snapshot(rng: random.Random, inflight: Sequence[int]) -> Snapshot:
+    """What the coordinator would report for the stream's own in-flight requests (a random split between
+    waiting and running, a random KV usage)."""
+    counts = []
+    for k in inflight:
+        waiting = rng.randint(0, k)
+        counts.append([waiting, k - waiting, rng.random()])
+    return Snapshot.from_counts(counts)
 
 
 def _stats(ns: Sequence[int], overhead: int) -> dict[str, float]:
@@ -52,6 +60,7 @@ def measure(policy: Policy | str, dp_size: int, decisions: int = 5000, seed: int
     reqs = _requests(warm + decisions, rng)
     own_hash = isinstance(pol, AsyncdpPolicy)
     live: list[tuple[str, int]] = []
+    inflight = [0] * dp_size
     t_hash, t_sel, t_hook = [], [], []
     clock = time.perf_counter_ns
     gc.collect()
@@ -59,7 +68,7 @@ def measure(policy: Policy | str, dp_size: int, decisions: int = 5000, seed: int
     try:
         for k, req in enumerate(reqs):
             if k % 100 == 0:
-                pol.on_snapshot(state, _snapshot(rng, dp_size))
+                pol.on_snapshot(state, _snapshot(rng, inflight))
             t0 = clock()
             if own_hash:
                 prompt_hashes(req, 16)
@@ -73,8 +82,10 @@ def measure(policy: Policy | str, dp_size: int, decisions: int = 5000, seed: int
                 t_sel.append(t2 - t1)
                 t_hook.append(t3 - t2)
             live.append((req.req_id, d.dp_rank))
+            inflight[d.dp_rank] += 1
             if len(live) > 4 * dp_size:
                 rid, rank = live.pop(0)
+                inflight[rank] -= 1
                 pol.on_first_token(state, rid, rank, k * 1000)
                 pol.on_finish(state, rid, rank, k * 1000)
     finally:

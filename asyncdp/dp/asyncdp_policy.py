@@ -89,6 +89,7 @@ class AsyncdpState:
     load: list[float]  # estimated in-flight requests (mine + others, weighted), for the hot-spot bound
     owners: dict[int, int] = field(default_factory=dict)  # block hash -> bitmask of ranks holding it
     lru: list[OrderedDict[int, None]] = field(default_factory=list)
+    decisions: tuple[Decision, ...] = ()
     reqs: dict[str, _Req] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)
     weight: float = 0.0  # the snapshot terms' weight (decays with age)
@@ -126,7 +127,7 @@ class AsyncdpPolicy(Policy):
             int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS)),
             float(p.get("staleness_threshold_ms", STALENESS_MS)) * 1000.0,
             [0.0] * n, [0] * n, [0] * n, [0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n,
-            lru=[OrderedDict() for _ in range(n)])
+            lru=[OrderedDict() for _ in range(n)], decisions=tuple(Decision(i) for i in range(n)))
 
     # ------------------------------------------------------------ the index
 
@@ -178,16 +179,18 @@ class AsyncdpPolicy(Policy):
             raise UnavailableError("no data-parallel rank is alive")
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         start = _tie_key(req, hashes) % n
-        try:
-            pick = base.index(best, start)
-        except ValueError:
-            pick = base.index(best)
+        pick = base.index(best)  # the first minimum at or after start, wrapping (no exception on the hot path)
+        if pick < start:
+            tail = base[start:]
+            if best in tail:
+                pick = start + tail.index(best)
+        decisions = state.decisions  # one immutable Decision per rank, made once
         if not hashes:
-            return Decision(pick)
+            return decisions[pick]
         owners = state.owners
         held = owners.get(hashes[0], 0)
         if not held:
-            return Decision(pick)
+            return decisions[pick]
         plen, bs, weight = req.prompt_len, state.block_size, self.credit_weight
         # The deepest block any rank holds bounds every credit: ranks that cannot win even with it are skipped.
         lo, hi = 1, len(hashes)
@@ -197,7 +200,9 @@ class AsyncdpPolicy(Policy):
                 lo = mid
             else:
                 hi = mid - 1
-        bound = weight * min(lo * bs, plen - 1)
+        top_credit = min(lo * bs, plen - 1)
+        bound = weight * top_credit
+        deepest = owners.get(hashes[lo - 1], 0)  # these ranks hold the whole matched run: credit top_credit
         pick_cost, pick_credit, pick_order = best + plen, 0, (pick - start) % n
         cap = -1.0
         load = state.load
@@ -207,17 +212,17 @@ class AsyncdpPolicy(Policy):
             r = low.bit_length() - 1
             b = base[r]
             if b + plen - bound > pick_cost:
-                continue
+                continue  # cannot win even with the deepest credit
             if cap < 0:
                 cap = self._hot_cap(state)
             if load[r] > cap:
                 continue
-            credit = min(self.match(state, r, hashes) * bs, plen - 1)
+            credit = top_credit if deepest & low else min(self.match(state, r, hashes) * bs, plen - 1)
             cost = b + plen - weight * credit
             order = (r - start) % n
             if (cost, -credit, order) < (pick_cost, -pick_credit, pick_order):
                 pick, pick_cost, pick_credit, pick_order = r, cost, credit, order
-        return Decision(pick)
+        return decisions[pick]
 
     def _hot_cap(self, state: AsyncdpState) -> float:
         """The hot-spot bound on a rank's estimated in-flight requests (H3)."""
