@@ -15,7 +15,8 @@ done(after_req) + think_ms)``. Records without ``after_req`` are sent by one loo
 routed before the next one goes; a record with ``after_req`` is scheduled when its predecessor's last token
 arrives. The arrival's ``max_concurrency`` caps outstanding requests (FIFO); a :class:`~asyncdp.bench.arrivals.
 Dispatch` gate (W4) issues ready requests at its rate (Poisson or uniform gaps from the ``dispatch`` stream),
-at most ``max_parallel`` outstanding, in random (``dispatch`` stream) or FIFO order. Nothing is sent after
+at most ``max_parallel`` outstanding, in random (``dispatch/pick`` stream, apart from the gaps so that every
+policy gets the same gaps, C1) or FIFO order. Nothing is sent after
 ``duration_s``; requests sent before ``warmup_ms`` are logged but not ``measured``.
 
 The result is a :class:`RunLog`: the per-request event log (virtual send, first-token and last-token times at
@@ -184,7 +185,8 @@ class _Driver:
         if self.dispatch is not None:
             cap = min(cap or self.dispatch.max_parallel, self.dispatch.max_parallel)
         self.slots = anyio.Semaphore(cap) if cap else None
-        self.rng = stream_rng(seed, "dispatch")
+        self.rng = stream_rng(seed, "dispatch")  # the gaps: the same sequence under every policy (C1)
+        self.pick_rng = stream_rng(seed, "dispatch/pick")  # the ready-queue picks (their draws vary with its size)
         self.ready: list[Record] = []
         self.ready_changed = anyio.Event()
         self.end_s = math.inf if workload.duration_s is None or closed_concurrency else workload.duration_s
@@ -233,7 +235,7 @@ class _Driver:
                 self.ready_changed = anyio.Event()
                 await self.ready_changed.wait()
             await self.slots.acquire()
-            pick = self.rng.randrange(len(self.ready)) if d.order == "random" else 0
+            pick = self.pick_rng.randrange(len(self.ready)) if d.order == "random" else 0
             rec = self.ready.pop(pick)
             await self.tg.start(self._one, rec)
             gap = self.rng.expovariate(d.rate_rps) if d.process == "poisson" else 1.0 / d.rate_rps

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 One cost per rank, in prefill-token units (H1)::
 
-    cost[i] = base[i] + prompt_len - credit[i]
-    base[i] = pending[i] + DECODE_TOKENS·decoding[i] + w·others[i] + kv_penalty[i]
+    cost[i] = base[i] + prompt_len - CREDIT_WEIGHT·credit[i]
+    base[i] = pending[i] + DECODE_TOKENS·decoding[i] + memory[i] + w·(others[i] + kv_penalty[i])
 
 - ``pending[i]``: the uncached prompt tokens this router sent to rank i that have not produced their first
   token (each request's ``prompt_len - predicted hit``, added at dispatch, removed at its first token or
@@ -18,10 +18,16 @@ One cost per rank, in prefill-token units (H1)::
   counters, and a missing report never reads as "idle" because local counters stay.
 - ``kv_penalty[i]``: ``KV_PENALTY_TOKENS·(kv_usage - 0.9)/0.1`` (weighted by ``w``) when a rank's referenced
   KV is above 90 %: a new request there waits for memory or triggers preemption.
+- ``memory[i]``: ``MEMORY_TOKENS·(index blocks of rank i)/kv_blocks_per_rank``: a soft preference for the rank
+  with the emptier cache, so new prefixes spread by memory (H8) and a rank's working set is not evicted by
+  prefixes that fit elsewhere; small next to a real load difference, so a miss still goes to the cheapest rank
+  (H2).
 - ``credit[i]``: the predicted prefix-cache hit, from the router's own history (H8): an approximate index of
   the block hashes it sent to each rank (the engine's chained 16-token block hash), each rank's set bounded by
   ``kv_blocks_per_rank`` in an LRU whose roots are refreshed last (so, as in the engine, tails are evicted
-  first and every rank's set stays prefix-closed). Capped at ``prompt_len - 1`` (the last token is computed).
+  first and every rank's set stays prefix-closed). Capped at ``prompt_len - 1`` (the last token is computed),
+  and counted ``CREDIT_WEIGHT`` (2) times: a hit saves work for the whole cluster and keeps the prefix warm for the
+  requests after it, not only this request's TTFT.
 
 Hot-spot bound (H3): a rank's credit counts only while its estimated in-flight count (mine + others) is at most
 ``max(HOT_RATIO·mean, mean + HOT_SLACK)``; past it the request is priced as a miss there, so a prefix hotter than
@@ -55,6 +61,7 @@ DECODE_TOKENS = 16.0  # [ours] a decoding request's weight, in prefill tokens
 KV_HIGH = 0.9
 KV_PENALTY_TOKENS = 4096.0
 CREDIT_WEIGHT = 2.0  # [ours] a hit saves cluster work and keeps the cache warm: worth twice its tokens
+MEMORY_TOKENS = 4096.0  # [ours] a full index costs this much: new prefixes go where memory is free (H8)
 HOT_RATIO = 2.0
 HOT_SLACK = 8.0
 STALENESS_MS = 2000.0
@@ -106,7 +113,8 @@ class AsyncdpPolicy(Policy):
 
     def __init__(self, *, decode_tokens: float = DECODE_TOKENS, hot_ratio: float = HOT_RATIO,
                  hot_slack: float = HOT_SLACK, kv_penalty_tokens: float = KV_PENALTY_TOKENS,
-                 credit_weight: float = CREDIT_WEIGHT, prefix: bool = True) -> None:
+                 credit_weight: float = CREDIT_WEIGHT, memory_tokens: float = MEMORY_TOKENS,
+                 prefix: bool = True) -> None:
         if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack and decode_tokens >= 0.")
         self.decode_tokens = decode_tokens
@@ -114,6 +122,7 @@ class AsyncdpPolicy(Policy):
         self.hot_slack = hot_slack
         self.kv_penalty = kv_penalty_tokens
         self.credit_weight = credit_weight
+        self.memory_tokens = memory_tokens
         self.prefix = prefix
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
@@ -238,7 +247,8 @@ class AsyncdpPolicy(Policy):
         kv = state.kv[i]
         if kv > KV_HIGH:
             kv_pen = self.kv_penalty * (kv - KV_HIGH) / (1.0 - KV_HIGH)
-        return (state.pending[i] + self.decode_tokens * state.decoding[i]
+        memory = self.memory_tokens * len(state.lru[i]) / state.capacity if self.memory_tokens else 0.0
+        return (state.pending[i] + self.decode_tokens * state.decoding[i] + memory
                 + weight * (state.others_tok[i] + kv_pen))
 
     def _update(self, state: AsyncdpState, i: int) -> None:

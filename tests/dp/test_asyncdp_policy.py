@@ -1,7 +1,8 @@
 """Conformance vectors for asyncdp's own policy (``asyncdp``, asyncdp/dp/asyncdp_policy.py), hand-computed.
 
 Prompts are 16-token blocks (the policy's block size). Unless stated the cost is
-``pending + 16·decoding + others + kv_penalty + prompt_len - 2·credit`` per rank (module docstring)."""
+``pending + 16·decoding + others + kv_penalty + prompt_len - 2·credit`` per rank (module docstring); the
+memory term is off (``memory_tokens=0``) except in its own test."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_make_policy_builds_asyncdp_and_the_balancer_accepts_it():
 
 
 def test_a_prefix_hit_wins_over_a_slightly_lighter_rank():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
     first = prompt(1)
     assert route(p, s, first, hint=0) == 0
@@ -52,7 +53,7 @@ def test_a_prefix_hit_wins_over_a_slightly_lighter_rank():
 
 
 def test_a_hit_loses_to_a_rank_lighter_by_more_than_the_hit():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
     for k in range(9):  # rank 0: nine decoding requests = 144 tokens of load
         req = prompt(10 + k)
@@ -81,7 +82,7 @@ def test_the_hot_spot_bound_overrides_affinity():
 
 
 def test_ties_keep_affinity_for_a_key_across_routers_and_spread_different_keys():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     picks = {route(p, p.init(4, j, 2), prompt(1, key="conversation-7")) for j in range(2)}
     assert len(picks) == 1  # an idle cluster: every rank ties; the key decides, the same for both routers
     s = p.init(4)
@@ -92,7 +93,7 @@ def test_ties_keep_affinity_for_a_key_across_routers_and_spread_different_keys()
 
 
 def test_two_api_servers_do_not_herd_onto_one_rank_in_one_snapshot_window():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     states = [p.init(4, j, 2) for j in range(2)]
     snap = snapshot((0, 0, 0.0), (0, 0, 0.0), (0, 0, 0.0), (0, 0, 0.0))
     per_rank = [0] * 4
@@ -105,7 +106,7 @@ def test_two_api_servers_do_not_herd_onto_one_rank_in_one_snapshot_window():
 
 
 def test_a_stale_snapshot_decays_to_the_local_counters():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
     local = prompt(1, prefix=tuple(range(7000, 7064)))
     route(p, s, local, hint=1)
@@ -118,7 +119,7 @@ def test_a_stale_snapshot_decays_to_the_local_counters():
 
 
 def test_snapshots_reconcile_with_local_counts_instead_of_overwriting_them():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
     a = RequestView("a", tuple(range(40)))
     route(p, s, a, hint=0)  # ours, waiting on rank 0
@@ -128,14 +129,14 @@ def test_snapshots_reconcile_with_local_counts_instead_of_overwriting_them():
 
 
 def test_a_nearly_full_kv_cache_is_penalised():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
     p.on_snapshot(s, snapshot((0, 0, 0.95), (0, 0, 0.5)))
     assert s.base == [pytest.approx(2048.0), 0.0]  # 4096 · (0.95 - 0.9) / 0.1
 
 
 def test_hinted_requests_bypass_the_policy_but_count_as_load():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
     req = RequestView("h", tuple(range(40)), rank_hint=1)
     d = p.select(req, None, s, 0, random.Random(0))
@@ -147,7 +148,7 @@ def test_hinted_requests_bypass_the_policy_but_count_as_load():
 
 
 def test_dead_ranks_are_skipped_and_forgotten_by_the_index():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
     route(p, s, prompt(1), hint=0)
     p.on_rank_dead(s, 0)
@@ -159,7 +160,7 @@ def test_dead_ranks_are_skipped_and_forgotten_by_the_index():
 
 
 def test_the_index_is_bounded_per_rank_and_evicts_tails_first():
-    p = AsyncdpPolicy()
+    p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(1, params={"kv_blocks_per_rank": 6})
     first, second = prompt(1), prompt(2, prefix=tuple(range(3000, 3064)))  # 5 blocks each
     route(p, s, first)
@@ -167,3 +168,13 @@ def test_the_index_is_bounded_per_rank_and_evicts_tails_first():
     assert len(s.lru[0]) == 6
     assert AsyncdpPolicy.match(s, 0, prompt_hashes(first, 16)) == 1
     assert AsyncdpPolicy.match(s, 0, prompt_hashes(second, 16)) == 5
+
+
+def test_a_new_prefix_goes_to_the_rank_whose_index_is_emptier():
+    p = AsyncdpPolicy(memory_tokens=4096)
+    s = p.init(2, params={"kv_blocks_per_rank": 10})
+    first = prompt(1)
+    route(p, s, first, hint=0)
+    p.on_finish(s, first.req_id, 0, 1)  # rank 0 idle again, but its index holds 5 of 10 blocks
+    assert s.base == [pytest.approx(2048.0), 0.0]
+    assert route(p, s, prompt(2, prefix=tuple(range(4000, 4064)))) == 1
