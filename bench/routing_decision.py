@@ -1,8 +1,12 @@
-"""Decision time of the routing policies: ``select`` + ``on_dispatch`` per request, at 8 and 64 ranks.
+"""Decision time of the routing policies: ``select`` + ``on_dispatch`` per request, at 8 and 64 ranks, then
+asyncdp's own policy (gate G7) at 8, 64 and 256 ranks.
 
 The `vllm` policy's target is 5 us per decision at 64 ranks. For comparison the same run times a literal
 transcription of the spec's scan loop (spec §7.2), ``vllm_legacy`` and ``round_robin``. Loads are random, a
 snapshot arrives every 100 decisions and requests finish so in-flight counts stay bounded, as in a live client.
+The ``asyncdp`` rows come from :func:`asyncdp.bench.decision_time.measure` (shared-prefix prompts; ``select``
+timed apart from the prompt hashing and the hooks), the same measurement ``asyncdp bench routing
+--decision-time`` judges G7 with: p50 and p99 of ``select`` against dp_size.
 
 Usage: python bench/routing_decision.py [--decisions N] [--seed S]
 Prints a table and writes bench/results/routing_decision.json. Timings are wall clock (not deterministic).
@@ -22,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from asyncdp.bench.decision_time import DP_SIZES, g7, measure  # noqa: E402
 from asyncdp.dp.balance import (  # noqa: E402
     Decision,
     RequestView,
@@ -108,11 +113,18 @@ def main() -> None:
     ref64 = next(r for r in rows if r["policy"] == "vllm (spec loop)" and r["ranks"] == 64)
     print(f"\nvllm at 64 ranks: mean {v64['mean_us']:.2f} us = {v64['mean_us'] / TARGET_US:.2f}x the {TARGET_US:g} us "
           f"target; {ref64['mean_us'] / v64['mean_us']:.2f}x faster than the spec loop")
+    own = [measure("asyncdp", n, min(args.decisions, 20_000), args.seed) for n in DP_SIZES]
+    print(f"\n{'asyncdp':<10} {'ranks':>5} {'select p50':>10} {'select p99':>10} {'hash p50':>9} {'hooks p50':>9}")
+    for r in own:
+        print(f"{'':<10} {r['dp']:>5} {r['select']['p50_us']:>10.2f} {r['select']['p99_us']:>10.2f} "
+              f"{r['hash']['p50_us']:>9.2f} {r['hooks']['p50_us']:>9.2f}")
+    gate, verdict, _ = g7(own, "asyncdp")
+    print(f"{gate}: {verdict} (select p50 < {TARGET_US:g} us at 64 ranks)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "routing_decision", "target_us": TARGET_US, "decisions": args.decisions, "seed": args.seed,
         "python": platform.python_version(), "machine": platform.machine(), "rows": rows,
-        "ratio_to_target_vllm_64": v64["mean_us"] / TARGET_US,
+        "ratio_to_target_vllm_64": v64["mean_us"] / TARGET_US, "asyncdp": own, "g7": verdict,
     }, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -18,6 +18,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,13 @@ TRACE_BLOCK = 512
 
 
 def known_policies() -> list[str]:
-    """The default ``--policies``: the five base ones, then every other name make_policy knows."""
+    """The default ``--policies``: the five base ones, then every other policy make_policy knows (the peers'
+    included, each with its defaults: presets are named explicitly)."""
     from asyncdp.dp.balance import POLICIES
+    from asyncdp.dp.peers import PEER_POLICIES
 
-    return [*BASE_POLICIES, *(p for p in POLICIES if p not in BASE_POLICIES)]
+    names = [*POLICIES, *(p for p in PEER_POLICIES if "@" not in p)]
+    return [*BASE_POLICIES, *(p for p in names if p not in BASE_POLICIES)]
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -56,12 +60,16 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--seeds", default="1", help="comma-separated seeds")
     p.add_argument("--routers", type=int, default=1, help="router replicas (DP clients)")
     p.add_argument("--lockstep", action="store_true", help="MoE lockstep ranks (waves)")
-    p.add_argument("--telemetry", default="vllm_coord", help="telemetry preset (vllm_coord, periodic_1s, "
-                   "periodic_10s, none)")
+    p.add_argument("--telemetry", default="vllm_coord", help="telemetry preset (vllm_coord, oracle, "
+                   "periodic_1s, periodic_10s, none)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every arrival rate")
     p.add_argument("--r-sat", type=float, default=None, help="R_sat in req/s for relative ladders "
                    "(default: measured)")
     p.add_argument("--candidate", default="asyncdp", help="the policy the gates judge")
+    p.add_argument("--robustness", action="store_true", help="also run the candidate with oracle telemetry "
+                   "and with 4 routers (gate G6)")
+    p.add_argument("--decision-time", action="store_true", help="also time the candidate's decisions at dp "
+                   "8, 64 and 256 (gate G7; wall clock, kept apart in the JSON)")
     p.add_argument("--json", help="write the JSON result here")
     p.add_argument("--plots", help="write PNG plots into this directory (needs matplotlib)")
 
@@ -120,7 +128,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.list_policies:
         print("\n".join(known_policies()))
         return 0
-    from asyncdp.bench import metrics, report
+    from asyncdp.bench import pathology, report
     from asyncdp.bench.profiles import load_profile, profile_hash
     from asyncdp.bench.records import encode_workload, resolve
     from asyncdp.bench.simulate import ClusterSpec, expand_sweep, measure_r_sat, simulate
@@ -151,8 +159,9 @@ def run(ns: argparse.Namespace) -> int:
             hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
             rungs = _rungs(workload, resolved)
             plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved))
-    advance, close = _progress(len(plans) * len(policies))
+    advance, close = _progress(len(plans) * (len(policies) + (2 if ns.robustness else 0)))
     runs: list[dict[str, Any]] = []
+    robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
     try:
         for seed, label, workload, spec, rungs in plans:
@@ -160,17 +169,36 @@ def run(ns: argparse.Namespace) -> int:
                 started = time.monotonic()
                 log = simulate(workload, policy, seed, spec)
                 logs[(label, policy, seed)] = log
-                runs.append({"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
-                             "ideal_hit_rate": workload.ideal_hit_rate, "counts": metrics.summary(log),
-                             "metrics": {k: round(v, 9) for k, v in metrics.compute(log).items()}})
-                for rung_label, ids in rungs.items():
-                    runs.append({**runs[-1], "workload": f"{label}@{rung_label}", "counts": {"requests": len(ids)},
-                                 "metrics": {k: round(v, 9) for k, v in metrics.compute(log, ids).items()}})
+                runs.extend(_entries(label, policy, seed, spec, workload, log, rungs))
+                runs[-1 - len(rungs)]["detectors"] = pathology.signals(log, workload.ideal_hit_rate)
                 advance(f"{label} {policy} seed {seed} ({time.monotonic() - started:.1f} s)")
+        if ns.robustness:
+            for seed, label, workload, spec, rungs in plans:
+                for variant, vspec in (("oracle", replace(spec, telemetry="oracle")),
+                                       ("R4", replace(spec, routers=4))):
+                    started = time.monotonic()
+                    log = simulate(workload, ns.candidate, seed, vspec)
+                    robust.extend({**e, "variant": variant}
+                                  for e in _entries(label, ns.candidate, seed, vspec, workload, log, rungs))
+                    advance(f"{label} {ns.candidate} {variant} seed {seed} ({time.monotonic() - started:.1f} s)")
     finally:
         close()
-    gate_rows = report.gates(runs, ns.candidate)
+    timing = []
+    if ns.decision_time:
+        from asyncdp.bench.decision_time import DP_SIZES, measure
+
+        timing = [measure(ns.candidate, n) for n in DP_SIZES]
+    gate_rows = [*report.gates(runs, ns.candidate), pathology.g5(runs, ns.candidate),
+                 report.g6(runs, robust, ns.candidate)]
+    if ns.decision_time:
+        from asyncdp.bench.decision_time import g7
+
+        gate_rows.append(g7(timing, ns.candidate))
+    else:
+        gate_rows.append(("G7", "n/a", "decision time not measured (run with --decision-time)"))
     print(report.tables(runs))
+    print()
+    print(pathology.table(runs))
     print()
     print(report.gates_text(gate_rows))
     header = {"seeds": seeds, "workload_hashes": hashes, "scale": ns.scale, "profile": profile.name,
@@ -178,10 +206,23 @@ def run(ns: argparse.Namespace) -> int:
               "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
               "python": platform.python_version(), "trio": _trio_version()}
     if ns.json:
-        Path(ns.json).write_text(report.to_json(runs, header, gate_rows))
+        Path(ns.json).write_text(report.to_json(runs, header, gate_rows, robust, timing))
     if ns.plots:
         _plots(Path(ns.plots), logs)
     return 0
+
+
+def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: Any,
+             rungs: dict[str, set[int]]) -> list[dict[str, Any]]:
+    """The JSON entries of one run: the whole run, then one per ladder rung."""
+    from asyncdp.bench import metrics
+
+    whole = {"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
+             "ideal_hit_rate": workload.ideal_hit_rate, "counts": metrics.summary(log),
+             "metrics": {k: round(v, 9) for k, v in metrics.compute(log).items()}}
+    return [whole, *({**whole, "workload": f"{label}@{rung_label}", "counts": {"requests": len(ids)},
+                      "metrics": {k: round(v, 9) for k, v in metrics.compute(log, ids).items()}}
+                     for rung_label, ids in rungs.items())]
 
 
 def _rungs(workload: Any, resolved: Any) -> dict[str, set[int]]:

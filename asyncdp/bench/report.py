@@ -12,11 +12,16 @@ gate reads ``n/a`` with the reason:
   has rungs; other rung entries are skipped);
 - G2: on every workload, mean TTFT ≤ 1.05 × the best other policy's;
 - G3: on every workload, prefix hit rate ≥ 0.9 × the best other policy's;
-- G4: on every workload, goodput ≥ 0.98 × ``vllm``'s.
+- G4: on every workload, goodput ≥ 0.98 × ``vllm``'s;
+- G5: no §8 pathology detector fires on the candidate (:mod:`~asyncdp.bench.pathology`);
+- G6: goodput with ``vllm_coord`` telemetry ≥ 0.95 × with ``oracle``, and with R=4 routers ≥ 0.95 × with R=1,
+  per workload (the ``robustness`` runs of ``--robustness``; :func:`g6`);
+- G7: decision time (``--decision-time``; :func:`~asyncdp.bench.decision_time.g7`).
 
-A ladder's rungs come as their own entries (``w2@0.85rsat``), so G2-G4 see every rung. What this version
-does not do: the information classes of §3 (every other policy in the run counts as a baseline), and G5-G7
-(they need detectors and timing data the simulator does not yet log).
+A ladder's rungs come as their own entries (``w2@0.85rsat``), so G2-G4 see every rung. Information classes
+(§3): G2 and G3 compare with the best baseline of the candidate's class (approximate prefix, from the router's
+own history) or a lower one (load-only), so the precise policies (:data:`PRECISE`, which read KV events) are
+left out of those two; they still appear in the tables. Other presets of the candidate are not baselines.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from typing import Any
 from asyncdp.bench.metrics import LOWER_IS_BETTER, METRIC_KEYS, mean
 
 REFERENCE_POLICY = "vllm"
+#: the precise class of §3 (KV events); G2/G3 leave them out for an approximate-class candidate
+PRECISE = ("dynamo_kv", "sglang_cache_aware@events", "llmd_weighted@precise")
+G6_RATIO = 0.95
 G1_WORKLOADS = ("w1", "w2", "w4", "w5")
 _SHORT = {"ttft_mean_s": "ttft_mean", "ttft_p50_s": "ttft_p50", "ttft_p90_s": "ttft_p90", "ttft_p99_s": "ttft_p99",
           "tpot_mean_s": "tpot_mean", "e2e_p99_s": "e2e_p99", "goodput_rps": "goodput", "throughput_tok_s": "tok/s",
@@ -103,7 +111,7 @@ def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tu
             continue
         mine = {k: v[0] for k, v in ps[candidate].items()}
         ref = ps.get(REFERENCE_POLICY)
-        others = {p: {k: v[0] for k, v in ms.items()} for p, ms in ps.items() if p != candidate}
+        others = {p: {k: v[0] for k, v in ms.items()} for p, ms in ps.items() if is_baseline(p, candidate)}
         if ref is not None and candidate != REFERENCE_POLICY:
             rung = workload.partition("@")[2]
             if family(workload) in G1_WORKLOADS and (not rung.endswith("rsat") or rung == "0.7rsat"):
@@ -130,13 +138,49 @@ def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tu
     return out
 
 
+def is_baseline(policy: str, candidate: str) -> bool:
+    """Whether ``policy`` counts as a baseline of G2/G3 for ``candidate`` (module docstring)."""
+    if policy == candidate or policy.partition("@")[0] == candidate.partition("@")[0]:
+        return False
+    return policy not in PRECISE and not policy.startswith("dynamo_kv@") or policy == "dynamo_kv@approx"
+
+
+def g6(runs: Sequence[dict[str, Any]], robust: Sequence[dict[str, Any]], candidate: str
+       ) -> tuple[str, str, str]:
+    """G6 from the ``robustness`` runs: each variant's goodput against the candidate's own reference run."""
+    if not robust:
+        return ("G6", "n/a", "no robustness runs (run with --robustness)")
+    ref = {w: ms["goodput_rps"][0] for w, ps in aggregate(runs).items() for p, ms in ps.items() if p == candidate}
+    checks: list[tuple[bool, str]] = []
+    for variant in sorted({r["variant"] for r in robust}):
+        agg = aggregate([r for r in robust if r["variant"] == variant and r["policy"] == candidate])
+        for w, ps in agg.items():
+            got = ps[candidate]["goodput_rps"][0]
+            if w not in ref:
+                continue
+            if variant == "oracle":  # the default telemetry against the oracle
+                ok, text = ref[w] >= G6_RATIO * got, f"{w}: vllm_coord {ref[w]:.4g} vs oracle {got:.4g}"
+            else:  # R routers against one
+                ok, text = got >= G6_RATIO * ref[w], f"{w}: {variant} {got:.4g} vs R=1 {ref[w]:.4g}"
+            checks.append((ok, text))
+    if not checks:
+        return ("G6", "n/a", "no robustness run matches a reference run")
+    failed = [t for ok, t in checks if not ok]
+    return ("G6", "FAIL" if failed else "PASS", "; ".join(failed or [t for _, t in checks]))
+
+
 def gates_text(rows: Sequence[tuple[str, str, str]]) -> str:
     return "\n".join(f"{gate}: {verdict}  {detail}" for gate, verdict, detail in rows)
 
 
-def to_json(runs: Sequence[dict[str, Any]], header: dict[str, Any], gate_rows: Sequence[tuple[str, str, str]]
-            ) -> str:
-    """The JSON document: ``{"header", "runs", "gates"}``, keys sorted, so a seed gives the same bytes."""
-    doc = {"header": header, "runs": list(runs),
-           "gates": [{"gate": g, "verdict": v, "detail": d} for g, v, d in gate_rows]}
+def to_json(runs: Sequence[dict[str, Any]], header: dict[str, Any], gate_rows: Sequence[tuple[str, str, str]],
+            robust: Sequence[dict[str, Any]] = (), decision_time: Sequence[dict[str, Any]] = ()) -> str:
+    """The JSON document: ``{"header", "runs", "gates"}`` (plus ``robustness`` and, wall clock and so not
+    deterministic, ``decision_time`` when measured), keys sorted, so a seed gives the same bytes."""
+    doc: dict[str, Any] = {"header": header, "runs": list(runs),
+                           "gates": [{"gate": g, "verdict": v, "detail": d} for g, v, d in gate_rows]}
+    if robust:
+        doc["robustness"] = list(robust)
+    if decision_time:
+        doc["decision_time"] = list(decision_time)
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"

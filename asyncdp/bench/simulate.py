@@ -15,7 +15,8 @@ done(after_req) + think_ms)``. Records without ``after_req`` are sent by one loo
 routed before the next one goes; a record with ``after_req`` is scheduled when its predecessor's last token
 arrives. The arrival's ``max_concurrency`` caps outstanding requests (FIFO); a :class:`~asyncdp.bench.arrivals.
 Dispatch` gate (W4) issues ready requests at its rate (Poisson or uniform gaps from the ``dispatch`` stream),
-at most ``max_parallel`` outstanding, in random (``dispatch`` stream) or FIFO order. Nothing is sent after
+at most ``max_parallel`` outstanding, in random (``dispatch/pick`` stream, apart from the gaps so that every
+policy gets the same gaps, C1) or FIFO order. Nothing is sent after
 ``duration_s``; requests sent before ``warmup_ms`` are logged but not ``measured``.
 
 The result is a :class:`RunLog`: the per-request event log (virtual send, first-token and last-token times at
@@ -56,7 +57,10 @@ from asyncdp.testing.sim import stream_rng
 
 #: telemetry presets (§1.1) this simulator can play: publish interval of the coordinator's periodic snapshot
 #: in seconds, or None for no coordinator (each router routes on its own in-flight counts only).
-TELEMETRY: dict[str, float | None] = {"vllm_coord": 0.1, "periodic_1s": 1.0, "periodic_10s": 10.0, "none": None}
+#: ``oracle`` is approximated by a 1 ms period: the coordinator republishes the ranks' step-end stats within 1 ms
+#: (the freshest state a rank reports; exact decision-time state would need a probe the client does not have).
+TELEMETRY: dict[str, float | None] = {"vllm_coord": 0.1, "periodic_1s": 1.0, "periodic_10s": 10.0, "none": None,
+                                      "oracle": 0.001}
 DEFAULT_MAX_MODEL_LEN = 65_536
 DEADLINE_S = 48 * 3600.0  # virtual: a run that never ends fails instead of hanging
 
@@ -94,6 +98,7 @@ class RequestEvent:
     output_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    turn: int = 0  # the record's round (multi-turn workloads), for the per-round hit rate of §8
 
 
 @dataclass(slots=True)
@@ -180,7 +185,8 @@ class _Driver:
         if self.dispatch is not None:
             cap = min(cap or self.dispatch.max_parallel, self.dispatch.max_parallel)
         self.slots = anyio.Semaphore(cap) if cap else None
-        self.rng = stream_rng(seed, "dispatch")
+        self.rng = stream_rng(seed, "dispatch")  # the gaps: the same sequence under every policy (C1)
+        self.pick_rng = stream_rng(seed, "dispatch/pick")  # the ready-queue picks (their draws vary with its size)
         self.ready: list[Record] = []
         self.ready_changed = anyio.Event()
         self.end_s = math.inf if workload.duration_s is None or closed_concurrency else workload.duration_s
@@ -229,7 +235,7 @@ class _Driver:
                 self.ready_changed = anyio.Event()
                 await self.ready_changed.wait()
             await self.slots.acquire()
-            pick = self.rng.randrange(len(self.ready)) if d.order == "random" else 0
+            pick = self.pick_rng.randrange(len(self.ready)) if d.order == "random" else 0
             rec = self.ready.pop(pick)
             await self.tg.start(self._one, rec)
             gap = self.rng.expovariate(d.rate_rps) if d.process == "poisson" else 1.0 / d.rate_rps
@@ -251,7 +257,7 @@ class _Driver:
         params = SamplingParams(max_tokens=rec.output_length, ignore_eos=True)
         t_send = self.now()
         ev = RequestEvent(req_id=rec.req_id, router=router, rank=-1, t_send_s=t_send, prompt_tokens=rec.input_length,
-                          measured=self.closed is None and t_send * 1e3 >= self.w.warmup_ms)
+                          turn=rec.turn, measured=self.closed is None and t_send * 1e3 >= self.w.warmup_ms)
         self.log.events.append(ev)
         self._outstanding += 1
         gen = self.cluster.clients[router].generate(rid, self.mat.prompt(rec), params)

@@ -124,7 +124,7 @@ def cache_dir() -> Path:
 # preset, checked by the CLI against make_policy's table). A test keeps this list equal to make_policy's.
 LB_POLICIES = ("vllm", "vllm_legacy", "round_robin", "random", "power_of_two", "sglang_cache_aware", "llmd_weighted",
                "dynamo_kv", "aibrix_prefix", "session_hash", "vllm_token", "smg_least_load", "smg_prefix_hash",
-               "prodstack_prefixaware", "prodstack_loadaware", "ray_prefix")
+               "prodstack_prefixaware", "prodstack_loadaware", "ray_prefix", "asyncdp")
 DEFAULT_LB_POLICY = "vllm"
 HTTP_BACKENDS = ("asyncio", "trio")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

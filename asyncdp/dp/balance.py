@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncdp.dp.asyncdp_policy import AsyncdpPolicy
 from asyncdp.dp.baselines import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
 from asyncdp.dp.hints import parse_rank, resolve_rank_hint
 from asyncdp.dp.peers import PEER_POLICIES
@@ -191,6 +192,7 @@ class VllmLegacyPolicy(VllmPolicy):
 # ---------------------------------------------------------------- registry
 
 POLICIES: dict[str, type[Policy]] = {
+    "asyncdp": AsyncdpPolicy,
     "vllm": VllmPolicy,
     "vllm_legacy": VllmLegacyPolicy,
     "round_robin": RoundRobinPolicy,

@@ -111,3 +111,25 @@ def test_gates_compare_the_candidate_with_vllm_and_the_best_other_policy():
     assert verdicts["G2"][0] == "FAIL" and "w1" in verdicts["G2"][1]  # 0.53 > 1.05 * 0.5
     assert verdicts["G3"][0] == "FAIL" and "w1" in verdicts["G3"][1]  # 0.7 < 0.9 * 0.8
     assert verdicts["G4"] == ("FAIL", "w1: goodput 9.7 vs limit 9.8")
+
+
+def test_the_asyncdp_policy_gives_the_same_json_bytes_for_the_same_seed(tmp_path):
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path in paths:
+        assert main(["bench", "routing", *TINY, "--policies", "vllm,asyncdp", "--json", str(path)]) == 0
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    doc = json.loads(paths[0].read_text())
+    assert [r["policy"] for r in doc["runs"]] == ["vllm", "asyncdp"]
+    assert "hotspot" in doc["runs"][1]["detectors"]
+
+
+def test_the_gates_g1_to_g7_are_printed_with_robustness_and_decision_time(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    assert main(["bench", "routing", *TINY, "--policies", "vllm,asyncdp", "--robustness", "--decision-time",
+                 "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for gate in ("G1", "G2", "G3", "G4", "G5", "G6", "G7"):
+        assert f"{gate}: PASS" in printed or f"{gate}: FAIL" in printed, printed
+    doc = json.loads(out.read_text())
+    assert {r["variant"] for r in doc["robustness"]} == {"oracle", "R4"}
+    assert [r["dp"] for r in doc["decision_time"]] == [8, 64, 256]

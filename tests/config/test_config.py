@@ -235,7 +235,7 @@ V13 = [
      "--dp-heartbeat-timeout-s must be greater than 2 x --dp-heartbeat-interval-s"),
     ("--lb-policy nope", "one of vllm, vllm_legacy, round_robin, random, power_of_two, sglang_cache_aware, "
                          "llmd_weighted, dynamo_kv, aibrix_prefix, session_hash, vllm_token, smg_least_load, "
-                         "smg_prefix_hash, prodstack_prefixaware, prodstack_loadaware, ray_prefix (got 'nope')"),
+                         "smg_prefix_hash, prodstack_prefixaware, prodstack_loadaware, ray_prefix, asyncdp (got 'nope')"),
     ("--backend curio", "--backend must be one of asyncio, trio (got 'curio')"),
     ("--api-server-count -1", "--api-server-count must be >= 0 (got -1)"),
     ("--max-queued-requests 0", "--max-queued-requests must be >= 1 (got 0)"),

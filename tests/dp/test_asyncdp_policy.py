@@ -1,0 +1,180 @@
+"""Conformance vectors for asyncdp's own policy (``asyncdp``, asyncdp/dp/asyncdp_policy.py), hand-computed.
+
+Prompts are 16-token blocks (the policy's block size). Unless stated the cost is
+``pending + 16·decoding + others + kv_penalty + prompt_len - 2·credit`` per rank (module docstring); the
+memory term is off (``memory_tokens=0``) except in its own test."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from asyncdp.dp.asyncdp_policy import AsyncdpPolicy, AsyncdpState, prompt_hashes
+from asyncdp.dp.balance import LoadBalancer, make_policy
+from asyncdp.dp.policy import Decision, RankLoad, RequestView, Snapshot
+from asyncdp.errors import UnavailableError
+
+PREFIX = tuple(range(1000, 1064))  # 4 blocks
+
+
+def prompt(tail: int, key: str | None = None, prefix: tuple[int, ...] = PREFIX) -> RequestView:
+    return RequestView(f"r{tail}-{key}", (*prefix, *range(tail * 100, tail * 100 + 16)), routing_key=key)
+
+
+def route(policy: AsyncdpPolicy, state: AsyncdpState, req: RequestView, now_us: int = 0,
+          hint: int | None = None) -> int:
+    if hint is not None:
+        req = RequestView(req.req_id, req.tokens, req.max_tokens, req.routing_key, hint, req.t_arrival_us)
+    d = policy.select(req, None, state, now_us, random.Random(0))
+    policy.on_dispatch(state, req, d, now_us)
+    return d.dp_rank
+
+
+def snapshot(*loads: tuple[int, int, float], at_us: int = 0) -> Snapshot:
+    return Snapshot(tuple(RankLoad(w, r, kv) for w, r, kv in loads), delivered_at_us=at_us)
+
+
+def test_make_policy_builds_asyncdp_and_the_balancer_accepts_it():
+    assert make_policy("asyncdp").name == "asyncdp"
+    lb = LoadBalancer([0, 1], policy="asyncdp")
+    assert lb.select("a", list(range(40))) in (0, 1)
+
+
+def test_a_prefix_hit_wins_over_a_slightly_lighter_rank():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    first = prompt(1)
+    assert route(p, s, first, hint=0) == 0
+    p.on_first_token(s, first.req_id, 0, 1)  # rank 0: one decoding request, 16 tokens; rank 1: idle
+    assert s.base == [16.0, 0.0]
+    # rank 0: 16 + 80 - 2·64 (4 blocks hit) = -32; rank 1: 0 + 80 = 80
+    assert route(p, s, prompt(2), now_us=2) == 0
+
+
+def test_a_hit_loses_to_a_rank_lighter_by_more_than_the_hit():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    for k in range(9):  # rank 0: nine decoding requests = 144 tokens of load
+        req = prompt(10 + k)
+        route(p, s, req, hint=0)
+        p.on_first_token(s, req.req_id, 0, 1)
+    # rank 0: 144 + 80 - 2·64 = 96; rank 1: 80
+    assert route(p, s, prompt(2), now_us=2) == 1
+
+
+def test_the_hot_spot_bound_overrides_affinity():
+    p = AsyncdpPolicy(decode_tokens=0, hot_ratio=1.5, hot_slack=4)  # decoding costs nothing: the bound alone
+    s = p.init(4)
+    for k in range(5):
+        req = prompt(10 + k)
+        route(p, s, req, hint=0)
+        p.on_first_token(s, req.req_id, 0, 1)
+    # load [5,0,0,0]: mean 1.25, cap max(1.5·1.25, 1.25+4) = 5.25 >= 5: the hit still counts
+    assert route(p, s, prompt(2), now_us=2) == 0
+    p.on_first_token(s, prompt(2).req_id, 0, 3)
+    for k in range(2):
+        req = prompt(20 + k)
+        route(p, s, req, hint=0)
+        p.on_first_token(s, req.req_id, 0, 4)
+    # load [8,0,0,0]: mean 2, cap max(3, 6) = 6 < 8: rank 0 is priced as a miss, so the prefix is replicated
+    assert route(p, s, prompt(3), now_us=5) != 0
+
+
+def test_ties_keep_affinity_for_a_key_across_routers_and_spread_different_keys():
+    p = AsyncdpPolicy(memory_tokens=0)
+    picks = {route(p, p.init(4, j, 2), prompt(1, key="conversation-7")) for j in range(2)}
+    assert len(picks) == 1  # an idle cluster: every rank ties; the key decides, the same for both routers
+    s = p.init(4)
+    again = [route(p, s, prompt(1, key="conversation-7")) for _ in range(1)]
+    assert again == list(picks)
+    spread = {route(p, p.init(4), prompt(k, key=f"user-{k}")) for k in range(32)}
+    assert spread == {0, 1, 2, 3}
+
+
+def test_two_api_servers_do_not_herd_onto_one_rank_in_one_snapshot_window():
+    p = AsyncdpPolicy(memory_tokens=0)
+    states = [p.init(4, j, 2) for j in range(2)]
+    snap = snapshot((0, 0, 0.0), (0, 0, 0.0), (0, 0, 0.0), (0, 0, 0.0))
+    per_rank = [0] * 4
+    for j, s in enumerate(states):
+        p.on_snapshot(s, snap)
+        for k in range(4):  # distinct prompts without a shared prefix
+            req = RequestView(f"c{j}-{k}", tuple(range(5000 * (4 * j + k + 1), 5000 * (4 * j + k + 1) + 48)))
+            per_rank[route(p, s, req)] += 1
+    assert per_rank == [2, 2, 2, 2]
+
+
+def test_a_stale_snapshot_decays_to_the_local_counters():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    local = prompt(1, prefix=tuple(range(7000, 7064)))
+    route(p, s, local, hint=1)
+    p.on_first_token(s, local.req_id, 1, 0)  # rank 1: one decoding request of ours (16 tokens)
+    p.on_snapshot(s, snapshot((10, 0, 0.0), (0, 1, 0.0), at_us=0))  # rank 0: 10 waiting requests of others
+    fresh = RequestView("fresh", tuple(range(9000, 9040)))
+    assert p.select(fresh, None, s, 100_000, random.Random(0)).dp_rank == 1
+    # 3 s later (past the 2 s staleness threshold) the others' work no longer counts: rank 0 is cheaper
+    assert p.select(fresh, None, s, 3_000_000, random.Random(0)).dp_rank == 0
+
+
+def test_snapshots_reconcile_with_local_counts_instead_of_overwriting_them():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    a = RequestView("a", tuple(range(40)))
+    route(p, s, a, hint=0)  # ours, waiting on rank 0
+    p.on_snapshot(s, snapshot((1, 0, 0.0), (0, 0, 0.0)))  # the snapshot shows exactly our request
+    assert s.others_cnt == [0, 0]
+    assert s.pending == [40, 0]  # the local counter survives the snapshot
+
+
+def test_a_nearly_full_kv_cache_is_penalised():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    p.on_snapshot(s, snapshot((0, 0, 0.95), (0, 0, 0.5)))
+    assert s.base == [pytest.approx(2048.0), 0.0]  # 4096 · (0.95 - 0.9) / 0.1
+
+
+def test_hinted_requests_bypass_the_policy_but_count_as_load():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    req = RequestView("h", tuple(range(40)), rank_hint=1)
+    d = p.select(req, None, s, 0, random.Random(0))
+    assert d == Decision(1, hinted=True)
+    p.on_dispatch(s, req, d, 0)
+    assert s.pending == [0, 40]
+    p.on_finish(s, "h", 1, 1)
+    assert s.pending == [0, 0] and s.base == [0.0, 0.0]
+
+
+def test_dead_ranks_are_skipped_and_forgotten_by_the_index():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    route(p, s, prompt(1), hint=0)
+    p.on_rank_dead(s, 0)
+    assert route(p, s, prompt(2)) == 1
+    assert all(not mask & 1 for mask in s.owners.values())
+    p.on_rank_dead(s, 1)
+    with pytest.raises(UnavailableError):
+        p.select(prompt(3), None, s, 0, random.Random(0))
+
+
+def test_the_index_is_bounded_per_rank_and_evicts_tails_first():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(1, params={"kv_blocks_per_rank": 6})
+    first, second = prompt(1), prompt(2, prefix=tuple(range(3000, 3064)))  # 5 blocks each
+    route(p, s, first)
+    route(p, s, second)  # 10 blocks > 6: the first prompt's 4 tail blocks go, its root stays
+    assert len(s.lru[0]) == 6
+    assert AsyncdpPolicy.match(s, 0, prompt_hashes(first, 16)) == 1
+    assert AsyncdpPolicy.match(s, 0, prompt_hashes(second, 16)) == 5
+
+
+def test_a_new_prefix_goes_to_the_rank_whose_index_is_emptier():
+    p = AsyncdpPolicy(memory_tokens=4096)
+    s = p.init(2, params={"kv_blocks_per_rank": 10})
+    first = prompt(1)
+    route(p, s, first, hint=0)
+    p.on_finish(s, first.req_id, 0, 1)  # rank 0 idle again, but its index holds 5 of 10 blocks
+    assert s.base == [pytest.approx(2048.0), 0.0]
+    assert route(p, s, prompt(2, prefix=tuple(range(4000, 4064)))) == 1
