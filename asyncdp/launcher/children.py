@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -71,48 +72,37 @@ async def tell(children: list[ChildProcess], msg: m.ControlMessage) -> None:
     """Best effort, one second each: a child that is gone or stuck does not hold the launcher."""
     for ch in children:
         if not ch.exited.is_set():
-            with anyio.move_on_after(1.0):
-                try:
-                    await ch.control.send(msg)
-                except _SEND_ERRORS:
-                    pass
+            await _send_within_1s(ch.control, msg)
 
 
 async def publish_process_table(node: RunningNode) -> None:
-    """The deployment's processes and nodes to every API server of this node (``/server_info``)."""
+    """The deployment's processes and nodes to every API server of this node (``/server_info``), and to every
+    hybrid/external node linked to this head (their endpoints show the head's whole view)."""
     table = node.process_table()
     nodes = node.node_rows()
-    if node.inproc_client is not None:
-        node.inproc_client.processes = [_row_dict(row) for row in table]
-        node.inproc_client.nodes = [_row_dict(row) for row in nodes]
-    for ch in node.children:
-        if ch.role == API_SERVER and not ch.exited.is_set():
-            with anyio.move_on_after(1.0):
-                try:
-                    await ch.control.send(m.ProcessTable(processes=table, nodes=nodes))
-                except _SEND_ERRORS:
-                    pass
-    for remote in node.remote_nodes:  # hybrid/external nodes show the head's whole view on their endpoints
+    await publish_topology(node, table, nodes)
+    for remote in node.remote_nodes:
         if remote.entry.role != "headless" and not remote.closed.is_set():
-            with anyio.move_on_after(1.0):
-                try:
-                    await remote.link.send(m.NodeTopology(processes=table, nodes=nodes))
-                except _SEND_ERRORS:
-                    pass
+            await _send_within_1s(remote.link, m.NodeTopology(processes=table, nodes=nodes))
 
 
 async def publish_topology(node: RunningNode, processes: list[m.ProcessRow], nodes: list[m.NodeRow]) -> None:
-    """A hybrid/external node: the head's view of the deployment, to this node's API servers as is."""
+    """Processes and nodes to this node's API servers as given (a hybrid/external node: the head's view)."""
     if node.inproc_client is not None:
         node.inproc_client.processes = [_row_dict(row) for row in processes]
         node.inproc_client.nodes = [_row_dict(row) for row in nodes]
     for ch in node.children:
         if ch.role == API_SERVER and not ch.exited.is_set():
-            with anyio.move_on_after(1.0):
-                try:
-                    await ch.control.send(m.ProcessTable(processes=processes, nodes=nodes))
-                except _SEND_ERRORS:
-                    pass
+            await _send_within_1s(ch.control, m.ProcessTable(processes=processes, nodes=nodes))
+
+
+async def _send_within_1s(link: Any, msg: Any) -> None:
+    """Best effort: a peer that is gone or stuck does not hold the launcher."""
+    with anyio.move_on_after(1.0):
+        try:
+            await link.send(msg)
+        except _SEND_ERRORS:
+            pass
 
 
 def _row_dict(row: m.ProcessRow | m.NodeRow) -> dict[str, object]:
@@ -183,11 +173,7 @@ async def tell_nodes(node: RunningNode, msg: m.Message) -> None:
     """Best effort, one second each: ``NodeShutdown`` or ``Teardown`` to every headless node still linked."""
     for remote in node.remote_nodes:
         if remote.entry.role == "headless" and not remote.closed.is_set():
-            with anyio.move_on_after(1.0):
-                try:
-                    await remote.link.send(msg)
-                except _SEND_ERRORS:
-                    pass
+            await _send_within_1s(remote.link, msg)
 
 
 async def wait_nodes_gone(node: RunningNode) -> None:
