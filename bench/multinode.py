@@ -33,14 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.serving import ROOT, free_port  # noqa: E402
 
 MODEL = "builtin:tiny-dense"
-BASE = ("--executor", "torch", "--max-model-len", "512", "--torch-threads", "1", "--api-server-count", "1")
+BASE = ("--executor", "torch", "--max-model-len", "512", "--torch-threads", "1")
 
 
 @contextmanager
 def launch(*args: str, port: int | None, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     cmd = [sys.executable, "-m", "asyncdp", "serve", MODEL, *BASE, *args]
-    if port is not None:
-        cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    if port is not None:  # an endpoint: one API server; a headless node has none
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--api-server-count", "1"]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},

@@ -107,9 +107,11 @@ def _log_core(cfg: RankConfig, core: EngineCore, build_s: float) -> None:
 
 
 async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[int, Link], Link | None]:
-    """Connect to every client and to the coordinator (``Subscribe``, then wait for ``CoordinatorReady``)."""
-    clients: dict[int, Link] = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}")
-                                for c in init.clients}
+    """Connect to the coordinator (``Subscribe``, then wait for ``CoordinatorReady``), then to every client.
+
+    The clients come second: a client drops an engine link whose first frame (``EngineReady``) does not come
+    within 30 s, and ``CoordinatorReady`` waits for every rank of the deployment, which on another node may start
+    minutes later."""
     coordinator: Link | None = None
     if init.coordinator is not None:
         coordinator = await connect(init.coordinator.engine_addr, name="coordinator")
@@ -122,7 +124,10 @@ async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[i
                 pass
             beats.cancel_scope.cancel()
         if isinstance(msg, m.Teardown):  # raised outside the task group: callers catch it as itself
+            await coordinator.aclose()
             raise RankTornDown(f"teardown during startup: {msg.reason}")
+    clients: dict[int, Link] = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}")
+                                for c in init.clients}
     return clients, coordinator
 
 

@@ -74,3 +74,46 @@ def test_a_collective_broken_by_a_lost_peer_is_one_line_and_a_real_bug_keeps_its
     assert _lost_peer(DPGroupError("DP control all-reduce failed on rank 0")) is not None
     assert _lost_peer(ExceptionGroup("step", [gloo, KeyError("slot")])) is None  # a bug among them: traceback
     assert _lost_peer(RuntimeError("shape mismatch")) is None
+
+
+@pytest.mark.anyio
+async def test_a_rank_connects_to_its_clients_only_once_the_coordinator_is_ready(tmp_path):
+    """A client drops an engine link whose EngineReady does not come within 30 s; CoordinatorReady waits for every
+    rank, which on another node may start minutes later. So the client links open after CoordinatorReady."""
+    from asyncdp import messages as m
+    from asyncdp.engine.rank_process import _connect_peers, rank_config
+    from asyncdp.transport import listen_links
+
+    coordinator = await listen_links("unix", directory=str(tmp_path), prefix="coord", name="engine")
+    client = await listen_links("unix", directory=str(tmp_path), prefix="client", name="client")
+    role = EngineRole(dp_rank=0, dp_size=2, engine=EngineConfig(executor="sim"), handshake_addr="unix:/unused",
+                      heartbeat_interval_s=0.05, heartbeat_timeout_s=0.5)
+    init = m.HandshakeInit(clients=[m.ClientAddr(client_index=0, addr=client.addr)],
+                           coordinator=m.CoordinatorAddrs(engine_addr=coordinator.addr, client_addr="unix:/unused"),
+                           dp_group=None, client_count=1)
+    events: list[str] = []
+    connected = anyio.Event()
+
+    async def late_coordinator(link) -> None:
+        await link.receive()  # Subscribe
+        await anyio.sleep(0.3)  # the other rank is still loading
+        events.append("coordinator ready")
+        await link.send(m.CoordinatorReady())
+        await anyio.sleep_forever()
+
+    async def client_side(link) -> None:
+        events.append("client connected")
+        connected.set()
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(coordinator.serve, late_coordinator)
+        tg.start_soon(client.serve, client_side)
+        with anyio.fail_after(10):
+            clients, link = await _connect_peers(rank_config(role), init)
+            await connected.wait()
+        tg.cancel_scope.cancel()
+    for peer in [*clients.values(), link]:
+        if peer is not None:
+            await peer.aclose()
+    assert events == ["coordinator ready", "client connected"]
