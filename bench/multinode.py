@@ -2,10 +2,13 @@
 
 Three deployments of the same model and rank count on loopback, driven by the same burst of completions:
 
-* ``one node``: ``-dp 2`` (every link a Unix socket);
-* ``head + headless``: ``-dp 2 -dpl 1`` on the head and ``-dp 2 -dpl 1 -dpr 1 --headless`` as a second launch
-  (the handshake, client, coordinator and rendezvous links of the remote rank go over TCP);
-* ``hybrid``: two launches with ``-dph``, each an endpoint for its own rank, the burst split between them.
+* ``one node``: ``-dp 4`` (every link a Unix socket);
+* ``head + headless``: ``-dp 4 -dpl 2`` on the head and ``-dp 4 -dpl 2 -dpr 2 --headless`` as a second launch
+  (the handshake, client, coordinator and rendezvous links of the remote ranks go over TCP);
+* ``hybrid``: two launches with ``-dph -dpl 2``, each an endpoint for its own two ranks, the burst split between
+  them.
+
+Every endpoint runs one API server, so the comparison is about the links, not the API-process count.
 
 It prints requests/s and mean/p99 latency per deployment and their ratio to ``one node``, then kills the head's
 tree of the head + headless deployment and reports how long the headless node took to notice and exit.
@@ -109,10 +112,10 @@ def main() -> None:
     args = parser.parse_args()
     rows: dict[str, dict[str, float]] = {}
     print(f"{args.requests} completions of {args.max_tokens} tokens, concurrency {args.concurrency}, "
-          f"{MODEL}, 2 ranks (log: {args.log})", flush=True)
+          f"{MODEL}, 4 ranks (log: {args.log})", flush=True)
 
     port = free_port()
-    with launch("-dp", "2", port=port, log=args.log):
+    with launch("-dp", "4", port=port, log=args.log):
         wait_healthy([f"http://127.0.0.1:{port}"])
         rows["one node"] = measure("one node", [f"http://127.0.0.1:{port}"], args)
 
@@ -120,8 +123,8 @@ def main() -> None:
     net = ("-dpa", "127.0.0.1", "-dpp", str(rpc))
     detect_s = None
     with ExitStack() as stack:
-        head = stack.enter_context(launch("-dp", "2", "-dpl", "1", *net, port=port, log=args.log))
-        node = stack.enter_context(launch("-dp", "2", "-dpl", "1", "-dpr", "1", "--headless", *net, port=None,
+        head = stack.enter_context(launch("-dp", "4", "-dpl", "2", *net, port=port, log=args.log))
+        node = stack.enter_context(launch("-dp", "4", "-dpl", "2", "-dpr", "2", "--headless", *net, port=None,
                                           log=args.log))
         wait_healthy([f"http://127.0.0.1:{port}"])
         rows["head + headless"] = measure("head + headless", [f"http://127.0.0.1:{port}"], args)
@@ -136,8 +139,8 @@ def main() -> None:
     p0, p1, rpc = free_port(), free_port(), free_port()
     net = ("-dpa", "127.0.0.1", "-dpp", str(rpc), "-dph")
     with ExitStack() as stack:
-        stack.enter_context(launch("-dp", "2", "-dpl", "1", "-dpr", "1", *net, port=p1, log=args.log))
-        stack.enter_context(launch("-dp", "2", "-dpl", "1", "-dpr", "0", *net, port=p0, log=args.log))
+        stack.enter_context(launch("-dp", "4", "-dpl", "2", "-dpr", "2", *net, port=p1, log=args.log))
+        stack.enter_context(launch("-dp", "4", "-dpl", "2", "-dpr", "0", *net, port=p0, log=args.log))
         urls = [f"http://127.0.0.1:{p0}", f"http://127.0.0.1:{p1}"]
         wait_healthy(urls)
         rows["hybrid"] = measure("hybrid", urls, args)
