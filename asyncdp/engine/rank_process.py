@@ -53,7 +53,7 @@ def rank_config(role: EngineRole) -> RankConfig:
 
 def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
     """What must agree across the ranks of a group (spec §5.3), readable, for Ready.config_summary."""
-    from asyncdp.config.flags import model_identity, parallel_config_summary
+    from asyncdp.config.summary import model_identity, parallel_config_summary
     from asyncdp.model import read_model_info
 
     info = read_model_info(cfg.engine.model)
@@ -136,7 +136,7 @@ def _ready(cfg: RankConfig, core: EngineCore, *, local: bool, headless: bool) ->
     summary: dict[str, Any] = {}
     digest = None
     if cfg.dp_size > 1:
-        from asyncdp.config.flags import config_hash
+        from asyncdp.config.summary import config_hash
 
         summary = _summary(cfg, core)
         digest = config_hash(summary)

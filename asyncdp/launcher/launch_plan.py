@@ -38,7 +38,7 @@ def plan_summary(plan: LaunchPlan) -> dict[str, object]:
     """What must agree across the launches of one deployment, as ``NodeHello`` carries it (the head compares
     a headless node's with its own and names the differing fields)."""
     from asyncdp import messages as m
-    from asyncdp.config.flags import model_identity, parallel_config_summary
+    from asyncdp.config.summary import model_identity, parallel_config_summary
     from asyncdp.model import read_model_info
 
     dep = plan.deployment

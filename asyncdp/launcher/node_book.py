@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncdp.config.flags import config_hash, config_mismatch_message, summary_differences
+from asyncdp.config.summary import config_hash, config_mismatch_message, summary_differences
 from asyncdp.messages import PROTOCOL_VERSION, Hello, NodeHello, NodeRow, ProcessRow
 
 

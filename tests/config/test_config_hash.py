@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncdp.config.flags import (
+from asyncdp.config.flags import EngineConfig
+from asyncdp.config.summary import (
     CONFIG_SUMMARY_FIELDS,
-    EngineConfig,
     config_hash,
     config_mismatch_message,
     parallel_config_summary,

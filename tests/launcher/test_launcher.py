@@ -11,8 +11,9 @@ import trio
 
 from asyncdp import messages as m
 from asyncdp.config.deployment import resolve
-from asyncdp.config.flags import EngineConfig, ServeConfig, parallel_config_summary
+from asyncdp.config.flags import EngineConfig, ServeConfig
 from asyncdp.config.roles import LaunchPlan, coordinator_role
+from asyncdp.config.summary import parallel_config_summary
 from asyncdp.errors import StartupError
 from asyncdp.launcher.handshake import handshake as _handshake
 from asyncdp.launcher.launch_plan import bind_http_socket

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from asyncdp.config.flags import config_hash
+from asyncdp.config.summary import config_hash
 from asyncdp.launcher.node_book import NodeBook, span
 from asyncdp.messages import PROTOCOL_VERSION, Hello, NodeHello, NodeRow
 

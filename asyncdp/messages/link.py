@@ -1,13 +1,9 @@
-"""Every inter-process message, as a frozen typed struct, and the one codec that frames them.
+"""The link messages (spec §5.2): everything engines, clients, the coordinator and launchers say to each other.
 
-Messages are msgspec structs tagged by ``type`` (the class name) and encoded as msgpack. Two unions share the
-codec: :data:`Message` for links (engines, clients, coordinator) and :data:`ControlMessage` for the control
-channel between a parent and its child processes (the worker hello carrying the role's config from
-:mod:`asyncdp.config.roles`, commands down, events up). A frame with an unknown
-tag raises :class:`~asyncdp.errors.ProtocolError` at decode time; readers log and drop it (spec §5.1).
-``PROTOCOL_VERSION`` is carried in ``Hello`` and checked by the head at handshake (E5).
-
-Field names follow the DP vocabulary of the specification (§5.2): ``dp_rank``, ``wave``, ``client_index``.
+Frozen msgspec structs tagged by ``type`` (the class name); :data:`Message` is their union, which the codec of
+:mod:`asyncdp.messages` decodes. ``PROTOCOL_VERSION`` is carried in ``Hello`` and ``NodeHello`` and checked by
+the head at handshake (E5). Field names follow the DP vocabulary of the specification: ``dp_rank``, ``wave``,
+``client_index``.
 """
 
 from __future__ import annotations
@@ -16,8 +12,6 @@ from typing import Any, Union
 
 import msgspec
 
-from asyncdp.config.roles import RoleConfig
-from asyncdp.errors import ProtocolError
 from asyncdp.sampling_params import SamplingParams
 
 PROTOCOL_VERSION = 1
@@ -324,96 +318,3 @@ Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
     StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeTopology,
 ]
-
-
-# ---------------------------------------------------------------- control channel (parent <-> child process)
-
-
-class WorkerHello(_Msg, frozen=True):
-    """Parent -> child, the first frame: which role to run, with its config, and how to run it."""
-
-    role: RoleConfig
-    name: str
-    parent_pid: int
-    backend: str = "asyncio"
-    parent_death_signal: bool = True  # arm PR_SET_PDEATHSIG (not under trio: see spawn_child)
-    log_prefix: str = ""
-    log_level: str = "INFO"
-    run_dir: str | None = None  # removed by an orphaned child (the parent was SIGKILLed)
-
-
-class Stopping(_Msg, frozen=True):
-    """Launcher -> coordinator: an orderly shutdown begins; engines leaving now are not losses."""
-
-
-class Shutdown(_Msg, frozen=True):
-    """Launcher -> API server or engine: stop in order; ``reason`` names a teardown to abandoned requests."""
-
-    reason: str | None = None
-
-
-class ProcessTable(_Msg, frozen=True):
-    """Launcher -> API server: the deployment's processes and nodes once every one started (again when a node
-    is lost)."""
-
-    processes: list[ProcessRow]
-    nodes: list[NodeRow] = []
-
-
-class CoordinatorListening(_Msg, frozen=True):
-    """Coordinator -> launcher: it is serving; the addresses it bound (spec §5.1: the binder reports them)."""
-
-    engine_addr: str
-    client_addr: str
-
-
-class ApiListening(_Msg, frozen=True):
-    """API server -> launcher: its client listener is bound (engines get this address in HandshakeInit)."""
-
-    client_addr: str
-
-
-class ChildReady(_Msg, frozen=True):
-    """Engine or API server -> launcher: ready to serve (an engine: handshake done; an API server: every managed
-    rank sent EngineReady)."""
-
-    dp_rank: int | None = None
-
-
-class ApiStopped(_Msg, frozen=True):
-    """API server -> launcher, at exit: its drain counts, for the launcher's one "stopped" line."""
-
-    drained: int
-    aborted: int
-
-
-ControlMessage = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
-    WorkerHello, Stopping, Shutdown, ProcessTable, CoordinatorListening, ApiListening, ChildReady, ApiStopped,
-]
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Message)
-_control_decoder = msgspec.msgpack.Decoder(ControlMessage)
-
-
-def encode(msg: Message | ControlMessage) -> bytes:
-    return _encoder.encode(msg)
-
-
-def decode(data: bytes) -> Message:
-    """A link frame; an unknown tag or a malformed field is a ProtocolError."""
-    return _decode(_decoder, data)
-
-
-def decode_control(data: bytes) -> ControlMessage:
-    """A control-channel frame; a link message, an unknown tag or a malformed field is a ProtocolError."""
-    return _decode(_control_decoder, data)
-
-
-def _decode(decoder: msgspec.msgpack.Decoder[Any], data: bytes) -> Any:
-    try:
-        return decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(f"invalid message: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(f"undecodable frame: {exc}") from exc
