@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
 from asyncdp import messages as m
 from asyncdp.config.roles import EngineRole
@@ -175,9 +176,10 @@ async def start_rank(cfg: RankConfig, handshake: Link, *, local_handshake: Link 
     _log_core(cfg, core, time.monotonic() - building_since)
     try:
         clients, coordinator = await _connect_peers(cfg, init)
-        await handshake.send(_ready(cfg, core, local=local, headless=headless))
+        ready = _ready(cfg, core, local=local, headless=headless)  # the summary reads the checkpoint: once
+        await handshake.send(ready)
         if local_handshake is not None:
-            await local_handshake.send(_ready(cfg, core, local=True, headless=False))
+            await local_handshake.send(msgspec.structs.replace(ready, local=True, headless=False))
         coord_client_addr = init.coordinator.client_addr if init.coordinator else None
         for link in clients.values():
             await link.send(

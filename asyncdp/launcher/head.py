@@ -37,8 +37,8 @@ from asyncdp.errors import AsyncDPError, StartupError
 from asyncdp.launcher.children import publish_process_table, stop_all
 from asyncdp.launcher.headless import start_headless
 from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config, plan_summary
-from asyncdp.launcher.node import RunningNode, node_role
-from asyncdp.launcher.node_book import NodeBook, span
+from asyncdp.launcher.node import RunningNode, book_for
+from asyncdp.launcher.node_book import span
 from asyncdp.launcher.peer_link import follow_head_topology, wants_topology_link
 from asyncdp.launcher.plan import API_SERVER
 from asyncdp.launcher.startup import head_handshake_addr, run_startup, start_node
@@ -112,15 +112,9 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _book(plan: LaunchPlan, summary: dict[str, object]) -> NodeBook:
-    dep = plan.deployment
-    return NodeBook(dp_size=dep.dp_size, mode=dep.mode, local_ranks=dep.local_ranks, summary=summary,
-                    host=socket.gethostname(), pid=os.getpid(), role=node_role(dep))
-
-
 async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str, started_at: float) -> int:
     summary = plan_summary(plan)
-    node = RunningNode(plan, http_sock, tmpdir, started_at=started_at, book=_book(plan, summary))
+    node = RunningNode(plan, http_sock, tmpdir, started_at=started_at, book=book_for(plan, summary))
     headless = node.table.top == "headless"
     async with anyio.create_task_group() as tg:
         tg.start_soon(_watch_signals, node)

@@ -39,23 +39,29 @@ log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whicheve
 NODE_ACCEPT_TIMEOUT_S = 30.0
 
 
-async def join_head(node: RunningNode, summary: dict[str, object]) -> Link:
-    """Connect the node link, say ``NodeHello``, and return the link once the head accepted this node."""
+async def join_head(node: RunningNode, summary: dict[str, object], *, role: str = "headless",
+                    processes: list[m.ProcessRow] | None = None, timeout_s: float | None = None) -> Link:
+    """Connect the node link, say ``NodeHello``, and return the link once the head accepted this node.
+
+    A headless node waits for the head up to ``--engine-ready-timeout-s``; a hybrid/external node joining for
+    the topology (:mod:`.peer_link`) passes its ``role``, its ``processes`` and a shorter ``timeout_s``.
+    Raises :class:`~asyncdp.errors.StartupError` naming why the head could not be joined."""
     plan = node.plan
     dep = plan.deployment
     addr = head_handshake_addr(node)
     ranks = span(dep.local_ranks)
+    wait_s = timeout_s or plan.engine_ready_timeout_s
     try:
-        link = await connect_with_retry(addr, timeout_s=plan.engine_ready_timeout_s,
-                                        what=f"the head front-end (this headless node brings {ranks})")
+        link = await connect_with_retry(addr, timeout_s=wait_s,
+                                        what=f"the head front-end (this {role} node brings {ranks})")
     except TimeoutError:
+        limit = f"{wait_s:g} s" if timeout_s else f"--engine-ready-timeout-s ({wait_s:g} s)"
         raise StartupError(f"no head front-end listening at {addr} (--data-parallel-address/"
-                           f"--data-parallel-rpc-port) within --engine-ready-timeout-s "
-                           f"({plan.engine_ready_timeout_s:g} s)") from None
+                           f"--data-parallel-rpc-port) within {limit}") from None
     try:
         await link.send(m.NodeHello(start_rank=dep.dp_start_rank, size_local=dep.dp_size_local,
                                     host=socket.gethostname(), pid=os.getpid(), protocol_version=m.PROTOCOL_VERSION,
-                                    config_summary=dict(summary)))
+                                    config_summary=dict(summary), role=role, processes=processes or []))
         with anyio.fail_after(NODE_ACCEPT_TIMEOUT_S):
             answer = await link.receive()
     except (anyio.EndOfStream, TimeoutError, *LINK_ERRORS) as exc:

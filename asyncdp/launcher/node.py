@@ -43,6 +43,13 @@ def node_role(dep: DeploymentConfig) -> str:
     return "head" if dep.dp_start_rank == 0 else dep.mode
 
 
+def book_for(plan: LaunchPlan, summary: dict[str, Any]) -> NodeBook:
+    """This launch's node book: its own ranks and role, and the configuration summary other launches must match."""
+    dep = plan.deployment
+    return NodeBook(dp_size=dep.dp_size, mode=dep.mode, local_ranks=dep.local_ranks, summary=summary,
+                    host=socket.gethostname(), pid=os.getpid(), role=node_role(dep))
+
+
 @dataclass
 class RemoteNodeLink:
     """A headless node's node link, held by the head (spec §5.7)."""
@@ -84,9 +91,7 @@ class RunningNode:
 
     def __post_init__(self) -> None:
         if self.book is None:  # the shell passes one with the plan's configuration summary (node admission)
-            dep = self.plan.deployment
-            self.book = NodeBook(dp_size=dep.dp_size, mode=dep.mode, local_ranks=dep.local_ranks, summary={},
-                                 host=socket.gethostname(), pid=os.getpid(), role=node_role(dep))
+            self.book = book_for(self.plan, {})
 
     @functools.cached_property
     def table(self) -> LaunchTable:

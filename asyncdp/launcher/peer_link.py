@@ -16,16 +16,15 @@ coordinator): it is logged and the endpoints fall back to this node's own view.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 
 import anyio
 
 from asyncdp import messages as m
+from asyncdp.errors import StartupError
 from asyncdp.launcher.children import publish_process_table, publish_topology
+from asyncdp.launcher.headless import join_head
 from asyncdp.launcher.node import RunningNode
 from asyncdp.launcher.startup import head_handshake_addr
-from asyncdp.transport import LINK_ERRORS, connect_with_retry
 from asyncdp.transport.heartbeat import keep_link
 
 log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
@@ -44,21 +43,11 @@ async def follow_head_topology(node: RunningNode, summary: dict[str, object]) ->
     dep = node.plan.deployment
     addr = head_handshake_addr(node)
     try:
-        with anyio.fail_after(JOIN_TIMEOUT_S):
-            link = await connect_with_retry(addr, timeout_s=JOIN_TIMEOUT_S, what="the head front-end")
-            await link.send(m.NodeHello(start_rank=dep.dp_start_rank, size_local=dep.dp_size_local,
-                                        host=socket.gethostname(), pid=os.getpid(),
-                                        protocol_version=m.PROTOCOL_VERSION, config_summary=dict(summary),
-                                        role=dep.mode, processes=node.process_table()))
-            answer = await link.receive()
-    except (TimeoutError, anyio.EndOfStream, *LINK_ERRORS) as exc:
-        log.warning("could not join the head at %s for the deployment's topology (%s); /server_info shows this "
-                    "node only", addr, type(exc).__name__)
-        return
-    if not isinstance(answer, m.NodeAccepted):
-        reason = answer.reason if isinstance(answer, m.HandshakeError) else type(answer).__name__
-        log.warning("the head at %s refused this node's topology link: %s", addr, reason)
-        await link.aclose()
+        link = await join_head(node, summary, role=dep.mode, processes=node.process_table(),
+                               timeout_s=JOIN_TIMEOUT_S)
+    except StartupError as exc:
+        log.warning("could not join the head for the deployment's topology (%s); /server_info shows this node "
+                    "only", exc)
         return
     send, receive = anyio.create_memory_object_stream[m.NodeTopology](16)
 
