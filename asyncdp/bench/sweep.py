@@ -266,6 +266,8 @@ class Sweep:
                 _, work = self._timed_step()
                 if (work.P, work.D) == (0, point.D):
                     break  # the first pure decode step: the warm-up
+                if not self.core.has_unfinished():
+                    return Skipped(point.label, "the sequences finished before they all decoded in one step")
             else:
                 return Skipped(point.label, "the sequences never all decoded in one step")
             samples = []
