@@ -88,7 +88,7 @@ def _check(ns: argparse.Namespace) -> tuple[EngineConfig, Path, int, int]:
     if not output.parent.is_dir():
         raise ConfigError(f"--output {output}: the directory {output.parent} does not exist.")
     given = {k: getattr(ns, k) for k in ENGINE_FLAGS if getattr(ns, k) is not None}
-    config = EngineConfig(model=ns.model, executor="torch", torch_threads=threads, **given).validate()  # type: ignore[arg-type]
+    config = EngineConfig(model=ns.model, executor="torch", torch_threads=threads, **given).validate()
     return config, output, threads, repeats
 
 
