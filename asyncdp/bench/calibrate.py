@@ -103,6 +103,7 @@ def run(ns: argparse.Namespace) -> int:
     started = time.monotonic()
     core = build_engine_core(config)
     try:
+        facts = _engine_facts(core, ns.model, threads)  # before the sweep: the commit that runs it
         cap = capacity(core)
         points, skipped = plan(QUICK if ns.quick else FULL, cap, repeats)
         if not points:
@@ -125,7 +126,6 @@ def run(ns: argparse.Namespace) -> int:
                     advance(f"{point.label}: skipped ({result.reason})")
         finally:
             close()
-        facts = _engine_facts(core, ns.model, threads)
     finally:
         core.shutdown()
     if not measured:
@@ -145,7 +145,7 @@ def _default_name(device: str, model: str) -> str:
 
 
 def _engine_facts(core: EngineCore, model: str, threads: int) -> dict[str, Any]:
-    executor: Any = getattr(core.executor, "inner", core.executor)
+    executor: Any = core.executor
     device = getattr(executor, "device", None)
     device_type = getattr(device, "type", "cpu")
     return {"model": model, "device": device_type, "device_name": _device_name(device),
