@@ -129,6 +129,7 @@ def run(ns: argparse.Namespace) -> int:
         print("\n".join(known_policies()))
         return 0
     from asyncdp.bench import pathology, report
+    from asyncdp.bench.metrics import ttft_floors
     from asyncdp.bench.profiles import load_profile, profile_hash
     from asyncdp.bench.records import encode_workload, resolve
     from asyncdp.bench.simulate import ClusterSpec, expand_sweep, measure_r_sat, simulate
@@ -163,13 +164,16 @@ def run(ns: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
+    floors: dict[int, dict[int, float]] = {}  # per workload (by identity): req_id -> TTFT floor
     try:
         for seed, label, workload, spec, rungs in plans:
             for policy in policies:
                 started = time.monotonic()
                 log = simulate(workload, policy, seed, spec)
                 logs[(label, policy, seed)] = log
-                runs.extend(_entries(label, policy, seed, spec, workload, log, rungs))
+                if id(workload) not in floors:
+                    floors[id(workload)] = ttft_floors(workload.records, spec.profile, workload.block_size)
+                runs.extend(_entries(label, policy, seed, spec, workload, log, rungs, floors[id(workload)]))
                 runs[-1 - len(rungs)]["detectors"] = pathology.signals(log, workload.ideal_hit_rate)
                 advance(f"{label} {policy} seed {seed} ({time.monotonic() - started:.1f} s)")
         if ns.robustness:
@@ -213,14 +217,18 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: Any,
-             rungs: dict[str, set[int]]) -> list[dict[str, Any]]:
-    """The JSON entries of one run: the whole run, then one per ladder rung."""
+             rungs: dict[str, set[int]], floors: dict[int, float] | None = None) -> list[dict[str, Any]]:
+    """The JSON entries of one run: the whole run, then one per ladder rung; with ``floors`` (req_id -> TTFT
+    floor), each carries ``ttft_floor_p99_s`` over its requests."""
     from asyncdp.bench import metrics
 
+    def floor(ids: set[int] | None) -> dict[str, float]:
+        return {} if floors is None else {"ttft_floor_p99_s": round(metrics.floor_p99(log, floors, ids), 9)}
+
     whole = {"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
-             "ideal_hit_rate": workload.ideal_hit_rate, "counts": metrics.summary(log),
+             "ideal_hit_rate": workload.ideal_hit_rate, **floor(None), "counts": metrics.summary(log),
              "metrics": {k: round(v, 9) for k, v in metrics.compute(log).items()}}
-    return [whole, *({**whole, "workload": f"{label}@{rung_label}", "counts": {"requests": len(ids)},
+    return [whole, *({**whole, "workload": f"{label}@{rung_label}", **floor(ids), "counts": {"requests": len(ids)},
                       "metrics": {k: round(v, 9) for k, v in metrics.compute(log, ids).items()}}
                      for rung_label, ids in rungs.items())]
 
