@@ -37,12 +37,15 @@ from asyncdp.bench.arrivals import Dispatch, Ladder, rung_indices
 from asyncdp.bench.metrics import METRIC_KEYS, mean
 from asyncdp.bench.pathology import SAMPLE_S
 from asyncdp.bench.report import REFERENCE_POLICY, aggregate
-from asyncdp.bench.simulate import RunLog
+from asyncdp.bench.simulate import RequestEvent, RunLog
 
 CSV_FIELDS = ("workload", "policy", "seed", "dp", "variant", *METRIC_KEYS)
 #: (seed, label, resolved workload, cluster spec, rung label -> req_ids): one entry of ``bench routing``'s plan
 Plan = tuple[int, str, Any, Any, Mapping[str, set[int]]]
 LogKey = tuple[str, str, int]  # (workload label, policy, seed)
+MIN_HEATMAP_SAMPLES = 40
+#: one line style per policy in turn, so policies that coincide stay visible under each other
+_STYLES = ("-", "--", "-.", ":")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +56,19 @@ class LoadSamples:
     per_rank: tuple[tuple[int, ...], ...]
 
 
-def outstanding_samples(log: RunLog) -> LoadSamples:
-    """Every :data:`~asyncdp.bench.pathology.SAMPLE_S` of virtual time from the first send to the last token,
-    each rank's outstanding requests (sent at or before the sample, last token after it) among the measured
-    requests that completed: the samples the hot-spot detector averages (it keeps those with ≥ 2·dp in flight)."""
-    done = [e for e in log.events if e.measured and e.error is None and e.t_first_s is not None
+def _done(log: RunLog) -> list[RequestEvent]:
+    """The requests the load samples count: measured, completed without error, on a rank."""
+    return [e for e in log.events if e.measured and e.error is None and e.t_first_s is not None
             and e.t_last_s is not None and 0 <= e.rank < log.dp_size]
+
+
+def outstanding_samples(log: RunLog, period_s: float = SAMPLE_S) -> LoadSamples:
+    """Every ``period_s`` of virtual time from the first send to the last token, each rank's outstanding
+    requests (sent at or before the sample, last token after it) among the measured requests that completed.
+    At the default period these are the samples the hot-spot detector averages (it keeps those with ≥ 2·dp in
+    flight)."""
     edges: list[tuple[float, int, int]] = []
-    for e in done:
+    for e in _done(log):
         assert e.t_last_s is not None
         edges += [(e.t_send_s, 1, e.rank), (e.t_last_s, -1, e.rank)]
     if not edges:
@@ -78,8 +86,21 @@ def outstanding_samples(log: RunLog) -> LoadSamples:
         times.append(t)
         for rank, count in enumerate(out):
             rows[rank].append(count)
-        t += SAMPLE_S  # accumulated, as the detector does, so the samples are the same instants
+        t += period_s  # accumulated, as the detector does, so the samples are the same instants
     return LoadSamples(tuple(times), tuple(tuple(r) for r in rows))
+
+
+def heatmap_period_s(logs: Iterable[RunLog], min_samples: int = MIN_HEATMAP_SAMPLES) -> float:
+    """The heatmap's sample period: the detector's :data:`~asyncdp.bench.pathology.SAMPLE_S`, or finer for runs
+    too short for ``min_samples`` of them (a quick-scale burst is over in under a second), a round 1-2-5 value."""
+    spans = [max(e.t_last_s or 0.0 for e in done) - min(e.t_send_s for e in done)
+             for done in map(_done, logs) if done]
+    span = max(spans, default=0.0)
+    if span >= min_samples * SAMPLE_S or span <= 0:
+        return SAMPLE_S
+    wanted = span / min_samples
+    steps = [m * 10.0 ** k for k in range(-6, 1) for m in (1, 2, 5)]
+    return max((p for p in steps if p <= wanted), default=steps[0])
 
 
 def _family(policy: str) -> str:
@@ -186,10 +207,11 @@ def _ttft_cdf(fig: Any, label: str, logs: Mapping[LogKey, RunLog]) -> Any:
         pooled.setdefault(policy, []).extend(e.t_first_s - e.t_send_s for e in log.events
                                              if e.measured and e.error is None and e.t_first_s is not None
                                              and e.t_first_s > e.t_send_s)
-    for policy, values in pooled.items():
+    for n, (policy, values) in enumerate(pooled.items()):
         if values:
             values.sort()
-            ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=policy)
+            ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=policy,
+                    linestyle=_STYLES[n % len(_STYLES)])
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (s, virtual)")
     ax.set_ylabel("fraction of measured requests")
@@ -202,25 +224,27 @@ def _ttft_cdf(fig: Any, label: str, logs: Mapping[LogKey, RunLog]) -> Any:
 
 
 def _heatmap(fig: Any, label: str, chosen: Sequence[tuple[str, str]], logs: Mapping[LogKey, RunLog]) -> bool:
-    """One rank × time panel per chosen policy, first seed, one colour scale; False if nothing completed."""
+    """One rank × time panel per chosen policy, first seed (the first run), one colour scale; False if nothing
+    completed."""
     panels = []
-    for policy, role in chosen:
-        keys = sorted(k for k in logs if k[0] == label and k[1] == policy)
-        samples = outstanding_samples(logs[keys[0]])
+    firsts = [(policy, role, next(k for k in logs if k[0] == label and k[1] == policy)) for policy, role in chosen]
+    period = heatmap_period_s([logs[key] for *_, key in firsts])
+    for policy, role, key in firsts:
+        samples = outstanding_samples(logs[key], period)
         if samples.times_s:
-            panels.append((policy, role, keys[0][2], samples))
+            panels.append((policy, role, key[2], samples))
     if not panels:
         return False
     vmax = max(1, max(max(row) for *_, s in panels for row in s.per_rank))
     axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True)[:, 0]
     image = None
     for ax, (policy, role, seed, s) in zip(axes, panels, strict=True):
-        extent = (s.times_s[0], s.times_s[-1] + SAMPLE_S, -0.5, len(s.per_rank) - 0.5)
+        extent = (s.times_s[0], s.times_s[-1] + period, -0.5, len(s.per_rank) - 0.5)
         image = ax.imshow(s.per_rank, aspect="auto", origin="lower", interpolation="nearest", cmap="viridis",
                           vmin=0, vmax=vmax, extent=extent)
         ax.set_ylabel("dp_rank")
         ax.set_title(f"{policy} ({role}), seed {seed}", fontsize="medium")
-    axes[-1].set_xlabel(f"virtual time (s), samples every {SAMPLE_S:g} s")
+    axes[-1].set_xlabel(f"virtual time (s), samples every {period:.3g} s")
     fig.colorbar(image, ax=list(axes), label="outstanding requests (waiting+running, client view)")
     fig.suptitle(f"{label}: per-rank load over time")
     return True
@@ -232,13 +256,13 @@ def _against_load(fig: Any, base: str, points: Sequence[tuple[str, float]],
     ax = fig.subplots()
     policies = list(dict.fromkeys(p for entry, _ in points for p in agg.get(entry, {})))
     names = [entry[len(base) + 1:] for entry, _ in points]
-    for policy in policies:
+    for n, policy in enumerate(policies):
         xs, ys = [], []
         for k, (entry, rate) in enumerate(points):
             if policy in agg.get(entry, {}):
                 xs.append(rate if metric == "goodput_rps" else k)
                 ys.append(agg[entry][policy][metric][0])
-        ax.plot(xs, ys, marker="o", label=policy)
+        ax.plot(xs, ys, marker="o", label=policy, linestyle=_STYLES[n % len(_STYLES)])
     if metric == "goodput_rps":
         rates = sorted(rate for _, rate in points)
         ax.plot(rates, rates, linestyle=":", color="grey", label="offered")
