@@ -6,20 +6,21 @@ label made safe for a file name (``w4@16rps`` -> ``w4_16rps``):
 
 - ``ttft_cdf_<w>.png``: the TTFT CDF per policy, log x-axis, over the measured requests of every seed pooled;
 - ``load_heatmap_<w>.png``: per-rank load over time, a rank × time heatmap of outstanding requests (sent, last
-  token not yet seen: ``waiting + running`` as the client sees it; 1 s virtual samples, the hot-spot detector's
-  of :mod:`~asyncdp.bench.pathology`), one panel each for ``vllm``, the best baseline (lowest mean TTFT other
+  token not yet seen: ``waiting + running`` as the client sees it; 1 s virtual samples, the hot-spot
+  detector's of :mod:`~asyncdp.bench.pathology`), one panel each for ``vllm``, the best baseline (lowest mean TTFT other
   than ``vllm`` and the candidate's family) and the candidate, on one colour scale, first seed;
 - ``hit_rate_vs_rung_<w>.png`` and ``goodput_vs_rate_<w>.png``, for a ladder (its rungs) or a rate sweep (W4's
   rates): per policy, the prefix hit rate per rung and the goodput against the offered rate (the rung's rate
   in the resolved arrival ladder, or the sweep's dispatch rate), mean over seeds;
-- ``decision_time.png``: the candidate's ``select`` p50 and p99 (µs) against dp_size, when ``--decision-time`` ran.
+- ``decision_time.png``: the candidate's ``select`` p50 and p99 (µs) against dp_size, when ``--decision-time``
+  ran.
 
 matplotlib (the ``bench`` extra) is imported inside :func:`write_plots` only, and draws on the Agg canvas (no
 pyplot, no global backend state); without it a message says so and no plot is written. The data functions
 (:func:`outstanding_samples`, :func:`heatmap_policies`, :func:`load_points`) are pure and tested on their own.
 
-The CSV (:func:`write_csv`) has one row per JSON run entry (then the robustness entries, with their ``variant``):
-``workload, policy, seed, dp, variant`` and every metric of :data:`~asyncdp.bench.metrics.METRIC_KEYS`, the
+The CSV (:func:`write_csv`) has one row per JSON run entry (then the robustness entries, with their
+``variant``): ``workload, policy, seed, dp, variant`` and every metric of :data:`~asyncdp.bench.metrics.METRIC_KEYS`, the
 values the JSON holds.
 """
 
@@ -40,7 +41,7 @@ from asyncdp.bench.report import REFERENCE_POLICY, aggregate
 from asyncdp.bench.simulate import RequestEvent, RunLog
 
 CSV_FIELDS = ("workload", "policy", "seed", "dp", "variant", *METRIC_KEYS)
-#: (seed, label, resolved workload, cluster spec, rung label -> req_ids): one entry of ``bench routing``'s plan
+#: one entry of ``bench routing``'s plan: (seed, label, resolved workload, cluster spec, rung label -> req_ids)
 Plan = tuple[int, str, Any, Any, Mapping[str, set[int]]]
 LogKey = tuple[str, str, int]  # (workload label, policy, seed)
 MIN_HEATMAP_SAMPLES = 40
@@ -91,8 +92,9 @@ def outstanding_samples(log: RunLog, period_s: float = SAMPLE_S) -> LoadSamples:
 
 
 def heatmap_period_s(logs: Iterable[RunLog], min_samples: int = MIN_HEATMAP_SAMPLES) -> float:
-    """The heatmap's sample period: the detector's :data:`~asyncdp.bench.pathology.SAMPLE_S`, or finer for runs
-    too short for ``min_samples`` of them (a quick-scale burst is over in under a second), a round 1-2-5 value."""
+    """The heatmap's sample period: the detector's :data:`~asyncdp.bench.pathology.SAMPLE_S`, or, for runs too
+    short for ``min_samples`` of them (a quick-scale burst is over in under a second), a finer round 1-2-5
+    value."""
     spans = [max(e.t_last_s or 0.0 for e in done) - min(e.t_send_s for e in done)
              for done in map(_done, logs) if done]
     span = max(spans, default=0.0)
@@ -137,7 +139,8 @@ def load_points(plans: Iterable[Plan]) -> dict[str, list[tuple[str, float]]]:
                     rates.setdefault(label, {}).setdefault(f"{label}@{name}", []).append(rate)
         elif workload.sweep_rates_rps and isinstance(arrival, Dispatch):
             rates.setdefault(workload.name, {}).setdefault(label, []).append(arrival.rate_rps)
-    return {base: [(entry, mean(values)) for entry, values in points.items()] for base, points in rates.items()}
+    return {base: [(entry, mean(values)) for entry, values in points.items()]
+            for base, points in rates.items()}
 
 
 def write_csv(path: Path, runs: Sequence[dict[str, Any]], robust: Sequence[dict[str, Any]] = ()) -> None:
@@ -164,35 +167,35 @@ def write_plots(directory: Path, runs: Sequence[dict[str, Any]], logs: Mapping[L
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        print("asyncdp bench: --plots needs matplotlib, which is not installed (pip install 'asyncdp[bench]'); "
-              "no plots written.", file=sys.stderr)
+        print("asyncdp bench: --plots needs matplotlib, which is not installed "
+              "(pip install 'asyncdp[bench]'); no plots written.", file=sys.stderr)
         return []
     directory.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+
+    def new(width: float = 7.0, height: float = 4.5) -> Any:
+        return Figure(figsize=(width, height), layout="constrained")
 
     def save(fig: Any, name: str) -> None:
         FigureCanvasAgg(fig)
         fig.savefig(directory / name, dpi=100)
         written.append(directory / name)
 
-    labels = list(dict.fromkeys(label for label, _, _ in logs))
-    for label in labels:
-        save(_ttft_cdf(Figure(figsize=(7, 4.5), layout="constrained"), label, logs), f"ttft_cdf_{file_stem(label)}.png")
+    for label in dict.fromkeys(label for label, _, _ in logs):
+        save(_ttft_cdf(new(), label, logs), f"ttft_cdf_{file_stem(label)}.png")
         chosen = heatmap_policies(runs, label, candidate)
-        if chosen:
-            fig = Figure(figsize=(9, 1.2 + 1.6 * len(chosen)), layout="constrained")
-            if _heatmap(fig, label, chosen, logs):
-                save(fig, f"load_heatmap_{file_stem(label)}.png")
+        fig = new(9.0, 1.2 + 1.6 * len(chosen))
+        if chosen and _heatmap(fig, label, chosen, logs):
+            save(fig, f"load_heatmap_{file_stem(label)}.png")
     for base, points in load_points(plans).items():
         agg = aggregate([r for r in runs if r["workload"] in dict(points)])
         if agg:
-            save(_against_load(Figure(figsize=(7, 4.5), layout="constrained"), base, points, agg, "prefix_hit_rate"),
-                 f"hit_rate_vs_rung_{file_stem(base)}.png")
-            save(_against_load(Figure(figsize=(7, 4.5), layout="constrained"), base, points, agg, "goodput_rps"),
-                 f"goodput_vs_rate_{file_stem(base)}.png")
+            stem = file_stem(base)
+            save(_against_load(new(), base, points, agg, "prefix_hit_rate"), f"hit_rate_vs_rung_{stem}.png")
+            save(_against_load(new(), base, points, agg, "goodput_rps"), f"goodput_vs_rate_{stem}.png")
     mine = sorted((r for r in timing if r["policy"] == candidate), key=lambda r: r["dp"])
     if mine:
-        save(_decision_time(Figure(figsize=(7, 4.5), layout="constrained"), mine), "decision_time.png")
+        save(_decision_time(new(), mine), "decision_time.png")
     return written
 
 
@@ -227,7 +230,7 @@ def _heatmap(fig: Any, label: str, chosen: Sequence[tuple[str, str]], logs: Mapp
     """One rank × time panel per chosen policy, first seed (the first run), one colour scale; False if nothing
     completed."""
     panels = []
-    firsts = [(policy, role, next(k for k in logs if k[0] == label and k[1] == policy)) for policy, role in chosen]
+    firsts = [(policy, role, next(k for k in logs if k[:2] == (label, policy))) for policy, role in chosen]
     period = heatmap_period_s([logs[key] for *_, key in firsts])
     for policy, role, key in firsts:
         samples = outstanding_samples(logs[key], period)
@@ -286,11 +289,14 @@ def _decision_time(fig: Any, rows: Sequence[dict[str, Any]]) -> Any:
     dps = [r["dp"] for r in rows]
     ax.plot(dps, [r["select"]["p50_us"] for r in rows], marker="o", label="select p50")
     ax.plot(dps, [r["select"]["p99_us"] for r in rows], marker="s", linestyle="--", label="select p99")
+    from asyncdp.bench.decision_time import TARGET_DP, TARGET_US
+
+    ax.axhline(TARGET_US, color="grey", linestyle=":", label=f"G7: p50 < {TARGET_US:g} µs at dp {TARGET_DP}")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
     ax.set_xticks(dps, [str(d) for d in dps])
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("dp_size")
-    ax.set_ylabel("decision time (µs, CPU)")
+    ax.set_ylabel("decision time (µs)")
     ax.set_title(f"{rows[0]['policy']}: routing decision time against dp_size")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")

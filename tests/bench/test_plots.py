@@ -1,5 +1,5 @@
-"""``bench routing --plots`` and ``--csv``: every plot of spec §6 as a valid PNG, the CSV with the JSON's values,
-and the pure data functions behind the plots (load samples, heatmap policies, offered rates per rung)."""
+"""``bench routing --plots`` and ``--csv``: every plot of spec §6 as a valid PNG, the CSV with the JSON's
+values, and the pure data functions behind the plots (load samples, heatmap policies, offered rates per rung)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def ev(req_id, rank, send, last, *, measured=True, error=None):
 
 def test_routing_run_with_plots_and_csv_writes_every_plot_as_a_png_and_one_csv_row_per_run(tmp_path, capsys):
     plots, out_csv, out_json = tmp_path / "plots", tmp_path / "runs.csv", tmp_path / "runs.json"
-    assert main(["bench", "routing", *W2_ARGS, "--policies", "vllm,round_robin,asyncdp", "--json", str(out_json),
-                 "--csv", str(out_csv), "--plots", str(plots)]) == 0
+    assert main(["bench", "routing", *W2_ARGS, "--policies", "vllm,round_robin,asyncdp",
+                 "--json", str(out_json), "--csv", str(out_csv), "--plots", str(plots)]) == 0
     assert sorted(p.name for p in plots.iterdir()) == [
         "goodput_vs_rate_w2.png", "hit_rate_vs_rung_w2.png", "load_heatmap_w2.png", "ttft_cdf_w2.png"]
     for png in plots.iterdir():
@@ -85,7 +85,8 @@ def test_outstanding_samples_count_each_ranks_requests_from_send_to_last_token_e
 
 
 def test_outstanding_samples_of_a_log_without_completed_requests_are_empty():
-    assert outstanding_samples(RunLog(dp_size=3, events=[ev(0, 0, 0.0, None)])) == LoadSamples((), ((), (), ()))
+    log = RunLog(dp_size=3, events=[ev(0, 0, 0.0, None)])
+    assert outstanding_samples(log) == LoadSamples((), ((), (), ()))
 
 
 def test_outstanding_samples_are_the_instants_and_counts_the_hotspot_detector_averages():
@@ -129,8 +130,9 @@ def test_heatmap_shows_vllm_the_lowest_mean_ttft_baseline_and_the_candidate():
 
 def test_heatmap_policies_leave_out_those_that_did_not_run_and_repeat_no_policy():
     runs = [run_entry("w1", "vllm", 1, 1.0), run_entry("w1", "round_robin", 1, 0.5)]
-    assert heatmap_policies(runs, "w1", "asyncdp") == [("vllm", "reference"), ("round_robin", "best baseline")]
-    assert heatmap_policies(runs, "w1", "vllm") == [("vllm", "reference"), ("round_robin", "best baseline")]
+    both = [("vllm", "reference"), ("round_robin", "best baseline")]
+    assert heatmap_policies(runs, "w1", "asyncdp") == both
+    assert heatmap_policies(runs, "w1", "vllm") == both
     assert heatmap_policies(runs, "w2", "asyncdp") == []
 
 
