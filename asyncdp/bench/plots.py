@@ -125,8 +125,9 @@ def heatmap_policies(runs: Sequence[dict[str, Any]], label: str, candidate: str)
 
 def load_points(plans: Iterable[Plan]) -> dict[str, list[tuple[str, float]]]:
     """For each ladder workload (by label) and each rate sweep (by workload name): ``(entry label, offered
-    req/s)`` per rung or sweep rate, in order, the rate averaged over seeds (a relative ladder's R_sat is
-    measured per seed). An entry label is a ``workload`` of the JSON runs."""
+    req/s)`` per rung or sweep rate, by increasing rate, the rate averaged over seeds (a relative ladder's
+    R_sat is measured per seed). An entry label is a ``workload`` of the JSON runs. A rung whose requests all
+    arrive in the warm-up (W2's first stage at full scale) measures nothing and is left out."""
     rates: dict[str, dict[str, list[float]]] = {}
     for _seed, label, workload, _spec, rungs in plans:
         arrival = workload.arrival
@@ -134,12 +135,12 @@ def load_points(plans: Iterable[Plan]) -> dict[str, list[tuple[str, float]]]:
             index = rung_indices(arrival, [r.t_arrival_ms for r in workload.records])
             assert index is not None
             for name, ids in rungs.items():
-                if ids:
+                if any((workload.records[i].t_arrival_ms or 0.0) >= workload.warmup_ms for i in ids):
                     rate = arrival.rungs[index[min(ids)]][0]
                     rates.setdefault(label, {}).setdefault(f"{label}@{name}", []).append(rate)
         elif workload.sweep_rates_rps and isinstance(arrival, Dispatch):
             rates.setdefault(workload.name, {}).setdefault(label, []).append(arrival.rate_rps)
-    return {base: [(entry, mean(values)) for entry, values in points.items()]
+    return {base: sorted(((entry, mean(values)) for entry, values in points.items()), key=lambda p: p[1])
             for base, points in rates.items()}
 
 
@@ -273,8 +274,9 @@ def _against_load(fig: Any, base: str, points: Sequence[tuple[str, float]],
         ax.set_ylabel("goodput (req/s meeting the SLO)")
         ax.set_title(f"{base}: goodput against offered rate")
     else:
-        ax.set_xticks(range(len(points)), [f"{n}\n{rate:.3g} req/s" for n, (_, rate) in zip(names, points,
-                                                                                          strict=True)])
+        ticks = [n if n.endswith("rps") else f"{n}\n{rate:.3g} req/s" for n, (_, rate) in zip(names, points,
+                                                                                             strict=True)]
+        ax.set_xticks(range(len(points)), ticks)
         ax.set_xlabel("rung")
         ax.set_ylabel("prefix hit rate")
         ax.set_ylim(0, 1.02)

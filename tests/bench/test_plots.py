@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from asyncdp.bench import pathology
+from asyncdp.bench.arrivals import Ladder
 from asyncdp.bench.command import _rungs
 from asyncdp.bench.metrics import METRIC_KEYS
 from asyncdp.bench.plots import (
@@ -23,7 +24,7 @@ from asyncdp.bench.plots import (
     write_csv,
     write_plots,
 )
-from asyncdp.bench.records import resolve
+from asyncdp.bench.records import Record, Workload, resolve
 from asyncdp.bench.simulate import RequestEvent, RunLog, expand_sweep
 from asyncdp.bench.workloads import build
 from asyncdp.cli import main
@@ -147,11 +148,23 @@ def test_load_points_give_each_rung_its_offered_rate_from_the_resolved_ladder_av
     assert [rate for _, rate in points["w2"]] == pytest.approx([15.0, 25.5, 36.0])  # (20 + 40) / 2 × fraction
 
 
+def test_load_points_leave_out_a_rung_inside_the_warm_up_and_come_by_increasing_rate():
+    def rec(i, t_ms):
+        return Record(req_id=i, t_arrival_ms=t_ms, client=0, turn=0, after_req=None, think_ms=0.0,
+                      segments=(("s", 1),), input_length=1, output_length=1, group="g")
+
+    ladder = Ladder(rungs=((15.0, 50.0), (10.0, 30.0), (3.0, 30.0)))  # a 50 s warm-up stage, then two rungs
+    w = Workload(name="wx", scale="quick", seed=1, arrival=ladder, ideal_hit_rate=0.0, dp_size=2, resolved=True,
+                 records=(rec(0, 1000.0), rec(1, 2000.0), rec(2, 60_000.0), rec(3, 90_000.0)), warmup_ms=50_000.0)
+    rungs = {"15rps": {0, 1}, "10rps": {2}, "3rps": {3}}
+    assert load_points([(1, "wx", w, None, rungs)]) == {"wx": [("wx@3rps", 3.0), ("wx@10rps", 10.0)]}
+
+
 def test_load_points_of_a_rate_sweep_are_its_dispatch_rates_and_a_plain_workload_has_none():
     w4 = build("w4", "quick", 1, {})
     assert w4.sweep_rates_rps
     plans = [(1, label, w, None, {}) for label, w in expand_sweep(resolve(w4))]
-    assert load_points(plans) == {"w4": [(f"w4@{r:g}rps", r) for r in w4.sweep_rates_rps]}
+    assert load_points(plans) == {"w4": [(f"w4@{r:g}rps", r) for r in sorted(w4.sweep_rates_rps)]}
     w1 = resolve(build("w1", "quick", 1, {}))
     assert load_points([(1, "w1", w1, None, {})]) == {}
 
