@@ -20,8 +20,9 @@ pyplot, no global backend state); without it a message says so and no plot is wr
 (:func:`outstanding_samples`, :func:`heatmap_policies`, :func:`load_points`) are pure and tested on their own.
 
 The CSV (:func:`write_csv`) has one row per JSON run entry (then the robustness entries, with their
-``variant``): ``workload, policy, seed, dp, variant`` and every metric of :data:`~asyncdp.bench.metrics.METRIC_KEYS`, the
-values the JSON holds.
+``variant``): ``workload, policy, seed, dp, variant``, every metric of
+:data:`~asyncdp.bench.metrics.METRIC_KEYS` and ``ttft_floor_p99_s`` (empty where the entry has none), the values
+the JSON holds.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from asyncdp.bench.pathology import SAMPLE_S
 from asyncdp.bench.report import REFERENCE_POLICY, aggregate
 from asyncdp.bench.simulate import RequestEvent, RunLog
 
-CSV_FIELDS = ("workload", "policy", "seed", "dp", "variant", *METRIC_KEYS)
+CSV_FIELDS = ("workload", "policy", "seed", "dp", "variant", *METRIC_KEYS, "ttft_floor_p99_s")
 #: one entry of ``bench routing``'s plan: (seed, label, resolved workload, cluster spec, rung label -> req_ids)
 Plan = tuple[int, str, Any, Any, Mapping[str, set[int]]]
 LogKey = tuple[str, str, int]  # (workload label, policy, seed)
@@ -151,7 +152,8 @@ def write_csv(path: Path, runs: Sequence[dict[str, Any]], robust: Sequence[dict[
         writer.writerow(CSV_FIELDS)
         for entry in [*runs, *robust]:
             writer.writerow([entry["workload"], entry["policy"], entry["seed"], entry["dp"],
-                             entry.get("variant", ""), *(entry["metrics"][k] for k in METRIC_KEYS)])
+                             entry.get("variant", ""), *(entry["metrics"][k] for k in METRIC_KEYS),
+                             entry.get("ttft_floor_p99_s", "")])
 
 
 def file_stem(label: str) -> str:

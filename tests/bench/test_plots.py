@@ -71,6 +71,7 @@ def test_routing_run_with_plots_and_csv_writes_every_plot_as_a_png_and_one_csv_r
         assert (row["workload"], row["policy"], int(row["seed"]), int(row["dp"]), row["variant"]) == (
             run["workload"], run["policy"], run["seed"], run["dp"], "")
         assert {k: float(row[k]) for k in METRIC_KEYS} == run["metrics"]
+        assert float(row["ttft_floor_p99_s"]) == run["ttft_floor_p99_s"]
 
 
 def test_outstanding_samples_count_each_ranks_requests_from_send_to_last_token_every_second():
@@ -199,7 +200,8 @@ def test_csv_has_one_row_per_run_then_per_robustness_entry_with_its_variant(tmp_
         rows = list(csv.DictReader(f))
     assert [(r["workload"], r["variant"], float(r["ttft_mean_s"])) for r in rows] == [
         ("w1", "", 0.25), ("w1@0.7rsat", "", 0.125), ("w1", "oracle", 0.5)]
-    assert list(rows[0]) == ["workload", "policy", "seed", "dp", "variant", *METRIC_KEYS]
+    assert list(rows[0]) == ["workload", "policy", "seed", "dp", "variant", *METRIC_KEYS, "ttft_floor_p99_s"]
+    assert rows[0]["ttft_floor_p99_s"] == ""  # these hand-made entries carry no floor
 
 
 def test_help_and_a_run_without_plots_import_neither_the_plots_module_nor_matplotlib():
