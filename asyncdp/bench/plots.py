@@ -5,10 +5,11 @@ workloads of the plan, the decision timings): nothing is simulated again. PNGs, 
 label made safe for a file name (``w4@16rps`` -> ``w4_16rps``):
 
 - ``ttft_cdf_<w>.png``: the TTFT CDF per policy, log x-axis, over the measured requests of every seed pooled;
-- ``load_heatmap_<w>.png``: per-rank load over time, a rank × time heatmap of outstanding requests (sent, last
-  token not yet seen: ``waiting + running`` as the client sees it; 1 s virtual samples, the hot-spot
-  detector's of :mod:`~asyncdp.bench.pathology`), one panel each for ``vllm``, the best baseline (lowest mean TTFT other
-  than ``vllm`` and the candidate's family) and the candidate, on one colour scale, first seed;
+- ``load_heatmap_<w>.png``: per-rank load over time, a rank × time heatmap of outstanding requests (sent,
+  last token not yet seen: ``waiting + running`` as the client sees it; 1 s virtual samples, the hot-spot
+  detector's of :mod:`~asyncdp.bench.pathology`, finer for a run too short for 40 of them), one panel each
+  for ``vllm``, the best baseline (lowest mean TTFT other than ``vllm`` and the candidate's family) and the
+  candidate, on one colour scale, first seed;
 - ``hit_rate_vs_rung_<w>.png`` and ``goodput_vs_rate_<w>.png``, for a ladder (its rungs) or a rate sweep (W4's
   rates): per policy, the prefix hit rate per rung and the goodput against the offered rate (the rung's rate
   in the resolved arrival ladder, or the sweep's dispatch rate), mean over seeds;
@@ -21,8 +22,8 @@ pyplot, no global backend state); without it a message says so and no plot is wr
 
 The CSV (:func:`write_csv`) has one row per JSON run entry (then the robustness entries, with their
 ``variant``): ``workload, policy, seed, dp, variant``, every metric of
-:data:`~asyncdp.bench.metrics.METRIC_KEYS` and ``ttft_floor_p99_s`` (empty where the entry has none), the values
-the JSON holds.
+:data:`~asyncdp.bench.metrics.METRIC_KEYS` and ``ttft_floor_p99_s`` (empty where the entry has none), the
+values the JSON holds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from asyncdp.bench.report import REFERENCE_POLICY, aggregate
 from asyncdp.bench.simulate import RequestEvent, RunLog
 
 CSV_FIELDS = ("workload", "policy", "seed", "dp", "variant", *METRIC_KEYS, "ttft_floor_p99_s")
-#: one entry of ``bench routing``'s plan: (seed, label, resolved workload, cluster spec, rung label -> req_ids)
+#: an entry of ``bench routing``'s plan: (seed, label, resolved workload, cluster spec, rung label -> req_ids)
 Plan = tuple[int, str, Any, Any, Mapping[str, set[int]]]
 LogKey = tuple[str, str, int]  # (workload label, policy, seed)
 MIN_HEATMAP_SAMPLES = 40
