@@ -71,7 +71,8 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--decision-time", action="store_true", help="also time the candidate's decisions at dp "
                    "8, 64 and 256 (gate G7; wall clock, kept apart in the JSON)")
     p.add_argument("--json", help="write the JSON result here")
-    p.add_argument("--plots", help="write PNG plots into this directory (needs matplotlib)")
+    p.add_argument("--csv", help="write the per-(workload, policy, seed) metrics here as CSV")
+    p.add_argument("--plots", help="write the PNG plots of §6 into this directory (needs matplotlib)")
 
 
 def _csv(text: str) -> list[str]:
@@ -211,8 +212,15 @@ def run(ns: argparse.Namespace) -> int:
               "python": platform.python_version(), "trio": _trio_version()}
     if ns.json:
         Path(ns.json).write_text(report.to_json(runs, header, gate_rows, robust, timing))
+    if ns.csv:
+        from asyncdp.bench.plots import write_csv
+
+        write_csv(Path(ns.csv), runs, robust)
     if ns.plots:
-        _plots(Path(ns.plots), logs)
+        from asyncdp.bench.plots import write_plots
+
+        written = write_plots(Path(ns.plots), runs, logs, plans, timing, ns.candidate)
+        print(f"asyncdp bench: {len(written)} plots written to {ns.plots}", file=sys.stderr)
     return 0
 
 
@@ -253,32 +261,3 @@ def _trio_version() -> str:
     import trio
 
     return str(trio.__version__)
-
-
-def _plots(directory: Path, logs: dict[tuple[str, str, int], Any]) -> None:
-    """TTFT CDF per policy, one PNG per workload (first seed). Other plots of §6 are not drawn yet."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("asyncdp bench: --plots needs matplotlib, which is not installed; no plots written.",
-              file=sys.stderr)
-        return
-    directory.mkdir(parents=True, exist_ok=True)
-    by_workload: dict[str, dict[str, list[float]]] = {}
-    for (label, policy, _seed), log in logs.items():
-        ttfts = sorted(e.t_first_s - e.t_send_s for e in log.events if e.measured and e.t_first_s is not None)
-        by_workload.setdefault(label, {}).setdefault(policy, ttfts)
-    for label, per_policy in by_workload.items():
-        fig, ax = plt.subplots()
-        for policy, values in per_policy.items():
-            if values:
-                ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=policy)
-        ax.set_xscale("log")
-        ax.set_xlabel("TTFT (s)")
-        ax.set_ylabel("fraction of requests")
-        ax.legend()
-        fig.savefig(directory / f"ttft_cdf_{label.replace('@', '_').replace(':', '_')}.png")
-        plt.close(fig)
