@@ -32,15 +32,14 @@ import csv
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from asyncdp.bench.arrivals import Dispatch, Ladder, rung_indices
 from asyncdp.bench.metrics import METRIC_KEYS, mean
-from asyncdp.bench.pathology import SAMPLE_S
+from asyncdp.bench.pathology import SAMPLE_S, completed, outstanding_samples
 from asyncdp.bench.report import REFERENCE_POLICY, aggregate
-from asyncdp.bench.simulate import RequestEvent, RunLog
+from asyncdp.bench.simulate import RunLog
 
 CSV_FIELDS = ("workload", "policy", "seed", "dp", "variant", *METRIC_KEYS, "ttft_floor_p99_s")
 #: an entry of ``bench routing``'s plan: (seed, label, resolved workload, cluster spec, rung label -> req_ids)
@@ -51,54 +50,12 @@ MIN_HEATMAP_SAMPLES = 40
 _STYLES = ("-", "--", "-.", ":")
 
 
-@dataclass(frozen=True, slots=True)
-class LoadSamples:
-    """Outstanding requests per rank at each sample: ``per_rank[rank][k]`` at ``times_s[k]``."""
-
-    times_s: tuple[float, ...]
-    per_rank: tuple[tuple[int, ...], ...]
-
-
-def _done(log: RunLog) -> list[RequestEvent]:
-    """The requests the load samples count: measured, completed without error, on a rank."""
-    return [e for e in log.events if e.measured and e.error is None and e.t_first_s is not None
-            and e.t_last_s is not None and 0 <= e.rank < log.dp_size]
-
-
-def outstanding_samples(log: RunLog, period_s: float = SAMPLE_S) -> LoadSamples:
-    """Every ``period_s`` of virtual time from the first send to the last token, each rank's outstanding
-    requests (sent at or before the sample, last token after it) among the measured requests that completed.
-    At the default period these are the samples the hot-spot detector averages (it keeps those with ≥ 2·dp in
-    flight)."""
-    edges: list[tuple[float, int, int]] = []
-    for e in _done(log):
-        assert e.t_last_s is not None
-        edges += [(e.t_send_s, 1, e.rank), (e.t_last_s, -1, e.rank)]
-    if not edges:
-        return LoadSamples((), tuple(() for _ in range(log.dp_size)))
-    edges.sort(key=lambda x: (x[0], x[1]))
-    t_end = edges[-1][0]
-    out = [0] * log.dp_size
-    times: list[float] = []
-    rows: list[list[int]] = [[] for _ in range(log.dp_size)]
-    k, t = 0, edges[0][0]
-    while t <= t_end:
-        while k < len(edges) and edges[k][0] <= t:
-            out[edges[k][2]] += edges[k][1]
-            k += 1
-        times.append(t)
-        for rank, count in enumerate(out):
-            rows[rank].append(count)
-        t += period_s  # accumulated, as the detector does, so the samples are the same instants
-    return LoadSamples(tuple(times), tuple(tuple(r) for r in rows))
-
-
 def heatmap_period_s(logs: Iterable[RunLog], min_samples: int = MIN_HEATMAP_SAMPLES) -> float:
     """The heatmap's sample period: the detector's :data:`~asyncdp.bench.pathology.SAMPLE_S`, or, for runs too
     short for ``min_samples`` of them (a quick-scale burst is over in under a second), a finer round 1-2-5
     value."""
     spans = [max(e.t_last_s or 0.0 for e in done) - min(e.t_send_s for e in done)
-             for done in map(_done, logs) if done]
+             for done in map(completed, logs) if done]
     span = max(spans, default=0.0)
     if span >= min_samples * SAMPLE_S or span <= 0:
         return SAMPLE_S

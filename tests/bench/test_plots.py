@@ -15,15 +15,8 @@ from asyncdp.bench import pathology
 from asyncdp.bench.arrivals import Ladder
 from asyncdp.bench.command import _rungs
 from asyncdp.bench.metrics import METRIC_KEYS
-from asyncdp.bench.plots import (
-    LoadSamples,
-    heatmap_period_s,
-    heatmap_policies,
-    load_points,
-    outstanding_samples,
-    write_csv,
-    write_plots,
-)
+from asyncdp.bench.pathology import LoadSamples, outstanding_samples
+from asyncdp.bench.plots import heatmap_period_s, heatmap_policies, load_points, write_csv, write_plots
 from asyncdp.bench.records import Record, Workload, resolve
 from asyncdp.bench.simulate import RequestEvent, RunLog, expand_sweep
 from asyncdp.bench.workloads import build
@@ -91,7 +84,7 @@ def test_outstanding_samples_of_a_log_without_completed_requests_are_empty():
     assert outstanding_samples(log) == LoadSamples((), ((), (), ()))
 
 
-def test_outstanding_samples_are_the_instants_and_counts_the_hotspot_detector_averages():
+def test_the_hotspot_detector_averages_busiest_over_mean_of_the_samples_with_2_dp_in_flight():
     rng = random.Random(7)
     dp = 3
     events = []
@@ -105,7 +98,7 @@ def test_outstanding_samples_are_the_instants_and_counts_the_hotspot_detector_av
         if sum(column) >= 2 * dp:
             ratios.append(max(column) / (sum(column) / dp))
     assert len(ratios) > 30
-    assert sum(ratios) / len(ratios) == pytest.approx(pathology.hotspot(log, events), rel=1e-12)
+    assert sum(ratios) / len(ratios) == pytest.approx(pathology.hotspot(log), rel=1e-12)
 
 
 def test_heatmap_period_is_the_detectors_second_unless_the_run_is_too_short_for_40_samples():
