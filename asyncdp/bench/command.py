@@ -139,6 +139,7 @@ def run(ns: argparse.Namespace) -> int:
 
     if not ns.workload and not ns.trace:
         raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
+    _check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
     policies = _csv(ns.policies) if ns.policies else known_policies()
     for name in policies:
         make_policy(name)  # an unknown name fails here, before any run
@@ -222,6 +223,26 @@ def run(ns: argparse.Namespace) -> int:
         written = write_plots(Path(ns.plots), runs, logs, plans, timing, ns.candidate)
         print(f"asyncdp bench: {len(written)} plots written to {ns.plots}", file=sys.stderr)
     return 0
+
+
+def _check_outputs(ns: argparse.Namespace) -> None:
+    """Each output flag's file can be written (its folder is made if missing), and ``--plots`` is a folder."""
+    import os
+
+    for flag, value, is_dir in (("--json", ns.json, False), ("--csv", ns.csv, False),
+                                ("--export-trace", ns.export_trace, False), ("--plots", ns.plots, True)):
+        if not value:
+            continue
+        path = Path(value)
+        folder = path if is_dir else path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{flag} {value}: cannot create the folder {folder} ({exc.strerror}).") from None
+        if not is_dir and path.is_dir():
+            raise ConfigError(f"{flag} {value}: is a folder; give a file name.")
+        if not os.access(folder, os.W_OK):
+            raise ConfigError(f"{flag} {value}: the folder {folder} is not writable.")
 
 
 def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: Any,
