@@ -1,0 +1,371 @@
+"""Replay a routing-bench workload against a real ``asyncdp serve`` over HTTP (issue 10, items 5 and 6).
+
+What it sends. Each :class:`~asyncdp.bench.records.Record` becomes one streamed ``POST /v1/completions`` whose
+``prompt`` is the record's token ids, materialised exactly as the simulator does
+(:class:`~asyncdp.bench.materialise.Materialiser`, with the workload's seed and vocabulary), with
+``max_tokens = min_tokens = output_length``, ``ignore_eos`` and greedy sampling, so every request generates
+exactly its output length, as the simulated executor does. ``stream_options.continuous_usage_stats`` makes
+every chunk carry the tokens generated so far: the first chunk with ``completion_tokens > 0`` is the first
+token. Times are taken at the client when a chunk's line arrives.
+
+When it sends (the workload's send rule, as :mod:`asyncdp.bench.simulate`): a record without ``after_req`` at
+its ``t_arrival_ms``; a record with one at ``max(t_arrival_ms, done(after_req) + think_ms)``. Multi-turn
+histories quote the *simulated* answer segment, which the real model does not generate, so on a real server a
+later turn hits only the part of its history that is prompt, not answer: use single-turn workloads (W1, W3,
+W6...) to compare hit rates with the simulator. At most ``concurrency`` requests are outstanding (FIFO); a
+request's ``t_send_s`` is when it actually went out, and ``lag`` (how late that was against its schedule) is
+reported, so a load generator that fell behind shows. The whole replay has a deadline; what had not finished by
+then is an error event (``deadline``), never a hang. Traffic goes to 127.0.0.1 only.
+
+What it measures. The result is the simulator's own :class:`~asyncdp.bench.simulate.RunLog` (rank -1: HTTP does
+not say where a request ran), so :func:`asyncdp.bench.metrics.compute` computes TTFT, e2e, TPOT and throughput
+with the same definitions on both sides. Where the server knows better, its ``/metrics`` counters, differenced
+around the run (:class:`ServerCounters`), replace the client's view: the prefix-cache hit rate is
+``Δ vllm:prefix_cache_hits / Δ vllm:prefix_cache_queries`` (tokens, every admission), and the per-rank load ratio
+is the busiest rank's ``Δ vllm:request_success`` over the mean.
+
+The CLIs are ``bench/routing_real.py`` (policies side by side) and ``bench/sim_validation.py`` (simulator vs
+server); this module holds what they share, and its pure parts are tested in ``tests/bench/test_http_replay.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
+import httpx
+import msgspec
+
+from asyncdp.bench import metrics
+from asyncdp.bench.materialise import Materialiser
+from asyncdp.bench.records import Record, Workload
+from asyncdp.bench.simulate import RequestEvent, RunLog
+from asyncdp.errors import ConfigError
+
+LOOPBACK = "127.0.0.1"
+MODEL = "builtin:tiny-dense"
+#: tiny-dense's byte-level tokenizer: ids 0..255 are bytes, 256..258 specials; prompts stay in the bytes
+TINY_VOCAB = 256
+TINY_MAX_MODEL_LEN = 2048
+HIT_QUERIES = "vllm:prefix_cache_queries_total"
+HIT_HITS = "vllm:prefix_cache_hits_total"
+SUCCESS = "vllm:request_success_total"
+
+
+# ---------------------------------------------------------------------- the workload on a real model
+
+
+def fit_to_model(workload: Workload, vocab_size: int = TINY_VOCAB,
+                 max_model_len: int = TINY_MAX_MODEL_LEN) -> Workload:
+    """``workload`` with its tokens drawn from ``vocab_size`` ids; a record longer than ``max_model_len``
+    (prompt + output) is a ConfigError naming it (scale the generator down instead)."""
+    for r in workload.records:
+        if r.input_length + r.output_length > max_model_len:
+            raise ConfigError(f"{workload.name}: record {r.req_id} needs {r.input_length}+{r.output_length} "
+                              f"tokens, more than max_model_len {max_model_len}; scale the workload down.")
+    return msgspec.structs.replace(workload, vocab_size=vocab_size, max_model_len=max_model_len)
+
+
+def completion_body(model: str, prompt: Sequence[int], output_length: int) -> dict[str, Any]:
+    """The request of one record: token-id prompt, exactly ``output_length`` tokens, streamed with usage."""
+    return {"model": model, "prompt": list(prompt), "max_tokens": output_length, "min_tokens": output_length,
+            "ignore_eos": True, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+def check_loopback(base_url: str) -> None:
+    if urlsplit(base_url).hostname != LOOPBACK:
+        raise ConfigError(f"http_replay only sends to {LOOPBACK}, not {base_url!r}.")
+
+
+DONE = "[DONE]"
+
+
+def parse_sse_line(line: str) -> dict[str, Any] | str | None:
+    """One SSE line: the chunk's JSON object, :data:`DONE` for the end marker, None for anything else."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if data == DONE:
+        return DONE
+    chunk = json.loads(data)
+    return chunk if isinstance(chunk, dict) else None
+
+
+def chunk_tokens(chunk: Mapping[str, Any]) -> int | None:
+    """Tokens generated so far according to a choice chunk's continuous usage; None for the final usage-only
+    chunk (no choices) and for chunks without usage."""
+    usage = chunk.get("usage")
+    if not chunk.get("choices") or not isinstance(usage, dict):
+        return None
+    return int(usage.get("completion_tokens", 0))
+
+
+def error_text(chunk: Mapping[str, Any]) -> str | None:
+    err = chunk.get("error")
+    if err is None:
+        return None
+    return str(err.get("message", err)) if isinstance(err, dict) else str(err)
+
+
+# ---------------------------------------------------------------------- the server's counters
+
+
+_SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse_prometheus(text: str) -> Samples:
+    """Prometheus text exposition as ``{(name, labels): value}`` (comments and malformed lines skipped)."""
+    out: Samples = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None or line.startswith("#"):
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        labels = frozenset(_LABEL.findall(m.group(2) or ""))
+        out[(m.group(1), labels)] = value
+    return out
+
+
+def by_engine(samples: Samples, name: str) -> dict[str, float]:
+    """Counter ``name`` summed per ``engine`` label (over every other label)."""
+    out: dict[str, float] = {}
+    for (n, labels), value in samples.items():
+        if n == name:
+            engine = dict(labels).get("engine", "")
+            out[engine] = out.get(engine, 0.0) + value
+    return out
+
+
+@dataclass(frozen=True)
+class ServerCounters:
+    """The server's cumulative counters that a replay differences: prefix-cache tokens and requests per rank."""
+
+    queries: float = 0.0
+    hits: float = 0.0
+    requests_by_engine: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_text(cls, text: str) -> ServerCounters:
+        s = parse_prometheus(text)
+        return cls(sum(by_engine(s, HIT_QUERIES).values()), sum(by_engine(s, HIT_HITS).values()),
+                   by_engine(s, SUCCESS))
+
+    def minus(self, before: ServerCounters) -> ServerCounters:
+        engines = sorted(set(self.requests_by_engine) | set(before.requests_by_engine))
+        return ServerCounters(self.queries - before.queries, self.hits - before.hits,
+                              {e: self.requests_by_engine.get(e, 0.0) - before.requests_by_engine.get(e, 0.0)
+                               for e in engines})
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries > 0 else 0.0
+
+    def load_ratio(self, dp_size: int) -> float:
+        """The busiest rank's completed requests over the mean of ``dp_size`` ranks (ranks that ran nothing
+        count as 0)."""
+        counts = list(self.requests_by_engine.values())
+        total = sum(counts)
+        return max(counts) / (total / dp_size) if total > 0 else 0.0
+
+
+def summarise(log: RunLog, server: ServerCounters) -> dict[str, float]:
+    """The metrics of one replay: :func:`asyncdp.bench.metrics.compute` on the client's log, with the hit rate and
+    the load ratio from the server's counters, plus completion counts and the worst send lag."""
+    out = metrics.compute(log)
+    out["prefix_hit_rate"] = server.hit_rate
+    out["max_mean_load_ratio"] = server.load_ratio(log.dp_size)
+    out["completed"] = float(sum(1 for e in log.events if e.error is None and e.t_last_s is not None))
+    out["failed"] = float(sum(1 for e in log.events if e.error is not None))
+    return out
+
+
+def ratios(results: Mapping[str, Mapping[str, float]], base: str, keys: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Each result's ``keys`` over ``base``'s (NaN where the base is 0)."""
+    ref = results[base]
+    return {name: {k: (r[k] / ref[k] if ref[k] else math.nan) for k in keys} for name, r in results.items()}
+
+
+def table(rows: Mapping[str, Mapping[str, float]], keys: Sequence[str], fmt: Mapping[str, str] | None = None,
+          first: str = "") -> str:
+    """A plain-text table: one row per name, one column per key."""
+    fmt = fmt or {}
+    width = max([len(first), *map(len, rows)])
+    lines = [f"{first:<{width}}  " + "  ".join(f"{k:>14}" for k in keys)]
+    for name, r in rows.items():
+        lines.append(f"{name:<{width}}  " + "  ".join(f"{format(r[k], fmt.get(k, '.3f')):>14}" for k in keys))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- the replay
+
+
+Progress = Callable[[int, int], None]
+
+
+def progress_printer(label: str, every: int = 10) -> Progress:
+    """A progress callback printing ``label: done/total`` to stderr every ``every`` completions and at the end."""
+    def show(done: int, total: int) -> None:
+        if done % every == 0 or done == total:
+            print(f"  {label}: {done}/{total} requests", file=sys.stderr, flush=True)
+    return show
+
+
+class _Replayer:
+    def __init__(self, client: httpx.AsyncClient, workload: Workload, model: str, concurrency: int,
+                 progress: Progress | None) -> None:
+        self.client, self.w, self.model = client, workload, model
+        self.mat = Materialiser(workload.seed, workload.vocab_size)
+        self.slots = anyio.Semaphore(concurrency)
+        self.log = RunLog(dp_size=workload.dp_size)
+        self.events: dict[int, RequestEvent] = {}
+        self.dependents: dict[int, list[Record]] = {}
+        for r in workload.records:
+            if r.after_req is not None:
+                self.dependents.setdefault(r.after_req, []).append(r)
+        self.progress = progress
+        self.done = 0
+        self.max_lag_s = 0.0
+        self.t0 = 0.0
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def run(self, deadline_s: float) -> RunLog:
+        self.t0 = time.monotonic()
+        with anyio.move_on_after(deadline_s):
+            async with anyio.create_task_group() as tg:
+                roots = sorted((r for r in self.w.records if r.after_req is None),
+                               key=lambda r: (r.t_arrival_ms or 0.0, r.req_id))
+                for rec in roots:
+                    await anyio.sleep_until(self.t0 + (rec.t_arrival_ms or 0.0) / 1e3)
+                    await self.slots.acquire()
+                    tg.start_soon(self._one, tg, rec, (rec.t_arrival_ms or 0.0) / 1e3)
+        for ev in self.events.values():
+            if ev.t_last_s is None and ev.error is None:
+                ev.error = "deadline"
+        self.log.events = sorted(self.events.values(), key=lambda e: e.req_id)
+        self.log.unsent = len(self.w.records) - len(self.log.events)
+        return self.log
+
+    async def _one(self, tg: anyio.abc.TaskGroup, rec: Record, due_s: float) -> None:
+        t_send = self.now()
+        self.max_lag_s = max(self.max_lag_s, t_send - due_s)
+        ev = self.events[rec.req_id] = RequestEvent(req_id=rec.req_id, router=0, rank=-1, t_send_s=t_send,
+                                                    prompt_tokens=rec.input_length, turn=rec.turn,
+                                                    measured=t_send * 1e3 >= self.w.warmup_ms)
+        body = completion_body(self.model, self.mat.prompt(rec), rec.output_length)
+        try:
+            async with self.client.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    ev.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                    return
+                async for line in resp.aiter_lines():
+                    chunk = parse_sse_line(line)
+                    if chunk is None or chunk == DONE or isinstance(chunk, str):
+                        continue
+                    if (err := error_text(chunk)) is not None:
+                        ev.error = err
+                        return
+                    tokens = chunk_tokens(chunk)
+                    if tokens is not None and tokens > ev.output_tokens:
+                        t = self.now()
+                        if ev.t_first_s is None:
+                            ev.t_first_s = t
+                        ev.t_last_s, ev.output_tokens = t, tokens
+            if ev.output_tokens != rec.output_length:
+                ev.error = f"got {ev.output_tokens} tokens, expected {rec.output_length}"
+        except httpx.HTTPError as exc:
+            ev.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.slots.release()
+            self.done += 1
+            if self.progress is not None:
+                self.progress(self.done, len(self.w.records))
+        if ev.error is None:
+            for nxt in self.dependents.pop(rec.req_id, ()):
+                due = max((nxt.t_arrival_ms or 0.0) / 1e3, (ev.t_last_s or self.now()) + nxt.think_ms / 1e3)
+                tg.start_soon(self._later, tg, nxt, due)
+
+    async def _later(self, tg: anyio.abc.TaskGroup, rec: Record, due_s: float) -> None:
+        await anyio.sleep_until(self.t0 + due_s)
+        await self.slots.acquire()
+        await self._one(tg, rec, due_s)
+
+
+@dataclass
+class Replay:
+    log: RunLog
+    server: ServerCounters
+    wall_s: float
+    max_lag_s: float
+
+    def metrics(self) -> dict[str, float]:
+        out = summarise(self.log, self.server)
+        out["max_send_lag_s"] = self.max_lag_s
+        return out
+
+
+async def replay(base_url: str, workload: Workload, *, model: str = MODEL, concurrency: int = 64,
+                 deadline_s: float = 120.0, progress: Progress | None = None) -> Replay:
+    """Replay ``workload`` (resolved) against ``base_url`` and difference the server's counters around it."""
+    check_loopback(base_url)
+    timeout = httpx.Timeout(deadline_s, connect=10.0)
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
+        before = await scrape(client)
+        replayer = _Replayer(client, workload, model, concurrency, progress)
+        t = time.monotonic()
+        log = await replayer.run(deadline_s)
+        wall = time.monotonic() - t
+        after = await settled(client, before, sum(1 for e in log.events if e.error is None))
+    return Replay(log, after.minus(before), wall, replayer.max_lag_s)
+
+
+async def scrape(client: httpx.AsyncClient) -> ServerCounters:
+    with anyio.fail_after(10.0):
+        resp = await client.get("/metrics")
+    resp.raise_for_status()
+    return ServerCounters.from_text(resp.text)
+
+
+async def settled(client: httpx.AsyncClient, before: ServerCounters, completed: int,
+                  deadline_s: float = 5.0) -> ServerCounters:
+    """The counters once the server has counted ``completed`` more requests (its stats ride on the engine's
+    outputs and can trail the last token a little), or whatever they are at the deadline."""
+    after = await scrape(client)
+    with anyio.move_on_after(deadline_s):
+        while sum(after.minus(before).requests_by_engine.values()) < completed:
+            await anyio.sleep(0.1)
+            after = await scrape(client)
+    return after
+
+
+def server_flags(workload: Workload, kv_blocks: int | None, max_num_seqs: int | None = None,
+                 max_num_batched_tokens: int | None = None) -> list[str]:
+    """``asyncdp serve`` flags that give the server the cluster the simulator models for ``workload``."""
+    flags = ["-dp", str(workload.dp_size), "--api-server-count", "1", "--block-size", str(workload.block_size),
+             "--max-model-len", str(workload.max_model_len or TINY_MAX_MODEL_LEN), "--log-level", "warning"]
+    blocks = workload.kv_blocks_per_rank or kv_blocks
+    if blocks:
+        flags += ["--num-kv-blocks", str(blocks)]
+    if max_num_seqs:
+        flags += ["--max-num-seqs", str(max_num_seqs)]
+    if max_num_batched_tokens:
+        flags += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    return flags
