@@ -30,13 +30,17 @@ server); this module holds what they share, and its pure parts are tested in ``t
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,8 +50,8 @@ import httpx
 import msgspec
 
 from asyncdp.bench import metrics
-from asyncdp.bench.materialise import Materialiser
-from asyncdp.bench.records import Record, Workload
+from asyncdp.bench.materialise import Materialiser, ideal_hit_rate
+from asyncdp.bench.records import Record, Workload, resolve
 from asyncdp.bench.simulate import RequestEvent, RunLog
 from asyncdp.errors import ConfigError
 
@@ -62,6 +66,61 @@ SUCCESS = "vllm:request_success_total"
 
 
 # ---------------------------------------------------------------------- the workload on a real model
+
+#: W1 (SGLang's generated shared prefix) at tiny-dense's size: 8 system prompts of 768 tokens, 8 questions each,
+#: Poisson at 8 rps; with 320 KV blocks a rank holds about half the system prompts, not all of them
+TINY_W1: dict[str, Any] = {"groups": 8, "prompts_per_group": 8, "system_len": 768, "question_len": 32,
+                           "output_len": 16, "arrival": "poisson", "rate_rps": 8.0}
+KV_BLOCKS = 320
+DP_SIZE = 2
+
+
+def add_workload_args(ap: argparse.ArgumentParser) -> None:
+    """The flags both CLIs share: which workload, how big a cluster, how long to wait, where to write."""
+    ap.add_argument("--workload", default="w1", help="generator name (asyncdp.bench.workloads), default w1")
+    ap.add_argument("--scale", default="quick")
+    ap.add_argument("--options", default="{}", help="generator options as JSON, over the tiny W1 defaults for w1")
+    ap.add_argument("--rate", type=float, default=None, help="Poisson arrival rate, requests/s (sets rate_rps)")
+    ap.add_argument("--trace", default=None, help="a Mooncake trace (JSONL) instead of a generator")
+    ap.add_argument("--trace-block-size", type=int, default=64, help="tokens per trace hash id")
+    ap.add_argument("--trace-speed", type=float, default=1.0)
+    ap.add_argument("--kv-blocks", type=int, default=KV_BLOCKS, help="KV blocks (of 16 tokens) per rank; 0: the workload's or profile's")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--concurrency", type=int, default=64, help="most requests outstanding at the client")
+    ap.add_argument("--deadline", type=float, default=120.0, help="seconds allowed per replay")
+    ap.add_argument("--startup-timeout", type=float, default=180.0)
+    ap.add_argument("--log-dir", default=None, help="keep each server's output in this folder")
+    ap.add_argument("--json", default=None, help="write the results as JSON here")
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    """The resolved workload of ``args`` at dp 2, fitted to tiny-dense, with the KV-blocks hint set."""
+    from asyncdp.bench.trace import read_trace
+    from asyncdp.bench.workloads import build
+
+    if args.trace:
+        workload = read_trace(args.trace, args.trace_block_size, seed=args.seed, speed=args.trace_speed,
+                              dp_size=DP_SIZE)
+    else:
+        options = {**(TINY_W1 if args.workload == "w1" else {}), **json.loads(args.options), "dp": DP_SIZE}
+        if args.rate is not None:
+            options.update(arrival="poisson", rate_rps=args.rate)
+        workload = build(args.workload, args.scale, args.seed, options)
+    workload = fit_to_model(workload)
+    blocks = args.kv_blocks or workload.kv_blocks_per_rank
+    return resolve(msgspec.structs.replace(workload, dp_size=DP_SIZE, kv_blocks_per_rank=blocks))
+
+
+def describe(workload: Workload) -> str:
+    n_in = sum(r.input_length for r in workload.records)
+    n_out = sum(r.output_length for r in workload.records)
+    span = max((r.t_arrival_ms or 0.0) for r in workload.records) / 1e3
+    opts = {k: v for k, v in workload.options.items() if k != "dp"}
+    return (f"workload {workload.name} {json.dumps(opts, sort_keys=True)}: {len(workload.records)} requests over "
+            f"{span:.1f} s, {n_in} prompt + {n_out} output tokens, ideal hit rate "
+            f"{ideal_hit_rate(workload.records):.3f}; dp {workload.dp_size}, {workload.kv_blocks_per_rank} KV "
+            f"blocks/rank")
+
 
 
 def fit_to_model(workload: Workload, vocab_size: int = TINY_VOCAB,
@@ -369,3 +428,42 @@ def server_flags(workload: Workload, kv_blocks: int | None, max_num_seqs: int | 
     if max_num_batched_tokens:
         flags += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
     return flags
+
+
+async def warm_up(base_url: str, dp_size: int, model: str = MODEL) -> None:
+    """A few short requests of a prompt no workload has (token 0 repeated), ``dp_size`` at a time twice, so the
+    first measured requests do not pay the engines' first forward passes. Their counters are outside the run."""
+    check_loopback(base_url)
+    body = {**completion_body(model, [0] * 40, 4), "stream": False}
+    body.pop("stream_options")
+    async with httpx.AsyncClient(base_url=base_url, timeout=60.0) as client:
+        for _ in range(2):
+            async with anyio.create_task_group() as tg:
+                for _ in range(dp_size):
+                    tg.start_soon(partial(client.post, "/v1/completions", json=body))
+
+
+def serve_and_replay(policy: str, workload: Workload, args: argparse.Namespace, extra_flags: Sequence[str],
+                     caps: tuple[int | None, int | None, int | None] = (None, None, None)) -> Replay:
+    """Launch ``asyncdp serve`` for ``workload`` with ``--lb-policy policy`` (``caps``: the profile's KV blocks,
+    max_num_seqs, max_num_batched_tokens for what the workload leaves open), warm it up and replay once."""
+    from bench.serving import asyncdp_serve
+
+    flags = [*server_flags(workload, *caps), *extra_flags, "--lb-policy", policy]
+    with ExitStack() as stack:
+        log = None
+        if args.log_dir:
+            Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+            log = stack.enter_context(open(Path(args.log_dir) / f"serve-{policy}.log", "wb"))
+        print(f"[{policy}] asyncdp serve {MODEL} {' '.join(flags)}", file=sys.stderr, flush=True)
+        base_url, _pid = stack.enter_context(asyncdp_serve(MODEL, *flags, log=log, timeout_s=args.startup_timeout))
+        print(f"[{policy}] ready at {base_url}; replaying {len(workload.records)} requests", file=sys.stderr,
+              flush=True)
+
+        async def go() -> Replay:
+            await warm_up(base_url, workload.dp_size)
+            return await replay(base_url, workload, concurrency=args.concurrency, deadline_s=args.deadline,
+                                progress=progress_printer(policy))
+
+        return anyio.run(go)
+    raise AssertionError("unreachable")  # ExitStack does not swallow exceptions
