@@ -303,10 +303,10 @@ class _Replayer:
         self.t0 = 0.0
 
     def now(self) -> float:
-        return time.monotonic() - self.t0
+        return anyio.current_time() - self.t0
 
     async def run(self, deadline_s: float) -> RunLog:
-        self.t0 = time.monotonic()
+        self.t0 = anyio.current_time()  # the event loop's clock: trio's is not time.monotonic()
         with anyio.move_on_after(deadline_s):
             async with anyio.create_task_group() as tg:
                 roots = sorted((r for r in self.w.records if r.after_req is None),
@@ -381,12 +381,14 @@ class Replay:
 
 
 async def replay(base_url: str, workload: Workload, *, model: str = MODEL, concurrency: int = 64,
-                 deadline_s: float = 120.0, progress: Progress | None = None) -> Replay:
-    """Replay ``workload`` (resolved) against ``base_url`` and difference the server's counters around it."""
+                 deadline_s: float = 120.0, progress: Progress | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> Replay:
+    """Replay ``workload`` (resolved) against ``base_url`` and difference the server's counters around it.
+    ``transport``: httpx's, for a fake server in tests."""
     check_loopback(base_url)
     timeout = httpx.Timeout(deadline_s, connect=10.0)
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport) as client:
         before = await scrape(client)
         replayer = _Replayer(client, workload, model, concurrency, progress)
         t = time.monotonic()
