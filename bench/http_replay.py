@@ -84,7 +84,8 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trace", default=None, help="a Mooncake trace (JSONL) instead of a generator")
     ap.add_argument("--trace-block-size", type=int, default=64, help="tokens per trace hash id")
     ap.add_argument("--trace-speed", type=float, default=1.0)
-    ap.add_argument("--kv-blocks", type=int, default=KV_BLOCKS, help="KV blocks (of 16 tokens) per rank; 0: the workload's or profile's")
+    ap.add_argument("--kv-blocks", type=int, default=KV_BLOCKS,
+                    help="KV blocks (of 16 tokens) per rank; 0: the workload's, else the profile's")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=64, help="most requests outstanding at the client")
     ap.add_argument("--deadline", type=float, default=120.0, help="seconds allowed per replay")
@@ -349,7 +350,7 @@ class _Replayer:
                         ev.t_last_s, ev.output_tokens = t, tokens
             if ev.output_tokens != rec.output_length:
                 ev.error = f"got {ev.output_tokens} tokens, expected {rec.output_length}"
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, ValueError) as exc:  # ValueError: a chunk that is not JSON
             ev.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.slots.release()
@@ -434,15 +435,18 @@ def server_flags(workload: Workload, kv_blocks: int | None, max_num_seqs: int | 
 
 async def warm_up(base_url: str, dp_size: int, model: str = MODEL) -> None:
     """A few short requests of a prompt no workload has (token 0 repeated), ``dp_size`` at a time twice, so the
-    first measured requests do not pay the engines' first forward passes. Their counters are outside the run."""
+    first measured requests do not pay the engines' first forward passes; then wait until the server has counted
+    them, so that the run's counters start after them."""
     check_loopback(base_url)
     body = {**completion_body(model, [0] * 40, 4), "stream": False}
     body.pop("stream_options")
     async with httpx.AsyncClient(base_url=base_url, timeout=60.0) as client:
+        before = await scrape(client)
         for _ in range(2):
             async with anyio.create_task_group() as tg:
                 for _ in range(dp_size):
                     tg.start_soon(partial(client.post, "/v1/completions", json=body))
+        await settled(client, before, 2 * dp_size)
 
 
 def serve_and_replay(policy: str, workload: Workload, args: argparse.Namespace, extra_flags: Sequence[str],
