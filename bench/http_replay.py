@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -180,26 +179,15 @@ def error_text(chunk: Mapping[str, Any]) -> str | None:
 # ---------------------------------------------------------------------- the server's counters
 
 
-_SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def parse_prometheus(text: str) -> Samples:
-    """Prometheus text exposition as ``{(name, labels): value}`` (comments and malformed lines skipped)."""
-    out: Samples = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None or line.startswith("#"):
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        labels = frozenset(_LABEL.findall(m.group(2) or ""))
-        out[(m.group(1), labels)] = value
-    return out
+    """Prometheus text exposition as ``{(sample name, labels): value}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): float(s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def by_engine(samples: Samples, name: str) -> dict[str, float]:
