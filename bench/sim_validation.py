@@ -1,7 +1,7 @@
 """The simulator against a real server: one workload, predicted vs measured TTFT (issue 10 item 5, validation).
 
 The same resolved workload (default: the tiny shared-prefix W1 of ``bench/routing_real.py``; ``--workload``,
-``--options``, ``--trace`` choose another) is run twice per policy (``--policies``, default ``vllm``):
+``--options``, ``--trace`` choose another) is run twice per policy (``--policies``, default ``vllm,asyncdp``):
 
 * **predicted**: :func:`asyncdp.bench.simulate.simulate` with ``ClusterSpec(2, load_profile(--profile))``, the
   calibrated CPU profile of tiny-dense (``bench/profiles/cpu_tiny_dense.json``, written by ``asyncdp bench
@@ -12,7 +12,8 @@ The same resolved workload (default: the tiny shared-prefix W1 of ``bench/routin
   torch thread count, replayed over HTTP at wall-clock send times by ``bench/http_replay.py``.
 
 It prints TTFT mean/p50/p90/p99, TPOT mean, e2e p99 and the prefix hit rate side by side with measured/predicted,
-then what the two do not model alike. Nothing is asserted. ``--json OUT`` writes both metric sets.
+then each policy's TTFT over the first policy's on both sides (does the simulator rank the policies as the
+server does?), then what the two do not model alike. Nothing is asserted. ``--json OUT`` writes both metric sets.
 
     PYTHONPATH=$PWD .venv/bin/python bench/sim_validation.py [--profile FILE] [--policies vllm,asyncdp]
 """
@@ -52,8 +53,11 @@ Where the simulator and the real server differ in what they model:
   this load generator on a shared 2-core machine, so engine steps compete for cores with each other and with
   the HTTP path; the profile was fitted on one engine stepping alone. The simulator gives every rank its own
   dedicated device and costs no CPU for the API process.
-- Step time: the simulator charges a + b*P + c*D + d*K per step exactly (no noise, no Python or allocator
-  variance, no first-call warm-up beyond what warm_up() absorbs); the real step varies from step to step.
+- Step time: the simulator charges a + b*P + c*D + d*K per step exactly: linear (no prefill-attention e term,
+  though CPU attention grows faster than linearly with the chunk), no noise, no Python or allocator variance,
+  and a fixed part a that the fit may have clamped to 0 (then short steps, e.g. a few decodes, cost less than
+  on the engine, and TPOT is underpredicted). The profile's r2 and max relative error above say how far the
+  fit is from its own sweep.
 - Telemetry: both run the real coordinator (vllm_coord: 100 ms snapshots) and the real policy code; the real
   snapshots travel over sockets and can arrive later under CPU contention.
 - Clock: the simulator sends at exact virtual times; the real load generator sends at wall-clock times and can
@@ -79,10 +83,25 @@ def side_by_side(pred: dict[str, float], meas: dict[str, float], keys: tuple[str
     return "\n".join(lines)
 
 
+def policy_ratios(out: dict[str, dict[str, dict[str, float]]]) -> str:
+    """Whether the simulator ranks the policies as the server does: each policy's metric over the first's, in the
+    simulator and on the server."""
+    base = next(iter(out))
+    lines = [f"\npolicies over {base}, predicted vs measured (does the simulator order them right?):",
+             f"{'policy':<14}" + "".join(f"{k:>24}" for k in KEYS[:3])]
+    for policy, sides in out.items():
+        cells = []
+        for k in KEYS[:3]:
+            p, m = (sides[s][k] / out[base][s][k] if out[base][s][k] else math.nan for s in ("predicted", "measured"))
+            cells.append(f"{f'{p:.2f} vs {m:.2f}':>24}")
+        lines.append(f"{policy:<14}" + "".join(cells))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="calibrated cost profile (JSON)")
-    ap.add_argument("--policies", default="vllm")
+    ap.add_argument("--policies", default="vllm,asyncdp", help="the first is the base of the policy ratios")
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch threads per engine (default: the profile's 'threads', else 1)")
     add_workload_args(ap)
@@ -113,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\npolicy {policy}: {meas['completed']:.0f} completed, {meas['failed']:.0f} failed, "
               f"max send lag {meas['max_send_lag_s'] * 1e3:.1f} ms")
         print(side_by_side(pred, meas))
+    if len(out) > 1:
+        print(policy_ratios(out))
     print()
     print(DIFFERENCES)
     if args.json:
