@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -362,10 +363,12 @@ class Replay:
     server: ServerCounters
     wall_s: float
     max_lag_s: float
+    load_1m: float  # the machine's 1-minute load average at the end: how shared the cores were
 
     def metrics(self) -> dict[str, float]:
         out = summarise(self.log, self.server)
         out["max_send_lag_s"] = self.max_lag_s
+        out["load_1m"] = self.load_1m
         return out
 
 
@@ -384,7 +387,7 @@ async def replay(base_url: str, workload: Workload, *, model: str = MODEL, concu
         log = await replayer.run(deadline_s)
         wall = time.monotonic() - t
         after = await settled(client, before, sum(1 for e in log.events if e.error is None))
-    return Replay(log, after.minus(before), wall, replayer.max_lag_s)
+    return Replay(log, after.minus(before), wall, replayer.max_lag_s, os.getloadavg()[0])
 
 
 async def scrape(client: httpx.AsyncClient) -> ServerCounters:

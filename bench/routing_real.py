@@ -54,7 +54,8 @@ def run(policies: list[str], workload: Workload, args: argparse.Namespace) -> di
         rep = serve_and_replay(policy, workload, args, [*ENGINE_FLAGS])
         m = results[policy] = rep.metrics()
         print(f"[{policy}] done in {rep.wall_s:.1f} s: {m['completed']:.0f} completed, {m['failed']:.0f} failed, "
-              f"hit rate {m['prefix_hit_rate']:.3f}, TTFT mean {m['ttft_mean_s']:.4f} s", file=sys.stderr,
+              f"hit rate {m['prefix_hit_rate']:.3f}, TTFT mean {m['ttft_mean_s']:.4f} s, load average "
+              f"{m['load_1m']:.2f}", file=sys.stderr,
               flush=True)
     return results
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results = run(policies, workload, args)
     print(f"\nper policy ({time.monotonic() - started:.0f} s in all):")
-    print(table(results, (*KEYS, "completed", "failed"), FMT, "policy"))
+    print(table(results, (*KEYS, "completed", "failed", "load_1m"), {**FMT, "load_1m": ".2f"}, "policy"))
     rel: dict[str, dict[str, float]] = {}
     if "vllm" in results:
         rel = ratios(results, "vllm", KEYS)

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         failed += int(meas["failed"])
         out[policy] = {"predicted": pred, "measured": meas}
         print(f"\npolicy {policy}: {meas['completed']:.0f} completed, {meas['failed']:.0f} failed, "
-              f"max send lag {meas['max_send_lag_s'] * 1e3:.1f} ms")
+              f"max send lag {meas['max_send_lag_s'] * 1e3:.1f} ms, load average {meas['load_1m']:.2f} (2 cores)")
         print(side_by_side(pred, meas))
     if len(out) > 1:
         print(policy_ratios(out))
