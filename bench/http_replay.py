@@ -1,31 +1,21 @@
 """Replay a routing-bench workload against a real ``asyncdp serve`` over HTTP (issue 10, items 5 and 6).
 
-What it sends. Each :class:`~asyncdp.bench.records.Record` becomes one streamed ``POST /v1/completions`` whose
-``prompt`` is the record's token ids, materialised exactly as the simulator does
-(:class:`~asyncdp.bench.materialise.Materialiser`, with the workload's seed and vocabulary), with
-``max_tokens = min_tokens = output_length``, ``ignore_eos`` and greedy sampling, so every request generates
-exactly its output length, as the simulated executor does. ``stream_options.continuous_usage_stats`` makes
-every chunk carry the tokens generated so far: the first chunk with ``completion_tokens > 0`` is the first
-token. Times are taken at the client when a chunk's line arrives.
+Each :class:`~asyncdp.bench.records.Record` is one streamed ``POST /v1/completions``: its token ids as the prompt,
+materialised as the simulator does (:class:`~asyncdp.bench.materialise.Materialiser`), ``max_tokens = min_tokens =
+output_length``, ``ignore_eos``, greedy. ``continuous_usage_stats`` puts the tokens so far in every chunk, so the
+first chunk with ``completion_tokens > 0`` is the first token; times are taken when a chunk's line arrives.
 
-When it sends (the workload's send rule, as :mod:`asyncdp.bench.simulate`): a record without ``after_req`` at
-its ``t_arrival_ms``; a record with one at ``max(t_arrival_ms, done(after_req) + think_ms)``. Multi-turn
-histories quote the *simulated* answer segment, which the real model does not generate, so on a real server a
-later turn hits only the part of its history that is prompt, not answer: use single-turn workloads (W1, W3,
-W6...) to compare hit rates with the simulator. At most ``concurrency`` requests are outstanding (FIFO); a
-request's ``t_send_s`` is when it actually went out, and ``lag`` (how late that was against its schedule) is
-reported, so a load generator that fell behind shows. The whole replay has a deadline; what had not finished by
-then is an error event (``deadline``), never a hang. Traffic goes to 127.0.0.1 only.
+Send rule, as :mod:`asyncdp.bench.simulate`: at ``t_arrival_ms``, or with ``after_req`` at ``max(t_arrival_ms,
+done(after_req) + think_ms)``. A multi-turn history quotes the *simulated* answer, which the real model does not
+generate, so compare hit rates on single-turn workloads (W1, W3, W6). At most ``concurrency`` requests are
+outstanding; ``t_send_s`` is when a request actually went out and the worst lag behind schedule is reported. The
+replay has a deadline (unfinished requests become ``deadline`` errors) and sends to 127.0.0.1 only.
 
-What it measures. The result is the simulator's own :class:`~asyncdp.bench.simulate.RunLog` (rank -1: HTTP does
-not say where a request ran), so :func:`asyncdp.bench.metrics.compute` computes TTFT, e2e, TPOT and throughput
-with the same definitions on both sides. Where the server knows better, its ``/metrics`` counters, differenced
-around the run (:class:`ServerCounters`), replace the client's view: the prefix-cache hit rate is
-``Δ vllm:prefix_cache_hits / Δ vllm:prefix_cache_queries`` (tokens, every admission), and the per-rank load ratio
-is the busiest rank's ``Δ vllm:request_success`` over the mean.
-
-The CLIs are ``bench/routing_real.py`` (policies side by side) and ``bench/sim_validation.py`` (simulator vs
-server); this module holds what they share, and its pure parts are tested in ``tests/bench/test_http_replay.py``.
+The result is the simulator's own :class:`~asyncdp.bench.simulate.RunLog` (rank -1: HTTP does not say where a
+request ran), so :func:`asyncdp.bench.metrics.compute` measures both sides alike. The server's ``/metrics``
+counters, differenced around the run (:class:`ServerCounters`), give the prefix-cache hit rate (Δ hits / Δ
+queries, in tokens) and the per-rank load ratio (Δ ``request_success``, busiest over mean). The CLIs are
+``bench/routing_real.py`` and ``bench/sim_validation.py``; ``tests/bench/test_http_replay.py`` tests this module.
 """
 
 from __future__ import annotations
@@ -82,7 +72,7 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--options", default="{}", help="generator options as JSON, over the tiny W1 defaults for w1")
     ap.add_argument("--rate", type=float, default=None, help="Poisson arrival rate, requests/s (sets rate_rps)")
     ap.add_argument("--trace", default=None, help="a Mooncake trace (JSONL) instead of a generator")
-    ap.add_argument("--trace-block-size", type=int, default=64, help="tokens per trace hash id")
+    ap.add_argument("--trace-block-size", type=int, default=512, help="tokens per trace hash id (Mooncake: 512)")
     ap.add_argument("--trace-speed", type=float, default=1.0)
     ap.add_argument("--kv-blocks", type=int, default=KV_BLOCKS,
                     help="KV blocks (of 16 tokens) per rank; 0: the workload's, else the profile's")
@@ -162,8 +152,7 @@ def parse_sse_line(line: str) -> dict[str, Any] | str | None:
 
 
 def chunk_tokens(chunk: Mapping[str, Any]) -> int | None:
-    """Tokens generated so far according to a choice chunk's continuous usage; None for the final usage-only
-    chunk (no choices) and for chunks without usage."""
+    """Tokens so far by a choice chunk's continuous usage; None for the final usage-only chunk (no choices)."""
     usage = chunk.get("usage")
     if not chunk.get("choices") or not isinstance(usage, dict):
         return None
@@ -226,16 +215,14 @@ class ServerCounters:
         return self.hits / self.queries if self.queries > 0 else 0.0
 
     def load_ratio(self, dp_size: int) -> float:
-        """The busiest rank's completed requests over the mean of ``dp_size`` ranks (ranks that ran nothing
-        count as 0)."""
+        """The busiest rank's completed requests over the mean of ``dp_size`` ranks."""
         counts = list(self.requests_by_engine.values())
         total = sum(counts)
         return max(counts) / (total / dp_size) if total > 0 else 0.0
 
 
 def summarise(log: RunLog, server: ServerCounters) -> dict[str, float]:
-    """The metrics of one replay: :func:`asyncdp.bench.metrics.compute` on the client's log, with the hit rate and
-    the load ratio from the server's counters, plus completion counts and the worst send lag."""
+    """:func:`asyncdp.bench.metrics.compute` on the client's log, hit rate and load ratio from the server's."""
     out = metrics.compute(log)
     out["prefix_hit_rate"] = server.hit_rate
     out["max_mean_load_ratio"] = server.load_ratio(log.dp_size)
@@ -326,7 +313,7 @@ class _Replayer:
                     return
                 async for line in resp.aiter_lines():
                     chunk = parse_sse_line(line)
-                    if chunk is None or chunk == DONE or isinstance(chunk, str):
+                    if not isinstance(chunk, dict):  # not a data line, or the [DONE] marker
                         continue
                     if (err := error_text(chunk)) is not None:
                         ev.error = err

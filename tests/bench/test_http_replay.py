@@ -135,6 +135,19 @@ def test_cli_args_give_a_resolved_dp2_workload_with_the_kv_hint_and_server_flags
     assert flags[flags.index("--max-model-len") + 1] == "2048"
 
 
+def test_a_mooncake_trace_becomes_a_dp2_workload_whose_shared_ids_share_prompt_tokens(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    rows = [{"timestamp": 100, "input_length": 600, "output_length": 5, "hash_ids": [7, 8]},
+            {"timestamp": 350, "input_length": 520, "output_length": 3, "hash_ids": [7, 9]}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ap = argparse.ArgumentParser()
+    hr.add_workload_args(ap)
+    workload = hr.workload_from_args(ap.parse_args(["--trace", str(trace)]))
+    assert workload.dp_size == 2 and [r.t_arrival_ms for r in workload.records] == [0.0, 250.0]
+    first, second = (Materialiser(workload.seed, workload.vocab_size).prompt(r) for r in workload.records)
+    assert len(first) == 600 and first[:512] == second[:512] and first[512:520] != second[512:]
+
+
 # ---------------------------------------------------------------------- the replay over a fake server
 
 
