@@ -32,6 +32,7 @@ from asyncdp.bench import metrics  # noqa: E402
 from asyncdp.bench.profiles import Profile, load_profile, profile_hash  # noqa: E402
 from asyncdp.bench.records import Workload  # noqa: E402
 from asyncdp.bench.simulate import ClusterSpec, simulate  # noqa: E402
+from asyncdp.errors import ConfigError  # noqa: E402
 from bench.http_replay import (  # noqa: E402
     add_workload_args,
     describe,
@@ -144,4 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ConfigError as exc:  # a bad workload or profile: say what to change, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
