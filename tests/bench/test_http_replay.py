@@ -248,3 +248,16 @@ def test_routing_real_runs_two_policies_on_a_real_server_and_reports_ratios(tmp_
     assert all(m["completed"] == 6 and m["prefix_hit_rate"] > 0 for m in result["policies"].values())
     assert result["ratio_to_vllm"]["vllm"]["ttft_mean_s"] == 1.0
     assert "ratio to vllm" in proc.stdout
+
+
+def test_sim_validation_prints_measured_over_predicted_and_each_policy_over_the_first():
+    from bench import sim_validation as sv
+
+    pred = dict.fromkeys(sv.KEYS, 0.5)
+    meas = {**pred, "ttft_mean_s": 1.0, "prefix_hit_rate": 0.25}
+    text = sv.side_by_side(pred, meas)
+    assert "ttft_mean_s" in text.splitlines()[1] and text.splitlines()[1].endswith("2.00")
+    assert text.splitlines()[-1].endswith("0.50")  # prefix_hit_rate, the last key
+    out = {"vllm": {"predicted": pred, "measured": pred},
+           "asyncdp": {"predicted": {**pred, "ttft_mean_s": 0.25}, "measured": {**pred, "ttft_mean_s": 0.4}}}
+    assert "0.50 vs 0.80" in sv.policy_ratios(out).splitlines()[-1]
