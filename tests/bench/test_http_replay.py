@@ -22,6 +22,7 @@ from asyncdp.bench.simulate import RequestEvent, RunLog
 from asyncdp.bench.workloads import build
 from asyncdp.errors import ConfigError
 from bench import http_replay as hr
+from bench import server_counters as sc
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"groups": 2, "prompts_per_group": 2, "system_len": 48, "question_len": 8, "output_len": 4,
@@ -87,21 +88,21 @@ def test_tokens_come_from_choice_chunks_usage_and_not_from_the_final_usage_chunk
 
 
 def test_prometheus_text_parses_to_samples_by_name_and_labels():
-    samples = hr.parse_prometheus(METRICS_TEXT)
+    samples = sc.parse_prometheus(METRICS_TEXT)
     assert samples[("vllm:prefix_cache_hits_total", frozenset({("engine", "1"), ("model_name", "m")}))] == 50.0
-    assert hr.by_engine(samples, hr.SUCCESS) == {"0": 4.0, "1": 2.0}
+    assert sc.by_engine(samples, sc.SUCCESS) == {"0": 4.0, "1": 2.0}
     assert len(samples) == 7
 
 
 def test_counters_difference_per_engine_and_give_hit_rate_and_load_ratio():
-    before = hr.ServerCounters.from_text(METRICS_TEXT)
+    before = sc.ServerCounters.from_text(METRICS_TEXT)
     assert (before.queries, before.hits) == (400.0, 50.0)
-    after = hr.ServerCounters(queries=1400.0, hits=650.0, requests_by_engine={"0": 10.0, "1": 2.0, "2": 4.0})
+    after = sc.ServerCounters(queries=1400.0, hits=650.0, requests_by_engine={"0": 10.0, "1": 2.0, "2": 4.0})
     delta = after.minus(before)
     assert (delta.queries, delta.hits, delta.hit_rate) == (1000.0, 600.0, 0.6)
     assert delta.requests_by_engine == {"0": 6.0, "1": 0.0, "2": 4.0}
     assert delta.load_ratio(dp_size=2) == 6.0 / 5.0
-    assert hr.ServerCounters().hit_rate == 0.0 and hr.ServerCounters().load_ratio(2) == 0.0
+    assert sc.ServerCounters().hit_rate == 0.0 and sc.ServerCounters().load_ratio(2) == 0.0
 
 
 def test_summarise_takes_times_from_the_client_and_hit_rate_and_balance_from_the_server():
@@ -110,7 +111,7 @@ def test_summarise_takes_times_from_the_client_and_hit_rate_and_balance_from_the
         RequestEvent(1, 0, -1, 1.0, 100, True, t_first_s=2.0, t_last_s=3.0, output_tokens=11),
         RequestEvent(2, 0, -1, 1.0, 100, True, error="HTTP 500"),
     ])
-    got = hr.summarise(log, hr.ServerCounters(200.0, 50.0, {"0": 2.0, "1": 0.0}))
+    got = hr.summarise(log, sc.ServerCounters(200.0, 50.0, {"0": 2.0, "1": 0.0}))
     assert got["ttft_mean_s"] == pytest.approx(0.75) and got["ttft_p99_s"] == pytest.approx(1.0)
     assert got["tpot_mean_s"] == pytest.approx(0.1)
     assert got["prefix_hit_rate"] == 0.25 and got["max_mean_load_ratio"] == 2.0
