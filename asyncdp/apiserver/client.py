@@ -316,6 +316,10 @@ class DPClient:
         addr = engine.ready.coordinator_client_addr
         if addr and self.cfg.coordinator_client_addr is None:
             self.cfg = self.cfg.with_coordinator(addr)
+        ready = [e.ready for e in self._links.engines.values()]
+        if len(ready) == len(self.cfg.managed_ranks):  # every managed engine is known: tell the policy their KV
+            self.lb.set_engine_params({"kv_blocks_per_rank": min(r.num_kv_blocks for r in ready),
+                                       "block_size_tokens": ready[0].block_size})
 
     def _on_engine_message(self, rank: int, msg: m.Message) -> None:
         if isinstance(msg, m.EngineOutputs):

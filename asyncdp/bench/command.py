@@ -73,7 +73,8 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--decision-time", action="store_true", help="also time the candidate's decisions at dp "
                    "8, 64 and 256 (gate G7; wall clock, kept apart in the JSON)")
     p.add_argument("--json", help="write the JSON result here")
-    p.add_argument("--plots", help="write PNG plots into this directory (needs matplotlib)")
+    p.add_argument("--csv", help="write the per-(workload, policy, seed) metrics here as CSV")
+    p.add_argument("--plots", help="write the PNG plots of §6 into this directory (needs matplotlib)")
     add_calibrate_parser(bsub)
 
 
@@ -136,6 +137,7 @@ def run(ns: argparse.Namespace) -> int:
         print("\n".join(known_policies()))
         return 0
     from asyncdp.bench import pathology, report
+    from asyncdp.bench.metrics import ttft_floors
     from asyncdp.bench.profiles import load_profile, profile_hash
     from asyncdp.bench.records import encode_workload, resolve
     from asyncdp.bench.simulate import ClusterSpec, expand_sweep, measure_r_sat, simulate
@@ -144,6 +146,7 @@ def run(ns: argparse.Namespace) -> int:
 
     if not ns.workload and not ns.trace:
         raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
+    _check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
     policies = _csv(ns.policies) if ns.policies else known_policies()
     for name in policies:
         make_policy(name)  # an unknown name fails here, before any run
@@ -170,13 +173,16 @@ def run(ns: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
+    floors: dict[int, dict[int, float]] = {}  # per workload (by identity): req_id -> TTFT floor
     try:
         for seed, label, workload, spec, rungs in plans:
             for policy in policies:
                 started = time.monotonic()
                 log = simulate(workload, policy, seed, spec)
                 logs[(label, policy, seed)] = log
-                runs.extend(_entries(label, policy, seed, spec, workload, log, rungs))
+                if id(workload) not in floors:
+                    floors[id(workload)] = ttft_floors(workload.records, spec.profile, workload.block_size)
+                runs.extend(_entries(label, policy, seed, spec, workload, log, rungs, floors[id(workload)]))
                 runs[-1 - len(rungs)]["detectors"] = pathology.signals(log, workload.ideal_hit_rate)
                 advance(f"{label} {policy} seed {seed} ({time.monotonic() - started:.1f} s)")
         if ns.robustness:
@@ -214,20 +220,51 @@ def run(ns: argparse.Namespace) -> int:
               "python": platform.python_version(), "trio": _trio_version()}
     if ns.json:
         Path(ns.json).write_text(report.to_json(runs, header, gate_rows, robust, timing))
+    if ns.csv:
+        from asyncdp.bench.plots import write_csv
+
+        write_csv(Path(ns.csv), runs, robust)
     if ns.plots:
-        _plots(Path(ns.plots), logs)
+        from asyncdp.bench.plots import write_plots
+
+        written = write_plots(Path(ns.plots), runs, logs, plans, timing, ns.candidate)
+        print(f"asyncdp bench: {len(written)} plots written to {ns.plots}", file=sys.stderr)
     return 0
 
 
+def _check_outputs(ns: argparse.Namespace) -> None:
+    """Each output flag's file can be written (its folder is made if missing), and ``--plots`` is a folder."""
+    import os
+
+    for flag, value, is_dir in (("--json", ns.json, False), ("--csv", ns.csv, False),
+                                ("--export-trace", ns.export_trace, False), ("--plots", ns.plots, True)):
+        if not value:
+            continue
+        path = Path(value)
+        folder = path if is_dir else path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{flag} {value}: cannot create the folder {folder} ({exc.strerror}).") from None
+        if not is_dir and path.is_dir():
+            raise ConfigError(f"{flag} {value}: is a folder; give a file name.")
+        if not os.access(folder, os.W_OK):
+            raise ConfigError(f"{flag} {value}: the folder {folder} is not writable.")
+
+
 def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: Any,
-             rungs: dict[str, set[int]]) -> list[dict[str, Any]]:
-    """The JSON entries of one run: the whole run, then one per ladder rung."""
+             rungs: dict[str, set[int]], floors: dict[int, float] | None = None) -> list[dict[str, Any]]:
+    """The JSON entries of one run: the whole run, then one per ladder rung; with ``floors`` (req_id -> TTFT
+    floor), each carries ``ttft_floor_p99_s`` over its requests."""
     from asyncdp.bench import metrics
 
+    def floor(ids: set[int] | None) -> dict[str, float]:
+        return {} if floors is None else {"ttft_floor_p99_s": round(metrics.floor_p99(log, floors, ids), 9)}
+
     whole = {"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
-             "ideal_hit_rate": workload.ideal_hit_rate, "counts": metrics.summary(log),
+             "ideal_hit_rate": workload.ideal_hit_rate, **floor(None), "counts": metrics.summary(log),
              "metrics": {k: round(v, 9) for k, v in metrics.compute(log).items()}}
-    return [whole, *({**whole, "workload": f"{label}@{rung_label}", "counts": {"requests": len(ids)},
+    return [whole, *({**whole, "workload": f"{label}@{rung_label}", **floor(ids), "counts": {"requests": len(ids)},
                       "metrics": {k: round(v, 9) for k, v in metrics.compute(log, ids).items()}}
                      for rung_label, ids in rungs.items())]
 
@@ -252,32 +289,3 @@ def _trio_version() -> str:
     import trio
 
     return str(trio.__version__)
-
-
-def _plots(directory: Path, logs: dict[tuple[str, str, int], Any]) -> None:
-    """TTFT CDF per policy, one PNG per workload (first seed). Other plots of §6 are not drawn yet."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("asyncdp bench: --plots needs matplotlib, which is not installed; no plots written.",
-              file=sys.stderr)
-        return
-    directory.mkdir(parents=True, exist_ok=True)
-    by_workload: dict[str, dict[str, list[float]]] = {}
-    for (label, policy, _seed), log in logs.items():
-        ttfts = sorted(e.t_first_s - e.t_send_s for e in log.events if e.measured and e.t_first_s is not None)
-        by_workload.setdefault(label, {}).setdefault(policy, ttfts)
-    for label, per_policy in by_workload.items():
-        fig, ax = plt.subplots()
-        for policy, values in per_policy.items():
-            if values:
-                ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=policy)
-        ax.set_xscale("log")
-        ax.set_xlabel("TTFT (s)")
-        ax.set_ylabel("fraction of requests")
-        ax.legend()
-        fig.savefig(directory / f"ttft_cdf_{label.replace('@', '_').replace(':', '_')}.png")
-        plt.close(fig)

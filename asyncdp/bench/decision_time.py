@@ -6,8 +6,9 @@ question, so the prefix policies' indexes hold hits), requests finishing (first 
 first) so in-flight counts stay bounded at 4 per rank, and every 100 decisions a snapshot of the stream's own
 in-flight counts (split at random between waiting and running, random KV usage), as a live client sees. Each decision is timed in three parts: ``hash`` (:func:`~asyncdp.dp.asyncdp_policy.prompt_hashes`, only
 for a policy that hashes that way; the others hash inside ``select``), ``select`` and ``hooks``
-(``on_dispatch``). The clock is the thread's CPU time (``time.thread_time_ns``, its own cost calibrated away),
-so time the process spent descheduled on a busy machine is not counted. Timings are not deterministic: they
+(``on_dispatch``). The clock is ``time.perf_counter_ns`` (its own cost calibrated away; the thread's CPU clock was
+tried and is coarser than a decision), so on a busy machine a decision the process was descheduled in reads
+long: compare with ``vllm`` timed in the same run. Timings are not deterministic: they
 never enter the deterministic JSON.
 """
 

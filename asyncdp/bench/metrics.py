@@ -9,7 +9,11 @@ Over the *measured* requests (sent at or after the workload's warm-up) that comp
   send to the last measured token;
 - prefix hit rate = Σ cached prompt tokens at first admission / Σ prompt tokens;
 - max/mean load ratio = the busiest rank's measured request count over the mean over all ranks;
-- preemptions: the ranks' own counter over the whole run.
+- preemptions: the ranks' own counter over the whole run;
+- the TTFT floor (:func:`ttft_floors`, reported as ``ttft_floor_p99_s`` beside the metrics): per request, the TTFT it
+  would have alone on an idle rank with the ideal cache (one rank, infinite cache): the prefill of the tokens no
+  cache can hold, in ``max_num_batched_tokens`` chunks, by the cost profile. No policy goes below it, so a gate
+  limit under it cannot be met by routing.
 
 On a ladder, each rung is also measured on its own (:func:`rung_request_ids`: the rung's requests after 10 %
 warm-up). Percentiles are the nearest-rank kind on the sorted values (``ceil(q·n)``-th), so they are values that occurred
@@ -21,6 +25,9 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 
+from asyncdp.bench.materialise import ideal_hits
+from asyncdp.bench.profiles import Profile
+from asyncdp.bench.records import Record
 from asyncdp.bench.simulate import RequestEvent, RunLog
 
 SLO_TTFT_S = 2.0
@@ -99,3 +106,22 @@ def summary(log: RunLog) -> dict[str, int]:
     return {"sent": len(log.events), "measured": sum(1 for e in log.events if e.measured),
             "completed": sum(1 for e in log.events if e.error is None and e.t_last_s is not None),
             "failed": sum(1 for e in log.events if e.error is not None), "unsent": log.unsent}
+
+
+def ttft_floors(records: Sequence[Record], profile: Profile, block_size: int) -> dict[int, float]:
+    """req_id -> the request's TTFT floor in seconds (module docstring): ``steps·a + b·uncached + d·prompt``
+    with ``steps = ceil(uncached / max_num_batched_tokens)`` (at least one), uncached = prompt − ideal hit."""
+    out: dict[int, float] = {}
+    for rec, hit in zip(records, ideal_hits(records, block_size), strict=True):
+        uncached = max(1, rec.input_length - hit)
+        steps = max(1, math.ceil(uncached / profile.max_num_batched_tokens))
+        ms = steps * profile.a_ms + profile.b_ms_per_token * uncached + profile.d_ms_per_kv_token * rec.input_length
+        out[rec.req_id] = ms / 1000.0
+    return out
+
+
+def floor_p99(log: RunLog, floors: dict[int, float], only: Collection[int] | None = None) -> float:
+    """p99 of :func:`ttft_floors` over the requests :func:`compute` measures (same selection)."""
+    return percentile([floors[e.req_id] for e in log.events if e.measured and e.error is None
+                       and e.t_first_s is not None and e.t_last_s is not None and e.req_id in floors
+                       and (only is None or e.req_id in only)], 0.99)

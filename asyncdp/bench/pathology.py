@@ -56,9 +56,46 @@ DETECTORS = (
 )
 
 
-def _done(log: RunLog) -> list[RequestEvent]:
+def completed(log: RunLog) -> list[RequestEvent]:
+    """The requests the detectors (and the load samples) count: measured, completed without error, on a rank."""
     return [e for e in log.events if e.measured and e.error is None and e.t_first_s is not None
             and e.t_last_s is not None and 0 <= e.rank < log.dp_size]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSamples:
+    """Outstanding requests per rank at each sample: ``per_rank[rank][k]`` at ``times_s[k]``."""
+
+    times_s: tuple[float, ...]
+    per_rank: tuple[tuple[int, ...], ...]
+
+
+def outstanding_samples(log: RunLog, period_s: float = SAMPLE_S) -> LoadSamples:
+    """Every ``period_s`` of virtual time from the first send to the last token, each rank's outstanding
+    requests (sent at or before the sample, last token after it) among the measured requests that completed.
+    At the default period these are the samples the hot-spot detector averages (it keeps those with ≥ 2·dp in
+    flight); the heatmaps of :mod:`~asyncdp.bench.plots` draw them."""
+    edges: list[tuple[float, int, int]] = []
+    for e in completed(log):
+        assert e.t_last_s is not None
+        edges += [(e.t_send_s, 1, e.rank), (e.t_last_s, -1, e.rank)]
+    if not edges:
+        return LoadSamples((), tuple(() for _ in range(log.dp_size)))
+    edges.sort(key=lambda x: (x[0], x[1]))
+    t_end = edges[-1][0]
+    out = [0] * log.dp_size
+    times: list[float] = []
+    rows: list[list[int]] = [[] for _ in range(log.dp_size)]
+    k, t = 0, edges[0][0]
+    while t <= t_end:
+        while k < len(edges) and edges[k][0] <= t:
+            out[edges[k][2]] += edges[k][1]
+            k += 1
+        times.append(t)
+        for rank, count in enumerate(out):
+            rows[rank].append(count)
+        t += period_s  # accumulated, as the detector does, so the samples are the same instants
+    return LoadSamples(tuple(times), tuple(tuple(r) for r in rows))
 
 
 def _ratio(values: Sequence[float]) -> float:
@@ -66,31 +103,18 @@ def _ratio(values: Sequence[float]) -> float:
     return max(values) / m if m > 0 else 0.0
 
 
-def hotspot(log: RunLog, done: Sequence[RequestEvent]) -> float:
-    if not done:
-        return 0.0
-    edges: list[tuple[float, int, int]] = []
-    for e in done:
-        assert e.t_last_s is not None
-        edges += [(e.t_send_s, 1, e.rank), (e.t_last_s, -1, e.rank)]
-    edges.sort(key=lambda x: (x[0], x[1]))
-    t0, t_end = edges[0][0], edges[-1][0]
-    out = [0] * log.dp_size
-    ratios: list[float] = []
-    k, t = 0, t0
-    while t <= t_end:
-        while k < len(edges) and edges[k][0] <= t:
-            out[edges[k][2]] += edges[k][1]
-            k += 1
-        if sum(out) >= 2 * log.dp_size:  # below that a rank cannot be "hot": 1 request on 4 ranks reads 4
-            ratios.append(_ratio(out))
-        t += SAMPLE_S
+def hotspot(log: RunLog) -> float:
+    samples = outstanding_samples(log)
+    ratios = []
+    for counts in zip(*samples.per_rank, strict=True):
+        if sum(counts) >= 2 * log.dp_size:  # below that a rank cannot be "hot": 1 request on 4 ranks reads 4
+            ratios.append(_ratio(counts))
     return sum(ratios) / len(ratios) if ratios else 0.0
 
 
 def signals(log: RunLog, ideal_hit_rate: float = 0.0) -> dict[str, float]:
     """Every detector's signal for one run (module docstring), rounded for stable JSON."""
-    done = _done(log)
+    done = completed(log)
     n = log.dp_size
     reqs = [0] * n
     toks = [0] * n
@@ -124,7 +148,7 @@ def signals(log: RunLog, ideal_hit_rate: float = 0.0) -> dict[str, float]:
                 burst[e.rank] += 1
         if sum(burst) >= 2 * n:
             cold = max(burst) / sum(burst)
-    values = {"hotspot": hotspot(log, done), "miss_share": miss_share, "request_skew": req_ratio,
+    values = {"hotspot": hotspot(log), "miss_share": miss_share, "request_skew": req_ratio,
               "token_skew": _ratio(toks) if req_ratio <= 1.2 else 0.0, "sticky_loss": max(0.0, sticky),
               "late_collapse": max(0.0, late), "cold_start": cold}
     return {k: round(v, 6) for k, v in values.items()}

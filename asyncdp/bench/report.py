@@ -106,6 +106,9 @@ def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tu
         why = f"policy {candidate!r} not in the run"
         return [(g, "n/a", why) for g in ("G1", "G2", "G3", "G4")]
     results: dict[str, list[tuple[bool, str]]] = {g: [] for g in ("G1", "G2", "G3", "G4")}
+    floors: dict[str, float] = {}  # workload -> the highest TTFT floor p99 of its entries (metrics.ttft_floors)
+    for e in runs:
+        floors[e["workload"]] = max(floors.get(e["workload"], 0.0), e.get("ttft_floor_p99_s", 0.0))
     for workload, ps in agg.items():
         if candidate not in ps:
             continue
@@ -116,8 +119,11 @@ def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tu
             rung = workload.partition("@")[2]
             if family(workload) in G1_WORKLOADS and (not rung.endswith("rsat") or rung == "0.7rsat"):
                 lim = 0.5 * ref["ttft_p99_s"][0]
-                results["G1"].append((mine["ttft_p99_s"] <= lim, f"{workload}: p99 {mine['ttft_p99_s']:.4g} s vs "
-                                      f"limit {lim:.4g}"))
+                detail = f"{workload}: p99 {mine['ttft_p99_s']:.4g} s vs limit {lim:.4g}"
+                if floors.get(workload, 0.0) > lim:
+                    detail += (f" (under the workload's TTFT floor p99 {floors[workload]:.4g} s: its cold prompts' "
+                               "own prefill, which no routing removes)")
+                results["G1"].append((mine["ttft_p99_s"] <= lim, detail))
             lim = 0.98 * ref["goodput_rps"][0]
             results["G4"].append((mine["goodput_rps"] >= lim, f"{workload}: goodput {mine['goodput_rps']:.4g} vs "
                                   f"limit {lim:.4g}"))

@@ -40,9 +40,12 @@ on the same rank (affinity across turns and across routers), different keys spre
 routers deciding from one snapshot do not herd onto one rank.
 
 Decision cost (G7). ``base`` is kept current by the hooks (one rank changes per dispatch, first token or
-finish; all of them on a snapshot, or when the decay weight is 50 ms old), so ``select`` is one C-level
-``min``/``index`` over ``base`` plus a binary search of the index for each rank that holds the prompt's first
-block (typically one or two). The prompt's block hashes are computed once (memoised for ``on_dispatch``).
+finish; all of them on a snapshot, or when the decay weight is 50 ms old), and so is the sum of the in-flight
+estimates the hot-spot bound needs, so ``select`` is one C-level ``min``/``index``/``count`` over ``base`` (the
+tie scan runs only on a tie), then the deepest run of the prompt's blocks any rank holds (two lookups when it is
+the run the last prompt with the same first block matched, else a binary search), then the holders of the first
+block: those holding the whole run first (their credit is known), then the others, pruned by the best credit
+they could still have. The prompt's block hashes are computed once (memoised for ``on_dispatch``).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncdp.dp.peers.hashing import block_hashes, stable_hash64
-from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot, hinted_decision
+from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.errors import ConfigError, UnavailableError
 
 DECODE_TOKENS = 16.0  # [ours] a decoding request's weight, in prefill tokens
@@ -94,7 +97,11 @@ class AsyncdpState:
     others_cnt: list[int]
     kv: list[float]
     load: list[float]  # estimated in-flight requests (mine + others, weighted), for the hot-spot bound
+    load_total: float = 0.0  # sum(load), kept by _update (recomputed on every snapshot: no drift)
     owners: dict[int, int] = field(default_factory=dict)  # block hash -> bitmask of ranks holding it
+    # first block hash -> the deepest run any rank held when a prompt starting with it was last scored: a
+    # guess, checked with two lookups before use (prompts that share a first block usually share the run)
+    depth_memo: dict[int, int] = field(default_factory=dict)
     lru: list[OrderedDict[int, None]] = field(default_factory=list)
     decisions: tuple[Decision, ...] = ()
     reqs: dict[str, _Req] = field(default_factory=dict)
@@ -170,14 +177,14 @@ class AsyncdpPolicy(Policy):
                 owners[h] = left
             else:
                 owners.pop(h, None)
+                state.depth_memo.pop(h, None)  # the memo stays bounded by the index
 
     # ------------------------------------------------------------ decision
 
     def select(self, req: RequestView, snap: Snapshot | None, state: AsyncdpState, now_us: int,
                rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
+        if req.rank_hint is not None:  # a hinted request bypasses the policy (hinted_decision, inlined)
+            return Decision(req.rank_hint, hinted=True)
         base, n = state.base, state.n
         if state.snap_at_us is not None and now_us - state.refreshed_at_us >= REFRESH_US:
             weight = _weight(state, now_us)
@@ -187,56 +194,80 @@ class AsyncdpPolicy(Policy):
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
-        start = _tie_key(req, hashes) % n
-        pick = base.index(best)  # the first minimum at or after start, wrapping (no exception on the hot path)
-        if pick < start:
-            tail = base[start:]
-            if best in tail:
-                pick = start + tail.index(best)
+        start = -1  # the tie scan's first rank, computed only when a tie needs it
+        pick = base.index(best)
+        if base.count(best) > 1:  # a tie: the first minimum at or after a stable hash of the key (H6)
+            start = _tie_key(req, hashes) % n
+            if pick < start:
+                tail = base[start:]
+                if best in tail:
+                    pick = start + tail.index(best)
         decisions = state.decisions  # one immutable Decision per rank, made once
         if not hashes:
             return decisions[pick]
-        owners = state.owners
-        held = owners.get(hashes[0], 0)
+        get = state.owners.get
+        held = get(hashes[0], 0)
         if not held:
             return decisions[pick]
-        plen, bs, weight = req.prompt_len, state.block_size, self.credit_weight
+        plen, bs, weight = len(req.tokens), state.block_size, self.credit_weight
         # The deepest block any rank holds bounds every credit: ranks that cannot win even with it are skipped.
-        lo, hi = 1, len(hashes)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if owners.get(hashes[mid - 1], 0):
-                lo = mid
-            else:
-                hi = mid - 1
-        top_credit = min(lo * bs, plen - 1)
-        bound = weight * top_credit
-        deepest = owners.get(hashes[lo - 1], 0)  # these ranks hold the whole matched run: credit top_credit
-        pick_cost, pick_credit, pick_order = best + plen, 0, (pick - start) % n
+        nh = len(hashes)
+        lo = state.depth_memo.get(hashes[0], 0)  # the run the last prompt with this first block matched
+        if not (0 < lo <= nh and get(hashes[lo - 1], 0) and (lo == nh or not get(hashes[lo], 0))):
+            lo, hi = 1, nh  # not the same depth: a binary search (the union of prefix-closed sets is one)
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if get(hashes[mid - 1], 0):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            state.depth_memo[hashes[0]] = lo
+        top_credit = lo * bs if lo * bs < plen else plen - 1
+        bound = weight * top_credit - plen  # a holder with base - bound above the pick's cost cannot win
+        deepest = get(hashes[lo - 1], 0)  # these ranks hold the whole matched run: credit top_credit
+        pick_cost, pick_credit = best + plen, 0
         cap = -1.0
         load = state.load
-        while held:
+        # The ranks holding the whole run first: they need no search of their own and usually win, so the
+        # pruning above skips most of the others (the winner is the minimum whatever the order).
+        rest = held & ~deepest
+        held &= deepest
+        while held or rest:
+            if not held:  # the others lack block lo: their credit is at most lo - 1 blocks
+                held, rest = rest, 0
+                bound = weight * min((lo - 1) * bs, plen - 1) - plen
             low = held & -held
             held ^= low
             r = low.bit_length() - 1
             b = base[r]
-            if b + plen - bound > pick_cost:
+            if b - bound > pick_cost:
                 continue  # cannot win even with the deepest credit
-            if cap < 0:
-                cap = self._hot_cap(state)
+            if cap < 0:  # the hot-spot bound on a rank's estimated in-flight requests (H3), once
+                mean = state.load_total / (n - len(state.excluded) or 1)
+                cap = max(self.hot_ratio * mean, mean + self.hot_slack)
             if load[r] > cap:
                 continue
-            credit = top_credit if deepest & low else min(self.match(state, r, hashes) * bs, plen - 1)
+            if deepest & low:
+                credit = top_credit
+            else:  # this rank's own match: a binary search below the deepest run (its set is prefix-closed)
+                lo2, hi2 = 1, lo
+                while lo2 < hi2:
+                    mid = (lo2 + hi2 + 1) >> 1
+                    if get(hashes[mid - 1], 0) & low:
+                        lo2 = mid
+                    else:
+                        hi2 = mid - 1
+                credit = lo2 * bs if lo2 * bs < plen else plen - 1
             cost = b + plen - weight * credit
-            order = (r - start) % n
-            if (cost, -credit, order) < (pick_cost, -pick_credit, pick_order):
-                pick, pick_cost, pick_credit, pick_order = r, cost, credit, order
+            if cost > pick_cost or (cost == pick_cost and credit < pick_credit):
+                continue
+            if cost == pick_cost and credit == pick_credit:  # a full tie: the scan order from the key decides
+                if start < 0:
+                    start = _tie_key(req, hashes) % n
+                if (r - start) % n >= (pick - start) % n:
+                    continue
+            pick, pick_cost, pick_credit = r, cost, credit
         return decisions[pick]
-
-    def _hot_cap(self, state: AsyncdpState) -> float:
-        """The hot-spot bound on a rank's estimated in-flight requests (H3)."""
-        mean = sum(state.load) / max(1, state.n - len(state.excluded))
-        return max(self.hot_ratio * mean, mean + self.hot_slack)
 
     # ------------------------------------------------------------ hooks
 
@@ -253,8 +284,10 @@ class AsyncdpPolicy(Policy):
 
     def _update(self, state: AsyncdpState, i: int) -> None:
         state.base[i] = self._base(state, i, state.weight)
-        state.load[i] = 0.0 if i in state.excluded else (
+        load = 0.0 if i in state.excluded else (
             state.pending_reqs[i] + state.decoding[i] + state.weight * state.others_cnt[i])
+        state.load_total += load - state.load[i]
+        state.load[i] = load
 
     def _tick(self, state: AsyncdpState, now_us: int) -> None:
         """Advance the clock; every REFRESH_US re-weigh the snapshot terms by their age (H5)."""
@@ -325,10 +358,12 @@ class AsyncdpPolicy(Policy):
         state.weight = 1.0
         for i in range(state.n):
             self._update(state, i)
+        state.load_total = sum(state.load)  # the running sum's rounding does not outlive a snapshot
 
     def on_rank_dead(self, state: AsyncdpState, dp_rank: int) -> None:
         state.excluded.add(dp_rank)
         state.base[dp_rank] = _INF
+        state.load_total -= state.load[dp_rank]
         state.load[dp_rank] = 0.0
         lru, bit = state.lru[dp_rank], 1 << dp_rank
         for h in lru:
@@ -337,6 +372,7 @@ class AsyncdpPolicy(Policy):
                 state.owners[h] = left
             else:
                 state.owners.pop(h, None)
+                state.depth_memo.pop(h, None)
         lru.clear()
 
 

@@ -242,6 +242,7 @@ class LoadBalancer:
         self._engines = ranks
         self._index = {g: i for i, g in enumerate(ranks)}
         self._policy = make_policy(policy) if isinstance(policy, str) else policy
+        self._client_index, self._client_count = client_index, client_count
         self._state = self._policy.init(len(ranks), client_index, client_count, None)
         self._rng = random.Random(seed)
         self._snap: Snapshot | None = None
@@ -350,6 +351,20 @@ class LoadBalancer:
             raise ValueError(f"snapshot covers {len(counts)} ranks; this client manages up to {self._engines[-1]}")
         self._snap = Snapshot.from_counts([counts[g] for g in self._engines], seq=seq, delivered_at_us=now_us)
         self._policy.on_snapshot(self._state, self._snap)
+
+    def set_engine_params(self, params: dict[str, Any]) -> bool:
+        """Give the policy what the engines reported (``kv_blocks_per_rank``, ``block_size_tokens``: the knobs of
+        ``Policy.init``), so an approximate index is bounded by the real KV capacity (routing-bench H8). Only
+        before the first decision: the policy is initialised again, the dead ranks and the last snapshot
+        re-applied; later it would lose the in-flight accounting, so it is refused (False)."""
+        if self._owner or any(self.decisions.values()):
+            return False
+        self._state = self._policy.init(len(self._engines), self._client_index, self._client_count, params)
+        for i in sorted(self._dead):
+            self._policy.on_rank_dead(self._state, i)
+        if self._snap is not None:
+            self._policy.on_snapshot(self._state, self._snap)
+        return True
 
     def forget_snapshot(self) -> None:
         """The coordinator is gone: route on this client's own in-flight counts, not on its last loads frozen."""

@@ -9,7 +9,15 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot, alive_indices, hinted_decision
+from asyncdp.dp.policy import (
+    ChoosingPolicy,
+    Decision,
+    Policy,
+    RequestView,
+    Snapshot,
+    alive_indices,
+    hinted_decision,
+)
 from asyncdp.errors import ConfigError, UnavailableError
 
 
@@ -73,7 +81,7 @@ class RandomPolicy(RoundRobinPolicy):
         state.inflight[decision.dp_rank] += 1
 
 
-class PowerOfTwoPolicy(RandomPolicy):
+class PowerOfTwoPolicy(ChoosingPolicy, RandomPolicy):
     """Two distinct ranks by ``rng.sample``; the lower ``metric`` wins, the first drawn on a tie."""
 
     name = "power_of_two"
@@ -85,16 +93,12 @@ class PowerOfTwoPolicy(RandomPolicy):
         super().__init__()
         self.metric = metric
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: SimpleState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: SimpleState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
         if len(alive) == 1:
-            return Decision(alive[0])
+            return alive[0]
         i, j = rng.sample(alive, 2)
-        return Decision(j if self._metric(state, j) < self._metric(state, i) else i)
+        return j if self._metric(state, j) < self._metric(state, i) else i
 
     def _metric(self, state: SimpleState, i: int) -> float:
         loads = state.loads

@@ -132,6 +132,22 @@ class Policy:
         pass
 
 
+class ChoosingPolicy(Policy):
+    """A policy that picks among the live ranks: ``select`` answers a hinted request itself and hands every other
+    one, with the live ranks (never empty: :class:`UnavailableError` first), to ``choose``, which returns the
+    rank. The peers' policies share this preamble; the hot-path ones (``vllm``, ``asyncdp``) keep their own."""
+
+    def select(self, req: RequestView, snap: Snapshot | None, state: Any, now_us: int,
+               rng: random.Random) -> Decision:
+        if req.rank_hint is not None:
+            return Decision(req.rank_hint, hinted=True)
+        return Decision(self.choose(req, snap, state, alive_indices(state), now_us, rng))
+
+    def choose(self, req: RequestView, snap: Snapshot | None, state: Any, alive: list[int], now_us: int,
+               rng: random.Random) -> int:
+        raise NotImplementedError
+
+
 def hinted_decision(req: RequestView) -> Decision | None:
     """A hinted request bypasses the policy (routing-bench §2.0)."""
     if req.rank_hint is None:

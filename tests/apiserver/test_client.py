@@ -487,3 +487,21 @@ async def test_a_request_whose_ranks_link_stays_full_fails_after_the_send_deadli
         assert client.num_inflight == 0 and client.inflight_of(0) == 0
         tg.cancel_scope.cancel()
     await engine_end.aclose()
+
+
+@pytest.mark.trio
+async def test_the_policy_is_told_the_engines_kv_capacity_once_every_managed_rank_is_ready(autojump_clock):
+    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2, lb_policy="asyncdp"), tokenizer=None)
+    assert client.lb.state.capacity == 28_000  # the policy's default until the engines have said
+    ends = [memory_link_pair() for _ in range(2)]
+    async with anyio.create_task_group() as tg:
+        for rank, (client_end, engine_end) in enumerate(ends):
+            tg.start_soon(client.attach_engine, client_end)
+            await engine_end.send(m.EngineReady(dp_rank=rank, max_model_len=64, num_kv_blocks=[300, 200][rank],
+                                                block_size=32, coordinator_client_addr=None))
+        with anyio.fail_after(5):
+            await client.wait_engines_ready()
+        assert (client.lb.state.capacity, client.lb.state.block_size) == (200, 32)  # the smaller rank's
+        tg.cancel_scope.cancel()
+    for _, engine_end in ends:
+        await engine_end.aclose()

@@ -133,3 +133,15 @@ def test_the_gates_g1_to_g7_are_printed_with_robustness_and_decision_time(tmp_pa
     doc = json.loads(out.read_text())
     assert {r["variant"] for r in doc["robustness"]} == {"oracle", "R4"}
     assert [r["dp"] for r in doc["decision_time"]] == [8, 64, 256]
+
+
+def test_output_files_go_into_folders_made_for_them_and_a_folder_given_as_a_file_fails_before_any_run(
+        tmp_path, capsys):
+    out = tmp_path / "new" / "deeper"
+    assert main(["bench", "routing", *TINY, "--policies", "vllm", "--json", str(out / "r.json"),
+                 "--csv", str(out / "r.csv")]) == 0
+    assert json.loads((out / "r.json").read_text())["runs"] and (out / "r.csv").read_text().startswith("workload")
+    capsys.readouterr()
+    assert main(["bench", "routing", *TINY, "--policies", "vllm", "--csv", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--csv" in err and "is a folder" in err and "Traceback" not in err

@@ -178,3 +178,13 @@ def test_a_new_prefix_goes_to_the_rank_whose_index_is_emptier():
     p.on_finish(s, first.req_id, 0, 1)  # rank 0 idle again, but its index holds 5 of 10 blocks
     assert s.base == [pytest.approx(2048.0), 0.0]
     assert route(p, s, prompt(2, prefix=tuple(range(4000, 4064)))) == 1
+
+
+def test_engine_params_reach_the_policy_before_the_first_decision_and_are_refused_after_it():
+    lb = LoadBalancer([0, 1], policy="asyncdp")
+    lb.mark_dead(1)
+    assert lb.set_engine_params({"kv_blocks_per_rank": 100, "block_size_tokens": 32})
+    assert (lb.state.capacity, lb.state.block_size, lb.state.excluded) == (100, 32, {1})  # dead rank kept
+    assert lb.select("a", list(range(40))) == 0
+    assert not lb.set_engine_params({"kv_blocks_per_rank": 50})  # in-flight accounting would be lost
+    assert lb.state.capacity == 100

@@ -18,7 +18,7 @@ from typing import Any
 
 from asyncdp.dp.peers.block_index import BlockIndex
 from asyncdp.dp.peers.hashing import block_hashes, render_text
-from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot, alive_indices, hinted_decision
+from asyncdp.dp.policy import ChoosingPolicy, Decision, RequestView, Snapshot
 
 
 @dataclass(slots=True)
@@ -29,7 +29,7 @@ class AibrixState:
     excluded: set[int] = field(default_factory=set)
 
 
-class AibrixPrefixPolicy(Policy):
+class AibrixPrefixPolicy(ChoosingPolicy):
     name = "aibrix_prefix"
 
     def __init__(self, *, block_chars: int = 128, imbalance_abs_count: int = 16, stddev_factor: float = 2.0,
@@ -49,22 +49,18 @@ class AibrixPrefixPolicy(Policy):
             return dict.fromkeys(alive, 0.0)
         return {i: 100.0 * state.index.prefix_run(i, hashes) / len(hashes) for i in alive}
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: AibrixState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: AibrixState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
         run = state.run
         if max(run[i] for i in alive) - min(run[i] for i in alive) > self.abs_count:
-            return Decision(self._least_running(state, alive, rng))
+            return self._least_running(state, alive, rng)
         m = self.match_percent(req, state, alive)
         loads = [run[i] for i in alive]
         limit = fmean(loads) + self.factor * pstdev(loads)
         for i in sorted((i for i in alive if m[i] > 0), key=lambda i: (-m[i], run[i], i)):
             if run[i] <= limit:
-                return Decision(i)
-        return Decision(self._least_running(state, alive, rng))
+                return i
+        return self._least_running(state, alive, rng)
 
     @staticmethod
     def _least_running(state: AibrixState, alive: list[int], rng: random.Random) -> int:

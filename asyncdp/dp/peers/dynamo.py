@@ -32,7 +32,7 @@ from typing import Any
 from asyncdp.dp.peers.block_index import BlockIndex
 from asyncdp.dp.peers.events import KvEvent, KvEventIndex
 from asyncdp.dp.peers.hashing import block_hashes
-from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot, alive_indices, hinted_decision
+from asyncdp.dp.policy import ChoosingPolicy, Decision, RequestView, Snapshot
 from asyncdp.errors import ConfigError
 
 APPROX_TTL_US = 120_000_000
@@ -65,7 +65,7 @@ class DynamoState:
     excluded: set[int] = field(default_factory=set)
 
 
-class DynamoKvPolicy(Policy):
+class DynamoKvPolicy(ChoosingPolicy):
     name = "dynamo_kv"
     needs_tokens = True
 
@@ -130,24 +130,21 @@ class DynamoKvPolicy(Policy):
 
     # ------------------------------------------------------------ decision
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: DynamoState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        cands = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: DynamoState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
+        cands = alive
         if self.busy_threshold is not None:
             free = [i for i in cands if state.kv[i] <= self.busy_threshold]
             cands = free or cands
         cost = self.costs(req, state, cands, now_us)
         if self.temperature > 0:
-            return Decision(self._sample(cost, cands, rng))
+            return self._sample(cost, cands, rng)
         best = min(cost.values())
         tied = [i for i in cands if cost[i] <= best + _EPS]
         if len(tied) > 1 and self.formula != "early2025":
             fewest = min(self.indexed_blocks(state, i) for i in tied)
             tied = [i for i in tied if self.indexed_blocks(state, i) == fewest]
-        return Decision(tied[0] if len(tied) == 1 else rng.choice(tied))
+        return tied[0] if len(tied) == 1 else rng.choice(tied)
 
     def _sample(self, cost: dict[int, float], cands: list[int], rng: random.Random) -> int:
         lo, hi = min(cost.values()), max(cost.values())

@@ -28,7 +28,7 @@ from typing import Any
 from asyncdp.dp.peers.block_index import BlockIndex
 from asyncdp.dp.peers.events import KvEvent, KvEventIndex
 from asyncdp.dp.peers.hashing import block_hashes, render_text
-from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot, alive_indices, hinted_decision
+from asyncdp.dp.policy import ChoosingPolicy, Decision, RequestView, Snapshot
 
 SPECULATIVE_TTL_US = 2_000_000
 _EPS = 1e-12
@@ -46,7 +46,7 @@ class LlmdState:
     excluded: set[int] = field(default_factory=set)
 
 
-class LlmdWeightedPolicy(Policy):
+class LlmdWeightedPolicy(ChoosingPolicy):
     name = "llmd_weighted"
 
     def __init__(self, *, queue: float = 2.0, kv_util: float = 2.0, prefix: float = 3.0,
@@ -121,12 +121,8 @@ class LlmdWeightedPolicy(Policy):
 
     # ------------------------------------------------------------ decision
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: LlmdState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: LlmdState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
         candidates = alive
         if self.affinity_filter:
             sp = self.prefix_scores(req, state, alive)
@@ -136,7 +132,7 @@ class LlmdWeightedPolicy(Policy):
         score = self.scores(req, state, candidates, now_us)
         best = max(score.values())
         tied = [i for i in candidates if score[i] >= best - _EPS]
-        return Decision(tied[0] if len(tied) == 1 else rng.choice(tied))
+        return tied[0] if len(tied) == 1 else rng.choice(tied)
 
     # ------------------------------------------------------------ hooks
 

@@ -21,7 +21,7 @@ from asyncdp.dp.peers.hashing import block_hashes, render_text
 from asyncdp.dp.peers.radix import RadixTree
 from asyncdp.dp.peers.ring import HashRing
 from asyncdp.dp.peers.session import QPS_WINDOW_US
-from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot, alive_indices, hinted_decision
+from asyncdp.dp.policy import ChoosingPolicy, Decision, RequestView, Snapshot
 
 _NO_EVICTION = 1 << 62
 
@@ -44,7 +44,7 @@ class PeerState:
     excluded: set[int] = field(default_factory=set)
 
 
-class _InflightPolicy(Policy):
+class _InflightPolicy(ChoosingPolicy):
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
              params: dict[str, Any] | None = None) -> PeerState:
         return PeerState(dp_size, num_routers, (dp_size * router_index) // num_routers, [0] * dp_size,
@@ -65,12 +65,9 @@ class VllmTokenPolicy(_InflightPolicy):
 
     name = "vllm_token"
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: PeerState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = set(alive_indices(state))
+    def choose(self, req: RequestView, snap: Snapshot | None, state: PeerState, alive_ranks: list[int],
+               now_us: int, rng: random.Random) -> int:
+        alive = set(alive_ranks)
         running = [x.running_tokens for x in state.snap.loads] if state.snap else [0] * state.n
         best, pick = float("inf"), -1
         for k in range(state.n):
@@ -78,7 +75,7 @@ class VllmTokenPolicy(_InflightPolicy):
             s = 4 * state.waiting_tokens[i] + running[i]
             if i in alive and s < best:
                 best, pick = s, i
-        return Decision(pick)
+        return pick
 
     def on_dispatch(self, state: PeerState, req: RequestView, decision: Decision, now_us: int) -> None:
         super().on_dispatch(state, req, decision, now_us)
@@ -99,14 +96,10 @@ class SmgLeastLoadPolicy(_InflightPolicy):
     def __init__(self, *, lam_s: float = 0.15, default_tput_tok_s: float = 2000.0) -> None:
         self.lam_s, self.default_tput = lam_s, default_tput_tok_s
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: PeerState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: PeerState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
         if state.snap is None:
-            return Decision(min(alive, key=lambda i: (state.inflight[i], i)))
+            return min(alive, key=lambda i: (state.inflight[i], i))
         loads = state.snap.loads
 
         def cost(i: int) -> float:
@@ -114,7 +107,7 @@ class SmgLeastLoadPolicy(_InflightPolicy):
             k = min(max(x.kv_usage, 0.0), 0.99)
             tput = x.gen_tput_tok_s or self.default_tput
             return (x.waiting_uncached_tokens + state.sent_tokens[i]) / tput + self.lam_s * k / (1 - k)
-        return Decision(min(alive, key=lambda i: (cost(i), i)))
+        return min(alive, key=lambda i: (cost(i), i))
 
     def on_dispatch(self, state: PeerState, req: RequestView, decision: Decision, now_us: int) -> None:
         super().on_dispatch(state, req, decision, now_us)
@@ -139,19 +132,15 @@ class SmgPrefixHashPolicy(_InflightPolicy):
         state.ring = HashRing.build(dp_size)
         return state
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: PeerState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: PeerState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
         assert state.ring is not None
         key = ",".join(map(str, req.tokens[:self.prefix_tokens]))
         r = state.ring.lookup(key, state.excluded)
         avg = sum(state.inflight[i] for i in alive) / len(alive)
         if state.inflight[r] > avg * self.load_factor:
-            return Decision(min(alive, key=lambda i: (state.inflight[i], i)))
-        return Decision(r)
+            return min(alive, key=lambda i: (state.inflight[i], i))
+        return r
 
 
 def _lowest_qps(state: PeerState, alive: list[int], now_us: int) -> int:
@@ -179,17 +168,13 @@ class ProdstackPrefixAwarePolicy(_InflightPolicy):
         hashes = block_hashes(render_text(req.tokens), self.chunk_chars)
         return {i: state.index.prefix_run(i, hashes) for i in alive}, len(hashes)
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: PeerState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: PeerState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
         run, _ = self.runs(req, state, alive)
         best = max(run.values())
         if best == 0:
-            return Decision(_lowest_qps(state, alive, now_us))
-        return Decision(rng.choice([i for i in alive if run[i] == best]))
+            return _lowest_qps(state, alive, now_us)
+        return rng.choice([i for i in alive if run[i] == best])
 
     def on_dispatch(self, state: PeerState, req: RequestView, decision: Decision, now_us: int) -> None:
         super().on_dispatch(state, req, decision, now_us)
@@ -208,19 +193,15 @@ class ProdstackLoadAwarePolicy(ProdstackPrefixAwarePolicy):
     def __init__(self, *, beta: float = 1.0) -> None:
         self.beta = beta
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: PeerState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: PeerState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
         run, total = self.runs(req, state, alive)
         mean = sum(state.inflight[i] for i in alive) / len(alive)
 
         def score(i: int) -> float:
             frac = run[i] / total if total else 0.0
             return frac - self.beta * (state.inflight[i] - mean) / max(1.0, mean)
-        return Decision(min(alive, key=lambda i: (-score(i), i)))
+        return min(alive, key=lambda i: (-score(i), i))
 
 
 class RayPrefixPolicy(_InflightPolicy):
@@ -239,15 +220,11 @@ class RayPrefixPolicy(_InflightPolicy):
         state.tree = RadixTree.empty(dp_size)
         return state
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: PeerState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: PeerState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
         q = state.inflight
         if max(q[i] for i in alive) - min(q[i] for i in alive) > self.imbalance:
-            return Decision(min(alive, key=lambda i: (q[i], i)))
+            return min(alive, key=lambda i: (q[i], i))
         assert state.tree is not None
         text = render_text(req.tokens)
         cands = alive
@@ -259,7 +236,7 @@ class RayPrefixPolicy(_InflightPolicy):
             else:
                 small = min(state.tree.tree_units[i] for i in alive)
                 cands = [i for i in alive if state.tree.tree_units[i] == small]
-        return Decision(min(cands, key=lambda i: (q[i], i)))
+        return min(cands, key=lambda i: (q[i], i))
 
     def on_dispatch(self, state: PeerState, req: RequestView, decision: Decision, now_us: int) -> None:
         super().on_dispatch(state, req, decision, now_us)

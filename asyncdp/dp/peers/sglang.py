@@ -29,7 +29,7 @@ from typing import Any
 from asyncdp.dp.peers.events import KvEvent, KvEventIndex
 from asyncdp.dp.peers.hashing import block_hashes, units
 from asyncdp.dp.peers.radix import RadixTree
-from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot, alive_indices, hinted_decision
+from asyncdp.dp.policy import ChoosingPolicy, Decision, RequestView, Snapshot
 from asyncdp.errors import ConfigError
 
 GUARDS = ("dispatch", "first_token", "never")
@@ -50,7 +50,7 @@ class SglangState:
     excluded: set[int] = field(default_factory=set)
 
 
-class SglangCacheAwarePolicy(Policy):
+class SglangCacheAwarePolicy(ChoosingPolicy):
     name = "sglang_cache_aware"
 
     def __init__(self, *, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
@@ -99,27 +99,23 @@ class SglangCacheAwarePolicy(Policy):
             imb = imb or max(kv) > self.overload_thr or max(kv) - min(kv) > self.spread_thr
         return imb
 
-    def select(self, req: RequestView, snap: Snapshot | None, state: SglangState, now_us: int,
-               rng: random.Random) -> Decision:
-        hinted = hinted_decision(req)
-        if hinted is not None:
-            return hinted
-        alive = alive_indices(state)
+    def choose(self, req: RequestView, snap: Snapshot | None, state: SglangState, alive: list[int],
+               now_us: int, rng: random.Random) -> int:
         lo = self.lowest_load(state, alive)
         if self.imbalanced(state, alive, lo):
-            return Decision(lo)
+            return lo
         if self.events:
-            return Decision(self._events_pick(req, state, alive, lo))
+            return self._events_pick(req, state, alive, lo)
         seq = units(req, self.tree_unit)
         if seq:
             matched, node = state.tree.match(seq)
             if matched / len(seq) > self.cache_threshold:
                 owner = state.tree.recent_owner(node, state.excluded)
                 if owner is not None:
-                    return Decision(owner)
+                    return owner
         if self.miss_policy == "smallest_tree":
-            return Decision(min(alive, key=lambda i: (state.tree.tree_units[i], i)))
-        return Decision(lo)
+            return min(alive, key=lambda i: (state.tree.tree_units[i], i))
+        return lo
 
     def _events_pick(self, req: RequestView, state: SglangState, alive: list[int], lo: int) -> int:
         hashes = block_hashes(req.tokens, state.block_size)
