@@ -61,6 +61,11 @@ def add_calibrate_parser(bsub: Any) -> None:
     p.add_argument("--fit-e", action="store_true",
                    help="also fit e, the prefill-attention term e·Σ p·(c0 + p/2) (kept as metadata: the "
                         "simulator does not read it)")
+    p.add_argument("--relative", action="store_true",
+                   help="minimise relative errors instead of errors in ms (small steps weigh as much as large)")
+    p.add_argument("--refit", default=None, metavar="FILE",
+                   help="refit the points of a profile file this command wrote (with --fit-e/--relative), "
+                        "without running the engine; the engine flags are then ignored")
     g = p.add_argument_group("engine (as asyncdp serve; the sweep is capped by these)")
     g.add_argument("--max-num-seqs", type=int, default=None, metavar="N")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N")
@@ -70,6 +75,15 @@ def add_calibrate_parser(bsub: Any) -> None:
     g.add_argument("--kv-cache-memory-bytes", type=int, default=None, metavar="BYTES")
     g.add_argument("--dtype", default=None, metavar="{auto,float32,bfloat16,float16}")
     g.add_argument("--device", default=None, metavar="{auto,cpu,cuda}")
+
+
+def _check_output(value: str) -> Path:
+    output = Path(value)
+    if output.is_dir():
+        raise ConfigError(f"--output {output} is a directory; give a file name.")
+    if not output.parent.is_dir():
+        raise ConfigError(f"--output {output}: the directory {output.parent} does not exist.")
+    return output
 
 
 def _check(ns: argparse.Namespace) -> tuple[EngineConfig, Path, int, int]:
@@ -82,11 +96,7 @@ def _check(ns: argparse.Namespace) -> tuple[EngineConfig, Path, int, int]:
         raise ConfigError(f"--threads must be >= 1 (got {threads}).")
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1 (got {repeats}).")
-    output = Path(ns.output)
-    if output.is_dir():
-        raise ConfigError(f"--output {output} is a directory; give a file name.")
-    if not output.parent.is_dir():
-        raise ConfigError(f"--output {output}: the directory {output.parent} does not exist.")
+    output = _check_output(ns.output)
     given = {k: getattr(ns, k) for k in ENGINE_FLAGS if getattr(ns, k) is not None}
     config = EngineConfig(model=ns.model, executor="torch", torch_threads=threads, **given).validate()
     return config, output, threads, repeats
@@ -94,6 +104,8 @@ def _check(ns: argparse.Namespace) -> tuple[EngineConfig, Path, int, int]:
 
 def run(ns: argparse.Namespace) -> int:
     """Run ``bench calibrate`` for parsed arguments ``ns``; returns the exit code."""
+    if ns.refit:
+        return _refit(ns)
     from asyncdp.bench.command import _progress
     from asyncdp.bench.fit import fit
     from asyncdp.bench.sweep import FULL, QUICK, Measured, Sweep, capacity, plan
@@ -131,9 +143,10 @@ def run(ns: argparse.Namespace) -> int:
     if not measured:
         raise ConfigError("no point of the sweep could be measured: " +
                           "; ".join(f"{s.label}: {s.reason}" for s in skipped))
-    result_fit = fit([m.work for m in measured], [m.ms for m in measured], with_e=ns.fit_e)
+    result_fit = fit([m.work for m in measured], [m.ms for m in measured], with_e=ns.fit_e, relative=ns.relative)
     name = ns.name or _default_name(facts["device"], ns.model)
-    doc = profile_document(name, facts, cap, result_fit, measured, skipped, repeats=repeats, quick=ns.quick)
+    doc = profile_document(name, facts, cap, result_fit, measured, skipped, repeats=repeats, quick=ns.quick,
+                           relative=ns.relative)
     output.write_text(json.dumps(doc, indent=1) + "\n")
     print(summary_text(doc, measured, result_fit, output, time.monotonic() - started))
     return 0
@@ -195,7 +208,7 @@ def sim_kv_blocks(cap: Capacity) -> int:
 
 
 def profile_document(name: str, facts: dict[str, Any], cap: Capacity, result: Fit, measured: list[Measured],
-                     skipped: list[Skipped], *, repeats: int, quick: bool) -> dict[str, Any]:
+                     skipped: list[Skipped], *, repeats: int, quick: bool, relative: bool = False) -> dict[str, Any]:
     """The profile file's JSON object: the keys ``load_profile`` reads, then the calibration's metadata."""
     from asyncdp.bench.fit import KEYS
 
@@ -211,11 +224,13 @@ def profile_document(name: str, facts: dict[str, Any], cap: Capacity, result: Fi
                            f"excluded) = {cap.usable_kv_blocks * cap.block_size} tokens, / {SIM_BLOCK_SIZE}, + 1 "
                            f"for the simulated engine's own scratch block = {blocks}"),
         "max_model_len": cap.max_model_len, "engine_block_size": cap.block_size,
+        "engine_kv_blocks": cap.usable_kv_blocks,
         **facts,
         "r2": result.r2, "max_rel_error": result.max_rel_error,
         "fit": {"model": "a + b*P + c*D + d*K" + (" + e*E" if "e" in result.coefficients else ""),
                 "units": "ms; P prefill tokens, D decoding sequences, K sum of context after the step, "
                          "E sum over prefill chunks of p*(c0 + p/2)",
+                "weights": "relative" if relative else "ms",
                 "clamped_to_zero": list(result.clamped), "repeats": repeats, "statistic": "median",
                 "sweep": "quick" if quick else "full"},
         "points": [{"kind": m.point.kind, "P": m.work.P, "D": m.work.D, "K": m.work.K, "E": m.work.E,
@@ -229,9 +244,10 @@ def profile_document(name: str, facts: dict[str, Any], cap: Capacity, result: Fi
 
 def summary_text(doc: dict[str, Any], measured: list[Measured], result: Fit, output: Path, wall_s: float) -> str:
     """The closing table: the points, the coefficients, R², the largest relative error, the file written."""
-    lines = [f"asyncdp bench calibrate: {doc['model']} on {doc['device']} ({doc['device_name']}), {doc['dtype']}, "
-             f"{doc['threads']} threads: {len(measured)} points measured, {len(doc['skipped'])} skipped, "
-             f"{wall_s:.0f} s", "",
+    lines = [f"asyncdp bench calibrate: {doc.get('model')} on {doc.get('device')} ({doc.get('device_name')}), "
+             f"{doc.get('dtype')}, {doc.get('threads')} threads: {len(measured)} points measured, "
+             f"{len(doc['skipped'])} skipped, " + (f"refit of {doc['refit_of']}" if "refit_of" in doc else
+                                                   f"{wall_s:.0f} s"), "",
              f"{'point':<28} {'P':>6} {'D':>5} {'K':>9} {'measured ms':>12} {'predicted ms':>13} {'error':>8}"]
     worst = ("", 0.0)
     for m, p in zip(measured, result.predicted_ms, strict=True):
@@ -249,3 +265,39 @@ def summary_text(doc: dict[str, Any], measured: list[Measured], result: Fit, out
               f"{'kv_blocks (16 tokens)':<22} {doc['kv_blocks']}",
               f"{'profile':<22} {output} (name {doc['name']})"]
     return "\n".join(lines)
+
+
+FACT_KEYS = ("model", "device", "device_name", "dtype", "tp", "threads", "engine_commit", "date")
+
+
+def _refit(ns: argparse.Namespace) -> int:
+    """``--refit FILE``: the points of a profile file refitted with this run's fit options, no engine."""
+    from asyncdp.bench.fit import StepWork, fit
+    from asyncdp.bench.sweep import Capacity, Measured, Point, Skipped
+
+    output = _check_output(ns.output)
+    path = Path(ns.refit)
+    try:
+        doc = json.loads(path.read_text())
+        measured = [Measured(Point(p["kind"], int(p["P"]), int(p["D"]), int(p.get("context", 0)), (),
+                                   p.get("note", "")),
+                             StepWork(int(p["P"]), int(p["D"]), int(p["K"]), float(p["E"])),
+                             float(p["measured_ms"]), (float(p["measured_ms"]),)) for p in doc["points"]]
+        bs = int(doc["engine_block_size"])
+        usable = int(doc.get("engine_kv_blocks", (int(doc["kv_blocks"]) - 1) * SIM_BLOCK_SIZE // bs))
+        cap = Capacity(int(doc["max_model_len"]), usable, bs, int(doc["max_num_seqs"]),
+                       int(doc["max_num_batched_tokens"]))
+        skipped = [Skipped(str(s["point"]), str(s["reason"])) for s in doc.get("skipped", [])]
+        repeats, quick = int(doc["fit"]["repeats"]), doc["fit"]["sweep"] == "quick"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--refit {path}: not a profile file written by bench calibrate ({exc!r}).") from None
+    if not measured:
+        raise ConfigError(f"--refit {path}: the file holds no measured point.")
+    result = fit([m.work for m in measured], [m.ms for m in measured], with_e=ns.fit_e, relative=ns.relative)
+    facts = {k: doc[k] for k in FACT_KEYS if k in doc}
+    new = profile_document(ns.name or str(doc.get("name", path.stem)), facts, cap, result, measured, skipped,
+                           repeats=repeats, quick=quick, relative=ns.relative)
+    new["refit_of"] = str(path)
+    output.write_text(json.dumps(new, indent=1) + "\n")
+    print(summary_text(new, measured, result, output, 0.0))
+    return 0

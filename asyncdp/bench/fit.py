@@ -3,11 +3,12 @@ R² and the largest relative error out.
 
 The model is ``t_step = a + b·P + c·D + d·K (+ e·E)`` in milliseconds, with P the prefill tokens of the step, D its
 decoding sequences, K the sum over its sequences of their context after the step, and E = Σ p·(c0 + p/2) over
-its prefill chunks (p tokens on c0 tokens of prior context: prefill attention). The fit is ordinary least squares
-(modified Gram-Schmidt QR on columns scaled to unit maximum, so a column in tokens and one in token pairs are
-equally well conditioned; numpy is not a dependency). A coefficient that comes out negative is clamped to 0
-and the remaining ones are refitted without it, until none is negative: a step never gets cheaper with more
-work. A term whose column carries no information (all zero, or a combination of the others) gets 0.
+its prefill chunks (p tokens on c0 tokens of prior context: prefill attention). The fit is least squares in ms
+(or, with ``relative``, in relative error) by modified Gram-Schmidt QR on columns scaled to unit maximum, so a
+column in tokens and one in token pairs are equally well conditioned (numpy is not a dependency). A coefficient
+that comes out negative is clamped to 0 and the remaining ones are refitted without it, until none is negative:
+a step never gets cheaper with more work. A term whose column carries no information (all zero, or a
+combination of the others) gets 0.
 """
 
 from __future__ import annotations
@@ -94,8 +95,12 @@ def least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[f
     return [solution[j] / scale[j] if j in solution else None for j in range(n)]
 
 
-def fit(points: Sequence[StepWork], measured_ms: Sequence[float], *, with_e: bool = False) -> Fit:
-    """Fit ``a + b·P + c·D + d·K`` (``+ e·E`` with ``with_e``) to the measured step times, coefficients >= 0."""
+def fit(points: Sequence[StepWork], measured_ms: Sequence[float], *, with_e: bool = False,
+        relative: bool = False) -> Fit:
+    """Fit ``a + b·P + c·D + d·K`` (``+ e·E`` with ``with_e``) to the measured step times, coefficients >= 0.
+
+    ``relative`` minimises the squared *relative* errors (each point weighted by 1 / its time) instead of the
+    squared errors in ms, so small steps (the per-step constant ``a``) count as much as large ones."""
     if len(points) != len(measured_ms):
         raise ValueError(f"{len(points)} points for {len(measured_ms)} measurements")
     if not points:
@@ -106,7 +111,12 @@ def fit(points: Sequence[StepWork], measured_ms: Sequence[float], *, with_e: boo
     active = list(terms)
     coef: dict[str, float] = dict.fromkeys(terms, 0.0)
     while active:
-        solved = least_squares([p.row(active) for p in points], measured_ms)
+        rows = [p.row(active) for p in points]
+        if relative:
+            solved = least_squares([[v / y for v in r] for r, y in zip(rows, measured_ms, strict=True)],
+                                   [1.0] * len(rows))
+        else:
+            solved = least_squares(rows, measured_ms)
         negative = [t for t, v in zip(active, solved, strict=True) if v is not None and v < 0]
         for t, v in zip(active, solved, strict=True):
             coef[t] = 0.0 if v is None or v < 0 else v

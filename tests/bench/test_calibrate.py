@@ -212,3 +212,49 @@ def test_a_profile_fitted_with_e_keeps_e_as_metadata_and_still_loads(tmp_path):
     path = tmp_path / "e.json"
     path.write_text(json.dumps(doc))
     assert load_profile(str(path)).b_ms_per_token == pytest.approx(TRUE["b"], rel=1e-6)
+
+
+def test_a_relative_fit_minimises_relative_errors_and_the_default_minimises_ms():
+    points = sweep_work()
+    noise = [1.0 + 0.3 * math.sin(7 * i) for i in range(len(points))]  # deterministic, up to ±30 %
+    measured = [model_ms(w, {**TRUE, "e": 0.0}) * k for w, k in zip(points, noise, strict=True)]
+    in_ms, relative = fit(points, measured), fit(points, measured, relative=True)
+    assert in_ms.clamped == () and relative.clamped == ()
+
+    def squared(result, weight):
+        return sum(((p - y) / weight(y)) ** 2 for p, y in zip(result.predicted_ms, measured, strict=True))
+
+    assert squared(relative, lambda y: y) < squared(in_ms, lambda y: y)
+    assert squared(in_ms, lambda y: 1.0) < squared(relative, lambda y: 1.0)
+    exact = [model_ms(w, {**TRUE, "e": 0.0}) for w in points]
+    assert fit(points, exact, relative=True).coefficients["a"] == pytest.approx(TRUE["a"], rel=1e-6)
+
+
+def test_refit_of_a_written_profile_reproduces_its_fit_and_can_change_the_weights(tmp_path, capsys):
+    points = sweep_work()
+    noise = [1.0 + 0.2 * math.cos(5 * i) for i in range(len(points))]
+    times = [model_ms(w, TRUE) * k for w, k in zip(points, noise, strict=True)]
+    result = fit(points, times)
+    measured = [Measured(Point("prefill", w.P, 0, 0, (w.P,)) if w.P else Point("decode", 0, w.D, w.K // w.D, ()),
+                         w, t, (t,)) for w, t in zip(points, times, strict=True)]
+    source = tmp_path / "run.json"
+    source.write_text(json.dumps(profile_document("cpu_x", {"model": "m", "device": "cpu"}, CAP, result, measured,
+                                                  [], repeats=3, quick=False)))
+    again, relative = tmp_path / "again.json", tmp_path / "relative.json"
+    assert main(["bench", "calibrate", "--refit", str(source), "--output", str(again)]) == 0
+    assert main(["bench", "calibrate", "--refit", str(source), "--relative", "--output", str(relative)]) == 0
+    first, second = load_profile(str(source)), load_profile(str(again))
+    for key in ("a_ms", "b_ms_per_token", "c_ms_per_seq", "d_ms_per_kv_token"):  # the file rounds times to 0.1 µs
+        assert getattr(second, key) == pytest.approx(getattr(first, key), rel=1e-3), key
+    assert second.kv_blocks == first.kv_blocks and second.name == "cpu_x"
+    doc = json.loads(relative.read_text())
+    assert doc["fit"]["weights"] == "relative" and doc["refit_of"] == str(source)
+    assert doc["a_ms"] != pytest.approx(first.a_ms, rel=1e-3)
+    assert "refit of" in capsys.readouterr().out
+
+
+def test_refit_of_a_file_that_is_not_a_calibration_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "a_ms": 1.0}))
+    assert main(["bench", "calibrate", "--refit", str(bad), "--output", str(tmp_path / "o.json")]) == 2
+    assert "not a profile file written by bench calibrate" in capsys.readouterr().err
