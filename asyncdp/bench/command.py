@@ -40,8 +40,10 @@ def known_policies() -> list[str]:
 
 
 def add_bench_parser(sub: Any) -> None:
-    """Register ``bench routing`` on the top-level subparsers ``sub``."""
-    bench = sub.add_parser("bench", help="benchmarks (routing policies on a simulated cluster)")
+    """Register ``bench routing`` and ``bench calibrate`` on the top-level subparsers ``sub``."""
+    from asyncdp.bench.calibrate import add_calibrate_parser
+
+    bench = sub.add_parser("bench", help="benchmarks (routing policies on a simulated cluster, calibration)")
     bsub = bench.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
     p = bsub.add_parser("routing", allow_abbrev=False,
                         help="compare load-balancing policies on a simulated cluster in virtual time")
@@ -73,6 +75,7 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--json", help="write the JSON result here")
     p.add_argument("--csv", help="write the per-(workload, policy, seed) metrics here as CSV")
     p.add_argument("--plots", help="write the PNG plots of §6 into this directory (needs matplotlib)")
+    add_calibrate_parser(bsub)
 
 
 def _csv(text: str) -> list[str]:
@@ -125,7 +128,11 @@ def _workloads(ns: argparse.Namespace, seed: int) -> Iterator[Any]:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Run ``bench routing`` for parsed arguments ``ns``; returns the exit code."""
+    """Run ``bench routing`` (or ``bench calibrate``) for parsed arguments ``ns``; returns the exit code."""
+    if ns.bench_command == "calibrate":
+        from asyncdp.bench.calibrate import run as run_calibrate
+
+        return run_calibrate(ns)
     if ns.list_policies:
         print("\n".join(known_policies()))
         return 0
