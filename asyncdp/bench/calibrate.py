@@ -59,8 +59,8 @@ def add_calibrate_parser(bsub: Any) -> None:
                    help="timed steps per point; the median counts (default: 5, 2 with --quick)")
     p.add_argument("--quick", action="store_true", help="a handful of small points (tests, a fast look)")
     p.add_argument("--fit-e", action="store_true",
-                   help="also fit e, the prefill-attention term e·Σ p·(c0 + p/2) (kept as metadata: the "
-                        "simulator does not read it)")
+                   help="also fit e, the prefill-attention term e·Σ p·(c0 + p/2) (the simulator's "
+                        "e_ms_per_token_pair)")
     p.add_argument("--relative", action="store_true",
                    help="minimise relative errors instead of errors in ms (small steps weigh as much as large)")
     p.add_argument("--refit", default=None, metavar="FILE",

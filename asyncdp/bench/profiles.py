@@ -1,6 +1,6 @@
 """Cost profiles of the simulated cluster (spec routing-bench §5), by name or from a file.
 
-A profile is the step-time model ``a + b·P + c·D + d·K`` (ms) plus the rank's capacity: KV blocks (of 16
+A profile is the step-time model ``a + b·P + c·D + d·K (+ e·Σ p·(c0 + p/2))`` (ms) plus the rank's capacity: KV blocks (of 16
 tokens), ``max_num_seqs`` and ``max_num_batched_tokens``. The named ones are the spec's placeholders
 (uncalibrated, [ours]); a calibrated profile is a JSON object with the same keys (extra keys such as model,
 device, dtype, fit R² are kept as metadata and ignored here). :func:`profile_hash` names the constants in
@@ -29,10 +29,11 @@ class Profile:
     kv_blocks: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    e_ms_per_token_pair: float = 0.0  # prefill attention (§5's optional e term); 0 in the named profiles
 
     def cost(self) -> SimCostProfile:
         return SimCostProfile(a_ms=self.a_ms, b_ms_per_token=self.b_ms_per_token, c_ms_per_seq=self.c_ms_per_seq,
-                              d_ms_per_kv_token=self.d_ms_per_kv_token)
+                              d_ms_per_kv_token=self.d_ms_per_kv_token, e_ms_per_token_pair=self.e_ms_per_token_pair)
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -67,7 +68,10 @@ def load_profile(name_or_file: str) -> Profile:
     try:
         a, b, c, d = (float(data[k]) for k in _FIELDS[:4])
         blocks, seqs, batched = (int(data[k]) for k in _FIELDS[4:])
-        return Profile(str(data.get("name", path.stem)), a, b, c, d, blocks, seqs, batched)
+        e = float(data.get("e_ms_per_token_pair", 0.0))
+        if min(a, b, c, d, e) < 0:
+            raise ValueError("a cost coefficient is negative")
+        return Profile(str(data.get("name", path.stem)), a, b, c, d, blocks, seqs, batched, e)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: bad cost profile value ({exc}).") from exc
 
@@ -76,4 +80,6 @@ def profile_hash(profile: Profile) -> str:
     """BLAKE2b-64 (hex) of the profile's constants, name excluded."""
     fields = asdict(profile)
     del fields["name"]
+    if not fields["e_ms_per_token_pair"]:
+        del fields["e_ms_per_token_pair"]  # a profile without e keeps the hash it had before e existed
     return blake2b(json.dumps(fields, sort_keys=True).encode(), digest_size=8).hexdigest()

@@ -33,6 +33,7 @@ from typing import Literal
 from asyncdp.bench.fit import StepWork
 from asyncdp.engine.core import EngineCore
 from asyncdp.engine.executor import Executor, ModelBatch, StepResult
+from asyncdp.engine.sim_executor import prefill_token_pairs
 from asyncdp.sampling_params import SamplingParams
 
 SETUP_STEP_LIMIT = 100_000  # a point whose setup takes more steps than this is skipped (the engine is stuck)
@@ -150,13 +151,10 @@ def plan(grid: Grid, cap: Capacity, repeats: int) -> tuple[list[Point], list[Ski
 
 
 def batch_work(batch: ModelBatch) -> StepWork:
-    """The work of one scheduled batch, as the scheduler counted it, plus the prefill token pairs E."""
-    pairs = 0.0
-    for chunk in batch.chunks:
-        p, c0 = len(chunk.token_ids), chunk.start_pos
-        if not (p == 1 and c0 >= len(chunk.prompt_token_ids)):  # not a decode
-            pairs += p * (c0 + p / 2)
-    return StepWork(batch.num_prefill_tokens, batch.num_decode_seqs, batch.num_kv_tokens, pairs)
+    """The work of one scheduled batch, as the scheduler counted it, plus the prefill token pairs E (the sim
+    executor's own count, so the fit and the simulator agree on what E is)."""
+    return StepWork(batch.num_prefill_tokens, batch.num_decode_seqs, batch.num_kv_tokens,
+                    prefill_token_pairs(batch))
 
 
 class RecordingExecutor:

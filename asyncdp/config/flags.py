@@ -42,23 +42,27 @@ def default_max_request_body_bytes(max_model_len: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SimCostProfile:
-    """Step-time model of the simulated executor: ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens`` (ms)."""
+    """Step-time model of the simulated executor (ms): ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens +
+    e*Σ p*(c0 + p/2)``, the last sum over the step's prefill chunks of ``p`` tokens after ``c0`` of context
+    (prefill attention, quadratic in the chunk: routing-bench §5; 0 unless a profile turns it on)."""
 
     a_ms: float = 0.0
     b_ms_per_token: float = 0.0
     c_ms_per_seq: float = 0.0
     d_ms_per_kv_token: float = 0.0
+    e_ms_per_token_pair: float = 0.0
 
     @classmethod
     def parse(cls, text: str) -> SimCostProfile:
-        """Parse ``--sim-cost "a,b,c,d"`` (milliseconds)."""
+        """Parse ``--sim-cost "a,b,c,d[,e]"`` (milliseconds)."""
         parts = [p.strip() for p in text.split(",")]
         try:
             values = [float(p) for p in parts]
         except ValueError:
             values = []
-        if len(values) != 4 or any(v < 0 for v in values):
-            raise ConfigError(f"--sim-cost must be four non-negative numbers 'a,b,c,d' in ms (got {text!r}).")
+        if len(values) not in (4, 5) or any(v < 0 for v in values):
+            raise ConfigError(f"--sim-cost must be four or five non-negative numbers 'a,b,c,d[,e]' in ms "
+                              f"(got {text!r}).")
         return cls(*values)
 
 

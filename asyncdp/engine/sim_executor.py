@@ -70,6 +70,7 @@ class SimExecutor:
         self._b_s = cost.b_ms_per_token / 1e3
         self._c_s = cost.c_ms_per_seq / 1e3
         self._d_s = cost.d_ms_per_kv_token / 1e3
+        self._e_s = cost.e_ms_per_token_pair / 1e3
         self.last_step_s = 0.0
         self.num_steps = 0
         self.num_dummy_steps = 0
@@ -92,8 +93,11 @@ class SimExecutor:
         return self._vocab_size
 
     def step_cost_s(self, batch: ModelBatch) -> float:
-        return (self._a_s + self._b_s * batch.num_prefill_tokens + self._c_s * batch.num_decode_seqs
+        cost = (self._a_s + self._b_s * batch.num_prefill_tokens + self._c_s * batch.num_decode_seqs
                 + self._d_s * batch.num_kv_tokens)
+        if self._e_s and batch.num_prefill_tokens:
+            cost += self._e_s * prefill_token_pairs(batch)
+        return cost
 
     def execute(self, batch: ModelBatch) -> StepResult:
         vocab = self._vocab_size
@@ -139,3 +143,14 @@ class SimExecutor:
 
     def shutdown(self) -> None:
         pass
+
+
+def prefill_token_pairs(batch: ModelBatch) -> float:
+    """``Σ p·(c0 + p/2)`` over the batch's prefill chunks (``p`` tokens after ``c0`` of context): the attention
+    work of prefill, the ``e`` term of the cost model. A decode (one token past the prompt) is not a prefill."""
+    pairs = 0.0
+    for chunk in batch.chunks:
+        p, c0 = len(chunk.token_ids), chunk.start_pos
+        if not (p == 1 and c0 >= len(chunk.prompt_token_ids)):
+            pairs += p * (c0 + p / 2)
+    return pairs

@@ -200,7 +200,7 @@ def test_quick_run_on_the_real_engine_writes_a_profile_bench_routing_reads(tmp_p
     assert "R²" in printed and str(out) in printed
 
 
-def test_a_profile_fitted_with_e_keeps_e_as_metadata_and_still_loads(tmp_path):
+def test_a_profile_fitted_with_e_loads_with_its_e_term(tmp_path):
     points = [StepWork(256, 0, 256, 256 * 128), StepWork(1024, 0, 1024, 1024 * 512), StepWork(0, 4, 2048),
               StepWork(0, 4, 8192), StepWork(0, 16, 8192), StepWork(2048, 0, 2048, 2048 * 1024)]
     result = fit(points, [model_ms(w, TRUE) for w in points], with_e=True)
@@ -211,7 +211,9 @@ def test_a_profile_fitted_with_e_keeps_e_as_metadata_and_still_loads(tmp_path):
     assert doc["fit"]["model"].endswith("+ e*E")
     path = tmp_path / "e.json"
     path.write_text(json.dumps(doc))
-    assert load_profile(str(path)).b_ms_per_token == pytest.approx(TRUE["b"], rel=1e-6)
+    loaded = load_profile(str(path))
+    assert loaded.b_ms_per_token == pytest.approx(TRUE["b"], rel=1e-6)
+    assert loaded.cost().e_ms_per_token_pair == pytest.approx(TRUE["e"], rel=1e-6)
 
 
 def test_a_relative_fit_minimises_relative_errors_and_the_default_minimises_ms():

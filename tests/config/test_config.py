@@ -240,7 +240,7 @@ V13 = [
     ("--api-server-count -1", "--api-server-count must be >= 0 (got -1)"),
     ("--max-queued-requests 0", "--max-queued-requests must be >= 1 (got 0)"),
     ("--executor gpu", "--executor must be one of torch, sim (got 'gpu')"),
-    ("--sim-cost 1,2,3", "--sim-cost must be four non-negative numbers"),
+    ("--sim-cost 1,2,3", "--sim-cost must be four or five non-negative numbers"),
     ("--device-ids 0,x", "--device-ids must be integers"),
     ("-dp x", "argument --data-parallel-size/-dp: invalid int value: 'x'"),
     ("--no-such-flag", "unrecognized arguments: --no-such-flag"),

@@ -187,6 +187,16 @@ def test_sim_step_cost_is_reported_not_slept():
     assert core.executor.last_step_s == pytest.approx(0.009)
 
 
+def test_the_sim_e_term_prices_prefill_attention_by_token_pairs_and_leaves_decode_steps_alone():
+    from asyncdp.config.flags import SimCostProfile
+    core = sim_core(sim_cost=SimCostProfile(a_ms=5.0, b_ms_per_token=0.0, c_ms_per_seq=0.0, d_ms_per_kv_token=0.0,
+                                            e_ms_per_token_pair=0.5))
+    core.add_request("a", encode("abcd"), SamplingParams(max_tokens=2))
+    assert core.step().extra["sim_step_s"] == pytest.approx(0.009)  # 5 + 0.5·4·(0 + 4/2) ms
+    assert core.step().extra["sim_step_s"] == pytest.approx(0.005)  # a decode step: no prefill pairs
+    assert SimCostProfile.parse("1,2,3,4,5").e_ms_per_token_pair == 5.0
+
+
 def test_every_chunk_has_blocks_for_its_positions_and_no_two_chunks_write_one_block():
     shared = encode("shared prefix of the batch ") * 2
     core, ex = scripted_core({}, num_kv_blocks=1 + 19, block_size=4, max_num_batched_tokens=32)
