@@ -54,11 +54,11 @@ Where the simulator and the real server differ in what they model:
   this load generator on a shared 2-core machine, so engine steps compete for cores with each other and with
   the HTTP path; the profile was fitted on one engine stepping alone. The simulator gives every rank its own
   dedicated device and costs no CPU for the API process.
-- Step time: the simulator charges a + b*P + c*D + d*K per step exactly: linear (no prefill-attention e term,
-  though CPU attention grows faster than linearly with the chunk), no noise, no Python or allocator variance,
-  and a fixed part a that the fit may have clamped to 0 (then short steps, e.g. a few decodes, cost less than
-  on the engine, and TPOT is underpredicted). The profile's r2 and max relative error above say how far the
-  fit is from its own sweep.
+- Step time: the simulator charges a + b*P + c*D + d*K (+ e*sum p*(c0 + p/2) when the profile has e, the
+  prefill attention that grows faster than linearly on CPU) per step exactly: no noise, no Python or allocator
+  variance, and a fixed part a that the fit may have clamped to 0 (then short steps, e.g. a few decodes, cost
+  less than on the engine, and TPOT is underpredicted). The profile's r2 and max relative error above say how
+  far the fit is from its own sweep.
 - Telemetry: both run the real coordinator (vllm_coord: 100 ms snapshots) and the real policy code; the real
   snapshots travel over sockets and can arrive later under CPU contention.
 - Clock: the simulator sends at exact virtual times; the real load generator sends at wall-clock times and can
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     print(describe(workload))
     print(f"profile {args.profile} ({profile.name}, hash {profile_hash(profile)}): a={profile.a_ms} ms, "
           f"b={profile.b_ms_per_token} ms/token, c={profile.c_ms_per_seq} ms/seq, d={profile.d_ms_per_kv_token} "
-          f"ms/KV token; fit r2={meta.get('r2')}, max rel error={meta.get('max_rel_error')}; "
+          f"ms/KV token, e={profile.e_ms_per_token_pair} ms/token pair; fit r2={meta.get('r2')}, max rel error={meta.get('max_rel_error')}; "
           f"{threads} torch thread(s) per engine", flush=True)
     out: dict[str, dict[str, dict[str, float]]] = {}
     failed = 0
