@@ -378,3 +378,13 @@ def serve_and_replay(policy: str, workload: Workload, args: argparse.Namespace, 
 
         return anyio.run(go)
     raise AssertionError("unreachable")  # ExitStack does not swallow exceptions
+
+
+def run_cli(main: Callable[[], int]) -> None:
+    """Exit with ``main()``'s status; a ConfigError (a bad workload or profile) is one line and exit 2, no
+    traceback."""
+    try:
+        sys.exit(main())
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -32,11 +32,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asyncdp.bench.materialise import ideal_hit_rate  # noqa: E402
 from asyncdp.bench.records import Workload  # noqa: E402
-from asyncdp.errors import ConfigError  # noqa: E402
 from bench.http_replay import (  # noqa: E402
     add_workload_args,
     describe,
     ratios,
+    run_cli,
     serve_and_replay,
     table,
     workload_from_args,
@@ -91,8 +91,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ConfigError as exc:  # a bad workload or profile: say what to change, no traceback
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

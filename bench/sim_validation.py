@@ -32,10 +32,10 @@ from asyncdp.bench import metrics  # noqa: E402
 from asyncdp.bench.profiles import Profile, load_profile, profile_hash  # noqa: E402
 from asyncdp.bench.records import Workload  # noqa: E402
 from asyncdp.bench.simulate import ClusterSpec, simulate  # noqa: E402
-from asyncdp.errors import ConfigError  # noqa: E402
 from bench.http_replay import (  # noqa: E402
     add_workload_args,
     describe,
+    run_cli,
     serve_and_replay,
     workload_from_args,
 )
@@ -145,8 +145,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ConfigError as exc:  # a bad workload or profile: say what to change, no traceback
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)
