@@ -48,6 +48,20 @@ LogKey = tuple[str, str, int]  # (workload label, policy, seed)
 MIN_HEATMAP_SAMPLES = 40
 #: one line style per policy in turn, so policies that coincide stay visible under each other
 _STYLES = ("-", "--", "-.", ":")
+#: colours for the policies other than the candidate and vllm (which get their own, drawn thicker)
+_PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+            "tab:olive", "tab:cyan", "navy", "darkgoldenrod", "teal", "indigo", "salmon", "yellowgreen")
+
+
+def _style(policy: str, n: int, candidate: str) -> dict[str, Any]:
+    """Line style of ``policy`` (the n-th drawn): the candidate thick black on top, vllm thick red, the others
+    thin, each its own colour and dash, so that 17 policies stay apart and the two that matter stand out."""
+    if policy == candidate:
+        return {"color": "black", "linewidth": 2.4, "zorder": 5, "linestyle": "-"}
+    if policy == REFERENCE_POLICY:
+        return {"color": "tab:red", "linewidth": 2.0, "zorder": 4, "linestyle": "-"}
+    return {"color": _PALETTE[n % len(_PALETTE)], "linewidth": 1.0, "alpha": 0.85,
+            "linestyle": _STYLES[n % len(_STYLES)]}
 
 
 def heatmap_period_s(logs: Iterable[RunLog], min_samples: int = MIN_HEATMAP_SAMPLES) -> float:
@@ -143,7 +157,7 @@ def write_plots(directory: Path, runs: Sequence[dict[str, Any]], logs: Mapping[L
         written.append(directory / name)
 
     for label in dict.fromkeys(label for label, _, _ in logs):
-        save(_ttft_cdf(new(), label, logs), f"ttft_cdf_{file_stem(label)}.png")
+        save(_ttft_cdf(new(), label, logs, candidate), f"ttft_cdf_{file_stem(label)}.png")
         chosen = heatmap_policies(runs, label, candidate)
         fig = new(9.0, 1.2 + 1.6 * len(chosen))
         if chosen and _heatmap(fig, label, chosen, logs):
@@ -152,15 +166,15 @@ def write_plots(directory: Path, runs: Sequence[dict[str, Any]], logs: Mapping[L
         agg = aggregate([r for r in runs if r["workload"] in dict(points)])
         if agg:
             stem = file_stem(base)
-            save(_against_load(new(), base, points, agg, "prefix_hit_rate"), f"hit_rate_vs_rung_{stem}.png")
-            save(_against_load(new(), base, points, agg, "goodput_rps"), f"goodput_vs_rate_{stem}.png")
+            save(_against_load(new(), base, points, agg, "prefix_hit_rate", candidate), f"hit_rate_vs_rung_{stem}.png")
+            save(_against_load(new(), base, points, agg, "goodput_rps", candidate), f"goodput_vs_rate_{stem}.png")
     mine = sorted((r for r in timing if r["policy"] == candidate), key=lambda r: r["dp"])
     if mine:
         save(_decision_time(new(), mine), "decision_time.png")
     return written
 
 
-def _ttft_cdf(fig: Any, label: str, logs: Mapping[LogKey, RunLog]) -> Any:
+def _ttft_cdf(fig: Any, label: str, logs: Mapping[LogKey, RunLog], candidate: str) -> Any:
     ax = fig.subplots()
     pooled: dict[str, list[float]] = {}
     seeds: set[int] = set()
@@ -175,7 +189,7 @@ def _ttft_cdf(fig: Any, label: str, logs: Mapping[LogKey, RunLog]) -> Any:
         if values:
             values.sort()
             ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=policy,
-                    linestyle=_STYLES[n % len(_STYLES)])
+                    **_style(policy, n, candidate))
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (s, virtual)")
     ax.set_ylabel("fraction of measured requests")
@@ -215,7 +229,8 @@ def _heatmap(fig: Any, label: str, chosen: Sequence[tuple[str, str]], logs: Mapp
 
 
 def _against_load(fig: Any, base: str, points: Sequence[tuple[str, float]],
-                  agg: Mapping[str, Mapping[str, Mapping[str, tuple[float, float]]]], metric: str) -> Any:
+                  agg: Mapping[str, Mapping[str, Mapping[str, tuple[float, float]]]], metric: str,
+                  candidate: str) -> Any:
     """Per policy, ``metric`` (mean over seeds) per rung (hit rate) or against the offered rate (goodput)."""
     ax = fig.subplots()
     policies = list(dict.fromkeys(p for entry, _ in points for p in agg.get(entry, {})))
@@ -226,7 +241,7 @@ def _against_load(fig: Any, base: str, points: Sequence[tuple[str, float]],
             if policy in agg.get(entry, {}):
                 xs.append(rate if metric == "goodput_rps" else k)
                 ys.append(agg[entry][policy][metric][0])
-        ax.plot(xs, ys, marker="o", label=policy, linestyle=_STYLES[n % len(_STYLES)])
+        ax.plot(xs, ys, marker="o", markersize=4, label=policy, **_style(policy, n, candidate))
     if metric == "goodput_rps":
         rates = sorted(rate for _, rate in points)
         ax.plot(rates, rates, linestyle=":", color="grey", label="offered")
