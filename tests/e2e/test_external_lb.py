@@ -410,7 +410,8 @@ async def test_sigkill_of_one_ranks_engine_ends_every_server_within_5s_with_ever
         for port, seen in health.items():
             after_first_failure = seen[next((i for i, c in enumerate(seen) if c != 200), len(seen)):]
             assert 200 not in after_first_failure, (port, seen)  # once unhealthy, never healthy again
-            assert set(after_first_failure) <= {503, "ConnectError"}, (port, seen)  # 503, then a closed port
+            # 503, then the server gone: a closed port, or a connection it dropped as the process ended mid-request
+            assert set(after_first_failure) <= {503, "ConnectError", "RemoteProtocolError", "ReadError"}, (port, seen)
         for s in servers:
             assert not s.wait_gone(2.0), s.log()[-4000:]
 
