@@ -39,13 +39,14 @@ hash of the request's key (its ``routing_key``, else its 4th block hash, else it
 on the same rank (affinity across turns and across routers), different keys spread over tied ranks, so R
 routers deciding from one snapshot do not herd onto one rank.
 
-Decision cost (G7). ``base`` is kept current by the hooks (one rank changes per dispatch, first token or
-finish; all of them on a snapshot, or when the decay weight is 50 ms old), and so is the sum of the in-flight
-estimates the hot-spot bound needs, so ``select`` is one C-level ``min``/``index``/``count`` over ``base`` (the
-tie scan runs only on a tie), then the deepest run of the prompt's blocks any rank holds (two lookups when it is
-the run the last prompt with the same first block matched, else a binary search), then the holders of the first
-block: those holding the whole run first (their credit is known), then the others, pruned by the best credit
-they could still have. The prompt's block hashes are computed once (memoised for ``on_dispatch``).
+Decision cost (G7). The hooks keep everything ``select`` needs that does not depend on the request: ``base``
+(one rank changes per dispatch, first token or finish; all of them on a snapshot, or when the decay weight is
+50 ms old), its minimum with the minimum's first rank and number of ties (O(1) per hook but when the last rank at
+the minimum leaves it), and the hot-spot bound. ``select`` is then a few lookups: the tie scan only on a tie, the
+deepest run of the prompt's blocks any rank holds (two lookups when it is the run the last prompt with the same
+first block matched, else a binary search), the ranks holding that whole run (their credit is known), and the
+ranks holding only part of it, pruned by the best credit they could still get. The prompt's block hashes are
+computed once (memoised for ``on_dispatch``). The index itself is :mod:`.owner_index`.
 """
 
 from __future__ import annotations
@@ -56,9 +57,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncdp.dp.peers.hashing import block_hashes, stable_hash64
+from asyncdp.dp.owner_index import RANK_TUPLES, OwnerIndex, prompt_hashes, ranks_of
+from asyncdp.dp.peers.hashing import stable_hash64
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.errors import ConfigError, UnavailableError
+
+__all__ = ["AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
 
 DECODE_TOKENS = 16.0  # [ours] a decoding request's weight, in prefill tokens
 KV_HIGH = 0.9
@@ -87,7 +91,6 @@ class AsyncdpState:
     n: int
     num_routers: int
     block_size: int
-    capacity: int
     stale_us: float
     base: list[float]
     pending: list[int]
@@ -97,12 +100,13 @@ class AsyncdpState:
     others_cnt: list[int]
     kv: list[float]
     load: list[float]  # estimated in-flight requests (mine + others, weighted), for the hot-spot bound
+    index: OwnerIndex
     load_total: float = 0.0  # sum(load), kept by _update (recomputed on every snapshot: no drift)
-    owners: dict[int, int] = field(default_factory=dict)  # block hash -> bitmask of ranks holding it
-    # first block hash -> the deepest run any rank held when a prompt starting with it was last scored: a
-    # guess, checked with two lookups before use (prompts that share a first block usually share the run)
-    depth_memo: dict[int, int] = field(default_factory=dict)
-    lru: list[OrderedDict[int, None]] = field(default_factory=list)
+    cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
+    # min(base), its first index, how many ranks share it: kept by the hooks, so select reads them
+    best: float = 0.0
+    pick: int = 0
+    ties: int = 0
     decisions: tuple[Decision, ...] = ()
     reqs: dict[str, _Req] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)
@@ -110,7 +114,20 @@ class AsyncdpState:
     snap_at_us: int | None = None
     clock_us: int = 0  # the latest time any hook saw (snapshots carry none in production)
     refreshed_at_us: int = 0
+    refresh_due_us: float = _INF  # refreshed_at_us + REFRESH_US once a snapshot came
     avg_prefill: float = 0.0  # EMA of the uncached tokens per request this router sent
+
+    @property
+    def capacity(self) -> int:
+        return self.index.capacity
+
+    @property
+    def owners(self) -> dict[int, int]:
+        return self.index.owners
+
+    @property
+    def lru(self) -> list[OrderedDict[int, None]]:
+        return self.index.lru
 
 
 class AsyncdpPolicy(Policy):
@@ -138,46 +155,19 @@ class AsyncdpPolicy(Policy):
             raise ConfigError(f"bad router layout: dp_size={dp_size}, router {router_index} of {num_routers}")
         p = params or {}
         n = dp_size
-        return AsyncdpState(
+        state = AsyncdpState(
             n, num_routers, int(p.get("block_size_tokens", DEFAULT_BLOCK)),
-            int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS)),
             float(p.get("staleness_threshold_ms", STALENESS_MS)) * 1000.0,
             [0.0] * n, [0] * n, [0] * n, [0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n,
-            lru=[OrderedDict() for _ in range(n)], decisions=tuple(Decision(i) for i in range(n)))
-
-    # ------------------------------------------------------------ the index
+            OwnerIndex.empty(n, int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS))),
+            decisions=tuple(Decision(i) for i in range(n)))
+        self._rescan(state)
+        return state
 
     @staticmethod
     def match(state: AsyncdpState, rank: int, hashes: Sequence[int]) -> int:
-        """Leading blocks of ``hashes`` rank holds (binary search: every rank's set is prefix-closed)."""
-        owners, bit = state.owners, 1 << rank
-        if not owners.get(hashes[0], 0) & bit:
-            return 0
-        lo, hi = 1, len(hashes)  # hashes[:lo] held; hashes[hi:] not known held
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if owners.get(hashes[mid - 1], 0) & bit:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _insert(self, state: AsyncdpState, rank: int, hashes: Sequence[int]) -> None:
-        lru, owners, bit = state.lru[rank], state.owners, 1 << rank
-        for h in reversed(hashes):  # the root last: most recent, so evicted last
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-                owners[h] = owners.get(h, 0) | bit
-        while len(lru) > state.capacity:
-            h, _ = lru.popitem(last=False)
-            left = owners.get(h, 0) & ~bit
-            if left:
-                owners[h] = left
-            else:
-                owners.pop(h, None)
-                state.depth_memo.pop(h, None)  # the memo stays bounded by the index
+        """Leading blocks of ``hashes`` rank holds in this router's index."""
+        return state.index.match(rank, hashes)
 
     # ------------------------------------------------------------ decision
 
@@ -185,19 +175,21 @@ class AsyncdpPolicy(Policy):
                rng: random.Random) -> Decision:
         if req.rank_hint is not None:  # a hinted request bypasses the policy (hinted_decision, inlined)
             return Decision(req.rank_hint, hinted=True)
-        base, n = state.base, state.n
-        if state.snap_at_us is not None and now_us - state.refreshed_at_us >= REFRESH_US:
+        base = state.base
+        if now_us >= state.refresh_due_us and _weight(state, now_us) != state.weight:
+            # no hook ran for a while: decay the snapshot terms here (H5), on a copy
             weight = _weight(state, now_us)
-            if weight != state.weight:  # no hook ran for a while: decay the snapshot terms here (H5)
-                base = [self._base(state, i, weight) for i in range(n)]
-        best = min(base)
+            base = [self._base(state, i, weight) for i in range(state.n)]
+            best = min(base)
+            pick, ties = base.index(best), base.count(best)
+        else:
+            best, pick, ties = state.best, state.pick, state.ties
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         start = -1  # the tie scan's first rank, computed only when a tie needs it
-        pick = base.index(best)
-        if base.count(best) > 1:  # a tie: the first minimum at or after a stable hash of the key (H6)
-            start = _tie_key(req, hashes) % n
+        if ties > 1:  # a tie: the first minimum at or after a stable hash of the key (H6)
+            start = _tie_key(req, hashes) % state.n
             if pick < start:
                 tail = base[start:]
                 if best in tail:
@@ -205,15 +197,17 @@ class AsyncdpPolicy(Policy):
         decisions = state.decisions  # one immutable Decision per rank, made once
         if not hashes:
             return decisions[pick]
-        get = state.owners.get
+        index = state.index
+        get = index.owners.get
         held = get(hashes[0], 0)
         if not held:
             return decisions[pick]
         plen, bs, weight = len(req.tokens), state.block_size, self.credit_weight
-        # The deepest block any rank holds bounds every credit: ranks that cannot win even with it are skipped.
+        # The deepest run of blocks any rank holds bounds every credit: ranks that cannot win with it are skipped.
         nh = len(hashes)
-        lo = state.depth_memo.get(hashes[0], 0)  # the run the last prompt with this first block matched
-        if not (0 < lo <= nh and get(hashes[lo - 1], 0) and (lo == nh or not get(hashes[lo], 0))):
+        lo = index.depth_memo.get(hashes[0], 0)  # the run the last prompt with this first block matched
+        deepest = get(hashes[lo - 1], 0) if 0 < lo <= nh else 0
+        if not deepest or (lo < nh and get(hashes[lo], 0)):
             lo, hi = 1, nh  # not the same depth: a binary search (the union of prefix-closed sets is one)
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
@@ -221,53 +215,64 @@ class AsyncdpPolicy(Policy):
                     lo = mid
                 else:
                     hi = mid - 1
-            state.depth_memo[hashes[0]] = lo
+            index.depth_memo[hashes[0]] = lo
+            deepest = get(hashes[lo - 1], 0)  # these ranks hold the whole matched run: credit top_credit
         top_credit = lo * bs if lo * bs < plen else plen - 1
-        bound = weight * top_credit - plen  # a holder with base - bound above the pick's cost cannot win
-        deepest = get(hashes[lo - 1], 0)  # these ranks hold the whole matched run: credit top_credit
+        wc = weight * top_credit
+        bound = wc - plen  # a holder with base - bound above the pick's cost cannot win
         pick_cost, pick_credit = best + plen, 0
-        cap = -1.0
-        load = state.load
+        cap, load = state.cap, state.load
+        full = held & deepest
         # The ranks holding the whole run first: they need no search of their own and usually win, so the
-        # pruning above skips most of the others (the winner is the minimum whatever the order).
-        rest = held & ~deepest
-        held &= deepest
-        while held or rest:
-            if not held:  # the others lack block lo: their credit is at most lo - 1 blocks
-                held, rest = rest, 0
-                bound = weight * min((lo - 1) * bs, plen - 1) - plen
-            low = held & -held
-            held ^= low
-            r = low.bit_length() - 1
+        # pruning skips most of the others (the winner is the minimum whatever the order).
+        for r in RANK_TUPLES.get(full) or ranks_of(full):
             b = base[r]
-            if b - bound > pick_cost:
-                continue  # cannot win even with the deepest credit
-            if cap < 0:  # the hot-spot bound on a rank's estimated in-flight requests (H3), once
-                mean = state.load_total / (n - len(state.excluded) or 1)
-                cap = max(self.hot_ratio * mean, mean + self.hot_slack)
-            if load[r] > cap:
+            if b - bound > pick_cost or load[r] > cap:  # cannot win / over the hot-spot bound (H3)
                 continue
-            if deepest & low:
-                credit = top_credit
-            else:  # this rank's own match: a binary search below the deepest run (its set is prefix-closed)
-                lo2, hi2 = 1, lo
-                while lo2 < hi2:
-                    mid = (lo2 + hi2 + 1) >> 1
-                    if get(hashes[mid - 1], 0) & low:
-                        lo2 = mid
-                    else:
-                        hi2 = mid - 1
-                credit = lo2 * bs if lo2 * bs < plen else plen - 1
+            cost = b + plen - wc
+            if cost > pick_cost or (cost == pick_cost and top_credit < pick_credit):
+                continue
+            if cost == pick_cost and top_credit == pick_credit:  # a full tie: the scan order from the key decides
+                if start < 0:
+                    start = _tie_key(req, hashes) % state.n
+                if (r - start) % state.n >= (pick - start) % state.n:
+                    continue
+            pick, pick_cost, pick_credit = r, cost, top_credit
+        if held != full:
+            pick = self._partial_holders(req, hashes, state, base, held ^ full, lo, pick, pick_cost, pick_credit,
+                                         start)
+        return decisions[pick]
+
+    def _partial_holders(self, req: RequestView, hashes: Sequence[int], state: AsyncdpState, base: list[float],
+                         rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int) -> int:
+        """The ranks holding the first block but not the whole run of ``lo`` blocks: each one's own match (a
+        binary search below ``lo``: its set is prefix-closed), pruned by the most they could still get."""
+        get, plen, bs, weight, n = state.index.owners.get, len(req.tokens), state.block_size, self.credit_weight, \
+            state.n
+        bound = weight * min((lo - 1) * bs, plen - 1) - plen
+        cap, load = state.cap, state.load
+        for r in ranks_of(rest):
+            b = base[r]
+            if b - bound > pick_cost or load[r] > cap:
+                continue
+            bit, lo2, hi2 = 1 << r, 1, lo
+            while lo2 < hi2:
+                mid = (lo2 + hi2 + 1) >> 1
+                if get(hashes[mid - 1], 0) & bit:
+                    lo2 = mid
+                else:
+                    hi2 = mid - 1
+            credit = lo2 * bs if lo2 * bs < plen else plen - 1
             cost = b + plen - weight * credit
             if cost > pick_cost or (cost == pick_cost and credit < pick_credit):
                 continue
-            if cost == pick_cost and credit == pick_credit:  # a full tie: the scan order from the key decides
+            if cost == pick_cost and credit == pick_credit:
                 if start < 0:
                     start = _tie_key(req, hashes) % n
                 if (r - start) % n >= (pick - start) % n:
                     continue
             pick, pick_cost, pick_credit = r, cost, credit
-        return decisions[pick]
+        return pick
 
     # ------------------------------------------------------------ hooks
 
@@ -278,29 +283,71 @@ class AsyncdpPolicy(Policy):
         kv = state.kv[i]
         if kv > KV_HIGH:
             kv_pen = self.kv_penalty * (kv - KV_HIGH) / (1.0 - KV_HIGH)
-        memory = self.memory_tokens * len(state.lru[i]) / state.capacity if self.memory_tokens else 0.0
+        memory = self.memory_tokens * state.index.size(i) / state.index.capacity if self.memory_tokens else 0.0
         return (state.pending[i] + self.decode_tokens * state.decoding[i] + memory
                 + weight * (state.others_tok[i] + kv_pen))
 
-    def _update(self, state: AsyncdpState, i: int) -> None:
+    def _set(self, state: AsyncdpState, i: int) -> None:
+        """Recompute rank i's base cost and load (the minimum and the bound are the caller's)."""
         state.base[i] = self._base(state, i, state.weight)
         load = 0.0 if i in state.excluded else (
             state.pending_reqs[i] + state.decoding[i] + state.weight * state.others_cnt[i])
         state.load_total += load - state.load[i]
         state.load[i] = load
 
+    def _set_cap(self, state: AsyncdpState) -> None:
+        mean = state.load_total / (state.n - len(state.excluded) or 1)
+        state.cap = max(self.hot_ratio * mean, mean + self.hot_slack)
+
+    @staticmethod
+    def _rescan(state: AsyncdpState) -> None:
+        base = state.base
+        best = state.best = min(base)
+        state.pick, state.ties = base.index(best), base.count(best)
+
+    def _update(self, state: AsyncdpState, i: int) -> None:
+        """Rank i changed: recompute its cost, and keep the minimum, its first index and its ties (mostly O(1))."""
+        old = state.base[i]
+        self._set(state, i)
+        self._set_cap(state)
+        new = state.base[i]
+        if new == old:
+            return
+        best = state.best
+        if new < best:
+            state.best, state.pick, state.ties = new, i, 1
+        elif new == best:
+            state.ties += 1
+            if i < state.pick:
+                state.pick = i
+        elif old == best:  # rank i left the minimum
+            state.ties -= 1
+            if state.ties == 0:
+                self._rescan(state)
+            elif state.pick == i:
+                state.pick = state.base.index(best)
+
+    def _update_all(self, state: AsyncdpState, *, resum: bool) -> None:
+        """Every rank changed (a snapshot, a new weight): recompute all, then the minimum once."""
+        for i in range(state.n):
+            self._set(state, i)
+        if resum:
+            state.load_total = sum(state.load)  # the running sum's rounding does not outlive a snapshot
+        self._set_cap(state)
+        self._rescan(state)
+
     def _tick(self, state: AsyncdpState, now_us: int) -> None:
         """Advance the clock; every REFRESH_US re-weigh the snapshot terms by their age (H5)."""
         if now_us > state.clock_us:
             state.clock_us = now_us
-        if state.snap_at_us is None or now_us - state.refreshed_at_us < REFRESH_US:
+        if now_us < state.refresh_due_us:
             return
         state.refreshed_at_us = now_us
+        state.refresh_due_us = now_us + REFRESH_US
         weight = _weight(state, now_us)
         if weight != state.weight:
             state.weight = weight
-            for i in range(state.n):
-                self._update(state, i)
+            self._update_all(state, resum=False)
 
     def on_dispatch(self, state: AsyncdpState, req: RequestView, decision: Decision, now_us: int) -> None:
         self._tick(state, now_us)
@@ -308,8 +355,8 @@ class AsyncdpPolicy(Policy):
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         credit = 0
         if hashes:
-            credit = min(self.match(state, r, hashes) * state.block_size, req.prompt_len - 1)
-            self._insert(state, r, hashes)
+            credit = min(state.index.match(r, hashes) * state.block_size, req.prompt_len - 1)
+            state.index.insert(r, hashes)
         prefill = max(0, req.prompt_len - credit)
         state.avg_prefill += (prefill - state.avg_prefill) / 16.0
         old = state.reqs.get(req.req_id)
@@ -355,25 +402,18 @@ class AsyncdpPolicy(Policy):
         at = snap.delivered_at_us or state.clock_us
         state.snap_at_us = at
         state.refreshed_at_us = at
+        state.refresh_due_us = at + REFRESH_US
         state.weight = 1.0
-        for i in range(state.n):
-            self._update(state, i)
-        state.load_total = sum(state.load)  # the running sum's rounding does not outlive a snapshot
+        self._update_all(state, resum=True)
 
     def on_rank_dead(self, state: AsyncdpState, dp_rank: int) -> None:
         state.excluded.add(dp_rank)
         state.base[dp_rank] = _INF
         state.load_total -= state.load[dp_rank]
         state.load[dp_rank] = 0.0
-        lru, bit = state.lru[dp_rank], 1 << dp_rank
-        for h in lru:
-            left = state.owners.get(h, 0) & ~bit
-            if left:
-                state.owners[h] = left
-            else:
-                state.owners.pop(h, None)
-                state.depth_memo.pop(h, None)
-        lru.clear()
+        state.index.drop_rank(dp_rank)
+        self._set_cap(state)
+        self._rescan(state)
 
 
 def _weight(state: AsyncdpState, now_us: int) -> float:
@@ -381,20 +421,6 @@ def _weight(state: AsyncdpState, now_us: int) -> float:
     if state.snap_at_us is None:
         return 0.0
     return max(0.0, 1.0 - max(0, now_us - state.snap_at_us) / state.stale_us)
-
-
-_memo: list[Any] = [None, 0, ()]  # (request, block size, hashes): the last prompt hashed
-
-
-def prompt_hashes(req: RequestView, block_size: int) -> tuple[int, ...]:
-    """The prompt's chained block hashes, computed once per request: ``select`` and ``on_dispatch`` get the same
-    :class:`RequestView` object, so a one-entry memo by identity serves the second call (a cache of a pure
-    function; it never changes a result). This is the "hashing" of G7, timed apart from the selection."""
-    if _memo[0] is req and _memo[1] == block_size:
-        return _memo[2]
-    hashes = tuple(block_hashes(req.tokens, block_size))
-    _memo[0], _memo[1], _memo[2] = req, block_size, hashes
-    return hashes
 
 
 def _tie_key(req: RequestView, hashes: Sequence[int]) -> int:
