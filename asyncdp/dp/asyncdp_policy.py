@@ -219,25 +219,29 @@ class AsyncdpPolicy(Policy):
             deepest = get(hashes[lo - 1], 0)  # these ranks hold the whole matched run: credit top_credit
         top_credit = lo * bs if lo * bs < plen else plen - 1
         wc = weight * top_credit
-        bound = wc - plen  # a holder with base - bound above the pick's cost cannot win
         pick_cost, pick_credit = best + plen, 0
         cap, load = state.cap, state.load
         full = held & deepest
-        # The ranks holding the whole run first: they need no search of their own and usually win, so the
-        # pruning skips most of the others (the winner is the minimum whatever the order).
+        # The ranks holding the whole run share one credit, so the cheapest of them under the hot-spot bound (H3)
+        # is their best; it is then weighed against the cheapest rank by load.
+        rmin, cmin, n = -1, _INF, state.n
         for r in RANK_TUPLES.get(full) or ranks_of(full):
-            b = base[r]
-            if b - bound > pick_cost or load[r] > cap:  # cannot win / over the hot-spot bound (H3)
-                continue
-            cost = b + plen - wc
-            if cost > pick_cost or (cost == pick_cost and top_credit < pick_credit):
-                continue
-            if cost == pick_cost and top_credit == pick_credit:  # a full tie: the scan order from the key decides
+            cost = base[r] + plen - wc
+            if cost <= cmin and load[r] <= cap:
+                if cost == cmin:  # equal: the scan order from the key decides (H6)
+                    if start < 0:
+                        start = _tie_key(req, hashes) % n
+                    if (r - start) % n >= (rmin - start) % n:
+                        continue
+                rmin, cmin = r, cost
+        if rmin >= 0:
+            if cmin < pick_cost or (cmin == pick_cost and top_credit > 0):
+                pick, pick_cost, pick_credit = rmin, cmin, top_credit
+            elif cmin == pick_cost:  # no credit either way (a one-token prompt): the scan order decides
                 if start < 0:
-                    start = _tie_key(req, hashes) % state.n
-                if (r - start) % state.n >= (pick - start) % state.n:
-                    continue
-            pick, pick_cost, pick_credit = r, cost, top_credit
+                    start = _tie_key(req, hashes) % n
+                if (rmin - start) % n < (pick - start) % n:
+                    pick = rmin
         if held != full:
             pick = self._partial_holders(req, hashes, state, base, held ^ full, lo, pick, pick_cost, pick_credit,
                                          start)
