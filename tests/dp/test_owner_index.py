@@ -96,3 +96,24 @@ def test_select_scores_a_rank_holding_only_part_of_the_run_by_its_own_match():
     assert s.index.match(1, prompt_hashes(q, 16)) == 2 and s.index.match(0, prompt_hashes(q, 16)) == 4
     # rank 0: 200 + 80 - 2·64 = 152; rank 1: 10 + 80 - 2·32 = 26; rank 2, the cheapest by load: 80 (a miss)
     assert p.select(q, None, s, 0, random.Random(0)).dp_rank == 1
+
+
+def test_holders_tied_on_cost_go_to_the_first_in_the_key_scan_order():
+    from asyncdp.dp.peers.hashing import stable_hash64
+
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(4)
+    shared = tuple(range(1000, 1064))
+    for rank in (1, 3):
+        r = RequestView(f"warm{rank}", (*shared, *range(2000 + rank * 16, 2016 + rank * 16)), rank_hint=rank)
+        p.on_dispatch(s, r, p.select(r, None, s, 0, random.Random(0)), 0)
+        p.on_finish(s, r.req_id, rank, 0)
+    seen = set()
+    for k in range(16):
+        key = f"user-{k}"
+        start = stable_hash64(key) % 4
+        expected = next(r for r in ((start + i) % 4 for i in range(4)) if r in (1, 3))
+        q = RequestView(f"q{k}", (*shared, *range(5000, 5016)), routing_key=key)
+        assert p.select(q, None, s, 0, random.Random(0)).dp_rank == expected
+        seen.add(expected)
+    assert seen == {1, 3}  # different keys spread over the tied holders
