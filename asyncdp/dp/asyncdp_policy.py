@@ -46,88 +46,35 @@ the minimum leaves it), and the hot-spot bound. ``select`` is then a few lookups
 deepest run of the prompt's blocks any rank holds (two lookups when it is the run the last prompt with the same
 first block matched, else a binary search), the ranks holding that whole run (their credit is known), and the
 ranks holding only part of it, pruned by the best credit they could still get. The prompt's block hashes are
-computed once (memoised for ``on_dispatch``). The index itself is :mod:`.owner_index`.
+computed once (memoised for ``on_dispatch``). The index is :mod:`.owner_index`; the per-rank ledger and its
+upkeep are :mod:`.asyncdp_state`.
 """
 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from asyncdp.dp.owner_index import RANK_TUPLES, OwnerIndex, prompt_hashes, ranks_of
+from asyncdp.dp.asyncdp_state import REFRESH_US, AsyncdpState, CostWeights, Routed
+from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.peers.hashing import stable_hash64
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.errors import ConfigError, UnavailableError
 
-__all__ = ["AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
+__all__ = ["REFRESH_US", "AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
 
 DECODE_TOKENS = 16.0  # [ours] a decoding request's weight, in prefill tokens
-KV_HIGH = 0.9
 KV_PENALTY_TOKENS = 4096.0
 CREDIT_WEIGHT = 2.0  # [ours] a hit saves cluster work and keeps the cache warm: worth twice its tokens
 MEMORY_TOKENS = 4096.0  # [ours] a full index costs this much: new prefixes go where memory is free (H8)
 HOT_RATIO = 2.0
 HOT_SLACK = 8.0
 STALENESS_MS = 2000.0
-REFRESH_US = 50_000
 DEFAULT_BLOCK = 16
 DEFAULT_INDEX_BLOCKS = 28_000  # the gpu_8b profile's KV blocks per rank; params override it
 TIE_KEY_BLOCK = 4
 _INF = float("inf")
-
-
-@dataclass(slots=True)
-class _Req:
-    rank: int
-    prefill: int  # tokens counted in pending[rank] until the first token
-    decoding: bool = False
-
-
-@dataclass(slots=True)
-class AsyncdpState:
-    n: int
-    num_routers: int
-    block_size: int
-    stale_us: float
-    base: list[float]
-    pending: list[int]
-    pending_reqs: list[int]
-    decoding: list[int]
-    others_tok: list[float]
-    others_cnt: list[int]
-    kv: list[float]
-    load: list[float]  # estimated in-flight requests (mine + others, weighted), for the hot-spot bound
-    index: OwnerIndex
-    load_total: float = 0.0  # sum(load), kept by _update (recomputed on every snapshot: no drift)
-    cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
-    # min(base), its first index, how many ranks share it: kept by the hooks, so select reads them
-    best: float = 0.0
-    pick: int = 0
-    ties: int = 0
-    decisions: tuple[Decision, ...] = ()
-    reqs: dict[str, _Req] = field(default_factory=dict)
-    excluded: set[int] = field(default_factory=set)
-    weight: float = 0.0  # the snapshot terms' weight (decays with age)
-    snap_at_us: int | None = None
-    clock_us: int = 0  # the latest time any hook saw (snapshots carry none in production)
-    refreshed_at_us: int = 0
-    refresh_due_us: float = _INF  # refreshed_at_us + REFRESH_US once a snapshot came
-    avg_prefill: float = 0.0  # EMA of the uncached tokens per request this router sent
-
-    @property
-    def capacity(self) -> int:
-        return self.index.capacity
-
-    @property
-    def owners(self) -> dict[int, int]:
-        return self.index.owners
-
-    @property
-    def lru(self) -> list[OrderedDict[int, None]]:
-        return self.index.lru
 
 
 class AsyncdpPolicy(Policy):
@@ -154,15 +101,11 @@ class AsyncdpPolicy(Policy):
         if dp_size < 1 or not 0 <= router_index < num_routers:
             raise ConfigError(f"bad router layout: dp_size={dp_size}, router {router_index} of {num_routers}")
         p = params or {}
-        n = dp_size
-        state = AsyncdpState(
-            n, num_routers, int(p.get("block_size_tokens", DEFAULT_BLOCK)),
-            float(p.get("staleness_threshold_ms", STALENESS_MS)) * 1000.0,
-            [0.0] * n, [0] * n, [0] * n, [0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n,
-            OwnerIndex.empty(n, int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS))),
-            decisions=tuple(Decision(i) for i in range(n)))
-        self._rescan(state)
-        return state
+        weights = CostWeights(self.decode_tokens, self.kv_penalty, self.memory_tokens, self.hot_ratio,
+                              self.hot_slack)
+        return AsyncdpState.empty(dp_size, num_routers, int(p.get("block_size_tokens", DEFAULT_BLOCK)),
+                                  float(p.get("staleness_threshold_ms", STALENESS_MS)) * 1000.0, weights,
+                                  int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS)))
 
     @staticmethod
     def match(state: AsyncdpState, rank: int, hashes: Sequence[int]) -> int:
@@ -176,10 +119,10 @@ class AsyncdpPolicy(Policy):
         if req.rank_hint is not None:  # a hinted request bypasses the policy (hinted_decision, inlined)
             return Decision(req.rank_hint, hinted=True)
         base = state.base
-        if now_us >= state.refresh_due_us and _weight(state, now_us) != state.weight:
+        if now_us >= state.refresh_due_us and state.snapshot_weight(now_us) != state.weight:
             # no hook ran for a while: decay the snapshot terms here (H5), on a copy
-            weight = _weight(state, now_us)
-            base = [self._base(state, i, weight) for i in range(state.n)]
+            weight = state.snapshot_weight(now_us)
+            base = [state.cost_of(i, weight) for i in range(state.n)]
             best = min(base)
             pick, ties = base.index(best), base.count(best)
         else:
@@ -280,81 +223,8 @@ class AsyncdpPolicy(Policy):
 
     # ------------------------------------------------------------ hooks
 
-    def _base(self, state: AsyncdpState, i: int, weight: float) -> float:
-        if i in state.excluded:
-            return _INF
-        kv_pen = 0.0
-        kv = state.kv[i]
-        if kv > KV_HIGH:
-            kv_pen = self.kv_penalty * (kv - KV_HIGH) / (1.0 - KV_HIGH)
-        memory = self.memory_tokens * state.index.size(i) / state.index.capacity if self.memory_tokens else 0.0
-        return (state.pending[i] + self.decode_tokens * state.decoding[i] + memory
-                + weight * (state.others_tok[i] + kv_pen))
-
-    def _set(self, state: AsyncdpState, i: int) -> None:
-        """Recompute rank i's base cost and load (the minimum and the bound are the caller's)."""
-        state.base[i] = self._base(state, i, state.weight)
-        load = 0.0 if i in state.excluded else (
-            state.pending_reqs[i] + state.decoding[i] + state.weight * state.others_cnt[i])
-        state.load_total += load - state.load[i]
-        state.load[i] = load
-
-    def _set_cap(self, state: AsyncdpState) -> None:
-        mean = state.load_total / (state.n - len(state.excluded) or 1)
-        state.cap = max(self.hot_ratio * mean, mean + self.hot_slack)
-
-    @staticmethod
-    def _rescan(state: AsyncdpState) -> None:
-        base = state.base
-        best = state.best = min(base)
-        state.pick, state.ties = base.index(best), base.count(best)
-
-    def _update(self, state: AsyncdpState, i: int) -> None:
-        """Rank i changed: recompute its cost, and keep the minimum, its first index and its ties (mostly O(1))."""
-        old = state.base[i]
-        self._set(state, i)
-        self._set_cap(state)
-        new = state.base[i]
-        if new == old:
-            return
-        best = state.best
-        if new < best:
-            state.best, state.pick, state.ties = new, i, 1
-        elif new == best:
-            state.ties += 1
-            if i < state.pick:
-                state.pick = i
-        elif old == best:  # rank i left the minimum
-            state.ties -= 1
-            if state.ties == 0:
-                self._rescan(state)
-            elif state.pick == i:
-                state.pick = state.base.index(best)
-
-    def _update_all(self, state: AsyncdpState, *, resum: bool) -> None:
-        """Every rank changed (a snapshot, a new weight): recompute all, then the minimum once."""
-        for i in range(state.n):
-            self._set(state, i)
-        if resum:
-            state.load_total = sum(state.load)  # the running sum's rounding does not outlive a snapshot
-        self._set_cap(state)
-        self._rescan(state)
-
-    def _tick(self, state: AsyncdpState, now_us: int) -> None:
-        """Advance the clock; every REFRESH_US re-weigh the snapshot terms by their age (H5)."""
-        if now_us > state.clock_us:
-            state.clock_us = now_us
-        if now_us < state.refresh_due_us:
-            return
-        state.refreshed_at_us = now_us
-        state.refresh_due_us = now_us + REFRESH_US
-        weight = _weight(state, now_us)
-        if weight != state.weight:
-            state.weight = weight
-            self._update_all(state, resum=False)
-
     def on_dispatch(self, state: AsyncdpState, req: RequestView, decision: Decision, now_us: int) -> None:
-        self._tick(state, now_us)
+        state.tick(now_us)
         r = decision.dp_rank
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         credit = 0
@@ -366,13 +236,13 @@ class AsyncdpPolicy(Policy):
         old = state.reqs.get(req.req_id)
         if old is not None:  # a reused id: forget the old one first
             self.on_finish(state, req.req_id, old.rank, now_us)
-        state.reqs[req.req_id] = _Req(r, prefill)
+        state.reqs[req.req_id] = Routed(r, prefill)
         state.pending[r] += prefill
         state.pending_reqs[r] += 1
-        self._update(state, r)
+        state.update(r)
 
     def on_first_token(self, state: AsyncdpState, req_id: str, dp_rank: int, now_us: int) -> None:
-        self._tick(state, now_us)
+        state.tick(now_us)
         f = state.reqs.get(req_id)
         if f is None or f.decoding:
             return
@@ -380,10 +250,10 @@ class AsyncdpPolicy(Policy):
         state.pending[f.rank] -= f.prefill
         state.pending_reqs[f.rank] -= 1
         state.decoding[f.rank] += 1
-        self._update(state, f.rank)
+        state.update(f.rank)
 
     def on_finish(self, state: AsyncdpState, req_id: str, dp_rank: int, now_us: int) -> None:
-        self._tick(state, now_us)
+        state.tick(now_us)
         f = state.reqs.pop(req_id, None)
         if f is None:
             return
@@ -392,7 +262,7 @@ class AsyncdpPolicy(Policy):
         else:
             state.pending[f.rank] -= f.prefill
             state.pending_reqs[f.rank] -= 1
-        self._update(state, f.rank)
+        state.update(f.rank)
 
     def on_snapshot(self, state: AsyncdpState, snap: Snapshot) -> None:
         if len(snap.loads) != state.n:
@@ -408,23 +278,10 @@ class AsyncdpPolicy(Policy):
         state.refreshed_at_us = at
         state.refresh_due_us = at + REFRESH_US
         state.weight = 1.0
-        self._update_all(state, resum=True)
+        state.update_all(resum=True)
 
     def on_rank_dead(self, state: AsyncdpState, dp_rank: int) -> None:
-        state.excluded.add(dp_rank)
-        state.base[dp_rank] = _INF
-        state.load_total -= state.load[dp_rank]
-        state.load[dp_rank] = 0.0
-        state.index.drop_rank(dp_rank)
-        self._set_cap(state)
-        self._rescan(state)
-
-
-def _weight(state: AsyncdpState, now_us: int) -> float:
-    """The snapshot terms' weight: 1 when fresh, linearly down to 0 at the staleness threshold (H5)."""
-    if state.snap_at_us is None:
-        return 0.0
-    return max(0.0, 1.0 - max(0, now_us - state.snap_at_us) / state.stale_us)
+        state.mark_dead(dp_rank)
 
 
 def _tie_key(req: RequestView, hashes: Sequence[int]) -> int:

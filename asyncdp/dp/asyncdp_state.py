@@ -1,0 +1,187 @@
+"""One router's state under asyncdp's policy (:mod:`.asyncdp_policy`): the per-rank cost ledger and its upkeep.
+
+The policy's hooks change the counters (``pending``, ``decoding``, the snapshot's ``others`` and ``kv``) and then
+call :meth:`AsyncdpState.update` for the rank they touched; ``update`` recomputes that rank's ``base`` cost and
+in-flight ``load`` from the :class:`CostWeights`, and keeps what ``select`` reads instead of scanning every rank:
+the minimum of ``base``, its first rank, how many ranks share it (O(1) per change but when the last rank at the
+minimum leaves it, then one C-level rescan), and the hot-spot bound on ``load`` (H3). A snapshot or a new decay
+weight changes every rank: :meth:`update_all` recomputes them all and rescans once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from asyncdp.dp.owner_index import OwnerIndex
+from asyncdp.dp.policy import Decision
+
+KV_HIGH = 0.9
+REFRESH_US = 50_000  # the snapshot terms are re-weighed by their age at most this often (H5)
+_INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class CostWeights:
+    """The policy's knobs that price a rank (module docstring of :mod:`.asyncdp_policy`)."""
+
+    decode_tokens: float
+    kv_penalty_tokens: float
+    memory_tokens: float
+    hot_ratio: float
+    hot_slack: float
+
+
+@dataclass(slots=True)
+class Routed:
+    """One request this router sent, until it finishes."""
+
+    rank: int
+    prefill: int  # tokens counted in pending[rank] until the first token
+    decoding: bool = False
+
+
+@dataclass(slots=True)
+class AsyncdpState:
+    n: int
+    num_routers: int
+    block_size: int
+    stale_us: float
+    weights: CostWeights
+    base: list[float]
+    pending: list[int]
+    pending_reqs: list[int]
+    decoding: list[int]
+    others_tok: list[float]
+    others_cnt: list[int]
+    kv: list[float]
+    load: list[float]  # estimated in-flight requests (mine + others, weighted), for the hot-spot bound
+    index: OwnerIndex
+    load_total: float = 0.0  # sum(load), kept by update (recomputed on every snapshot: no drift)
+    cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
+    # min(base), its first index, how many ranks share it: kept by update, so select reads them
+    best: float = 0.0
+    pick: int = 0
+    ties: int = 0
+    decisions: tuple[Decision, ...] = ()
+    reqs: dict[str, Routed] = field(default_factory=dict)
+    excluded: set[int] = field(default_factory=set)
+    weight: float = 0.0  # the snapshot terms' weight (decays with age)
+    snap_at_us: int | None = None
+    clock_us: int = 0  # the latest time any hook saw (snapshots carry none in production)
+    refreshed_at_us: int = 0
+    refresh_due_us: float = _INF  # refreshed_at_us + REFRESH_US once a snapshot came
+    avg_prefill: float = 0.0  # EMA of the uncached tokens per request this router sent
+
+    @classmethod
+    def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
+              capacity_blocks: int) -> AsyncdpState:
+        state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
+                    [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, OwnerIndex.empty(n, capacity_blocks),
+                    decisions=tuple(Decision(i) for i in range(n)))
+        state.set_cap()
+        state.rescan()
+        return state
+
+    @property
+    def capacity(self) -> int:
+        return self.index.capacity
+
+    @property
+    def owners(self) -> dict[int, int]:
+        return self.index.owners
+
+    @property
+    def lru(self) -> list[OrderedDict[int, None]]:
+        return self.index.lru
+
+    def cost_of(self, i: int, weight: float) -> float:
+        """Rank i's base cost, with the snapshot terms at ``weight``."""
+        if i in self.excluded:
+            return _INF
+        w = self.weights
+        kv_pen = 0.0
+        kv = self.kv[i]
+        if kv > KV_HIGH:
+            kv_pen = w.kv_penalty_tokens * (kv - KV_HIGH) / (1.0 - KV_HIGH)
+        memory = w.memory_tokens * self.index.size(i) / self.index.capacity if w.memory_tokens else 0.0
+        return (self.pending[i] + w.decode_tokens * self.decoding[i] + memory
+                + weight * (self.others_tok[i] + kv_pen))
+
+    def snapshot_weight(self, now_us: int) -> float:
+        """The snapshot terms' weight: 1 when fresh, linearly down to 0 at the staleness threshold (H5)."""
+        if self.snap_at_us is None:
+            return 0.0
+        return max(0.0, 1.0 - max(0, now_us - self.snap_at_us) / self.stale_us)
+
+    def _set(self, i: int) -> None:
+        """Recompute rank i's base cost and load (the minimum and the bound are the caller's)."""
+        self.base[i] = self.cost_of(i, self.weight)
+        load = 0.0 if i in self.excluded else (
+            self.pending_reqs[i] + self.decoding[i] + self.weight * self.others_cnt[i])
+        self.load_total += load - self.load[i]
+        self.load[i] = load
+
+    def set_cap(self) -> None:
+        mean = self.load_total / (self.n - len(self.excluded) or 1)
+        w = self.weights
+        self.cap = max(w.hot_ratio * mean, mean + w.hot_slack)
+
+    def rescan(self) -> None:
+        base = self.base
+        best = self.best = min(base)
+        self.pick, self.ties = base.index(best), base.count(best)
+
+    def update(self, i: int) -> None:
+        """Rank i changed: recompute its cost, and keep the minimum, its first index and its ties (mostly O(1))."""
+        old = self.base[i]
+        self._set(i)
+        self.set_cap()
+        new = self.base[i]
+        if new == old:
+            return
+        best = self.best
+        if new < best:
+            self.best, self.pick, self.ties = new, i, 1
+        elif new == best:
+            self.ties += 1
+            if i < self.pick:
+                self.pick = i
+        elif old == best:  # rank i left the minimum
+            self.ties -= 1
+            if self.ties == 0:
+                self.rescan()
+            elif self.pick == i:
+                self.pick = self.base.index(best)
+
+    def update_all(self, *, resum: bool) -> None:
+        """Every rank changed (a snapshot, a new weight): recompute all, then the minimum once."""
+        for i in range(self.n):
+            self._set(i)
+        if resum:
+            self.load_total = sum(self.load)  # the running sum's rounding does not outlive a snapshot
+        self.set_cap()
+        self.rescan()
+
+    def tick(self, now_us: int) -> None:
+        """Advance the clock; every REFRESH_US re-weigh the snapshot terms by their age (H5)."""
+        if now_us > self.clock_us:
+            self.clock_us = now_us
+        if now_us < self.refresh_due_us:
+            return
+        self.refreshed_at_us = now_us
+        self.refresh_due_us = now_us + REFRESH_US
+        weight = self.snapshot_weight(now_us)
+        if weight != self.weight:
+            self.weight = weight
+            self.update_all(resum=False)
+
+    def mark_dead(self, dp_rank: int) -> None:
+        """A rank died: it costs infinity, carries no load, and its part of the index is forgotten."""
+        self.excluded.add(dp_rank)
+        self.base[dp_rank] = _INF
+        self.load_total -= self.load[dp_rank]
+        self.load[dp_rank] = 0.0
+        self.index.drop_rank(dp_rank)
+        self.set_cap()
+        self.rescan()
