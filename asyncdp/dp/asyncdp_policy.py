@@ -122,7 +122,7 @@ class AsyncdpPolicy(Policy):
         if now_us >= state.refresh_due_us and state.snapshot_weight(now_us) != state.weight:
             # no hook ran for a while: decay the snapshot terms here (H5), on a copy
             weight = state.snapshot_weight(now_us)
-            base = [state.cost_of(i, weight) for i in range(state.n)]
+            base = state.costs_at(weight)
             best = min(base)
             pick, ties = base.index(best), base.count(best)
         else:

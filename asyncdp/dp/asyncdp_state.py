@@ -56,6 +56,8 @@ class AsyncdpState:
     others_cnt: list[int]
     kv: list[float]
     load: list[float]  # estimated in-flight requests (mine + others, weighted), for the hot-spot bound
+    local: list[float]  # base = local + weight·remote (see _terms)
+    remote: list[float]
     index: OwnerIndex
     load_total: float = 0.0  # sum(load), kept by update (recomputed on every snapshot: no drift)
     cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
@@ -77,7 +79,8 @@ class AsyncdpState:
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
               capacity_blocks: int) -> AsyncdpState:
         state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
-                    [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, OwnerIndex.empty(n, capacity_blocks),
+                    [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
+                    OwnerIndex.empty(n, capacity_blocks),
                     decisions=tuple(Decision(i) for i in range(n)))
         state.set_cap()
         state.rescan()
@@ -95,18 +98,23 @@ class AsyncdpState:
     def lru(self) -> list[OrderedDict[int, None]]:
         return self.index.lru
 
-    def cost_of(self, i: int, weight: float) -> float:
-        """Rank i's base cost, with the snapshot terms at ``weight``."""
+    def _terms(self, i: int) -> tuple[float, float]:
+        """Rank i's cost split at the snapshot weight: ``base[i] = local + weight·remote``, where ``local`` is this
+        router's own pending and decoding work and the memory term (infinite for a dead rank), ``remote`` the
+        snapshot's other routers' work and the KV penalty."""
         if i in self.excluded:
-            return _INF
+            return _INF, 0.0
         w = self.weights
         kv_pen = 0.0
         kv = self.kv[i]
         if kv > KV_HIGH:
             kv_pen = w.kv_penalty_tokens * (kv - KV_HIGH) / (1.0 - KV_HIGH)
         memory = w.memory_tokens * self.index.size(i) / self.index.capacity if w.memory_tokens else 0.0
-        return (self.pending[i] + w.decode_tokens * self.decoding[i] + memory
-                + weight * (self.others_tok[i] + kv_pen))
+        return self.pending[i] + w.decode_tokens * self.decoding[i] + memory, self.others_tok[i] + kv_pen
+
+    def costs_at(self, weight: float) -> list[float]:
+        """Every rank's base cost with the snapshot terms at another ``weight`` (one pass, no method calls)."""
+        return [lo + weight * re for lo, re in zip(self.local, self.remote, strict=True)]
 
     def snapshot_weight(self, now_us: int) -> float:
         """The snapshot terms' weight: 1 when fresh, linearly down to 0 at the staleness threshold (H5)."""
@@ -116,7 +124,9 @@ class AsyncdpState:
 
     def _set(self, i: int) -> None:
         """Recompute rank i's base cost and load (the minimum and the bound are the caller's)."""
-        self.base[i] = self.cost_of(i, self.weight)
+        lo, re = self._terms(i)
+        self.local[i], self.remote[i] = lo, re
+        self.base[i] = lo + self.weight * re
         load = 0.0 if i in self.excluded else (
             self.pending_reqs[i] + self.decoding[i] + self.weight * self.others_cnt[i])
         self.load_total += load - self.load[i]
@@ -179,7 +189,8 @@ class AsyncdpState:
     def mark_dead(self, dp_rank: int) -> None:
         """A rank died: it costs infinity, carries no load, and its part of the index is forgotten."""
         self.excluded.add(dp_rank)
-        self.base[dp_rank] = _INF
+        self.base[dp_rank] = self.local[dp_rank] = _INF
+        self.remote[dp_rank] = 0.0
         self.load_total -= self.load[dp_rank]
         self.load[dp_rank] = 0.0
         self.index.drop_rank(dp_rank)

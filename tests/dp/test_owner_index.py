@@ -1,5 +1,6 @@
-"""asyncdp's approximate prefix index (asyncdp/dp/owner_index.py) and the minimum the policy's hooks keep for
-``select`` (the cost's minimum, its first rank and its ties must always equal a full scan of ``base``)."""
+"""asyncdp's approximate prefix index (asyncdp/dp/owner_index.py) and what the policy's ledger
+(asyncdp/dp/asyncdp_state.py) keeps for ``select``: the cost's minimum, its first rank and its ties must always
+equal a full scan of ``base``, and the split cost must rebuild ``base`` exactly."""
 
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def test_the_minimum_kept_by_the_hooks_equals_a_full_scan(n: int, seed: int, ste
             p.on_rank_dead(s, rng.randrange(n))
         best = min(s.base)
         assert (s.best, s.pick, s.ties) == (best, s.base.index(best), s.base.count(best))
+        assert s.costs_at(s.weight) == s.base  # what select recomputes when the weight decays between hooks
         mean = s.load_total / (n - len(s.excluded))
         assert s.cap == max(p.hot_ratio * mean, mean + p.hot_slack)
 
