@@ -42,6 +42,10 @@ class ConfigError(AsyncDPError):
     """Invalid command line or configuration. The message says what to change."""
 
 
+class SimulationStalled(AsyncDPError):
+    """A simulated run did not finish within its virtual deadline (a bug of the simulator or of a policy)."""
+
+
 class ModelNotFoundError(ConfigError):
     """The model is neither a built-in name nor a Hugging Face checkpoint directory."""
 

@@ -23,7 +23,7 @@ from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
-from asyncdp.errors import ConfigError
+from asyncdp.errors import ConfigError, SimulationStalled
 
 BASE_POLICIES = ("vllm", "round_robin", "random", "power_of_two", "vllm_legacy")
 TRACE_BLOCK = 512
@@ -194,6 +194,10 @@ def run(ns: argparse.Namespace) -> int:
                     robust.extend({**e, "variant": variant}
                                   for e in _entries(label, ns.candidate, seed, vspec, workload, log, rungs))
                     advance(f"{label} {ns.candidate} {variant} seed {seed} ({time.monotonic() - started:.1f} s)")
+    except SimulationStalled as exc:
+        close()
+        print(f"asyncdp bench: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         close()
     timing = []

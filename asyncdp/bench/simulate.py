@@ -50,7 +50,7 @@ from asyncdp.bench.profiles import Profile
 from asyncdp.bench.records import Record, Workload
 from asyncdp.config.flags import EngineConfig
 from asyncdp.coordinator.core import CoordinatorConfig
-from asyncdp.errors import AsyncDPError, ConfigError
+from asyncdp.errors import AsyncDPError, ConfigError, SimulationStalled
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing.cluster import SimCluster, open_sim_cluster
 from asyncdp.testing.sim import stream_rng
@@ -151,16 +151,24 @@ async def simulate_async(workload: Workload, policy: str, seed: int, spec: Clust
     if publish_s is not None:
         coordinator = CoordinatorConfig(dp_size=spec.dp_size, wave_mode=spec.lockstep,
                                         publish_interval_s=publish_s)
-    with anyio.fail_after(DEADLINE_S):
-        async with open_sim_cluster(
-                spec.dp_size, spec.routers, engine_config=engine_config(spec, workload),
-                vocab_size=workload.vocab_size, max_model_len=workload.max_model_len or DEFAULT_MAX_MODEL_LEN,
-                lb_policy=policy, with_coordinator=coordinator is not None, coordinator_config=coordinator,
-                is_moe=spec.lockstep, token_source=token_source) as cluster:
-            driver = _Driver(workload, cluster, answers, seed, closed_concurrency)
-            await driver.run()
-            driver.log.preemptions = sum(r.core.scheduler.num_preemptions for r in cluster.ranks)
-            return driver.log
+    drivers: list[_Driver] = []
+    try:
+        with anyio.fail_after(DEADLINE_S):
+            async with open_sim_cluster(
+                    spec.dp_size, spec.routers, engine_config=engine_config(spec, workload),
+                    vocab_size=workload.vocab_size, max_model_len=workload.max_model_len or DEFAULT_MAX_MODEL_LEN,
+                    lb_policy=policy, with_coordinator=coordinator is not None, coordinator_config=coordinator,
+                    is_moe=spec.lockstep, token_source=token_source) as cluster:
+                driver = _Driver(workload, cluster, answers, seed, closed_concurrency)
+                drivers.append(driver)
+                await driver.run()
+                driver.log.preemptions = sum(r.core.scheduler.num_preemptions for r in cluster.ranks)
+                return driver.log
+    except TimeoutError:
+        state = drivers[0].state() if drivers else "the cluster never started"
+        raise SimulationStalled(
+            f"the simulated run of {workload.name} under {policy!r} (seed {seed}) did not finish within "
+            f"{DEADLINE_S / 3600:.3g} virtual hours ({state}): a simulator or policy bug; please report it") from None
 
 
 class _Driver:
@@ -188,13 +196,22 @@ class _Driver:
         self.rng = stream_rng(seed, "dispatch")  # the gaps: the same sequence under every policy (C1)
         self.pick_rng = stream_rng(seed, "dispatch/pick")  # the ready-queue picks (their draws vary with its size)
         self.ready: list[Record] = []
-        self.ready_changed = anyio.Event()
+        # Two waiters, two events: the dispatcher waits for a ready record, the drain for any change. One event
+        # shared by both, each replacing it before waiting, lost the dispatcher's wake-up (W4 full hung to the
+        # deadline with a record left in the ready queue).
+        self.ready_added = anyio.Event()
+        self.state_changed = anyio.Event()
         self.end_s = math.inf if workload.duration_s is None or closed_concurrency else workload.duration_s
         self.t0 = 0.0
         self.tg: anyio.abc.TaskGroup | None = None
 
     def now(self) -> float:
         return anyio.current_time() - self.t0
+
+    def state(self) -> str:
+        """Where the run stands, for a stall's error message."""
+        return (f"{len(self.log.events)} of {len(self.w.records)} records sent, {self._outstanding} in flight, "
+                f"{len(self.ready)} ready, {self._later_count} waiting out a think time")
 
     async def run(self) -> None:
         self.t0 = anyio.current_time()
@@ -221,7 +238,8 @@ class _Driver:
     async def _submit(self, tg: anyio.abc.TaskGroup, rec: Record) -> None:
         if self.dispatch is not None:
             self.ready.append(rec)
-            self.ready_changed.set()
+            self.ready_added.set()
+            self.state_changed.set()
             return
         if self.slots is not None:
             await self.slots.acquire()
@@ -232,8 +250,8 @@ class _Driver:
         assert d is not None and self.slots is not None and self.tg is not None
         while True:
             while not self.ready:
-                self.ready_changed = anyio.Event()
-                await self.ready_changed.wait()
+                self.ready_added = anyio.Event()
+                await self.ready_added.wait()
             await self.slots.acquire()
             pick = self.pick_rng.randrange(len(self.ready)) if d.order == "random" else 0
             rec = self.ready.pop(pick)
@@ -243,9 +261,9 @@ class _Driver:
 
     async def _wait_drained(self) -> None:
         while self.ready or self._outstanding or self._later_count:
-            self.ready_changed = anyio.Event()
+            self.state_changed = anyio.Event()
             with anyio.move_on_after(1.0):
-                await self.ready_changed.wait()
+                await self.state_changed.wait()
 
     _outstanding = 0  # requests in flight
     _later_count = 0  # dependents waiting out their think time
@@ -280,7 +298,7 @@ class _Driver:
             self._outstanding -= 1
             if self.slots is not None:
                 self.slots.release()
-            self.ready_changed.set()
+            self.state_changed.set()
         if ev.error is None:
             self._release_dependents(rec, ev)
 

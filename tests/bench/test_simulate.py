@@ -106,3 +106,41 @@ def test_r_sat_counts_completions_in_the_second_half_of_the_saturated_part_only(
     workload = build("w1", "quick", 1, TINY_W1)
     # the window is [4.5, 9]: completions at 5, 6, 7, 8, 9 -> 5 / 4.5 s
     assert measure_r_sat(workload, SPEC, 1, run=fake_run) == pytest.approx(5 / 4.5)
+
+
+def test_a_dispatch_whose_ready_queue_empties_while_the_run_drains_still_sends_every_turn(monkeypatch):
+    # One slot and a 5 s think time: the dispatcher waits on an empty ready queue while the drain loop polls.
+    # Both used to wait on one event that each replaced, so the dispatcher missed the next turn and the run hung
+    # to the deadline (W4 at full scale did, at 16 req/s).
+    monkeypatch.setattr("asyncdp.bench.simulate.DEADLINE_S", 600.0)
+    workload = resolve(build("w4", "quick", 1, {"clients": 2, "rounds": 3, "request_len": 64, "output_len": 8,
+                                               "think_s": 5, "max_parallel": 1}))
+    log = simulate(workload, "asyncdp", 1, SPEC)
+    assert len(log.events) == len(workload.records) == 6 and log.unsent == 0
+    assert all(e.error is None and e.output_tokens == 8 for e in log.events)
+    by_id = {e.req_id: e for e in log.events}
+    for rec in workload.records:  # every later turn waited out its think time after the previous answer
+        if rec.after_req is not None:
+            assert by_id[rec.req_id].t_send_s >= by_id[rec.after_req].t_last_s + 5.0 - 1e-6
+
+
+def test_a_run_that_cannot_finish_fails_with_a_message_naming_it(monkeypatch, capsys):
+    import anyio
+
+    from asyncdp.bench import simulate as sim
+    from asyncdp.cli import main
+    from asyncdp.errors import SimulationStalled
+
+    async def never(self):
+        await anyio.sleep_forever()
+
+    monkeypatch.setattr(sim, "DEADLINE_S", 60.0)
+    monkeypatch.setattr(sim._Driver, "run", never)
+    workload = resolve(build("w1", "quick", 1, TINY_W1))
+    with pytest.raises(SimulationStalled, match=r"w1 under 'vllm' \(seed 1\) did not finish within 0.0167 virtual hours \(0 of 16 records sent"):
+        simulate(workload, "vllm", 1, SPEC)
+    assert main(["bench", "routing", "--workload", "w1", "--policies", "vllm", "--dp", "2",
+                 *(f"--option={k}={v}" for k, v in TINY_W1.items())]) == 1
+    err = capsys.readouterr().err
+    assert "asyncdp bench: error: the simulated run of w1 under 'vllm' (seed 1) did not finish" in err
+    assert "Traceback" not in err
