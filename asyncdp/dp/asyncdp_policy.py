@@ -23,7 +23,7 @@ One cost per rank, in prefill-token units (H1)::
   prefixes that fit elsewhere; small next to a real load difference, so a miss still goes to the cheapest rank
   (H2).
 - ``credit[i]``: the predicted prefix-cache hit, from the router's own history (H8): an approximate index of
-  the block hashes it sent to each rank (the engine's chained 16-token block hash), each rank's set bounded by
+  the block hashes it sent to each rank (a chained hash of each 16-token block), each rank's set bounded by
   ``kv_blocks_per_rank`` in an LRU whose roots are refreshed last (so, as in the engine, tails are evicted
   first and every rank's set stays prefix-closed). Capped at ``prompt_len - 1`` (the last token is computed),
   and counted ``CREDIT_WEIGHT`` (2) times: a hit saves work for the whole cluster and keeps the prefix warm for the

@@ -1,7 +1,8 @@
 """The approximate prefix index of asyncdp's policy: which ranks this router sent each block hash to.
 
-``owners`` maps a block hash (the engine's chained 16-token block hash) to a bitmask of the ranks holding it;
-each rank also keeps an LRU of its hashes bounded by the engine's KV capacity in blocks (routing-bench H8).
+``owners`` maps a block hash (a chained hash of each 16-token block, :func:`chain_hashes`) to a bitmask of the
+ranks holding it; each rank also keeps an LRU of its hashes bounded by the engine's KV capacity in blocks
+(routing-bench H8).
 Inserting a prompt refreshes its hashes root last, so, as in the engine's cache, tails are evicted first and every
 rank's set stays *prefix-closed*: if a rank holds block k of a prompt it holds blocks 0..k-1 too. That makes a
 rank's match a binary search, and so is the deepest run any rank holds (the union of prefix-closed sets is one).
@@ -21,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncdp.dp.peers.hashing import block_hashes
 from asyncdp.dp.policy import RequestView
 
 
@@ -102,12 +102,31 @@ def ranks_of(mask: int) -> tuple[int, ...]:
 _memo: list[Any] = [None, 0, ()]  # (request, block size, hashes): the last prompt hashed
 
 
+def chain_hashes(tokens: Sequence[int], block_size: int) -> tuple[int, ...]:
+    """The chained hash of each complete block of ``block_size`` tokens (a partial tail has none): block k's hash
+    is ``hash((hash of block k-1, its tokens))``, from 0.
+
+    This index only compares a router's prompts with each other, never with the engine's cache, so it needs equal
+    hashes for equal prefixes, not the engine's BLAKE2b (:func:`asyncdp.dp.peers.hashing.block_hashes`, which the
+    precise-class peers use): Python's hash of a tuple of ints is computed in C, has no per-process salt (every API
+    server of a deployment, on one Python, gets the same values, so their tie keys agree) and costs about a
+    quarter of BLAKE2b per block here. A collision only mispredicts a hit."""
+    t = tokens if type(tokens) is tuple else tuple(tokens)
+    h = 0
+    out = []
+    for end in range(block_size, len(t) + 1, block_size):
+        h = hash((h, t[end - block_size:end]))
+        out.append(h)
+    return tuple(out)
+
+
 def prompt_hashes(req: RequestView, block_size: int) -> tuple[int, ...]:
-    """The prompt's chained block hashes, computed once per request: ``select`` and ``on_dispatch`` get the same
-    :class:`RequestView` object, so a one-entry memo by identity serves the second call (a cache of a pure
-    function; it never changes a result). This is the "hashing" of G7, timed apart from the selection."""
+    """The prompt's chained block hashes (:func:`chain_hashes`), computed once per request: ``select`` and
+    ``on_dispatch`` get the same :class:`RequestView` object, so a one-entry memo by identity serves the second
+    call (a cache of a pure function; it never changes a result). This is the "hashing" of G7, timed apart from
+    the selection."""
     if _memo[0] is req and _memo[1] == block_size:
         return _memo[2]
-    hashes = tuple(block_hashes(req.tokens, block_size))
+    hashes = chain_hashes(req.tokens, block_size)
     _memo[0], _memo[1], _memo[2] = req, block_size, hashes
     return hashes
