@@ -119,3 +119,22 @@ def test_holders_tied_on_cost_go_to_the_first_in_the_key_scan_order():
         assert p.select(q, None, s, 0, random.Random(0)).dp_rank == expected
         seen.add(expected)
     assert seen == {1, 3}  # different keys spread over the tied holders
+
+
+def test_chain_hashes_are_equal_exactly_for_equal_prefixes_and_ignore_a_partial_tail():
+    from asyncdp.dp.owner_index import chain_hashes
+
+    a = tuple(range(100, 150))  # 3 full blocks of 16 + 2 tokens
+    b = (*a[:32], 7, *a[33:])  # differs in block 2 only
+    ha, hb = chain_hashes(a, 16), chain_hashes(b, 16)
+    assert len(ha) == 3 and ha[:2] == hb[:2] and ha[2] != hb[2]
+    assert chain_hashes(list(a), 16) == ha  # a list hashes as the tuple does
+    assert chain_hashes(a[:47], 16) == ha[:2] and chain_hashes(a[:15], 16) == ()
+    assert chain_hashes(a[16:], 16)[0] != ha[1]  # chained: the same block after another prefix differs
+    # no per-process salt: another interpreter computes the same values
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "from asyncdp.dp.owner_index import chain_hashes; "
+                          "print(chain_hashes(tuple(range(100, 150)), 16))"], capture_output=True, text=True,
+                         check=True, timeout=60, env={"PYTHONHASHSEED": "12345", "PATH": ""}).stdout
+    assert out.strip() == str(ha)
