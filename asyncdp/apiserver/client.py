@@ -63,7 +63,6 @@ from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import EngineDeadError, InvalidRequestError, ShuttingDownError, UnavailableError
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import Link
-from asyncdp.transport.links import LINK_ERRORS
 
 __all__ = ["ABORT_ACK_TIMEOUT_S", "ClientAdmission", "ClientConfig", "DPClient"]
 
@@ -72,7 +71,6 @@ log = logging.getLogger(__name__)
 # How long a closed request waits for its engine to confirm the abort before its slot is released anyway: an
 # engine that never answers must not hold a slot (and the balancer's in-flight count) forever.
 ABORT_ACK_TIMEOUT_S = 5.0
-COORDINATOR_SEND_TIMEOUT_S = 2.0  # FirstRequest is best effort: a lost coordinator is the follower's business
 
 
 
@@ -264,14 +262,9 @@ class DPClient:
 
     async def _start_wave(self, dp_rank: int) -> None:
         """MoE: the first request of a paused group asks the coordinator to start a wave (spec §6.5)."""
-        coordinator = self.coordinator.link
-        if self.cfg.is_moe and not self.wave_running and coordinator is not None:
+        if self.cfg.is_moe and not self.wave_running and self.coordinator.link is not None:
             self.wave_running = True
-            with anyio.move_on_after(COORDINATOR_SEND_TIMEOUT_S):
-                try:
-                    await coordinator.send(m.FirstRequest(exclude_rank=dp_rank, wave=self.current_wave))
-                except LINK_ERRORS:
-                    pass  # the follower sees the lost link and reconnects
+            await self.coordinator.send_first_request(dp_rank, self.current_wave)
 
     async def _send_add(self, engine: EngineLink, req: RequestStream, msg: m.AddRequest) -> None:
         """Send ``AddRequest``; a failure fails ``req`` (the engine does not have it: nothing to abort)."""

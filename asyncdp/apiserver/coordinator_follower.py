@@ -39,6 +39,7 @@ CONNECT_TIMEOUT_S = 30.0  # each connection attempt; the first also retries for 
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
 GIVE_UP_S = 600.0
+SEND_TIMEOUT_S = 2.0  # FirstRequest is best effort: a lost link is this follower's to reconnect
 
 
 
@@ -61,6 +62,18 @@ class CoordinatorFollower:
         if self.snapshot_received_at is None:
             return None
         return anyio.current_time() - self.snapshot_received_at
+
+    async def send_first_request(self, exclude_rank: int, wave: int) -> bool:
+        """MoE: ask the coordinator to start ``wave`` (spec §6.5), best effort; False without a subscribed link."""
+        link = self.link
+        if link is None:
+            return False
+        with anyio.move_on_after(SEND_TIMEOUT_S):
+            try:
+                await link.send(m.FirstRequest(exclude_rank=exclude_rank, wave=wave))
+            except LINK_ERRORS:
+                pass  # the follow loop sees the lost link and reconnects
+        return True
 
     async def follow_addr(self, addr: str) -> None:
         """:meth:`follow` the coordinator listening at ``addr``."""
