@@ -119,10 +119,8 @@ class AsyncdpPolicy(Policy):
         if req.rank_hint is not None:  # a hinted request bypasses the policy (hinted_decision, inlined)
             return Decision(req.rank_hint, hinted=True)
         base = state.base
-        if now_us >= state.refresh_due_us and state.snapshot_weight(now_us) != state.weight:
-            # no hook ran for a while: decay the snapshot terms here (H5), on a copy
-            weight = state.snapshot_weight(now_us)
-            base = state.costs_at(weight)
+        if now_us >= state.refresh_due_us and (decayed := state.snapshot_weight(now_us)) != state.weight:
+            base = state.costs_at(decayed)  # no hook ran for a while: decay the snapshot terms here (H5), on a copy
             best = min(base)
             pick, ties = base.index(best), base.count(best)
         else:
@@ -151,13 +149,7 @@ class AsyncdpPolicy(Policy):
         lo = index.depth_memo.get(hashes[0], 0)  # the run the last prompt with this first block matched
         deepest = get(hashes[lo - 1], 0) if 0 < lo <= nh else 0
         if not deepest or (lo < nh and get(hashes[lo], 0)):
-            lo, hi = 1, nh  # not the same depth: a binary search (the union of prefix-closed sets is one)
-            while lo < hi:
-                mid = (lo + hi + 1) >> 1
-                if get(hashes[mid - 1], 0):
-                    lo = mid
-                else:
-                    hi = mid - 1
+            lo = index.deepest_run(hashes)  # not the same depth: search, and remember it
             index.depth_memo[hashes[0]] = lo
             deepest = get(hashes[lo - 1], 0)  # these ranks hold the whole matched run: credit top_credit
         top_credit = lo * bs if lo * bs < plen else plen - 1
@@ -192,23 +184,16 @@ class AsyncdpPolicy(Policy):
 
     def _partial_holders(self, req: RequestView, hashes: Sequence[int], state: AsyncdpState, base: list[float],
                          rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int) -> int:
-        """The ranks holding the first block but not the whole run of ``lo`` blocks: each one's own match (a
-        binary search below ``lo``: its set is prefix-closed), pruned by the most they could still get."""
-        get, plen, bs, weight, n = state.index.owners.get, len(req.tokens), state.block_size, self.credit_weight, \
-            state.n
+        """The ranks holding the first block but not the whole run of ``lo`` blocks: each one's own match below
+        ``lo``, pruned by the most they could still get."""
+        plen, bs, weight, n = len(req.tokens), state.block_size, self.credit_weight, state.n
         bound = weight * min((lo - 1) * bs, plen - 1) - plen
         cap, load = state.cap, state.load
         for r in ranks_of(rest):
             b = base[r]
             if b - bound > pick_cost or load[r] > cap:
                 continue
-            bit, lo2, hi2 = 1 << r, 1, lo
-            while lo2 < hi2:
-                mid = (lo2 + hi2 + 1) >> 1
-                if get(hashes[mid - 1], 0) & bit:
-                    lo2 = mid
-                else:
-                    hi2 = mid - 1
+            lo2 = state.index.match(r, hashes[:lo])
             credit = lo2 * bs if lo2 * bs < plen else plen - 1
             cost = b + plen - weight * credit
             if cost > pick_cost or (cost == pick_cost and credit < pick_credit):

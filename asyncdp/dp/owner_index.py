@@ -54,6 +54,19 @@ class OwnerIndex:
                 hi = mid - 1
         return lo
 
+    def deepest_run(self, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` that some rank holds, given that one holds the first (a binary search: the
+        union of prefix-closed sets is prefix-closed)."""
+        get = self.owners.get
+        lo, hi = 1, len(hashes)
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if get(hashes[mid - 1], 0):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def insert(self, rank: int, hashes: Sequence[int]) -> None:
         """Record that ``rank`` was sent these blocks; evict its least recent blocks beyond the capacity."""
         lru, owners, bit = self.lru[rank], self.owners, 1 << rank
