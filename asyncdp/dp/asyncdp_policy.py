@@ -21,7 +21,8 @@ One cost per rank, in prefill-token units (H1)::
 - ``memory[i]``: ``MEMORY_TOKENS·(index blocks of rank i)/kv_blocks_per_rank``: a soft preference for the rank
   with the emptier cache, so new prefixes spread by memory (H8) and a rank's working set is not evicted by
   prefixes that fit elsewhere; small next to a real load difference, so a miss still goes to the cheapest rank
-  (H2).
+  (H2). It steers new prefixes only: the ranks holding a prompt's whole matched run compare by load without it
+  (the run is cached on all of them).
 - ``credit[i]``: the predicted prefix-cache hit, from the router's own history (H8): an approximate index of
   the block hashes it sent to each rank (a chained hash of each 16-token block), each rank's set bounded by
   ``kv_blocks_per_rank`` in an LRU whose roots are refreshed last (so, as in the engine, tails are evicted
@@ -31,8 +32,14 @@ One cost per rank, in prefill-token units (H1)::
 
 Hot-spot bound (H3): a rank's credit counts only while its estimated in-flight count (mine + others) is at most
 ``max(HOT_RATIO·mean, mean + HOT_SLACK)``; past it the request is priced as a miss there, so a prefix hotter than
-one rank can serve is replicated on the cheapest other rank instead of queueing. Misses go to the cheapest rank
-by load (H2), never to "the smallest tree".
+one rank can serve is replicated on the cheapest other rank instead of queueing. Before that bound, a prefix is
+replicated deliberately when it is hot by demand: the router counts, per first block, a share of its recent
+requests that decays over about 256 dispatches (:class:`~.asyncdp_state.PrefixRates`). When that share times the
+live ranks times ``REPLICA_HEADROOM`` (1.5) exceeds the number of ranks holding the whole run, and even the least
+loaded holder is past the mean in-flight count by ``REPLICA_SLACK``, the request goes to the cheapest rank by load
+if its index has room for the prompt without evicting (H8); that rank pays one prefill and becomes a holder.
+W7's top document (18 % of the requests at dp 8) ends on three ranks; a W1 group (1/64 of them) never
+replicates. Misses go to the cheapest rank by load (H2), never to "the smallest tree".
 
 Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
 hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
@@ -74,6 +81,8 @@ STALENESS_MS = 2000.0
 DEFAULT_BLOCK = 16
 DEFAULT_INDEX_BLOCKS = 28_000  # the gpu_8b profile's KV blocks per rank; params override it
 TIE_KEY_BLOCK = 4
+REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
+REPLICA_SLACK = 1.0  # [ours] in-flight requests past the mean before a hot prefix gets another holder
 _INF = float("inf")
 
 
@@ -85,15 +94,17 @@ class AsyncdpPolicy(Policy):
     def __init__(self, *, decode_tokens: float = DECODE_TOKENS, hot_ratio: float = HOT_RATIO,
                  hot_slack: float = HOT_SLACK, kv_penalty_tokens: float = KV_PENALTY_TOKENS,
                  credit_weight: float = CREDIT_WEIGHT, memory_tokens: float = MEMORY_TOKENS,
-                 prefix: bool = True) -> None:
-        if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0:
-            raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack and decode_tokens >= 0.")
+                 replica_headroom: float = REPLICA_HEADROOM, prefix: bool = True) -> None:
+        if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0 or replica_headroom < 0:
+            raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens and "
+                              "replica_headroom >= 0.")
         self.decode_tokens = decode_tokens
         self.hot_ratio = hot_ratio
         self.hot_slack = hot_slack
         self.kv_penalty = kv_penalty_tokens
         self.credit_weight = credit_weight
         self.memory_tokens = memory_tokens
+        self.replica_headroom = replica_headroom  # 0: no deliberate replicas
         self.prefix = prefix
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
@@ -157,11 +168,14 @@ class AsyncdpPolicy(Policy):
         pick_cost, pick_credit = best + plen, 0
         cap, load = state.cap, state.load
         full = held & deepest
+        if not (full >> pick) & 1 and hashes[0] in state.rates.counts and self._replicate(state, hashes, full, pick):
+            return decisions[pick]  # a prefix hotter than its holders can serve: a deliberate replica (H3)
         # The ranks holding the whole run share one credit, so the cheapest of them under the hot-spot bound (H3)
-        # is their best; it is then weighed against the cheapest rank by load.
-        rmin, cmin, n = -1, _INF, state.n
+        # is their best; it is then weighed against the cheapest rank by load. Among them memory does not decide
+        # (the run is cached on all of them): they compare by load only.
+        rmin, cmin, n, memory = -1, _INF, state.n, state.memory
         for r in RANK_TUPLES.get(full) or ranks_of(full):
-            cost = base[r] + plen - wc
+            cost = base[r] - memory[r] + plen - wc
             if cost <= cmin and load[r] <= cap:
                 if cost == cmin:  # equal: the scan order from the key decides (H6)
                     if start < 0:
@@ -170,7 +184,9 @@ class AsyncdpPolicy(Policy):
                         continue
                 rmin, cmin = r, cost
         if rmin >= 0:
-            if cmin < pick_cost or (cmin == pick_cost and top_credit > 0):
+            cmin += memory[rmin]
+            if cmin < pick_cost or (cmin == pick_cost and top_credit > 0) or ((full >> pick) & 1 and load[pick] <= cap):
+                # (the last: the cheapest rank is a holder itself, so the holders' choice by load stands)
                 pick, pick_cost, pick_credit = rmin, cmin, top_credit
             elif cmin == pick_cost:  # no credit either way (a one-token prompt): the scan order decides
                 if start < 0:
@@ -181,6 +197,22 @@ class AsyncdpPolicy(Policy):
             pick = self._partial_holders(req, hashes, state, base, held ^ full, lo, pick, pick_cost, pick_credit,
                                          start)
         return decisions[pick]
+
+    def _replicate(self, state: AsyncdpState, hashes: Sequence[int], full: int, target: int) -> bool:
+        """H3's deliberate replica on ``target``, the cheapest rank by load: the prompt's first block began more
+        than ``1/(alive·headroom)`` of this router's recent requests, fewer ranks than ``share·alive·headroom`` hold
+        its whole run, even the least loaded of them is past the mean in-flight count by ``REPLICA_SLACK``, and
+        the target's index has room for the prompt's blocks (H8: a replica must not evict another prefix's cache;
+        where every cache is full, as in a small cluster, hot prefixes stay where they are). The target then pays
+        one prefill and becomes a holder."""
+        alive = state.n - len(state.excluded)
+        want = state.rates.share(hashes[0]) * alive * self.replica_headroom
+        if want <= 1.0 or full.bit_count() >= want:
+            return False
+        if state.index.size(target) + len(hashes) > state.index.capacity:
+            return False
+        load = state.load
+        return min(load[r] for r in ranks_of(full)) > state.load_total / alive + REPLICA_SLACK
 
     def _partial_holders(self, req: RequestView, hashes: Sequence[int], state: AsyncdpState, base: list[float],
                          rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int) -> int:
@@ -216,6 +248,7 @@ class AsyncdpPolicy(Policy):
         if hashes:
             credit = min(state.index.match(r, hashes) * state.block_size, req.prompt_len - 1)
             state.index.insert(r, hashes)
+            state.rates.bump(hashes[0])
         prefill = max(0, req.prompt_len - credit)
         state.avg_prefill += (prefill - state.avg_prefill) / 16.0
         old = state.reqs.get(req.req_id)

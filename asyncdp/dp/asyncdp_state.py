@@ -42,6 +42,35 @@ class Routed:
 
 
 @dataclass(slots=True)
+class PrefixRates:
+    """How often this router's recent requests began with each first block (H3's "hotter than one rank"): a count
+    per first-block hash that every dispatch multiplies by ``1 - 1/window``, so ``count/window`` is the share of
+    about the last ``window`` requests. Entries that decayed below half a request are dropped when the dict grows
+    past ``4·window``: it stays bounded by the prefixes that are actually recent."""
+
+    window: float = 256.0
+    seq: int = 0  # dispatches counted
+    counts: dict[int, tuple[float, int]] = field(default_factory=dict)  # hash -> (count, seq when last bumped)
+
+    def bump(self, h: int) -> None:
+        self.seq += 1
+        decay = 1.0 - 1.0 / self.window
+        old = self.counts.get(h)
+        self.counts[h] = (1.0 if old is None else old[0] * decay ** (self.seq - old[1]) + 1.0, self.seq)
+        if len(self.counts) > 4 * self.window:
+            seq = self.seq
+            for k in [k for k, (c, at) in self.counts.items() if c * decay ** (seq - at) < 0.5]:
+                del self.counts[k]
+
+    def share(self, h: int) -> float:
+        """The fraction of about the last ``window`` requests that began with ``h``."""
+        entry = self.counts.get(h)
+        if entry is None:
+            return 0.0
+        return entry[0] * (1.0 - 1.0 / self.window) ** (self.seq - entry[1]) / self.window
+
+
+@dataclass(slots=True)
 class AsyncdpState:
     n: int
     num_routers: int
@@ -58,7 +87,9 @@ class AsyncdpState:
     load: list[float]  # estimated in-flight requests (mine + others, weighted), for the hot-spot bound
     local: list[float]  # base = local + weight·remote (see _terms)
     remote: list[float]
+    memory: list[float]  # the memory term of local: holders of a prompt's whole run are compared without it
     index: OwnerIndex
+    rates: PrefixRates
     load_total: float = 0.0  # sum(load), kept by update (recomputed on every snapshot: no drift)
     cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
     # min(base), its first index, how many ranks share it: kept by update, so select reads them
@@ -79,8 +110,8 @@ class AsyncdpState:
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
               capacity_blocks: int) -> AsyncdpState:
         state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
-                    [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
-                    OwnerIndex.empty(n, capacity_blocks),
+                    [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
+                    OwnerIndex.empty(n, capacity_blocks), PrefixRates(),
                     decisions=tuple(Decision(i) for i in range(n)))
         state.set_cap()
         state.rescan()
@@ -101,7 +132,7 @@ class AsyncdpState:
     def _terms(self, i: int) -> tuple[float, float]:
         """Rank i's cost split at the snapshot weight: ``base[i] = local + weight·remote``, where ``local`` is this
         router's own pending and decoding work and the memory term (infinite for a dead rank), ``remote`` the
-        snapshot's other routers' work and the KV penalty."""
+        snapshot's other routers' work and the KV penalty. Records the memory term in ``memory``."""
         if i in self.excluded:
             return _INF, 0.0
         w = self.weights
@@ -110,6 +141,7 @@ class AsyncdpState:
         if kv > KV_HIGH:
             kv_pen = w.kv_penalty_tokens * (kv - KV_HIGH) / (1.0 - KV_HIGH)
         memory = w.memory_tokens * self.index.size(i) / self.index.capacity if w.memory_tokens else 0.0
+        self.memory[i] = memory
         return self.pending[i] + w.decode_tokens * self.decoding[i] + memory, self.others_tok[i] + kv_pen
 
     def costs_at(self, weight: float) -> list[float]:

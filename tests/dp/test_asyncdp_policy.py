@@ -11,6 +11,7 @@ import random
 import pytest
 
 from asyncdp.dp.asyncdp_policy import AsyncdpPolicy, AsyncdpState, prompt_hashes
+from asyncdp.dp.asyncdp_state import PrefixRates
 from asyncdp.dp.balance import LoadBalancer, make_policy
 from asyncdp.dp.policy import Decision, RankLoad, RequestView, Snapshot
 from asyncdp.errors import UnavailableError
@@ -188,3 +189,77 @@ def test_engine_params_reach_the_policy_before_the_first_decision_and_are_refuse
     assert lb.select("a", list(range(40))) == 0
     assert not lb.set_engine_params({"kv_blocks_per_rank": 50})  # in-flight accounting would be lost
     assert lb.state.capacity == 100
+
+
+def test_holders_of_the_whole_run_compare_by_load_not_by_memory():
+    p = AsyncdpPolicy(memory_tokens=4096)
+    s = p.init(2, params={"kv_blocks_per_rank": 100})
+    for rank in (0, 1):
+        req = prompt(1 + rank)
+        route(p, s, req, hint=rank)
+        p.on_finish(s, req.req_id, rank, 1)
+    other = RequestView("other", tuple(range(5000, 5160)))  # 10 more blocks in rank 0's index
+    route(p, s, other, hint=0)
+    p.on_finish(s, other.req_id, 0, 2)
+    busy = prompt(9, prefix=tuple(range(7000, 7016)))
+    route(p, s, busy, hint=1)
+    p.on_first_token(s, busy.req_id, 1, 3)  # rank 1: one decoding request (16 tokens)
+    assert s.memory == [pytest.approx(4096 * 15 / 100), pytest.approx(4096 * 7 / 100)]
+    assert s.base[0] > s.base[1]  # by the whole cost rank 1 is cheaper: its index is emptier
+    assert route(p, s, prompt(3), now_us=4) == 0  # both hold the prefix: the idle one wins
+
+
+def hot_prefix_state(p: AsyncdpPolicy, uses: int, blocks: int = 28_000) -> AsyncdpState:
+    """dp 4: ``uses`` finished requests with PREFIX on rank 0, then three of them decoding there."""
+    s = p.init(4, params={"kv_blocks_per_rank": blocks})
+    for k in range(uses):
+        req = prompt(100 + k)
+        route(p, s, req, hint=0)
+        p.on_finish(s, req.req_id, 0, 1)
+    for k in range(3):
+        req = prompt(10 + k)
+        route(p, s, req, hint=0)
+        p.on_first_token(s, req.req_id, 0, 2)
+    return s
+
+
+def test_a_prefix_hotter_than_its_holder_can_serve_gets_a_second_holder():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = hot_prefix_state(p, 80)
+    assert s.rates.share(prompt_hashes(prompt(1), 16)[0]) > 1 / (4 * 1.5)  # more than its holder's fair part
+    assert s.load[0] < s.cap  # not past the hot-spot bound: only the replica rule moves it
+    # without it rank 0 would win: 48 + 80 - 2·64 = 0 against 80 on an idle rank
+    second = route(p, s, prompt(50), now_us=3)
+    assert second != 0
+    assert AsyncdpPolicy.match(s, second, prompt_hashes(prompt(51), 16)) == 4  # the new holder has the prefix
+    p.on_first_token(s, prompt(50).req_id, second, 4)  # the replica: one decoding request, rank 0 three
+    assert route(p, s, prompt(51), now_us=5) == second  # two holders now: the lighter one, with its hit
+
+
+def test_a_cold_prefix_is_not_replicated_however_its_holder_is_loaded():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = hot_prefix_state(p, 0)  # three requests in all: a small share of the stream
+    assert route(p, s, prompt(50), now_us=3) == 0
+    no_replicas = AsyncdpPolicy(memory_tokens=0, replica_headroom=0)
+    assert route(no_replicas, hot_prefix_state(no_replicas, 80), prompt(50), now_us=3) == 0
+
+
+def test_no_replica_evicts_another_prefix_from_a_full_index():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = hot_prefix_state(p, 80, blocks=40)
+    for rank in (1, 2, 3):  # fill the other ranks' indexes with 36 of 40 blocks each
+        filler = RequestView(f"fill{rank}", tuple(range(20_000 * (rank + 1), 20_000 * (rank + 1) + 36 * 16)))
+        route(p, s, filler, hint=rank)
+        p.on_finish(s, filler.req_id, rank, 2)
+    assert [s.index.size(r) for r in (1, 2, 3)] == [36, 36, 36]
+    assert route(p, s, prompt(50), now_us=3) == 0  # 5 more blocks would evict: the hot prefix stays on rank 0
+
+
+def test_prefix_rates_estimate_the_recent_share_and_stay_bounded():
+    rates = PrefixRates(window=16)
+    for k in range(2000):
+        rates.bump(1 if k % 2 else 10_000 + k)  # every other request starts with block 1; the rest never repeat
+    assert rates.share(1) == pytest.approx(0.5, abs=0.05)
+    assert rates.share(10_000 + 1998) == pytest.approx(1 / 16, rel=0.1)
+    assert rates.share(12345) == 0.0
+    assert len(rates.counts) <= 4 * 16 + 1
