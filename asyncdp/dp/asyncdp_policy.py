@@ -21,8 +21,8 @@ One cost per rank, in prefill-token units (H1)::
 - ``memory[i]``: ``MEMORY_TOKENS·(index blocks of rank i)/kv_blocks_per_rank``: a soft preference for the rank
   with the emptier cache, so new prefixes spread by memory (H8) and a rank's working set is not evicted by
   prefixes that fit elsewhere; small next to a real load difference, so a miss still goes to the cheapest rank
-  (H2). It steers new prefixes only: the ranks holding a prompt's whole matched run compare by load without it
-  (the run is cached on all of them).
+  (H2). It steers new content only: the ranks holding a prompt's whole matched run, when that run is at least
+  half the prompt, compare by load without it (the run is cached on all of them).
 - ``credit[i]``: the predicted prefix-cache hit, from the router's own history (H8): an approximate index of
   the block hashes it sent to each rank (a chained hash of each 16-token block), each rank's set bounded by
   ``kv_blocks_per_rank`` in an LRU whose roots are refreshed last (so, as in the engine, tails are evicted
@@ -34,12 +34,13 @@ Hot-spot bound (H3): a rank's credit counts only while its estimated in-flight c
 ``max(HOT_RATIO·mean, mean + HOT_SLACK)``; past it the request is priced as a miss there, so a prefix hotter than
 one rank can serve is replicated on the cheapest other rank instead of queueing. Before that bound, a prefix is
 replicated deliberately when it is hot by demand: the router counts, per first block, a share of its recent
-requests that decays over about 256 dispatches (:class:`~.asyncdp_state.PrefixRates`). When that share times the
-live ranks times ``REPLICA_HEADROOM`` (1.5) exceeds the number of ranks holding the whole run, and even the least
-loaded holder is past the mean in-flight count by ``REPLICA_SLACK``, the request goes to the cheapest rank by load
-if its index has room for the prompt without evicting (H8); that rank pays one prefill and becomes a holder.
-W7's top document (18 % of the requests at dp 8) ends on three ranks; a W1 group (1/64 of them) never
-replicates. Misses go to the cheapest rank by load (H2), never to "the smallest tree".
+requests that decays over about 256 dispatches (:class:`~.asyncdp_state.PrefixRates`). When a dispatch finds that
+share times the live ranks times ``REPLICA_HEADROOM`` (1.5) above the number of ranks holding the prefix, and the
+rank it went to past the mean in-flight count by ``REPLICA_SLACK`` (1), it marks the prefix; the next request with
+it goes to the cheapest rank by load if that rank's index has room for the prompt without evicting (H8), and that
+rank pays one prefill and becomes a holder. W7's top document (18 % of the requests at dp 8) ends on three ranks;
+a W1 group (1/64 of them) never replicates. Misses go to the cheapest rank by load (H2), never to "the smallest
+tree".
 
 Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
 hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
@@ -82,7 +83,6 @@ DEFAULT_BLOCK = 16
 DEFAULT_INDEX_BLOCKS = 28_000  # the gpu_8b profile's KV blocks per rank; params override it
 TIE_KEY_BLOCK = 4
 REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
-REPLICA_SLACK = 1.0  # [ours] in-flight requests past the mean before a hot prefix gets another holder
 _INF = float("inf")
 
 
@@ -113,7 +113,7 @@ class AsyncdpPolicy(Policy):
             raise ConfigError(f"bad router layout: dp_size={dp_size}, router {router_index} of {num_routers}")
         p = params or {}
         weights = CostWeights(self.decode_tokens, self.kv_penalty, self.memory_tokens, self.hot_ratio,
-                              self.hot_slack)
+                              self.hot_slack, self.replica_headroom)
         return AsyncdpState.empty(dp_size, num_routers, int(p.get("block_size_tokens", DEFAULT_BLOCK)),
                                   float(p.get("staleness_threshold_ms", STALENESS_MS)) * 1000.0, weights,
                                   int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS)))
@@ -129,9 +129,10 @@ class AsyncdpPolicy(Policy):
                rng: random.Random) -> Decision:
         if req.rank_hint is not None:  # a hinted request bypasses the policy (hinted_decision, inlined)
             return Decision(req.rank_hint, hinted=True)
-        base = state.base
+        base, hbase = state.base, state.hbase
         if now_us >= state.refresh_due_us and (decayed := state.snapshot_weight(now_us)) != state.weight:
             base = state.costs_at(decayed)  # no hook ran for a while: decay the snapshot terms here (H5), on a copy
+            hbase = [b - m for b, m in zip(base, state.memory, strict=True)]
             best = min(base)
             pick, ties = base.index(best), base.count(best)
         else:
@@ -168,14 +169,18 @@ class AsyncdpPolicy(Policy):
         pick_cost, pick_credit = best + plen, 0
         cap, load = state.cap, state.load
         full = held & deepest
-        if not (full >> pick) & 1 and hashes[0] in state.rates.counts and self._replicate(state, hashes, full, pick):
+        if state.spill and hashes[0] in state.spill and not (full >> pick) & 1 \
+                and index.size(pick) + nh <= index.capacity:
             return decisions[pick]  # a prefix hotter than its holders can serve: a deliberate replica (H3)
         # The ranks holding the whole run share one credit, so the cheapest of them under the hot-spot bound (H3)
-        # is their best; it is then weighed against the cheapest rank by load. Among them memory does not decide
-        # (the run is cached on all of them): they compare by load only.
-        rmin, cmin, n, memory = -1, _INF, state.n, state.memory
+        # is their best; it is then weighed against the cheapest rank by load. When the run is most of the prompt,
+        # memory does not decide among them (it is cached on all of them, and little is added): they compare by
+        # load only (hbase = base - memory). Their common credit is added after the loop.
+        by_load = 2 * top_credit >= plen
+        costs = hbase if by_load else base
+        rmin, cmin, n = -1, _INF, state.n
         for r in RANK_TUPLES.get(full) or ranks_of(full):
-            cost = base[r] - memory[r] + plen - wc
+            cost = costs[r]
             if cost <= cmin and load[r] <= cap:
                 if cost == cmin:  # equal: the scan order from the key decides (H6)
                     if start < 0:
@@ -184,7 +189,7 @@ class AsyncdpPolicy(Policy):
                         continue
                 rmin, cmin = r, cost
         if rmin >= 0:
-            cmin += memory[rmin]
+            cmin += (plen - wc + state.memory[rmin]) if by_load else (plen - wc)
             if cmin < pick_cost or (cmin == pick_cost and top_credit > 0) or ((full >> pick) & 1 and load[pick] <= cap):
                 # (the last: the cheapest rank is a holder itself, so the holders' choice by load stands)
                 pick, pick_cost, pick_credit = rmin, cmin, top_credit
@@ -197,22 +202,6 @@ class AsyncdpPolicy(Policy):
             pick = self._partial_holders(req, hashes, state, base, held ^ full, lo, pick, pick_cost, pick_credit,
                                          start)
         return decisions[pick]
-
-    def _replicate(self, state: AsyncdpState, hashes: Sequence[int], full: int, target: int) -> bool:
-        """H3's deliberate replica on ``target``, the cheapest rank by load: the prompt's first block began more
-        than ``1/(alive·headroom)`` of this router's recent requests, fewer ranks than ``share·alive·headroom`` hold
-        its whole run, even the least loaded of them is past the mean in-flight count by ``REPLICA_SLACK``, and
-        the target's index has room for the prompt's blocks (H8: a replica must not evict another prefix's cache;
-        where every cache is full, as in a small cluster, hot prefixes stay where they are). The target then pays
-        one prefill and becomes a holder."""
-        alive = state.n - len(state.excluded)
-        want = state.rates.share(hashes[0]) * alive * self.replica_headroom
-        if want <= 1.0 or full.bit_count() >= want:
-            return False
-        if state.index.size(target) + len(hashes) > state.index.capacity:
-            return False
-        load = state.load
-        return min(load[r] for r in ranks_of(full)) > state.load_total / alive + REPLICA_SLACK
 
     def _partial_holders(self, req: RequestView, hashes: Sequence[int], state: AsyncdpState, base: list[float],
                          rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int) -> int:
@@ -258,6 +247,8 @@ class AsyncdpPolicy(Policy):
         state.pending[r] += prefill
         state.pending_reqs[r] += 1
         state.update(r)
+        if hashes and state.weights.replica_headroom:
+            state.mark_spill(hashes[0], r)
 
     def on_first_token(self, state: AsyncdpState, req_id: str, dp_rank: int, now_us: int) -> None:
         state.tick(now_us)
@@ -309,3 +300,4 @@ def _tie_key(req: RequestView, hashes: Sequence[int]) -> int:
     if hashes:
         return hashes[min(len(hashes), TIE_KEY_BLOCK) - 1]
     return hash(tuple(req.tokens)) & 0xFFFF_FFFF_FFFF_FFFF  # ints and tuples of ints hash without a salt
+

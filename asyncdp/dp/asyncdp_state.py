@@ -18,6 +18,7 @@ from asyncdp.dp.policy import Decision
 
 KV_HIGH = 0.9
 REFRESH_US = 50_000  # the snapshot terms are re-weighed by their age at most this often (H5)
+REPLICA_SLACK = 1.0  # [ours] in-flight requests past the mean before a hot prefix gets another holder (H3)
 _INF = float("inf")
 
 
@@ -30,6 +31,7 @@ class CostWeights:
     memory_tokens: float
     hot_ratio: float
     hot_slack: float
+    replica_headroom: float = 0.0  # 0: no deliberate replicas
 
 
 @dataclass(slots=True)
@@ -88,10 +90,13 @@ class AsyncdpState:
     local: list[float]  # base = local + weight·remote (see _terms)
     remote: list[float]
     memory: list[float]  # the memory term of local: holders of a prompt's whole run are compared without it
+    hbase: list[float]  # base - memory, what those holders compare
     index: OwnerIndex
     rates: PrefixRates
     load_total: float = 0.0  # sum(load), kept by update (recomputed on every snapshot: no drift)
     cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
+    mean_load: float = 0.0  # load_total over the live ranks, kept with cap
+    spill: set[int] = field(default_factory=set)  # first blocks whose next request makes a replica (mark_spill)
     # min(base), its first index, how many ranks share it: kept by update, so select reads them
     best: float = 0.0
     pick: int = 0
@@ -110,7 +115,7 @@ class AsyncdpState:
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
               capacity_blocks: int) -> AsyncdpState:
         state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
-                    [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
+                    [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
                     OwnerIndex.empty(n, capacity_blocks), PrefixRates(),
                     decisions=tuple(Decision(i) for i in range(n)))
         state.set_cap()
@@ -159,13 +164,14 @@ class AsyncdpState:
         lo, re = self._terms(i)
         self.local[i], self.remote[i] = lo, re
         self.base[i] = lo + self.weight * re
+        self.hbase[i] = self.base[i] - self.memory[i]
         load = 0.0 if i in self.excluded else (
             self.pending_reqs[i] + self.decoding[i] + self.weight * self.others_cnt[i])
         self.load_total += load - self.load[i]
         self.load[i] = load
 
     def set_cap(self) -> None:
-        mean = self.load_total / (self.n - len(self.excluded) or 1)
+        mean = self.mean_load = self.load_total / (self.n - len(self.excluded) or 1)
         w = self.weights
         self.cap = max(w.hot_ratio * mean, mean + w.hot_slack)
 
@@ -195,6 +201,22 @@ class AsyncdpState:
                 self.rescan()
             elif self.pick == i:
                 self.pick = self.base.index(best)
+
+    def mark_spill(self, first: int, rank: int) -> None:
+        """After a dispatch to ``rank`` of a prompt starting with block ``first``: mark the prefix for a replica
+        (H3), so that its next request goes to the cheapest rank by load instead of a holder, when it began more
+        than ``1/(alive·headroom)`` of the recent requests (:class:`PrefixRates`), fewer ranks than
+        ``share·alive·headroom`` hold it, and the rank it went to is now past the mean in-flight count by
+        ``REPLICA_SLACK``; unmark it otherwise. The hooks decide, so that ``select`` pays one set lookup (G7)."""
+        alive = self.n - len(self.excluded)
+        want = self.rates.share(first) * alive * self.weights.replica_headroom
+        if want > 1.0 and self.index.owners.get(first, 0).bit_count() < want \
+                and self.load[rank] > self.mean_load + REPLICA_SLACK:
+            self.spill.add(first)
+            if len(self.spill) > 2 * alive * self.weights.replica_headroom + 8:  # marks of prefixes gone cold
+                self.spill = {h for h in self.spill if self.rates.share(h) * alive * self.weights.replica_headroom > 1}
+        else:
+            self.spill.discard(first)
 
     def update_all(self, *, resum: bool) -> None:
         """Every rank changed (a snapshot, a new weight): recompute all, then the minimum once."""

@@ -263,3 +263,18 @@ def test_prefix_rates_estimate_the_recent_share_and_stay_bounded():
     assert rates.share(10_000 + 1998) == pytest.approx(1 / 16, rel=0.1)
     assert rates.share(12345) == 0.0
     assert len(rates.counts) <= 4 * 16 + 1
+
+
+def test_replica_marks_of_prefixes_gone_cold_are_dropped():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    s.load[0], s.mean_load = 5.0, 0.0  # rank 0 well past the mean: every hot prefix dispatched there is marked
+    for first in range(40):  # forty prefixes, each hot in its turn (200 requests), then never seen again
+        for _ in range(200):
+            s.rates.bump(first)
+        s.mark_spill(first, 0)
+        assert first in s.spill
+    assert len(s.spill) <= 2 * 2 * 1.5 + 8  # the old marks went with their share
+    s.load[0] = 0.0
+    s.mark_spill(39, 0)  # its holder is no longer loaded: unmarked
+    assert 39 not in s.spill
