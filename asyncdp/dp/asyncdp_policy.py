@@ -300,4 +300,3 @@ def _tie_key(req: RequestView, hashes: Sequence[int]) -> int:
     if hashes:
         return hashes[min(len(hashes), TIE_KEY_BLOCK) - 1]
     return hash(tuple(req.tokens)) & 0xFFFF_FFFF_FFFF_FFFF  # ints and tuples of ints hash without a salt
-

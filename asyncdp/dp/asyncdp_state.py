@@ -243,7 +243,7 @@ class AsyncdpState:
     def mark_dead(self, dp_rank: int) -> None:
         """A rank died: it costs infinity, carries no load, and its part of the index is forgotten."""
         self.excluded.add(dp_rank)
-        self.base[dp_rank] = self.local[dp_rank] = _INF
+        self.base[dp_rank] = self.local[dp_rank] = self.hbase[dp_rank] = _INF
         self.remote[dp_rank] = 0.0
         self.load_total -= self.load[dp_rank]
         self.load[dp_rank] = 0.0

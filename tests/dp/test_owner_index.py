@@ -80,6 +80,10 @@ def test_the_minimum_kept_by_the_hooks_equals_a_full_scan(n: int, seed: int, ste
         assert s.costs_at(s.weight) == s.base  # what select recomputes when the weight decays between hooks
         mean = s.load_total / (n - len(s.excluded))
         assert s.cap == max(p.hot_ratio * mean, mean + p.hot_slack)
+        assert s.mean_load == mean
+        for r in set(range(n)) - s.excluded:  # the holders' costs: base without the memory term, kept by the hooks
+            assert s.memory[r] == p.memory_tokens * s.index.size(r) / s.index.capacity
+        assert s.hbase == [b - m for b, m in zip(s.base, s.memory, strict=True)]
 
 
 def test_select_scores_a_rank_holding_only_part_of_the_run_by_its_own_match():
