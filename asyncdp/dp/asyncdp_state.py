@@ -208,13 +208,13 @@ class AsyncdpState:
         than ``1/(alive·headroom)`` of the recent requests (:class:`PrefixRates`), fewer ranks than
         ``share·alive·headroom`` hold it, and the rank it went to is now past the mean in-flight count by
         ``REPLICA_SLACK``; unmark it otherwise. The hooks decide, so that ``select`` pays one set lookup (G7)."""
-        alive = self.n - len(self.excluded)
-        want = self.rates.share(first) * alive * self.weights.replica_headroom
+        scale = (self.n - len(self.excluded)) * self.weights.replica_headroom  # share -> holders wanted
+        want = self.rates.share(first) * scale
         if want > 1.0 and self.index.owners.get(first, 0).bit_count() < want \
                 and self.load[rank] > self.mean_load + REPLICA_SLACK:
             self.spill.add(first)
-            if len(self.spill) > 2 * alive * self.weights.replica_headroom + 8:  # marks of prefixes gone cold
-                self.spill = {h for h in self.spill if self.rates.share(h) * alive * self.weights.replica_headroom > 1}
+            if len(self.spill) > 2 * scale + 8:  # marks of prefixes gone cold
+                self.spill = {h for h in self.spill if self.rates.share(h) * scale > 1.0}
         else:
             self.spill.discard(first)
 
