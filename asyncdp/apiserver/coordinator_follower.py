@@ -22,11 +22,13 @@ in-flight counts (the last snapshot is forgotten, not kept frozen). Time is ``an
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import anyio
 
 from asyncdp import messages as m
+from asyncdp.dp.balance import LoadBalancer
 from asyncdp.dp.liveness import Liveness
 from asyncdp.transport import Link, connect_with_retry
 from asyncdp.transport import connect as connect_link
@@ -40,6 +42,7 @@ BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
 GIVE_UP_S = 600.0
 SEND_TIMEOUT_S = 2.0  # FirstRequest is best effort: a lost link is this follower's to reconnect
+CLAIM_TIMEOUT_S = 0.05  # a prefix claim's round trip (sub-millisecond on a live coordinator); then route alone
 
 
 
@@ -57,6 +60,8 @@ class CoordinatorFollower:
         self.state = state
         self.link: Link | None = None  # while subscribed
         self.snapshot_received_at: float | None = None
+        self._claim_seq = 0
+        self._claims: dict[int, list[Any]] = {}  # seq -> [event, PrefixOwner | None], while a claim waits
 
     def snapshot_age_s(self) -> float | None:
         if self.snapshot_received_at is None:
@@ -74,6 +79,50 @@ class CoordinatorFollower:
             except LINK_ERRORS:
                 pass  # the follow loop sees the lost link and reconnects
         return True
+
+    async def claim(self, hashes: Sequence[int], proposal: int, prompt_tokens: int,
+                    scope: tuple[int, int]) -> m.PrefixOwner | None:
+        """Ask the coordinator's prefix directory where a new prefix goes (:mod:`asyncdp.dp.prefix_directory`).
+        None without a subscribed link, when the link breaks, or after ``CLAIM_TIMEOUT_S``: the caller routes
+        on its own then."""
+        link = self.link
+        if link is None:
+            return None
+        self._claim_seq += 1
+        seq = self._claim_seq
+        waiter: list[Any] = [anyio.Event(), None]
+        self._claims[seq] = waiter
+        try:
+            with anyio.move_on_after(CLAIM_TIMEOUT_S):
+                await link.send(m.PrefixClaim(seq=seq, hashes=list(hashes), proposal=proposal,
+                                              prompt_tokens=prompt_tokens, first_rank=scope[0], last_rank=scope[1]))
+                await waiter[0].wait()
+        except LINK_ERRORS:
+            pass  # the follow loop sees the lost link and reconnects
+        finally:
+            del self._claims[seq]
+        reply: m.PrefixOwner | None = waiter[1]
+        return reply
+
+    async def direct(self, lb: LoadBalancer, request_id: str, prompt: Sequence[int], max_tokens: int,
+                     now_us: int) -> int | None:
+        """The global rank the prefix directory sends this request to, when ``lb``'s policy claims its prompt
+        (:meth:`LoadBalancer.claim`) and the coordinator answers in time; None to route on the policy."""
+        if self.link is None:
+            return None
+        ask = lb.claim(request_id, prompt, max_tokens=max_tokens, now_us=now_us)
+        if ask is None:
+            return None
+        hashes, proposal = ask
+        engines = lb.engines
+        reply = await self.claim(hashes, proposal, len(prompt), (engines[0], engines[-1]))
+        return None if reply is None else lb.on_prefix_owner(hashes, reply.owner, reply.matched, now_us)
+
+    def _answered(self, msg: m.PrefixOwner) -> None:
+        waiter = self._claims.get(msg.seq)
+        if waiter is not None:  # else it timed out already
+            waiter[1] = msg
+            waiter[0].set()
 
     async def follow_addr(self, addr: str) -> None:
         """:meth:`follow` the coordinator listening at ``addr``."""
@@ -139,6 +188,8 @@ class CoordinatorFollower:
                         if isinstance(msg, m.StatsSnapshot):
                             self.snapshot_received_at = anyio.current_time()
                             self._on_snapshot(msg)
+                        elif isinstance(msg, m.PrefixOwner):
+                            self._answered(msg)
                         continue
                     if silence.cancelled_caught:  # nothing heard before the liveness deadline
                         silent = True
@@ -148,6 +199,8 @@ class CoordinatorFollower:
             pass  # the Subscribe could not be sent: the link is already gone
         self.link = None
         self.state = "dead"
+        for waiter in self._claims.values():  # claims on this link get no answer now: route alone
+            waiter[0].set()
         self._on_lost()
         if not self._shutting_down():
             why = (liveness.describe("the DP coordinator", anyio.current_time()) if silent

@@ -54,6 +54,7 @@ from asyncdp.coordinator.peers import (
 )
 from asyncdp.dp import wave as W
 from asyncdp.dp.liveness import check_heartbeat_settings
+from asyncdp.dp.prefix_directory import PrefixDirectory
 from asyncdp.dp.stats import StatsBook
 from asyncdp.errors import (
     AsyncDPError,
@@ -69,6 +70,8 @@ from asyncdp.messages import (
     FirstRequest,
     Goodbye,
     Heartbeat,
+    PrefixClaim,
+    PrefixOwner,
     RankStats,
     StartWave,
     StartWaveRequest,
@@ -114,6 +117,7 @@ class Coordinator:
                               heartbeat_interval_s=config.heartbeat_publish_s,
                               step_snapshot_wait_s=config.step_snapshot_wait_s)
         self.machine = W.WaveMachine(config.dp_size, config.wave_mode)
+        self.directory = PrefixDirectory(config.dp_size)  # API servers agree on new prefixes (PrefixClaim)
         self.engines: dict[int, Peer] = {}
         self.clients: dict[int, Peer] = {}
         self.all_subscribed = anyio.Event()
@@ -233,8 +237,22 @@ class Coordinator:
         while (msg := await peer.receive()) is not None:
             if isinstance(msg, FirstRequest):
                 await self._inbox_send.send(ClientMessage(msg))
+            elif isinstance(msg, PrefixClaim):
+                self._answer_claim(peer, msg)
             elif not isinstance(msg, Heartbeat | Subscribe):
                 log.warning("dropping unexpected %s from %s", type(msg).__name__, peer.name)
+
+    def _answer_claim(self, peer: Peer, msg: PrefixClaim) -> None:
+        """Answer a client's ``PrefixClaim`` from the directory, in the reader (the directory is this role's only
+        user of it and never awaits, so no core round trip is needed); a malformed claim is logged and dropped (the
+        client routes on its own after its timeout)."""
+        try:
+            owner, matched = self.directory.claim(msg.hashes, msg.proposal, msg.prompt_tokens,
+                                                  (msg.first_rank, msg.last_rank), anyio.current_time())
+        except ValueError as exc:
+            log.warning("dropping a prefix claim from %s: %s", peer.name, exc)
+            return
+        peer.send_nowait(PrefixOwner(seq=msg.seq, owner=owner, matched=matched))
 
     # ------------------------------------------------------------ the core
 
@@ -307,6 +325,7 @@ class Coordinator:
                     log.warning("engine rank %d lost (%s); it leaves the load statistics", action.dp_rank,
                                 action.reason)
                 self.book.mark_dead(action.dp_rank)
+                self.directory.drop_rank(action.dp_rank)
                 self.engines.pop(action.dp_rank, None)
                 if self.machine.all_dead:
                     log.info("%s", "every engine rank left; the coordinator stops" if self.stopping.is_set()

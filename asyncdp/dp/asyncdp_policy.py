@@ -68,6 +68,7 @@ from asyncdp.dp.asyncdp_state import REFRESH_US, AsyncdpState, CostWeights, Rout
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.peers.hashing import stable_hash64
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
+from asyncdp.dp.prefix_directory import CLAIM_TTL_S, MAX_CLAIM_BLOCKS
 from asyncdp.errors import ConfigError, UnavailableError
 
 __all__ = ["REFRESH_US", "AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
@@ -83,6 +84,7 @@ DEFAULT_BLOCK = 16
 DEFAULT_INDEX_BLOCKS = 28_000  # the gpu_8b profile's KV blocks per rank; params override it
 TIE_KEY_BLOCK = 4
 REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
+CLAIM_TTL_US = int(CLAIM_TTL_S * 1e6)
 _INF = float("inf")
 
 
@@ -169,6 +171,9 @@ class AsyncdpPolicy(Policy):
         pick_cost, pick_credit = best + plen, 0
         cap, load = state.cap, state.load
         full = held & deepest
+        if state.bound and (b := state.bound.get(hashes[0])) is not None and (full >> b[0]) & 1 \
+                and b[1] > now_us and load[b[0]] <= cap and 2 * top_credit >= plen:
+            return decisions[b[0]]  # agreed through the directory with the other routers (H7), still holding
         if state.spill and hashes[0] in state.spill and not (full >> pick) & 1 \
                 and index.size(pick) + nh <= index.capacity:
             return decisions[pick]  # a prefix hotter than its holders can serve: a deliberate replica (H3)
@@ -291,6 +296,29 @@ class AsyncdpPolicy(Policy):
 
     def on_rank_dead(self, state: AsyncdpState, dp_rank: int) -> None:
         state.mark_dead(dp_rank)
+
+    # ------------------------------------------------------------ several routers (H7: shared state)
+
+    def claim_hashes(self, state: AsyncdpState, req: RequestView) -> Sequence[int]:
+        """A prompt whose first block this router never placed is claimed through the coordinator when there are
+        other routers: one of them may be placing it right now (:mod:`asyncdp.dp.prefix_directory`)."""
+        if state.num_routers < 2 or not self.prefix or req.rank_hint is not None:
+            return ()
+        hashes = prompt_hashes(req, state.block_size)
+        if not hashes or state.index.owners.get(hashes[0], 0):
+            return ()
+        return hashes[:MAX_CLAIM_BLOCKS]
+
+    def on_prefix_owner(self, state: AsyncdpState, dp_rank: int, hashes: Sequence[int], matched: int,
+                        now_us: int) -> None:
+        """Record what another router placed on ``dp_rank`` (the directory's match) in this router's index, and
+        keep the prefix there while the claim lives (:meth:`AsyncdpState.bind`)."""
+        if dp_rank in state.excluded or not hashes:
+            return
+        if matched:
+            state.index.insert(dp_rank, hashes[:matched])
+            state.update(dp_rank)
+        state.bind(hashes[0], dp_rank, now_us, CLAIM_TTL_US)
 
 
 def _tie_key(req: RequestView, hashes: Sequence[int]) -> int:

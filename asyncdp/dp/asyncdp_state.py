@@ -97,6 +97,7 @@ class AsyncdpState:
     cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
     mean_load: float = 0.0  # load_total over the live ranks, kept with cap
     spill: set[int] = field(default_factory=set)  # first blocks whose next request makes a replica (mark_spill)
+    bound: dict[int, tuple[int, int]] = field(default_factory=dict)  # first block -> (rank, until_us): bind()
     # min(base), its first index, how many ranks share it: kept by update, so select reads them
     best: float = 0.0
     pick: int = 0
@@ -217,6 +218,20 @@ class AsyncdpState:
                 self.spill = {h for h in self.spill if self.rates.share(h) * scale > 1.0}
         else:
             self.spill.discard(first)
+
+    def bind(self, first: int, rank: int, now_us: int, ttl_us: int) -> None:
+        """Several routers: the coordinator's prefix directory put the prefix starting with block ``first`` on
+        ``rank`` for all of them, so for ``ttl_us`` this router sends the prompts whose whole matched run ``rank``
+        holds (at least half the prompt) there while it is under the hot-spot bound, whatever its own partial view
+        of the loads says: every router's view lacks the others' work until a snapshot shows it, and the directory
+        balanced the placements over everyone's. Expired bindings go when the map grows past 4 096."""
+        bound = self.bound
+        bound[first] = (rank, now_us + ttl_us)
+        if len(bound) > 4096:
+            for k in [k for k, (_, until) in bound.items() if until <= now_us]:
+                del bound[k]
+            while len(bound) > 2048:  # still full of live ones: the oldest go
+                del bound[next(iter(bound))]
 
     def update_all(self, *, resum: bool) -> None:
         """Every rank changed (a snapshot, a new weight): recompute all, then the minimum once."""

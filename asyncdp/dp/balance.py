@@ -306,16 +306,45 @@ class LoadBalancer:
         """The local index a hint names, or None without a hint. Raises E1, E2, E3 (spec §4.2)."""
         return resolve_rank_hint(self._engines, rank_hint, global_rank_hint)
 
+    def claim(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int = 16,
+              now_us: int = 0) -> tuple[Sequence[int], int] | None:
+        """For an unhinted request: ``(hashes, proposal)`` when the policy wants the coordinator's prefix directory
+        asked where this prompt goes (:meth:`Policy.claim_hashes`), with the global rank it would pick itself
+        (a pure ``select``, nothing recorded); None otherwise. Only with other routers and more than one rank."""
+        if self._client_count < 2 or len(self._engines) < 2:
+            return None
+        req = RequestView(request_id, prompt_token_ids, max_tokens, None, None, now_us)
+        hashes = self._policy.claim_hashes(self._state, req)
+        if not hashes:
+            return None
+        decision = self._policy.select(req, self._snap, self._state, now_us, self._rng)
+        return hashes, self._engines[decision.dp_rank]
+
+    def on_prefix_owner(self, hashes: Sequence[int], owner: int, matched: int, now_us: int = 0) -> int | None:
+        """The directory's answer to :meth:`claim`: tell the policy what ``owner`` holds, and return it as the
+        rank the request goes to, or None when it is not a live rank of this client (route on the policy)."""
+        i = self._index.get(owner)
+        if i is None or i in self._dead:
+            return None
+        self._policy.on_prefix_owner(self._state, i, hashes, max(0, matched), now_us)
+        return owner
+
     def select(self, request_id: str, prompt_token_ids: Sequence[int] = (), rank_hint: object = None, *,
-               global_rank_hint: object = None, max_tokens: int = 16, now_us: int = 0) -> int:
-        """Pick the global rank for a new request and record it as in flight there."""
+               global_rank_hint: object = None, max_tokens: int = 16, now_us: int = 0,
+               directed: int | None = None) -> int:
+        """Pick the global rank for a new request and record it as in flight there. ``directed``: a live global
+        rank the prefix directory named for it (:meth:`on_prefix_owner`), which a hint still overrides."""
         if request_id in self._owner:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight.", field="request_id")
         hint = self.resolve_hint(rank_hint, global_rank_hint)
         if hint is not None and hint in self._dead:
             raise UnavailableError(f"data-parallel rank {self._engines[hint]} is not available.")
         req = RequestView(request_id, prompt_token_ids, max_tokens, None, hint, now_us)
-        decision = self._policy.select(req, self._snap, self._state, now_us, self._rng)
+        d = self._index.get(directed) if directed is not None and hint is None else None
+        if d is not None and d not in self._dead:
+            decision = Decision(d)
+        else:
+            decision = self._policy.select(req, self._snap, self._state, now_us, self._rng)
         self._policy.on_dispatch(self._state, req, decision, now_us)
         i = decision.dp_rank
         self._owner[request_id] = i

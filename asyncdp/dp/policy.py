@@ -131,6 +131,16 @@ class Policy:
     def on_timer(self, state: Any, now_us: int) -> None:
         pass
 
+    def claim_hashes(self, state: Any, req: RequestView) -> Sequence[int]:
+        """The prompt's block hashes when this router should ask the coordinator's prefix directory where the
+        prompt goes (:mod:`asyncdp.dp.prefix_directory`: it has never placed the prompt's first block, and other
+        routers may be placing it right now); empty for no claim, which is every policy but prefix-aware ones."""
+        return ()
+
+    def on_prefix_owner(self, state: Any, dp_rank: int, hashes: Sequence[int], matched: int, now_us: int) -> None:
+        """The directory put the prompt of ``hashes`` (what :meth:`claim_hashes` gave) on rank ``dp_rank``, which is
+        predicted to hold its first ``matched`` blocks already (another router sent them there)."""
+
 
 class ChoosingPolicy(Policy):
     """A policy that picks among the live ranks: ``select`` answers a hinted request itself and hands every other

@@ -14,7 +14,7 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: PrefixClaim and PrefixOwner on the coordinator link
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
@@ -250,6 +250,25 @@ class StartWave(_Msg, frozen=True):
     exclude_rank: int | None
 
 
+class PrefixClaim(_Msg, frozen=True):
+    """Client -> coordinator: where does this new prefix go? (:mod:`asyncdp.dp.prefix_directory`)"""
+
+    seq: int  # the client's, echoed in the answer
+    hashes: list[int]  # the prompt's chained block hashes, at most MAX_CLAIM_BLOCKS
+    proposal: int  # the global rank the client's own policy picked
+    prompt_tokens: int
+    first_rank: int  # the client's managed ranks, first and last (inclusive)
+    last_rank: int
+
+
+class PrefixOwner(_Msg, frozen=True):
+    """Coordinator -> client: the answer to ``PrefixClaim`` ``seq``."""
+
+    seq: int
+    owner: int  # the global rank the request goes to
+    matched: int  # leading blocks of the claim's hashes the owner is predicted to hold
+
+
 class StatsSnapshot(_Msg, frozen=True):
     counts: list[tuple[int, int, float]] | None
     wave: int
@@ -316,5 +335,6 @@ Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
     AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead,
     Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
+    PrefixClaim, PrefixOwner,
     StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeTopology,
 ]

@@ -144,3 +144,28 @@ def test_a_run_that_cannot_finish_fails_with_a_message_naming_it(monkeypatch, ca
     err = capsys.readouterr().err
     assert "asyncdp bench: error: the simulated run of w1 under 'vllm' (seed 1) did not finish" in err
     assert "Traceback" not in err
+
+
+def _prefills_per_group(workload, log) -> float:
+    group = {r.req_id: r.group for r in workload.records}
+    ranks: dict[object, set[int]] = {}
+    for e in log.events:
+        ranks.setdefault(group[e.req_id], set()).add(e.rank)
+    return sum(len(v) for v in ranks.values()) / len(ranks)
+
+
+def test_four_routers_agree_on_new_prefixes_through_the_coordinators_directory():
+    # W1's burst with 4 API servers: every request is routed at the same instant, so no snapshot can tell one
+    # router what another did. Through the coordinator's prefix directory each group's system prompt lands on one
+    # rank, as with one router; without a coordinator each router places each group on its own.
+    workload = resolve(build("w1", "quick", 1, {**TINY_W1, "groups": 8, "prompts_per_group": 8}))
+    spec = ClusterSpec(dp_size=4, profile=load_profile("gpu_8b"), routers=4)
+    one = simulate(workload, "asyncdp", 1, ClusterSpec(dp_size=4, profile=load_profile("gpu_8b")))
+    four = simulate(workload, "asyncdp", 1, spec)
+    alone = simulate(workload, "asyncdp", 1, ClusterSpec(dp_size=4, profile=load_profile("gpu_8b"), routers=4,
+                                                          telemetry="none"))
+    assert _prefills_per_group(workload, one) == 1.0
+    assert _prefills_per_group(workload, four) == 1.0
+    assert _prefills_per_group(workload, alone) > 1.5
+    assert metrics.compute(four)["prefix_hit_rate"] == pytest.approx(metrics.compute(one)["prefix_hit_rate"])
+    assert {e.router for e in four.events} == {0, 1, 2, 3}

@@ -17,6 +17,8 @@ from asyncdp.messages import (
     FirstRequest,
     Goodbye,
     Heartbeat,
+    PrefixClaim,
+    PrefixOwner,
     RankStats,
     StartWave,
     StartWaveRequest,
@@ -581,3 +583,38 @@ async def test_dense_engine_closing_while_serving_is_a_warning_that_it_was_lost(
         await h.done.wait()
     lost = [r for r in caplog.records if "engine rank 0 lost" in r.getMessage()]
     assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+
+
+# ---------------------------------------------------------------- the prefix directory
+
+
+def claim(seq: int, hashes: list[int], proposal: int, first: int = 0, last: int = 3) -> PrefixClaim:
+    return PrefixClaim(seq=seq, hashes=hashes, proposal=proposal, prompt_tokens=16 * len(hashes),
+                       first_rank=first, last_rank=last)
+
+
+@pytest.mark.trio
+async def test_clients_agree_on_a_new_prefix_through_the_coordinator_and_a_dead_owner_loses_it(autojump_clock,
+                                                                                               caplog):
+    async with coordinator(CoordinatorConfig(dp_size=4, wave_mode=False)) as h:
+        engines = await h.engines(4)
+        a, b = await h.client(0), await h.client(1)
+        await a.send(claim(7, [11, 12, 13, 14], proposal=1))
+        t_sent = trio.current_time()
+        t, owner = await a.expect(PrefixOwner)
+        assert owner == PrefixOwner(seq=7, owner=1, matched=0) and t == t_sent  # answered at once
+        await b.send(claim(3, [11, 12, 99], proposal=2))  # the same system prompt, another question
+        _, owner = await b.expect(PrefixOwner)
+        assert owner == PrefixOwner(seq=3, owner=1, matched=2)
+        # a malformed claim (a proposal outside its own scope) is dropped with a warning; the link stays up
+        with caplog.at_level(logging.WARNING):
+            await b.send(claim(4, [5], proposal=3, first=0, last=1))
+            await b.send(claim(5, [5], proposal=0, first=0, last=1))
+            _, owner = await b.expect(PrefixOwner)
+        assert owner.seq == 5 and "dropping a prefix claim" in caplog.text
+        # the owner's engine dies: the prefix is placed again, not on it
+        await engines[1].close()
+        await trio.sleep(6)
+        await b.send(claim(6, [11, 12, 99], proposal=1))
+        _, owner = await b.expect(PrefixOwner)
+        assert owner.owner != 1 and owner.matched == 0
