@@ -10,13 +10,16 @@ decision problem without the engines (the policies' own ``select``/``on_dispatch
 - ``max work / ideal``: the busiest rank's prefill tokens (one system prompt per group it holds, plus every
   request's own question) over an even split of the ideal work: the burst's TTFT grows with it.
 
-Policies: ``asyncdp`` (the production policy) and ``blch``, a bounded-load consistent hash on the prompt's first
-block (each group's probe order is a hash of that block; a request goes to the first rank in it whose cost is at
-most (1 + eps)·mean + c·prompt), which makes routers agree by construction. The point of the table: with no
-communication a router can either balance on its own view (asyncdp: balanced at R = 1, about R copies of each
-group at R = R) or agree by hashing (blch: one copy, but the hash's imbalance); neither keeps R = 4 within 5 % of
-asyncdp's R = 1. The full simulation of the same runs is ``asyncdp bench routing --workload w1 --scale full
---robustness``.
+Policies: ``asyncdp alone`` (the production policy with no shared state), ``blch``, a bounded-load consistent
+hash on the prompt's first block (each group's probe order is a hash of that block; a request goes to the first
+rank in it whose cost is at most (1 + eps)·mean + c·prompt), which makes routers agree by construction, and
+``asyncdp + directory``: the production policy asking the coordinator's prefix directory
+(:mod:`asyncdp.dp.prefix_directory`) about every prompt whose first block it never placed, through the same hooks
+the API server uses (``claim_hashes``, the directory's ``claim``, ``on_prefix_owner``, the answer binding the
+request). The point of the table: with no communication a router can either balance on its own view (balanced at
+R = 1, about R copies of each group at R = R) or agree by hashing (one copy, but the hash's imbalance); neither
+keeps R = 4 within 5 % of asyncdp's R = 1. The directory does: one copy, balanced. The full simulation of the same
+runs is ``asyncdp bench routing --workload w1 --scale full --robustness``.
 
 Usage: python bench/router_agreement.py [--groups 64] [--prompts 16] [--system 2048] [--question 128] [--dp 8]
 """
@@ -34,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from asyncdp.dp.asyncdp_policy import AsyncdpPolicy, AsyncdpState, prompt_hashes  # noqa: E402
 from asyncdp.dp.policy import Decision, RequestView  # noqa: E402
+from asyncdp.dp.prefix_directory import PrefixDirectory  # noqa: E402
 
 Chooser = Callable[[AsyncdpPolicy, AsyncdpState, RequestView, random.Random], int]
 
@@ -65,6 +69,24 @@ def blch(eps: float, c: float) -> Chooser:
     return choose
 
 
+class WithDirectory:
+    """asyncdp, every router asking one shared :class:`PrefixDirectory` (:func:`run` gives each run a fresh one)."""
+
+    def __init__(self) -> None:
+        self.directory = PrefixDirectory(1)
+        self.router: dict[int, int] = {}  # id(state) -> its client key
+
+    def __call__(self, pol: AsyncdpPolicy, st: AsyncdpState, req: RequestView, rng: random.Random) -> int:
+        hashes = pol.claim_hashes(st, req)
+        pick = pol.select(req, None, st, 0, rng).dp_rank
+        if not hashes:
+            return pick
+        client = self.router.setdefault(id(st), len(self.router))
+        answer = self.directory.claim(hashes, pick, len(req.tokens), (0, st.n - 1), 0.0, client)
+        pol.on_prefix_owner(st, answer.owner, hashes, answer.matched, answer.others)
+        return answer.owner
+
+
 def run(choose: Chooser, routers: int, ns: argparse.Namespace) -> tuple[float, float]:
     rng = random.Random(ns.seed)
     systems = [[rng.randrange(1, 32_000) for _ in range(ns.system)] for _ in range(ns.groups)]
@@ -73,6 +95,8 @@ def run(choose: Chooser, routers: int, ns: argparse.Namespace) -> tuple[float, f
     rng.shuffle(reqs)
     pol = AsyncdpPolicy()
     states = [pol.init(ns.dp, j, routers, {"kv_blocks_per_rank": 28_000}) for j in range(routers)]
+    if isinstance(choose, WithDirectory):
+        choose.directory, choose.router = PrefixDirectory(ns.dp), {}
     where: dict[int, list[int]] = collections.defaultdict(list)
     for k, (g, tokens) in enumerate(reqs):
         st = states[k % routers]
@@ -99,7 +123,7 @@ def main() -> int:
     ap.add_argument("--dp", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ns = ap.parse_args()
-    choosers: list[tuple[str, Chooser]] = [("asyncdp", asyncdp)] + [
+    choosers: list[tuple[str, Chooser]] = [("asyncdp alone", asyncdp), ("asyncdp + directory", WithDirectory())] + [
         (f"blch eps={e:g} c={c:g}", blch(e, c)) for e, c in ((0.1, 1.0), (0.25, 2.0), (0.5, 1.0))]
     print(f"W1-style burst: {ns.groups} groups x {ns.prompts} prompts, system {ns.system} + question "
           f"{ns.question} tokens, dp {ns.dp}, seed {ns.seed}")

@@ -17,6 +17,12 @@ this mode), ``starting``, ``alive`` while subscribed, ``reconnecting`` after a l
 answers, ``dead`` after a silent link, while attempts are refused (its process is gone) or after giving up. Whenever
 the coordinator stops being ``alive`` the client's ``on_lost`` callback runs, and the client routes on its own
 in-flight counts (the last snapshot is forgotten, not kept frozen). Time is ``anyio.current_time()`` (virtual in tests).
+
+Prefix claims: ``direct(lb, ...)`` asks the coordinator's prefix directory (:mod:`asyncdp.dp.prefix_directory`)
+where a prompt goes when the balancer's policy wants it asked (several API servers, a first block this one never
+placed): one ``PrefixClaim`` on the link, the ``PrefixOwner`` with the same ``seq`` taken off the read loop. It
+waits at most ``CLAIM_TIMEOUT_S``; without a subscribed link, on a lost link or after that time the request is
+routed by the policy alone.
 """
 
 from __future__ import annotations
@@ -116,7 +122,7 @@ class CoordinatorFollower:
         hashes, proposal = ask
         engines = lb.engines
         reply = await self.claim(hashes, proposal, len(prompt), (engines[0], engines[-1]))
-        return None if reply is None else lb.on_prefix_owner(hashes, reply.owner, reply.matched, now_us)
+        return None if reply is None else lb.on_prefix_owner(hashes, reply.owner, reply.matched, reply.others)
 
     def _answered(self, msg: m.PrefixOwner) -> None:
         waiter = self._claims.get(msg.seq)

@@ -12,7 +12,12 @@ silence past ``heartbeat_timeout_s`` means the peer is dead) and a writer draini
 no slow peer ever blocks the core (:mod:`asyncdp.coordinator.peers`; a peer whose outbox is full is cut off, never
 silently skipped). Readers forward load and wave messages to the core through one bounded memory stream of typed
 items (:data:`~asyncdp.coordinator.peers.CoordinatorInbox`, dispatched with ``match``; an unknown item is a
-:class:`~asyncdp.errors.ProtocolError`); the core is the only task that changes state.
+:class:`~asyncdp.errors.ProtocolError`); the core is the only task that changes the load and wave state.
+
+Prefix claims: a client's ``PrefixClaim`` is answered by its link's reader at once with ``PrefixOwner`` from the
+:class:`~asyncdp.dp.prefix_directory.PrefixDirectory` (where several API servers agree to put a new prefix). The
+directory is separate state that never awaits, so the readers share it without a core round trip; the core only
+drops a dead rank's entries. A malformed claim is logged and dropped (the client routes alone after its timeout).
 
 Startup: once exactly N distinct engines have sent ``Subscribe{dp_rank}``, every engine gets
 ``CoordinatorReady``. An unknown or duplicate rank, or a missing one after ``subscribe_timeout_s``, is a
@@ -223,36 +228,37 @@ class Coordinator:
             peer.name = f"client {first.client_id}"
             self.clients[key] = peer
             await self._inbox_send.send(ClientJoined(key))
-            await self._run_peer(peer, lambda: self._read_client(peer))
+            await self._run_peer(peer, lambda: self._read_client(peer, key))
             # While the deployment stops in order every client leaves: that is no news worth a line each.
             log.log(logging.DEBUG if self.stopping.is_set() else logging.INFO, "%s left: %s", peer.name,
                     peer.lost_reason)
         finally:
             self.clients.pop(key, None)
+            self.directory.forget_client(key)
             peer.close()
             with anyio.CancelScope(shield=True):
                 await link.aclose()
 
-    async def _read_client(self, peer: Peer) -> None:
+    async def _read_client(self, peer: Peer, key: int) -> None:
         while (msg := await peer.receive()) is not None:
             if isinstance(msg, FirstRequest):
                 await self._inbox_send.send(ClientMessage(msg))
             elif isinstance(msg, PrefixClaim):
-                self._answer_claim(peer, msg)
+                self._answer_claim(peer, key, msg)
             elif not isinstance(msg, Heartbeat | Subscribe):
                 log.warning("dropping unexpected %s from %s", type(msg).__name__, peer.name)
 
-    def _answer_claim(self, peer: Peer, msg: PrefixClaim) -> None:
+    def _answer_claim(self, peer: Peer, key: int, msg: PrefixClaim) -> None:
         """Answer a client's ``PrefixClaim`` from the directory, in the reader (the directory is this role's only
         user of it and never awaits, so no core round trip is needed); a malformed claim is logged and dropped (the
         client routes on its own after its timeout)."""
         try:
-            owner, matched = self.directory.claim(msg.hashes, msg.proposal, msg.prompt_tokens,
-                                                  (msg.first_rank, msg.last_rank), anyio.current_time())
+            answer = self.directory.claim(msg.hashes, msg.proposal, msg.prompt_tokens,
+                                          (msg.first_rank, msg.last_rank), anyio.current_time(), key)
         except ValueError as exc:
             log.warning("dropping a prefix claim from %s: %s", peer.name, exc)
             return
-        peer.send_nowait(PrefixOwner(seq=msg.seq, owner=owner, matched=matched))
+        peer.send_nowait(PrefixOwner(seq=msg.seq, owner=answer.owner, matched=answer.matched, others=answer.others))
 
     # ------------------------------------------------------------ the core
 

@@ -47,6 +47,16 @@ hash of the request's key (its ``routing_key``, else its 4th block hash, else it
 on the same rank (affinity across turns and across routers), different keys spread over tied ranks, so R
 routers deciding from one snapshot do not herd onto one rank.
 
+Several routers (H7, shared state). Each router knows only where it sent each prefix, and until a snapshot shows
+the others' work its view of the loads is its own share of the traffic. With other routers, a prompt whose first
+block this router never placed is claimed through the coordinator's prefix directory
+(:mod:`.prefix_directory`, :meth:`AsyncdpPolicy.claim_hashes`): the answer sends the request to the rank the first
+claimant chose (or this router's own pick, unless the directory saw that rank get decidedly more of the recent new
+prefixes), records the blocks that claimant shared in this router's index, and hands over the other routers'
+recent new-prefix tokens per rank, which count in each rank's local cost until the next snapshot
+(:meth:`AsyncdpPolicy.on_prefix_owner`, :meth:`~.asyncdp_state.AsyncdpState.set_shared`). W1's burst at R = 4 then
+places each group once, as R = 1 does. One router never claims.
+
 Decision cost (G7). The hooks keep everything ``select`` needs that does not depend on the request: ``base``
 (one rank changes per dispatch, first token or finish; all of them on a snapshot, or when the decay weight is
 50 ms old), its minimum with the minimum's first rank and number of ties (O(1) per hook but when the last rank at
@@ -68,7 +78,7 @@ from asyncdp.dp.asyncdp_state import REFRESH_US, AsyncdpState, CostWeights, Rout
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.peers.hashing import stable_hash64
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
-from asyncdp.dp.prefix_directory import CLAIM_TTL_S, MAX_CLAIM_BLOCKS
+from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
 from asyncdp.errors import ConfigError, UnavailableError
 
 __all__ = ["REFRESH_US", "AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
@@ -84,7 +94,6 @@ DEFAULT_BLOCK = 16
 DEFAULT_INDEX_BLOCKS = 28_000  # the gpu_8b profile's KV blocks per rank; params override it
 TIE_KEY_BLOCK = 4
 REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
-CLAIM_TTL_US = int(CLAIM_TTL_S * 1e6)
 _INF = float("inf")
 
 
@@ -171,9 +180,6 @@ class AsyncdpPolicy(Policy):
         pick_cost, pick_credit = best + plen, 0
         cap, load = state.cap, state.load
         full = held & deepest
-        if state.bound and (b := state.bound.get(hashes[0])) is not None and (full >> b[0]) & 1 \
-                and b[1] > now_us and load[b[0]] <= cap and 2 * top_credit >= plen:
-            return decisions[b[0]]  # agreed through the directory with the other routers (H7), still holding
         if state.spill and hashes[0] in state.spill and not (full >> pick) & 1 \
                 and index.size(pick) + nh <= index.capacity:
             return decisions[pick]  # a prefix hotter than its holders can serve: a deliberate replica (H3)
@@ -292,6 +298,7 @@ class AsyncdpPolicy(Policy):
         state.refreshed_at_us = at
         state.refresh_due_us = at + REFRESH_US
         state.weight = 1.0
+        state.shared = [0.0] * state.n  # the snapshot shows the other routers' work now
         state.update_all(resum=True)
 
     def on_rank_dead(self, state: AsyncdpState, dp_rank: int) -> None:
@@ -309,16 +316,13 @@ class AsyncdpPolicy(Policy):
             return ()
         return hashes[:MAX_CLAIM_BLOCKS]
 
-    def on_prefix_owner(self, state: AsyncdpState, dp_rank: int, hashes: Sequence[int], matched: int,
-                        now_us: int) -> None:
+    def on_prefix_owner(self, state: AsyncdpState, dp_rank: int | None, hashes: Sequence[int], matched: int,
+                        others: Sequence[float]) -> None:
         """Record what another router placed on ``dp_rank`` (the directory's match) in this router's index, and
-        keep the prefix there while the claim lives (:meth:`AsyncdpState.bind`)."""
-        if dp_rank in state.excluded or not hashes:
-            return
-        if matched:
+        the other routers' recent new-prefix tokens per rank (:meth:`AsyncdpState.set_shared`)."""
+        if matched and dp_rank is not None and dp_rank not in state.excluded:
             state.index.insert(dp_rank, hashes[:matched])
-            state.update(dp_rank)
-        state.bind(hashes[0], dp_rank, now_us, CLAIM_TTL_US)
+        state.set_shared(others)
 
 
 def _tie_key(req: RequestView, hashes: Sequence[int]) -> int:

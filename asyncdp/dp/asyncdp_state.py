@@ -11,6 +11,7 @@ weight changes every rank: :meth:`update_all` recomputes them all and rescans on
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from asyncdp.dp.owner_index import OwnerIndex
@@ -97,7 +98,7 @@ class AsyncdpState:
     cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
     mean_load: float = 0.0  # load_total over the live ranks, kept with cap
     spill: set[int] = field(default_factory=set)  # first blocks whose next request makes a replica (mark_spill)
-    bound: dict[int, tuple[int, int]] = field(default_factory=dict)  # first block -> (rank, until_us): bind()
+    shared: list[float] = field(default_factory=list)  # the other routers' new-prefix tokens: set_shared()
     # min(base), its first index, how many ranks share it: kept by update, so select reads them
     best: float = 0.0
     pick: int = 0
@@ -117,7 +118,7 @@ class AsyncdpState:
               capacity_blocks: int) -> AsyncdpState:
         state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
                     [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
-                    OwnerIndex.empty(n, capacity_blocks), PrefixRates(),
+                    OwnerIndex.empty(n, capacity_blocks), PrefixRates(), shared=[0.0] * n,
                     decisions=tuple(Decision(i) for i in range(n)))
         state.set_cap()
         state.rescan()
@@ -137,8 +138,9 @@ class AsyncdpState:
 
     def _terms(self, i: int) -> tuple[float, float]:
         """Rank i's cost split at the snapshot weight: ``base[i] = local + weight·remote``, where ``local`` is this
-        router's own pending and decoding work and the memory term (infinite for a dead rank), ``remote`` the
-        snapshot's other routers' work and the KV penalty. Records the memory term in ``memory``."""
+        router's own pending and decoding work, the memory term and the other routers' new prefixes the directory
+        counted (``shared``; infinite for a dead rank), ``remote`` the snapshot's other routers' work and the KV
+        penalty. Records the memory term in ``memory``."""
         if i in self.excluded:
             return _INF, 0.0
         w = self.weights
@@ -148,7 +150,8 @@ class AsyncdpState:
             kv_pen = w.kv_penalty_tokens * (kv - KV_HIGH) / (1.0 - KV_HIGH)
         memory = w.memory_tokens * self.index.size(i) / self.index.capacity if w.memory_tokens else 0.0
         self.memory[i] = memory
-        return self.pending[i] + w.decode_tokens * self.decoding[i] + memory, self.others_tok[i] + kv_pen
+        local = self.pending[i] + w.decode_tokens * self.decoding[i] + memory + self.shared[i]
+        return local, self.others_tok[i] + kv_pen
 
     def costs_at(self, weight: float) -> list[float]:
         """Every rank's base cost with the snapshot terms at another ``weight`` (one pass, no method calls)."""
@@ -219,19 +222,17 @@ class AsyncdpState:
         else:
             self.spill.discard(first)
 
-    def bind(self, first: int, rank: int, now_us: int, ttl_us: int) -> None:
-        """Several routers: the coordinator's prefix directory put the prefix starting with block ``first`` on
-        ``rank`` for all of them, so for ``ttl_us`` this router sends the prompts whose whole matched run ``rank``
-        holds (at least half the prompt) there while it is under the hot-spot bound, whatever its own partial view
-        of the loads says: every router's view lacks the others' work until a snapshot shows it, and the directory
-        balanced the placements over everyone's. Expired bindings go when the map grows past 4 096."""
-        bound = self.bound
-        bound[first] = (rank, now_us + ttl_us)
-        if len(bound) > 4096:
-            for k in [k for k, (_, until) in bound.items() if until <= now_us]:
-                del bound[k]
-            while len(bound) > 2048:  # still full of live ones: the oldest go
-                del bound[next(iter(bound))]
+    def set_shared(self, others: Sequence[float]) -> None:
+        """Several routers: the other routers' new-prefix prompt tokens per rank, as the coordinator's prefix
+        directory last counted them (decayed over half a second). Until a snapshot shows the others' work, this
+        router's view is its own share of the traffic only; in a burst a router that happened to place more new
+        prefixes on one rank than on another would see that rank as busy and spread its later requests of those
+        prefixes, while the directory balanced the placements over everyone's. ``shared`` is part of each rank's
+        local cost until the next snapshot, which clears it (that snapshot counts the same work)."""
+        if len(others) != self.n:
+            raise ValueError(f"the directory counted {len(others)} ranks, this router has {self.n}")
+        self.shared = list(others)
+        self.update_all(resum=False)
 
     def update_all(self, *, resum: bool) -> None:
         """Every rank changed (a snapshot, a new weight): recompute all, then the minimum once."""

@@ -320,14 +320,19 @@ class LoadBalancer:
         decision = self._policy.select(req, self._snap, self._state, now_us, self._rng)
         return hashes, self._engines[decision.dp_rank]
 
-    def on_prefix_owner(self, hashes: Sequence[int], owner: int, matched: int, now_us: int = 0) -> int | None:
-        """The directory's answer to :meth:`claim`: tell the policy what ``owner`` holds, and return it as the
-        rank the request goes to, or None when it is not a live rank of this client (route on the policy)."""
+    def on_prefix_owner(self, hashes: Sequence[int], owner: int, matched: int,
+                        others: Sequence[float]) -> int | None:
+        """The directory's answer to :meth:`claim` (``others`` per rank from this client's first managed rank to its
+        last): tell the policy, and return ``owner`` as the rank the request goes to, or None when it is not a live
+        rank of this client (route on the policy)."""
+        first = self._engines[0]
+        if len(others) != self._engines[-1] - first + 1:
+            return None  # not an answer for this client's ranks
         i = self._index.get(owner)
-        if i is None or i in self._dead:
-            return None
-        self._policy.on_prefix_owner(self._state, i, hashes, max(0, matched), now_us)
-        return owner
+        usable = i is not None and i not in self._dead
+        self._policy.on_prefix_owner(self._state, i if usable else None, hashes, max(0, matched),
+                                     [others[g - first] for g in self._engines])
+        return owner if usable else None
 
     def select(self, request_id: str, prompt_token_ids: Sequence[int] = (), rank_hint: object = None, *,
                global_rank_hint: object = None, max_tokens: int = 16, now_us: int = 0,

@@ -137,9 +137,12 @@ class Policy:
         routers may be placing it right now); empty for no claim, which is every policy but prefix-aware ones."""
         return ()
 
-    def on_prefix_owner(self, state: Any, dp_rank: int, hashes: Sequence[int], matched: int, now_us: int) -> None:
-        """The directory put the prompt of ``hashes`` (what :meth:`claim_hashes` gave) on rank ``dp_rank``, which is
-        predicted to hold its first ``matched`` blocks already (another router sent them there)."""
+    def on_prefix_owner(self, state: Any, dp_rank: int | None, hashes: Sequence[int], matched: int,
+                        others: Sequence[float]) -> None:
+        """The directory put the prompt of ``hashes`` (what :meth:`claim_hashes` gave) on rank ``dp_rank`` (None:
+        not one of this router's live ranks), which is predicted to hold its first ``matched`` blocks already
+        (another router sent them there); ``others`` is, per rank, the other routers' recent new-prefix prompt
+        tokens as the directory counted them."""
 
 
 class ChoosingPolicy(Policy):

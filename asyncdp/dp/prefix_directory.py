@@ -21,93 +21,142 @@ different hybrid-LB nodes never share ranks, so they never share entries):
 - a new key goes to the claimant's proposal, unless the ranks of its scope already got a decidedly unequal share
   of the recent new prefixes: the directory keeps, per rank, the prompt tokens of the prefixes it placed, decaying
   with ``decay_s``, and a proposal more than ``slack`` of this prompt above the scope's least-loaded rank gives
-  way to that rank. That is the one thing every API server's view lacks in a burst (each saw its own placements
-  only); in steady traffic the counters have decayed and the proposal, which weighs load, memory and KV, stands.
+  way to that rank. In steady traffic the counters have decayed and the proposal, which weighs load, memory and
+  KV, stands.
 
-The answer binds that one request: it goes to the owner (unless the owner died or is not this API server's), and
-from then on the API server's own index knows the prefix, so it never asks again for it while it holds it.
-Entries are bounded (``max_entries``, oldest first) and expire after ``ttl_s``; a dead rank's entries go, and a
-dead rank is never chosen. Pure: the caller passes the time; the coordinator serves it from its client links.
+Every answer also carries, per rank of the scope, the *other* claimants' share of those counters: the prefill
+work the others just placed, which this API server's view lacks until a snapshot shows it. Without it, in a burst
+an API server that happened to be the first claimant of more prefixes on one rank than on another sees that rank
+as busy and spreads its later requests of those prefixes over other ranks, though the directory balanced the
+placements over everyone's (W1 at R = 4: 1.11 copies of each group, 0.94-0.96 x the goodput of R = 1; with the
+counts, one copy and the same goodput). The counters are kept per claimant (the coordinator's client link) and a
+claimant's go when it leaves.
+
+The answer sends that one request to the owner (unless the owner died or is not this API server's), and from then
+on the API server's own index knows the prefix, so it never asks again for it while it holds it. Entries are
+bounded (``max_entries``, and ``max_blocks`` hashes over all of them, oldest first) and expire after ``ttl_s``; a
+dead rank's entries go, and a dead rank is never chosen. Pure: the caller passes the time; the coordinator serves
+it from its client links.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["CLAIM_TTL_S", "MAX_CLAIM_BLOCKS", "Claim", "PrefixDirectory"]
+__all__ = ["CLAIM_TTL_S", "MAX_CLAIM_BLOCKS", "Answer", "Claim", "PrefixDirectory"]
 
-CLAIM_TTL_S = 2.0  # [ours] a claim coordinates placements made at about the same time, then routers know
+CLAIM_TTL_S = 30.0  # [ours] how long a prefix nobody claims again stays placed
 DECAY_S = 0.5  # [ours] how long the per-rank count of recent new-prefix tokens takes to fall by e
 SLACK = 0.25  # [ours] a proposal stands while its rank is within this fraction of the prompt of the least loaded
 MAX_ENTRIES = 65_536
+MAX_STORED_BLOCKS = 1 << 22  # hashes kept over all entries (8 bytes each: 32 MiB at most)
 MAX_CLAIM_BLOCKS = 1024  # the hashes a claim carries: matches are counted up to this many blocks
 
 
 @dataclass(slots=True)
 class Claim:
     owner: int
-    hashes: tuple[int, ...]  # the first claimant's prompt: later claimants match against it
+    hashes: array[int]  # the first claimant's prompt (signed 64-bit): later claimants match against it
     at_s: float  # last claimed
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    owner: int  # the rank the claimed prompt's request goes to
+    matched: int  # leading blocks of the claimed hashes the owner is predicted to hold
+    others: list[float]  # per rank of the scope: the other claimants' recent new-prefix prompt tokens
 
 
 class PrefixDirectory:
     def __init__(self, dp_size: int, *, ttl_s: float = CLAIM_TTL_S, decay_s: float = DECAY_S, slack: float = SLACK,
-                 max_entries: int = MAX_ENTRIES) -> None:
+                 max_entries: int = MAX_ENTRIES, max_blocks: int = MAX_STORED_BLOCKS) -> None:
         self.dp_size = dp_size
-        self.ttl_s, self.decay_s, self.slack, self.max_entries = ttl_s, decay_s, slack, max_entries
+        self.ttl_s, self.decay_s, self.slack = ttl_s, decay_s, slack
+        self.max_entries, self.max_blocks = max_entries, max_blocks
+        self.blocks = 0  # hashes stored over all entries
         self.entries: OrderedDict[tuple[int, int, int], Claim] = OrderedDict()  # least recently claimed first
-        self.recent = [0.0] * self.dp_size  # new-prefix prompt tokens placed per rank, decayed to recent_at_s
+        # new-prefix prompt tokens placed per rank, in all and per claimant, decayed to recent_at_s
+        self.recent = [0.0] * dp_size
+        self.by_client: dict[int, list[float]] = {}
         self.recent_at_s = 0.0
         self.dead: set[int] = set()
 
     def claim(self, hashes: Sequence[int], proposal: int, prompt_tokens: int, scope: tuple[int, int],
-              now_s: float) -> tuple[int, int]:
-        """``(owner, matched)``: the rank this prompt's request goes to, and how many of ``hashes`` it is predicted
-        to hold. ``scope`` is the claimant's managed ranks as ``(first, last)``, inclusive; ``proposal`` is in it.
-        Raises ValueError for a claim that does not fit that description."""
+              now_s: float, client: int = 0) -> Answer:
+        """Where this prompt's request goes (:class:`Answer`). ``scope`` is the claimant's managed ranks as
+        ``(first, last)``, inclusive; ``proposal`` is in it; ``client`` names the claimant (its counts are left out
+        of ``others``). Raises ValueError for a claim that does not fit that description."""
         first, last = scope
         if not hashes or not 0 <= first <= proposal <= last < self.dp_size:
             raise ValueError(f"bad prefix claim: {len(hashes)} hashes, proposal {proposal}, scope {scope}, "
                              f"dp_size {self.dp_size}")
         self._expire(now_s)
+        self._decay(now_s)
         key = (first, last, hashes[0])
         entry = self.entries.get(key)
         if entry is not None:
             entry.at_s = now_s
             self.entries.move_to_end(key)
-            return entry.owner, _common_prefix(entry.hashes, hashes)
-        owner = self._place(proposal, prompt_tokens, first, last, now_s)
-        self.entries[key] = Claim(owner, tuple(hashes[:MAX_CLAIM_BLOCKS]), now_s)
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)
-        return owner, 0
+            return Answer(entry.owner, _common_prefix(entry.hashes, hashes), self._others(client, first, last))
+        try:
+            stored = array("q", hashes[:MAX_CLAIM_BLOCKS])
+        except OverflowError:
+            raise ValueError("bad prefix claim: a block hash is not a signed 64-bit integer") from None
+        owner = self._place(proposal, prompt_tokens, first, last)
+        self.recent[owner] += prompt_tokens
+        self.by_client.setdefault(client, [0.0] * self.dp_size)[owner] += prompt_tokens
+        self.entries[key] = Claim(owner, stored, now_s)
+        self.blocks += len(stored)
+        while len(self.entries) > self.max_entries or self.blocks > self.max_blocks:
+            self._pop(next(iter(self.entries)))
+        return Answer(owner, 0, self._others(client, first, last))
+
+    def forget_client(self, client: int) -> None:
+        """A claimant left: its counts no longer stand for anyone's view (its placements stay)."""
+        mine = self.by_client.pop(client, None)
+        if mine is not None:
+            self.recent = [max(0.0, t - m) for t, m in zip(self.recent, mine, strict=True)]
 
     def drop_rank(self, rank: int) -> None:
         """A rank died: its prefixes are gone and it is never chosen again."""
         self.dead.add(rank)
         for key in [k for k, c in self.entries.items() if c.owner == rank]:
-            del self.entries[key]
+            self._pop(key)
 
-    def _place(self, proposal: int, prompt_tokens: int, first: int, last: int, now_s: float) -> int:
-        if now_s > self.recent_at_s:
-            f = math.exp(-(now_s - self.recent_at_s) / self.decay_s)
-            self.recent = [x * f for x in self.recent]
-            self.recent_at_s = now_s
+    def _pop(self, key: tuple[int, int, int]) -> None:
+        self.blocks -= len(self.entries.pop(key).hashes)
+
+    def _others(self, client: int, first: int, last: int) -> list[float]:
+        mine = self.by_client.get(client)
+        if mine is None:
+            return self.recent[first:last + 1]
+        return [max(0.0, self.recent[r] - mine[r]) for r in range(first, last + 1)]
+
+    def _decay(self, now_s: float) -> None:
+        if now_s <= self.recent_at_s:
+            return
+        f = math.exp(-(now_s - self.recent_at_s) / self.decay_s)
+        self.recent_at_s = now_s
+        if f < 1e-6:  # long idle: everything is forgotten
+            f = 0.0
+        self.recent = [x * f for x in self.recent]
+        for c, counts in self.by_client.items():
+            self.by_client[c] = [x * f for x in counts]
+
+    def _place(self, proposal: int, prompt_tokens: int, first: int, last: int) -> int:
         recent, dead = self.recent, self.dead
         live = [r for r in range(first, last + 1) if r not in dead]
         if not live:  # nobody to ask: the claimant's own pick stands (its engines tell it who is alive)
             return proposal
         floor = min(recent[r] for r in live)
-        owner = proposal
-        if proposal in dead or recent[proposal] > floor + self.slack * prompt_tokens:
-            n = last - first + 1  # the least loaded, first in a scan from the proposal (no bias to rank 0)
-            owner = next(r for k in range(n) if (r := first + (proposal - first + k) % n) in live
-                         and recent[r] == floor)
-        recent[owner] += prompt_tokens
-        return owner
+        if proposal not in dead and recent[proposal] <= floor + self.slack * prompt_tokens:
+            return proposal
+        n = last - first + 1  # the least loaded, first in a scan from the proposal (no bias to rank 0)
+        return next(r for k in range(n) if (r := first + (proposal - first + k) % n) in live and recent[r] == floor)
 
     def _expire(self, now_s: float) -> None:
         entries = self.entries
@@ -115,7 +164,7 @@ class PrefixDirectory:
             key, oldest = next(iter(entries.items()))
             if now_s - oldest.at_s <= self.ttl_s:
                 return
-            del entries[key]
+            self._pop(key)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

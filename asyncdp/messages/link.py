@@ -267,6 +267,7 @@ class PrefixOwner(_Msg, frozen=True):
     seq: int
     owner: int  # the global rank the request goes to
     matched: int  # leading blocks of the claim's hashes the owner is predicted to hold
+    others: list[float]  # per rank first_rank..last_rank: the other clients' recent new-prefix prompt tokens
 
 
 class StatsSnapshot(_Msg, frozen=True):

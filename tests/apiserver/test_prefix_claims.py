@@ -40,7 +40,8 @@ async def test_the_directorys_answer_directs_the_request_and_silence_times_out_t
 
     def answer(claim: m.PrefixClaim) -> m.PrefixOwner | None:
         seen.append(claim)
-        return None if silent else m.PrefixOwner(seq=claim.seq, owner=(claim.proposal + 1) % 4, matched=0)
+        return None if silent else m.PrefixOwner(seq=claim.seq, owner=(claim.proposal + 1) % 4, matched=0,
+                                                 others=[0.0, 0.0, 512.0, 0.0])
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(fake_coordinator, coord_end, answer)
@@ -55,6 +56,7 @@ async def test_the_directorys_answer_directs_the_request_and_silence_times_out_t
             assert directed is None and waited == pytest.approx(CLAIM_TIMEOUT_S)
         else:
             assert directed == (seen[0].proposal + 1) % 4 and waited == 0
+            assert lb.state.shared == [0.0, 0.0, 512.0, 0.0]  # the other API servers' new prefixes
         tg.cancel_scope.cancel()
 
 

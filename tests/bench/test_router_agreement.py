@@ -29,8 +29,14 @@ def test_independent_routers_copy_groups_and_a_consistent_hash_does_not():
     assert hashed == 1.0
 
 
+def test_routers_asking_the_coordinators_prefix_directory_place_every_group_once_and_evenly():
+    for routers in (1, 4, 8):
+        copies, skew = ra.run(ra.WithDirectory(), routers, _ns())
+        assert copies == 1.0 and skew == 1.0, routers
+
+
 def test_the_script_prints_the_table():
     out = subprocess.run([sys.executable, "bench/router_agreement.py", "--groups", "8", "--prompts", "4",
                           "--system", "64", "--question", "16", "--dp", "2"], cwd=ROOT, capture_output=True,
                          text=True, check=True, timeout=60).stdout
-    assert "prefills/group" in out and out.count("x asyncdp R=1") == 8
+    assert "prefills/group" in out and out.count("x asyncdp R=1") == 10

@@ -602,10 +602,11 @@ async def test_clients_agree_on_a_new_prefix_through_the_coordinator_and_a_dead_
         await a.send(claim(7, [11, 12, 13, 14], proposal=1))
         t_sent = trio.current_time()
         t, owner = await a.expect(PrefixOwner)
-        assert owner == PrefixOwner(seq=7, owner=1, matched=0) and t == t_sent  # answered at once
+        assert owner == PrefixOwner(seq=7, owner=1, matched=0, others=[0.0] * 4) and t == t_sent  # at once
         await b.send(claim(3, [11, 12, 99], proposal=2))  # the same system prompt, another question
         _, owner = await b.expect(PrefixOwner)
-        assert owner == PrefixOwner(seq=3, owner=1, matched=2)
+        # the owner, the blocks it shares, and client a's new-prefix tokens (64) on rank 1
+        assert owner == PrefixOwner(seq=3, owner=1, matched=2, others=[0.0, 64.0, 0.0, 0.0])
         # a malformed claim (a proposal outside its own scope) is dropped with a warning; the link stays up
         with caplog.at_level(logging.WARNING):
             await b.send(claim(4, [5], proposal=3, first=0, last=1))

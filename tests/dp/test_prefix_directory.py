@@ -9,63 +9,67 @@ import pytest
 
 from asyncdp.dp.asyncdp_policy import AsyncdpPolicy, prompt_hashes
 from asyncdp.dp.balance import LoadBalancer
-from asyncdp.dp.policy import Decision, RequestView
+from asyncdp.dp.policy import Decision, RankLoad, RequestView, Snapshot
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS, PrefixDirectory
 
 ALL4 = (0, 3)
 
 
+def om(answer) -> tuple[int, int]:
+    return answer.owner, answer.matched
+
+
 def test_first_claim_places_the_prefix_on_the_proposal_and_later_claims_get_it_with_their_match():
     d = PrefixDirectory(4)
-    assert d.claim([1, 2, 3, 4], 2, 64, ALL4, now_s=0.0) == (2, 0)
+    assert om(d.claim([1, 2, 3, 4], 2, 64, ALL4, now_s=0.0)) == (2, 0)
     # another router, another proposal: the first claim stands; 3 of its blocks match the first claimant's
-    assert d.claim([1, 2, 3, 9, 9], 0, 80, ALL4, now_s=0.1) == (2, 3)
+    assert om(d.claim([1, 2, 3, 9, 9], 0, 80, ALL4, now_s=0.1)) == (2, 3)
     # a prompt sharing only the first block matches one block
-    assert d.claim([1, 7], 1, 32, ALL4, now_s=0.2) == (2, 1)
+    assert om(d.claim([1, 7], 1, 32, ALL4, now_s=0.2)) == (2, 1)
 
 
 def test_a_proposal_on_a_rank_that_already_got_more_new_prefixes_gives_way_to_the_least_loaded():
     d = PrefixDirectory(4)
-    assert d.claim([10], 1, 1000, ALL4, now_s=0.0) == (1, 0)
+    assert om(d.claim([10], 1, 1000, ALL4, now_s=0.0)) == (1, 0)
     # rank 1 got 1000 new-prefix tokens at this instant; a proposal of rank 1 is now 1000 > 0.25*1000 over the
     # floor, so the least loaded rank after it in scan order takes it
-    assert d.claim([20], 1, 1000, ALL4, now_s=0.0) == (2, 0)
-    assert d.claim([30], 1, 1000, ALL4, now_s=0.0) == (3, 0)
-    assert d.claim([40], 1, 1000, ALL4, now_s=0.0) == (0, 0)
+    assert om(d.claim([20], 1, 1000, ALL4, now_s=0.0)) == (2, 0)
+    assert om(d.claim([30], 1, 1000, ALL4, now_s=0.0)) == (3, 0)
+    assert om(d.claim([40], 1, 1000, ALL4, now_s=0.0)) == (0, 0)
     # every rank has one: the proposal stands again
-    assert d.claim([50], 1, 1000, ALL4, now_s=0.0) == (1, 0)
+    assert om(d.claim([50], 1, 1000, ALL4, now_s=0.0)) == (1, 0)
 
 
 def test_the_counts_decay_so_in_steady_traffic_the_proposal_stands():
     d = PrefixDirectory(4, decay_s=0.5)
-    assert d.claim([10], 1, 1000, ALL4, now_s=0.0) == (1, 0)
-    assert d.claim([20], 1, 1000, ALL4, now_s=0.001) == (2, 0)  # a moment later: still counted
-    assert d.claim([30], 1, 1000, ALL4, now_s=10.0) == (1, 0)  # 20 decay times later: forgotten
+    assert om(d.claim([10], 1, 1000, ALL4, now_s=0.0)) == (1, 0)
+    assert om(d.claim([20], 1, 1000, ALL4, now_s=0.001)) == (2, 0)  # a moment later: still counted
+    assert om(d.claim([30], 1, 1000, ALL4, now_s=10.0)) == (1, 0)  # 20 decay times later: forgotten
 
 
 def test_claims_expire_after_the_ttl_unless_refreshed():
-    d = PrefixDirectory(4, ttl_s=2.0, decay_s=0.01)
-    assert d.claim([5, 6], 0, 32, ALL4, now_s=0.0) == (0, 0)
-    assert d.claim([5, 6], 3, 32, ALL4, now_s=1.5) == (0, 2)  # refreshed at 1.5
-    assert d.claim([5, 6], 3, 32, ALL4, now_s=3.0) == (0, 2)  # 1.5 s after the refresh: still there
-    assert d.claim([5, 6], 3, 32, ALL4, now_s=5.5) == (3, 0)  # expired: a new placement, the new proposal
+    d = PrefixDirectory(4, ttl_s=2.0, decay_s=0.01)  # (30 s by default)
+    assert om(d.claim([5, 6], 0, 32, ALL4, now_s=0.0)) == (0, 0)
+    assert om(d.claim([5, 6], 3, 32, ALL4, now_s=1.5)) == (0, 2)  # refreshed at 1.5
+    assert om(d.claim([5, 6], 3, 32, ALL4, now_s=3.0)) == (0, 2)  # 1.5 s after the refresh: still there
+    assert om(d.claim([5, 6], 3, 32, ALL4, now_s=5.5)) == (3, 0)  # expired: a new placement, the new proposal
 
 
 def test_a_dead_rank_loses_its_prefixes_and_is_never_chosen():
     d = PrefixDirectory(3)
-    assert d.claim([1], 1, 100, (0, 2), now_s=0.0) == (1, 0)
+    assert om(d.claim([1], 1, 100, (0, 2), now_s=0.0)) == (1, 0)
     d.drop_rank(1)
     assert not d.entries
     # its prefix is placed again; the dead proposal gives way to the next live rank in scan order
-    assert d.claim([1], 1, 100, (0, 2), now_s=0.0) == (2, 0)
+    assert om(d.claim([1], 1, 100, (0, 2), now_s=0.0)) == (2, 0)
 
 
 def test_scopes_of_different_nodes_never_share_an_entry_and_stay_in_their_ranks():
     d = PrefixDirectory(8)
-    assert d.claim([1, 2], 1, 100, (0, 3), now_s=0.0) == (1, 0)
-    assert d.claim([1, 2], 5, 100, (4, 7), now_s=0.0) == (5, 0)  # another node's API server: its own entry
+    assert om(d.claim([1, 2], 1, 100, (0, 3), now_s=0.0)) == (1, 0)
+    assert om(d.claim([1, 2], 5, 100, (4, 7), now_s=0.0)) == (5, 0)  # another node's API server: its own entry
     d.claim([3], 5, 1000, (4, 7), now_s=0.0)
-    owner, _ = d.claim([4], 5, 1000, (4, 7), now_s=0.0)
+    owner = d.claim([4], 5, 1000, (4, 7), now_s=0.0).owner
     assert 4 <= owner <= 7 and owner != 5
 
 
@@ -77,9 +81,18 @@ def test_the_directory_is_bounded_and_refuses_malformed_claims():
     assert list(d.entries)[0] == (0, 1, 7)  # the oldest went first
     d.claim(list(range(5000)), 0, 80_000, (0, 1), now_s=0.0)
     assert len(d.entries[(0, 1, 0)].hashes) == MAX_CLAIM_BLOCKS  # a long prompt is kept to its first blocks
-    for bad in (([], 0, (0, 1)), ([1], 2, (0, 1)), ([1], 0, (1, 1)), ([1], 0, (0, 2))):
+    for bad in (([], 0, (0, 1)), ([1], 2, (0, 1)), ([1], 0, (1, 1)), ([1], 0, (0, 2)), ([1 << 63], 0, (0, 1))):
         with pytest.raises(ValueError):
             d.claim(bad[0], bad[1], 16, bad[2], now_s=0.0)
+
+
+def test_the_hashes_kept_over_all_entries_are_bounded_too():
+    d = PrefixDirectory(2, max_blocks=100)
+    for h in range(5):
+        d.claim([h] + [7] * 39, 0, 640, (0, 1), now_s=0.0)  # 40 blocks each
+    assert d.blocks == 80 and [k[2] for k in d.entries] == [3, 4]
+    d.drop_rank(d.entries[(0, 1, 3)].owner)
+    assert d.blocks == 40 and len(d.entries) == 1
 
 
 # ---------------------------------------------------------------- the policy and the balancer
@@ -99,7 +112,7 @@ def test_asyncdp_claims_only_prompts_whose_first_block_it_never_placed_and_only_
     state = pol.init(4, 0, 2)
     req = RequestView("a", _prompt(0, SYSTEM))
     assert tuple(pol.claim_hashes(state, req)) == prompt_hashes(req, 16)
-    pol.on_prefix_owner(state, 3, prompt_hashes(req, 16), 8, 0)
+    pol.on_prefix_owner(state, 3, prompt_hashes(req, 16), 8, [0.0] * 4)
     assert pol.claim_hashes(state, RequestView("b", _prompt(1, SYSTEM))) == ()  # it knows the first block now
     hinted = RequestView("c", _prompt(2, tuple(range(90_000, 90_016))), rank_hint=1)
     assert pol.claim_hashes(state, hinted) == ()
@@ -112,7 +125,7 @@ def test_a_learned_owner_draws_the_next_requests_of_the_prefix_like_its_own_plac
     hashes, proposal = ask
     owner = (proposal + 1) % 4  # all tied: the proposal is the key's rank; the directory names another
     # the directory says another router put the system prompt on that rank (its 8 blocks match)
-    assert lb.on_prefix_owner(hashes, owner, 8) == owner
+    assert lb.on_prefix_owner(hashes, owner, 8, [0.0] * 4) == owner
     assert lb.select("r0", _prompt(0, SYSTEM), directed=owner) == owner
     # the next request of the prefix needs no claim and goes there on the credit the answer taught
     assert lb.claim("r1", _prompt(1, SYSTEM)) is None
@@ -124,9 +137,10 @@ def test_the_balancer_ignores_an_owner_it_does_not_manage_or_that_died_and_a_hin
     ask = lb.claim("r0", _prompt(0, SYSTEM))
     assert ask is not None
     assert ask[1] in (4, 5, 6, 7)
-    assert lb.on_prefix_owner(ask[0], 1, 8) is None  # not one of this client's ranks
+    assert lb.on_prefix_owner(ask[0], 1, 8, [0.0] * 4) is None  # not one of this client's ranks
+    assert lb.on_prefix_owner(ask[0], 5, 8, [0.0] * 8) is None  # an answer for other ranks than this client's
     lb.mark_dead(6)
-    assert lb.on_prefix_owner(ask[0], 6, 8) is None
+    assert lb.on_prefix_owner(ask[0], 6, 8, [0.0] * 4) is None
     assert lb.select("r0", _prompt(0, SYSTEM), 1, directed=5) == 5  # local index 1 = global 5: the hint
     assert lb.select("r1", _prompt(1, SYSTEM), 3, directed=5) == 7
 
@@ -147,32 +161,54 @@ def _route(pol: AsyncdpPolicy, state, req: RequestView, now_us: int) -> int:
     return d.dp_rank
 
 
-def test_a_prefix_the_directory_placed_stays_on_its_owner_while_the_claim_lives_and_under_the_hot_spot_bound():
+def test_each_claimant_gets_the_other_claimants_recent_new_prefix_tokens_per_rank():
+    d = PrefixDirectory(4, decay_s=0.5)
+    assert d.claim([1], 0, 100, ALL4, now_s=0.0, client=7).others == [0.0, 0.0, 0.0, 0.0]
+    assert d.claim([2], 2, 300, ALL4, now_s=0.0, client=8).others == [100.0, 0.0, 0.0, 0.0]  # not its own
+    assert d.claim([3], 1, 50, ALL4, now_s=0.0, client=7).others == [0.0, 0.0, 300.0, 0.0]
+    assert d.claim([2, 5], 3, 64, ALL4, now_s=0.0, client=9).others == [100.0, 50.0, 300.0, 0.0]  # a hit: no count
+    later = d.claim([2, 5], 3, 64, ALL4, now_s=0.5, client=9).others
+    assert later == pytest.approx([100 / 2.718281828, 50 / 2.718281828, 300 / 2.718281828, 0.0])
+    assert d.claim([8], 1, 10, (1, 2), now_s=0.5, client=9).others == pytest.approx(later[1:3])  # its scope
+    d.forget_client(8)  # the claimant left: its counts stand for nobody's view any more
+    assert d.claim([9], 0, 10, ALL4, now_s=0.5, client=9).others[2] == pytest.approx(0.0)
+
+
+def _dispatch(pol: AsyncdpPolicy, state, req: RequestView, rank: int, now_us: int) -> None:
+    pol.on_dispatch(state, req, Decision(rank), now_us)
+
+
+def _route(pol: AsyncdpPolicy, state, req: RequestView, now_us: int) -> int:
+    d = pol.select(req, None, state, now_us, random.Random(0))
+    _dispatch(pol, state, req, d.dp_rank, now_us)
+    return d.dp_rank
+
+
+def test_the_other_routers_new_prefixes_count_in_each_ranks_cost_until_the_next_snapshot():
+    # This router placed three new prompts of its own on rank 1 (the directory's choice); the other routers' new
+    # prefixes went to ranks 0, 2 and 3. Without that, rank 1 looks busiest and a later request of a prefix rank 1
+    # holds would leave it; with it, the ranks are even and the hit keeps it there (W1's burst at R = 4).
     pol = AsyncdpPolicy(memory_tokens=0)
     state = pol.init(4, 0, 4)
     first = RequestView("a", _prompt(0, SYSTEM))
-    # this router claimed first: the directory put the prompt on rank 1 (nothing cached there yet), and the
-    # balancer sends the claimed request there
-    pol.on_prefix_owner(state, 1, prompt_hashes(first, 16), 0, 0)
+    pol.on_prefix_owner(state, 1, prompt_hashes(first, 16), 0, [0.0] * 4)
     _dispatch(pol, state, first, 1, 0)
-    # this router's own view makes rank 1 look busier (three more new prompts of its own went there; the other
-    # routers' work elsewhere it cannot see), more than the prefix's credit is worth
-    for i in range(3):
+    for i in range(2):
         _dispatch(pol, state, RequestView(f"o{i}", _prompt(50 + i, tuple(range(70_000 + 1000 * i,
                                                                                 70_000 + 1000 * i + 128)))), 1, 0)
-    assert state.base[1] > state.base[0] + 2 * 128
-    # while the claim lives, a prompt whose whole run rank 1 holds goes there anyway
+    alone = state.base[1] - state.base[0]
+    assert alone > 2 * 128  # more than the credit of the 128-token system prompt
+    pol.on_prefix_owner(state, None, prompt_hashes(RequestView("x", _prompt(9, (1,) * 16)), 16), 0,
+                        [3 * 144.0, 0.0, 3 * 144.0, 3 * 144.0])
+    assert state.base[1] - state.base[0] == pytest.approx(alone - 3 * 144.0)
     assert _route(pol, state, RequestView("b", _prompt(1, SYSTEM)), 1_000) == 1
-    # after the claim's TTL the policy's own cost decides again
-    assert _route(pol, state, RequestView("c", _prompt(2, SYSTEM)), 3_000_000) != 1
+    pol.on_snapshot(state, Snapshot(tuple(RankLoad(0, 0, 0.0) for _ in range(4)), delivered_at_us=2_000))
+    assert state.shared == [0.0] * 4 and state.base[1] - state.base[0] > 2 * 128
+    assert _route(pol, state, RequestView("c", _prompt(2, SYSTEM)), 3_000) != 1
 
 
-def test_a_binding_yields_to_the_hot_spot_bound():
-    pol = AsyncdpPolicy(memory_tokens=0, hot_ratio=1.0, hot_slack=2.0)
-    state = pol.init(4, 0, 4)
-    first = RequestView("a", _prompt(0, SYSTEM))
-    pol.on_prefix_owner(state, 2, prompt_hashes(first, 16), 0, 0)
-    _dispatch(pol, state, first, 2, 0)
-    ranks = [_route(pol, state, RequestView(f"r{i}", _prompt(i + 1, SYSTEM)), 10) for i in range(8)]
-    assert ranks[:2] == [2, 2]  # in flight on rank 2 up to mean + 2
-    assert set(ranks[2:]) - {2}  # past the bound the prefix is replicated elsewhere
+def test_a_directory_answer_for_another_number_of_ranks_is_refused_by_the_policy_state():
+    pol = AsyncdpPolicy()
+    state = pol.init(4, 0, 2)
+    with pytest.raises(ValueError):
+        state.set_shared([0.0] * 3)

@@ -9,6 +9,7 @@ process uses its siblings' free slots; a process whose event loop stops (SIGSTOP
 from __future__ import annotations
 
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import MODEL, serve
+from tests.e2e.metrics_text import per_engine, read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -108,3 +110,60 @@ async def test_the_inflight_gauge_is_the_sum_over_the_api_processes(tmp_path: Pa
                 table = (await _server_info_fresh_connection(server.base_url))["api_processes"]
                 assert sum(inflight.values()) == sum(p["inflight"] for p in table) == 12, (inflight, table)
                 tg.cancel_scope.cancel()
+
+
+async def _process_client(base_url: str, rank: int) -> httpx.AsyncClient:
+    """An HTTP client whose one keep-alive connection is served by API process ``rank`` (fresh connections until
+    the kernel hands one to it)."""
+    with anyio.fail_after(60):
+        while True:
+            http = httpx.AsyncClient(base_url=base_url, timeout=60.0, limits=httpx.Limits(max_connections=1))
+            if (await http.get("/server_info")).json()["api_process_rank"] == rank:
+                return http
+            await http.aclose()
+
+
+async def _complete(base_url: str, rank: int, body: dict) -> None:
+    http = await _process_client(base_url, rank)
+    try:
+        r = await http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+    finally:
+        await http.aclose()
+
+
+async def test_api_servers_running_asyncdp_agree_on_a_prefix_another_one_placed(tmp_path: Path) -> None:
+    """Each API server routes on its own state, so a system prompt one of them placed is unknown to the other;
+    through the coordinator's prefix directory the other one sends it to the same rank, where it hits the cache."""
+    groups, system, question = 8, 128, 16  # tokens; whole 16-token blocks
+    vocab = 250  # builtin:tiny-dense has 259 token ids
+
+    def tokens(seed: int, n: int) -> list[int]:
+        rng = random.Random(seed)
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    prompts = [[tokens(g, system) + tokens(1000 + 10 * g + k, question) for k in range(2)] for g in range(groups)]
+    with serve(tmp_path, "-dp", "2", "--api-server-count", "2", "--lb-policy", "asyncdp") as server:
+        second = await _process_client(server.base_url, 1)
+        try:
+
+            async def hits() -> float:
+                return sum(per_engine(await read_metrics(server.base_url), "vllm:prefix_cache_hits_total").values())
+
+            body = {"model": MODEL, "max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
+            with anyio.fail_after(120):
+                # API server 0 places every system prompt in one burst, balancing them over the ranks by its own
+                # in-flight work (an idle API server would break ties by a hash of the prompt instead)
+                async with anyio.create_task_group() as tg:
+                    for g in range(groups):
+                        tg.start_soon(_complete, server.base_url, 0, {**body, "max_tokens": 32,
+                                                                      "prompt": prompts[g][0]})
+                before = await hits()
+                for g in range(groups):  # API server 1 has never sent them anywhere
+                    r = await second.post("/v1/completions", json={**body, "prompt": prompts[g][1]})
+                    assert r.status_code == 200, r.text
+                after = await hits()
+        finally:
+            await second.aclose()
+    # every second request found its whole system prompt cached on the rank the first one went to
+    assert after - before == groups * system
