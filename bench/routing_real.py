@@ -1,8 +1,8 @@
 """Routing policies on the real engine, side by side in one run (issue 10 item 6).
 
 For each policy (``--policies``, default ``asyncdp,vllm,round_robin``) this launches a fresh
-``asyncdp serve builtin:tiny-dense -dp 2 --lb-policy POLICY`` (torch executor on CPU, one API server, one torch
-thread per engine) and replays the same shared-prefix workload over HTTP with ``bench/http_replay.py``. By default
+``asyncdp serve builtin:tiny-dense -dp 2 --lb-policy POLICY`` (torch executor on CPU, one API server unless
+``--api-servers N``, one torch thread per engine) and replays the same shared-prefix workload over HTTP with ``bench/http_replay.py``. By default
 that is W1 (SGLang's generated shared prefix) scaled down to tiny-dense: 8 system prompts of 768 tokens, each
 shared by 8 questions of 32 tokens, 16 output tokens, Poisson arrivals at 8 requests/s (``--rate``, ``--options``
 and ``--workload`` change it). Every policy gets the same records, the same send times and a cold server.
@@ -18,7 +18,12 @@ requests over the mean (from ``vllm:request_success``), then the same as ratios 
 stderr; ``--json OUT`` writes everything. No figure is asserted: the 2-core machine this runs on is shared, so read
 the ratios, not the absolute times.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/routing_real.py [--policies asyncdp,vllm,round_robin] [--json out.json]
+With ``--api-servers 2 --policies asyncdp,asyncdp@local,vllm`` it shows the coordinator's prefix directory on the
+real engine: the two API servers agree on each new system prompt (``asyncdp``) or place it each on its own
+(``asyncdp@local``).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/routing_real.py [--policies asyncdp,vllm,round_robin] [--api-servers N]
+                                                          [--json out.json]
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def run(policies: list[str], workload: Workload, args: argparse.Namespace) -> di
     results: dict[str, dict[str, float]] = {}
     for i, policy in enumerate(policies, 1):
         print(f"[{i}/{len(policies)}] {policy}", file=sys.stderr, flush=True)
-        rep = serve_and_replay(policy, workload, args, [*ENGINE_FLAGS])
+        rep = serve_and_replay(policy, workload, args, [*ENGINE_FLAGS, "--api-server-count", str(args.api_servers)])
         m = results[policy] = rep.metrics()
         print(f"[{policy}] done in {rep.wall_s:.1f} s: {m['completed']:.0f} completed, {m['failed']:.0f} failed, "
               f"hit rate {m['prefix_hit_rate']:.3f}, TTFT mean {m['ttft_mean_s']:.4f} s, load average "
@@ -64,8 +69,12 @@ def run(policies: list[str], workload: Workload, args: argparse.Namespace) -> di
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policies", default="asyncdp,vllm,round_robin")
+    ap.add_argument("--api-servers", type=int, default=1,
+                    help="API-server processes sharing the port (2 with asyncdp,asyncdp@local: the prefix directory)")
     add_workload_args(ap)
     args = ap.parse_args(argv)
+    if args.api_servers < 1:
+        ap.error("--api-servers must be >= 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     workload = workload_from_args(args)
     print(describe(workload), flush=True)

@@ -105,7 +105,7 @@ class AsyncdpPolicy(Policy):
     def __init__(self, *, decode_tokens: float = DECODE_TOKENS, hot_ratio: float = HOT_RATIO,
                  hot_slack: float = HOT_SLACK, kv_penalty_tokens: float = KV_PENALTY_TOKENS,
                  credit_weight: float = CREDIT_WEIGHT, memory_tokens: float = MEMORY_TOKENS,
-                 replica_headroom: float = REPLICA_HEADROOM, prefix: bool = True) -> None:
+                 replica_headroom: float = REPLICA_HEADROOM, prefix: bool = True, directory: bool = True) -> None:
         if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0 or replica_headroom < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens and "
                               "replica_headroom >= 0.")
@@ -117,6 +117,7 @@ class AsyncdpPolicy(Policy):
         self.memory_tokens = memory_tokens
         self.replica_headroom = replica_headroom  # 0: no deliberate replicas
         self.prefix = prefix
+        self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
              params: dict[str, Any] | None = None) -> AsyncdpState:
@@ -309,7 +310,7 @@ class AsyncdpPolicy(Policy):
     def claim_hashes(self, state: AsyncdpState, req: RequestView) -> Sequence[int]:
         """A prompt whose first block this router never placed is claimed through the coordinator when there are
         other routers: one of them may be placing it right now (:mod:`asyncdp.dp.prefix_directory`)."""
-        if state.num_routers < 2 or not self.prefix or req.rank_hint is not None:
+        if state.num_routers < 2 or not self.directory or not self.prefix or req.rank_hint is not None:
             return ()
         hashes = prompt_hashes(req, state.block_size)
         if not hashes or state.index.owners.get(hashes[0], 0):

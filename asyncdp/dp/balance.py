@@ -203,6 +203,7 @@ POLICIES: dict[str, type[Policy]] = {
 PRESETS: dict[str, dict[str, Any]] = {
     "vllm_legacy@no_initial_counts": {"no_initial_counts": True},
     "round_robin@staggered": {"staggered": True},
+    "asyncdp@local": {"directory": False},  # each API server on its own: no prefix directory
     "power_of_two@queue": {"metric": "queue"},
     "power_of_two@load": {"metric": "load"},
     "power_of_two@kv": {"metric": "kv"},

@@ -157,13 +157,12 @@ def _prefills_per_group(workload, log) -> float:
 def test_four_routers_agree_on_new_prefixes_through_the_coordinators_directory():
     # W1's burst with 4 API servers: every request is routed at the same instant, so no snapshot can tell one
     # router what another did. Through the coordinator's prefix directory each group's system prompt lands on one
-    # rank, as with one router; without a coordinator each router places each group on its own.
+    # rank, as with one router; without it (asyncdp@local) each router places each group on its own.
     workload = resolve(build("w1", "quick", 1, {**TINY_W1, "groups": 8, "prompts_per_group": 8}))
     spec = ClusterSpec(dp_size=4, profile=load_profile("gpu_8b"), routers=4)
     one = simulate(workload, "asyncdp", 1, ClusterSpec(dp_size=4, profile=load_profile("gpu_8b")))
     four = simulate(workload, "asyncdp", 1, spec)
-    alone = simulate(workload, "asyncdp", 1, ClusterSpec(dp_size=4, profile=load_profile("gpu_8b"), routers=4,
-                                                          telemetry="none"))
+    alone = simulate(workload, "asyncdp@local", 1, spec)
     assert _prefills_per_group(workload, one) == 1.0
     assert _prefills_per_group(workload, four) == 1.0
     assert _prefills_per_group(workload, alone) > 1.5

@@ -619,3 +619,20 @@ async def test_clients_agree_on_a_new_prefix_through_the_coordinator_and_a_dead_
         await b.send(claim(6, [11, 12, 99], proposal=1))
         _, owner = await b.expect(PrefixOwner)
         assert owner.owner != 1 and owner.matched == 0
+
+
+@pytest.mark.trio
+async def test_a_client_that_leaves_takes_its_new_prefix_counts_with_it(autojump_clock):
+    async with coordinator(CoordinatorConfig(dp_size=4, wave_mode=False)) as h:
+        await h.engines(4)
+        a, b = await h.client(0), await h.client(1)
+        await a.send(claim(1, [21, 22], proposal=2))
+        await a.expect(PrefixOwner)
+        await b.send(claim(1, [31], proposal=0))
+        _, owner = await b.expect(PrefixOwner)
+        assert owner.others == [0.0, 0.0, 32.0, 0.0]  # a's new prefix on rank 2
+        await a.close()
+        await trio.sleep(0.001)  # (the counts decay over 0.5 s: 0.2 % in this time)
+        await b.send(claim(2, [41], proposal=1))
+        _, owner = await b.expect(PrefixOwner)
+        assert owner.others == [0.0, 0.0, 0.0, 0.0]

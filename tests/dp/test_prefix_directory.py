@@ -149,6 +149,8 @@ def test_no_claims_with_one_router_one_rank_or_a_policy_without_an_index():
     assert LoadBalancer([0, 1], client_count=1, policy="asyncdp").claim("r", _prompt(0, SYSTEM)) is None
     assert LoadBalancer([3], client_index=0, client_count=2, policy="asyncdp").claim("r", _prompt(0, SYSTEM)) is None
     assert LoadBalancer([0, 1], client_index=0, client_count=2, policy="vllm").claim("r", _prompt(0, SYSTEM)) is None
+    local = LoadBalancer([0, 1], client_index=0, client_count=2, policy="asyncdp@local")
+    assert local.claim("r", _prompt(0, SYSTEM)) is None  # the preset that keeps each API server on its own
 
 
 def _dispatch(pol: AsyncdpPolicy, state, req: RequestView, rank: int, now_us: int) -> None:
