@@ -174,7 +174,8 @@ class Metrics:
 
     # ------------------------------------------------------------------ DP
     def inc_lb_decision(self, engine: int | str, reason: str) -> None:
-        """``reason``: ``score`` (chosen by the policy) or ``hint`` (pinned by a rank hint)."""
+        """``reason``: ``score`` (chosen by the policy), ``hint`` (pinned by a rank hint) or ``directory`` (the
+        coordinator's prefix directory named the rank: several API servers, a new prefix)."""
         self._c(self.dp_lb_decisions, engine, reason).inc()
 
     def set_inflight(self, engine: int | str, n: int) -> None:

@@ -198,8 +198,8 @@ class DPClient:
         admission: Admission | None = None,
     ) -> AsyncGenerator[m.RequestOutput, None]:
         # A new prefix among several API servers: the coordinator says where it goes (before the slot is taken).
-        directed = None if rank_hint is not None or self._shutting_down else await self.coordinator.direct(
-            self.lb, request_id, prompt_token_ids, params.max_tokens or 16, now_us())
+        directed = None if rank_hint is not None or not self.can_serve() or self._shutting_down else \
+            await self.coordinator.direct(self.lb, request_id, prompt_token_ids, params.max_tokens or 16, now_us())
         # The slot: one of the HTTP request's reserved ones, or a fresh one. From the take on, the count stays
         # right on every path: nothing awaits until the request is registered below, and every path out after
         # that goes through the finally, which releases it.
@@ -260,7 +260,7 @@ class DPClient:
             raise UnavailableError(f"data_parallel_rank {dp_rank} is not available")
         if self.metrics is not None:
             pinned = local_index is not None or global_rank is not None
-            self.metrics.inc_lb_decision(dp_rank, "hint" if pinned else "score")
+            self.metrics.inc_lb_decision(dp_rank, "hint" if pinned else "directory" if directed is not None else "score")
         return dp_rank, engine
 
     async def _start_wave(self, dp_rank: int) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -52,6 +52,14 @@ CLAIM_TIMEOUT_S = 0.05  # a prefix claim's round trip (sub-millisecond on a live
 
 
 
+@dataclass(slots=True)
+class _Waiter:
+    """A prefix claim waiting for its ``PrefixOwner``."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    reply: m.PrefixOwner | None = None
+
+
 class CoordinatorFollower:
     def __init__(self, client_index: int, heartbeat_interval_s: float,
                  on_snapshot: Callable[[m.StatsSnapshot], None], shutting_down: Callable[[], bool], *,
@@ -67,7 +75,7 @@ class CoordinatorFollower:
         self.link: Link | None = None  # while subscribed
         self.snapshot_received_at: float | None = None
         self._claim_seq = 0
-        self._claims: dict[int, list[Any]] = {}  # seq -> [event, PrefixOwner | None], while a claim waits
+        self._claims: dict[int, _Waiter] = {}  # seq -> the claim waiting for its answer
 
     def snapshot_age_s(self) -> float | None:
         if self.snapshot_received_at is None:
@@ -96,19 +104,17 @@ class CoordinatorFollower:
             return None
         self._claim_seq += 1
         seq = self._claim_seq
-        waiter: list[Any] = [anyio.Event(), None]
-        self._claims[seq] = waiter
+        waiter = self._claims[seq] = _Waiter()
         try:
             with anyio.move_on_after(CLAIM_TIMEOUT_S):
                 await link.send(m.PrefixClaim(seq=seq, hashes=list(hashes), proposal=proposal,
                                               prompt_tokens=prompt_tokens, first_rank=scope[0], last_rank=scope[1]))
-                await waiter[0].wait()
+                await waiter.done.wait()
         except LINK_ERRORS:
             pass  # the follow loop sees the lost link and reconnects
         finally:
             del self._claims[seq]
-        reply: m.PrefixOwner | None = waiter[1]
-        return reply
+        return waiter.reply
 
     async def direct(self, lb: LoadBalancer, request_id: str, prompt: Sequence[int], max_tokens: int,
                      now_us: int) -> int | None:
@@ -127,8 +133,8 @@ class CoordinatorFollower:
     def _answered(self, msg: m.PrefixOwner) -> None:
         waiter = self._claims.get(msg.seq)
         if waiter is not None:  # else it timed out already
-            waiter[1] = msg
-            waiter[0].set()
+            waiter.reply = msg
+            waiter.done.set()
 
     async def follow_addr(self, addr: str) -> None:
         """:meth:`follow` the coordinator listening at ``addr``."""
@@ -206,7 +212,7 @@ class CoordinatorFollower:
         self.link = None
         self.state = "dead"
         for waiter in self._claims.values():  # claims on this link get no answer now: route alone
-            waiter[0].set()
+            waiter.done.set()
         self._on_lost()
         if not self._shutting_down():
             why = (liveness.describe("the DP coordinator", anyio.current_time()) if silent

@@ -163,7 +163,11 @@ async def test_api_servers_running_asyncdp_agree_on_a_prefix_another_one_placed(
                     r = await second.post("/v1/completions", json={**body, "prompt": prompts[g][1]})
                     assert r.status_code == 200, r.text
                 after = await hits()
+                directed = per_engine(await read_metrics(server.base_url), "asyncdp:dp_lb_decisions_total",
+                                      reason="directory")
         finally:
             await second.aclose()
     # every second request found its whole system prompt cached on the rank the first one went to
     assert after - before == groups * system
+    # every request of both phases was a prefix its API server had not placed: the coordinator named each rank
+    assert sum(directed.values()) == 2 * groups
