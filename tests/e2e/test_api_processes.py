@@ -171,3 +171,30 @@ async def test_api_servers_running_asyncdp_agree_on_a_prefix_another_one_placed(
     assert after - before == groups * system
     # every request of both phases was a prefix its API server had not placed: the coordinator named each rank
     assert sum(directed.values()) == 2 * groups
+
+
+async def test_a_frozen_coordinator_costs_a_new_prefix_at_most_the_claim_timeout(tmp_path: Path) -> None:
+    """With the coordinator stopped (SIGSTOP: its links stay open, nothing answers), every request whose prefix
+    an API server has not placed still completes: its claim gives up after 50 ms and the policy routes alone."""
+    with serve(tmp_path, "-dp", "2", "--api-server-count", "2", "--lb-policy", "asyncdp") as server:
+        info = await _server_info_fresh_connection(server.base_url)
+        coordinator = next(p["pid"] for p in info["processes"] if p["role"] == "coordinator")
+
+        async def directed() -> float:
+            text = await read_metrics(server.base_url)
+            return sum(per_engine(text, "asyncdp:dp_lb_decisions_total", reason="directory").values())
+
+        async with server.openai() as client:
+            await client.completions.create(model=MODEL, prompt=[7] * 64, max_tokens=2)  # warm both paths up
+            before = await directed()
+            os.kill(coordinator, signal.SIGSTOP)
+            try:
+                with anyio.fail_after(60):
+                    for i in range(8):
+                        t0 = anyio.current_time()
+                        r = await client.completions.create(model=MODEL, prompt=[10 + i] * 64, max_tokens=2)
+                        assert r.choices[0].finish_reason in ("length", "stop")
+                        assert anyio.current_time() - t0 < 2.0  # the claim's 50 ms, not a hang
+                assert await directed() == before  # no answer came: every one of them was routed alone
+            finally:
+                os.kill(coordinator, signal.SIGCONT)
