@@ -4,8 +4,10 @@ print the tables, the ratios to ``vllm`` and the gates, and write JSON (spec rou
 Flow: for each seed, each workload is built (``--workload``, or read from a Mooncake ``--trace``), its send
 times fixed once (:func:`~asyncdp.bench.records.resolve` with ``--rate-scale`` and, for a relative ladder,
 R_sat: ``--r-sat`` or measured with ``round_robin`` in closed loop), and every policy replays that same
-workload (C1) on a fresh cluster (C6), sequentially in this process. The JSON holds no wall-clock value, so the
-same arguments give the same bytes; wall times go to stderr with the progress.
+workload (C1) on a fresh cluster (C6). Every run happens in a process of its own, ``--jobs`` at a time
+(:mod:`~asyncdp.bench.runner`: a run's result then depends on its own arguments only); the results are read in
+plan order. The JSON holds no wall-clock value, so the same arguments give the same bytes; wall times go to stderr
+with the progress.
 
 This module only parses and orchestrates: :mod:`~asyncdp.bench.simulate` runs, :mod:`~asyncdp.bench.metrics`
 measures, :mod:`~asyncdp.bench.report` formats. It imports them lazily so ``asyncdp --help`` stays cheap.
@@ -18,6 +20,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import replace
 from hashlib import blake2b
 from pathlib import Path
@@ -72,6 +75,8 @@ def add_bench_parser(sub: Any) -> None:
                    "and with 4 routers (gate G6)")
     p.add_argument("--decision-time", action="store_true", help="also time the candidate's decisions at dp "
                    "8, 64 and 256 (gate G7; wall clock, kept apart in the JSON)")
+    p.add_argument("--jobs", type=int, default=None, help="simulated runs at a time, each in its own process "
+                   "(default: one per core; 0: all in this process, one after another)")
     p.add_argument("--json", help="write the JSON result here")
     p.add_argument("--csv", help="write the per-(workload, policy, seed) metrics here as CSV")
     p.add_argument("--plots", help="write the PNG plots of §6 into this directory (needs matplotlib)")
@@ -140,7 +145,8 @@ def run(ns: argparse.Namespace) -> int:
     from asyncdp.bench.metrics import ttft_floors
     from asyncdp.bench.profiles import load_profile, profile_hash
     from asyncdp.bench.records import encode_workload, resolve
-    from asyncdp.bench.simulate import ClusterSpec, expand_sweep, measure_r_sat, simulate
+    from asyncdp.bench.runner import Runner, default_jobs
+    from asyncdp.bench.simulate import ClusterSpec, expand_sweep, measure_r_sat
     from asyncdp.bench.trace import write_trace
     from asyncdp.dp.balance import make_policy
 
@@ -152,54 +158,65 @@ def run(ns: argparse.Namespace) -> int:
         make_policy(name)  # an unknown name fails here, before any run
     profile = load_profile(ns.profile)
     seeds = _seeds(ns.seeds)
+    jobs_at_once = default_jobs() if ns.jobs is None else ns.jobs
+    if jobs_at_once < 0:
+        raise ConfigError(f"--jobs must be >= 0 (got {ns.jobs}).")
     plans: list[tuple[int, str, Any, Any, dict[str, set[int]]]] = []  # (seed, label, workload, spec, rungs)
     hashes: dict[str, str] = {}
-    for seed in seeds:
-        for workload in _workloads(ns, seed):
-            if ns.export_trace and seed == seeds[0]:
-                write_trace(workload, ns.export_trace, ns.trace_block_size)
-            spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
-                               telemetry=ns.telemetry)
-            r_sat = ns.r_sat
-            if r_sat is None and type(workload.arrival).__name__ == "RelativeLadder":
-                r_sat = measure_r_sat(workload, spec, seed)
-                print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
-                      file=sys.stderr)
-            resolved = resolve(workload, ns.rate_scale, r_sat)
-            hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
-            rungs = _rungs(workload, resolved)
-            plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved))
-    advance, close = _progress(len(plans) * (len(policies) + (2 if ns.robustness else 0)))
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
-    floors: dict[int, dict[int, float]] = {}  # per workload (by identity): req_id -> TTFT floor
-    try:
+    with Runner(jobs_at_once) as runner:
+        for seed in seeds:
+            for workload in _workloads(ns, seed):
+                if ns.export_trace and seed == seeds[0]:
+                    write_trace(workload, ns.export_trace, ns.trace_block_size)
+                spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
+                                   telemetry=ns.telemetry)
+                r_sat = ns.r_sat
+                if r_sat is None and type(workload.arrival).__name__ == "RelativeLadder":
+                    r_sat = measure_r_sat(workload, spec, seed, run=runner.run)
+                    print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
+                          file=sys.stderr)
+                resolved = resolve(workload, ns.rate_scale, r_sat)
+                hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
+                rungs = _rungs(workload, resolved)
+                plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved))
+        # Every run at once (``--jobs`` at a time, each in its own process); the results are read in plan order.
+        jobs: list[tuple[Future[Any], str, str, int, Any, Any, dict[str, set[int]], str | None]] = []
         for seed, label, workload, spec, rungs in plans:
-            for policy in policies:
-                started = time.monotonic()
-                log = simulate(workload, policy, seed, spec)
-                logs[(label, policy, seed)] = log
-                if id(workload) not in floors:
-                    floors[id(workload)] = ttft_floors(workload.records, spec.profile, workload.block_size)
-                runs.extend(_entries(label, policy, seed, spec, workload, log, rungs, floors[id(workload)]))
-                runs[-1 - len(rungs)]["detectors"] = pathology.signals(log, workload.ideal_hit_rate)
-                advance(f"{label} {policy} seed {seed} ({time.monotonic() - started:.1f} s)")
+            jobs += [(runner.submit(workload, policy, seed, spec), label, policy, seed, workload, spec, rungs, None)
+                     for policy in policies]
         if ns.robustness:
             for seed, label, workload, spec, rungs in plans:
                 for variant, vspec in (("oracle", replace(spec, telemetry="oracle")),
                                        ("R4", replace(spec, routers=4))):
-                    started = time.monotonic()
-                    log = simulate(workload, ns.candidate, seed, vspec)
-                    robust.extend({**e, "variant": variant}
-                                  for e in _entries(label, ns.candidate, seed, vspec, workload, log, rungs))
-                    advance(f"{label} {ns.candidate} {variant} seed {seed} ({time.monotonic() - started:.1f} s)")
-    except SimulationStalled as exc:
-        close()
-        print(f"asyncdp bench: error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        close()
+                    jobs.append((runner.submit(workload, ns.candidate, seed, vspec), label, ns.candidate, seed,
+                                 workload, vspec, rungs, variant))
+        advance, close = _progress(len(jobs))
+        names = {id(job[0]): f"{job[1]} {job[2]}{' ' + job[7] if job[7] else ''} seed {job[3]}" for job in jobs}
+        started = time.monotonic()
+        try:
+            for done in runner.completed(job[0] for job in jobs):
+                advance(f"{names[id(done)]} (done at {time.monotonic() - started:.1f} s)")
+        except SimulationStalled as exc:
+            close()
+            print(f"asyncdp bench: error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            close()
+    floors: dict[int, dict[int, float]] = {}  # per workload (by identity): req_id -> TTFT floor
+    for future, label, policy, seed, workload, spec, rungs, robust_variant in jobs:
+        log = future.result()
+        if robust_variant is not None:
+            robust.extend({**e, "variant": robust_variant}
+                          for e in _entries(label, policy, seed, spec, workload, log, rungs))
+            continue
+        logs[(label, policy, seed)] = log
+        if id(workload) not in floors:
+            floors[id(workload)] = ttft_floors(workload.records, spec.profile, workload.block_size)
+        runs.extend(_entries(label, policy, seed, spec, workload, log, rungs, floors[id(workload)]))
+        runs[-1 - len(rungs)]["detectors"] = pathology.signals(log, workload.ideal_hit_rate)
     timing = []
     if ns.decision_time:
         from asyncdp.bench.decision_time import DP_SIZES, measure

@@ -139,7 +139,8 @@ def test_a_run_that_cannot_finish_fails_with_a_message_naming_it(monkeypatch, ca
     workload = resolve(build("w1", "quick", 1, TINY_W1))
     with pytest.raises(SimulationStalled, match=r"w1 under 'vllm' \(seed 1\) did not finish within 0.0167 virtual hours \(0 of 16 records sent"):
         simulate(workload, "vllm", 1, SPEC)
-    assert main(["bench", "routing", "--workload", "w1", "--policies", "vllm", "--dp", "2",
+    # --jobs 0: the run in this process, where the patches above apply (a run in its own process is the real one)
+    assert main(["bench", "routing", "--workload", "w1", "--policies", "vllm", "--dp", "2", "--jobs", "0",
                  *(f"--option={k}={v}" for k, v in TINY_W1.items())]) == 1
     err = capsys.readouterr().err
     assert "asyncdp bench: error: the simulated run of w1 under 'vllm' (seed 1) did not finish" in err

@@ -1,0 +1,74 @@
+"""Run each simulated run of ``bench routing`` in a fresh process, ``--jobs`` at a time (spec routing-bench §5:
+"policies run as separate processes, two at a time on 2 cores").
+
+Why a fresh process per run, not only for speed: trio orders timers that expire at the same virtual instant by
+the ``id()`` of their cancel scopes (its deadline heap's tie-break), and tasks waiting for the run to go idle by
+the ``id()`` of the task. Those are memory addresses, so inside one interpreter a run's result depended on what
+the runs before it had allocated: ``vllm`` on quick W9 read a mean TTFT of 0.0493 s alone and 0.0425 s after a W1
+run, and the same command always gave the same bytes only because it repeated the same runs in the same order.
+A process started for the run (``spawn``: nothing inherited from this one) allocates the same way every time, so
+a (workload, policy, seed, cluster) gives the same log whatever else the command runs, and in whatever order the
+runs finish.
+
+Each run costs the start of an interpreter and the import of the simulator (about 0.5 s here) on top of the run.
+``jobs=0`` runs everything in this process instead, one run after another, as before (to step through a run in a
+debugger or profile it; the results may then differ with what ran before).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from typing import Any
+
+from asyncdp.bench.records import Workload
+from asyncdp.bench.simulate import ClusterSpec, RunLog, simulate
+
+__all__ = ["Runner", "default_jobs"]
+
+
+def default_jobs() -> int:
+    """One run per core."""
+    return max(1, os.cpu_count() or 1)
+
+
+class Runner:
+    """A pool of ``jobs`` worker processes, each started for one run and gone after it. Use as a context manager:
+    leaving it (an error, Ctrl-C) cancels the runs not started and waits for the ones running."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self._pool = None if jobs == 0 else ProcessPoolExecutor(
+            max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1)
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(self, workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
+               closed_concurrency: int | None = None) -> Future[RunLog]:
+        if self._pool is not None:
+            return self._pool.submit(simulate, workload, policy, seed, spec, closed_concurrency=closed_concurrency)
+        future: Future[RunLog] = Future()  # jobs=0: run it now, here
+        try:
+            future.set_result(simulate(workload, policy, seed, spec, closed_concurrency=closed_concurrency))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller through the future, as a pool would
+            future.set_exception(exc)
+        return future
+
+    def run(self, workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
+            closed_concurrency: int | None = None) -> RunLog:
+        """One run, waited for (the R_sat measurement's ``run``)."""
+        return self.submit(workload, policy, seed, spec, closed_concurrency=closed_concurrency).result()
+
+    @staticmethod
+    def completed(futures: Iterable[Future[Any]]) -> Iterator[Future[Any]]:
+        """The futures as they finish; the first failed one raises its run's error here."""
+        for future in as_completed(list(futures)):
+            future.result()
+            yield future
