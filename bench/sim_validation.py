@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asyncdp.bench import metrics  # noqa: E402
 from asyncdp.bench.profiles import Profile, load_profile, profile_hash  # noqa: E402
 from asyncdp.bench.records import Workload  # noqa: E402
-from asyncdp.bench.simulate import ClusterSpec, simulate  # noqa: E402
+from asyncdp.bench.runner import Runner  # noqa: E402
+from asyncdp.bench.simulate import ClusterSpec  # noqa: E402
 from bench.http_replay import (  # noqa: E402
     add_workload_args,
     describe,
@@ -72,7 +73,10 @@ def profile_caps(path: Path) -> tuple[Profile, dict[str, object]]:
 
 
 def predicted(workload: Workload, policy: str, seed: int, profile: Profile) -> dict[str, float]:
-    log = simulate(workload, policy, seed, ClusterSpec(workload.dp_size, profile))
+    """The simulator's metrics, from a run in a process of its own (:mod:`asyncdp.bench.runner`: so it does not
+    depend on what ran in this process before)."""
+    with Runner(1) as runner:
+        log = runner.run(workload, policy, seed, ClusterSpec(workload.dp_size, profile))
     return metrics.compute(log)
 
 
