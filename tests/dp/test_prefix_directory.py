@@ -176,16 +176,6 @@ def test_each_claimant_gets_the_other_claimants_recent_new_prefix_tokens_per_ran
     assert d.claim([9], 0, 10, ALL4, now_s=0.5, client=9).others[2] == pytest.approx(0.0)
 
 
-def _dispatch(pol: AsyncdpPolicy, state, req: RequestView, rank: int, now_us: int) -> None:
-    pol.on_dispatch(state, req, Decision(rank), now_us)
-
-
-def _route(pol: AsyncdpPolicy, state, req: RequestView, now_us: int) -> int:
-    d = pol.select(req, None, state, now_us, random.Random(0))
-    _dispatch(pol, state, req, d.dp_rank, now_us)
-    return d.dp_rank
-
-
 def test_the_other_routers_new_prefixes_count_in_each_ranks_cost_until_the_next_snapshot():
     # This router placed three new prompts of its own on rank 1 (the directory's choice); the other routers' new
     # prefixes went to ranks 0, 2 and 3. Without that, rank 1 looks busiest and a later request of a prefix rank 1
