@@ -85,10 +85,12 @@ class PrefixDirectory:
         self.max_entries, self.max_blocks = max_entries, max_blocks
         self.blocks = 0  # hashes stored over all entries
         self.entries: OrderedDict[tuple[int, int, int], Claim] = OrderedDict()  # least recently claimed first
-        # new-prefix prompt tokens placed per rank, in all and per claimant, decayed to recent_at_s
+        # new-prefix prompt tokens placed per rank: in all (decayed to recent_at_s, on every claim) and per claimant
+        # (each decayed to its own time, only when that claimant claims: a claim costs O(ranks), not O(claimants x
+        # ranks), with an API server per rank at large dp)
         self.recent = [0.0] * dp_size
-        self.by_client: dict[int, list[float]] = {}
         self.recent_at_s = 0.0
+        self.by_client: dict[int, tuple[list[float], float]] = {}  # client -> (counts, decayed to this time)
         self.dead: set[int] = set()
 
     def claim(self, hashes: Sequence[int], proposal: int, prompt_tokens: int, scope: tuple[int, int],
@@ -101,30 +103,34 @@ class PrefixDirectory:
             raise ValueError(f"bad prefix claim: {len(hashes)} hashes, proposal {proposal}, scope {scope}, "
                              f"dp_size {self.dp_size}")
         self._expire(now_s)
-        self._decay(now_s)
+        self.recent = self._decayed(self.recent, self.recent_at_s, now_s)
+        self.recent_at_s = now_s
+        mine = self._decayed(*self.by_client.get(client, ([0.0] * self.dp_size, now_s)), now_s)
+        self.by_client[client] = (mine, now_s)
         key = (first, last, hashes[0])
         entry = self.entries.get(key)
         if entry is not None:
             entry.at_s = now_s
             self.entries.move_to_end(key)
-            return Answer(entry.owner, _common_prefix(entry.hashes, hashes), self._others(client, first, last))
+            return Answer(entry.owner, _common_prefix(entry.hashes, hashes), self._others(mine, first, last))
         try:
             stored = array("q", hashes[:MAX_CLAIM_BLOCKS])
         except OverflowError:
             raise ValueError("bad prefix claim: a block hash is not a signed 64-bit integer") from None
         owner = self._place(proposal, prompt_tokens, first, last)
         self.recent[owner] += prompt_tokens
-        self.by_client.setdefault(client, [0.0] * self.dp_size)[owner] += prompt_tokens
+        mine[owner] += prompt_tokens
         self.entries[key] = Claim(owner, stored, now_s)
         self.blocks += len(stored)
         while len(self.entries) > self.max_entries or self.blocks > self.max_blocks:
             self._pop(next(iter(self.entries)))
-        return Answer(owner, 0, self._others(client, first, last))
+        return Answer(owner, 0, self._others(mine, first, last))
 
     def forget_client(self, client: int) -> None:
         """A claimant left: its counts no longer stand for anyone's view (its placements stay)."""
-        mine = self.by_client.pop(client, None)
-        if mine is not None:
+        entry = self.by_client.pop(client, None)
+        if entry is not None:
+            mine = self._decayed(*entry, self.recent_at_s)
             self.recent = [max(0.0, t - m) for t, m in zip(self.recent, mine, strict=True)]
 
     def drop_rank(self, rank: int) -> None:
@@ -136,22 +142,17 @@ class PrefixDirectory:
     def _pop(self, key: tuple[int, int, int]) -> None:
         self.blocks -= len(self.entries.pop(key).hashes)
 
-    def _others(self, client: int, first: int, last: int) -> list[float]:
-        mine = self.by_client.get(client)
-        if mine is None:
-            return self.recent[first:last + 1]
-        return [max(0.0, self.recent[r] - mine[r]) for r in range(first, last + 1)]
+    def _others(self, mine: list[float], first: int, last: int) -> list[float]:
+        """The scope's counts less the claimant's own (both decayed to now)."""
+        recent = self.recent
+        return [max(0.0, recent[r] - mine[r]) for r in range(first, last + 1)]
 
-    def _decay(self, now_s: float) -> None:
-        if now_s <= self.recent_at_s:
-            return
-        f = math.exp(-(now_s - self.recent_at_s) / self.decay_s)
-        self.recent_at_s = now_s
-        if f < 1e-6:  # long idle: everything is forgotten
-            f = 0.0
-        self.recent = [x * f for x in self.recent]
-        for c, counts in self.by_client.items():
-            self.by_client[c] = [x * f for x in counts]
+    def _decayed(self, counts: list[float], at_s: float, now_s: float) -> list[float]:
+        """``counts`` as of ``at_s``, decayed to ``now_s`` (a long idle time forgets them)."""
+        if now_s <= at_s:
+            return counts
+        f = math.exp(-(now_s - at_s) / self.decay_s)
+        return [x * f for x in counts] if f >= 1e-6 else [0.0] * len(counts)
 
     def _place(self, proposal: int, prompt_tokens: int, first: int, last: int) -> int:
         recent, dead = self.recent, self.dead
