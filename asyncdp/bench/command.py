@@ -293,7 +293,9 @@ def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: 
 
 def _rungs(workload: Any, resolved: Any) -> dict[str, set[int]]:
     """Rung label -> measured req_ids, for a ladder (``0.7rsat`` for a relative one, ``15rps`` for an absolute
-    one); empty otherwise."""
+    one); empty otherwise. A rung sent wholly before the warm-up ends (W2's 15 QPS warm-up stage) is not measured
+    and has no entry: its label would name a stage that is not one (and could shadow a real stage of the same
+    rate)."""
     from asyncdp.bench.arrivals import RelativeLadder, rung_indices
     from asyncdp.bench.metrics import rung_request_ids
 
@@ -304,7 +306,10 @@ def _rungs(workload: Any, resolved: Any) -> dict[str, set[int]]:
         names = [f"{f:g}rsat" for f in workload.arrival.fractions]
     else:
         names = [f"{rate:g}rps" for rate, _ in resolved.arrival.rungs]
-    return {names[k]: ids for k, ids in rung_request_ids(indices).items()}
+    sent_ms = [r.t_arrival_ms for r in resolved.records]  # record i is req_id i (rung_request_ids)
+    warm = resolved.warmup_ms
+    return {names[k]: ids for k, ids in rung_request_ids(indices).items()
+            if not warm or any((sent_ms[i] or 0.0) >= warm for i in ids)}
 
 
 def _trio_version() -> str:

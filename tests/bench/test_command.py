@@ -91,6 +91,18 @@ def test_a_relative_ladder_is_also_measured_rung_by_rung(tmp_path):
     assert all(set(r["metrics"]) == set(METRIC_KEYS) for r in runs)
 
 
+def test_a_ladder_rung_sent_wholly_in_the_warm_up_has_no_entry():
+    from asyncdp.bench.command import _rungs
+    from asyncdp.bench.records import resolve
+    from asyncdp.bench.workloads import build
+
+    w = build("w2", "full", 1, {"stages": "3"})  # the 15 QPS warm-up stage (50 s), then 3 QPS for 30 s
+    rungs = _rungs(w, resolve(w))
+    assert list(rungs) == ["3rps"]
+    sent = [r.t_arrival_ms for r in w.records]
+    assert rungs["3rps"] and all(sent[i] >= 50_000.0 for i in rungs["3rps"])
+
+
 def _run(workload, policy, **metrics):
     base = dict.fromkeys(METRIC_KEYS, 1.0)
     return {"workload": workload, "policy": policy, "seed": 1, "dp": 8, "metrics": {**base, **metrics}}

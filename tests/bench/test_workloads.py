@@ -260,6 +260,18 @@ def test_w10_schedule_replay_fixes_every_timestamp():
     assert all(r.after_req is None for r in w.records)
 
 
+def test_w2_full_stages_option_runs_the_warm_up_and_the_chosen_stages_only():
+    w = build("w2", "full", 1, {"stages": "20,22,25"})
+    assert isinstance(w.arrival, Ladder)
+    assert w.arrival.rungs == ((15.0, 50.0), (20.0, 30.0), (22.0, 30.0), (25.0, 30.0))
+    assert len(w.records) == pytest.approx(750 + 30 * (20 + 22 + 25), rel=0.05)
+    assert w.options["stages"] == [20.0, 22.0, 25.0]
+    # the warm-up and the stages draw from the same streams as the whole sweep: its first stage is the same
+    whole = build("w2", "full", 1)
+    warm = [r for r in whole.records if r.t_arrival_ms is not None and r.t_arrival_ms < 50_000.0]
+    assert [r.segments for r in w.records[:len(warm)]] == [r.segments for r in warm]
+
+
 @pytest.mark.parametrize(("spec", "scale", "options", "message"), [
     ("w11", "quick", {}, "unknown workload"),
     ("w1", "huge", {}, "no scale 'huge'"),
@@ -269,6 +281,9 @@ def test_w10_schedule_replay_fixes_every_timestamp():
     ("w1", "quick", {"arrival": "trickle"}, "arrival='trickle' must be one of"),
     ("w3@nope", "quick", {}, "preset='nope'"),
     ("w3@ray_scaling", "quick", {"preset": "default"}, "preset given twice"),
+    ("w2", "full", {"stages": "20,0"}, "stages='20,0' is not a valid"),
+    ("w2", "full", {"stages": "fast"}, "stages='fast' is not a valid"),
+    ("w2", "quick", {"stages": "20"}, "unknown option.*stages"),
 ])
 def test_bad_workload_arguments_are_config_errors(spec, scale, options, message):
     with pytest.raises(ConfigError, match=message):

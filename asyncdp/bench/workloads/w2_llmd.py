@@ -6,7 +6,8 @@ tokens); the output is O tokens. Each arrival draws one of the G·U prompts unif
 Full: G=150, U=5, 6 000/1 200/1 000 tokens, dp 8 with 19 208 blocks of 16 per rank: the working set
 150·(6 000 + 5·1 200) = 1.8 M tokens is 73 % of cluster KV (``working_set=0.37``: 75 groups). Arrivals: a
 warm-up stage of 15 QPS for 50 s (outside the measure window), then Poisson stages of 30 s [ours: the peer's
-durations were not shown] at 3, 10, 15, ... 60 QPS. Quick: dp 4, 20 × 5 groups, 600/120/100 tokens, 512 blocks
+durations were not shown] at 3, 10, 15, ... 60 QPS (``stages=20,22,25`` runs the warm-up and those stages only,
+to study part of the sweep at a fraction of its cost). Quick: dp 4, 20 × 5 groups, 600/120/100 tokens, 512 blocks
 per rank (73 % again), and a 3-rung relative ladder (0.5, 0.85, 1.2 × R_sat [ours]) of 200 requests a rung.
 """
 
@@ -36,11 +37,12 @@ def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) ->
     o_len = opts.get("output_len", 1000 if full else 100)
     stage_s = opts.get("stage_s", 30.0)
     per_rung = opts.get("requests_per_rung", 200)
+    stages = opts.get("stages", list(STAGES_QPS), _qps_list) if full else STAGES_QPS
 
     arrivals_rng = stream(seed, "w2/arrivals")
     arrival: Arrival
     if full:
-        arrival = Ladder(rungs=(WARMUP, *((float(q), stage_s) for q in STAGES_QPS)))
+        arrival = Ladder(rungs=(WARMUP, *((float(q), stage_s) for q in stages)))
         times = ladder_times_ms(arrival.rungs, arrivals_rng)
         warmup_ms = WARMUP[1] * 1000.0
     else:
@@ -56,3 +58,13 @@ def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) ->
     return b.build(name="w2", scale=scale, seed=seed, options=opts, arrival=arrival, dp_size=8 if full else 4,
                    kv_blocks_per_rank=19_208 if full else 512, warmup_ms=warmup_ms,
                    notes="turn = ladder rung index (0 = warm-up at full scale)")
+
+
+def _qps_list(value: Any) -> list[float]:
+    """``stages``: a comma-separated list of positive rates in QPS (or a sequence of them); a list, as the
+    workload file stores it."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    qps = [float(x) for x in items]
+    if not qps or any(not q > 0 for q in qps):
+        raise ValueError(value)
+    return qps
