@@ -37,7 +37,7 @@ def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) ->
     o_len = opts.get("output_len", 1000 if full else 100)
     stage_s = opts.get("stage_s", 30.0)
     per_rung = opts.get("requests_per_rung", 200)
-    stages = opts.get("stages", list(STAGES_QPS), _qps_list) if full else STAGES_QPS
+    stages = opts.get("stages", [float(q) for q in STAGES_QPS], _qps_list) if full else STAGES_QPS
 
     arrivals_rng = stream(seed, "w2/arrivals")
     arrival: Arrival
