@@ -156,8 +156,10 @@ class FakeServer:
     """Streams ``max_tokens`` chunks with continuous usage (or ``short`` fewer, or an HTTP ``status``), counts
     prompt tokens as prefix-cache queries and requests per engine (alternating), and serves /metrics."""
 
-    def __init__(self, *, short: int = 0, status: int = 200, hang_s: float = 0.0) -> None:
+    def __init__(self, *, short: int = 0, status: int = 200, hang_s: float = 0.0,
+                 stall_after: int | None = None) -> None:
         self.short, self.status, self.hang_s = short, status, hang_s
+        self.stall_after = stall_after  # stream this many token chunks, then hang_s before the rest
         self.bodies: list[dict] = []
         self.queries = 0
         self.done: dict[str, int] = {"0": 0, "1": 0}
@@ -173,7 +175,7 @@ class FakeServer:
             return httpx.Response(200, text=self.metrics())
         body = json.loads(request.content)
         self.bodies.append(body)
-        if self.hang_s:
+        if self.hang_s and self.stall_after is None:
             await anyio.sleep(self.hang_s)
         if self.status != 200:
             return httpx.Response(self.status, json={"error": {"message": "nope"}})
@@ -183,8 +185,16 @@ class FakeServer:
         chunks.append({"choices": [], "usage": {"completion_tokens": n}})
         self.queries += len(body["prompt"])
         self.done[str(len(self.bodies) % 2)] += 1
-        data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-        return httpx.Response(200, content=data.encode(), headers={"content-type": "text/event-stream"})
+        lines = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+        if self.stall_after is not None:
+            return httpx.Response(200, content=self._stalling(lines), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, content=b"".join(lines), headers={"content-type": "text/event-stream"})
+
+    async def _stalling(self, lines):
+        for k, line in enumerate(lines):
+            if k == self.stall_after:
+                await anyio.sleep(self.hang_s)
+            yield line
 
 
 async def fake_replay(workload, fake, **kw):
@@ -231,6 +241,14 @@ async def test_a_short_stream_or_an_http_error_is_an_error_event_not_a_measureme
 async def test_requests_unfinished_at_the_deadline_are_deadline_errors():
     rep = await fake_replay(tiny_workload(), FakeServer(hang_s=30.0), deadline_s=0.2)
     assert [e.error for e in rep.log.events] == ["deadline"] * 4
+
+
+@pytest.mark.anyio
+async def test_a_stream_cut_off_by_the_deadline_is_a_deadline_error_not_a_completion():
+    rep = await fake_replay(tiny_workload(), FakeServer(stall_after=2, hang_s=30.0), deadline_s=0.3)
+    assert all(e.output_tokens == 2 and e.t_first_s is not None for e in rep.log.events)  # streamed in part
+    assert [e.error for e in rep.log.events] == ["deadline"] * 4
+    assert rep.metrics()["completed"] == 0 and rep.metrics()["failed"] == 4
 
 
 # ---------------------------------------------------------------------- the real thing (slow)
