@@ -222,7 +222,6 @@ class _Replayer:
                 self.dependents.setdefault(r.after_req, []).append(r)
         self.progress = progress
         self.done = 0
-        self.finished: set[int] = set()  # req_ids whose stream ended with every token they asked for
         self.max_lag_s = 0.0
         self.t0 = 0.0
 
@@ -239,8 +238,9 @@ class _Replayer:
                     await anyio.sleep_until(self.t0 + (rec.t_arrival_ms or 0.0) / 1e3)
                     await self.slots.acquire()
                     tg.start_soon(self._one, tg, rec, (rec.t_arrival_ms or 0.0) / 1e3)
+        wanted = {r.req_id: r.output_length for r in self.w.records}
         for ev in self.events.values():  # cut off at the deadline, streamed in part or not at all
-            if ev.error is None and ev.req_id not in self.finished:
+            if ev.error is None and ev.output_tokens != wanted[ev.req_id]:
                 ev.error = "deadline"
         self.log.events = sorted(self.events.values(), key=lambda e: e.req_id)
         self.log.unsent = len(self.w.records) - len(self.log.events)
@@ -273,8 +273,6 @@ class _Replayer:
                         ev.t_last_s, ev.output_tokens = t, tokens
             if ev.output_tokens != rec.output_length:
                 ev.error = f"got {ev.output_tokens} tokens, expected {rec.output_length}"
-            else:
-                self.finished.add(rec.req_id)
         except (httpx.HTTPError, ValueError) as exc:  # ValueError: a chunk that is not JSON
             ev.error = f"{type(exc).__name__}: {exc}"
         finally:
