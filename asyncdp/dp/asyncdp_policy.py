@@ -42,6 +42,21 @@ rank pays one prefill and becomes a holder. W7's top document (18 % of the reque
 a W1 group (1/64 of them) never replicates. Misses go to the cheapest rank by load (H2), never to "the smallest
 tree".
 
+Phase weights (new prompts). A prompt no rank holds (not even its first block) goes to the cheapest rank by load,
+but each rank's load (``base - memory``) is weighed by ``1 + phase``: the phases run from ``-PHASE_SPREAD`` to
+``+PHASE_SPREAD`` (0.1) in equal steps over the ranks and rotate by one rank every ``PHASE_PERIOD_S`` (5 s) of the
+hooks' clock (:meth:`~.asyncdp_state.AsyncdpState.phase`). Without them, equally loaded ranks run equal batches at
+equal step times, and closed-loop clients with equal lengths (guidellm's concurrency mode, W9) that finish together
+resend together: every rank gets its share of each burst of resends in the same step, which is prefilled at
+once while nothing else is, and that keeps the ranks in step cycle after cycle (W9 at full scale: mean TTFT 3.3 x
+``random``'s, which unbalances the ranks by chance). Loads a few per cent apart make the ranks step at slightly
+different speeds, their clients drift out of step, and the resends spread over the cycle. The rotation gives
+every rank every weight in turn, so none is favoured over time. The weights apply only where most recent prompts
+were new to every rank (in full from 90 %, not at all up to 50 %: ``AsyncdpState.note_new``): where a new prompt
+is the first of a group (W1's bursts, W3, sessions), its rank is where its followers go, so it keeps the balance.
+Prompts that some rank holds compare by load unweighted: their placement is the prefix's.
+``asyncdp@no_phase`` turns the weights off.
+
 Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
 hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
 on the same rank (affinity across turns and across routers), different keys spread over tied ranks, so R
@@ -74,7 +89,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from asyncdp.dp.asyncdp_state import REFRESH_US, AsyncdpState, CostWeights, Routed
+from asyncdp.dp.asyncdp_state import REFRESH_US, AsyncdpState, CostWeights, Routed, argmin
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.peers.hashing import stable_hash64
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
@@ -94,6 +109,8 @@ DEFAULT_BLOCK = 16
 DEFAULT_INDEX_BLOCKS = 28_000  # the gpu_8b profile's KV blocks per rank; params override it
 TIE_KEY_BLOCK = 4
 REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
+PHASE_SPREAD = 0.1  # [ours] a new prompt weighs the ranks' loads by 1 - 0.1 .. 1 + 0.1 (AsyncdpState.phase)
+PHASE_PERIOD_S = 5.0  # [ours] the weights rotate by one rank this often
 _INF = float("inf")
 
 
@@ -105,10 +122,13 @@ class AsyncdpPolicy(Policy):
     def __init__(self, *, decode_tokens: float = DECODE_TOKENS, hot_ratio: float = HOT_RATIO,
                  hot_slack: float = HOT_SLACK, kv_penalty_tokens: float = KV_PENALTY_TOKENS,
                  credit_weight: float = CREDIT_WEIGHT, memory_tokens: float = MEMORY_TOKENS,
-                 replica_headroom: float = REPLICA_HEADROOM, prefix: bool = True, directory: bool = True) -> None:
+                 replica_headroom: float = REPLICA_HEADROOM, phase_spread: float = PHASE_SPREAD,
+                 phase_period_s: float = PHASE_PERIOD_S, prefix: bool = True, directory: bool = True) -> None:
         if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0 or replica_headroom < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens and "
                               "replica_headroom >= 0.")
+        if not 0 <= phase_spread < 1 or phase_period_s <= 0:
+            raise ConfigError("asyncdp policy: phase_spread must be in [0, 1) and phase_period_s > 0.")
         self.decode_tokens = decode_tokens
         self.hot_ratio = hot_ratio
         self.hot_slack = hot_slack
@@ -116,6 +136,8 @@ class AsyncdpPolicy(Policy):
         self.credit_weight = credit_weight
         self.memory_tokens = memory_tokens
         self.replica_headroom = replica_headroom  # 0: no deliberate replicas
+        self.phase_spread = phase_spread  # 0: a new prompt compares loads unweighted
+        self.phase_period_us = max(1, round(phase_period_s * 1e6))
         self.prefix = prefix
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
 
@@ -125,7 +147,7 @@ class AsyncdpPolicy(Policy):
             raise ConfigError(f"bad router layout: dp_size={dp_size}, router {router_index} of {num_routers}")
         p = params or {}
         weights = CostWeights(self.decode_tokens, self.kv_penalty, self.memory_tokens, self.hot_ratio,
-                              self.hot_slack, self.replica_headroom)
+                              self.hot_slack, self.replica_headroom, self.phase_spread, self.phase_period_us)
         return AsyncdpState.empty(dp_size, num_routers, int(p.get("block_size_tokens", DEFAULT_BLOCK)),
                                   float(p.get("staleness_threshold_ms", STALENESS_MS)) * 1000.0, weights,
                                   int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS)))
@@ -141,32 +163,32 @@ class AsyncdpPolicy(Policy):
                rng: random.Random) -> Decision:
         if req.rank_hint is not None:  # a hinted request bypasses the policy (hinted_decision, inlined)
             return Decision(req.rank_hint, hinted=True)
-        base, hbase = state.base, state.hbase
+        base, hbase, mbase = state.base, state.hbase, state.mbase
         if now_us >= state.refresh_due_us and (decayed := state.snapshot_weight(now_us)) != state.weight:
             base = state.costs_at(decayed)  # no hook ran for a while: decay the snapshot terms here (H5), on a copy
             hbase = [b - m for b, m in zip(base, state.memory, strict=True)]
-            best = min(base)
-            pick, ties = base.index(best), base.count(best)
+            mbase = state.mcosts(base, hbase)
+            best, pick, ties = argmin(base)
+            mbest, mpick, mties = argmin(mbase)
         else:
             best, pick, ties = state.best, state.pick, state.ties
+            mbest, mpick, mties = state.mbest, state.mpick, state.mties
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
+        decisions = state.decisions  # one immutable Decision per rank, made once
+        index = state.index
+        if not hashes or not index.owners.get(hashes[0], 0):
+            # No rank holds the prompt: the cheapest by load, its load weighed by the rank's phase (state.phase)
+            if mties > 1:
+                mpick = _tie_scan(mbase, mbest, mpick, _tie_key(req, hashes) % state.n)
+            return decisions[mpick]
         start = -1  # the tie scan's first rank, computed only when a tie needs it
         if ties > 1:  # a tie: the first minimum at or after a stable hash of the key (H6)
             start = _tie_key(req, hashes) % state.n
-            if pick < start:
-                tail = base[start:]
-                if best in tail:
-                    pick = start + tail.index(best)
-        decisions = state.decisions  # one immutable Decision per rank, made once
-        if not hashes:
-            return decisions[pick]
-        index = state.index
+            pick = _tie_scan(base, best, pick, start)
         get = index.owners.get
         held = get(hashes[0], 0)
-        if not held:
-            return decisions[pick]
         plen, bs, weight = len(req.tokens), state.block_size, self.credit_weight
         # The deepest run of blocks any rank holds bounds every credit: ranks that cannot win with it are skipped.
         nh = len(hashes)
@@ -246,6 +268,8 @@ class AsyncdpPolicy(Policy):
         r = decision.dp_rank
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         credit = 0
+        if state.weights.phase_spread:
+            state.note_new(not hashes or not state.index.owners.get(hashes[0], 0))
         if hashes:
             credit = min(state.index.match(r, hashes) * state.block_size, req.prompt_len - 1)
             state.index.insert(r, hashes)
@@ -324,6 +348,15 @@ class AsyncdpPolicy(Policy):
         if matched and dp_rank is not None and dp_rank not in state.excluded:
             state.index.insert(dp_rank, hashes[:matched])
         state.set_shared(others)
+
+
+def _tie_scan(costs: list[float], best: float, pick: int, start: int) -> int:
+    """Among the ranks at the minimum ``best`` (``pick`` the first of them), the first at or after ``start`` (H6)."""
+    if pick < start:
+        tail = costs[start:]
+        if best in tail:
+            return start + tail.index(best)
+    return pick
 
 
 def _tie_key(req: RequestView, hashes: Sequence[int]) -> int:

@@ -4,8 +4,10 @@ The policy's hooks change the counters (``pending``, ``decoding``, the snapshot'
 call :meth:`AsyncdpState.update` for the rank they touched; ``update`` recomputes that rank's ``base`` cost and
 in-flight ``load`` from the :class:`CostWeights`, and keeps what ``select`` reads instead of scanning every rank:
 the minimum of ``base``, its first rank, how many ranks share it (O(1) per change but when the last rank at the
-minimum leaves it, then one C-level rescan), and the hot-spot bound on ``load`` (H3). A snapshot or a new decay
-weight changes every rank: :meth:`update_all` recomputes them all and rescans once.
+minimum leaves it, then one C-level rescan), the same for ``mbase`` (the costs a prompt no rank holds compares: the
+load part weighted by each rank's phase, :meth:`AsyncdpState.phase`), and the hot-spot bound on ``load`` (H3). A
+snapshot, a new decay weight or a new phase epoch changes every rank: :meth:`update_all` recomputes them all and
+rescans once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from asyncdp.dp.policy import Decision
 KV_HIGH = 0.9
 REFRESH_US = 50_000  # the snapshot terms are re-weighed by their age at most this often (H5)
 REPLICA_SLACK = 1.0  # [ours] in-flight requests past the mean before a hot prefix gets another holder (H3)
+NEW_SHARE_WINDOW = 256.0  # dispatches over which the share of prompts no rank held is averaged
+PHASE_STEP = 0.125  # phase_scale moves in steps of this
 _INF = float("inf")
 
 
@@ -33,6 +37,8 @@ class CostWeights:
     hot_ratio: float
     hot_slack: float
     replica_headroom: float = 0.0  # 0: no deliberate replicas
+    phase_spread: float = 0.0  # 0: a new prompt's load compares unweighted (AsyncdpState.phase)
+    phase_period_us: int = 5_000_000
 
 
 @dataclass(slots=True)
@@ -92,6 +98,7 @@ class AsyncdpState:
     remote: list[float]
     memory: list[float]  # the memory term of local: holders of a prompt's whole run are compared without it
     hbase: list[float]  # base - memory, what those holders compare
+    mbase: list[float]  # base + phase·hbase, what a prompt no rank holds compares (phase())
     index: OwnerIndex
     rates: PrefixRates
     load_total: float = 0.0  # sum(load), kept by update (recomputed on every snapshot: no drift)
@@ -103,6 +110,13 @@ class AsyncdpState:
     best: float = 0.0
     pick: int = 0
     ties: int = 0
+    mbest: float = 0.0  # the same for mbase
+    mpick: int = 0
+    mties: int = 0
+    epoch: int = 0  # the phase rotation's epoch: clock_us // phase_period_us
+    phases: list[float] = field(default_factory=list)  # phase(i) for the current epoch
+    new_share: float = 0.0  # EMA of the share of dispatched prompts no rank held (note_new)
+    phase_scale: float = 0.0  # the share of phase_spread in force (note_new)
     decisions: tuple[Decision, ...] = ()
     reqs: dict[str, Routed] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)
@@ -118,8 +132,9 @@ class AsyncdpState:
               capacity_blocks: int) -> AsyncdpState:
         state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
                     [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
-                    OwnerIndex.empty(n, capacity_blocks), PrefixRates(), shared=[0.0] * n,
+                    [0.0] * n, OwnerIndex.empty(n, capacity_blocks), PrefixRates(), shared=[0.0] * n,
                     decisions=tuple(Decision(i) for i in range(n)))
+        state.phases = [state.phase(i) for i in range(n)]
         state.set_cap()
         state.rescan()
         return state
@@ -157,6 +172,41 @@ class AsyncdpState:
         """Every rank's base cost with the snapshot terms at another ``weight`` (one pass, no method calls)."""
         return [lo + weight * re for lo, re in zip(self.local, self.remote, strict=True)]
 
+    def phase(self, i: int) -> float:
+        """Rank i's phase weight in this epoch: ``spread·(2·((i + epoch) mod n)/(n - 1) - 1)``, equal steps from
+        ``-spread`` to ``+spread`` over the ranks, rotated by one rank every ``phase_period_us``. A prompt no rank
+        holds compares ``base + phase·hbase`` (its load weighted by ``1 + phase``), so ranks that would be equally
+        loaded carry loads a few per cent apart. Closed-loop clients with equal lengths on equally loaded ranks
+        finish in the same steps and resend together, burst after burst (W9, guidellm's concurrency mode); ranks a
+        few per cent apart step at slightly different speeds, so their clients drift out of step and the bursts
+        spread. The rotation gives every rank every weight in turn: no rank is favoured over time.
+
+        ``spread`` is ``phase_spread·phase_scale``: the weights apply in full where at least 90 % of the recent
+        prompts were new to every rank, not at all where half or fewer were (:meth:`note_new`). Where new prompts
+        are followed by others with the same prefix (W1's groups, W3, sessions), where a new prompt goes decides
+        where its followers go, so its placement keeps the balance; where most prompts share nothing (W9),
+        placement has no cache consequence."""
+        w = self.weights
+        if not w.phase_spread or not self.phase_scale or self.n < 2:
+            return 0.0
+        return w.phase_spread * self.phase_scale * (2.0 * ((i + self.epoch) % self.n) / (self.n - 1) - 1.0)
+
+    def note_new(self, new: bool) -> None:
+        """A dispatch: count whether no rank held its prompt's first block in ``new_share`` (an average over about
+        ``NEW_SHARE_WINDOW`` dispatches), and move ``phase_scale`` to ``(new_share - 0.5)/0.4`` clipped to [0, 1] in
+        steps of 1/8, once it is 3/32 away (so the costs are recomputed a few times as the share changes, not on
+        every dispatch)."""
+        m = self.new_share = self.new_share + ((1.0 if new else 0.0) - self.new_share) / NEW_SHARE_WINDOW
+        target = min(1.0, max(0.0, (m - 0.5) / 0.4))
+        if abs(target - self.phase_scale) >= PHASE_STEP * 0.75:
+            self.phase_scale = round(target / PHASE_STEP) * PHASE_STEP
+            self.phases = [self.phase(i) for i in range(self.n)]
+            self.update_all(resum=False)
+
+    def mcosts(self, base: Sequence[float], hbase: Sequence[float]) -> list[float]:
+        """The miss costs for the given base costs (a decayed copy of them, see ``select``)."""
+        return [b if h == _INF else b + p * h for b, h, p in zip(base, hbase, self.phases, strict=True)]
+
     def snapshot_weight(self, now_us: int) -> float:
         """The snapshot terms' weight: 1 when fresh, linearly down to 0 at the staleness threshold (H5)."""
         if self.snap_at_us is None:
@@ -167,8 +217,9 @@ class AsyncdpState:
         """Recompute rank i's base cost and load (the minimum and the bound are the caller's)."""
         lo, re = self._terms(i)
         self.local[i], self.remote[i] = lo, re
-        self.base[i] = lo + self.weight * re
-        self.hbase[i] = self.base[i] - self.memory[i]
+        b = self.base[i] = lo + self.weight * re
+        h = self.hbase[i] = b - self.memory[i]
+        self.mbase[i] = b if h == _INF else b + self.phases[i] * h
         load = 0.0 if i in self.excluded else (
             self.pending_reqs[i] + self.decoding[i] + self.weight * self.others_cnt[i])
         self.load_total += load - self.load[i]
@@ -180,31 +231,20 @@ class AsyncdpState:
         self.cap = max(w.hot_ratio * mean, mean + w.hot_slack)
 
     def rescan(self) -> None:
-        base = self.base
-        best = self.best = min(base)
-        self.pick, self.ties = base.index(best), base.count(best)
+        self.best, self.pick, self.ties = argmin(self.base)
+        self.mbest, self.mpick, self.mties = argmin(self.mbase)
 
     def update(self, i: int) -> None:
         """Rank i changed: recompute its cost, and keep the minimum, its first index and its ties (mostly O(1))."""
-        old = self.base[i]
+        old, mold = self.base[i], self.mbase[i]
         self._set(i)
         self.set_cap()
-        new = self.base[i]
-        if new == old:
-            return
-        best = self.best
-        if new < best:
-            self.best, self.pick, self.ties = new, i, 1
-        elif new == best:
-            self.ties += 1
-            if i < self.pick:
-                self.pick = i
-        elif old == best:  # rank i left the minimum
-            self.ties -= 1
-            if self.ties == 0:
-                self.rescan()
-            elif self.pick == i:
-                self.pick = self.base.index(best)
+        new, mnew = self.base[i], self.mbase[i]
+        if new != old:
+            self.best, self.pick, self.ties = _moved(self.base, self.best, self.pick, self.ties, i, old, new)
+        if mnew != mold:
+            self.mbest, self.mpick, self.mties = _moved(self.mbase, self.mbest, self.mpick, self.mties, i, mold,
+                                                        mnew)
 
     def mark_spill(self, first: int, rank: int) -> None:
         """After a dispatch to ``rank`` of a prompt starting with block ``first``: mark the prefix for a replica
@@ -247,6 +287,12 @@ class AsyncdpState:
         """Advance the clock; every REFRESH_US re-weigh the snapshot terms by their age (H5)."""
         if now_us > self.clock_us:
             self.clock_us = now_us
+        if self.weights.phase_spread and (epoch := now_us // self.weights.phase_period_us) != self.epoch:
+            self.epoch = epoch  # the phase weights rotate by one rank
+            phases = [self.phase(i) for i in range(self.n)]
+            if phases != self.phases:
+                self.phases = phases
+                self.update_all(resum=False)
         if now_us < self.refresh_due_us:
             return
         self.refreshed_at_us = now_us
@@ -259,10 +305,31 @@ class AsyncdpState:
     def mark_dead(self, dp_rank: int) -> None:
         """A rank died: it costs infinity, carries no load, and its part of the index is forgotten."""
         self.excluded.add(dp_rank)
-        self.base[dp_rank] = self.local[dp_rank] = self.hbase[dp_rank] = _INF
+        self.base[dp_rank] = self.local[dp_rank] = self.hbase[dp_rank] = self.mbase[dp_rank] = _INF
         self.remote[dp_rank] = 0.0
         self.load_total -= self.load[dp_rank]
         self.load[dp_rank] = 0.0
         self.index.drop_rank(dp_rank)
         self.set_cap()
         self.rescan()
+
+
+def argmin(values: list[float]) -> tuple[float, int, int]:
+    """The minimum, its first index and how many entries share it."""
+    best = min(values)
+    return best, values.index(best), values.count(best)
+
+
+def _moved(values: list[float], best: float, pick: int, ties: int, i: int, old: float,
+           new: float) -> tuple[float, int, int]:
+    """``values[i]`` went from ``old`` to ``new``: the minimum, its first index and its ties after it (O(1) but when
+    the last entry at the minimum leaves it)."""
+    if new < best:
+        return new, i, 1
+    if new == best:
+        return best, min(pick, i), ties + 1
+    if old == best:  # entry i left the minimum
+        if ties == 1:
+            return argmin(values)
+        return best, (values.index(best) if pick == i else pick), ties - 1
+    return best, pick, ties

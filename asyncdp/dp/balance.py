@@ -56,6 +56,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "vllm_legacy@no_initial_counts": {"no_initial_counts": True},
     "round_robin@staggered": {"staggered": True},
     "asyncdp@local": {"directory": False},  # each API server on its own: no prefix directory
+    "asyncdp@no_phase": {"phase_spread": 0.0},  # new prompts compare loads unweighted (AsyncdpState.phase)
     "power_of_two@queue": {"metric": "queue"},
     "power_of_two@load": {"metric": "load"},
     "power_of_two@kv": {"metric": "kv"},
