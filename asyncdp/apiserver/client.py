@@ -82,7 +82,8 @@ class DPClient:
         self._node = node_table
         self._tokenizer = tokenizer
         self.metrics = metrics
-        self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy)
+        self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy,
+                               seed=cfg.lb_seed)
         self._links = EngineLinks(cfg.managed_ranks, cfg.client_index, on_ready=self._on_engine_ready,
                                   on_message=self._on_engine_message, on_dead=self._on_engine_dead,
                                   heartbeat_timeout_s=cfg.heartbeat_timeout_s)

@@ -16,6 +16,7 @@ class ClientConfig:
     max_model_len: int
     is_moe: bool = False
     lb_policy: str = "vllm"
+    lb_seed: int | None = None  # the policy's random stream (random, power_of_two, ...): None draws from the OS
     max_queued_requests: int | None = None
     engine_ready_timeout_s: float = 600.0
     coordinator_client_addr: str | None = None

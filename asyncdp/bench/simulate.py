@@ -158,7 +158,7 @@ async def simulate_async(workload: Workload, policy: str, seed: int, spec: Clust
                     spec.dp_size, spec.routers, engine_config=engine_config(spec, workload),
                     vocab_size=workload.vocab_size, max_model_len=workload.max_model_len or DEFAULT_MAX_MODEL_LEN,
                     lb_policy=policy, with_coordinator=coordinator is not None, coordinator_config=coordinator,
-                    is_moe=spec.lockstep, token_source=token_source) as cluster:
+                    is_moe=spec.lockstep, token_source=token_source, lb_seed=seed) as cluster:
                 driver = _Driver(workload, cluster, answers, seed, closed_concurrency)
                 drivers.append(driver)
                 await driver.run()

@@ -87,7 +87,7 @@ class LoadBalancer:
     """
 
     def __init__(self, engines: Sequence[int], client_index: int = 0, client_count: int = 1,
-                 policy: str | Policy = "vllm", *, seed: int = 0) -> None:
+                 policy: str | Policy = "vllm", *, seed: int | None = 0) -> None:
         ranks = list(engines)
         if not ranks or sorted(set(ranks)) != ranks or ranks[0] < 0:
             raise ConfigError(f"managed ranks must be distinct, ascending and >= 0 (got {ranks}).")

@@ -68,7 +68,7 @@ from asyncdp.errors import AsyncDPError, ConfigError, leaf_exceptions
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing.cluster_links import ClusterLinks
 from asyncdp.testing.links import LINK_BUFFER, MemoryLinkListener, SimLink
-from asyncdp.testing.sim import SimCoordinator, SimRankExecutor, SimRequest
+from asyncdp.testing.sim import SimCoordinator, SimRankExecutor, SimRequest, stream_rng
 from asyncdp.transport import Link
 
 DEFAULT_VOCAB_SIZE = 32_000
@@ -284,6 +284,7 @@ async def open_sim_cluster(
     client_outbox_size: int = OUTBOX_SIZE,
     link_buffer: int = LINK_BUFFER,
     token_source: TokenSource | None = None,
+    lb_seed: int | None = None,
 ) -> AsyncIterator[SimCluster]:
     """Start a DP deployment in this event loop; yield it once every client can route to every rank.
 
@@ -295,7 +296,9 @@ async def open_sim_cluster(
     wire format). ``client_outbox_size`` is each rank's outbox per client (a full one cuts that client's link)
     and ``link_buffer`` each in-memory link's buffer: small values play a client that stops reading (with
     :meth:`SimCluster.stall_client`). ``token_source`` is handed to every rank's simulated executor (see
-    :mod:`asyncdp.engine.sim_executor`: it picks each request's output tokens). See the module docstring for what the yielded :class:`SimCluster` offers.
+    :mod:`asyncdp.engine.sim_executor`: it picks each request's output tokens). ``lb_seed`` seeds client i's
+    policy stream with ``stream_rng(lb_seed, "policy/{i}")`` (routing-bench §1.2); without it every client's
+    stream is seeded 0. See the module docstring for what the yielded :class:`SimCluster` offers.
     """
     if engine_config.executor != "sim":
         raise ConfigError(f"open_sim_cluster needs engine_config.executor='sim' (got {engine_config.executor!r}).")
@@ -317,7 +320,8 @@ async def open_sim_cluster(
             try:
                 await _start(cluster, tg, engine_config, vocab_size, max_model_len, eos_token_ids, tokenizer,
                              lb_policy, coordinator_config if with_coordinator else None, ranks,
-                             heartbeat_interval_s, heartbeat_timeout_s, moe, client_outbox_size, token_source)
+                             heartbeat_interval_s, heartbeat_timeout_s, moe, client_outbox_size, token_source,
+                             lb_seed)
                 yield cluster
             finally:
                 for client in cluster.clients:
@@ -336,7 +340,8 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
                  max_model_len: int, eos_token_ids: Sequence[int], tokenizer: Any, lb_policy: str,
                  coordinator_config: CoordinatorConfig | None, ranks: tuple[int, ...],
                  heartbeat_interval_s: float, heartbeat_timeout_s: float, moe: tuple[int, str] | None,
-                 client_outbox_size: int, token_source: TokenSource | None = None) -> None:
+                 client_outbox_size: int, token_source: TokenSource | None = None,
+                 lb_seed: int | None = None) -> None:
     dp_size, num_clients = cluster.dp_size, cluster.num_clients
     if coordinator_config is not None:
         cluster.coordinator = SimCoordinator(
@@ -347,7 +352,8 @@ async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: En
     for ci in range(num_clients):
         cfg = ClientConfig(client_index=ci, client_count=num_clients, managed_ranks=ranks, dp_size=dp_size,
                            model_name="sim", max_model_len=max_model_len, lb_policy=lb_policy, is_moe=moe is not None,
-                           heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
+                           heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s,
+                           lb_seed=0 if lb_seed is None else stream_rng(lb_seed, f"policy/{ci}").getrandbits(64))
         cluster.clients.append(DPClient(cfg, tokenizer))
 
     rank_client_links: list[dict[int, Link]] = [{} for _ in ranks]

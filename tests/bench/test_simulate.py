@@ -53,6 +53,20 @@ def test_same_seed_gives_the_same_event_log_and_metrics():
     assert metrics.compute(first) == metrics.compute(second)
 
 
+def test_the_policy_draws_from_the_runs_seed_and_each_router_from_its_own_stream():
+    """routing-bench §1.2: the policy's stream is ``policy/{router}`` of the run's seed, so ``random`` decides
+    differently under another seed on the same workload, and two routers do not draw the same sequence."""
+    workload = resolve(build("w1", "quick", 7, TINY_W1))
+    ranks = {seed: [e.rank for e in simulate(workload, "random", seed, SPEC).events] for seed in (7, 8)}
+    assert ranks[7] != ranks[8]
+    steady = {seed: [e.rank for e in simulate(workload, "round_robin", seed, SPEC).events] for seed in (7, 8)}
+    assert steady[7] == steady[8]  # a policy that draws nothing: the seed changes no decision here
+    two = simulate(workload, "random", 7, ClusterSpec(dp_size=4, profile=SPEC.profile, routers=2))
+    by_router = [[e.rank for e in two.events if e.router == r] for r in (0, 1)]
+    n = min(map(len, by_router))
+    assert n >= 8 and by_router[0][:n] != by_router[1][:n]
+
+
 @pytest.mark.parametrize("policy", ["round_robin", "vllm"])
 def test_every_request_of_a_shared_prefix_workload_completes_with_its_full_output(policy):
     workload = resolve(build("w1", "quick", 1, TINY_W1))
