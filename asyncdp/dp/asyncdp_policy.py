@@ -75,7 +75,7 @@ places each group once, as R = 1 does. One router never claims.
 Decision cost (G7). The hooks keep everything ``select`` needs that does not depend on the request: ``base``
 (one rank changes per dispatch, first token or finish; all of them on a snapshot, or when the decay weight is
 50 ms old), its minimum with the minimum's first rank and number of ties (O(1) per hook but when the last rank at
-the minimum leaves it), and the hot-spot bound. ``select`` is then a few lookups: the tie scan only on a tie, the
+the minimum leaves it), the same for the phase-weighted costs of a prompt no rank holds, and the hot-spot bound. ``select`` is then a few lookups: the tie scan only on a tie, the
 deepest run of the prompt's blocks any rank holds (two lookups when it is the run the last prompt with the same
 first block matched, else a binary search), the ranks holding that whole run (their credit is known), and the
 ranks holding only part of it, pruned by the best credit they could still get. The prompt's block hashes are
