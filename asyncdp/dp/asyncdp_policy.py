@@ -163,16 +163,14 @@ class AsyncdpPolicy(Policy):
                rng: random.Random) -> Decision:
         if req.rank_hint is not None:  # a hinted request bypasses the policy (hinted_decision, inlined)
             return Decision(req.rank_hint, hinted=True)
-        base, hbase, mbase = state.base, state.hbase, state.mbase
+        base, hbase, mbase = state.base, state.hbase, None
         if now_us >= state.refresh_due_us and (decayed := state.snapshot_weight(now_us)) != state.weight:
             base = state.costs_at(decayed)  # no hook ran for a while: decay the snapshot terms here (H5), on a copy
             hbase = [b - m for b, m in zip(base, state.memory, strict=True)]
             mbase = state.mcosts(base, hbase)
             best, pick, ties = argmin(base)
-            mbest, mpick, mties = argmin(mbase)
         else:
             best, pick, ties = state.best, state.pick, state.ties
-            mbest, mpick, mties = state.mbest, state.mpick, state.mties
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
@@ -180,6 +178,10 @@ class AsyncdpPolicy(Policy):
         index = state.index
         if not hashes or not index.owners.get(hashes[0], 0):
             # No rank holds the prompt: the cheapest by load, its load weighed by the rank's phase (state.phase)
+            if mbase is None:
+                mbase, mbest, mpick, mties = state.mbase, state.mbest, state.mpick, state.mties
+            else:
+                mbest, mpick, mties = argmin(mbase)
             if mties > 1:
                 mpick = _tie_scan(mbase, mbest, mpick, _tie_key(req, hashes) % state.n)
             return decisions[mpick]
