@@ -289,9 +289,8 @@ class DPClient:
         return await self._utility.call(list(self._links.engines.values()), method, args, kwargs,
                                         self.cfg.utility_timeout_s)
 
-    async def serve(
-        self, listener: anyio.abc.SocketListener, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def serve(self, listener: anyio.abc.SocketListener, *,
+                    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Accept engine links; report ready once every managed rank sent EngineReady; then run forever."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._links.accept, listener, tg)
