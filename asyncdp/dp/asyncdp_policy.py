@@ -5,15 +5,20 @@ Theory of operation
 One cost per rank, in prefill-token units (H1)::
 
     cost[i] = base[i] + prompt_len - CREDIT_WEIGHT·credit[i]
-    base[i] = pending[i] + DECODE_TOKENS·decoding[i] + memory[i] + w·(others[i] + kv_penalty[i])
+    base[i] = pending[i] + decode[i] + memory[i] + w·(others[i] + kv_penalty[i])
 
 - ``pending[i]``: the uncached prompt tokens this router sent to rank i that have not produced their first
   token (each request's ``prompt_len - predicted hit``, added at dispatch, removed at its first token or
-  finish); ``decoding[i]``: this router's requests on rank i past their first token. Both are exact local
-  counters, so a snapshot never overwrites them (H4: the 6/4 tie bias of vLLM came from overwriting bumps).
+  finish); ``decode[i]``: this router's requests on rank i past their first token, each weighing
+  ``DECODE_TOKENS`` (16) prefill tokens, or ``DECODE_TOKENS·prompt_len/DECODE_REF_TOKENS`` for a prompt longer
+  than ``DECODE_REF_TOKENS`` (4 096), at most ``DECODE_MAX_SCALE`` (4) times as much: a decode step reads every
+  running sequence's KV, so a sequence with a 16 k context slows its rank's steps several times as much as one
+  with 1 k (:meth:`AsyncdpPolicy.decode_weight`; ``asyncdp@flat_decode`` weighs them all the same). Both are
+  exact local counters, so a snapshot never overwrites them (H4: the 6/4 tie bias of vLLM came from
+  overwriting bumps).
 - ``others[i]``: the work of *other* routers (and of hinted clients) that the snapshot shows and this router
   did not send: ``max(0, waiting - my pending requests)·avg_prefill + max(0, running - my decoding)·
-  DECODE_TOKENS``, from the last snapshot, reconciled against this router's own counts at delivery. ``w``
+  avg_decode`` (the averages of this router's own requests), from the last snapshot, reconciled against this router's own counts at delivery. ``w``
   decays linearly with the snapshot's age, to 0 at ``staleness_ms`` (H5): stale telemetry falls back on local
   counters, and a missing report never reads as "idle" because local counters stay.
 - ``kv_penalty[i]``: ``KV_PENALTY_TOKENS·(kv_usage - 0.9)/0.1`` (weighted by ``w``) when a rank's referenced
@@ -111,6 +116,8 @@ TIE_KEY_BLOCK = 4
 REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
 PHASE_SPREAD = 0.1  # [ours] a new prompt weighs the ranks' loads by 1 - 0.1 .. 1 + 0.1 (AsyncdpState.phase)
 PHASE_PERIOD_S = 5.0  # [ours] the weights rotate by one rank this often
+DECODE_REF_TOKENS = 4096.0  # [ours] a decoding request with a longer prompt weighs more (decode_weight) ...
+DECODE_MAX_SCALE = 4.0  # [ours] ... up to this many times decode_tokens
 _INF = float("inf")
 
 
@@ -123,10 +130,11 @@ class AsyncdpPolicy(Policy):
                  hot_slack: float = HOT_SLACK, kv_penalty_tokens: float = KV_PENALTY_TOKENS,
                  credit_weight: float = CREDIT_WEIGHT, memory_tokens: float = MEMORY_TOKENS,
                  replica_headroom: float = REPLICA_HEADROOM, phase_spread: float = PHASE_SPREAD,
-                 phase_period_s: float = PHASE_PERIOD_S, prefix: bool = True, directory: bool = True) -> None:
-        if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0 or replica_headroom < 0:
-            raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens and "
-                              "replica_headroom >= 0.")
+                 phase_period_s: float = PHASE_PERIOD_S, decode_ref_tokens: float = DECODE_REF_TOKENS,
+                 prefix: bool = True, directory: bool = True) -> None:
+        if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0 or replica_headroom < 0 or decode_ref_tokens < 0:
+            raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
+                              "replica_headroom and decode_ref_tokens >= 0.")
         if not 0 <= phase_spread < 1 or phase_period_s <= 0:
             raise ConfigError("asyncdp policy: phase_spread must be in [0, 1) and phase_period_s > 0.")
         self.decode_tokens = decode_tokens
@@ -138,6 +146,7 @@ class AsyncdpPolicy(Policy):
         self.replica_headroom = replica_headroom  # 0: no deliberate replicas
         self.phase_spread = phase_spread  # 0: a new prompt compares loads unweighted
         self.phase_period_us = max(1, round(phase_period_s * 1e6))
+        self.decode_ref_tokens = decode_ref_tokens  # 0: every decoding request weighs decode_tokens
         self.prefix = prefix
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
 
@@ -263,6 +272,13 @@ class AsyncdpPolicy(Policy):
             pick, pick_cost, pick_credit = r, cost, credit
         return pick
 
+    def decode_weight(self, prompt_len: int) -> float:
+        """A decoding request's weight in prefill tokens: ``decode_tokens``, times ``prompt_len /
+        decode_ref_tokens`` for a prompt longer than ``decode_ref_tokens``, at most ``DECODE_MAX_SCALE`` times."""
+        if not self.decode_ref_tokens or prompt_len <= self.decode_ref_tokens:
+            return self.decode_tokens
+        return self.decode_tokens * min(DECODE_MAX_SCALE, prompt_len / self.decode_ref_tokens)
+
     # ------------------------------------------------------------ hooks
 
     def on_dispatch(self, state: AsyncdpState, req: RequestView, decision: Decision, now_us: int) -> None:
@@ -278,10 +294,12 @@ class AsyncdpPolicy(Policy):
             state.rates.bump(hashes[0])
         prefill = max(0, req.prompt_len - credit)
         state.avg_prefill += (prefill - state.avg_prefill) / 16.0
-        old = state.reqs.get(req.req_id)
+        old = state.reqs.pop(req.req_id, None)
         if old is not None:  # a reused id: forget the old one first
-            self.on_finish(state, req.req_id, old.rank, now_us)
-        state.reqs[req.req_id] = Routed(r, prefill)
+            state.forget(old)
+        weight = self.decode_weight(req.prompt_len)
+        state.avg_decode = weight if state.avg_decode < 0 else state.avg_decode + (weight - state.avg_decode) / 16.0
+        state.reqs[req.req_id] = Routed(r, prefill, weight=weight)
         state.pending[r] += prefill
         state.pending_reqs[r] += 1
         state.update(r)
@@ -291,25 +309,14 @@ class AsyncdpPolicy(Policy):
     def on_first_token(self, state: AsyncdpState, req_id: str, dp_rank: int, now_us: int) -> None:
         state.tick(now_us)
         f = state.reqs.get(req_id)
-        if f is None or f.decoding:
-            return
-        f.decoding = True
-        state.pending[f.rank] -= f.prefill
-        state.pending_reqs[f.rank] -= 1
-        state.decoding[f.rank] += 1
-        state.update(f.rank)
+        if f is not None and not f.decoding:
+            state.start_decoding(f)
 
     def on_finish(self, state: AsyncdpState, req_id: str, dp_rank: int, now_us: int) -> None:
         state.tick(now_us)
         f = state.reqs.pop(req_id, None)
-        if f is None:
-            return
-        if f.decoding:
-            state.decoding[f.rank] -= 1
-        else:
-            state.pending[f.rank] -= f.prefill
-            state.pending_reqs[f.rank] -= 1
-        state.update(f.rank)
+        if f is not None:
+            state.forget(f)
 
     def on_snapshot(self, state: AsyncdpState, snap: Snapshot) -> None:
         if len(snap.loads) != state.n:
@@ -318,7 +325,8 @@ class AsyncdpPolicy(Policy):
             ow = max(0, x.waiting - state.pending_reqs[i])
             orun = max(0, x.running - state.decoding[i])
             state.others_cnt[i] = ow + orun
-            state.others_tok[i] = ow * state.avg_prefill + orun * self.decode_tokens
+            state.others_tok[i] = ow * state.avg_prefill + orun * (
+                self.decode_tokens if state.avg_decode < 0 else state.avg_decode)
             state.kv[i] = x.kv_usage
         at = snap.delivered_at_us or state.clock_us
         state.snap_at_us = at

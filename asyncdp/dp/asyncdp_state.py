@@ -48,6 +48,7 @@ class Routed:
     rank: int
     prefill: int  # tokens counted in pending[rank] until the first token
     decoding: bool = False
+    weight: float = 0.0  # its weight in dec_tokens while it decodes (AsyncdpPolicy.decode_weight)
 
 
 @dataclass(slots=True)
@@ -90,6 +91,7 @@ class AsyncdpState:
     pending: list[int]
     pending_reqs: list[int]
     decoding: list[int]
+    dec_tokens: list[float]  # the decoding requests' weights, in prefill tokens (AsyncdpPolicy.decode_weight)
     others_tok: list[float]
     others_cnt: list[int]
     kv: list[float]
@@ -126,12 +128,13 @@ class AsyncdpState:
     refreshed_at_us: int = 0
     refresh_due_us: float = _INF  # refreshed_at_us + REFRESH_US once a snapshot came
     avg_prefill: float = 0.0  # EMA of the uncached tokens per request this router sent
+    avg_decode: float = -1.0  # EMA of the decode weights of the requests this router sent (-1: none yet)
 
     @classmethod
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
               capacity_blocks: int) -> AsyncdpState:
         state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
-                    [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
+                    [0.0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
                     [0.0] * n, OwnerIndex.empty(n, capacity_blocks), PrefixRates(), shared=[0.0] * n,
                     decisions=tuple(Decision(i) for i in range(n)))
         state.phases = [state.phase(i) for i in range(n)]
@@ -165,7 +168,7 @@ class AsyncdpState:
             kv_pen = w.kv_penalty_tokens * (kv - KV_HIGH) / (1.0 - KV_HIGH)
         memory = w.memory_tokens * self.index.size(i) / self.index.capacity if w.memory_tokens else 0.0
         self.memory[i] = memory
-        local = self.pending[i] + w.decode_tokens * self.decoding[i] + memory + self.shared[i]
+        local = self.pending[i] + self.dec_tokens[i] + memory + self.shared[i]
         return local, self.others_tok[i] + kv_pen
 
     def costs_at(self, weight: float) -> list[float]:
@@ -301,6 +304,28 @@ class AsyncdpState:
         if weight != self.weight:
             self.weight = weight
             self.update_all(resum=False)
+
+    def start_decoding(self, f: Routed) -> None:
+        """Request ``f`` produced its first token: its prefill leaves ``pending``, its weight joins ``dec_tokens``."""
+        f.decoding = True
+        r = f.rank
+        self.pending[r] -= f.prefill
+        self.pending_reqs[r] -= 1
+        self.decoding[r] += 1
+        self.dec_tokens[r] += f.weight
+        self.update(r)
+
+    def forget(self, f: Routed) -> None:
+        """Request ``f`` finished (or its id was reused): its work leaves the rank's counters."""
+        r = f.rank
+        if f.decoding:
+            self.decoding[r] -= 1
+            # the weights' float sum goes back to exactly 0 with the last decoding request: no drift over a run
+            self.dec_tokens[r] = self.dec_tokens[r] - f.weight if self.decoding[r] else 0.0
+        else:
+            self.pending[r] -= f.prefill
+            self.pending_reqs[r] -= 1
+        self.update(r)
 
     def mark_dead(self, dp_rank: int) -> None:
         """A rank died: it costs infinity, carries no load, and its part of the index is forgotten."""

@@ -377,3 +377,47 @@ def test_the_phase_spread_is_checked():
         AsyncdpPolicy(phase_spread=1.0)
     with pytest.raises(ConfigError, match="phase_spread"):
         AsyncdpPolicy(phase_period_s=0)
+
+
+def long_prompt(tail: int, length: int) -> RequestView:
+    """A prompt of ``length`` tokens that shares nothing with the others (its first token is ``tail``)."""
+    return RequestView(f"long{tail}", (tail, *range(50_000 + tail * 100_000, 50_000 + tail * 100_000 + length - 1)))
+
+
+def test_a_decoding_request_weighs_more_the_longer_its_prompt():
+    p = AsyncdpPolicy()
+    assert [p.decode_weight(n) for n in (1, 4096, 6144, 8192, 16_384, 65_536)] == [16, 16, 24, 32, 64, 64]
+    assert AsyncdpPolicy(decode_ref_tokens=0).decode_weight(65_536) == 16  # asyncdp@flat_decode
+    assert make_policy("asyncdp@flat_decode").decode_weight(65_536) == 16  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="decode_ref_tokens"):
+        AsyncdpPolicy(decode_ref_tokens=-1)
+
+
+@pytest.mark.parametrize(("ref", "expected"), [(4096.0, 1), (0.0, 0)])
+def test_a_long_context_decode_outweighs_several_short_ones(ref, expected):
+    # rank 0: one decoding request with a 16 384-token prompt (4·16 = 64 tokens of load; 16 when every decoding
+    # request weighs the same); rank 1: three with 80-token prompts (48). A new prompt goes to the lighter one.
+    p = AsyncdpPolicy(memory_tokens=0, decode_ref_tokens=ref)
+    s = p.init(2)
+    big = long_prompt(1, 16_384)
+    route(p, s, big, hint=0)
+    p.on_first_token(s, big.req_id, 0, 1)
+    for k in range(3):
+        req = prompt(10 + k)
+        route(p, s, req, hint=1)
+        p.on_first_token(s, req.req_id, 1, 1)
+    assert s.base == ([64.0, 48.0] if ref else [16.0, 48.0])
+    assert route(p, s, long_prompt(2, 80), now_us=2) == expected
+
+
+def test_the_decode_weights_leave_no_residue_when_the_requests_finish():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    reqs = [long_prompt(k, 4096 + 1000 * k) for k in range(1, 8)]  # weights 16·(5096/4096) ...: inexact floats
+    for req in reqs:
+        route(p, s, req, hint=0)
+        p.on_first_token(s, req.req_id, 0, 1)
+    assert s.dec_tokens[0] == pytest.approx(sum(p.decode_weight(r.prompt_len) for r in reqs))
+    for req in reqs:
+        p.on_finish(s, req.req_id, 0, 2)
+    assert s.dec_tokens == [0.0, 0.0] and s.decoding == [0, 0] and s.base == [0.0, 0.0]
