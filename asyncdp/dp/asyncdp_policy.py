@@ -5,22 +5,26 @@ Theory of operation
 One cost per rank, in prefill-token units (H1)::
 
     cost[i] = base[i] + prompt_len - CREDIT_WEIGHT·credit[i]
-    base[i] = pending[i] + decode[i] + memory[i] + w·(others[i] + kv_penalty[i])
+    base[i] = pending[i] + DECODE_TOKENS·decoding[i] + memory[i] + w·(others[i] + kv_penalty[i])
 
 - ``pending[i]``: the uncached prompt tokens this router sent to rank i that have not produced their first
   token (each request's ``prompt_len - predicted hit``, added at dispatch, removed at its first token or
-  finish); ``decode[i]``: this router's requests on rank i past their first token, each weighing
-  ``DECODE_TOKENS`` (16) prefill tokens, or ``DECODE_TOKENS·prompt_len/DECODE_REF_TOKENS`` for a prompt longer
-  than ``DECODE_REF_TOKENS`` (4 096), at most ``DECODE_MAX_SCALE`` (4) times as much: a decode step reads every
-  running sequence's KV, so a sequence with a 16 k context slows its rank's steps several times as much as one
-  with 1 k (:meth:`AsyncdpPolicy.decode_weight`; ``asyncdp@flat_decode`` weighs them all the same). Both are
-  exact local counters, so a snapshot never overwrites them (H4: the 6/4 tie bias of vLLM came from
-  overwriting bumps).
+  finish); ``decoding[i]``: this router's requests on rank i past their first token. Both are exact local
+  counters, so a snapshot never overwrites them (H4: the 6/4 tie bias of vLLM came from overwriting bumps).
+- Long contexts: a decode step reads every running sequence's KV, so a sequence with a 16 k context slows its
+  rank's steps several times as much as one with 1 k. Where the choice moves no cached prefix (among the ranks
+  holding a prompt's whole matched run when it is at least half the prompt, and for a prompt no rank holds),
+  each decoding request weighs ``DECODE_TOKENS·prompt_len/DECODE_REF_TOKENS`` for a prompt longer than
+  ``DECODE_REF_TOKENS`` (4 096), at most ``DECODE_MAX_SCALE`` (4) times ``DECODE_TOKENS`` (``extra[i]`` over
+  ``base``, :meth:`AsyncdpPolicy.decode_weight`). A hit is weighed against the cheapest other rank with the flat weight:
+  past capacity every rank decodes long contexts, and pricing them up there sends hits off their holders into
+  a spiral of misses (W2). ``asyncdp@flat_decode`` weighs every decoding request the same everywhere.
 - ``others[i]``: the work of *other* routers (and of hinted clients) that the snapshot shows and this router
   did not send: ``max(0, waiting - my pending requests)·avg_prefill + max(0, running - my decoding)·
-  avg_decode`` (the averages of this router's own requests), from the last snapshot, reconciled against this router's own counts at delivery. ``w``
-  decays linearly with the snapshot's age, to 0 at ``staleness_ms`` (H5): stale telemetry falls back on local
-  counters, and a missing report never reads as "idle" because local counters stay.
+  avg_decode`` (the averages of this router's own requests), from the last snapshot, reconciled against this
+  router's own counts at delivery. ``w`` decays linearly with the snapshot's age, to 0 at ``staleness_ms``
+  (H5): stale telemetry falls back on local counters, and a missing report never reads as "idle" because
+  local counters stay.
 - ``kv_penalty[i]``: ``KV_PENALTY_TOKENS·(kv_usage - 0.9)/0.1`` (weighted by ``w``) when a rank's referenced
   KV is above 90 %: a new request there waits for memory or triggers preemption.
 - ``memory[i]``: ``MEMORY_TOKENS·(index blocks of rank i)/kv_blocks_per_rank``: a soft preference for the rank
@@ -175,7 +179,7 @@ class AsyncdpPolicy(Policy):
         base, hbase, mbase = state.base, state.hbase, None
         if now_us >= state.refresh_due_us and (decayed := state.snapshot_weight(now_us)) != state.weight:
             base = state.costs_at(decayed)  # no hook ran for a while: decay the snapshot terms here (H5), on a copy
-            hbase = [b - m for b, m in zip(base, state.memory, strict=True)]
+            hbase = [b - m + x for b, m, x in zip(base, state.memory, state.extra, strict=True)]
             mbase = state.mcosts(base, hbase)
             best, pick, ties = argmin(base)
         else:
@@ -220,7 +224,8 @@ class AsyncdpPolicy(Policy):
         # The ranks holding the whole run share one credit, so the cheapest of them under the hot-spot bound (H3)
         # is their best; it is then weighed against the cheapest rank by load. When the run is most of the prompt,
         # memory does not decide among them (it is cached on all of them, and little is added): they compare by
-        # load only (hbase = base - memory). Their common credit is added after the loop.
+        # load only (hbase = base - memory + extra: the decodes weighed by their context). Their common credit is
+        # added after the loop, and the extra taken off again: the hit is weighed flat against the cheapest rank.
         by_load = 2 * top_credit >= plen
         costs = hbase if by_load else base
         rmin, cmin, n = -1, _INF, state.n
@@ -234,7 +239,7 @@ class AsyncdpPolicy(Policy):
                         continue
                 rmin, cmin = r, cost
         if rmin >= 0:
-            cmin += (plen - wc + state.memory[rmin]) if by_load else (plen - wc)
+            cmin += (plen - wc + state.memory[rmin] - state.extra[rmin]) if by_load else (plen - wc)
             if cmin < pick_cost or (cmin == pick_cost and top_credit > 0) or ((full >> pick) & 1 and load[pick] <= cap):
                 # (the last: the cheapest rank is a holder itself, so the holders' choice by load stands)
                 pick, pick_cost, pick_credit = rmin, cmin, top_credit

@@ -92,6 +92,7 @@ class AsyncdpState:
     pending_reqs: list[int]
     decoding: list[int]
     dec_tokens: list[float]  # the decoding requests' weights, in prefill tokens (AsyncdpPolicy.decode_weight)
+    extra: list[float]  # dec_tokens - decode_tokens·decoding: in hbase and mbase, not in base
     others_tok: list[float]
     others_cnt: list[int]
     kv: list[float]
@@ -99,7 +100,7 @@ class AsyncdpState:
     local: list[float]  # base = local + weight·remote (see _terms)
     remote: list[float]
     memory: list[float]  # the memory term of local: holders of a prompt's whole run are compared without it
-    hbase: list[float]  # base - memory, what those holders compare
+    hbase: list[float]  # base - memory + extra, what those holders compare
     mbase: list[float]  # base + phase·hbase, what a prompt no rank holds compares (phase())
     index: OwnerIndex
     rates: PrefixRates
@@ -134,7 +135,7 @@ class AsyncdpState:
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
               capacity_blocks: int) -> AsyncdpState:
         state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
-                    [0.0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
+                    [0.0] * n, [0.0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
                     [0.0] * n, OwnerIndex.empty(n, capacity_blocks), PrefixRates(), shared=[0.0] * n,
                     decisions=tuple(Decision(i) for i in range(n)))
         state.phases = [state.phase(i) for i in range(n)]
@@ -168,7 +169,7 @@ class AsyncdpState:
             kv_pen = w.kv_penalty_tokens * (kv - KV_HIGH) / (1.0 - KV_HIGH)
         memory = w.memory_tokens * self.index.size(i) / self.index.capacity if w.memory_tokens else 0.0
         self.memory[i] = memory
-        local = self.pending[i] + self.dec_tokens[i] + memory + self.shared[i]
+        local = self.pending[i] + w.decode_tokens * self.decoding[i] + memory + self.shared[i]
         return local, self.others_tok[i] + kv_pen
 
     def costs_at(self, weight: float) -> list[float]:
@@ -208,7 +209,8 @@ class AsyncdpState:
 
     def mcosts(self, base: Sequence[float], hbase: Sequence[float]) -> list[float]:
         """The miss costs for the given base costs (a decayed copy of them, see ``select``)."""
-        return [b if h == _INF else b + p * h for b, h, p in zip(base, hbase, self.phases, strict=True)]
+        return [b if h == _INF else b + x + p * h
+                for b, h, p, x in zip(base, hbase, self.phases, self.extra, strict=True)]
 
     def snapshot_weight(self, now_us: int) -> float:
         """The snapshot terms' weight: 1 when fresh, linearly down to 0 at the staleness threshold (H5)."""
@@ -221,8 +223,10 @@ class AsyncdpState:
         lo, re = self._terms(i)
         self.local[i], self.remote[i] = lo, re
         b = self.base[i] = lo + self.weight * re
-        h = self.hbase[i] = b - self.memory[i]
-        self.mbase[i] = b if h == _INF else b + self.phases[i] * h
+        x = self.extra[i] = 0.0 if i in self.excluded else (
+            self.dec_tokens[i] - self.weights.decode_tokens * self.decoding[i])
+        h = self.hbase[i] = b - self.memory[i] + x
+        self.mbase[i] = b if h == _INF else b + x + self.phases[i] * h
         load = 0.0 if i in self.excluded else (
             self.pending_reqs[i] + self.decoding[i] + self.weight * self.others_cnt[i])
         self.load_total += load - self.load[i]

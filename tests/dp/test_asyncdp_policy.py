@@ -406,8 +406,25 @@ def test_a_long_context_decode_outweighs_several_short_ones(ref, expected):
         req = prompt(10 + k)
         route(p, s, req, hint=1)
         p.on_first_token(s, req.req_id, 1, 1)
-    assert s.base == ([64.0, 48.0] if ref else [16.0, 48.0])
+    assert s.base == [16.0, 48.0]  # the cost a hit is weighed against stays flat (next test)
+    assert s.hbase == ([64.0, 48.0] if ref else [16.0, 48.0])  # what new prompts and a prefix's holders compare
     assert route(p, s, long_prompt(2, 80), now_us=2) == expected
+
+
+def test_a_hit_weighs_its_holders_decodes_flat_against_the_cheapest_other_rank():
+    # rank 0 holds a 16 384-token prefix and decodes 10 requests with it: 10·1 000 = 10 000 tokens of load flat,
+    # 40 000 scaled by their context; the hit saves 2·16 384 = 32 768. Weighed flat the hit stays on its holder;
+    # weighed scaled it would leave for the idle rank 1 and pay the whole prompt again. Past capacity every rank
+    # is loaded like this, and hits leaving their holders spiral into misses (W2 at full scale, docs).
+    p = AsyncdpPolicy(memory_tokens=0, decode_tokens=1000)
+    s = p.init(2)
+    doc = long_prompt(1, 16_384).tokens
+    for k in range(10):
+        req = RequestView(f"d{k}", (*doc, *range(k * 16, k * 16 + 16)))
+        route(p, s, req, hint=0)
+        p.on_first_token(s, req.req_id, 0, 1)
+    assert s.base[0] == 10_000 and s.hbase[0] == 40_000
+    assert route(p, s, RequestView("q", (*doc, *range(900, 916))), now_us=2) == 0
 
 
 def test_the_decode_weights_leave_no_residue_when_the_requests_finish():
