@@ -379,6 +379,12 @@ def test_the_phase_spread_is_checked():
         AsyncdpPolicy(phase_period_s=0)
 
 
+def decode_on(p: AsyncdpPolicy, s: AsyncdpState, req: RequestView, rank: int) -> None:
+    """Send ``req`` to ``rank`` (a hint) and let it produce its first token: it is decoding there."""
+    route(p, s, req, hint=rank)
+    p.on_first_token(s, req.req_id, rank, 1)
+
+
 def long_prompt(tail: int, length: int) -> RequestView:
     """A prompt of ``length`` tokens that shares nothing with the others (its first token is ``tail``)."""
     return RequestView(f"long{tail}", (tail, *range(50_000 + tail * 100_000, 50_000 + tail * 100_000 + length - 1)))
@@ -399,13 +405,9 @@ def test_a_long_context_decode_outweighs_several_short_ones(ref, expected):
     # request weighs the same); rank 1: three with 80-token prompts (48). A new prompt goes to the lighter one.
     p = AsyncdpPolicy(memory_tokens=0, decode_ref_tokens=ref)
     s = p.init(2)
-    big = long_prompt(1, 16_384)
-    route(p, s, big, hint=0)
-    p.on_first_token(s, big.req_id, 0, 1)
+    decode_on(p, s, long_prompt(1, 16_384), 0)
     for k in range(3):
-        req = prompt(10 + k)
-        route(p, s, req, hint=1)
-        p.on_first_token(s, req.req_id, 1, 1)
+        decode_on(p, s, prompt(10 + k), 1)
     assert s.base == [16.0, 48.0]  # the cost a hit is weighed against stays flat (next test)
     assert s.hbase == ([64.0, 48.0] if ref else [16.0, 48.0])  # what new prompts and a prefix's holders compare
     assert route(p, s, long_prompt(2, 80), now_us=2) == expected
@@ -420,9 +422,7 @@ def test_a_hit_weighs_its_holders_decodes_flat_against_the_cheapest_other_rank()
     s = p.init(2)
     doc = long_prompt(1, 16_384).tokens
     for k in range(10):
-        req = RequestView(f"d{k}", (*doc, *range(k * 16, k * 16 + 16)))
-        route(p, s, req, hint=0)
-        p.on_first_token(s, req.req_id, 0, 1)
+        decode_on(p, s, RequestView(f"d{k}", (*doc, *range(k * 16, k * 16 + 16))), 0)
     assert s.base[0] == 10_000 and s.hbase[0] == 40_000
     assert route(p, s, RequestView("q", (*doc, *range(900, 916))), now_us=2) == 0
 
@@ -432,8 +432,7 @@ def test_the_decode_weights_leave_no_residue_when_the_requests_finish():
     s = p.init(2)
     reqs = [long_prompt(k, 4096 + 1000 * k) for k in range(1, 8)]  # weights 16·(5096/4096) ...: inexact floats
     for req in reqs:
-        route(p, s, req, hint=0)
-        p.on_first_token(s, req.req_id, 0, 1)
+        decode_on(p, s, req, 0)
     assert s.dec_tokens[0] == pytest.approx(sum(p.decode_weight(r.prompt_len) for r in reqs))
     for req in reqs:
         p.on_finish(s, req.req_id, 0, 2)
