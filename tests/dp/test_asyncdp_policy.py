@@ -391,10 +391,10 @@ def long_prompt(tail: int, length: int) -> RequestView:
 
 
 def test_a_decoding_request_weighs_more_the_longer_its_prompt():
-    p = AsyncdpPolicy()
+    p = make_policy("asyncdp@ctx_decode")
+    assert isinstance(p, AsyncdpPolicy)
     assert [p.decode_weight(n) for n in (1, 4096, 6144, 8192, 16_384, 65_536)] == [16, 16, 24, 32, 64, 64]
-    assert AsyncdpPolicy(decode_ref_tokens=0).decode_weight(65_536) == 16  # asyncdp@flat_decode
-    assert make_policy("asyncdp@flat_decode").decode_weight(65_536) == 16  # type: ignore[attr-defined]
+    assert AsyncdpPolicy().decode_weight(65_536) == 16  # the default: every decoding request weighs the same
     with pytest.raises(ConfigError, match="decode_ref_tokens"):
         AsyncdpPolicy(decode_ref_tokens=-1)
 
@@ -418,7 +418,7 @@ def test_a_hit_weighs_its_holders_decodes_flat_against_the_cheapest_other_rank()
     # 40 000 scaled by their context; the hit saves 2·16 384 = 32 768. Weighed flat the hit stays on its holder;
     # weighed scaled it would leave for the idle rank 1 and pay the whole prompt again. Past capacity every rank
     # is loaded like this, and hits leaving their holders spiral into misses (W2 at full scale, docs).
-    p = AsyncdpPolicy(memory_tokens=0, decode_tokens=1000)
+    p = AsyncdpPolicy(memory_tokens=0, decode_tokens=1000, decode_ref_tokens=4096)
     s = p.init(2)
     doc = long_prompt(1, 16_384).tokens
     for k in range(10):
@@ -428,7 +428,7 @@ def test_a_hit_weighs_its_holders_decodes_flat_against_the_cheapest_other_rank()
 
 
 def test_the_decode_weights_leave_no_residue_when_the_requests_finish():
-    p = AsyncdpPolicy(memory_tokens=0)
+    p = AsyncdpPolicy(memory_tokens=0, decode_ref_tokens=4096)
     s = p.init(2)
     reqs = [long_prompt(k, 4096 + 1000 * k) for k in range(1, 8)]  # weights 16·(5096/4096) ...: inexact floats
     for req in reqs:
