@@ -13,11 +13,11 @@ One cost per rank, in prefill-token units (H1)::
   counters, so a snapshot never overwrites them (H4: the 6/4 tie bias of vLLM came from overwriting bumps).
 - Long contexts (off by default; ``asyncdp@ctx_decode``, ``decode_ref_tokens=4096``): a decode step reads every
   running sequence's KV, so a sequence with a 16 k context slows its rank's steps several times as much as one
-  with 1 k. Where the choice moves no cached prefix (among the ranks
-  holding a prompt's whole matched run when it is at least half the prompt, and for a prompt no rank holds),
-  each decoding request weighs ``DECODE_TOKENS·prompt_len/decode_ref_tokens`` for a prompt longer than
-  ``decode_ref_tokens``, at most ``DECODE_MAX_SCALE`` (4) times ``DECODE_TOKENS`` (``extra[i]`` over
-  ``base``, :meth:`AsyncdpPolicy.decode_weight`). A hit is weighed against the cheapest other rank with the flat weight:
+  with 1 k. Where the choice moves no cached prefix (among the ranks holding a prompt's whole matched run when
+  it is at least half the prompt, and for a prompt no rank holds), each decoding request weighs
+  ``DECODE_TOKENS·prompt_len/decode_ref_tokens`` for a prompt longer than ``decode_ref_tokens``, at most
+  ``DECODE_MAX_SCALE`` (4) times ``DECODE_TOKENS`` (``extra[i]`` over ``base``,
+  :meth:`AsyncdpPolicy.decode_weight`). A hit is weighed against the cheapest other rank with the flat weight:
   past capacity every rank decodes long contexts, and pricing them up there sends hits off their holders into
   a spiral of misses (W2). It is not on by default: it passes G5 on W7 at full scale on three seeds, where the
   flat weight does not, but W2 past capacity still loses hits with it (docs/benchmarks.md).
@@ -305,7 +305,7 @@ class AsyncdpPolicy(Policy):
         if old is not None:  # a reused id: forget the old one first
             state.forget(old)
         weight = self.decode_weight(req.prompt_len)
-        state.avg_decode = weight if state.avg_decode < 0 else state.avg_decode + (weight - state.avg_decode) / 16.0
+        state.avg_decode += (weight - state.avg_decode) / 16.0
         state.reqs[req.req_id] = Routed(r, prefill, weight=weight)
         state.pending[r] += prefill
         state.pending_reqs[r] += 1
@@ -332,8 +332,7 @@ class AsyncdpPolicy(Policy):
             ow = max(0, x.waiting - state.pending_reqs[i])
             orun = max(0, x.running - state.decoding[i])
             state.others_cnt[i] = ow + orun
-            state.others_tok[i] = ow * state.avg_prefill + orun * (
-                self.decode_tokens if state.avg_decode < 0 else state.avg_decode)
+            state.others_tok[i] = ow * state.avg_prefill + orun * state.avg_decode
             state.kv[i] = x.kv_usage
         at = snap.delivered_at_us or state.clock_us
         state.snap_at_us = at

@@ -101,7 +101,7 @@ class AsyncdpState:
     remote: list[float]
     memory: list[float]  # the memory term of local: holders of a prompt's whole run are compared without it
     hbase: list[float]  # base - memory + extra, what those holders compare
-    mbase: list[float]  # base + phase·hbase, what a prompt no rank holds compares (phase())
+    mbase: list[float]  # base + extra + phase·hbase, what a prompt no rank holds compares (phase())
     index: OwnerIndex
     rates: PrefixRates
     load_total: float = 0.0  # sum(load), kept by update (recomputed on every snapshot: no drift)
@@ -129,15 +129,16 @@ class AsyncdpState:
     refreshed_at_us: int = 0
     refresh_due_us: float = _INF  # refreshed_at_us + REFRESH_US once a snapshot came
     avg_prefill: float = 0.0  # EMA of the uncached tokens per request this router sent
-    avg_decode: float = -1.0  # EMA of the decode weights of the requests this router sent (-1: none yet)
+    avg_decode: float = 0.0  # EMA of the decode weights of the requests this router sent (from decode_tokens)
 
     @classmethod
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
               capacity_blocks: int) -> AsyncdpState:
         state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
-                    [0.0] * n, [0.0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
-                    [0.0] * n, OwnerIndex.empty(n, capacity_blocks), PrefixRates(), shared=[0.0] * n,
-                    decisions=tuple(Decision(i) for i in range(n)))
+                    [0.0] * n, [0.0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
+                    [0.0] * n, [0.0] * n, [0.0] * n, OwnerIndex.empty(n, capacity_blocks), PrefixRates(),
+                    shared=[0.0] * n, decisions=tuple(Decision(i) for i in range(n)),
+                    avg_decode=weights.decode_tokens)
         state.phases = [state.phase(i) for i in range(n)]
         state.set_cap()
         state.rescan()
