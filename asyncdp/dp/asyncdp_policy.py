@@ -22,11 +22,13 @@ One cost per rank, in prefill-token units (H1)::
   a spiral of misses (W2). It is not on by default: it passes G5 on W7 at full scale on three seeds, where the
   flat weight does not, but W2 past capacity still loses hits with it (docs/benchmarks.md).
 - ``others[i]``: the work of *other* routers (and of hinted clients) that the snapshot shows and this router
-  did not send: ``max(0, waiting - my pending requests)·avg_prefill + max(0, running - my decoding)·
-  avg_decode`` (the averages of this router's own requests), from the last snapshot, reconciled against this
-  router's own counts at delivery. ``w`` decays linearly with the snapshot's age, to 0 at ``staleness_ms``
-  (H5): stale telemetry falls back on local counters, and a missing report never reads as "idle" because
-  local counters stay.
+  did not send: ``other = max(0, waiting + running - my pending requests - my decoding)`` requests, of which
+  ``min(other, max(0, waiting - my pending requests))`` are priced ``avg_prefill`` and the rest ``avg_decode``
+  (the averages of this router's own requests), from the last snapshot, reconciled against this router's own
+  counts at delivery. The totals are reconciled before the split: a request of this router the engine
+  preempted is decoding here and waiting there, and is not another router's work. ``w`` decays linearly with
+  the snapshot's age, to 0 at ``staleness_ms`` (H5): stale telemetry falls back on local counters, and a
+  missing report never reads as "idle" because local counters stay.
 - ``kv_penalty[i]``: ``KV_PENALTY_TOKENS·(kv_usage - 0.9)/0.1`` (weighted by ``w``) when a rank's referenced
   KV is above 90 %: a new request there waits for memory or triggers preemption.
 - ``memory[i]``: ``MEMORY_TOKENS·(index blocks of rank i)/kv_blocks_per_rank``: a soft preference for the rank
@@ -329,8 +331,13 @@ class AsyncdpPolicy(Policy):
         if len(snap.loads) != state.n:
             raise ValueError(f"snapshot has {len(snap.loads)} ranks, expected {state.n}")
         for i, x in enumerate(snap.loads):
-            ow = max(0, x.waiting - state.pending_reqs[i])
-            orun = max(0, x.running - state.decoding[i])
+            # The other routers' requests: the rank's total less this router's, then split. Clipping waiting and
+            # running apart would count this router's preempted requests (decoding here, waiting there) as other
+            # work: a preemption storm would read as a queue of strangers and push hits off their holders.
+            mine_w = state.pending_reqs[i]
+            other = max(0, x.waiting + x.running - mine_w - state.decoding[i])
+            ow = min(other, max(0, x.waiting - mine_w))
+            orun = other - ow
             state.others_cnt[i] = ow + orun
             state.others_tok[i] = ow * state.avg_prefill + orun * state.avg_decode
             state.kv[i] = x.kv_usage

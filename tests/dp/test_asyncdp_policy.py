@@ -129,6 +129,22 @@ def test_snapshots_reconcile_with_local_counts_instead_of_overwriting_them():
     assert s.pending == [40, 0]  # the local counter survives the snapshot
 
 
+def test_this_routers_preempted_requests_are_not_counted_as_other_routers_work():
+    # Three of our requests decode on rank 0; the engine preempted two of them, so its snapshot shows them as
+    # waiting. They are ours, counted as decoding here: no other router's work is on rank 0. Counting the waiting
+    # ones apart from the running ones read them as strangers' queued prompts, which, in a preemption storm past
+    # capacity, pushed hits off their holders (W2 at full scale, docs).
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2)
+    for k in range(3):
+        decode_on(p, s, prompt(20 + k), 0)
+    p.on_snapshot(s, snapshot((2, 1, 0.0), (0, 0, 0.0)))
+    assert s.others_cnt == [0, 0] and s.others_tok == [0.0, 0.0]
+    # another router's queued request on top of them still counts, as waiting work
+    p.on_snapshot(s, snapshot((3, 1, 0.0), (0, 0, 0.0)))
+    assert s.others_cnt == [1, 0] and s.others_tok[0] == s.avg_prefill > 0
+
+
 def test_a_nearly_full_kv_cache_is_penalised():
     p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
