@@ -20,7 +20,8 @@ One cost per rank, in prefill-token units (H1)::
   :meth:`AsyncdpPolicy.decode_weight`). A hit is weighed against the cheapest other rank with the flat weight:
   past capacity every rank decodes long contexts, and pricing them up there sends hits off their holders into
   a spiral of misses (W2). It is not on by default: it passes G5 on W7 at full scale on three seeds, where the
-  flat weight does not, but W2 past capacity still loses hits with it (docs/benchmarks.md).
+  flat weight does not, and since the snapshot reconciliation below it keeps W2's hits past capacity too, but it
+  has not been rerun on every workload since (docs/benchmarks.md).
 - ``others[i]``: the work of *other* routers (and of hinted clients) that the snapshot shows and this router
   did not send: ``other = max(0, waiting + running - my pending requests - my decoding)`` requests, of which
   ``min(other, max(0, waiting - my pending requests))`` are priced ``avg_prefill`` and the rest ``avg_decode``
