@@ -338,9 +338,8 @@ class AsyncdpPolicy(Policy):
             mine_w = state.pending_reqs[i]
             other = max(0, x.waiting + x.running - mine_w - state.decoding[i])
             ow = min(other, max(0, x.waiting - mine_w))
-            orun = other - ow
-            state.others_cnt[i] = ow + orun
-            state.others_tok[i] = ow * state.avg_prefill + orun * state.avg_decode
+            state.others_cnt[i] = other
+            state.others_tok[i] = ow * state.avg_prefill + (other - ow) * state.avg_decode
             state.kv[i] = x.kv_usage
         at = snap.delivered_at_us or state.clock_us
         state.snap_at_us = at
