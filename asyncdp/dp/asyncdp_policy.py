@@ -11,7 +11,7 @@ One cost per rank, in prefill-token units (H1)::
   token (each request's ``prompt_len - predicted hit``, added at dispatch, removed at its first token or
   finish); ``decoding[i]``: this router's requests on rank i past their first token. Both are exact local
   counters, so a snapshot never overwrites them (H4: the 6/4 tie bias of vLLM came from overwriting bumps).
-- Long contexts (off by default; ``asyncdp@ctx_decode``, ``decode_ref_tokens=4096``): a decode step reads every
+- Long contexts (``decode_ref_tokens=4096``; ``asyncdp@flat_decode`` turns it off): a decode step reads every
   running sequence's KV, so a sequence with a 16 k context slows its rank's steps several times as much as one
   with 1 k. Where the choice moves no cached prefix (among the ranks holding a prompt's whole matched run when
   it is at least half the prompt, and for a prompt no rank holds), each decoding request weighs
@@ -19,9 +19,9 @@ One cost per rank, in prefill-token units (H1)::
   ``DECODE_MAX_SCALE`` (4) times ``DECODE_TOKENS`` (``extra[i]`` over ``base``,
   :meth:`AsyncdpPolicy.decode_weight`). A hit is weighed against the cheapest other rank with the flat weight:
   past capacity every rank decodes long contexts, and pricing them up there sends hits off their holders into
-  a spiral of misses (W2). It is not on by default: it passes G5 on W7 at full scale on three seeds, where the
-  flat weight does not, and since the snapshot reconciliation below it keeps W2's hits past capacity too, but it
-  has not been rerun on every workload since (docs/benchmarks.md).
+  a spiral of misses (W2). With it G5 passes on W7 at full scale on three seeds, where the flat weight does not;
+  since the snapshot reconciliation below W2 keeps its hits past capacity under it, and no other workload moves
+  by more than a few per cent (docs/benchmarks.md).
 - ``others[i]``: the work of *other* routers (and of hinted clients) that the snapshot shows and this router
   did not send: ``other = max(0, waiting + running - my pending requests - my decoding)`` requests, of which
   ``min(other, max(0, waiting - my pending requests))`` are priced ``avg_prefill`` and the rest ``avg_decode``
@@ -125,7 +125,7 @@ TIE_KEY_BLOCK = 4
 REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
 PHASE_SPREAD = 0.1  # [ours] a new prompt weighs the ranks' loads by 1 - 0.1 .. 1 + 0.1 (AsyncdpState.phase)
 PHASE_PERIOD_S = 5.0  # [ours] the weights rotate by one rank this often
-DECODE_REF_TOKENS = 0.0  # [ours] > 0: a decoding request with a longer prompt weighs more (decode_weight) ...
+DECODE_REF_TOKENS = 4096.0  # [ours] a decoding request with a longer prompt weighs more (decode_weight) ...
 DECODE_MAX_SCALE = 4.0  # [ours] ... up to this many times decode_tokens
 _INF = float("inf")
 

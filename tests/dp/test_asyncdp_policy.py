@@ -407,10 +407,12 @@ def long_prompt(tail: int, length: int) -> RequestView:
 
 
 def test_a_decoding_request_weighs_more_the_longer_its_prompt():
-    p = make_policy("asyncdp@ctx_decode")
-    assert isinstance(p, AsyncdpPolicy)
+    p = AsyncdpPolicy()  # the default
     assert [p.decode_weight(n) for n in (1, 4096, 6144, 8192, 16_384, 65_536)] == [16, 16, 24, 32, 64, 64]
-    assert AsyncdpPolicy().decode_weight(65_536) == 16  # the default: every decoding request weighs the same
+    ctx = make_policy("asyncdp@ctx_decode")  # the preset that introduced it, kept as an alias of the default
+    assert isinstance(ctx, AsyncdpPolicy) and ctx.decode_ref_tokens == p.decode_ref_tokens
+    flat = make_policy("asyncdp@flat_decode")  # every decoding request weighs the same
+    assert isinstance(flat, AsyncdpPolicy) and flat.decode_weight(65_536) == 16
     with pytest.raises(ConfigError, match="decode_ref_tokens"):
         AsyncdpPolicy(decode_ref_tokens=-1)
 
