@@ -20,7 +20,7 @@ One cost per rank, in prefill-token units (H1)::
   :meth:`AsyncdpPolicy.decode_weight`). A hit is weighed against the cheapest other rank with the flat weight:
   past capacity every rank decodes long contexts, and pricing them up there sends hits off their holders into
   a spiral of misses (W2). With it G5 passes on W7 at full scale on three seeds, where the flat weight does not.
-  Since the snapshot reconciliation below W2 keeps its hits past capacity under it (over three seeds a wash
+  Since the snapshot reconciliation below, W2 keeps its hits past capacity under it (over three seeds a wash
   against the flat weight), and no other workload moves by more than a few per cent (docs/benchmarks.md).
 - ``others[i]``: the work of *other* routers (and of hinted clients) that the snapshot shows and this router
   did not send: ``other = max(0, waiting + running - my pending requests - my decoding)`` requests, of which

@@ -58,7 +58,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "asyncdp@local": {"directory": False},  # each API server on its own: no prefix directory
     "asyncdp@no_phase": {"phase_spread": 0.0},  # new prompts compare loads unweighted (AsyncdpState.phase)
     "asyncdp@flat_decode": {"decode_ref_tokens": 0.0},  # every decoding request weighs the same (decode_weight)
-    "asyncdp@ctx_decode": {"decode_ref_tokens": 4096.0},  # the preset that introduced the default's weight
+    "asyncdp@ctx_decode": {},  # the default: the name its decode weight had while it was opt-in
     "power_of_two@queue": {"metric": "queue"},
     "power_of_two@load": {"metric": "load"},
     "power_of_two@kv": {"metric": "kv"},
