@@ -6,11 +6,17 @@ in which the selector has already queued the reader's handle (a link closing whi
 the handle runs ``set_result`` on the cancelled future and asyncio logs ``InvalidStateError`` with a traceback at
 ERROR. Nothing is lost (the future was cancelled on purpose), so :func:`run` installs an exception handler that
 drops exactly that case and passes everything else to the previous handler.
+
+:func:`die_with_parent` is the other thing every child process needs: no child outlives the process that started it.
 """
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import os
+import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -19,6 +25,22 @@ import anyio
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel (Linux) for ``sig`` when this process's parent exits, and exit at once (status 1) if the
+    parent, ``parent_pid`` as the parent knew itself, is already gone. The kernel sends it when the *thread* that
+    started this process exits, so a parent must start children from threads that live as long as it does."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, sig)
+        except OSError:
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        sys.exit(1)
 
 
 def is_cancelled_future_wakeup(context: dict[str, Any]) -> bool:

@@ -9,10 +9,8 @@ channel (blocking, before the event loop starts, because the anyio backend is pa
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
-import signal
 import sys
 from collections.abc import Awaitable
 
@@ -24,9 +22,6 @@ from asyncdp.logs import setup_logging
 from asyncdp.transport.control import ControlChannel, read_frame_blocking
 
 log = logging.getLogger("asyncdp.worker")
-
-PR_SET_PDEATHSIG = 1
-
 
 def role_main(role: RoleConfig, control: ControlChannel) -> Awaitable[int]:
     """The main of the role ``role`` configures. Imported lazily: a coordinator child must not pay for torch."""
@@ -45,17 +40,6 @@ def role_main(role: RoleConfig, control: ControlChannel) -> Awaitable[int]:
     raise ProtocolError(f"no process main for role config {type(role).__name__}")
 
 
-def _arm_parent_death_signal(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        sys.exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="asyncdp.worker")
     parser.add_argument("--control-fd", type=int, required=True)
@@ -69,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     hello = read_hello(args.control_fd)
     if hello.parent_death_signal:
-        _arm_parent_death_signal(hello.parent_pid)
+        runtime.die_with_parent(hello.parent_pid)
     setup_logging(prefix=hello.log_prefix or args.name, level=hello.log_level)
 
     async def run() -> int:

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import platform
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import replace
 from hashlib import blake2b
 from pathlib import Path
@@ -166,7 +169,7 @@ def run(ns: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
-    with Runner(jobs_at_once) as runner:
+    with _sigterm_as_exit(), Runner(jobs_at_once) as runner:
         for seed in seeds:
             for workload in _workloads(ns, seed):
                 if ns.export_trace and seed == seeds[0]:
@@ -201,6 +204,7 @@ def run(ns: argparse.Namespace) -> int:
                 advance(f"{names[id(done)]} (done at {time.monotonic() - started:.1f} s)")
         except SimulationStalled as exc:
             close()
+            runner.stop()  # the other runs' results would be thrown away
             print(f"asyncdp bench: error: {exc}", file=sys.stderr)
             return 1
         finally:
@@ -252,6 +256,26 @@ def run(ns: argparse.Namespace) -> int:
         written = write_plots(Path(ns.plots), runs, logs, plans, timing, ns.candidate)
         print(f"asyncdp bench: {len(written)} plots written to {ns.plots}", file=sys.stderr)
     return 0
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM (``kill``, ``timeout``, a cancelled CI job) exits with status 143 through the ``with`` blocks, as
+    Ctrl-C does, so the runs still going are stopped (:meth:`~asyncdp.bench.runner.Runner.stop`) rather than left
+    to finish with nobody to read them. Only the main thread can install a handler; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        print("asyncdp bench: terminated (SIGTERM): stopping the runs", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _check_outputs(ns: argparse.Namespace) -> None:

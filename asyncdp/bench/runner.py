@@ -13,18 +13,26 @@ runs finish.
 Each run costs the start of an interpreter and the import of the simulator (about 0.5 s here) on top of the run.
 ``jobs=0`` runs everything in this process instead, one run after another, as before (to step through a run in a
 debugger or profile it; the results may then differ with what ran before).
+
+No run outlives the command. A full-scale run takes up to tens of minutes, and its result is of no use once the
+command is gone: each worker asks the kernel for SIGKILL when the command dies (:func:`asyncdp.runtime.die_with_parent`;
+the pool starts workers from the main thread and its manager thread, which live as long as the pool), and leaving
+the pool on an error or an interrupt (Ctrl-C, or SIGTERM, which the command turns into one) kills the runs still
+going instead of waiting for them (:meth:`Runner.stop`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import Any
 
 from asyncdp.bench.records import Workload
 from asyncdp.bench.simulate import ClusterSpec, RunLog, simulate
+from asyncdp.runtime import die_with_parent
 
 __all__ = ["Runner", "default_jobs"]
 
@@ -36,19 +44,35 @@ def default_jobs() -> int:
 
 class Runner:
     """A pool of ``jobs`` worker processes, each started for one run and gone after it. Use as a context manager:
-    leaving it (an error, Ctrl-C) cancels the runs not started and waits for the ones running."""
+    leaving it normally waits for the runs; leaving it on an exception (an error, Ctrl-C) stops them (:meth:`stop`)."""
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
         self._pool = None if jobs == 0 else ProcessPoolExecutor(
-            max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1)
+            max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1,
+            initializer=die_with_parent, initargs=(os.getpid(), signal.SIGKILL))
 
     def __enter__(self) -> Runner:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if self._pool is not None:
+            if exc_type is not None:
+                self.stop()
             self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def stop(self) -> None:
+        """Cancel the runs not started and kill the ones running: after an error or an interrupt their results
+        would be thrown away, and waiting for them could take many minutes."""
+        if self._pool is None:
+            return
+        # ProcessPoolExecutor has no public way to stop a running task before Python 3.14 (kill_workers); its
+        # shutdown forgets the processes, so they are taken first
+        procs = list((self._pool._processes or {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
 
     def submit(self, workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
                closed_concurrency: int | None = None) -> Future[RunLog]:

@@ -1,0 +1,76 @@
+"""No simulated run outlives ``asyncdp bench routing`` (asyncdp/bench/runner.py): real processes, real signals.
+
+A full-scale W2 run takes tens of minutes, so the workers are still busy when the command is signalled. Before the
+fix, a SIGTERM or SIGKILL to the command left its workers computing, orphaned, until their runs ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncdp.supervisor.children import descendants
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _workers(pid: int) -> list[int]:
+    out = []
+    for child in descendants(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline and _alive(child):
+            out.append(child)
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the kernel's parent-death signal")
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)])
+def test_no_run_outlives_the_command(sig, status):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncdp", "bench", "routing", "--workload", "w2", "--scale", "full",
+         "--policies", "vllm,round_robin", "--jobs", "2"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _workers(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert len(workers) == 2, "the command did not start its two runs"
+        time.sleep(0.5)  # the workers are past their start-up (the parent-death request is armed first thing)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == status
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in workers if _alive(pid)], "a run outlived the command"
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        if sig == signal.SIGTERM:
+            assert "terminated (SIGTERM): stopping the runs" in err
+            assert "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+        for pid in workers:  # a failed run of this test leaves no orphans either
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
