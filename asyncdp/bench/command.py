@@ -169,7 +169,7 @@ def run(ns: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
-    with _sigterm_as_exit(), Runner(jobs_at_once) as runner:
+    with _stop_on_signals(), Runner(jobs_at_once) as runner:
         for seed in seeds:
             for workload in _workloads(ns, seed):
                 if ns.export_trace and seed == seeds[0]:
@@ -259,23 +259,29 @@ def run(ns: argparse.Namespace) -> int:
 
 
 @contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """SIGTERM (``kill``, ``timeout``, a cancelled CI job) exits with status 143 through the ``with`` blocks, as
-    Ctrl-C does, so the runs still going are stopped (:meth:`~asyncdp.bench.runner.Runner.stop`) rather than left
-    to finish with nobody to read them. Only the main thread can install a handler; elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def _stop_on_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM (``kill``, ``timeout``, a cancelled CI job) leave the ``with`` blocks as an exception, so
+    the runs still going are stopped (:meth:`~asyncdp.bench.runner.Runner.stop`) rather than left to finish with
+    nobody to read them; the command then exits with 130 or 143 and one line on stderr, not a traceback. Only the
+    main thread can install the SIGTERM handler; elsewhere SIGTERM keeps its default."""
+    main = threading.current_thread() is threading.main_thread()
 
     def terminated(signum: int, frame: object) -> None:
-        print("asyncdp bench: terminated (SIGTERM): stopping the runs", file=sys.stderr)
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, terminated)
+    previous = signal.signal(signal.SIGTERM, terminated) if main else None
     try:
         yield
+    except KeyboardInterrupt:
+        print("asyncdp bench: interrupted: stopped the runs", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
+    except SystemExit as exc:
+        if exc.code == 128 + signal.SIGTERM:
+            print("asyncdp bench: terminated (SIGTERM): stopped the runs", file=sys.stderr)
+        raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _check_outputs(ns: argparse.Namespace) -> None:

@@ -18,7 +18,9 @@ No run outlives the command. A full-scale run takes up to tens of minutes, and i
 command is gone: each worker asks the kernel for SIGKILL when the command dies (:func:`asyncdp.runtime.die_with_parent`;
 the pool starts workers from the main thread and its manager thread, which live as long as the pool), and leaving
 the pool on an error or an interrupt (Ctrl-C, or SIGTERM, which the command turns into one) kills the runs still
-going instead of waiting for them (:meth:`Runner.stop`).
+going instead of waiting for them (:meth:`Runner.stop`). Workers start with SIGINT blocked (:func:`_signals_blocked`),
+so a Ctrl-C, which reaches the whole process group, interrupts the command alone: one line, not a traceback from
+every worker.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import signal
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from typing import Any
 
 from asyncdp.bench.records import Workload
@@ -42,6 +45,34 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+@contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread meanwhile; one that comes meanwhile waits for the unblock, then
+    interrupts. Around a submit, because it may start a worker: a process started here, and a thread started here,
+    inherit the block. The pool's workers start from the thread that submits (the first ones) and from the pool's
+    manager thread (the rest), which the first submit starts. So every worker is deaf to Ctrl-C from its first
+    instruction, though Ctrl-C reaches the whole process group: the command stops them itself (:meth:`Runner.stop`)
+    instead of each printing a KeyboardInterrupt traceback. And the command is not interrupted halfway through
+    starting a worker, which would leave it reading its start-up data from a closed pipe (an EOFError traceback).
+    The worker takes SIGTERM again first thing (:func:`_worker_start`)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _worker_start(parent_pid: int) -> None:
+    """A worker's first act: killed with the command (:func:`asyncdp.runtime.die_with_parent`), and SIGTERM taken
+    again (blocked since its birth, :func:`_signals_blocked`; SIGINT stays blocked)."""
+    die_with_parent(parent_pid, signal.SIGKILL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 class Runner:
     """A pool of ``jobs`` worker processes, each started for one run and gone after it. Use as a context manager:
     leaving it normally waits for the runs; leaving it on an exception (an error, Ctrl-C) stops them (:meth:`stop`)."""
@@ -50,7 +81,7 @@ class Runner:
         self.jobs = jobs
         self._pool = None if jobs == 0 else ProcessPoolExecutor(
             max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1,
-            initializer=die_with_parent, initargs=(os.getpid(), signal.SIGKILL))
+            initializer=_worker_start, initargs=(os.getpid(),))
 
     def __enter__(self) -> Runner:
         return self
@@ -77,7 +108,9 @@ class Runner:
     def submit(self, workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
                closed_concurrency: int | None = None) -> Future[RunLog]:
         if self._pool is not None:
-            return self._pool.submit(simulate, workload, policy, seed, spec, closed_concurrency=closed_concurrency)
+            with _signals_blocked():
+                return self._pool.submit(simulate, workload, policy, seed, spec,
+                                         closed_concurrency=closed_concurrency)
         future: Future[RunLog] = Future()  # jobs=0: run it now, here
         try:
             future.set_result(simulate(workload, policy, seed, spec, closed_concurrency=closed_concurrency))

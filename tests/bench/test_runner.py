@@ -28,6 +28,13 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _sigint_blocked(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    return False
+
+
 def _workers(pid: int) -> list[int]:
     out = []
     for child in descendants(pid):
@@ -41,20 +48,28 @@ def _workers(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the kernel's parent-death signal")
-@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)])
-def test_no_run_outlives_the_command(sig, status):
+@pytest.mark.parametrize(("sig", "status", "message"), [
+    (signal.SIGTERM, 143, "terminated (SIGTERM): stopped the runs"),
+    (signal.SIGINT, 130, "interrupted: stopped the runs"),  # Ctrl-C: to the whole process group, workers too
+    (signal.SIGKILL, -signal.SIGKILL, None),
+])
+def test_no_run_outlives_the_command(sig, status, message):
     proc = subprocess.Popen(
         [sys.executable, "-m", "asyncdp", "bench", "routing", "--workload", "w2", "--scale", "full",
          "--policies", "vllm,round_robin", "--jobs", "2"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 60
         while len(workers := _workers(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert len(workers) == 2, "the command did not start its two runs"
-        time.sleep(0.5)  # the workers are past their start-up (the parent-death request is armed first thing)
-        proc.send_signal(sig)
+        assert all(_sigint_blocked(pid) for pid in workers)  # deaf to Ctrl-C from birth: the command stops them
+        # signalled at once, while the workers are still importing: no grace period is needed
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # as a terminal sends it
+        else:
+            proc.send_signal(sig)
         assert proc.wait(timeout=30) == status
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
@@ -62,9 +77,9 @@ def test_no_run_outlives_the_command(sig, status):
         assert not [pid for pid in workers if _alive(pid)], "a run outlived the command"
         assert proc.stderr is not None
         err = proc.stderr.read().decode()
-        if sig == signal.SIGTERM:
-            assert "terminated (SIGTERM): stopping the runs" in err
-            assert "Traceback" not in err
+        if message is not None:
+            assert f"asyncdp bench: {message}" in err
+            assert "Traceback" not in err  # neither the command's nor a worker's
     finally:
         if proc.poll() is None:
             proc.kill()
