@@ -46,7 +46,11 @@ One cost per rank, in prefill-token units (H1)::
 
 Hot-spot bound (H3): a rank's credit counts only while its estimated in-flight count (mine + others) is at most
 ``max(HOT_RATIO·mean, mean + HOT_SLACK)``; past it the request is priced as a miss there, so a prefix hotter than
-one rank can serve is replicated on the cheapest other rank instead of queueing. Before that bound, a prefix is
+one rank can serve is replicated on the cheapest other rank instead of queueing. The bound holds for a prefix that
+began at least ``HOT_SHARE`` (1/4) of a live rank's share of this router's recent requests
+(:meth:`~.asyncdp_state.AsyncdpState.mark_hot`; ``hot_share=0``: for every prefix). A colder one cannot make its
+holders hot: moving its hit off a holder that is busy for other reasons (a burst's requests draining unevenly, as
+right after W2's warm-up) pays a whole prefill and a replica, and relieves nothing. Its hits stay by cost. Before that bound, a prefix is
 replicated deliberately when it is hot by demand: the router counts, per first block, a share of its recent
 requests that decays over about 256 dispatches (:class:`~.asyncdp_state.PrefixRates`). When a dispatch finds that
 share times the live ranks times ``REPLICA_HEADROOM`` (1.5) above the number of ranks holding the prefix, and the
@@ -123,6 +127,7 @@ DEFAULT_BLOCK = 16
 DEFAULT_INDEX_BLOCKS = 28_000  # the gpu_8b profile's KV blocks per rank; params override it
 TIE_KEY_BLOCK = 4
 REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
+HOT_SHARE = 0.25  # [ours] the hot-spot bound holds for a prefix that began 1/4 of a rank's share of recent requests
 PHASE_SPREAD = 0.1  # [ours] a new prompt weighs the ranks' loads by 1 - 0.1 .. 1 + 0.1 (AsyncdpState.phase)
 PHASE_PERIOD_S = 5.0  # [ours] the weights rotate by one rank this often
 DECODE_REF_TOKENS = 4096.0  # [ours] a decoding request with a longer prompt weighs more (decode_weight) ...
@@ -140,10 +145,11 @@ class AsyncdpPolicy(Policy):
                  credit_weight: float = CREDIT_WEIGHT, memory_tokens: float = MEMORY_TOKENS,
                  replica_headroom: float = REPLICA_HEADROOM, phase_spread: float = PHASE_SPREAD,
                  phase_period_s: float = PHASE_PERIOD_S, decode_ref_tokens: float = DECODE_REF_TOKENS,
-                 prefix: bool = True, directory: bool = True) -> None:
-        if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0 or replica_headroom < 0 or decode_ref_tokens < 0:
+                 hot_share: float = HOT_SHARE, prefix: bool = True, directory: bool = True) -> None:
+        if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0 or replica_headroom < 0 or decode_ref_tokens < 0 \
+                or hot_share < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
-                              "replica_headroom and decode_ref_tokens >= 0.")
+                              "replica_headroom, decode_ref_tokens and hot_share >= 0.")
         if not 0 <= phase_spread < 1 or phase_period_s <= 0:
             raise ConfigError("asyncdp policy: phase_spread must be in [0, 1) and phase_period_s > 0.")
         self.decode_tokens = decode_tokens
@@ -156,6 +162,7 @@ class AsyncdpPolicy(Policy):
         self.phase_spread = phase_spread  # 0: a new prompt compares loads unweighted
         self.phase_period_us = max(1, round(phase_period_s * 1e6))
         self.decode_ref_tokens = decode_ref_tokens  # 0: every decoding request weighs decode_tokens
+        self.hot_share = hot_share  # 0: the hot-spot bound holds for every prefix
         self.prefix = prefix
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
 
@@ -165,7 +172,8 @@ class AsyncdpPolicy(Policy):
             raise ConfigError(f"bad router layout: dp_size={dp_size}, router {router_index} of {num_routers}")
         p = params or {}
         weights = CostWeights(self.decode_tokens, self.kv_penalty, self.memory_tokens, self.hot_ratio,
-                              self.hot_slack, self.replica_headroom, self.phase_spread, self.phase_period_us)
+                              self.hot_slack, self.replica_headroom, self.phase_spread, self.phase_period_us,
+                              self.hot_share)
         return AsyncdpState.empty(dp_size, num_routers, int(p.get("block_size_tokens", DEFAULT_BLOCK)),
                                   float(p.get("staleness_threshold_ms", STALENESS_MS)) * 1000.0, weights,
                                   int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS)))
@@ -221,7 +229,9 @@ class AsyncdpPolicy(Policy):
         top_credit = lo * bs if lo * bs < plen else plen - 1
         wc = weight * top_credit
         pick_cost, pick_credit = best + plen, 0
-        cap, load = state.cap, state.load
+        load = state.load
+        # the hot-spot bound (H3), for a prefix hot enough to make its holders hot (AsyncdpState.mark_hot)
+        cap = state.cap if not self.hot_share or hashes[0] in state.hot else _INF
         full = held & deepest
         if state.spill and hashes[0] in state.spill and not (full >> pick) & 1 \
                 and index.size(pick) + nh <= index.capacity:
@@ -255,16 +265,17 @@ class AsyncdpPolicy(Policy):
                     pick = rmin
         if held != full:
             pick = self._partial_holders(req, hashes, state, base, held ^ full, lo, pick, pick_cost, pick_credit,
-                                         start)
+                                         start, cap)
         return decisions[pick]
 
     def _partial_holders(self, req: RequestView, hashes: Sequence[int], state: AsyncdpState, base: list[float],
-                         rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int) -> int:
+                         rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int,
+                         cap: float) -> int:
         """The ranks holding the first block but not the whole run of ``lo`` blocks: each one's own match below
         ``lo``, pruned by the most they could still get."""
         plen, bs, weight, n = len(req.tokens), state.block_size, self.credit_weight, state.n
         bound = weight * min((lo - 1) * bs, plen - 1) - plen
-        cap, load = state.cap, state.load
+        load = state.load
         for r in ranks_of(rest):
             b = base[r]
             if b - bound > pick_cost or load[r] > cap:
@@ -302,6 +313,8 @@ class AsyncdpPolicy(Policy):
             credit = min(state.index.match(r, hashes) * state.block_size, req.prompt_len - 1)
             state.index.insert(r, hashes)
             state.rates.bump(hashes[0])
+            if self.hot_share:
+                state.mark_hot(hashes[0])
         prefill = max(0, req.prompt_len - credit)
         state.avg_prefill += (prefill - state.avg_prefill) / 16.0
         old = state.reqs.pop(req.req_id, None)

@@ -39,6 +39,7 @@ class CostWeights:
     replica_headroom: float = 0.0  # 0: no deliberate replicas
     phase_spread: float = 0.0  # 0: a new prompt's load compares unweighted (AsyncdpState.phase)
     phase_period_us: int = 5_000_000
+    hot_share: float = 0.0  # 0: the hot-spot bound holds for every prefix (AsyncdpState.mark_hot)
 
 
 @dataclass(slots=True)
@@ -108,6 +109,7 @@ class AsyncdpState:
     cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
     mean_load: float = 0.0  # load_total over the live ranks, kept with cap
     spill: set[int] = field(default_factory=set)  # first blocks whose next request makes a replica (mark_spill)
+    hot: set[int] = field(default_factory=set)  # first blocks the hot-spot bound holds for (mark_hot)
     shared: list[float] = field(default_factory=list)  # the other routers' new-prefix tokens: set_shared()
     # min(base), its first index, how many ranks share it: kept by update, so select reads them
     best: float = 0.0
@@ -269,6 +271,20 @@ class AsyncdpState:
                 self.spill = {h for h in self.spill if self.rates.share(h) * scale > 1.0}
         else:
             self.spill.discard(first)
+
+    def mark_hot(self, first: int) -> None:
+        """After a dispatch of a prompt starting with block ``first``: the hot-spot bound (H3) holds for the prefix
+        while it began at least ``hot_share`` of a live rank's share of the recent requests (:class:`PrefixRates`).
+        A colder prefix cannot make its holders hot: moving one of its hits off a holder that is busy for other
+        reasons (the end of a burst draining unevenly) pays a whole prefill and a replica and relieves nothing.
+        Its hits stay on their holders by cost. The hooks decide, so ``select`` pays one set lookup (G7)."""
+        alive = self.n - len(self.excluded)
+        if self.rates.share(first) * alive >= self.weights.hot_share:
+            self.hot.add(first)
+            if len(self.hot) > 2 * alive / self.weights.hot_share + 8:  # marks of prefixes gone cold
+                self.hot = {h for h in self.hot if self.rates.share(h) * alive >= self.weights.hot_share}
+        else:
+            self.hot.discard(first)
 
     def set_shared(self, others: Sequence[float]) -> None:
         """Several routers: the other routers' new-prefix prompt tokens per rank, as the coordinator's prefix

@@ -65,7 +65,8 @@ def test_a_hit_loses_to_a_rank_lighter_by_more_than_the_hit():
 
 
 def test_the_hot_spot_bound_overrides_affinity():
-    p = AsyncdpPolicy(decode_tokens=0, hot_ratio=1.5, hot_slack=4)  # decoding costs nothing: the bound alone
+    # decoding costs nothing: the bound alone, for every prefix (hot_share=0; the next test gates it by demand)
+    p = AsyncdpPolicy(decode_tokens=0, hot_ratio=1.5, hot_slack=4, hot_share=0)
     s = p.init(4)
     for k in range(5):
         req = prompt(10 + k)
@@ -80,6 +81,34 @@ def test_the_hot_spot_bound_overrides_affinity():
         p.on_first_token(s, req.req_id, 0, 4)
     # load [8,0,0,0]: mean 2, cap max(3, 6) = 6 < 8: rank 0 is priced as a miss, so the prefix is replicated
     assert route(p, s, prompt(3), now_us=5) != 0
+
+
+def test_the_hot_spot_bound_holds_only_for_a_prefix_hot_enough_to_make_its_holder_hot():
+    def busy_rank_0(p: AsyncdpPolicy, hits: int) -> AsyncdpState:
+        s = p.init(4)
+        for k in range(hits):
+            req = prompt(10 + k)
+            route(p, s, req, hint=0)
+            p.on_first_token(s, req.req_id, 0, 1)
+        return s
+
+    # load [8,0,0,0]: mean 2, cap max(3, 6) = 6 < 8, as above. But the prefix began 8 of this router's last ~256
+    # requests: 8/256·4 = 0.125 of a rank's share, under hot_share 0.25. Its hit stays on rank 0: a replica would
+    # pay a whole prefill and relieve nothing (rank 0 would be as busy from its other work)
+    p = AsyncdpPolicy(decode_tokens=0, hot_ratio=1.5, hot_slack=4)
+    s = busy_rank_0(p, 8)
+    assert s.load[0] > s.cap and prompt_hashes(prompt(3), 16)[0] not in s.hot
+    assert route(p, s, prompt(3), now_us=5) == 0
+    # the bound for every prefix (hot_share=0, the preset asyncdp@bound_all) moves the same request off rank 0
+    assert getattr(make_policy("asyncdp@bound_all"), "hot_share", None) == 0
+    p0 = AsyncdpPolicy(decode_tokens=0, hot_ratio=1.5, hot_slack=4, hot_share=0)
+    assert route(p0, busy_rank_0(p0, 8), prompt(3), now_us=5) != 0
+    # 20 requests of it (19.3 after the decay): 0.30 of a rank's share, so the bound holds and the hit is replicated
+    s = busy_rank_0(p, 20)
+    assert s.load[0] > s.cap and prompt_hashes(prompt(3), 16)[0] in s.hot
+    assert route(p, s, prompt(3), now_us=5) != 0
+    with pytest.raises(ConfigError, match="hot_share"):
+        AsyncdpPolicy(hot_share=-1)
 
 
 def test_ties_keep_affinity_for_a_key_across_routers_and_spread_different_keys():
