@@ -46,11 +46,8 @@ One cost per rank, in prefill-token units (H1)::
 
 Hot-spot bound (H3): a rank's credit counts only while its estimated in-flight count (mine + others) is at most
 ``max(HOT_RATIO·mean, mean + HOT_SLACK)``; past it the request is priced as a miss there, so a prefix hotter than
-one rank can serve is replicated on the cheapest other rank instead of queueing. The bound holds for a prefix that
-began at least ``HOT_SHARE`` (1/4) of a live rank's share of this router's recent requests
-(:meth:`~.asyncdp_state.AsyncdpState.mark_hot`; ``hot_share=0``: for every prefix). A colder one cannot make its
-holders hot: moving its hit off a holder that is busy for other reasons (a burst's requests draining unevenly, as
-right after W2's warm-up) pays a whole prefill and a replica, and relieves nothing. Its hits stay by cost. Before that bound, a prefix is
+one rank can serve is replicated on the cheapest other rank instead of queueing. It holds for a prefix hot enough to
+make its holders hot (:meth:`~.asyncdp_state.AsyncdpState.mark_hot`, ``HOT_SHARE``; ``hot_share=0``: every prefix). Before that bound, a prefix is
 replicated deliberately when it is hot by demand: the router counts, per first block, a share of its recent
 requests that decays over about 256 dispatches (:class:`~.asyncdp_state.PrefixRates`). When a dispatch finds that
 share times the live ranks times ``REPLICA_HEADROOM`` (1.5) above the number of ranks holding the prefix, and the
@@ -146,8 +143,7 @@ class AsyncdpPolicy(Policy):
                  replica_headroom: float = REPLICA_HEADROOM, phase_spread: float = PHASE_SPREAD,
                  phase_period_s: float = PHASE_PERIOD_S, decode_ref_tokens: float = DECODE_REF_TOKENS,
                  hot_share: float = HOT_SHARE, prefix: bool = True, directory: bool = True) -> None:
-        if hot_ratio < 1 or hot_slack < 0 or decode_tokens < 0 or replica_headroom < 0 or decode_ref_tokens < 0 \
-                or hot_share < 0:
+        if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
                               "replica_headroom, decode_ref_tokens and hot_share >= 0.")
         if not 0 <= phase_spread < 1 or phase_period_s <= 0:
