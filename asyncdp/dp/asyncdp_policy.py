@@ -46,9 +46,9 @@ One cost per rank, in prefill-token units (H1)::
 
 Hot-spot bound (H3): a rank's credit counts only while its estimated in-flight count (mine + others) is at most
 ``max(HOT_RATIO·mean, mean + HOT_SLACK)``; past it the request is priced as a miss there, so a prefix hotter than
-one rank can serve is replicated on the cheapest other rank instead of queueing. It holds for a prefix hot enough to
-make its holders hot (:meth:`~.asyncdp_state.AsyncdpState.mark_hot`, ``HOT_SHARE``; ``hot_share=0``: every prefix). Before that bound, a prefix is
-replicated deliberately when it is hot by demand: the router counts, per first block, a share of its recent
+one rank can serve is replicated on the cheapest other rank instead of queueing; it holds for a prefix hot enough to
+make its holders hot (:meth:`~.asyncdp_state.AsyncdpState.mark_hot`). Before that bound, a prefix is replicated
+deliberately when it is hot by demand: the router counts, per first block, a share of its recent
 requests that decays over about 256 dispatches (:class:`~.asyncdp_state.PrefixRates`). When a dispatch finds that
 share times the live ranks times ``REPLICA_HEADROOM`` (1.5) above the number of ranks holding the prefix, and the
 rank it went to past the mean in-flight count by ``REPLICA_SLACK`` (1), it marks the prefix; the next request with
