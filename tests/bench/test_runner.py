@@ -6,6 +6,7 @@ fix, a SIGTERM or SIGKILL to the command left its workers computing, orphaned, u
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -59,12 +60,14 @@ def test_no_run_outlives_the_command(sig, status, message):
          "--policies", "vllm,round_robin", "--jobs", "2"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     workers: list[int] = []
+    exits: list[int] = []
     try:
         deadline = time.monotonic() + 60
         while len(workers := _workers(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert len(workers) == 2, "the command did not start its two runs"
         assert all(_sigint_blocked(pid) for pid in workers)  # deaf to Ctrl-C from birth: the command stops them
+        exits = [os.pidfd_open(pid) for pid in workers]  # each readable once its worker has exited
         # signalled at once, while the workers are still importing: no grace period is needed
         if sig == signal.SIGINT:
             os.killpg(proc.pid, sig)  # as a terminal sends it
@@ -72,8 +75,11 @@ def test_no_run_outlives_the_command(sig, status, message):
             proc.send_signal(sig)
         assert proc.wait(timeout=30) == status
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while exits and (left := deadline - time.monotonic()) > 0:
+            done, _, _ = select.select(exits, [], [], left)
+            for fd in done:
+                exits.remove(fd)
+                os.close(fd)
         assert not [pid for pid in workers if _alive(pid)], "a run outlived the command"
         assert proc.stderr is not None
         err = proc.stderr.read().decode()
@@ -81,6 +87,8 @@ def test_no_run_outlives_the_command(sig, status, message):
             assert f"asyncdp bench: {message}" in err
             assert "Traceback" not in err  # neither the command's nor a worker's
     finally:
+        for fd in exits:
+            os.close(fd)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
