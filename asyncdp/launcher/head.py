@@ -13,6 +13,9 @@ A signal or a failure during startup ends the startup waits at once. During star
 startup (E12, exit 1); afterwards :func:`asyncdp.launcher.children.watch_child` decides. Shutdown (SIGTERM/SIGINT,
 spec §12.5) runs API servers -> engines -> coordinator under one deadline of ``--shutdown-timeout + 5 s``; a
 second signal kills every child's process tree at once. Exit 0 when orderly, 1 after any failure.
+
+The run directory (Unix sockets, metrics files) is :mod:`.rundir`'s: created and locked here, removed on the way out;
+a launch first removes those of deployments killed whole, which nobody was left to remove.
 """
 
 from __future__ import annotations
@@ -20,10 +23,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
 import signal
 import socket
-import tempfile
 import time
 
 import anyio
@@ -34,6 +35,7 @@ from asyncdp import runtime
 from asyncdp.config.deployment import ResolvedServeConfig
 from asyncdp.config.roles import LaunchPlan
 from asyncdp.errors import AsyncDPError, StartupError
+from asyncdp.launcher import rundir
 from asyncdp.launcher.children import publish_process_table, stop_all
 from asyncdp.launcher.headless import start_headless
 from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config, plan_summary
@@ -101,15 +103,16 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
     except StartupError as exc:
         log.error("%s", exc)
         return 1
-    tmpdir = tempfile.mkdtemp(prefix="asyncdp-")
+    rundir.sweep_stale()
+    run_dir = rundir.create()
     try:
-        return runtime.run(_serve, plan, http_sock, tmpdir, started_at, backend=plan.backend)
+        return runtime.run(_serve, plan, http_sock, run_dir.path, started_at, backend=plan.backend)
     except KeyboardInterrupt:
         return 0
     finally:
         if http_sock is not None:
             http_sock.close()
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        run_dir.remove()
 
 
 async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str, started_at: float) -> int:

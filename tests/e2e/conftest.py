@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,6 +38,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from asyncdp.launcher import rundir
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "builtin:tiny-dense"
 READY_TIMEOUT_S = 60.0
@@ -46,6 +49,23 @@ BASE_ARGS = ("--executor", "torch", "--max-model-len", "512", "--torch-threads",
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def stale_run_dirs() -> set[str]:
+    """Run directories whose launcher is gone (see :mod:`asyncdp.launcher.rundir`)."""
+    root = tempfile.gettempdir()
+    return {os.path.join(root, n) for n in os.listdir(root)
+            if n.startswith(rundir.PREFIX) and rundir.stale_owner(os.path.join(root, n)) is not None}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_run_directory_left() -> Iterator[None]:
+    """The e2e tests leave no run directory behind: deployments stopped in order remove theirs, and the
+    harness removes those of deployments it killed whole, as the next launch would."""
+    before = stale_run_dirs()
+    yield
+    left = stale_run_dirs() - before
+    assert not left, f"run directories left behind by the e2e tests: {sorted(left)}"
 
 
 def free_port() -> int:
@@ -150,7 +170,9 @@ class Server:
         assert "Traceback" not in self.log(), f"a traceback was logged\n{self.log()[-4000:]}"
         return took
 
-    def kill_all(self) -> None:
+    def kill_every_process(self) -> None:
+        """SIGKILL the launcher and every recorded process of its tree at once: nobody is left to remove the
+        run directory."""
         for pid in [self.process.pid, *self.remaining()]:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -160,6 +182,12 @@ class Server:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+
+    def kill_all(self) -> None:
+        """:meth:`kill_every_process`, then what the next launch on the machine would do: remove the run
+        directories of deployments killed whole."""
+        self.kill_every_process()
+        rundir.sweep_stale()
 
 
 def _launch(args: tuple[str, ...], log_path: Path, model: str = MODEL) -> Server:

@@ -41,6 +41,7 @@ import anyio
 import httpx
 import pytest
 
+from asyncdp.launcher import rundir
 from tests.e2e.conftest import BASE_ARGS, MODEL, READY_TIMEOUT_S, ROOT, Server, free_port
 
 LOST_RACE = re.compile(r"cannot listen on .*in use")
@@ -240,6 +241,7 @@ def kill_tree(node: Server) -> None:
         except ProcessLookupError:
             pass
     node.process.wait(timeout=5)
+    rundir.sweep_stale()  # what the next launch on the machine would do: nobody was left to remove it
 
 
 async def wait_code(node: Server, timeout_s: float, dep: Deployment) -> int:

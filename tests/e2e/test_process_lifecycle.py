@@ -1,4 +1,4 @@
-"""End to end: startup, a SIGKILLed launcher, and many streams cancelled at once (issue #12, items 11 and 13)."""
+"""End to end: startup, a SIGKILLed launcher (or a whole tree killed at once), and many streams cancelled at once (issue #12, items 11 and 13)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,22 @@ async def test_a_sigkilled_launcher_leaves_no_run_directory_once_its_children_ex
             while any(_alive(pid) for pid in children):  # noqa: ASYNC110 - polling other processes
                 await anyio.sleep(0.1)
         assert not (ours & _run_dirs()), f"left behind: {ours}\n{server.log()[-3000:]}"
+
+
+def test_the_next_launch_removes_the_run_directory_of_a_deployment_killed_whole(tmp_path: Path) -> None:
+    before = _run_dirs()
+    with serve(tmp_path, "-dp", "1") as first:
+        ours = _run_dirs() - before
+        assert len(ours) == 1, ours
+        stale = Path(ours.pop())
+        first.kill_every_process()  # the whole tree at once (kill -9 of all of it, an OOM kill of its cgroup)
+        assert not first.wait_gone(10), first.log()[-3000:]
+    assert stale.is_dir() and (stale / "owner").is_file()  # nobody was left to remove it
+    with serve(tmp_path, "-dp", "1") as second:
+        assert not stale.exists()
+        assert f"removed {stale}, the run directory of a deployment (launcher pid {first.process.pid})" in second.log()
+        assert len(_run_dirs() - before) == 1  # the second deployment's own
+    assert not (_run_dirs() - before)
 
 
 def _alive(pid: int) -> bool:
