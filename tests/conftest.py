@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 from hypothesis import settings
@@ -10,6 +11,17 @@ settings.load_profile("asyncdp")
 
 # Every torch-using test runs single-threaded: two cores are shared by every process of the suite.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"pytest received {signal.Signals(signum).name}")
+
+
+def pytest_configure(config):
+    """A SIGTERM to pytest (a CI job's timeout, ``kill``) ends the run as Ctrl-C does, through the fixtures'
+    teardowns: the deployments the e2e tests started lead their own sessions, and would outlive a pytest that the
+    signal's default action ended on the spot."""
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 @pytest.fixture(params=["asyncio", "trio"])
