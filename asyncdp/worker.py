@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import select
 import sys
 from collections.abc import Awaitable
 
@@ -54,19 +55,49 @@ def main(argv: list[str] | None = None) -> int:
     hello = read_hello(args.control_fd)
     if hello.parent_death_signal:
         runtime.die_with_parent(hello.parent_pid)
+    parent = _pidfd(hello.parent_pid)
     setup_logging(prefix=hello.log_prefix or args.name, level=hello.log_level)
+    channel: list[ControlChannel] = []
 
     async def run() -> int:
-        control = await ControlChannel.from_fd(args.control_fd)
-        return await role_main(hello.role, control)
+        channel.append(await ControlChannel.from_fd(args.control_fd))
+        return await role_main(hello.role, channel[0])
 
     try:
         return runtime.run(run, backend=hello.backend)
     except KeyboardInterrupt:
         return 0
     finally:
-        if os.getppid() != hello.parent_pid:
+        saw_eof = bool(channel) and channel[0].peer_gone
+        if parent_exited(hello.parent_pid, parent, wait_s=PARENT_EXIT_WAIT_S if saw_eof else 0.0):
             remove_orphaned_run_dir(hello.run_dir)
+        if parent is not None:
+            os.close(parent)
+
+
+PARENT_EXIT_WAIT_S = 2.0
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` (Linux 5.3+), readable once that process has exited; None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def parent_exited(parent_pid: int, pidfd: int | None, *, wait_s: float) -> bool:
+    """Whether the parent, ``parent_pid``, is gone. A SIGKILLed parent's descriptors close (its children see EOF
+    on their control channels) while it is still exiting, before the kernel hands its children to a new parent, so
+    ``getppid()`` alone can still name it: a child that saw the EOF waits up to ``wait_s`` on the parent's pidfd
+    for its exit to complete."""
+    if os.getppid() != parent_pid:
+        return True
+    if pidfd is None:
+        return False
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(wait_s * 1000.0))
 
 
 def remove_orphaned_run_dir(run_dir: str | None) -> None:

@@ -94,6 +94,8 @@ def stale_owner(path: str) -> str | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return None  # its launcher lives
+        if not os.path.exists(os.path.join(path, OWNER_FILE)):
+            return None  # its launcher removed it and let go of the lock meanwhile (RunDir.remove)
         return owner or "?"
     finally:
         os.close(fd)  # the directory is removed before anyone could create a new one of the same name

@@ -77,6 +77,7 @@ class ControlChannel:
         self._stream = stream
         self._reader = BufferedByteReceiveStream(stream)
         self._lock = anyio.Lock()
+        self.peer_gone = False  # a receive reached the end of the stream: the other side closed it or died
 
     @classmethod
     async def from_fd(cls, fd: int) -> ControlChannel:
@@ -94,6 +95,7 @@ class ControlChannel:
                 raise ProtocolError(f"control frame of {size} bytes exceeds {MAX_CONTROL_FRAME}")
             data = await self._reader.receive_exactly(size)
         except (anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError):
+            self.peer_gone = True
             raise anyio.EndOfStream from None
         return m.decode_control(data)
 

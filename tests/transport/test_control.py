@@ -3,8 +3,12 @@ that is no control message is a ProtocolError (never a KeyError on a dict)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import struct
+import subprocess
+import sys
 
 import anyio
 import anyio.abc
@@ -115,3 +119,34 @@ def test_worker_refuses_a_first_frame_that_is_not_a_hello():
     finally:
         parent.close()
         child.close()
+
+
+@pytest.mark.anyio
+async def test_the_channel_records_that_its_peer_is_gone_once_a_receive_meets_the_end():
+    parent, channel = await _pair()
+    parent.sendall(frame(m.Stopping()))
+    assert isinstance(await channel.receive(), m.Stopping)
+    assert not channel.peer_gone
+    parent.close()
+    with pytest.raises(anyio.EndOfStream):
+        await channel.receive()
+    assert channel.peer_gone
+    await channel.aclose()
+
+
+def test_a_child_knows_its_parent_exited_from_the_parents_pidfd_even_while_getppid_still_names_it():
+    from asyncdp.worker import parent_exited
+
+    stand_in = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    pidfd = os.pidfd_open(stand_in.pid)
+    try:
+        ppid = os.getppid()  # what getppid() still returns while the real parent is exiting
+        assert not parent_exited(ppid, pidfd, wait_s=0.0)  # the stand-in lives
+        assert not parent_exited(ppid, None, wait_s=1.0)  # no pidfd: getppid() alone
+        assert parent_exited(stand_in.pid, pidfd, wait_s=0.0)  # getppid() names another process: gone
+        stand_in.send_signal(signal.SIGKILL)
+        assert parent_exited(ppid, pidfd, wait_s=10.0)  # readable once it has exited, before it is reaped
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+        os.close(pidfd)
