@@ -16,7 +16,7 @@ import subprocess, sys, pytest
 
 @pytest.fixture(scope="module")
 def deployment():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+    p = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield p
     p.kill()

@@ -114,7 +114,7 @@ def main() -> int:
     args = p.parse_args()
     grandchild = None
     if args.grandchild:
-        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        grandchild = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True)
     return asyncio.run(_main(args, grandchild))
 
 
