@@ -59,24 +59,31 @@ def create(directory: str | None = None) -> RunDir:
 def sweep_stale(directory: str | None = None) -> list[str]:
     """Remove every run directory under ``directory`` (default: the temporary directory) whose launcher is gone,
     and return their paths. Safe to run from any number of processes at once."""
-    root = directory or tempfile.gettempdir()
-    try:
-        names = [n for n in os.listdir(root) if n.startswith(PREFIX)]
-    except OSError:
-        return []
     removed = []
-    for name in sorted(names):
-        path = os.path.join(root, name)
-        owner = stale_owner(path)
-        if owner is None:
-            continue
+    for path, owner in stale(directory):
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
         log.info("removed %s, the run directory of a deployment (launcher pid %s) that was killed", path, owner)
     return removed
 
 
-def stale_owner(path: str) -> str | None:
+def stale(directory: str | None = None) -> list[tuple[str, str]]:
+    """``(path, recorded launcher pid)`` of every run directory under ``directory`` (default: the temporary
+    directory) whose launcher is gone, in name order."""
+    root = directory or tempfile.gettempdir()
+    try:
+        names = sorted(n for n in os.listdir(root) if n.startswith(PREFIX))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        path = os.path.join(root, name)
+        if (owner := _stale_owner(path)) is not None:
+            found.append((path, owner))
+    return found
+
+
+def _stale_owner(path: str) -> str | None:
     """The recorded launcher pid of ``path`` if it is a run directory of ours that no live launcher holds."""
     try:
         st = os.lstat(path)

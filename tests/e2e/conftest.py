@@ -25,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -53,9 +52,7 @@ def anyio_backend() -> str:
 
 def stale_run_dirs() -> set[str]:
     """Run directories whose launcher is gone (see :mod:`asyncdp.launcher.rundir`)."""
-    root = tempfile.gettempdir()
-    return {os.path.join(root, n) for n in os.listdir(root)
-            if n.startswith(rundir.PREFIX) and rundir.stale_owner(os.path.join(root, n)) is not None}
+    return {path for path, _ in rundir.stale()}
 
 
 @pytest.fixture(scope="session", autouse=True)
