@@ -57,18 +57,19 @@ def main(argv: list[str] | None = None) -> int:
         runtime.die_with_parent(hello.parent_pid)
     parent = _pidfd(hello.parent_pid)
     setup_logging(prefix=hello.log_prefix or args.name, level=hello.log_level)
-    channel: list[ControlChannel] = []
+    control: ControlChannel | None = None
 
     async def run() -> int:
-        channel.append(await ControlChannel.from_fd(args.control_fd))
-        return await role_main(hello.role, channel[0])
+        nonlocal control
+        control = await ControlChannel.from_fd(args.control_fd)
+        return await role_main(hello.role, control)
 
     try:
         return runtime.run(run, backend=hello.backend)
     except KeyboardInterrupt:
         return 0
     finally:
-        saw_eof = bool(channel) and channel[0].peer_gone
+        saw_eof = control is not None and control.peer_gone
         if parent_exited(hello.parent_pid, parent, wait_s=PARENT_EXIT_WAIT_S if saw_eof else 0.0):
             remove_orphaned_run_dir(hello.run_dir)
         if parent is not None:
