@@ -187,6 +187,9 @@ def run(ns: argparse.Namespace) -> int:
                 plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved))
         # Every run at once (``--jobs`` at a time, each in its own process); the results are read in plan order.
         jobs: list[tuple[Future[Any], str, str, int, Any, Any, dict[str, set[int]], str | None]] = []
+        if not jobs_at_once:  # each submit runs its run to the end: said before the first
+            total = len(plans) * (len(policies) + (2 if ns.robustness else 0))
+            print(f"asyncdp bench: {total} runs, one after another in this process", file=sys.stderr, flush=True)
         for seed, label, workload, spec, rungs in plans:
             jobs += [(runner.submit(workload, policy, seed, spec), label, policy, seed, workload, spec, rungs, None)
                      for policy in policies]
@@ -196,6 +199,8 @@ def run(ns: argparse.Namespace) -> int:
                                        ("R4", replace(spec, routers=4))):
                     jobs.append((runner.submit(workload, ns.candidate, seed, vspec), label, ns.candidate, seed,
                                  workload, vspec, rungs, variant))
+        if jobs_at_once:  # the runs are under way (the first ``--jobs`` of them in their workers)
+            print(f"asyncdp bench: {len(jobs)} runs, {jobs_at_once} at a time", file=sys.stderr, flush=True)
         advance, close = _progress(len(jobs))
         names = {id(job[0]): f"{job[1]} {job[2]}{' ' + job[7] if job[7] else ''} seed {job[3]}" for job in jobs}
         started = time.monotonic()

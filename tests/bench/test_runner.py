@@ -37,15 +37,32 @@ def _sigint_blocked(pid: int) -> bool:
 
 
 def _workers(pid: int) -> list[int]:
+    """The command's run workers: its children but multiprocessing's resource tracker, which the pool starts when
+    it is made, long before the workers (a worker read between its fork and its exec still shows the command's
+    own command line, so workers are not told by theirs)."""
     out = []
     for child in descendants(pid):
         try:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"spawn_main" in cmdline and _alive(child):
+        if b"resource_tracker" not in cmdline and _alive(child):
             out.append(child)
     return out
+
+
+def _read_until(fd: int, marker: bytes, timeout: float) -> bytes:
+    """What the pipe ``fd`` gave until ``marker`` came (or it closed, or ``timeout`` passed)."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    while marker not in got and (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        got += chunk
+    return got
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the kernel's parent-death signal")
@@ -62,9 +79,11 @@ def test_no_run_outlives_the_command(sig, status, message):
     workers: list[int] = []
     exits: list[int] = []
     try:
-        deadline = time.monotonic() + 60
-        while len(workers := _workers(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
+        assert proc.stderr is not None
+        # said once both runs have their workers
+        head = _read_until(proc.stderr.fileno(), b"asyncdp bench: 2 runs, 2 at a time\n", 60)
+        assert b"2 runs, 2 at a time" in head, head.decode(errors="replace")
+        workers = _workers(proc.pid)
         assert len(workers) == 2, "the command did not start its two runs"
         assert all(_sigint_blocked(pid) for pid in workers)  # deaf to Ctrl-C from birth: the command stops them
         exits = [os.pidfd_open(pid) for pid in workers]  # each readable once its worker has exited
@@ -81,8 +100,7 @@ def test_no_run_outlives_the_command(sig, status, message):
                 exits.remove(fd)
                 os.close(fd)
         assert not [pid for pid in workers if _alive(pid)], "a run outlived the command"
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode()
+        err = (head + proc.stderr.read()).decode()
         if message is not None:
             assert f"asyncdp bench: {message}" in err
             assert "Traceback" not in err  # neither the command's nor a worker's
