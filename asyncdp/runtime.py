@@ -29,18 +29,40 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 
 
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
 def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
     """Ask the kernel (Linux) for ``sig`` when this process's parent exits, and exit at once (status 1) if the
     parent, ``parent_pid`` as the parent knew itself, is already gone. The kernel sends it when the *thread* that
     started this process exits, so a parent must start children from threads that live as long as it does."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, sig)
-        except OSError:
-            pass
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         sys.exit(1)
+
+
+def die_with_parent_preexec(parent_pid: int, sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """:func:`die_with_parent` as a ``subprocess.Popen`` ``preexec_fn``, armed between fork and exec, so not even
+    the child's interpreter start-up outlives the parent. Everything it calls is resolved here, before the fork:
+    the child runs no import and takes no lock before its exec, and leaves with ``os._exit``."""
+    prctl = _prctl()
+
+    def arm() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return arm
 
 
 def is_cancelled_future_wakeup(context: dict[str, Any]) -> bool:

@@ -21,23 +21,20 @@ process it did not start.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
 import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 
+from asyncdp import runtime
 from asyncdp.config.flags import environ
 from asyncdp.supervisor.derive import ChildCommand
 
 log = logging.getLogger("asyncdp.supervisor")
 
-PR_SET_PDEATHSIG = 1
 _POLL_S = 0.05
 
 
@@ -57,29 +54,6 @@ def child_environment(extra: dict[str, str]) -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     return env
-
-
-def _prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def _arm_parent_death(parent_pid: int) -> Callable[[], None]:
-    """The ``preexec_fn`` of every child: SIGKILL on the supervisor's death. Everything it calls is resolved
-    before the fork, so the child runs no import and takes no lock between fork and exec."""
-    prctl = _prctl()
-
-    def arm() -> None:
-        if prctl is not None:
-            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent_pid:  # the supervisor died before the request took effect
-            os._exit(1)
-
-    return arm
 
 
 def descendants(pid: int) -> list[int]:
@@ -119,7 +93,7 @@ class SupervisedChild:
     def spawn(cls, command: ChildCommand) -> SupervisedChild:
         popen = subprocess.Popen(
             list(command.argv), stdin=subprocess.DEVNULL, stdout=None, stderr=None, start_new_session=True,
-            env=child_environment(dict(command.env)), preexec_fn=_arm_parent_death(os.getpid()))
+            env=child_environment(dict(command.env)), preexec_fn=runtime.die_with_parent_preexec(os.getpid()))
         return cls(command, popen)
 
     @property
