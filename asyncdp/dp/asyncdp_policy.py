@@ -72,6 +72,22 @@ is the first of a group (W1's bursts, W3, sessions), its rank is where its follo
 Prompts that some rank holds compare by load unweighted: their placement is the prefix's.
 ``asyncdp@no_phase`` turns the weights off.
 
+Stall term (opt-in, ``asyncdp@stall``: a rank that stops answering). Pending tokens price a queued full hit at
+one token. A rank that has run out of KV at the edge of capacity preempts, and its waiting requests, full hits or
+not, queue for memory rather than for compute: the counters read it as nearly idle while its requests wait seconds
+(W2 seed 3 at 30 QPS: 11.7 s on the one rank holding 21 of the 150 groups, 0.08 s on the others, and every request
+of its groups still sent there). So does a rank that hangs while it still reports. The age of this router's oldest
+request still waiting for its first token on a rank is the signal no counter gives: a healthy rank answers a hit
+within a few steps. With ``stall_tokens_per_s`` set, rank i's ``stall`` is that age past ``stall_grace_s``
+(``STALL_GRACE_S``, 1 s), at ``stall_tokens_per_s`` tokens a second, in ``local``; a hit then leaves its stalled
+holder once the stall outweighs its credit, and its prefix gets a second holder. While half the live ranks or more
+have such a request, no stall counts: the cluster is overloaded, not one rank, and moving hits would replicate
+prefixes onto ranks as backlogged into a spiral of misses
+(:meth:`~.asyncdp_state.AsyncdpState.refresh_stalls`). The hooks refresh it every ``REFRESH_US`` and when a
+stalled rank's request gets its first token, so ``select`` reads it as of the last hook. Off by default: at the
+edge of capacity it cuts W2's mean TTFT several times, but past it (35-60 QPS) the hits it moves cost more than
+they save (docs/benchmarks.md, "The stall term").
+
 Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
 hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
 on the same rank (affinity across turns and across routers), different keys spread over tied ranks, so R
@@ -129,6 +145,7 @@ PHASE_SPREAD = 0.1  # [ours] a new prompt weighs the ranks' loads by 1 - 0.1 .. 
 PHASE_PERIOD_S = 5.0  # [ours] the weights rotate by one rank this often
 DECODE_REF_TOKENS = 4096.0  # [ours] a decoding request with a longer prompt weighs more (decode_weight) ...
 DECODE_MAX_SCALE = 4.0  # [ours] ... up to this many times decode_tokens
+STALL_GRACE_S = 1.0  # [ours] asyncdp@stall: a request waiting longer than this for its first token stalls its rank
 _INF = float("inf")
 
 
@@ -142,10 +159,13 @@ class AsyncdpPolicy(Policy):
                  credit_weight: float = CREDIT_WEIGHT, memory_tokens: float = MEMORY_TOKENS,
                  replica_headroom: float = REPLICA_HEADROOM, phase_spread: float = PHASE_SPREAD,
                  phase_period_s: float = PHASE_PERIOD_S, decode_ref_tokens: float = DECODE_REF_TOKENS,
-                 hot_share: float = HOT_SHARE, prefix: bool = True, directory: bool = True) -> None:
-        if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share) < 0:
+                 hot_share: float = HOT_SHARE, stall_tokens_per_s: float = 0.0,
+                 stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True) -> None:
+        if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
+                                stall_tokens_per_s, stall_grace_s) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
-                              "replica_headroom, decode_ref_tokens and hot_share >= 0.")
+                              "replica_headroom, decode_ref_tokens, hot_share, stall_tokens_per_s and "
+                              "stall_grace_s >= 0.")
         if not 0 <= phase_spread < 1 or phase_period_s <= 0:
             raise ConfigError("asyncdp policy: phase_spread must be in [0, 1) and phase_period_s > 0.")
         self.decode_tokens = decode_tokens
@@ -159,6 +179,8 @@ class AsyncdpPolicy(Policy):
         self.phase_period_us = max(1, round(phase_period_s * 1e6))
         self.decode_ref_tokens = decode_ref_tokens  # 0: every decoding request weighs decode_tokens
         self.hot_share = hot_share  # 0: the hot-spot bound holds for every prefix
+        self.stall_tokens_per_s = stall_tokens_per_s
+        self.stall_grace_us = round(stall_grace_s * 1e6)
         self.prefix = prefix
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
 
@@ -169,7 +191,7 @@ class AsyncdpPolicy(Policy):
         p = params or {}
         weights = CostWeights(self.decode_tokens, self.kv_penalty, self.memory_tokens, self.hot_ratio,
                               self.hot_slack, self.replica_headroom, self.phase_spread, self.phase_period_us,
-                              self.hot_share)
+                              self.hot_share, self.stall_tokens_per_s, self.stall_grace_us)
         return AsyncdpState.empty(dp_size, num_routers, int(p.get("block_size_tokens", DEFAULT_BLOCK)),
                                   float(p.get("staleness_threshold_ms", STALENESS_MS)) * 1000.0, weights,
                                   int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS)))
@@ -318,7 +340,9 @@ class AsyncdpPolicy(Policy):
             state.forget(old)
         weight = self.decode_weight(req.prompt_len)
         state.avg_decode += (weight - state.avg_decode) / 16.0
-        state.reqs[req.req_id] = Routed(r, prefill, weight=weight)
+        routed = state.reqs[req.req_id] = Routed(r, prefill, weight=weight, sent_us=now_us)
+        if state.weights.stall_tokens_per_s:
+            state.waiting[r].append(routed)
         state.pending[r] += prefill
         state.pending_reqs[r] += 1
         state.update(r)
