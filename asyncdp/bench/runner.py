@@ -1,18 +1,17 @@
 """Run each simulated run of ``bench routing`` in a fresh process, ``--jobs`` at a time (spec routing-bench §5:
 "policies run as separate processes, two at a time on 2 cores").
 
-Why a fresh process per run, not only for speed: trio orders timers that expire at the same virtual instant by
-the ``id()`` of their cancel scopes (its deadline heap's tie-break), and tasks waiting for the run to go idle by
-the ``id()`` of the task. Those are memory addresses, so inside one interpreter a run's result depended on what
-the runs before it had allocated: ``vllm`` on quick W9 read a mean TTFT of 0.0493 s alone and 0.0425 s after a W1
-run, and the same command always gave the same bytes only because it repeated the same runs in the same order.
-A process started for the run (``spawn``: nothing inherited from this one) allocates the same way every time, so
-a (workload, policy, seed, cluster) gives the same log whatever else the command runs, and in whatever order the
-runs finish.
+A process started for each run (``spawn``: nothing inherited from this one) keeps runs apart: what one run
+allocates, caches or leaks is gone with its process. A run's result does not depend on it, though: it once did, as
+trio woke timers due at the same virtual instant in the order of their cancel scopes' addresses, so a result moved
+with whatever had been allocated before it (``vllm`` on quick W9 read a mean TTFT of 0.0493 s alone and 0.0425 s
+after a W1 run) and, across machines, even in fresh processes. :func:`~asyncdp.bench.simulate.simulate` now sets
+that order itself (:func:`~asyncdp.bench.simulate.trio_orders_fixed`), so a (workload, policy, seed,
+cluster) gives the same log in any process, after any other run, in whatever order the runs finish.
 
 Each run costs the start of an interpreter and the import of the simulator (about 0.5 s here) on top of the run.
-``jobs=0`` runs everything in this process instead, one run after another, as before (to step through a run in a
-debugger or profile it; the results may then differ with what ran before).
+``jobs=0`` runs everything in this process instead, one run after another (to step through a run in a debugger or
+profile it), with the same results.
 
 No run outlives the command. A full-scale run takes up to tens of minutes, and its result is of no use once the
 command is gone: each worker asks the kernel for SIGKILL when the command dies (:func:`asyncdp.runtime.die_with_parent`;

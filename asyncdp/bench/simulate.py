@@ -29,16 +29,28 @@ reverses each batch of runnable tasks with probability ½ from a module-level RN
 ``(seed, policy)`` before each run, so the same arguments give the same log in one Python build. The exact
 discrete-event core of §1.2 is not built: requests due at the same instant are ordered by req_id, other same-
 instant events by the seeded scheduler.
+
+One more order had to be fixed: timers that expire at the same virtual instant (ranks whose steps end together,
+a snapshot period that falls on a step end) are woken in the order of trio's deadline heap, whose tie-break is
+the cancel scope's ``id()``, a memory address. So a run's result depended on the heap's layout: on what ran
+before it in the interpreter, on the machine (CI read a mean TTFT of 0.0239 s and 0.0256 s for two runs of the
+same arguments in two fresh processes), even on unrelated code. And a run inside a test process took another
+scheduling rule, the one pytest-trio turns on when hypothesis is installed. :func:`trio_orders_fixed` makes the
+timers' tie-break the order in which their deadlines were set, and keeps trio's own rule, for the length of the
+run.
 """
 
 from __future__ import annotations
 
+import heapq
 import importlib
+import itertools
 import math
-from collections.abc import Callable
-from contextlib import aclosing
+from collections.abc import Callable, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -116,10 +128,34 @@ def engine_config(spec: ClusterSpec, workload: Workload) -> EngineConfig:
                         max_num_batched_tokens=p.max_num_batched_tokens, seed=0)
 
 
-def seed_trio_scheduler(seed: int, policy: str) -> None:
-    """Seed trio's scheduling RNG (it orders tasks that became runnable together) from ``(seed, policy)``."""
-    run_module = importlib.import_module("trio._core._run")
+@contextmanager
+def trio_orders_fixed(seed: int, policy: str) -> Iterator[None]:
+    """Meanwhile, trio's three orders of same-instant events are this module's, so that a run's result is a
+    function of its arguments (module docstring, Determinism):
+
+    - tasks that became runnable together: trio reverses the batch with probability ½ from a module-level RNG,
+      seeded here from ``(seed, policy)``; and that rule, not the one trio switches to when pytest-trio finds
+      hypothesis installed (its ``_ALLOW_DETERMINISTIC_SCHEDULING``: sort, then shuffle), so that a run inside a
+      test process gives what the command gives;
+    - timers due at the same instant: woken in the order their deadlines were set (a counter of this run's own),
+      not by the ``id()`` of their cancel scopes, trio's tie-break in its deadline heap: a memory address, so the
+      order moved with the heap's layout. Only ``Deadlines.add`` is replaced; the heap's entries keep their shape
+      ``(deadline, tiebreak, scope)``."""
+    run_module: Any = importlib.import_module("trio._core._run")  # private: no stubs to check against
+    deadlines = run_module.Deadlines
+    original_add, original_mode = deadlines.add, run_module._ALLOW_DETERMINISTIC_SCHEDULING
+    order = itertools.count()
+
+    def add(self: Any, deadline: float, cancel_scope: Any) -> None:
+        heapq.heappush(self._heap, (deadline, next(order), cancel_scope))
+        self._active += 1
+
     run_module._r.seed(stream_rng(seed, f"trio/{policy}").getrandbits(64))
+    deadlines.add, run_module._ALLOW_DETERMINISTIC_SCHEDULING = add, False
+    try:
+        yield
+    finally:
+        deadlines.add, run_module._ALLOW_DETERMINISTIC_SCHEDULING = original_add, original_mode
 
 
 def simulate(workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
@@ -131,9 +167,9 @@ def simulate(workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
     import trio
     import trio.testing
 
-    seed_trio_scheduler(seed, policy)
     run = partial(simulate_async, workload, policy, seed, spec, closed_concurrency=closed_concurrency)
-    log: RunLog = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    with trio_orders_fixed(seed, policy):
+        log: RunLog = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
     return log
 
 
