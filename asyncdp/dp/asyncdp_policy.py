@@ -72,26 +72,14 @@ is the first of a group (W1's bursts, W3, sessions), its rank is where its follo
 Prompts that some rank holds compare by load unweighted: their placement is the prefix's.
 ``asyncdp@no_phase`` turns the weights off.
 
-Stall term (opt-in, ``asyncdp@stall``: a rank that stops answering). Pending tokens price a queued full hit at
-one token. A rank that has run out of KV at the edge of capacity preempts, and its waiting requests, full hits or
-not, queue for memory rather than for compute: the counters read it as nearly idle while its requests wait seconds
-(W2 seed 3 at 30 QPS: 11.7 s on the one rank holding 21 of the 150 groups, 0.08 s on the others, and every request
-of its groups still sent there). So does a rank that hangs while it still reports. The age of this router's oldest
-request still waiting for its first token on a rank is the signal no counter gives: a healthy rank answers a hit
-within a few steps. With ``stall_tokens_per_s`` set, rank i's ``stall`` is that age past ``stall_grace_s``
-(``STALL_GRACE_S``, 1 s), at ``stall_tokens_per_s`` tokens a second, in ``local``; a hit then leaves its stalled
-holder once the stall outweighs its credit, and its prefix gets a second holder. While half the live ranks or more
-have such a request, no stall counts: the cluster is overloaded, not one rank, and moving hits would replicate
-prefixes onto ranks as backlogged into a spiral of misses
-(:meth:`~.asyncdp_state.AsyncdpState.refresh_stalls`). The hooks refresh it every ``REFRESH_US`` and when a
-stalled rank's request gets its first token, so ``select`` reads it as of the last hook. Off by default: at the
-edge of capacity it cuts W2's mean TTFT several times, but past it (35-60 QPS) the hits it moves cost more than
-they save (docs/benchmarks.md, "The stall term").
+Stall term (opt-in, ``asyncdp@stall``): the age of this router's oldest request still waiting for its first token
+on a rank, past a grace of ``STALL_GRACE_S`` (1 s), priced in tokens and added to the rank's local cost, so that a
+hit leaves a rank that queues for memory or hangs while it still reports (:mod:`.stalls`).
 
 Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
 hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
 on the same rank (affinity across turns and across routers), different keys spread over tied ranks, so R
-routers deciding from one snapshot do not herd onto one rank.
+routers deciding from one snapshot do not herd onto one rank (:mod:`.ties`).
 
 Several routers (H7, shared state). Each router knows only where it sent each prefix, and until a snapshot shows
 the others' work its view of the loads is its own share of the traffic. With other routers, a prompt whose first
@@ -122,9 +110,9 @@ from typing import Any
 
 from asyncdp.dp.asyncdp_state import REFRESH_US, AsyncdpState, CostWeights, Routed, argmin
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
-from asyncdp.dp.peers.hashing import stable_hash64
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
+from asyncdp.dp.ties import tie_key, tie_scan
 from asyncdp.errors import ConfigError, UnavailableError
 
 __all__ = ["REFRESH_US", "AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
@@ -138,7 +126,6 @@ HOT_SLACK = 8.0
 STALENESS_MS = 2000.0
 DEFAULT_BLOCK = 16
 DEFAULT_INDEX_BLOCKS = 28_000  # the gpu_8b profile's KV blocks per rank; params override it
-TIE_KEY_BLOCK = 4
 REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
 HOT_SHARE = 0.25  # [ours] the hot-spot bound holds for a prefix that began 1/4 of a rank's share of recent requests
 PHASE_SPREAD = 0.1  # [ours] a new prompt weighs the ranks' loads by 1 - 0.1 .. 1 + 0.1 (AsyncdpState.phase)
@@ -227,12 +214,12 @@ class AsyncdpPolicy(Policy):
             else:
                 mbest, mpick, mties = argmin(mbase)
             if mties > 1:
-                mpick = _tie_scan(mbase, mbest, mpick, _tie_key(req, hashes) % state.n)
+                mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
             return decisions[mpick]
         start = -1  # the tie scan's first rank, computed only when a tie needs it
         if ties > 1:  # a tie: the first minimum at or after a stable hash of the key (H6)
-            start = _tie_key(req, hashes) % state.n
-            pick = _tie_scan(base, best, pick, start)
+            start = tie_key(req, hashes) % state.n
+            pick = tie_scan(base, best, pick, start)
         get = index.owners.get
         held = get(hashes[0], 0)
         plen, bs, weight = len(req.tokens), state.block_size, self.credit_weight
@@ -267,7 +254,7 @@ class AsyncdpPolicy(Policy):
             if cost <= cmin and load[r] <= cap:
                 if cost == cmin:  # equal: the scan order from the key decides (H6)
                     if start < 0:
-                        start = _tie_key(req, hashes) % n
+                        start = tie_key(req, hashes) % n
                     if (r - start) % n >= (rmin - start) % n:
                         continue
                 rmin, cmin = r, cost
@@ -278,7 +265,7 @@ class AsyncdpPolicy(Policy):
                 pick, pick_cost, pick_credit = rmin, cmin, top_credit
             elif cmin == pick_cost:  # no credit either way (a one-token prompt): the scan order decides
                 if start < 0:
-                    start = _tie_key(req, hashes) % n
+                    start = tie_key(req, hashes) % n
                 if (rmin - start) % n < (pick - start) % n:
                     pick = rmin
         if held != full:
@@ -305,7 +292,7 @@ class AsyncdpPolicy(Policy):
                 continue
             if cost == pick_cost and credit == pick_credit:
                 if start < 0:
-                    start = _tie_key(req, hashes) % n
+                    start = tie_key(req, hashes) % n
                 if (r - start) % n >= (pick - start) % n:
                     continue
             pick, pick_cost, pick_credit = r, cost, credit
@@ -342,7 +329,7 @@ class AsyncdpPolicy(Policy):
         state.avg_decode += (weight - state.avg_decode) / 16.0
         routed = state.reqs[req.req_id] = Routed(r, prefill, weight=weight, sent_us=now_us)
         if state.weights.stall_tokens_per_s:
-            state.waiting[r].append(routed)
+            state.stalls.sent(routed)
         state.pending[r] += prefill
         state.pending_reqs[r] += 1
         state.update(r)
@@ -405,20 +392,3 @@ class AsyncdpPolicy(Policy):
             state.index.insert(dp_rank, hashes[:matched])
         state.set_shared(others)
 
-
-def _tie_scan(costs: list[float], best: float, pick: int, start: int) -> int:
-    """Among the ranks at the minimum ``best`` (``pick`` the first of them), the first at or after ``start`` (H6)."""
-    if pick < start:
-        tail = costs[start:]
-        if best in tail:
-            return start + tail.index(best)
-    return pick
-
-
-def _tie_key(req: RequestView, hashes: Sequence[int]) -> int:
-    """A stable per-request key for ties (H6): the routing key, else the 4th block hash, else the tokens."""
-    if req.routing_key is not None:
-        return stable_hash64(req.routing_key)
-    if hashes:
-        return hashes[min(len(hashes), TIE_KEY_BLOCK) - 1]
-    return hash(tuple(req.tokens)) & 0xFFFF_FFFF_FFFF_FFFF  # ints and tuples of ints hash without a salt

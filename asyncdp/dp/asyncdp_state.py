@@ -12,12 +12,13 @@ rescans once.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from asyncdp.dp.owner_index import OwnerIndex
 from asyncdp.dp.policy import Decision
+from asyncdp.dp.stalls import Stalls
 
 KV_HIGH = 0.9
 REFRESH_US = 50_000  # the snapshot terms are re-weighed by their age at most this often (H5)
@@ -40,7 +41,7 @@ class CostWeights:
     phase_spread: float = 0.0  # 0: a new prompt's load compares unweighted (AsyncdpState.phase)
     phase_period_us: int = 5_000_000
     hot_share: float = 0.0  # 0: the hot-spot bound holds for every prefix (AsyncdpState.mark_hot)
-    stall_tokens_per_s: float = 0.0  # 0: no stall term (AsyncdpState.refresh_stalls)
+    stall_tokens_per_s: float = 0.0  # 0: no stall term (:mod:`.stalls`)
     stall_grace_us: int = 1_000_000
 
 
@@ -136,10 +137,7 @@ class AsyncdpState:
     refresh_due_us: float = _INF  # refreshed_at_us + REFRESH_US once a snapshot came
     avg_prefill: float = 0.0  # EMA of the uncached tokens per request this router sent
     avg_decode: float = 0.0  # EMA of the decode weights of the requests this router sent (from decode_tokens)
-    waiting: list[deque[Routed]] = field(default_factory=list)  # per rank, pending requests in dispatch order
-    stall: list[float] = field(default_factory=list)  # per rank, the stall term (refresh_stalls)
-    stall_due_us: int = 0
-    stalled: bool = False  # some rank's oldest pending request is past the grace (refresh_stalls)
+    stalls: Stalls = field(default_factory=lambda: Stalls(0.0, 0, 0))  # the stall term (:mod:`.stalls`)
 
     @classmethod
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
@@ -148,7 +146,8 @@ class AsyncdpState:
                     [0.0] * n, [0.0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
                     [0.0] * n, [0.0] * n, [0.0] * n, OwnerIndex.empty(n, capacity_blocks), PrefixRates(),
                     shared=[0.0] * n, decisions=tuple(Decision(i) for i in range(n)),
-                    avg_decode=weights.decode_tokens, waiting=[deque() for _ in range(n)], stall=[0.0] * n)
+                    avg_decode=weights.decode_tokens,
+                    stalls=Stalls(weights.stall_tokens_per_s, weights.stall_grace_us, n))
         state.phases = [state.phase(i) for i in range(n)]
         state.set_cap()
         state.rescan()
@@ -180,7 +179,7 @@ class AsyncdpState:
             kv_pen = w.kv_penalty_tokens * (kv - KV_HIGH) / (1.0 - KV_HIGH)
         memory = w.memory_tokens * self.index.size(i) / self.index.capacity if w.memory_tokens else 0.0
         self.memory[i] = memory
-        local = self.pending[i] + w.decode_tokens * self.decoding[i] + memory + self.shared[i] + self.stall[i]
+        local = self.pending[i] + w.decode_tokens * self.decoding[i] + memory + self.shared[i] + self.stalls.terms[i]
         return local, self.others_tok[i] + kv_pen
 
     def costs_at(self, weight: float) -> list[float]:
@@ -315,38 +314,13 @@ class AsyncdpState:
         self.set_cap()
         self.rescan()
 
-    def refresh_stalls(self, now_us: int) -> bool:
-        """Recompute the stall terms (``asyncdp@stall``); True if one changed. Rank i's is how long this router's
-        oldest request still waiting there for its first token has waited past ``stall_grace_us``, at
-        ``stall_tokens_per_s``; none counts while half the live ranks or more have such a request (an overloaded
-        cluster, not a stalled rank: module docstring of :mod:`.asyncdp_policy`)."""
-        w = self.weights
-        excess = []
-        for i, queue in enumerate(self.waiting):
-            while queue and (queue[0].decoding or queue[0].gone):
-                queue.popleft()
-            age = now_us - queue[0].sent_us if queue else 0
-            excess.append(max(0, age - w.stall_grace_us) if i not in self.excluded else _INF)
-        live = sorted(e for e in excess if e != _INF)
-        self.stalled = bool(live) and live[-1] > 0
-        if not live:
-            return False
-        if live[len(live) // 2] > 0:  # half the live ranks or more have a request waiting past the grace: the
-            stall = [0.0] * self.n  # cluster is overloaded, and moving hits would replicate groups into a spiral
-        else:
-            stall = [0.0 if e == _INF else e * w.stall_tokens_per_s / 1e6 for e in excess]
-        if stall == self.stall:
-            return False
-        self.stall = stall
-        return True
-
     def tick(self, now_us: int) -> None:
         """Advance the clock; every REFRESH_US re-weigh the snapshot terms by their age (H5) and the stall terms."""
         if now_us > self.clock_us:
             self.clock_us = now_us
-        if self.weights.stall_tokens_per_s and now_us >= self.stall_due_us:
-            self.stall_due_us = now_us + REFRESH_US
-            if self.refresh_stalls(now_us):
+        if self.weights.stall_tokens_per_s and now_us >= self.stalls.due_us:
+            self.stalls.due_us = now_us + REFRESH_US
+            if self.stalls.refresh(now_us, self.excluded):
                 self.update_all(resum=False)
         if self.weights.phase_spread and (epoch := now_us // self.weights.phase_period_us) != self.epoch:
             self.epoch = epoch  # the phase weights rotate by one rank
@@ -371,7 +345,7 @@ class AsyncdpState:
         self.pending_reqs[r] -= 1
         self.decoding[r] += 1
         self.dec_tokens[r] += f.weight
-        if self.stalled and self.refresh_stalls(self.clock_us):  # it may have been the one that waited
+        if self.stalls.stalled and self.stalls.refresh(self.clock_us, self.excluded):  # it may have been the one
             self.update_all(resum=False)
         else:
             self.update(r)
@@ -387,7 +361,7 @@ class AsyncdpState:
             f.gone = True
             self.pending[r] -= f.prefill
             self.pending_reqs[r] -= 1
-            if self.stalled and self.refresh_stalls(self.clock_us):
+            if self.stalls.stalled and self.stalls.refresh(self.clock_us, self.excluded):
                 self.update_all(resum=False)
                 return
         self.update(r)

@@ -500,11 +500,11 @@ def test_hits_leave_a_rank_whose_requests_wait_past_the_grace_for_their_first_to
     stuck = prompt(2)
     assert route(p, s, stuck, now_us=10) == 0  # a hit: pending 16 tokens there
     assert route(p, s, prompt(3), now_us=2_000_000) == 0  # waited 2 s: within the grace
-    assert s.stall == [0.0] * 4
+    assert s.stalls.terms == [0.0] * 4
     # 3.5 s: 1.5 s past the grace, 24 576 tokens at 16 384 a second; the hit saves 2·64
     p.on_first_token(s, "nobody", 0, 3_500_000)  # any hook refreshes the stall terms
     assert route(p, s, prompt(4), now_us=3_500_010) == 1
-    assert s.stall[0] == pytest.approx(1.5 * 16384, rel=1e-3) and s.stall[1:] == [0.0] * 3
+    assert s.stalls.terms[0] == pytest.approx(1.5 * 16384, rel=1e-3) and s.stalls.terms[1:] == [0.0] * 3
 
 
 def test_a_stall_ends_with_the_first_token_of_the_request_that_waited():
@@ -512,9 +512,9 @@ def test_a_stall_ends_with_the_first_token_of_the_request_that_waited():
     stuck = prompt(2)
     route(p, s, stuck, now_us=10)
     p.on_first_token(s, "nobody", 0, 3_000_000)  # a hook at 3 s: rank 0 stalls
-    assert s.stall[0] > 0
+    assert s.stalls.terms[0] > 0
     p.on_first_token(s, stuck.req_id, 0, 3_100_000)
-    assert s.stall == [0.0] * 4
+    assert s.stalls.terms == [0.0] * 4
     assert route(p, s, prompt(3), now_us=3_200_000) == 0
 
 
@@ -525,7 +525,7 @@ def test_a_backlog_on_every_rank_is_no_stall_of_any():
     route(p, s, prompt(2), now_us=10)  # rank 0
     route(p, s, prompt(3, prefix=tuple(range(5000, 5064))), now_us=2_000_000, hint=1)  # rank 1, 2 s younger
     p.on_first_token(s, "nobody", 0, 5_000_000)
-    assert s.stall == [0.0] * 4
+    assert s.stalls.terms == [0.0] * 4
     assert route(p, s, prompt(4), now_us=5_000_010) == 0
 
 
@@ -534,7 +534,7 @@ def test_the_stall_term_is_off_by_default():
     s = p.init(4)
     route(p, s, prompt(2), now_us=10)
     route(p, s, prompt(3), now_us=60_000_000)
-    assert s.stall == [0.0] * 4 and not any(s.waiting)
+    assert s.stalls.terms == [0.0] * 4 and not any(s.stalls.waiting)
 
 
 def test_the_stall_preset_turns_the_term_on_and_bad_values_are_refused():

@@ -1,0 +1,30 @@
+"""Ties in asyncdp's policy (H6, H7): among ranks at equal cost, the first in a scan that starts at a stable hash
+of the request's key, so the same key lands on the same rank (a conversation's turns, across routers) and
+different keys spread over the tied ranks (R routers deciding from one snapshot do not herd onto one rank)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from asyncdp.dp.peers.hashing import stable_hash64
+from asyncdp.dp.policy import RequestView
+
+TIE_KEY_BLOCK = 4  # a request without a routing key is keyed by this block's hash (its first 64 tokens at 16)
+
+
+def tie_scan(costs: list[float], best: float, pick: int, start: int) -> int:
+    """Among the ranks at the minimum ``best`` (``pick`` the first of them), the first at or after ``start`` (H6)."""
+    if pick < start:
+        tail = costs[start:]
+        if best in tail:
+            return start + tail.index(best)
+    return pick
+
+
+def tie_key(req: RequestView, hashes: Sequence[int]) -> int:
+    """A stable per-request key for ties (H6): the routing key, else the 4th block hash, else the tokens."""
+    if req.routing_key is not None:
+        return stable_hash64(req.routing_key)
+    if hashes:
+        return hashes[min(len(hashes), TIE_KEY_BLOCK) - 1]
+    return hash(tuple(req.tokens)) & 0xFFFF_FFFF_FFFF_FFFF  # ints and tuples of ints hash without a salt
