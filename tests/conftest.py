@@ -24,6 +24,16 @@ def pytest_configure(config):
     signal.signal(signal.SIGTERM, _interrupt)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _timer_ties_in_arming_order():
+    """Every trio run of the suite wakes same-instant timers in the order they were armed, not by memory address:
+    a virtual-time test then sees the same order of events on every machine and whatever ran before it."""
+    from asyncdp.testing.sim import timer_ties_in_arming_order
+
+    with timer_ties_in_arming_order():
+        yield
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request):
     return request.param

@@ -37,14 +37,12 @@ before it in the interpreter, on the machine (CI read a mean TTFT of 0.0239 s an
 same arguments in two fresh processes), even on unrelated code. And a run inside a test process took another
 scheduling rule, the one pytest-trio turns on when hypothesis is installed. :func:`trio_orders_fixed` makes the
 timers' tie-break the order in which their deadlines were set, and keeps trio's own rule, for the length of the
-run.
+run. (The test suite arms the same tie-break for every test: ``tests/conftest.py``.)
 """
 
 from __future__ import annotations
 
-import heapq
 import importlib
-import itertools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import aclosing, contextmanager
@@ -65,7 +63,7 @@ from asyncdp.coordinator.core import CoordinatorConfig
 from asyncdp.errors import AsyncDPError, ConfigError, SimulationStalled
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing.cluster import SimCluster, open_sim_cluster
-from asyncdp.testing.sim import stream_rng
+from asyncdp.testing.sim import stream_rng, timer_ties_in_arming_order
 
 #: telemetry presets (§1.1) this simulator can play: publish interval of the coordinator's periodic snapshot
 #: in seconds, or None for no coordinator (each router routes on its own in-flight counts only).
@@ -130,32 +128,24 @@ def engine_config(spec: ClusterSpec, workload: Workload) -> EngineConfig:
 
 @contextmanager
 def trio_orders_fixed(seed: int, policy: str) -> Iterator[None]:
-    """Meanwhile, trio's three orders of same-instant events are this module's, so that a run's result is a
-    function of its arguments (module docstring, Determinism):
+    """Meanwhile, trio's orders of same-instant events are this module's, so that a run's result is a function of
+    its arguments (module docstring, Determinism):
 
     - tasks that became runnable together: trio reverses the batch with probability ½ from a module-level RNG,
       seeded here from ``(seed, policy)``; and that rule, not the one trio switches to when pytest-trio finds
       hypothesis installed (its ``_ALLOW_DETERMINISTIC_SCHEDULING``: sort, then shuffle), so that a run inside a
       test process gives what the command gives;
-    - timers due at the same instant: woken in the order their deadlines were set (a counter of this run's own),
-      not by the ``id()`` of their cancel scopes, trio's tie-break in its deadline heap: a memory address, so the
-      order moved with the heap's layout. Only ``Deadlines.add`` is replaced; the heap's entries keep their shape
-      ``(deadline, tiebreak, scope)``."""
+    - timers due at the same instant: woken in the order their deadlines were set, not by the address of their
+      cancel scopes (:func:`~asyncdp.testing.sim.timer_ties_in_arming_order`)."""
     run_module: Any = importlib.import_module("trio._core._run")  # private: no stubs to check against
-    deadlines = run_module.Deadlines
-    original_add, original_mode = deadlines.add, run_module._ALLOW_DETERMINISTIC_SCHEDULING
-    order = itertools.count()
-
-    def add(self: Any, deadline: float, cancel_scope: Any) -> None:
-        heapq.heappush(self._heap, (deadline, next(order), cancel_scope))
-        self._active += 1
-
+    original_mode = run_module._ALLOW_DETERMINISTIC_SCHEDULING
     run_module._r.seed(stream_rng(seed, f"trio/{policy}").getrandbits(64))
-    deadlines.add, run_module._ALLOW_DETERMINISTIC_SCHEDULING = add, False
+    run_module._ALLOW_DETERMINISTIC_SCHEDULING = False
     try:
-        yield
+        with timer_ties_in_arming_order():
+            yield
     finally:
-        deadlines.add, run_module._ALLOW_DETERMINISTIC_SCHEDULING = original_add, original_mode
+        run_module._ALLOW_DETERMINISTIC_SCHEDULING = original_mode
 
 
 def simulate(workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,

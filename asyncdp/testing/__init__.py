@@ -9,6 +9,8 @@
 - :func:`open_rank_cluster` (:mod:`asyncdp.testing.rank_cluster`): MoE ranks in lockstep with the real
   coordinator, driven by :class:`FakeRankClient` (client 0, which places every request on the rank the test
   names and records outputs, utility results and stats); :func:`sim_rank_core` builds one rank's core.
+- :func:`timer_ties_in_arming_order` (:mod:`asyncdp.testing.sim`): trio wakes same-instant timers in the order
+  they were armed, not by memory address, so a virtual-time run does not depend on the heap's layout.
 
 Names are imported lazily so ``import asyncdp.testing`` stays cheap.
 """
@@ -20,7 +22,7 @@ from typing import Any
 _EXPORTS = {
     "FakeEngineClient": "fake_client", "byte_tokenizer": "tokenizer",
     "MemoryLinkListener": "links", "SimLink": "links", "sim_link_pair": "links",
-    "InjectedFault": "sim", "SimRankExecutor": "sim", "stream_rng": "sim",
+    "InjectedFault": "sim", "SimRankExecutor": "sim", "stream_rng": "sim", "timer_ties_in_arming_order": "sim",
     "SimCluster": "cluster", "SimCoordinator": "sim", "SimRequest": "sim", "open_sim_cluster": "cluster",
     "FakeRankClient": "rank_cluster", "RankCluster": "rank_cluster", "RankResult": "rank_cluster",
     "open_rank_cluster": "rank_cluster", "sim_rank_core": "rank_cluster",

@@ -3,14 +3,22 @@ plain records :mod:`asyncdp.testing.cluster` takes and gives (``SimRequest``, ``
 
 Determinism (routing-bench spec §1.2): each random stream is its own ``random.Random`` seeded with a 64-bit
 BLAKE2b of ``"{seed}/{stream}"``; modelled step times are rounded to whole microseconds before the rank sleeps
-them on the anyio clock.
+them on the anyio clock; timers due at the same virtual instant wake in the order they were armed
+(:func:`timer_ties_in_arming_order`).
 """
 
 from __future__ import annotations
 
+import functools
+import heapq
+import importlib
+import itertools
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from hashlib import blake2b
+from typing import Any
 
 import anyio
 
@@ -25,6 +33,30 @@ def stream_rng(seed: int, stream: str) -> random.Random:
     """The named random stream of spec §1.2: ``random.Random`` seeded with BLAKE2b-64 of ``"{seed}/{stream}"``."""
     digest = blake2b(f"{seed}/{stream}".encode(), digest_size=8).digest()
     return random.Random(int.from_bytes(digest, "little"))
+
+
+@contextmanager
+def timer_ties_in_arming_order() -> Iterator[None]:
+    """Meanwhile, trio wakes timers due at the same instant in the order their deadlines were set, not by the
+    ``id()`` of their cancel scopes (its deadline heap's tie-break: a memory address). Under ``MockClock`` ranks
+    whose steps end together, or a period that falls on a step end, are such ties, so without it a virtual-time
+    run's result moved with the heap's layout: with what ran before it in the interpreter, with the machine, with
+    unrelated code. Only ``Deadlines.add`` is replaced, with a counter of this context's own; the heap's entries
+    keep their shape ``(deadline, tiebreak, scope)``. Enter it before ``trio.run``."""
+    deadlines: Any = importlib.import_module("trio._core._run").Deadlines  # private: no stubs to check against
+    original = deadlines.add
+    order = itertools.count()
+
+    @functools.wraps(original)  # add.__wrapped__: trio's own, for a test that needs it
+    def add(self: Any, deadline: float, cancel_scope: Any) -> None:
+        heapq.heappush(self._heap, (deadline, next(order), cancel_scope))
+        self._active += 1
+
+    deadlines.add = add
+    try:
+        yield
+    finally:
+        deadlines.add = original
 
 
 class InjectedFault(RuntimeError):
