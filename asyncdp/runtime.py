@@ -8,6 +8,10 @@ ERROR. Nothing is lost (the future was cancelled on purpose), so :func:`run` ins
 drops exactly that case and passes everything else to the previous handler.
 
 :func:`die_with_parent` is the other thing every child process needs: no child outlives the process that started it.
+:func:`exit_after_parent_death` is its form for a child that has its own way to notice the death (EOF on its
+control channel) and its own clean-up to do: the kernel's signal only starts a bounded grace, on a thread that
+runs whatever the main thread is doing, and never reads as a request to drain (as SIGTERM does for a rank, which
+would then end its requests as if they were finished normally).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -46,6 +51,36 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
     prctl = _prctl()
     if prctl is not None:
         prctl(PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        sys.exit(1)
+
+
+def exit_after_parent_death(parent_pid: int, grace_s: float, on_exit: Callable[[], None],
+                            sig: int = signal.SIGHUP) -> None:
+    """Ask the kernel (Linux) for ``sig`` when the parent exits; when it comes, give the process ``grace_s`` to
+    end on its own (its orderly reaction to the parent's death, with its log line and its clean-up), then run
+    ``on_exit`` and leave with ``os._exit(1)``. Exit at once (status 1) if the parent is already gone.
+
+    ``sig`` is blocked in this thread, so in every thread started after this call (call it first thing), and a
+    daemon thread waits for it with ``sigwait``: the grace starts even while the main thread is stuck in C code,
+    and no event loop's handler for SIGTERM or SIGINT sees it. Must be called before any other thread starts."""
+    prctl = _prctl()
+    if prctl is None:
+        return
+
+    def watch() -> None:
+        signal.sigwait({sig})
+        log.warning("the parent process is gone; exiting in at most %.0f s", grace_s)
+        threading.Event().wait(grace_s)
+        log.error("the parent process is gone and this process did not end within %.0f s; exiting now", grace_s)
+        try:
+            on_exit()
+        finally:
+            os._exit(1)
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+    threading.Thread(target=watch, name="parent-death-watch", daemon=True).start()
+    prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         sys.exit(1)
 

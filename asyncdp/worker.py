@@ -9,6 +9,7 @@ channel (blocking, before the event loop starts, because the anyio backend is pa
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import select
@@ -53,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     hello = read_hello(args.control_fd)
-    if hello.parent_death_signal:
-        runtime.die_with_parent(hello.parent_pid)
+    if hello.parent_death_signal:  # the control channel's EOF ends the process in order; this is the backstop
+        runtime.exit_after_parent_death(hello.parent_pid, PARENT_DEATH_GRACE_S,
+                                        functools.partial(remove_orphaned_run_dir, hello.run_dir))
     parent = _pidfd(hello.parent_pid)
     setup_logging(prefix=hello.log_prefix or args.name, level=hello.log_level)
     control: ControlChannel | None = None
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PARENT_EXIT_WAIT_S = 2.0
+PARENT_DEATH_GRACE_S = 5.0  # after the kernel's parent-death signal, the longest a child takes to end by itself
 
 
 def _pidfd(pid: int) -> int | None:

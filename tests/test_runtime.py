@@ -1,8 +1,14 @@
-"""The event-loop guard every asyncdp process runs under: a queued wake-up of a cancelled future is not an error."""
+"""What every asyncdp process runs under: the event-loop guard (a queued wake-up of a cancelled future is not an
+error) and the parent-death backstop of a child."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import anyio
 import anyio.lowlevel
@@ -56,3 +62,60 @@ def test_run_passes_arguments_and_works_on_trio() -> None:
 
     assert runtime.run(add, 2, 3, backend="trio") == 5
     assert runtime.run(add, 2, 3) == 5
+
+
+# ---------------------------------------------------------------- parent death
+
+_CHILD = """
+import os, sys, time
+from asyncdp import runtime
+marker = sys.argv[1]
+runtime.exit_after_parent_death(os.getppid(), 0.5, lambda: open(marker, "w").write("cleaned"))
+print("armed", flush=True)
+time.sleep(60)  # the main thread is busy elsewhere: the grace must start anyway
+"""
+_MIDDLE = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_a_child_whose_parent_dies_gets_its_grace_then_cleans_up_and_exits(tmp_path) -> None:
+    marker = tmp_path / "cleaned"
+    middle = subprocess.Popen([sys.executable, "-c", _MIDDLE, _CHILD, str(marker)], stdout=subprocess.PIPE,
+                              text=True)
+    child = 0
+    try:
+        assert middle.stdout is not None
+        child = int(middle.stdout.readline())
+        assert middle.stdout.readline().strip() == "armed"
+        time.sleep(1.0)  # twice the grace: nothing fires while the parent lives
+        assert _alive(child) and not marker.exists()
+        middle.kill()
+        middle.wait()
+        killed = time.monotonic()
+        while _alive(child) and time.monotonic() - killed < 10:
+            time.sleep(0.02)
+        took = time.monotonic() - killed
+        assert not _alive(child), "the child outlived its parent"
+        assert marker.read_text() == "cleaned"
+        assert 0.4 <= took < 5, took  # the grace was given, and not much more
+    finally:
+        middle.kill()
+        middle.wait()
+        if middle.stdout is not None:
+            middle.stdout.close()
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)

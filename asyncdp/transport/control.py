@@ -6,7 +6,8 @@ msgpack codec) in length-prefixed frames both ways: the parent sends a ``WorkerH
 config, :mod:`asyncdp.config.roles`), then commands (``Stopping``, ``Shutdown``, ``ProcessTable``); the child
 reports events (``CoordinatorListening``, ``ApiListening``, ``ChildReady``, ``ApiStopped``). An unknown or
 malformed frame is a :class:`~asyncdp.errors.ProtocolError`; readers log and drop it (the framing stays intact). EOF on the channel means the parent died, and
-the child exits (spec §12.5 "no orphans"); on Linux the child also asks for SIGTERM on parent death (prctl).
+the child exits (spec §12.5 "no orphans"); on Linux the child also asks for SIGHUP on parent death (prctl), which
+starts a bounded grace on a thread of its own (:func:`asyncdp.runtime.exit_after_parent_death`).
 A child that finds its parent gone when it ends removes the deployment's run directory (the parent removes it
 itself on an orderly stop, but not when it was SIGKILLed).
 
@@ -263,7 +264,7 @@ async def spawn_child(
         role=config, name=name, parent_pid=os.getpid(), backend=backend,
         # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits. asyncio forks from the event-loop
         # thread, which lives as long as the parent; trio forks from a worker thread of its cache, which exits
-        # when idle and would SIGTERM a healthy child seconds after it started. There the control channel's EOF
+        # when idle and would signal a healthy child seconds after it started. There the control channel's EOF
         # is the parent-death signal alone.
         parent_death_signal=sniffio.current_async_library() != "trio",
         log_prefix=log_prefix or name, log_level=log_level, run_dir=run_dir))

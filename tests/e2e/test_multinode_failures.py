@@ -73,9 +73,13 @@ async def test_sigkilled_head_tree_makes_the_headless_node_exit_nonzero_within_1
         assert not left, f"left after the head died: {left}\n{dep.logs()}"
 
 
-async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_serving(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kill", ["tree", "launcher"])
+async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_serving(tmp_path: Path,
+                                                                                     kill: str) -> None:
     """Dense: in-flight requests on the lost rank fail with an error (no hang), new requests succeed on rank 0,
-    /server_info shows rank 1 dead and its node lost, /health stays 200."""
+    /server_info shows rank 1 dead and its node lost, /health stays 200. ``launcher``: only the node's launcher
+    is killed; its engine gets SIGTERM from the kernel (and EOF on its control channel) and may abort its
+    requests itself before it goes: they still fail with an error naming the rank, never a 200 cut short."""
     with deployment(tmp_path, HEAD, HEADLESS, ready_timeout_s=120) as dep:
         hd, hl = dep.node("head"), dep.node("headless")
         out: list[tuple[object, ...]] = []
@@ -87,7 +91,11 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
                         tg.start_soon(partial(stream_completion, http, ev, out, data_parallel_rank=1))
                     for ev in events:
                         await ev.wait()
-                    kill_tree(hl)
+                    if kill == "tree":
+                        kill_tree(hl)
+                    else:
+                        hl.remember_tree()
+                        hl.process.send_signal(signal.SIGKILL)
             assert len(out) == 2, out
             assert all(o[0] == "error" and "engine rank 1" in str(o[1]) for o in out), out
             with anyio.fail_after(15):  # within the heartbeat timeout (EOF: at once)
