@@ -70,12 +70,20 @@ def apply_outputs(requests: dict[str, RequestStream], msg: m.EngineOutputs, now:
     """Post one ``EngineOutputs`` frame to its streams; returns the streams it finished.
 
     A refused request fails with its rejection; with ``abandoned`` (the shutdown reason) an ``abort`` this client
-    did not ask for (a rank's drain deadline, a teardown) fails with ``ShuttingDownError`` instead of ending."""
+    did not ask for (a rank's drain deadline, a teardown) fails with ``ShuttingDownError`` instead of ending.
+    A rank that abandons a request at its own drain deadline while this client is not shutting down (the rank
+    alone was stopped, or its node's launcher died) marks it ``abandoned``: a ``ShuttingDownError`` naming the
+    rank, never a normal end."""
     for out in msg.outputs:
         req = requests.get(out.request_id)
         if req is None:
             continue
-        if out.error_type is not None:  # refused by the engine: an error status, not an empty answer
+        if out.error_type == "abandoned" and not req.client_abort:
+            req.fail(ShuttingDownError(f"the request was abandoned: {abandoned}" if abandoned is not None
+                                       else out.error or f"engine rank {msg.dp_rank} stopped"))
+        elif out.error_type == "abandoned":
+            req.post(out, now)  # the caller asked for the abort and has left: a normal end
+        elif out.error_type is not None:  # refused by the engine: an error status, not an empty answer
             req.fail(rejection(out))
         elif out.finish_reason == "abort" and abandoned is not None and not req.client_abort:
             req.fail(ShuttingDownError(f"the request was abandoned: {abandoned}"))

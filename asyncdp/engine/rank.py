@@ -264,6 +264,7 @@ class EngineRank:
         if anyio.current_time() >= self._shutdown_deadline:
             self._drain_expired = True
             if self.core.has_unfinished():
+                self.state.abandoned.update(self.state.owners)
                 self.core.abort_requests(list(self.state.owners))
 
     async def step(self, *, throttle_new_prefills: bool = False) -> bool:

@@ -71,7 +71,8 @@ class RequestOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     num_cached_tokens: int = 0
     first_token_time: float | None = None
     # Set when the engine refused the request outright (never scheduled): "invalid_request" (bad input the
-    # front end could not check) or "unavailable" (shutting down). ``error`` says why; the client raises.
+    # front end could not check) or "unavailable" (shutting down); or "abandoned": the rank's own drain deadline
+    # aborted it (the rank is stopping, whoever asked). ``error`` says why; the client raises.
     error_type: str | None = None
     error: str | None = None
 

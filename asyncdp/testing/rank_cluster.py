@@ -48,6 +48,8 @@ class RankResult:
 
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    error_type: str | None = None  # set on the last output when the rank refused or abandoned the request
+    error: str | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
     finished_at: float | None = None
 
@@ -93,6 +95,7 @@ class FakeRankClient:
                     res.tokens += out.new_token_ids
                     if out.finished:
                         res.finish_reason = out.finish_reason
+                        res.error_type, res.error = out.error_type, out.error
                         res.finished_at = anyio.current_time()
                         res.done.set()
             elif isinstance(msg, m.UtilityResult):

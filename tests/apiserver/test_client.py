@@ -266,6 +266,34 @@ async def test_an_abort_outside_shutdown_still_ends_the_request_normally(autojum
         assert client.num_inflight == 0
 
 
+@pytest.mark.trio
+@pytest.mark.parametrize("shutting_down", [False, True])
+async def test_a_request_a_rank_abandons_on_its_own_is_a_503_naming_the_rank(autojump_clock, shutting_down):
+    """The rank stopped by itself (its node's launcher died, a signal to it alone): its drain deadline's abort is
+    marked ``abandoned``; this client, not shutting down, answers 503 with the rank's reason, never a 200 cut
+    short. While the client shuts down too, its own reason wins (as for a bare abort)."""
+    async with _client_with_engine() as (client, engine_end):
+        async def engine() -> None:
+            add = await _first_add(engine_end)
+            await engine_end.send(_outputs(m.RequestOutput(request_id=add.request_id, new_token_ids=[7])))
+            await anyio.sleep(1)
+            if shutting_down:
+                client.begin_shutdown("the deployment is stopping")
+            await engine_end.send(_outputs(m.RequestOutput(
+                request_id=add.request_id, finished=True, finish_reason="abort", error_type="abandoned",
+                error="engine rank 0 stopped before the request finished")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            outs = []
+            match = "abandoned: the deployment is stopping" if shutting_down else "engine rank 0 stopped"
+            with pytest.raises(errors.ShuttingDownError, match=match):
+                async for out in client.generate("r1", [1, 2], SamplingParams(max_tokens=100)):
+                    outs.append(out)
+            assert [o.finish_reason for o in outs] == [None]
+            assert client.num_inflight == 0
+
+
 # ---------------------------------------------------------------- gauges and the coordinator link (issue #12)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -143,6 +143,24 @@ async def test_shutdown_aborts_frozen_requests_at_the_drain_deadline(autojump_cl
 
 
 @pytest.mark.trio
+async def test_a_request_abandoned_at_the_drain_deadline_says_so_and_names_the_rank(autojump_clock):
+    """The rank alone stops (a signal, its launcher's death): its clients are not shutting down, so a bare
+    ``abort`` would read as a normal end; the output says the rank abandoned it. One that finished before the
+    deadline is a normal end, unmarked."""
+    async with open_rank(shutdown_timeout_s=0.5) as (rank, client, _, outcome, ended):
+        short = await client.add(0, "short", max_tokens=3)
+        long = await client.add(0, "long", max_tokens=10_000)
+        await trio.sleep(0.01)
+        rank.request_shutdown()
+        with trio.fail_after(30):
+            await ended.wait()
+        assert (short.finish_reason, short.error_type) == ("length", None)
+        assert (long.finish_reason, long.error_type) == ("abort", "abandoned") and outcome == [None]
+        assert "engine rank 0" in (long.error or "") and "drain deadline" in (long.error or "")
+        assert rank.state.abandoned == set()  # forgotten once reported
+
+
+@pytest.mark.trio
 async def test_utility_calls_fail_while_shutting_down(autojump_clock):
     async with open_rank(shutdown_timeout_s=5.0) as (rank, client, _, _, _):
         await client.add(0, "r", max_tokens=10_000)
