@@ -53,8 +53,10 @@ requests that decays over about 256 dispatches (:class:`~.asyncdp_state.PrefixRa
 share times the live ranks times ``REPLICA_HEADROOM`` (1.5) above the number of ranks holding the prefix, and the
 rank it went to past the mean in-flight count by ``REPLICA_SLACK`` (1), it marks the prefix; the next request with
 it goes to the cheapest rank by load if that rank's index has room for the prompt without evicting (H8), and that
-rank pays one prefill and becomes a holder. W7's top document (18 % of the requests at dp 8) ends on three ranks;
-a W1 group (1/64 of them) never replicates. Misses go to the cheapest rank by load (H2), never to "the smallest
+rank pays one prefill and becomes a holder; only a prompt that is mostly the hot prefix (its run at least half
+of it) and whose run is the hot prefix itself (every holder of the first block holds the whole run) moves so.
+W7's top document (18 % of the requests at dp 8) ends on three ranks; a W1 group (1/64 of them) never
+replicates; W5's system prompt (every request) is not replicated through its users' histories. Misses go to the cheapest rank by load (H2), never to "the smallest
 tree".
 
 Phase weights (new prompts). A prompt no rank holds (not even its first block) goes to the cheapest rank by load,
@@ -238,15 +240,17 @@ class AsyncdpPolicy(Policy):
         # the hot-spot bound (H3), for a prefix hot enough to make its holders hot (AsyncdpState.mark_hot)
         cap = state.cap if not self.hot_share or hashes[0] in state.hot else _INF
         full = held & deepest
-        if state.spill and hashes[0] in state.spill and not (full >> pick) & 1 \
+        by_load = 2 * top_credit >= plen
+        if state.spill and by_load and hashes[0] in state.spill and full == held and not (full >> pick) & 1 \
                 and index.size(pick) + nh <= index.capacity:
-            return decisions[pick]  # a prefix hotter than its holders can serve: a deliberate replica (H3)
+            # a prefix hotter than its holders can serve: a deliberate replica (H3), of a run that is the hot
+            # prefix itself (a user's history after a shared system prompt is the user's alone: not moved)
+            return decisions[pick]
         # The ranks holding the whole run share one credit, so the cheapest of them under the hot-spot bound (H3)
         # is their best; it is then weighed against the cheapest rank by load. When the run is most of the prompt,
         # memory does not decide among them (it is cached on all of them, and little is added): they compare by
         # load only (hbase = base - memory + extra: the decodes weighed by their context). Their common credit is
         # added after the loop, and the extra taken off again: the hit is weighed flat against the cheapest rank.
-        by_load = 2 * top_credit >= plen
         costs = hbase if by_load else base
         rmin, cmin, n = -1, _INF, state.n
         for r in RANK_TUPLES.get(full) or ranks_of(full):

@@ -60,6 +60,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "asyncdp@flat_decode": {"decode_ref_tokens": 0.0},  # every decoding request weighs the same (decode_weight)
     "asyncdp@ctx_decode": {},  # the default: the name its decode weight had while it was opt-in
     "asyncdp@stall": {"stall_tokens_per_s": 16384.0},  # hits leave a rank whose requests wait past 1 s (stall)
+    "asyncdp@no_replica": {"replica_headroom": 0.0},  # no deliberate replicas of hot prefixes (mark_spill)
     "asyncdp@bound_all": {"hot_share": 0.0},  # the hot-spot bound holds for every prefix, however cold (mark_hot)
     "power_of_two@queue": {"metric": "queue"},
     "power_of_two@load": {"metric": "load"},

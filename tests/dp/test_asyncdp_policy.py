@@ -281,12 +281,43 @@ def test_a_prefix_hotter_than_its_holder_can_serve_gets_a_second_holder():
     assert route(p, s, prompt(51), now_us=5) == second  # two holders now: the lighter one, with its hit
 
 
+def test_a_run_that_extends_a_hot_prefix_stays_with_its_holder():
+    """W5's shape: every request starts with the same system prompt (hot by demand, held by several ranks) and
+    goes on with its user's history, held by one rank. A replica mark on the system prompt must not move the user
+    off the history: the moved request would pay the whole history's prefill and add no holder of the hot part."""
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = hot_prefix_state(p, 200)  # hot enough to want more than two holders
+    other = prompt(60)  # another user's turn: the system prompt on rank 1 too
+    route(p, s, other, hint=1)
+    p.on_finish(s, other.req_id, 1, 2)
+    history = (*PREFIX, *range(70_000, 70_000 + 10 * 16))  # this user's 10 blocks of history, on rank 0
+    route(p, s, RequestView("turn1", history), hint=0)
+    p.on_finish(s, "turn1", 0, 2)
+    first = prompt_hashes(prompt(1), 16)[0]
+    assert first in s.spill  # the system prompt is marked: its busiest holder is past the mean
+    turn2 = RequestView("turn2", (*history, *range(90_000, 90_016)))
+    # rank 0: 48 + 240 - 2·224 = -160; an idle rank without the history: 240
+    assert route(p, s, turn2, now_us=3) == 0
+
+
+def test_a_replica_is_made_only_for_a_prompt_that_is_mostly_the_hot_prefix():
+    """A prompt whose new content outweighs the hot prefix it starts with is priced as the miss it mostly is (by
+    cost, with its hit), not sent off as a replica: a replica there pays the whole prompt to copy a small part."""
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = hot_prefix_state(p, 80)
+    assert prompt_hashes(prompt(1), 16)[0] in s.spill
+    mostly_new = RequestView("new", (*PREFIX, *range(80_000, 80_000 + 10 * 16)))  # 4 hot blocks, 10 new
+    # rank 0: 48 + 224 - 2·64 = 144; an idle rank: 224
+    assert route(p, s, mostly_new, now_us=3) == 0
+
+
 def test_a_cold_prefix_is_not_replicated_however_its_holder_is_loaded():
     p = AsyncdpPolicy(memory_tokens=0)
     s = hot_prefix_state(p, 0)  # three requests in all: a small share of the stream
     assert route(p, s, prompt(50), now_us=3) == 0
     no_replicas = AsyncdpPolicy(memory_tokens=0, replica_headroom=0)
     assert route(no_replicas, hot_prefix_state(no_replicas, 80), prompt(50), now_us=3) == 0
+    assert getattr(make_policy("asyncdp@no_replica"), "replica_headroom", None) == 0  # the same, by preset
 
 
 def test_no_replica_evicts_another_prefix_from_a_full_index():
