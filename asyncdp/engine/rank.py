@@ -129,7 +129,6 @@ class EngineRank:
                                    None if self.lockstep is None else self.lockstep.state)
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[InboxItem](INBOX_SIZE)
         self._shutdown_deadline: float | None = None
-        self._drain_expired = False
         self._cancel_run: anyio.CancelScope | None = None
         self._loop_done = False
 
@@ -239,7 +238,7 @@ class EngineRank:
     async def wait_input(self) -> None:
         """Block for one inbox item (until the drain deadline while shutting down with frozen requests)."""
         deadline = math.inf
-        if self.state.shutting_down and self._shutdown_deadline is not None and not self._drain_expired:
+        if self.state.shutting_down and self._shutdown_deadline is not None and not self.state.drain_expired:
             deadline = self._shutdown_deadline
         item = None
         if deadline == math.inf:  # the common case: no scope to build and tear down per wait
@@ -259,12 +258,11 @@ class EngineRank:
             await self._handle(item)
 
     def apply_shutdown_policy(self) -> None:
-        if not self.state.shutting_down or self._drain_expired or self._shutdown_deadline is None:
+        if not self.state.shutting_down or self.state.drain_expired or self._shutdown_deadline is None:
             return
         if anyio.current_time() >= self._shutdown_deadline:
-            self._drain_expired = True
+            self.state.drain_expired = True
             if self.core.has_unfinished():
-                self.state.abandoned.update(self.state.owners)
                 self.core.abort_requests(list(self.state.owners))
 
     async def step(self, *, throttle_new_prefills: bool = False) -> bool:

@@ -42,9 +42,10 @@ class RankState:
     # The cumulative counters as of the last stats attached to a client message: attached stats carry deltas.
     attached_counters: tuple[int, ...] = (0, 0, 0, 0, 0)
     owners: dict[str, int] = field(default_factory=dict)
-    # Aborted by this rank's own drain deadline: their ``abort`` goes out as an error (``error_type="abandoned"``),
-    # so a client that is not shutting down itself answers 503 naming the rank, never a 200 cut short.
-    abandoned: set[str] = field(default_factory=set)
+    # The drain deadline passed and the rank aborted what it still had: each such ``abort`` goes out as an error
+    # (``error_type="abandoned"``), so a client that is not shutting down itself answers 503 naming the rank,
+    # never a 200 cut short. (Nothing is admitted while shutting down, so every later abort is one of those.)
+    drain_expired: bool = False
 
 
 class RankReports:
@@ -86,12 +87,10 @@ class RankReports:
             if out.finished:
                 finished.append(out.request_id)
                 del owners[out.request_id]
-                if self.state.abandoned and out.request_id in self.state.abandoned:
-                    self.state.abandoned.discard(out.request_id)
-                    if out.finish_reason == "abort" and out.error_type is None:
-                        out = msgspec.structs.replace(out, error_type="abandoned", error=(
-                            f"engine rank {self.dp_rank} stopped before the request finished (its drain "
-                            "deadline, --shutdown-timeout, passed)"))
+                if self.state.drain_expired and out.finish_reason == "abort" and out.error_type is None:
+                    out = msgspec.structs.replace(out, error_type="abandoned", error=(
+                        f"engine rank {self.dp_rank} stopped before the request finished (its drain deadline, "
+                        "--shutdown-timeout, passed)"))
             outs.append(out)
         if not per_client:
             return
