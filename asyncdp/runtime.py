@@ -64,8 +64,7 @@ def exit_after_parent_death(parent_pid: int, grace_s: float, on_exit: Callable[[
     ``sig`` is blocked in this thread, so in every thread started after this call (call it first thing), and a
     daemon thread waits for it with ``sigwait``: the grace starts even while the main thread is stuck in C code,
     and no event loop's handler for SIGTERM or SIGINT sees it. Must be called before any other thread starts."""
-    prctl = _prctl()
-    if prctl is None:
+    if _prctl() is None:
         return
 
     def watch() -> None:
@@ -80,9 +79,7 @@ def exit_after_parent_death(parent_pid: int, grace_s: float, on_exit: Callable[[
 
     signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
     threading.Thread(target=watch, name="parent-death-watch", daemon=True).start()
-    prctl(PR_SET_PDEATHSIG, sig)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        sys.exit(1)
+    die_with_parent(parent_pid, sig)
 
 
 def die_with_parent_preexec(parent_pid: int, sig: int = signal.SIGKILL) -> Callable[[], None]:
