@@ -56,8 +56,8 @@ it goes to the cheapest rank by load if that rank's index has room for the promp
 rank pays one prefill and becomes a holder; only a prompt that is mostly the hot prefix (its run at least half
 of it) and whose run is the hot prefix itself (every holder of the first block holds the whole run) moves so.
 W7's top document (18 % of the requests at dp 8) ends on three ranks; a W1 group (1/64 of them) never
-replicates; W5's system prompt (every request) is not replicated through its users' histories. Misses go to the cheapest rank by load (H2), never to "the smallest
-tree".
+replicates; W5's system prompt (every request) is not replicated through its users' histories. Misses go to the
+cheapest rank by load (H2), never to "the smallest tree".
 
 Phase weights (new prompts). A prompt no rank holds (not even its first block) goes to the cheapest rank by load,
 but each rank's load (``base - memory``) is weighed by ``1 + phase``: the phases run from ``-PHASE_SPREAD`` to
