@@ -78,6 +78,14 @@ Stall term (opt-in, ``asyncdp@stall``): the age of this router's oldest request 
 on a rank, past a grace of ``STALL_GRACE_S`` (1 s), priced in tokens and added to the rank's local cost, so that a
 hit leaves a rank that queues for memory or hangs while it still reports (:mod:`.stalls`).
 
+Spread (opt-in, ``asyncdp@spread``): a prompt no rank holds goes to the rank holding the fewest prefixes (distinct
+first blocks in this router's index, :class:`~.owner_index.OwnerIndex` ``roots``) among the ranks whose miss cost is
+within one prefill of that prompt of the cheapest, while fewer than 90 % of recent prompts were new (where new
+prompts share nothing, as in W9, the phase weights place them). Equally popular prefix groups whose working set
+nearly fills the cluster's KV (W2) then end up with equal counts, as under ``ray_prefix``'s "smallest tree", and
+no rank overflows first; a busy rank is never a candidate (H2). Off by default: new long documents (W7) then queue
+hits behind their prefill on the ranks with few documents (docs/benchmarks.md).
+
 Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
 hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
 on the same rank (affinity across turns and across routers), different keys spread over tied ranks, so R
@@ -149,7 +157,8 @@ class AsyncdpPolicy(Policy):
                  replica_headroom: float = REPLICA_HEADROOM, phase_spread: float = PHASE_SPREAD,
                  phase_period_s: float = PHASE_PERIOD_S, decode_ref_tokens: float = DECODE_REF_TOKENS,
                  hot_share: float = HOT_SHARE, stall_tokens_per_s: float = 0.0,
-                 stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True) -> None:
+                 stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True,
+                 spread: bool = False) -> None:
         if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
                                 stall_tokens_per_s, stall_grace_s) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
@@ -171,6 +180,7 @@ class AsyncdpPolicy(Policy):
         self.stall_tokens_per_s = stall_tokens_per_s
         self.stall_grace_us = round(stall_grace_s * 1e6)
         self.prefix = prefix
+        self.spread = spread  # asyncdp@spread: a new prompt goes to the fewest prefixes near the cheapest
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
@@ -217,6 +227,8 @@ class AsyncdpPolicy(Policy):
                 mbest, mpick, mties = argmin(mbase)
             if mties > 1:
                 mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
+            if self.spread and hashes and state.phase_scale < 1.0:
+                mpick = self._fewest_prefixes(req, hashes, state, mbase, mbest, mpick)
             return decisions[mpick]
         start = -1  # the tie scan's first rank, computed only when a tie needs it
         if ties > 1:  # a tie: the first minimum at or after a stable hash of the key (H6)
@@ -276,6 +288,20 @@ class AsyncdpPolicy(Policy):
             pick = self._partial_holders(req, hashes, state, base, held ^ full, lo, pick, pick_cost, pick_credit,
                                          start, cap)
         return decisions[pick]
+
+    @staticmethod
+    def _fewest_prefixes(req: RequestView, hashes: Sequence[int], state: AsyncdpState, mbase: list[float],
+                         mbest: float, mpick: int) -> int:
+        """``asyncdp@spread``: among the ranks whose miss cost is within one prefill of this prompt of the cheapest,
+        the one holding the fewest prefixes (the cheapest of those, then the key's scan order); ``mpick`` when it
+        holds no more than they do."""
+        roots, lim = state.index.roots, mbest + len(req.tokens)
+        fewest = min(roots[r] for r in range(state.n) if mbase[r] <= lim)
+        if roots[mpick] <= fewest:
+            return mpick
+        n, start = state.n, tie_key(req, hashes) % state.n
+        return min((r for r in range(n) if mbase[r] <= lim and roots[r] == fewest),
+                   key=lambda r: (mbase[r], (r - start) % n))
 
     def _partial_holders(self, req: RequestView, hashes: Sequence[int], state: AsyncdpState, base: list[float],
                          rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int,

@@ -38,6 +38,7 @@ def snapshot(*loads: tuple[int, int, float], at_us: int = 0) -> Snapshot:
 
 def test_make_policy_builds_asyncdp_and_the_balancer_accepts_it():
     assert make_policy("asyncdp").name == "asyncdp"
+    assert getattr(make_policy("asyncdp@spread"), "spread", None) is True
     lb = LoadBalancer([0, 1], policy="asyncdp")
     assert lb.select("a", list(range(40))) in (0, 1)
 
@@ -224,6 +225,30 @@ def test_a_new_prefix_goes_to_the_rank_whose_index_is_emptier():
     p.on_finish(s, first.req_id, 0, 1)  # rank 0 idle again, but its index holds 5 of 10 blocks
     assert s.base == [pytest.approx(2048.0), 0.0]
     assert route(p, s, prompt(2, prefix=tuple(range(4000, 4064)))) == 1
+
+
+@pytest.mark.parametrize("spread, expected", [(False, 0), (True, 2)])
+def test_spread_sends_a_new_prompt_to_the_fewest_prefixes_among_ranks_within_one_prefill(spread, expected):
+    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread=spread)  # load alone: the prefix counts differ
+    s = p.init(3)
+
+    def place(rank: int, prefix_id: int, length: int = 64, finish: str = "yes") -> None:
+        req = prompt(prefix_id, prefix=tuple(range(prefix_id * 1000, prefix_id * 1000 + length)))
+        route(p, s, req, hint=rank)
+        if finish == "yes":
+            p.on_finish(s, req.req_id, rank, 1)
+        elif finish == "decoding":
+            p.on_first_token(s, req.req_id, rank, 1)
+
+    for k in (1, 2, 3):
+        place(0, k)  # rank 0: idle, 3 prefixes
+    place(1, 4, length=400, finish="no")  # rank 1: 1 prefix, a 416-token prefill pending: more than one prefill
+    place(2, 5)
+    place(2, 6, finish="decoding")  # rank 2: 2 prefixes, one decoding request (16 tokens): within one prefill
+    assert s.index.roots == [3, 1, 2]
+    new = prompt(7, prefix=tuple(range(7000, 7064)))  # 80 tokens, held by no rank
+    assert route(p, s, new, now_us=2) == expected  # vllm-like: the idle rank; spread: fewer prefixes, not rank 1
+    assert s.index.roots[expected] == {0: 4, 2: 3}[expected]
 
 
 def test_engine_params_reach_the_policy_before_the_first_decision_and_are_refused_after_it():
