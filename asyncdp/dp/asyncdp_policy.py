@@ -62,29 +62,20 @@ cheapest rank by load (H2), never to "the smallest tree".
 Phase weights (new prompts). A prompt no rank holds (not even its first block) goes to the cheapest rank by load,
 but each rank's load (``base - memory``) is weighed by ``1 + phase``: the phases run from ``-PHASE_SPREAD`` to
 ``+PHASE_SPREAD`` (0.1) in equal steps over the ranks and rotate by one rank every ``PHASE_PERIOD_S`` (5 s) of the
-hooks' clock (:meth:`~.asyncdp_state.AsyncdpState.phase`). Without them, equally loaded ranks run equal batches at
-equal step times, and closed-loop clients with equal lengths (guidellm's concurrency mode, W9) that finish together
-resend together: every rank gets its share of each burst of resends in the same step, which is prefilled at
-once while nothing else is, and that keeps the ranks in step cycle after cycle (W9 at full scale: mean TTFT 3.3 x
-``random``'s, which unbalances the ranks by chance). Loads a few per cent apart make the ranks step at slightly
-different speeds, their clients drift out of step, and the resends spread over the cycle. The rotation gives
-every rank every weight in turn, so none is favoured over time. The weights apply only where most recent prompts
-were new to every rank (in full from 90 %, not at all up to 50 %: ``AsyncdpState.note_new``): where a new prompt
-is the first of a group (W1's bursts, W3, sessions), its rank is where its followers go, so it keeps the balance.
-Prompts that some rank holds compare by load unweighted: their placement is the prefix's.
+hooks' clock. Equally loaded ranks step in step, and closed-loop clients with equal lengths (guidellm's
+concurrency mode, W9) resend in bursts that keep them so (W9 at full scale: mean TTFT 3.3 x ``random``'s); loads a
+few per cent apart let the clients drift out of step (:meth:`~.asyncdp_state.AsyncdpState.phase`). The weights
+apply only where most recent prompts were new to every rank (in full from 90 %, not at all up to 50 %:
+``AsyncdpState.note_new``): where a new prompt is the first of a group (W1's bursts, W3, sessions), its rank is
+where its followers go, so it keeps the balance. Prompts that some rank holds compare by load unweighted.
 ``asyncdp@no_phase`` turns the weights off.
 
 Stall term (opt-in, ``asyncdp@stall``): the age of this router's oldest request still waiting for its first token
 on a rank, past a grace of ``STALL_GRACE_S`` (1 s), priced in tokens and added to the rank's local cost, so that a
 hit leaves a rank that queues for memory or hangs while it still reports (:mod:`.stalls`).
 
-Spread (opt-in, ``asyncdp@spread``): a prompt no rank holds goes to the rank holding the fewest prefixes (distinct
-first blocks in this router's index, :class:`~.owner_index.OwnerIndex` ``roots``) among the ranks whose miss cost is
-within one prefill of that prompt of the cheapest, while fewer than 90 % of recent prompts were new (where new
-prompts share nothing, as in W9, the phase weights place them). Equally popular prefix groups whose working set
-nearly fills the cluster's KV (W2) then end up with equal counts, as under ``ray_prefix``'s "smallest tree", and
-no rank overflows first; a busy rank is never a candidate (H2). Off by default: new long documents (W7) then queue
-hits behind their prefill on the ranks with few documents (docs/benchmarks.md).
+Spread (opt-in, ``asyncdp@spread``): a prompt no rank holds goes to the rank holding the fewest prefixes among
+those within one prefill of the cheapest, while fewer than 90 % of recent prompts were new (:mod:`.spread`).
 
 Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
 hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
@@ -101,15 +92,12 @@ recent new-prefix tokens per rank, which count in each rank's local cost until t
 (:meth:`AsyncdpPolicy.on_prefix_owner`, :meth:`~.asyncdp_state.AsyncdpState.set_shared`). W1's burst at R = 4 then
 places each group once, as R = 1 does. One router never claims.
 
-Decision cost (G7). The hooks keep everything ``select`` needs that does not depend on the request: ``base``
-(one rank changes per dispatch, first token or finish; all of them on a snapshot, or when the decay weight is
-50 ms old), its minimum with the minimum's first rank and number of ties (O(1) per hook but when the last rank at
-the minimum leaves it), the same for the phase-weighted costs of a prompt no rank holds, and the hot-spot bound. ``select`` is then a few lookups: the tie scan only on a tie, the
-deepest run of the prompt's blocks any rank holds (two lookups when it is the run the last prompt with the same
-first block matched, else a binary search), the ranks holding that whole run (their credit is known), and the
-ranks holding only part of it, pruned by the best credit they could still get. The prompt's block hashes are
-computed once (memoised for ``on_dispatch``). The index is :mod:`.owner_index`; the per-rank ledger and its
-upkeep are :mod:`.asyncdp_state`.
+Decision cost (G7). The hooks keep everything ``select`` needs that does not depend on the request (the costs,
+their minima, first ranks and ties, the hot-spot bound: :mod:`.asyncdp_state`), so ``select`` is a few lookups:
+the tie scan only on a tie, the deepest run of the prompt's blocks any rank holds (two lookups when it is the run
+the last prompt with the same first block matched, else a binary search: :mod:`.owner_index`), the ranks holding
+that whole run (their credit is known), and those holding part of it, pruned by the best credit they could still
+get. The prompt's block hashes are computed once (memoised for ``on_dispatch``).
 """
 
 from __future__ import annotations
@@ -122,6 +110,7 @@ from asyncdp.dp.asyncdp_state import REFRESH_US, AsyncdpState, CostWeights, Rout
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
+from asyncdp.dp.spread import fewest_prefixes
 from asyncdp.dp.ties import tie_key, tie_scan
 from asyncdp.errors import ConfigError, UnavailableError
 
@@ -228,7 +217,8 @@ class AsyncdpPolicy(Policy):
             if mties > 1:
                 mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
             if self.spread and hashes and state.phase_scale < 1.0:
-                mpick = self._fewest_prefixes(req, hashes, state, mbase, mbest, mpick)
+                mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, len(req.tokens),
+                                        tie_key(req, hashes) % state.n)
             return decisions[mpick]
         start = -1  # the tie scan's first rank, computed only when a tie needs it
         if ties > 1:  # a tie: the first minimum at or after a stable hash of the key (H6)
@@ -288,20 +278,6 @@ class AsyncdpPolicy(Policy):
             pick = self._partial_holders(req, hashes, state, base, held ^ full, lo, pick, pick_cost, pick_credit,
                                          start, cap)
         return decisions[pick]
-
-    @staticmethod
-    def _fewest_prefixes(req: RequestView, hashes: Sequence[int], state: AsyncdpState, mbase: list[float],
-                         mbest: float, mpick: int) -> int:
-        """``asyncdp@spread``: among the ranks whose miss cost is within one prefill of this prompt of the cheapest,
-        the one holding the fewest prefixes (the cheapest of those, then the key's scan order); ``mpick`` when it
-        holds no more than they do."""
-        roots, lim = state.index.roots, mbest + len(req.tokens)
-        fewest = min(roots[r] for r in range(state.n) if mbase[r] <= lim)
-        if roots[mpick] <= fewest:
-            return mpick
-        n, start = state.n, tie_key(req, hashes) % state.n
-        return min((r for r in range(n) if mbase[r] <= lim and roots[r] == fewest),
-                   key=lambda r: (mbase[r], (r - start) % n))
 
     def _partial_holders(self, req: RequestView, hashes: Sequence[int], state: AsyncdpState, base: list[float],
                          rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int,

@@ -11,9 +11,8 @@ rank's match a binary search, and so is the deepest run any rank holds (the unio
 scored: prompts sharing a first block usually share the run, so the policy checks the guess with two lookups
 before it searches. Its entries go when their first block leaves the index, which keeps it bounded.
 
-``roots[r]`` counts the prefixes rank r holds: the distinct first blocks of the prompts sent to it that are still
-in its set (``firsts`` remembers which hashes began a prompt, while some rank holds them). ``asyncdp@spread``
-places a prompt no rank holds by it.
+``roots[r]`` is the set of prefixes rank r holds: the first blocks of the prompts sent to it that are still in
+its set. ``asyncdp@spread`` places a prompt no rank holds by their number (:mod:`.spread`).
 
 The policy's ``select`` reads ``owners`` and ``depth_memo`` directly (its hot path, gate G7); everything that
 changes the index is here.
@@ -35,12 +34,11 @@ class OwnerIndex:
     lru: list[OrderedDict[int, None]]
     owners: dict[int, int] = field(default_factory=dict)  # block hash -> bitmask of ranks holding it
     depth_memo: dict[int, int] = field(default_factory=dict)  # first block hash -> deepest run last seen
-    roots: list[int] = field(default_factory=list)  # per rank: the distinct first blocks it holds
-    firsts: set[int] = field(default_factory=set)  # hashes some prompt began with, while a rank holds them
+    roots: list[set[int]] = field(default_factory=list)  # per rank: the first blocks it holds
 
     @classmethod
     def empty(cls, dp_size: int, capacity: int) -> OwnerIndex:
-        return cls(capacity, [OrderedDict() for _ in range(dp_size)], roots=[0] * dp_size)
+        return cls(capacity, [OrderedDict() for _ in range(dp_size)], roots=[set() for _ in range(dp_size)])
 
     def size(self, rank: int) -> int:
         """Blocks the rank holds."""
@@ -76,9 +74,9 @@ class OwnerIndex:
     def insert(self, rank: int, hashes: Sequence[int]) -> None:
         """Record that ``rank`` was sent these blocks; evict its least recent blocks beyond the capacity."""
         lru, owners, bit = self.lru[rank], self.owners, 1 << rank
-        if hashes and hashes[0] not in lru:
-            self.roots[rank] += 1
-            self.firsts.add(hashes[0])
+        roots = self.roots[rank]
+        if hashes:
+            roots.add(hashes[0])
         for h in reversed(hashes):  # the root last: most recent, so evicted last
             if h in lru:
                 lru.move_to_end(h)
@@ -87,8 +85,7 @@ class OwnerIndex:
                 owners[h] = owners.get(h, 0) | bit
         while len(lru) > self.capacity:
             h, _ = lru.popitem(last=False)
-            if h in self.firsts:
-                self.roots[rank] -= 1
+            roots.discard(h)
             self._disown(h, bit)
 
     def drop_rank(self, rank: int) -> None:
@@ -97,7 +94,7 @@ class OwnerIndex:
         for h in lru:
             self._disown(h, bit)
         lru.clear()
-        self.roots[rank] = 0
+        self.roots[rank].clear()
 
     def _disown(self, h: int, bit: int) -> None:
         left = self.owners.get(h, 0) & ~bit
@@ -105,8 +102,7 @@ class OwnerIndex:
             self.owners[h] = left
         else:
             self.owners.pop(h, None)
-            self.depth_memo.pop(h, None)  # the memo and the first blocks stay bounded by the index
-            self.firsts.discard(h)
+            self.depth_memo.pop(h, None)  # the memo stays bounded by the index
 
 
 RANK_TUPLES: dict[int, tuple[int, ...]] = {}

@@ -46,16 +46,16 @@ def test_each_rank_counts_the_prefixes_it_holds_until_their_first_block_is_evict
     idx.insert(0, [11, 12])
     idx.insert(0, [11, 12, 13])  # the same prefix, longer: still one
     idx.insert(1, [11, 12])  # a second holder counts it too
-    assert idx.roots == [1, 1]
+    assert [len(r) for r in idx.roots] == [1, 1]
     idx.insert(0, [21, 22])
-    assert idx.roots == [2, 1]
+    assert [len(r) for r in idx.roots] == [2, 1]
     idx.insert(0, [31, 32, 33])  # 8 blocks > 5: 11's tail goes, then 11 itself (refreshed before 21)
     assert idx.match(0, [11]) == 0 and idx.match(0, [21, 22]) == 2
-    assert idx.roots == [2, 1] and 11 in idx.firsts  # rank 1 still holds it
+    assert [len(r) for r in idx.roots] == [2, 1] and 11 in idx.roots[1]  # rank 1 still holds it
     idx.drop_rank(1)
-    assert idx.roots == [2, 0] and 11 not in idx.firsts  # gone from every rank: forgotten
+    assert [len(r) for r in idx.roots] == [2, 0] and 11 not in idx.roots[1]  # gone with the rank
     idx.drop_rank(0)
-    assert idx.roots == [0, 0] and idx.firsts == set()
+    assert idx.roots == [set(), set()]
 
 
 def _req(k: int, group: int, hint: int | None) -> RequestView:
