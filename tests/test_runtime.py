@@ -68,26 +68,26 @@ def test_run_passes_arguments_and_works_on_trio() -> None:
 # ---------------------------------------------------------------- parent death
 
 _CHILD = """
-import os, sys, time
+import os, sys
 from asyncdp import runtime
 marker = sys.argv[1]
 runtime.exit_after_parent_death(os.getppid(), 0.5, lambda: open(marker, "w").write("cleaned"))
 print("armed", flush=True)
-time.sleep(60)  # the main thread is busy elsewhere: the grace must start anyway
+sys.stdin.read()  # the main thread is stuck in C (until the test closes the pipe): the grace must start anyway
 """
 _MIDDLE = """
-import subprocess, sys, time
+import subprocess, sys
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
 print(child.pid, flush=True)
-time.sleep(60)  # killed by the test; bounded, so it never outlives a failed one
+sys.stdin.read()  # killed by the test; the test's end closes the pipe, so neither outlives it
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
 def test_a_child_whose_parent_dies_gets_its_grace_then_cleans_up_and_exits(tmp_path) -> None:
     marker = tmp_path / "cleaned"
-    middle = subprocess.Popen([sys.executable, "-c", _MIDDLE, _CHILD, str(marker)], stdout=subprocess.PIPE,
-                              text=True)
+    middle = subprocess.Popen([sys.executable, "-c", _MIDDLE, _CHILD, str(marker)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # the child shares the middle's stdin
     child = exited = -1
     try:
         assert middle.stdout is not None
@@ -106,8 +106,9 @@ def test_a_child_whose_parent_dies_gets_its_grace_then_cleans_up_and_exits(tmp_p
     finally:
         middle.kill()
         middle.wait()
-        if middle.stdout is not None:
-            middle.stdout.close()
+        for pipe in (middle.stdin, middle.stdout):
+            if pipe is not None:
+                pipe.close()
         if exited >= 0:
             if not select.select([exited], [], [], 0)[0]:
                 signal.pidfd_send_signal(exited, signal.SIGKILL)
