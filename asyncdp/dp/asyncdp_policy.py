@@ -50,7 +50,7 @@ one rank can serve is replicated on the cheapest other rank instead of queueing;
 make its holders hot (:meth:`~.asyncdp_state.AsyncdpState.mark_hot`). Before that bound, a prefix is replicated
 deliberately when it is hot by demand: the router counts, per first block, a share of its recent
 requests that decays over about 256 dispatches (:class:`~.asyncdp_state.PrefixRates`). When a dispatch finds that
-share times the live ranks times ``REPLICA_HEADROOM`` (1.5) above the number of ranks holding the prefix, and the
+share times the live ranks times ``REPLICA_HEADROOM`` (2) above the number of ranks holding the prefix, and the
 rank it went to past the mean in-flight count by ``REPLICA_SLACK`` (1), it marks the prefix; the next request with
 it goes to the cheapest rank by load if that rank's index has room for the prompt without evicting (H8), and that
 rank pays one prefill and becomes a holder; only a prompt that is mostly the hot prefix (its run at least half
@@ -125,7 +125,7 @@ HOT_SLACK = 8.0
 STALENESS_MS = 2000.0
 DEFAULT_BLOCK = 16
 DEFAULT_INDEX_BLOCKS = 28_000  # the gpu_8b profile's KV blocks per rank; params override it
-REPLICA_HEADROOM = 1.5  # [ours] a prefix's holders should carry at most 1/1.5 of a rank's share of requests
+REPLICA_HEADROOM = 2.0  # [ours] a prefix's holders should carry at most half a rank's share of requests each
 HOT_SHARE = 0.25  # [ours] the hot-spot bound holds for a prefix that began 1/4 of a rank's share of recent requests
 PHASE_SPREAD = 0.1  # [ours] a new prompt weighs the ranks' loads by 1 - 0.1 .. 1 + 0.1 (AsyncdpState.phase)
 PHASE_PERIOD_S = 5.0  # [ours] the weights rotate by one rank this often

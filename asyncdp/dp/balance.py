@@ -61,6 +61,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "asyncdp@ctx_decode": {},  # the default: the name its decode weight had while it was opt-in
     "asyncdp@stall": {"stall_tokens_per_s": 16384.0},  # hits leave a rank whose requests wait past 1 s (stall)
     "asyncdp@no_replica": {"replica_headroom": 0.0},  # no deliberate replicas of hot prefixes (mark_spill)
+    "asyncdp@headroom1.5": {"replica_headroom": 1.5},  # fewer replicas: the default's before it became 2
     "asyncdp@bound_all": {"hot_share": 0.0},  # the hot-spot bound holds for every prefix, however cold (mark_hot)
     "asyncdp@spread": {"spread": True},  # a new prompt: the fewest prefixes near the cheapest (spread)
     "power_of_two@queue": {"metric": "queue"},

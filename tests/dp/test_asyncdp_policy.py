@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from asyncdp.dp.asyncdp_policy import AsyncdpPolicy, AsyncdpState, prompt_hashes
+from asyncdp.dp.asyncdp_policy import REPLICA_HEADROOM, AsyncdpPolicy, AsyncdpState, prompt_hashes
 from asyncdp.dp.asyncdp_state import PrefixRates
 from asyncdp.dp.balance import LoadBalancer, make_policy
 from asyncdp.dp.policy import Decision, RankLoad, RequestView, Snapshot
@@ -366,6 +366,22 @@ def test_prefix_rates_estimate_the_recent_share_and_stay_bounded():
     assert len(rates.counts) <= 4 * 16 + 1
 
 
+@pytest.mark.parametrize(("name", "marked"), [("asyncdp", True), ("asyncdp@headroom1.5", False)])
+def test_at_dp_8_a_prefix_drawing_a_fourteenth_of_the_requests_gets_a_replica_under_the_default_headroom(
+        name: str, marked: bool) -> None:
+    """Headroom 2: a prefix wants another holder once it draws more than 1/16 of the requests at dp 8 (each holder
+    should carry at most half a rank's share of them); under 1.5 only past 1/12. 1/14 lies between."""
+    p = make_policy(name)
+    assert isinstance(p, AsyncdpPolicy)
+    s = p.init(8)
+    for k in range(2000):
+        s.rates.bump(1 if k % 14 == 0 else 10_000 + k)
+    assert s.rates.share(1) == pytest.approx(1 / 14, rel=0.05)
+    s.load[0], s.mean_load = 2.0, 0.0  # its rank past the mean by more than REPLICA_SLACK
+    s.mark_spill(1, 0)
+    assert (1 in s.spill) is marked
+
+
 def test_replica_marks_of_prefixes_gone_cold_are_dropped():
     p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
@@ -375,7 +391,7 @@ def test_replica_marks_of_prefixes_gone_cold_are_dropped():
             s.rates.bump(first)
         s.mark_spill(first, 0)
         assert first in s.spill
-    assert len(s.spill) <= 2 * 2 * 1.5 + 8  # the old marks went with their share
+    assert len(s.spill) <= 2 * 2 * REPLICA_HEADROOM + 8  # the old marks went with their share
     s.load[0] = 0.0
     s.mark_spill(39, 0)  # its holder is no longer loaded: unmarked
     assert 39 not in s.spill
