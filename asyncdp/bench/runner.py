@@ -19,7 +19,9 @@ the pool starts workers from the main thread and its manager thread, which live 
 the pool on an error or an interrupt (Ctrl-C, or SIGTERM, which the command turns into one) kills the runs still
 going instead of waiting for them (:meth:`Runner.stop`). Workers start with SIGINT blocked (:func:`_signals_blocked`),
 so a Ctrl-C, which reaches the whole process group, interrupts the command alone: one line, not a traceback from
-every worker.
+every worker. The command waits for its runs in slices of ``POLL_S`` (:meth:`Runner.completed`): the kernel may hand
+a signal to any thread that does not block it (tqdm's monitor thread, say), and Python then runs the handler only
+when the main thread next runs bytecode, which a wait without a timeout would put off until a run ends.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any
 
@@ -36,7 +38,9 @@ from asyncdp.bench.records import Workload
 from asyncdp.bench.simulate import ClusterSpec, RunLog, simulate
 from asyncdp.runtime import die_with_parent
 
-__all__ = ["Runner", "default_jobs"]
+__all__ = ["POLL_S", "Runner", "default_jobs"]
+
+POLL_S = 0.2  # the longest a signal waits for the main thread while it waits for runs (module docstring)
 
 
 def default_jobs() -> int:
@@ -120,11 +124,21 @@ class Runner:
     def run(self, workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
             closed_concurrency: int | None = None) -> RunLog:
         """One run, waited for (the R_sat measurement's ``run``)."""
-        return self.submit(workload, policy, seed, spec, closed_concurrency=closed_concurrency).result()
+        future = self.submit(workload, policy, seed, spec, closed_concurrency=closed_concurrency)
+        for _ in self.completed([future]):
+            pass
+        return future.result()
 
     @staticmethod
     def completed(futures: Iterable[Future[Any]]) -> Iterator[Future[Any]]:
-        """The futures as they finish; the first failed one raises its run's error here."""
-        for future in as_completed(list(futures)):
-            future.result()
-            yield future
+        """The futures as they finish (those that finish in one slice in the order given); the first failed one
+        raises its run's error here. Waits ``POLL_S`` at a time, so a signal another thread took interrupts within
+        that (module docstring)."""
+        given = list(futures)
+        order = {id(f): k for k, f in enumerate(given)}
+        pending = set(given)
+        while pending:
+            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: order[id(f)]):
+                future.result()
+                yield future

@@ -10,11 +10,14 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
+from asyncdp.bench.runner import Runner
 from asyncdp.supervisor.children import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,3 +118,34 @@ def test_no_run_outlives_the_command(sig, status, message):
         for pid in workers:  # a failed run of this test leaves no orphans either
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupted
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs thread-directed signals")
+def test_a_signal_another_thread_took_still_interrupts_the_wait_for_runs():
+    """The kernel hands a process-directed signal to any thread that does not block it, and Python runs the handler
+    in the main thread when that next runs bytecode. Waiting for the runs without a timeout put it off until a run
+    ended: once in CI, Ctrl-C left `bench routing` waiting for a 20-minute run (the test above timed out). Here a
+    helper thread takes the signal while the main thread waits for a run that ends only 10 s later."""
+    never = Future()
+    ends = threading.Timer(10.0, never.set_result, [None])  # so that a wait that misses the signal ends too
+    takes = threading.Timer(0.1, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGUSR1))
+    previous = signal.signal(signal.SIGUSR1, _interrupt)
+    try:
+        ends.start()
+        takes.start()
+        with pytest.raises(_Interrupted):
+            for _ in Runner.completed([never]):
+                pass
+        assert not never.done()  # interrupted while the run was still going, not after it ended
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        ends.cancel()
+        takes.cancel()
