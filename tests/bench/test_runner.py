@@ -75,10 +75,17 @@ def _read_until(fd: int, marker: bytes, timeout: float) -> bytes:
     (signal.SIGKILL, -signal.SIGKILL, None),
 ])
 def test_no_run_outlives_the_command(sig, status, message):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncdp", "bench", "routing", "--workload", "w2", "--scale", "full",
-         "--policies", "vllm,round_robin", "--jobs", "2"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # The command as a shell starts it in the foreground, where Ctrl-C reaches it. A suite run in the background
+    # (`cmd &` in a script, nohup) has SIGINT ignored, and a child inherits an ignored signal across exec: the command
+    # would then rightly ignore Ctrl-C too and run on. A handler in this process is reset to the default in the child.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncdp", "bench", "routing", "--workload", "w2", "--scale", "full",
+             "--policies", "vllm,round_robin", "--jobs", "2"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     workers: list[int] = []
     exits: list[int] = []
     try:
