@@ -135,10 +135,9 @@ class Runner:
         raises its run's error here. Waits ``POLL_S`` at a time, so a signal another thread took interrupts within
         that (module docstring)."""
         given = list(futures)
-        order = {id(f): k for k, f in enumerate(given)}
         pending = set(given)
         while pending:
             done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=lambda f: order[id(f)]):
+            for future in [f for f in given if f in done]:
                 future.result()
                 yield future

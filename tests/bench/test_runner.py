@@ -137,10 +137,10 @@ def _interrupt(signum: int, frame: object) -> None:
 
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs thread-directed signals")
 def test_a_signal_another_thread_took_still_interrupts_the_wait_for_runs():
-    """The kernel hands a process-directed signal to any thread that does not block it, and Python runs the handler
-    in the main thread when that next runs bytecode. Waiting for the runs without a timeout put it off until a run
-    ended: once in CI, Ctrl-C left `bench routing` waiting for a 20-minute run (the test above timed out). Here a
-    helper thread takes the signal while the main thread waits for a run that ends only 10 s later."""
+    """The kernel may hand a process-directed signal to any thread that does not block it (tqdm's monitor thread
+    runs unblocked), and Python runs the handler in the main thread when that next runs bytecode. A wait for the runs
+    without a timeout would put it off until a run ended, minutes later. Here a helper thread takes the signal while
+    the main thread waits for a run that ends only 10 s later."""
     never = Future()
     ends = threading.Timer(10.0, never.set_result, [None])  # so that a wait that misses the signal ends too
     takes = threading.Timer(0.1, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGUSR1))
