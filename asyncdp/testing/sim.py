@@ -42,8 +42,14 @@ def timer_ties_in_arming_order() -> Iterator[None]:
     whose steps end together, or a period that falls on a step end, are such ties, so without it a virtual-time
     run's result moved with the heap's layout: with what ran before it in the interpreter, with the machine, with
     unrelated code. Only ``Deadlines.add`` is replaced, with a counter of this context's own; the heap's entries
-    keep their shape ``(deadline, tiebreak, scope)``. Enter it before ``trio.run``."""
+    keep their shape ``(deadline, tiebreak, scope)``. Enter it before ``trio.run``. A trio whose heap has another
+    shape is refused with a ``RuntimeError`` that says so, rather than failing inside ``trio.run``."""
     deadlines: Any = importlib.import_module("trio._core._run").Deadlines  # private: no stubs to check against
+    probe = deadlines()
+    if not (isinstance(getattr(probe, "_heap", None), list) and isinstance(getattr(probe, "_active", None), int)):
+        raise RuntimeError(f"trio {importlib.import_module('trio').__version__} keeps its timers differently from "
+                           "trio 0.25-0.35 (no Deadlines._heap list and _active count): the simulator cannot order "
+                           "same-instant timers deterministically with it; install trio<=0.35")
     original = deadlines.add
     order = itertools.count()
 
