@@ -75,7 +75,8 @@ on a rank, past a grace of ``STALL_GRACE_S`` (1 s), priced in tokens and added t
 hit leaves a rank that queues for memory or hangs while it still reports (:mod:`.stalls`).
 
 Spread (opt-in, ``asyncdp@spread``): a prompt no rank holds goes to the rank holding the fewest prefixes among
-those within one prefill of the cheapest, while fewer than 90 % of recent prompts were new (:mod:`.spread`).
+those within one prefill of the cheapest, while fewer than 90 % of recent prompts were new (:mod:`.spread`);
+``asyncdp@spread512`` counts as near only the ranks within 512 tokens of the cheapest (``spread_tokens``).
 
 Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
 hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
@@ -147,12 +148,12 @@ class AsyncdpPolicy(Policy):
                  phase_period_s: float = PHASE_PERIOD_S, decode_ref_tokens: float = DECODE_REF_TOKENS,
                  hot_share: float = HOT_SHARE, stall_tokens_per_s: float = 0.0,
                  stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True,
-                 spread: bool = False) -> None:
+                 spread: bool = False, spread_tokens: float = _INF) -> None:
         if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
-                                stall_tokens_per_s, stall_grace_s) < 0:
+                                stall_tokens_per_s, stall_grace_s, spread_tokens) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
-                              "replica_headroom, decode_ref_tokens, hot_share, stall_tokens_per_s and "
-                              "stall_grace_s >= 0.")
+                              "replica_headroom, decode_ref_tokens, hot_share, stall_tokens_per_s, "
+                              "stall_grace_s and spread_tokens >= 0.")
         if not 0 <= phase_spread < 1 or phase_period_s <= 0:
             raise ConfigError("asyncdp policy: phase_spread must be in [0, 1) and phase_period_s > 0.")
         self.decode_tokens = decode_tokens
@@ -170,6 +171,7 @@ class AsyncdpPolicy(Policy):
         self.stall_grace_us = round(stall_grace_s * 1e6)
         self.prefix = prefix
         self.spread = spread  # asyncdp@spread: a new prompt goes to the fewest prefixes near the cheapest
+        self.spread_tokens = spread_tokens  # ... "near": within min(prompt, this) tokens of the cheapest
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
@@ -217,7 +219,7 @@ class AsyncdpPolicy(Policy):
             if mties > 1:
                 mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
             if self.spread and hashes and state.phase_scale < 1.0:
-                mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, len(req.tokens),
+                mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, min(len(req.tokens), self.spread_tokens),
                                         tie_key(req, hashes) % state.n)
             return decisions[mpick]
         start = -1  # the tie scan's first rank, computed only when a tie needs it

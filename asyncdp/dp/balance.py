@@ -64,6 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "asyncdp@headroom1.5": {"replica_headroom": 1.5},  # fewer replicas: the default's before it became 2
     "asyncdp@bound_all": {"hot_share": 0.0},  # the hot-spot bound holds for every prefix, however cold (mark_hot)
     "asyncdp@spread": {"spread": True},  # a new prompt: the fewest prefixes near the cheapest (spread)
+    "asyncdp@spread512": {"spread": True, "spread_tokens": 512.0},  # ... near: within 512 tokens of it (spread)
     "power_of_two@queue": {"metric": "queue"},
     "power_of_two@load": {"metric": "load"},
     "power_of_two@kv": {"metric": "kv"},

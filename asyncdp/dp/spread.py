@@ -10,6 +10,9 @@ of the cheapest, so the counts even out as under ``ray_prefix``'s "smallest tree
 candidate. The policy applies it while fewer than 90 % of the recent prompts were new (where new prompts share
 nothing, as in W9, the phase weights place them). Off by default: new long documents (W7) then queue hits behind
 their prefill on the ranks with few documents (docs/benchmarks.md, "New prompts spread by prefix count").
+``asyncdp@spread512`` narrows "within one prefill" to within ``min(prompt, 512)`` tokens of the cheapest: a 32 k
+document no longer counts a rank 30 k tokens busier than the cheapest as near (docs/benchmarks.md, "Spread
+within 512 tokens").
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def fewest_prefixes(roots: Sequence[set[int]], mbase: Sequence[float], mbest: float, mpick: int, prompt_len: int,
+def fewest_prefixes(roots: Sequence[set[int]], mbase: Sequence[float], mbest: float, mpick: int, within: float,
                     start: int) -> int:
-    """Among the ranks whose miss cost ``mbase`` is within ``prompt_len`` of the cheapest (``mbest``, at
+    """Among the ranks whose miss cost ``mbase`` is within ``within`` tokens (the prompt's length, or the policy's
+    ``spread_tokens`` if fewer) of the cheapest (``mbest``, at
     ``mpick``), the one holding the fewest prefixes: ``mpick`` when it holds no more than they do, else the cheapest
     of those, then the first in the scan order from ``start``."""
-    lim, n = mbest + prompt_len, len(mbase)
+    lim, n = mbest + within, len(mbase)
     near = [r for r in range(n) if mbase[r] <= lim]
     fewest = min(len(roots[r]) for r in near)
     if len(roots[mpick]) <= fewest:

@@ -16,6 +16,8 @@ from asyncdp.dp.balance import LoadBalancer, make_policy
 from asyncdp.dp.policy import Decision, RankLoad, RequestView, Snapshot
 from asyncdp.errors import ConfigError, UnavailableError
 
+INF = float("inf")
+
 PREFIX = tuple(range(1000, 1064))  # 4 blocks
 
 
@@ -39,6 +41,7 @@ def snapshot(*loads: tuple[int, int, float], at_us: int = 0) -> Snapshot:
 def test_make_policy_builds_asyncdp_and_the_balancer_accepts_it():
     assert make_policy("asyncdp").name == "asyncdp"
     assert getattr(make_policy("asyncdp@spread"), "spread", None) is True
+    assert getattr(make_policy("asyncdp@spread512"), "spread_tokens", None) == 512.0
     lb = LoadBalancer([0, 1], policy="asyncdp")
     assert lb.select("a", list(range(40))) in (0, 1)
 
@@ -227,9 +230,13 @@ def test_a_new_prefix_goes_to_the_rank_whose_index_is_emptier():
     assert route(p, s, prompt(2, prefix=tuple(range(4000, 4064)))) == 1
 
 
-@pytest.mark.parametrize("spread, expected", [(False, 0), (True, 2)])
-def test_spread_sends_a_new_prompt_to_the_fewest_prefixes_among_ranks_within_one_prefill(spread, expected):
-    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread=spread)  # load alone: the prefix counts differ
+@pytest.mark.parametrize("spread, spread_tokens, expected", [(False, INF, 0), (True, INF, 2), (True, 16.0, 2),
+                                                             (True, 8.0, 0)])
+def test_spread_sends_a_new_prompt_to_the_fewest_prefixes_among_ranks_within_one_prefill(spread, spread_tokens,
+                                                                                         expected):
+    # spread_tokens (asyncdp@spread512): "within" means within min(the prompt, spread_tokens) of the cheapest rank:
+    # rank 2's one decoding request (16 tokens) is within 16 tokens of the idle rank, not within 8
+    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread=spread, spread_tokens=spread_tokens)
     s = p.init(3)
 
     def place(rank: int, prefix_id: int, length: int = 64, finish: str = "yes") -> None:
