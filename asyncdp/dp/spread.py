@@ -11,8 +11,8 @@ candidate. The policy applies it while fewer than 90 % of the recent prompts wer
 nothing, as in W9, the phase weights place them). Off by default: new long documents (W7) then queue hits behind
 their prefill on the ranks with few documents (docs/benchmarks.md, "New prompts spread by prefix count").
 ``asyncdp@spread512`` narrows "within one prefill" to within ``min(prompt, 512)`` tokens of the cheapest: a 32 k
-document no longer counts a rank 30 k tokens busier than the cheapest as near (docs/benchmarks.md, "Spread
-within 512 tokens").
+document no longer counts a rank 30 k tokens busier than the cheapest as near (docs/benchmarks.md, "`asyncdp@spread`
+over W2's whole ladder, and spread within 512 tokens").
 """
 
 from __future__ import annotations
