@@ -74,9 +74,8 @@ Stall term (opt-in, ``asyncdp@stall``): the age of this router's oldest request 
 on a rank, past a grace of ``STALL_GRACE_S`` (1 s), priced in tokens and added to the rank's local cost, so that a
 hit leaves a rank that queues for memory or hangs while it still reports (:mod:`.stalls`).
 
-Spread (opt-in, ``asyncdp@spread``): a prompt no rank holds goes to the rank holding the fewest prefixes among
-those within one prefill of the cheapest, while fewer than 90 % of recent prompts were new (:mod:`.spread`);
-``asyncdp@spread512`` counts as near only the ranks within 512 tokens of the cheapest (``spread_tokens``).
+Spread (opt-in, ``asyncdp@spread``, ``@spread512``): a prompt no rank holds goes to the rank holding the fewest
+prefixes among those within one prefill (at most ``spread_tokens``) of the cheapest (:mod:`.spread`).
 
 Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
 hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
@@ -170,8 +169,7 @@ class AsyncdpPolicy(Policy):
         self.stall_tokens_per_s = stall_tokens_per_s
         self.stall_grace_us = round(stall_grace_s * 1e6)
         self.prefix = prefix
-        self.spread = spread  # asyncdp@spread: a new prompt goes to the fewest prefixes near the cheapest
-        self.spread_tokens = spread_tokens  # ... "near": within min(prompt, this) tokens of the cheapest
+        self.spread, self.spread_tokens = spread, spread_tokens  # asyncdp@spread: fewest prefixes near the cheapest
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,

@@ -6,6 +6,8 @@ import importlib
 import subprocess
 import sys
 
+import pytest
+
 import asyncdp.testing
 
 
@@ -36,8 +38,6 @@ def test_stream_rng_is_seeded_by_seed_and_stream_name():
 def test_a_trio_that_keeps_its_timers_otherwise_is_refused_by_name(monkeypatch):
     """The same-instant timer order patches trio's private deadline heap; a trio whose heap has another shape gets a
     clear refusal before any run, not an AttributeError from inside ``trio.run``."""
-    import pytest
-
     run_module = importlib.import_module("trio._core._run")
 
     class OtherDeadlines:  # a future trio: its own layout, an add() the patch would not know how to replace
