@@ -1,103 +1,22 @@
 """``asyncdp``: asyncdp's own routing policy (routing-bench §3, hints H1-H8), a pure policy of :mod:`.policy`.
 
-Theory of operation
--------------------
-One cost per rank, in prefill-token units (H1)::
+Theory of operation (in full, with the reasons for each rule: docs/discussion/routing-policy.md). One cost per
+rank in prefill-token units (H1)::
 
     cost[i] = base[i] + prompt_len - CREDIT_WEIGHT·credit[i]
     base[i] = pending[i] + DECODE_TOKENS·decoding[i] + memory[i] + w·(others[i] + kv_penalty[i])
 
-- ``pending[i]``: the uncached prompt tokens this router sent to rank i that have not produced their first
-  token (each request's ``prompt_len - predicted hit``, added at dispatch, removed at its first token or
-  finish); ``decoding[i]``: this router's requests on rank i past their first token. Both are exact local
-  counters, so a snapshot never overwrites them (H4: the 6/4 tie bias of vLLM came from overwriting bumps).
-- Long contexts (``decode_ref_tokens=4096``; ``asyncdp@flat_decode`` turns it off): a decode step reads every
-  running sequence's KV, so a sequence with a 16 k context slows its rank's steps several times as much as one
-  with 1 k. Where the choice moves no cached prefix (among the ranks holding a prompt's whole matched run when
-  it is at least half the prompt, and for a prompt no rank holds), each decoding request weighs
-  ``DECODE_TOKENS·prompt_len/decode_ref_tokens`` for a prompt longer than ``decode_ref_tokens``, at most
-  ``DECODE_MAX_SCALE`` (4) times ``DECODE_TOKENS`` (``extra[i]`` over ``base``,
-  :meth:`AsyncdpPolicy.decode_weight`). A hit is weighed against the cheapest other rank with the flat weight:
-  past capacity every rank decodes long contexts, and pricing them up there sends hits off their holders into
-  a spiral of misses (W2). With it G5 passes on W7 at full scale on three seeds, where the flat weight does not.
-  Since the snapshot reconciliation below, W2 keeps its hits past capacity under it (over three seeds a wash
-  against the flat weight), and no other workload moves by more than a few per cent (docs/benchmarks.md).
-- ``others[i]``: the work of *other* routers (and of hinted clients) that the snapshot shows and this router
-  did not send: ``other = max(0, waiting + running - my pending requests - my decoding)`` requests, of which
-  ``min(other, max(0, waiting - my pending requests))`` are priced ``avg_prefill`` and the rest ``avg_decode``
-  (the averages of this router's own requests), from the last snapshot, reconciled against this router's own
-  counts at delivery. The totals are reconciled before the split: a request of this router the engine
-  preempted is decoding here and waiting there, and is not another router's work. ``w`` decays linearly with
-  the snapshot's age, to 0 at ``staleness_ms`` (H5): stale telemetry falls back on local counters, and a
-  missing report never reads as "idle" because local counters stay.
-- ``kv_penalty[i]``: ``KV_PENALTY_TOKENS·(kv_usage - 0.9)/0.1`` (weighted by ``w``) when a rank's referenced
-  KV is above 90 %: a new request there waits for memory or triggers preemption.
-- ``memory[i]``: ``MEMORY_TOKENS·(index blocks of rank i)/kv_blocks_per_rank``: a soft preference for the rank
-  with the emptier cache, so new prefixes spread by memory (H8) and a rank's working set is not evicted by
-  prefixes that fit elsewhere; small next to a real load difference, so a miss still goes to the cheapest rank
-  (H2). It steers new content only: the ranks holding a prompt's whole matched run, when that run is at least
-  half the prompt, compare by load without it (the run is cached on all of them).
-- ``credit[i]``: the predicted prefix-cache hit, from the router's own history (H8): an approximate index of
-  the block hashes it sent to each rank (a chained hash of each 16-token block), each rank's set bounded by
-  ``kv_blocks_per_rank`` in an LRU whose roots are refreshed last (so, as in the engine, tails are evicted
-  first and every rank's set stays prefix-closed). Capped at ``prompt_len - 1`` (the last token is computed),
-  and counted ``CREDIT_WEIGHT`` (2) times: a hit saves work for the whole cluster and keeps the prefix warm for the
-  requests after it, not only this request's TTFT.
-
-Hot-spot bound (H3): a rank's credit counts only while its estimated in-flight count (mine + others) is at most
-``max(HOT_RATIO·mean, mean + HOT_SLACK)``; past it the request is priced as a miss there, so a prefix hotter than
-one rank can serve is replicated on the cheapest other rank instead of queueing; it holds for a prefix hot enough to
-make its holders hot (:meth:`~.asyncdp_state.AsyncdpState.mark_hot`). Before that bound, a prefix is replicated
-deliberately when it is hot by demand: the router counts, per first block, a share of its recent
-requests that decays over about 256 dispatches (:class:`~.asyncdp_state.PrefixRates`). When a dispatch finds that
-share times the live ranks times ``REPLICA_HEADROOM`` (2) above the number of ranks holding the prefix, and the
-rank it went to past the mean in-flight count by ``REPLICA_SLACK`` (1), it marks the prefix; the next request with
-it goes to the cheapest rank by load if that rank's index has room for the prompt without evicting (H8), and that
-rank pays one prefill and becomes a holder; only a prompt that is mostly the hot prefix (its run at least half
-of it) and whose run is the hot prefix itself (every holder of the first block holds the whole run) moves so.
-W7's top document (18 % of the requests at dp 8) ends on three ranks; a W1 group (1/64 of them) never
-replicates; W5's system prompt (every request) is not replicated through its users' histories. Misses go to the
-cheapest rank by load (H2), never to "the smallest tree".
-
-Phase weights (new prompts). A prompt no rank holds (not even its first block) goes to the cheapest rank by load,
-but each rank's load (``base - memory``) is weighed by ``1 + phase``: the phases run from ``-PHASE_SPREAD`` to
-``+PHASE_SPREAD`` (0.1) in equal steps over the ranks and rotate by one rank every ``PHASE_PERIOD_S`` (5 s) of the
-hooks' clock. Equally loaded ranks step in step, and closed-loop clients with equal lengths (guidellm's
-concurrency mode, W9) resend in bursts that keep them so (W9 at full scale: mean TTFT 3.3 x ``random``'s); loads a
-few per cent apart let the clients drift out of step (:meth:`~.asyncdp_state.AsyncdpState.phase`). The weights
-apply only where most recent prompts were new to every rank (in full from 90 %, not at all up to 50 %:
-``AsyncdpState.note_new``): where a new prompt is the first of a group (W1's bursts, W3, sessions), its rank is
-where its followers go, so it keeps the balance. Prompts that some rank holds compare by load unweighted.
-``asyncdp@no_phase`` turns the weights off.
-
-Stall term (opt-in, ``asyncdp@stall``): the age of this router's oldest request still waiting for its first token
-on a rank, past a grace of ``STALL_GRACE_S`` (1 s), priced in tokens and added to the rank's local cost, so that a
-hit leaves a rank that queues for memory or hangs while it still reports (:mod:`.stalls`).
-
-Spread (opt-in, ``asyncdp@spread``, ``@spread512``): a prompt no rank holds goes to the rank holding the fewest
-prefixes among those within one prefill (at most ``spread_tokens``) of the cheapest (:mod:`.spread`).
-
-Ties (H6, H7): among equal costs the deeper match wins, then the first rank in a scan that starts at a stable
-hash of the request's key (its ``routing_key``, else its 4th block hash, else its tokens) — the same key lands
-on the same rank (affinity across turns and across routers), different keys spread over tied ranks, so R
-routers deciding from one snapshot do not herd onto one rank (:mod:`.ties`).
-
-Several routers (H7, shared state). Each router knows only where it sent each prefix, and until a snapshot shows
-the others' work its view of the loads is its own share of the traffic. With other routers, a prompt whose first
-block this router never placed is claimed through the coordinator's prefix directory
-(:mod:`.prefix_directory`, :meth:`AsyncdpPolicy.claim_hashes`): the answer sends the request to the rank the first
-claimant chose (or this router's own pick, unless the directory saw that rank get decidedly more of the recent new
-prefixes), records the blocks that claimant shared in this router's index, and hands over the other routers'
-recent new-prefix tokens per rank, which count in each rank's local cost until the next snapshot
-(:meth:`AsyncdpPolicy.on_prefix_owner`, :meth:`~.asyncdp_state.AsyncdpState.set_shared`). W1's burst at R = 4 then
-places each group once, as R = 1 does. One router never claims.
-
-Decision cost (G7). The hooks keep everything ``select`` needs that does not depend on the request (the costs,
-their minima, first ranks and ties, the hot-spot bound: :mod:`.asyncdp_state`), so ``select`` is a few lookups:
-the tie scan only on a tie, the deepest run of the prompt's blocks any rank holds (two lookups when it is the run
-the last prompt with the same first block matched, else a binary search: :mod:`.owner_index`), the ranks holding
-that whole run (their credit is known), and those holding part of it, pruned by the best credit they could still
-get. The prompt's block hashes are computed once (memoised for ``on_dispatch``).
+``pending`` and ``decoding`` are this router's exact counters (a snapshot never overwrites them, H4); decoding
+requests with long prompts weigh more where the choice moves no cached prefix; ``others`` is the work the snapshot
+shows that this router did not send, weighed by ``w``, which decays with the snapshot's age (H5); ``memory``
+steers new content to emptier caches (H8); ``credit`` is the prefix hit predicted from this router's own index of
+the block hashes it sent (:mod:`.owner_index`), counted twice. On top of the cost: the hot-spot bound and
+deliberate replicas of prefixes hotter than their holders can serve (H3, ``AsyncdpState.mark_hot`` and
+``mark_spill``); phase weights for new prompts where most prompts are new (closed-loop clients out of
+step); the opt-in stall term (:mod:`.stalls`) and spread by prefix count (:mod:`.spread`); ties scanned from a
+stable hash of the request's key (H6, H7, :mod:`.ties`); the coordinator's prefix directory with several routers
+(:mod:`.prefix_directory`). The hooks keep every request-independent term cached (:mod:`.asyncdp_state`), so
+``select`` is a few lookups (G7).
 """
 
 from __future__ import annotations
@@ -136,7 +55,7 @@ _INF = float("inf")
 
 
 class AsyncdpPolicy(Policy):
-    """asyncdp's own policy: one token cost, prefix- and KV-aware, hot-spot bounded (module docstring)."""
+    """asyncdp's own policy: one token cost, prefix- and KV-aware, hot-spot bounded (docs/discussion/routing-policy.md)."""
 
     name = "asyncdp"
 

@@ -30,7 +30,7 @@ _INF = float("inf")
 
 @dataclass(frozen=True, slots=True)
 class CostWeights:
-    """The policy's knobs that price a rank (module docstring of :mod:`.asyncdp_policy`)."""
+    """The policy's knobs that price a rank (docs/discussion/routing-policy.md)."""
 
     decode_tokens: float
     kv_penalty_tokens: float
