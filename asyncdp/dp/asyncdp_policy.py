@@ -12,11 +12,11 @@ shows that this router did not send, weighed by ``w``, which decays with the sna
 steers new content to emptier caches (H8); ``credit`` is the prefix hit predicted from this router's own index of
 the block hashes it sent (:mod:`.owner_index`), counted twice. On top of the cost: the hot-spot bound and
 deliberate replicas of prefixes hotter than their holders can serve (H3, ``AsyncdpState.mark_hot`` and
-``mark_spill``); phase weights for new prompts where most prompts are new (closed-loop clients out of
-step); the opt-in stall term (:mod:`.stalls`) and spread by prefix count (:mod:`.spread`); ties scanned from a
-stable hash of the request's key (H6, H7, :mod:`.ties`); the coordinator's prefix directory with several routers
-(:mod:`.prefix_directory`). The hooks keep every request-independent term cached (:mod:`.asyncdp_state`), so
-``select`` is a few lookups (G7).
+``mark_spill``); for a prompt no rank holds, phase weights where most recent prompts were new (closed-loop
+clients out of step) and spread by prefix count where they were not and no prefix is hot (:mod:`.spread`); the
+opt-in stall term (:mod:`.stalls`); ties scanned from a stable hash of the request's key (H6, H7, :mod:`.ties`);
+the coordinator's prefix directory with several routers (:mod:`.prefix_directory`). The hooks keep every
+request-independent term cached (:mod:`.asyncdp_state`), so ``select`` is a few lookups (G7).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ PHASE_PERIOD_S = 5.0  # [ours] the weights rotate by one rank this often
 DECODE_REF_TOKENS = 4096.0  # [ours] a decoding request with a longer prompt weighs more (decode_weight) ...
 DECODE_MAX_SCALE = 4.0  # [ours] ... up to this many times decode_tokens
 STALL_GRACE_S = 1.0  # [ours] asyncdp@stall: a request waiting longer than this for its first token stalls its rank
+SPREAD_TOKENS = 512.0  # [ours] a new prompt: the fewest prefixes among the ranks this close to the cheapest (spread)
 _INF = float("inf")
 
 
@@ -66,7 +67,7 @@ class AsyncdpPolicy(Policy):
                  phase_period_s: float = PHASE_PERIOD_S, decode_ref_tokens: float = DECODE_REF_TOKENS,
                  hot_share: float = HOT_SHARE, stall_tokens_per_s: float = 0.0,
                  stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True,
-                 spread: bool = False, spread_tokens: float = _INF) -> None:
+                 spread: bool = True, spread_tokens: float = SPREAD_TOKENS, spread_gated: bool = True) -> None:
         if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
                                 stall_tokens_per_s, stall_grace_s, spread_tokens) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
@@ -88,7 +89,8 @@ class AsyncdpPolicy(Policy):
         self.stall_tokens_per_s = stall_tokens_per_s
         self.stall_grace_us = round(stall_grace_s * 1e6)
         self.prefix = prefix
-        self.spread, self.spread_tokens = spread, spread_tokens  # asyncdp@spread: fewest prefixes near the cheapest
+        self.spread, self.spread_tokens = spread, spread_tokens  # a new prompt: fewest prefixes near the cheapest
+        self.spread_gated = spread_gated  # False (@spread, @spread512): spread wherever the phases are not in full
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
@@ -135,7 +137,8 @@ class AsyncdpPolicy(Policy):
                 mbest, mpick, mties = argmin(mbase)
             if mties > 1:
                 mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
-            if self.spread and hashes and state.phase_scale < 1.0:
+            if self.spread and hashes and (not state.phase_scale and not state.hot if self.spread_gated
+                                           else state.phase_scale < 1.0):
                 mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, min(len(req.tokens), self.spread_tokens),
                                         tie_key(req, hashes) % state.n)
             return decisions[mpick]
@@ -237,7 +240,7 @@ class AsyncdpPolicy(Policy):
         r = decision.dp_rank
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         credit = 0
-        if state.weights.phase_spread:
+        if state.weights.phase_spread or self.spread:
             state.note_new(not hashes or not state.index.owners.get(hashes[0], 0))
         if hashes:
             credit = min(state.index.match(r, hashes) * state.block_size, req.prompt_len - 1)

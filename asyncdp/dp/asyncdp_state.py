@@ -126,7 +126,7 @@ class AsyncdpState:
     epoch: int = 0  # the phase rotation's epoch: clock_us // phase_period_us
     phases: list[float] = field(default_factory=list)  # phase(i) for the current epoch
     new_share: float = 0.0  # EMA of the share of dispatched prompts no rank held (note_new)
-    phase_scale: float = 0.0  # the share of phase_spread in force (note_new)
+    phase_scale: float = 0.0  # the share of phase_spread in force (note_new); the spread rule only at 0
     decisions: tuple[Decision, ...] = ()
     reqs: dict[str, Routed] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)

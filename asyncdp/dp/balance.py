@@ -63,8 +63,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "asyncdp@no_replica": {"replica_headroom": 0.0},  # no deliberate replicas of hot prefixes (mark_spill)
     "asyncdp@headroom1.5": {"replica_headroom": 1.5},  # fewer replicas: the default's before it became 2
     "asyncdp@bound_all": {"hot_share": 0.0},  # the hot-spot bound holds for every prefix, however cold (mark_hot)
-    "asyncdp@spread": {"spread": True},  # a new prompt: the fewest prefixes near the cheapest (spread)
-    "asyncdp@spread512": {"spread": True, "spread_tokens": 512.0},  # ... near: within 512 tokens of it (spread)
+    "asyncdp@no_spread": {"spread": False},  # a new prompt: the cheapest rank by load, as before spread (spread)
+    "asyncdp@spread": {"spread_tokens": float("inf"), "spread_gated": False},  # spread within one prefill, ungated
+    "asyncdp@spread512": {"spread_gated": False},  # spread within 512 tokens even where a prefix is hot (spread)
     "power_of_two@queue": {"metric": "queue"},
     "power_of_two@load": {"metric": "load"},
     "power_of_two@kv": {"metric": "kv"},

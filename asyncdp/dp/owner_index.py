@@ -12,7 +12,7 @@ scored: prompts sharing a first block usually share the run, so the policy check
 before it searches. Its entries go when their first block leaves the index, which keeps it bounded.
 
 ``roots[r]`` is the set of prefixes rank r holds: the first blocks of the prompts sent to it that are still in
-its set. ``asyncdp@spread`` places a prompt no rank holds by their number (:mod:`.spread`).
+its set. The policy's spread rule places a prompt no rank holds by their number (:mod:`.spread`).
 
 The policy's ``select`` reads ``owners`` and ``depth_memo`` directly (its hot path, gate G7); everything that
 changes the index is here.

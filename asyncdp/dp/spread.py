@@ -1,18 +1,21 @@
-"""New prompts spread by prefix count, asyncdp's policy's opt-in rule (``asyncdp@spread``).
+"""New prompts spread by prefix count, a rule of asyncdp's policy for a prompt no rank holds.
 
-A prompt no rank holds goes to the cheapest rank by load (H2), and that is decided by whichever ranks are
-prefilling at that instant, a transient; the rank a new prefix lands on is where all its later requests go.
-Equally popular prefix groups whose working set nearly fills the cluster's KV (W2: 150 groups, 73 %) then end
-16-21 to a rank, and at the edge of capacity the rank with the most overflows first. Under this rule the prompt
-goes to the rank holding the fewest prefixes (the first blocks in this router's index,
-:class:`~.owner_index.OwnerIndex` ``roots``) among the ranks whose miss cost is within one prefill of that prompt
-of the cheapest, so the counts even out as under ``ray_prefix``'s "smallest tree" while a busy rank is never a
-candidate. The policy applies it while fewer than 90 % of the recent prompts were new (where new prompts share
-nothing, as in W9, the phase weights place them). Off by default: new long documents (W7) then queue hits behind
-their prefill on the ranks with few documents (docs/benchmarks.md, "New prompts spread by prefix count").
-``asyncdp@spread512`` narrows "within one prefill" to within ``min(prompt, 512)`` tokens of the cheapest: a 32 k
-document no longer counts a rank 30 k tokens busier than the cheapest as near (docs/benchmarks.md, "`asyncdp@spread`
-over W2's whole ladder, and spread within 512 tokens").
+Such a prompt goes to the cheapest rank by load (H2), and that is decided by whichever ranks are prefilling at that
+instant, a transient; the rank a new prefix lands on is where all its later requests go. Equally popular prefix
+groups whose working set nearly fills the cluster's KV (W2: 150 groups, 73 %) then end 16-21 to a rank, and at the
+edge of capacity the rank with the most overflows first. Under this rule the prompt goes to the rank holding the
+fewest prefixes (the first blocks in this router's index, :class:`~.owner_index.OwnerIndex` ``roots``) among the
+ranks whose miss cost is within ``min(prompt, spread_tokens)`` (512) tokens of the cheapest, so the counts even out
+as under ``ray_prefix``'s "smallest tree" while a busy rank is never a candidate.
+
+A count of prefixes stands for load only where prefixes recur about equally often, so the policy applies the rule
+only while (a) no prefix is hot (``AsyncdpState.hot``: one that began a quarter of a rank's share of the recent
+requests; W7's Zipf documents, where most documents are cold and a few draw most requests) and (b) fewer than
+about half the recent prompts were new (``phase_scale`` 0: where most are new, as in W9, nothing recurs and the
+phase weights place them). ``asyncdp@no_spread`` turns it off. ``asyncdp@spread`` (within one prefill of the
+prompt) and ``asyncdp@spread512`` apply it without the gates, wherever the phase weights are not in full; on W7
+they lengthen the queues behind new long documents (docs/benchmarks.md, "New prompts spread by prefix count"
+and the paragraphs after it).
 """
 
 from __future__ import annotations

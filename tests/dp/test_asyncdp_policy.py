@@ -42,6 +42,8 @@ def test_make_policy_builds_asyncdp_and_the_balancer_accepts_it():
     assert make_policy("asyncdp").name == "asyncdp"
     assert getattr(make_policy("asyncdp@spread"), "spread", None) is True
     assert getattr(make_policy("asyncdp@spread512"), "spread_tokens", None) == 512.0
+    assert getattr(make_policy("asyncdp@spread512"), "spread_gated", None) is False
+    assert getattr(make_policy("asyncdp@no_spread"), "spread", None) is False
     lb = LoadBalancer([0, 1], policy="asyncdp")
     assert lb.select("a", list(range(40))) in (0, 1)
 
@@ -140,7 +142,7 @@ def test_two_api_servers_do_not_herd_onto_one_rank_in_one_snapshot_window():
 
 
 def test_a_stale_snapshot_decays_to_the_local_counters():
-    p = AsyncdpPolicy(memory_tokens=0)
+    p = AsyncdpPolicy(memory_tokens=0, spread=False)  # the load alone decides (spread would count prefixes)
     s = p.init(2)
     local = prompt(1, prefix=tuple(range(7000, 7064)))
     route(p, s, local, hint=1)
@@ -257,6 +259,37 @@ def test_spread_sends_a_new_prompt_to_the_fewest_prefixes_among_ranks_within_one
     assert route(p, s, new, now_us=2) == expected  # vllm-like: the idle rank; spread: fewer prefixes, not rank 1
     assert len(s.index.roots[expected]) == {0: 4, 2: 3}[expected]
 
+
+
+@pytest.mark.parametrize("gated, hot, distinct, expected", [(True, False, 37, 1), (True, True, 37, 0),
+                                                             (True, False, 301, 0), (False, True, 37, 1)])
+def test_spread_applies_only_while_no_prefix_is_hot_and_most_recent_prompts_were_not_new(gated, hot, distinct,
+                                                                                           expected):
+    # Counting prefixes evens out the load where prefixes recur about equally often (W2's 150 groups). Not once one
+    # prefix began a quarter of a rank's share of the recent requests (W7's top documents), nor where most recent
+    # prompts were new (W9: nothing recurs, the phase weights place them): there a new prompt goes to the cheapest
+    # rank by load. The ungated presets (asyncdp@spread, @spread512) spread all the same.
+    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread_gated=gated)
+    s = p.init(2)
+
+    def place(rank: int, prefix_id: int) -> None:
+        req = prompt(prefix_id, prefix=tuple(range(prefix_id * 1000, prefix_id * 1000 + 64)))
+        route(p, s, req, hint=rank)
+        p.on_finish(s, req.req_id, rank, 1)
+
+    place(0, 1)
+    place(0, 2)
+    for k in range(3, 3 + distinct):  # each prefix once: none hot; 37 new prompts of 39, or 301 of 303
+        place(1, k) if k % 2 else place(0, k)
+    assert (s.phase_scale > 0) is (distinct > 100)
+    for _ in range(40 if hot else 0):  # prefix 3 begins 41 of the last ~80 requests: hot
+        place(1, 3)
+    assert bool(s.hot) is hot
+    decoding = prompt(3, prefix=tuple(range(3000, 3064)))
+    route(p, s, decoding, hint=1)
+    p.on_first_token(s, decoding.req_id, 1, 1)  # rank 1 is 16 tokens busier than rank 0, within 512 of it
+    assert len(s.index.roots[0]) == len(s.index.roots[1]) + 1  # and holds one prefix fewer
+    assert route(p, s, prompt(9, prefix=tuple(range(999_000, 999_064))), now_us=2) == expected
 
 def test_engine_params_reach_the_policy_before_the_first_decision_and_are_refused_after_it():
     lb = LoadBalancer([0, 1], policy="asyncdp")
