@@ -10,12 +10,12 @@ rank in prefill-token units (H1)::
 requests with long prompts weigh more where the choice moves no cached prefix; ``others`` is the work the snapshot
 shows that this router did not send, weighed by ``w``, which decays with the snapshot's age (H5); ``memory``
 steers new content to emptier caches (H8); ``credit`` is the prefix hit predicted from this router's own index of
-the block hashes it sent (:mod:`.owner_index`), counted twice. On top of the cost: the hot-spot bound and
-deliberate replicas of prefixes hotter than their holders can serve (H3, ``AsyncdpState.mark_hot`` and
-``mark_spill``); for a prompt no rank holds, phase weights where most recent prompts were new (closed-loop
-clients out of step) and spread by prefix count where they were not and no prefix is hot (:mod:`.spread`); the
-opt-in stall term (:mod:`.stalls`); ties scanned from a stable hash of the request's key (H6, H7, :mod:`.ties`);
-the coordinator's prefix directory with several routers (:mod:`.prefix_directory`). The hooks keep every
+the block hashes it sent (:mod:`.owner_index`), counted twice. On top of the cost: the hot-spot bound and deliberate
+replicas of prefixes hotter than their holders can serve (H3, ``AsyncdpState.mark_hot`` and ``mark_spill``); for a
+prompt no rank holds, phase weights where most recent prompts were new (closed-loop clients out of step) and spread
+by prefix count where they were not and none recently began with a hot prefix (:mod:`.spread`); the opt-in stall
+term (:mod:`.stalls`); ties scanned from a stable hash of the request's key (H6, H7, :mod:`.ties`); the
+coordinator's prefix directory with several routers (:mod:`.prefix_directory`). The hooks keep every
 request-independent term cached (:mod:`.asyncdp_state`), so ``select`` is a few lookups (G7).
 """
 
@@ -137,7 +137,7 @@ class AsyncdpPolicy(Policy):
                 mbest, mpick, mties = argmin(mbase)
             if mties > 1:
                 mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
-            if self.spread and hashes and (not state.phase_scale and not state.hot if self.spread_gated
+            if self.spread and hashes and (not state.phase_scale and not state.hot_recently() if self.spread_gated
                                            else state.phase_scale < 1.0):
                 mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, min(len(req.tokens), self.spread_tokens),
                                         tie_key(req, hashes) % state.n)

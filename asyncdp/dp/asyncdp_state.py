@@ -115,6 +115,7 @@ class AsyncdpState:
     mean_load: float = 0.0  # load_total over the live ranks, kept with cap
     spill: set[int] = field(default_factory=set)  # first blocks whose next request makes a replica (mark_spill)
     hot: set[int] = field(default_factory=set)  # first blocks the hot-spot bound holds for (mark_hot)
+    hot_seq: int = -(1 << 62)  # rates.seq at the last dispatch of a hot prefix (mark_hot, hot_recently)
     shared: list[float] = field(default_factory=list)  # the other routers' new-prefix tokens: set_shared()
     # min(base), its first index, how many ranks share it: kept by update, so select reads them
     best: float = 0.0
@@ -288,10 +289,16 @@ class AsyncdpState:
         alive = self.n - len(self.excluded)
         if self.rates.share(first) * alive >= self.weights.hot_share:
             self.hot.add(first)
+            self.hot_seq = self.rates.seq
             if len(self.hot) > 2 * alive / self.weights.hot_share + 8:  # marks of prefixes gone cold
                 self.hot = {h for h in self.hot if self.rates.share(h) * alive >= self.weights.hot_share}
         else:
             self.hot.discard(first)
+
+    def hot_recently(self) -> bool:
+        """Whether one of about the last ``rates.window`` dispatches began with a hot prefix (:meth:`mark_hot`).
+        The set ``hot`` keeps a prefix that went cold until it is sent again; this forgets it within a window."""
+        return self.rates.seq - self.hot_seq < self.rates.window
 
     def set_shared(self, others: Sequence[float]) -> None:
         """Several routers: the other routers' new-prefix prompt tokens per rank, as the coordinator's prefix

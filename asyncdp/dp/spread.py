@@ -9,13 +9,13 @@ ranks whose miss cost is within ``min(prompt, spread_tokens)`` (512) tokens of t
 as under ``ray_prefix``'s "smallest tree" while a busy rank is never a candidate.
 
 A count of prefixes stands for load only where prefixes recur about equally often, so the policy applies the rule
-only while (a) no prefix is hot (``AsyncdpState.hot``: one that began a quarter of a rank's share of the recent
-requests; W7's Zipf documents, where most documents are cold and a few draw most requests) and (b) fewer than
-about half the recent prompts were new (``phase_scale`` 0: where most are new, as in W9, nothing recurs and the
-phase weights place them). ``asyncdp@no_spread`` turns it off. ``asyncdp@spread`` (within one prefill of the
-prompt) and ``asyncdp@spread512`` apply it without the gates, wherever the phase weights are not in full; on W7
-they lengthen the queues behind new long documents (docs/benchmarks.md, "New prompts spread by prefix count"
-and the paragraphs after it).
+only while (a) no request of about the last 256 began with a hot prefix (``AsyncdpState.hot_recently``: one that
+began a quarter of a rank's share of the recent requests; W7's Zipf documents, where most documents are cold and
+a few draw most requests) and (b) fewer than about half the recent prompts were new (``phase_scale`` 0: where
+most are new, as in W9, nothing recurs and the phase weights place them). ``asyncdp@no_spread`` turns it off.
+``asyncdp@spread`` (within one prefill of the prompt) and ``asyncdp@spread512`` apply it without the gates,
+wherever the phase weights are not in full; on W7 they lengthen the queues behind new long documents
+(docs/benchmarks.md, "New prompts spread by prefix count" and the paragraphs after it).
 """
 
 from __future__ import annotations

@@ -261,14 +261,16 @@ def test_spread_sends_a_new_prompt_to_the_fewest_prefixes_among_ranks_within_one
 
 
 
-@pytest.mark.parametrize("gated, hot, distinct, expected", [(True, False, 37, 1), (True, True, 37, 0),
-                                                             (True, False, 301, 0), (False, True, 37, 1)])
+@pytest.mark.parametrize("gated, hot, distinct, cooled, expected", [
+    (True, False, 37, False, 1), (True, True, 37, False, 0), (True, False, 301, False, 0), (False, True, 37, False, 1),
+    (True, True, 37, True, 1)])
 def test_spread_applies_only_while_no_prefix_is_hot_and_most_recent_prompts_were_not_new(gated, hot, distinct,
-                                                                                           expected):
+                                                                                           cooled, expected):
     # Counting prefixes evens out the load where prefixes recur about equally often (W2's 150 groups). Not once one
     # prefix began a quarter of a rank's share of the recent requests (W7's top documents), nor where most recent
     # prompts were new (W9: nothing recurs, the phase weights place them): there a new prompt goes to the cheapest
-    # rank by load. The ungated presets (asyncdp@spread, @spread512) spread all the same.
+    # rank by load; once no request of about the last 256 began with a hot prefix, it spreads again. The ungated
+    # presets (asyncdp@spread, @spread512) spread all the same.
     p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread_gated=gated)
     s = p.init(2)
 
@@ -285,11 +287,15 @@ def test_spread_applies_only_while_no_prefix_is_hot_and_most_recent_prompts_were
     for _ in range(40 if hot else 0):  # prefix 3 begins 41 of the last ~80 requests: hot
         place(1, 3)
     assert bool(s.hot) is hot
-    decoding = prompt(3, prefix=tuple(range(3000, 3064)))
+    for k in range(300 if cooled else 0):  # 300 requests of the other prefixes, none hot: the hot one went cold
+        place(1, 5 + 2 * (k % 10)) if k % 2 else place(0, 4 + 2 * (k % 10))
+    assert bool(s.hot) is hot  # it is still marked (until it is sent again), but no recent request was hot
+    decoding = prompt(5, prefix=tuple(range(5000, 5064)))
     route(p, s, decoding, hint=1)
     p.on_first_token(s, decoding.req_id, 1, 1)  # rank 1 is 16 tokens busier than rank 0, within 512 of it
     assert len(s.index.roots[0]) == len(s.index.roots[1]) + 1  # and holds one prefix fewer
     assert route(p, s, prompt(9, prefix=tuple(range(999_000, 999_064))), now_us=2) == expected
+
 
 def test_engine_params_reach_the_policy_before_the_first_decision_and_are_refused_after_it():
     lb = LoadBalancer([0, 1], policy="asyncdp")
