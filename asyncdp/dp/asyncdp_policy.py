@@ -56,7 +56,8 @@ _INF = float("inf")
 
 
 class AsyncdpPolicy(Policy):
-    """asyncdp's own policy: one token cost, prefix- and KV-aware, hot-spot bounded (docs/discussion/routing-policy.md)."""
+    """asyncdp's own policy: one token cost, prefix- and KV-aware, hot-spot bounded (theory of operation:
+    docs/discussion/routing-policy.md)."""
 
     name = "asyncdp"
 

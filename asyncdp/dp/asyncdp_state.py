@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from asyncdp.dp.owner_index import OwnerIndex
 from asyncdp.dp.policy import Decision
+from asyncdp.dp.prefix_rates import PrefixRates
 from asyncdp.dp.stalls import Stalls
 
 KV_HIGH = 0.9
@@ -55,35 +56,6 @@ class Routed:
     weight: float = 0.0  # its weight in dec_tokens while it decodes (AsyncdpPolicy.decode_weight)
     sent_us: int = 0  # when it was dispatched (the stall term's age)
     gone: bool = False  # finished (or its id reused) before its first token
-
-
-@dataclass(slots=True)
-class PrefixRates:
-    """How often this router's recent requests began with each first block (H3's "hotter than one rank"): a count
-    per first-block hash that every dispatch multiplies by ``1 - 1/window``, so ``count/window`` is the share of
-    about the last ``window`` requests. Entries that decayed below half a request are dropped when the dict grows
-    past ``4·window``: it stays bounded by the prefixes that are actually recent."""
-
-    window: float = 256.0
-    seq: int = 0  # dispatches counted
-    counts: dict[int, tuple[float, int]] = field(default_factory=dict)  # hash -> (count, seq when last bumped)
-
-    def bump(self, h: int) -> None:
-        self.seq += 1
-        decay = 1.0 - 1.0 / self.window
-        old = self.counts.get(h)
-        self.counts[h] = (1.0 if old is None else old[0] * decay ** (self.seq - old[1]) + 1.0, self.seq)
-        if len(self.counts) > 4 * self.window:
-            seq = self.seq
-            for k in [k for k, (c, at) in self.counts.items() if c * decay ** (seq - at) < 0.5]:
-                del self.counts[k]
-
-    def share(self, h: int) -> float:
-        """The fraction of about the last ``window`` requests that began with ``h``."""
-        entry = self.counts.get(h)
-        if entry is None:
-            return 0.0
-        return entry[0] * (1.0 - 1.0 / self.window) ** (self.seq - entry[1]) / self.window
 
 
 @dataclass(slots=True)
@@ -267,7 +239,7 @@ class AsyncdpState:
     def mark_spill(self, first: int, rank: int) -> None:
         """After a dispatch to ``rank`` of a prompt starting with block ``first``: mark the prefix for a replica
         (H3), so that its next request goes to the cheapest rank by load instead of a holder, when it began more
-        than ``1/(alive·headroom)`` of the recent requests (:class:`PrefixRates`), fewer ranks than
+        than ``1/(alive·headroom)`` of the recent requests (:class:`~.prefix_rates.PrefixRates`), fewer ranks than
         ``share·alive·headroom`` hold it, and the rank it went to is now past the mean in-flight count by
         ``REPLICA_SLACK``; unmark it otherwise. The hooks decide, so that ``select`` pays one set lookup (G7)."""
         scale = (self.n - len(self.excluded)) * self.weights.replica_headroom  # share -> holders wanted
@@ -282,10 +254,11 @@ class AsyncdpState:
 
     def mark_hot(self, first: int) -> None:
         """After a dispatch of a prompt starting with block ``first``: the hot-spot bound (H3) holds for the prefix
-        while it began at least ``hot_share`` of a live rank's share of the recent requests (:class:`PrefixRates`).
-        A colder prefix cannot make its holders hot: moving one of its hits off a holder that is busy for other
-        reasons (the end of a burst draining unevenly) pays a whole prefill and a replica and relieves nothing.
-        Its hits stay on their holders by cost. The hooks decide, so ``select`` pays one set lookup (G7)."""
+        while it began at least ``hot_share`` of a live rank's share of the recent requests
+        (:class:`~.prefix_rates.PrefixRates`). A colder prefix cannot make its holders hot: moving one of its hits
+        off a holder that is busy for other reasons (the end of a burst draining unevenly) pays a whole prefill and
+        a replica and relieves nothing. Its hits stay on their holders by cost. The hooks decide, so ``select``
+        pays one set lookup (G7)."""
         alive = self.n - len(self.excluded)
         if self.rates.share(first) * alive >= self.weights.hot_share:
             self.hot.add(first)

@@ -11,9 +11,9 @@ import random
 import pytest
 
 from asyncdp.dp.asyncdp_policy import REPLICA_HEADROOM, AsyncdpPolicy, AsyncdpState, prompt_hashes
-from asyncdp.dp.asyncdp_state import PrefixRates
 from asyncdp.dp.balance import LoadBalancer, make_policy
 from asyncdp.dp.policy import Decision, RankLoad, RequestView, Snapshot
+from asyncdp.dp.prefix_rates import PrefixRates
 from asyncdp.errors import ConfigError, UnavailableError
 
 INF = float("inf")
