@@ -26,9 +26,9 @@ from collections.abc import Sequence
 def fewest_prefixes(roots: Sequence[set[int]], mbase: Sequence[float], mbest: float, mpick: int, within: float,
                     start: int) -> int:
     """Among the ranks whose miss cost ``mbase`` is within ``within`` tokens (the prompt's length, or the policy's
-    ``spread_tokens`` if fewer) of the cheapest (``mbest``, at
-    ``mpick``), the one holding the fewest prefixes: ``mpick`` when it holds no more than they do, else the cheapest
-    of those, then the first in the scan order from ``start``."""
+    ``spread_tokens`` if fewer) of the cheapest (``mbest``, at ``mpick``), the one holding the fewest prefixes:
+    ``mpick`` when it holds no more than they do, else the cheapest of those, then the first in the scan order
+    from ``start``."""
     lim, n = mbest + within, len(mbase)
     near = [r for r in range(n) if mbase[r] <= lim]
     fewest = min(len(roots[r]) for r in near)

@@ -260,7 +260,6 @@ def test_spread_sends_a_new_prompt_to_the_fewest_prefixes_among_ranks_within_one
     assert len(s.index.roots[expected]) == {0: 4, 2: 3}[expected]
 
 
-
 @pytest.mark.parametrize("gated, hot, distinct, cooled, expected", [
     (True, False, 37, False, 1), (True, True, 37, False, 0), (True, False, 301, False, 0), (False, True, 37, False, 1),
     (True, True, 37, True, 1)])
