@@ -138,8 +138,7 @@ class AsyncdpPolicy(Policy):
                 mbest, mpick, mties = argmin(mbase)
             if mties > 1:
                 mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
-            if self.spread and hashes and (not state.phase_scale and not state.hot_recently() if self.spread_gated
-                                           else state.phase_scale < 1.0):
+            if self.spread and hashes and self.spread_applies(state):
                 mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, min(len(req.tokens), self.spread_tokens),
                                         tie_key(req, hashes) % state.n)
             return decisions[mpick]
@@ -226,6 +225,14 @@ class AsyncdpPolicy(Policy):
                     continue
             pick, pick_cost, pick_credit = r, cost, credit
         return pick
+
+    def spread_applies(self, state: AsyncdpState) -> bool:
+        """Whether a prompt no rank holds is placed by prefix count (:mod:`.spread`): while the phase weights are
+        off and no recent request began with a hot prefix; ungated (``asyncdp@spread``, ``@spread512``), wherever
+        the phase weights are not in full."""
+        if not self.spread_gated:
+            return state.phase_scale < 1.0
+        return not state.phase_scale and not state.hot_recently()
 
     def decode_weight(self, prompt_len: int) -> float:
         """A decoding request's weight in prefill tokens: ``decode_tokens``, times ``prompt_len /
