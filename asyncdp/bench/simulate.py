@@ -74,6 +74,12 @@ TELEMETRY: dict[str, float | None] = {"vllm_coord": 0.1, "periodic_1s": 1.0, "pe
 DEFAULT_MAX_MODEL_LEN = 65_536
 DEADLINE_S = 48 * 3600.0  # virtual: a run that never ends fails instead of hanging
 
+#: ``simulate(probe=...)``: called every ``probe_every_s`` virtual seconds with the seconds since the run began and
+#: the running cluster, to read the ranks' state (``cluster.ranks[i].core.scheduler``: queues, block manager,
+#: preemptions); it must not change it. The probe is one more task, so a probed run can order same-instant events
+#: differently from an unprobed one.
+Probe = Callable[[float, SimCluster], None]
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
@@ -149,23 +155,27 @@ def trio_orders_fixed(seed: int, policy: str) -> Iterator[None]:
 
 
 def simulate(workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
-             closed_concurrency: int | None = None) -> RunLog:
+             closed_concurrency: int | None = None, probe: Probe | None = None, probe_every_s: float = 1.0) -> RunLog:
     """Run ``workload`` (resolved: final send times) through a fresh cluster; see the module docstring.
 
     ``closed_concurrency``: ignore send times and dependencies, and keep that many requests outstanding (the
-    R_sat measurement of §4.0)."""
+    R_sat measurement of §4.0). ``probe``: see :data:`Probe` (``bench/rank_timeline.py`` uses it)."""
     import trio
     import trio.testing
 
-    run = partial(simulate_async, workload, policy, seed, spec, closed_concurrency=closed_concurrency)
+    run = partial(simulate_async, workload, policy, seed, spec, closed_concurrency=closed_concurrency, probe=probe,
+                  probe_every_s=probe_every_s)
     with trio_orders_fixed(seed, policy):
         log: RunLog = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
     return log
 
 
 async def simulate_async(workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
-                         closed_concurrency: int | None = None) -> RunLog:
+                         closed_concurrency: int | None = None, probe: Probe | None = None,
+                         probe_every_s: float = 1.0) -> RunLog:
     """:func:`simulate` in the running event loop (its clock decides whether time is virtual)."""
+    if probe is not None and not probe_every_s > 0:
+        raise ConfigError(f"probe_every_s must be > 0, not {probe_every_s!r}.")
     answers: dict[str, list[int]] = {}
 
     def token_source(request_id: str, index: int) -> int | None:
@@ -187,7 +197,13 @@ async def simulate_async(workload: Workload, policy: str, seed: int, spec: Clust
                     is_moe=spec.lockstep, token_source=token_source, lb_seed=seed) as cluster:
                 driver = _Driver(workload, cluster, answers, seed, closed_concurrency)
                 drivers.append(driver)
-                await driver.run()
+                if probe is None:
+                    await driver.run()
+                else:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_probe_loop, probe, probe_every_s, cluster)
+                        await driver.run()
+                        tg.cancel_scope.cancel()
                 driver.log.preemptions = sum(r.core.scheduler.num_preemptions for r in cluster.ranks)
                 return driver.log
     except TimeoutError:
@@ -195,6 +211,13 @@ async def simulate_async(workload: Workload, policy: str, seed: int, spec: Clust
         raise SimulationStalled(
             f"the simulated run of {workload.name} under {policy!r} (seed {seed}) did not finish within "
             f"{DEADLINE_S / 3600:.3g} virtual hours ({state}): a simulator or policy bug; please report it") from None
+
+
+async def _probe_loop(probe: Probe, every_s: float, cluster: SimCluster) -> None:
+    start = anyio.current_time()
+    while True:
+        await anyio.sleep(every_s)
+        probe(anyio.current_time() - start, cluster)
 
 
 class _Driver:
