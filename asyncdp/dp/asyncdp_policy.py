@@ -25,7 +25,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from asyncdp.dp.asyncdp_state import REFRESH_US, AsyncdpState, CostWeights, Routed, argmin
+from asyncdp.dp.asyncdp_state import KV_HIGH, REFRESH_US, AsyncdpState, CostWeights, Routed, argmin
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
@@ -294,6 +294,11 @@ class AsyncdpPolicy(Policy):
             mine_w = state.pending_reqs[i]
             other = max(0, x.waiting + x.running - mine_w - state.decoding[i])
             ow = min(other, max(0, x.waiting - mine_w))
+            if x.kv_usage > KV_HIGH:
+                # A rank out of KV queues for memory: its waiting requests are mostly preempted ones, other routers'
+                # too, to be readmitted before anything new. Priced as prefill they push hits off the rank, each a
+                # new copy of a prefix that fills the next rank (W2 at R = 4: hit rate 0.87, 12-68 x R = 1's TTFT).
+                ow = 0
             state.others_cnt[i] = other
             state.others_tok[i] = ow * state.avg_prefill + (other - ow) * state.avg_decode
             state.kv[i] = x.kv_usage

@@ -180,6 +180,19 @@ def test_this_routers_preempted_requests_are_not_counted_as_other_routers_work()
     assert s.others_cnt == [1, 0] and s.others_tok[0] == s.avg_prefill > 0
 
 
+def test_other_routers_waiting_requests_on_a_rank_out_of_kv_are_not_priced_as_prefill():
+    # With several routers, a rank that ran out of KV preempts everyone's requests: its waiting queue is mostly
+    # other routers' preempted requests, queued for memory. Priced as prefill (this router's average uncached
+    # prompt each) they sent hits off the filling rank as misses, each a new copy of its prefix on a rank that was
+    # filling too (W2 at R = 4, docs). Above 90 % KV they weigh as decoding requests; below it, as before.
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(2, 0, 4)
+    s.avg_prefill, s.avg_decode = 400.0, 20.0  # this router's averages (of its own requests)
+    p.on_snapshot(s, snapshot((6, 4, 0.95), (6, 4, 0.85), at_us=0))  # 10 requests of others on each rank
+    assert s.others_cnt == [10, 10]
+    assert s.others_tok == [10 * 20.0, 6 * 400.0 + 4 * 20.0]  # above 90 % KV all as decoding; below, 6 as prefill
+
+
 def test_a_nearly_full_kv_cache_is_penalised():
     p = AsyncdpPolicy(memory_tokens=0)
     s = p.init(2)
