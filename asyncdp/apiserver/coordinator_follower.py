@@ -95,7 +95,7 @@ class CoordinatorFollower:
         return True
 
     async def claim(self, hashes: Sequence[int], proposal: int, prompt_tokens: int,
-                    scope: tuple[int, int]) -> m.PrefixOwner | None:
+                    scope: tuple[int, int], candidates: Sequence[int] = ()) -> m.PrefixOwner | None:
         """Ask the coordinator's prefix directory where a new prefix goes (:mod:`asyncdp.dp.prefix_directory`).
         None without a subscribed link, when the link breaks, or after ``CLAIM_TIMEOUT_S``: the caller routes
         on its own then."""
@@ -108,7 +108,8 @@ class CoordinatorFollower:
         try:
             with anyio.move_on_after(CLAIM_TIMEOUT_S):
                 await link.send(m.PrefixClaim(seq=seq, hashes=list(hashes), proposal=proposal,
-                                              prompt_tokens=prompt_tokens, first_rank=scope[0], last_rank=scope[1]))
+                                              prompt_tokens=prompt_tokens, first_rank=scope[0], last_rank=scope[1],
+                                              candidates=list(candidates)))
                 await waiter.done.wait()
         except LINK_ERRORS:
             pass  # the follow loop sees the lost link and reconnects
@@ -125,10 +126,9 @@ class CoordinatorFollower:
         ask = lb.claim(request_id, prompt, max_tokens=max_tokens, now_us=now_us)
         if ask is None:
             return None
-        hashes, proposal = ask
         engines = lb.engines
-        reply = await self.claim(hashes, proposal, len(prompt), (engines[0], engines[-1]))
-        return None if reply is None else lb.on_prefix_owner(hashes, reply.owner, reply.matched, reply.others)
+        reply = await self.claim(ask.hashes, ask.proposal, len(prompt), (engines[0], engines[-1]), ask.candidates)
+        return None if reply is None else lb.on_prefix_owner(ask.hashes, reply.owner, reply.matched, reply.others)
 
     def _answered(self, msg: m.PrefixOwner) -> None:
         waiter = self._claims.get(msg.seq)

@@ -254,7 +254,8 @@ class Coordinator:
         client routes on its own after its timeout)."""
         try:
             answer = self.directory.claim(msg.hashes, msg.proposal, msg.prompt_tokens,
-                                          (msg.first_rank, msg.last_rank), anyio.current_time(), key)
+                                          (msg.first_rank, msg.last_rank), anyio.current_time(), key,
+                                          msg.candidates)
         except ValueError as exc:
             log.warning("dropping a prefix claim from %s: %s", peer.name, exc)
             return

@@ -55,6 +55,16 @@ SPREAD_TOKENS = 512.0  # [ours] a new prompt: the fewest prefixes among the rank
 _INF = float("inf")
 
 
+def _decayed_costs(state: AsyncdpState, now_us: int) -> tuple[list[float], list[float], list[float]] | None:
+    """``(base, hbase, mbase)`` with the snapshot terms decayed to ``now_us`` (H5), on copies, when no hook ran for
+    a while and the weight moved; None when the state's own costs stand."""
+    if now_us < state.refresh_due_us or (decayed := state.snapshot_weight(now_us)) == state.weight:
+        return None
+    base = state.costs_at(decayed)
+    hbase = [b - m + x for b, m, x in zip(base, state.memory, state.extra, strict=True)]
+    return base, hbase, state.mcosts(base, hbase)
+
+
 class AsyncdpPolicy(Policy):
     """asyncdp's own policy: one token cost, prefix- and KV-aware, hot-spot bounded (theory of operation:
     docs/discussion/routing-policy.md)."""
@@ -118,10 +128,8 @@ class AsyncdpPolicy(Policy):
         if req.rank_hint is not None:  # a hinted request bypasses the policy (hinted_decision, inlined)
             return Decision(req.rank_hint, hinted=True)
         base, hbase, mbase = state.base, state.hbase, None
-        if now_us >= state.refresh_due_us and (decayed := state.snapshot_weight(now_us)) != state.weight:
-            base = state.costs_at(decayed)  # no hook ran for a while: decay the snapshot terms here (H5), on a copy
-            hbase = [b - m + x for b, m, x in zip(base, state.memory, state.extra, strict=True)]
-            mbase = state.mcosts(base, hbase)
+        if now_us >= state.refresh_due_us and (decayed := _decayed_costs(state, now_us)) is not None:
+            base, hbase, mbase = decayed  # no hook ran for a while: the snapshot terms decayed here (H5), on copies
             best, pick, ties = argmin(base)
         else:
             best, pick, ties = state.best, state.pick, state.ties
@@ -139,7 +147,7 @@ class AsyncdpPolicy(Policy):
             if mties > 1:
                 mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
             if self.spread and hashes and self.spread_applies(state):
-                mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, min(len(req.tokens), self.spread_tokens),
+                mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, self._within(req),
                                         tie_key(req, hashes) % state.n)
             return decisions[mpick]
         start = -1  # the tie scan's first rank, computed only when a tie needs it
@@ -225,6 +233,25 @@ class AsyncdpPolicy(Policy):
                     continue
             pick, pick_cost, pick_credit = r, cost, credit
         return pick
+
+    def claim_candidates(self, state: AsyncdpState, req: RequestView, now_us: int) -> list[int]:
+        """With several routers, for a claimed prompt (no rank holds it) while the spread rule applies: the ranks
+        ``select`` spreads it among (miss cost within the spread window of the cheapest), cheapest first, then in
+        the scan order from the key. The directory picks the one owning the fewest prefixes of every router's; this
+        router's own count (``index.roots``) is of the prefixes it has seen (:mod:`.prefix_directory`)."""
+        hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
+        if not (self.spread and hashes and self.spread_applies(state)) or state.index.owners.get(hashes[0], 0):
+            return []
+        decayed = _decayed_costs(state, now_us)
+        mbase = state.mbase if decayed is None else decayed[2]
+        if (cheapest := min(mbase)) == _INF:
+            return []
+        lim, n, start = cheapest + self._within(req), state.n, tie_key(req, hashes) % state.n
+        return sorted((r for r in range(n) if mbase[r] <= lim), key=lambda r: (mbase[r], (r - start) % n))
+
+    def _within(self, req: RequestView) -> float:
+        """The spread window for ``req``: its length, or ``spread_tokens`` if fewer."""
+        return min(len(req.tokens), self.spread_tokens)
 
     def spread_applies(self, state: AsyncdpState) -> bool:
         """Whether a prompt no rank holds is placed by prefix count (:mod:`.spread`): while the phase weights are

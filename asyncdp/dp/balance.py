@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from asyncdp.dp.asyncdp_policy import AsyncdpPolicy
 from asyncdp.dp.baselines import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
@@ -36,7 +36,7 @@ from asyncdp.dp.vllm_policy import VllmLegacyPolicy, VllmPolicy, VllmState, spec
 from asyncdp.errors import ConfigError, InvalidRequestError, UnavailableError
 
 __all__ = [
-    "POLICIES", "PRESETS", "Decision", "LoadBalancer", "Policy", "RankLoad", "RequestView", "Snapshot",
+    "POLICIES", "PRESETS", "ClaimAsk", "Decision", "LoadBalancer", "Policy", "RankLoad", "RequestView", "Snapshot",
     "VllmLegacyPolicy", "VllmPolicy", "VllmState", "make_policy", "parse_rank", "spec_loop_pick",
 ]
 
@@ -88,6 +88,15 @@ def policy_names() -> list[str]:
 
 
 # ---------------------------------------------------------------- the client façade
+
+
+class ClaimAsk(NamedTuple):
+    """What :meth:`LoadBalancer.claim` asks the coordinator's prefix directory (global ranks)."""
+
+    hashes: Sequence[int]
+    proposal: int
+    candidates: list[int]
+
 
 class LoadBalancer:
     """One DP client's routing state over its managed global ranks (spec §7).
@@ -170,10 +179,11 @@ class LoadBalancer:
         return resolve_rank_hint(self._engines, rank_hint, global_rank_hint)
 
     def claim(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int = 16,
-              now_us: int = 0) -> tuple[Sequence[int], int] | None:
-        """For an unhinted request: ``(hashes, proposal)`` when the policy wants the coordinator's prefix directory
+              now_us: int = 0) -> ClaimAsk | None:
+        """For an unhinted request: a :class:`ClaimAsk` when the policy wants the coordinator's prefix directory
         asked where this prompt goes (:meth:`Policy.claim_hashes`), with the global rank it would pick itself
-        (a pure ``select``, nothing recorded); None otherwise. Only with other routers and more than one rank."""
+        (a pure ``select``, nothing recorded) and the global ranks it would accept
+        (:meth:`Policy.claim_candidates`); None otherwise. Only with other routers and more than one rank."""
         if self._client_count < 2 or len(self._engines) < 2:
             return None
         req = RequestView(request_id, prompt_token_ids, max_tokens, None, None, now_us)
@@ -181,7 +191,9 @@ class LoadBalancer:
         if not hashes:
             return None
         decision = self._policy.select(req, self._snap, self._state, now_us, self._rng)
-        return hashes, self._engines[decision.dp_rank]
+        candidates = [self._engines[i] for i in self._policy.claim_candidates(self._state, req, now_us)
+                      if i not in self._dead]
+        return ClaimAsk(hashes, self._engines[decision.dp_rank], candidates)
 
     def on_prefix_owner(self, hashes: Sequence[int], owner: int, matched: int,
                         others: Sequence[float]) -> int | None:

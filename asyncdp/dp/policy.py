@@ -137,6 +137,12 @@ class Policy:
         routers may be placing it right now); empty for no claim, which is every policy but prefix-aware ones."""
         return ()
 
+    def claim_candidates(self, state: Any, req: RequestView, now_us: int) -> Sequence[int]:
+        """With a claim (:meth:`claim_hashes`): the ranks this router would accept for the prompt as a new prefix,
+        cheapest first, among which the directory picks the one that owns the fewest prefixes it placed for every
+        router; empty (the default) to leave the pick to the proposal."""
+        return ()
+
     def on_prefix_owner(self, state: Any, dp_rank: int | None, hashes: Sequence[int], matched: int,
                         others: Sequence[float]) -> None:
         """The directory put the prompt of ``hashes`` (what :meth:`claim_hashes` gave) on rank ``dp_rank`` (None:

@@ -24,6 +24,15 @@ different hybrid-LB nodes never share ranks, so they never share entries):
   way to that rank. In steady traffic the counters have decayed and the proposal, which weighs load, memory and
   KV, stands.
 
+A claimant whose policy spreads new prompts by prefix count (:mod:`asyncdp.dp.spread`) also sends its
+``candidates``: the ranks it would accept for this new prefix, cheapest first (those within its spread window of the
+cheapest by load). Its own count of the prefixes on each rank is of the ones it has seen, a fraction of them with
+several API servers, so for a new key the directory picks among the candidates the rank that owns the fewest of
+its entries, the proposal first among equals, then the candidates' order (the recent-tokens check above still
+applies to that pick). Its entries are every claimant's placements. With 4 API servers on W2 at full scale, each
+API server's own count left 17-22 of the 150 equal groups on a rank; ``ray_prefix``-style evenness needs the count
+of all of them.
+
 Every answer also carries, per rank of the scope, the *other* claimants' share of those counters: the prefill
 work the others just placed, which this API server's view lacks until a snapshot shows it. Without it, in a burst
 an API server that happened to be the first claimant of more prefixes on one rank than on another sees that rank
@@ -92,16 +101,21 @@ class PrefixDirectory:
         self.recent_at_s = 0.0
         self.by_client: dict[int, tuple[list[float], float]] = {}  # client -> (counts, decayed to this time)
         self.dead: set[int] = set()
+        self.owned = [0] * dp_size  # entries per owner rank (the prefix count that spreads new prefixes)
 
     def claim(self, hashes: Sequence[int], proposal: int, prompt_tokens: int, scope: tuple[int, int],
-              now_s: float, client: int = 0) -> Answer:
+              now_s: float, client: int = 0, candidates: Sequence[int] = ()) -> Answer:
         """Where this prompt's request goes (:class:`Answer`). ``scope`` is the claimant's managed ranks as
         ``(first, last)``, inclusive; ``proposal`` is in it; ``client`` names the claimant (its counts are left out
-        of ``others``). Raises ValueError for a claim that does not fit that description."""
+        of ``others``); ``candidates`` (in the scope, at most one per rank of it; may be empty) are the ranks it
+        would accept for a new prefix, cheapest first. Raises ValueError for a claim that does not fit that
+        description."""
         first, last = scope
         if not hashes or not 0 <= first <= proposal <= last < self.dp_size:
             raise ValueError(f"bad prefix claim: {len(hashes)} hashes, proposal {proposal}, scope {scope}, "
                              f"dp_size {self.dp_size}")
+        if len(candidates) > last - first + 1 or any(not first <= c <= last for c in candidates):
+            raise ValueError(f"bad prefix claim: candidates {list(candidates)[:8]} for scope {scope}")
         self._expire(now_s)
         self.recent = self._decayed(self.recent, self.recent_at_s, now_s)
         self.recent_at_s = now_s
@@ -117,7 +131,8 @@ class PrefixDirectory:
             stored = array("q", hashes[:MAX_CLAIM_BLOCKS])
         except OverflowError:
             raise ValueError("bad prefix claim: a block hash is not a signed 64-bit integer") from None
-        owner = self._place(proposal, prompt_tokens, first, last)
+        owner = self._place(self._fewest(proposal, candidates), prompt_tokens, first, last)
+        self.owned[owner] += 1
         self.recent[owner] += prompt_tokens
         mine[owner] += prompt_tokens
         self.entries[key] = Claim(owner, stored, now_s)
@@ -140,7 +155,21 @@ class PrefixDirectory:
             self._pop(key)
 
     def _pop(self, key: tuple[int, int, int]) -> None:
-        self.blocks -= len(self.entries.pop(key).hashes)
+        entry = self.entries.pop(key)
+        self.blocks -= len(entry.hashes)
+        self.owned[entry.owner] -= 1
+
+    def _fewest(self, proposal: int, candidates: Sequence[int]) -> int:
+        """Among the live candidates, the one owning the fewest entries: the proposal if it owns no more than they
+        do, else the first of them in the candidates' order; the proposal when no candidate is live."""
+        live = [c for c in candidates if c not in self.dead]
+        if not live:
+            return proposal
+        owned = self.owned
+        fewest = min(owned[c] for c in live)
+        if proposal in live and owned[proposal] == fewest:
+            return proposal
+        return next(c for c in live if owned[c] == fewest)
 
     def _others(self, mine: list[float], first: int, last: int) -> list[float]:
         """The scope's counts less the claimant's own (both decayed to now)."""

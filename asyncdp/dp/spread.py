@@ -8,6 +8,10 @@ fewest prefixes (the first blocks in this router's index, :class:`~.owner_index.
 ranks whose miss cost is within ``min(prompt, spread_tokens)`` (512) tokens of the cheapest, so the counts even out
 as under ``ray_prefix``'s "smallest tree" while a busy rank is never a candidate.
 
+With several API servers each one's index holds only the prefixes it has seen; a claimed new prompt carries the
+candidates (``AsyncdpPolicy.claim_candidates``) and the coordinator's prefix directory applies the count of every
+API server's prefixes (:mod:`.prefix_directory`).
+
 A count of prefixes stands for load only where prefixes recur about equally often, so the policy applies the rule
 only while (a) no request of about the last 256 began with a hot prefix (``AsyncdpState.hot_recently``: one that
 began a quarter of a rank's share of the recent requests; W7's Zipf documents, where most documents are cold and

@@ -260,6 +260,7 @@ class PrefixClaim(_Msg, frozen=True):
     prompt_tokens: int
     first_rank: int  # the client's managed ranks, first and last (inclusive)
     last_rank: int
+    candidates: list[int] = []  # the global ranks the client would accept for a new prefix, cheapest first
 
 
 class PrefixOwner(_Msg, frozen=True):

@@ -52,6 +52,7 @@ async def test_the_directorys_answer_directs_the_request_and_silence_times_out_t
         waited = anyio.current_time() - t0
         assert len(seen) == 1 and seen[0].first_rank == 0 and seen[0].last_rank == 3
         assert seen[0].prompt_tokens == len(PROMPT) and len(seen[0].hashes) == 6
+        assert sorted(seen[0].candidates) == [0, 1, 2, 3] and seen[0].proposal in seen[0].candidates  # all idle
         if silent:
             assert directed is None and waited == pytest.approx(CLAIM_TIMEOUT_S)
         else:

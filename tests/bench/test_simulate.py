@@ -206,3 +206,22 @@ def test_four_routers_agree_on_new_prefixes_through_the_coordinators_directory()
     assert _prefills_per_group(workload, alone) > 1.5
     assert metrics.compute(four)["prefix_hit_rate"] == pytest.approx(metrics.compute(one)["prefix_hit_rate"])
     assert {e.router for e in four.events} == {0, 1, 2, 3}
+
+
+def _first_rank_counts(workload, log) -> list[int]:
+    """Per rank: how many of the workload's groups had their first request sent there."""
+    group = {r.req_id: r.group for r in workload.records}
+    first: dict[str, int] = {}
+    for e in sorted(log.events, key=lambda e: (e.t_send_s, e.req_id)):
+        first.setdefault(group[e.req_id], e.rank)
+    return [sum(1 for r in first.values() if r == i) for i in range(log.dp_size)]
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_four_routers_spread_equal_prefix_groups_as_evenly_as_one(seed):
+    # W2's equal groups (20 at the quick scale, on 4 ranks): the spread rule puts each new group on the rank with
+    # the fewest. Each API server sees a quarter of the groups, so its own count is uneven; the coordinator's
+    # directory counts everyone's (PrefixClaim.candidates), and the groups end 5 to a rank as with one router.
+    workload = resolve(build("w2", "quick", seed, {"groups": 20}), 1.0, 10.0)
+    spec = ClusterSpec(dp_size=4, profile=load_profile("gpu_8b"), routers=4)
+    assert _first_rank_counts(workload, simulate(workload, "asyncdp", seed, spec)) == [5, 5, 5, 5]

@@ -622,6 +622,28 @@ async def test_clients_agree_on_a_new_prefix_through_the_coordinator_and_a_dead_
 
 
 @pytest.mark.trio
+async def test_a_claims_candidates_reach_the_directory_which_counts_every_clients_prefixes(autojump_clock, caplog):
+    async with coordinator(CoordinatorConfig(dp_size=4, wave_mode=False)) as h:
+        await h.engines(4)
+        a, b = await h.client(0), await h.client(1)
+        await a.send(claim(1, [21, 22], proposal=0))
+        _, owner = await a.expect(PrefixOwner)
+        assert owner.owner == 0
+        await trio.sleep(10)  # the recent new-prefix tokens decay away; the entry stays
+        # b never saw a's prefix: for it, rank 0 is as good as rank 3, but rank 0 owns one prefix and rank 3 none
+        await b.send(PrefixClaim(seq=1, hashes=[31], proposal=0, prompt_tokens=16, first_rank=0, last_rank=3,
+                                 candidates=[0, 3]))
+        _, owner = await b.expect(PrefixOwner)
+        assert owner.owner == 3
+        with caplog.at_level(logging.WARNING):  # a candidate outside the claimant's scope: dropped, link kept
+            await b.send(PrefixClaim(seq=2, hashes=[41], proposal=0, prompt_tokens=16, first_rank=0, last_rank=1,
+                                     candidates=[0, 2]))
+            await b.send(claim(3, [41], proposal=1))
+            _, owner = await b.expect(PrefixOwner)
+        assert owner.seq == 3 and "dropping a prefix claim" in caplog.text
+
+
+@pytest.mark.trio
 async def test_a_client_that_leaves_takes_its_new_prefix_counts_with_it(autojump_clock):
     async with coordinator(CoordinatorConfig(dp_size=4, wave_mode=False)) as h:
         await h.engines(4)

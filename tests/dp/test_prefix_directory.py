@@ -95,6 +95,38 @@ def test_the_hashes_kept_over_all_entries_are_bounded_too():
     assert d.blocks == 40 and len(d.entries) == 1
 
 
+def test_a_new_prefix_goes_to_the_candidate_that_owns_the_fewest_entries_of_every_claimant():
+    d = PrefixDirectory(4, decay_s=1e-9)  # the recent-token counts forgotten at once: only the entry counts act
+    assert om(d.claim([1], 2, 100, ALL4, now_s=0.0, client=1, candidates=[2, 0])) == (2, 0)
+    assert d.owned == [0, 0, 1, 0]
+    # another claimant proposes rank 2 again: rank 0, next in its candidates' order, owns fewer
+    assert om(d.claim([2], 2, 100, ALL4, now_s=1.0, client=2, candidates=[2, 0, 1])) == (0, 0)
+    # the proposal stands among equals, and a rank outside the candidates is never chosen (rank 3 owns none)
+    assert om(d.claim([3], 1, 100, ALL4, now_s=2.0, client=1, candidates=[0, 1, 2])) == (1, 0)
+    assert om(d.claim([4], 2, 100, ALL4, now_s=3.0, client=3, candidates=[2, 1])) == (2, 0)
+    assert d.owned == [1, 1, 2, 0]
+    # no candidates: the proposal, whatever it owns; a known key: its owner, with no count
+    assert om(d.claim([5], 2, 100, ALL4, now_s=4.0)) == (2, 0)
+    assert om(d.claim([1, 7], 3, 100, ALL4, now_s=5.0, candidates=[3])) == (2, 1)
+    assert d.owned == [1, 1, 3, 0]
+    d.drop_rank(2)  # a dead candidate is skipped, and its entries no longer count
+    assert d.owned == [1, 1, 0, 0]
+    assert om(d.claim([6], 0, 100, ALL4, now_s=6.0, candidates=[2, 0, 3])) == (3, 0)
+    with pytest.raises(ValueError):
+        d.claim([7], 0, 100, ALL4, now_s=7.0, candidates=[0, 4])  # outside the scope
+    with pytest.raises(ValueError):
+        d.claim([7], 0, 100, (0, 1), now_s=7.0, candidates=[0, 1, 0])  # more than the scope's ranks
+
+
+def test_the_entry_counts_fall_as_entries_expire_or_are_evicted():
+    d = PrefixDirectory(2, ttl_s=10.0, max_entries=2, decay_s=1e-9)
+    for h, t in ((1, 0.0), (2, 1.0), (3, 2.0)):
+        d.claim([h], 0, 16, (0, 1), now_s=t)
+    assert d.owned == [2, 0]  # the oldest went at the bound
+    d.claim([4], 1, 16, (0, 1), now_s=11.5)  # entries 2 (claimed at 1.0) and 3 (2.0): 2 expired at 11.5
+    assert d.owned == [1, 1] and sum(d.owned) == len(d.entries)
+
+
 # ---------------------------------------------------------------- the policy and the balancer
 
 
@@ -122,7 +154,7 @@ def test_a_learned_owner_draws_the_next_requests_of_the_prefix_like_its_own_plac
     lb = LoadBalancer([0, 1, 2, 3], client_index=1, client_count=2, policy="asyncdp")
     ask = lb.claim("r0", _prompt(0, SYSTEM))
     assert ask is not None
-    hashes, proposal = ask
+    hashes, proposal, _ = ask
     owner = (proposal + 1) % 4  # all tied: the proposal is the key's rank; the directory names another
     # the directory says another router put the system prompt on that rank (its 8 blocks match)
     assert lb.on_prefix_owner(hashes, owner, 8, [0.0] * 4) == owner
@@ -143,6 +175,32 @@ def test_the_balancer_ignores_an_owner_it_does_not_manage_or_that_died_and_a_hin
     assert lb.on_prefix_owner(ask[0], 6, 8, [0.0] * 4) is None
     assert lb.select("r0", _prompt(0, SYSTEM), 1, directed=5) == 5  # local index 1 = global 5: the hint
     assert lb.select("r1", _prompt(1, SYSTEM), 3, directed=5) == 7
+
+
+def test_a_claim_offers_the_ranks_the_spread_rule_chooses_among_cheapest_first():
+    pol = AsyncdpPolicy(memory_tokens=0)
+    state = pol.init(4, 0, 2)
+    _dispatch(pol, state, RequestView("x", _prompt(0, tuple(range(50_000, 50_000 + 16 * 40)))), 2, 0)  # 656 tokens
+    _dispatch(pol, state, RequestView("y", _prompt(1, tuple(range(60_000, 60_000 + 16 * 5)))), 0, 0)  # 96 tokens
+    req = RequestView("a", _prompt(2, SYSTEM))  # 144 tokens
+    # within the prompt's length (fewer than SPREAD_TOKENS) of the cheapest (ranks 1 and 3, idle): ranks 1, 3 and
+    # 0, in that order; rank 2 is not
+    got = pol.claim_candidates(state, req, 0)
+    assert sorted(got[:2]) == [1, 3] and got[2] == 0
+    assert pol.select(req, None, state, 0, random.Random(0)).dp_rank in got
+    # no candidates where the rule does not apply: a prompt a rank holds, the rule off, a closed gate
+    assert pol.claim_candidates(state, RequestView("b", _prompt(3, tuple(range(50_000, 50_016)))), 0) == []
+    off = AsyncdpPolicy(spread=False)
+    assert off.claim_candidates(off.init(4, 0, 2), req, 0) == []
+    state.phase_scale = 1.0  # most recent prompts were new: the phase weights place them
+    assert pol.claim_candidates(state, req, 0) == []
+
+
+def test_the_balancer_sends_the_candidates_as_global_live_ranks():
+    lb = LoadBalancer([4, 5, 6, 7], client_index=0, client_count=2, policy="asyncdp")
+    lb.mark_dead(5)
+    ask = lb.claim("r0", _prompt(0, SYSTEM))
+    assert ask is not None and sorted(ask.candidates) == [4, 6, 7] and ask.proposal in ask.candidates
 
 
 def test_no_claims_with_one_router_one_rank_or_a_policy_without_an_index():
