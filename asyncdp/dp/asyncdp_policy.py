@@ -29,7 +29,7 @@ from asyncdp.dp.asyncdp_state import KV_HIGH, REFRESH_US, AsyncdpState, CostWeig
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
-from asyncdp.dp.spread import fewest_prefixes
+from asyncdp.dp.spread import fewest_prefixes, near_cheapest
 from asyncdp.dp.ties import tie_key, tie_scan
 from asyncdp.errors import ConfigError, UnavailableError
 
@@ -246,8 +246,7 @@ class AsyncdpPolicy(Policy):
         mbase = state.mbase if decayed is None else decayed[2]
         if (cheapest := min(mbase)) == _INF:
             return []
-        lim, n, start = cheapest + self._within(req), state.n, tie_key(req, hashes) % state.n
-        return sorted((r for r in range(n) if mbase[r] <= lim), key=lambda r: (mbase[r], (r - start) % n))
+        return near_cheapest(mbase, cheapest, self._within(req), tie_key(req, hashes) % state.n)
 
     def _within(self, req: RequestView) -> float:
         """The spread window for ``req``: its length, or ``spread_tokens`` if fewer."""

@@ -62,6 +62,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from asyncdp.dp.spread import fewest
+
 __all__ = ["CLAIM_TTL_S", "MAX_CLAIM_BLOCKS", "Answer", "Claim", "PrefixDirectory"]
 
 CLAIM_TTL_S = 600.0  # [ours] how long a prefix nobody claims again stays placed (see the module docstring)
@@ -131,7 +133,8 @@ class PrefixDirectory:
             stored = array("q", hashes[:MAX_CLAIM_BLOCKS])
         except OverflowError:
             raise ValueError("bad prefix claim: a block hash is not a signed 64-bit integer") from None
-        owner = self._place(self._fewest(proposal, candidates), prompt_tokens, first, last)
+        live = [c for c in candidates if c not in self.dead]
+        owner = self._place(fewest(self.owned.__getitem__, live, proposal), prompt_tokens, first, last)
         self.owned[owner] += 1
         self.recent[owner] += prompt_tokens
         mine[owner] += prompt_tokens
@@ -158,18 +161,6 @@ class PrefixDirectory:
         entry = self.entries.pop(key)
         self.blocks -= len(entry.hashes)
         self.owned[entry.owner] -= 1
-
-    def _fewest(self, proposal: int, candidates: Sequence[int]) -> int:
-        """Among the live candidates, the one owning the fewest entries: the proposal if it owns no more than they
-        do, else the first of them in the candidates' order; the proposal when no candidate is live."""
-        live = [c for c in candidates if c not in self.dead]
-        if not live:
-            return proposal
-        owned = self.owned
-        fewest = min(owned[c] for c in live)
-        if proposal in live and owned[proposal] == fewest:
-            return proposal
-        return next(c for c in live if owned[c] == fewest)
 
     def _others(self, mine: list[float], first: int, last: int) -> list[float]:
         """The scope's counts less the claimant's own (both decayed to now)."""

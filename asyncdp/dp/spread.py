@@ -24,18 +24,31 @@ wherever the phase weights are not in full; on W7 they lengthen the queues behin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+
+def near_cheapest(mbase: Sequence[float], mbest: float, within: float, start: int) -> list[int]:
+    """The ranks whose miss cost ``mbase`` is within ``within`` tokens (the prompt's length, or the policy's
+    ``spread_tokens`` if fewer) of the cheapest (``mbest``): cheapest first, then in the scan order from ``start``.
+    The rule's candidates, in ``select`` and in a claim to the prefix directory."""
+    lim, n = mbest + within, len(mbase)
+    return sorted((r for r in range(n) if mbase[r] <= lim), key=lambda r: (mbase[r], (r - start) % n))
+
+
+def fewest(count: Callable[[int], int], candidates: Sequence[int], proposal: int) -> int:
+    """Among ``candidates`` (in order of preference), the one with the fewest ``count``: ``proposal`` when it is
+    one of them and counts no more than they do, else the first with the fewest; ``proposal`` when there are none.
+    The policy counts the prefixes in its own index, the prefix directory its entries (every router's)."""
+    if not candidates:
+        return proposal
+    least = min(count(r) for r in candidates)
+    if proposal in candidates and count(proposal) == least:
+        return proposal
+    return next(r for r in candidates if count(r) == least)
 
 
 def fewest_prefixes(roots: Sequence[set[int]], mbase: Sequence[float], mbest: float, mpick: int, within: float,
                     start: int) -> int:
-    """Among the ranks whose miss cost ``mbase`` is within ``within`` tokens (the prompt's length, or the policy's
-    ``spread_tokens`` if fewer) of the cheapest (``mbest``, at ``mpick``), the one holding the fewest prefixes:
-    ``mpick`` when it holds no more than they do, else the cheapest of those, then the first in the scan order
-    from ``start``."""
-    lim, n = mbest + within, len(mbase)
-    near = [r for r in range(n) if mbase[r] <= lim]
-    fewest = min(len(roots[r]) for r in near)
-    if len(roots[mpick]) <= fewest:
-        return mpick
-    return min((r for r in near if len(roots[r]) == fewest), key=lambda r: (mbase[r], (r - start) % n))
+    """The rule in ``select``: among :func:`near_cheapest`, the rank holding the fewest prefixes of this router's
+    index (``roots``), ``mpick`` (the cheapest) first among equals."""
+    return fewest(lambda r: len(roots[r]), near_cheapest(mbase, mbest, within, start), mpick)
