@@ -28,6 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from asyncdp.bench.arrivals import RelativeLadder  # noqa: E402
+from asyncdp.bench.command import parse_options  # noqa: E402
 from asyncdp.bench.profiles import load_profile  # noqa: E402
 from asyncdp.bench.records import resolve  # noqa: E402
 from asyncdp.bench.simulate import ClusterSpec, RunLog, measure_r_sat, simulate  # noqa: E402
@@ -89,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--to", dest="t_to", type=float, default=math.inf)
     ap.add_argument("--full", type=float, default=0.99, help="KV usage read as full")
     ns = ap.parse_args(argv)
-    options = dict(item.split("=", 1) for item in ns.option)
-    workload = build(ns.workload, ns.scale, ns.seed, options)
+    workload = build(ns.workload, ns.scale, ns.seed, parse_options(ns.option))
     spec = ClusterSpec(workload.dp_size, load_profile(ns.profile), routers=ns.routers, telemetry=ns.telemetry)
     r_sat = measure_r_sat(workload, spec, ns.seed) if isinstance(workload.arrival, RelativeLadder) else None
     workload = resolve(workload, 1.0, r_sat)

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
@@ -118,6 +118,17 @@ def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
     return advance_bar, bar.close
 
 
+def parse_options(items: Iterable[str]) -> dict[str, str]:
+    """``--option KEY=VALUE`` items as a dict (the workload generator checks the values)."""
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option must be KEY=VALUE (got {item!r}).")
+        options[key.strip()] = value.strip()
+    return options
+
+
 def _workloads(ns: argparse.Namespace, seed: int) -> Iterator[Any]:
     from asyncdp.bench.trace import read_trace
     from asyncdp.bench.workloads import build
@@ -125,12 +136,7 @@ def _workloads(ns: argparse.Namespace, seed: int) -> Iterator[Any]:
     if ns.trace:
         yield read_trace(ns.trace, ns.trace_block_size, seed=seed, dp_size=ns.dp or 8)
         return
-    options = {}
-    for item in ns.option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--option must be KEY=VALUE (got {item!r}).")
-        options[key.strip()] = value.strip()
+    options = parse_options(ns.option)
     for name in _csv(ns.workload or ""):
         yield build(name, ns.scale, seed, options)
 
