@@ -14,9 +14,12 @@ the block hashes it sent (:mod:`.owner_index`), counted twice. On top of the cos
 replicas of prefixes hotter than their holders can serve (H3, ``AsyncdpState.mark_hot`` and ``mark_spill``); for a
 prompt no rank holds, phase weights where most recent prompts were new (closed-loop clients out of step) and spread
 by prefix count where they were not and none recently began with a hot prefix (:mod:`.spread`); the opt-in stall
-term (:mod:`.stalls`); ties scanned from a stable hash of the request's key (H6, H7, :mod:`.ties`); the
-coordinator's prefix directory with several routers (:mod:`.prefix_directory`). The hooks keep every
-request-independent term cached (:mod:`.asyncdp_state`), so ``select`` is a few lookups (G7).
+term (:mod:`.stalls`); ties scanned from a stable hash of the request's key (H6, H7, :mod:`.ties`); with several
+routers, the coordinator's prefix directory (:mod:`.prefix_directory`; not while the phase weights hold in full)
+and the other routers' work since the snapshot, estimated from this router's own send rate and poured over the
+cheapest ranks (``AsyncdpState.unseen``, :func:`.asyncdp_state.water_level`; the ranks it levels tie, and the key
+picks among them with equal odds, :func:`.ties.tie_pick`). The hooks keep every request-independent term cached
+(:mod:`.asyncdp_state`), so ``select`` is a few lookups (G7).
 """
 
 from __future__ import annotations
@@ -25,12 +28,20 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from asyncdp.dp.asyncdp_state import KV_HIGH, REFRESH_US, AsyncdpState, CostWeights, Routed, argmin
+from asyncdp.dp.asyncdp_state import (
+    KV_HIGH,
+    REFRESH_US,
+    AsyncdpState,
+    CostWeights,
+    Routed,
+    argmin,
+    water_level,
+)
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
 from asyncdp.dp.spread import fewest_prefixes, near_cheapest
-from asyncdp.dp.ties import tie_key, tie_scan
+from asyncdp.dp.ties import tie_key, tie_pick, tie_scan
 from asyncdp.errors import ConfigError, UnavailableError
 
 __all__ = ["REFRESH_US", "AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
@@ -52,7 +63,17 @@ DECODE_REF_TOKENS = 4096.0  # [ours] a decoding request with a longer prompt wei
 DECODE_MAX_SCALE = 4.0  # [ours] ... up to this many times decode_tokens
 STALL_GRACE_S = 1.0  # [ours] asyncdp@stall: a request waiting longer than this for its first token stalls its rank
 SPREAD_TOKENS = 512.0  # [ours] a new prompt: the fewest prefixes among the ranks this close to the cheapest (spread)
+UNSEEN_FILL = 1.0  # [ours] how much of the other routers' unseen work (AsyncdpState.unseen) is poured over the ranks
 _INF = float("inf")
+
+
+def _raised(costs: list[float], base: list[float], level: float) -> list[float]:
+    """``costs`` with each rank whose ``base`` is below ``level`` raised by the difference (what pouring the other
+    routers' unseen work over the cheapest ranks does to them, :func:`water_level`); ``base`` itself rises to
+    exactly ``level``, so the ranks it levels tie."""
+    if costs is base:
+        return [level if b < level else b for b in base]
+    return [c + (level - b) if b < level else c for c, b in zip(costs, base, strict=True)]
 
 
 def _decayed_costs(state: AsyncdpState, now_us: int) -> tuple[list[float], list[float], list[float]] | None:
@@ -78,12 +99,13 @@ class AsyncdpPolicy(Policy):
                  phase_period_s: float = PHASE_PERIOD_S, decode_ref_tokens: float = DECODE_REF_TOKENS,
                  hot_share: float = HOT_SHARE, stall_tokens_per_s: float = 0.0,
                  stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True,
-                 spread: bool = True, spread_tokens: float = SPREAD_TOKENS, spread_gated: bool = True) -> None:
+                 spread: bool = True, spread_tokens: float = SPREAD_TOKENS, spread_gated: bool = True,
+                 unseen_fill: float = UNSEEN_FILL, claim_in_phase: bool = False) -> None:
         if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
-                                stall_tokens_per_s, stall_grace_s, spread_tokens) < 0:
+                                stall_tokens_per_s, stall_grace_s, spread_tokens, unseen_fill) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
                               "replica_headroom, decode_ref_tokens, hot_share, stall_tokens_per_s, "
-                              "stall_grace_s and spread_tokens >= 0.")
+                              "stall_grace_s, spread_tokens and unseen_fill >= 0.")
         if not 0 <= phase_spread < 1 or phase_period_s <= 0:
             raise ConfigError("asyncdp policy: phase_spread must be in [0, 1) and phase_period_s > 0.")
         self.decode_tokens = decode_tokens
@@ -103,6 +125,8 @@ class AsyncdpPolicy(Policy):
         self.spread, self.spread_tokens = spread, spread_tokens  # a new prompt: fewest prefixes near the cheapest
         self.spread_gated = spread_gated  # False (@spread, @spread512): spread wherever the phases are not in full
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
+        self.unseen_fill = unseen_fill  # 0 (asyncdp@no_fill): the other routers' unseen work is not estimated
+        self.claim_in_phase = claim_in_phase  # True (asyncdp@claim_all): claim new prompts while the phases hold too
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
              params: dict[str, Any] | None = None) -> AsyncdpState:
@@ -133,19 +157,31 @@ class AsyncdpPolicy(Policy):
             best, pick, ties = argmin(base)
         else:
             best, pick, ties = state.best, state.pick, state.ties
+        hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
+        filled = state.num_routers > 1 and (unseen := self.unseen_fill * state.unseen(now_us)) > 0
+        key, level, low = 0, 0.0, base
+        if filled:
+            # the other routers' work since the snapshot, poured over the cheapest ranks, where they send it (H7);
+            # the ranks it levels tie, and the key picks among them with equal odds (tie_pick)
+            key, low = tie_key(req, hashes), base
+            best = level = water_level(base, unseen)
+            base, ties = _raised(base, low, level), 1
+            pick = tie_pick(base, best, key)
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
-        hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         decisions = state.decisions  # one immutable Decision per rank, made once
         index = state.index
         if not hashes or not index.owners.get(hashes[0], 0):
             # No rank holds the prompt: the cheapest by load, its load weighed by the rank's phase (state.phase)
+            if filled:
+                mbase = _raised(state.mbase if mbase is None else mbase, low, level)
             if mbase is None:
                 mbase, mbest, mpick, mties = state.mbase, state.mbest, state.mpick, state.mties
             else:
                 mbest, mpick, mties = argmin(mbase)
             if mties > 1:
-                mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
+                mpick = tie_pick(mbase, mbest, key) if filled else tie_scan(mbase, mbest, mpick,
+                                                                           tie_key(req, hashes) % state.n)
             if self.spread and hashes and self.spread_applies(state):
                 mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, self._within(req),
                                         tie_key(req, hashes) % state.n)
@@ -183,17 +219,25 @@ class AsyncdpPolicy(Policy):
         # memory does not decide among them (it is cached on all of them, and little is added): they compare by
         # load only (hbase = base - memory + extra: the decodes weighed by their context). Their common credit is
         # added after the loop, and the extra taken off again: the hit is weighed flat against the cheapest rank.
-        costs = hbase if by_load else base
+        costs = (_raised(hbase, low, level) if filled else hbase) if by_load else base
         rmin, cmin, n = -1, _INF, state.n
+        tied: list[int] = []  # with the unseen work: the holders at the minimum, picked from as tie_pick does
         for r in RANK_TUPLES.get(full) or ranks_of(full):
             cost = costs[r]
             if cost <= cmin and load[r] <= cap:
+                if cost == cmin and filled:
+                    tied.append(r)
+                    continue
                 if cost == cmin:  # equal: the scan order from the key decides (H6)
                     if start < 0:
                         start = tie_key(req, hashes) % n
                     if (r - start) % n >= (rmin - start) % n:
                         continue
                 rmin, cmin = r, cost
+                if filled:
+                    tied = [r]
+        if len(tied) > 1:
+            rmin = tied[key % len(tied)]
         if rmin >= 0:
             cmin += (plen - wc + state.memory[rmin] - state.extra[rmin]) if by_load else (plen - wc)
             if cmin < pick_cost or (cmin == pick_cost and top_credit > 0) or ((full >> pick) & 1 and load[pick] <= cap):
@@ -243,7 +287,9 @@ class AsyncdpPolicy(Policy):
         if not (self.spread and hashes and self.spread_applies(state)) or state.index.owners.get(hashes[0], 0):
             return []
         decayed = _decayed_costs(state, now_us)
-        mbase = state.mbase if decayed is None else decayed[2]
+        base, _, mbase = (state.base, state.hbase, state.mbase) if decayed is None else decayed
+        if (unseen := self.unseen_fill * state.unseen(now_us)) > 0:
+            mbase = _raised(mbase, base, water_level(base, unseen))
         if (cheapest := min(mbase)) == _INF:
             return []
         return near_cheapest(mbase, cheapest, self._within(req), tie_key(req, hashes) % state.n)
@@ -293,6 +339,7 @@ class AsyncdpPolicy(Policy):
         if state.weights.stall_tokens_per_s:
             state.stalls.sent(routed)
         state.pending[r] += prefill
+        state.sent_tok += prefill + weight
         state.pending_reqs[r] += 1
         state.update(r)
         if hashes and state.weights.replica_headroom:
@@ -329,6 +376,7 @@ class AsyncdpPolicy(Policy):
             state.others_tok[i] = ow * state.avg_prefill + (other - ow) * state.avg_decode
             state.kv[i] = x.kv_usage
         at = snap.delivered_at_us or state.clock_us
+        state.note_period(at)
         state.snap_at_us = at
         state.refreshed_at_us = at
         state.refresh_due_us = at + REFRESH_US
@@ -345,6 +393,11 @@ class AsyncdpPolicy(Policy):
         """A prompt whose first block this router never placed is claimed through the coordinator when there are
         other routers: one of them may be placing it right now (:mod:`asyncdp.dp.prefix_directory`)."""
         if state.num_routers < 2 or not self.directory or not self.prefix or req.rank_hint is not None:
+            return ()
+        if state.phase_scale >= 1.0 and not self.claim_in_phase:
+            # Most recent prompts were new to every rank and the phase weights hold in full (W9): prompts that do not
+            # recur need no agreement, and the directory, placing by the others' recent new-prefix tokens, would
+            # undo the weights (W9 at R = 4 read 3.5 x R = 1's mean TTFT)
             return ()
         hashes = prompt_hashes(req, state.block_size)
         if not hashes or state.index.owners.get(hashes[0], 0):

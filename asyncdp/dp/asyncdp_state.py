@@ -12,6 +12,7 @@ rescans once.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ REFRESH_US = 50_000  # the snapshot terms are re-weighed by their age at most th
 REPLICA_SLACK = 1.0  # [ours] in-flight requests past the mean before a hot prefix gets another holder (H3)
 NEW_SHARE_WINDOW = 256.0  # dispatches over which the share of prompts no rank held is averaged
 PHASE_STEP = 0.125  # phase_scale moves in steps of this
+SEND_RATE_TAU_US = 2_000_000  # [ours] this router's send rate (note_period) is averaged over about this long
+UNSEEN_MAX_AGE_US = 1_000_000  # [ours] the other routers' unseen work (unseen) grows with the age up to this
 _INF = float("inf")
 
 
@@ -111,6 +114,8 @@ class AsyncdpState:
     avg_prefill: float = 0.0  # EMA of the uncached tokens per request this router sent
     avg_decode: float = 0.0  # EMA of the decode weights of the requests this router sent (from decode_tokens)
     stalls: Stalls = field(default_factory=lambda: Stalls(0.0, 0, 0))  # the stall term (:mod:`.stalls`)
+    sent_tok: float = 0.0  # prefill tokens and decode weights this router sent since the last snapshot
+    send_rate: float = 0.0  # their rate per microsecond, averaged over about SEND_RATE_TAU_US (note_period)
 
     @classmethod
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
@@ -273,6 +278,24 @@ class AsyncdpState:
         The set ``hot`` keeps a prefix that went cold until it is sent again; this forgets it within a window."""
         return self.rates.seq - self.hot_seq < self.rates.window
 
+    def note_period(self, at_us: int) -> None:
+        """A snapshot delivered at ``at_us``: fold what this router sent since the last one into ``send_rate``
+        (an exponential average over about ``SEND_RATE_TAU_US``, whatever the snapshots' spacing) and start again."""
+        if self.snap_at_us is not None and at_us > self.snap_at_us:
+            period = at_us - self.snap_at_us
+            self.send_rate += (self.sent_tok / period - self.send_rate) * (1.0 - math.exp(-period / SEND_RATE_TAU_US))
+        self.sent_tok = 0.0
+
+    def unseen(self, now_us: int) -> float:
+        """With several routers: the work, in prefill tokens, that the others sent since the last snapshot and no
+        snapshot shows yet, estimated as ``R - 1`` times this router's own send rate over the snapshot's age (at
+        most ``UNSEEN_MAX_AGE_US``): API servers behind one port get about equal shares of the traffic. 0 with one
+        router or before the first snapshot."""
+        if self.num_routers < 2 or self.snap_at_us is None:
+            return 0.0
+        age = min(UNSEEN_MAX_AGE_US, max(0, now_us - self.snap_at_us))
+        return (self.num_routers - 1) * self.send_rate * age
+
     def set_shared(self, others: Sequence[float]) -> None:
         """Several routers: the other routers' new-prefix prompt tokens per rank, as the coordinator's prefix
         directory last counted them (decayed over half a second). Until a snapshot shows the others' work, this
@@ -356,6 +379,24 @@ class AsyncdpState:
         self.index.drop_rank(dp_rank)
         self.set_cap()
         self.rescan()
+
+
+def water_level(values: Sequence[float], amount: float) -> float:
+    """The level ``L`` at which ``amount`` poured over the lowest of the finite ``values`` fills them:
+    ``sum(max(0, L - v)) == amount``. The lowest value for ``amount`` 0; ``inf`` when no value is finite."""
+    finite = sorted(values)
+    while finite and finite[-1] == _INF:
+        finite.pop()
+    if not finite:
+        return _INF
+    if (level := (amount + sum(finite)) / len(finite)) >= finite[-1]:
+        return level  # over every rank (the common case at a snapshot's age: one pass, in C)
+    total = 0.0
+    for k, v in enumerate(finite, 1):
+        total += v
+        if (level := (amount + total) / k) <= finite[k]:
+            return level
+    return level  # not reached: the last k is the first test
 
 
 def argmin(values: list[float]) -> tuple[float, int, int]:

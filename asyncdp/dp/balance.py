@@ -57,6 +57,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "round_robin@staggered": {"staggered": True},
     "asyncdp@local": {"directory": False},  # each API server on its own: no prefix directory
     "asyncdp@no_phase": {"phase_spread": 0.0},  # new prompts compare loads unweighted (AsyncdpState.phase)
+    "asyncdp@no_fill": {"unseen_fill": 0.0},  # several API servers: no estimate of the others' unseen work
+    "asyncdp@claim_all": {"claim_in_phase": True},  # claim new prompts while the phase weights hold too
     "asyncdp@flat_decode": {"decode_ref_tokens": 0.0},  # every decoding request weighs the same (decode_weight)
     "asyncdp@ctx_decode": {},  # the default: the name its decode weight had while it was opt-in
     "asyncdp@stall": {"stall_tokens_per_s": 16384.0},  # hits leave a rank whose requests wait past 1 s (stall)

@@ -21,6 +21,14 @@ def tie_scan(costs: list[float], best: float, pick: int, start: int) -> int:
     return pick
 
 
+def tie_pick(costs: list[float], best: float, key: int) -> int:
+    """Among the ranks at the minimum ``best``, in index order, the ``key mod count``-th: each with equal odds.
+    (``tie_scan`` favours the first tied rank after a run of untied ones; where a whole band of ranks ties by
+    construction, as under the other routers' unseen work, that rank would draw several times its share.)"""
+    tied = [i for i, c in enumerate(costs) if c == best]
+    return tied[key % len(tied)]
+
+
 def tie_key(req: RequestView, hashes: Sequence[int]) -> int:
     """A stable per-request key for ties (H6): the routing key, else the 4th block hash, else the tokens."""
     if req.routing_key is not None:

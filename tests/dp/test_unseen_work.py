@@ -1,0 +1,179 @@
+"""Several API servers under asyncdp's policy: the other routers' work no snapshot shows yet (``AsyncdpState.unseen``,
+poured over the cheapest ranks by ``water_level``), and no prefix claims while the phase weights hold in full.
+
+Between two snapshots every router decides from the same picture of the others' work; each knows its own requests
+exactly but not the ones the other R - 1 routers sent since. Priced at nothing, that work lands, in every router's
+view, on the snapshot's cheapest rank, and all of them send there (routing-bench H7)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from asyncdp.dp.asyncdp_policy import AsyncdpPolicy, AsyncdpState
+from asyncdp.dp.asyncdp_state import SEND_RATE_TAU_US, UNSEEN_MAX_AGE_US, water_level
+from asyncdp.dp.balance import make_policy
+from asyncdp.dp.owner_index import prompt_hashes
+from asyncdp.dp.policy import RankLoad, RequestView, Snapshot
+from asyncdp.dp.ties import tie_pick, tie_scan
+from asyncdp.errors import ConfigError
+
+INF = float("inf")
+PERIOD_US = 100_000  # the coordinator's publish interval
+
+
+TEMPLATE = tuple(range(32))  # two blocks every prompt of W6 begins with
+
+
+def request(n: int, tokens: int = 200, router: int = 0, template: bool = False,
+            hint: int | None = None) -> RequestView:
+    base = 1_000_000 * (router + 1) + 1000 * n
+    head = TEMPLATE if template else ()
+    return RequestView(f"q{router}-{n}", (*head, *range(base, base + tokens - len(head))), routing_key=f"u{router}-{n}",
+                       rank_hint=hint)
+
+
+def snapshot(running: list[int], at_us: int) -> Snapshot:
+    return Snapshot(tuple(RankLoad(0, r, 0.0) for r in running), delivered_at_us=at_us)
+
+
+def send(p: AsyncdpPolicy, s: AsyncdpState, req: RequestView, now_us: int) -> int:
+    d = p.select(req, None, s, now_us, random.Random(0))
+    p.on_dispatch(s, req, d, now_us)
+    return d.dp_rank
+
+
+def steady(p: AsyncdpPolicy, s: AsyncdpState, router: int, periods: int) -> int:
+    """One 200-token request a period, each finished before the next snapshot (which shows every rank idle);
+    returns the time of the last snapshot."""
+    n = s.n
+    for k in range(periods):
+        t = k * PERIOD_US
+        p.on_snapshot(s, snapshot([0] * n, t))
+        req = request(k, router=router)
+        rank = send(p, s, req, t + PERIOD_US // 2)
+        p.on_finish(s, req.req_id, rank, t + PERIOD_US // 2 + 1)
+    last = periods * PERIOD_US
+    return last
+
+
+def test_the_water_level_pours_an_amount_over_the_lowest_values():
+    assert water_level([0.0, 10.0, 30.0], 15.0) == 12.5  # 12.5 + 2.5
+    assert water_level([0.0, 10.0, 30.0], 0.0) == 0.0
+    assert water_level([30.0, 0.0, 10.0], 100.0) == pytest.approx(140.0 / 3)  # over all three, in any order
+    assert water_level([0.0, 0.0, 0.0, 0.0], 40.0) == 10.0
+    assert water_level([5.0, INF], 7.0) == 12.0  # a dead rank takes nothing
+    assert water_level([INF, INF], 1.0) == INF
+
+
+def test_a_band_of_tied_ranks_is_picked_from_with_equal_odds():
+    # ranks 2-5 tie at the minimum; the scan from key mod 8 gives rank 2 every start from 6 through 2 (5 of 8), the
+    # pick about a quarter of the keys each
+    costs = [9.0, 9.0, 1.0, 1.0, 1.0, 1.0, 9.0, 9.0]
+    assert Counter(tie_scan(costs, 1.0, 2, key) for key in range(8)) == Counter({2: 5, 3: 1, 4: 1, 5: 1})
+    rng = random.Random(7)
+    keys = [rng.getrandbits(64) for _ in range(4000)]  # 64-bit keys, as tie_key makes them
+    picks = Counter(tie_pick(costs, 1.0, key) for key in keys)
+    assert set(picks) == {2, 3, 4, 5} and all(900 <= c <= 1100 for c in picks.values())
+    assert all(tie_pick(costs, 1.0, k) == tie_pick(costs, 1.0, k) for k in keys[:10])  # stable for a key
+
+
+def test_the_send_rate_averages_what_this_router_sent_between_snapshots():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(8, 0, 4)
+    assert s.unseen(0) == 0.0  # no snapshot yet
+    last = steady(p, s, 0, 60)  # 6 s of one request a period
+    # each request is 200 uncached tokens and one decode weight (16): 216 tokens a period, folded in with the
+    # weight 1 - exp(-period/tau) per period, from 0
+    per_us = 216 / PERIOD_US
+    alpha = 1 - math.exp(-PERIOD_US / SEND_RATE_TAU_US)
+    p.on_snapshot(s, snapshot([0] * 8, last))  # the 60th period's request folds in too
+    assert s.send_rate == pytest.approx(per_us * (1 - (1 - alpha) ** 60))
+    # the other three routers' work since that snapshot: 3 x the rate x its age, the age counted up to 1 s
+    assert s.unseen(last + 50_000) == pytest.approx(3 * s.send_rate * 50_000)
+    assert s.unseen(last + 5 * UNSEEN_MAX_AGE_US) == pytest.approx(3 * s.send_rate * UNSEEN_MAX_AGE_US)
+    # a quiet period (a heartbeat 5 s later with nothing sent) brings the rate down
+    before = s.send_rate
+    p.on_snapshot(s, snapshot([0] * 8, last + 5_000_000))
+    assert s.send_rate == pytest.approx(before * math.exp(-5_000_000 / SEND_RATE_TAU_US))
+
+
+def test_one_router_sees_no_unseen_work():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(8)
+    last = steady(p, s, 0, 20)
+    assert s.send_rate > 0
+    assert s.unseen(last + 50_000) == 0.0
+
+
+def burst(unseen_fill: float, template: bool = False, trial: int = 0, sends: int = 2) -> Counter[int]:
+    """Four routers, 8 ranks, each router with 20 periods of steady traffic behind it, then one snapshot that
+    shows ranks 0-7 with 0-7 running requests (the cheapest, rank 0, by 16 tokens), and 50 ms later each router
+    sends two 200-token requests: where the eight requests go. (No memory term, phase weights or spread by prefix
+    count: the costs are the loads alone.) ``template``: every prompt begins with two blocks every rank holds (W6),
+    so the choice is among holders, each with the same credit."""
+    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread=False, unseen_fill=unseen_fill)
+    where: Counter[int] = Counter()
+    for router in range(4):
+        s = p.init(8, router, 4, {"kv_blocks_per_rank": 10_000})
+        if template:
+            for r in range(8):
+                req = request(200 + r, router=router, template=True, hint=r)
+                p.on_finish(s, req.req_id, send(p, s, req, 0), 0)
+            assert s.index.owners[prompt_hashes(request(0, template=True), 16)[0]] == (1 << 8) - 1  # all 8
+        last = steady(p, s, router, 20)
+        p.on_snapshot(s, snapshot(list(range(8)), last))
+        for k in range(sends):
+            req = request(100 + 10 * trial + k, router=router, template=template)
+            where[send(p, s, req, last + 50_000)] += 1
+    return where
+
+
+@pytest.mark.parametrize("template", [False, True], ids=["new-prompts", "held-template"])
+def test_four_routers_spread_the_requests_they_send_between_two_snapshots(template: bool):
+    # Without the estimate, each router sends its first request to the snapshot's cheapest rank and its second to
+    # the next one (its own first request is exact): all four do the same, 4 requests on each of ranks 0 and 1.
+    for trial in range(10):
+        assert burst(0.0, template, trial) == Counter({0: 4, 1: 4})
+    # With it, each router pours the others' estimated work (3 x 216 tokens a period, half a period old, 63 % of it
+    # learnt in 20 periods) over the cheapest ranks: ranks 0-4 rise to one level (rank 5 joins once the router's
+    # own first request is on one of them) and each request's own key picks among them with equal odds. Over ten
+    # bursts (other requests, other keys) no rank takes four of a burst's eight requests in most of them.
+    bursts = [burst(1.0, template, trial) for trial in range(10)]
+    assert all(sum(b.values()) == 8 for b in bursts)
+    assert set().union(*bursts) == set(range(6))  # the level stops below ranks 6 and 7
+    assert sum(max(b.values()) >= 4 for b in bursts) <= 3
+    assert sum(len(b) for b in bursts) >= 30  # at least 3 ranks a burst on average (2 without)
+
+
+def test_a_prompt_every_rank_holds_alike_goes_where_a_new_one_would():
+    # Equal credit on every rank: the choice is by load alone, and among the ranks the unseen work levelled the same
+    # key picks the same rank on both paths (the holders' loop and the cheapest by load). (Each router's first
+    # request: after it, the template's credit makes the two states differ.)
+    for trial in range(10):
+        assert burst(1.0, True, trial, sends=1) == burst(1.0, False, trial, sends=1)
+
+
+def test_unseen_fill_must_not_be_negative():
+    with pytest.raises(ConfigError, match="unseen_fill"):
+        AsyncdpPolicy(unseen_fill=-1.0)
+    assert getattr(make_policy("asyncdp@no_fill"), "unseen_fill", None) == 0.0
+
+
+def test_new_prompts_are_not_claimed_while_the_phase_weights_hold_in_full():
+    # Closed-loop clients with prompts that never recur (W9): the phase weights keep ranks a few per cent apart so
+    # the clients fall out of step. With several API servers each new prompt used to be claimed, and the
+    # directory's placement by the others' recent new-prefix tokens undid the weights.
+    for name, claims_in_phase in (("asyncdp", False), ("asyncdp@claim_all", True)):
+        p = make_policy(name)
+        assert isinstance(p, AsyncdpPolicy)
+        s = p.init(4, 0, 4)
+        first = request(0)
+        assert p.claim_hashes(s, first)  # a new prompt, most recent prompts not (yet) new
+        for k in range(1, 600):  # every prompt new: the share of new prompts goes to 1
+            send(p, s, request(k), k)
+        assert s.phase_scale == 1.0
+        assert bool(p.claim_hashes(s, request(1000))) is claims_in_phase
