@@ -77,7 +77,7 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--robustness", action="store_true", help="also run the candidate with oracle telemetry "
                    "and with 4 routers (gate G6)")
     p.add_argument("--decision-time", action="store_true", help="also time the candidate's decisions at dp "
-                   "8, 64 and 256 (gate G7; wall clock, kept apart in the JSON)")
+                   "8, 64 and 256, as one of --routers API servers (gate G7; wall clock, kept apart in the JSON)")
     p.add_argument("--jobs", type=int, default=None, help="simulated runs at a time, each in its own process "
                    "(default: one per core; 0: all in this process, one after another)")
     p.add_argument("--json", help="write the JSON result here")
@@ -237,7 +237,8 @@ def run(ns: argparse.Namespace) -> int:
         from asyncdp.bench.decision_time import DP_SIZES, measure
 
         measure(ns.candidate, DP_SIZES[0], decisions=1000)  # a warm-up, discarded: right after the simulations
-        timing = [measure(ns.candidate, n) for n in DP_SIZES]  # the first size once read 10-20x slow
+        # the first size once read 10-20x slow; with --routers R, as one of R API servers
+        timing = [measure(ns.candidate, n, routers=ns.routers) for n in DP_SIZES]
     gate_rows = [*report.gates(runs, ns.candidate), pathology.g5(runs, ns.candidate),
                  report.g6(runs, robust, ns.candidate)]
     if ns.decision_time:

@@ -51,11 +51,13 @@ def _stats(ns: Sequence[int], overhead: int) -> dict[str, float]:
     return {"mean_us": statistics.fmean(us), "p50_us": us[len(us) // 2], "p99_us": us[int(len(us) * 0.99)]}
 
 
-def measure(policy: Policy | str, dp_size: int, decisions: int = 5000, seed: int = 1) -> dict[str, Any]:
-    """Time ``decisions`` decisions of ``policy`` at ``dp_size`` (after a warm-up of a fifth as many)."""
+def measure(policy: Policy | str, dp_size: int, decisions: int = 5000, seed: int = 1,
+            routers: int = 1) -> dict[str, Any]:
+    """Time ``decisions`` decisions of ``policy`` at ``dp_size`` (after a warm-up of a fifth as many), as the first of
+    ``routers`` API servers (the others' work shows only in the snapshots)."""
     pol = make_policy(policy) if isinstance(policy, str) else policy
     rng = random.Random(seed)
-    state = pol.init(dp_size, 0, 1, {"kv_blocks_per_rank": 4096})
+    state = pol.init(dp_size, 0, routers, {"kv_blocks_per_rank": 4096})
     prng = random.Random(seed + 1)
     warm = decisions // 5
     reqs = _requests(warm + decisions, rng)
@@ -92,7 +94,8 @@ def measure(policy: Policy | str, dp_size: int, decisions: int = 5000, seed: int
     finally:
         gc.enable()
     overhead = min(clock() - clock() for _ in range(1000))
-    return {"policy": pol.name, "dp": dp_size, "decisions": decisions, "select": _stats(t_sel, overhead),
+    return {"policy": pol.name, "dp": dp_size, "routers": routers, "decisions": decisions,
+            "select": _stats(t_sel, overhead),
             "hash": _stats(t_hash, overhead), "hooks": _stats(t_hook, overhead)}
 
 

@@ -145,6 +145,16 @@ def test_the_gates_g1_to_g7_are_printed_with_robustness_and_decision_time(tmp_pa
     doc = json.loads(out.read_text())
     assert {r["variant"] for r in doc["robustness"]} == {"oracle", "R4"}
     assert [r["dp"] for r in doc["decision_time"]] == [8, 64, 256]
+    assert {r["routers"] for r in doc["decision_time"]} == {1}
+
+
+def test_decision_time_is_timed_as_one_of_the_routers_given(tmp_path):
+    # with several API servers asyncdp's select also estimates the others' unseen work: timed as deployed
+    out = tmp_path / "result.json"
+    assert main(["bench", "routing", *TINY, "--policies", "asyncdp", "--routers", "2", "--decision-time",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["dp"], r["routers"]) for r in doc["decision_time"]] == [(8, 2), (64, 2), (256, 2)]
 
 
 def test_output_files_go_into_folders_made_for_them_and_a_folder_given_as_a_file_fails_before_any_run(
