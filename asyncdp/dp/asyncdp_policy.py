@@ -18,7 +18,7 @@ term (:mod:`.stalls`); ties scanned from a stable hash of the request's key (H6,
 routers, the coordinator's prefix directory (:mod:`.prefix_directory`; not while the phase weights hold in full)
 and the other routers' work since the snapshot, estimated from this router's own send rate and poured over the
 cheapest ranks (``AsyncdpState.unseen``, :func:`.asyncdp_state.water_level`; the ranks it levels tie, and the key
-picks among them with equal odds, :func:`.ties.tie_pick`). The hooks keep every request-independent term cached
+picks among them in proportion to the share of the pour each took, :func:`.ties.pick_among`). The hooks keep every request-independent term cached
 (:mod:`.asyncdp_state`), so ``select`` is a few lookups (G7).
 """
 
@@ -41,7 +41,7 @@ from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
 from asyncdp.dp.spread import fewest_prefixes, near_cheapest
-from asyncdp.dp.ties import tie_key, tie_pick, tie_scan
+from asyncdp.dp.ties import pick_among, tie_key, tie_pick, tie_scan
 from asyncdp.errors import ConfigError, UnavailableError
 
 __all__ = ["REFRESH_US", "AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
@@ -63,7 +63,8 @@ DECODE_REF_TOKENS = 4096.0  # [ours] a decoding request with a longer prompt wei
 DECODE_MAX_SCALE = 4.0  # [ours] ... up to this many times decode_tokens
 STALL_GRACE_S = 1.0  # [ours] asyncdp@stall: a request waiting longer than this for its first token stalls its rank
 SPREAD_TOKENS = 512.0  # [ours] a new prompt: the fewest prefixes among the ranks this close to the cheapest (spread)
-UNSEEN_FILL = 1.0  # [ours] how much of the other routers' unseen work (AsyncdpState.unseen) is poured over the ranks
+UNSEEN_FILL = 0.0  # [ours] how much of the other routers' unseen work (AsyncdpState.unseen) is poured over the ranks
+UNSEEN_REQUEST_TOKENS = 512.0  # [ours] one request's most in the send rate: a long prompt lands on one rank, not spread
 _INF = float("inf")
 
 
@@ -125,7 +126,7 @@ class AsyncdpPolicy(Policy):
         self.spread, self.spread_tokens = spread, spread_tokens  # a new prompt: fewest prefixes near the cheapest
         self.spread_gated = spread_gated  # False (@spread, @spread512): spread wherever the phases are not in full
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
-        self.unseen_fill = unseen_fill  # 0 (asyncdp@no_fill): the other routers' unseen work is not estimated
+        self.unseen_fill = unseen_fill  # 1 (asyncdp@fill): the other routers' unseen work is estimated and poured
         self.claim_in_phase = claim_in_phase  # True (asyncdp@claim_all): claim new prompts while the phases hold too
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
@@ -162,11 +163,11 @@ class AsyncdpPolicy(Policy):
         key, level, low = 0, 0.0, base
         if filled:
             # the other routers' work since the snapshot, poured over the cheapest ranks, where they send it (H7);
-            # the ranks it levels tie, and the key picks among them with equal odds (tie_pick)
+            # the ranks it levels tie, and the key picks among them by the share of the pour each took (pick_among)
             key, low = tie_key(req, hashes), base
             best = level = water_level(base, unseen)
             base, ties = _raised(base, low, level), 1
-            pick = tie_pick(base, best, key)
+            pick = tie_pick(base, best, key, low, level)
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
         decisions = state.decisions  # one immutable Decision per rank, made once
@@ -180,7 +181,7 @@ class AsyncdpPolicy(Policy):
             else:
                 mbest, mpick, mties = argmin(mbase)
             if mties > 1:
-                mpick = tie_pick(mbase, mbest, key) if filled else tie_scan(mbase, mbest, mpick,
+                mpick = tie_pick(mbase, mbest, key, low, level) if filled else tie_scan(mbase, mbest, mpick,
                                                                            tie_key(req, hashes) % state.n)
             if self.spread and hashes and self.spread_applies(state):
                 mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, self._within(req),
@@ -237,7 +238,7 @@ class AsyncdpPolicy(Policy):
                 if filled:
                     tied = [r]
         if len(tied) > 1:
-            rmin = tied[key % len(tied)]
+            rmin = pick_among(tied, key, low, level)
         if rmin >= 0:
             cmin += (plen - wc + state.memory[rmin] - state.extra[rmin]) if by_load else (plen - wc)
             if cmin < pick_cost or (cmin == pick_cost and top_credit > 0) or ((full >> pick) & 1 and load[pick] <= cap):
@@ -339,7 +340,7 @@ class AsyncdpPolicy(Policy):
         if state.weights.stall_tokens_per_s:
             state.stalls.sent(routed)
         state.pending[r] += prefill
-        state.sent_tok += prefill + weight
+        state.sent_tok += min(prefill + weight, UNSEEN_REQUEST_TOKENS)
         state.pending_reqs[r] += 1
         state.update(r)
         if hashes and state.weights.replica_headroom:

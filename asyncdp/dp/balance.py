@@ -57,7 +57,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "round_robin@staggered": {"staggered": True},
     "asyncdp@local": {"directory": False},  # each API server on its own: no prefix directory
     "asyncdp@no_phase": {"phase_spread": 0.0},  # new prompts compare loads unweighted (AsyncdpState.phase)
-    "asyncdp@no_fill": {"unseen_fill": 0.0},  # several API servers: no estimate of the others' unseen work
+    "asyncdp@fill": {"unseen_fill": 1.0},  # several API servers: pour the others' unseen work over the cheapest ranks
     "asyncdp@claim_all": {"claim_in_phase": True},  # claim new prompts while the phase weights hold too
     "asyncdp@flat_decode": {"decode_ref_tokens": 0.0},  # every decoding request weighs the same (decode_weight)
     "asyncdp@ctx_decode": {},  # the default: the name its decode weight had while it was opt-in

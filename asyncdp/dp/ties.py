@@ -21,12 +21,31 @@ def tie_scan(costs: list[float], best: float, pick: int, start: int) -> int:
     return pick
 
 
-def tie_pick(costs: list[float], best: float, key: int) -> int:
-    """Among the ranks at the minimum ``best``, in index order, the ``key mod count``-th: each with equal odds.
-    (``tie_scan`` favours the first tied rank after a run of untied ones; where a whole band of ranks ties by
-    construction, as under the other routers' unseen work, that rank would draw several times its share.)"""
-    tied = [i for i, c in enumerate(costs) if c == best]
-    return tied[key % len(tied)]
+def tie_pick(costs: list[float], best: float, key: int, low: Sequence[float] = (), level: float = 0.0) -> int:
+    """Among the ranks at the minimum ``best``: :func:`pick_among` them."""
+    return pick_among([i for i, c in enumerate(costs) if c == best], key, low, level)
+
+
+def pick_among(ranks: list[int], key: int, low: Sequence[float] = (), level: float = 0.0) -> int:
+    """One of ``ranks`` (in index order) for ``key``: with odds in proportion to ``level - low[r]`` when ``low`` is
+    given and some of those are positive, else with equal odds (the ``key mod count``-th).
+
+    Where the other routers' unseen work was poured over the cheapest ranks up to ``level`` (``low`` the costs
+    before), ``level - low[r]`` is the share of it rank r took: each router sending its own request with those odds
+    spreads the routers' requests together as the pour assumed. Equal odds would send as many to a rank the pour
+    barely reached (a slow rank whose queue shows in the snapshot) as to the cheapest. (``tie_scan`` favours the
+    first tied rank after a run of untied ones; where a whole band of ranks ties by construction that rank would
+    draw several times its share.)"""
+    if low and len(ranks) > 1:
+        depth = [level - low[r] if low[r] < level else 0.0 for r in ranks]
+        if (total := sum(depth)) > 0:
+            u = (key & 0xFFFF_FFFF) / 4294967296.0 * total
+            for r, d in zip(ranks, depth, strict=True):
+                u -= d
+                if u < 0:
+                    return r
+            return ranks[-1]  # rounding
+    return ranks[key % len(ranks)]
 
 
 def tie_key(req: RequestView, hashes: Sequence[int]) -> int:
