@@ -17,8 +17,7 @@ by prefix count where they were not and none recently began with a hot prefix (:
 term (:mod:`.stalls`); ties scanned from a stable hash of the request's key (H6, H7, :mod:`.ties`); with several
 routers, the coordinator's prefix directory (:mod:`.prefix_directory`; not while the phase weights hold in full)
 and the other routers' work since the snapshot, estimated from this router's own send rate and poured over the
-cheapest ranks (``AsyncdpState.unseen``, :func:`.asyncdp_state.water_level`; the ranks it levels tie, and the key
-picks among them in proportion to the share of the pour each took, :func:`.ties.pick_among`). The hooks keep every request-independent term cached
+cheapest ranks (opt-in, :mod:`.unseen`). The hooks keep every request-independent term cached
 (:mod:`.asyncdp_state`), so ``select`` is a few lookups (G7).
 """
 
@@ -28,20 +27,13 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from asyncdp.dp.asyncdp_state import (
-    KV_HIGH,
-    REFRESH_US,
-    AsyncdpState,
-    CostWeights,
-    Routed,
-    argmin,
-    water_level,
-)
+from asyncdp.dp.asyncdp_state import KV_HIGH, REFRESH_US, AsyncdpState, CostWeights, Routed
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
 from asyncdp.dp.spread import fewest_prefixes, near_cheapest
-from asyncdp.dp.ties import pick_among, tie_key, tie_pick, tie_scan
+from asyncdp.dp.ties import argmin, pick_among, tie_key, tie_pick, tie_scan
+from asyncdp.dp.unseen import UNSEEN_FILL, UNSEEN_REQUEST_TOKENS, raised, water_level
 from asyncdp.errors import ConfigError, UnavailableError
 
 __all__ = ["REFRESH_US", "AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
@@ -63,28 +55,7 @@ DECODE_REF_TOKENS = 4096.0  # [ours] a decoding request with a longer prompt wei
 DECODE_MAX_SCALE = 4.0  # [ours] ... up to this many times decode_tokens
 STALL_GRACE_S = 1.0  # [ours] asyncdp@stall: a request waiting longer than this for its first token stalls its rank
 SPREAD_TOKENS = 512.0  # [ours] a new prompt: the fewest prefixes among the ranks this close to the cheapest (spread)
-UNSEEN_FILL = 0.0  # [ours] how much of the other routers' unseen work (AsyncdpState.unseen) is poured over the ranks
-UNSEEN_REQUEST_TOKENS = 512.0  # [ours] one request's most in the send rate: a long prompt lands on one rank, not spread
 _INF = float("inf")
-
-
-def _raised(costs: list[float], base: list[float], level: float) -> list[float]:
-    """``costs`` with each rank whose ``base`` is below ``level`` raised by the difference (what pouring the other
-    routers' unseen work over the cheapest ranks does to them, :func:`water_level`); ``base`` itself rises to
-    exactly ``level``, so the ranks it levels tie."""
-    if costs is base:
-        return [level if b < level else b for b in base]
-    return [c + (level - b) if b < level else c for c, b in zip(costs, base, strict=True)]
-
-
-def _decayed_costs(state: AsyncdpState, now_us: int) -> tuple[list[float], list[float], list[float]] | None:
-    """``(base, hbase, mbase)`` with the snapshot terms decayed to ``now_us`` (H5), on copies, when no hook ran for
-    a while and the weight moved; None when the state's own costs stand."""
-    if now_us < state.refresh_due_us or (decayed := state.snapshot_weight(now_us)) == state.weight:
-        return None
-    base = state.costs_at(decayed)
-    hbase = [b - m + x for b, m, x in zip(base, state.memory, state.extra, strict=True)]
-    return base, hbase, state.mcosts(base, hbase)
 
 
 class AsyncdpPolicy(Policy):
@@ -153,7 +124,7 @@ class AsyncdpPolicy(Policy):
         if req.rank_hint is not None:  # a hinted request bypasses the policy (hinted_decision, inlined)
             return Decision(req.rank_hint, hinted=True)
         base, hbase, mbase = state.base, state.hbase, None
-        if now_us >= state.refresh_due_us and (decayed := _decayed_costs(state, now_us)) is not None:
+        if now_us >= state.refresh_due_us and (decayed := state.decayed_costs(now_us)) is not None:
             base, hbase, mbase = decayed  # no hook ran for a while: the snapshot terms decayed here (H5), on copies
             best, pick, ties = argmin(base)
         else:
@@ -166,7 +137,7 @@ class AsyncdpPolicy(Policy):
             # the ranks it levels tie, and the key picks among them by the share of the pour each took (pick_among)
             key, low = tie_key(req, hashes), base
             best = level = water_level(base, unseen)
-            base, ties = _raised(base, low, level), 1
+            base, ties = raised(base, low, level), 1
             pick = tie_pick(base, best, key, low, level)
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
@@ -175,7 +146,7 @@ class AsyncdpPolicy(Policy):
         if not hashes or not index.owners.get(hashes[0], 0):
             # No rank holds the prompt: the cheapest by load, its load weighed by the rank's phase (state.phase)
             if filled:
-                mbase = _raised(state.mbase if mbase is None else mbase, low, level)
+                mbase = raised(state.mbase if mbase is None else mbase, low, level)
             if mbase is None:
                 mbase, mbest, mpick, mties = state.mbase, state.mbest, state.mpick, state.mties
             else:
@@ -220,7 +191,7 @@ class AsyncdpPolicy(Policy):
         # memory does not decide among them (it is cached on all of them, and little is added): they compare by
         # load only (hbase = base - memory + extra: the decodes weighed by their context). Their common credit is
         # added after the loop, and the extra taken off again: the hit is weighed flat against the cheapest rank.
-        costs = (_raised(hbase, low, level) if filled else hbase) if by_load else base
+        costs = (raised(hbase, low, level) if filled else hbase) if by_load else base
         rmin, cmin, n = -1, _INF, state.n
         tied: list[int] = []  # with the unseen work: the holders at the minimum, picked from as tie_pick does
         for r in RANK_TUPLES.get(full) or ranks_of(full):
@@ -287,10 +258,10 @@ class AsyncdpPolicy(Policy):
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         if not (self.spread and hashes and self.spread_applies(state)) or state.index.owners.get(hashes[0], 0):
             return []
-        decayed = _decayed_costs(state, now_us)
-        base, _, mbase = (state.base, state.hbase, state.mbase) if decayed is None else decayed
+        decayed = state.decayed_costs(now_us)
+        base, mbase = (state.base, state.mbase) if decayed is None else (decayed[0], decayed[2])
         if (unseen := self.unseen_fill * state.unseen(now_us)) > 0:
-            mbase = _raised(mbase, base, water_level(base, unseen))
+            mbase = raised(mbase, base, water_level(base, unseen))
         if (cheapest := min(mbase)) == _INF:
             return []
         return near_cheapest(mbase, cheapest, self._within(req), tie_key(req, hashes) % state.n)

@@ -12,7 +12,6 @@ rescans once.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,14 +20,14 @@ from asyncdp.dp.owner_index import OwnerIndex
 from asyncdp.dp.policy import Decision
 from asyncdp.dp.prefix_rates import PrefixRates
 from asyncdp.dp.stalls import Stalls
+from asyncdp.dp.ties import argmin, moved_min
+from asyncdp.dp.unseen import UNSEEN_MAX_AGE_US, fold_rate
 
 KV_HIGH = 0.9
 REFRESH_US = 50_000  # the snapshot terms are re-weighed by their age at most this often (H5)
 REPLICA_SLACK = 1.0  # [ours] in-flight requests past the mean before a hot prefix gets another holder (H3)
 NEW_SHARE_WINDOW = 256.0  # dispatches over which the share of prompts no rank held is averaged
 PHASE_STEP = 0.125  # phase_scale moves in steps of this
-SEND_RATE_TAU_US = 2_000_000  # [ours] this router's send rate (note_period) is averaged over about this long
-UNSEEN_MAX_AGE_US = 1_000_000  # [ours] the other routers' unseen work (unseen) grows with the age up to this
 _INF = float("inf")
 
 
@@ -114,8 +113,8 @@ class AsyncdpState:
     avg_prefill: float = 0.0  # EMA of the uncached tokens per request this router sent
     avg_decode: float = 0.0  # EMA of the decode weights of the requests this router sent (from decode_tokens)
     stalls: Stalls = field(default_factory=lambda: Stalls(0.0, 0, 0))  # the stall term (:mod:`.stalls`)
-    sent_tok: float = 0.0  # prefill tokens and decode weights this router sent since the last snapshot
-    send_rate: float = 0.0  # their rate per microsecond, averaged over about SEND_RATE_TAU_US (note_period)
+    sent_tok: float = 0.0  # prefill tokens and decode weights this router sent since the last snapshot (:mod:`.unseen`)
+    send_rate: float = 0.0  # their rate per microsecond, averaged over a few seconds (note_period)
 
     @classmethod
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
@@ -229,6 +228,15 @@ class AsyncdpState:
         self.best, self.pick, self.ties = argmin(self.base)
         self.mbest, self.mpick, self.mties = argmin(self.mbase)
 
+    def decayed_costs(self, now_us: int) -> tuple[list[float], list[float], list[float]] | None:
+        """``(base, hbase, mbase)`` with the snapshot terms decayed to ``now_us`` (H5), on copies, when no hook ran
+        for a while and the weight moved; None when the kept costs stand."""
+        if now_us < self.refresh_due_us or (decayed := self.snapshot_weight(now_us)) == self.weight:
+            return None
+        base = self.costs_at(decayed)
+        hbase = [b - m + x for b, m, x in zip(base, self.memory, self.extra, strict=True)]
+        return base, hbase, self.mcosts(base, hbase)
+
     def update(self, i: int) -> None:
         """Rank i changed: recompute its cost, and keep the minimum, its first index and its ties (mostly O(1))."""
         old, mold = self.base[i], self.mbase[i]
@@ -236,9 +244,9 @@ class AsyncdpState:
         self.set_cap()
         new, mnew = self.base[i], self.mbase[i]
         if new != old:
-            self.best, self.pick, self.ties = _moved(self.base, self.best, self.pick, self.ties, i, old, new)
+            self.best, self.pick, self.ties = moved_min(self.base, self.best, self.pick, self.ties, i, old, new)
         if mnew != mold:
-            self.mbest, self.mpick, self.mties = _moved(self.mbase, self.mbest, self.mpick, self.mties, i, mold,
+            self.mbest, self.mpick, self.mties = moved_min(self.mbase, self.mbest, self.mpick, self.mties, i, mold,
                                                         mnew)
 
     def mark_spill(self, first: int, rank: int) -> None:
@@ -280,10 +288,9 @@ class AsyncdpState:
 
     def note_period(self, at_us: int) -> None:
         """A snapshot delivered at ``at_us``: fold what this router sent since the last one into ``send_rate``
-        (an exponential average over about ``SEND_RATE_TAU_US``, whatever the snapshots' spacing) and start again."""
+        (:func:`.unseen.fold_rate`) and start again."""
         if self.snap_at_us is not None and at_us > self.snap_at_us:
-            period = at_us - self.snap_at_us
-            self.send_rate += (self.sent_tok / period - self.send_rate) * (1.0 - math.exp(-period / SEND_RATE_TAU_US))
+            self.send_rate = fold_rate(self.send_rate, self.sent_tok, at_us - self.snap_at_us)
         self.sent_tok = 0.0
 
     def unseen(self, now_us: int) -> float:
@@ -379,42 +386,3 @@ class AsyncdpState:
         self.index.drop_rank(dp_rank)
         self.set_cap()
         self.rescan()
-
-
-def water_level(values: Sequence[float], amount: float) -> float:
-    """The level ``L`` at which ``amount`` poured over the lowest of the finite ``values`` fills them:
-    ``sum(max(0, L - v)) == amount``. The lowest value for ``amount`` 0; ``inf`` when no value is finite."""
-    finite = sorted(values)
-    while finite and finite[-1] == _INF:
-        finite.pop()
-    if not finite:
-        return _INF
-    if (level := (amount + sum(finite)) / len(finite)) >= finite[-1]:
-        return level  # over every rank (the common case at a snapshot's age: one pass, in C)
-    total = 0.0
-    for k, v in enumerate(finite, 1):
-        total += v
-        if (level := (amount + total) / k) <= finite[k]:
-            return level
-    return level  # not reached: the last k is the first test
-
-
-def argmin(values: list[float]) -> tuple[float, int, int]:
-    """The minimum, its first index and how many entries share it."""
-    best = min(values)
-    return best, values.index(best), values.count(best)
-
-
-def _moved(values: list[float], best: float, pick: int, ties: int, i: int, old: float,
-           new: float) -> tuple[float, int, int]:
-    """``values[i]`` went from ``old`` to ``new``: the minimum, its first index and its ties after it (O(1) but when
-    the last entry at the minimum leaves it)."""
-    if new < best:
-        return new, i, 1
-    if new == best:
-        return best, min(pick, i), ties + 1
-    if old == best:  # entry i left the minimum
-        if ties == 1:
-            return argmin(values)
-        return best, (values.index(best) if pick == i else pick), ties - 1
-    return best, pick, ties

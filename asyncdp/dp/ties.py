@@ -1,6 +1,7 @@
 """Ties in asyncdp's policy (H6, H7): among ranks at equal cost, the first in a scan that starts at a stable hash
 of the request's key, so the same key lands on the same rank (a conversation's turns, across routers) and
-different keys spread over the tied ranks (R routers deciding from one snapshot do not herd onto one rank)."""
+different keys spread over the tied ranks (R routers deciding from one snapshot do not herd onto one rank). Also
+the minimum the state keeps with its first index and its ties (:func:`argmin`, :func:`moved_min`)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,24 @@ def tie_key(req: RequestView, hashes: Sequence[int]) -> int:
     if hashes:
         return hashes[min(len(hashes), TIE_KEY_BLOCK) - 1]
     return hash(tuple(req.tokens)) & 0xFFFF_FFFF_FFFF_FFFF  # ints and tuples of ints hash without a salt
+
+
+def argmin(values: list[float]) -> tuple[float, int, int]:
+    """The minimum, its first index and how many entries share it."""
+    best = min(values)
+    return best, values.index(best), values.count(best)
+
+
+def moved_min(values: list[float], best: float, pick: int, ties: int, i: int, old: float,
+           new: float) -> tuple[float, int, int]:
+    """``values[i]`` went from ``old`` to ``new``: the minimum, its first index and its ties after it (O(1) but when
+    the last entry at the minimum leaves it)."""
+    if new < best:
+        return new, i, 1
+    if new == best:
+        return best, min(pick, i), ties + 1
+    if old == best:  # entry i left the minimum
+        if ties == 1:
+            return argmin(values)
+        return best, (values.index(best) if pick == i else pick), ties - 1
+    return best, pick, ties

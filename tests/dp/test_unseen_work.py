@@ -14,11 +14,11 @@ from collections import Counter
 import pytest
 
 from asyncdp.dp.asyncdp_policy import UNSEEN_REQUEST_TOKENS, AsyncdpPolicy, AsyncdpState
-from asyncdp.dp.asyncdp_state import SEND_RATE_TAU_US, UNSEEN_MAX_AGE_US, water_level
 from asyncdp.dp.balance import make_policy
 from asyncdp.dp.owner_index import prompt_hashes
 from asyncdp.dp.policy import RankLoad, RequestView, Snapshot
 from asyncdp.dp.ties import pick_among, tie_pick, tie_scan
+from asyncdp.dp.unseen import SEND_RATE_TAU_US, UNSEEN_MAX_AGE_US, water_level
 from asyncdp.errors import ConfigError
 
 INF = float("inf")
