@@ -130,7 +130,7 @@ class AsyncdpPolicy(Policy):
         else:
             best, pick, ties = state.best, state.pick, state.ties
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
-        filled = state.num_routers > 1 and (unseen := self.unseen_fill * state.unseen(now_us)) > 0
+        filled = bool(self.unseen_fill) and (unseen := self.unseen_fill * state.unseen(now_us)) > 0
         key, level, low = 0, 0.0, base
         if filled:
             # the other routers' work since the snapshot, poured over the cheapest ranks, where they send it (H7);
@@ -260,7 +260,7 @@ class AsyncdpPolicy(Policy):
             return []
         decayed = state.decayed_costs(now_us)
         base, mbase = (state.base, state.mbase) if decayed is None else (decayed[0], decayed[2])
-        if (unseen := self.unseen_fill * state.unseen(now_us)) > 0:
+        if self.unseen_fill and (unseen := self.unseen_fill * state.unseen(now_us)) > 0:
             mbase = raised(mbase, base, water_level(base, unseen))
         if (cheapest := min(mbase)) == _INF:
             return []
