@@ -6,10 +6,11 @@ A router in front of asyncdp endpoints (hybrid nodes, external rank servers, a m
 needs the load each endpoint's ranks carry, cheaply and often (every 50 ms). :class:`LoadView` keeps, per
 managed rank, the newest of two sources and when it arrived:
 
-* the coordinator's ``StatsSnapshot`` (``[waiting, running, kv_cache_usage]`` of every rank, the same numbers
-  the balancer reads; absent in external mode, where engines send no ``RankStats``);
-* the engine's own ``SchedulerStats``, attached to its outputs (waiting, running, KV usage, the prefix-cache
-  counters, the rank's wave and whether it steps). The counters arrive as deltas and are summed here, so with
+* the coordinator's ``StatsSnapshot`` (``[waiting, running, kv_cache_usage]`` of every rank and their prompt
+  tokens still to compute, the same numbers the balancer reads; absent in external mode, where engines send no
+  ``RankStats``);
+* the engine's own ``SchedulerStats``, attached to its outputs (waiting, running, KV usage, prompt tokens still to
+  compute, the prefix-cache counters, the rank's wave and whether it steps). The counters arrive as deltas and are summed here, so with
   several API processes on a node each one reports the share its own outputs carried.
 
 Every update bumps ``seq`` (monotonic for the life of the API process), so a poller sees at once whether anything
@@ -32,6 +33,7 @@ class _RankLoad:
     waiting: int = 0
     running: int = 0
     kv_cache_usage: float = 0.0
+    prefill_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     wave: int = 0
@@ -62,6 +64,8 @@ class LoadView:
                 load.waiting, load.running, load.kv_cache_usage = (int(snap.counts[rank][0]),
                                                                    int(snap.counts[rank][1]),
                                                                    float(snap.counts[rank][2]))
+                if snap.prefill_tokens is not None and rank < len(snap.prefill_tokens):
+                    load.prefill_tokens = int(snap.prefill_tokens[rank])
                 load.updated_at = now
 
     def on_scheduler_stats(self, rank: int, stats: m.SchedulerStats, now: float) -> None:
@@ -71,6 +75,7 @@ class LoadView:
             return
         self.seq += 1
         load.waiting, load.running, load.kv_cache_usage = stats.num_waiting, stats.num_running, stats.kv_cache_usage
+        load.prefill_tokens = stats.prefill_tokens
         load.prefix_cache_queries += stats.prefix_cache_queries
         load.prefix_cache_hits += stats.prefix_cache_hits
         load.wave, load.wave_running = stats.wave, stats.wave_running
@@ -87,6 +92,7 @@ class LoadView:
             ranks.append({
                 "dp_rank": rank, "local_index": index, "up": engine_states.get(rank, (False, 0.0))[0], "waiting": load.waiting,
                 "running": load.running, "kv_cache_usage": round(load.kv_cache_usage, 4),
+                "prefill_tokens": load.prefill_tokens,
                 "prefix_cache_queries": load.prefix_cache_queries, "prefix_cache_hits": load.prefix_cache_hits,
                 "inflight": inflight_of(rank), "wave": load.wave, "wave_running": load.wave_running,
                 "age_s": None if load.updated_at is None else round(now - load.updated_at, 3)})

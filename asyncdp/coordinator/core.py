@@ -273,7 +273,7 @@ class Coordinator:
             if item is None:
                 pub = self.book.take_snapshot(anyio.current_time())
                 if pub is not None:
-                    self._publish(pub.counts)
+                    self._publish(pub.counts, pub.prefill_tokens)
                 continue
             if await self._handle(item):
                 return
@@ -285,7 +285,7 @@ class Coordinator:
                     log.warning("RankStats for rank %d on the link of rank %d; dropped", msg.dp_rank, rank)
                     return False
                 self.book.on_rank_stats(rank, msg.num_waiting, msg.num_running, msg.kv_cache_usage,
-                                        msg.step, msg.wave)
+                                        msg.step, msg.wave, msg.prefill_tokens)
                 return False
             case EngineMessage(dp_rank=rank, msg=WaveComplete(wave=wave)):
                 # The link says who sent it; a rank field that disagrees is not trusted.
@@ -298,20 +298,21 @@ class Coordinator:
                 peer = self.clients.get(key)
                 if peer is not None:
                     self.seq += 1
-                    peer.send_nowait(self._snapshot(None if self.config.external_lb else self.book.counts))
+                    peer.send_nowait(self._snapshot(None) if self.config.external_lb
+                                     else self._snapshot(self.book.counts, self.book.prefill_tokens))
                 return False
             case W.EngineLost():
                 return await self._perform(self.machine.handle(item))
             case _:
                 raise ProtocolError(f"DP coordinator: unknown inbox item {item!r}")
 
-    def _snapshot(self, counts: Any) -> StatsSnapshot:
+    def _snapshot(self, counts: Any, prefill_tokens: list[int] | None = None) -> StatsSnapshot:
         return StatsSnapshot(counts=counts, wave=self.machine.current_wave, running=self.machine.running,
-                             seq=self.seq)
+                             seq=self.seq, prefill_tokens=prefill_tokens)
 
-    def _publish(self, counts: Any) -> None:
+    def _publish(self, counts: Any, prefill_tokens: list[int] | None = None) -> None:
         self.seq += 1
-        snap = self._snapshot(counts)
+        snap = self._snapshot(counts, prefill_tokens)
         for peer in list(self.clients.values()):
             peer.send_nowait(snap)
 

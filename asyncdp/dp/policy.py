@@ -54,7 +54,8 @@ class RequestView:
 
 @dataclass(frozen=True, slots=True)
 class RankLoad:
-    """One rank's entry in a snapshot (routing-bench §1.1); the coordinator fills the first three."""
+    """One rank's entry in a snapshot (routing-bench §1.1); the coordinator fills the first three and
+    ``prefill_tokens``."""
 
     waiting: int = 0
     running: int = 0
@@ -65,6 +66,9 @@ class RankLoad:
     gen_tput_tok_s: float = 0.0
     num_cached_blocks: int = 0
     sampled_at_us: int = 0
+    # [ours] prompt tokens still to compute: each waiting request's part the prefix cache did not cover when it was
+    # enqueued, each running one's rest of its prefill (asyncdp.engine.scheduler)
+    prefill_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +78,19 @@ class Snapshot:
     loads: tuple[RankLoad, ...]
     seq: int = 0
     delivered_at_us: int = 0
+    has_prefill_tokens: bool = False  # whether the ranks reported RankLoad.prefill_tokens
 
     @classmethod
-    def from_counts(cls, counts: Sequence[Sequence[float]], *, seq: int = 0, delivered_at_us: int = 0) -> Snapshot:
-        """From wire counts ``[[waiting, running, kv_cache_usage], ...]`` (``StatsSnapshot.counts``)."""
-        return cls(tuple(RankLoad(int(c[0]), int(c[1]), float(c[2])) for c in counts), seq, delivered_at_us)
+    def from_counts(cls, counts: Sequence[Sequence[float]], *, seq: int = 0, delivered_at_us: int = 0,
+                    prefill_tokens: Sequence[int] | None = None) -> Snapshot:
+        """From wire counts ``[[waiting, running, kv_cache_usage], ...]`` (``StatsSnapshot.counts``) and, where the
+        coordinator sent them, the ranks' prompt tokens still to compute (``StatsSnapshot.prefill_tokens``)."""
+        if prefill_tokens is None:
+            return cls(tuple(RankLoad(int(c[0]), int(c[1]), float(c[2])) for c in counts), seq, delivered_at_us)
+        if len(prefill_tokens) != len(counts):
+            raise ValueError(f"{len(prefill_tokens)} prefill token counts for {len(counts)} ranks")
+        return cls(tuple(RankLoad(int(c[0]), int(c[1]), float(c[2]), prefill_tokens=int(p))
+                         for c, p in zip(counts, prefill_tokens, strict=True)), seq, delivered_at_us, True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ that owns its requests (``RankState.owners``, filled by ``AddRequest``, emptied 
 :meth:`~asyncdp.engine.rank_links.RankLinks.post_nowait`; the scheduler stats ride on exactly one client message
 per step, with the cumulative counters as deltas since the previous attached stats, so the deltas partition the
 totals and API processes can sum them. ``load_report`` says which ``RankStats`` the coordinator needs: only when
-(running, waiting) changed or KV usage moved by at least :data:`KV_USAGE_PUBLISH_DELTA`; MoE ranks stamp the
-wave step and wave from the lockstep state.
+(running, waiting) or the prompt tokens still to compute changed, or KV usage moved by at least
+:data:`KV_USAGE_PUBLISH_DELTA`; MoE ranks stamp the wave step and wave from the lockstep state.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class RankState:
     waves_completed: int = 0
     shutting_down: bool = False
     dead_reason: str | None = None
-    last_stats: tuple[int, int, float] | None = None
+    last_stats: tuple[int, int, float, int] | None = None
     # The cumulative counters as of the last stats attached to a client message: attached stats carry deltas.
     attached_counters: tuple[int, ...] = (0, 0, 0, 0, 0)
     owners: dict[str, int] = field(default_factory=dict)
@@ -114,8 +114,9 @@ class RankReports:
         last = self.state.last_stats
         if last is not None and last[0] == s.num_running and last[1] == s.num_waiting and abs(
             last[2] - s.kv_cache_usage
-        ) < KV_USAGE_PUBLISH_DELTA:
+        ) < KV_USAGE_PUBLISH_DELTA and last[3] == s.prefill_tokens:
             return None
-        self.state.last_stats = (s.num_running, s.num_waiting, s.kv_cache_usage)
+        self.state.last_stats = (s.num_running, s.num_waiting, s.kv_cache_usage, s.prefill_tokens)
         return m.RankStats(dp_rank=self.dp_rank, num_waiting=s.num_waiting, num_running=s.num_running,
-                           kv_cache_usage=s.kv_cache_usage, step=s.step, wave=s.wave)
+                           kv_cache_usage=s.kv_cache_usage, step=s.step, wave=s.wave,
+                           prefill_tokens=s.prefill_tokens)

@@ -47,7 +47,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "arrival_time", "client_index", "status",
         "output_token_ids", "all_token_ids", "num_computed_tokens", "block_ids", "block_hashes",
         "num_registered_blocks", "num_cached_tokens", "num_preemptions", "detokenizer", "first_token_time",
-        "stop_reason", "max_tokens", "num_prompt_tokens", "prompt_logprobs", "extra",
+        "stop_reason", "max_tokens", "num_prompt_tokens", "prompt_logprobs", "extra", "prefill_debt",
     )
 
     def __init__(
@@ -84,6 +84,7 @@ class Request:
         self.prompt_logprobs: list[TokenLogprobs | None] | None = (
             [None] * self.num_prompt_tokens if sampling_params.prompt_logprobs is not None else None)
         self.extra: dict[str, Any] | None = None
+        self.prefill_debt = 0  # its part of Scheduler.prefill_tokens: prompt tokens it still owes the rank
 
     @property
     def num_tokens(self) -> int:

@@ -13,6 +13,11 @@ admission order). ``schedule()`` builds one ``ModelBatch``:
 ``num_computed_tokens`` advances when a chunk is scheduled (so full blocks are published at scheduling time);
 ``update()`` appends the sampled tokens. A prefill that completes in a step samples the first token at its end.
 
+``prefill_tokens`` (kept as the queues change, O(1) to read) is the prompt work the rank still owes: each waiting
+request counts the tokens the prefix cache did not cover when it was enqueued (or preempted), each running one the
+rest of its prefill. It is the load figure a router cannot infer from the request counts: one waiting request may
+be a 50-token question or a 50 000-token document (the coordinator passes it on, spec routing-bench §1.1).
+
 Pause states (spec dp-deployment §8.6): ``unpaused``; ``paused-new`` (modes ``abort`` and ``wait``: running
 requests keep stepping, nothing is admitted); ``paused-all`` (mode ``keep``: nothing is scheduled).
 Throttling (§8.5): ``schedule(throttle_new_prefills=True)`` admits no new prefill while a running request is
@@ -51,6 +56,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request, waiting or running
         self.pause_state: PauseState = "unpaused"
         self.num_preemptions = 0
+        self.prefill_tokens = 0  # the sum of the unfinished requests' prefill_debt (see the module docstring)
         self._last_unthrottled_capacity_bound = False
         # Requests scheduled in the batch being executed, aligned with its chunks.
         self._scheduled: list[Request] = []
@@ -100,6 +106,19 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.requests[req.request_id] = req
         self.waiting.append(req)
+        self._owe_uncached(req)
+
+    def _owe_uncached(self, req: Request) -> None:
+        """``req`` (re)enters ``waiting``: it owes the tokens the prefix cache does not cover now (the hashes it
+        computes are kept on the request, for its admission)."""
+        cached = 0 if req.prompt_logprobs is not None else len(self.block_manager.find_cached_prefix(req))
+        debt = req.num_tokens - cached * self.block_manager.block_size
+        self.prefill_tokens += debt - req.prefill_debt
+        req.prefill_debt = debt
+
+    def _settle(self, req: Request, debt: int) -> None:
+        self.prefill_tokens += debt - req.prefill_debt
+        req.prefill_debt = debt
 
     def finish(self, req: Request, status: RequestStatus) -> None:
         """Remove ``req`` from whichever queue holds it and free its blocks."""
@@ -110,6 +129,7 @@ class Scheduler:
         else:
             self.waiting.remove(req)
         req.status = status
+        self._settle(req, 0)
         self.block_manager.free(req)
         del self.requests[req.request_id]
 
@@ -147,6 +167,7 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
+        self._owe_uncached(req)  # its full blocks stayed cached: mostly the partial last block
 
     def schedule(self, *, throttle_new_prefills: bool = False) -> ModelBatch:
         """This step's batch: the running requests first (preempting from the back when KV blocks run out), then
@@ -195,6 +216,8 @@ class Scheduler:
                 num_kv += end
                 chunks.append(_take_chunk(req, start, end))
                 scheduled.append(req)
+                if req.prefill_debt:
+                    self._settle(req, max(0, req.prefill_debt - n))
                 budget -= n
                 i += 1
                 continue
@@ -227,6 +250,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             running.append(req)
             end = start + n
+            self._settle(req, num_tokens - end)
             num_prefill += n
             num_kv += end
             chunks.append(_take_chunk(req, start, end))
@@ -261,6 +285,7 @@ class Scheduler:
         """Drop requests the core marked finished this step (O(running) once, not per request)."""
         bm = self.block_manager
         for req in reqs:
+            self._settle(req, 0)
             bm.free(req)
             del self.requests[req.request_id]
         self.running = [r for r in self.running if not r.is_finished]

@@ -93,6 +93,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     prefix_cache_queries: int = 0  # tokens looked up (counter: see the class docstring)
     prefix_cache_hits: int = 0  # tokens found (counter)
     num_preemptions: int = 0  # (counter)
+    prefill_tokens: int = 0  # prompt tokens the rank still owes (gauge; Scheduler.prefill_tokens)
     step: int = 0
     wave: int = 0
     # MoE lockstep (dp > 1), exported as asyncdp:dp_* metrics (spec §12.3); counters as above.
@@ -229,6 +230,7 @@ class RankStats(_Msg, frozen=True):
     kv_cache_usage: float
     step: int = 0
     wave: int = 0
+    prefill_tokens: int = 0  # prompt tokens still to compute (Scheduler.prefill_tokens); routing-bench §1.1
 
 
 class WaveComplete(_Msg, frozen=True):
@@ -277,6 +279,8 @@ class StatsSnapshot(_Msg, frozen=True):
     wave: int
     running: bool
     seq: int
+    # every rank's RankStats.prefill_tokens, in the order of counts; None where counts is None [ours]
+    prefill_tokens: list[int] | None = None
 
 
 class Teardown(_Msg, frozen=True):

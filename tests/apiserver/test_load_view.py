@@ -59,3 +59,14 @@ def test_an_external_snapshot_without_counts_keeps_the_engine_figures():
                       wave_running=True, inflight_of=lambda _r: 0)
     assert (d["ranks"][0]["running"], d["ranks"][0]["waiting"]) == (2, 1)  # no misleading zeros
     assert d["seq"] == 2 and d["coordinator"]["seq"] == 8
+
+
+def test_the_prompt_tokens_still_to_compute_come_from_either_source():
+    view = LoadView((2, 3))
+    view.on_snapshot(m.StatsSnapshot(counts=[(0, 0, 0.0), (0, 0, 0.0), (1, 0, 0.1), (0, 1, 0.2)], wave=5,
+                                     running=False, seq=1, prefill_tokens=[7, 7, 50_000, 12]), now=1.0)
+    assert [r["prefill_tokens"] for r in doc(view, 1.0)["ranks"]] == [50_000, 12]
+    view.on_scheduler_stats(2, m.SchedulerStats(num_running=1, prefill_tokens=47_952), now=1.1)
+    assert [r["prefill_tokens"] for r in doc(view, 1.1)["ranks"]] == [47_952, 12]
+    view.on_snapshot(m.StatsSnapshot(counts=[(0, 0, 0.0)] * 4, wave=5, running=False, seq=2), now=1.2)
+    assert [r["prefill_tokens"] for r in doc(view, 1.2)["ranks"]] == [47_952, 12]  # an older coordinator: kept

@@ -79,3 +79,36 @@ def test_newer_wave_orders_before_higher_step_of_older_wave():
     book.on_rank_stats(0, 2, 0, 0.0, step=1, wave=1)
     assert (book.last_wave, book.last_step) == (1, 1)
     assert book.step_snapshot == [(1, 0, 0.0)]
+
+
+def test_prompt_tokens_ride_on_the_counts_publish_schedule():
+    """A rank's prompt tokens still to compute are published beside its counts; a report where only they moved (a
+    long prefill's next chunk) neither asks for a snapshot nor delays one, so the schedule stays the counts' own."""
+    book = StatsBook(2, wave_mode=False)
+    book.take_snapshot(5.0)
+    book.on_rank_stats(0, 1, 0, 0.0, prefill_tokens=50_000)
+    assert book.stats_changed
+    pub = book.take_snapshot(5.1)
+    assert pub.counts == [(1, 0, 0.0), (0, 0, 0.0)] and pub.prefill_tokens == [50_000, 0]
+    book.on_rank_stats(0, 1, 0, 0.0, prefill_tokens=48_000)  # same counts, the next chunk computed
+    assert not book.stats_changed and book.next_publish_deadline(5.2) == pytest.approx(10.1)
+    assert book.prefill_tokens == [48_000, 0]
+    book.on_rank_stats(1, 0, 1, 0.1, prefill_tokens=7)
+    assert book.take_snapshot(5.2).prefill_tokens == [48_000, 7]
+    book.on_rank_stats(1, 0, 1, 0.1, prefill_tokens=7)  # a repeated report still counts as news, as before
+    assert book.stats_changed
+
+
+def test_a_step_snapshot_keeps_the_prompt_tokens_of_its_step():
+    book = StatsBook(2, wave_mode=True)
+    book.on_rank_stats(0, 1, 0, 0.0, step=1, prefill_tokens=100)
+    book.on_rank_stats(1, 2, 0, 0.0, step=1, prefill_tokens=200)
+    book.on_rank_stats(0, 0, 1, 0.0, step=2, prefill_tokens=0)  # step 2 begins: step 1 is complete
+    pub = book.take_snapshot(5.0)
+    assert pub.counts == [(1, 0, 0.0), (2, 0, 0.0)] and pub.prefill_tokens == [100, 200]
+
+
+def test_external_mode_publishes_no_prompt_tokens():
+    book = StatsBook(2, wave_mode=False, external=True)
+    assert not book.on_rank_stats(0, 1, 1, 0.5, prefill_tokens=9)
+    assert book.take_snapshot(5.0).prefill_tokens is None

@@ -198,3 +198,48 @@ def test_load_counters_cover_waiting_and_partial_prefills_but_not_decodes():
     step(s)  # a: 1 decode, b: 15 of 30
     assert s.pending_prefill_tokens() == 15 + 5
     assert s.running_context_tokens() == (3 + 2) + 30
+
+
+def test_prefill_tokens_counts_what_the_cache_did_not_cover_when_a_request_was_enqueued():
+    s = make(max_num_batched_tokens=64)
+    a = add(s, "a", 20)
+    assert s.prefill_tokens == 20
+    step(s)  # a's prompt is computed in one chunk; its 5 full blocks are cached
+    assert s.prefill_tokens == 0
+    s.finish(a, RequestStatus.FINISHED_STOPPED)
+    b = add(s, "b", 24, base=1000 * ord("a"))  # the same first 20 tokens, then 4 more
+    # the cached prefix is capped at (24 - 1) // 4 = 5 blocks: 20 tokens covered, 4 owed
+    assert b.prefill_debt == 4 and s.prefill_tokens == 4
+    add(s, "c", 30)
+    assert s.prefill_tokens == 4 + 30
+    s.abort(["c"])
+    assert s.prefill_tokens == 4
+    step(s)
+    assert s.prefill_tokens == 0
+
+
+def test_prefill_tokens_follows_chunks_preemption_aborts_and_retirement():
+    """Without a prefix cache every owed token is a prompt token still to compute: the kept counter must match the
+    O(queue) recount (pending_prefill_tokens) after every operation, through chunked prefills, preemptions that
+    send decoding requests back to the queue, aborts in both queues, and finished requests."""
+    import random
+
+    rng = random.Random(5)
+    bm = BlockManager(24, 4, enable_prefix_caching=False, reserve_scratch_block=True)  # small: preemptions
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=16)
+    preempted = 0
+    for k in range(300):
+        op = rng.random()
+        if op < 0.25:
+            add(s, f"r{k}", rng.randint(1, 40), base=k * 50)
+        elif op < 0.32 and s.requests:
+            s.abort([rng.choice(sorted(s.requests))])
+        else:
+            step(s)
+            done = [r for r in s.running if r.num_output_tokens >= 8 and rng.random() < 0.2]
+            for r in done:
+                r.status = RequestStatus.FINISHED_LENGTH
+            s.retire(done)
+        preempted = s.num_preemptions
+        assert s.prefill_tokens == s.pending_prefill_tokens(), k
+    assert preempted > 0  # the scenario exercised preemption

@@ -11,18 +11,22 @@ import pytest
 import trio
 
 from asyncdp import messages as m
+from asyncdp.config.flags import EngineConfig
+from asyncdp.engine.core import EngineCore
 from asyncdp.engine.rank import EngineRank, RankConfig
+from asyncdp.engine.sim_executor import SimExecutor
 from asyncdp.errors import RankTornDown
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import FakeRankClient as FakeClient
 from asyncdp.testing import sim_rank_core as sim_core
+from asyncdp.testing.rank_cluster import RANK_SIM_COST
 from asyncdp.transport import memory_link_pair
 
 
 @asynccontextmanager
-async def open_rank(*, with_coordinator: bool = False, **cfg):
+async def open_rank(*, with_coordinator: bool = False, core=None, **cfg):
     client = FakeClient(1)
-    core = sim_core()
+    core = sim_core() if core is None else core
     coord, coord_end = memory_link_pair(name="coordinator") if with_coordinator else (None, None)
     rank = EngineRank(RankConfig(dp_rank=0, dp_size=1, engine=core.config, **cfg), core,
                       {0: client.engine_ends[0]}, coord_end, inline_step=True)
@@ -126,6 +130,35 @@ async def test_dense_rank_keeps_serving_after_losing_the_coordinator(autojump_cl
             res = await client.add(0, "r", max_tokens=5)
             await res.done.wait()
         assert not ended.is_set() and rank.coordinator is None
+
+
+@pytest.mark.trio
+async def test_the_coordinator_hears_each_chunk_of_a_long_prefill(autojump_clock):
+    """The counts stay (0 waiting, 1 running) while a 290-token prompt is computed 64 tokens a step; the rank still
+    reports each chunk, as the prompt tokens it still owes."""
+    reports: list[tuple[int, int, int]] = []
+
+    async def listen(coord) -> None:
+        while True:
+            msg = await coord.receive()
+            if isinstance(msg, m.RankStats):
+                reports.append((msg.num_waiting, msg.num_running, msg.prefill_tokens))
+
+    cfg = EngineConfig(executor="sim", sim_cost=RANK_SIM_COST, num_kv_blocks=512, block_size=16,
+                       max_num_batched_tokens=64).validate()
+    core = EngineCore(cfg, SimExecutor(cfg, 300, max_model_len=1024, avoid_token_ids={299}), None,
+                      eos_token_ids={299})
+    async with open_rank(with_coordinator=True, core=core) as (rank, client, coord, _, _), \
+            trio.open_nursery() as nursery:
+        nursery.start_soon(listen, coord)
+        with trio.fail_after(30):
+            res = await client.add(0, "r", max_tokens=3, prompt_len=290)
+            await res.done.wait()
+            await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    owed = [p for _, _, p in reports]
+    assert owed[owed.index(290):][:6] == [290, 226, 162, 98, 34, 0]
+    assert {(w, r) for w, r, p in reports if p in (226, 162, 98)} == {(0, 1)}
 
 
 @pytest.mark.trio
