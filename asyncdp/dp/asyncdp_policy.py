@@ -72,7 +72,8 @@ class AsyncdpPolicy(Policy):
                  hot_share: float = HOT_SHARE, stall_tokens_per_s: float = 0.0,
                  stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True,
                  spread: bool = True, spread_tokens: float = SPREAD_TOKENS, spread_gated: bool = True,
-                 unseen_fill: float = UNSEEN_FILL, claim_in_phase: bool = False) -> None:
+                 unseen_fill: float = UNSEEN_FILL, claim_in_phase: bool = False,
+                 prefill_tokens: bool = True) -> None:
         if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
                                 stall_tokens_per_s, stall_grace_s, spread_tokens, unseen_fill) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
@@ -99,6 +100,7 @@ class AsyncdpPolicy(Policy):
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
         self.unseen_fill = unseen_fill  # 1 (asyncdp@fill): the other routers' unseen work is estimated and poured
         self.claim_in_phase = claim_in_phase  # True (asyncdp@claim_all): claim new prompts while the phases hold too
+        self.prefill_tokens = prefill_tokens  # False (asyncdp@counts): the others' waiting work from the counts alone
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
              params: dict[str, Any] | None = None) -> AsyncdpState:
@@ -332,6 +334,7 @@ class AsyncdpPolicy(Policy):
     def on_snapshot(self, state: AsyncdpState, snap: Snapshot) -> None:
         if len(snap.loads) != state.n:
             raise ValueError(f"snapshot has {len(snap.loads)} ranks, expected {state.n}")
+        tokens = snap.has_prefill_tokens and self.prefill_tokens and state.num_routers > 1
         for i, x in enumerate(snap.loads):
             # The other routers' requests: the rank's total less this router's, then split. Clipping waiting and
             # running apart would count this router's preempted requests (decoding here, waiting there) as other
@@ -345,7 +348,14 @@ class AsyncdpPolicy(Policy):
                 # new copy of a prefix that fills the next rank (W2 at R = 4: hit rate 0.87, 12-68 x R = 1's TTFT).
                 ow = 0
             state.others_cnt[i] = other
-            state.others_tok[i] = ow * state.avg_prefill + (other - ow) * state.avg_decode
+            if tokens:
+                # Several routers and the rank reports its prompt tokens still to compute: the others' prefill work
+                # is that less this router's own, not a count of waiting requests priced at this router's average
+                # prompt. Another router's 50 000-token document is one request in the counts, and once admitted a
+                # running one, priced as a decode (W8 at R = 4).
+                state.others_tok[i] = max(0, x.prefill_tokens - state.pending[i]) + (other - ow) * state.avg_decode
+            else:
+                state.others_tok[i] = ow * state.avg_prefill + (other - ow) * state.avg_decode
             state.kv[i] = x.kv_usage
         at = snap.delivered_at_us or state.clock_us
         state.note_period(at)

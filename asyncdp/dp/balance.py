@@ -59,6 +59,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "asyncdp@no_phase": {"phase_spread": 0.0},  # new prompts compare loads unweighted (AsyncdpState.phase)
     "asyncdp@fill": {"unseen_fill": 1.0},  # several API servers: pour the others' unseen work over the cheapest ranks
     "asyncdp@claim_all": {"claim_in_phase": True},  # claim new prompts while the phase weights hold too
+    "asyncdp@counts": {"prefill_tokens": False},  # the others' waiting work from the counts alone (no token report)
     "asyncdp@flat_decode": {"decode_ref_tokens": 0.0},  # every decoding request weighs the same (decode_weight)
     "asyncdp@ctx_decode": {},  # the default: the name its decode weight had while it was opt-in
     "asyncdp@stall": {"stall_tokens_per_s": 16384.0},  # hits leave a rank whose requests wait past 1 s (stall)
