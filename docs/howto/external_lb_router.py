@@ -1,8 +1,9 @@
 """A minimal load-aware router for asyncdp rank endpoints (external LB), reading ``GET /load``.
 
 It polls every endpoint's ``/load`` every 50 ms and sends each request to the endpoint whose rank has the lowest
-``waiting + running``, plus the requests this router sent there since that endpoint's last answer, plus a penalty
-for KV-cache pressure. Endpoints whose rank is down, or that stopped answering ``/load``, are skipped (the data's
+``waiting + running``, plus the requests this router sent there since that endpoint's last answer, plus the rank's
+prompt tokens still to compute in units of ``PREFILL_TOKENS_PER_REQUEST`` (a rank prefilling a 50 000-token document
+is busier than its one request says), plus a penalty for KV-cache pressure. Endpoints whose rank is down, or that stopped answering ``/load``, are skipped (the data's
 ``age_s`` is not a liveness signal: an idle rank publishes nothing, so its age grows). See
 ``docs/howto/external-lb.md`` for the telemetry contract.
 
@@ -28,6 +29,7 @@ POLL_INTERVAL_S = 0.05
 STALE_AFTER_S = 1.0  # an endpoint whose last /load answer is older than this is not used
 KV_SOFT_LIMIT = 0.8  # above this KV-cache usage a rank is penalised ...
 KV_WEIGHT = 50.0  # ... by up to 10 extra requests at 100 % usage
+PREFILL_TOKENS_PER_REQUEST = 512  # prompt tokens still to compute that weigh as much as one more request
 
 
 @dataclass
@@ -47,8 +49,9 @@ class Endpoint:
         best = None
         for r in ranks:  # an external endpoint manages one rank; an internal-LB endpoint balances its own
             queued = max(r["waiting"] + r["running"], r["inflight"])
+            prefill = r.get("prefill_tokens", 0) / PREFILL_TOKENS_PER_REQUEST  # absent from older servers
             kv = KV_WEIGHT * max(0.0, r["kv_cache_usage"] - KV_SOFT_LIMIT)
-            s = queued + kv
+            s = queued + prefill + kv
             best = s if best is None else min(best, s)
         assert best is not None
         return best + self.sent_since_poll
