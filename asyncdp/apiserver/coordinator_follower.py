@@ -95,7 +95,8 @@ class CoordinatorFollower:
         return True
 
     async def claim(self, hashes: Sequence[int], proposal: int, prompt_tokens: int,
-                    scope: tuple[int, int], candidates: Sequence[int] = ()) -> m.PrefixOwner | None:
+                    scope: tuple[int, int], candidates: Sequence[int] = (), *,
+                    deep: bool = False) -> m.PrefixOwner | None:
         """Ask the coordinator's prefix directory where a new prefix goes (:mod:`asyncdp.dp.prefix_directory`).
         None without a subscribed link, when the link breaks, or after ``CLAIM_TIMEOUT_S``: the caller routes
         on its own then."""
@@ -109,7 +110,7 @@ class CoordinatorFollower:
             with anyio.move_on_after(CLAIM_TIMEOUT_S):
                 await link.send(m.PrefixClaim(seq=seq, hashes=list(hashes), proposal=proposal,
                                               prompt_tokens=prompt_tokens, first_rank=scope[0], last_rank=scope[1],
-                                              candidates=list(candidates)))
+                                              candidates=list(candidates), deep=deep))
                 await waiter.done.wait()
         except LINK_ERRORS:
             pass  # the follow loop sees the lost link and reconnects
@@ -127,7 +128,8 @@ class CoordinatorFollower:
         if ask is None:
             return None
         engines = lb.engines
-        reply = await self.claim(ask.hashes, ask.proposal, len(prompt), (engines[0], engines[-1]), ask.candidates)
+        reply = await self.claim(ask.hashes, ask.proposal, len(prompt), (engines[0], engines[-1]), ask.candidates,
+                                 deep=ask.deep)
         return None if reply is None else lb.on_prefix_owner(ask.hashes, reply.owner, reply.matched, reply.others)
 
     def _answered(self, msg: m.PrefixOwner) -> None:

@@ -255,7 +255,7 @@ class Coordinator:
         try:
             answer = self.directory.claim(msg.hashes, msg.proposal, msg.prompt_tokens,
                                           (msg.first_rank, msg.last_rank), anyio.current_time(), key,
-                                          msg.candidates)
+                                          msg.candidates, deep=msg.deep)
         except ValueError as exc:
             log.warning("dropping a prefix claim from %s: %s", peer.name, exc)
             return

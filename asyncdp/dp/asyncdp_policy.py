@@ -73,7 +73,7 @@ class AsyncdpPolicy(Policy):
                  stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True,
                  spread: bool = True, spread_tokens: float = SPREAD_TOKENS, spread_gated: bool = True,
                  unseen_fill: float = UNSEEN_FILL, claim_in_phase: bool = False,
-                 prefill_tokens: bool = True) -> None:
+                 prefill_tokens: bool = True, deep_claims: bool = True) -> None:
         if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
                                 stall_tokens_per_s, stall_grace_s, spread_tokens, unseen_fill) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
@@ -100,6 +100,7 @@ class AsyncdpPolicy(Policy):
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
         self.unseen_fill = unseen_fill  # 1 (asyncdp@fill): the other routers' unseen work is estimated and poured
         self.claim_in_phase = claim_in_phase  # True (asyncdp@claim_all): claim new prompts while the phases hold too
+        self.deep_claims = deep_claims  # False (asyncdp@shallow): claim only prompts whose first block is new
         self.prefill_tokens = prefill_tokens  # False (asyncdp@counts): the others' waiting work from the counts alone
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
@@ -116,8 +117,7 @@ class AsyncdpPolicy(Policy):
 
     @staticmethod
     def match(state: AsyncdpState, rank: int, hashes: Sequence[int]) -> int:
-        """Leading blocks of ``hashes`` rank holds in this router's index."""
-        return state.index.match(rank, hashes)
+        return state.index.match(rank, hashes)  # leading blocks of hashes rank holds in this router's index
 
     # ------------------------------------------------------------ decision
 
@@ -349,10 +349,8 @@ class AsyncdpPolicy(Policy):
                 ow = 0
             state.others_cnt[i] = other
             if tokens:
-                # Several routers and the rank reports its prompt tokens still to compute: the others' prefill work
-                # is that less this router's own, not a count of waiting requests priced at this router's average
-                # prompt. Another router's 50 000-token document is one request in the counts, and once admitted a
-                # running one, priced as a decode (W8 at R = 4).
+                # the others' prefill is the rank's prompt tokens still to compute less this router's own: in the
+                # counts another router's 50 000-token document is one request, once admitted a decode (W8, R = 4)
                 state.others_tok[i] = max(0, x.prefill_tokens - state.pending[i]) + (other - ow) * state.avg_decode
             else:
                 state.others_tok[i] = ow * state.avg_prefill + (other - ow) * state.avg_decode
@@ -372,8 +370,9 @@ class AsyncdpPolicy(Policy):
     # ------------------------------------------------------------ several routers (H7: shared state)
 
     def claim_hashes(self, state: AsyncdpState, req: RequestView) -> Sequence[int]:
-        """A prompt whose first block this router never placed is claimed through the coordinator when there are
-        other routers: one of them may be placing it right now (:mod:`asyncdp.dp.prefix_directory`)."""
+        """With other routers, a prompt whose first block this router never placed, or a long run after one it did
+        (:mod:`.deep_claims`), is claimed through the coordinator: another may have placed it
+        (:mod:`asyncdp.dp.prefix_directory`)."""
         if state.num_routers < 2 or not self.directory or not self.prefix or req.rank_hint is not None:
             return ()
         if state.phase_scale >= 1.0 and not self.claim_in_phase:
@@ -382,15 +381,22 @@ class AsyncdpPolicy(Policy):
             # undo the weights (W9 at R = 4 read 3.5 x R = 1's mean TTFT)
             return ()
         hashes = prompt_hashes(req, state.block_size)
-        if not hashes or state.index.owners.get(hashes[0], 0):
+        if not hashes:
             return ()
-        return hashes[:MAX_CLAIM_BLOCKS]
+        if not state.index.owners.get(hashes[0], 0):
+            return hashes[:MAX_CLAIM_BLOCKS]
+        return state.deep.claim(state.index, hashes) if self.deep_claims else ()  # a run after a placed prefix
 
     def on_prefix_owner(self, state: AsyncdpState, dp_rank: int | None, hashes: Sequence[int], matched: int,
                         others: Sequence[float]) -> None:
         """Record what another router placed on ``dp_rank`` (the directory's match) in this router's index, and
         the other routers' recent new-prefix tokens per rank (:meth:`AsyncdpState.set_shared`)."""
+        head = state.deep.take_head(hashes)
         if matched and dp_rank is not None and dp_rank not in state.excluded:
-            state.index.insert(dp_rank, hashes[:matched])
-        state.set_shared(others)
+            state.index.insert(dp_rank, (*(head or ()), *hashes[:matched]))
+        if head is None:  # a deep claim's answer is a lookup: the others' new-prefix counts are for new prefixes
+            state.set_shared(others)
+
+    def claim_is_deep(self, state: AsyncdpState, hashes: Sequence[int]) -> bool:
+        return state.deep.is_deep(hashes)
 

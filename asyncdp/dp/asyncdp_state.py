@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from asyncdp.dp.deep_claims import DeepClaims
 from asyncdp.dp.owner_index import OwnerIndex
 from asyncdp.dp.policy import Decision
 from asyncdp.dp.prefix_rates import PrefixRates
@@ -113,6 +114,7 @@ class AsyncdpState:
     avg_prefill: float = 0.0  # EMA of the uncached tokens per request this router sent
     avg_decode: float = 0.0  # EMA of the decode weights of the requests this router sent (from decode_tokens)
     stalls: Stalls = field(default_factory=lambda: Stalls(0.0, 0, 0))  # the stall term (:mod:`.stalls`)
+    deep: DeepClaims = field(default_factory=DeepClaims)  # claims of runs after a prefix this router placed
     sent_tok: float = 0.0  # prefill tokens and decode weights this router sent since the last snapshot (:mod:`.unseen`)
     send_rate: float = 0.0  # their rate per microsecond, averaged over a few seconds (note_period)
 

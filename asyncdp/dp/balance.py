@@ -59,6 +59,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "asyncdp@no_phase": {"phase_spread": 0.0},  # new prompts compare loads unweighted (AsyncdpState.phase)
     "asyncdp@fill": {"unseen_fill": 1.0},  # several API servers: pour the others' unseen work over the cheapest ranks
     "asyncdp@claim_all": {"claim_in_phase": True},  # claim new prompts while the phase weights hold too
+    "asyncdp@shallow": {"deep_claims": False},  # claim only prompts whose first block no rank holds
     "asyncdp@counts": {"prefill_tokens": False},  # the others' waiting work from the counts alone (no token report)
     "asyncdp@flat_decode": {"decode_ref_tokens": 0.0},  # every decoding request weighs the same (decode_weight)
     "asyncdp@ctx_decode": {},  # the default: the name its decode weight had while it was opt-in
@@ -99,6 +100,7 @@ class ClaimAsk(NamedTuple):
     hashes: Sequence[int]
     proposal: int
     candidates: list[int]
+    deep: bool = False  # a run after a prefix this router placed (Policy.claim_is_deep)
 
 
 class LoadBalancer:
@@ -196,7 +198,8 @@ class LoadBalancer:
         decision = self._policy.select(req, self._snap, self._state, now_us, self._rng)
         candidates = [self._engines[i] for i in self._policy.claim_candidates(self._state, req, now_us)
                       if i not in self._dead]
-        return ClaimAsk(hashes, self._engines[decision.dp_rank], candidates)
+        return ClaimAsk(hashes, self._engines[decision.dp_rank], candidates,
+                        self._policy.claim_is_deep(self._state, hashes))
 
     def on_prefix_owner(self, hashes: Sequence[int], owner: int, matched: int,
                         others: Sequence[float]) -> int | None:

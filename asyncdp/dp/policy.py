@@ -121,6 +121,11 @@ class Policy:
     def on_dispatch(self, state: Any, req: RequestView, decision: Decision, now_us: int) -> None:
         pass
 
+    def claim_is_deep(self, state: Any, hashes: Sequence[int]) -> bool:
+        """Whether the claim of ``hashes`` (from :meth:`claim_hashes`) is of a run after a prefix this router placed:
+        the directory looks it up, or records the proposal as its owner without placing it."""
+        return False
+
     def on_first_token(self, state: Any, req_id: str, dp_rank: int, now_us: int) -> None:
         pass
 

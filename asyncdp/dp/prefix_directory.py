@@ -41,6 +41,14 @@ placements over everyone's (W1 at R = 4: 1.11 copies of each group, 0.94-0.96 x 
 counts, one copy and the same goodput). The counters are kept per claimant (the coordinator's client link) and a
 claimant's go when it leaves.
 
+A *deep* claim (``deep=True``) is of a run that follows a prefix the claimant placed: a conversation's history after a
+system prompt every rank holds, whose earlier turns reached other API servers (W5 at R = 4: 2.02 x R = 1's mean TTFT
+without it). Its hashes start at the run's first block, whose chained hash stands for the whole prompt up to it, so
+it is keyed like any other claim. A known key answers as any other; an unknown one records the claimant's proposal
+as its owner, unplaced and uncounted in ``owned`` and ``recent``: the claimant's policy already weighed the prefix it
+holds, and placing these runs as new prefixes moved conversations off the ranks their routers chose (W5's hit rate
+at the quick scale read 0.75 against 0.79).
+
 Routers that know a prefix never claim it again, so an entry's age says nothing about how much the prefix is used:
 the TTL is long (``CLAIM_TTL_S``, ten minutes), and the size bounds do the real work. With 30 s, W7's long
 documents (Zipf, full scale, R = 4) were placed again whenever a router first asked for one more than 30 s after
@@ -79,6 +87,7 @@ class Claim:
     owner: int
     hashes: array[int]  # the first claimant's prompt (signed 64-bit): later claimants match against it
     at_s: float  # last claimed
+    deep: bool = False  # recorded by a deep claim: not in the prefix counts (owned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +115,14 @@ class PrefixDirectory:
         self.owned = [0] * dp_size  # entries per owner rank (the prefix count that spreads new prefixes)
 
     def claim(self, hashes: Sequence[int], proposal: int, prompt_tokens: int, scope: tuple[int, int],
-              now_s: float, client: int = 0, candidates: Sequence[int] = ()) -> Answer:
+              now_s: float, client: int = 0, candidates: Sequence[int] = (), *, deep: bool = False) -> Answer:
         """Where this prompt's request goes (:class:`Answer`). ``scope`` is the claimant's managed ranks as
         ``(first, last)``, inclusive; ``proposal`` is in it; ``client`` names the claimant (its counts are left out
         of ``others``); ``candidates`` (in the scope, at most one per rank of it; may be empty) are the ranks it
-        would accept for a new prefix, cheapest first. Raises ValueError for a claim that does not fit that
-        description."""
+        would accept for a new prefix, cheapest first. ``deep``: the hashes are a run that follows a prefix the
+        claimant placed (a conversation's history after a shared system prompt); a known key answers as any other,
+        an unknown one records the proposal as its owner, unplaced and uncounted (the claimant's policy already
+        weighed the prefix it holds). Raises ValueError for a claim that does not fit that description."""
         first, last = scope
         if not hashes or not 0 <= first <= proposal <= last < self.dp_size:
             raise ValueError(f"bad prefix claim: {len(hashes)} hashes, proposal {proposal}, scope {scope}, "
@@ -133,12 +144,15 @@ class PrefixDirectory:
             stored = array("q", hashes[:MAX_CLAIM_BLOCKS])
         except OverflowError:
             raise ValueError("bad prefix claim: a block hash is not a signed 64-bit integer") from None
-        live = [c for c in candidates if c not in self.dead]
-        owner = self._place(fewest(self.owned.__getitem__, live, proposal), prompt_tokens, first, last)
-        self.owned[owner] += 1
-        self.recent[owner] += prompt_tokens
-        mine[owner] += prompt_tokens
-        self.entries[key] = Claim(owner, stored, now_s)
+        if deep:
+            owner = proposal
+        else:
+            live = [c for c in candidates if c not in self.dead]
+            owner = self._place(fewest(self.owned.__getitem__, live, proposal), prompt_tokens, first, last)
+            self.owned[owner] += 1
+            self.recent[owner] += prompt_tokens
+            mine[owner] += prompt_tokens
+        self.entries[key] = Claim(owner, stored, now_s, deep)
         self.blocks += len(stored)
         while len(self.entries) > self.max_entries or self.blocks > self.max_blocks:
             self._pop(next(iter(self.entries)))
@@ -160,7 +174,8 @@ class PrefixDirectory:
     def _pop(self, key: tuple[int, int, int]) -> None:
         entry = self.entries.pop(key)
         self.blocks -= len(entry.hashes)
-        self.owned[entry.owner] -= 1
+        if not entry.deep:
+            self.owned[entry.owner] -= 1
 
     def _others(self, mine: list[float], first: int, last: int) -> list[float]:
         """The scope's counts less the claimant's own (both decayed to now)."""

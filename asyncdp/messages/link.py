@@ -263,6 +263,8 @@ class PrefixClaim(_Msg, frozen=True):
     first_rank: int  # the client's managed ranks, first and last (inclusive)
     last_rank: int
     candidates: list[int] = []  # the global ranks the client would accept for a new prefix, cheapest first
+    # a run after a prefix the client placed: look it up, or record the proposal as its owner (no placement)
+    deep: bool = False
 
 
 class PrefixOwner(_Msg, frozen=True):

@@ -82,3 +82,31 @@ async def test_a_lost_link_ends_a_waiting_claim_at_once_and_no_link_means_no_cla
         assert await f.direct(lb, "r1", PROMPT, 16, 0) is None
         assert anyio.current_time() - t0 < CLAIM_TIMEOUT_S
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_run_after_a_placed_prefix_is_claimed_deep_over_the_wire(autojump_clock):
+    """The claim of a conversation's history after a system prompt this API server placed says ``deep`` on the
+    wire (the directory looks it up or records it, never places it), and its answer leaves the others' new-prefix
+    counts alone: they are for new prefixes."""
+    client_end, coord_end = sim_link_pair(name="coordinator", codec=True)
+    f = follower()
+    lb = LoadBalancer([0, 1, 2, 3], client_index=0, client_count=2, policy="asyncdp")
+    for r in range(4):  # the system prompt (6 blocks) is on every rank
+        lb.select(f"w{r}", [*PROMPT, *range(50_000 + 16 * r, 50_016 + 16 * r)], r)
+        lb.on_finish(f"w{r}")
+    seen: list[m.PrefixClaim] = []
+
+    def answer(claim: m.PrefixClaim) -> m.PrefixOwner:
+        seen.append(claim)
+        return m.PrefixOwner(seq=claim.seq, owner=3, matched=40, others=[0.0, 0.0, 512.0, 0.0])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fake_coordinator, coord_end, answer)
+        tg.start_soon(f.attach, client_end)
+        await anyio.wait_all_tasks_blocked()
+        prompt = [*PROMPT, *range(70_000, 70_000 + 16 * 40)]
+        assert await f.direct(lb, "t", prompt, 16, 0) == 3
+        assert len(seen) == 1 and seen[0].deep and len(seen[0].hashes) == 40
+        assert lb.state.shared == [0.0] * 4
+        tg.cancel_scope.cancel()

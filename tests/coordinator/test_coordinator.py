@@ -657,6 +657,25 @@ async def test_a_claims_candidates_reach_the_directory_which_counts_every_client
 
 
 @pytest.mark.trio
+async def test_a_deep_claim_reaches_the_directory_which_records_the_proposal_unplaced(autojump_clock):
+    async with coordinator(CoordinatorConfig(dp_size=4, wave_mode=False)) as h:
+        await h.engines(4)
+        a, b = await h.client(0), await h.client(1)
+        await a.send(claim(1, [21], proposal=1))  # a new prefix on rank 1: its new-prefix tokens are counted
+        await a.expect(PrefixOwner)
+        # a plain claim proposing rank 1 now gives way; a deep one (a run after a prefix b placed) keeps it
+        await b.send(claim(1, [51, 52], proposal=1))
+        _, plain = await b.expect(PrefixOwner)
+        await b.send(PrefixClaim(seq=2, hashes=[61, 62], proposal=1, prompt_tokens=32, first_rank=0, last_rank=3,
+                                 deep=True))
+        _, deep = await b.expect(PrefixOwner)
+        await a.send(PrefixClaim(seq=2, hashes=[61, 62, 63], proposal=3, prompt_tokens=48, first_rank=0,
+                                 last_rank=3, deep=True))
+        _, found = await a.expect(PrefixOwner)
+    assert plain.owner != 1 and deep.owner == 1 and (found.owner, found.matched) == (1, 2)
+
+
+@pytest.mark.trio
 async def test_a_client_that_leaves_takes_its_new_prefix_counts_with_it(autojump_clock):
     async with coordinator(CoordinatorConfig(dp_size=4, wave_mode=False)) as h:
         await h.engines(4)

@@ -127,6 +127,20 @@ def test_the_entry_counts_fall_as_entries_expire_or_are_evicted():
     assert d.owned == [1, 1] and sum(d.owned) == len(d.entries)
 
 
+def test_a_deep_claim_looks_a_run_up_or_records_the_proposal_without_placing_or_counting_it():
+    d = PrefixDirectory(4, max_entries=2, decay_s=1e-9)
+    d.claim([10], 1, 1000, ALL4, now_s=0.0)  # a new prefix on rank 1: counted
+    # rank 1 has the recent new-prefix tokens, so a new prefix proposed there would give way; a run after a prefix
+    # the claimant placed keeps its proposal, and nothing is counted for it
+    assert om(d.claim([70, 71], 1, 5000, ALL4, now_s=0.0, client=1, deep=True)) == (1, 0)
+    assert d.owned == [0, 1, 0, 0] and d.recent[1] == 1000
+    # another router finds it, with its match, as any entry
+    assert om(d.claim([70, 71, 72], 3, 6000, ALL4, now_s=0.1, client=2, deep=True)) == (1, 2)
+    d.claim([80], 2, 10, ALL4, now_s=0.2)  # the bound evicts the oldest entry, the counted one ...
+    d.claim([90], 2, 10, ALL4, now_s=0.3)  # ... then the deep one, which was never counted
+    assert d.owned == [0, 0, 2, 0] and sum(d.owned) == len(d.entries)
+
+
 # ---------------------------------------------------------------- the policy and the balancer
 
 
@@ -154,7 +168,7 @@ def test_a_learned_owner_draws_the_next_requests_of_the_prefix_like_its_own_plac
     lb = LoadBalancer([0, 1, 2, 3], client_index=1, client_count=2, policy="asyncdp")
     ask = lb.claim("r0", _prompt(0, SYSTEM))
     assert ask is not None
-    hashes, proposal, _ = ask
+    hashes, proposal = ask.hashes, ask.proposal
     owner = (proposal + 1) % 4  # all tied: the proposal is the key's rank; the directory names another
     # the directory says another router put the system prompt on that rank (its 8 blocks match)
     assert lb.on_prefix_owner(hashes, owner, 8, [0.0] * 4) == owner
@@ -211,6 +225,63 @@ def test_no_claims_with_one_router_one_rank_or_a_policy_without_an_index():
     assert local.claim("r", _prompt(0, SYSTEM)) is None  # the preset that keeps each API server on its own
 
 
+HISTORY = tuple(range(300_000, 300_000 + 16 * 40))  # 40 blocks of one user's conversation
+
+
+def _router_that_knows_the_system_prompt(index: int, ranks=(0, 1, 2, 3)) -> LoadBalancer:
+    lb = LoadBalancer([0, 1, 2, 3], client_index=index, client_count=2, policy="asyncdp")
+    for r in ranks:  # it already sent a request with the system prompt to these ranks
+        lb.select(f"warm{r}", _prompt(r, SYSTEM), r)
+        lb.on_finish(f"warm{r}")
+    return lb
+
+
+def test_a_long_run_after_a_known_prefix_is_claimed_from_its_first_new_block():
+    """A conversation's earlier turns went to another API server: this one knows the system prompt on every rank,
+    not the history after it. The claim is of the history, keyed by its first block (whose chained hash stands for
+    the whole prompt up to it), not of the system prompt every rank holds."""
+    a = _router_that_knows_the_system_prompt(0)
+    turn1 = (*SYSTEM, *HISTORY)
+    ask = a.claim("t1", turn1)
+    hashes = prompt_hashes(RequestView("t1", turn1), 16)
+    assert ask is not None and tuple(ask.hashes) == hashes[8:]  # from the first block after the 8 system blocks
+    d = PrefixDirectory(4)
+    first = d.claim(ask.hashes, ask.proposal, len(turn1), ALL4, 0.0, client=0, deep=ask.deep)
+    assert a.on_prefix_owner(ask.hashes, first.owner, first.matched, first.others) == first.owner
+    assert a.select("t1", turn1, directed=first.owner) == first.owner
+    # The next turn reaches the other API server, which never saw the history (nor sent the system prompt to the
+    # owner): it asks, and learns the owner.
+    b = _router_that_knows_the_system_prompt(1, [r for r in range(4) if r != first.owner])
+    turn2 = (*turn1, *range(900_000, 900_000 + 16 * 3))
+    ask2 = b.claim("t2", turn2)
+    assert ask2 is not None and ask2.hashes[0] == ask.hashes[0]
+    second = d.claim(ask2.hashes, ask2.proposal, len(turn2), ALL4, 0.1, client=1, deep=ask2.deep)
+    assert (second.owner, second.matched) == (first.owner, 40)
+    assert b.on_prefix_owner(ask2.hashes, second.owner, second.matched, second.others) == first.owner
+    assert b.select("t2", turn2, directed=second.owner) == first.owner
+    assert ask.deep and ask2.deep  # looked up or recorded, never placed by the directory
+    # its index now holds the whole chain there, the system prompt before it included: the third turn needs no
+    # claim, and goes there on its own credit
+    turn3 = (*turn2, *range(950_000, 950_000 + 16 * 2))
+    assert b.claim("t3", turn3) is None
+    assert b.select("t3", turn3) == first.owner
+
+
+def test_no_claim_for_a_short_new_run_one_router_or_asyncdp_shallow():
+    a = _router_that_knows_the_system_prompt(0)
+    short_tail = (*SYSTEM, *HISTORY[:16 * 31])  # 31 new blocks: fewer than DEEP_CLAIM_BLOCKS
+    assert a.claim("s", short_tail) is None
+    shallow = LoadBalancer([0, 1, 2, 3], client_index=0, client_count=2, policy="asyncdp@shallow")
+    for r in range(4):
+        shallow.select(f"warm{r}", _prompt(r, SYSTEM), r)
+    assert shallow.claim("s", (*SYSTEM, *HISTORY)) is None
+    pol = AsyncdpPolicy()
+    alone = pol.init(4, 0, 1)
+    for r in range(4):
+        _dispatch(pol, alone, RequestView(f"w{r}", _prompt(r, SYSTEM)), r, 0)
+    assert pol.claim_hashes(alone, RequestView("x", (*SYSTEM, *HISTORY))) == ()
+
+
 def _dispatch(pol: AsyncdpPolicy, state, req: RequestView, rank: int, now_us: int) -> None:
     pol.on_dispatch(state, req, Decision(rank), now_us)
 
@@ -262,3 +333,13 @@ def test_a_directory_answer_for_another_number_of_ranks_is_refused_by_the_policy
     state = pol.init(4, 0, 2)
     with pytest.raises(ValueError):
         state.set_shared([0.0] * 3)
+
+
+def test_claims_that_are_never_answered_leave_a_bounded_number_of_heads():
+    from asyncdp.dp.deep_claims import MAX_HEADS
+
+    a = _router_that_knows_the_system_prompt(0)
+    for i in range(MAX_HEADS + 10):
+        ask = a.claim(f"t{i}", (*SYSTEM, *range(400_000 + 1000 * i, 400_000 + 1000 * i + 16 * 40)))
+        assert ask is not None and ask.deep
+    assert 0 < len(a.state.deep.heads) <= MAX_HEADS
