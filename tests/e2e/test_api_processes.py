@@ -8,6 +8,7 @@ process uses its siblings' free slots; a process whose event loop stops (SIGSTOP
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -171,6 +172,63 @@ async def test_api_servers_running_asyncdp_agree_on_a_prefix_another_one_placed(
     assert after - before == groups * system
     # every request of both phases was a prefix its API server had not placed: the coordinator named each rank
     assert sum(directed.values()) == 2 * groups
+
+
+async def test_a_conversation_whose_history_another_api_server_placed_finds_it_through_the_directory(
+        tmp_path: Path) -> None:
+    """Both API servers sent the system prompt to both ranks. API server 0 places a user's first turn (a history of
+    33 blocks after the system prompt) on some rank; API server 1, which never saw the history and has its own
+    requests running on that rank, still sends the second turn there: it claims the run after the system prompt
+    (a deep claim), and the directory names the rank that holds it."""
+    vocab, block = 250, 16
+
+    def tokens(seed: int, n: int) -> list[int]:
+        rng = random.Random(seed)
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    system, history = tokens(1, 3 * block), tokens(2, 33 * block)
+    turn1 = system + history + tokens(3, 8)
+    turn2 = turn1 + tokens(4, 24)
+    body = {"model": MODEL, "max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
+    with serve(tmp_path, "-dp", "2", "--api-server-count", "2", "--lb-policy", "asyncdp",
+               "--max-model-len", "1024") as server:
+        first, second = await _process_client(server.base_url, 0), await _process_client(server.base_url, 1)
+        try:
+            async def metric(name: str, **labels: str) -> dict[str, float]:
+                return per_engine(await read_metrics(server.base_url), name, **labels)
+
+            with anyio.fail_after(120):
+                for k, http in enumerate((first, second)):
+                    for rank in (0, 1):
+                        r = await http.post("/v1/completions", json={**body, "prompt": system + tokens(10 + 2 * k + rank, 8)},
+                                            headers={"X-data-parallel-rank": str(rank)})
+                        assert r.status_code == 200, r.text
+                before = await metric("vllm:prompt_tokens_total")
+                assert (await first.post("/v1/completions", json={**body, "prompt": turn1})).status_code == 200
+                grown = {e: v - before.get(e, 0.0) for e, v in (await metric("vllm:prompt_tokens_total")).items()}
+                holder = max(grown, key=grown.__getitem__)  # the rank that computed the first turn
+                busy_clients = [await _process_client(server.base_url, 1) for _ in range(3)]
+                async with anyio.create_task_group() as tg:
+                    busy = {**body, "prompt": tokens(50, 8), "max_tokens": 400}
+                    for http in busy_clients:  # API server 1's own requests keep the holder busier in its view
+                        tg.start_soon(functools.partial(http.post, "/v1/completions", json=busy,
+                                                        headers={"X-data-parallel-rank": holder}))
+                    await anyio.sleep(0.5)
+                    hits = await metric("vllm:prefix_cache_hits_total")
+                    directed = sum((await metric("asyncdp:dp_lb_decisions_total", reason="directory")).values())
+                    r = await second.post("/v1/completions", json={**body, "prompt": turn2})
+                    assert r.status_code == 200, r.text
+                    hits_after = await metric("vllm:prefix_cache_hits_total")
+                    directed_after = sum((await metric("asyncdp:dp_lb_decisions_total",
+                                                       reason="directory")).values())
+                for http in busy_clients:
+                    await http.aclose()
+        finally:
+            await first.aclose()
+            await second.aclose()
+    # the second turn found the system prompt and the whole history cached where the first turn went
+    assert hits_after.get(holder, 0.0) - hits.get(holder, 0.0) >= len(system) + len(history)
+    assert directed_after == directed + 1
 
 
 async def test_a_frozen_coordinator_costs_a_new_prefix_at_most_the_claim_timeout(tmp_path: Path) -> None:
