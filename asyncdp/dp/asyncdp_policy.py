@@ -115,10 +115,6 @@ class AsyncdpPolicy(Policy):
                                   float(p.get("staleness_threshold_ms", STALENESS_MS)) * 1000.0, weights,
                                   int(p.get("kv_blocks_per_rank", DEFAULT_INDEX_BLOCKS)))
 
-    @staticmethod
-    def match(state: AsyncdpState, rank: int, hashes: Sequence[int]) -> int:
-        return state.index.match(rank, hashes)  # leading blocks of hashes rank holds in this router's index
-
     # ------------------------------------------------------------ decision
 
     def select(self, req: RequestView, snap: Snapshot | None, state: AsyncdpState, now_us: int,

@@ -65,7 +65,7 @@ def argmin(values: list[float]) -> tuple[float, int, int]:
 
 
 def moved_min(values: list[float], best: float, pick: int, ties: int, i: int, old: float,
-           new: float) -> tuple[float, int, int]:
+              new: float) -> tuple[float, int, int]:
     """``values[i]`` went from ``old`` to ``new``: the minimum, its first index and its ties after it (O(1) but when
     the last entry at the minimum leaves it)."""
     if new < best:

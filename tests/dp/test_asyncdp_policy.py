@@ -231,8 +231,8 @@ def test_the_index_is_bounded_per_rank_and_evicts_tails_first():
     route(p, s, first)
     route(p, s, second)  # 10 blocks > 6: the first prompt's 4 tail blocks go, its root stays
     assert len(s.lru[0]) == 6
-    assert AsyncdpPolicy.match(s, 0, prompt_hashes(first, 16)) == 1
-    assert AsyncdpPolicy.match(s, 0, prompt_hashes(second, 16)) == 5
+    assert s.index.match(0, prompt_hashes(first, 16)) == 1
+    assert s.index.match(0, prompt_hashes(second, 16)) == 5
 
 
 def test_a_new_prefix_goes_to_the_rank_whose_index_is_emptier():
@@ -359,7 +359,7 @@ def test_a_prefix_hotter_than_its_holder_can_serve_gets_a_second_holder():
     # without it rank 0 would win: 48 + 80 - 2·64 = 0 against 80 on an idle rank
     second = route(p, s, prompt(50), now_us=3)
     assert second != 0
-    assert AsyncdpPolicy.match(s, second, prompt_hashes(prompt(51), 16)) == 4  # the new holder has the prefix
+    assert s.index.match(second, prompt_hashes(prompt(51), 16)) == 4  # the new holder has the prefix
     p.on_first_token(s, prompt(50).req_id, second, 4)  # the replica: one decoding request, rank 0 three
     assert route(p, s, prompt(51), now_us=5) == second  # two holders now: the lighter one, with its hit
 
