@@ -32,8 +32,8 @@ from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
 from asyncdp.dp.spread import fewest_prefixes, near_cheapest
-from asyncdp.dp.ties import argmin, pick_among, tie_key, tie_pick, tie_scan
-from asyncdp.dp.unseen import UNSEEN_FILL, UNSEEN_REQUEST_TOKENS, raised, water_level
+from asyncdp.dp.ties import argmin, pick_among, tie_key, tie_scan
+from asyncdp.dp.unseen import UNSEEN_FILL, UNSEEN_REQUEST_TOKENS, CostOrder, raised
 from asyncdp.errors import ConfigError, UnavailableError
 
 __all__ = ["REFRESH_US", "AsyncdpPolicy", "AsyncdpState", "prompt_hashes"]
@@ -129,32 +129,39 @@ class AsyncdpPolicy(Policy):
             best, pick, ties = state.best, state.pick, state.ties
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         filled = bool(self.unseen_fill) and (unseen := self.unseen_fill * state.unseen(now_us)) > 0
-        key, level, low = 0, 0.0, base
+        key, level, under = 0, -_INF, []
         if filled:
             # the other routers' work since the snapshot, poured over the cheapest ranks, where they send it (H7);
-            # the ranks it levels tie, and the key picks among them by the share of the pour each took (pick_among)
-            key, low = tie_key(req, hashes), base
-            best = level = water_level(base, unseen)
-            base, ties = raised(base, low, level), 1
-            pick = tie_pick(base, best, key, low, level)
+            # the ranks under the level count at it, and the key picks among them by the share of the pour each
+            # took (pour_pick). The kept order of the costs gives the level; decayed copies need an order of theirs.
+            order = state.order if mbase is None and state.order is not None else CostOrder(base, mbase or state.mbase)
+            key = tie_key(req, hashes)
+            best = level = (found := order.level(unseen))[0]
+            under, ties = found[1], 1
+            if under:
+                pick = order.pour_pick(level, under, key, base)
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
         decisions = state.decisions  # one immutable Decision per rank, made once
         index = state.index
         if not hashes or not index.owners.get(hashes[0], 0):
             # No rank holds the prompt: the cheapest by load, its load weighed by the rank's phase (state.phase)
+            spread = self.spread and hashes and self.spread_applies(state)
             if filled:
-                mbase = raised(state.mbase if mbase is None else mbase, low, level)
-            if mbase is None:
-                mbase, mbest, mpick, mties = state.mbase, state.mbest, state.mpick, state.mties
+                mcosts = state.mbase if mbase is None else mbase
+                mbest, mpick = order.miss_pick(mcosts, base, under, level, key)
+                if spread:  # near_cheapest reads every rank's miss cost, raised by the pour
+                    mbase = raised(mcosts, base, level)
             else:
-                mbest, mpick, mties = argmin(mbase)
-            if mties > 1:
-                mpick = tie_pick(mbase, mbest, key, low, level) if filled else tie_scan(mbase, mbest, mpick,
-                                                                           tie_key(req, hashes) % state.n)
-            if self.spread and hashes and self.spread_applies(state):
-                mpick = fewest_prefixes(index.roots, mbase, mbest, mpick, self._within(req),
-                                        tie_key(req, hashes) % state.n)
+                if mbase is None:
+                    mbase, mbest, mpick, mties = state.mbase, state.mbest, state.mpick, state.mties
+                else:
+                    mbest, mpick, mties = argmin(mbase)
+                if mties > 1:
+                    mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
+            if spread:
+                mpick = fewest_prefixes(index.roots, mbase if mbase is not None else state.mbase, mbest, mpick,
+                                        self._within(req), tie_key(req, hashes) % state.n)
             return decisions[mpick]
         start = -1  # the tie scan's first rank, computed only when a tie needs it
         if ties > 1:  # a tie: the first minimum at or after a stable hash of the key (H6)
@@ -189,11 +196,13 @@ class AsyncdpPolicy(Policy):
         # memory does not decide among them (it is cached on all of them, and little is added): they compare by
         # load only (hbase = base - memory + extra: the decodes weighed by their context). Their common credit is
         # added after the loop, and the extra taken off again: the hit is weighed flat against the cheapest rank.
-        costs = (raised(hbase, low, level) if filled else hbase) if by_load else base
+        costs = hbase if by_load else base
         rmin, cmin, n = -1, _INF, state.n
-        tied: list[int] = []  # with the unseen work: the holders at the minimum, picked from as tie_pick does
+        tied: list[int] = []  # with the unseen work: the holders at the minimum, picked from as pick_among does
         for r in RANK_TUPLES.get(full) or ranks_of(full):
             cost = costs[r]
+            if (b := base[r]) < level:  # raised by the pour (never without it: level is -inf)
+                cost = cost + (level - b) if by_load else level
             if cost <= cmin and load[r] <= cap:
                 if cost == cmin and filled:
                     tied.append(r)
@@ -207,7 +216,7 @@ class AsyncdpPolicy(Policy):
                 if filled:
                     tied = [r]
         if len(tied) > 1:
-            rmin = pick_among(tied, key, low, level)
+            rmin = pick_among(tied, key, base, level)
         if rmin >= 0:
             cmin += (plen - wc + state.memory[rmin] - state.extra[rmin]) if by_load else (plen - wc)
             if cmin < pick_cost or (cmin == pick_cost and top_credit > 0) or ((full >> pick) & 1 and load[pick] <= cap):
@@ -219,20 +228,20 @@ class AsyncdpPolicy(Policy):
                 if (rmin - start) % n < (pick - start) % n:
                     pick = rmin
         if held != full:
-            pick = self._partial_holders(req, hashes, state, base, held ^ full, lo, pick, pick_cost, pick_credit,
-                                         start, cap)
+            pick = self._partial_holders(req, hashes, state, base, level, held ^ full, lo, pick, pick_cost,
+                                         pick_credit, start, cap)
         return decisions[pick]
 
     def _partial_holders(self, req: RequestView, hashes: Sequence[int], state: AsyncdpState, base: list[float],
-                         rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int,
+                         level: float, rest: int, lo: int, pick: int, pick_cost: float, pick_credit: int, start: int,
                          cap: float) -> int:
         """The ranks holding the first block but not the whole run of ``lo`` blocks: each one's own match below
-        ``lo``, pruned by the most they could still get."""
+        ``lo``, pruned by the most they could still get (a base cost under the pour's ``level`` counts at it)."""
         plen, bs, weight, n = len(req.tokens), state.block_size, self.credit_weight, state.n
         bound = weight * min((lo - 1) * bs, plen - 1) - plen
         load = state.load
         for r in ranks_of(rest):
-            b = base[r]
+            b = max(base[r], level)
             if b - bound > pick_cost or load[r] > cap:
                 continue
             lo2 = state.index.match(r, hashes[:lo])
@@ -258,8 +267,9 @@ class AsyncdpPolicy(Policy):
             return []
         decayed = state.decayed_costs(now_us)
         base, mbase = (state.base, state.mbase) if decayed is None else (decayed[0], decayed[2])
-        if self.unseen_fill and (unseen := self.unseen_fill * state.unseen(now_us)) > 0:
-            mbase = raised(mbase, base, water_level(base, unseen))
+        if self.unseen_fill and (unseen := self.unseen_fill * state.unseen(now_us)) > 0 and state.order is not None:
+            order = state.order if decayed is None else CostOrder(base, mbase)
+            mbase = raised(mbase, base, order.level(unseen)[0])
         if (cheapest := min(mbase)) == _INF:
             return []
         return near_cheapest(mbase, cheapest, self._within(req), tie_key(req, hashes) % state.n)

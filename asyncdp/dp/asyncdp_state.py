@@ -22,7 +22,7 @@ from asyncdp.dp.policy import Decision
 from asyncdp.dp.prefix_rates import PrefixRates
 from asyncdp.dp.stalls import Stalls
 from asyncdp.dp.ties import argmin, moved_min
-from asyncdp.dp.unseen import UNSEEN_MAX_AGE_US, fold_rate
+from asyncdp.dp.unseen import UNSEEN_MAX_AGE_US, CostOrder, fold_rate
 
 KV_HIGH = 0.9
 REFRESH_US = 50_000  # the snapshot terms are re-weighed by their age at most this often (H5)
@@ -117,6 +117,7 @@ class AsyncdpState:
     deep: DeepClaims = field(default_factory=DeepClaims)  # claims of runs after a prefix this router placed
     sent_tok: float = 0.0  # prefill tokens and decode weights this router sent since the last snapshot (:mod:`.unseen`)
     send_rate: float = 0.0  # their rate per microsecond, averaged over a few seconds (note_period)
+    order: CostOrder | None = None  # with several routers: base and mbase in ascending order (the pour's level)
 
     @classmethod
     def empty(cls, n: int, num_routers: int, block_size: int, stale_us: float, weights: CostWeights,
@@ -128,6 +129,8 @@ class AsyncdpState:
                     avg_decode=weights.decode_tokens,
                     stalls=Stalls(weights.stall_tokens_per_s, weights.stall_grace_us, n))
         state.phases = [state.phase(i) for i in range(n)]
+        if num_routers > 1:
+            state.order = CostOrder((), ())  # filled by rescan
         state.set_cap()
         state.rescan()
         return state
@@ -229,6 +232,8 @@ class AsyncdpState:
     def rescan(self) -> None:
         self.best, self.pick, self.ties = argmin(self.base)
         self.mbest, self.mpick, self.mties = argmin(self.mbase)
+        if self.order is not None:
+            self.order.reset(self.base, self.mbase)
 
     def decayed_costs(self, now_us: int) -> tuple[list[float], list[float], list[float]] | None:
         """``(base, hbase, mbase)`` with the snapshot terms decayed to ``now_us`` (H5), on copies, when no hook ran
@@ -250,6 +255,8 @@ class AsyncdpState:
         if mnew != mold:
             self.mbest, self.mpick, self.mties = moved_min(self.mbase, self.mbest, self.mpick, self.mties, i, mold,
                                                         mnew)
+        if self.order is not None:
+            self.order.move(i, old, new, mold, mnew)
 
     def mark_spill(self, first: int, rank: int) -> None:
         """After a dispatch to ``rank`` of a prompt starting with block ``first``: mark the prefix for a replica

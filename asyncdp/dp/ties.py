@@ -22,11 +22,6 @@ def tie_scan(costs: list[float], best: float, pick: int, start: int) -> int:
     return pick
 
 
-def tie_pick(costs: list[float], best: float, key: int, low: Sequence[float] = (), level: float = 0.0) -> int:
-    """Among the ranks at the minimum ``best``: :func:`pick_among` them."""
-    return pick_among([i for i, c in enumerate(costs) if c == best], key, low, level)
-
-
 def pick_among(ranks: list[int], key: int, low: Sequence[float] = (), level: float = 0.0) -> int:
     """One of ``ranks`` (in index order) for ``key``: with odds in proportion to ``level - low[r]`` when ``low`` is
     given and some of those are positive, else with equal odds (the ``key mod count``-th).

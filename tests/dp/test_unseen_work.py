@@ -17,8 +17,8 @@ from asyncdp.dp.asyncdp_policy import UNSEEN_REQUEST_TOKENS, AsyncdpPolicy, Asyn
 from asyncdp.dp.balance import make_policy
 from asyncdp.dp.owner_index import prompt_hashes
 from asyncdp.dp.policy import RankLoad, RequestView, Snapshot
-from asyncdp.dp.ties import pick_among, tie_pick, tie_scan
-from asyncdp.dp.unseen import SEND_RATE_TAU_US, UNSEEN_MAX_AGE_US, water_level
+from asyncdp.dp.ties import pick_among, tie_scan
+from asyncdp.dp.unseen import SEND_RATE_TAU_US, UNSEEN_MAX_AGE_US, CostOrder
 from asyncdp.errors import ConfigError
 
 INF = float("inf")
@@ -60,6 +60,10 @@ def steady(p: AsyncdpPolicy, s: AsyncdpState, router: int, periods: int) -> int:
     return last
 
 
+def water_level(values: list[float], amount: float) -> float:
+    return CostOrder(values, values).level(amount)[0]
+
+
 def test_the_water_level_pours_an_amount_over_the_lowest_values():
     assert water_level([0.0, 10.0, 30.0], 15.0) == 12.5  # 12.5 + 2.5
     assert water_level([0.0, 10.0, 30.0], 0.0) == 0.0
@@ -76,9 +80,9 @@ def test_a_band_of_tied_ranks_is_picked_from_with_equal_odds():
     assert Counter(tie_scan(costs, 1.0, 2, key) for key in range(8)) == Counter({2: 5, 3: 1, 4: 1, 5: 1})
     rng = random.Random(7)
     keys = [rng.getrandbits(64) for _ in range(4000)]  # 64-bit keys, as tie_key makes them
-    picks = Counter(tie_pick(costs, 1.0, key) for key in keys)
+    picks = Counter(pick_among([2, 3, 4, 5], key) for key in keys)
     assert set(picks) == {2, 3, 4, 5} and all(900 <= c <= 1100 for c in picks.values())
-    assert all(tie_pick(costs, 1.0, k) == tie_pick(costs, 1.0, k) for k in keys[:10])  # stable for a key
+    assert all(pick_among([2, 3, 4, 5], k) == pick_among([2, 3, 4, 5], k) for k in keys[:10])  # stable for a key
 
 
 def test_a_band_the_unseen_work_levelled_is_picked_from_in_proportion_to_the_pour():
@@ -89,7 +93,7 @@ def test_a_band_the_unseen_work_levelled_is_picked_from_in_proportion_to_the_pou
     assert set(picks) == {0, 1} and 1850 <= picks[0] <= 2150  # two thirds
     assert Counter(pick_among([0, 1, 2], key) for key in range(3000)) == Counter({0: 1000, 1: 1000, 2: 1000})
     assert pick_among([4, 6], 5, [0.0] * 8, 0.0) == 6  # nothing poured: equal odds, the key mod count-th
-    assert tie_pick([3.0, 1.0, 1.0], 1.0, 5) == 2
+    assert pick_among([1, 2], 5) == 2
 
 
 def test_the_send_rate_averages_what_this_router_sent_between_snapshots():
