@@ -6,7 +6,9 @@ Over the *measured* requests (sent at or after the workload's warm-up) that comp
 - TPOT = (e2e − TTFT) / (output tokens − 1), mean over requests with ≥ 2 output tokens;
 - goodput = requests meeting the SLO (TTFT ≤ 2 s and TPOT ≤ 100 ms; TTFT only for 1-token outputs) per second
   of the window; throughput = output tokens per second of the window. The window runs from the first measured
-  send to the last measured token;
+  send to the last measured token, so a rung's goodput also moves with when its slowest request finishes;
+- SLO attainment = the share of the measured requests that met the SLO (a failed or unfinished one did not): what
+  a rung's goodput cannot tell apart from a longer window;
 - prefix hit rate = Σ cached prompt tokens at first admission / Σ prompt tokens;
 - max/mean load ratio = the busiest rank's measured request count over the mean over all ranks;
 - preemptions: the ranks' own counter over the whole run;
@@ -33,9 +35,10 @@ from asyncdp.bench.simulate import RequestEvent, RunLog
 SLO_TTFT_S = 2.0
 SLO_TPOT_S = 0.100
 METRIC_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "e2e_p99_s", "goodput_rps",
-               "throughput_tok_s", "prefix_hit_rate", "max_mean_load_ratio", "preemptions")
+               "slo_attainment", "throughput_tok_s", "prefix_hit_rate", "max_mean_load_ratio", "preemptions")
 #: for each metric, whether lower is better (latencies, load ratio, preemptions)
-LOWER_IS_BETTER = {k: k not in ("goodput_rps", "throughput_tok_s", "prefix_hit_rate") for k in METRIC_KEYS}
+LOWER_IS_BETTER = {k: k not in ("goodput_rps", "slo_attainment", "throughput_tok_s", "prefix_hit_rate")
+                   for k in METRIC_KEYS}
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -67,8 +70,8 @@ def meets_slo(ev: RequestEvent) -> bool:
 def compute(log: RunLog, only: Collection[int] | None = None) -> dict[str, float]:
     """Every key of :data:`METRIC_KEYS` for ``log`` (see the module docstring); ``only``: just those req_ids
     (one ladder rung). Preemptions are the whole run's either way."""
-    done = [e for e in log.events if e.measured and e.error is None and e.t_first_s is not None
-            and e.t_last_s is not None and (only is None or e.req_id in only)]
+    measured = [e for e in log.events if e.measured and (only is None or e.req_id in only)]
+    done = [e for e in measured if e.error is None and e.t_first_s is not None and e.t_last_s is not None]
     ttft = [e.t_first_s - e.t_send_s for e in done if e.t_first_s is not None]
     e2e = [e.t_last_s - e.t_send_s for e in done if e.t_last_s is not None]
     tpots = [t for t in (tpot(e) for e in done) if t is not None]
@@ -81,10 +84,12 @@ def compute(log: RunLog, only: Collection[int] | None = None) -> dict[str, float
         if 0 <= e.rank < log.dp_size:
             per_rank[e.rank] += 1
     load_mean = mean(per_rank)
+    met = sum(1 for e in done if meets_slo(e))
     return {
         "ttft_mean_s": mean(ttft), "ttft_p50_s": percentile(ttft, 0.5), "ttft_p90_s": percentile(ttft, 0.9),
         "ttft_p99_s": percentile(ttft, 0.99), "tpot_mean_s": mean(tpots), "e2e_p99_s": percentile(e2e, 0.99),
-        "goodput_rps": sum(1 for e in done if meets_slo(e)) / window if window > 0 else 0.0,
+        "goodput_rps": met / window if window > 0 else 0.0,
+        "slo_attainment": met / len(measured) if measured else 0.0,
         "throughput_tok_s": sum(e.output_tokens for e in done) / window if window > 0 else 0.0,
         "prefix_hit_rate": sum(e.cached_tokens for e in done) / prompt if prompt else 0.0,
         "max_mean_load_ratio": max(per_rank) / load_mean if load_mean > 0 else 0.0,

@@ -38,7 +38,8 @@ PRECISE = ("dynamo_kv", "sglang_cache_aware@events", "llmd_weighted@precise")
 G6_RATIO = 0.95
 G1_WORKLOADS = ("w1", "w2", "w4", "w5")
 _SHORT = {"ttft_mean_s": "ttft_mean", "ttft_p50_s": "ttft_p50", "ttft_p90_s": "ttft_p90", "ttft_p99_s": "ttft_p99",
-          "tpot_mean_s": "tpot_mean", "e2e_p99_s": "e2e_p99", "goodput_rps": "goodput", "throughput_tok_s": "tok/s",
+          "tpot_mean_s": "tpot_mean", "e2e_p99_s": "e2e_p99", "goodput_rps": "goodput", "slo_attainment": "slo",
+          "throughput_tok_s": "tok/s",
           "prefix_hit_rate": "hit", "max_mean_load_ratio": "max/mean", "preemptions": "preempt"}
 
 

@@ -34,10 +34,25 @@ def test_metrics_of_a_hand_made_log_are_exact():
     assert got == pytest.approx({
         "ttft_mean_s": (1 + 3 + 0.5 + 0.5) / 4, "ttft_p50_s": 0.5, "ttft_p90_s": 3.0, "ttft_p99_s": 3.0,
         "tpot_mean_s": (0.1 + 0.1 + 1.5) / 3, "e2e_p99_s": 8.0,
-        "goodput_rps": 2 / 10.0, "throughput_tok_s": 29 / 10.0, "prefix_hit_rate": 100 / 400,
+        "goodput_rps": 2 / 10.0, "slo_attainment": 2 / 5, "throughput_tok_s": 29 / 10.0, "prefix_hit_rate": 100 / 400,
         "max_mean_load_ratio": 1.0, "preemptions": 3.0})
     assert set(got) == set(metrics.METRIC_KEYS)
     assert metrics.summary(log) == {"sent": 6, "measured": 5, "completed": 5, "failed": 1, "unsent": 0}
+
+
+def test_slo_attainment_is_the_share_that_met_the_slo_whatever_the_window():
+    # the same four requests, all within the SLO; a fifth that also meets it but finishes 100 s later stretches the
+    # window, so goodput falls to a fifth of what it was while the attainment stays whole
+    quick = [ev(i, i % 2, float(i), i + 0.5, i + 1.0, 11) for i in range(4)]
+    slow = ev(4, 0, 4.0, 4.5, 104.0, 1001)  # TPOT 0.0995 s: within the SLO
+    before = metrics.compute(RunLog(dp_size=2, events=quick))
+    after = metrics.compute(RunLog(dp_size=2, events=[*quick, slow]))
+    assert before["slo_attainment"] == after["slo_attainment"] == 1.0
+    assert after["goodput_rps"] == pytest.approx(5 / 104.0) and before["goodput_rps"] == pytest.approx(4 / 4.0)
+    # one of a rung's requests never finished (the run ended): it counts against the attainment
+    unfinished = ev(5, 1, 4.0, 4.5, None, 3)
+    assert metrics.compute(RunLog(dp_size=2, events=[*quick, unfinished]))["slo_attainment"] == 4 / 5
+    assert metrics.compute(RunLog(dp_size=2, events=[*quick, unfinished]), only={0, 1, 5})["slo_attainment"] == 2 / 3
 
 
 def test_load_ratio_counts_requests_per_rank_over_the_mean_of_every_rank():
