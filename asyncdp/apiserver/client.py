@@ -98,7 +98,8 @@ class DPClient:
         self.coordinator = CoordinatorFollower(
             cfg.client_index, cfg.heartbeat_interval_s, self._on_snapshot, lambda: self._shutting_down,
             state="none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting",
-            heartbeat_timeout_s=cfg.heartbeat_timeout_s, on_lost=self.lb.forget_snapshot)
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s, on_lost=self.lb.forget_snapshot,
+            on_placed=lambda msg: self.lb.on_prefix_placed(msg.rank, msg.prompt_tokens))
         self.processes: list[dict[str, Any]] = []
         self.nodes: list[dict[str, Any]] = []  # the deployment's launches, as the launcher last published them
         self._load = LoadView(cfg.managed_ranks)  # GET /load

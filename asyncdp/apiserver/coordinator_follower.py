@@ -22,7 +22,8 @@ Prefix claims: ``direct(lb, ...)`` asks the coordinator's prefix directory (:mod
 where a prompt goes when the balancer's policy wants it asked (several API servers, a first block this one never
 placed): one ``PrefixClaim`` on the link, the ``PrefixOwner`` with the same ``seq`` taken off the read loop. It
 waits at most ``CLAIM_TIMEOUT_S``; without a subscribed link, on a lost link or after that time the request is
-routed by the policy alone.
+routed by the policy alone. Another API server's claim of a long new prefix arrives as ``PrefixPlaced`` and goes to
+the ``on_placed`` callback.
 """
 
 from __future__ import annotations
@@ -64,12 +65,14 @@ class CoordinatorFollower:
     def __init__(self, client_index: int, heartbeat_interval_s: float,
                  on_snapshot: Callable[[m.StatsSnapshot], None], shutting_down: Callable[[], bool], *,
                  state: str = "starting", heartbeat_timeout_s: float = 5.0,
-                 on_lost: Callable[[], None] = lambda: None) -> None:
+                 on_lost: Callable[[], None] = lambda: None,
+                 on_placed: Callable[[m.PrefixPlaced], None] = lambda msg: None) -> None:
         self.client_index = client_index
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._on_snapshot = on_snapshot
         self._on_lost = on_lost
+        self._on_placed = on_placed
         self._shutting_down = shutting_down
         self.state = state
         self.link: Link | None = None  # while subscribed
@@ -204,6 +207,8 @@ class CoordinatorFollower:
                             self._on_snapshot(msg)
                         elif isinstance(msg, m.PrefixOwner):
                             self._answered(msg)
+                        elif isinstance(msg, m.PrefixPlaced):
+                            self._on_placed(msg)
                         continue
                     if silence.cancelled_caught:  # nothing heard before the liveness deadline
                         silent = True

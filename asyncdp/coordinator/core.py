@@ -15,7 +15,8 @@ items (:data:`~asyncdp.coordinator.peers.CoordinatorInbox`, dispatched with ``ma
 :class:`~asyncdp.errors.ProtocolError`); the core is the only task that changes the load and wave state.
 
 Prefix claims: a client's ``PrefixClaim`` is answered by its link's reader at once with ``PrefixOwner`` from the
-:class:`~asyncdp.dp.prefix_directory.PrefixDirectory` (where several API servers agree to put a new prefix). The
+:class:`~asyncdp.dp.prefix_directory.PrefixDirectory` (where several API servers agree to put a new prefix); a new
+prefix of at least ``LONG_PLACEMENT_TOKENS`` is also told to every other client (``PrefixPlaced``). The
 directory is separate state that never awaits, so the readers share it without a core round trip; the core only
 drops a dead rank's entries. A malformed claim is logged and dropped (the client routes alone after its timeout).
 
@@ -59,7 +60,7 @@ from asyncdp.coordinator.peers import (
 )
 from asyncdp.dp import wave as W
 from asyncdp.dp.liveness import check_heartbeat_settings
-from asyncdp.dp.prefix_directory import PrefixDirectory
+from asyncdp.dp.prefix_directory import LONG_PLACEMENT_TOKENS, PrefixDirectory
 from asyncdp.dp.stats import StatsBook
 from asyncdp.errors import (
     AsyncDPError,
@@ -77,6 +78,7 @@ from asyncdp.messages import (
     Heartbeat,
     PrefixClaim,
     PrefixOwner,
+    PrefixPlaced,
     RankStats,
     StartWave,
     StartWaveRequest,
@@ -260,6 +262,11 @@ class Coordinator:
             log.warning("dropping a prefix claim from %s: %s", peer.name, exc)
             return
         peer.send_nowait(PrefixOwner(seq=msg.seq, owner=answer.owner, matched=answer.matched, others=answer.others))
+        if answer.placed >= LONG_PLACEMENT_TOKENS:  # a long prefill the other clients' views lack until a snapshot
+            placed = PrefixPlaced(rank=answer.owner, prompt_tokens=answer.placed)
+            for other_key, other in self.clients.items():
+                if other_key != key:
+                    other.send_nowait(placed)
 
     # ------------------------------------------------------------ the core
 

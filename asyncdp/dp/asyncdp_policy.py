@@ -403,6 +403,12 @@ class AsyncdpPolicy(Policy):
         if head is None:  # a deep claim's answer is a lookup: the others' new-prefix counts are for new prefixes
             state.set_shared(others)
 
+    def on_prefix_placed(self, state: AsyncdpState, dp_rank: int, prompt_tokens: int) -> None:
+        """Another router's long new prefix on ``dp_rank``: its prefill counts there with the others' new-prefix tokens
+        until the next snapshot shows it (:meth:`AsyncdpState.add_shared`)."""
+        if self.directory:
+            state.add_shared(dp_rank, prompt_tokens)
+
     def claim_is_deep(self, state: AsyncdpState, hashes: Sequence[int]) -> bool:
         return state.deep.is_deep(hashes)
 

@@ -324,6 +324,13 @@ class AsyncdpState:
         self.shared = list(others)
         self.update_all(resum=False)
 
+    def add_shared(self, i: int, tokens: float) -> None:
+        """Another router placed a long new prefix on rank i (``PrefixPlaced``): its tokens join ``shared`` there,
+        which the next snapshot clears, or the next directory answer replaces with counts that include them."""
+        if i not in self.excluded:
+            self.shared[i] += tokens
+            self.update(i)
+
     def update_all(self, *, resum: bool) -> None:
         """Every rank changed (a snapshot, a new weight): recompute all, then the minimum once."""
         for i in range(self.n):

@@ -215,6 +215,13 @@ class LoadBalancer:
                                      [others[g - first] for g in self._engines])
         return owner if usable else None
 
+    def on_prefix_placed(self, rank: int, prompt_tokens: int) -> None:
+        """Another API server's claim placed a long new prefix on global ``rank`` (``PrefixPlaced``): tell the policy,
+        when the rank is a live one of this client."""
+        i = self._index.get(rank)
+        if i is not None and i not in self._dead and prompt_tokens > 0:
+            self._policy.on_prefix_placed(self._state, i, prompt_tokens)
+
     def select(self, request_id: str, prompt_token_ids: Sequence[int] = (), rank_hint: object = None, *,
                global_rank_hint: object = None, max_tokens: int = 16, now_us: int = 0,
                directed: int | None = None) -> int:

@@ -167,6 +167,10 @@ class Policy:
         (another router sent them there); ``others`` is, per rank, the other routers' recent new-prefix prompt
         tokens as the directory counted them."""
 
+    def on_prefix_placed(self, state: Any, dp_rank: int, prompt_tokens: int) -> None:
+        """Another router's claim just placed a new prefix of ``prompt_tokens`` on rank ``dp_rank`` (a long one:
+        :data:`~asyncdp.dp.prefix_directory.LONG_PLACEMENT_TOKENS`), which no snapshot shows yet."""
+
 
 class ChoosingPolicy(Policy):
     """A policy that picks among the live ranks: ``select`` answers a hinted request itself and hands every other

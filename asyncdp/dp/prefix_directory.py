@@ -49,6 +49,12 @@ as its owner, unplaced and uncounted in ``owned`` and ``recent``: the claimant's
 holds, and placing these runs as new prefixes moved conversations off the ranks their routers chose (W5's hit rate
 at the quick scale read 0.75 against 0.79).
 
+Long placements. A new prefix of at least ``LONG_PLACEMENT_TOKENS`` is a prefill that queues whatever the other API
+servers send to its rank meanwhile (W8's 55 000-token prompts, W7's 8-32 k documents), and their view of that rank
+lacks it until a snapshot shows it, up to 100 ms later. The answer says how many tokens it placed (``placed``), and
+the coordinator tells every other client at once (``PrefixPlaced``): each counts them on that rank until its next
+snapshot, as it counts the ``others`` of an answer.
+
 Routers that know a prefix never claim it again, so an entry's age says nothing about how much the prefix is used:
 the TTL is long (``CLAIM_TTL_S``, ten minutes), and the size bounds do the real work. With 30 s, W7's long
 documents (Zipf, full scale, R = 4) were placed again whenever a router first asked for one more than 30 s after
@@ -72,7 +78,7 @@ from dataclasses import dataclass
 
 from asyncdp.dp.spread import fewest
 
-__all__ = ["CLAIM_TTL_S", "MAX_CLAIM_BLOCKS", "Answer", "Claim", "PrefixDirectory"]
+__all__ = ["CLAIM_TTL_S", "LONG_PLACEMENT_TOKENS", "MAX_CLAIM_BLOCKS", "Answer", "Claim", "PrefixDirectory"]
 
 CLAIM_TTL_S = 600.0  # [ours] how long a prefix nobody claims again stays placed (see the module docstring)
 DECAY_S = 0.5  # [ours] how long the per-rank count of recent new-prefix tokens takes to fall by e
@@ -80,6 +86,7 @@ SLACK = 0.25  # [ours] a proposal stands while its rank is within this fraction 
 MAX_ENTRIES = 65_536
 MAX_STORED_BLOCKS = 1 << 22  # hashes kept over all entries (8 bytes each: 32 MiB at most)
 MAX_CLAIM_BLOCKS = 1024  # the hashes a claim carries: matches are counted up to this many blocks
+LONG_PLACEMENT_TOKENS = 8192  # [ours] a new prefix this long is told to the other clients at once (PrefixPlaced)
 
 
 @dataclass(slots=True)
@@ -95,6 +102,7 @@ class Answer:
     owner: int  # the rank the claimed prompt's request goes to
     matched: int  # leading blocks of the claimed hashes the owner is predicted to hold
     others: list[float]  # per rank of the scope: the other claimants' recent new-prefix prompt tokens
+    placed: int = 0  # the prompt tokens of a new prefix this claim placed on owner (0: a known or deep one)
 
 
 class PrefixDirectory:
@@ -156,7 +164,7 @@ class PrefixDirectory:
         self.blocks += len(stored)
         while len(self.entries) > self.max_entries or self.blocks > self.max_blocks:
             self._pop(next(iter(self.entries)))
-        return Answer(owner, 0, self._others(mine, first, last))
+        return Answer(owner, 0, self._others(mine, first, last), 0 if deep else prompt_tokens)
 
     def forget_client(self, client: int) -> None:
         """A claimant left: its counts no longer stand for anyone's view (its placements stay)."""

@@ -14,7 +14,7 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 2  # 2: PrefixClaim and PrefixOwner on the coordinator link
+PROTOCOL_VERSION = 3  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
@@ -276,6 +276,14 @@ class PrefixOwner(_Msg, frozen=True):
     others: list[float]  # per rank first_rank..last_rank: the other clients' recent new-prefix prompt tokens
 
 
+class PrefixPlaced(_Msg, frozen=True):
+    """Coordinator -> every other client: a claim just placed a long new prefix (``prompt_tokens`` to prefill) on
+    global rank ``rank``, which no snapshot shows yet (:mod:`asyncdp.dp.prefix_directory`, "Long placements")."""
+
+    rank: int
+    prompt_tokens: int
+
+
 class StatsSnapshot(_Msg, frozen=True):
     counts: list[tuple[int, int, float]] | None
     wave: int
@@ -344,6 +352,6 @@ Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
     AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead,
     Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
-    PrefixClaim, PrefixOwner,
+    PrefixClaim, PrefixOwner, PrefixPlaced,
     StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeTopology,
 ]

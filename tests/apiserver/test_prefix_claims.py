@@ -110,3 +110,44 @@ async def test_a_run_after_a_placed_prefix_is_claimed_deep_over_the_wire(autojum
         assert len(seen) == 1 and seen[0].deep and len(seen[0].hashes) == 40
         assert lb.state.shared == [0.0] * 4
         tg.cancel_scope.cancel()
+
+
+async def fake_placer(link, placed: list[m.PrefixPlaced]) -> None:
+    """A coordinator that tells the client of other API servers' long placements once it subscribed."""
+    async with link:
+        assert isinstance(await link.receive(), m.Subscribe)
+        for msg in placed:
+            await link.send(msg)
+        try:
+            while True:
+                await link.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("policy", ["asyncdp", "asyncdp@local"])
+async def test_another_servers_long_placement_weighs_on_its_rank_until_the_next_snapshot(autojump_clock, policy):
+    """A ``PrefixPlaced`` (another API server's claim put a long new prompt on a rank) reaches the policy over the
+    wire: its tokens count on that rank, so this API server's short requests go elsewhere, until a snapshot shows
+    the rank's own work. A rank this client does not manage is none of its business; ``asyncdp@local``, which never
+    asks the directory, ignores it."""
+    client_end, coord_end = sim_link_pair(name="coordinator", codec=True)
+    lb = LoadBalancer([4, 5, 6, 7], client_index=0, client_count=2, policy=policy)
+    f = CoordinatorFollower(0, 1.0, lambda snap: None, lambda: False,
+                            on_placed=lambda msg: lb.on_prefix_placed(msg.rank, msg.prompt_tokens))
+    placed = [m.PrefixPlaced(rank=1, prompt_tokens=50_000), m.PrefixPlaced(rank=5, prompt_tokens=20_000)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fake_placer, coord_end, placed)
+        tg.start_soon(f.attach, client_end)
+        await anyio.wait_all_tasks_blocked()
+        shared = list(lb.state.shared)
+        picks = {lb.select(f"s{k}", list(range(100 * k, 100 * k + 64)), max_tokens=16) for k in range(12)}
+        tg.cancel_scope.cancel()
+    if policy == "asyncdp":
+        assert shared == [0.0, 20_000.0, 0.0, 0.0]  # global rank 5 is this client's second
+        assert 5 not in picks and len(picks) == 3
+    else:
+        assert shared == [0.0] * 4 and 5 in picks
+    lb.on_snapshot([[0, 0, 0.0]] * 8, prefill_tokens=[0] * 8)  # the rank's own report now shows its work
+    assert lb.state.shared == [0.0] * 4

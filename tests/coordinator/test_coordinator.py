@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
+from asyncdp.dp.prefix_directory import LONG_PLACEMENT_TOKENS
 from asyncdp.errors import AsyncDPError, ConfigError, EngineDeadError, ProtocolError, StartupError
 from asyncdp.messages import (
     CoordinatorReady,
@@ -19,6 +20,7 @@ from asyncdp.messages import (
     Heartbeat,
     PrefixClaim,
     PrefixOwner,
+    PrefixPlaced,
     RankStats,
     StartWave,
     StartWaveRequest,
@@ -673,6 +675,33 @@ async def test_a_deep_claim_reaches_the_directory_which_records_the_proposal_unp
                                  last_rank=3, deep=True))
         _, found = await a.expect(PrefixOwner)
     assert plain.owner != 1 and deep.owner == 1 and (found.owner, found.matched) == (1, 2)
+
+
+@pytest.mark.trio
+async def test_a_long_new_prefix_is_told_to_every_other_client_at_once(autojump_clock):
+    async with coordinator(CoordinatorConfig(dp_size=4, wave_mode=False)) as h:
+        await h.engines(4)
+        a, b, c = await h.client(0), await h.client(1), await h.client(2)
+        await a.send(PrefixClaim(seq=1, hashes=[71, 72], proposal=2, prompt_tokens=LONG_PLACEMENT_TOKENS,
+                                 first_rank=0, last_rank=3))
+        t_sent = trio.current_time()
+        await a.expect(PrefixOwner)
+        for other in (b, c):  # the others hear of it before any snapshot could show it
+            t, placed = await other.expect(PrefixPlaced)
+            assert placed == PrefixPlaced(rank=2, prompt_tokens=LONG_PLACEMENT_TOKENS) and t == t_sent
+        await trio.sleep(0.01)
+        assert not [msg for _, msg in a.drain() if isinstance(msg, PrefixPlaced)]  # the claimant knows
+        # not the claimant; not a shorter new prefix, a known one or a deep claim's run
+        await a.send(PrefixClaim(seq=2, hashes=[81], proposal=1, prompt_tokens=LONG_PLACEMENT_TOKENS - 1,
+                                 first_rank=0, last_rank=3))
+        await b.send(PrefixClaim(seq=1, hashes=[71, 72, 73], proposal=0, prompt_tokens=3 * LONG_PLACEMENT_TOKENS,
+                                 first_rank=0, last_rank=3))
+        await c.send(PrefixClaim(seq=1, hashes=[91], proposal=0, prompt_tokens=LONG_PLACEMENT_TOKENS, first_rank=0,
+                                 last_rank=3, deep=True))
+        for peer in (a, b, c):
+            await peer.expect(PrefixOwner)
+        await trio.sleep(0.01)
+        assert not [msg for peer in (a, b, c) for _, msg in peer.drain() if isinstance(msg, PrefixPlaced)]
 
 
 @pytest.mark.trio

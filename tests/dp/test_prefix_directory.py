@@ -141,6 +141,15 @@ def test_a_deep_claim_looks_a_run_up_or_records_the_proposal_without_placing_or_
     assert d.owned == [0, 0, 2, 0] and sum(d.owned) == len(d.entries)
 
 
+
+def test_an_answer_says_how_many_tokens_of_a_new_prefix_it_placed():
+    # what the coordinator tells the other claimants at once when it is a long prefill (PrefixPlaced)
+    d = PrefixDirectory(4)
+    assert d.claim([10, 11], 1, 20_000, ALL4, now_s=0.0).placed == 20_000  # a new prefix, placed on rank 1
+    assert d.claim([10, 12], 2, 30_000, ALL4, now_s=0.1, client=1).placed == 0  # a known one: placed before
+    assert d.claim([20], 3, 9_000, ALL4, now_s=0.2, deep=True).placed == 0  # a deep run: recorded, not placed
+
+
 # ---------------------------------------------------------------- the policy and the balancer
 
 
