@@ -240,3 +240,24 @@ def test_four_routers_spread_equal_prefix_groups_as_evenly_as_one(seed):
     workload = resolve(build("w2", "quick", seed, {"groups": 20}), 1.0, 10.0)
     spec = ClusterSpec(dp_size=4, profile=load_profile("gpu_8b"), routers=4)
     assert _first_rank_counts(workload, simulate(workload, "asyncdp", seed, spec)) == [5, 5, 5, 5]
+
+
+def _shorts_behind_anothers_long(log, long_tokens: int) -> int:
+    """Short requests sent to a rank while another router's long prompt there had not produced its first token."""
+    ev = [e for e in log.events if e.t_first_s is not None]
+    longs = [e for e in ev if e.prompt_tokens >= long_tokens]
+    return sum(1 for e in ev if e.prompt_tokens < long_tokens
+               for x in longs if x.rank == e.rank and x.router != e.router and x.t_send_s <= e.t_send_s < x.t_first_s)
+
+
+def test_other_routers_keep_short_requests_off_a_rank_another_just_gave_a_long_prompt(monkeypatch):
+    # W8 (quick: 2 % of the prompts 16 000 tokens long) with 4 API servers: a long prompt is a new prefix, claimed
+    # through the coordinator, which tells the other API servers at once (PrefixPlaced); until a snapshot shows it
+    # they would still see the rank as free and send it short requests that wait behind its prefill.
+    workload = resolve(build("w8", "quick", 1, {"num_requests": 300}), 1.0, 60.0)
+    spec = ClusterSpec(dp_size=4, profile=load_profile("gpu_8b"), routers=4)
+    told = simulate(workload, "asyncdp", 1, spec)
+    monkeypatch.setattr("asyncdp.coordinator.core.LONG_PLACEMENT_TOKENS", 1 << 30)  # never told
+    untold = simulate(workload, "asyncdp", 1, spec)
+    assert _shorts_behind_anothers_long(told, 10_000) == 0
+    assert _shorts_behind_anothers_long(untold, 10_000) > 0
