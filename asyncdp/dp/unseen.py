@@ -4,8 +4,8 @@ snapshot, which no snapshot shows yet (routing-policy.md, "Several routers").
 Each router keeps its own send rate (``AsyncdpState.send_rate``: uncached prompt tokens plus decode weights, each
 request counted at most ``UNSEEN_REQUEST_TOKENS``, folded in at every snapshot by :func:`fold_rate`); the others'
 unseen work is ``R - 1`` times that rate over the snapshot's age (``AsyncdpState.unseen``). The policy pours it over
-the cheapest ranks (:func:`water_level`, :func:`raised`): the ranks under the level tie, and the request's key picks
-among them by the share of the pour each took (:func:`.ties.pick_among`).
+the cheapest ranks (:meth:`CostOrder.level`, :func:`raised`): the ranks under the level tie, and the request's key
+picks among them by the share of the pour each took (:meth:`CostOrder.pour_pick`, :func:`.ties.pick_among`).
 
 ``select`` must stay a few lookups at 64 ranks (G7), so the level is not found by sorting every rank's cost at each
 decision: :class:`CostOrder` keeps the ranks in the order of their costs as the hooks change them, and a decision

@@ -1,5 +1,5 @@
 """Several API servers under asyncdp's policy: the other routers' work no snapshot shows yet (``AsyncdpState.unseen``,
-poured over the cheapest ranks by ``water_level``), and no prefix claims while the phase weights hold in full.
+poured over the cheapest ranks by ``CostOrder.level``), and no prefix claims while the phase weights hold in full.
 
 Between two snapshots every router decides from the same picture of the others' work; each knows its own requests
 exactly but not the ones the other R - 1 routers sent since. Priced at nothing, that work lands, in every router's
