@@ -17,7 +17,7 @@ by prefix count where they were not and none recently began with a hot prefix (:
 term (:mod:`.stalls`); ties scanned from a stable hash of the request's key (H6, H7, :mod:`.ties`); with several
 routers, the coordinator's prefix directory (:mod:`.prefix_directory`; not while the phase weights hold in full)
 and the other routers' work since the snapshot, estimated from this router's own send rate and poured over the
-cheapest ranks (opt-in, :mod:`.unseen`). The hooks keep every request-independent term cached
+cheapest ranks for a prompt some rank holds (:mod:`.unseen`; ``asyncdp@fill`` for new prompts too). The hooks keep every request-independent term cached
 (:mod:`.asyncdp_state`), so ``select`` is a few lookups (G7).
 """
 
@@ -72,7 +72,7 @@ class AsyncdpPolicy(Policy):
                  hot_share: float = HOT_SHARE, stall_tokens_per_s: float = 0.0,
                  stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True,
                  spread: bool = True, spread_tokens: float = SPREAD_TOKENS, spread_gated: bool = True,
-                 unseen_fill: float = UNSEEN_FILL, claim_in_phase: bool = False,
+                 unseen_fill: float = UNSEEN_FILL, fill_new: bool = False, claim_in_phase: bool = False,
                  prefill_tokens: bool = True, deep_claims: bool = True) -> None:
         if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
                                 stall_tokens_per_s, stall_grace_s, spread_tokens, unseen_fill) < 0:
@@ -98,7 +98,8 @@ class AsyncdpPolicy(Policy):
         self.spread, self.spread_tokens = spread, spread_tokens  # a new prompt: fewest prefixes near the cheapest
         self.spread_gated = spread_gated  # False (@spread, @spread512): spread wherever the phases are not in full
         self.directory = directory  # False (asyncdp@local): never ask the coordinator's prefix directory
-        self.unseen_fill = unseen_fill  # 1 (asyncdp@fill): the other routers' unseen work is estimated and poured
+        self.unseen_fill = unseen_fill  # 0 (asyncdp@no_fill): the other routers' unseen work is not estimated
+        self.fill_new = fill_new  # True (asyncdp@fill): it is poured for a prompt no rank holds too
         self.claim_in_phase = claim_in_phase  # True (asyncdp@claim_all): claim new prompts while the phases hold too
         self.deep_claims = deep_claims  # False (asyncdp@shallow): claim only prompts whose first block is new
         self.prefill_tokens = prefill_tokens  # False (asyncdp@counts): the others' waiting work from the counts alone
@@ -147,7 +148,7 @@ class AsyncdpPolicy(Policy):
         if not hashes or not index.owners.get(hashes[0], 0):
             # No rank holds the prompt: the cheapest by load, its load weighed by the rank's phase (state.phase)
             spread = self.spread and hashes and self.spread_applies(state)
-            if filled:
+            if filled and self.fill_new:
                 mcosts = state.mbase if mbase is None else mbase
                 mbest, mpick = order.miss_pick(mcosts, base, under, level, key)
                 if spread:  # near_cheapest reads every rank's miss cost, raised by the pour
@@ -267,7 +268,7 @@ class AsyncdpPolicy(Policy):
             return []
         decayed = state.decayed_costs(now_us)
         base, mbase = (state.base, state.mbase) if decayed is None else (decayed[0], decayed[2])
-        if self.unseen_fill and (unseen := self.unseen_fill * state.unseen(now_us)) > 0 and state.order is not None:
+        if self.fill_new and (unseen := self.unseen_fill * state.unseen(now_us)) > 0 and state.order is not None:
             order = state.order if decayed is None else CostOrder(base, mbase)
             mbase = raised(mbase, base, order.level(unseen)[0])
         if (cheapest := min(mbase)) == _INF:

@@ -57,7 +57,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "round_robin@staggered": {"staggered": True},
     "asyncdp@local": {"directory": False},  # each API server on its own: no prefix directory
     "asyncdp@no_phase": {"phase_spread": 0.0},  # new prompts compare loads unweighted (AsyncdpState.phase)
-    "asyncdp@fill": {"unseen_fill": 1.0},  # several API servers: pour the others' unseen work over the cheapest ranks
+    "asyncdp@fill": {"fill_new": True},  # several API servers: the others' unseen work is poured for new prompts too
+    "asyncdp@no_fill": {"unseen_fill": 0.0},  # several API servers: the others' unseen work is not estimated
     "asyncdp@claim_all": {"claim_in_phase": True},  # claim new prompts while the phase weights hold too
     "asyncdp@shallow": {"deep_claims": False},  # claim only prompts whose first block no rank holds
     "asyncdp@counts": {"prefill_tokens": False},  # the others' waiting work from the counts alone (no token report)

@@ -1,5 +1,6 @@
-"""The other routers' unseen work (``asyncdp@fill``, opt-in): what R - 1 other API servers sent since the last
-snapshot, which no snapshot shows yet (routing-policy.md, "Several routers").
+"""The other routers' unseen work: what R - 1 other API servers sent since the last snapshot, which no snapshot
+shows yet (routing-policy.md, "Several routers"). ``asyncdp`` pours it for a prompt some rank holds (W6's template,
+a hit); ``asyncdp@fill`` for new prompts too; ``asyncdp@no_fill`` never.
 
 Each router keeps its own send rate (``AsyncdpState.send_rate``: uncached prompt tokens plus decode weights, each
 request counted at most ``UNSEEN_REQUEST_TOKENS``, folded in at every snapshot by :func:`fold_rate`); the others'
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 from asyncdp.dp.ties import pick_among
 
-UNSEEN_FILL = 0.0  # [ours] the policy's default share of the estimate poured (asyncdp@fill: 1)
+UNSEEN_FILL = 1.0  # [ours] the share of the estimate poured (asyncdp@no_fill: 0)
 UNSEEN_REQUEST_TOKENS = 512.0  # [ours] one request's most in the send rate: a long prompt lands on one rank, not spread
 SEND_RATE_TAU_US = 2_000_000  # [ours] the send rate is averaged over about this long (fold_rate)
 UNSEEN_MAX_AGE_US = 1_000_000  # [ours] the others' unseen work grows with the snapshot's age up to this

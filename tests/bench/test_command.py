@@ -149,7 +149,7 @@ def test_the_gates_g1_to_g7_are_printed_with_robustness_and_decision_time(tmp_pa
 
 
 def test_decision_time_is_timed_as_one_of_the_routers_given(tmp_path):
-    # with several API servers select is timed as deployed (asyncdp@fill also estimates the others' unseen work)
+    # with several API servers select is timed as deployed (asyncdp then also estimates the others' unseen work)
     out = tmp_path / "result.json"
     assert main(["bench", "routing", *TINY, "--policies", "asyncdp", "--routers", "2", "--decision-time",
                  "--json", str(out)]) == 0

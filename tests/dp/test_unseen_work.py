@@ -136,13 +136,15 @@ def test_one_router_sees_no_unseen_work():
     assert s.unseen(last + 50_000) == 0.0
 
 
-def burst(unseen_fill: float, template: bool = False, trial: int = 0, sends: int = 2) -> Counter[int]:
+def burst(unseen_fill: float, template: bool = False, trial: int = 0, sends: int = 2,
+          fill_new: bool = True) -> Counter[int]:
     """Four routers, 8 ranks, each router with 20 periods of steady traffic behind it, then one snapshot that
     shows ranks 0-7 with 0-7 running requests (the cheapest, rank 0, by 16 tokens), and 50 ms later each router
     sends two 200-token requests: where the eight requests go. (No memory term, phase weights or spread by prefix
     count: the costs are the loads alone.) ``template``: every prompt begins with two blocks every rank holds (W6),
-    so the choice is among holders, each with the same credit."""
-    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread=False, unseen_fill=unseen_fill)
+    so the choice is among holders, each with the same credit. ``fill_new``: the estimate is poured for new prompts
+    too (``asyncdp@fill``; the default pours it only for prompts a rank holds)."""
+    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread=False, unseen_fill=unseen_fill, fill_new=fill_new)
     where: Counter[int] = Counter()
     for router in range(4):
         s = p.init(8, router, 4, {"kv_blocks_per_rank": 10_000})
@@ -186,11 +188,25 @@ def test_a_prompt_every_rank_holds_alike_goes_where_a_new_one_would():
         assert burst(1.0, True, trial, sends=1) == burst(1.0, False, trial, sends=1)
 
 
+def test_by_default_the_estimate_is_poured_for_held_prompts_and_new_ones_are_placed_without_it():
+    # W6's prompts share a template every rank holds: the others' unseen work spreads them (as in the test above).
+    # A prompt no rank holds is a new prefix, placed where the snapshot and this router's own work say, as without
+    # the estimate: where the pour put new prefixes, among the ranks it levelled, W2's edge of capacity and W7 paid
+    # (docs/benchmarks.md, "asyncdp@fill on W2 and W3"; the same W6 gain, 1.27-1.29 x R = 1's against 1.54-1.55 x).
+    for trial in range(10):
+        assert burst(1.0, False, trial, fill_new=False) == Counter({0: 4, 1: 4})
+    held = [burst(1.0, True, trial, fill_new=False) for trial in range(10)]
+    assert held == [burst(1.0, True, trial) for trial in range(10)]  # the pour, as asyncdp@fill pours it
+    assert sum(len(b) for b in held) >= 30
+
+
 def test_unseen_fill_must_not_be_negative():
     with pytest.raises(ConfigError, match="unseen_fill"):
         AsyncdpPolicy(unseen_fill=-1.0)
-    assert getattr(make_policy("asyncdp@fill"), "unseen_fill", None) == 1.0
-    assert getattr(make_policy("asyncdp"), "unseen_fill", None) == 0.0  # opt-in (docs/benchmarks.md: W8 at R = 4)
+    fill, default, off = make_policy("asyncdp@fill"), make_policy("asyncdp"), make_policy("asyncdp@no_fill")
+    assert (getattr(fill, "unseen_fill", None), getattr(fill, "fill_new", None)) == (1.0, True)
+    assert (getattr(default, "unseen_fill", None), getattr(default, "fill_new", None)) == (1.0, False)
+    assert getattr(off, "unseen_fill", None) == 0.0
 
 
 def test_new_prompts_are_not_claimed_while_the_phase_weights_hold_in_full():
