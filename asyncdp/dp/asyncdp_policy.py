@@ -29,8 +29,8 @@ from typing import Any
 
 from asyncdp.dp.asyncdp_state import KV_HIGH, REFRESH_US, AsyncdpState, CostWeights, Routed
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
-from asyncdp.dp.policy import Decision, Policy, RequestView, Snapshot
-from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
+from asyncdp.dp.policy import Decision, RequestView, Snapshot
+from asyncdp.dp.several_routers import SeveralRouters
 from asyncdp.dp.spread import fewest_prefixes, near_cheapest
 from asyncdp.dp.ties import argmin, pick_among, tie_key, tie_scan
 from asyncdp.dp.unseen import UNSEEN_FILL, UNSEEN_REQUEST_TOKENS, CostOrder, raised
@@ -58,7 +58,7 @@ SPREAD_TOKENS = 512.0  # [ours] a new prompt: the fewest prefixes among the rank
 _INF = float("inf")
 
 
-class AsyncdpPolicy(Policy):
+class AsyncdpPolicy(SeveralRouters):
     """asyncdp's own policy: one token cost, prefix- and KV-aware, hot-spot bounded (theory of operation:
     docs/discussion/routing-policy.md)."""
 
@@ -129,7 +129,11 @@ class AsyncdpPolicy(Policy):
         else:
             best, pick, ties = state.best, state.pick, state.ties
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
-        filled = bool(self.unseen_fill) and (unseen := self.unseen_fill * state.unseen(now_us)) > 0
+        index = state.index
+        new = not hashes or not index.owners.get(hashes[0], 0)  # no rank holds the prompt
+        # (the pour is for a prompt some rank holds; asyncdp@fill pours for a new one too)
+        filled = (self.fill_new or not new) and bool(self.unseen_fill) and (
+            unseen := self.unseen_fill * state.unseen(now_us)) > 0
         key, level, under = 0, -_INF, []
         if filled:
             # the other routers' work since the snapshot, poured over the cheapest ranks, where they send it (H7);
@@ -144,11 +148,10 @@ class AsyncdpPolicy(Policy):
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
         decisions = state.decisions  # one immutable Decision per rank, made once
-        index = state.index
-        if not hashes or not index.owners.get(hashes[0], 0):
+        if new:
             # No rank holds the prompt: the cheapest by load, its load weighed by the rank's phase (state.phase)
             spread = self.spread and hashes and self.spread_applies(state)
-            if filled and self.fill_new:
+            if filled:
                 mcosts = state.mbase if mbase is None else mbase
                 mbest, mpick = order.miss_pick(mcosts, base, under, level, key)
                 if spread:  # near_cheapest reads every rank's miss cost, raised by the pour
@@ -373,43 +376,3 @@ class AsyncdpPolicy(Policy):
 
     def on_rank_dead(self, state: AsyncdpState, dp_rank: int) -> None:
         state.mark_dead(dp_rank)
-
-    # ------------------------------------------------------------ several routers (H7: shared state)
-
-    def claim_hashes(self, state: AsyncdpState, req: RequestView) -> Sequence[int]:
-        """With other routers, a prompt whose first block this router never placed, or a long run after one it did
-        (:mod:`.deep_claims`), is claimed through the coordinator: another may have placed it
-        (:mod:`asyncdp.dp.prefix_directory`)."""
-        if state.num_routers < 2 or not self.directory or not self.prefix or req.rank_hint is not None:
-            return ()
-        if state.phase_scale >= 1.0 and not self.claim_in_phase:
-            # Most recent prompts were new to every rank and the phase weights hold in full (W9): prompts that do not
-            # recur need no agreement, and the directory, placing by the others' recent new-prefix tokens, would
-            # undo the weights (W9 at R = 4 read 3.5 x R = 1's mean TTFT)
-            return ()
-        hashes = prompt_hashes(req, state.block_size)
-        if not hashes:
-            return ()
-        if not state.index.owners.get(hashes[0], 0):
-            return hashes[:MAX_CLAIM_BLOCKS]
-        return state.deep.claim(state.index, hashes) if self.deep_claims else ()  # a run after a placed prefix
-
-    def on_prefix_owner(self, state: AsyncdpState, dp_rank: int | None, hashes: Sequence[int], matched: int,
-                        others: Sequence[float]) -> None:
-        """Record what another router placed on ``dp_rank`` (the directory's match) in this router's index, and
-        the other routers' recent new-prefix tokens per rank (:meth:`AsyncdpState.set_shared`)."""
-        head = state.deep.take_head(hashes)
-        if matched and dp_rank is not None and dp_rank not in state.excluded:
-            state.index.insert(dp_rank, (*(head or ()), *hashes[:matched]))
-        if head is None:  # a deep claim's answer is a lookup: the others' new-prefix counts are for new prefixes
-            state.set_shared(others)
-
-    def on_prefix_placed(self, state: AsyncdpState, dp_rank: int, prompt_tokens: int) -> None:
-        """Another router's long new prefix on ``dp_rank``: its prefill counts there with the others' new-prefix tokens
-        until the next snapshot shows it (:meth:`AsyncdpState.add_shared`)."""
-        if self.directory:
-            state.add_shared(dp_rank, prompt_tokens)
-
-    def claim_is_deep(self, state: AsyncdpState, hashes: Sequence[int]) -> bool:
-        return state.deep.is_deep(hashes)
-
