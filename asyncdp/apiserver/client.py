@@ -378,10 +378,6 @@ class DPClient:
     def coordinator_state(self) -> str:
         return self.coordinator.state
 
-    @property
-    def snapshot_received_at(self) -> float | None:
-        return self.coordinator.snapshot_received_at
-
     def snapshot_age_s(self) -> float | None:
         return self.coordinator.snapshot_age_s()
 

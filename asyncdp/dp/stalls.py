@@ -28,7 +28,7 @@ _INF = float("inf")
 
 
 class Sent(Protocol):
-    """What the term reads of one request the router sent (``asyncdp_state.Routed``)."""
+    """What the term reads of one request the router sent (``asyncdp_records.Routed``)."""
 
     rank: int
     sent_us: int

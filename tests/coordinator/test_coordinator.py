@@ -567,7 +567,7 @@ async def _follow_a_silent_client(config, engines, clients, client, connect, con
         await trio.sleep(5.5)  # dropped after 5 s of silence, then followed again after the backoff
         assert connects() == 2
         assert client.coordinator_state == "alive"
-        assert client.snapshot_received_at >= t0 + 5.5  # the new subscription's snapshot
+        assert client.coordinator.snapshot_received_at >= t0 + 5.5  # the new subscription's snapshot
         client.begin_shutdown()
         tg.cancel_scope.cancel()
 
