@@ -5,10 +5,13 @@ Over the *measured* requests (sent at or after the workload's warm-up) that comp
 - TTFT = first-token time − send time (mean, p50, p90, p99); e2e = last-token time − send time (p99);
 - TPOT = (e2e − TTFT) / (output tokens − 1), mean over requests with ≥ 2 output tokens;
 - goodput = requests meeting the SLO (TTFT ≤ 2 s and TPOT ≤ 100 ms; TTFT only for 1-token outputs) per second
-  of the window; throughput = output tokens per second of the window. The window runs from the first measured
-  send to the last measured token, so a rung's goodput also moves with when its slowest request finishes;
-- SLO attainment = the share of the measured requests that met the SLO (a failed or unfinished one did not): what
-  a rung's goodput cannot tell apart from a longer window;
+  of the measure window: the span of the measured requests' sends (§6 measures the requests that *arrive* within
+  it). So goodput is the offered rate times the SLO attainment, and a rung where every request met the SLO has
+  its offered rate as goodput, however long its last answer decodes after the rung's last arrival. Requests all
+  sent at once (a burst) have no span: their window is the serving one, below;
+- throughput = output tokens per second of the serving window, from the first measured send to the last measured
+  token: the rate the cluster worked at, drain included;
+- SLO attainment = the share of the measured requests that met the SLO (a failed or unfinished one did not);
 - prefix hit rate = Σ cached prompt tokens at first admission / Σ prompt tokens;
 - max/mean load ratio = the busiest rank's measured request count over the mean over all ranks;
 - preemptions: the ranks' own counter over the whole run;
@@ -75,9 +78,13 @@ def compute(log: RunLog, only: Collection[int] | None = None) -> dict[str, float
     ttft = [e.t_first_s - e.t_send_s for e in done if e.t_first_s is not None]
     e2e = [e.t_last_s - e.t_send_s for e in done if e.t_last_s is not None]
     tpots = [t for t in (tpot(e) for e in done) if t is not None]
-    window = 0.0
+    serving = 0.0
     if done:
-        window = max(e.t_last_s or 0.0 for e in done) - min(e.t_send_s for e in done)
+        serving = max(e.t_last_s or 0.0 for e in done) - min(e.t_send_s for e in done)
+    sends = [e.t_send_s for e in measured]
+    window = max(sends) - min(sends) if sends else 0.0
+    if window <= 0.0:
+        window = serving
     prompt = sum(e.prompt_tokens for e in done)
     per_rank = [0] * log.dp_size
     for e in done:
@@ -90,7 +97,7 @@ def compute(log: RunLog, only: Collection[int] | None = None) -> dict[str, float
         "ttft_p99_s": percentile(ttft, 0.99), "tpot_mean_s": mean(tpots), "e2e_p99_s": percentile(e2e, 0.99),
         "goodput_rps": met / window if window > 0 else 0.0,
         "slo_attainment": met / len(measured) if measured else 0.0,
-        "throughput_tok_s": sum(e.output_tokens for e in done) / window if window > 0 else 0.0,
+        "throughput_tok_s": sum(e.output_tokens for e in done) / serving if serving > 0 else 0.0,
         "prefix_hit_rate": sum(e.cached_tokens for e in done) / prompt if prompt else 0.0,
         "max_mean_load_ratio": max(per_rank) / load_mean if load_mean > 0 else 0.0,
         "preemptions": float(log.preemptions),

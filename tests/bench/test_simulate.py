@@ -34,25 +34,40 @@ def test_metrics_of_a_hand_made_log_are_exact():
     assert got == pytest.approx({
         "ttft_mean_s": (1 + 3 + 0.5 + 0.5) / 4, "ttft_p50_s": 0.5, "ttft_p90_s": 3.0, "ttft_p99_s": 3.0,
         "tpot_mean_s": (0.1 + 0.1 + 1.5) / 3, "e2e_p99_s": 8.0,
-        "goodput_rps": 2 / 10.0, "slo_attainment": 2 / 5, "throughput_tok_s": 29 / 10.0, "prefix_hit_rate": 100 / 400,
+        "goodput_rps": 2 / 3.0, "slo_attainment": 2 / 5, "throughput_tok_s": 29 / 10.0, "prefix_hit_rate": 100 / 400,
         "max_mean_load_ratio": 1.0, "preemptions": 3.0})
     assert set(got) == set(metrics.METRIC_KEYS)
     assert metrics.summary(log) == {"sent": 6, "measured": 5, "completed": 5, "failed": 1, "unsent": 0}
 
 
-def test_slo_attainment_is_the_share_that_met_the_slo_whatever_the_window():
-    # the same four requests, all within the SLO; a fifth that also meets it but finishes 100 s later stretches the
-    # window, so goodput falls to a fifth of what it was while the attainment stays whole
+def test_goodput_is_per_second_of_the_arrivals_whatever_the_drain():
+    # four requests sent one a second, all within the SLO; a fifth, a second later, also meets it but decodes for
+    # 100 s. Goodput is per second of the measure window (the sends): the slow answer does not cut it, while the
+    # throughput, per second of serving, counts the drain
     quick = [ev(i, i % 2, float(i), i + 0.5, i + 1.0, 11) for i in range(4)]
     slow = ev(4, 0, 4.0, 4.5, 104.0, 1001)  # TPOT 0.0995 s: within the SLO
     before = metrics.compute(RunLog(dp_size=2, events=quick))
     after = metrics.compute(RunLog(dp_size=2, events=[*quick, slow]))
     assert before["slo_attainment"] == after["slo_attainment"] == 1.0
-    assert after["goodput_rps"] == pytest.approx(5 / 104.0) and before["goodput_rps"] == pytest.approx(4 / 4.0)
+    assert before["goodput_rps"] == pytest.approx(4 / 3.0) and after["goodput_rps"] == pytest.approx(5 / 4.0)
+    assert before["throughput_tok_s"] == pytest.approx(44 / 4.0)
+    assert after["throughput_tok_s"] == pytest.approx(1045 / 104.0)
+    # a miss counts in the window but not in the goodput: the same sends, one answer too slow to start
+    late = ev(4, 0, 4.0, 7.0, 8.0, 11)
+    assert metrics.compute(RunLog(dp_size=2, events=[*quick, late]))["goodput_rps"] == pytest.approx(4 / 4.0)
+    # warm-up sends are outside the measure window
+    warm = ev(9, 1, -50.0, -49.5, -49.0, 11, measured=False)
+    assert metrics.compute(RunLog(dp_size=2, events=[warm, *quick]))["goodput_rps"] == pytest.approx(4 / 3.0)
     # one of a rung's requests never finished (the run ended): it counts against the attainment
     unfinished = ev(5, 1, 4.0, 4.5, None, 3)
     assert metrics.compute(RunLog(dp_size=2, events=[*quick, unfinished]))["slo_attainment"] == 4 / 5
     assert metrics.compute(RunLog(dp_size=2, events=[*quick, unfinished]), only={0, 1, 5})["slo_attainment"] == 2 / 3
+
+
+def test_goodput_of_a_burst_is_per_second_of_serving_it():
+    # every request sent at the same instant: the sends span no time, so the window is the serving one
+    burst = [ev(i, i % 2, 0.0, 0.5 * (i + 1), 0.5 * (i + 1) + 1.0, 11) for i in range(4)]
+    assert metrics.compute(RunLog(dp_size=2, events=burst))["goodput_rps"] == pytest.approx(4 / 3.0)
 
 
 def test_load_ratio_counts_requests_per_rank_over_the_mean_of_every_rank():
