@@ -530,6 +530,21 @@ def test_the_phases_follow_how_many_recent_prompts_shared_nothing():
     assert s.phases == pytest.approx([-0.1 / 3, 0.1 / 3, 0.1, -0.1])
 
 
+def test_each_of_several_routers_sees_its_share_of_the_new_prompts_as_soon_as_one_router_would():
+    # one router of four sends a quarter of the cluster's prompts: 150 of its own are the cluster's 600, after which
+    # a single router's share of new prompts passes 0.9 (the test above)
+    scales = {}
+    for routers, count in ((1, 150), (4, 150), (1, 600)):
+        p = AsyncdpPolicy(memory_tokens=0)
+        s = p.init(4, 0, routers)
+        for k in range(count):
+            route(p, s, new_prompt(k), now_us=1)
+            p.on_finish(s, f"n{k}", 0, 1)
+        scales[routers, count] = s.phase_scale
+    assert scales[4, 150] == scales[1, 600] == 1.0
+    assert scales[1, 150] < 0.5
+
+
 def test_a_prompt_some_rank_holds_compares_loads_without_phases():
     p = AsyncdpPolicy(memory_tokens=0)
     s = unshared(p, 4, epoch=0)
