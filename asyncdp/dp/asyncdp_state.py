@@ -28,7 +28,8 @@ from asyncdp.dp.unseen import UNSEEN_MAX_AGE_US, CostOrder, fold_rate
 KV_HIGH = 0.9
 REFRESH_US = 50_000  # the snapshot terms are re-weighed by their age at most this often (H5)
 REPLICA_SLACK = 1.0  # [ours] in-flight requests past the mean before a hot prefix gets another holder (H3)
-NEW_SHARE_WINDOW = 256.0  # dispatches over which the share of prompts no rank held is averaged
+NEW_SHARE_WINDOW = 256.0  # the cluster's dispatches over which the share of prompts no rank held is averaged
+NEW_SHARE_MIN_OWN = 16.0  # ... but over at least this many of the router's own, however many routers there are
 PHASE_STEP = 0.125  # phase_scale moves in steps of this
 _INF = float("inf")
 
@@ -164,14 +165,14 @@ class AsyncdpState:
     def note_new(self, new: bool) -> None:
         """A dispatch: count whether no rank held its prompt's first block in ``new_share`` (an average over about
         ``NEW_SHARE_WINDOW`` of the cluster's dispatches: this router sees one in ``num_routers`` of them, so over
-        ``NEW_SHARE_WINDOW / num_routers`` of its own), and move ``phase_scale`` to ``(new_share - 0.5)/0.4``
-        clipped to [0, 1] in steps of 1/8, once it is 3/32 away (so the costs are recomputed a few times as the
-        share changes, not on every dispatch).
+        ``NEW_SHARE_WINDOW / num_routers`` of its own, and never fewer than ``NEW_SHARE_MIN_OWN``), and move
+        ``phase_scale`` to ``(new_share - 0.5)/0.4`` clipped to [0, 1] in steps of 1/8, once it is 3/32 away (so
+        the costs are recomputed a few times as the share changes, not on every dispatch).
 
         Averaged over 256 of its own dispatches, each of four routers took four times as long as one router to
         see that W9's prompts share nothing: the weights reached full spread after 32 of the quick run's 60 s,
         and its mean TTFT read 2.4 x one router's."""
-        step = self.num_routers / NEW_SHARE_WINDOW
+        step = 1.0 / max(NEW_SHARE_WINDOW / self.num_routers, NEW_SHARE_MIN_OWN)
         m = self.new_share = self.new_share + ((1.0 if new else 0.0) - self.new_share) * step
         target = min(1.0, max(0.0, (m - 0.5) / 0.4))
         if abs(target - self.phase_scale) >= PHASE_STEP * 0.75:

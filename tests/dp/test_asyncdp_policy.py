@@ -543,6 +543,15 @@ def test_each_of_several_routers_sees_its_share_of_the_new_prompts_as_soon_as_on
         scales[routers, count] = s.phase_scale
     assert scales[4, 150] == scales[1, 600] == 1.0
     assert scales[1, 150] < 0.5
+    # with very many routers the average still spans 16 of the router's own dispatches: a share, never past 0..1
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(4, 0, 1000)
+    shares = []
+    for k in range(40):
+        route(p, s, new_prompt(k) if k % 2 else prompt(k), now_us=1)
+        p.on_finish(s, new_prompt(k).req_id if k % 2 else prompt(k).req_id, 0, 1)
+        shares.append(s.new_share)
+    assert all(0.0 <= x <= 1.0 for x in shares) and 0.3 < shares[-1] < 0.7
 
 
 def test_a_prompt_some_rank_holds_compares_loads_without_phases():
