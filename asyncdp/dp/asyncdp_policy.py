@@ -161,15 +161,14 @@ class AsyncdpPolicy(SeveralRouters):
                     mbase, mbest, mpick, mties = state.mbase, state.mbest, state.mpick, state.mties
                 else:
                     mbest, mpick, mties = argmin(mbase)
-                if mties > 1:
-                    mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
                 if state.num_routers > 1 and state.phase_scale > 0 and self.phase_spread > 0 and mbest < _INF:
                     # The phases give every router the same preference, and each sees only its own sends until the
                     # next snapshot: where each sends about one request a burst, all of them would send it to the rank
                     # the phases favour. The request's key draws among the ranks within its length of the cheapest.
                     lim = mbest + len(req.tokens)
-                    near = [r for r in range(state.n) if mbase[r] <= lim]
-                    mpick = near[tie_key(req, hashes) % len(near)]
+                    mpick = pick_among([r for r in range(state.n) if mbase[r] <= lim], tie_key(req, hashes))
+                elif mties > 1:
+                    mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
             if spread:
                 mpick = fewest_prefixes(index.roots, mbase if mbase is not None else state.mbase, mbest, mpick,
                                         self._within(req), tie_key(req, hashes) % state.n)
