@@ -73,7 +73,7 @@ class AsyncdpPolicy(SeveralRouters):
                  stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True,
                  spread: bool = True, spread_tokens: float = SPREAD_TOKENS, spread_gated: bool = True,
                  unseen_fill: float = UNSEEN_FILL, fill_new: bool = False, claim_in_phase: bool = False,
-                 prefill_tokens: bool = True, deep_claims: bool = True) -> None:
+                 prefill_tokens: bool = True, deep_claims: bool = True, mirror: bool = True) -> None:
         if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
                                 stall_tokens_per_s, stall_grace_s, spread_tokens, unseen_fill) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
@@ -103,6 +103,7 @@ class AsyncdpPolicy(SeveralRouters):
         self.claim_in_phase = claim_in_phase  # True (asyncdp@claim_all): claim new prompts while the phases hold too
         self.deep_claims = deep_claims  # False (asyncdp@shallow): claim only prompts whose first block is new
         self.prefill_tokens = prefill_tokens  # False (asyncdp@counts): the others' waiting work from the counts alone
+        self.mirror = mirror  # False (asyncdp@no_mirror): the others' unclaimed new prompts are not mirrored
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
              params: dict[str, Any] | None = None) -> AsyncdpState:
@@ -310,8 +311,9 @@ class AsyncdpPolicy(SeveralRouters):
         r = decision.dp_rank
         hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
         credit = 0
+        new = not hashes or not state.index.owners.get(hashes[0], 0)
         if state.weights.phase_spread or self.spread:
-            state.note_new(not hashes or not state.index.owners.get(hashes[0], 0))
+            state.note_new(new)
         if hashes:
             credit = min(state.index.match(r, hashes) * state.block_size, req.prompt_len - 1)
             state.index.insert(r, hashes)
@@ -329,6 +331,8 @@ class AsyncdpPolicy(SeveralRouters):
         if state.weights.stall_tokens_per_s:
             state.stalls.sent(routed)
         state.pending[r] += prefill
+        if new and self.mirror:
+            state.mirror_new(r, prefill)
         state.sent_tok += min(prefill + weight, UNSEEN_REQUEST_TOKENS)
         state.pending_reqs[r] += 1
         state.update(r)
@@ -378,6 +382,7 @@ class AsyncdpPolicy(SeveralRouters):
         state.refresh_due_us = at + REFRESH_US
         state.weight = 1.0
         state.shared = [0.0] * state.n  # the snapshot shows the other routers' work now
+        state.mirror = [0.0] * state.n
         state.update_all(resum=True)
 
     def on_rank_dead(self, state: AsyncdpState, dp_rank: int) -> None:

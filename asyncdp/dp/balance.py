@@ -60,6 +60,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "asyncdp@fill": {"fill_new": True},  # several API servers: the others' unseen work is poured for new prompts too
     "asyncdp@no_fill": {"unseen_fill": 0.0},  # several API servers: the others' unseen work is not estimated
     "asyncdp@claim_all": {"claim_in_phase": True},  # claim new prompts while the phase weights hold too
+    "asyncdp@no_mirror": {"mirror": False},  # several API servers: a router counts only its own new prompts (mirror_new)
     "asyncdp@shallow": {"deep_claims": False},  # claim only prompts whose first block no rank holds
     "asyncdp@counts": {"prefill_tokens": False},  # the others' waiting work from the counts alone (no token report)
     "asyncdp@flat_decode": {"decode_ref_tokens": 0.0},  # every decoding request weighs the same (decode_weight)

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from asyncdp.dp.asyncdp_policy import UNSEEN_REQUEST_TOKENS, AsyncdpPolicy, AsyncdpState
+from asyncdp.dp.asyncdp_policy import REFRESH_US, UNSEEN_REQUEST_TOKENS, AsyncdpPolicy, AsyncdpState
 from asyncdp.dp.balance import make_policy
 from asyncdp.dp.owner_index import prompt_hashes
 from asyncdp.dp.policy import RankLoad, RequestView, Snapshot
@@ -229,6 +229,59 @@ def test_several_routers_draw_a_new_prompt_among_the_near_cheapest_while_the_pha
     for trial in range(5):
         where, favoured = phased_burst(1, trial)
         assert where == Counter({favoured: 1})
+
+
+def blind_burst(routers: int, per_router: int, n: int = 8, mirror: bool = True) -> tuple[list[int], list[AsyncdpState]]:
+    """``routers`` routers over ``n`` ranks, the phase weights in full, the directory's last answer counting the
+    others' new prompts equally on every rank (60 000 tokens each), then each router sends ``per_router`` new
+    1 000-token prompts before the next snapshot: the prompts per rank, and the routers' states."""
+    p = AsyncdpPolicy(memory_tokens=0, spread=False, mirror=mirror)
+    counts, states = [0] * n, []
+    for router in range(routers):
+        s = p.init(n, router, routers, {"kv_blocks_per_rank": 10_000})
+        last = steady(p, s, router, 20)
+        s.new_share, s.phase_scale = 1.0, 1.0
+        s.phases = [s.phase(i) for i in range(n)]
+        p.on_snapshot(s, snapshot([0] * n, last))
+        p.on_prefix_owner(s, None, (), 0, [60_000.0] * n)
+        for k in range(per_router):
+            counts[send(p, s, request(100 + k, tokens=1000, router=router), last + 50_000)] += 1
+        states.append(s)
+    return counts, states
+
+
+def test_a_router_counts_the_others_new_prompts_as_mirroring_its_own_until_the_next_snapshot():
+    # New prompts are not claimed while the phases hold in full, so in a burst no router sees the others' new prompts
+    # until the next snapshot, and they all see the same loads and phases. Counting only its own, each of 16 routers
+    # sent its 17 prompts where the phases favour: 111, 77, 55 and 28 of the 272 on four of the eight ranks, none on
+    # the rest (W9 at full scale with 16 API servers: 184 of the first 800 prompts on one rank, 68 on the least
+    # favoured). Each counts R - 1 more where it sends one, weighed by the rank's phase.
+    counts, states = blind_burst(16, 17)
+    mean = sum(counts) / len(counts)
+    assert sum(counts) == 272 and max(counts) <= 1.5 * mean and min(counts) >= 0.5 * mean
+    herded, _ = blind_burst(16, 17, mirror=False)  # asyncdp@no_mirror: as before
+    assert max(herded) > 3 * mean and herded.count(0) >= 3
+    assert getattr(make_policy("asyncdp@no_mirror"), "mirror", None) is False
+    s = states[0]
+    assert sum(s.mirror) == 15 * 17 * 1000  # every one of its prompts, fifteen times
+    # the next snapshot shows the others' work: the mirror goes
+    p = AsyncdpPolicy(memory_tokens=0, spread=False)
+    p.on_snapshot(s, snapshot([0] * 8, s.clock_us + 50_000))
+    assert s.mirror == [0.0] * 8
+    # one router sees all it sends: nothing mirrored, its burst follows the phases as before
+    counts, states = blind_burst(1, 272)
+    assert states[0].mirror == [0.0] * 8
+    assert counts == sorted(counts, reverse=True) and counts[0] > 1.5 * counts[-1]
+
+
+def test_the_mirror_is_dropped_when_no_snapshot_came_for_a_second():
+    _, states = blind_burst(4, 5)
+    s = states[0]
+    assert sum(s.mirror) > 0
+    s.tick(s.clock_us + UNSEEN_MAX_AGE_US // 2)
+    assert sum(s.mirror) > 0  # a snapshot half a second old still stands
+    s.tick(s.snap_at_us + UNSEEN_MAX_AGE_US + REFRESH_US)
+    assert s.mirror == [0.0] * 8 and s.mbase == s.mcosts(s.base, s.hbase)
 
 
 def test_unseen_fill_must_not_be_negative():
