@@ -207,14 +207,21 @@ def phased_burst(routers: int, trial: int) -> tuple[Counter[int], int]:
     where: Counter[int] = Counter()
     favoured = -1
     for router in range(routers):
-        s = p.init(4, router, routers, {"kv_blocks_per_rank": 10_000})
-        last = steady(p, s, router, 20)
-        s.new_share, s.phase_scale = 1.0, 1.0
-        s.phases = [s.phase(i) for i in range(4)]
+        s, last = phased_router(p, router, routers, 4, running=4)
         favoured = min(range(4), key=s.phases.__getitem__)
-        p.on_snapshot(s, snapshot([4] * 4, last))
         where[send(p, s, request(100 + 10 * trial, router=router), last + 50_000)] += 1
     return where, favoured
+
+
+def phased_router(p: AsyncdpPolicy, router: int, routers: int, n: int, running: int) -> tuple[AsyncdpState, int]:
+    """Router ``router`` of ``routers`` over ``n`` ranks after a steady spell, every recent prompt new (the phase
+    weights in full), and a snapshot showing ``running`` requests on every rank; with that snapshot's time."""
+    s = p.init(n, router, routers, {"kv_blocks_per_rank": 10_000})
+    last = steady(p, s, router, 20)
+    s.new_share, s.phase_scale = 1.0, 1.0
+    s.phases = [s.phase(i) for i in range(n)]
+    p.on_snapshot(s, snapshot([running] * n, last))
+    return s, last
 
 
 def test_several_routers_draw_a_new_prompt_among_the_near_cheapest_while_the_phases_hold():
@@ -238,11 +245,7 @@ def blind_burst(routers: int, per_router: int, n: int = 8, mirror: bool = True) 
     p = AsyncdpPolicy(memory_tokens=0, spread=False, mirror=mirror)
     counts, states = [0] * n, []
     for router in range(routers):
-        s = p.init(n, router, routers, {"kv_blocks_per_rank": 10_000})
-        last = steady(p, s, router, 20)
-        s.new_share, s.phase_scale = 1.0, 1.0
-        s.phases = [s.phase(i) for i in range(n)]
-        p.on_snapshot(s, snapshot([0] * n, last))
+        s, last = phased_router(p, router, routers, n, running=0)
         p.on_prefix_owner(s, None, (), 0, [60_000.0] * n)
         for k in range(per_router):
             counts[send(p, s, request(100 + k, tokens=1000, router=router), last + 50_000)] += 1
