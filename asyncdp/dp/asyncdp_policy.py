@@ -31,7 +31,7 @@ from asyncdp.dp.asyncdp_state import KV_HIGH, REFRESH_US, AsyncdpState, CostWeig
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.policy import Decision, RequestView, Snapshot
 from asyncdp.dp.several_routers import SeveralRouters
-from asyncdp.dp.spread import fewest_prefixes, near_cheapest
+from asyncdp.dp.spread import fewest_prefixes, near_cheapest, ranks_within
 from asyncdp.dp.ties import argmin, pick_among, tie_key, tie_scan
 from asyncdp.dp.unseen import UNSEEN_FILL, UNSEEN_REQUEST_TOKENS, CostOrder, raised
 from asyncdp.errors import ConfigError, UnavailableError
@@ -166,8 +166,7 @@ class AsyncdpPolicy(SeveralRouters):
                     # The phases give every router the same preference, and each sees only its own sends until the
                     # next snapshot: where each sends about one request a burst, all of them would send it to the rank
                     # the phases favour. The request's key draws among the ranks within its length of the cheapest.
-                    lim = mbest + len(req.tokens)
-                    mpick = pick_among([r for r in range(state.n) if mbase[r] <= lim], tie_key(req, hashes))
+                    mpick = pick_among(ranks_within(mbase, mbest, len(req.tokens)), tie_key(req, hashes))
                 elif mties > 1:
                     mpick = tie_scan(mbase, mbest, mpick, tie_key(req, hashes) % state.n)
             if spread:

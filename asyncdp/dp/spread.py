@@ -27,12 +27,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 
+def ranks_within(mbase: Sequence[float], mbest: float, within: float) -> list[int]:
+    """The ranks whose miss cost ``mbase`` is within ``within`` tokens of the cheapest (``mbest``), in rank order."""
+    lim = mbest + within
+    return [r for r in range(len(mbase)) if mbase[r] <= lim]
+
+
 def near_cheapest(mbase: Sequence[float], mbest: float, within: float, start: int) -> list[int]:
     """The ranks whose miss cost ``mbase`` is within ``within`` tokens (the prompt's length, or the policy's
     ``spread_tokens`` if fewer) of the cheapest (``mbest``): cheapest first, then in the scan order from ``start``.
     The rule's candidates, in ``select`` and in a claim to the prefix directory."""
-    lim, n = mbest + within, len(mbase)
-    return sorted((r for r in range(n) if mbase[r] <= lim), key=lambda r: (mbase[r], (r - start) % n))
+    n = len(mbase)
+    return sorted(ranks_within(mbase, mbest, within), key=lambda r: (mbase[r], (r - start) % n))
 
 
 def fewest(count: Callable[[int], int], candidates: Sequence[int], proposal: int) -> int:
