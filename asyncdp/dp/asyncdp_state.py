@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from asyncdp.dp.asyncdp_records import CostWeights, Routed
 from asyncdp.dp.deep_claims import DeepClaims
 from asyncdp.dp.owner_index import OwnerIndex
+from asyncdp.dp.phase_weights import PhaseWeights
 from asyncdp.dp.policy import Decision
 from asyncdp.dp.prefix_rates import PrefixRates
 from asyncdp.dp.stalls import Stalls
@@ -28,16 +29,13 @@ from asyncdp.dp.unseen import UNSEEN_MAX_AGE_US, CostOrder, fold_rate
 KV_HIGH = 0.9
 REFRESH_US = 50_000  # the snapshot terms are re-weighed by their age at most this often (H5)
 REPLICA_SLACK = 1.0  # [ours] in-flight requests past the mean before a hot prefix gets another holder (H3)
-NEW_SHARE_WINDOW = 256.0  # the cluster's dispatches over which the share of prompts no rank held is averaged
-NEW_SHARE_MIN_OWN = 16.0  # ... but over at least this many of the router's own, however many routers there are
-PHASE_STEP = 0.125  # phase_scale moves in steps of this
 _INF = float("inf")
 
 __all__ = ["KV_HIGH", "REFRESH_US", "AsyncdpState", "CostWeights", "Routed"]
 
 
 @dataclass(slots=True)
-class AsyncdpState:
+class AsyncdpState(PhaseWeights):
     n: int
     num_routers: int
     block_size: int
@@ -143,58 +141,6 @@ class AsyncdpState:
     def costs_at(self, weight: float) -> list[float]:
         """Every rank's base cost with the snapshot terms at another ``weight`` (one pass, no method calls)."""
         return [lo + weight * re for lo, re in zip(self.local, self.remote, strict=True)]
-
-    def phase(self, i: int) -> float:
-        """Rank i's phase weight in this epoch: ``spread·(2·((i + epoch) mod n)/(n - 1) - 1)``, equal steps from
-        ``-spread`` to ``+spread`` over the ranks, rotated by one rank every ``phase_period_us``. A prompt no rank
-        holds compares ``base + phase·hbase`` (its load weighted by ``1 + phase``), so ranks that would be equally
-        loaded carry loads a few per cent apart. Closed-loop clients with equal lengths on equally loaded ranks
-        finish in the same steps and resend together, burst after burst (W9, guidellm's concurrency mode); ranks a
-        few per cent apart step at slightly different speeds, so their clients drift out of step and the bursts
-        spread. The rotation gives every rank every weight in turn: no rank is favoured over time.
-
-        ``spread`` is ``phase_spread·phase_scale``: the weights apply in full where at least 90 % of the recent
-        prompts were new to every rank, not at all where half or fewer were (:meth:`note_new`). Where new prompts
-        are followed by others with the same prefix (W1's groups, W3, sessions), where a new prompt goes decides
-        where its followers go, so its placement keeps the balance; where most prompts share nothing (W9),
-        placement has no cache consequence."""
-        w = self.weights
-        if not w.phase_spread or not self.phase_scale or self.n < 2:
-            return 0.0
-        return w.phase_spread * self.phase_scale * (2.0 * ((i + self.epoch) % self.n) / (self.n - 1) - 1.0)
-
-    def note_new(self, new: bool) -> None:
-        """A dispatch: count whether no rank held its prompt's first block in ``new_share`` (an average over about
-        ``NEW_SHARE_WINDOW`` of the cluster's dispatches: this router sees one in ``num_routers`` of them, so over
-        ``NEW_SHARE_WINDOW / num_routers`` of its own, and never fewer than ``NEW_SHARE_MIN_OWN``), and move
-        ``phase_scale`` to ``(new_share - 0.5)/0.4`` clipped to [0, 1] in steps of 1/8, once it is 3/32 away (so
-        the costs are recomputed a few times as the share changes, not on every dispatch).
-
-        Averaged over 256 of its own dispatches, each of four routers took four times as long as one router to
-        see that W9's prompts share nothing: the weights reached full spread after 32 of the quick run's 60 s,
-        and its mean TTFT read 2.4 x one router's."""
-        step = 1.0 / max(NEW_SHARE_WINDOW / self.num_routers, NEW_SHARE_MIN_OWN)
-        m = self.new_share = self.new_share + ((1.0 if new else 0.0) - self.new_share) * step
-        target = min(1.0, max(0.0, (m - 0.5) / 0.4))
-        if abs(target - self.phase_scale) >= PHASE_STEP * 0.75:
-            self.phase_scale = round(target / PHASE_STEP) * PHASE_STEP
-            self.phases = [self.phase(i) for i in range(self.n)]
-            self.update_all(resum=False)
-
-    def mirror_new(self, i: int, prefill: float) -> None:
-        """With several routers and the phase weights in full, this router sent a new prompt of ``prefill`` tokens
-        to rank i: count ``R - 1`` more there in its miss costs until the next snapshot (``mirror``, weighed by the
-        rank's phase like the rest of its load).
-
-        New prompts are not claimed while the phases hold in full (:meth:`.SeveralRouters.claim_hashes`), so until
-        the next snapshot a router sees none of the other routers' new prompts. In a burst they all see the same
-        loads and phases and send where this router does: at the start of W9 at full scale (800 clients at once,
-        16 API servers over 8 ranks) each router counted only its own ~50 prompts, and the ranks the phases favour
-        got 184 and 149 of the 800 prompts against 68 on the least favoured (one router: 110 against 91); the
-        burst's p99 TTFT read 7.45 s against 4.41 s. Counting the others as mirroring this router, its own burst
-        follows the phases as one router's would (114 against 95)."""
-        if self.num_routers > 1 and self.phase_scale >= 1.0 and self.weights.phase_spread:
-            self.mirror[i] += (self.num_routers - 1) * prefill
 
     def mcosts(self, base: Sequence[float], hbase: Sequence[float]) -> list[float]:
         """The miss costs for the given base costs (a decayed copy of them, see ``select``)."""
@@ -345,12 +291,7 @@ class AsyncdpState:
             self.stalls.due_us = now_us + REFRESH_US
             if self.stalls.refresh(now_us, self.excluded):
                 self.update_all(resum=False)
-        if self.weights.phase_spread and (epoch := now_us // self.weights.phase_period_us) != self.epoch:
-            self.epoch = epoch  # the phase weights rotate by one rank
-            phases = [self.phase(i) for i in range(self.n)]
-            if phases != self.phases:
-                self.phases = phases
-                self.update_all(resum=False)
+        self.rotate_phases(now_us)
         if now_us < self.refresh_due_us:
             return
         self.refreshed_at_us = now_us
