@@ -252,6 +252,8 @@ def run(ns: argparse.Namespace) -> int:
     print(pathology.table(runs))
     print()
     print(report.gates_text(gate_rows))
+    if (per_seed := report.g2_per_seed(runs, ns.candidate)) is not None:
+        print(per_seed)
     header = {"seeds": seeds, "workload_hashes": hashes, "scale": ns.scale, "profile": profile.name,
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,

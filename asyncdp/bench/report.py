@@ -18,6 +18,10 @@ gate reads ``n/a`` with the reason:
   per workload (the ``robustness`` runs of ``--robustness``; :func:`g6`);
 - G7: decision time (``--decision-time``; :func:`~asyncdp.bench.decision_time.g7`).
 
+With several seeds the gates judge the seeds' means. :func:`g2_per_seed` also makes G2's comparison one seed at a
+time, for the candidate and for each baseline against the best of the other policies: how often the best of
+several policies beats a given one by 5 % on one seed is the noise that a single seed's verdict carries.
+
 A ladder's rungs come as their own entries (``w2@0.85rsat``), so G2-G4 see every rung. Information classes
 (§3): G2 and G3 compare with the best baseline of the candidate's class (approximate prefix, from the router's
 own history) or a lower one (load-only), so the precise policies (:data:`PRECISE`, which read KV events) are
@@ -143,6 +147,34 @@ def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tu
         failed = [d for ok, d in checks if not ok]
         out.append((gate, "FAIL" if failed else "PASS", "; ".join(failed or [d for _, d in checks])))
     return out
+
+
+def g2_per_seed(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> str | None:
+    """With several seeds: G2's comparison made per (workload entry, seed), informational (module docstring).
+    The candidate against the best baseline, then each baseline against the best of the others, the candidate
+    included; ``None`` with one seed, or without the candidate and a baseline."""
+    by_entry: dict[tuple[str, int], dict[str, float]] = {}
+    for run in runs:
+        if run["policy"] == candidate or is_baseline(run["policy"], candidate):
+            by_entry.setdefault((run["workload"], run["seed"]), {})[run["policy"]] = run["metrics"]["ttft_mean_s"]
+    cells = {key: ps for key, ps in by_entry.items() if candidate in ps and len(ps) > 1}
+    if len({seed for _, seed in cells}) < 2:
+        return None
+    over: dict[str, int] = {}
+    worst: dict[str, tuple[float, str]] = {}
+    for (workload, seed), ps in cells.items():
+        for policy, ttft in ps.items():
+            best = min(v for p, v in ps.items() if p != policy)
+            ratio = ttft / best if best > 0 else 1.0
+            over[policy] = over.get(policy, 0) + (ratio > 1.05)
+            if ratio > worst.get(policy, (0.0, ""))[0]:
+                worst[policy] = (ratio, f"{workload} seed {seed}")
+    n = len(cells)
+    ratio, where = worst[candidate]
+    others = sorted((p for p in over if p != candidate), key=lambda p: (over[p], p))
+    return (f"G2 per seed (informational; the gate judges the seeds' means): {candidate} over 1.05 x the best "
+            f"baseline in {over[candidate]} of {n} workload-seeds (worst {ratio:.3f} x, {where}); each baseline "
+            f"over 1.05 x the best of the others: " + ", ".join(f"{p} {over[p]}" for p in others))
 
 
 def is_baseline(policy: str, candidate: str) -> bool:
