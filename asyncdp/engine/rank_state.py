@@ -111,12 +111,17 @@ class RankReports:
     def load_report(self) -> m.RankStats | None:
         """The ``RankStats`` the coordinator needs now, or None when the load did not change enough."""
         s = self.scheduler_stats()
+        kv = s.kv_cache_usage
         last = self.state.last_stats
         if last is not None and last[0] == s.num_running and last[1] == s.num_waiting and abs(
-            last[2] - s.kv_cache_usage
-        ) < KV_USAGE_PUBLISH_DELTA and last[3] == s.prefill_tokens:
-            return None
-        self.state.last_stats = (s.num_running, s.num_waiting, s.kv_cache_usage, s.prefill_tokens)
+            last[2] - kv
+        ) < KV_USAGE_PUBLISH_DELTA:
+            if last[3] == s.prefill_tokens:
+                return None
+            # Only the prompt tokens moved: the report repeats the KV usage last reported, so that the coordinator
+            # sees no change of the counts (its publish schedule stays theirs) and the 0.01 rule still measures
+            # from the last reported usage.
+            kv = last[2]
+        self.state.last_stats = (s.num_running, s.num_waiting, kv, s.prefill_tokens)
         return m.RankStats(dp_rank=self.dp_rank, num_waiting=s.num_waiting, num_running=s.num_running,
-                           kv_cache_usage=s.kv_cache_usage, step=s.step, wave=s.wave,
-                           prefill_tokens=s.prefill_tokens)
+                           kv_cache_usage=kv, step=s.step, wave=s.wave, prefill_tokens=s.prefill_tokens)

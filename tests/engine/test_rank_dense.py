@@ -132,17 +132,16 @@ async def test_dense_rank_keeps_serving_after_losing_the_coordinator(autojump_cl
         assert not ended.is_set() and rank.coordinator is None
 
 
-@pytest.mark.trio
-async def test_the_coordinator_hears_each_chunk_of_a_long_prefill(autojump_clock):
-    """The counts stay (0 waiting, 1 running) while a 290-token prompt is computed 64 tokens a step; the rank still
-    reports each chunk, as the prompt tokens it still owes."""
-    reports: list[tuple[int, int, int]] = []
+async def long_prefill_reports() -> list[m.RankStats]:
+    """The ``RankStats`` a rank sends while it computes a 290-token prompt 64 tokens a step (one request, three
+    output tokens, 512 KV blocks of 16 tokens)."""
+    reports: list[m.RankStats] = []
 
     async def listen(coord) -> None:
         while True:
             msg = await coord.receive()
             if isinstance(msg, m.RankStats):
-                reports.append((msg.num_waiting, msg.num_running, msg.prefill_tokens))
+                reports.append(msg)
 
     cfg = EngineConfig(executor="sim", sim_cost=RANK_SIM_COST, num_kv_blocks=512, block_size=16,
                        max_num_batched_tokens=64).validate()
@@ -156,9 +155,33 @@ async def test_the_coordinator_hears_each_chunk_of_a_long_prefill(autojump_clock
             await res.done.wait()
             await trio.sleep(0.1)
         nursery.cancel_scope.cancel()
+    return reports
+
+
+@pytest.mark.trio
+async def test_the_coordinator_hears_each_chunk_of_a_long_prefill(autojump_clock):
+    """The counts stay (0 waiting, 1 running) while a 290-token prompt is computed 64 tokens a step; the rank still
+    reports each chunk, as the prompt tokens it still owes."""
+    reports = [(r.num_waiting, r.num_running, r.prefill_tokens) for r in await long_prefill_reports()]
     owed = [p for _, _, p in reports]
     assert owed[owed.index(290):][:6] == [290, 226, 162, 98, 34, 0]
     assert {(w, r) for w, r, p in reports if p in (226, 162, 98)} == {(0, 1)}
+
+
+@pytest.mark.trio
+async def test_a_report_of_prompt_tokens_alone_repeats_the_kv_usage_last_reported(autojump_clock):
+    """Each 64-token chunk fills 4 of 512 blocks (0.0078 of the KV). A report sent for the prompt tokens alone
+    carries the KV usage of the report before it, so the coordinator sees no change of the counts and publishes no
+    snapshot for it; the usage moves in reports only by the 0.01 rule, measured from the last usage reported."""
+    reports = await long_prefill_reports()
+    pairs = list(zip(reports, reports[1:]))
+    chunk_only = [(a, b) for a, b in pairs
+                  if (a.num_waiting, a.num_running) == (b.num_waiting, b.num_running)
+                  and a.prefill_tokens != b.prefill_tokens]
+    assert chunk_only  # the chunks of the prompt
+    for a, b in chunk_only:
+        assert b.kv_cache_usage == a.kv_cache_usage or abs(b.kv_cache_usage - a.kv_cache_usage) >= 0.01, (a, b)
+    assert any(b.kv_cache_usage == a.kv_cache_usage for a, b in chunk_only)  # at least one chunk moved it < 0.01
 
 
 @pytest.mark.trio
