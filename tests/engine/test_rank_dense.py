@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import asynccontextmanager
+from itertools import pairwise
 
 import anyio
 import pytest
@@ -174,7 +175,7 @@ async def test_a_report_of_prompt_tokens_alone_repeats_the_kv_usage_last_reporte
     carries the KV usage of the report before it, so the coordinator sees no change of the counts and publishes no
     snapshot for it; the usage moves in reports only by the 0.01 rule, measured from the last usage reported."""
     reports = await long_prefill_reports()
-    pairs = list(zip(reports, reports[1:]))
+    pairs = list(pairwise(reports))
     chunk_only = [(a, b) for a, b in pairs
                   if (a.num_waiting, a.num_running) == (b.num_waiting, b.num_running)
                   and a.prefill_tokens != b.prefill_tokens]
