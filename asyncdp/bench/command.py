@@ -252,14 +252,15 @@ def run(ns: argparse.Namespace) -> int:
     print(pathology.table(runs))
     print()
     print(report.gates_text(gate_rows))
-    if (per_seed := report.g2_per_seed(runs, ns.candidate)) is not None:
-        print(per_seed)
+    per_seed = report.g2_per_seed(runs, ns.candidate)
+    if per_seed is not None:
+        print(report.g2_per_seed_text(per_seed))
     header = {"seeds": seeds, "workload_hashes": hashes, "scale": ns.scale, "profile": profile.name,
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
               "python": platform.python_version(), "trio": _trio_version()}
     if ns.json:
-        Path(ns.json).write_text(report.to_json(runs, header, gate_rows, robust, timing))
+        Path(ns.json).write_text(report.to_json(runs, header, gate_rows, robust, timing, per_seed))
     if ns.csv:
         from asyncdp.bench.plots import write_csv
 

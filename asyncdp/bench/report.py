@@ -149,10 +149,11 @@ def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tu
     return out
 
 
-def g2_per_seed(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> str | None:
+def g2_per_seed(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> dict[str, Any] | None:
     """With several seeds: G2's comparison made per (workload entry, seed), informational (module docstring).
-    The candidate against the best baseline, then each baseline against the best of the others, the candidate
-    included; ``None`` with one seed, or without the candidate and a baseline."""
+    For the candidate against the best baseline, and for each baseline against the best of the others, the
+    candidate included: ``{"candidate", "entries", "over": {policy: entries over 1.05 x}, "worst": {policy:
+    [ratio, "workload seed N"]}}``; ``None`` with one seed, or without the candidate and a baseline."""
     by_entry: dict[tuple[str, int], dict[str, float]] = {}
     for run in runs:
         if run["policy"] == candidate or is_baseline(run["policy"], candidate):
@@ -161,20 +162,25 @@ def g2_per_seed(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> s
     if len({seed for _, seed in cells}) < 2:
         return None
     over: dict[str, int] = {}
-    worst: dict[str, tuple[float, str]] = {}
+    worst: dict[str, list[Any]] = {}
     for (workload, seed), ps in cells.items():
         for policy, ttft in ps.items():
             best = min(v for p, v in ps.items() if p != policy)
             ratio = ttft / best if best > 0 else 1.0
             over[policy] = over.get(policy, 0) + (ratio > 1.05)
-            if ratio > worst.get(policy, (0.0, ""))[0]:
-                worst[policy] = (ratio, f"{workload} seed {seed}")
-    n = len(cells)
-    ratio, where = worst[candidate]
+            if ratio > worst.get(policy, [0.0])[0]:
+                worst[policy] = [ratio, f"{workload} seed {seed}"]
+    return {"candidate": candidate, "entries": len(cells), "over": over, "worst": worst}
+
+
+def g2_per_seed_text(per_seed: dict[str, Any]) -> str:
+    """The line ``bench routing`` prints for :func:`g2_per_seed`'s result."""
+    candidate, over = per_seed["candidate"], per_seed["over"]
+    ratio, where = per_seed["worst"][candidate]
     others = sorted((p for p in over if p != candidate), key=lambda p: (over[p], p))
     return (f"G2 per seed (informational; the gate judges the seeds' means): {candidate} over 1.05 x the best "
-            f"baseline in {over[candidate]} of {n} workload-seeds (worst {ratio:.3f} x, {where}); each baseline "
-            f"over 1.05 x the best of the others: " + ", ".join(f"{p} {over[p]}" for p in others))
+            f"baseline in {over[candidate]} of {per_seed['entries']} workload-seeds (worst {ratio:.3f} x, {where}); "
+            f"each baseline over 1.05 x the best of the others: " + ", ".join(f"{p} {over[p]}" for p in others))
 
 
 def is_baseline(policy: str, candidate: str) -> bool:
@@ -213,11 +219,15 @@ def gates_text(rows: Sequence[tuple[str, str, str]]) -> str:
 
 
 def to_json(runs: Sequence[dict[str, Any]], header: dict[str, Any], gate_rows: Sequence[tuple[str, str, str]],
-            robust: Sequence[dict[str, Any]] = (), decision_time: Sequence[dict[str, Any]] = ()) -> str:
-    """The JSON document: ``{"header", "runs", "gates"}`` (plus ``robustness`` and, wall clock and so not
-    deterministic, ``decision_time`` when measured), keys sorted, so a seed gives the same bytes."""
+            robust: Sequence[dict[str, Any]] = (), decision_time: Sequence[dict[str, Any]] = (),
+            per_seed: dict[str, Any] | None = None) -> str:
+    """The JSON document: ``{"header", "runs", "gates"}`` (plus ``robustness``, ``g2_per_seed`` with several seeds
+    and, wall clock and so not deterministic, ``decision_time`` when measured), keys sorted, so a seed gives the
+    same bytes."""
     doc: dict[str, Any] = {"header": header, "runs": list(runs),
                            "gates": [{"gate": g, "verdict": v, "detail": d} for g, v, d in gate_rows]}
+    if per_seed is not None:
+        doc["g2_per_seed"] = per_seed
     if robust:
         doc["robustness"] = list(robust)
     if decision_time:

@@ -126,7 +126,7 @@ def test_gates_compare_the_candidate_with_vllm_and_the_best_other_policy():
 
 
 def test_g2_per_seed_counts_each_policy_over_the_best_of_the_others_one_seed_at_a_time():
-    from asyncdp.bench.report import g2_per_seed
+    from asyncdp.bench.report import g2_per_seed, g2_per_seed_text
 
     def seeded(seed, workload, policy, ttft):
         return {**_run(workload, policy, ttft_mean_s=ttft), "seed": seed}
@@ -137,19 +137,25 @@ def test_g2_per_seed_counts_each_policy_over_the_best_of_the_others_one_seed_at_
         seeded(1, "w7@1rsat", "vllm", 1.0), seeded(1, "w7@1rsat", "rr", 1.0), seeded(1, "w7@1rsat", "asyncdp", 1.04),
         seeded(1, "w7", "asyncdp@no_spread", 0.1),  # the candidate's own presets are not baselines
     ]
-    line = g2_per_seed(runs)
-    assert line is not None
+    per_seed = g2_per_seed(runs)
+    assert per_seed is not None
+    assert per_seed["over"] == {"asyncdp": 1, "rr": 1, "vllm": 2} and per_seed["entries"] == 3
+    line = g2_per_seed_text(per_seed)
     assert "asyncdp over 1.05 x the best baseline in 1 of 3 workload-seeds (worst 1.100 x, w7 seed 1)" in line
     assert line.endswith("the best of the others: rr 1, vllm 2")
     assert g2_per_seed([r for r in runs if r["seed"] == 1]) is None  # one seed: the gate itself says it all
 
 
-def test_a_run_with_several_seeds_prints_g2_per_seed(capsys):
+def test_a_run_with_several_seeds_prints_g2_per_seed_and_writes_it_to_the_json(tmp_path, capsys):
+    out = tmp_path / "result.json"
     assert main(["bench", "routing", *TINY, "--policies", "vllm,round_robin", "--candidate", "round_robin",
-                 "--seeds", "1,2"]) == 0
+                 "--seeds", "1,2", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "G2 per seed (informational; the gate judges the seeds' means): round_robin over 1.05 x the best " \
            "baseline in " in printed and " of 2 workload-seeds" in printed, printed
+    per_seed = json.loads(out.read_text())["g2_per_seed"]
+    assert per_seed["candidate"] == "round_robin" and per_seed["entries"] == 2
+    assert set(per_seed["over"]) == {"round_robin", "vllm"}
 
 
 def test_the_asyncdp_policy_gives_the_same_json_bytes_for_the_same_seed(tmp_path):
