@@ -34,6 +34,15 @@ _INF = float("inf")
 __all__ = ["KV_HIGH", "REFRESH_US", "AsyncdpState", "CostWeights", "Routed"]
 
 
+def miss_cost(base: float, hbase: float, phase: float, extra: float, mirror: float) -> float:
+    """What a prompt no rank holds compares on a rank (``mbase``): its ``base`` cost, the decodes weighed by their
+    context (``extra``), the load weighted by the rank's ``phase`` (:meth:`PhaseWeights.phase`) and the other routers'
+    new prompts this router mirrors there, weighted the same; infinite for a dead rank."""
+    if hbase == _INF:
+        return base
+    return base + extra + phase * hbase + mirror * (1.0 + phase)
+
+
 @dataclass(slots=True)
 class AsyncdpState(PhaseWeights):
     n: int
@@ -144,7 +153,7 @@ class AsyncdpState(PhaseWeights):
 
     def mcosts(self, base: Sequence[float], hbase: Sequence[float]) -> list[float]:
         """The miss costs for the given base costs (a decayed copy of them, see ``select``)."""
-        return [b if h == _INF else b + x + p * h + m * (1.0 + p)
+        return [miss_cost(b, h, p, x, m)
                 for b, h, p, x, m in zip(base, hbase, self.phases, self.extra, self.mirror, strict=True)]
 
     def snapshot_weight(self, now_us: int) -> float:

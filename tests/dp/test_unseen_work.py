@@ -310,3 +310,22 @@ def test_new_prompts_are_not_claimed_while_the_phase_weights_hold_in_full():
             send(p, s, request(k), k)
         assert s.phase_scale == 1.0
         assert bool(p.claim_hashes(s, request(1000))) is claims_in_phase
+
+
+def test_a_decayed_copy_of_the_costs_is_what_the_hooks_keep_at_that_weight():
+    # When no hook ran for a while, select prices the ranks on decayed copies of the costs (H5); they must be what the
+    # hooks recompute at the same weight, miss costs included: the phases, the mirror, the decodes weighed by their
+    # context and a dead rank's infinity.
+    p = AsyncdpPolicy(memory_tokens=0, spread=False)
+    s, last = phased_router(p, 0, 4, 8, running=3)
+    long = request(1, tokens=8192)
+    p.on_first_token(s, long.req_id, send(p, s, long, last + 1000), last + 2000)
+    for k in range(5):
+        send(p, s, request(100 + k, tokens=1000), last + 3000)
+    p.on_rank_dead(s, 7)
+    assert any(s.mirror) and any(s.extra) and any(s.phases) and all(s.remote[:7])
+    at = s.refresh_due_us + 1
+    decayed = s.decayed_costs(at)
+    assert decayed is not None and decayed[0] != s.base
+    s.tick(at)
+    assert decayed == (s.base, s.hbase, s.mbase) and s.mbase[7] == math.inf
