@@ -172,6 +172,7 @@ def run(ns: argparse.Namespace) -> int:
         raise ConfigError(f"--jobs must be >= 0 (got {ns.jobs}).")
     plans: list[tuple[int, str, Any, Any, dict[str, set[int]]]] = []  # (seed, label, workload, spec, rungs)
     hashes: dict[str, str] = {}
+    r_sats: dict[str, float] = {}  # workload/seed -> the R_sat its relative ladder ran at (given or measured)
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
@@ -187,6 +188,8 @@ def run(ns: argparse.Namespace) -> int:
                     r_sat = measure_r_sat(workload, spec, seed, run=runner.run)
                     print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
                           file=sys.stderr)
+                if r_sat is not None and type(workload.arrival).__name__ == "RelativeLadder":
+                    r_sats[f"{workload.name}/{seed}"] = r_sat
                 resolved = resolve(workload, ns.rate_scale, r_sat)
                 hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
                 rungs = _rungs(workload, resolved)
@@ -255,7 +258,7 @@ def run(ns: argparse.Namespace) -> int:
     per_seed = report.g2_per_seed(runs, ns.candidate)
     if per_seed is not None:
         print(report.g2_per_seed_text(per_seed))
-    header = {"seeds": seeds, "workload_hashes": hashes, "scale": ns.scale, "profile": profile.name,
+    header = {"seeds": seeds, "workload_hashes": hashes, "r_sat": r_sats, "scale": ns.scale, "profile": profile.name,
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
               "python": platform.python_version(), "trio": _trio_version()}

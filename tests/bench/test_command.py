@@ -84,7 +84,9 @@ def test_a_relative_ladder_is_also_measured_rung_by_rung(tmp_path):
     out = tmp_path / "ladder.json"
     assert main(["bench", "routing", "--workload", "w6", "--dp", "2", "--option", "num_requests=60",
                  "--r-sat", "20", "--policies", "round_robin", "--json", str(out)]) == 0
-    runs = json.loads(out.read_text())["runs"]
+    doc = json.loads(out.read_text())
+    assert doc["header"]["r_sat"] == {"w6/1": 20.0}  # the rate the rungs' fractions are of, for a reader of the JSON
+    runs = doc["runs"]
     labels = [r["workload"] for r in runs]
     assert labels == ["w6", "w6@0.3rsat", "w6@0.5rsat", "w6@0.7rsat", "w6@0.85rsat", "w6@1rsat", "w6@1.2rsat"]
     assert [r["counts"]["requests"] for r in runs[1:]] == [9] * 6  # 10 per rung, less the first as warm-up
