@@ -170,7 +170,7 @@ class AsyncdpState(PhaseWeights):
         x = self.extra[i] = 0.0 if i in self.excluded else (
             self.dec_tokens[i] - self.weights.decode_tokens * self.decoding[i])
         h = self.hbase[i] = b - self.memory[i] + x
-        self.mbase[i] = b if h == _INF else b + x + self.phases[i] * h + self.mirror[i] * (1.0 + self.phases[i])
+        self.mbase[i] = miss_cost(b, h, self.phases[i], x, self.mirror[i])
         load = 0.0 if i in self.excluded else (
             self.pending_reqs[i] + self.decoding[i] + self.weight * self.others_cnt[i])
         self.load_total += load - self.load[i]
