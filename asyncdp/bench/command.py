@@ -184,11 +184,11 @@ def run(ns: argparse.Namespace) -> int:
                 spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
                                    telemetry=ns.telemetry)
                 r_sat = ns.r_sat
-                if r_sat is None and type(workload.arrival).__name__ == "RelativeLadder":
-                    r_sat = measure_r_sat(workload, spec, seed, run=runner.run)
-                    print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
-                          file=sys.stderr)
-                if r_sat is not None and type(workload.arrival).__name__ == "RelativeLadder":
+                if type(workload.arrival).__name__ == "RelativeLadder":
+                    if r_sat is None:
+                        r_sat = measure_r_sat(workload, spec, seed, run=runner.run)
+                        print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
+                              file=sys.stderr)
                     r_sats[f"{workload.name}/{seed}"] = r_sat
                 resolved = resolve(workload, ns.rate_scale, r_sat)
                 hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
