@@ -151,6 +151,7 @@ def run(ns: argparse.Namespace) -> int:
         print("\n".join(known_policies()))
         return 0
     from asyncdp.bench import pathology, report
+    from asyncdp.bench.arrivals import RelativeLadder
     from asyncdp.bench.metrics import ttft_floors
     from asyncdp.bench.profiles import load_profile, profile_hash
     from asyncdp.bench.records import encode_workload, resolve
@@ -184,7 +185,7 @@ def run(ns: argparse.Namespace) -> int:
                 spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
                                    telemetry=ns.telemetry)
                 r_sat = ns.r_sat
-                if type(workload.arrival).__name__ == "RelativeLadder":
+                if isinstance(workload.arrival, RelativeLadder):
                     if r_sat is None:
                         r_sat = measure_r_sat(workload, spec, seed, run=runner.run)
                         print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
