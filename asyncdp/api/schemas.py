@@ -32,7 +32,7 @@ Json = dict[str, Any]
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None  # vLLM; refused when true
+    continuous_usage_stats: bool | None = None  # vLLM: usage on every chunk; needs include_usage
 
 
 class JsonSchemaSpec(msgspec.Struct, kw_only=True):

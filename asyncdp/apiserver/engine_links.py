@@ -34,6 +34,7 @@ from asyncdp.errors import (
     AsyncDPError,
     EngineDeadError,
     EngineTimeoutError,
+    PauseError,
     ProtocolError,
     StartupError,
     UnavailableError,
@@ -132,7 +133,9 @@ class UtilityCalls:
             raise pending.error
         failed = [r for r in pending.results.values() if not r.ok]
         if failed:
-            raise AsyncDPError(f"{method} failed: {failed[0].error}")
+            # a pause/resume misuse (a resume that overtook this pause) is the caller's conflict, not ours: 409
+            raise (PauseError if failed[0].error_kind == m.PAUSE_ERROR else AsyncDPError)(
+                f"{method} failed: {failed[0].error}")
         return pending.results[live[0].dp_rank].value
 
     def on_result(self, dp_rank: int, msg: m.UtilityResult) -> None:

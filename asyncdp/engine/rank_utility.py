@@ -66,7 +66,8 @@ class UtilityCalls:
                 value = self._run(call.method, *call.args, **call.kwargs)
             result = m.UtilityResult(call_id=call.call_id, ok=True, value=value)
         except (AsyncDPError, TypeError, ValueError) as exc:
-            result = m.UtilityResult(call_id=call.call_id, ok=False, error=str(exc))
+            result = m.UtilityResult(call_id=call.call_id, ok=False, error=str(exc),
+                                     error_kind=m.PAUSE_ERROR if isinstance(exc, PauseError) else None)
         rank.links.post_nowait(call.client_index, result)
 
     async def _pause(self, mode: str) -> None:
@@ -97,7 +98,7 @@ class UtilityCalls:
         calls, self.pending = self.pending, []
         for call in calls:
             rank.links.post_nowait(call.client_index, m.UtilityResult(
-                call_id=call.call_id, ok=False, error=str(PauseError("resumed before the pause completed"))))
+                call_id=call.call_id, ok=False, error="resumed before the pause completed", error_kind=m.PAUSE_ERROR))
         return True
 
     def _run(self, method: str, *args: Any, **kwargs: Any) -> Any:

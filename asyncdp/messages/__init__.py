@@ -31,6 +31,7 @@ from asyncdp.messages.control import (
     WorkerHello,
 )
 from asyncdp.messages.link import (
+    PAUSE_ERROR,
     PROTOCOL_VERSION,
     AbortRequests,
     AddRequest,
@@ -101,6 +102,7 @@ __all__ = [
     "NodeRow",
     "NodeShutdown",
     "NodeTopology",
+    "PAUSE_ERROR",
     "PROTOCOL_VERSION",
     "PrefixClaim",
     "PrefixOwner",

@@ -14,7 +14,8 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 3  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced
+PROTOCOL_VERSION = 4  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+# 4: UtilityResult.error_kind
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
@@ -191,11 +192,15 @@ class UtilityCall(_Msg, frozen=True):
     kwargs: dict[str, Any] = {}
 
 
+PAUSE_ERROR = "pause"  # UtilityResult.error_kind of a pause/resume misuse (PauseError on both sides)
+
+
 class UtilityResult(_Msg, frozen=True):
     call_id: int
     ok: bool
     value: Any = None
     error: str | None = None
+    error_kind: str | None = None  # PAUSE_ERROR, or None for any other failure
 
 
 class EngineOutputs(_Msg, frozen=True):

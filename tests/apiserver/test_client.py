@@ -482,6 +482,30 @@ async def test_a_request_in_flight_fails_at_once_when_its_ranks_link_closes(auto
 
 
 @pytest.mark.trio
+@pytest.mark.parametrize(("error_kind", "raised", "status"), [(m.PAUSE_ERROR, "PauseError", 409),
+                                                              (None, "AsyncDPError", 500)])
+async def test_a_failed_utility_call_raises_by_its_error_kind(autojump_clock, error_kind, raised, status):
+    """A pause that a resume overtook fails on the rank with ``error_kind`` "pause": the client raises PauseError,
+    which the API answers with 409 (the caller's conflict); any other failure stays an internal error."""
+    from asyncdp import errors
+    from asyncdp.api.errors import status_and_body
+
+    async with _client_with_engine() as (client, engine_end):
+        async def engine() -> None:
+            call = await engine_end.receive()
+            assert isinstance(call, m.UtilityCall) and call.method == "pause"
+            await engine_end.send(m.UtilityResult(call_id=call.call_id, ok=False,
+                                                  error="resumed before the pause completed", error_kind=error_kind))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            with pytest.raises(errors.AsyncDPError, match="pause failed: resumed before the pause completed") as e:
+                await client.call_utility("pause", mode="wait")
+    assert type(e.value).__name__ == raised
+    assert status_and_body(e.value)[0] == status
+
+
+@pytest.mark.trio
 async def test_a_utility_call_fails_at_once_when_a_ranks_link_closes_instead_of_waiting_for_its_deadline(
         autojump_clock):
     async with _client_with_engine(utility_timeout_s=600.0) as (client, engine_end):

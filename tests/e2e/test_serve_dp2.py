@@ -205,3 +205,39 @@ async def test_bad_requests_are_rejected_with_openai_errors(dp2: Server) -> None
             assert r.json()["error"]["code"] == 400 and r.json()["error"]["type"] == "BadRequestError"
             r = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": "not a list"})
             assert r.status_code == 400
+
+
+async def test_a_resume_that_overtakes_a_waiting_pause_ends_that_pause_with_409(dp2: Server) -> None:
+    """``POST /pause?mode=wait`` waits for the running requests; a ``POST /resume`` before they end resumes the
+    engines, and the waiting pause call ends with 409 (a conflict between the two callers), never a 500. The
+    running request is not disturbed and finishes."""
+    pause: list[httpx.Response] = []
+    tokens, finish = 0, None
+    async with dp2.openai() as client, httpx.AsyncClient(base_url=dp2.base_url, timeout=30.0) as http:
+        try:
+            with anyio.fail_after(60):
+                stream = await client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=480,
+                                                         stream=True, extra_body={"ignore_eos": True})
+
+                async def pause_and_wait() -> None:
+                    pause.append(await http.post("/pause", params={"mode": "wait"}))
+
+                async with anyio.create_task_group() as tg:
+                    async for chunk in stream:
+                        tokens += 1
+                        finish = chunk.choices[0].finish_reason
+                        if tokens == 3:
+                            tg.start_soon(pause_and_wait)
+                            # polling another process's state: until every engine has the pause
+                            while not (await http.get("/is_paused")).json()["is_paused"]:  # noqa: ASYNC110
+                                await anyio.sleep(0.01)
+                            assert not pause, "the pause completed while a request was still running"
+                            resumed = await http.post("/resume")
+                            assert resumed.status_code == 200, resumed.text
+        finally:
+            await http.post("/resume")  # the deployment is shared: never leave it paused
+        assert (await http.get("/is_paused")).json() == {"is_paused": False}
+    assert finish == "length" and tokens == 480
+    assert pause[0].status_code == 409, pause[0].text
+    error = pause[0].json()["error"]
+    assert error["code"] == 409 and "resumed before the pause completed" in error["message"]

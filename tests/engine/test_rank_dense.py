@@ -96,6 +96,7 @@ async def test_resume_before_a_pause_completes_fails_the_pending_pause(autojump_
             assert (await client.call(0, "resume")).ok
             failed = await client.wait_utility(pending)
             assert not failed.ok and "resumed before the pause completed" in failed.error
+            assert failed.error_kind == m.PAUSE_ERROR  # the API server answers that pause with 409, not 500
             await res.done.wait()
 
 

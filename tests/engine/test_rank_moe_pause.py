@@ -87,6 +87,7 @@ async def test_resume_fails_while_a_pause_is_in_progress_and_is_a_noop_when_not_
             await trio.sleep(0.5)
             failed = await c.client.call(0, "resume")
             assert not failed.ok and failed.error == "resume called while a pause is still in progress"
+            assert failed.error_kind == m.PAUSE_ERROR  # the API server answers it with 409, not 500
             assert c.ranks[1].state.dummy_steps > 0  # the partial pause keeps the group stepping
             assert (await c.client.call(1, "pause", mode="keep")).ok
             assert (await c.client.wait_utility(pending)).ok
