@@ -54,7 +54,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from asyncdp.bench.arrivals import Dispatch
+from asyncdp.bench.arrivals import Dispatch, RelativeLadder
 from asyncdp.bench.materialise import Materialiser
 from asyncdp.bench.profiles import Profile
 from asyncdp.bench.records import Record, Workload
@@ -176,6 +176,9 @@ async def simulate_async(workload: Workload, policy: str, seed: int, spec: Clust
     """:func:`simulate` in the running event loop (its clock decides whether time is virtual)."""
     if probe is not None and not probe_every_s > 0:
         raise ConfigError(f"probe_every_s must be > 0, not {probe_every_s!r}.")
+    if closed_concurrency is None and not workload.resolved and isinstance(workload.arrival, RelativeLadder):
+        raise ConfigError(f"workload {workload.name}: a relative ladder's send times are in units of R_sat until "
+                          "it is resolved: asyncdp.bench.records.resolve(workload, rate_scale, r_sat_rps) first.")
     answers: dict[str, list[int]] = {}
 
     def token_source(request_id: str, index: int) -> int | None:

@@ -276,3 +276,16 @@ def test_other_routers_keep_short_requests_off_a_rank_another_just_gave_a_long_p
     untold = simulate(workload, "asyncdp", 1, spec)
     assert _shorts_behind_anothers_long(told, 10_000) == 0
     assert _shorts_behind_anothers_long(untold, 10_000) > 0
+
+
+def test_a_relative_ladder_must_be_resolved_before_it_runs_in_open_loop():
+    """Unresolved, a relative ladder's send times are in units of R_sat (1 req/s): run as they are they would be
+    wrong by R_sat's factor without a word. Closed loop (the R_sat measurement) ignores send times."""
+    from asyncdp.errors import ConfigError
+
+    workload = build("w2", "quick", 1, {"groups": 2, "users": 2, "requests_per_rung": 2})
+    with pytest.raises(ConfigError, match=r"w2: a relative ladder's send times .*records\.resolve\(workload"):
+        simulate(workload, "vllm", 1, SPEC)
+    assert len(simulate(workload, "round_robin", 1, SPEC, closed_concurrency=4).events) == len(workload.records)
+    resolved = resolve(workload, 1.0, 50.0)
+    assert len(simulate(resolved, "vllm", 1, SPEC).events) == len(workload.records)
