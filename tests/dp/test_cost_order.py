@@ -101,5 +101,5 @@ def test_the_pour_pick_is_pick_among_the_ranks_under_the_level_in_the_order_of_r
         level, under = order.level(rng.choice((10.0, 1000.0, 1e5)))
         if not under:
             continue
-        for key in (rng.getrandbits(64) for _ in range(20)):
+        for key in (0, 0xFFFF_FFFF, *(rng.getrandbits(64) for _ in range(20))):  # the draw's two ends, then any
             assert order.pour_pick(level, under, key, base) == pick_among(sorted(under), key, base, level)
