@@ -1,9 +1,10 @@
 """A minimal load-aware router for asyncdp rank endpoints (external LB), reading ``GET /load``.
 
 It polls every endpoint's ``/load`` every 50 ms and sends each request to the endpoint whose rank has the lowest
-``waiting + running``, plus the requests this router sent there since that endpoint's last answer, plus the rank's
+``waiting + running``, plus the requests this router sent there since that endpoint's ``seq`` last changed, plus the rank's
 prompt tokens still to compute in units of ``PREFILL_TOKENS_PER_REQUEST`` (a rank prefilling a 50 000-token document
-is busier than its one request says), plus a penalty for KV-cache pressure. Endpoints whose rank is down, or that stopped answering ``/load``, are skipped (the data's
+is busier than its one request says), plus a penalty for KV-cache pressure. Endpoints whose rank is down, or that
+do not answer ``/load`` (at the start too), are skipped until they answer (the data's
 ``age_s`` is not a liveness signal: an idle rank publishes nothing, so its age grows). See
 ``docs/howto/external-lb.md`` for the telemetry contract.
 
@@ -38,6 +39,7 @@ class Endpoint:
     load: dict[str, Any] | None = None  # the last /load answer
     polled_at: float = 0.0  # anyio.current_time() of that answer
     sent_since_poll: int = 0  # requests sent here since that answer (not yet in its numbers)
+    tried: bool = False  # polled at least once, answered or not
 
     def score(self, now: float) -> float | None:
         """Lower is better; None when the endpoint must not be used."""
@@ -76,6 +78,7 @@ class Router:
                     ep.load, ep.polled_at = load, anyio.current_time()
                 except (httpx.HTTPError, ValueError, KeyError):
                     ep.load = None  # unreachable or unhealthy: out of the rotation until it answers again
+                ep.tried = True
                 self.polled.set()
                 self.polled = anyio.Event()
                 await anyio.sleep(POLL_INTERVAL_S)
@@ -90,9 +93,10 @@ class Router:
             await self.polled.wait()
         return choice
 
-    async def wait_all_polled(self) -> None:
-        """Until every endpoint answered ``/load`` at least once."""
-        while any(ep.load is None for ep in self.endpoints):
+    async def wait_first_round(self) -> None:
+        """Until every endpoint was polled once, answered or not: the first picks then see every endpoint that is
+        up, and one that is down does not hold the others back."""
+        while not all(ep.tried for ep in self.endpoints):
             await self.polled.wait()
 
     def pick(self) -> tuple[Endpoint, float] | None:
@@ -119,26 +123,32 @@ async def main(argv: list[str]) -> int:
     router = Router([Endpoint(url.rstrip("/")) for url in args.endpoints])
     failures = 0
     limiter = anyio.Semaphore(args.concurrency)
-    async with httpx.AsyncClient(timeout=60.0) as http:
-        with anyio.fail_after(args.timeout_s):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(router.poll_forever, http)
-                await router.wait_all_polled()
+    try:
+        async with httpx.AsyncClient(timeout=60.0) as http:
+            with anyio.fail_after(args.timeout_s):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(router.poll_forever, http)
+                    await router.wait_first_round()
 
-                async def one(i: int) -> None:
-                    nonlocal failures
-                    async with limiter:
-                        ep, score = await router.wait_pick()
-                        r = await http.post(f"{ep.url}/v1/completions", json={
-                            "model": args.model, "prompt": f"routed request {i}", "max_tokens": args.max_tokens})
-                    failures += r.status_code != 200
-                    print(json.dumps({"request": i, "backend": ep.url, "status": r.status_code, "score": score}),
-                          flush=True)
+                    async def one(i: int) -> None:
+                        nonlocal failures
+                        async with limiter:
+                            ep, score = await router.wait_pick()
+                            r = await http.post(f"{ep.url}/v1/completions", json={
+                                "model": args.model, "prompt": f"routed request {i}", "max_tokens": args.max_tokens})
+                        failures += r.status_code != 200
+                        print(json.dumps({"request": i, "backend": ep.url, "status": r.status_code, "score": score}),
+                              flush=True)
 
-                async with anyio.create_task_group() as requests:
-                    for i in range(args.requests):
-                        requests.start_soon(one, i)
-                tg.cancel_scope.cancel()  # stop polling
+                    async with anyio.create_task_group() as requests:
+                        for i in range(args.requests):
+                            requests.start_soon(one, i)
+                    tg.cancel_scope.cancel()  # stop polling
+    except TimeoutError:
+        up = [ep.url for ep in router.endpoints if ep.load is not None]
+        print(f"external_lb_router: the run did not finish within --timeout-s {args.timeout_s:g} s "
+              f"(endpoints answering /load: {', '.join(up) or 'none'})", file=sys.stderr)
+        return 1
     return 1 if failures else 0
 
 
