@@ -263,12 +263,19 @@ async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
                      time.monotonic() - started_at, rank.core.max_model_len)
             await control.send(m.ChildReady(dp_rank=cfg.dp_rank))
             await rank.run()
-        except RankTornDown as exc:
+        except (RankTornDown, StartupError) as exc:  # a teardown, or a refusal that says why: no traceback
             log.error("%s", exc)
             code = 1
         except Exception as exc:
+            leaves = leaf_exceptions(exc)
             lost = _lost_peer(exc)
-            if lost is not None and cfg.is_moe and cfg.dp_size > 1:  # expected when a peer of the group dies
+            if rank is None and leaves and all(isinstance(x, anyio.EndOfStream | anyio.BrokenResourceError)
+                                               for x in leaves):
+                # the coordinator or a front-end closed its link before this rank was up: the peer that gave up
+                # (a startup deadline, a refusal, a failure elsewhere) logs why; a traceback here adds nothing
+                log.error("rank %d: a peer closed its link during startup (%s); stopping", cfg.dp_rank,
+                          type(leaves[0]).__name__)
+            elif lost is not None and cfg.is_moe and cfg.dp_size > 1:  # expected when a peer of the group dies
                 log.error("rank %d: the DP group lost a peer during a collective: %s", cfg.dp_rank, lost)
             else:
                 log.exception("rank %d failed", cfg.dp_rank)

@@ -112,6 +112,8 @@ class NodeBook:
             return None, f"{who} joined a {self.mode}-LB deployment; every node must use the same LB mode"
         if not ranks or ranks[0] < 0 or ranks[-1] >= self.dp_size:
             return None, f"{who} is outside the deployment's ranks [0, {self.dp_size})"
+        if gone := self._lost(ranks):
+            return None, gone
         known = next((n for n in self.nodes[1:] if n.role == hello.role and n.pid == hello.pid
                       and n.host == hello.host and n.state != "lost"), None)
         for node in self.nodes:
@@ -134,6 +136,8 @@ class NodeBook:
             return f"engine rank {r}: protocol_version {hello.protocol_version} != {PROTOCOL_VERSION}"
         if not 0 <= r < self.dp_size:
             return f"engine rank {r}: dp_rank {r} is outside [0, {self.dp_size})"
+        if self.node_of(r) is None and (gone := self._lost([r])):
+            return f"engine rank {r}: {gone}"
         if r in self.connected:
             first = self.connected[r]
             return (f"engine rank {r}: dp_rank {r} connected twice (first from {first.host}, pid {first.pid}; "
@@ -166,6 +170,17 @@ class NodeBook:
     def engine_gone(self, dp_rank: int) -> None:
         """The rank's handshake link closed (its process ended)."""
         self.ready.discard(dp_rank)
+
+    def _lost(self, ranks: list[int]) -> str | None:
+        """Why ``ranks`` may not join: some of them were lost from this running deployment (None when none was).
+        A lost rank stays out of the coordinator, the API servers' balancers and the MoE group; they take no rank
+        back, so only a restart of the whole deployment brings it back."""
+        for node in self.nodes:
+            if node.state == "lost" and (taken := sorted(set(ranks) & set(node.ranks))):
+                return (f"{span(taken)} left this deployment when {node.describe()} was lost, and a running "
+                        "deployment takes no rank back: restart the whole deployment, head included, to serve "
+                        "them again")
+        return None
 
     # ------------------------------------------------------------------ views
 

@@ -23,6 +23,7 @@ from tests.e2e.multinode import (
     head,
     headless,
     kill_tree,
+    launch_node,
     start,
     stream_completion,
     wait_code,
@@ -112,6 +113,14 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
                 assert r.status_code == 200, r.text
         assert not await anyio.to_thread.run_sync(hl.wait_gone, 5.0), dep.logs()
         dep.drop("headless")  # killed on purpose: only the head is stopped and checked
+        # The node restarted: a running deployment takes no rank back, so the head refuses it by name, with the
+        # remedy, and the restarted node exits 1 with no engine started; the head keeps serving.
+        again = launch_node(HEADLESS, dep.rpc, tmp_path / "headless-again.log", dep.model)
+        assert await wait_code(again, 60, dep) == 1, again.log()
+        assert "a running deployment takes no rank back: restart the whole deployment" in again.log(), again.log()
+        assert "Traceback" not in again.log(), again.log()
+        async with httpx.AsyncClient(base_url=hd.base_url, timeout=30.0) as http:
+            assert (await http.get("/health")).status_code == 200
         dep.stop()
 
 

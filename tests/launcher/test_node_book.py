@@ -63,13 +63,19 @@ def test_admit_node_refuses_ranks_overlapping_an_earlier_headless_node() -> None
     assert "overlaps the headless node with ranks 1..2 (h1, pid 200) in rank 2" in problem
 
 
-def test_admit_node_takes_over_the_ranks_of_a_lost_node() -> None:
-    b = book()
+def test_admit_node_refuses_the_ranks_of_a_lost_node_and_says_to_restart_the_deployment() -> None:
+    # The book used to admit a node restarted in place of a lost one, but nothing after it took the ranks back
+    # (its engines were refused as "connected twice", the coordinator as a duplicate Subscribe): the refusal is
+    # now the node's, at once, with the remedy.
+    b = book(local=(0,))
     first, _ = b.admit_node(node_hello())
     assert first is not None
     b.lose_node(first)
-    entry, problem = b.admit_node(node_hello(pid=201))
-    assert problem is None and entry is not None and entry.index == 2
+    entry, problem = b.admit_node(node_hello(start=1, size=2, pid=201))
+    assert entry is None and problem == (
+        "rank 2 left this deployment when the headless node with ranks 2..3 (h1, pid 200) was lost, and a running "
+        "deployment takes no rank back: restart the whole deployment, head included, to serve them again")
+    assert b.admit_node(node_hello(start=1, size=1, pid=202))[1] is None  # a rank never lost still joins
 
 
 @pytest.mark.parametrize(("start", "size"), [(3, 2), (-1, 2), (4, 1), (2, 0)])
@@ -172,8 +178,16 @@ def test_admit_engine_refuses_a_rank_of_a_lost_node() -> None:
     entry, _ = b.admit_node(node_hello())
     assert entry is not None
     b.lose_node(entry)
-    assert b.admit_engine(hello(2, local=False, headless=True)) == (
-        "engine rank 2: no admitted headless node brings rank 2")
+    problem = b.admit_engine(hello(2, local=False, headless=True))
+    assert problem is not None and problem.startswith(
+        "engine rank 2: rank 2 left this deployment when the headless node with ranks 2..3 (h1, pid 200) was lost")
+    hybrid = book(mode="hybrid")  # a hybrid node's engines may say Hello before their launcher's NodeHello
+    assert hybrid.admit_engine(hello(3, local=False, headless=False, launcher_pid=500)) is None
+    lost = hybrid.node_of(3)
+    assert lost is not None
+    hybrid.lose_node(lost)
+    problem = hybrid.admit_engine(hello(3, local=False, headless=False, pid=301, launcher_pid=501))
+    assert problem is not None and "a running deployment takes no rank back" in problem
 
 
 def test_hybrid_remote_engines_are_grouped_into_nodes_by_launcher_pid() -> None:
