@@ -31,8 +31,25 @@ def _bind(host: str | None, port: int) -> socket.socket:
 
 
 def reserve_shared_port(host: str | None, port: int) -> socket.socket:
-    """The launcher's socket: bound with ``SO_REUSEPORT``, not listening. Keep it open for the deployment."""
+    """The launcher's socket: bound with ``SO_REUSEPORT``, not listening. Keep it open for the deployment.
+
+    ``SO_REUSEPORT`` would also let a second deployment of the same user bind the port, and the kernel would then
+    split the connections between the two without a word. So the port is first bound and listened on alone,
+    without ``SO_REUSEPORT``: that fails while anyone listens there (E11)."""
+    if port:
+        _check_free(host, port)
     return _bind(host, port)
+
+
+def _check_free(host: str | None, port: int) -> None:
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a previous run's TIME_WAIT is no owner
+        try:
+            probe.bind((host or "0.0.0.0", port))
+            probe.listen(1)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
 
 
 def listen_shared_port(host: str | None, port: int, backlog: int = 4096) -> socket.socket:

@@ -158,3 +158,17 @@ def test_a_busy_http_port_fails_before_anything_starts():
         port = busy.getsockname()[1]
         with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{port}"):
             bind_http_socket("127.0.0.1", port)
+
+
+def test_a_port_another_deployment_shares_through_so_reuseport_is_busy_too():
+    """Another deployment's API servers listen with SO_REUSEPORT, which would let this launcher bind beside them
+    (same user) and split their connections without a word: it must fail as any busy port does."""
+    from asyncdp.transport.http_socket import listen_shared_port, reserve_shared_port
+
+    with listen_shared_port("127.0.0.1", 0) as other:
+        port = other.getsockname()[1]
+        with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
+            reserve_shared_port("127.0.0.1", port)
+    with reserve_shared_port("127.0.0.1", port) as mine:  # free again: bound, and shared with our own listeners
+        with listen_shared_port("127.0.0.1", port):
+            assert mine.getsockname()[1] == port
