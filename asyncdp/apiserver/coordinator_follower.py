@@ -196,7 +196,8 @@ class CoordinatorFollower:
                 await link.send(m.Subscribe(client_id=self.client_index))
                 tg.start_soon(self._send_heartbeats, link)
                 while True:
-                    with anyio.move_on_at(liveness.deadline_s()) as silence:
+                    planned = liveness.deadline_s()
+                    with anyio.move_on_at(planned) as silence:
                         try:
                             msg = await link.receive()
                         except (anyio.EndOfStream, *LINK_ERRORS):
@@ -211,6 +212,8 @@ class CoordinatorFollower:
                             self._on_placed(msg)
                         continue
                     if silence.cancelled_caught:  # nothing heard before the liveness deadline
+                        if liveness.excuse_late_wake(planned, anyio.current_time()):
+                            continue  # this process was not running: read what came meanwhile first
                         silent = True
                         break
                 tg.cancel_scope.cancel()

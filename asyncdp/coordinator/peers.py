@@ -91,7 +91,8 @@ class Peer:
     async def receive(self) -> Any:
         """The next frame, or None when the peer is gone (EOF, error, or silent past the heartbeat timeout)."""
         while True:
-            with anyio.CancelScope(deadline=self.liveness.deadline_s()):
+            planned = self.liveness.deadline_s()
+            with anyio.CancelScope(deadline=planned):
                 try:
                     msg = await self.link.receive()
                 except ProtocolError as exc:
@@ -103,7 +104,10 @@ class Peer:
                     return None
                 self.liveness.heard(anyio.current_time())
                 return msg
-            self.lost_reason = self.lost_reason or self.liveness.describe(self.name, anyio.current_time())
+            now = anyio.current_time()
+            if self.liveness.excuse_late_wake(planned, now):
+                continue  # this process was not running: read what the peer sent meanwhile (receive is safe to retry)
+            self.lost_reason = self.lost_reason or self.liveness.describe(self.name, now)
             return None
 
     def send_nowait(self, msg: Any) -> bool:

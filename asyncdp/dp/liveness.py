@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 from asyncdp.errors import ConfigError
 
+STALL_SLACK_S = 0.5  # [ours] a watcher that wakes this long after it planned to was itself not running
+STALL_GRACE_S = 1.0  # [ours] how long its peers' frames of that time then get to be read (at most timeout / 2)
+
 
 def check_heartbeat_settings(interval_s: float, timeout_s: float) -> None:
     """``--dp-heartbeat-interval-s`` must be positive and below ``--dp-heartbeat-timeout-s``."""
@@ -40,6 +43,18 @@ class Liveness:
 
     def expired(self, now_s: float) -> bool:
         return expired(self.last_heard_s, now_s, self.timeout_s)
+
+    def excuse_late_wake(self, planned_s: float, now_s: float) -> bool:
+        """Whether the watcher, waking at ``now_s`` for a check it planned at ``planned_s``, was itself not
+        running meanwhile (its process stopped, swapped out or starved for more than ``STALL_SLACK_S``). The
+        peer's frames of that time are then still unread, so its silence is not judged now: it counts as heard
+        so that its deadline is ``STALL_GRACE_S`` (at most half the timeout) away, and what the reader reads
+        meanwhile counts as usual. A peer that is really gone is declared dead that much later."""
+        if now_s - planned_s <= STALL_SLACK_S:
+            return False
+        grace = min(STALL_GRACE_S, self.timeout_s / 2)
+        self.last_heard_s = max(self.last_heard_s, now_s - self.timeout_s + grace)
+        return True
 
     def describe(self, peer: str, now_s: float) -> str:
         return f"no heartbeat from {peer} for {self.silence_s(now_s):.1f} s (timeout {self.timeout_s:g} s)"

@@ -66,6 +66,7 @@ class StreamLink(Link):
         self.name = name
         self._stream = stream
         self._reader = BufferedByteReceiveStream(stream)
+        self._size: int | None = None  # a frame whose header was read and whose payload was not, yet
         # fast_acquire: an uncontended send does not yield to the scheduler here; the stream write right after
         # is a checkpoint anyway. That is one task switch less per frame.
         self._send_lock = anyio.Lock(fast_acquire=True)
@@ -76,19 +77,25 @@ class StreamLink(Link):
             await self._stream.send(_HEADER.pack(len(payload)) + payload)
 
     async def receive(self) -> messages.Message:
+        """The next frame. Cancellation-safe: a receive cancelled part way (a liveness deadline) loses nothing,
+        and the next one goes on where it stopped (the buffered reader keeps partial reads; ``_size`` a header
+        read whose payload was not)."""
+        if self._size is None:
+            try:
+                header = await self._reader.receive_exactly(_HEADER.size)
+            except anyio.IncompleteRead:
+                raise anyio.EndOfStream from None
+            except (anyio.BrokenResourceError, ConnectionError, OSError):
+                raise anyio.EndOfStream from None
+            (size,) = _HEADER.unpack(header)
+            if size > MAX_FRAME_BYTES:
+                raise ProtocolError(f"{self.name}: frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+            self._size = size
         try:
-            header = await self._reader.receive_exactly(_HEADER.size)
-        except anyio.IncompleteRead:
-            raise anyio.EndOfStream from None
-        except (anyio.BrokenResourceError, ConnectionError, OSError):
-            raise anyio.EndOfStream from None
-        (size,) = _HEADER.unpack(header)
-        if size > MAX_FRAME_BYTES:
-            raise ProtocolError(f"{self.name}: frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
-        try:
-            payload = await self._reader.receive_exactly(size)
+            payload = await self._reader.receive_exactly(self._size)
         except (anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError, OSError):
             raise anyio.EndOfStream from None
+        self._size = None
         return messages.decode(payload)
 
     async def aclose(self) -> None:

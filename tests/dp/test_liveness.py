@@ -38,3 +38,16 @@ def test_the_function_form_agrees_with_the_object(last: float, now: float, timeo
 def test_heartbeat_settings_need_an_interval_below_the_timeout(interval: float, timeout: float) -> None:
     with pytest.raises(ConfigError, match="--dp-heartbeat-interval-s"):
         check_heartbeat_settings(interval, timeout)
+
+
+def test_a_watcher_that_woke_late_excuses_the_silence_it_did_not_see_once_for_a_grace() -> None:
+    live = Liveness(timeout_s=5.0, last_heard_s=0.0)
+    assert not live.excuse_late_wake(planned_s=5.0, now_s=5.4)  # on time (within STALL_SLACK_S): judged as usual
+    assert live.expired(5.4) and live.last_heard_s == 0.0
+    assert live.excuse_late_wake(planned_s=5.0, now_s=12.0)  # this process did not run for 7 s
+    assert not live.expired(12.0) and live.deadline_s() == pytest.approx(13.0)  # STALL_GRACE_S to read its frames
+    assert live.expired(13.01)  # nothing came meanwhile: dead, one grace later
+    short = Liveness(timeout_s=1.0, last_heard_s=0.0)
+    assert short.excuse_late_wake(planned_s=1.0, now_s=3.0) and short.deadline_s() == pytest.approx(3.5)  # grace ≤ t/2
+    heard = Liveness(timeout_s=5.0, last_heard_s=11.0)
+    assert heard.excuse_late_wake(planned_s=5.0, now_s=12.0) and heard.last_heard_s == 11.0  # never moves it back

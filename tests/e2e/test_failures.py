@@ -128,3 +128,36 @@ async def test_a_request_cut_off_by_a_teardown_is_a_503_naming_the_cause(tmp_pat
         message = out[0].json()["error"]["message"]
         assert "torn down" in message and "exited with code -9" in message, message
         assert not await anyio.to_thread.run_sync(server.wait_gone, 2.0)
+
+
+async def test_an_api_server_stopped_past_the_heartbeat_timeout_serves_again_when_it_resumes(tmp_path: Path) -> None:
+    """A process that was not running (SIGSTOP here; a swap storm or a long pause in production) must not judge
+    its peers by a silence it did not see: the ranks' heartbeats of that time wait unread on its links. Before, the
+    stopped API server declared every rank dead when it resumed, exited, and the launcher tore the deployment
+    down. Now /health is 503 while it is stuck and 200 again after, and every request succeeds."""
+    with serve(tmp_path, "-dp", "2", "--api-server-count", "2") as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as http:
+            info = (await http.get("/server_info")).json()  # `http` keeps this connection's process: not the victim
+            me = info["api_process_rank"]
+            pid = next(p["pid"] for p in info["processes"] if p["role"] == "api_server" and p["client_index"] != me)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with anyio.fail_after(30):
+                    while (await http.get("/health")).status_code != 503:  # noqa: ASYNC110 - another process
+                        await anyio.sleep(0.2)  # the siblings see it stuck (5 s without a node-table beat)
+                    await anyio.sleep(3.0)  # past the heartbeat timeout (5 s) for its links too
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            with anyio.fail_after(30):
+                while (await http.get("/health")).status_code != 200:  # noqa: ASYNC110 - another process
+                    await anyio.sleep(0.2)
+            await anyio.sleep(2.0)  # time to misjudge, if it still did
+            for i in range(8):  # fresh connections: SO_REUSEPORT spreads them over both API servers (the victim too)
+                async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as fresh:
+                    r = await fresh.post("/v1/completions", json={"model": MODEL, "prompt": f"after {i}",
+                                                                  "max_tokens": 4})
+                assert r.status_code == 200, r.text
+            info = (await http.get("/server_info")).json()
+        assert server.process.poll() is None, server.log()[-3000:]
+        assert [p["stuck"] for p in sorted(info["api_processes"], key=lambda p: p["client_index"])] == [False, False]
+        assert "is dead" not in server.log(), server.log()[-3000:]

@@ -169,6 +169,6 @@ def test_a_port_another_deployment_shares_through_so_reuseport_is_busy_too():
         port = other.getsockname()[1]
         with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
             reserve_shared_port("127.0.0.1", port)
-    with reserve_shared_port("127.0.0.1", port) as mine:  # free again: bound, and shared with our own listeners
-        with listen_shared_port("127.0.0.1", port):
-            assert mine.getsockname()[1] == port
+    # free again: bound, and shared with our own listeners
+    with reserve_shared_port("127.0.0.1", port) as mine, listen_shared_port("127.0.0.1", port):
+        assert mine.getsockname()[1] == port

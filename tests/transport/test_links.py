@@ -68,3 +68,40 @@ async def test_memory_link_reports_end_of_stream_after_peer_closes():
     with pytest.raises(anyio.EndOfStream):
         await b.receive()
     await b.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_receive_cancelled_between_a_frames_header_and_payload_loses_nothing(tmp_path):
+    """A liveness deadline may cancel a receive at any point; the watcher may then read on (a late wake of its
+    own process): the next receive must return the whole frame, not read the payload as a header."""
+    listener, addr = await listen("unix", directory=str(tmp_path))
+    got: list[object] = []
+    done = anyio.Event()
+    header_sent, payload_sent = anyio.Event(), anyio.Event()
+
+    async def handler(link):
+        await header_sent.wait()
+        with anyio.move_on_after(0.2) as scope:
+            await link.receive()  # reads the header, then waits for a payload that is not there yet
+        assert scope.cancelled_caught
+        payload_sent.set()
+        got.append(await link.receive())
+        got.append(await link.receive())
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve_links, listener, handler)
+        stream = await anyio.connect_unix(addr.removeprefix("unix:"))
+        first, second = messages.Heartbeat(sender="e0", seq=1), messages.Heartbeat(sender="e0", seq=2)
+        payload = messages.encode(first)
+        await stream.send(struct.pack(">I", len(payload)))
+        header_sent.set()
+        await payload_sent.wait()
+        await stream.send(payload)
+        second_payload = messages.encode(second)
+        await stream.send(struct.pack(">I", len(second_payload)) + second_payload)
+        with anyio.fail_after(5):
+            await done.wait()
+        await stream.aclose()
+        tg.cancel_scope.cancel()
+    assert got == [first, second]
