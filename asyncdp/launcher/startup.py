@@ -167,7 +167,9 @@ async def _start_inproc_api(node: RunningNode, tg: anyio.abc.TaskGroup, row: Pro
             except Exception as exc:  # startup of the API server failed (E9 and friends)
                 node.inproc_api_done.set()
                 leaves = leaf_exceptions(exc)
-                if not all(isinstance(e, (StartupError, TimeoutError)) for e in leaves):
+                # (after a failure elsewhere the node closes the HTTP socket under it: that failure is the story)
+                if node.failure is None and not node.shutdown.is_set() and \
+                        not all(isinstance(e, (StartupError, TimeoutError)) for e in leaves):
                     log.error("the API server failed to start", exc_info=exc)
                 node.fail("startup failed: " + "; ".join(str(e) or type(e).__name__ for e in leaves))
                 return
