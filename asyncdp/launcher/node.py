@@ -145,10 +145,10 @@ class RunningNode:
                                          pid=entry.pid or 0, host=entry.host, ports={}, node=entry.index))
             local = set(self.plan.deployment.local_ranks)
             for rank, hello in sorted(book.connected.items()):
-                if rank not in local:
-                    owner = book.node_of(rank)
+                owner = book.node_of(rank)
+                if rank not in local and owner is not None:  # (a lost node's engines are gone with it)
                     rows.append(m.ProcessRow(role="engine", rank=rank, client_index=None, pid=hello.pid,
-                                             host=hello.host, ports={}, node=owner.index if owner else -1))
+                                             host=hello.host, ports={}, node=owner.index))
         return rows
 
     def node_rows(self) -> list[m.NodeRow]:

@@ -106,6 +106,7 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
                         break
                     await anyio.sleep(0.2)
             assert [n["state"] for n in sorted(info["nodes"], key=lambda n: n["node"])] == ["alive", "lost"]
+            assert [p["rank"] for p in info["processes"] if p["role"] == "engine"] == [0], info["processes"]
             assert (await http.get("/health")).status_code == 200
             for i in range(6):
                 r = await http.post("/v1/completions", json={"model": MODEL, "prompt": f"after {i}",
