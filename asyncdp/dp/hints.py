@@ -16,15 +16,20 @@ from collections.abc import Sequence
 from asyncdp.errors import InvalidRequestError
 
 _INT_RE = re.compile(r"[+-]?[0-9]+")
+_MAX_DIGITS = 18  # [ours] more is no rank (and Python refuses int() of over 4 300 digits: a ValueError, not E1)
 
 
 def parse_rank(value: object, field: str = "data_parallel_rank") -> int:
     """An int, or a string holding one (headers are strings); anything else is E1."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
-        return int(value.strip())
-    raise InvalidRequestError(f"{field} must be an integer (got {value!r}).", field=field)
+    if isinstance(value, str) and _INT_RE.fullmatch(text := value.strip()):
+        if len(text.lstrip("+-").lstrip("0")) > _MAX_DIGITS:
+            raise InvalidRequestError(f"{field} is out of range (an integer of {len(text)} characters).",
+                                      field=field)
+        return int(text)
+    shown = repr(value) if len(repr(value)) <= 64 else repr(value)[:60] + "..."
+    raise InvalidRequestError(f"{field} must be an integer (got {shown}).", field=field)
 
 
 def resolve_rank_hint(ranks: Sequence[int], local_hint: object = None, global_hint: object = None) -> int | None:

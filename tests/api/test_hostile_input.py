@@ -149,10 +149,17 @@ async def test_hostile_bodies_are_4xx_openai_errors_naming_the_field_and_leave_n
         for path, body, param in CASES:
             r = await srv.http.post(path, content=body, headers={"content-type": "application/json"})
             problems.append(_problem(path, body, param, r.status_code, r.content, r.headers["content-type"]))
-        header = await srv.http.post("/v1/completions", json=COMPLETION,
-                                     headers={"X-data-parallel-rank": "1" + "0" * 30})
-        problems.append(_problem("header", b"", "data_parallel_rank", header.status_code, header.content,
-                                 header.headers["content-type"]))
+        # digits past Python's int() limit (4 300) were a ValueError, a 500, in every hint form
+        for name, value in [("X-data-parallel-rank", "1" + "0" * 30), ("X-data-parallel-rank", "9" * 5000),
+                            ("X-data-parallel-global-rank", "-" + "9" * 5000)]:
+            header = await srv.http.post("/v1/completions", json=COMPLETION, headers={name: value})
+            param = "data_parallel_global_rank" if "global" in name else "data_parallel_rank"
+            problems.append(_problem(f"header {name}", b"", param, header.status_code, header.content,
+                                     header.headers["content-type"]))
+        body = json.dumps({**COMPLETION, "data_parallel_rank": "9" * 5000}).encode()
+        r = await srv.http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+        problems.append(_problem("/v1/completions", body[:80], "data_parallel_rank", r.status_code, r.content,
+                                 r.headers["content-type"]))
         still_serving = await srv.http.post("/v1/completions", json=COMPLETION)
         health = await srv.http.get("/health")
     assert [p for p in problems if p] == []
