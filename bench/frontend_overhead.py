@@ -34,7 +34,7 @@ from pathlib import Path
 
 import anyio
 import httpx
-from serving import asyncdp_serve  # bench/serving.py (scripts run from bench/)
+from serving import asyncdp_serve, positive_int  # bench/serving.py (scripts run from bench/)
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 1, "temperature": 0}
@@ -208,10 +208,10 @@ def _us(value: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=500)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=positive_int, default=500)
+    parser.add_argument("--concurrency", type=positive_int, default=16)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    parser.add_argument("--json", type=Path, default=Path("frontend_overhead.json"))
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "frontend_overhead.json")
     parser.add_argument("--serve", choices=["bare", "api+fake"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -222,6 +222,7 @@ def main() -> None:
     if asyncdp_result is not None:
         results.append(asyncdp_result)
     print_table(results)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"backend": args.backend, "results": [asdict(r) for r in results]}, indent=2))
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.serving import ROOT, free_port  # noqa: E402
+from bench.serving import ROOT, exit_on_sigterm, free_port, positive_int  # noqa: E402
 
 MODEL = "builtin:tiny-dense"
 BASE = ("--executor", "torch", "--max-model-len", "512", "--torch-threads", "1")
@@ -41,6 +41,7 @@ BASE = ("--executor", "torch", "--max-model-len", "512", "--torch-threads", "1")
 
 @contextmanager
 def launch(*args: str, port: int | None, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    exit_on_sigterm()
     cmd = [sys.executable, "-m", "asyncdp", "serve", MODEL, *BASE, *args]
     if port is not None:  # an endpoint: one API server; a headless node has none
         cmd += ["--host", "127.0.0.1", "--port", str(port), "--api-server-count", "1"]
@@ -105,9 +106,9 @@ def measure(name: str, urls: list[str], args: argparse.Namespace) -> dict[str, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--requests", type=positive_int, default=200)
+    parser.add_argument("--concurrency", type=positive_int, default=16)
+    parser.add_argument("--max-tokens", type=positive_int, default=16)
     parser.add_argument("--log", type=Path, default=Path("/tmp/asyncdp-bench-multinode.log"))
     args = parser.parse_args()
     rows: dict[str, dict[str, float]] = {}
