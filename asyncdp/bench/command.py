@@ -138,7 +138,10 @@ def _workloads(ns: argparse.Namespace, seed: int) -> Iterator[Any]:
         return
     options = parse_options(ns.option)
     for name in _csv(ns.workload or ""):
-        yield build(name, ns.scale, seed, options)
+        workload = build(name, ns.scale, seed, options)
+        if not workload.records:  # (groups=0 and the like): an all-zero table would read as a result
+            raise ConfigError(f"{name}: these options give no requests ({', '.join(ns.option or ()) or 'none'}).")
+        yield workload
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -164,7 +167,7 @@ def run(ns: argparse.Namespace) -> int:
         raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
     _check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
     policies = _csv(ns.policies) if ns.policies else known_policies()
-    for name in policies:
+    for name in (*policies, ns.candidate):
         make_policy(name)  # an unknown name fails here, before any run
     profile = load_profile(ns.profile)
     seeds = _seeds(ns.seeds)

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from asyncdp.bench.command import add_bench_parser
 from asyncdp.bench.metrics import METRIC_KEYS
 from asyncdp.bench.trace import read_trace
@@ -61,6 +63,18 @@ def test_export_trace_writes_the_workload_as_a_mooncake_trace(tmp_path):
 def test_an_unknown_policy_is_a_clear_error_before_any_run(capsys):
     assert main(["bench", "routing", *TINY, "--policies", "vllm,nope"]) == 2
     assert "unknown load-balancing policy 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--candidate", "nope"], "unknown load-balancing policy 'nope'"),
+    (["--option", "groups=-3"], "w1: option groups='-3' must be >= 0."),
+    (["--option", "groups=0"], "w1: these options give no requests"),
+])
+def test_a_candidate_or_options_that_cannot_give_a_result_are_clear_errors_before_any_run(capsys, args, message):
+    # before: exit 0 with every gate n/a, or an all-zero table
+    assert main(["bench", "routing", "--workload", "w1", "--scale", "quick", "--policies", "vllm", "--jobs", "0",
+                 *args]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_a_run_without_workload_or_trace_is_an_error(capsys):

@@ -58,6 +58,8 @@ class Options:
         except (TypeError, ValueError) as exc:
             what = getattr(convert, "__name__", "value")
             raise ConfigError(f"{self.workload}: option {name}={raw!r} is not a valid {what}.") from exc
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:  # counts, lengths, rates
+            raise ConfigError(f"{self.workload}: option {name}={raw!r} must be >= 0.")
         self._resolved[name] = value
         return value  # type: ignore[return-value]
 
