@@ -40,6 +40,7 @@ from asyncdp.sampling_params import SamplingParams  # noqa: E402
 from asyncdp.testing import RankResult as Result  # noqa: E402
 from asyncdp.testing import open_rank_cluster as open_cluster  # noqa: E402
 from asyncdp.testing.cluster import DEFAULT_SIM_COST  # noqa: E402
+from bench.serving import positive_int  # noqa: E402
 
 WORKLOADS = ("burst-1", "req-10", "long-apart", "long-same", "early-stop")
 STOP_IDS = tuple(range(40, 50))
@@ -152,8 +153,8 @@ async def workload(name: str, n: int, cadence: str, sync_interval: int) -> dict[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sync-interval", type=int, default=32)
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--sync-interval", type=positive_int, default=32)
+    ap.add_argument("--ranks", type=positive_int, nargs="+", default=[2, 4])
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
     for n in args.ranks:

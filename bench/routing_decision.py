@@ -35,6 +35,7 @@ from asyncdp.dp.balance import (  # noqa: E402
     make_policy,
     spec_loop_pick,
 )
+from bench.serving import positive_int  # noqa: E402
 
 TARGET_US = 5.0
 RANKS = (8, 64)
@@ -87,7 +88,7 @@ def bench(policy, n: int, decisions: int, seed: int) -> tuple[dict[str, float], 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--decisions", type=int, default=50_000)
+    ap.add_argument("--decisions", type=positive_int, default=50_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "routing_decision.json")
     args = ap.parse_args()
