@@ -28,7 +28,9 @@ def parse_rank(value: object, field: str = "data_parallel_rank") -> int:
             raise InvalidRequestError(f"{field} is out of range (an integer of {len(text)} characters).",
                                       field=field)
         return int(text)
-    shown = repr(value) if len(repr(value)) <= 64 else repr(value)[:60] + "..."
+    shown = repr(value)
+    if len(shown) > 64:
+        shown = shown[:60] + "..."
     raise InvalidRequestError(f"{field} must be an integer (got {shown}).", field=field)
 
 

@@ -14,22 +14,14 @@ import socket
 from asyncdp.config.deployment import ResolvedServeConfig
 from asyncdp.config.flags import default_max_request_body_bytes
 from asyncdp.config.roles import LaunchPlan
-from asyncdp.errors import StartupError
+from asyncdp.transport.http_socket import bind_listener
 
 __all__ = ["LaunchPlan", "bind_http_socket", "plan_from_config", "plan_summary"]
 
 
 def bind_http_socket(host: str | None, port: int) -> socket.socket:
     """Bind and listen on the user-facing port before anything else starts (E11)."""
-    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host or "0.0.0.0", port))
-        sock.listen(4096)
-    except OSError as exc:
-        sock.close()
-        raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
+    sock = bind_listener(host, port, reuse_port=False, backlog=4096)
     sock.set_inheritable(True)
     return sock
 

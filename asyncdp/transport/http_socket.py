@@ -17,13 +17,19 @@ import socket
 from asyncdp.errors import StartupError
 
 
-def _bind(host: str | None, port: int) -> socket.socket:
+def bind_listener(host: str | None, port: int, *, reuse_port: bool = True, backlog: int | None = None) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``SO_REUSEADDR``: a previous run's TIME_WAIT does not count; and
+    ``SO_REUSEPORT`` unless told otherwise), listening when ``backlog`` is given. Any failure is one
+    ``StartupError`` naming the address."""
     family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host or "0.0.0.0", port))
+        if backlog is not None:
+            sock.listen(backlog)
     except OSError as exc:
         sock.close()
         raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
@@ -37,27 +43,10 @@ def reserve_shared_port(host: str | None, port: int) -> socket.socket:
     split the connections between the two without a word. So the port is first bound and listened on alone,
     without ``SO_REUSEPORT``: that fails while anyone listens there (E11)."""
     if port:
-        _check_free(host, port)
-    return _bind(host, port)
-
-
-def _check_free(host: str | None, port: int) -> None:
-    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a previous run's TIME_WAIT is no owner
-        try:
-            probe.bind((host or "0.0.0.0", port))
-            probe.listen(1)
-        except OSError as exc:
-            raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
+        bind_listener(host, port, reuse_port=False, backlog=1).close()
+    return bind_listener(host, port)
 
 
 def listen_shared_port(host: str | None, port: int, backlog: int = 4096) -> socket.socket:
     """One API process's own listener on the shared port."""
-    sock = _bind(host, port)
-    try:
-        sock.listen(backlog)
-    except OSError as exc:
-        sock.close()
-        raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
-    return sock
+    return bind_listener(host, port, backlog=backlog)
