@@ -135,17 +135,19 @@ class AsyncdpPolicy(SeveralRouters):
         # (the pour is for a prompt some rank holds; asyncdp@fill pours for a new one too)
         filled = (self.fill_new or not new) and bool(self.unseen_fill) and (
             unseen := self.unseen_fill * state.unseen(now_us)) > 0
-        key, level, under = 0, -_INF, []
+        level, under = -_INF, 0
         if filled:
             # the other routers' work since the snapshot, poured over the cheapest ranks, where they send it (H7);
             # the ranks under the level count at it, and the key picks among them by the share of the pour each
             # took (pour_pick). The kept order of the costs gives the level; decayed copies need an order of theirs.
+            # The draw reads every rank under the level (half of them in a busy cluster), and most decisions for a
+            # held prompt go to a holder, whose cost does not depend on which rank the draw picks: it is made only
+            # where the choice reads it (pick -1 until then; G7).
             order = state.order if mbase is None and state.order is not None else CostOrder(base, mbase or state.mbase)
-            key = tie_key(req, hashes)
             best = level = (found := order.level(unseen))[0]
-            under, ties = found[1], 1
+            under, ties = found[1], 1  # the count of the cheapest ranks under the level
             if under:
-                pick = order.pour_pick(level, under, key, base)
+                pick = -1
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
         decisions = state.decisions  # one immutable Decision per rank, made once
@@ -154,7 +156,7 @@ class AsyncdpPolicy(SeveralRouters):
             spread = self.spread and hashes and self.spread_applies(state)
             if filled:
                 mcosts = state.mbase if mbase is None else mbase
-                mbest, mpick = order.miss_pick(mcosts, base, under, level, key)
+                mbest, mpick = order.miss_pick(mcosts, base, under, level, tie_key(req, hashes))
                 if spread:  # near_cheapest reads every rank's miss cost, raised by the pour
                     mbase = raised(mcosts, base, level)
             else:
@@ -196,11 +198,13 @@ class AsyncdpPolicy(SeveralRouters):
         cap = state.cap if not self.hot_share or hashes[0] in state.hot else _INF
         full = held & deepest
         by_load = 2 * top_credit >= plen
-        if state.spill and by_load and hashes[0] in state.spill and full == held and not (full >> pick) & 1 \
-                and index.size(pick) + nh <= index.capacity:
-            # a prefix hotter than its holders can serve: a deliberate replica (H3), of a run that is the hot
-            # prefix itself (a user's history after a shared system prompt is the user's alone: not moved)
-            return decisions[pick]
+        if state.spill and by_load and hashes[0] in state.spill and full == held:
+            if pick < 0:
+                pick = order.pour_pick(level, under, tie_key(req, hashes), base)
+            if not (full >> pick) & 1 and index.size(pick) + nh <= index.capacity:
+                # a prefix hotter than its holders can serve: a deliberate replica (H3), of a run that is the hot
+                # prefix itself (a user's history after a shared system prompt is the user's alone: not moved)
+                return decisions[pick]
         # The ranks holding the whole run share one credit, so the cheapest of them under the hot-spot bound (H3)
         # is their best; it is then weighed against the cheapest rank by load. When the run is most of the prompt,
         # memory does not decide among them (it is cached on all of them, and little is added): they compare by
@@ -226,10 +230,13 @@ class AsyncdpPolicy(SeveralRouters):
                 if filled:
                     tied = [r]
         if len(tied) > 1:
-            rmin = pick_among(tied, key, base, level)
+            rmin = pick_among(tied, tie_key(req, hashes), base, level)
         if rmin >= 0:
             cmin += (plen - wc + state.memory[rmin] - state.extra[rmin]) if by_load else (plen - wc)
-            if cmin < pick_cost or (cmin == pick_cost and top_credit > 0) or ((full >> pick) & 1 and load[pick] <= cap):
+            cheaper = cmin < pick_cost or (cmin == pick_cost and top_credit > 0)
+            if not cheaper and pick < 0:  # the test after it reads the rank the pour's draw picks
+                pick = order.pour_pick(level, under, tie_key(req, hashes), base)
+            if cheaper or ((full >> pick) & 1 and load[pick] <= cap):
                 # (the last: the cheapest rank is a holder itself, so the holders' choice by load stands)
                 pick, pick_cost, pick_credit = rmin, cmin, top_credit
             elif cmin == pick_cost:  # no credit either way (a one-token prompt): the scan order decides
@@ -237,6 +244,8 @@ class AsyncdpPolicy(SeveralRouters):
                     start = tie_key(req, hashes) % n
                 if (rmin - start) % n < (pick - start) % n:
                     pick = rmin
+        if pick < 0:  # no holder took it: the pour's draw decides
+            pick = order.pour_pick(level, under, tie_key(req, hashes), base)
         if held != full:
             pick = self._partial_holders(req, hashes, state, base, level, held ^ full, lo, pick, pick_cost,
                                          pick_credit, start, cap)

@@ -76,15 +76,15 @@ class CostOrder:
         if mnew != mold:
             _move(self.mvals, self.mranks, i, mold, mnew)
 
-    def level(self, amount: float) -> tuple[float, list[int]]:
+    def level(self, amount: float) -> tuple[float, int]:
         """The level ``L`` at which ``amount`` poured over the lowest finite base costs fills them
-        (``sum(max(0, L - v)) == amount``), and the ranks whose cost is under it, cheapest first. ``(inf, [])``
-        when no cost is finite. The first ``k`` ranks fill up to ``(amount + head) / k`` once that is no higher
-        than the next rank's cost: ``k`` walks there from where the last level left it."""
+        (``sum(max(0, L - v)) == amount``), and how many ranks' costs are under it: the first that many of
+        ``ranks``. ``(inf, 0)`` when no cost is finite. The first ``k`` ranks fill up to ``(amount + head) / k`` once
+        that is no higher than the next rank's cost: ``k`` walks there from where the last level left it."""
         vals = self.vals
         finite = bisect_left(vals, _INF)
         if not finite:
-            return _INF, []
+            return _INF, 0
         k, head = self.k, self.head
         if k < 1:
             k, head = 1, vals[0]
@@ -96,26 +96,28 @@ class CostOrder:
             head -= vals[k]
         self.k, self.head = k, head
         level = (amount + head) / k
-        return level, self.ranks[:bisect_left(vals, level, 0, finite)]
+        # the k ranks that fill are all under the level, but where the amount is too small to raise a cost
+        return level, (k if vals[k - 1] < level else bisect_left(vals, level, 0, k))
 
-    def pour_pick(self, level: float, under: list[int], key: int, base: Sequence[float]) -> int:
-        """Among the ranks ``under`` the level (the cheapest ``len(under)``, from :meth:`level`), the one ``key``
-        draws with odds in proportion to the share of the pour each took, ``level - base``: :func:`~.ties.pick_among`
-        over them in the order of rank, so that a key keeps its rank while the costs move a little (H6), the
-        total taken from the kept order."""
-        ranks = sorted(under)
-        u = (key & 0xFFFF_FFFF) / 4294967296.0 * (len(ranks) * level - sum(self.vals[:len(ranks)]))
+    def pour_pick(self, level: float, count: int, key: int, base: Sequence[float]) -> int:
+        """Among the ``count`` cheapest ranks, those under the level (from :meth:`level`), the one ``key`` draws with
+        odds in proportion to the share of the pour each took, ``level - base``: :func:`~.ties.pick_among` over them
+        in the order of rank, so that a key keeps its rank while the costs move a little (H6), the total taken from
+        the kept order."""
+        ranks = sorted(self.ranks[:count])
+        u = (key & 0xFFFF_FFFF) / 4294967296.0 * (count * level - sum(self.vals[:count]))
         for r in ranks:
             u -= level - base[r]
             if u < 0:
                 return r
         return ranks[-1]  # rounding
 
-    def miss_pick(self, mbase: Sequence[float], base: Sequence[float], under: Sequence[int], level: float,
+    def miss_pick(self, mbase: Sequence[float], base: Sequence[float], count: int, level: float,
                   key: int) -> tuple[float, int]:
-        """For a prompt no rank holds: the cheapest miss cost once the pour raised the ranks ``under`` the level
-        (each by ``level - base``), and the rank :func:`~.ties.pick_among` takes for ``key`` among the ranks at it.
-        The untouched ranks are read from ``mvals`` only as far as the first one the pour did not reach."""
+        """For a prompt no rank holds: the cheapest miss cost once the pour raised the ``count`` ranks under the
+        level (each by ``level - base``), and the rank :func:`~.ties.pick_among` takes for ``key`` among the ranks
+        at it. The untouched ranks are read from ``mvals`` only as far as the first one the pour did not reach."""
+        under = self.ranks[:count]
         below = set(under)
         lifted = [(mbase[r] + (level - base[r]), r) for r in under]
         mvals, mranks = self.mvals, self.mranks

@@ -43,10 +43,12 @@ def test_the_level_and_the_ranks_under_it_match_the_definition(n):
     for _ in range(200):
         base = random_costs(rng, n)
         amount = rng.choice((1e-3, 1.0, 500.0, 5000.0, 1e6))
-        level, under = CostOrder(base, base).level(amount)
+        order = CostOrder(base, base)
+        level, count = order.level(amount)
+        under = order.ranks[:count]
         assert level == pytest.approx(plain_level(base, amount), rel=1e-12)
         if level == INF:
-            assert under == []
+            assert count == 0
             continue
         assert sorted(under) == [i for i, b in enumerate(base) if b < level]
         assert [base[i] for i in under] == sorted(base[i] for i in under)  # cheapest first
@@ -83,9 +85,9 @@ def test_the_miss_pick_is_the_cheapest_raised_miss_cost_and_its_ties_picked_by_t
         mbase = [b if b == INF else b + rng.choice((0.0, 0.0, 8.0, rng.uniform(-50, 50))) for b in base]
         order = CostOrder(base, mbase)
         amount = rng.choice((1.0, 100.0, 2000.0))
-        level, under = order.level(amount)
+        level, count = order.level(amount)
         key = rng.getrandbits(64)
-        best, pick = order.miss_pick(mbase, base, under, level, key)
+        best, pick = order.miss_pick(mbase, base, count, level, key)
         lifted = [m + (level - b) if b < level else m for m, b in zip(mbase, base, strict=True)]
         assert best == min(lifted)
         tied = [i for i, c in enumerate(lifted) if c == best]
@@ -98,8 +100,9 @@ def test_the_pour_pick_is_pick_among_the_ranks_under_the_level_in_the_order_of_r
         n = rng.choice((2, 8, 64))
         base = random_costs(rng, n)
         order = CostOrder(base, base)
-        level, under = order.level(rng.choice((10.0, 1000.0, 1e5)))
-        if not under:
+        level, count = order.level(rng.choice((10.0, 1000.0, 1e5)))
+        if not count:
             continue
+        under = [i for i, b in enumerate(base) if b < level]
         for key in (0, 0xFFFF_FFFF, *(rng.getrandbits(64) for _ in range(20))):  # the draw's two ends, then any
-            assert order.pour_pick(level, under, key, base) == pick_among(sorted(under), key, base, level)
+            assert order.pour_pick(level, count, key, base) == pick_among(under, key, base, level)
