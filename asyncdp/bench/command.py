@@ -243,7 +243,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.decision_time:
         from asyncdp.bench.decision_time import DP_SIZES, measure
 
-        measure(ns.candidate, DP_SIZES[0], decisions=1000)  # a warm-up, discarded: right after the simulations
+        measure(ns.candidate, DP_SIZES[0], decisions=1000, routers=ns.routers)  # a warm-up, discarded: right after the simulations
         # the first size once read 10-20x slow; with --routers R, as one of R API servers
         timing = [measure(ns.candidate, n, routers=ns.routers) for n in DP_SIZES]
     gate_rows = [*report.gates(runs, ns.candidate), pathology.g5(runs, ns.candidate),

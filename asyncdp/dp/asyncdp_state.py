@@ -263,8 +263,10 @@ class AsyncdpState(PhaseWeights):
         router or before the first snapshot."""
         if self.num_routers < 2 or self.snap_at_us is None:
             return 0.0
-        age = min(UNSEEN_MAX_AGE_US, max(0, now_us - self.snap_at_us))
-        return (self.num_routers - 1) * self.send_rate * age
+        age = now_us - self.snap_at_us  # (compared, not clamped with min and max: select calls this; G7)
+        if age > UNSEEN_MAX_AGE_US:
+            age = UNSEEN_MAX_AGE_US
+        return (self.num_routers - 1) * self.send_rate * age if age > 0 else 0.0
 
     def set_shared(self, others: Sequence[float]) -> None:
         """Several routers: the other routers' new-prefix prompt tokens per rank, as the coordinator's prefix

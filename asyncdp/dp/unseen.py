@@ -39,16 +39,17 @@ class CostOrder:
     ``mvals``/``mranks``): what the pour reads in O(log n). The state keeps it with several routers (``reset``
     when every rank changed, ``move`` when one did); a decision on decayed copies of the costs builds one of its
     own. ``k`` and ``head`` (the sum of the first ``k`` costs) are where the last :meth:`level` stopped: the next
-    one starts there, and a move keeps ``head`` in step, so a level costs the few ranks it moved by."""
+    one starts there, and a move keeps ``head`` in step, so a level costs the few ranks it moved by. ``finite``
+    counts the finite costs (the live ranks)."""
 
-    __slots__ = ("head", "k", "mranks", "mvals", "ranks", "vals")
+    __slots__ = ("finite", "head", "k", "mranks", "mvals", "ranks", "vals")
 
     def __init__(self, base: Sequence[float], mbase: Sequence[float]) -> None:
         self.vals: list[float] = []
         self.ranks: list[int] = []
         self.mvals: list[float] = []
         self.mranks: list[int] = []
-        self.k, self.head = 0, 0.0
+        self.k, self.head, self.finite = 0, 0.0, 0
         self.reset(base, mbase)
 
     def reset(self, base: Sequence[float], mbase: Sequence[float]) -> None:
@@ -56,7 +57,8 @@ class CostOrder:
         self.vals, self.ranks = [v for v, _ in pairs], [r for _, r in pairs]
         pairs = sorted(zip(mbase, range(len(mbase)), strict=True))
         self.mvals, self.mranks = [v for v, _ in pairs], [r for _, r in pairs]
-        self.k = min(max(self.k, 1), bisect_left(self.vals, _INF))  # the head is an exact sum again after a reset
+        self.finite = bisect_left(self.vals, _INF)
+        self.k = min(max(self.k, 1), self.finite)  # the head is an exact sum again after a reset
         self.head = sum(self.vals[:self.k])
 
     def move(self, i: int, old: float, new: float, mold: float, mnew: float) -> None:
@@ -65,7 +67,8 @@ class CostOrder:
             vals, k = self.vals, self.k
             out, into = _move(vals, self.ranks, i, old, new)
             if old == _INF or new == _INF:  # a rank that died or came back: the head is summed again
-                self.k = min(max(k, 1), bisect_left(vals, _INF))
+                self.finite = bisect_left(vals, _INF)
+                self.k = min(max(k, 1), self.finite)
                 self.head = sum(vals[:self.k])
             elif out < k <= into:  # it left the head: the next rank slid in
                 self.head += vals[k - 1] - old
@@ -81,8 +84,7 @@ class CostOrder:
         (``sum(max(0, L - v)) == amount``), and how many ranks' costs are under it: the first that many of
         ``ranks``. ``(inf, 0)`` when no cost is finite. The first ``k`` ranks fill up to ``(amount + head) / k`` once
         that is no higher than the next rank's cost: ``k`` walks there from where the last level left it."""
-        vals = self.vals
-        finite = bisect_left(vals, _INF)
+        vals, finite = self.vals, self.finite
         if not finite:
             return _INF, 0
         k, head = self.k, self.head
