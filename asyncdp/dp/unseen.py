@@ -10,8 +10,9 @@ picks among them by the share of the pour each took (:meth:`CostOrder.pour_pick`
 
 ``select`` must stay a few lookups at 64 ranks (G7), so the level is not found by sorting every rank's cost at each
 decision: :class:`CostOrder` keeps the ranks in the order of their costs as the hooks change them, and a decision
-reads the level, the ranks under it and the cheapest rank it leaves untouched in O(log n) plus the ranks under the
-level (:meth:`CostOrder.level`, :meth:`CostOrder.miss_pick`)."""
+reads the level in a few steps from where the last one stopped (:meth:`CostOrder.level`). The draw among the ranks
+under it and the cheapest rank the pour leaves untouched read the ranks under the level (:meth:`CostOrder.pour_pick`,
+:meth:`CostOrder.miss_pick`); the policy draws only where its choice reads the drawn rank."""
 
 from __future__ import annotations
 
