@@ -59,7 +59,7 @@ from asyncdp.coordinator.peers import (
     Peer,
 )
 from asyncdp.dp import wave as W
-from asyncdp.dp.liveness import check_heartbeat_settings
+from asyncdp.dp.liveness import PEER_STOP_GRACE_S, check_heartbeat_settings
 from asyncdp.dp.prefix_directory import LONG_PLACEMENT_TOKENS, PrefixDirectory
 from asyncdp.dp.stats import StatsBook
 from asyncdp.errors import (
@@ -106,6 +106,7 @@ class CoordinatorConfig:
     heartbeat_timeout_s: float = 5.0  # --dp-heartbeat-timeout-s
     subscribe_timeout_s: float | None = 600.0  # all N engines must subscribe by then
     teardown_flush_s: float = 2.0
+    peer_stop_grace_s: float = PEER_STOP_GRACE_S  # an engine's Goodbye: how long the launcher's Stopping may lag
     outbox_size: int = 256  # per peer; a peer whose outbox is full is cut off (asyncdp.coordinator.peers)
 
     def __post_init__(self) -> None:
@@ -354,9 +355,18 @@ class Coordinator:
         return False
 
     async def _teardown(self, action: W.Teardown) -> None:
-        log.log(logging.INFO if action.orderly else logging.ERROR, "tearing down the DP group: %s", action.reason)
-        msg = Teardown(reason=action.reason, dead_rank=action.dead_rank,
-                       orderly=action.orderly and self.stopping.is_set())
+        if action.orderly and not self.stopping.is_set():
+            # An engine said Goodbye: its node is stopping. When the whole group is being stopped, this node's own
+            # signal may be a moment behind; the teardown is orderly for the others if it arrives in time.
+            with anyio.move_on_after(self.config.peer_stop_grace_s):
+                await self.stopping.wait()
+        orderly = action.orderly and self.stopping.is_set()
+        if action.orderly and not orderly:
+            log.error("tearing down the DP group: %s, and this deployment was not asked to stop within %g s",
+                      action.reason, self.config.peer_stop_grace_s)
+        else:
+            log.log(logging.INFO if orderly else logging.ERROR, "tearing down the DP group: %s", action.reason)
+        msg = Teardown(reason=action.reason, dead_rank=action.dead_rank, orderly=orderly)
         others = [p for r, p in self.engines.items() if r != action.dead_rank]
         for peer in others:
             peer.send_nowait(msg)

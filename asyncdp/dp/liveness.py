@@ -14,6 +14,10 @@ from asyncdp.errors import ConfigError
 
 STALL_SLACK_S = 0.5  # [ours] a watcher that wakes this long after it planned to was itself not running
 STALL_GRACE_S = 1.0  # [ours] how long its peers' frames of that time then get to be read (at most timeout / 2)
+# [ours] A MoE peer left in an orderly way (Goodbye) before this process was asked to stop: the signals of a whole
+# group's stop reach its processes a moment apart, so it still counts as "shutting down too" (spec §8.7: exit 0) if
+# its own request to stop arrives within this long.
+PEER_STOP_GRACE_S = 2.0
 
 
 def check_heartbeat_settings(interval_s: float, timeout_s: float) -> None:

@@ -59,6 +59,10 @@ async def watch_child(node: RunningNode, child: ChildProcess) -> None:
     if not node.started:
         return  # startup waits see ChildExited and fail with E12
     plan = node.plan
+    if child.role == ENGINE and plan.is_moe and plan.dp_size > 1 and code == 0:
+        # a MoE engine ends with 0 before its node stops only after an orderly teardown: a peer left first
+        node.stop_with_peer(f"{child.describe()} left with its MoE group (a peer was stopped)")
+        return
     if child.role == ENGINE and not plan.is_moe and not plan.dp_fail_fast:
         log.error("%s; the other ranks keep serving", what)
         return

@@ -22,6 +22,7 @@ import socket
 import anyio
 
 from asyncdp import messages as m
+from asyncdp.dp.liveness import PEER_STOP_GRACE_S
 from asyncdp.errors import ProtocolError
 from asyncdp.launcher.children import publish_process_table
 from asyncdp.launcher.node import RemoteNodeLink, RunningNode
@@ -89,6 +90,11 @@ async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> No
     book.engine_gone(hello.dp_rank)
     plan = node.plan
     remote = hello.dp_rank not in plan.deployment.local_ranks  # local engines are watched as children
+    if remote and plan.is_moe and node.started:
+        # (a remote engine that left in an orderly way: its node was stopped, maybe with this one, whose signal
+        # may be a moment behind; a crash tears the group down through the coordinator meanwhile)
+        with anyio.move_on_after(PEER_STOP_GRACE_S):
+            await node.shutdown.wait()
     if remote and node.started and not node.shutdown.is_set() and (plan.is_moe or plan.dp_fail_fast):
         why = "the MoE group is torn down" if plan.is_moe else "--dp-fail-fast tears the deployment down"
         node.fail(f"engine rank {hello.dp_rank} on {hello.host} (pid {hello.pid}) ended; {why}")
@@ -116,6 +122,11 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
                               timeout_s=plan.heartbeat_timeout_s, sender="head")
     finally:
         remote.closed.set()
+    if plan.is_moe and why == "closed" and node.started:
+        # (a node that closed its link may have been stopped with this one, whose signal may be a moment behind:
+        # as for a remote engine above; a crash tears the group down through the coordinator meanwhile)
+        with anyio.move_on_after(PEER_STOP_GRACE_S):
+            await node.shutdown.wait()
     orderly = node.shutdown.is_set() and node.failure is None
     lost = book.lose_node(entry, orderly=orderly)
     node.note_ranks_changed()

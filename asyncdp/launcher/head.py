@@ -134,6 +134,7 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str,
                 tg.start_soon(follow_head_topology, node, summary)
         await node.shutdown.wait()
         await stop_all(node)
+        await node.peer_stop_verdict()
         if node.head_link is not None:
             await node.head_link.aclose()
         tg.cancel_scope.cancel()
@@ -191,6 +192,12 @@ def _drain_counts(node: RunningNode) -> tuple[list[DrainCounts], int]:
 async def _watch_signals(node: RunningNode) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
+            if node.peer_stop is not None and not node.asked_to_stop.is_set():
+                log.info("received %s: this node was already stopping with its MoE group",
+                         signal.Signals(signum).name)
+                node.asked_to_stop.set()
+                continue
+            node.asked_to_stop.set()
             if node.shutdown.is_set():
                 log.warning("second signal: killing every child now")
                 for ch in node.children:

@@ -103,6 +103,7 @@ async def follow_head(node: RunningNode, link: Link) -> None:
             log.info("the head at %s shuts the deployment down (%s): stopping this node's engines", head,
                      msg.reason)
             node.stop_deadline_s = msg.shutdown_timeout
+            node.asked_to_stop.set()
             node.shutdown.set()  # keep heartbeating until this node closes the link, its engines gone
             return False
         if isinstance(msg, m.Teardown):

@@ -6,8 +6,10 @@ Theory of operation
 :class:`~asyncdp.launcher.plan.LaunchTable` computed from its deployment, the HTTP socket bound first (E11), and
 what startup learns as it goes (the coordinator's and the API servers' addresses, the engines that said Hello and
 Ready, the spawned children). ``shutdown`` is the one event every task waits on: a signal sets it, and so does
-:meth:`RunningNode.fail`, which records the first failure (the exit status is 1 then). Nothing here starts a
-task; the shell (:mod:`.head`, :mod:`.startup`, :mod:`.children`) does.
+:meth:`RunningNode.fail`, which records the first failure (the exit status is 1 then), and
+:meth:`RunningNode.stop_with_peer`, when a MoE peer left the group in an orderly way first (the exit status is 0
+if this node's own request to stop, ``asked_to_stop``, follows within ``PEER_STOP_GRACE_S``). Nothing here starts
+a task; the shell (:mod:`.head`, :mod:`.startup`, :mod:`.children`) does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from asyncdp.apiserver.client import DPClient
 from asyncdp.apiserver.node_table import NodeTable
 from asyncdp.config.deployment import DeploymentConfig
 from asyncdp.config.roles import LaunchPlan
+from asyncdp.dp.liveness import PEER_STOP_GRACE_S
 from asyncdp.launcher.node_book import NodeBook, NodeEntry
 from asyncdp.launcher.plan import API_SERVER, COORDINATOR, LaunchTable, plan
 from asyncdp.logs import DrainCounts
@@ -68,6 +71,9 @@ class RunningNode:
     api_shutdown: anyio.Event = field(default_factory=anyio.Event)
     started: bool = False
     failure: str | None = None
+    asked_to_stop: anyio.Event = field(default_factory=anyio.Event)  # a signal, or the head's NodeShutdown
+    peer_stop: str | None = None  # a MoE peer's orderly departure stopped this node first (stop_with_peer)
+    peer_stop_at: float = 0.0  # anyio.current_time() then
     children: list[ChildProcess] = field(default_factory=list)
     client_addrs: list[m.ClientAddr] = field(default_factory=list)
     coordinator_addrs: m.CoordinatorAddrs | None = None
@@ -113,6 +119,28 @@ class RunningNode:
             log.error("%s", reason)
             self.failure = reason
         self.shutdown.set()
+
+    def stop_with_peer(self, reason: str) -> None:
+        """A MoE peer left the group in an orderly way before this node was asked to stop. The group cannot go on,
+        so the node stops now; its exit status waits for its own request to stop (:meth:`peer_stop_verdict`): a
+        whole group's signals reach its nodes a moment apart (spec §8.7: peers that were shutting down exit 0)."""
+        if self.shutdown.is_set():
+            return
+        log.info("%s; stopping this node (exit status 0 if it is asked to stop within %g s)", reason,
+                 PEER_STOP_GRACE_S)
+        self.peer_stop, self.peer_stop_at = reason, anyio.current_time()
+        self.shutdown.set()
+
+    async def peer_stop_verdict(self) -> None:
+        """After :meth:`stop_with_peer`: wait what is left of the grace for this node's own request to stop, and
+        record a failure (exit status 1) if none came."""
+        if self.peer_stop is None or self.asked_to_stop.is_set():
+            return
+        with anyio.move_on_after(max(0.0, self.peer_stop_at + PEER_STOP_GRACE_S - anyio.current_time())):
+            await self.asked_to_stop.wait()
+        if not self.asked_to_stop.is_set() and self.failure is None:
+            self.failure = f"{self.peer_stop}, and this node was not asked to stop within {PEER_STOP_GRACE_S:g} s"
+            log.error("%s", self.failure)
 
     def process_table(self) -> list[m.ProcessRow]:
         """The deployment's processes for ``/server_info``: the top process first, then every child, then what the

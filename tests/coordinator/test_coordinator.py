@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
+from asyncdp.dp.liveness import PEER_STOP_GRACE_S
 from asyncdp.dp.prefix_directory import LONG_PLACEMENT_TOKENS
 from asyncdp.errors import AsyncDPError, ConfigError, EngineDeadError, ProtocolError, StartupError
 from asyncdp.messages import (
@@ -431,6 +432,33 @@ async def test_goodbye_while_the_deployment_stops_is_an_orderly_teardown_for_eve
         _, td = await e0.expect(Teardown)
         await h.done.wait()
     assert td.orderly and td.dead_rank == 1
+
+
+@pytest.mark.trio
+async def test_a_stop_announced_within_the_grace_after_a_goodbye_makes_the_teardown_orderly(autojump_clock):
+    # SIGTERM to every rank server of an external-LB group: the peer's signal was read first, this deployment's
+    # a moment later. Its peers were shutting down too, so they exit 0 (spec §8.7).
+    stopping = trio.Event()
+    async with coordinator(MOE2, stopping=stopping) as h:
+        e0, e1 = await h.engines(2)
+        await e1.send(Goodbye(dp_rank=1))
+        await trio.sleep(PEER_STOP_GRACE_S * 0.75)
+        assert [m for _, m in e0.drain() if isinstance(m, Teardown)] == []
+        stopping.set()
+        _, td = await e0.expect(Teardown)
+        await h.done.wait()
+    assert td.orderly and td.dead_rank == 1
+
+
+@pytest.mark.trio
+async def test_a_goodbye_with_no_stop_within_the_grace_tears_down_as_a_failure_once_it_ends(autojump_clock):
+    async with coordinator(MOE2) as h:
+        e0, e1 = await h.engines(2)
+        sent = trio.current_time()
+        await e1.send(Goodbye(dp_rank=1))
+        at, td = await e0.expect(Teardown)
+        await h.done.wait()
+    assert not td.orderly and at - sent == pytest.approx(PEER_STOP_GRACE_S, abs=0.1)
 
 
 @pytest.mark.trio

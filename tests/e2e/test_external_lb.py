@@ -420,6 +420,45 @@ async def test_sigkill_of_one_ranks_engine_ends_every_server_within_5s_with_ever
             assert not s.wait_gone(2.0), s.log()[-4000:]
 
 
+@pytest.mark.parametrize("first", [0, 1], ids=["rank0-first", "rank1-first"])
+def test_sigterm_to_the_rank_servers_a_second_apart_in_either_order_stops_both_with_exit_0(
+        tmp_path: Path, first: int) -> None:
+    # The signals of a whole group's stop can reach its rank servers a moment apart (a loaded machine, an
+    # orchestrator stopping them one by one): the one signalled late was shutting down too, so it exits 0 as well
+    # (spec §8.7). Rank 0 first: rank 1's engine ends with the group before its server's own signal; rank 1 first:
+    # rank 0 hosts the coordinator and the handshake, which see rank 1 leave before their own signal.
+    with external_group(tmp_path) as servers:
+        for server in servers:
+            server.remember_tree()
+        servers[first].process.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        servers[1 - first].process.send_signal(signal.SIGTERM)
+        for server in servers:
+            code = server.process.wait(timeout=30)
+            assert code == 0, f"server {server.port} exited with {code}\n{server.log()[-4000:]}"
+        for server in servers:
+            assert not server.wait_gone(), f"processes left\n{server.log()[-4000:]}"
+            assert "Traceback" not in server.log(), server.log()[-4000:]
+
+
+def test_sigterm_to_one_rank_server_alone_ends_the_other_with_exit_1_within_5s(tmp_path: Path) -> None:
+    # A group cannot go on without a rank: the rank server that was not asked to stop reports the group's end as a
+    # failure once the grace for its own signal is over (spec §8.7 and the failure table: within 5 s).
+    with external_group(tmp_path) as servers:
+        for server in servers:
+            server.remember_tree()
+        servers[0].process.send_signal(signal.SIGTERM)
+        assert servers[0].process.wait(timeout=30) == 0, servers[0].log()[-4000:]
+        stopped_at = time.monotonic()
+        code = servers[1].process.wait(timeout=30)
+        after = time.monotonic() - stopped_at
+        assert code == 1, servers[1].log()[-4000:]
+        assert after < 5.0, after
+        assert "was not asked to stop within" in servers[1].log(), servers[1].log()[-4000:]
+        for server in servers:
+            assert not server.wait_gone(), f"processes left\n{server.log()[-4000:]}"
+
+
 def test_a_dense_model_with_a_data_parallel_rank_exits_2_saying_to_launch_independent_servers(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "asyncdp", "serve", "builtin:tiny-dense", "--host", "127.0.0.1", *BASE_ARGS,
            "-dp", "2", "--data-parallel-rank", "0", "--port", str(free_port()), "-dpa", "127.0.0.1",
