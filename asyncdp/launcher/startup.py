@@ -36,6 +36,7 @@ from asyncdp.errors import ChildExited, StartupError, leaf_exceptions
 from asyncdp.launcher.children import spawn
 from asyncdp.launcher.handshake import handshake
 from asyncdp.launcher.node import RunningNode
+from asyncdp.launcher.node_book import NodeBook
 from asyncdp.launcher.plan import COORDINATOR, ENGINE, ProcessSpec
 from asyncdp.transport import listen, serve_links
 from asyncdp.transport.control import ChildProcess
@@ -250,18 +251,38 @@ async def _start_engines(node: RunningNode, tg: anyio.abc.TaskGroup,
 
 
 async def _wait_all(node: RunningNode, children: list[ChildProcess]) -> None:
+    """Every child's ``ChildReady`` within ``--engine-ready-timeout-s`` (E9), logging every 10 s which are still
+    starting and, on the head front-end, which of the deployment's ranks are not ready (spec §2.5): a head's own
+    engines are ready only once every rank reached the coordinator, other nodes' too."""
+    started = anyio.current_time()
     with anyio.fail_after(node.plan.engine_ready_timeout_s):
         for child in children:
-            await child.wait_event(m.ChildReady)
+            while True:
+                with anyio.move_on_after(PROGRESS_EVERY_S) as waited:
+                    await child.wait_event(m.ChildReady)
+                if not waited.cancelled_caught:
+                    break
+                pending = ", ".join(c.name for c in children if c.event(m.ChildReady) is None)
+                line = f"waiting for {pending} to be ready ({anyio.current_time() - started:.0f} s)"
+                if (book := _front_end_book(node)) is not None and book.missing():
+                    line += f"; the deployment's ranks: {book.waiting_line()}"
+                log.info("%s", line)
+
+
+def _front_end_book(node: RunningNode) -> NodeBook | None:
+    """The node book when this node is the head front-end (it owns the TCP handshake listener), else None."""
+    link = node.table.link("handshake")
+    if link is None or link.action != "bind" or link.transport != "tcp":
+        return None
+    return node.book
 
 
 async def _wait_ranks_ready(node: RunningNode) -> None:
     """The head front-end (the owner of the TCP handshake listener) is ready only when every rank of the
     deployment sent ``Ready``, local or remote (spec §5.3 step 8). Logs what it waits for every 10 s; E9 at
     ``--engine-ready-timeout-s``."""
-    link = node.table.link("handshake")
-    book = node.book
-    if link is None or link.action != "bind" or link.transport != "tcp" or book is None:
+    book = _front_end_book(node)
+    if book is None:
         return
     deadline = anyio.current_time() + node.plan.engine_ready_timeout_s
     while book.missing():

@@ -113,6 +113,53 @@ async def test_hybrid_head_binds_the_rpc_port_and_waits_for_every_rank_of_the_de
         (0, f"tcp:127.0.0.1:{rpc}", None), (1, f"tcp:127.0.0.1:{rpc}", None)]
 
 
+class LoadingEngine(FakeChild):
+    """An engine that never reports ``ChildReady`` (its peers on the other node never connect)."""
+
+    def __init__(self, row: ProcessSpec) -> None:
+        super().__init__(row)
+        self.name, self.role = row.name, row.role
+
+    def event(self, kind: type) -> None:
+        return None
+
+    async def wait_event(self, kind: type) -> m.ControlMessage:
+        if kind is m.ChildReady and self.role == "engine":
+            import anyio
+
+            await anyio.sleep_forever()
+        return await super().wait_event(kind)
+
+
+@pytest.mark.anyio
+async def test_a_head_with_ranks_of_its_own_logs_what_it_waits_for_while_its_engines_wait_for_the_others(
+        tmp_path, monkeypatch, caplog):
+    import logging
+
+    import anyio
+
+    monkeypatch.setattr(startup, "spawn", lambda node, tg, row, config, **_: _async(LoadingEngine(row)))
+    monkeypatch.setattr(startup, "PROGRESS_EVERY_S", 0.1)
+    caplog.set_level(logging.INFO, logger="asyncdp.launcher")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        node = node_for(f"-dp 4 -dpl 2 -dpa 127.0.0.1 -dpp {free_port()}", tmp_path, sock, engine_ready_timeout_s=0.35)
+        async with anyio.create_task_group() as tg:
+            with pytest.raises(TimeoutError):  # E9 (the shell reports it)
+                await startup.start_node(node, tg)
+            tg.cancel_scope.cancel()
+        if node.node_table is not None:
+            node.node_table.close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
+    assert len(lines) >= 2, lines  # one every PROGRESS_EVERY_S
+    assert lines[0].startswith("waiting for asyncdp-engine-dp0, asyncdp-engine-dp1 to be ready (0 s)"), lines
+    assert lines[0].endswith("; the deployment's ranks: ranks 0..3 not ready; ranks 0..3 not connected yet"), lines
+
+
+async def _async(value):
+    return value
+
+
 @pytest.mark.anyio
 async def test_hybrid_node_s_gt_0_engines_join_the_head_and_their_own_front_end(tmp_path, spawned):
     import anyio
