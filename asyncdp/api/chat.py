@@ -169,8 +169,11 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, created: int) ->
         generated[index] += len(out.new_token_ids)
         first_of_choice = not started[index]
         started[index] = True
-        if not out.new_text and not out.finished and not (first_of_choice and req.prompt_logprobs is not None):
-            return []
+        wants_logprobs = prep.top_logprobs is not None and bool(out.logprobs)
+        if not out.new_text and not out.finished and not wants_logprobs and not (
+                first_of_choice and req.prompt_logprobs is not None):
+            return []  # (a token with no text yet, held back by a stop string or a partial character: its
+            # logprobs still go out, in a chunk of their own, one entry per token as without streaming)
         lps = chat_logprobs(tok, out.logprobs or [], prep.top_logprobs) if prep.top_logprobs is not None else None
         delta = {"content": out.new_text} if out.new_text else {}
         chunk = chat_chunk(request_id, created, model, index, delta, logprobs=lps,

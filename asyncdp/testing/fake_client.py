@@ -4,7 +4,8 @@ Theory of operation. ``generate`` checks what the real DP client checks before t
 admission, rank-hint ranges E2/E3, prompt length) and then yields one ``RequestOutput`` per generated token,
 sleeping ``token_delay_s`` on the anyio clock before each (so trio's ``MockClock`` can drive it). The output is a
 pure function of the prompt, the seed and the token index: lowercase letters with a space every sixth token, so
-stop strings and logprobs are checkable. With ``prompt_logprobs`` the first output carries one entry per prompt
+stop strings and logprobs are checkable. As the engine's detokenizer does, it holds back the text that could
+begin a stop string (its longest length - 1 characters) until it cannot. With ``prompt_logprobs`` the first output carries one entry per prompt
 token (None for the first).
 
 Admission follows the real client: ``admit(k)`` reserves ``k`` slots all or nothing (``max_queued_requests``
@@ -254,7 +255,8 @@ class FakeEngineClient:
         now = anyio.current_time()
         start, first_token_s, last_s = now, None, now
         itls: list[float] = []
-        text = ""
+        text, sent = "", 0  # the text generated, and how much of it went out
+        holdback = 0 if params.include_stop_str_in_output else max((len(s) for s in params.stop), default=1) - 1
         generated = 0
         reason = "abort"
         completed = False
@@ -274,14 +276,16 @@ class FakeEngineClient:
                 else:
                     itls.append(now - last_s)
                 last_s = now
-                stop_hit = next((s for s in params.stop if (text + piece).endswith(s)), None)
+                text += piece
+                stop_hit = next((s for s in params.stop if text.endswith(s)), None)
                 finished = stop_hit is not None or k == limit - 1
                 reason = "stop" if stop_hit is not None else "length"
+                # as the engine's detokenizer does: the tail that could begin a stop string is held back
                 if stop_hit is not None and not params.include_stop_str_in_output:
-                    # The stop string's earlier characters were already sent; vLLM holds them back. Our
-                    # stop strings in tests are one character, so trimming the current piece suffices.
-                    piece = piece[: max(0, len(piece) - len(stop_hit))]
-                text += piece
+                    end = len(text) - len(stop_hit)
+                else:
+                    end = len(text) if finished else max(sent, len(text) - holdback)
+                piece, sent = text[sent:end], max(sent, end)
                 out = RequestOutput(
                     request_id=request_id, new_token_ids=[token], new_text=piece, finished=finished,
                     finish_reason=reason if finished else None, stop_reason=stop_hit,

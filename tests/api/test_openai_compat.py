@@ -102,6 +102,27 @@ async def test_chat_logprobs_list_top_logprobs() -> None:
     assert all(len(c.top_logprobs) == 3 for c in content)
 
 
+@openai_stream_cleanup
+async def test_streamed_chat_logprobs_have_one_entry_per_token_while_a_stop_string_holds_the_text_back() -> None:
+    # Text that may begin a stop string is held back until it cannot: with a stop string made of the whole answer
+    # but its last character, no chunk before the last carries text, but the stream must still carry each token's
+    # logprobs, one entry per token, as the whole response does.
+    kwargs = {"model": "fake-model", "messages": [{"role": "user", "content": "lp"}], "max_tokens": 12,
+              "logprobs": True, "top_logprobs": 2, "seed": 5}
+    async with running() as srv:
+        client = srv.openai()
+        answer = (await client.chat.completions.create(**kwargs)).choices[0].message.content
+        kwargs["stop"] = [answer[:-1] + "\x01"]
+        whole = await client.chat.completions.create(**kwargs)
+        stream = await client.chat.completions.create(**kwargs, stream=True)
+        chunks = [c async for c in stream]
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert whole.choices[0].message.content == answer and len(whole.choices[0].logprobs.content) == 12
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 1  # the text came out at the end
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole.choices[0].logprobs.content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+
+
 async def test_prompt_forms_strings_and_token_ids_each_give_choices() -> None:
     async with running() as srv:
         two = await srv.http.post("/v1/completions", json={"prompt": ["ab", "cd"], "max_tokens": 2})
