@@ -3,9 +3,10 @@
 The grammar library is llguidance (the one vLLM uses by default; it installs without a CUDA torch or triton).
 ``SamplingParams.structured`` names a JSON schema, any JSON object, a regex, a list of choices or a Lark grammar;
 ``asyncdp.sampling_params.grammar_text`` turns it into an llguidance grammar; ``SamplingParams.validate`` compiles
-it once per distinct text (tokenizer-free, cached) and refuses what the library cannot compile with an
-``InvalidSamplingParams`` naming the field, before the request reaches a step. The parameters own that check, so
-``sampling_params`` (a wire type under ``messages``) never imports the engine.
+it once per distinct text (tokenizer-free, cached) and refuses what the library cannot compile, or what exhausts
+its limits within a short bounded probe, with an ``InvalidSamplingParams`` naming the field, before the request
+reaches a step. The parameters own that check, so ``sampling_params`` (a wire type under ``messages``) never
+imports the engine. Templates are built under the same ``grammar_limits``.
 
 ``GrammarMatchers`` lives in the engine core. ``add`` (called by ``EngineCore.add_request``) gives the request a
 matcher: a ``deep_copy`` of a compiled template cached by grammar text (so a repeated schema compiles once).
@@ -30,7 +31,13 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncdp.errors import InvalidSamplingParams
-from asyncdp.sampling_params import grammar_text, llguidance_module, refuse_grammar
+from asyncdp.sampling_params import (
+    grammar_limits,
+    grammar_text,
+    library_error,
+    llguidance_module,
+    refuse_grammar,
+)
 
 if TYPE_CHECKING:
     from asyncdp.engine.executor import ScheduledChunk, TokenMasks
@@ -80,9 +87,9 @@ class GrammarMatchers:
             grammar = grammar_text(kind, text)
         except ValueError as exc:
             raise refuse_grammar(kind, str(exc)) from exc
-        template = llguidance_module().LLMatcher(self._tokenizer(), grammar, log_level=0)
+        template = llguidance_module().LLMatcher(self._tokenizer(), grammar, log_level=0, limits=grammar_limits())
         if template.is_error():
-            raise refuse_grammar(kind, template.get_error())
+            raise refuse_grammar(kind, library_error(template.get_error()))
         self._templates[key] = template
         if len(self._templates) > _MAX_TEMPLATES:
             self._templates.popitem(last=False)

@@ -1,4 +1,5 @@
-"""Structured outputs in the engine core (no torch): validation, per-request matchers, masks, completion."""
+"""Structured outputs in the engine core (no torch): validation (grammars over the library's limits included),
+per-request matchers, masks, completion."""
 
 from __future__ import annotations
 
@@ -121,6 +122,37 @@ def test_invalid_structured_output_is_refused_naming_the_field(structured: dict,
     with pytest.raises(InvalidSamplingParams) as err:
         SamplingParams(structured=StructuredOutputs(**structured)).validate()
     assert err.value.field == field
+
+
+# Grammars that compile but exhaust llguidance's lexer fuel (or a parser row) at the first mask or token.
+OVER_LIMITS = [
+    ({"regex": "a{99999999}"}, "structured.regex"),
+    ({"regex": "(ab){5000000}"}, "structured.regex"),
+    ({"regex": "x|a{99999999}"}, "structured.regex"),
+    ({"regex": "((a{1000}){1000}){1000}"}, "structured.regex"),
+    ({"json_schema": json.dumps({"type": "string", "pattern": "^a{99999999}$"})}, "structured.json_schema"),
+    ({"grammar": "start: /a{99999999}/"}, "structured.grammar"),
+    ({"choice": tuple(f"option {i}" for i in range(2500))}, "structured.choice"),
+]
+
+
+@pytest.mark.parametrize(("structured", "field"), OVER_LIMITS)
+def test_a_grammar_that_would_fail_once_generation_starts_is_refused_at_validation(structured: dict,
+                                                                                  field: str) -> None:
+    with pytest.raises(InvalidSamplingParams) as err:
+        SamplingParams(structured=StructuredOutputs(**structured)).validate()
+    assert err.value.field == field
+    assert "exceeds the grammar library's limits" in str(err.value), err.value
+
+
+@pytest.mark.parametrize("structured", [
+    {"regex": "a{10000}"}, {"regex": "[a-z]{1,99999999}"},
+    {"json_schema": json.dumps({"type": "string", "minLength": 99999999})},
+    {"json_schema": json.dumps({"type": "array", "minItems": 99999999})},
+    {"choice": tuple(f"option {i}" for i in range(500))},
+])
+def test_large_but_workable_grammars_still_pass_validation(structured: dict) -> None:
+    SamplingParams(structured=StructuredOutputs(**structured)).validate()
 
 
 def test_engine_refuses_an_uncompilable_grammar_at_add_request_and_keeps_no_state() -> None:
