@@ -100,6 +100,13 @@ def refuse_grammar(kind: str, message: str) -> InvalidSamplingParams:
     return InvalidSamplingParams(f"structured.{kind} cannot be compiled: {message}", field=f"structured.{kind}")
 
 
+def grammar_failed(kind: str, message: str) -> InvalidSamplingParams:
+    """The error of a request whose grammar failed in the engine after it was admitted."""
+    return InvalidSamplingParams(
+        f"structured.{kind} failed during generation: it exceeded the grammar library's limits "
+        f"({library_error(message)}){_hint(message)}; the output so far is not returned.", field=f"structured.{kind}")
+
+
 class _ByteTokens:
     """A tokenizer for the probe, in the shape ``llguidance.TokenizerWrapper`` takes: the 256 bytes, then EOS."""
 

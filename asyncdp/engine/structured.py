@@ -12,9 +12,16 @@ imports the engine. Templates are built under the same ``grammar_limits``.
 matcher: a ``deep_copy`` of a compiled template cached by grammar text (so a repeated schema compiles once).
 Per step, only when some live request has a matcher, ``token_masks`` fills one int32 bitmask row (bit t of row r:
 token t allowed) per sampled chunk that has one; the executor applies it to those rows' logits before sampling.
-After sampling, ``advance`` feeds the accepted token to the matcher and says whether the grammar is complete
-(then the core finishes the request with ``stop``; EOS is allowed by the mask once the grammar accepts). A
-batch without constrained rows costs one empty-dict test. ``discard`` drops a finished or aborted request.
+After sampling, ``advance`` feeds the accepted token to the matcher and says whether the request must end:
+the grammar is complete (the core finishes it with ``stop``; EOS is allowed by the mask once the grammar
+accepts), or the matcher failed. A batch without constrained rows costs one empty-dict test. ``discard`` drops a
+finished or aborted request.
+
+Failures. Matchers are built under ``grammar_limits`` (those validation probed the grammar with), but a limit
+can still be hit mid-generation (``asyncdp.sampling_params``'s probe walks one short path). llguidance then puts
+the matcher in an error state: its mask allows only EOS and it rejects every token. ``advance`` reports that
+(``error`` gives the library's message, logged once per request as a warning), and the core ends the request
+with an error naming the grammar field instead of a ``stop`` that would pass the truncated text off as complete.
 
 The llguidance tokenizer is built from the engine's Hugging Face fast tokenizer on first use (about a second for
 a 50k vocabulary), with the model's vocabulary size (the logits' width) and the engine's EOS ids.
@@ -121,13 +128,20 @@ class GrammarMatchers:
         return TokenMasks(chunk_indices=rows, bitmask=bitmask)
 
     def advance(self, request_id: str, token_id: int) -> bool:
-        """Feed the sampled token to the request's matcher; True when the request must stop (grammar complete,
-        or the token was rejected, which a masked sample never is)."""
+        """Feed the sampled token to the request's matcher; True when the request must end: its grammar is
+        complete, or its matcher failed (``error`` says which; a failed matcher's mask allows only EOS)."""
         matcher = self.matchers.get(request_id)
         if matcher is None:
             return False
-        if not matcher.consume_token(token_id):
-            log.warning("request %s: token %d rejected by its grammar (%s); stopping it", request_id, token_id,
-                        matcher.get_error())
+        if matcher.is_error() or not matcher.consume_token(token_id):
+            log.warning("request %s: its grammar failed at token %d (%s); ending it with an error", request_id,
+                        token_id, self.error(request_id))
             return True
         return bool(matcher.is_stopped())
+
+    def error(self, request_id: str) -> str:
+        """The library's error of the request's matcher, "" while it has none (or the request no matcher)."""
+        matcher = self.matchers.get(request_id)
+        if matcher is None or not matcher.is_error():
+            return ""
+        return library_error(matcher.get_error()) or "the grammar matcher failed"
