@@ -9,11 +9,11 @@ regex is refused there too, naming ``structured.<field>``. The engine's matchers
 ``grammar_text``, under the same ``grammar_limits``.
 
 Limits. A grammar can compile and still fail once tokens flow: llguidance builds its lexer lazily, so a counted
-repetition with a large count (``a{99999999}``, a JSON schema's long ``minLength`` pattern) or a choice list
-wider than a parser row exhausts the library's fuel at the first mask or token, and the matcher enters an error
-state. ``check_grammar`` therefore runs a bounded probe after compiling: a matcher over a 256-byte tokenizer,
-under ``GRAMMAR_LIMITS`` (a fifth of the library's default lexer fuel, which also bounds the probe to tens of
-milliseconds and tens of MB), walks ``PROBE_STEPS`` bytes, each the lowest the grammar allows. What fails there
+repetition with a large count (``a{99999999}``, or one in a JSON schema's ``pattern``) exhausts the library's
+lexer fuel at the first mask or token, a choice list wider than a parser row its row limit, and the matcher
+enters an error state. ``check_grammar`` therefore runs a bounded probe after compiling: a matcher over a 256-byte tokenizer,
+under ``GRAMMAR_LIMITS`` (a fifth of the library's default lexer fuel, which also bounds the probe to ~0.1 s
+and ~30 MB), walks ``PROBE_STEPS`` bytes, each the lowest the grammar allows. What fails there
 is refused like an uncompilable grammar. What the probe cannot see (a branch it did not take, a limit hit after
 many tokens) still fails in the engine, which ends the request with an error, never a quiet ``stop``.
 """
@@ -44,8 +44,8 @@ _JSON_OPTIONS = {"whitespace_flexible": False}
 # llguidance's parser limits for every compile, probe and matcher (``LLParserLimits``; the rest are the library's
 # defaults). The initial lexer fuel is a fifth of its default 1_000_000: a regex's counted repetition {n} takes
 # about 4n, so n up to ~50_000, JSON schemas of hundreds of properties and enums of thousands of values fit, and
-# exhausting it takes ~70 ms and ~30 MB instead of ~0.5 s and ~150 MB (the engine's per-token mask cost of such
-# a repetition grows with n too).
+# exhausting it takes ~0.05-0.12 s and ~15-30 MB instead of ~0.3-0.8 s and ~90-170 MB (measured on 2 cores; the
+# engine's per-token mask cost of such a repetition grows with n too).
 GRAMMAR_LIMITS: dict[str, int] = {"initial_lexer_fuel": 200_000}
 # Bytes the validation probe feeds a fresh matcher (see the module docstring).
 PROBE_STEPS = 16
