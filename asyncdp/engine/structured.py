@@ -22,6 +22,9 @@ can still be hit mid-generation (``asyncdp.sampling_params``'s probe walks one s
 the matcher in an error state: its mask allows only EOS and it rejects every token. ``advance`` reports that
 (``error`` gives the library's message, logged once per request as a warning), and the core ends the request
 with an error naming the grammar field instead of a ``stop`` that would pass the truncated text off as complete.
+The lexer is shared by a template and its copies, so the failure reaches the template and the other live
+requests of the same grammar too (each fails at its next mask, the same visible way); the template is evicted,
+so the next request with that grammar starts from a fresh one.
 
 The llguidance tokenizer is built from the engine's Hugging Face fast tokenizer on first use (about a second for
 a 50k vocabulary), with the model's vocabulary size (the logits' width) and the engine's EOS ids.
@@ -65,6 +68,7 @@ class GrammarMatchers:
         self._ll_tokenizer: Any = None
         self._templates: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.matchers: dict[str, Any] = {}
+        self._origins: dict[str, tuple[tuple[str, str], Any]] = {}  # request id -> (key, template) it copies
 
     def __len__(self) -> int:
         return len(self.matchers)
@@ -104,10 +108,21 @@ class GrammarMatchers:
 
     def add(self, request_id: str, structured: StructuredOutputs) -> None:
         """Give ``request_id`` a fresh matcher for its grammar (InvalidSamplingParams if it does not compile)."""
-        self.matchers[request_id] = self._template(structured.kind()).deep_copy()
+        key = structured.kind()
+        template = self._template(key)
+        self.matchers[request_id] = template.deep_copy()
+        self._origins[request_id] = (key, template)
 
     def discard(self, request_id: str) -> None:
         self.matchers.pop(request_id, None)
+        self._origins.pop(request_id, None)
+
+    def _evict_template_of(self, request_id: str) -> None:
+        """A failed matcher leaves its template's shared lexer in the error state: the next request with that
+        grammar gets a fresh template, whatever path it would take."""
+        origin = self._origins.get(request_id)
+        if origin is not None and self._templates.get(origin[0]) is origin[1]:
+            del self._templates[origin[0]]
 
     def token_masks(self, chunks: Sequence[ScheduledChunk]) -> TokenMasks | None:
         """One bitmask row per sampled chunk with a matcher (None: no such chunk in the batch)."""
@@ -136,6 +151,7 @@ class GrammarMatchers:
         if matcher.is_error() or not matcher.consume_token(token_id):
             log.warning("request %s: its grammar failed at token %d (%s); ending it with an error", request_id,
                         token_id, self.error(request_id))
+            self._evict_template_of(request_id)
             return True
         return bool(matcher.is_stopped())
 

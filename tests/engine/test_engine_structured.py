@@ -180,6 +180,18 @@ def test_a_grammar_that_fails_mid_generation_ends_the_request_with_an_error_not_
     assert core._grammars is not None and not core._grammars.matchers
 
 
+def test_a_failure_does_not_poison_the_next_request_with_the_same_grammar() -> None:
+    """llguidance shares the lexer between a template and its copies: after one request exhausts it, the cached
+    template fails every later copy at its first mask, unless it is evicted."""
+    either = f"{LATE_FAILURE}|0"
+    core, _ = masking_core({"late": encode("x" * 60), "short": encode("0")})
+    core.add_request("late", encode("hi"), params(regex=either))
+    assert run_to_completion(core)["late"]["finish_reason"] == "error"
+    core.add_request("short", encode("hi"), params(regex=either))
+    res = run_to_completion(core)["short"]
+    assert (res["text"], res["finish_reason"]) == ("0", "stop")
+
+
 def test_a_failed_matcher_whose_mask_allows_only_eos_is_an_error_not_a_stop() -> None:
     core, ex = masking_core({"r": encode("abcdef")})
     core.add_request("r", encode("x"), params(regex="[a-z]{10}"))
