@@ -104,7 +104,8 @@ def grammar_failed(kind: str, message: str) -> InvalidSamplingParams:
     """The error of a request whose grammar failed in the engine after it was admitted."""
     return InvalidSamplingParams(
         f"structured.{kind} failed during generation: it exceeded the grammar library's limits "
-        f"({library_error(message)}){_hint(message)}; the output so far is not returned.", field=f"structured.{kind}")
+        f"({library_error(message)}){_hint(message)}; the text generated before it is incomplete.",
+        field=f"structured.{kind}")
 
 
 class _ByteTokens:
