@@ -3,7 +3,9 @@
 One in-process ``EngineCore`` (no DP, no processes). ``generate`` adds every prompt (``n > 1`` fans out into
 ``n`` sub-requests, with ``seed + k`` when a seed is set), steps the core until all finish, and returns one
 cumulative ``asyncdp.outputs.RequestOutput`` per prompt, in prompt order. If stepping raises (or is
-interrupted), the outstanding requests are aborted so the engine stays usable.
+interrupted), the outstanding requests are aborted so the engine stays usable. A request the engine ends with an
+error (its grammar failed mid-generation) raises ``InvalidRequestError`` naming its field the same way: no
+output cut short is returned as if complete.
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ class LLM:
                 entry = children.get(delta.request_id)
                 if entry is None:
                     continue
+                if delta.error_type is not None:  # its grammar failed mid-generation: no cut-short answer
+                    raise InvalidRequestError(delta.error or "the request failed", field=delta.error_field)
                 completion, result = entry
                 completion.token_ids.extend(delta.new_token_ids)
                 completion.text += delta.new_text

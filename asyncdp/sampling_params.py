@@ -6,7 +6,16 @@ the offline ``LLM`` both call it before a request reaches an engine. ``structure
 checked by compiling its grammar with llguidance (tokenizer-free, cached by text; ``grammar_text`` and
 ``check_grammar`` live here so that this wire type imports nothing of the engine), so an uncompilable schema or
 regex is refused there too, naming ``structured.<field>``. The engine's matchers build from the same
-``grammar_text``.
+``grammar_text``, under the same ``grammar_limits``.
+
+Limits. A grammar can compile and still fail once tokens flow: llguidance builds its lexer lazily, so a counted
+repetition with a large count (``a{99999999}``, or one in a JSON schema's ``pattern``) exhausts the library's
+lexer fuel at the first mask or token, a choice list wider than a parser row its row limit, and the matcher
+enters an error state. ``check_grammar`` therefore runs a bounded probe after compiling: a matcher over a 256-byte tokenizer,
+under ``GRAMMAR_LIMITS`` (a fifth of the library's default lexer fuel, which also bounds the probe to ~0.1 s
+and ~30 MB), walks ``PROBE_STEPS`` bytes, each the lowest the grammar allows. What fails there
+is refused like an uncompilable grammar. What the probe cannot see (a branch it did not take, a limit hit after
+many tokens) still fails in the engine, which ends the request with an error, never a quiet ``stop``.
 """
 
 from __future__ import annotations
@@ -32,6 +41,14 @@ MAX_LOGIT_BIAS = 100.0
 INSTALL_HINT = "structured outputs need the 'llguidance' package on the server; install it with: pip install llguidance"
 # JSON is generated compact (no optional whitespace): small models otherwise loop on spaces and newlines.
 _JSON_OPTIONS = {"whitespace_flexible": False}
+# llguidance's parser limits for every compile, probe and matcher (``LLParserLimits``; the rest are the library's
+# defaults). The initial lexer fuel is a fifth of its default 1_000_000: a regex's counted repetition {n} takes
+# about 4n, so n up to ~50_000, JSON schemas of hundreds of properties and enums of thousands of values fit, and
+# exhausting it takes ~0.05-0.12 s and ~15-30 MB instead of ~0.3-0.8 s and ~90-170 MB (measured on 2 cores; the
+# engine's per-token mask cost of such a repetition grows with n too).
+GRAMMAR_LIMITS: dict[str, int] = {"initial_lexer_fuel": 200_000}
+# Bytes the validation probe feeds a fresh matcher (see the module docstring).
+PROBE_STEPS = 16
 
 
 def llguidance_module() -> Any:
@@ -58,18 +75,90 @@ def grammar_text(kind: str, text: str) -> str:
     raise ValueError(f"unknown structured output kind {kind!r}")
 
 
+@functools.cache
+def grammar_limits() -> Any:
+    """``GRAMMAR_LIMITS`` as the library's ``LLParserLimits``, with short error messages where it has the switch
+    (verbose ones dump the parser state and the whole grammar)."""
+    limits = llguidance_module().LLParserLimits
+    try:
+        return limits(**GRAMMAR_LIMITS, verbose_errors=False)
+    except TypeError:  # an llguidance without verbose_errors
+        return limits(**GRAMMAR_LIMITS)
+
+
+def library_error(message: str) -> str:
+    """The library's error without the state dump it may append (``<state>``, ``<non-verbose/>``...)."""
+    head = str(message).split("\n<", 1)[0].strip()
+    return head or str(message).strip()
+
+
+def _hint(error: str) -> str:
+    return "; a counted repetition {n} with a large n is the usual cause" if "lexer" in error else ""
+
+
 def refuse_grammar(kind: str, message: str) -> InvalidSamplingParams:
     return InvalidSamplingParams(f"structured.{kind} cannot be compiled: {message}", field=f"structured.{kind}")
 
 
+def grammar_failed(kind: str, message: str) -> InvalidSamplingParams:
+    """The error of a request whose grammar failed in the engine after it was admitted."""
+    return InvalidSamplingParams(
+        f"structured.{kind} failed during generation: it exceeded the grammar library's limits "
+        f"({library_error(message)}){_hint(message)}; the text generated before it is incomplete.",
+        field=f"structured.{kind}")
+
+
+class _ByteTokens:
+    """A tokenizer for the probe, in the shape ``llguidance.TokenizerWrapper`` takes: the 256 bytes, then EOS."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([b]) for b in range(256)] + [b"<eos>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+@functools.cache
+def _probe_tokenizer() -> Any:
+    llg = llguidance_module()
+    return llg.LLTokenizer(llg.TokenizerWrapper(_ByteTokens()))
+
+
+def probe_grammar(grammar: str) -> str:
+    """The library's error when a matcher over single bytes fails within ``PROBE_STEPS`` bytes of this compiled
+    grammar (each step the lowest byte its mask allows, EOS only when nothing else is), or ""."""
+    import numpy as np
+
+    matcher = llguidance_module().LLMatcher(_probe_tokenizer(), grammar, log_level=0, limits=grammar_limits())
+    eos = _ByteTokens.eos_token_id
+    for _ in range(PROBE_STEPS):
+        if matcher.is_error() or matcher.is_stopped():
+            break
+        mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        if matcher.is_error():
+            break
+        allowed = np.flatnonzero(np.unpackbits(mask, bitorder="little")[:eos])
+        if not allowed.size:
+            break  # only EOS (the grammar is complete) or nothing at all
+        matcher.consume_token(int(allowed[0]))
+    return library_error(matcher.get_error()) if matcher.is_error() else ""
+
+
 @functools.lru_cache(maxsize=256)
 def check_grammar(kind: str, text: str) -> str:
-    """The library's error message for this grammar, or "" when it compiles (cached by text)."""
+    """The library's error message for this grammar, or "" when it compiles and passes the probe (cached by
+    text)."""
     try:
         grammar = grammar_text(kind, text)
     except ValueError as exc:
         return str(exc)
-    return str(llguidance_module().LLMatcher.validate_grammar(grammar)).strip()
+    error = str(llguidance_module().LLMatcher.validate_grammar(grammar, limits=grammar_limits())).strip()
+    if error:
+        return error
+    error = probe_grammar(grammar)
+    return f"it exceeds the grammar library's limits ({error}){_hint(error)}" if error else ""
 
 
 class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -29,7 +29,7 @@ from asyncdp.api.generate import (
     start_stream,
     stream_response,
 )
-from asyncdp.api.offload import INLINE_BODY_BYTES, INLINE_TOKENS
+from asyncdp.api.offload import INLINE_TOKENS, heavy_body
 from asyncdp.api.openai_format import (
     Echo,
     chat_chunk,
@@ -127,7 +127,7 @@ def register(app: Quart, state: AppState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
         body = await request.get_data(as_text=False)
-        prep = await state.offload.run(len(body) > INLINE_BODY_BYTES, prepare, state, body)
+        prep = await state.offload.run(heavy_body(body), prepare, state, body)
         hint = parse_rank_hint(request.headers, prep.req)
         created = int(time.time())
         tok = state.client.tokenizer

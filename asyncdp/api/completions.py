@@ -28,7 +28,7 @@ from asyncdp.api.generate import (
     start_stream,
     stream_response,
 )
-from asyncdp.api.offload import INLINE_BODY_BYTES, INLINE_TOKENS
+from asyncdp.api.offload import INLINE_TOKENS, heavy_body
 from asyncdp.api.openai_format import (
     Echo,
     completion_choice,
@@ -121,7 +121,7 @@ def register(app: Quart, state: AppState) -> None:
     @app.post("/v1/completions")
     async def completions() -> Response:
         body = await request.get_data(as_text=False)
-        prep = await state.offload.run(len(body) > INLINE_BODY_BYTES, prepare, state, body)
+        prep = await state.offload.run(heavy_body(body), prepare, state, body)
         req = prep.req
         hint = parse_rank_hint(request.headers, req)
         request_id, created = prep.request_id, int(time.time())

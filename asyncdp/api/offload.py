@@ -6,7 +6,10 @@ costs about what the hop to a thread and back costs, so the single-request fast 
 ``bench/frontend_overhead.py``). Measured on the 2-core CI box (loaded): a thread hop ~0.1-0.3 ms; the byte-level
 test tokenizer encodes ~1 us/byte and decodes ~14 us/token, so the thresholds keep inline work near 1 ms at most.
 Above them, the event loop only waits: heartbeats, other requests and streams go on while a 10 MB prompt is
-tokenized.
+tokenized. A small body that may carry a structured-output constraint (``may_constrain``) is prepared in a thread
+too: compiling and probing a grammar it has not seen takes up to ~0.1 s (``asyncdp.sampling_params``), and the
+llguidance calls release the GIL. The test is a byte scan for the parameters' names, so a false positive costs
+only the thread hop.
 """
 
 from __future__ import annotations
@@ -22,6 +25,20 @@ T = TypeVar("T")
 
 INLINE_BODY_BYTES = 1024
 INLINE_TOKENS = 64
+# The request parameters that carry a grammar (asyncdp.api.structured), as they appear in a JSON body.
+_CONSTRAINT_KEYS = (b'"guided_json"', b'"guided_regex"', b'"guided_choice"', b'"guided_grammar"',
+                    b'"structured_outputs"', b'"response_format"')
+
+
+def may_constrain(body: bytes | str) -> bool:
+    """Whether a request body may name a structured-output constraint (a grammar to compile before it runs)."""
+    raw = body.encode() if isinstance(body, str) else body
+    return any(key in raw for key in _CONSTRAINT_KEYS)
+
+
+def heavy_body(body: bytes | str) -> bool:
+    """Whether preparing this request body belongs in a worker thread: a large body, or a grammar to check."""
+    return len(body) > INLINE_BODY_BYTES or may_constrain(body)
 
 
 class Offload:

@@ -56,10 +56,12 @@ class RequestStream:
 
 
 def rejection(out: m.RequestOutput) -> Exception:
-    """The error for an output the engine refused (``error_type`` set): a status, never an empty answer."""
+    """The error for an output the engine refused or failed (``error_type`` set): a status, never an empty or
+    cut-short answer. ``invalid_request`` (refused at admission, or its grammar failed mid-generation) is the
+    request's fault: a 400 naming ``error_field``."""
     reason = out.error or "the engine refused the request"
     if out.error_type == "invalid_request":
-        return InvalidRequestError(reason)
+        return InvalidRequestError(reason, field=out.error_field)
     if out.error_type == "unavailable":
         return ShuttingDownError(reason)
     return UnavailableError(reason)
@@ -83,7 +85,7 @@ def apply_outputs(requests: dict[str, RequestStream], msg: m.EngineOutputs, now:
                                        else out.error or f"engine rank {msg.dp_rank} stopped"))
         elif out.error_type == "abandoned":
             req.post(out, now)  # the caller asked for the abort and has left: a normal end
-        elif out.error_type is not None:  # refused by the engine: an error status, not an empty answer
+        elif out.error_type is not None:  # refused or failed by the engine: an error status, not an answer
             req.fail(rejection(out))
         elif out.finish_reason == "abort" and abandoned is not None and not req.client_abort:
             req.fail(ShuttingDownError(f"the request was abandoned: {abandoned}"))

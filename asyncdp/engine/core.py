@@ -25,7 +25,10 @@ Structured outputs (``SamplingParams.structured``): ``add_request`` gives the re
 (``asyncdp.engine.structured.GrammarMatchers``, built on first use from the tokenizer); while any live request
 has one, each step attaches the constrained rows' allowed-token bitmask to the batch, and every sampled token
 advances its matcher. A completed grammar finishes the request with ``stop`` (the completing token's text is
-kept). Only an executor with ``applies_token_masks`` takes such requests.
+kept). A matcher that failed (a grammar limit hit mid-generation: its mask then allows only EOS) finishes the
+request with ``finish_reason="error"`` and ``error_type="invalid_request"`` naming the grammar field, checked
+before EOS, so the text cut short never reads as a ``stop``. Only an executor with ``applies_token_masks`` takes
+such requests.
 
 KV blocks: block 0 is never given to a request; an executor may use it as scratch for dummy batches.
 """
@@ -46,7 +49,7 @@ from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.scheduler import PauseMode, Scheduler
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
 from asyncdp.messages import RequestOutput, SchedulerStats, TokenLogprobs
-from asyncdp.sampling_params import SamplingParams, StructuredOutputs
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs, grammar_failed
 
 if TYPE_CHECKING:
     from asyncdp.engine.structured import GrammarMatchers
@@ -267,6 +270,7 @@ class EngineCore:
             detok = req.detokenizer
             lp = logprobs[idx] if logprobs is not None else None
             prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
+            error = req.error if status is RequestStatus.FINISHED_ERROR else None
             outputs.append(RequestOutput(
                 request_id=req.request_id, new_token_ids=[token],
                 new_text=detok.take_delta(status is not None) if detok is not None else "",
@@ -274,16 +278,26 @@ class EngineCore:
                 stop_reason=req.stop_reason if status is not None else None,
                 logprobs=[lp] if lp is not None else None, prompt_logprobs=prompt_lps,
                 num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=req.num_cached_tokens,
-                first_token_time=req.first_token_time))
+                first_token_time=req.first_token_time,
+                error_type=None if error is None else "invalid_request", error=None if error is None else str(error),
+                error_field=None if error is None else error.field))
         return finished
 
     def _stop_status(self, req: Request, token: int, n_out: int,
                      grammars: GrammarMatchers | None) -> RequestStatus | None:
-        """Whether ``token`` (the ``n_out``-th output) ends the request, in vLLM's order: a stop token or EOS,
-        a stop string, a completed grammar, then the length limits. Flushes the detokenizer when it does."""
+        """Whether ``token`` (the ``n_out``-th output) ends the request: a failed grammar first (its mask let
+        only EOS through), then in vLLM's order a stop token or EOS, a stop string, a completed grammar, and the
+        length limits. Flushes the detokenizer when it does."""
         params = req.sampling_params
         detok = req.detokenizer
         eos = self.eos_token_ids
+        grammar_ends = False
+        if grammars is not None and grammars.advance(req.request_id, token):
+            error = grammars.error(req.request_id)
+            if error and params.structured is not None:
+                req.error = grammar_failed(params.structured.kind()[0], error)
+                return RequestStatus.FINISHED_ERROR
+            grammar_ends = True
         if n_out >= params.min_tokens and (
                 (token in eos and not params.ignore_eos) or token in params.stop_token_ids):
             req.stop_reason = None if token in eos and token not in params.stop_token_ids else token
@@ -296,7 +310,7 @@ class EngineCore:
                 req.stop_reason = stop
                 return RequestStatus.FINISHED_STOPPED
         status = None
-        if grammars is not None and grammars.advance(req.request_id, token):
+        if grammar_ends:
             status = RequestStatus.FINISHED_STOPPED  # the grammar is complete: nothing else may follow
         elif n_out >= req.max_tokens or len(req.all_token_ids) >= self.max_model_len:
             status = RequestStatus.FINISHED_LENGTH

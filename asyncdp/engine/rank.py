@@ -340,18 +340,18 @@ class EngineRank:
             self.core.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params,
                                   arrival_time=msg.arrival_time, client_index=msg.client_index)
         except InvalidRequestError as exc:
-            self._reject(msg, str(exc), "invalid_request")
+            self._reject(msg, str(exc), "invalid_request", field=exc.field)
             return
         if self.lockstep is not None:
             await self.lockstep.on_add_request(msg)
 
-    def _reject(self, msg: m.AddRequest, reason: str, error_type: str) -> None:
+    def _reject(self, msg: m.AddRequest, reason: str, error_type: str, *, field: str | None = None) -> None:
         log.info("rank %d: rejecting %s: %s", self.cfg.dp_rank, msg.request_id, reason)
         del self.state.owners[msg.request_id]
         out = m.EngineOutputs(
             dp_rank=self.cfg.dp_rank,
             outputs=[m.RequestOutput(request_id=msg.request_id, finished=True, finish_reason="abort",
-                                     error_type=error_type, error=reason)],
+                                     error_type=error_type, error=reason, error_field=field)],
             finished_request_ids=[msg.request_id], scheduler_stats=None, timestamp=time.time())
         self.links.post_nowait(msg.client_index, out)
 

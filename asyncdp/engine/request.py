@@ -15,6 +15,7 @@ from asyncdp.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from asyncdp.engine.detokenizer import IncrementalDetokenizer
+    from asyncdp.errors import InvalidRequestError
     from asyncdp.messages import TokenLogprobs
 
 
@@ -25,6 +26,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6  # the request's own input failed mid-generation (its grammar): ``Request.error`` says why
 
     @property
     def is_finished(self) -> bool:
@@ -39,6 +41,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -47,7 +50,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "arrival_time", "client_index", "status",
         "output_token_ids", "all_token_ids", "num_computed_tokens", "block_ids", "block_hashes",
         "num_registered_blocks", "num_cached_tokens", "num_preemptions", "detokenizer", "first_token_time",
-        "stop_reason", "max_tokens", "num_prompt_tokens", "prompt_logprobs", "extra", "prefill_debt",
+        "stop_reason", "max_tokens", "num_prompt_tokens", "prompt_logprobs", "extra", "prefill_debt", "error",
     )
 
     def __init__(
@@ -85,6 +88,7 @@ class Request:
             [None] * self.num_prompt_tokens if sampling_params.prompt_logprobs is not None else None)
         self.extra: dict[str, Any] | None = None
         self.prefill_debt = 0  # its part of Scheduler.prefill_tokens: prompt tokens it still owes the rank
+        self.error: InvalidRequestError | None = None  # why it finished with FINISHED_ERROR
 
     @property
     def num_tokens(self) -> int:

@@ -3,17 +3,28 @@
 The grammar library is llguidance (the one vLLM uses by default; it installs without a CUDA torch or triton).
 ``SamplingParams.structured`` names a JSON schema, any JSON object, a regex, a list of choices or a Lark grammar;
 ``asyncdp.sampling_params.grammar_text`` turns it into an llguidance grammar; ``SamplingParams.validate`` compiles
-it once per distinct text (tokenizer-free, cached) and refuses what the library cannot compile with an
-``InvalidSamplingParams`` naming the field, before the request reaches a step. The parameters own that check, so
-``sampling_params`` (a wire type under ``messages``) never imports the engine.
+it once per distinct text (tokenizer-free, cached) and refuses what the library cannot compile, or what exhausts
+its limits within a short bounded probe, with an ``InvalidSamplingParams`` naming the field, before the request
+reaches a step. The parameters own that check, so ``sampling_params`` (a wire type under ``messages``) never
+imports the engine. Templates are built under the same ``grammar_limits``.
 
 ``GrammarMatchers`` lives in the engine core. ``add`` (called by ``EngineCore.add_request``) gives the request a
 matcher: a ``deep_copy`` of a compiled template cached by grammar text (so a repeated schema compiles once).
 Per step, only when some live request has a matcher, ``token_masks`` fills one int32 bitmask row (bit t of row r:
 token t allowed) per sampled chunk that has one; the executor applies it to those rows' logits before sampling.
-After sampling, ``advance`` feeds the accepted token to the matcher and says whether the grammar is complete
-(then the core finishes the request with ``stop``; EOS is allowed by the mask once the grammar accepts). A
-batch without constrained rows costs one empty-dict test. ``discard`` drops a finished or aborted request.
+After sampling, ``advance`` feeds the accepted token to the matcher and says whether the request must end:
+the grammar is complete (the core finishes it with ``stop``; EOS is allowed by the mask once the grammar
+accepts), or the matcher failed. A batch without constrained rows costs one empty-dict test. ``discard`` drops a
+finished or aborted request.
+
+Failures. Matchers are built under ``grammar_limits`` (those validation probed the grammar with), but a limit
+can still be hit mid-generation (``asyncdp.sampling_params``'s probe walks one short path). llguidance then puts
+the matcher in an error state: its mask allows only EOS and it rejects every token. ``advance`` reports that
+(``error`` gives the library's message, logged once per request as a warning), and the core ends the request
+with an error naming the grammar field instead of a ``stop`` that would pass the truncated text off as complete.
+The lexer is shared by a template and its copies, so the failure reaches the template and the other live
+requests of the same grammar too (each fails at its next mask, the same visible way); the template is evicted,
+so the next request with that grammar starts from a fresh one.
 
 The llguidance tokenizer is built from the engine's Hugging Face fast tokenizer on first use (about a second for
 a 50k vocabulary), with the model's vocabulary size (the logits' width) and the engine's EOS ids.
@@ -30,7 +41,13 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncdp.errors import InvalidSamplingParams
-from asyncdp.sampling_params import grammar_text, llguidance_module, refuse_grammar
+from asyncdp.sampling_params import (
+    grammar_limits,
+    grammar_text,
+    library_error,
+    llguidance_module,
+    refuse_grammar,
+)
 
 if TYPE_CHECKING:
     from asyncdp.engine.executor import ScheduledChunk, TokenMasks
@@ -51,6 +68,7 @@ class GrammarMatchers:
         self._ll_tokenizer: Any = None
         self._templates: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.matchers: dict[str, Any] = {}
+        self._origins: dict[str, tuple[tuple[str, str], Any]] = {}  # request id -> (key, template) it copies
 
     def __len__(self) -> int:
         return len(self.matchers)
@@ -80,9 +98,9 @@ class GrammarMatchers:
             grammar = grammar_text(kind, text)
         except ValueError as exc:
             raise refuse_grammar(kind, str(exc)) from exc
-        template = llguidance_module().LLMatcher(self._tokenizer(), grammar, log_level=0)
+        template = llguidance_module().LLMatcher(self._tokenizer(), grammar, log_level=0, limits=grammar_limits())
         if template.is_error():
-            raise refuse_grammar(kind, template.get_error())
+            raise refuse_grammar(kind, library_error(template.get_error()))
         self._templates[key] = template
         if len(self._templates) > _MAX_TEMPLATES:
             self._templates.popitem(last=False)
@@ -90,10 +108,21 @@ class GrammarMatchers:
 
     def add(self, request_id: str, structured: StructuredOutputs) -> None:
         """Give ``request_id`` a fresh matcher for its grammar (InvalidSamplingParams if it does not compile)."""
-        self.matchers[request_id] = self._template(structured.kind()).deep_copy()
+        key = structured.kind()
+        template = self._template(key)
+        self.matchers[request_id] = template.deep_copy()
+        self._origins[request_id] = (key, template)
 
     def discard(self, request_id: str) -> None:
         self.matchers.pop(request_id, None)
+        self._origins.pop(request_id, None)
+
+    def _evict_template_of(self, request_id: str) -> None:
+        """A failed matcher leaves its template's shared lexer in the error state: the next request with that
+        grammar gets a fresh template, whatever path it would take."""
+        origin = self._origins.get(request_id)
+        if origin is not None and self._templates.get(origin[0]) is origin[1]:
+            del self._templates[origin[0]]
 
     def token_masks(self, chunks: Sequence[ScheduledChunk]) -> TokenMasks | None:
         """One bitmask row per sampled chunk with a matcher (None: no such chunk in the batch)."""
@@ -114,13 +143,21 @@ class GrammarMatchers:
         return TokenMasks(chunk_indices=rows, bitmask=bitmask)
 
     def advance(self, request_id: str, token_id: int) -> bool:
-        """Feed the sampled token to the request's matcher; True when the request must stop (grammar complete,
-        or the token was rejected, which a masked sample never is)."""
+        """Feed the sampled token to the request's matcher; True when the request must end: its grammar is
+        complete, or its matcher failed (``error`` says which; a failed matcher's mask allows only EOS)."""
         matcher = self.matchers.get(request_id)
         if matcher is None:
             return False
-        if not matcher.consume_token(token_id):
-            log.warning("request %s: token %d rejected by its grammar (%s); stopping it", request_id, token_id,
-                        matcher.get_error())
+        if matcher.is_error() or not matcher.consume_token(token_id):
+            log.warning("request %s: its grammar failed at token %d (%s); ending it with an error", request_id,
+                        token_id, self.error(request_id))
+            self._evict_template_of(request_id)
             return True
         return bool(matcher.is_stopped())
+
+    def error(self, request_id: str) -> str:
+        """The library's error of the request's matcher, "" while it has none (or the request no matcher)."""
+        matcher = self.matchers.get(request_id)
+        if matcher is None or not matcher.is_error():
+            return ""
+        return library_error(matcher.get_error()) or "the grammar matcher failed"

@@ -62,7 +62,7 @@ class RequestOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     new_token_ids: list[int] = []
     new_text: str = ""
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" (with ``error_type``)
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     logprobs: list[TokenLogprobs] | None = None
     # With SamplingParams.prompt_logprobs: one entry per prompt token (None for the first, which has no
@@ -73,9 +73,12 @@ class RequestOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     first_token_time: float | None = None
     # Set when the engine refused the request outright (never scheduled): "invalid_request" (bad input the
     # front end could not check) or "unavailable" (shutting down); or "abandoned": the rank's own drain deadline
-    # aborted it (the rank is stopping, whoever asked). ``error`` says why; the client raises.
+    # aborted it (the rank is stopping, whoever asked); or "invalid_request" with ``finish_reason="error"``: the
+    # request's own input failed mid-generation (its grammar hit a limit), so its text so far is no answer.
+    # ``error`` says why, ``error_field`` names the parameter at fault when there is one; the client raises.
     error_type: str | None = None
     error: str | None = None
+    error_field: str | None = None
 
 
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

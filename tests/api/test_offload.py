@@ -71,3 +71,32 @@ async def test_echo_of_a_long_prompt_is_detokenized_off_the_event_loop() -> None
     assert r.status_code == 200
     assert len(r.json()["choices"][0]["logprobs"]["tokens"]) == 10401
     assert tok.threads and loop_thread not in tok.threads
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_small_request_with_a_grammar_is_checked_off_the_event_loop(path: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiling and probing a new grammar takes up to ~0.1 s: never on the event loop, however small the body."""
+    pytest.importorskip("llguidance", reason="structured outputs need llguidance")
+    import asyncdp.sampling_params as sp
+
+    threads: list[int] = []
+    check = sp.check_grammar
+
+    def recorded(kind: str, text: str) -> str:
+        threads.append(threading.get_ident())
+        return check(kind, text)
+
+    monkeypatch.setattr(sp, "check_grammar", recorded)
+    fake, tok = recording_fake(max_model_len=256)
+    loop_thread = threading.get_ident()
+    body: dict[str, Any] = {"prompt": "hi"} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "hi"}]}
+    async with running(fake) as srv:
+        plain = await srv.http.post(path, json={**body, "max_tokens": 1})
+        plain_threads = list(tok.threads)
+        tok.threads.clear()
+        refused = await srv.http.post(path, json={**body, "max_tokens": 1, "guided_regex": "a{99999999}"})
+    assert plain.status_code == 200 and set(plain_threads) == {loop_thread}
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "guided_regex"
+    assert threads and loop_thread not in threads

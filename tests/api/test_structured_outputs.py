@@ -1,13 +1,17 @@
 """Structured outputs over HTTP: response_format, guided_* and structured_outputs each become one compiled
-StructuredOutputs on the sampling params; conflicting or uncompilable constraints are 400s naming the parameter."""
+StructuredOutputs on the sampling params; conflicting or uncompilable constraints, and grammars over the grammar
+library's limits, are 400s naming the parameter. A grammar that fails mid-generation is a 400 too (an error event
+then [DONE] when streaming), never a 200 with the text cut short."""
 
 from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
 
-from asyncdp.sampling_params import StructuredOutputs
+from asyncdp.sampling_params import StructuredOutputs, grammar_failed
+from asyncdp.testing import FakeEngineClient
 from tests.api.conftest import running
 
 pytest.importorskip("llguidance", reason="structured outputs need the optional llguidance package")
@@ -59,6 +63,14 @@ async def test_text_response_format_asks_for_no_constraint() -> None:
     ({"guided_choice": []}, "guided_choice"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+    # compiles, but would exhaust the grammar library's limits at the first token: refused up front
+    ({"guided_regex": "a{99999999}"}, "guided_regex"),
+    ({"structured_outputs": {"regex": "(ab){5000000}"}}, "structured_outputs"),
+    ({"guided_json": {"type": "string", "pattern": "^a{99999999}$"}}, "guided_json"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "p", "schema": {"type": "string", "pattern": "^a{99999999}$"}}}}, "response_format"),
+    ({"guided_grammar": "start: /a{99999999}/"}, "guided_grammar"),
+    ({"guided_choice": [f"option {i}" for i in range(2500)]}, "guided_choice"),
 ])
 async def test_bad_or_conflicting_constraints_are_400_naming_the_parameter(extra: dict, param: str) -> None:
     async with running() as srv:
@@ -66,3 +78,38 @@ async def test_bad_or_conflicting_constraints_are_400_naming_the_parameter(extra
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].startswith(param), r.json()
     assert srv.fake.submitted == []
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_grammar_over_the_librarys_limits_is_a_400_saying_so_for_streams_too(route: str) -> None:
+    body = {"prompt": "a"} if route == "/v1/completions" else {"messages": CHAT}
+    async with running() as srv:
+        for stream in (False, True):
+            r = await srv.http.post(route, json={**body, "max_tokens": 20, "stream": stream,
+                                                 "guided_regex": "a{99999999}"})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == "guided_regex" and "exceeds the grammar library's limits" in error["message"]
+    assert srv.fake.submitted == []
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_grammar_failing_mid_generation_is_a_400_whole_and_an_error_event_before_done_streamed(
+        route: str) -> None:
+    fake = FakeEngineClient()
+    fake.fail_after_tokens = 2  # what the DP client raises for the engine's grammar error output
+    fake.fail_after_tokens_with = grammar_failed("regex", "lexer error: too many expressions constructed")
+    body = {"prompt": "a"} if route == "/v1/completions" else {"messages": CHAT}
+    body |= {"max_tokens": 8, "guided_regex": "[a-z]{8}"}
+    async with running(fake) as srv:
+        whole = await srv.http.post(route, json=body)
+        streamed = await srv.http.post(route, json={**body, "stream": True})
+    assert whole.status_code == 400, whole.text
+    error = whole.json()["error"]
+    assert error["param"] == "structured.regex" and "failed during generation" in error["message"]
+    assert streamed.status_code == 200
+    events = [line.removeprefix("data: ") for line in streamed.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    last = orjson.loads(events[-2])["error"]
+    assert (last["code"], last["param"]) == (400, "structured.regex")
+    assert not any('"finish_reason":"stop"' in e or '"finish_reason": "stop"' in e for e in events)

@@ -294,6 +294,31 @@ async def test_a_request_a_rank_abandons_on_its_own_is_a_503_naming_the_rank(aut
             assert client.num_inflight == 0
 
 
+@pytest.mark.trio
+async def test_a_request_whose_grammar_fails_mid_generation_raises_a_400_naming_the_field(autojump_clock):
+    """The engine ends a request whose grammar failed with ``finish_reason="error"`` and an ``invalid_request``
+    error naming the field: the tokens before it were yielded, then the request raises (a 400 naming the
+    field, or an error event when streaming), never a normal end; the slot is released without an abort."""
+    async with _client_with_engine() as (client, engine_end):
+        async def engine() -> None:
+            add = await _first_add(engine_end)
+            await engine_end.send(_outputs(m.RequestOutput(request_id=add.request_id, new_token_ids=[7])))
+            await engine_end.send(_outputs(m.RequestOutput(
+                request_id=add.request_id, new_token_ids=[8], finished=True, finish_reason="error",
+                error_type="invalid_request", error="structured.regex failed during generation",
+                error_field="structured.regex")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine)
+            outs = []
+            with pytest.raises(errors.InvalidRequestError, match="failed during generation") as err:
+                async for out in client.generate("r1", [1, 2], SamplingParams(max_tokens=100)):
+                    outs.append(out)
+            assert err.value.field == "structured.regex"
+            assert [o.new_token_ids for o in outs] == [[7]]
+            assert client.num_inflight == 0
+
+
 # ---------------------------------------------------------------- gauges and the coordinator link (issue #12)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -207,6 +207,37 @@ async def test_bad_requests_are_rejected_with_openai_errors(dp2: Server) -> None
             assert r.status_code == 400
 
 
+async def test_grammars_over_the_librarys_limits_are_400s_never_a_stop_cut_short(dp2: Server) -> None:
+    """``a{99999999}`` compiles but exhausts llguidance's lexer fuel at its first token: refused up front,
+    naming the parameter. A grammar that fails only past the validation probe ends with a 400 (whole) or an
+    error event (streamed), where it used to answer 200 with ``finish_reason="stop"`` and a truncated text."""
+    pytest.importorskip("llguidance", reason="structured outputs need llguidance")
+    from asyncdp.sampling_params import PROBE_STEPS
+
+    late = f"[a-z]{{{PROBE_STEPS + 8}}}b{{99999999}}"
+    with anyio.fail_after(60):
+        async with dp2.openai() as client:
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.completions.create(model=MODEL, prompt="x", max_tokens=20,
+                                                extra_body={"guided_regex": "a{99999999}"})
+            assert refused.value.body["param"] == "guided_regex"  # type: ignore[index]
+            with pytest.raises(openai.BadRequestError) as whole:
+                await client.completions.create(model=MODEL, prompt="x", max_tokens=60, temperature=0,
+                                                extra_body={"guided_regex": late})
+            assert whole.value.body["param"] == "structured.regex"  # type: ignore[index]
+            assert "failed during generation" in whole.value.message
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=60, temperature=0,
+                stream=True, extra_body={"guided_regex": late})
+            reasons = []
+            with pytest.raises(openai.APIError) as streamed:
+                async for chunk in stream:
+                    reasons += [c.finish_reason for c in chunk.choices]
+            assert streamed.value.body["code"] == 400  # type: ignore[index]
+            assert "failed during generation" in streamed.value.message
+            assert set(reasons) <= {None}
+
+
 async def test_a_resume_that_overtakes_a_waiting_pause_ends_that_pause_with_409(dp2: Server) -> None:
     """``POST /pause?mode=wait`` waits for the running requests; a ``POST /resume`` before they end resumes the
     engines, and the waiting pause call ends with 409 (a conflict between the two callers), never a 500. The

@@ -1,15 +1,17 @@
-"""Structured outputs in the engine core (no torch): validation, per-request matchers, masks, completion."""
+"""Structured outputs in the engine core (no torch): validation, per-request matchers, masks, completion, and
+grammars that exceed the library's limits (refused at validation, or ended with an error mid-generation)."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from engine_testing import EOS_ID, ScriptedExecutor, encode, run_to_completion, scripted_core, sim_core
 
 from asyncdp.engine.executor import ModelBatch, StepResult
 from asyncdp.errors import InvalidRequestError, InvalidSamplingParams
-from asyncdp.sampling_params import SamplingParams, StructuredOutputs
+from asyncdp.sampling_params import PROBE_STEPS, SamplingParams, StructuredOutputs, check_grammar
 
 pytest.importorskip("llguidance", reason="structured outputs need llguidance (pip install llguidance)")
 
@@ -121,6 +123,94 @@ def test_invalid_structured_output_is_refused_naming_the_field(structured: dict,
     with pytest.raises(InvalidSamplingParams) as err:
         SamplingParams(structured=StructuredOutputs(**structured)).validate()
     assert err.value.field == field
+
+
+# Grammars that compile but exhaust llguidance's lexer fuel (or a parser row) at the first mask or token.
+OVER_LIMITS = [
+    ({"regex": "a{99999999}"}, "structured.regex"),
+    ({"regex": "(ab){5000000}"}, "structured.regex"),
+    ({"regex": "x|a{99999999}"}, "structured.regex"),
+    ({"regex": "((a{1000}){1000}){1000}"}, "structured.regex"),
+    ({"json_schema": json.dumps({"type": "string", "pattern": "^a{99999999}$"})}, "structured.json_schema"),
+    ({"grammar": "start: /a{99999999}/"}, "structured.grammar"),
+    ({"choice": tuple(f"option {i}" for i in range(2500))}, "structured.choice"),
+]
+
+
+@pytest.mark.parametrize(("structured", "field"), OVER_LIMITS)
+def test_a_grammar_that_would_fail_once_generation_starts_is_refused_at_validation(structured: dict,
+                                                                                  field: str) -> None:
+    with pytest.raises(InvalidSamplingParams) as err:
+        SamplingParams(structured=StructuredOutputs(**structured)).validate()
+    assert err.value.field == field
+    assert "exceeds the grammar library's limits" in str(err.value), err.value
+
+
+@pytest.mark.parametrize("structured", [
+    {"regex": "a{10000}"}, {"regex": "[a-z]{1,99999999}"},
+    {"json_schema": json.dumps({"type": "string", "minLength": 99999999})},
+    {"json_schema": json.dumps({"type": "array", "minItems": 99999999})},
+    {"choice": tuple(f"option {i}" for i in range(500))},
+])
+def test_large_but_workable_grammars_still_pass_validation(structured: dict) -> None:
+    SamplingParams(structured=StructuredOutputs(**structured)).validate()
+
+
+# Past the validation probe's bytes, the forced run of b's exhausts the lexer fuel: only generation finds out.
+LATE_FAILURE = f"[a-z]{{{PROBE_STEPS + 8}}}b{{99999999}}"
+
+
+def test_a_grammar_that_fails_mid_generation_ends_the_request_with_an_error_not_a_stop(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert check_grammar("regex", LATE_FAILURE) == ""  # the probe does not see it
+    core, _ = masking_core({"r": encode("x" * 60)})
+    core.add_request("r", encode("hi"), params(regex=LATE_FAILURE))
+    outputs = []
+    with caplog.at_level(logging.WARNING, logger="asyncdp.engine.structured"):
+        while core.has_unfinished():
+            outputs += core.step().outputs
+    last = outputs[-1]
+    assert last.finished and last.finish_reason == "error"
+    assert (last.error_type, last.error_field) == ("invalid_request", "structured.regex")
+    assert "failed during generation" in (last.error or "") and "too many expressions" in (last.error or "")
+    assert len(outputs) == PROBE_STEPS + 9  # the letters, then the first b: the request did not run on
+    assert all(o.error_type is None and not o.finished for o in outputs[:-1])
+    assert any("its grammar failed" in r.getMessage() and "too many expressions" in r.getMessage()
+               for r in caplog.records)
+    assert core._grammars is not None and not core._grammars.matchers
+
+
+def test_a_failure_does_not_poison_the_next_request_with_the_same_grammar() -> None:
+    """llguidance shares the lexer between a template and its copies: after one request exhausts it, the cached
+    template fails every later copy at its first mask, unless it is evicted."""
+    either = f"{LATE_FAILURE}|0"
+    core, _ = masking_core({"late": encode("x" * 60), "short": encode("0")})
+    core.add_request("late", encode("hi"), params(regex=either))
+    assert run_to_completion(core)["late"]["finish_reason"] == "error"
+    core.add_request("short", encode("hi"), params(regex=either))
+    res = run_to_completion(core)["short"]
+    assert (res["text"], res["finish_reason"]) == ("0", "stop")
+
+
+def test_a_failed_matcher_whose_mask_allows_only_eos_is_an_error_not_a_stop() -> None:
+    core, ex = masking_core({"r": encode("abcdef")})
+    core.add_request("r", encode("x"), params(regex="[a-z]{10}"))
+    core.step()
+    matcher = core._grammars.matchers["r"]  # type: ignore[union-attr]
+    assert not matcher.consume_token(ord("0"))  # what a limit hit does: the matcher is in its error state
+    res = run_to_completion(core)["r"]
+    assert ex.masks[-1] is not None and ex.masks[-1][1][0] == {EOS_ID}  # the failed matcher's mask: EOS only
+    assert res["tokens"][-1] == EOS_ID and res["finish_reason"] == "error"
+
+
+def test_the_error_output_survives_the_wire_codec() -> None:
+    import msgspec
+
+    from asyncdp.messages import RequestOutput
+
+    out = RequestOutput(request_id="r", finished=True, finish_reason="error", error_type="invalid_request",
+                        error="structured.regex failed", error_field="structured.regex")
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(out), type=RequestOutput) == out
 
 
 def test_engine_refuses_an_uncompilable_grammar_at_add_request_and_keeps_no_state() -> None:

@@ -122,3 +122,17 @@ def test_constrained_and_free_requests_share_a_batch_and_the_free_one_is_unchang
         free, SamplingParams(temperature=0.0, max_tokens=16, structured=StructuredOutputs(choice=("yes", "no")))])
     assert mixed[0].outputs[0].token_ids == alone
     assert mixed[1].outputs[0].text in ("yes", "no")
+
+
+def test_a_grammar_failing_mid_generation_raises_naming_the_field_and_the_engine_serves_on(tiny_llm: LLM) -> None:
+    from asyncdp.errors import InvalidRequestError
+    from asyncdp.sampling_params import PROBE_STEPS
+
+    late = StructuredOutputs(regex=f"[a-z]{{{PROBE_STEPS + 8}}}b{{99999999}}")  # past the validation probe
+    with pytest.raises(InvalidRequestError, match="failed during generation") as err:
+        tiny_llm.generate(["Answer: "], SamplingParams(temperature=0.0, max_tokens=64, structured=late))
+    assert err.value.field == "structured.regex"
+    assert not tiny_llm.llm_engine.has_unfinished()
+    out = tiny_llm.generate(["Answer: "], SamplingParams(temperature=0.0, max_tokens=8,
+                                                         structured=StructuredOutputs(choice=("yes", "no"))))
+    assert out[0].outputs[0].text in ("yes", "no") and out[0].outputs[0].finish_reason == "stop"
