@@ -14,8 +14,8 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 4  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
-# 4: UtilityResult.error_kind
+PROTOCOL_VERSION = 5  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+# 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
