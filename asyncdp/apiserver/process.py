@@ -71,6 +71,7 @@ class ApiConfig:
     log_stats_interval_s: float = 10.0
     max_seqs_per_request: int = 256
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
+    model_aliases: tuple[str, ...] = ()  # more names for the model (the first is the client's model_name)
 
 
 def make_metrics(cfg: ApiConfig) -> Any:
@@ -110,7 +111,8 @@ async def serve_api(
     metrics = make_metrics(cfg)
     client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
     app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
-                     max_request_body_bytes=cfg.max_request_body_bytes)
+                     max_request_body_bytes=cfg.max_request_body_bytes,
+                     served_model_names=[cfg.client.model_name, *cfg.model_aliases])
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
     http_stop = anyio.Event()
@@ -197,7 +199,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         keep_alive_on_engine_death=role.keep_alive_on_engine_death, ssl_keyfile=role.ssl_keyfile,
         ssl_certfile=role.ssl_certfile, socket_dir=role.socket_dir, client_link_host=role.client_link_host,
         max_seqs_per_request=role.max_seqs_per_request,
-        max_request_body_bytes=role.max_request_body_bytes)
+        max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases)
 
 
 def _http_socket(role: ApiServerRole) -> socket.socket:

@@ -31,6 +31,7 @@ class LaunchPlan:
     served_model_name: str
     model_path: str
     deployment: DeploymentConfig
+    served_model_aliases: tuple[str, ...] = ()  # --served-model-name's other names, served as well
     tokenizer_path: str = ""  # --tokenizer, resolved; empty: the model's
     host: str | None = None
     port: int = 8000
@@ -126,6 +127,7 @@ class ApiServerRole(_Role, frozen=True):
     max_model_len: int
     model_path: str  # the API server reads only the tokenizer from it
     mode: str
+    model_aliases: tuple[str, ...] = ()  # more names the API serves the model under (--served-model-name)
     is_moe: bool = False
     lb_policy: str = "vllm"
     max_queued_requests: int | None = None
@@ -187,7 +189,7 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
     return ApiServerRole(
         client_index=client_index, client_count=plan.api_server_count, managed_ranks=managed_ranks,
         dp_size=plan.dp_size, model_name=plan.served_model_name, max_model_len=plan.max_model_len,
-        model_path=plan.tokenizer_path or plan.model_path, mode=plan.mode, is_moe=plan.is_moe,
+        model_aliases=plan.served_model_aliases, model_path=plan.tokenizer_path or plan.model_path, mode=plan.mode, is_moe=plan.is_moe,
         lb_policy=plan.lb_policy, max_queued_requests=plan.max_queued_requests,
         engine_ready_timeout_s=plan.engine_ready_timeout_s, coordinator_client_addr=coordinator_client_addr,
         client_link_host=client_link_host, local_ranks=plan.deployment.local_ranks,

@@ -54,6 +54,7 @@ def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
     return LaunchPlan(
         engine=config.engine.replace(model=str(path)),
         served_model_name=config.served_model_names[0],
+        served_model_aliases=config.served_model_names[1:],
         model_path=str(path),
         tokenizer_path=str(resolve_tokenizer(config.engine.tokenizer, path)),
         deployment=dep,

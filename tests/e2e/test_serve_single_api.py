@@ -95,16 +95,25 @@ async def test_killed_engine_is_dead_in_server_info_and_the_survivor_serves(dp2_
     assert after.get("1", 0.0) == before.get("1", 0.0)
 
 
-async def test_trio_backend_serves_a_completion(tmp_path: Path) -> None:
-    with serve(tmp_path, "-dp", "2", "--api-server-count", "1", "--backend", "trio") as server:
+async def test_trio_backend_serves_a_completion_under_every_served_model_name(tmp_path: Path) -> None:
+    # --served-model-name takes several names, as vLLM's does: /v1/models lists each, and each one serves.
+    with serve(tmp_path, "-dp", "2", "--api-server-count", "1", "--backend", "trio",
+               "--served-model-name", MODEL, "org/alias") as server:
         with anyio.fail_after(30):
             async with server.openai() as client:
-                r = await client.completions.create(model=MODEL, prompt="Hello from trio", max_tokens=4)
+                r = await client.completions.create(model=MODEL, prompt="Hello from trio", max_tokens=4,
+                                                    temperature=0)
                 s = await client.completions.create(model=MODEL, prompt="Hello from trio", max_tokens=4,
                                                     stream=True)
                 streamed = [c async for c in s]
+                models = [m.id async for m in client.models.list()]
+                alias = await client.completions.create(model="org/alias", prompt="Hello from trio", max_tokens=4,
+                                                        temperature=0)
+                card = await client.models.retrieve("org/alias")
         assert r.choices[0].finish_reason in ("length", "stop") and r.usage and r.usage.prompt_tokens > 0
         assert streamed and streamed[-1].choices[0].finish_reason in ("length", "stop")
+        assert models == [MODEL, "org/alias"]
+        assert alias.model == "org/alias" and alias.choices[0].text == r.choices[0].text and card.id == "org/alias"
 
 
 async def test_tls_serves_a_completion_through_every_api_process(tmp_path: Path) -> None:
