@@ -302,6 +302,8 @@ class EngineCore:
                 (token in eos and not params.ignore_eos) or token in params.stop_token_ids):
             req.stop_reason = None if token in eos and token not in params.stop_token_ids else token
             if detok is not None:
+                if params.include_stop_str_in_output:  # the stop token's own text too, as vLLM's detokenizer does
+                    detok.update(token, check_stop=False)
                 detok.flush()
             return RequestStatus.FINISHED_STOPPED
         if detok is not None:

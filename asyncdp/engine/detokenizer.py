@@ -10,7 +10,8 @@ whole context. A few prompt tokens seed the window so the first output token get
 Stop strings are searched only in the newly appended text plus the ``len(longest stop) - 1`` characters
 before it. While stop strings are set, that many trailing characters are held back from the streamed deltas,
 so a stop string is never half-streamed (the final delta releases what remains). A matched stop string
-truncates the text; it is kept only with ``include_stop_str_in_output``.
+truncates the text; it is kept only with ``include_stop_str_in_output``. A stop token (EOS or a ``stop_token_ids``
+entry) is never given to ``update`` unless ``include_stop_str_in_output`` asks for its text (``EngineCore``).
 
 Works with any tokenizer that has ``decode(ids, skip_special_tokens=...)``: a ``tokenizers.Tokenizer`` or a
 Hugging Face tokenizer (whose Rust backend is used directly when it has one, for speed).

@@ -37,6 +37,15 @@ def test_stop_token_id_is_reported_as_the_stop_reason():
     assert (res["tokens"], res["stop_reason"], res["text"]) == (encode("xy"), ord("y"), "x")
 
 
+def test_include_stop_str_in_output_keeps_the_stop_tokens_text_as_vllm_does():
+    core, _ = scripted_core({"a": encode("xyz")})
+    core.add_request("a", encode("q"), SamplingParams(max_tokens=9, stop_token_ids=(ord("y"),),
+                                                      include_stop_str_in_output=True))
+    res = run_to_completion(core)["a"]
+    assert (res["tokens"], res["finish_reason"], res["stop_reason"], res["text"]) == (encode("xy"), "stop", ord("y"),
+                                                                                     "xy")
+
+
 def test_min_tokens_prevents_finishing_on_eos_or_stop_string_early():
     core, _ = scripted_core({"a": [EOS_ID] + encode("ab") + [EOS_ID]})
     core.add_request("a", encode("q"), SamplingParams(max_tokens=9, min_tokens=2, stop=("a",)))
