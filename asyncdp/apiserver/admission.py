@@ -13,14 +13,21 @@ from collections.abc import Callable
 import anyio
 
 from asyncdp.apiserver.node_table import NodeTable, node_admits
-from asyncdp.errors import QueueFullError
+from asyncdp.errors import InvalidRequestError, QueueFullError
 
 
 def check_admits(num_inflight: int, num_sequences: int, limit: int | None, node: NodeTable | None,
                  client_index: int) -> None:
-    """Raise ``QueueFullError`` unless ``num_sequences`` more slots fit under ``limit``."""
+    """Raise ``QueueFullError`` unless ``num_sequences`` more slots fit under ``limit``; ``InvalidRequestError``
+    (a 400, not a 429 a client would retry) when they could never fit, even with nothing in flight."""
     if limit is None:
         return
+    capacity = limit if node is None else limit * node.num_processes
+    if num_sequences > capacity:
+        where = f"--max-queued-requests {limit}" + ("" if node is None else f" x {node.num_processes} API servers")
+        raise InvalidRequestError(
+            f"the request asks for {num_sequences} sequences (prompts x max(n, best_of)), more than this server "
+            f"ever admits at once ({where}); send fewer prompts or a smaller n", field="n")
     if node is None:
         if num_inflight + num_sequences > limit:
             raise QueueFullError(

@@ -141,6 +141,9 @@ class FakeEngineClient:
         self._check_serving()
         if num_sequences < 1:
             raise ValueError(f"admit() needs at least one sequence, got {num_sequences}")
+        if self.max_queued_requests is not None and num_sequences > self.max_queued_requests:
+            raise InvalidRequestError(f"the request asks for {num_sequences} sequences, more than "
+                                      f"--max-queued-requests {self.max_queued_requests} admits", field="n")
         if self.max_queued_requests is not None and self.num_in_flight + num_sequences > self.max_queued_requests:
             raise QueueFullError(
                 f"{num_sequences} sequences do not fit: {self.num_in_flight} in flight, --max-queued-requests "

@@ -13,15 +13,17 @@ from tests.api.conftest import running, sse_events
 pytestmark = pytest.mark.anyio
 
 
-async def test_request_with_more_sequences_than_free_slots_is_429_and_reserves_nothing() -> None:
+async def test_request_with_more_sequences_than_the_queue_ever_admits_is_400_and_reserves_nothing() -> None:
+    # More than --max-queued-requests even with nothing in flight: a 400 naming n, not a 429 (the openai client
+    # retries a 429, and this request could never be admitted).
     fake = FakeEngineClient(max_queued_requests=8)
     async with running(fake) as srv:
         too_many = await srv.http.post("/v1/completions", json={"prompt": "a", "n": 9, "max_tokens": 1})
         again = await srv.http.post("/v1/completions", json={"prompt": "a", "n": 9, "max_tokens": 1})
         after = fake.num_in_flight
         fits = await srv.http.post("/v1/completions", json={"prompt": "a", "n": 8, "max_tokens": 1})
-    assert too_many.status_code == 429 and again.status_code == 429
-    assert too_many.json()["error"]["type"] == "RateLimitError"
+    assert too_many.status_code == 400 and again.status_code == 400
+    assert too_many.json()["error"]["param"] == "n" and "--max-queued-requests 8" in too_many.json()["error"]["message"]
     assert after == 0 and len(fake.submitted) == 8
     assert fits.status_code == 200 and len(fits.json()["choices"]) == 8
     assert fake.num_in_flight == 0
