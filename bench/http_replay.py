@@ -254,7 +254,8 @@ class _Replayer:
                                                     measured=t_send * 1e3 >= self.w.warmup_ms)
         body = completion_body(self.model, self.mat.prompt(rec), rec.output_length)
         try:
-            async with self.client.stream("POST", "/v1/completions", json=body) as resp:
+            headers = {"X-Session-ID": rec.routing_key} if rec.routing_key else None  # as the simulator's key
+            async with self.client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
                 if resp.status_code != 200:
                     ev.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                     return

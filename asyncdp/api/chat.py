@@ -41,6 +41,7 @@ from asyncdp.api.openai_format import (
 )
 from asyncdp.api.params import chat_messages, logit_bias, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint
+from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
@@ -129,10 +130,11 @@ def register(app: Quart, state: AppState) -> None:
         body = await request.get_data(as_text=False)
         prep = await state.offload.run(heavy_body(body), prepare, state, body)
         hint = parse_rank_hint(request.headers, prep.req)
+        key = routing_key(request.headers, prep.req)
         created = int(time.time())
         tok = state.client.tokenizer
         if not prep.req.stream:
-            choices = best_choices(await run_whole(state, prep.seqs, hint), prep.per_prompt, prep.n)
+            choices = best_choices(await run_whole(state, prep.seqs, hint, key), prep.per_prompt, prep.n)
             heavy = (prep.top_logprobs is not None or prep.req.prompt_logprobs is not None) and (
                 len(prep.prompt.token_ids) + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
             prompt = prep.prompt if prep.req.prompt_logprobs is not None else None
@@ -140,12 +142,12 @@ def register(app: Quart, state: AppState) -> None:
             doc = await state.offload.run(heavy, render, prep.request_id, created, prep.model, choices,
                                           len(prep.prompt.token_ids), tok, prep.top_logprobs)
             return json_response(doc)
-        return await _streamed(state, prep, hint, created)
+        return await _streamed(state, prep, hint, key, created)
 
 
-async def _streamed(state: AppState, prep: Prepared, hint: Any, created: int) -> Response:
+async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None, created: int) -> Response:
     req, tok, model, request_id = prep.req, state.client.tokenizer, prep.model, prep.request_id
-    fan, first = await start_stream(state, prep.seqs, hint)
+    fan, first = await start_stream(state, prep.seqs, hint, key)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
     num_prompt = len(prep.prompt.token_ids)

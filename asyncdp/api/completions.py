@@ -41,6 +41,7 @@ from asyncdp.api.openai_format import (
 )
 from asyncdp.api.params import logit_bias, prompts, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint
+from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import CompletionRequest, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
@@ -124,19 +125,21 @@ def register(app: Quart, state: AppState) -> None:
         prep = await state.offload.run(heavy_body(body), prepare, state, body)
         req = prep.req
         hint = parse_rank_hint(request.headers, req)
+        key = routing_key(request.headers, req)
         request_id, created = prep.request_id, int(time.time())
         if not req.stream:
-            choices = best_choices(await run_whole(state, prep.seqs, hint), prep.per_prompt, prep.n)
+            choices = best_choices(await run_whole(state, prep.seqs, hint, key), prep.per_prompt, prep.n)
             heavy = (req.echo or req.logprobs is not None or req.prompt_logprobs is not None) and (
                 prep.num_prompt_tokens + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
             payload = await state.offload.run(heavy, _render, state, prep, choices, request_id, created)
             return Response(payload, content_type="application/json")
-        return await _streamed(state, prep, hint, request_id, created)
+        return await _streamed(state, prep, hint, key, request_id, created)
 
 
-async def _streamed(state: AppState, prep: Prepared, hint: Any, request_id: str, created: int) -> Response:
+async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None, request_id: str,
+                    created: int) -> Response:
     req, tok, model = prep.req, state.client.tokenizer, prep.model
-    fan, first = await start_stream(state, prep.seqs, hint)
+    fan, first = await start_stream(state, prep.seqs, hint, key)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
     offsets = [0] * len(prep.seqs)

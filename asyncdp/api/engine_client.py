@@ -58,10 +58,12 @@ class EngineClient(Protocol):
         *,
         rank_hint: RankHint | None = None,
         admission: Admission | None = None,
+        routing_key: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Submit one request and yield its output deltas until one has ``finished=True``.
 
         With ``admission`` the request takes one of its reserved slots instead of being admitted on its own.
+        ``routing_key`` is the request's session key (a conversation, a user), for the balancer's policy.
         Raises before the first yield: ``InvalidRequestError`` (rank hint out of range, E2/E3; prompt too long),
         ``QueueFullError`` (admission limit), ``UnavailableError`` (no rank can serve, shutting down).
         Raises while iterating: ``EngineDeadError`` when the owning rank dies, ``ShuttingDownError`` when the

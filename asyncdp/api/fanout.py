@@ -47,7 +47,7 @@ class Sequence:
 class Fanout:
     def __init__(
         self, tg: TaskGroup, client: EngineClient, seqs: list[Sequence], rank_hint: RankHint | None,
-        admission: Admission,
+        admission: Admission, routing_key: str | None = None,
     ) -> None:
         self._admission = admission
         send, self._recv = anyio.create_memory_object_stream[Item](max_buffer_size=8 * len(seqs))
@@ -55,7 +55,7 @@ class Fanout:
         try:
             with send:
                 for seq, scope in zip(seqs, self._scopes, strict=True):
-                    tg.start_soon(self._produce, client, seq, rank_hint, admission, scope, send.clone(),
+                    tg.start_soon(self._produce, client, seq, rank_hint, admission, scope, send.clone(), routing_key,
                                   name=f"generate {seq.request_id}")
         except BaseException:
             self.close()
@@ -64,13 +64,13 @@ class Fanout:
     @staticmethod
     async def _produce(
         client: EngineClient, seq: Sequence, hint: RankHint | None, admission: Admission,
-        scope: anyio.CancelScope, send: MemoryObjectSendStream[Item],
+        scope: anyio.CancelScope, send: MemoryObjectSendStream[Item], routing_key: str | None,
     ) -> None:
         with scope, send:
             if scope.cancel_called:  # closed before this task first ran: the admission may be released
                 return
             outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint,
-                                      admission=admission)
+                                      admission=admission, routing_key=routing_key)
             try:
                 try:
                     async for out in outputs:
@@ -104,7 +104,7 @@ class Fanout:
 
 async def collect_one(
     client: EngineClient, seq: Sequence, hint: RankHint | None, on_output: Callable[[RequestOutput], None],
-    admission: Admission | None = None,
+    admission: Admission | None = None, routing_key: str | None = None,
 ) -> int:
     """Iterate one sequence in the calling task, passing each output to ``on_output``; return the count.
 
@@ -114,7 +114,7 @@ async def collect_one(
     exhausted = False
     try:
         outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint,
-                                  admission=admission)
+                                  admission=admission, routing_key=routing_key)
     except BaseException:
         if admission is not None:
             admission.release()

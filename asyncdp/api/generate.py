@@ -90,17 +90,17 @@ def best_choices(choices: list[Choice], per_prompt: int, n: int) -> list[Choice]
     return best
 
 
-async def run_whole(state: AppState, seqs: list[Sequence], hint: Any) -> list[Choice]:
+async def run_whole(state: AppState, seqs: list[Sequence], hint: Any, key: str | None = None) -> list[Choice]:
     """Every sequence's outputs, accumulated per choice, for a non-streamed response."""
     state.producers()  # 503 while draining or not serving yet, before anything is reserved
     admission = state.client.admit(len(seqs))
     if len(seqs) == 1:  # no fan-out to merge: the handler iterates the one sequence itself
         choice = Choice(seqs[0].index)
-        if not await collect_one(state.client, seqs[0], hint, choice.add, admission):
+        if not await collect_one(state.client, seqs[0], hint, choice.add, admission, key):
             raise RuntimeError("every sequence ended without output")
         return [choice]
     try:
-        fan = Fanout(state.producers(), state.client, seqs, hint, admission)
+        fan = Fanout(state.producers(), state.client, seqs, hint, admission, key)
     except BaseException:
         admission.release()
         raise
@@ -116,12 +116,13 @@ async def run_whole(state: AppState, seqs: list[Sequence], hint: Any) -> list[Ch
     return choices
 
 
-async def start_stream(state: AppState, seqs: list[Sequence], hint: Any) -> tuple[Fanout, Item]:
+async def start_stream(state: AppState, seqs: list[Sequence], hint: Any,
+                       key: str | None = None) -> tuple[Fanout, Item]:
     """Admit, start the producers and wait for the first item; raise (and release everything) on an error."""
     tg = state.producers()
     admission = state.client.admit(len(seqs))
     try:
-        fan = Fanout(tg, state.client, seqs, hint, admission)
+        fan = Fanout(tg, state.client, seqs, hint, admission, key)
     except BaseException:
         admission.release()
         raise

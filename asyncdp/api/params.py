@@ -55,6 +55,8 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "prediction": (),
     "reasoning_effort": (),
     "web_search_options": (),
+    "verbosity": ("medium",),  # OpenAI's default; another would ask for shorter or longer answers
+    "include_reasoning": (True, False),  # vLLM: no reasoning parser here, so there is no reasoning to strip
 }
 
 

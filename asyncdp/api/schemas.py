@@ -82,7 +82,9 @@ class _Common(msgspec.Struct, kw_only=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[TokenIdKey, Bias] | None = None
-    user: str | None = None
+    user: str | None = None  # a routing key when nothing more specific names one (asyncdp.api.routing_key)
+    safety_identifier: str | None = None  # OpenAI's abuse-monitoring id: accepted, nothing to do with it here
+    prompt_cache_key: str | None = None  # OpenAI's cache-affinity key: the request's routing key
     # vLLM sampling extras
     top_k: Annotated[int, Meta(ge=-1, le=MAX_INT32)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
@@ -162,6 +164,8 @@ class ChatRequest(_Common, kw_only=True):
     prediction: Json | None = None
     reasoning_effort: str | None = None
     web_search_options: Json | None = None
+    verbosity: str | None = None
+    include_reasoning: bool | None = None
 
 
 class TokenizeCompletion(msgspec.Struct, kw_only=True):

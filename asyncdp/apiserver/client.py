@@ -198,10 +198,12 @@ class DPClient:
         *,
         rank_hint: RankHint | None = None,
         admission: Admission | None = None,
+        routing_key: str | None = None,
     ) -> AsyncGenerator[m.RequestOutput, None]:
         # A new prefix among several API servers: the coordinator says where it goes (before the slot is taken).
         directed = None if rank_hint is not None or not self.can_serve() or self._shutting_down else \
-            await self.coordinator.direct(self.lb, request_id, prompt_token_ids, params.max_tokens or 16, now_us())
+            await self.coordinator.direct(self.lb, request_id, prompt_token_ids, params.max_tokens or 16, now_us(),
+                                          routing_key)
         # The slot: one of the HTTP request's reserved ones, or a fresh one. From the take on, the count stays
         # right on every path: nothing awaits until the request is registered below, and every path out after
         # that goes through the finally, which releases it.
@@ -209,7 +211,7 @@ class DPClient:
             self.admit(1).take()
         else:
             self._check_can_admit()
-        dp_rank, engine = self._route(request_id, prompt_token_ids, params, rank_hint, directed)
+        dp_rank, engine = self._route(request_id, prompt_token_ids, params, rank_hint, directed, routing_key)
         req = RequestStream(request_id, time.monotonic(), len(prompt_token_ids))
         self._requests[request_id] = req
         self._slots.publish()  # the slot moved from "reserved" to this request: the node sees it again
@@ -249,13 +251,14 @@ class DPClient:
                 self._release(req)
 
     def _route(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-               rank_hint: RankHint | None, directed: int | None) -> tuple[int, EngineLink]:
+               rank_hint: RankHint | None, directed: int | None, key: str | None) -> tuple[int, EngineLink]:
         """The balancer's pick (hints resolved there, once; else the directory's rank, if any) and that rank's
         link; undone if the rank is gone."""
         local_index = rank_hint.local_index if rank_hint else None
         global_rank = rank_hint.global_rank if rank_hint else None
         dp_rank = self.lb.select(request_id, prompt_token_ids, local_index, global_rank_hint=global_rank,
-                                 max_tokens=params.max_tokens or 16, now_us=now_us(), directed=directed)
+                                 max_tokens=params.max_tokens or 16, now_us=now_us(), directed=directed,
+                                 routing_key=key)
         engine = self._links.engines.get(dp_rank)
         if engine is None or not engine.alive:
             self.lb.on_finish(request_id)

@@ -6,7 +6,8 @@ Theory of operation
 :func:`~asyncdp.testing.open_sim_cluster`: the real coordinator, rank loops, schedulers and block managers, the
 simulated executor with the profile's cost model, and R real ``DPClient`` routers with the policy under test
 (``lb_policy``, a :func:`~asyncdp.dp.balance.make_policy` name). Requests enter through
-``DPClient.generate`` of router ``req_id % R`` with ``max_tokens = output_length`` and ``ignore_eos``; the
+``DPClient.generate`` of router ``req_id % R`` with ``max_tokens = output_length``, ``ignore_eos`` and the
+record's ``routing_key`` (the session key a policy sees, C4; an HTTP client sends it as ``X-Session-ID``); the
 executor's ``token_source`` emits each request's answer segment, so a later turn that quotes it hits the blocks
 the engine cached (spec §4.0).
 
@@ -330,7 +331,8 @@ class _Driver:
                           turn=rec.turn, measured=self.closed is None and t_send * 1e3 >= self.w.warmup_ms)
         self.log.events.append(ev)
         self._outstanding += 1
-        gen = self.cluster.clients[router].generate(rid, self.mat.prompt(rec), params)
+        gen = self.cluster.clients[router].generate(rid, self.mat.prompt(rec), params,
+                                                    routing_key=rec.routing_key)
         task_status.started()  # as SimCluster.complete_all: this task runs into generate() until routed
         try:
             async with aclosing(gen):

@@ -72,6 +72,7 @@ class FakeEngineClient:
         self.fail_with: Exception | None = None  # raised before the first yield (e.g. to provoke a 500)
         # What happened, for assertions.
         self.submitted: list[tuple[str, list[int], SamplingParams, RankHint | None]] = []
+        self.routing_keys: dict[str, str | None] = {}  # request id -> the routing key generate() was given
         self.finished: list[str] = []
         self.aborted: list[str] = []
         self.paused = False
@@ -160,8 +161,10 @@ class FakeEngineClient:
         *,
         rank_hint: RankHint | None = None,
         admission: Admission | None = None,
+        routing_key: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         # Checks run at the first __anext__, before the first yield, as in the real client.
+        self.routing_keys[request_id] = routing_key
         return self._generate(request_id, list(prompt_token_ids), params, rank_hint, admission)
 
     # ------------------------------------------------------------------ test helpers

@@ -39,7 +39,7 @@ class SlowCleanupClient:
         self.aborted: list[str] = []
 
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams, *, rank_hint: object = None,
-                       admission: object = None):
+                       admission: object = None, routing_key: str | None = None):
         try:
             while True:
                 await trio.sleep(1.0)

@@ -140,6 +140,18 @@ def test_one_rank_serves_a_multi_turn_workload_at_its_ideal_hit_rate():
     assert metrics.compute(log)["prefix_hit_rate"] == pytest.approx(workload.ideal_hit_rate, abs=1e-6)
 
 
+def test_the_workloads_routing_key_reaches_the_policy_so_session_hash_keeps_each_client_on_one_rank():
+    # W4's routing key is the client id (spec C4): session_hash puts every turn of a client on the key's rank.
+    workload = resolve(build("w4", "quick", 3, {"clients": 8, "rounds": 3, "request_len": 64, "output_len": 8}))
+    log = simulate(workload, "session_hash", 3, ClusterSpec(dp_size=4, profile=load_profile("gpu_8b")))
+    keys = {r.req_id: r.routing_key for r in workload.records}
+    ranks: dict[str, set[int]] = {}
+    for e in log.events:
+        ranks.setdefault(keys[e.req_id], set()).add(e.rank)
+    assert len(ranks) == 8 and all(len(r) == 1 for r in ranks.values()), ranks
+    assert len(set().union(*ranks.values())) > 1  # the keys spread over the ranks
+
+
 def test_sim_executor_emits_the_token_source_tokens_and_falls_back_where_it_gives_none():
     from asyncdp.config.flags import EngineConfig
     from asyncdp.engine.executor import ModelBatch, ScheduledChunk

@@ -354,3 +354,14 @@ def test_an_unknown_policy_preset_is_a_config_error_naming_the_valid_ones() -> N
 
     with pytest.raises(ConfigError, match="unknown load-balancing policy 'dynamo_kv@nope'.*sglang_cache_aware"):
         make_policy("dynamo_kv@nope")
+
+
+def test_a_routing_key_reaches_the_policy_and_session_hash_keeps_each_key_on_one_rank() -> None:
+    # session_hash maps a key to its rank on the ring whatever the load; without the key it falls back to the rank
+    # that got the fewest requests, which spreads a conversation's turns.
+    lb = LoadBalancer(list(range(8)), policy="session_hash")
+    keyed = {key: {lb.select(f"{key}-{turn}", [1, 2, 3], routing_key=key) for turn in range(6)}
+             for key in ("alice", "bob", "carol", "dave")}
+    assert all(len(ranks) == 1 for ranks in keyed.values()), keyed
+    unkeyed = {lb.select(f"anon-{turn}", [1, 2, 3]) for turn in range(6)}
+    assert len(unkeyed) == 6
