@@ -44,6 +44,27 @@ def in_git_work_tree() -> bool:
         return False
 
 
+A_FILE = "bench/serving.py"  # a path under it cannot be created: "bench/serving.py/out.json"
+
+
+CASES = [
+    # rank_timeline: ConfigErrors of the workload, policy, profile and cluster were tracebacks
+    ("rank_timeline.py", ["--workload", "nosuch"], ["'nosuch'", "w1, w2"]),
+    ("rank_timeline.py", ["--scale", "quick", "--policies", "asyncdp,nosuch"], ["'nosuch'", "valid policies", "vllm"]),
+    ("rank_timeline.py", ["--profile", "nosuch"], ["'nosuch'", "gpu_8b"]),
+    ("rank_timeline.py", ["--scale", "quick", "--workload", "w1", "--telemetry", "nosuch"], ["'nosuch'"]),
+    ("rank_timeline.py", ["--option", "nokeyvalue"], ["KEY=VALUE", "'nokeyvalue'"]),
+    ("rank_timeline.py", ["--every", "0"], ["--every", "got 0"]),
+]
+
+
+@pytest.mark.parametrize(("script", "args", "needles"), CASES, ids=[f"{s} {' '.join(a)}" for s, a, _ in CASES])
+def test_bad_argument_is_a_usage_error(script: str, args: list[str], needles: list[str], tmp_path: Path) -> None:
+    env = {"ASYNCDP_TOOLS_DIR": str(tmp_path / "tools")} if script == "user_tools.py" else None
+    if script == "user_tools.py" and "--out" not in args:
+        args = [*args, "--out", str(tmp_path / "user_tools.json")]  # never the repository's bench/results
+    assert_usage_error(run_script(script, *args, env=env), script, *needles)
+
 
 def test_a_server_that_does_not_start_is_reported_with_its_output(tmp_path: Path) -> None:
     """What routing_real.py and sim_validation.py print when ``asyncdp serve`` exits before it is ready: its own
