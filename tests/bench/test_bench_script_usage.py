@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncdp.errors import ConfigError
+from bench.http_replay import run_cli
 from bench.serving import ServerStartError, _log_tail, asyncdp_serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +57,21 @@ CASES = [
     ("rank_timeline.py", ["--scale", "quick", "--workload", "w1", "--telemetry", "nosuch"], ["'nosuch'"]),
     ("rank_timeline.py", ["--option", "nokeyvalue"], ["KEY=VALUE", "'nokeyvalue'"]),
     ("rank_timeline.py", ["--every", "0"], ["--every", "got 0"]),
+    # routing_real: an unknown policy used to start a server that failed and hid why
+    ("routing_real.py", ["--policies", "vllm,nosuch"], ["'nosuch'", "valid policies", "asyncdp@local"]),
+    ("routing_real.py", ["--options", "[1]"], ["--options", "'[1]'"]),
+    ("routing_real.py", ["--options", "{bad"], ["--options", "'{bad'"]),
+    ("routing_real.py", ["--policies", "vllm", "--concurrency", "0"], ["--concurrency", "got 0"]),
+    ("routing_real.py", ["--policies", "vllm", "--kv-blocks", "-1"], ["--kv-blocks", "got -1"]),
+    ("routing_real.py", ["--policies", "vllm", "--log-dir", A_FILE], ["--log-dir", A_FILE, "is a file, not a folder"]),
+    ("routing_real.py", ["--policies", "vllm", "--json", f"{A_FILE}/out.json"],
+     ["--json", f"{A_FILE}/out.json", "is not a folder"]),
+    ("routing_real.py", ["--policies", "vllm", "--trace", "/nonexistent/trace.jsonl"], ["/nonexistent/trace.jsonl"]),
+    # sim_validation: an unknown policy failed in the runner, and its pool's thread raised a TypeError
+    ("sim_validation.py", ["--policies", "nosuch"], ["'nosuch'", "valid policies"]),
+    ("sim_validation.py", ["--profile", "/nonexistent/profile.json"], ["/nonexistent/profile.json", "calibrate"]),
+    ("sim_validation.py", ["--torch-threads", "-1"], ["--torch-threads", "got -1"]),
+    ("sim_validation.py", ["--policies", "vllm", "--workload", "nosuch"], ["'nosuch'"]),
 ]
 
 
@@ -66,6 +83,15 @@ def test_bad_argument_is_a_usage_error(script: str, args: list[str], needles: li
     assert_usage_error(run_script(script, *args, env=env), script, *needles)
 
 
+@pytest.mark.skipif(not in_git_work_tree(), reason="needs the repository's git work tree")
+@pytest.mark.parametrize(("script", "flag"), [("routing_real.py", "--json")])
+def test_a_tracked_file_is_never_an_output(script: str, flag: str) -> None:
+    before = (ROOT / "README.md").read_bytes()
+    out = run_script(script, flag, "README.md")
+    assert_usage_error(out, script, f"{flag} README.md", "tracked by git")
+    assert (ROOT / "README.md").read_bytes() == before
+
+
 def test_a_server_that_does_not_start_is_reported_with_its_output(tmp_path: Path) -> None:
     """What routing_real.py and sim_validation.py print when ``asyncdp serve`` exits before it is ready: its own
     last lines (here its usage error for the flag), not a bare exit status."""
@@ -74,6 +100,18 @@ def test_a_server_that_does_not_start_is_reported_with_its_output(tmp_path: Path
         pass
     assert "exited with 2 before ready" in str(err.value)
     assert "--lb-policy" in str(err.value) and "'nosuch'" in str(err.value)
+
+
+def test_run_cli_turns_errors_into_one_line(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench/routing_real.py"])
+    for exc, status in ((ConfigError("bad workload"), 2), (ServerStartError("asyncdp serve exited with 1"), 1)):
+        def main(exc: Exception = exc) -> int:
+            raise exc
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(main)
+        assert exit_info.value.code == status
+        assert capsys.readouterr().err == f"routing_real.py: error: {exc}\n"
 
 
 def test_log_tail_reads_the_file_a_log_stream_writes(tmp_path: Path) -> None:
