@@ -72,6 +72,10 @@ CASES = [
     ("sim_validation.py", ["--profile", "/nonexistent/profile.json"], ["/nonexistent/profile.json", "calibrate"]),
     ("sim_validation.py", ["--torch-threads", "-1"], ["--torch-threads", "got -1"]),
     ("sim_validation.py", ["--policies", "vllm", "--workload", "nosuch"], ["'nosuch'"]),
+    # the rest of bench/: counts below 1, unwritable outputs, unknown models found before any run
+    ("user_tools.py", ["--only", "nosuch"], ["'nosuch'", "lm-eval mc", "guidellm chat"]),
+    ("user_tools.py", ["--requests", "0"], ["--requests", "got 0"]),
+    ("user_tools.py", ["--timeout-s", "0"], ["--timeout-s"]),
 ]
 
 
@@ -81,6 +85,19 @@ def test_bad_argument_is_a_usage_error(script: str, args: list[str], needles: li
     if script == "user_tools.py" and "--out" not in args:
         args = [*args, "--out", str(tmp_path / "user_tools.json")]  # never the repository's bench/results
     assert_usage_error(run_script(script, *args, env=env), script, *needles)
+
+
+@pytest.mark.parametrize("only", ["", "lm-eval", "guidellm"])
+def test_user_tools_names_the_missing_venv_and_how_to_install_it(only: str, tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    out = run_script("user_tools.py", "--only", only, "--out", str(tmp_path / "user_tools.json"),
+                     env={"ASYNCDP_TOOLS_DIR": str(tools)})
+    assert_usage_error(out, "user_tools.py", "not installed", "pip install torch==2.13.0", "docs/benchmarks.md")
+    for tool, venv, exe in (("lm-eval", "lmeval", "lm-eval"), ("guidellm", "guidellm", "guidellm")):
+        needed = tool.startswith(only)  # --only "" selects every run
+        assert (str(tools / venv / "bin" / exe) in out.stderr) == needed, (tool, out.stderr)
+        assert (f"python3.11 -m venv {tools / venv}\n" in out.stderr) == needed, (tool, out.stderr)
+    assert not (tmp_path / "user_tools").exists()  # nothing ran: no server, no tool
 
 
 @pytest.mark.skipif(not in_git_work_tree(), reason="needs the repository's git work tree")
