@@ -8,6 +8,7 @@ user would, and takes a second or two: the checks come before anything long.
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -72,6 +73,9 @@ CASES = [
     ("sim_validation.py", ["--profile", "/nonexistent/profile.json"], ["/nonexistent/profile.json", "calibrate"]),
     ("sim_validation.py", ["--torch-threads", "-1"], ["--torch-threads", "got -1"]),
     ("sim_validation.py", ["--policies", "vllm", "--workload", "nosuch"], ["'nosuch'"]),
+    # lockstep: the output path is an option, checked before the runs
+    ("lockstep.py", ["--json", "bench"], ["--json", "is a folder"]),
+    ("lockstep.py", ["--json", f"{A_FILE}/out.json"], ["--json", f"{A_FILE}/out.json", "is not a folder"]),
     # the rest of bench/: counts below 1, unwritable outputs, unknown models found before any run
     ("user_tools.py", ["--only", "nosuch"], ["'nosuch'", "lm-eval mc", "guidellm chat"]),
     ("user_tools.py", ["--requests", "0"], ["--requests", "got 0"]),
@@ -101,12 +105,21 @@ def test_user_tools_names_the_missing_venv_and_how_to_install_it(only: str, tmp_
 
 
 @pytest.mark.skipif(not in_git_work_tree(), reason="needs the repository's git work tree")
-@pytest.mark.parametrize(("script", "flag"), [("routing_real.py", "--json")])
+@pytest.mark.parametrize(("script", "flag"), [("lockstep.py", "--json"), ("routing_real.py", "--json")])
 def test_a_tracked_file_is_never_an_output(script: str, flag: str) -> None:
     before = (ROOT / "README.md").read_bytes()
     out = run_script(script, flag, "README.md")
     assert_usage_error(out, script, f"{flag} README.md", "tracked by git")
     assert (ROOT / "README.md").read_bytes() == before
+
+
+def test_lockstep_writes_where_json_says(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "lockstep.json"
+    out = run_script("lockstep.py", "--ranks", "2", "--json", str(target))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"wrote {target}" in out.stdout
+    rows = json.loads(target.read_text())["rows"]
+    assert rows and {row["dp"] for row in rows} == {2}
 
 
 def test_a_server_that_does_not_start_is_reported_with_its_output(tmp_path: Path) -> None:
