@@ -34,7 +34,7 @@ from pathlib import Path
 
 import anyio
 import httpx
-from serving import asyncdp_serve, positive_int  # bench/serving.py (scripts run from bench/)
+from serving import asyncdp_serve, check_output, positive_int  # bench/serving.py (scripts run from bench/)
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 1, "temperature": 0}
@@ -217,12 +217,12 @@ def main() -> None:
     if args.serve:
         _serve_child(args.serve, args.backend)
         return
+    check_output(parser, "--json", args.json)  # before the servers, not after the runs
     results = [run_child_side(side, args.requests, args.concurrency, args.backend) for side in ("bare", "api+fake")]
     asyncdp_result = run_asyncdp_side(args.requests, args.concurrency, args.backend)
     if asyncdp_result is not None:
         results.append(asyncdp_result)
     print_table(results)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"backend": args.backend, "results": [asdict(r) for r in results]}, indent=2))
 
 

@@ -49,7 +49,6 @@ def in_git_work_tree() -> bool:
 
 A_FILE = "bench/serving.py"  # a path under it cannot be created: "bench/serving.py/out.json"
 
-
 CASES = [
     # rank_timeline: ConfigErrors of the workload, policy, profile and cluster were tracebacks
     ("rank_timeline.py", ["--workload", "nosuch"], ["'nosuch'", "w1, w2"]),
@@ -77,6 +76,26 @@ CASES = [
     ("lockstep.py", ["--json", "bench"], ["--json", "is a folder"]),
     ("lockstep.py", ["--json", f"{A_FILE}/out.json"], ["--json", f"{A_FILE}/out.json", "is not a folder"]),
     # the rest of bench/: counts below 1, unwritable outputs, unknown models found before any run
+    ("lockstep_collectives.py", ["--batch", "0"], ["--batch", "got 0"]),
+    ("lockstep_collectives.py", ["--rounds", "0"], ["--rounds", "got 0"]),
+    ("lockstep_collectives.py", ["--model", "/nonexistent/model"], ["/nonexistent/model"]),
+    ("lockstep_collectives.py", ["--json", f"{A_FILE}/out.json"],
+     ["--json", f"{A_FILE}/out.json", "is not a folder"]),
+    ("engine_step_overhead.py", ["--prompt-len", "0"], ["--prompt-len", "got 0"]),
+    ("engine_step_overhead.py", ["--json", "bench"], ["--json", "is a folder"]),
+    ("engine_throughput.py", ["--model", "nosuch"], ["--model", "'nosuch'", "builtin:tiny-dense"]),
+    ("engine_throughput.py", ["--model", "builtin:nosuch"], ["--model", "'builtin:nosuch'"]),
+    ("engine_throughput.py", ["--threads", "-1"], ["--threads", "got -1"]),
+    ("engine_throughput.py", ["--hf-batch-size", "0"], ["--hf-batch-size", "got 0"]),
+    ("engine_throughput.py", ["--device", "nosuch"], ["--device", "'nosuch'"]),
+    ("engine_throughput.py", ["--json", f"{A_FILE}/out.json"],
+     ["--json", f"{A_FILE}/out.json", "is not a folder"]),
+    ("frontend_overhead.py", ["--json", f"{A_FILE}/out.json"],
+     ["--json", f"{A_FILE}/out.json", "is not a folder"]),
+    ("multinode.py", ["--log", f"{A_FILE}/multinode.log"], ["--log", f"{A_FILE}/multinode.log", "is not a folder"]),
+    ("router_agreement.py", ["--prompts", "0"], ["--prompts", "got 0"]),
+    ("router_agreement.py", ["--system", "-1"], ["--system", "got -1"]),
+    ("routing_decision.py", ["--out", "bench"], ["--out", "is a folder"]),
     ("user_tools.py", ["--only", "nosuch"], ["'nosuch'", "lm-eval mc", "guidellm chat"]),
     ("user_tools.py", ["--requests", "0"], ["--requests", "got 0"]),
     ("user_tools.py", ["--timeout-s", "0"], ["--timeout-s"]),
@@ -105,7 +124,8 @@ def test_user_tools_names_the_missing_venv_and_how_to_install_it(only: str, tmp_
 
 
 @pytest.mark.skipif(not in_git_work_tree(), reason="needs the repository's git work tree")
-@pytest.mark.parametrize(("script", "flag"), [("lockstep.py", "--json"), ("routing_real.py", "--json")])
+@pytest.mark.parametrize(("script", "flag"), [("lockstep.py", "--json"), ("routing_decision.py", "--out"),
+                                              ("routing_real.py", "--json")])
 def test_a_tracked_file_is_never_an_output(script: str, flag: str) -> None:
     before = (ROOT / "README.md").read_bytes()
     out = run_script(script, flag, "README.md")
