@@ -122,7 +122,7 @@ def main() -> None:
         rows["one node"] = measure("one node", [f"http://127.0.0.1:{port}"], args)
 
     port, rpc = free_port(), free_port()
-    net = ("-dpa", "127.0.0.1", "-dpp", str(rpc))
+    net: tuple[str, ...] = ("-dpa", "127.0.0.1", "-dpp", str(rpc))
     detect_s = None
     with ExitStack() as stack:
         head = stack.enter_context(launch("-dp", "4", "-dpl", "2", *net, port=port, log=args.log))

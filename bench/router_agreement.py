@@ -124,8 +124,8 @@ def main() -> int:
     ap.add_argument("--dp", type=positive_int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ns = ap.parse_args()
-    choosers: list[tuple[str, Chooser]] = [("asyncdp alone", asyncdp), ("asyncdp + directory", WithDirectory())] + [
-        (f"blch eps={e:g} c={c:g}", blch(e, c)) for e, c in ((0.1, 1.0), (0.25, 2.0), (0.5, 1.0))]
+    choosers: list[tuple[str, Chooser]] = [("asyncdp alone", asyncdp), ("asyncdp + directory", WithDirectory())]
+    choosers += [(f"blch eps={e:g} c={c:g}", blch(e, c)) for e, c in ((0.1, 1.0), (0.25, 2.0), (0.5, 1.0))]
     print(f"W1-style burst: {ns.groups} groups x {ns.prompts} prompts, system {ns.system} + question "
           f"{ns.question} tokens, dp {ns.dp}, seed {ns.seed}")
     print(f"{'policy':22s} {'R':>2s} {'prefills/group':>15s} {'max work/ideal':>15s}")

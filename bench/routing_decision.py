@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -96,7 +97,7 @@ def main() -> None:
 
     policies = [("vllm", make_policy("vllm")), ("vllm (spec loop)", SpecLoopVllm()),
                 ("vllm_legacy", make_policy("vllm_legacy")), ("round_robin", make_policy("round_robin"))]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in RANKS:
         picks_by_policy = {}
         for name, policy in policies:

@@ -45,14 +45,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-from serving import (  # bench/serving.py (scripts run from bench/)
-    asyncdp_serve,
-    check_output,
-    positive_float,
-    positive_int,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from bench.serving import asyncdp_serve, check_output, positive_float, positive_int  # noqa: E402
+
 MODEL = "builtin:tiny-dense"
 MAX_MODEL_LEN = 512
 TOOLS_DIR = Path(os.environ.get("ASYNCDP_TOOLS_DIR", "/work/tools"))
@@ -339,7 +337,6 @@ def main() -> int:
     if (missing := missing_tools(selected)) is not None:
         parser.exit(2, f"{parser.prog}: error: {missing}\n")
 
-    sys.path.insert(0, str(ROOT))
     from asyncdp.model import resolve_model
 
     tokenizer = resolve_model(MODEL)  # the built-in checkpoint directory, tokenizer files included
