@@ -24,7 +24,7 @@ from asyncdp.config.flags import EngineConfig  # noqa: E402
 from asyncdp.engine.core import EngineCore  # noqa: E402
 from asyncdp.engine.sim_executor import SimExecutor  # noqa: E402
 from asyncdp.sampling_params import SamplingParams  # noqa: E402
-from bench.serving import positive_int  # noqa: E402
+from bench.serving import check_output, positive_int  # noqa: E402
 
 
 def measure(batch: int, prompt_len: int, steps: int, tokenizer: object, params: SamplingParams) -> float:
@@ -48,10 +48,11 @@ def measure(batch: int, prompt_len: int, steps: int, tokenizer: object, params: 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=positive_int, default=32)
-    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--prompt-len", type=positive_int, default=512)
     ap.add_argument("--steps", type=positive_int, default=300)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    check_output(ap, "--json", a.json)  # before the runs, not after them
     big = 10 ** 6
     cases = {
         "no tokenizer": (None, SamplingParams(max_tokens=big, ignore_eos=True)),

@@ -28,7 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from bench.serving import positive_int  # noqa: E402
+from asyncdp.errors import ConfigError  # noqa: E402
+from bench.serving import check_output, model_name, non_negative_int, positive_int  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,27 +159,31 @@ def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", action="append", dest="models",
+    parser.add_argument("--model", action="append", dest="models", type=model_name,
                         help="repeatable; default: every built-in model")
     parser.add_argument("--num-requests", type=positive_int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hf-batch-size", type=int, default=16)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for both sides (0: torch default)")
+    parser.add_argument("--hf-batch-size", type=positive_int, default=16)
+    parser.add_argument("--max-num-seqs", type=positive_int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--threads", type=non_negative_int, default=1,
+                        help="torch threads for both sides (0: torch default)")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--skip-asyncdp", action="store_true")
     parser.add_argument("--json", type=Path, default=Path("bench/results/engine_throughput.json"))
     args = parser.parse_args(argv)
+    check_output(parser, "--json", args.json)  # before the runs, not after them
 
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     models = args.models or ["builtin:tiny-dense", "builtin:tiny-moe"]
-    reports = [bench_model(model, args) for model in models]
-    args.json.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        reports = [bench_model(model, args) for model in models]
+    except ConfigError as exc:  # what the checks above cannot see (a model that fails to load, say)
+        parser.error(str(exc))
     args.json.write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.json}")
 

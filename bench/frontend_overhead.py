@@ -31,12 +31,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
-from serving import asyncdp_serve, positive_int  # bench/serving.py (scripts run from bench/)
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from bench.serving import asyncdp_serve, check_output, positive_int  # noqa: E402
+
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 1, "temperature": 0}
 
 
@@ -56,14 +60,15 @@ class Result:
 # ---------------------------------------------------------------------- server sides (child processes)
 
 
-def _bare_app(backend: str):  # type: ignore[no-untyped-def]
+def _bare_app(backend: str) -> Any:
     import orjson
     from quart import Quart, Response, request
 
+    app_class: type[Quart] = Quart
     if backend == "trio":
-        from quart_trio import QuartTrio as app_class
-    else:
-        app_class = Quart
+        from quart_trio import QuartTrio
+
+        app_class = QuartTrio
     app = app_class("bare")
     fixed = orjson.dumps({
         "id": "cmpl-0", "object": "text_completion", "created": 0, "model": "fake-model",
@@ -79,7 +84,7 @@ def _bare_app(backend: str):  # type: ignore[no-untyped-def]
     return app
 
 
-def _api_fake_app(backend: str):  # type: ignore[no-untyped-def]
+def _api_fake_app(backend: str) -> Any:
     from asyncdp.api import create_app
     from asyncdp.testing import FakeEngineClient
 
@@ -217,12 +222,12 @@ def main() -> None:
     if args.serve:
         _serve_child(args.serve, args.backend)
         return
+    check_output(parser, "--json", args.json)  # before the servers, not after the runs
     results = [run_child_side(side, args.requests, args.concurrency, args.backend) for side in ("bare", "api+fake")]
     asyncdp_result = run_asyncdp_side(args.requests, args.concurrency, args.backend)
     if asyncdp_result is not None:
         results.append(asyncdp_result)
     print_table(results)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"backend": args.backend, "results": [asdict(r) for r in results]}, indent=2))
 
 

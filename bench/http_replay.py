@@ -25,13 +25,14 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -63,23 +64,61 @@ KV_BLOCKS = 320
 DP_SIZE = 2
 
 
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object (``--options``)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
+    return value
+
+
 def add_workload_args(ap: argparse.ArgumentParser) -> None:
     """The flags both CLIs share: which workload, how big a cluster, how long to wait, where to write."""
+    from bench.serving import non_negative_int, positive_float, positive_int
+
     ap.add_argument("--workload", default="w1", help="generator name (asyncdp.bench.workloads), default w1")
     ap.add_argument("--scale", default="quick")
-    ap.add_argument("--options", default="{}", help="generator options as JSON, over the tiny W1 defaults for w1")
-    ap.add_argument("--rate", type=float, default=None, help="Poisson arrival rate, requests/s (sets rate_rps)")
+    ap.add_argument("--options", type=json_object, default={},
+                    help="generator options as a JSON object, over the tiny W1 defaults for w1")
+    ap.add_argument("--rate", type=positive_float, default=None,
+                    help="Poisson arrival rate, requests/s (sets rate_rps)")
     ap.add_argument("--trace", default=None, help="a Mooncake trace (JSONL) instead of a generator")
-    ap.add_argument("--trace-block-size", type=int, default=512, help="tokens per trace hash id (Mooncake: 512)")
-    ap.add_argument("--trace-speed", type=float, default=1.0)
-    ap.add_argument("--kv-blocks", type=int, default=KV_BLOCKS,
+    ap.add_argument("--trace-block-size", type=positive_int, default=512,
+                    help="tokens per trace hash id (Mooncake: 512)")
+    ap.add_argument("--trace-speed", type=positive_float, default=1.0)
+    ap.add_argument("--kv-blocks", type=non_negative_int, default=KV_BLOCKS,
                     help="KV blocks (of 16 tokens) per rank; 0: the workload's, else the profile's")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--concurrency", type=int, default=64, help="most requests outstanding at the client")
-    ap.add_argument("--deadline", type=float, default=120.0, help="seconds allowed per replay")
-    ap.add_argument("--startup-timeout", type=float, default=180.0)
+    ap.add_argument("--concurrency", type=positive_int, default=64, help="most requests outstanding at the client")
+    ap.add_argument("--deadline", type=positive_float, default=120.0, help="seconds allowed per replay")
+    ap.add_argument("--startup-timeout", type=positive_float, default=180.0)
     ap.add_argument("--log-dir", default=None, help="keep each server's output in this folder")
     ap.add_argument("--json", default=None, help="write the results as JSON here")
+
+
+def checked_workload(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Workload:
+    """:func:`workload_from_args` after the output flags are checked, before any server starts: a bad workload,
+    trace or output path is a usage error of ``ap`` (exit 2), not a traceback or a failure after the runs."""
+    from bench.serving import check_output
+
+    check_output(ap, "--json", args.json)
+    if args.log_dir:
+        folder = Path(args.log_dir)
+        if folder.exists() and not folder.is_dir():
+            ap.error(f"--log-dir {folder}: is a file, not a folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            ap.error(f"--log-dir {folder}: cannot create the folder ({exc.strerror})")
+        if not os.access(folder, os.W_OK):
+            ap.error(f"--log-dir {folder}: the folder is not writable")
+    try:
+        return workload_from_args(args)
+    except ConfigError as exc:
+        ap.error(str(exc))
 
 
 def workload_from_args(args: argparse.Namespace) -> Workload:
@@ -91,7 +130,8 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         workload = read_trace(args.trace, args.trace_block_size, seed=args.seed, speed=args.trace_speed,
                               dp_size=DP_SIZE)
     else:
-        options = {**(TINY_W1 if args.workload == "w1" else {}), **json.loads(args.options), "dp": DP_SIZE}
+        given = json.loads(args.options) if isinstance(args.options, str) else args.options
+        options = {**(TINY_W1 if args.workload == "w1" else {}), **given, "dp": DP_SIZE}
         if args.rate is not None:
             options.update(arrival="poisson", rate_rps=args.rate)
         workload = build(args.workload, args.scale, args.seed, options)
@@ -364,10 +404,12 @@ def serve_and_replay(policy: str, workload: Workload, args: argparse.Namespace, 
 
     flags = [*server_flags(workload, *caps), *extra_flags, "--lb-policy", policy]
     with ExitStack() as stack:
-        log = None
+        log: IO[bytes]
         if args.log_dir:
             Path(args.log_dir).mkdir(parents=True, exist_ok=True)
             log = stack.enter_context(open(Path(args.log_dir) / f"serve-{policy}.log", "wb"))
+        else:  # a file even so: a server that fails to start is reported with its last lines
+            log = stack.enter_context(tempfile.NamedTemporaryFile(prefix=f"serve-{policy}-", suffix=".log"))
         print(f"[{policy}] asyncdp serve {MODEL} {' '.join(flags)}", file=sys.stderr, flush=True)
         base_url, _pid = stack.enter_context(asyncdp_serve(MODEL, *flags, log=log, timeout_s=args.startup_timeout))
         print(f"[{policy}] ready at {base_url}; replaying {len(workload.records)} requests", file=sys.stderr,
@@ -383,10 +425,17 @@ def serve_and_replay(policy: str, workload: Workload, args: argparse.Namespace, 
 
 
 def run_cli(main: Callable[[], int]) -> None:
-    """Exit with ``main()``'s status; a ConfigError (a bad workload or profile) is one line and exit 2, no
-    traceback."""
+    """Exit with ``main()``'s status, never with a traceback for what the user can fix: a ConfigError that got
+    past the argument checks (a bad workload or profile) is one line ``<script>: error: ...`` and exit 2; a server
+    that does not start is one such line with the server's last output, and exit 1."""
+    from bench.serving import ServerStartError
+
+    prog = Path(sys.argv[0]).name
     try:
         sys.exit(main())
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except ServerStartError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -16,8 +16,9 @@ Per workload and cadence: the dummy steps every rank runs after the group's last
 transition; the same on every rank, by lockstep), the delay from the last real step's end to the pause in ms, the
 dummy fraction of all forwards, and the sync all-reduces per wave (each one is a collective on the hot path).
 
-Usage: python bench/lockstep.py [--sync-interval S]
-Prints a table (ratios ours/vllm) and writes bench/results/lockstep.json.
+Usage: python bench/lockstep.py [--sync-interval S] [--ranks N ...] [--json OUT]
+Prints a table (ratios ours/vllm) and writes it as JSON to ``--json`` (default bench/results/lockstep.json, which
+git ignores; a file git tracks is refused before the runs).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from asyncdp.sampling_params import SamplingParams  # noqa: E402
 from asyncdp.testing import RankResult as Result  # noqa: E402
 from asyncdp.testing import open_rank_cluster as open_cluster  # noqa: E402
 from asyncdp.testing.cluster import DEFAULT_SIM_COST  # noqa: E402
-from bench.serving import positive_int  # noqa: E402
+from bench.serving import check_output, positive_int  # noqa: E402
 
 WORKLOADS = ("burst-1", "req-10", "long-apart", "long-same", "early-stop")
 STOP_IDS = tuple(range(40, 50))
@@ -155,7 +156,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sync-interval", type=positive_int, default=32)
     ap.add_argument("--ranks", type=positive_int, nargs="+", default=[2, 4])
+    ap.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "lockstep.json",
+                    help="write the results here (default: %(default)s)")
     args = ap.parse_args()
+    out = check_output(ap, "--json", args.json)  # before the runs: writable, and not a file git tracks
     rows: list[dict[str, Any]] = []
     for n in args.ranks:
         for name in WORKLOADS:
@@ -181,8 +185,7 @@ def main() -> None:
             ratio = a[key] / v[key] if v[key] else float("nan")
             line += f" | {a[key]:>16.{digits}f} {v[key]:>7.{digits}f} {ratio:>5.2f}"
         print(line)
-    out = Path(__file__).resolve().parent / "results" / "lockstep.json"
-    out.parent.mkdir(exist_ok=True)
+    assert out is not None
     out.write_text(json.dumps({"sync_interval": args.sync_interval, "cost_ms": [cost.a_ms, cost.b_ms_per_token,
                                cost.c_ms_per_seq, cost.d_ms_per_kv_token], "rows": rows}, indent=2))
     print(f"wrote {out}")

@@ -36,9 +36,11 @@ from dp_worker import DPRanks, time_decode  # noqa: E402
 
 from asyncdp.config.flags import EngineConfig  # noqa: E402
 from asyncdp.engine.model_runner import TorchExecutor  # noqa: E402
+from asyncdp.errors import ConfigError  # noqa: E402
 from asyncdp.model import export_builtin  # noqa: E402
 from asyncdp.model.decoder import ArchSpec  # noqa: E402
 from asyncdp.model.info import load_config  # noqa: E402
+from bench.serving import check_output, positive_int  # noqa: E402
 
 
 def _ms(times: list[float]) -> float:
@@ -48,16 +50,23 @@ def _ms(times: list[float]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, help="MoE checkpoint directory (default: builtin:tiny-moe)")
-    ap.add_argument("--batch", type=int, default=4, help="decode sequences per rank")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; each case keeps its best")
+    ap.add_argument("--batch", type=positive_int, default=4, help="decode sequences per rank")
+    ap.add_argument("--prompt-len", type=positive_int, default=32)
+    ap.add_argument("--steps", type=positive_int, default=40)
+    ap.add_argument("--rounds", type=positive_int, default=3,
+                    help="interleaved repetitions; each case keeps its best")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "lockstep_collectives.json")
     a = ap.parse_args()
+    check_output(ap, "--json", a.json)  # before the rank processes start, not after the runs
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model or export_builtin("builtin:tiny-moe", Path(tmp) / "tiny-moe")
-        spec = ArchSpec.from_config(load_config(model))
+        try:
+            spec = ArchSpec.from_config(load_config(model))
+        except ConfigError as exc:
+            ap.error(str(exc))
+        if not spec.sparse_layers:
+            ap.error(f"--model {model}: not a mixture-of-experts model (no sparse layers)")
         config = EngineConfig(model=str(model), device="cpu", dtype="float32", num_kv_blocks=2048, block_size=16,
                               max_num_seqs=2 * a.batch, torch_threads=1)
         single = TorchExecutor(config, model)

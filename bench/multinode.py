@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.serving import ROOT, exit_on_sigterm, free_port, positive_int  # noqa: E402
+from bench.serving import ROOT, check_output, exit_on_sigterm, free_port, positive_int  # noqa: E402
 
 MODEL = "builtin:tiny-dense"
 BASE = ("--executor", "torch", "--max-model-len", "512", "--torch-threads", "1")
@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=positive_int, default=16)
     parser.add_argument("--log", type=Path, default=Path("/tmp/asyncdp-bench-multinode.log"))
     args = parser.parse_args()
+    check_output(parser, "--log", args.log)  # before the servers: each appends its output here
     rows: dict[str, dict[str, float]] = {}
     print(f"{args.requests} completions of {args.max_tokens} tokens, concurrency {args.concurrency}, "
           f"{MODEL}, 4 ranks (log: {args.log})", flush=True)
@@ -121,7 +122,7 @@ def main() -> None:
         rows["one node"] = measure("one node", [f"http://127.0.0.1:{port}"], args)
 
     port, rpc = free_port(), free_port()
-    net = ("-dpa", "127.0.0.1", "-dpp", str(rpc))
+    net: tuple[str, ...] = ("-dpa", "127.0.0.1", "-dpp", str(rpc))
     detect_s = None
     with ExitStack() as stack:
         head = stack.enter_context(launch("-dp", "4", "-dpl", "2", *net, port=port, log=args.log))

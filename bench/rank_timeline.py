@@ -33,7 +33,9 @@ from asyncdp.bench.profiles import load_profile  # noqa: E402
 from asyncdp.bench.records import resolve  # noqa: E402
 from asyncdp.bench.simulate import ClusterSpec, RunLog, measure_r_sat, simulate  # noqa: E402
 from asyncdp.bench.workloads import build  # noqa: E402
+from asyncdp.errors import ConfigError  # noqa: E402
 from asyncdp.testing.cluster import SimCluster  # noqa: E402
+from bench.serving import policy_list, positive_float, positive_int  # noqa: E402
 
 Sample = tuple[float, list[tuple[int, int, float, int]]]  # (t, per rank: running, waiting, KV usage, preemptions)
 
@@ -80,21 +82,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="full", choices=("quick", "full", "dp32"))
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--policies", default="asyncdp,ray_prefix")
+    ap.add_argument("--policies", type=policy_list, default="asyncdp,ray_prefix")
     ap.add_argument("--profile", default="gpu_8b")
-    ap.add_argument("--routers", type=int, default=1, help="API-server routers, each with its own policy state")
+    ap.add_argument("--routers", type=positive_int, default=1,
+                    help="API-server routers, each with its own policy state")
     ap.add_argument("--telemetry", default="vllm_coord")
-    ap.add_argument("--every", type=float, default=1.0, help="sampling period, virtual seconds")
-    ap.add_argument("--print-every", type=float, default=3.0)
+    ap.add_argument("--every", type=positive_float, default=1.0, help="sampling period, virtual seconds")
+    ap.add_argument("--print-every", type=positive_float, default=3.0)
     ap.add_argument("--from", dest="t_from", type=float, default=0.0)
     ap.add_argument("--to", dest="t_to", type=float, default=math.inf)
     ap.add_argument("--full", type=float, default=0.99, help="KV usage read as full")
     ns = ap.parse_args(argv)
-    workload = build(ns.workload, ns.scale, ns.seed, parse_options(ns.option))
-    spec = ClusterSpec(workload.dp_size, load_profile(ns.profile), routers=ns.routers, telemetry=ns.telemetry)
+    try:  # the workload, profile and cluster before any run: a bad one is a usage error (exit 2), not a traceback
+        workload = build(ns.workload, ns.scale, ns.seed, parse_options(ns.option))
+        spec = ClusterSpec(workload.dp_size, load_profile(ns.profile), routers=ns.routers, telemetry=ns.telemetry)
+    except ConfigError as exc:
+        ap.error(str(exc))
     r_sat = measure_r_sat(workload, spec, ns.seed) if isinstance(workload.arrival, RelativeLadder) else None
     workload = resolve(workload, 1.0, r_sat)
-    for policy in ns.policies.split(","):
+    for policy in ns.policies:
         print(f"[{policy}] {workload.name} {ns.scale} seed {ns.seed}, dp {spec.dp_size}, R = {spec.routers}: running",
               file=sys.stderr)
         log, samples = run_probed(workload, policy, ns.seed, spec, ns.every)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from asyncdp.dp.asyncdp_policy import AsyncdpPolicy, AsyncdpState, prompt_hashes  # noqa: E402
 from asyncdp.dp.policy import Decision, RequestView  # noqa: E402
 from asyncdp.dp.prefix_directory import PrefixDirectory  # noqa: E402
-from bench.serving import positive_int  # noqa: E402
+from bench.serving import non_negative_int, positive_int  # noqa: E402
 
 Chooser = Callable[[AsyncdpPolicy, AsyncdpState, RequestView, random.Random], int]
 
@@ -118,14 +118,14 @@ def run(choose: Chooser, routers: int, ns: argparse.Namespace) -> tuple[float, f
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=positive_int, default=64)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--system", type=int, default=2048)
-    ap.add_argument("--question", type=int, default=128)
+    ap.add_argument("--prompts", type=positive_int, default=16)
+    ap.add_argument("--system", type=non_negative_int, default=2048)
+    ap.add_argument("--question", type=non_negative_int, default=128)
     ap.add_argument("--dp", type=positive_int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ns = ap.parse_args()
-    choosers: list[tuple[str, Chooser]] = [("asyncdp alone", asyncdp), ("asyncdp + directory", WithDirectory())] + [
-        (f"blch eps={e:g} c={c:g}", blch(e, c)) for e, c in ((0.1, 1.0), (0.25, 2.0), (0.5, 1.0))]
+    choosers: list[tuple[str, Chooser]] = [("asyncdp alone", asyncdp), ("asyncdp + directory", WithDirectory())]
+    choosers += [(f"blch eps={e:g} c={c:g}", blch(e, c)) for e, c in ((0.1, 1.0), (0.25, 2.0), (0.5, 1.0))]
     print(f"W1-style burst: {ns.groups} groups x {ns.prompts} prompts, system {ns.system} + question "
           f"{ns.question} tokens, dp {ns.dp}, seed {ns.seed}")
     print(f"{'policy':22s} {'R':>2s} {'prefills/group':>15s} {'max work/ideal':>15s}")

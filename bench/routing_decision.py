@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -35,7 +36,7 @@ from asyncdp.dp.balance import (  # noqa: E402
     make_policy,
     spec_loop_pick,
 )
-from bench.serving import positive_int  # noqa: E402
+from bench.serving import check_output, positive_int  # noqa: E402
 
 TARGET_US = 5.0
 RANKS = (8, 64)
@@ -92,10 +93,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "routing_decision.json")
     args = ap.parse_args()
+    check_output(ap, "--out", args.out)  # before the runs, not after them
 
     policies = [("vllm", make_policy("vllm")), ("vllm (spec loop)", SpecLoopVllm()),
                 ("vllm_legacy", make_policy("vllm_legacy")), ("round_robin", make_policy("round_robin"))]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in RANKS:
         picks_by_policy = {}
         for name, policy in policies:
@@ -121,7 +123,6 @@ def main() -> None:
               f"{r['hash']['p50_us']:>9.2f} {r['hooks']['p50_us']:>9.2f}")
     gate, verdict, _ = g7(own, "asyncdp")
     print(f"{gate}: {verdict} (select p50 < {TARGET_US:g} us at 64 ranks)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "routing_decision", "target_us": TARGET_US, "decisions": args.decisions, "seed": args.seed,
         "python": platform.python_version(), "machine": platform.machine(), "rows": rows,

@@ -39,13 +39,14 @@ from asyncdp.bench.materialise import ideal_hit_rate  # noqa: E402
 from asyncdp.bench.records import Workload  # noqa: E402
 from bench.http_replay import (  # noqa: E402
     add_workload_args,
+    checked_workload,
     describe,
     ratios,
     run_cli,
     serve_and_replay,
     table,
-    workload_from_args,
 )
+from bench.serving import policy_list, positive_int  # noqa: E402
 
 KEYS = ("prefix_hit_rate", "ttft_mean_s", "ttft_p99_s", "e2e_p99_s", "throughput_tok_s", "max_mean_load_ratio")
 FMT = {"prefix_hit_rate": ".3f", "ttft_mean_s": ".4f", "ttft_p99_s": ".4f", "e2e_p99_s": ".4f",
@@ -68,15 +69,14 @@ def run(policies: list[str], workload: Workload, args: argparse.Namespace) -> di
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policies", default="asyncdp,vllm,round_robin")
-    ap.add_argument("--api-servers", type=int, default=1,
+    ap.add_argument("--policies", type=policy_list, default="asyncdp,vllm,round_robin",
+                    help="comma-separated load-balancing policies (asyncdp bench routing --list-policies)")
+    ap.add_argument("--api-servers", type=positive_int, default=1,
                     help="API-server processes sharing the port (2 with asyncdp,asyncdp@local: the prefix directory)")
     add_workload_args(ap)
     args = ap.parse_args(argv)
-    if args.api_servers < 1:
-        ap.error("--api-servers must be >= 1")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    workload = workload_from_args(args)
+    policies: list[str] = args.policies
+    workload = checked_workload(ap, args)  # every argument checked before the first server starts
     print(describe(workload), flush=True)
     started = time.monotonic()
     results = run(policies, workload, args)

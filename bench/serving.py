@@ -1,5 +1,9 @@
 """One ``asyncdp serve`` for a benchmark: launched on a free loopback port, waited for on ``/health``, stopped with
-SIGTERM (the launcher stops its children in order) and killed as a process group if it does not exit."""
+SIGTERM (the launcher stops its children in order) and killed as a process group if it does not exit.
+
+Also what the bench scripts share for their command lines: a bad value is a usage error (``<script>: error: ...``
+on stderr, exit 2), found before any server or long run starts, never a traceback (argparse types for counts,
+rates, policy and model names; :func:`check_output` for the files a script writes)."""
 
 from __future__ import annotations
 
@@ -40,12 +44,124 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse type: an int >= 0 (where 0 means "none" or "the default"; a negative count is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite float > 0 (a rate, a period, a timeout)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 and finite (got {text})")
+    return value
+
+
+def policy_list(text: str) -> list[str]:
+    """An argparse type: comma-separated load-balancing policy names, each one ``make_policy`` accepts, so an
+    unknown name is a usage error naming the valid ones before any run or server starts."""
+    from asyncdp.dp.balance import make_policy
+    from asyncdp.errors import ConfigError
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("no policy given")
+    for name in names:
+        try:
+            make_policy(name)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
+    return names
+
+
+def model_name(text: str) -> str:
+    """An argparse type: a built-in model name or a local checkpoint directory (checked, not loaded)."""
+    from asyncdp.errors import ConfigError
+    from asyncdp.model import BUILTIN_PREFIX, builtin_names, resolve_model
+
+    if text.startswith(BUILTIN_PREFIX):
+        if text not in builtin_names():
+            raise argparse.ArgumentTypeError(f"unknown built-in model {text!r}; known: {', '.join(builtin_names())}")
+        return text
+    try:
+        resolve_model(text)  # a directory: only checked for config.json, weights and a tokenizer
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
+    return text
+
+
+def git_tracked(path: Path) -> bool:
+    """Whether ``path`` is a file git tracks in the work tree holding it (False where git or a work tree is
+    missing)."""
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        return False
+    try:
+        return subprocess.run(["git", "-C", str(folder), "ls-files", "--error-unmatch", "--", path.name],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def check_output(parser: argparse.ArgumentParser, flag: str, path: Path | str | None) -> Path | None:
+    """Before any work: ``path`` (the value of ``flag``) can be written, its folder made if missing, and it is not a
+    file git tracks (a benchmark's output must never replace a committed file by surprise); otherwise a usage
+    error (exit 2). Returns the path (None stays None: the output is optional)."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        parser.error(f"{flag} {path}: is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        parser.error(f"{flag} {path}: {path.parent} is not a folder")
+    except OSError as exc:
+        parser.error(f"{flag} {path}: cannot create the folder {path.parent} ({exc.strerror})")
+    if git_tracked(path):
+        parser.error(f"{flag} {path}: is a file tracked by git; write the output elsewhere (bench/results/ is "
+                     "not tracked)")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            parser.error(f"{flag} {path}: is not writable")
+        return path
+    try:  # the only sure test (permissions, read-only mounts, /proc): create the file, then remove it
+        path.open("x").close()
+        path.unlink()
+    except OSError as exc:
+        parser.error(f"{flag} {path}: cannot be written ({exc.strerror})")
+    return path
+
+
 def free_port() -> int:
     """A port that was free a moment ago (the launcher binds ``--port`` itself; a lost race shows as an exit
     before ``/health`` answers)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class ServerStartError(RuntimeError):
+    """``asyncdp serve`` exited before ``/health`` answered, or did not answer in time; the message ends with the
+    last lines of its output when it went to a file (a bad flag is then named, not hidden)."""
+
+
+def _log_tail(log: IO[bytes] | None, lines: int = 20) -> str:
+    name = getattr(log, "name", None)
+    if log is None or not isinstance(name, str) or not os.path.isfile(name):
+        return ""
+    log.flush()
+    tail = Path(name).read_text(errors="replace").strip().splitlines()[-lines:]
+    return "; its last output:\n" + "\n".join(f"  {line}" for line in tail) if tail else ""
 
 
 @contextmanager
@@ -69,10 +185,12 @@ def asyncdp_serve(model: str, *args: str, log: IO[bytes] | None = None, env: dic
             except httpx.TransportError:
                 pass
             try:  # the poll interval, ending early if the server died
-                raise RuntimeError(f"asyncdp serve exited with {proc.wait(timeout=0.2)} before ready")
+                code = proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"asyncdp serve was not ready in {timeout_s:g} s") from None
+                    raise ServerStartError(f"asyncdp serve was not ready in {timeout_s:g} s{_log_tail(log)}") from None
+            else:
+                raise ServerStartError(f"asyncdp serve exited with {code} before ready{_log_tail(log)}")
         yield base_url, proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)

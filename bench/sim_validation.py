@@ -33,13 +33,15 @@ from asyncdp.bench.profiles import Profile, load_profile, profile_hash  # noqa: 
 from asyncdp.bench.records import Workload  # noqa: E402
 from asyncdp.bench.runner import Runner  # noqa: E402
 from asyncdp.bench.simulate import ClusterSpec  # noqa: E402
+from asyncdp.errors import ConfigError  # noqa: E402
 from bench.http_replay import (  # noqa: E402
     add_workload_args,
+    checked_workload,
     describe,
     run_cli,
     serve_and_replay,
-    workload_from_args,
 )
+from bench.serving import policy_list, positive_int  # noqa: E402
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profiles" / "cpu_tiny_dense.json"
 KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "e2e_p99_s", "prefix_hit_rate")
@@ -106,18 +108,22 @@ def policy_ratios(out: dict[str, dict[str, dict[str, float]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="calibrated cost profile (JSON)")
-    ap.add_argument("--policies", default="vllm,asyncdp", help="the first is the base of the policy ratios")
-    ap.add_argument("--torch-threads", type=int, default=None,
+    ap.add_argument("--policies", type=policy_list, default="vllm,asyncdp",
+                    help="comma-separated load-balancing policies; the first is the base of the policy ratios")
+    ap.add_argument("--torch-threads", type=positive_int, default=None,
                     help="torch threads per engine (default: the profile's 'threads', else 1)")
     add_workload_args(ap)
     args = ap.parse_args(argv)
+    # Every argument is checked here, before the first simulation or server: a bad one is a usage error (exit 2).
     if not args.profile.is_file():
-        print(f"no profile at {args.profile}: run `asyncdp bench calibrate --output {args.profile}` first, "
-              "or pass --profile FILE", file=sys.stderr)
-        return 2
-    profile, meta = profile_caps(args.profile)
-    threads = args.torch_threads or int(str(meta.get("threads", 1)))
-    workload = workload_from_args(args)
+        ap.error(f"no profile at {args.profile}: run `asyncdp bench calibrate --output {args.profile}` first, "
+                 "or pass --profile FILE")
+    try:
+        profile, meta = profile_caps(args.profile)
+        threads = args.torch_threads or int(str(meta.get("threads", 1)))
+    except (ConfigError, ValueError) as exc:
+        ap.error(f"--profile {args.profile}: {exc}")
+    workload = checked_workload(ap, args)
     print(describe(workload))
     print(f"profile {args.profile} ({profile.name}, hash {profile_hash(profile)}): a={profile.a_ms} ms, "
           f"b={profile.b_ms_per_token} ms/token, c={profile.c_ms_per_seq} ms/seq, d={profile.d_ms_per_kv_token} "
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{threads} torch thread(s) per engine", flush=True)
     out: dict[str, dict[str, dict[str, float]]] = {}
     failed = 0
-    for policy in (p.strip() for p in args.policies.split(",") if p.strip()):
+    for policy in args.policies:
         t = time.monotonic()
         pred = predicted(workload, policy, args.seed, profile)
         print(f"[{policy}] simulated in {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)

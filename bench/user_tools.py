@@ -45,12 +45,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-from serving import asyncdp_serve  # bench/serving.py (scripts run from bench/)
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from bench.serving import asyncdp_serve, check_output, positive_float, positive_int  # noqa: E402
+
 MODEL = "builtin:tiny-dense"
 MAX_MODEL_LEN = 512
 TOOLS_DIR = Path(os.environ.get("ASYNCDP_TOOLS_DIR", "/work/tools"))
+#: each tool's venv under TOOLS_DIR, its executable there and what installs it (docs/benchmarks.md, "User tools");
+#: a run needs the tool its name starts with
+TOOLS = {"lm-eval": ("lmeval", "lm-eval", "'lm-eval[api,hf]' transformers"),
+         "guidellm": ("guidellm", "guidellm", "guidellm")}
 
 
 @dataclass
@@ -84,6 +91,33 @@ def inflight(base_url: str) -> float:
     text = httpx.get(f"{base_url}/metrics", timeout=5.0, headers={"Connection": "close"}).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("asyncdp:dp_inflight_requests{"))
+
+
+def tool_path(tool: str) -> Path:
+    venv, exe, _ = TOOLS[tool]
+    return TOOLS_DIR / venv / "bin" / exe
+
+
+def missing_tools(runs: list[str]) -> str | None:
+    """None if every tool ``runs`` need is installed, else what is missing and how to install it."""
+    missing = [tool for tool in TOOLS if any(r.startswith(tool + " ") for r in runs) and not tool_path(tool).exists()]
+    if not missing:
+        return None
+    lines = [f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: no "
+             f"{' and no '.join(str(tool_path(t)) for t in missing)} "
+             f"(ASYNCDP_TOOLS_DIR={TOOLS_DIR}). Each tool has its own venv outside the repo (docs/benchmarks.md, "
+             "\"User tools\"); install with:"]
+    for tool in missing:
+        venv, _, packages = TOOLS[tool]
+        lines += [f"  python3.11 -m venv {TOOLS_DIR / venv}",
+                  f"  {TOOLS_DIR / venv}/bin/pip install torch==2.13.0 {packages}"]
+    lines.append("or set ASYNCDP_TOOLS_DIR to where they are, or pick the runs of the installed tools with --only.")
+    return "\n".join(lines)
+
+
+def run_names() -> list[str]:
+    """The runs' names in order (:func:`plan` only builds closures: nothing starts here)."""
+    return [name for name, _ in plan("", Path(), Path(), 0.0, 0)]
 
 
 def tool_env(home: Path) -> dict[str, str]:
@@ -130,7 +164,7 @@ def lm_eval(name: str, work: Path, timeout_s: float, tasks: tuple[str, ...], mod
             extra: tuple[str, ...] = ()) -> Run:
     run = Run(name, "lm-eval")
     out = work / name.replace(" ", "_")
-    cmd = [str(TOOLS_DIR / "lmeval/bin/lm-eval"), "run", "--model", model, "--model_args", model_args,
+    cmd = [str(tool_path("lm-eval")), "run", "--model", model, "--model_args", model_args,
            "--tasks", ",".join(tasks), "--include_path", str(ROOT / "bench/tasks"), "--output_path", str(out),
            "--log_samples", "--seed", "0", *extra]
     code = execute(run, cmd, tool_env(work), work / f"{out.name}.log", timeout_s)
@@ -207,7 +241,7 @@ def guidellm(name: str, base_url: str, tokenizer: Path, work: Path, timeout_s: f
              requests: int) -> Run:
     run = Run(name, "guidellm")
     out = work / f"{name.replace(' ', '_')}.json"
-    cmd = [str(TOOLS_DIR / "guidellm/bin/guidellm"), "run",
+    cmd = [str(tool_path("guidellm")), "run",
            "--backend", f"kind=openai_http,target={base_url},model={MODEL},request_format={endpoint},timeout=60",
            "--profile", "kind=concurrent,streams=4",
            "--constraint", f"kind=max_requests,count={requests}",
@@ -291,15 +325,18 @@ def table(runs: list[Run]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="run only the runs whose name starts with this")
-    parser.add_argument("--requests", type=int, default=24, help="requests per guidellm run")
-    parser.add_argument("--timeout-s", type=float, default=240.0, help="limit per tool run")
+    parser.add_argument("--requests", type=positive_int, default=24, help="requests per guidellm run")
+    parser.add_argument("--timeout-s", type=positive_float, default=240.0, help="limit per tool run")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/user_tools.json")
     args = parser.parse_args()
-    missing = [t for t in ("lmeval/bin/lm-eval", "guidellm/bin/guidellm") if not (TOOLS_DIR / t).exists()]
-    if missing:
-        print(f"missing tool venvs under {TOOLS_DIR}: {missing}; see docs/benchmarks.md", file=sys.stderr)
+    # Before the server starts: a bad argument or a missing tool is one message and exit 2, not a traceback.
+    selected = [name for name in run_names() if name.startswith(args.only)]
+    if not selected:
+        parser.error(f"--only {args.only!r} matches no run; the runs: {', '.join(run_names())}")
+    check_output(parser, "--out", args.out)
+    if (missing := missing_tools(selected)) is not None:
+        parser.exit(2, f"{parser.prog}: error: {missing}\n")
 
-    sys.path.insert(0, str(ROOT))
     from asyncdp.model import resolve_model
 
     tokenizer = resolve_model(MODEL)  # the built-in checkpoint directory, tokenizer files included
@@ -308,8 +345,7 @@ def main() -> int:
     work.mkdir(parents=True)
     runs: list[Run] = []
     with asyncdp_server(work / "asyncdp.log") as base_url:
-        todo = [(n, f) for n, f in plan(base_url, tokenizer, work, args.timeout_s, args.requests)
-                if n.startswith(args.only)]
+        todo = [(n, f) for n, f in plan(base_url, tokenizer, work, args.timeout_s, args.requests) if n in selected]
         for i, (name, start) in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {name} ...", end=" ", flush=True)
             t0 = time.monotonic()
