@@ -100,13 +100,15 @@ class Runner:
         would be thrown away, and waiting for them could take many minutes."""
         if self._pool is None:
             return
-        # ProcessPoolExecutor has no public way to stop a running task before Python 3.14 (kill_workers); its
-        # shutdown forgets the processes, so they are taken first
+        # ProcessPoolExecutor has no public way to stop a running task before Python 3.14 (kill_workers). The
+        # workers are killed first, then the pool is shut down and waited for: shut down first, its manager thread
+        # could still be replacing a worker that had just exited, and died on the process table shutdown cleared
+        # (a TypeError traceback from a thread, printed after the run's own error).
         procs = list((self._pool._processes or {}).values())
-        self._pool.shutdown(wait=False, cancel_futures=True)
         for proc in procs:
             if proc.is_alive():
                 proc.kill()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def submit(self, workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
                closed_concurrency: int | None = None) -> Future[RunLog]:

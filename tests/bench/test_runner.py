@@ -156,3 +156,26 @@ def test_a_signal_another_thread_took_still_interrupts_the_wait_for_runs():
         signal.signal(signal.SIGUSR1, previous)
         ends.cancel()
         takes.cancel()
+
+
+def test_a_failed_run_stops_the_pool_without_a_thread_traceback_after_its_own_error() -> None:
+    # Shut down before its workers were killed, the pool's manager thread died replacing the worker that had just
+    # exited (a TypeError from a thread, printed after the run's own ConfigError).
+    script = (
+        "from asyncdp.bench.runner import Runner\n"
+        "from asyncdp.bench.workloads import build\n"
+        "from asyncdp.bench.records import resolve\n"
+        "from asyncdp.bench.simulate import ClusterSpec\n"
+        "from asyncdp.bench.profiles import load_profile\n"
+        "if __name__ == '__main__':\n"
+        "    w = resolve(build('w1', 'quick', 1, {'groups': 2, 'prompts_per_group': 2}))\n"
+        "    with Runner(1) as r:\n"
+        "        try:\n"
+        "            r.submit(w, 'nosuch', 1, ClusterSpec(dp_size=2, profile=load_profile('gpu_8b'))).result()\n"
+        "        except Exception as exc:\n"
+        "            print('run error:', type(exc).__name__)\n"
+        "            r.stop()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "run error: ConfigError"
+    assert "Traceback" not in done.stderr and "TypeError" not in done.stderr, done.stderr
