@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -159,6 +160,13 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-request-body-bytes", type=int, default=None, metavar="BYTES",
                    help="largest request body, checked before parsing; above it HTTP 413 (default: 64 bytes "
                         "per token of --max-model-len, at least 16 MiB)")
+    for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
+                       ("--allowed-headers", "request headers")):
+        g.add_argument(flag, default=None, metavar="JSON",
+                       help=f"CORS: the {what} cross-origin requests may use, a JSON list; \"*\" allows any "
+                            '(default: ["*"])')
+    _bool(g, "--allow-credentials", help="CORS: allow credentials (cookies, Authorization) on cross-origin requests "
+                                         "(default: false)")
     g.add_argument("--backend", default=None, metavar="{" + ",".join(HTTP_BACKENDS) + "}",
                    help=f"anyio backend of every process (default: {_D.backend})")
     g.add_argument("--lb-policy", "--dp-lb-policy", dest="lb_policy", default=None,
@@ -259,12 +267,26 @@ def _serve_flags(ns: argparse.Namespace) -> dict[str, Any]:
         if ns.model is not None and ns.model != ns.model_arg:
             raise ConfigError(f"the model is given twice: {ns.model_arg!r} and --model {ns.model!r}; give one.")
         flags["model"] = ns.model_arg
+    for dest in ("allowed_origins", "allowed_methods", "allowed_headers"):
+        if flags.get(dest) is not None:
+            flags[dest] = _json_strings("--" + dest.replace("_", "-"), flags[dest])
     if ns.device_ids is not None:
         try:
             flags["device_ids"] = [int(x) for x in ns.device_ids.split(",") if x.strip()]
         except ValueError:
             raise ConfigError(f"--device-ids must be integers such as 0,1,2,3 (got {ns.device_ids!r}).") from None
     return flags
+
+
+def _json_strings(flag: str, raw: str) -> tuple[str, ...]:
+    """A JSON list of non-empty strings (vLLM's form of the CORS flags), or a ConfigError naming ``flag``."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f'{flag} must be a JSON list of non-empty strings such as \'["*"]\' (got {raw!r}).')
+    return tuple(value)
 
 
 def default_model_facts(name: str) -> ModelFacts:

@@ -27,6 +27,7 @@ from werkzeug.exceptions import HTTPException
 from asyncdp.api import chat, completions, utility_routes
 from asyncdp.api.body import draining_request_class
 from asyncdp.api.context import PAUSE_MODES, AppState, json_response, set_draining, state_of
+from asyncdp.api.cors import ALLOW_ALL, Cors, install_cors
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import error_body, status_and_body
 from asyncdp.api.metrics import CONTENT_TYPE, Metrics
@@ -46,11 +47,13 @@ def create_app(
     served_model_names: list[str] | None = None,
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST,
     max_request_body_bytes: int | None = None,
+    cors: Cors | None = ALLOW_ALL,
 ) -> Quart:
     """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
 
     ``max_seqs_per_request`` bounds prompts x max(n, best_of) of one request (``--max-seqs-per-request``);
-    ``max_request_body_bytes`` the body (``--max-request-body-bytes``; None: derived from ``max_model_len``)."""
+    ``max_request_body_bytes`` the body (``--max-request-body-bytes``; None: derived from ``max_model_len``);
+    ``cors`` what cross-origin requests may do (``--allowed-origins`` and friends; None: no CORS headers)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -77,6 +80,8 @@ def create_app(
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]
 
+    if cors is not None:
+        install_cors(app, cors)  # first: a preflight is answered before the API-key and drain checks
     _install_hooks(app, state)
     _register_control_routes(app, state)
     completions.register(app, state)

@@ -42,6 +42,7 @@ import anyio.abc
 import msgspec
 
 from asyncdp import messages as m
+from asyncdp.api.cors import ALLOW_ALL, Cors
 from asyncdp.apiserver.client import ClientConfig, DPClient
 from asyncdp.apiserver.node_table import NodeTable
 from asyncdp.config.roles import ApiServerRole
@@ -72,6 +73,7 @@ class ApiConfig:
     max_seqs_per_request: int = 256
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
     model_aliases: tuple[str, ...] = ()  # more names for the model (the first is the client's model_name)
+    cors: Cors | None = ALLOW_ALL
 
 
 def make_metrics(cfg: ApiConfig) -> Any:
@@ -112,7 +114,7 @@ async def serve_api(
     client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
     app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
                      max_request_body_bytes=cfg.max_request_body_bytes,
-                     served_model_names=[cfg.client.model_name, *cfg.model_aliases])
+                     served_model_names=[cfg.client.model_name, *cfg.model_aliases], cors=cfg.cors)
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
     http_stop = anyio.Event()
@@ -199,7 +201,8 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         keep_alive_on_engine_death=role.keep_alive_on_engine_death, ssl_keyfile=role.ssl_keyfile,
         ssl_certfile=role.ssl_certfile, socket_dir=role.socket_dir, client_link_host=role.client_link_host,
         max_seqs_per_request=role.max_seqs_per_request,
-        max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases)
+        max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
+        cors=Cors(role.allowed_origins, role.allowed_methods, role.allowed_headers, role.allow_credentials))
 
 
 def _http_socket(role: ApiServerRole) -> socket.socket:

@@ -189,6 +189,10 @@ class ServeConfig:
     max_queued_requests: int | None = None  # None: unlimited; above it HTTP 429
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int | None = None  # None: default_max_request_body_bytes(max_model_len)
+    allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
     backend: str = "asyncio"
     lb_policy: str = DEFAULT_LB_POLICY
     log_level: str = "info"

@@ -53,3 +53,28 @@ def test_engine_role_keeps_an_explicit_torch_thread_count():
     explicit = LaunchPlan(engine=EngineConfig(torch_threads=8), served_model_name="m", model_path="/m",
                           deployment=plan.deployment)
     assert engine_role(explicit, 1, handshake_addr="unix:/hs", torch_threads=3).engine.torch_threads == 8
+
+
+def test_the_api_servers_get_the_served_names_and_the_cors_policy_from_the_command_line():
+    from asyncdp.api.cors import Cors
+    from asyncdp.apiserver.process import api_config
+    from asyncdp.launcher.launch_plan import plan_from_config
+
+    config = build_serve_config(shlex.split(
+        "builtin:tiny-dense -dp 2 --served-model-name main alias --allowed-origins '[\"https://app.example\"]' "
+        "--allowed-methods '[\"POST\"]' --allow-credentials"), env={})
+    plan = plan_from_config(config)
+    role = api_server_role(plan, 0, managed_ranks=plan.deployment.managed_ranks, coordinator_client_addr=None,
+                           socket_dir="/run")
+    role = m.decode_control(m.encode(m.WorkerHello(role=role, name="asyncdp-api-0", parent_pid=1))).role
+    cfg = api_config(role)
+    assert (cfg.client.model_name, cfg.model_aliases) == ("main", ("alias",))
+    assert cfg.cors == Cors(origins=("https://app.example",), methods=("POST",), headers=("*",), credentials=True)
+
+
+@pytest.mark.parametrize("value", ["*", "[]", '[""]', '{"a": 1}', "[1]", "[oops"])
+def test_a_cors_flag_that_is_not_a_json_list_of_strings_is_a_config_error_naming_it(value):
+    from asyncdp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--allowed-headers must be a JSON list"):
+        build_serve_config(["--allowed-headers", value], env={}, model_facts=lambda _name: Facts())
