@@ -31,7 +31,9 @@ from asyncdp.sampling_params import SamplingParams
 _SEED_SPACE = 2**64
 
 
-def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int) -> None:
+def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, field: str = "max_tokens") -> None:
+    """The prompt and ``max_tokens`` fit ``max_model_len``; else a 400 naming the prompt, or ``field`` (the
+    request's own name for the limit: chat's ``max_completion_tokens`` when it gave that one)."""
     if num_prompt + 1 > max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length (max_model_len) is {max_model_len} tokens, but the prompt "
@@ -40,7 +42,7 @@ def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int) ->
         raise InvalidRequestError(
             f"This model's maximum context length (max_model_len) is {max_model_len} tokens. However, you "
             f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} for the "
-            f"completion). Please reduce the prompt or max_tokens.", field="max_tokens")
+            f"completion). Please reduce the prompt or {field}.", field=field)
 
 
 def check_num_sequences(num_prompts: int, n: int, best_of: int | None, stream: bool, limit: int) -> int:

@@ -67,6 +67,17 @@ async def test_prompt_or_max_tokens_beyond_max_model_len_is_400_before_generate(
     assert len(srv.fake.submitted) == 1
 
 
+async def test_chat_over_max_model_len_names_the_limit_the_request_gave() -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    async with running(FakeEngineClient(max_model_len=64)) as srv:
+        completion_tokens = await srv.http.post("/v1/chat/completions",
+                                                json={"messages": msgs, "max_completion_tokens": 100000})
+        max_tokens = await srv.http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 100000})
+    err = assert_openai_error(completion_tokens, 400, "BadRequestError", "max_completion_tokens")
+    assert "reduce the prompt or max_completion_tokens" in err["message"]
+    assert_openai_error(max_tokens, 400, "BadRequestError", "max_tokens")
+
+
 class _CountingServerInfo(FakeEngineClient):
     """A fake client that counts how often the ``/server_info`` document is built."""
 
