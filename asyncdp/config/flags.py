@@ -99,7 +99,8 @@ class EngineConfig:
         need(self.max_model_len is None or self.max_model_len >= 2, "--max-model-len", ">= 2", self.max_model_len)
         need(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "--block-size", "a power of two in [1, 128]",
              self.block_size)
-        need(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "--num-kv-blocks", ">= 1", self.num_kv_blocks)
+        need(self.num_kv_blocks is None or self.num_kv_blocks >= 2, "--num-kv-blocks",
+             ">= 2 (block 0 is the engine's scratch block)", self.num_kv_blocks)
         need(self.executor in ("torch", "sim"), "--executor", "one of torch, sim", self.executor)
         need(self.dtype in ("auto", "float32", "bfloat16", "float16"), "--dtype",
              "one of auto, float32, bfloat16, float16", self.dtype)
