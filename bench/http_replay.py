@@ -131,7 +131,9 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
                               dp_size=DP_SIZE)
     else:
         given = json.loads(args.options) if isinstance(args.options, str) else args.options
-        options = {**(TINY_W1 if args.workload == "w1" else {}), **given, "dp": DP_SIZE}
+        options = {**(TINY_W1 if args.workload == "w1" else {}), **given}
+        if args.workload.partition("@")[0].lower() != "w2":  # (w2's stages do not depend on the cluster's size)
+            options["dp"] = DP_SIZE
         if args.rate is not None:
             options.update(arrival="poisson", rate_rps=args.rate)
         workload = build(args.workload, args.scale, args.seed, options)

@@ -123,6 +123,16 @@ def test_ratios_divide_by_the_base_and_give_nan_where_it_is_zero():
     assert got["a"]["x"] == 0.5 and got["vllm"]["x"] == 1.0 and math.isnan(got["a"]["y"])
 
 
+def test_w2_is_not_given_a_dp_option_it_lacks_and_a_preset_on_a_workload_without_presets_says_so():
+    ap = argparse.ArgumentParser()
+    hr.add_workload_args(ap)
+    # w2 has no dp option: the replay no longer gives it one, so what stops it is its own need (a measured R_sat)
+    with pytest.raises(ConfigError, match="needs the measured R_sat"):
+        hr.workload_from_args(ap.parse_args(["--workload", "w2"]))
+    with pytest.raises(ConfigError, match="w1 has no presets"):
+        build("w1@nosuch", "quick", 1)
+
+
 def test_cli_args_give_a_resolved_dp2_workload_with_the_kv_hint_and_server_flags_to_match():
     ap = argparse.ArgumentParser()
     hr.add_workload_args(ap)

@@ -71,6 +71,9 @@ class Options:
 
     def resolved(self) -> dict[str, Any]:
         unknown = sorted(set(self._given) - set(self._resolved))
+        if unknown == ["preset"]:  # name@preset of a workload that has none
+            raise ConfigError(f"{self.workload} has no presets (got {self.workload}@{self._given['preset']}); "
+                              f"its options: {', '.join(sorted(self._resolved))}.")
         if unknown:
             raise ConfigError(f"{self.workload}: unknown option(s) {', '.join(unknown)}; "
                               f"known: {', '.join(sorted(self._resolved))}.")
