@@ -130,3 +130,22 @@ async def test_tls_serves_a_completion_through_every_api_process(tmp_path: Path)
             async with server.openai() as client:
                 r = await client.completions.create(model=MODEL, prompt="Hello over TLS", max_tokens=3)
         assert r.choices[0].finish_reason in ("length", "stop")
+
+
+async def test_session_hash_keeps_each_sessions_requests_on_one_rank_across_api_servers(tmp_path: Path) -> None:
+    # The routing key reaches the policy from each of its sources (asyncdp.api.routing_key), through either of
+    # the two API servers: every request of a session lands on the key's rank.
+    with serve(tmp_path, "-dp", "2", "--lb-policy", "session_hash") as server:
+        with anyio.fail_after(60):
+            async with server.openai() as client:
+                sources: list[tuple[str, dict]] = [
+                    ("X-Session-ID", {"extra_headers": {"X-Session-ID": "conversation-1"}}),
+                    ("user", {"user": "user-2"}),
+                    ("prompt_cache_key", {"extra_body": {"prompt_cache_key": "cache-3"}})]
+                for source, kwargs in sources:
+                    before = await successes(server.base_url)
+                    for i in range(6):
+                        await client.completions.create(model=MODEL, prompt=f"turn {i}", max_tokens=2, **kwargs)
+                    after = await successes(server.base_url)
+                    delta = sorted(after.get(e, 0.0) - before.get(e, 0.0) for e in ("0", "1"))
+                    assert delta == [0.0, 6.0], (source, delta)
