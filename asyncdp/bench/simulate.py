@@ -6,10 +6,9 @@ Theory of operation
 :func:`~asyncdp.testing.open_sim_cluster`: the real coordinator, rank loops, schedulers and block managers, the
 simulated executor with the profile's cost model, and R real ``DPClient`` routers with the policy under test
 (``lb_policy``, a :func:`~asyncdp.dp.balance.make_policy` name). Requests enter through
-``DPClient.generate`` of router ``req_id % R`` with ``max_tokens = output_length``, ``ignore_eos`` and the
-record's ``routing_key`` (the session key a policy sees, C4; an HTTP client sends it as ``X-Session-ID``); the
-executor's ``token_source`` emits each request's answer segment, so a later turn that quotes it hits the blocks
-the engine cached (spec §4.0).
+``DPClient.generate`` of router ``req_id % R`` with ``max_tokens = output_length``, ``ignore_eos`` and the record's
+``routing_key`` (C4); the executor's ``token_source`` emits each request's answer segment, so a later turn that
+quotes it hits the blocks the engine cached (spec §4.0).
 
 When a request is sent (the workload's send rule, :mod:`asyncdp.bench.records`): at ``max(t_arrival_ms or 0,
 done(after_req) + think_ms)``. Records without ``after_req`` are sent by one loop in (time, req_id) order, each
@@ -331,8 +330,7 @@ class _Driver:
                           turn=rec.turn, measured=self.closed is None and t_send * 1e3 >= self.w.warmup_ms)
         self.log.events.append(ev)
         self._outstanding += 1
-        gen = self.cluster.clients[router].generate(rid, self.mat.prompt(rec), params,
-                                                    routing_key=rec.routing_key)
+        gen = self.cluster.clients[router].generate(rid, self.mat.prompt(rec), params, routing_key=rec.routing_key)
         task_status.started()  # as SimCluster.complete_all: this task runs into generate() until routed
         try:
             async with aclosing(gen):
