@@ -277,6 +277,8 @@ def _multi_port_children(c: ServeConfig, *, is_moe: bool) -> tuple[int, list[Ser
     if start + local > dp:
         raise ConfigError(f"multi-port supervised ranks {start}..{start + local - 1} would exceed "
                           f"--data-parallel-size {dp}.")
+    if c.port == 0:  # child i serves --port + i: port 0 would give rank 0 a random port, rank 1 port 1, ...
+        raise ConfigError(f"{flag} serves local rank i on --port + i: give a fixed --port, not 0.")
     first, last = c.port, c.port + local - 1
     if first <= c.data_parallel_supervisor_port <= last:
         raise ConfigError(f"--data-parallel-supervisor-port {c.data_parallel_supervisor_port} overlaps with "

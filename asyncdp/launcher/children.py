@@ -33,6 +33,10 @@ from asyncdp.transport.control import ChildProcess, spawn_child
 log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
 SHUTDOWN_GRACE_S = 5.0
+# [ours] A multi-port supervisor kills its children's trees at the same drain + 5 s (spec §11.3). A supervised
+# node keeps this much of it to kill its own stragglers and exit by itself first: at the same deadline, a loaded
+# machine's supervisor SIGKILLed a child that was killing its slow engine at that moment (an orderly stop, exit 1).
+SUPERVISED_MARGIN_S = 1.5
 _SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
@@ -132,7 +136,8 @@ async def _stop_remote_nodes(node: RunningNode, deadline: float) -> None:
 async def stop_all(node: RunningNode) -> None:
     """The table's stop order, under one shared deadline (spec §12.5)."""
     timeout_s = node.plan.shutdown_timeout_s if node.stop_deadline_s is None else node.stop_deadline_s
-    deadline = anyio.current_time() + timeout_s + SHUTDOWN_GRACE_S
+    grace_s = SHUTDOWN_GRACE_S - (SUPERVISED_MARGIN_S if node.plan.supervised_rank is not None else 0.0)
+    deadline = anyio.current_time() + timeout_s + grace_s
 
     async def stop_role(role: str) -> None:
         children = [c for c in node.children if c.role == role and not c.exited.is_set()]

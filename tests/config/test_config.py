@@ -193,6 +193,7 @@ RULES = [
     ("M13", "-dp 4 -dpl 2 -dpm -tp 2 --device-ids 0,1,2", MOE, "--device-ids lists 3 devices; 2 ranks x tp*pp need 4"),
     ("M13", "-dp 2 -tp 2 --device-ids 0,1,2", MOE, "--device-ids lists 3 devices; 2 ranks x tp*pp need 4"),
     ("M14", "-dp 4 -dpl 2 -dpm", DENSE, "non-MoE models do not support external data-parallel mode"),
+    ("M12", "-dp 4 -dpl 2 -dpm --port 0", MOE, "serves local rank i on --port + i: give a fixed --port, not 0"),
     ("engine", "--num-kv-blocks 1", DENSE, "--num-kv-blocks must be >= 2 (block 0 is the engine's scratch block)"),
 ]
 

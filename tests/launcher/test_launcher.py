@@ -172,3 +172,40 @@ def test_a_port_another_deployment_shares_through_so_reuseport_is_busy_too():
     # free again: bound, and shared with our own listeners
     with reserve_shared_port("127.0.0.1", port) as mine, listen_shared_port("127.0.0.1", port):
         assert mine.getsockname()[1] == port
+
+
+class _SlowChild:
+    """A child of the stop order that records the grace it was given and never exits by itself."""
+
+    def __init__(self, role: str) -> None:
+        self.role, self.rank, self.returncode = role, 0, None
+        self.exited = anyio.Event()
+        self.grace_s: float | None = None
+
+        class _Control:
+            async def aclose(self) -> None:
+                pass
+
+        self.control = _Control()
+
+    async def stop(self, *, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.exited.set()
+
+    def describe(self) -> str:
+        return f"{self.role} (fake)"
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(("supervised", "expected"), [(None, 3.0 + 5.0), (1, 3.0 + 5.0 - 1.5)])
+async def test_a_supervised_node_gives_its_children_less_than_the_supervisor_gives_it(tmp_path, autojump_clock,
+                                                                                      supervised, expected):
+    # The supervisor kills a child's tree at --shutdown-timeout + 5 s; a child that used the same deadline for its
+    # own stragglers could be SIGKILLed at the moment it killed them, and an orderly stop read as exit 1.
+    from asyncdp.launcher.children import stop_all
+
+    node = RunningNode(launch_plan(tmp_path, shutdown_timeout_s=3.0, supervised_rank=supervised), None, str(tmp_path))
+    engine = _SlowChild("engine")
+    node.children.append(engine)  # type: ignore[arg-type]
+    await stop_all(node)
+    assert engine.grace_s == pytest.approx(expected)
