@@ -11,8 +11,8 @@ do not answer ``/load`` (at the start too), are skipped until they answer (the d
     python docs/howto/external_lb_router.py http://127.0.0.1:8000 http://127.0.0.1:8001 \\
         --model builtin:tiny-moe --requests 20
 
-Prints one JSON line per request (``{"backend": ..., "status": ..., "score": ...}``) and exits 0 when every request
-succeeded. To turn it into a proxy, call :meth:`Router.pick` from your HTTP server's request handler.
+Prints one JSON line per request (``{"backend": ..., "status": ..., "score": ...}``, with ``"error"`` instead of a
+status when the connection failed: a rank server that died mid-request) and exits 0 when every request succeeded. To turn it into a proxy, call :meth:`Router.pick` from your HTTP server's request handler.
 """
 
 from __future__ import annotations
@@ -59,6 +59,21 @@ class Endpoint:
         return best + self.sent_since_poll
 
 
+def checked_load(load: Any) -> dict[str, Any]:
+    """``load`` if it has the fields :meth:`Endpoint.score` reads (the telemetry contract), else ValueError: an
+    endpoint that answers ``/load`` with something else (not an asyncdp rank server) is skipped, not a crash."""
+    try:
+        ok = isinstance(load["seq"], int) and all(
+            isinstance(r["up"], bool) and all(isinstance(r[k], int | float) and not isinstance(r[k], bool)
+                                              for k in ("waiting", "running", "inflight", "kv_cache_usage"))
+            for r in load["ranks"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not an asyncdp /load answer: {exc!r}") from None
+    if not ok:
+        raise ValueError("not an asyncdp /load answer")
+    return load
+
+
 @dataclass
 class Router:
     endpoints: list[Endpoint]
@@ -71,13 +86,13 @@ class Router:
                 try:
                     r = await http.get(f"{ep.url}/load", timeout=0.5)
                     r.raise_for_status()
-                    load = r.json()
+                    load = checked_load(r.json())
                     if load["seq"] != self.seq.get(ep.url):  # fresh numbers include what we sent before
                         ep.sent_since_poll = 0
                     self.seq[ep.url] = load["seq"]
                     ep.load, ep.polled_at = load, anyio.current_time()
-                except (httpx.HTTPError, ValueError, KeyError):
-                    ep.load = None  # unreachable or unhealthy: out of the rotation until it answers again
+                except (httpx.HTTPError, ValueError):
+                    ep.load = None  # unreachable, unhealthy or not an asyncdp /load: out until it answers again
                 ep.tried = True
                 self.polled.set()
                 self.polled = anyio.Event()
@@ -119,6 +134,10 @@ async def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--timeout-s", type=float, default=120.0, help="bound on the whole run")
     args = p.parse_args(argv)
+    for flag, value in (("--requests", args.requests), ("--concurrency", args.concurrency),
+                        ("--max-tokens", args.max_tokens), ("--timeout-s", args.timeout_s)):
+        if not value > 0:
+            p.error(f"{flag} must be > 0 (got {value})")
 
     router = Router([Endpoint(url.rstrip("/")) for url in args.endpoints])
     failures = 0
@@ -134,11 +153,16 @@ async def main(argv: list[str]) -> int:
                         nonlocal failures
                         async with limiter:
                             ep, score = await router.wait_pick()
-                            r = await http.post(f"{ep.url}/v1/completions", json={
-                                "model": args.model, "prompt": f"routed request {i}", "max_tokens": args.max_tokens})
-                        failures += r.status_code != 200
-                        print(json.dumps({"request": i, "backend": ep.url, "status": r.status_code, "score": score}),
-                              flush=True)
+                            line: dict[str, Any] = {"request": i, "backend": ep.url, "score": score}
+                            try:
+                                r = await http.post(f"{ep.url}/v1/completions", json={
+                                    "model": args.model, "prompt": f"routed request {i}",
+                                    "max_tokens": args.max_tokens})
+                                line["status"] = r.status_code
+                            except httpx.HTTPError as exc:  # the rank server went away mid-request
+                                line["error"] = f"{type(exc).__name__}: {exc}"
+                        failures += line.get("status") != 200
+                        print(json.dumps(line), flush=True)
 
                     async with anyio.create_task_group() as requests:
                         for i in range(args.requests):
