@@ -1,6 +1,7 @@
 """The supervisor's HTTP server: ``GET /health``, ``/ready`` and ``/readyz`` (spec §11.3 "Endpoints").
 
-Each answers 200 while the node is ready and not shutting down, else 503; there are no other routes (404). The
+Each answers 200 while the node is ready and not shutting down, else 503; there are no other routes (404, and
+405 for another method, in the children's OpenAI error shape rather than the framework's HTML page). The
 app asks ``is_serving()`` on every request, so a signal turns the answers to 503 at once while the port stays
 open (the children are still draining). It runs on Quart (``QuartTrio`` under trio) behind Hypercorn through
 :func:`asyncdp.api.serve.serve_http`, on a socket bound here first by :func:`listen_socket`: a busy port is a
@@ -48,6 +49,17 @@ def create_health_app(is_serving: Callable[[], bool], *, backend: str = "asyncio
 
     for route in HEALTH_ROUTES:
         app.add_url_rule(route, endpoint=route.strip("/"), view_func=health, methods=["GET"])
+
+    from werkzeug.exceptions import HTTPException
+
+    from asyncdp.api.errors import error_body
+
+    @app.errorhandler(HTTPException)
+    async def _error(exc: HTTPException) -> tuple[dict[str, Any], int, dict[str, str]]:
+        status = exc.code or 500
+        headers = {k: v for k, v in exc.get_headers() if k == "Allow"}
+        return error_body(status, exc.description or exc.name), status, headers
+
     return app
 
 

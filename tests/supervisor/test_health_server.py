@@ -30,6 +30,15 @@ async def test_health_routes_follow_readiness_at_once_and_nothing_else_is_served
     assert (await client.get("/readyz")).status_code == 503
 
 
+@pytest.mark.anyio
+async def test_an_unknown_route_or_method_is_an_openai_style_json_error_as_on_the_children(anyio_backend):
+    client = create_health_app(lambda: True, backend=anyio_backend).test_client()
+    missing, method = await client.get("/v1/models"), await client.post("/health")
+    assert missing.status_code == 404 and (await missing.get_json())["error"]["code"] == 404
+    assert method.status_code == 405 and (await method.get_json())["error"]["code"] == 405
+    assert "GET" in method.headers["Allow"]
+
+
 def test_a_busy_port_is_a_startup_error_naming_what_and_the_port():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
