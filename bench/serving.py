@@ -33,26 +33,24 @@ def exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1 (0 or a negative count is a usage error, exit 2, not a traceback or a hang)."""
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least} (got {value})")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1 (0 or a negative count is a usage error, exit 2, not a traceback or a hang)."""
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an int >= 0 (where 0 means "none" or "the default"; a negative count is a usage error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
-    return value
+    return _int_at_least(text, 0)
 
 
 def positive_float(text: str) -> float:
