@@ -285,25 +285,54 @@ def _stop_on_signals() -> Iterator[None]:
     """Ctrl-C and SIGTERM (``kill``, ``timeout``, a cancelled CI job) leave the ``with`` blocks as an exception, so
     the runs still going are stopped (:meth:`~asyncdp.bench.runner.Runner.stop`) rather than left to finish with
     nobody to read them; the command then exits with 130 or 143 and one line on stderr, not a traceback. Only the
-    main thread can install the SIGTERM handler; elsewhere SIGTERM keeps its default."""
+    main thread can install the SIGTERM handler; elsewhere SIGTERM keeps its default.
+
+    A run in this process (``--jobs 0``) is inside ``trio.run``: there the handler does not raise but has the run
+    stop itself (:func:`~asyncdp.bench.runner.interrupt_in_process_run`), which comes out as a KeyboardInterrupt;
+    the signal received says which exit it is. An interrupt may also come wrapped in an exception group."""
+    from asyncdp.bench.runner import interrupt_in_process_run
+
     main = threading.current_thread() is threading.main_thread()
+    received: list[int] = []
 
     def terminated(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
+        received.append(signum)
+        if not interrupt_in_process_run():
+            raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, terminated) if main else None
     try:
         yield
-    except KeyboardInterrupt:
-        print("asyncdp bench: interrupted: stopped the runs", file=sys.stderr)
-        raise SystemExit(128 + signal.SIGINT) from None
-    except SystemExit as exc:
-        if exc.code == 128 + signal.SIGTERM:
+        if received:  # stopped a run that had finished meanwhile: still a stop
+            raise SystemExit(128 + received[0])
+    except BaseException as exc:
+        signum = received[0] if received else _signal_of(exc)
+        if signum is None:
+            raise
+        if signum == signal.SIGTERM:
             print("asyncdp bench: terminated (SIGTERM): stopped the runs", file=sys.stderr)
-        raise
+        else:
+            print("asyncdp bench: interrupted: stopped the runs", file=sys.stderr)
+        raise SystemExit(128 + signum) from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _signal_of(exc: BaseException) -> int | None:
+    """SIGINT for a KeyboardInterrupt, SIGTERM for the SystemExit of :func:`_stop_on_signals`'s handler, alone or
+    in an exception group; else None."""
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            found = _signal_of(sub)
+            if found is not None:
+                return found
+        return None
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.SIGINT
+    if isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM:
+        return signal.SIGTERM
+    return None
 
 
 def _check_outputs(ns: argparse.Namespace) -> None:

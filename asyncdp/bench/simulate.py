@@ -160,13 +160,13 @@ def simulate(workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
 
     ``closed_concurrency``: ignore send times and dependencies, and keep that many requests outstanding (the
     R_sat measurement of §4.0). ``probe``: see :data:`Probe` (``bench/rank_timeline.py`` uses it)."""
-    import trio
-    import trio.testing
+    import trio.testing  # (binds trio too)
 
     run = partial(simulate_async, workload, policy, seed, spec, closed_concurrency=closed_concurrency, probe=probe,
                   probe_every_s=probe_every_s)
     with trio_orders_fixed(seed, policy):
-        log: RunLog = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+        log: RunLog = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0),
+                               restrict_keyboard_interrupt_to_checkpoints=True)  # Ctrl-C: see runner.py
     return log
 
 
