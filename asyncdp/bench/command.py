@@ -262,6 +262,11 @@ def run(ns: argparse.Namespace) -> int:
     per_seed = report.g2_per_seed(runs, ns.candidate)
     if per_seed is not None:
         print(report.g2_per_seed_text(per_seed))
+    failed = [r for r in [*runs, *robust] if r["counts"].get("failed")]
+    if failed:  # the tables say which (the !! lines); said here too, where a script's log keeps it
+        print(f"asyncdp bench: warning: requests failed in {len(failed)} of "
+              f"{sum('failed' in r['counts'] for r in [*runs, *robust])} runs (see the !! lines under the tables)",
+              file=sys.stderr)
     header = {"seeds": seeds, "workload_hashes": hashes, "r_sat": r_sats, "scale": ns.scale, "profile": profile.name,
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
@@ -364,11 +369,16 @@ def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: 
     def floor(ids: set[int] | None) -> dict[str, float]:
         return {} if floors is None else {"ttft_floor_p99_s": round(metrics.floor_p99(log, floors, ids), 9)}
 
-    whole = {"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
-             "ideal_hit_rate": workload.ideal_hit_rate, **floor(None), "counts": metrics.summary(log),
-             "metrics": {k: round(v, 9) for k, v in metrics.compute(log).items()}}
-    return [whole, *({**whole, "workload": f"{label}@{rung_label}", **floor(ids), "counts": {"requests": len(ids)},
-                      "metrics": {k: round(v, 9) for k, v in metrics.compute(log, ids).items()}}
+    def values(ids: set[int] | None) -> dict[str, float | None]:  # None: no request measured it (JSON null)
+        return {k: None if v is None else round(v, 9) for k, v in metrics.reported(log, ids).items()}
+
+    error = metrics.first_error(log)  # with counts.failed, what the report says of a run whose requests failed
+    base = {"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
+            "ideal_hit_rate": workload.ideal_hit_rate}
+    whole = {**base, **floor(None), "counts": metrics.summary(log),
+             **({"first_error": error} if error is not None else {}), "metrics": values(None)}
+    return [whole, *({**base, "workload": f"{label}@{rung_label}", **floor(ids), "counts": {"requests": len(ids)},
+                      "metrics": values(ids)}
                      for rung_label, ids in rungs.items())]
 
 
