@@ -165,15 +165,14 @@ def run(ns: argparse.Namespace) -> int:
 
     if not ns.workload and not ns.trace:
         raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
+    _check_flags(ns)
     _check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
-    policies = _csv(ns.policies) if ns.policies else known_policies()
+    policies = known_policies() if ns.policies is None else _csv(ns.policies)
     for name in (*policies, ns.candidate):
         make_policy(name)  # an unknown name fails here, before any run
     profile = load_profile(ns.profile)
     seeds = _seeds(ns.seeds)
     jobs_at_once = default_jobs() if ns.jobs is None else ns.jobs
-    if jobs_at_once < 0:
-        raise ConfigError(f"--jobs must be >= 0 (got {ns.jobs}).")
     plans: list[tuple[int, str, Any, Any, dict[str, set[int]]]] = []  # (seed, label, workload, spec, rungs)
     hashes: dict[str, str] = {}
     r_sats: dict[str, float] = {}  # workload/seed -> the R_sat its relative ladder ran at (given or measured)
@@ -338,6 +337,24 @@ def _signal_of(exc: BaseException) -> int | None:
     if isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM:
         return signal.SIGTERM
     return None
+
+
+def _check_flags(ns: argparse.Namespace) -> None:
+    """The values argparse lets through that no run can use: each a usage error naming the flag, before any run
+    (``--dp 0`` was once taken as "the workload's", ``--seeds ,`` as zero runs, ``--rate-scale nan`` a traceback)."""
+    import math
+
+    for flag, value, least in (("--dp", ns.dp, 1), ("--routers", ns.routers, 1), ("--jobs", ns.jobs, 0),
+                               ("--trace-block-size", ns.trace_block_size, 1)):
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} must be >= {least} (got {value}).")
+    for flag, number in (("--rate-scale", ns.rate_scale), ("--r-sat", ns.r_sat)):
+        if number is not None and not (math.isfinite(number) and number > 0):
+            raise ConfigError(f"{flag} must be a finite number > 0 (got {number!r}).")
+    for flag, text, what in (("--seeds", ns.seeds, "seed"), ("--policies", ns.policies, "policy name"),
+                             ("--workload", ns.workload, "workload name")):
+        if text is not None and not _csv(text):
+            raise ConfigError(f"{flag} lists no {what} (got {text!r}); give a comma-separated list.")
 
 
 def _check_outputs(ns: argparse.Namespace) -> None:

@@ -235,3 +235,26 @@ def test_a_run_gives_the_same_result_whatever_ran_before_it(tmp_path):
 def test_jobs_must_not_be_negative(capsys):
     assert main(["bench", "routing", *TINY, "--policies", "vllm", "--jobs", "-1"]) == 2
     assert "--jobs must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--dp", "0"], "--dp must be >= 1 (got 0)."),  # was ignored: the run used the workload's dp 4
+    (["--dp", "-2"], "--dp must be >= 1 (got -2)."),
+    (["--routers", "0"], "--routers must be >= 1 (got 0)."),
+    (["--seeds", ","], "--seeds lists no seed (got ',')"),  # these three were "0 runs", empty tables, exit 0
+    (["--policies", ","], "--policies lists no policy name (got ',')"),
+    (["--policies="], "--policies lists no policy name (got '')"),  # was every known policy
+    (["--workload", ","], "--workload lists no workload name (got ',')"),
+    (["--rate-scale", "nan"], "--rate-scale must be a finite number > 0 (got nan)."),  # a ValueError traceback
+    (["--rate-scale", "inf"], "--rate-scale must be a finite number > 0 (got inf)."),
+    (["--r-sat", "nan"], "--r-sat must be a finite number > 0 (got nan)."),  # a ValueError traceback on w2
+    (["--r-sat", "0"], "--r-sat must be a finite number > 0 (got 0.0)."),
+    (["--trace-block-size", "0"], "--trace-block-size must be >= 1 (got 0)."),
+])
+def test_a_flag_value_no_run_can_use_is_a_usage_error_before_any_run(tmp_path, capsys, args, message):
+    out = tmp_path / "r.json"
+    assert main(["bench", "routing", "--workload", "w2", "--policies", "vllm", "--jobs", "0", "--json", str(out),
+                 *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"asyncdp: error: {message}") and err.count("\n") == 1  # one line, nothing run
+    assert not out.exists()
