@@ -129,12 +129,20 @@ def parse_options(items: Iterable[str]) -> dict[str, str]:
     return options
 
 
-def _workloads(ns: argparse.Namespace, seed: int) -> Iterator[Any]:
+def _workloads(ns: argparse.Namespace, seed: int, profile: Any) -> Iterator[Any]:
+    from asyncdp.bench.records import BLOCK_SIZE, DEFAULT_MAX_MODEL_LEN
     from asyncdp.bench.trace import read_trace
     from asyncdp.bench.workloads import build
 
     if ns.trace:
-        yield read_trace(ns.trace, ns.trace_block_size, seed=seed, dp_size=ns.dp or 8)
+        # a trace's request must fit one sequence of the simulated engine: its max_model_len, or less where the
+        # profile's KV cache (less the scratch block) holds less
+        limit, why = DEFAULT_MAX_MODEL_LEN, "the simulator's default"
+        if (profile.kv_blocks - 1) * BLOCK_SIZE < limit:
+            limit = (profile.kv_blocks - 1) * BLOCK_SIZE
+            why = (f"what profile {profile.name}'s KV cache holds: kv_blocks {profile.kv_blocks} less the scratch "
+                   f"block, of {BLOCK_SIZE} tokens")
+        yield read_trace(ns.trace, ns.trace_block_size, seed=seed, dp_size=ns.dp or 8, max_model_len=limit, why=why)
         return
     options = parse_options(ns.option)
     for name in _csv(ns.workload or ""):
@@ -181,7 +189,7 @@ def run(ns: argparse.Namespace) -> int:
     logs: dict[tuple[str, str, int], Any] = {}
     with _stop_on_signals(), Runner(jobs_at_once) as runner:
         for seed in seeds:
-            for workload in _workloads(ns, seed):
+            for workload in _workloads(ns, seed, profile):
                 if ns.export_trace and seed == seeds[0]:
                     write_trace(workload, ns.export_trace, ns.trace_block_size)
                 spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
@@ -193,6 +201,7 @@ def run(ns: argparse.Namespace) -> int:
                         print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
                               file=sys.stderr)
                     r_sats[f"{workload.name}/{seed}"] = r_sat
+                _check_span(workload, ns, r_sat)
                 resolved = resolve(workload, ns.rate_scale, r_sat)
                 hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
                 rungs = _rungs(workload, resolved)
@@ -355,6 +364,22 @@ def _check_flags(ns: argparse.Namespace) -> None:
                              ("--workload", ns.workload, "workload name")):
         if text is not None and not _csv(text):
             raise ConfigError(f"{flag} lists no {what} (got {text!r}); give a comma-separated list.")
+
+
+def _check_span(workload: Any, ns: argparse.Namespace, r_sat: float | None) -> None:
+    """The last send time, once ``--rate-scale`` (and R_sat) are applied, within the simulator's limit on a run
+    (:data:`~asyncdp.bench.records.DEADLINE_S`): a slower replay would stop there as a stalled run, after minutes
+    of stepping through virtual hours (and a far one overflowed)."""
+    from asyncdp.bench.arrivals import retime
+    from asyncdp.bench.records import DEADLINE_S
+
+    _, divisor = retime(workload.arrival, ns.rate_scale, r_sat)
+    last_ms = max((r.t_arrival_ms or 0.0 for r in workload.records), default=0.0) / divisor
+    if not last_ms <= DEADLINE_S * 1000.0:
+        given = f"--r-sat {r_sat:g} and " if ns.r_sat is not None and r_sat is not None else ""
+        raise ConfigError(f"{workload.name}: {given}--rate-scale {ns.rate_scale:g} put its last request "
+                          f"{last_ms / 3.6e6:.4g} virtual hours after its first; the simulator stops a run after "
+                          f"{DEADLINE_S / 3600:g} virtual hours (raise {'them' if given else 'it'}).")
 
 
 def _check_outputs(ns: argparse.Namespace) -> None:

@@ -57,7 +57,7 @@ import msgspec
 from asyncdp.bench.arrivals import Dispatch, RelativeLadder
 from asyncdp.bench.materialise import Materialiser
 from asyncdp.bench.profiles import Profile
-from asyncdp.bench.records import Record, Workload
+from asyncdp.bench.records import DEADLINE_S, DEFAULT_MAX_MODEL_LEN, Record, Workload
 from asyncdp.config.flags import EngineConfig
 from asyncdp.coordinator.core import CoordinatorConfig
 from asyncdp.errors import AsyncDPError, ConfigError, SimulationStalled
@@ -71,8 +71,6 @@ from asyncdp.testing.sim import stream_rng, timer_ties_in_arming_order
 #: (the freshest state a rank reports; exact decision-time state would need a probe the client does not have).
 TELEMETRY: dict[str, float | None] = {"vllm_coord": 0.1, "periodic_1s": 1.0, "periodic_10s": 10.0, "none": None,
                                       "oracle": 0.001}
-DEFAULT_MAX_MODEL_LEN = 65_536
-DEADLINE_S = 48 * 3600.0  # virtual: a run that never ends fails instead of hanging
 
 #: ``simulate(probe=...)``: called every ``probe_every_s`` virtual seconds with the seconds since the run began and
 #: the running cluster, to read the ranks' state (``cluster.ranks[i].core.scheduler``: queues, block manager,
