@@ -161,20 +161,27 @@ def run(ns: argparse.Namespace) -> int:
     if ns.list_policies:
         print("\n".join(known_policies()))
         return 0
+    if not ns.workload and not ns.trace:
+        raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
+    _check_flags(ns)
+    _check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
+    with _stop_on_signals():  # the runs, and the report and files after them: 143 or 130, no half-written file
+        return _routing(ns)
+
+
+def _routing(ns: argparse.Namespace) -> int:
+    """``bench routing`` once its flags and output paths are checked: the runs, the report, the files."""
     from asyncdp.bench import pathology, report
     from asyncdp.bench.arrivals import RelativeLadder
+    from asyncdp.bench.files import WriteFailed, write
     from asyncdp.bench.metrics import ttft_floors
     from asyncdp.bench.profiles import load_profile, profile_hash
     from asyncdp.bench.records import encode_workload, resolve
     from asyncdp.bench.runner import Runner, default_jobs
     from asyncdp.bench.simulate import ClusterSpec, expand_sweep, measure_r_sat
-    from asyncdp.bench.trace import write_trace
+    from asyncdp.bench.trace import encode_trace
     from asyncdp.dp.balance import make_policy
 
-    if not ns.workload and not ns.trace:
-        raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
-    _check_flags(ns)
-    _check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
     policies = known_policies() if ns.policies is None else _csv(ns.policies)
     for name in (*policies, ns.candidate):
         make_policy(name)  # an unknown name fails here, before any run
@@ -187,11 +194,15 @@ def run(ns: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
-    with _stop_on_signals(), Runner(jobs_at_once) as runner:
+    with Runner(jobs_at_once) as runner:
         for seed in seeds:
             for workload in _workloads(ns, seed, profile):
                 if ns.export_trace and seed == seeds[0]:
-                    write_trace(workload, ns.export_trace, ns.trace_block_size)
+                    try:
+                        write("--export-trace", Path(ns.export_trace), encode_trace(workload, ns.trace_block_size))
+                    except WriteFailed as exc:  # before any run: nothing is lost
+                        print(f"asyncdp bench: error: {exc}", file=sys.stderr)
+                        return 1
                 spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
                                    telemetry=ns.telemetry)
                 r_sat = ns.r_sat
@@ -279,22 +290,50 @@ def run(ns: argparse.Namespace) -> int:
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
               "python": platform.python_version(), "trio": _trio_version()}
-    if ns.json:
-        Path(ns.json).write_text(report.to_json(runs, header, gate_rows, robust, timing, per_seed))
-    if ns.csv:
-        from asyncdp.bench.plots import write_csv
 
-        write_csv(Path(ns.csv), runs, robust)
+    def plots() -> list[Path]:
+        from asyncdp.bench.plots import write_plots  # (only with --plots: matplotlib)
+
+        return write_plots(Path(ns.plots), runs, logs, plans, timing, ns.candidate)
+
+    return _write_files(ns, report.to_json(runs, header, gate_rows, robust, timing, per_seed), runs, robust, plots)
+
+
+def _write_files(ns: argparse.Namespace, doc: str, runs: list[dict[str, Any]], robust: list[dict[str, Any]],
+                 plots: Callable[[], list[Path]]) -> int:
+    """Write ``--json`` (``doc``), ``--csv`` and ``--plots``; 0, or 1 with one line per file that failed, the
+    JSON and CSV then kept in the temporary folder (:func:`~asyncdp.bench.files.keep`): the paths were checked
+    before the runs, so this is a disk that filled, ``/dev/full`` and the like."""
+    from asyncdp.bench.files import WriteFailed, keep, write
+
+    def csv(path: Path) -> None:
+        from asyncdp.bench.plots import write_csv  # (only with --csv)
+
+        write_csv(path, runs, robust)
+
+    status = 0
+    outputs: list[tuple[str, str | None, Any, str]] = [("--json", ns.json, doc, ".json"), ("--csv", ns.csv, csv, ".csv")]
+    for flag, value, fill, suffix in outputs:
+        if not value:
+            continue
+        try:
+            write(flag, Path(value), fill)
+        except WriteFailed as exc:
+            kept = keep(fill, suffix)
+            print(f"asyncdp bench: error: {exc}" + (f"; the results are in {kept}" if kept else ""), file=sys.stderr)
+            status = 1
     if ns.plots:
-        from asyncdp.bench.plots import write_plots
-
-        written = write_plots(Path(ns.plots), runs, logs, plans, timing, ns.candidate)
+        try:
+            written = plots()
+        except OSError as exc:
+            print(f"asyncdp bench: error: cannot write --plots {ns.plots}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"asyncdp bench: {len(written)} plots written to {ns.plots}", file=sys.stderr)
-    return 0
+    return status
 
 
 @contextmanager
-def _stop_on_signals() -> Iterator[None]:
+def _stop_on_signals(prefix: str = "asyncdp bench", stopped: str = "stopped the runs") -> Iterator[None]:
     """Ctrl-C and SIGTERM (``kill``, ``timeout``, a cancelled CI job) leave the ``with`` blocks as an exception, so
     the runs still going are stopped (:meth:`~asyncdp.bench.runner.Runner.stop`) rather than left to finish with
     nobody to read them; the command then exits with 130 or 143 and one line on stderr, not a traceback. Only the
@@ -322,10 +361,8 @@ def _stop_on_signals() -> Iterator[None]:
         signum = received[0] if received else _signal_of(exc)
         if signum is None:
             raise
-        if signum == signal.SIGTERM:
-            print("asyncdp bench: terminated (SIGTERM): stopped the runs", file=sys.stderr)
-        else:
-            print("asyncdp bench: interrupted: stopped the runs", file=sys.stderr)
+        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        print(f"{prefix}: {what}: {stopped}", file=sys.stderr)
         raise SystemExit(128 + signum) from None
     finally:
         if previous is not None:
@@ -383,23 +420,21 @@ def _check_span(workload: Any, ns: argparse.Namespace, r_sat: float | None) -> N
 
 
 def _check_outputs(ns: argparse.Namespace) -> None:
-    """Each output flag's file can be written (its folder is made if missing), and ``--plots`` is a folder."""
-    import os
+    """Each output flag's file can be written (its folder is made if missing, and a probe file made and removed
+    there) and is none of the input files nor another output's; ``--plots`` is a folder one can write in
+    (:mod:`asyncdp.bench.files`)."""
+    from asyncdp.bench.files import check_file, check_folder
+    from asyncdp.bench.profiles import PROFILES
 
-    for flag, value, is_dir in (("--json", ns.json, False), ("--csv", ns.csv, False),
-                                ("--export-trace", ns.export_trace, False), ("--plots", ns.plots, True)):
-        if not value:
-            continue
-        path = Path(value)
-        folder = path if is_dir else path.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{flag} {value}: cannot create the folder {folder} ({exc.strerror}).") from None
-        if not is_dir and path.is_dir():
-            raise ConfigError(f"{flag} {value}: is a folder; give a file name.")
-        if not os.access(folder, os.W_OK):
-            raise ConfigError(f"{flag} {value}: the folder {folder} is not writable.")
+    others: list[tuple[str, str | None]] = [("--trace", ns.trace)]
+    if ns.profile not in PROFILES:
+        others.append(("--profile", ns.profile))
+    for flag, value in (("--json", ns.json), ("--csv", ns.csv), ("--export-trace", ns.export_trace)):
+        if value:
+            check_file(flag, value, others=others)
+            others.append((flag, value))
+    if ns.plots:
+        check_folder("--plots", ns.plots)
 
 
 def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: Any,
