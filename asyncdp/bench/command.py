@@ -406,16 +406,20 @@ def _check_flags(ns: argparse.Namespace) -> None:
 def _check_span(workload: Any, ns: argparse.Namespace, r_sat: float | None) -> None:
     """The last send time, once ``--rate-scale`` (and R_sat) are applied, within the simulator's limit on a run
     (:data:`~asyncdp.bench.records.DEADLINE_S`): a slower replay would stop there as a stalled run, after minutes
-    of stepping through virtual hours (and a far one overflowed)."""
-    from asyncdp.bench.arrivals import retime
+    of stepping through virtual hours (and a far one overflowed). A dispatcher (W4) sends its records at its rate:
+    the expected span is their number over its slowest rate (``--rate-scale 1e-6`` ran for over 5 minutes)."""
+    from asyncdp.bench.arrivals import Dispatch, retime
     from asyncdp.bench.records import DEADLINE_S
 
     _, divisor = retime(workload.arrival, ns.rate_scale, r_sat)
     last_ms = max((r.t_arrival_ms or 0.0 for r in workload.records), default=0.0) / divisor
+    if isinstance(workload.arrival, Dispatch):
+        slowest = min(workload.sweep_rates_rps or (workload.arrival.rate_rps,)) * ns.rate_scale
+        last_ms = max(last_ms, len(workload.records) / slowest * 1000.0)
     if not last_ms <= DEADLINE_S * 1000.0:
         given = f"--r-sat {r_sat:g} and " if ns.r_sat is not None and r_sat is not None else ""
-        raise ConfigError(f"{workload.name}: {given}--rate-scale {ns.rate_scale:g} put its last request "
-                          f"{last_ms / 3.6e6:.4g} virtual hours after its first; the simulator stops a run after "
+        raise ConfigError(f"{workload.name}: {given}--rate-scale {ns.rate_scale:g} would send its last request "
+                          f"about {last_ms / 3.6e6:.4g} virtual hours after its first; the simulator stops a run after "
                           f"{DEADLINE_S / 3600:g} virtual hours (raise {'them' if given else 'it'}).")
 
 

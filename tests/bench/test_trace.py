@@ -177,5 +177,9 @@ def test_the_command_bounds_a_trace_by_the_profiles_kv_cache_and_its_replay_by_t
     assert main(["bench", "routing", "--trace", str(trace), "--policies", "vllm", "--jobs", "0",
                  "--rate-scale", "1e-6"]) == 2  # 0.5 s stretched a million times: 139 virtual hours
     err = capsys.readouterr().err
-    assert err == ("asyncdp: error: trace:t.jsonl: --rate-scale 1e-06 put its last request 139 virtual hours after "
-                   "its first; the simulator stops a run after 48 virtual hours (raise it).\n")
+    assert err == ("asyncdp: error: trace:t.jsonl: --rate-scale 1e-06 would send its last request about 139 virtual "
+                   "hours after its first; the simulator stops a run after 48 virtual hours (raise it).\n")
+    # W4's dispatcher: 128 records at 1 req/s at the slowest, a million times slower (ran for over 5 minutes)
+    assert main(["bench", "routing", "--workload", "w4", "--policies", "vllm", "--jobs", "0",
+                 "--rate-scale", "1e-6"]) == 2
+    assert "w4: --rate-scale 1e-06 would send its last request about 3.556e+04 virtual hours" in capsys.readouterr().err
