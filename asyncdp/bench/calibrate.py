@@ -78,12 +78,36 @@ def add_calibrate_parser(bsub: Any) -> None:
 
 
 def _check_output(value: str) -> Path:
-    output = Path(value)
-    if output.is_dir():
-        raise ConfigError(f"--output {output} is a directory; give a file name.")
-    if not output.parent.is_dir():
-        raise ConfigError(f"--output {output}: the directory {output.parent} does not exist.")
-    return output
+    """``--output`` can be written (:func:`asyncdp.bench.files.check_file`; its folder must exist), checked before
+    the engine is built: a sweep's measurements must not be lost to the path."""
+    from asyncdp.bench.files import check_file
+
+    return check_file("--output", value, make_folder=False)
+
+
+def _write_profile(doc: dict[str, Any], output: Path) -> int:
+    """Write the profile whole or not at all; 0, or 1 with one line (the profile kept in the temporary folder)."""
+    from asyncdp.bench.files import WriteFailed, keep, write
+
+    text = json.dumps(doc, indent=1) + "\n"
+    try:
+        write("--output", output, text)
+    except WriteFailed as exc:
+        kept = keep(text, ".json")
+        print(f"asyncdp bench calibrate: error: {exc}" + (f"; the profile is in {kept}" if kept else ""),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _check_coverage(kinds: set[str], skipped: list[Skipped], when: str) -> None:
+    """Both kinds of point are there: without a decode point the fit sets c and d to 0 and the profile models
+    decoding as free (without a prefill point, prefill); refused, with the reasons the points were skipped."""
+    for kind, terms in (("prefill", "b_ms_per_token"), ("decode", "c_ms_per_seq and d_ms_per_kv_token")):
+        if kind not in kinds:
+            why = "; ".join(f"{s.label}: {s.reason}" for s in skipped if s.label.startswith(kind)) or "none planned"
+            raise ConfigError(f"no {kind} point of the sweep {when}, so {terms} would be 0 (a {kind} step modelled "
+                              f"as free); no profile written. Skipped: {why}.")
 
 
 def _check(ns: argparse.Namespace) -> tuple[EngineConfig, Path, int, int]:
@@ -103,9 +127,15 @@ def _check(ns: argparse.Namespace) -> tuple[EngineConfig, Path, int, int]:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Run ``bench calibrate`` for parsed arguments ``ns``; returns the exit code."""
-    if ns.refit:
-        return _refit(ns)
+    """Run ``bench calibrate`` for parsed arguments ``ns``; returns the exit code. Ctrl-C or SIGTERM stops it with
+    one line and exit 130 or 143, no profile written."""
+    from asyncdp.bench.command import _stop_on_signals
+
+    with _stop_on_signals("asyncdp bench calibrate", "stopped the sweep; no profile written"):
+        return _refit(ns) if ns.refit else _calibrate(ns)
+
+
+def _calibrate(ns: argparse.Namespace) -> int:
     from asyncdp.bench.command import _progress
     from asyncdp.bench.fit import fit
     from asyncdp.bench.sweep import FULL, QUICK, Measured, Sweep, capacity, plan
@@ -121,6 +151,7 @@ def run(ns: argparse.Namespace) -> int:
         if not points:
             raise ConfigError("no point of the sweep fits this engine: " +
                               "; ".join(f"{s.label}: {s.reason}" for s in skipped))
+        _check_coverage({p.kind for p in points}, skipped, "fits this engine")
         for s in skipped:
             print(f"asyncdp bench calibrate: skipped {s.label}: {s.reason}", file=sys.stderr)
         sweep = Sweep(core, repeats)
@@ -143,11 +174,13 @@ def run(ns: argparse.Namespace) -> int:
     if not measured:
         raise ConfigError("no point of the sweep could be measured: " +
                           "; ".join(f"{s.label}: {s.reason}" for s in skipped))
+    _check_coverage({m.point.kind for m in measured}, skipped, "could be measured")
     result_fit = fit([m.work for m in measured], [m.ms for m in measured], with_e=ns.fit_e, relative=ns.relative)
     name = ns.name or _default_name(facts["device"], ns.model)
     doc = profile_document(name, facts, cap, result_fit, measured, skipped, repeats=repeats, quick=ns.quick,
                            relative=ns.relative)
-    output.write_text(json.dumps(doc, indent=1) + "\n")
+    if _write_profile(doc, output):
+        return 1
     print(summary_text(doc, measured, result_fit, output, time.monotonic() - started))
     return 0
 
@@ -293,11 +326,13 @@ def _refit(ns: argparse.Namespace) -> int:
         raise ConfigError(f"--refit {path}: not a profile file written by bench calibrate ({exc!r}).") from None
     if not measured:
         raise ConfigError(f"--refit {path}: the file holds no measured point.")
+    _check_coverage({m.point.kind for m in measured}, skipped, f"was measured in --refit {path}")
     result = fit([m.work for m in measured], [m.ms for m in measured], with_e=ns.fit_e, relative=ns.relative)
     facts = {k: doc[k] for k in FACT_KEYS if k in doc}
     new = profile_document(ns.name or str(doc.get("name", path.stem)), facts, cap, result, measured, skipped,
                            repeats=repeats, quick=quick, relative=ns.relative)
     new["refit_of"] = str(path)
-    output.write_text(json.dumps(new, indent=1) + "\n")
+    if _write_profile(new, output):
+        return 1
     print(summary_text(new, measured, result, output, 0.0))
     return 0

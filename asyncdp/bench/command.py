@@ -129,12 +129,20 @@ def parse_options(items: Iterable[str]) -> dict[str, str]:
     return options
 
 
-def _workloads(ns: argparse.Namespace, seed: int) -> Iterator[Any]:
+def _workloads(ns: argparse.Namespace, seed: int, profile: Any) -> Iterator[Any]:
+    from asyncdp.bench.records import BLOCK_SIZE, DEFAULT_MAX_MODEL_LEN
     from asyncdp.bench.trace import read_trace
     from asyncdp.bench.workloads import build
 
     if ns.trace:
-        yield read_trace(ns.trace, ns.trace_block_size, seed=seed, dp_size=ns.dp or 8)
+        # a trace's request must fit one sequence of the simulated engine: its max_model_len, or less where the
+        # profile's KV cache (less the scratch block) holds less
+        limit, why = DEFAULT_MAX_MODEL_LEN, "the simulator's default"
+        if (profile.kv_blocks - 1) * BLOCK_SIZE < limit:
+            limit = (profile.kv_blocks - 1) * BLOCK_SIZE
+            why = (f"what profile {profile.name}'s KV cache holds: kv_blocks {profile.kv_blocks} less the scratch "
+                   f"block, of {BLOCK_SIZE} tokens")
+        yield read_trace(ns.trace, ns.trace_block_size, seed=seed, dp_size=ns.dp or 8, max_model_len=limit, why=why)
         return
     options = parse_options(ns.option)
     for name in _csv(ns.workload or ""):
@@ -153,38 +161,48 @@ def run(ns: argparse.Namespace) -> int:
     if ns.list_policies:
         print("\n".join(known_policies()))
         return 0
+    if not ns.workload and not ns.trace:
+        raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
+    _check_flags(ns)
+    _check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
+    with _stop_on_signals():  # the runs, and the report and files after them: 143 or 130, no half-written file
+        return _routing(ns)
+
+
+def _routing(ns: argparse.Namespace) -> int:
+    """``bench routing`` once its flags and output paths are checked: the runs, the report, the files."""
     from asyncdp.bench import pathology, report
     from asyncdp.bench.arrivals import RelativeLadder
+    from asyncdp.bench.files import WriteFailed, write
     from asyncdp.bench.metrics import ttft_floors
     from asyncdp.bench.profiles import load_profile, profile_hash
     from asyncdp.bench.records import encode_workload, resolve
     from asyncdp.bench.runner import Runner, default_jobs
     from asyncdp.bench.simulate import ClusterSpec, expand_sweep, measure_r_sat
-    from asyncdp.bench.trace import write_trace
+    from asyncdp.bench.trace import encode_trace
     from asyncdp.dp.balance import make_policy
 
-    if not ns.workload and not ns.trace:
-        raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
-    _check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
-    policies = _csv(ns.policies) if ns.policies else known_policies()
+    policies = known_policies() if ns.policies is None else _csv(ns.policies)
     for name in (*policies, ns.candidate):
         make_policy(name)  # an unknown name fails here, before any run
     profile = load_profile(ns.profile)
     seeds = _seeds(ns.seeds)
     jobs_at_once = default_jobs() if ns.jobs is None else ns.jobs
-    if jobs_at_once < 0:
-        raise ConfigError(f"--jobs must be >= 0 (got {ns.jobs}).")
     plans: list[tuple[int, str, Any, Any, dict[str, set[int]]]] = []  # (seed, label, workload, spec, rungs)
     hashes: dict[str, str] = {}
     r_sats: dict[str, float] = {}  # workload/seed -> the R_sat its relative ladder ran at (given or measured)
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
-    with _stop_on_signals(), Runner(jobs_at_once) as runner:
+    with Runner(jobs_at_once) as runner:
         for seed in seeds:
-            for workload in _workloads(ns, seed):
+            for workload in _workloads(ns, seed, profile):
                 if ns.export_trace and seed == seeds[0]:
-                    write_trace(workload, ns.export_trace, ns.trace_block_size)
+                    try:
+                        write("--export-trace", Path(ns.export_trace), encode_trace(workload, ns.trace_block_size))
+                    except WriteFailed as exc:  # before any run: nothing is lost
+                        print(f"asyncdp bench: error: {exc}", file=sys.stderr)
+                        return 1
                 spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
                                    telemetry=ns.telemetry)
                 r_sat = ns.r_sat
@@ -194,6 +212,7 @@ def run(ns: argparse.Namespace) -> int:
                         print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
                               file=sys.stderr)
                     r_sats[f"{workload.name}/{seed}"] = r_sat
+                _check_span(workload, ns, r_sat)
                 resolved = resolve(workload, ns.rate_scale, r_sat)
                 hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
                 rungs = _rungs(workload, resolved)
@@ -262,68 +281,164 @@ def run(ns: argparse.Namespace) -> int:
     per_seed = report.g2_per_seed(runs, ns.candidate)
     if per_seed is not None:
         print(report.g2_per_seed_text(per_seed))
+    failed = [r for r in [*runs, *robust] if r["counts"].get("failed")]
+    if failed:  # the tables say which (the !! lines); said here too, where a script's log keeps it
+        print(f"asyncdp bench: warning: requests failed in {len(failed)} of "
+              f"{sum('failed' in r['counts'] for r in [*runs, *robust])} runs (see the !! lines under the tables)",
+              file=sys.stderr)
     header = {"seeds": seeds, "workload_hashes": hashes, "r_sat": r_sats, "scale": ns.scale, "profile": profile.name,
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
               "python": platform.python_version(), "trio": _trio_version()}
-    if ns.json:
-        Path(ns.json).write_text(report.to_json(runs, header, gate_rows, robust, timing, per_seed))
-    if ns.csv:
-        from asyncdp.bench.plots import write_csv
 
-        write_csv(Path(ns.csv), runs, robust)
+    def plots() -> list[Path]:
+        from asyncdp.bench.plots import write_plots  # (only with --plots: matplotlib)
+
+        return write_plots(Path(ns.plots), runs, logs, plans, timing, ns.candidate)
+
+    return _write_files(ns, report.to_json(runs, header, gate_rows, robust, timing, per_seed), runs, robust, plots)
+
+
+def _write_files(ns: argparse.Namespace, doc: str, runs: list[dict[str, Any]], robust: list[dict[str, Any]],
+                 plots: Callable[[], list[Path]]) -> int:
+    """Write ``--json`` (``doc``), ``--csv`` and ``--plots``; 0, or 1 with one line per file that failed, the
+    JSON and CSV then kept in the temporary folder (:func:`~asyncdp.bench.files.keep`): the paths were checked
+    before the runs, so this is a disk that filled, ``/dev/full`` and the like."""
+    from asyncdp.bench.files import WriteFailed, keep, write
+
+    def csv(path: Path) -> None:
+        from asyncdp.bench.plots import write_csv  # (only with --csv)
+
+        write_csv(path, runs, robust)
+
+    status = 0
+    outputs: list[tuple[str, str | None, Any, str]] = [("--json", ns.json, doc, ".json"), ("--csv", ns.csv, csv, ".csv")]
+    for flag, value, fill, suffix in outputs:
+        if not value:
+            continue
+        try:
+            write(flag, Path(value), fill)
+        except WriteFailed as exc:
+            kept = keep(fill, suffix)
+            print(f"asyncdp bench: error: {exc}" + (f"; the results are in {kept}" if kept else ""), file=sys.stderr)
+            status = 1
     if ns.plots:
-        from asyncdp.bench.plots import write_plots
-
-        written = write_plots(Path(ns.plots), runs, logs, plans, timing, ns.candidate)
+        try:
+            written = plots()
+        except OSError as exc:
+            print(f"asyncdp bench: error: cannot write --plots {ns.plots}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"asyncdp bench: {len(written)} plots written to {ns.plots}", file=sys.stderr)
-    return 0
+    return status
 
 
 @contextmanager
-def _stop_on_signals() -> Iterator[None]:
+def _stop_on_signals(prefix: str = "asyncdp bench", stopped: str = "stopped the runs") -> Iterator[None]:
     """Ctrl-C and SIGTERM (``kill``, ``timeout``, a cancelled CI job) leave the ``with`` blocks as an exception, so
     the runs still going are stopped (:meth:`~asyncdp.bench.runner.Runner.stop`) rather than left to finish with
     nobody to read them; the command then exits with 130 or 143 and one line on stderr, not a traceback. Only the
-    main thread can install the SIGTERM handler; elsewhere SIGTERM keeps its default."""
+    main thread can install the SIGTERM handler; elsewhere SIGTERM keeps its default.
+
+    A run in this process (``--jobs 0``) is inside ``trio.run``: there the handler does not raise but has the run
+    stop itself (:func:`~asyncdp.bench.runner.interrupt_in_process_run`), which comes out as a KeyboardInterrupt;
+    the signal received says which exit it is. An interrupt may also come wrapped in an exception group."""
+    from asyncdp.bench.runner import interrupt_in_process_run
+
     main = threading.current_thread() is threading.main_thread()
+    received: list[int] = []
 
     def terminated(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
+        received.append(signum)
+        if not interrupt_in_process_run():
+            raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, terminated) if main else None
     try:
         yield
-    except KeyboardInterrupt:
-        print("asyncdp bench: interrupted: stopped the runs", file=sys.stderr)
-        raise SystemExit(128 + signal.SIGINT) from None
-    except SystemExit as exc:
-        if exc.code == 128 + signal.SIGTERM:
-            print("asyncdp bench: terminated (SIGTERM): stopped the runs", file=sys.stderr)
-        raise
+        if received:  # stopped a run that had finished meanwhile: still a stop
+            raise SystemExit(128 + received[0])
+    except BaseException as exc:
+        signum = received[0] if received else _signal_of(exc)
+        if signum is None:
+            raise
+        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        print(f"{prefix}: {what}: {stopped}", file=sys.stderr)
+        raise SystemExit(128 + signum) from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _check_outputs(ns: argparse.Namespace) -> None:
-    """Each output flag's file can be written (its folder is made if missing), and ``--plots`` is a folder."""
-    import os
+def _signal_of(exc: BaseException) -> int | None:
+    """SIGINT for a KeyboardInterrupt, SIGTERM for the SystemExit of :func:`_stop_on_signals`'s handler, alone or
+    in an exception group; else None."""
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            found = _signal_of(sub)
+            if found is not None:
+                return found
+        return None
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.SIGINT
+    if isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM:
+        return signal.SIGTERM
+    return None
 
-    for flag, value, is_dir in (("--json", ns.json, False), ("--csv", ns.csv, False),
-                                ("--export-trace", ns.export_trace, False), ("--plots", ns.plots, True)):
-        if not value:
-            continue
-        path = Path(value)
-        folder = path if is_dir else path.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{flag} {value}: cannot create the folder {folder} ({exc.strerror}).") from None
-        if not is_dir and path.is_dir():
-            raise ConfigError(f"{flag} {value}: is a folder; give a file name.")
-        if not os.access(folder, os.W_OK):
-            raise ConfigError(f"{flag} {value}: the folder {folder} is not writable.")
+
+def _check_flags(ns: argparse.Namespace) -> None:
+    """The values argparse lets through that no run can use: each a usage error naming the flag, before any run
+    (``--dp 0`` was once taken as "the workload's", ``--seeds ,`` as zero runs, ``--rate-scale nan`` a traceback)."""
+    import math
+
+    for flag, value, least in (("--dp", ns.dp, 1), ("--routers", ns.routers, 1), ("--jobs", ns.jobs, 0),
+                               ("--trace-block-size", ns.trace_block_size, 1)):
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} must be >= {least} (got {value}).")
+    for flag, number in (("--rate-scale", ns.rate_scale), ("--r-sat", ns.r_sat)):
+        if number is not None and not (math.isfinite(number) and number > 0):
+            raise ConfigError(f"{flag} must be a finite number > 0 (got {number!r}).")
+    for flag, text, what in (("--seeds", ns.seeds, "seed"), ("--policies", ns.policies, "policy name"),
+                             ("--workload", ns.workload, "workload name")):
+        if text is not None and not _csv(text):
+            raise ConfigError(f"{flag} lists no {what} (got {text!r}); give a comma-separated list.")
+
+
+def _check_span(workload: Any, ns: argparse.Namespace, r_sat: float | None) -> None:
+    """The last send time, once ``--rate-scale`` (and R_sat) are applied, within the simulator's limit on a run
+    (:data:`~asyncdp.bench.records.DEADLINE_S`): a slower replay would stop there as a stalled run, after minutes
+    of stepping through virtual hours (and a far one overflowed). A dispatcher (W4) sends its records at its rate:
+    the expected span is their number over its slowest rate (``--rate-scale 1e-6`` ran for over 5 minutes)."""
+    from asyncdp.bench.arrivals import Dispatch, retime
+    from asyncdp.bench.records import DEADLINE_S
+
+    _, divisor = retime(workload.arrival, ns.rate_scale, r_sat)
+    last_ms = max((r.t_arrival_ms or 0.0 for r in workload.records), default=0.0) / divisor
+    if isinstance(workload.arrival, Dispatch):
+        slowest = min(workload.sweep_rates_rps or (workload.arrival.rate_rps,)) * ns.rate_scale
+        last_ms = max(last_ms, len(workload.records) / slowest * 1000.0)
+    if not last_ms <= DEADLINE_S * 1000.0:
+        given = f"--r-sat {r_sat:g} and " if ns.r_sat is not None and r_sat is not None else ""
+        raise ConfigError(f"{workload.name}: {given}--rate-scale {ns.rate_scale:g} would send its last request "
+                          f"about {last_ms / 3.6e6:.4g} virtual hours after its first; the simulator stops a run after "
+                          f"{DEADLINE_S / 3600:g} virtual hours (raise {'them' if given else 'it'}).")
+
+
+def _check_outputs(ns: argparse.Namespace) -> None:
+    """Each output flag's file can be written (its folder is made if missing, and a probe file made and removed
+    there) and is none of the input files nor another output's; ``--plots`` is a folder one can write in
+    (:mod:`asyncdp.bench.files`)."""
+    from asyncdp.bench.files import check_file, check_folder
+    from asyncdp.bench.profiles import PROFILES
+
+    others: list[tuple[str, str | None]] = [("--trace", ns.trace)]
+    if ns.profile not in PROFILES:
+        others.append(("--profile", ns.profile))
+    for flag, value in (("--json", ns.json), ("--csv", ns.csv), ("--export-trace", ns.export_trace)):
+        if value:
+            check_file(flag, value, others=others)
+            others.append((flag, value))
+    if ns.plots:
+        check_folder("--plots", ns.plots)
 
 
 def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: Any,
@@ -335,11 +450,16 @@ def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: 
     def floor(ids: set[int] | None) -> dict[str, float]:
         return {} if floors is None else {"ttft_floor_p99_s": round(metrics.floor_p99(log, floors, ids), 9)}
 
-    whole = {"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
-             "ideal_hit_rate": workload.ideal_hit_rate, **floor(None), "counts": metrics.summary(log),
-             "metrics": {k: round(v, 9) for k, v in metrics.compute(log).items()}}
-    return [whole, *({**whole, "workload": f"{label}@{rung_label}", **floor(ids), "counts": {"requests": len(ids)},
-                      "metrics": {k: round(v, 9) for k, v in metrics.compute(log, ids).items()}}
+    def values(ids: set[int] | None) -> dict[str, float | None]:  # None: no request measured it (JSON null)
+        return {k: None if v is None else round(v, 9) for k, v in metrics.reported(log, ids).items()}
+
+    error = metrics.first_error(log)  # with counts.failed, what the report says of a run whose requests failed
+    base = {"workload": label, "policy": policy, "seed": seed, "dp": spec.dp_size,
+            "ideal_hit_rate": workload.ideal_hit_rate}
+    whole = {**base, **floor(None), "counts": metrics.summary(log),
+             **({"first_error": error} if error is not None else {}), "metrics": values(None)}
+    return [whole, *({**base, "workload": f"{label}@{rung_label}", **floor(ids), "counts": {"requests": len(ids)},
+                      "metrics": values(ids)}
                      for rung_label, ids in rungs.items())]
 
 

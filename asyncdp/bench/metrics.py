@@ -22,7 +22,9 @@ Over the *measured* requests (sent at or after the workload's warm-up) that comp
 
 On a ladder, each rung is also measured on its own (:func:`rung_request_ids`: the rung's requests after 10 %
 warm-up). Percentiles are the nearest-rank kind on the sorted values (``ceil(q·n)``-th), so they are values that occurred
-and exact on small logs. Empty sets give 0.0.
+and exact on small logs. Empty sets give 0.0 in :func:`compute`; :func:`reported`, what ``bench routing`` writes,
+gives None (JSON null, ``-`` in the tables) instead for a metric no request measured: a run whose requests all failed
+once read a TTFT of 0, the best of the table.
 """
 
 from __future__ import annotations
@@ -102,6 +104,30 @@ def compute(log: RunLog, only: Collection[int] | None = None) -> dict[str, float
         "max_mean_load_ratio": max(per_rank) / load_mean if load_mean > 0 else 0.0,
         "preemptions": float(log.preemptions),
     }
+
+
+#: the metrics that need a measured request to have completed (the others: one to have been measured; preemptions
+#: always count)
+_NEED_COMPLETED = frozenset(METRIC_KEYS) - {"goodput_rps", "slo_attainment", "preemptions"}
+
+
+def reported(log: RunLog, only: Collection[int] | None = None) -> dict[str, float | None]:
+    """:func:`compute`, with None for each metric that no request measured: those of :data:`_NEED_COMPLETED`
+    when no measured request completed (every one failed, say), goodput and SLO attainment when no request was
+    measured. A failed request still counts against the SLO, so with measured requests that all failed those
+    two read 0, truly."""
+    values: dict[str, float | None] = dict(compute(log, only))
+    measured = [e for e in log.events if e.measured and (only is None or e.req_id in only)]
+    if not any(e.error is None and e.t_first_s is not None and e.t_last_s is not None for e in measured):
+        values.update(dict.fromkeys(_NEED_COMPLETED))
+    if not measured:
+        values.update(goodput_rps=None, slo_attainment=None)
+    return values
+
+
+def first_error(log: RunLog) -> str | None:
+    """The error of the first failed request (by req_id), for the report; None when none failed."""
+    return next((e.error for e in sorted(log.events, key=lambda e: e.req_id) if e.error is not None), None)
 
 
 def rung_request_ids(rungs: Sequence[int], warmup_fraction: float = 0.1) -> dict[int, set[int]]:

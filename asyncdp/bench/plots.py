@@ -22,8 +22,8 @@ pyplot, no global backend state); without it a message says so and no plot is wr
 
 The CSV (:func:`write_csv`) has one row per JSON run entry (then the robustness entries, with their
 ``variant``): ``workload, policy, seed, dp, variant``, every metric of
-:data:`~asyncdp.bench.metrics.METRIC_KEYS` and ``ttft_floor_p99_s`` (empty where the entry has none), the
-values the JSON holds.
+:data:`~asyncdp.bench.metrics.METRIC_KEYS` and ``ttft_floor_p99_s`` (empty where the entry has none, or where the
+JSON's value is null), the values the JSON holds.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def heatmap_policies(runs: Sequence[dict[str, Any]], label: str, candidate: str)
     candidate, those that ran, without repeats."""
     per_policy = aggregate([r for r in runs if r["workload"] == label]).get(label, {})
     others = [p for p in per_policy if p != REFERENCE_POLICY and _family(p) != _family(candidate)]
+    others = [p for p in others if "ttft_mean_s" in per_policy[p]]  # (absent: every request failed)
     best = min(others, key=lambda p: per_policy[p]["ttft_mean_s"][0]) if others else None
     out: list[tuple[str, str]] = []
     for policy, role in ((REFERENCE_POLICY, "reference"), (best, "best baseline"), (candidate, "candidate")):
@@ -238,7 +239,7 @@ def _against_load(fig: Any, base: str, points: Sequence[tuple[str, float]],
     for n, policy in enumerate(policies):
         xs, ys = [], []
         for k, (entry, rate) in enumerate(points):
-            if policy in agg.get(entry, {}):
+            if metric in agg.get(entry, {}).get(policy, {}):
                 xs.append(rate if metric == "goodput_rps" else k)
                 ys.append(agg[entry][policy][metric][0])
         ax.plot(xs, ys, marker="o", markersize=4, label=policy, **_style(policy, n, candidate))

@@ -10,6 +10,7 @@ every report (C2).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from hashlib import blake2b
 from pathlib import Path
@@ -46,6 +47,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 DEFAULT_PROFILE = "gpu_8b"
 _FIELDS = ("a_ms", "b_ms_per_token", "c_ms_per_seq", "d_ms_per_kv_token", "kv_blocks", "max_num_seqs",
            "max_num_batched_tokens")
+_LEAST = (2, 1, 1)  # kv_blocks, max_num_seqs, max_num_batched_tokens: what the engine's configuration allows
 
 
 def load_profile(name_or_file: str) -> Profile:
@@ -65,15 +67,32 @@ def load_profile(name_or_file: str) -> Profile:
     missing = [k for k in _FIELDS if k not in data]
     if missing:
         raise ConfigError(f"{path}: cost profile lacks {', '.join(missing)}.")
-    try:
-        a, b, c, d = (float(data[k]) for k in _FIELDS[:4])
-        blocks, seqs, batched = (int(data[k]) for k in _FIELDS[4:])
-        e = float(data.get("e_ms_per_token_pair", 0.0))
-        if min(a, b, c, d, e) < 0:
-            raise ValueError("a cost coefficient is negative")
-        return Profile(str(data.get("name", path.stem)), a, b, c, d, blocks, seqs, batched, e)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: bad cost profile value ({exc}).") from exc
+    a, b, c, d, e = (_coefficient(path, data, k, 0.0 if k == "e_ms_per_token_pair" else None)
+                     for k in (*_FIELDS[:4], "e_ms_per_token_pair"))
+    blocks, seqs, batched = (_capacity(path, data, k, least) for k, least in zip(_FIELDS[4:], _LEAST, strict=True))
+    return Profile(str(data.get("name", path.stem)), a, b, c, d, blocks, seqs, batched, e)
+
+
+def _coefficient(path: Path, data: dict[str, Any], key: str, default: float | None) -> float:
+    """A step-time coefficient: a finite number >= 0 (NaN or infinity made every simulated step fail)."""
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{path}: cost profile field {key!r} must be a number of milliseconds, got {value!r}.")
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{path}: cost profile field {key!r} must be a finite number >= 0, got {value!r}.")
+    return float(value)
+
+
+def _capacity(path: Path, data: dict[str, Any], key: str, least: int) -> int:
+    """A rank's capacity: a whole number >= ``least`` (checked here, naming the field, not by the engine at the
+    first run, naming a flag the user never gave)."""
+    value = data[key]
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        why = " (block 0 is the engine's scratch block)" if key == "kv_blocks" else ""
+        raise ConfigError(f"{path}: cost profile field {key!r} must be an integer >= {least}{why}, got {value!r}.")
+    return value
 
 
 def profile_hash(profile: Profile) -> str:

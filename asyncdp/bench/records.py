@@ -30,6 +30,12 @@ from asyncdp.errors import ConfigError
 
 VOCAB_SIZE = 32_000
 BLOCK_SIZE = 16
+#: the simulated engine's max_model_len unless the workload sets one (:mod:`~asyncdp.bench.simulate`); a request
+#: longer than it (prompt and output) fails or is cut short
+DEFAULT_MAX_MODEL_LEN = 65_536
+#: virtual seconds: the simulator fails a run that has not ended by then, instead of hanging; so no send time may lie
+#: beyond it
+DEADLINE_S = 48 * 3600.0
 
 
 def answer_segment_id(req_id: int) -> str:

@@ -3,7 +3,9 @@
 A *run* is one (workload, policy, seed) as a plain dict: ``workload`` (its label, e.g. ``w1`` or ``w4@8rps``),
 ``policy``, ``seed``, ``dp``, ``metrics`` (:data:`~asyncdp.bench.metrics.METRIC_KEYS`) and ``counts``. The
 tables show, per workload, the mean over seeds of each metric per policy (± the spread, max − min, when there
-are several seeds), then each metric as a ratio to ``vllm``'s.
+are several seeds), then each metric as a ratio to ``vllm``'s. A metric that no request measured (null in the
+JSON: every measured request failed, :func:`~asyncdp.bench.metrics.reported`) reads ``-``, and a line starting
+``!!`` under the table names each run whose requests failed, how many and the first error (:func:`failures`).
 
 Gates, for the candidate policy (``asyncdp`` unless told otherwise), where the run has the data; otherwise the
 gate reads ``n/a`` with the reason:
@@ -18,7 +20,8 @@ gate reads ``n/a`` with the reason:
   per workload (the ``robustness`` runs of ``--robustness``; :func:`g6`);
 - G7: decision time (``--decision-time``; :func:`~asyncdp.bench.decision_time.g7`).
 
-With several seeds the gates judge the seeds' means. :func:`g2_per_seed` also makes G2's comparison one seed at a
+A policy without a metric (no request measured it) is left out of the comparisons; a candidate without one fails
+the gates on that workload. With several seeds the gates judge the seeds' means. :func:`g2_per_seed` also makes G2's comparison one seed at a
 time, for the candidate and for each baseline against the best of the other policies: how often the best of
 several policies beats a given one by 5 % on one seed is the noise that a single seed's verdict carries.
 
@@ -31,6 +34,7 @@ left out of those two; they still appear in the tables. Other presets of the can
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,14 +58,31 @@ def family(workload_label: str) -> str:
 
 
 def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, tuple[float, float]]]]:
-    """workload -> policy -> metric -> (mean over seeds, spread = max - min), in first-seen order."""
+    """workload -> policy -> metric -> (mean over seeds, spread = max - min), in first-seen order. A metric that is
+    None (no request measured it: :func:`~asyncdp.bench.metrics.reported`) is left out of the mean; one that no
+    seed has is absent, so that a run whose requests all failed never reads as the best."""
     values: dict[str, dict[str, dict[str, list[float]]]] = {}
     for run in runs:
         per_metric = values.setdefault(run["workload"], {}).setdefault(run["policy"], {})
         for key in METRIC_KEYS:
-            per_metric.setdefault(key, []).append(float(run["metrics"][key]))
+            if run["metrics"].get(key) is not None:
+                per_metric.setdefault(key, []).append(float(run["metrics"][key]))
     return {w: {p: {k: (mean(v), max(v) - min(v)) for k, v in ms.items()} for p, ms in ps.items()}
             for w, ps in values.items()}
+
+
+def failures(runs: Sequence[dict[str, Any]], workload: str) -> list[str]:
+    """One line per run of ``workload`` (whole-run entries) whose requests failed: how many, and the first error."""
+    out = []
+    for run in runs:
+        counts = run.get("counts", {})
+        if run["workload"] == workload and counts.get("failed"):
+            done = counts.get("completed", 0)
+            what = (f"the metrics cover the {done} that completed" if done else
+                    "no request completed: its metrics read -")
+            out.append(f"!! {run['policy']} seed {run['seed']}: {counts['failed']} of {counts.get('sent', '?')} "
+                       f"requests failed ({run.get('first_error', 'no error text')}); {what}")
+    return out
 
 
 def _fmt(value: float) -> str:
@@ -86,8 +107,11 @@ def tables(runs: Sequence[dict[str, Any]]) -> str:
     for workload, by_policy in aggregate(runs).items():
         rows = []
         for policy, ms in by_policy.items():
-            rows.append([policy, *(_fmt(m) + (f"±{_fmt(s)}" if s else "") for m, s in (ms[k] for k in METRIC_KEYS))])
-        out.append(f"== {workload} (mean over seeds; times in s)\n{_table(header, rows)}")
+            rows.append([policy, *(_fmt(ms[k][0]) + (f"±{_fmt(ms[k][1])}" if ms[k][1] else "") if k in ms else "-"
+                                   for k in METRIC_KEYS)])
+        failed = failures(runs, workload)
+        out.append(f"== {workload} (mean over seeds; times in s)\n{_table(header, rows)}" +
+                   "".join(f"\n{line}" for line in failed))
         ref = by_policy.get(REFERENCE_POLICY)
         if ref is None:
             out.append(f"(no ratio-to-{REFERENCE_POLICY} table: {REFERENCE_POLICY} not in the run)")
@@ -96,8 +120,8 @@ def tables(runs: Sequence[dict[str, Any]]) -> str:
         for policy, ms in by_policy.items():
             cells = [policy]
             for k in METRIC_KEYS:
-                base = ref[k][0]
-                cells.append(_fmt(ms[k][0] / base) if base else "-")
+                base = ref[k][0] if k in ref else 0.0
+                cells.append(_fmt(ms[k][0] / base) if base and k in ms else "-")
             ratio_rows.append(cells)
         out.append(f"-- {workload}: ratio to {REFERENCE_POLICY} (lower is better for "
                    f"{', '.join(_SHORT[k] for k in METRIC_KEYS if LOWER_IS_BETTER[k])})\n"
@@ -118,29 +142,39 @@ def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tu
     for workload, ps in agg.items():
         if candidate not in ps:
             continue
+        # A metric a policy lacks had no measured request (all failed): the candidate then fails the check; a
+        # baseline without it is left out of the comparison.
         mine = {k: v[0] for k, v in ps[candidate].items()}
-        ref = ps.get(REFERENCE_POLICY)
+        if "ttft_mean_s" not in mine:  # every measured request of the candidate failed: no gate passes on that
+            for gate in results if family(workload) in G1_WORKLOADS else ("G2", "G3", "G4"):
+                results[gate].append((False, f"{workload}: no measured request of {candidate} completed"))
+            continue
+        ref = {k: v[0] for k, v in ps[REFERENCE_POLICY].items()} if REFERENCE_POLICY in ps else None
         others = {p: {k: v[0] for k, v in ms.items()} for p, ms in ps.items() if is_baseline(p, candidate)}
         if ref is not None and candidate != REFERENCE_POLICY:
             rung = workload.partition("@")[2]
-            if family(workload) in G1_WORKLOADS and (not rung.endswith("rsat") or rung == "0.7rsat"):
-                lim = 0.5 * ref["ttft_p99_s"][0]
-                detail = f"{workload}: p99 {mine['ttft_p99_s']:.4g} s vs limit {lim:.4g}"
+            if (family(workload) in G1_WORKLOADS and (not rung.endswith("rsat") or rung == "0.7rsat")
+                    and "ttft_p99_s" in ref):
+                lim = 0.5 * ref["ttft_p99_s"]
+                detail = f"{workload}: p99 {_got(mine, 'ttft_p99_s', ' s')} vs limit {lim:.4g}"
                 if floors.get(workload, 0.0) > lim:
                     detail += (f" (under the workload's TTFT floor p99 {floors[workload]:.4g} s: its cold prompts' "
                                "own prefill, which no routing removes)")
-                results["G1"].append((mine["ttft_p99_s"] <= lim, detail))
-            lim = 0.98 * ref["goodput_rps"][0]
-            results["G4"].append((mine["goodput_rps"] >= lim, f"{workload}: goodput {mine['goodput_rps']:.4g} vs "
-                                  f"limit {lim:.4g}"))
-        if others:
-            best_ttft = min(o["ttft_mean_s"] for o in others.values())
-            lim = G2_RATIO * best_ttft
-            results["G2"].append((mine["ttft_mean_s"] <= lim, f"{workload}: mean {mine['ttft_mean_s']:.4g} s vs limit "
-                                  f"{lim:.4g}"))
-            best_hit = max(o["prefix_hit_rate"] for o in others.values())
-            results["G3"].append((mine["prefix_hit_rate"] >= 0.9 * best_hit,
-                                  f"{workload}: hit {mine['prefix_hit_rate']:.4g} vs limit {0.9 * best_hit:.4g}"))
+                results["G1"].append((mine.get("ttft_p99_s", math.inf) <= lim, detail))
+            if "goodput_rps" in ref:
+                lim = 0.98 * ref["goodput_rps"]
+                results["G4"].append((mine.get("goodput_rps", -math.inf) >= lim,
+                                      f"{workload}: goodput {_got(mine, 'goodput_rps')} vs limit {lim:.4g}"))
+        ttfts = [o["ttft_mean_s"] for o in others.values() if "ttft_mean_s" in o]
+        if ttfts:
+            lim = G2_RATIO * min(ttfts)
+            results["G2"].append((mine.get("ttft_mean_s", math.inf) <= lim,
+                                  f"{workload}: mean {_got(mine, 'ttft_mean_s', ' s')} vs limit {lim:.4g}"))
+        hits = [o["prefix_hit_rate"] for o in others.values() if "prefix_hit_rate" in o]
+        if hits:
+            lim = 0.9 * max(hits)
+            results["G3"].append((mine.get("prefix_hit_rate", -math.inf) >= lim,
+                                  f"{workload}: hit {_got(mine, 'prefix_hit_rate')} vs limit {lim:.4g}"))
     out = []
     for gate, checks in results.items():
         if not checks:
@@ -151,6 +185,10 @@ def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tu
     return out
 
 
+def _got(values: dict[str, float], key: str, unit: str = "") -> str:
+    return f"{values[key]:.4g}{unit}" if key in values else "- (no request measured it)"
+
+
 def g2_per_seed(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> dict[str, Any] | None:
     """With several seeds: G2's comparison made per (workload entry, seed), informational (module docstring).
     For the candidate against the best baseline, and for each baseline against the best of the others, the
@@ -158,6 +196,8 @@ def g2_per_seed(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> d
     [ratio, "workload seed N"]}}``; ``None`` with one seed, or without the candidate and a baseline."""
     by_entry: dict[tuple[str, int], dict[str, float]] = {}
     for run in runs:
+        if run["metrics"].get("ttft_mean_s") is None:  # no request measured it: not compared
+            continue
         if run["policy"] == candidate or is_baseline(run["policy"], candidate):
             by_entry.setdefault((run["workload"], run["seed"]), {})[run["policy"]] = run["metrics"]["ttft_mean_s"]
     cells = {key: ps for key, ps in by_entry.items() if candidate in ps and len(ps) > 1}
@@ -197,14 +237,15 @@ def g6(runs: Sequence[dict[str, Any]], robust: Sequence[dict[str, Any]], candida
     """G6 from the ``robustness`` runs: each variant's goodput against the candidate's own reference run."""
     if not robust:
         return ("G6", "n/a", "no robustness runs (run with --robustness)")
-    ref = {w: ms["goodput_rps"][0] for w, ps in aggregate(runs).items() for p, ms in ps.items() if p == candidate}
+    ref = {w: ms["goodput_rps"][0] for w, ps in aggregate(runs).items() for p, ms in ps.items()
+           if p == candidate and "goodput_rps" in ms}
     checks: list[tuple[bool, str]] = []
     for variant in sorted({r["variant"] for r in robust}):
         agg = aggregate([r for r in robust if r["variant"] == variant and r["policy"] == candidate])
         for w, ps in agg.items():
-            got = ps[candidate]["goodput_rps"][0]
-            if w not in ref:
+            if w not in ref or "goodput_rps" not in ps[candidate]:
                 continue
+            got = ps[candidate]["goodput_rps"][0]
             if variant == "oracle":  # the default telemetry against the oracle
                 ok, text = ref[w] >= G6_RATIO * got, f"{w}: vllm_coord {ref[w]:.4g} vs oracle {got:.4g}"
             else:  # R routers against one

@@ -22,13 +22,23 @@ so a Ctrl-C, which reaches the whole process group, interrupts the command alone
 every worker. The command waits for its runs in slices of ``POLL_S`` (:meth:`Runner.completed`): the kernel may hand
 a signal to any thread that does not block it (tqdm's monitor thread, say), and Python then runs the handler only
 when the main thread next runs bytecode, which a wait without a timeout would put off until a run ends.
+
+With ``jobs=0`` the runs go on in this thread, inside ``trio.run``, and a signal handler that raised there (as the
+command's SIGTERM handler once did) could land in trio's own bookkeeping: the run was left half torn down, with a
+page of tracebacks, exit 1, and once a run that went on for minutes with the SIGTERM lost. So a signal stops an
+in-process run the way trio stops one on Ctrl-C: :func:`interrupt_in_process_run` makes a KeyboardInterrupt due
+at the run's main task's next checkpoint (:func:`~asyncdp.bench.simulate.simulate` restricts Ctrl-C to
+checkpoints too), the run unwinds its task groups, and :meth:`Runner.submit` raises that KeyboardInterrupt alone,
+not the exception group the task groups wrap it in.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
@@ -38,7 +48,7 @@ from asyncdp.bench.records import Workload
 from asyncdp.bench.simulate import ClusterSpec, RunLog, simulate
 from asyncdp.runtime import die_with_parent
 
-__all__ = ["POLL_S", "Runner", "default_jobs"]
+__all__ = ["POLL_S", "Runner", "default_jobs", "interrupt_in_process_run"]
 
 POLL_S = 0.2  # the longest a signal waits for the main thread while it waits for runs (module docstring)
 
@@ -46,6 +56,21 @@ POLL_S = 0.2  # the longest a signal waits for the main thread while it waits fo
 def default_jobs() -> int:
     """One run per core."""
     return max(1, os.cpu_count() or 1)
+
+
+def interrupt_in_process_run() -> bool:
+    """From a signal handler: stop the simulated run going on in this thread (module docstring) with a
+    KeyboardInterrupt at its main task's next checkpoint, as trio's own Ctrl-C handler does, and say True; False
+    when no run is going on here (the caller may then raise)."""
+    trio = sys.modules.get("trio")
+    if trio is None or not trio.lowlevel.in_trio_run():
+        return False
+    run_module: Any = importlib.import_module("trio._core._run")  # private (trio's own KI delivery): no stubs
+    deliver = getattr(getattr(run_module.GLOBAL_RUN_CONTEXT, "runner", None), "deliver_ki", None)
+    if deliver is None:
+        return False
+    deliver()  # signal-safe: trio calls it from its SIGINT handler
+    return True
 
 
 @contextmanager
@@ -121,6 +146,10 @@ class Runner:
             future.set_result(simulate(workload, policy, seed, spec, closed_concurrency=closed_concurrency))
         except Exception as exc:  # noqa: BLE001 - handed to the caller through the future, as a pool would
             future.set_exception(exc)
+        except BaseExceptionGroup as group:  # a Ctrl-C (or interrupt_in_process_run) inside the run's task groups
+            if group.subgroup(KeyboardInterrupt) is None:
+                raise
+            raise KeyboardInterrupt from None
         return future
 
     def run(self, workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,

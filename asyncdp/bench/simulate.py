@@ -57,7 +57,7 @@ import msgspec
 from asyncdp.bench.arrivals import Dispatch, RelativeLadder
 from asyncdp.bench.materialise import Materialiser
 from asyncdp.bench.profiles import Profile
-from asyncdp.bench.records import Record, Workload
+from asyncdp.bench.records import DEADLINE_S, DEFAULT_MAX_MODEL_LEN, Record, Workload
 from asyncdp.config.flags import EngineConfig
 from asyncdp.coordinator.core import CoordinatorConfig
 from asyncdp.errors import AsyncDPError, ConfigError, SimulationStalled
@@ -71,8 +71,6 @@ from asyncdp.testing.sim import stream_rng, timer_ties_in_arming_order
 #: (the freshest state a rank reports; exact decision-time state would need a probe the client does not have).
 TELEMETRY: dict[str, float | None] = {"vllm_coord": 0.1, "periodic_1s": 1.0, "periodic_10s": 10.0, "none": None,
                                       "oracle": 0.001}
-DEFAULT_MAX_MODEL_LEN = 65_536
-DEADLINE_S = 48 * 3600.0  # virtual: a run that never ends fails instead of hanging
 
 #: ``simulate(probe=...)``: called every ``probe_every_s`` virtual seconds with the seconds since the run began and
 #: the running cluster, to read the ranks' state (``cluster.ranks[i].core.scheduler``: queues, block manager,
@@ -160,13 +158,13 @@ def simulate(workload: Workload, policy: str, seed: int, spec: ClusterSpec, *,
 
     ``closed_concurrency``: ignore send times and dependencies, and keep that many requests outstanding (the
     R_sat measurement of §4.0). ``probe``: see :data:`Probe` (``bench/rank_timeline.py`` uses it)."""
-    import trio
-    import trio.testing
+    import trio.testing  # (binds trio too)
 
     run = partial(simulate_async, workload, policy, seed, spec, closed_concurrency=closed_concurrency, probe=probe,
                   probe_every_s=probe_every_s)
     with trio_orders_fixed(seed, policy):
-        log: RunLog = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+        log: RunLog = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0),
+                               restrict_keyboard_interrupt_to_checkpoints=True)  # Ctrl-C: see runner.py
     return log
 
 

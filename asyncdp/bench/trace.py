@@ -10,7 +10,12 @@ Reading (spec §4 W10): each id materialises as a fixed random ``block_size``-to
 (segment ``m/<id>``, see :mod:`asyncdp.bench.materialise`), the last one truncated to ``input_length``; send
 times are the timestamps less the first one, replayed at ``speed``. A bad line is a :class:`ConfigError` naming
 the file, the line and what is wrong: not JSON, not an object, a missing field, a wrong type, a negative or zero
-length, too few or too many ids for ``input_length``, a timestamp before the previous one.
+length, too few or too many ids for ``input_length``, a timestamp before the previous one. Two limits of the
+simulator too: a timestamp more than :data:`~asyncdp.bench.records.DEADLINE_S` (48 virtual hours) after the first
+one (the simulator stops a run there; a mistyped line of 1e12 ms had it step through virtual hours for minutes,
+1e308 was an OverflowError), and a request whose ``input_length + output_length`` exceeds the simulated engine's
+``max_model_len`` (65 536 tokens, or what the cost profile's KV cache holds if less: the engine would refuse the
+prompt or cut the answer short, and an ``output_length`` of 1e8 once took 4 GB to be cut short).
 
 Writing: records that carry ``hash_ids`` keep them. Others get ids from their block structure: a block's id
 names (parent block id, the pieces of segments it holds), numbered in order of first appearance, so exactly the
@@ -31,7 +36,7 @@ import msgspec
 
 from asyncdp.bench.arrivals import Trace
 from asyncdp.bench.materialise import ideal_hit_rate
-from asyncdp.bench.records import Record, Workload
+from asyncdp.bench.records import DEADLINE_S, DEFAULT_MAX_MODEL_LEN, Record, Workload
 from asyncdp.errors import ConfigError
 
 MOONCAKE_BLOCK = 512
@@ -81,8 +86,10 @@ def _parse_row(obj: Any, block_size: int, where: str) -> tuple[float, int, int, 
     return float(ts), n_in, n_out, ids
 
 
-def parse_trace(data: bytes, source: str = "<trace>", block_size: int = MOONCAKE_BLOCK) -> list[Record]:
-    """The records of a Mooncake trace; ``source`` names it in errors."""
+def parse_trace(data: bytes, source: str = "<trace>", block_size: int = MOONCAKE_BLOCK, *,
+                max_model_len: int = DEFAULT_MAX_MODEL_LEN, why: str = "the simulator's default") -> list[Record]:
+    """The records of a Mooncake trace; ``source`` names it in errors. ``max_model_len``: the most tokens a request
+    may hold, prompt and output (``why`` says where it comes from, in the error)."""
     if block_size < 1:
         raise ConfigError(f"--trace-block-size must be >= 1 (got {block_size}).")
     rows: list[tuple[float, int, int, list[int]]] = []
@@ -99,6 +106,14 @@ def parse_trace(data: bytes, source: str = "<trace>", block_size: int = MOONCAKE
         if row[0] < last_ts:
             raise ConfigError(f"{where}: timestamp {obj['timestamp']} goes backwards "
                               f"(line {last_no} has {last_ts:g}); a trace must be sorted by time.")
+        if rows and not row[0] - rows[0][0] <= DEADLINE_S * 1000.0:
+            raise ConfigError(f"{where}: timestamp {obj['timestamp']} is {(row[0] - rows[0][0]) / 3.6e6:.4g} hours "
+                              f"after the first request's ({rows[0][0]:g} ms); the simulator stops a run after "
+                              f"{DEADLINE_S / 3600:g} virtual hours (timestamps are in milliseconds).")
+        if row[1] + row[2] > max_model_len:
+            raise ConfigError(f"{where}: input_length {row[1]} + output_length {row[2]} tokens exceed the simulated "
+                              f"engine's max_model_len {max_model_len} ({why}), the most one request may hold: "
+                              "the engine would refuse its prompt or cut its answer short.")
         last_ts, last_no = row[0], no
         rows.append(row)
     if not rows:
@@ -111,14 +126,16 @@ def parse_trace(data: bytes, source: str = "<trace>", block_size: int = MOONCAKE
 
 
 def read_trace(path: str | Path, block_size: int = MOONCAKE_BLOCK, *, seed: int = 0, speed: float = 1.0,
-               dp_size: int = 8) -> Workload:
-    """A Mooncake trace file as a workload (``seed`` seeds the blocks' tokens; ``speed`` divides the times)."""
+               dp_size: int = 8, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+               why: str = "the simulator's default") -> Workload:
+    """A Mooncake trace file as a workload (``seed`` seeds the blocks' tokens; ``speed`` divides the times;
+    ``max_model_len`` and ``why``: see :func:`parse_trace`)."""
     p = Path(path)
     try:
         data = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read trace {p}: {exc.strerror}.") from exc
-    records = tuple(parse_trace(data, str(p), block_size))
+    records = tuple(parse_trace(data, str(p), block_size, max_model_len=max_model_len, why=why))
     return Workload(name=f"trace:{p.name}", scale="trace", seed=seed, arrival=Trace(speed=speed), records=records,
                     ideal_hit_rate=round(ideal_hit_rate(records), 6), dp_size=dp_size,
                     options={"block_size": block_size, "path": str(p)})

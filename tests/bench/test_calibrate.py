@@ -8,6 +8,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +27,13 @@ from asyncdp.engine.executor import ModelBatch, ScheduledChunk
 from asyncdp.sampling_params import SamplingParams
 
 TRUE = {"a": 6.0, "b": 0.04, "c": 0.03, "d": 4e-5, "e": 1e-6}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _measured(kind: str, p: int, d: int, ms: float) -> Measured:
+    """A measured point of ``kind`` (P prefill tokens or D decodes at context 32), ``ms`` long."""
+    point = Point(kind, p, d, 32 if d else 0, (p,) if p else (31,) * d)  # type: ignore[arg-type]
+    return Measured(point, StepWork(p, d, p or 33 * d), ms, (ms,))
 
 
 def sweep_work() -> list[StepWork]:
@@ -260,3 +274,99 @@ def test_refit_of_a_file_that_is_not_a_calibration_is_a_clear_error(tmp_path, ca
     bad.write_text(json.dumps({"name": "x", "a_ms": 1.0}))
     assert main(["bench", "calibrate", "--refit", str(bad), "--output", str(tmp_path / "o.json")]) == 2
     assert "not a profile file written by bench calibrate" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals to a child process")
+@pytest.mark.parametrize(("sig", "status", "what"), [(signal.SIGINT, 130, "interrupted"),
+                                                      (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_a_signal_stops_the_sweep_with_one_line_and_no_profile(tmp_path, sig, status, what):
+    # Ctrl-C was a KeyboardInterrupt traceback
+    out = tmp_path / "p.json"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a foreground shell starts it
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncdp", "bench", "calibrate", "--quick", "--threads", "1", "--repeats", "1000",
+             "--max-num-seqs", "2", "--output", str(out)],  # D=4 skipped: said before the sweep
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert proc.stderr is not None
+        head = b""
+        deadline = time.monotonic() + 60
+        while b"skipped decode" not in head and time.monotonic() < deadline:  # said once the engine is built
+            chunk = os.read(proc.stderr.fileno(), 4096)
+            if not chunk:
+                break
+            head += chunk
+        assert b"skipped decode" in head, head.decode(errors="replace")
+        time.sleep(0.5)  # in the sweep (many seconds long with 1000 repeats)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == status
+        err = (head + proc.stderr.read()).decode()
+        assert f"asyncdp bench calibrate: {what}: stopped the sweep; no profile written" in err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert not out.exists() and not list(tmp_path.iterdir())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+@pytest.mark.parametrize(("argv", "kind"), [
+    (["--max-model-len", "8"], "decode"),  # was a profile with c = d = 0 and exit 0: decoding modelled as free
+    (["--max-num-batched-tokens", "16"], "prefill"),
+])
+def test_a_sweep_without_a_decode_or_prefill_point_writes_no_profile(tmp_path, capsys, argv, kind):
+    out = tmp_path / "p.json"
+    assert main(["bench", "calibrate", "--quick", "--threads", "1", "--output", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"asyncdp: error: no {kind} point of the sweep fits this engine" in err
+    assert "modelled as free); no profile written" in err and not out.exists()
+
+
+def test_a_refit_of_a_file_without_decode_points_is_refused(tmp_path, capsys):
+    measured = [_measured("prefill", p, 0, 0.1 * p + 1) for p in (32, 64, 128)]
+    doc = profile_document("x", {"model": "m"}, CAP, fit([m.work for m in measured], [m.ms for m in measured]),
+                           measured, [], repeats=1, quick=True)
+    source = tmp_path / "old.json"
+    source.write_text(json.dumps(doc))
+    out = tmp_path / "new.json"
+    assert main(["bench", "calibrate", "--refit", str(source), "--output", str(out)]) == 2
+    assert "no decode point of the sweep was measured in --refit" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("output", "message"), [
+    ("/sys/kernel/p.json", "--output /sys/kernel/p.json: cannot write in the folder /sys/kernel"),
+    ("{tmp}/file/p.json", "--output {tmp}/file/p.json: {tmp}/file is a file, not a folder."),
+    ("{tmp}", "--output {tmp}: is a folder; give a file name."),
+])
+def test_an_unwritable_output_is_refused_before_the_engine_is_built(tmp_path, capsys, output, message):
+    # /sys/kernel was a PermissionError traceback after the whole sweep, its measurements lost
+    if output.startswith("/sys") and not Path("/sys/kernel").is_dir():
+        pytest.skip("needs /sys/kernel, where nothing can be created")
+    (tmp_path / "file").write_text("")
+    assert main(["bench", "calibrate", "--quick", "--output", output.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"asyncdp: error: {message.format(tmp=tmp_path)}") and err.count("\n") == 1
+
+
+def test_a_failed_write_of_the_profile_is_one_line_and_exit_1_with_the_profile_kept(tmp_path, capsys, monkeypatch):
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    measured = [_measured("prefill", p, 0, 0.1 * p + 1) for p in (32, 64)] + [
+        _measured("decode", 0, d, 1 + 0.05 * d) for d in (1, 4)]
+    doc = profile_document("x", {"model": "m"}, CAP, fit([m.work for m in measured], [m.ms for m in measured]),
+                           measured, [], repeats=1, quick=True)
+    source = tmp_path / "old.json"
+    source.write_text(json.dumps(doc))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the profile is kept
+    assert main(["bench", "calibrate", "--refit", str(source), "--output", "/dev/full"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("asyncdp bench calibrate: error: cannot write --output /dev/full: No space left on device;"
+                          f" the profile is in {tmp_path}/asyncdp-bench-") and err.count("\n") == 1
+    kept = Path(err.split("the profile is in ")[1].strip())
+    assert json.loads(kept.read_text())["refit_of"] == str(source)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from asyncdp.bench.command import add_bench_parser
 from asyncdp.bench.metrics import METRIC_KEYS
-from asyncdp.bench.trace import read_trace
+from asyncdp.bench.trace import read_trace, write_trace
+from asyncdp.bench.workloads import build
 from asyncdp.cli import main
 
 TINY = ["--workload", "w1", "--dp", "2", "--option", "groups=2", "--option", "prompts_per_group=4",
@@ -235,3 +237,87 @@ def test_a_run_gives_the_same_result_whatever_ran_before_it(tmp_path):
 def test_jobs_must_not_be_negative(capsys):
     assert main(["bench", "routing", *TINY, "--policies", "vllm", "--jobs", "-1"]) == 2
     assert "--jobs must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--dp", "0"], "--dp must be >= 1 (got 0)."),  # was ignored: the run used the workload's dp 4
+    (["--dp", "-2"], "--dp must be >= 1 (got -2)."),
+    (["--routers", "0"], "--routers must be >= 1 (got 0)."),
+    (["--seeds", ","], "--seeds lists no seed (got ',')"),  # these three were "0 runs", empty tables, exit 0
+    (["--policies", ","], "--policies lists no policy name (got ',')"),
+    (["--policies="], "--policies lists no policy name (got '')"),  # was every known policy
+    (["--workload", ","], "--workload lists no workload name (got ',')"),
+    (["--rate-scale", "nan"], "--rate-scale must be a finite number > 0 (got nan)."),  # a ValueError traceback
+    (["--rate-scale", "inf"], "--rate-scale must be a finite number > 0 (got inf)."),
+    (["--r-sat", "nan"], "--r-sat must be a finite number > 0 (got nan)."),  # a ValueError traceback on w2
+    (["--r-sat", "0"], "--r-sat must be a finite number > 0 (got 0.0)."),
+    (["--trace-block-size", "0"], "--trace-block-size must be >= 1 (got 0)."),
+])
+def test_a_flag_value_no_run_can_use_is_a_usage_error_before_any_run(tmp_path, capsys, args, message):
+    out = tmp_path / "r.json"
+    assert main(["bench", "routing", "--workload", "w2", "--policies", "vllm", "--jobs", "0", "--json", str(out),
+                 *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"asyncdp: error: {message}") and err.count("\n") == 1  # one line, nothing run
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--json", "--csv", "--export-trace", "--plots"])
+@pytest.mark.parametrize(("where", "message"), [
+    ("/sys/kernel/out", "cannot write in the folder /sys/kernel"),  # root may "access" it, yet not create a file
+    ("{tmp}/file/out", "{tmp}/file is a file, not a folder."),
+])
+def test_an_output_path_nothing_can_be_written_to_is_refused_before_any_run(tmp_path, capsys, flag, where, message):
+    # --json and --csv were a PermissionError traceback once every run had finished, the results lost
+    if where.startswith("/sys") and not Path("/sys/kernel").is_dir():
+        pytest.skip("needs /sys/kernel")
+    if where.startswith("/sys") and flag == "--plots":
+        message = "cannot create the folder"
+    (tmp_path / "file").write_text("")
+    value = where.format(tmp=tmp_path)
+    assert main(["bench", "routing", *TINY, "--policies", "vllm", "--jobs", "0", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"asyncdp: error: {flag} {value}: {message.format(tmp=tmp_path)}"), err
+    assert err.count("\n") == 1 and "runs" not in err
+
+
+def test_export_trace_onto_the_replayed_trace_or_two_outputs_onto_one_file_are_refused(tmp_path, capsys):
+    # --export-trace equal to --trace silently overwrote the trace being replayed
+    trace = tmp_path / "in.jsonl"
+    write_trace(build("w1", "quick", 1, {"groups": 2, "prompts_per_group": 2}), trace)
+    before = trace.read_bytes()
+    (tmp_path / "sub").mkdir()
+    assert main(["bench", "routing", "--trace", str(trace), "--policies", "vllm", "--jobs", "0",
+                 "--export-trace", f"{tmp_path}/sub/../in.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"asyncdp: error: --export-trace {tmp_path}/sub/../in.jsonl: the same file as --trace {trace}; "
+                   "give another file name.\n")
+    assert trace.read_bytes() == before
+    out = tmp_path / "r.out"
+    assert main(["bench", "routing", *TINY, "--policies", "vllm", "--json", str(out), "--csv", str(out)]) == 2
+    assert "--csv" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_failed_write_after_the_runs_is_one_line_exit_1_and_the_results_are_kept(tmp_path, capsys, monkeypatch):
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the results are kept
+    csv_out = tmp_path / "r.csv"
+    assert main(["bench", "routing", *TINY, "--policies", "vllm", "--jobs", "0", "--json", "/dev/full",
+                 "--csv", str(csv_out)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    line = next(e for e in err if "error" in e)
+    assert line.startswith("asyncdp bench: error: cannot write --json /dev/full: No space left on device; "
+                           f"the results are in {tmp_path}/asyncdp-bench-")
+    assert json.loads(Path(line.split("the results are in ")[1]).read_text())["runs"]
+    assert csv_out.read_text().startswith("workload,")  # the other outputs are still written
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_an_output_file_is_replaced_whole_with_its_mode_kept(tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text("old")
+    out.chmod(0o640)
+    assert main(["bench", "routing", *TINY, "--policies", "vllm", "--jobs", "0", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["runs"] and (out.stat().st_mode & 0o777) == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -179,3 +179,42 @@ def test_a_failed_run_stops_the_pool_without_a_thread_traceback_after_its_own_er
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "run error: ConfigError"
     assert "Traceback" not in done.stderr and "TypeError" not in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals to a child process")
+@pytest.mark.parametrize(("sig", "status", "message"), [
+    (signal.SIGTERM, 143, "terminated (SIGTERM): stopped the runs"),
+    (signal.SIGINT, 130, "interrupted: stopped the runs"),
+])
+def test_a_signal_stops_a_run_in_this_process_at_once_with_one_line(tmp_path, sig, status, message):
+    # --jobs 0: the run goes on inside trio.run in the command's own thread. The SIGTERM handler raised SystemExit
+    # wherever it landed, trio's bookkeeping included: exit 1 after a page of exception-group tracebacks, or a run
+    # that went on for over a minute with the SIGTERM lost; Ctrl-C came out as an exception group (exit 1).
+    out = tmp_path / "r.json"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a foreground shell starts it
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncdp", "bench", "routing", "--workload", "w9", "--option", "clients=16",
+             "--option", "duration_s=600", "--policies", "vllm", "--jobs", "0", "--json", str(out)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert proc.stderr is not None
+        head = _read_until(proc.stderr.fileno(), b"one after another in this process\n", 60)
+        assert b"one after another" in head, head.decode(errors="replace")
+        time.sleep(1.0)  # well into the run (about a minute long), inside trio.run
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == status
+        assert time.monotonic() - sent < 10
+        err = (head + proc.stderr.read()).decode()
+        assert f"asyncdp bench: {message}" in err
+        assert "Traceback" not in err and "Exception" not in err, err
+        assert not out.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()

@@ -69,6 +69,18 @@ BAD = [
     ({"timestamp": 2000, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}, "too many hash_ids"),
     ({"timestamp": 999, "input_length": 10, "output_length": 1, "hash_ids": [1]},
      r"timestamp 999 goes backwards \(line 1 has 1000\)"),
+    # an OverflowError traceback before
+    ({"timestamp": 1e308, "input_length": 10, "output_length": 1, "hash_ids": [1]},
+     r"timestamp 1e\+308 is .* hours after the first request's \(1000 ms\); the simulator stops a run after 48 "
+     "virtual hours"),
+    # a mistyped line: the simulator stepped through virtual hours for minutes, then called it a stall
+    ({"timestamp": 1e12, "input_length": 10, "output_length": 1, "hash_ids": [1]},
+     r"is 2.778e\+05 hours after the first request's"),
+    # accepted, 4 GB of answer tokens, then cut short at the engine's max_model_len
+    ({"timestamp": 2000, "input_length": 10, "output_length": 100_000_000, "hash_ids": [1]},
+     r"input_length 10 \+ output_length 100000000 tokens exceed the simulated engine's max_model_len 65536"),
+    ({"timestamp": 2000, "input_length": 65_536, "output_length": 1, "hash_ids": list(range(128))},
+     "exceed the simulated engine's max_model_len 65536"),
 ]
 
 
@@ -136,3 +148,38 @@ def test_closed_loop_records_are_exported_at_predecessor_plus_think_time(tmp_pat
     schedule = build("w10", "quick", 2, {"replay": "schedule"})
     fixed = [json.loads(line)["timestamp"] for line in encode_trace(schedule).decode().splitlines()]
     assert len(fixed) == len(stamps) and all(abs(a - b) <= 1 for a, b in zip(stamps, fixed, strict=True))
+
+
+def test_a_timestamp_at_the_simulators_limit_and_a_request_that_just_fits_are_accepted():
+    records = parse_trace(_lines([
+        {"timestamp": 5, "input_length": 65_535, "output_length": 1, "hash_ids": list(range(128))},
+        {"timestamp": 5 + 48 * 3600 * 1000, "input_length": 10, "output_length": 1, "hash_ids": [1]},
+    ]))
+    assert records[1].t_arrival_ms == 48 * 3600 * 1000
+    with pytest.raises(ConfigError, match=r"max_model_len 32 \(a profile\)"):
+        parse_trace(_lines([GOOD[2]]), max_model_len=32, why="a profile")
+
+
+def test_the_command_bounds_a_trace_by_the_profiles_kv_cache_and_its_replay_by_the_simulators_limit(tmp_path,
+                                                                                                      capsys):
+    from asyncdp.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(_lines(GOOD))
+    profile = tmp_path / "small.json"
+    profile.write_text(json.dumps({"a_ms": 6, "b_ms_per_token": 0.04, "c_ms_per_seq": 0.03, "d_ms_per_kv_token": 0,
+                                   "kv_blocks": 65, "max_num_seqs": 4, "max_num_batched_tokens": 8192}))
+    assert main(["bench", "routing", "--trace", str(trace), "--policies", "vllm", "--jobs", "0",
+                 "--profile", str(profile)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"asyncdp: error: {trace}:1: input_length 1100 + output_length 10 tokens exceed the "
+                          "simulated engine's max_model_len 1024 (what profile small's KV cache holds: kv_blocks 65 ")
+    assert main(["bench", "routing", "--trace", str(trace), "--policies", "vllm", "--jobs", "0",
+                 "--rate-scale", "1e-6"]) == 2  # 0.5 s stretched a million times: 139 virtual hours
+    err = capsys.readouterr().err
+    assert err == ("asyncdp: error: trace:t.jsonl: --rate-scale 1e-06 would send its last request about 139 virtual "
+                   "hours after its first; the simulator stops a run after 48 virtual hours (raise it).\n")
+    # W4's dispatcher: 128 records at 1 req/s at the slowest, a million times slower (ran for over 5 minutes)
+    assert main(["bench", "routing", "--workload", "w4", "--policies", "vllm", "--jobs", "0",
+                 "--rate-scale", "1e-6"]) == 2
+    assert "w4: --rate-scale 1e-06 would send its last request about 3.556e+04 virtual hours" in capsys.readouterr().err
