@@ -129,9 +129,9 @@ def _check(ns: argparse.Namespace) -> tuple[EngineConfig, Path, int, int]:
 def run(ns: argparse.Namespace) -> int:
     """Run ``bench calibrate`` for parsed arguments ``ns``; returns the exit code. Ctrl-C or SIGTERM stops it with
     one line and exit 130 or 143, no profile written."""
-    from asyncdp.bench.command import _stop_on_signals
+    from asyncdp.bench.guards import stop_on_signals
 
-    with _stop_on_signals("asyncdp bench calibrate", "stopped the sweep; no profile written"):
+    with stop_on_signals("asyncdp bench calibrate", "stopped the sweep; no profile written"):
         return _refit(ns) if ns.refit else _calibrate(ns)
 
 

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import argparse
 import platform
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import replace
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
+from asyncdp.bench.guards import check_flags, check_outputs, check_span, csv_items, stop_on_signals
 from asyncdp.errors import ConfigError, SimulationStalled
 
 BASE_POLICIES = ("vllm", "round_robin", "random", "power_of_two", "vllm_legacy")
@@ -86,13 +84,9 @@ def add_bench_parser(sub: Any) -> None:
     add_calibrate_parser(bsub)
 
 
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 def _seeds(text: str) -> list[int]:
     try:
-        return [int(s) for s in _csv(text)]
+        return [int(s) for s in csv_items(text)]
     except ValueError:
         raise ConfigError(f"--seeds must be comma-separated integers (got {text!r}).") from None
 
@@ -145,7 +139,7 @@ def _workloads(ns: argparse.Namespace, seed: int, profile: Any) -> Iterator[Any]
         yield read_trace(ns.trace, ns.trace_block_size, seed=seed, dp_size=ns.dp or 8, max_model_len=limit, why=why)
         return
     options = parse_options(ns.option)
-    for name in _csv(ns.workload or ""):
+    for name in csv_items(ns.workload or ""):
         workload = build(name, ns.scale, seed, options)
         if not workload.records:  # (groups=0 and the like): an all-zero table would read as a result
             raise ConfigError(f"{name}: these options give no requests ({', '.join(ns.option or ()) or 'none'}).")
@@ -163,9 +157,9 @@ def run(ns: argparse.Namespace) -> int:
         return 0
     if not ns.workload and not ns.trace:
         raise ConfigError("bench routing needs --workload NAME or --trace FILE.")
-    _check_flags(ns)
-    _check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
-    with _stop_on_signals():  # the runs, and the report and files after them: 143 or 130, no half-written file
+    check_flags(ns)
+    check_outputs(ns)  # before the runs: a long benchmark must not end in an unwritable path
+    with stop_on_signals():  # the runs, and the report and files after them: 143 or 130, no half-written file
         return _routing(ns)
 
 
@@ -182,7 +176,7 @@ def _routing(ns: argparse.Namespace) -> int:
     from asyncdp.bench.trace import encode_trace
     from asyncdp.dp.balance import make_policy
 
-    policies = known_policies() if ns.policies is None else _csv(ns.policies)
+    policies = known_policies() if ns.policies is None else csv_items(ns.policies)
     for name in (*policies, ns.candidate):
         make_policy(name)  # an unknown name fails here, before any run
     profile = load_profile(ns.profile)
@@ -212,7 +206,7 @@ def _routing(ns: argparse.Namespace) -> int:
                         print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
                               file=sys.stderr)
                     r_sats[f"{workload.name}/{seed}"] = r_sat
-                _check_span(workload, ns, r_sat)
+                check_span(workload, ns, r_sat)
                 resolved = resolve(workload, ns.rate_scale, r_sat)
                 hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
                 rungs = _rungs(workload, resolved)
@@ -330,115 +324,6 @@ def _write_files(ns: argparse.Namespace, doc: str, runs: list[dict[str, Any]], r
             return 1
         print(f"asyncdp bench: {len(written)} plots written to {ns.plots}", file=sys.stderr)
     return status
-
-
-@contextmanager
-def _stop_on_signals(prefix: str = "asyncdp bench", stopped: str = "stopped the runs") -> Iterator[None]:
-    """Ctrl-C and SIGTERM (``kill``, ``timeout``, a cancelled CI job) leave the ``with`` blocks as an exception, so
-    the runs still going are stopped (:meth:`~asyncdp.bench.runner.Runner.stop`) rather than left to finish with
-    nobody to read them; the command then exits with 130 or 143 and one line on stderr, not a traceback. Only the
-    main thread can install the SIGTERM handler; elsewhere SIGTERM keeps its default.
-
-    A run in this process (``--jobs 0``) is inside ``trio.run``: there the handler does not raise but has the run
-    stop itself (:func:`~asyncdp.bench.runner.interrupt_in_process_run`), which comes out as a KeyboardInterrupt;
-    the signal received says which exit it is. An interrupt may also come wrapped in an exception group."""
-    from asyncdp.bench.runner import interrupt_in_process_run
-
-    main = threading.current_thread() is threading.main_thread()
-    received: list[int] = []
-
-    def terminated(signum: int, frame: object) -> None:
-        received.append(signum)
-        if not interrupt_in_process_run():
-            raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, terminated) if main else None
-    try:
-        yield
-        if received:  # stopped a run that had finished meanwhile: still a stop
-            raise SystemExit(128 + received[0])
-    except BaseException as exc:
-        signum = received[0] if received else _signal_of(exc)
-        if signum is None:
-            raise
-        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
-        print(f"{prefix}: {what}: {stopped}", file=sys.stderr)
-        raise SystemExit(128 + signum) from None
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _signal_of(exc: BaseException) -> int | None:
-    """SIGINT for a KeyboardInterrupt, SIGTERM for the SystemExit of :func:`_stop_on_signals`'s handler, alone or
-    in an exception group; else None."""
-    if isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            found = _signal_of(sub)
-            if found is not None:
-                return found
-        return None
-    if isinstance(exc, KeyboardInterrupt):
-        return signal.SIGINT
-    if isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM:
-        return signal.SIGTERM
-    return None
-
-
-def _check_flags(ns: argparse.Namespace) -> None:
-    """The values argparse lets through that no run can use: each a usage error naming the flag, before any run
-    (``--dp 0`` was once taken as "the workload's", ``--seeds ,`` as zero runs, ``--rate-scale nan`` a traceback)."""
-    import math
-
-    for flag, value, least in (("--dp", ns.dp, 1), ("--routers", ns.routers, 1), ("--jobs", ns.jobs, 0),
-                               ("--trace-block-size", ns.trace_block_size, 1)):
-        if value is not None and value < least:
-            raise ConfigError(f"{flag} must be >= {least} (got {value}).")
-    for flag, number in (("--rate-scale", ns.rate_scale), ("--r-sat", ns.r_sat)):
-        if number is not None and not (math.isfinite(number) and number > 0):
-            raise ConfigError(f"{flag} must be a finite number > 0 (got {number!r}).")
-    for flag, text, what in (("--seeds", ns.seeds, "seed"), ("--policies", ns.policies, "policy name"),
-                             ("--workload", ns.workload, "workload name")):
-        if text is not None and not _csv(text):
-            raise ConfigError(f"{flag} lists no {what} (got {text!r}); give a comma-separated list.")
-
-
-def _check_span(workload: Any, ns: argparse.Namespace, r_sat: float | None) -> None:
-    """The last send time, once ``--rate-scale`` (and R_sat) are applied, within the simulator's limit on a run
-    (:data:`~asyncdp.bench.records.DEADLINE_S`): a slower replay would stop there as a stalled run, after minutes
-    of stepping through virtual hours (and a far one overflowed). A dispatcher (W4) sends its records at its rate:
-    the expected span is their number over its slowest rate (``--rate-scale 1e-6`` ran for over 5 minutes)."""
-    from asyncdp.bench.arrivals import Dispatch, retime
-    from asyncdp.bench.records import DEADLINE_S
-
-    _, divisor = retime(workload.arrival, ns.rate_scale, r_sat)
-    last_ms = max((r.t_arrival_ms or 0.0 for r in workload.records), default=0.0) / divisor
-    if isinstance(workload.arrival, Dispatch):
-        slowest = min(workload.sweep_rates_rps or (workload.arrival.rate_rps,)) * ns.rate_scale
-        last_ms = max(last_ms, len(workload.records) / slowest * 1000.0)
-    if not last_ms <= DEADLINE_S * 1000.0:
-        given = f"--r-sat {r_sat:g} and " if ns.r_sat is not None and r_sat is not None else ""
-        raise ConfigError(f"{workload.name}: {given}--rate-scale {ns.rate_scale:g} would send its last request "
-                          f"about {last_ms / 3.6e6:.4g} virtual hours after its first; the simulator stops a run after "
-                          f"{DEADLINE_S / 3600:g} virtual hours (raise {'them' if given else 'it'}).")
-
-
-def _check_outputs(ns: argparse.Namespace) -> None:
-    """Each output flag's file can be written (its folder is made if missing, and a probe file made and removed
-    there) and is none of the input files nor another output's; ``--plots`` is a folder one can write in
-    (:mod:`asyncdp.bench.files`)."""
-    from asyncdp.bench.files import check_file, check_folder
-    from asyncdp.bench.profiles import PROFILES
-
-    others: list[tuple[str, str | None]] = [("--trace", ns.trace)]
-    if ns.profile not in PROFILES:
-        others.append(("--profile", ns.profile))
-    for flag, value in (("--json", ns.json), ("--csv", ns.csv), ("--export-trace", ns.export_trace)):
-        if value:
-            check_file(flag, value, others=others)
-            others.append((flag, value))
-    if ns.plots:
-        check_folder("--plots", ns.plots)
 
 
 def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: Any,
