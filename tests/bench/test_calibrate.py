@@ -8,12 +8,10 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from asyncdp.bench.sweep import FULL, Capacity, Grid, Measured, Point, Skipped, 
 from asyncdp.cli import main
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk
 from asyncdp.sampling_params import SamplingParams
+from tests.bench.procs import read_until, reap, wait_busy
 
 TRUE = {"a": 6.0, "b": 0.04, "c": 0.03, "d": 4e-5, "e": 1e-6}
 ROOT = Path(__file__).resolve().parents[2]
@@ -292,15 +291,9 @@ def test_a_signal_stops_the_sweep_with_one_line_and_no_profile(tmp_path, sig, st
         signal.signal(signal.SIGINT, previous)
     try:
         assert proc.stderr is not None
-        head = b""
-        deadline = time.monotonic() + 60
-        while b"skipped decode" not in head and time.monotonic() < deadline:  # said once the engine is built
-            chunk = os.read(proc.stderr.fileno(), 4096)
-            if not chunk:
-                break
-            head += chunk
+        head = read_until(proc.stderr.fileno(), b"skipped decode", 60)  # said once the engine is built
         assert b"skipped decode" in head, head.decode(errors="replace")
-        time.sleep(0.5)  # in the sweep (many seconds long with 1000 repeats)
+        assert wait_busy(proc, 0.3, 60), "the sweep did not get going"  # in it (many seconds with 1000 repeats)
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == status
         err = (head + proc.stderr.read()).decode()
@@ -308,11 +301,7 @@ def test_a_signal_stops_the_sweep_with_one_line_and_no_profile(tmp_path, sig, st
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
         assert not out.exists() and not list(tmp_path.iterdir())
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        reap(proc)
 
 
 @pytest.mark.parametrize(("argv", "kind"), [

@@ -19,6 +19,7 @@ import pytest
 
 from asyncdp.bench.runner import Runner
 from asyncdp.supervisor.children import descendants
+from tests.bench.procs import read_until, reap, wait_busy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,20 +55,6 @@ def _workers(pid: int) -> list[int]:
     return out
 
 
-def _read_until(fd: int, marker: bytes, timeout: float) -> bytes:
-    """What the pipe ``fd`` gave until ``marker`` came (or it closed, or ``timeout`` passed)."""
-    got = b""
-    deadline = time.monotonic() + timeout
-    while marker not in got and (left := deadline - time.monotonic()) > 0:
-        if not select.select([fd], [], [], left)[0]:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        got += chunk
-    return got
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the kernel's parent-death signal")
 @pytest.mark.parametrize(("sig", "status", "message"), [
     (signal.SIGTERM, 143, "terminated (SIGTERM): stopped the runs"),
@@ -91,7 +78,7 @@ def test_no_run_outlives_the_command(sig, status, message):
     try:
         assert proc.stderr is not None
         # said once both runs have their workers
-        head = _read_until(proc.stderr.fileno(), b"asyncdp bench: 2 runs, 2 at a time\n", 60)
+        head = read_until(proc.stderr.fileno(), b"asyncdp bench: 2 runs, 2 at a time\n", 60)
         assert b"2 runs, 2 at a time" in head, head.decode(errors="replace")
         workers = _workers(proc.pid)
         assert len(workers) == 2, "the command did not start its two runs"
@@ -117,11 +104,7 @@ def test_no_run_outlives_the_command(sig, status, message):
     finally:
         for fd in exits:
             os.close(fd)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        reap(proc)
         for pid in workers:  # a failed run of this test leaves no orphans either
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -201,9 +184,9 @@ def test_a_signal_stops_a_run_in_this_process_at_once_with_one_line(tmp_path, si
         signal.signal(signal.SIGINT, previous)
     try:
         assert proc.stderr is not None
-        head = _read_until(proc.stderr.fileno(), b"one after another in this process\n", 60)
+        head = read_until(proc.stderr.fileno(), b"one after another in this process\n", 60)
         assert b"one after another" in head, head.decode(errors="replace")
-        time.sleep(1.0)  # well into the run (about a minute long), inside trio.run
+        assert wait_busy(proc, 0.5, 60), "the run did not get going"  # well into it (about a minute), in trio.run
         sent = time.monotonic()
         proc.send_signal(sig)
         assert proc.wait(timeout=20) == status
@@ -213,8 +196,4 @@ def test_a_signal_stops_a_run_in_this_process_at_once_with_one_line(tmp_path, si
         assert "Traceback" not in err and "Exception" not in err, err
         assert not out.exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        reap(proc)
