@@ -420,18 +420,30 @@ async def test_sigkill_of_one_ranks_engine_ends_every_server_within_5s_with_ever
             assert not s.wait_gone(2.0), s.log()[-4000:]
 
 
+def _until_logged(server: Server, text: str, timeout_s: float = 20.0) -> None:
+    """Until ``text`` is in ``server``'s log, or it exited, or ``timeout_s`` passed (the assertions after tell)."""
+    deadline = time.monotonic() + timeout_s
+    while text not in server.log() and server.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+# Signalled first, then what the other rank server's log shows once the group's end reached it before its own
+# signal: rank 0 first, rank 1's engine ended with the group; rank 1 first, its engine left the group, which rank 0
+# (the coordinator and the handshake) sees before its signal.
+PEER_GONE = {0: "left with its MoE group", 1: "leaving the group"}
+
+
 @pytest.mark.parametrize("first", [0, 1], ids=["rank0-first", "rank1-first"])
-def test_sigterm_to_the_rank_servers_a_second_apart_in_either_order_stops_both_with_exit_0(
+def test_sigterm_to_a_rank_server_after_its_peer_left_the_group_in_either_order_stops_both_with_exit_0(
         tmp_path: Path, first: int) -> None:
     # The signals of a whole group's stop can reach its rank servers a moment apart (a loaded machine, an
     # orchestrator stopping them one by one): the one signalled late was shutting down too, so it exits 0 as well
-    # (spec §8.7). Rank 0 first: rank 1's engine ends with the group before its server's own signal; rank 1 first:
-    # rank 0 hosts the coordinator and the handshake, which see rank 1 leave before their own signal.
+    # (spec §8.7). The second signal goes out once the first server's departure has reached the group.
     with external_group(tmp_path) as servers:
         for server in servers:
             server.remember_tree()
         servers[first].process.send_signal(signal.SIGTERM)
-        time.sleep(1.0)
+        _until_logged(servers[1], PEER_GONE[first])
         servers[1 - first].process.send_signal(signal.SIGTERM)
         for server in servers:
             code = server.process.wait(timeout=30)
