@@ -135,7 +135,7 @@ class AsyncdpPolicy(SeveralRouters):
         # (the pour is for a prompt some rank holds; asyncdp@fill pours for a new one too)
         filled = (self.fill_new or not new) and bool(self.unseen_fill) and (
             unseen := self.unseen_fill * state.unseen(now_us)) > 0
-        level, under = -_INF, 0
+        level, n_under = -_INF, 0
         if filled:
             # the other routers' work since the snapshot, poured over the cheapest ranks, where they send it (H7);
             # the ranks under the level count at it, and the key picks among them by the share of the pour each
@@ -145,8 +145,8 @@ class AsyncdpPolicy(SeveralRouters):
             # where the choice reads it (pick -1 until then; G7).
             order = state.order if mbase is None and state.order is not None else CostOrder(base, mbase or state.mbase)
             best = level = (found := order.level(unseen))[0]
-            under, ties = found[1], 1  # the count of the cheapest ranks under the level
-            if under:
+            n_under, ties = found[1], 1  # how many of the cheapest ranks are under the level
+            if n_under:
                 pick = -1
         if best == _INF:
             raise UnavailableError("no data-parallel rank is alive")
@@ -156,7 +156,7 @@ class AsyncdpPolicy(SeveralRouters):
             spread = self.spread and hashes and self.spread_applies(state)
             if filled:
                 mcosts = state.mbase if mbase is None else mbase
-                mbest, mpick = order.miss_pick(mcosts, base, under, level, tie_key(req, hashes))
+                mbest, mpick = order.miss_pick(mcosts, base, n_under, level, tie_key(req, hashes))
                 if spread:  # near_cheapest reads every rank's miss cost, raised by the pour
                     mbase = raised(mcosts, base, level)
             else:
@@ -200,7 +200,7 @@ class AsyncdpPolicy(SeveralRouters):
         by_load = 2 * top_credit >= plen
         if state.spill and by_load and hashes[0] in state.spill and full == held:
             if pick < 0:
-                pick = order.pour_pick(level, under, tie_key(req, hashes), base)
+                pick = order.pour_pick(level, n_under, tie_key(req, hashes), base)
             if not (full >> pick) & 1 and index.size(pick) + nh <= index.capacity:
                 # a prefix hotter than its holders can serve: a deliberate replica (H3), of a run that is the hot
                 # prefix itself (a user's history after a shared system prompt is the user's alone: not moved)
@@ -235,7 +235,7 @@ class AsyncdpPolicy(SeveralRouters):
             cmin += (plen - wc + state.memory[rmin] - state.extra[rmin]) if by_load else (plen - wc)
             cheaper = cmin < pick_cost or (cmin == pick_cost and top_credit > 0)
             if not cheaper and pick < 0:  # the test after it reads the rank the pour's draw picks
-                pick = order.pour_pick(level, under, tie_key(req, hashes), base)
+                pick = order.pour_pick(level, n_under, tie_key(req, hashes), base)
             if cheaper or ((full >> pick) & 1 and load[pick] <= cap):
                 # (the last: the cheapest rank is a holder itself, so the holders' choice by load stands)
                 pick, pick_cost, pick_credit = rmin, cmin, top_credit
@@ -245,7 +245,7 @@ class AsyncdpPolicy(SeveralRouters):
                 if (rmin - start) % n < (pick - start) % n:
                     pick = rmin
         if pick < 0:  # no holder took it: the pour's draw decides
-            pick = order.pour_pick(level, under, tie_key(req, hashes), base)
+            pick = order.pour_pick(level, n_under, tie_key(req, hashes), base)
         if held != full:
             pick = self._partial_holders(req, hashes, state, base, level, held ^ full, lo, pick, pick_cost,
                                          pick_credit, start, cap)
