@@ -40,7 +40,7 @@ from asyncdp.api.openai_format import (
     usage_chunk,
 )
 from asyncdp.api.params import chat_messages, logit_bias, refuse_unsupported, sampling_params
-from asyncdp.api.rank_hint import parse_rank_hint
+from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
@@ -129,8 +129,8 @@ def register(app: Quart, state: AppState) -> None:
     async def chat_completions() -> Response:
         body = await request.get_data(as_text=False)
         prep = await state.offload.run(heavy_body(body), prepare, state, body)
-        hint = parse_rank_hint(request.headers, prep.req)
-        key = routing_key(request.headers, prep.req)
+        headers = routing_headers(request.headers)  # one pass over them for the rank hint and the routing key
+        hint, key = parse_rank_hint(headers, prep.req), routing_key(headers, prep.req)
         created = int(time.time())
         tok = state.client.tokenizer
         if not prep.req.stream:

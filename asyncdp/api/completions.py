@@ -40,7 +40,7 @@ from asyncdp.api.openai_format import (
     usage_chunk,
 )
 from asyncdp.api.params import logit_bias, prompts, refuse_unsupported, sampling_params
-from asyncdp.api.rank_hint import parse_rank_hint
+from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import CompletionRequest, decode_body
 from asyncdp.api.sse import sse
@@ -124,8 +124,8 @@ def register(app: Quart, state: AppState) -> None:
         body = await request.get_data(as_text=False)
         prep = await state.offload.run(heavy_body(body), prepare, state, body)
         req = prep.req
-        hint = parse_rank_hint(request.headers, req)
-        key = routing_key(request.headers, req)
+        headers = routing_headers(request.headers)  # one pass over them for the rank hint and the routing key
+        hint, key = parse_rank_hint(headers, req), routing_key(headers, req)
         request_id, created = prep.request_id, int(time.time())
         if not req.stream:
             choices = best_choices(await run_whole(state, prep.seqs, hint, key), prep.per_prompt, prep.n)

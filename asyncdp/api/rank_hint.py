@@ -21,18 +21,19 @@ def _as_int(field: str, value: Any) -> int:
         raise HTTPError(400, str(exc), param=field) from None
 
 
-def _rank_headers(headers: Any) -> tuple[str | None, str | None]:
-    """The first ``X-data-parallel-rank`` and ``X-data-parallel-global-rank`` values (names case-insensitive),
-    in one pass: werkzeug's ``Headers.get`` scans every header per name, which showed per request."""
-    local = global_ = None
+# Every header a request's routing reads (rank hints here, routing keys in :mod:`.routing_key`), lower case.
+ROUTING_HEADERS = frozenset(("x-data-parallel-rank", "x-data-parallel-global-rank", "x-session-id", "x-user-id"))
+
+
+def routing_headers(headers: Any) -> dict[str, str]:
+    """The first value of each of :data:`ROUTING_HEADERS` the request has (names case-insensitive), in one pass:
+    werkzeug's ``Headers.get`` scans every header per name, which showed per request."""
+    found: dict[str, str] = {}
     for name, value in headers.items():
         key = name.lower()
-        if key == "x-data-parallel-rank":
-            if local is None:
-                local = value
-        elif key == "x-data-parallel-global-rank" and global_ is None:
-            global_ = value
-    return local, global_
+        if key in ROUTING_HEADERS and key not in found:
+            found[key] = value
+    return found
 
 
 def _one_of(field: str, header: str | None, body: Any) -> int | None:
@@ -46,10 +47,12 @@ def _one_of(field: str, header: str | None, body: Any) -> int | None:
 def parse_rank_hint(headers: Any, req: _Common) -> RankHint | None:
     """Read ``X-data-parallel-rank`` / ``data_parallel_rank`` (local index) and the global forms (E1 here; the
     header and the body form of one hint must agree). Resolving the hint against the managed ranks (E2, E3, a
-    local and a global form naming different ranks) is the client's, once, in :mod:`asyncdp.dp.hints`."""
-    local_header, global_header = _rank_headers(headers)
-    local = _one_of("data_parallel_rank", local_header, req.data_parallel_rank)
-    global_ = _one_of("data_parallel_global_rank", global_header, req.data_parallel_global_rank)
+    local and a global form naming different ranks) is the client's, once, in :mod:`asyncdp.dp.hints`.
+    ``headers`` may be the request's :func:`routing_headers` already (one pass for the hint and the key)."""
+    found = routing_headers(headers)
+    local = _one_of("data_parallel_rank", found.get("x-data-parallel-rank"), req.data_parallel_rank)
+    global_ = _one_of("data_parallel_global_rank", found.get("x-data-parallel-global-rank"),
+                      req.data_parallel_global_rank)
     if local is None and global_ is None:
         return None
     return RankHint(local_index=local, global_rank=global_)

@@ -19,20 +19,17 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from asyncdp.api.rank_hint import routing_headers
 from asyncdp.api.schemas import _Common
 
 MAX_KEY_CHARS = 128
-_HEADERS = ("x-session-id", "x-user-id")
 
 
 def routing_key(headers: Any, req: _Common) -> str | None:
-    """The request's routing key from its headers and body, or None."""
-    found: dict[str, str] = {}
-    for name, value in headers.items():
-        key = name.lower()
-        if key in _HEADERS and key not in found:
-            found[key] = value
-    for value in (*(found.get(h) for h in _HEADERS), req.prompt_cache_key, req.user):
+    """The request's routing key from its headers and body, or None. ``headers`` may be the request's
+    :func:`~.rank_hint.routing_headers` already (one pass over the headers for the rank hint and the key)."""
+    found = routing_headers(headers)
+    for value in (found.get("x-session-id"), found.get("x-user-id"), req.prompt_cache_key, req.user):
         if value:
             if len(value) > MAX_KEY_CHARS:
                 return "blake2b:" + hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
