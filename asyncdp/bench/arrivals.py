@@ -17,6 +17,9 @@ R_sat) and :class:`Dispatch`.
 process at rate r compressed by X is a Poisson process at rate r·X, and the records (C1) stay the same.
 Closed-loop and think times are not rates and do not change.
 
+Which router replica a request reaches (C5) is also decided here: :func:`router_of`, by request index or by a
+digest of the routing key.
+
 Randomness: only the ``random.Random`` passed in (the workload's ``arrivals`` stream); times are rounded to
 whole microseconds (spec §1.2), expressed in milliseconds.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Sequence
+from hashlib import blake2b
 
 import msgspec
 
@@ -212,3 +216,15 @@ def rung_indices(arrival: Arrival, times_ms: Sequence[float | None]) -> list[int
         total += duration_s * 1000.0
         ends.append(total)
     return [min(bisect.bisect_right(ends, t or 0.0), len(ends) - 1) for t in times_ms]
+
+
+ROUTER_ASSIGN = ("index", "key")
+
+
+def router_of(req_id: int, routing_key: str | None, routers: int, assign: str) -> int:
+    """The router replica a request arrives at (C5). A key's router is a digest of it, not ``hash()``: the same in
+    every process and run."""
+    if assign == "key" and routing_key is not None and routers > 1:
+        digest = blake2b(routing_key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        return int.from_bytes(digest, "big") % routers
+    return req_id % routers

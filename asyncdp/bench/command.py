@@ -45,6 +45,7 @@ def known_policies() -> list[str]:
 
 def add_bench_parser(sub: Any) -> None:
     """Register ``bench routing`` and ``bench calibrate`` on the top-level subparsers ``sub``."""
+    from asyncdp.bench.arrivals import ROUTER_ASSIGN
     from asyncdp.bench.calibrate import add_calibrate_parser
 
     bench = sub.add_parser("bench", help="benchmarks (routing policies on a simulated cluster, calibration)")
@@ -65,6 +66,9 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--profile", default="gpu_8b", help="cost profile name or profile file")
     p.add_argument("--seeds", default="1", help="comma-separated seeds")
     p.add_argument("--routers", type=int, default=1, help="router replicas (DP clients)")
+    p.add_argument("--router-assign", default="index", choices=ROUTER_ASSIGN,
+                   help="how requests reach the routers: index (request i to router i mod R) or key (by a hash "
+                   "of the request's routing key, as behind a session-affine balancer; keyless ones by index)")
     p.add_argument("--lockstep", action="store_true", help="MoE lockstep ranks (waves)")
     p.add_argument("--telemetry", default="vllm_coord", help="telemetry preset (vllm_coord, oracle, "
                    "periodic_1s, periodic_10s, none)")
@@ -198,7 +202,7 @@ def _routing(ns: argparse.Namespace) -> int:
                         print(f"asyncdp bench: error: {exc}", file=sys.stderr)
                         return 1
                 spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
-                                   telemetry=ns.telemetry)
+                                   telemetry=ns.telemetry, router_assign=ns.router_assign)
                 r_sat = ns.r_sat
                 if isinstance(workload.arrival, RelativeLadder):
                     if r_sat is None:
@@ -282,7 +286,7 @@ def _routing(ns: argparse.Namespace) -> int:
               file=sys.stderr)
     header = {"seeds": seeds, "workload_hashes": hashes, "r_sat": r_sats, "scale": ns.scale, "profile": profile.name,
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
-              "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
+              "router_assign": ns.router_assign, "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
               "python": platform.python_version(), "trio": _trio_version()}
 
     def plots() -> list[Path]:

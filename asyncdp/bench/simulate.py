@@ -54,7 +54,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from asyncdp.bench.arrivals import Dispatch, RelativeLadder
+from asyncdp.bench.arrivals import ROUTER_ASSIGN, Dispatch, RelativeLadder, router_of
 from asyncdp.bench.materialise import Materialiser
 from asyncdp.bench.profiles import Profile
 from asyncdp.bench.records import DEADLINE_S, DEFAULT_MAX_MODEL_LEN, Record, Workload
@@ -88,10 +88,17 @@ class ClusterSpec:
     routers: int = 1
     lockstep: bool = False
     telemetry: str = "vllm_coord"
+    #: How arrivals reach the routers (C5): ``index`` (request i to router i mod R) or ``key`` (a request with a
+    #: routing key to the router its key hashes to, as an upstream balancer with session affinity would; one
+    #: without a key by index).
+    router_assign: str = "index"
 
     def __post_init__(self) -> None:
         if self.dp_size < 1 or self.routers < 1:
             raise ConfigError(f"--dp and --routers must be >= 1 (got {self.dp_size} and {self.routers}).")
+        if self.router_assign not in ROUTER_ASSIGN:
+            raise ConfigError(f"unknown router assignment {self.router_assign!r}; use one of "
+                              f"{', '.join(ROUTER_ASSIGN)}.")
         if self.telemetry not in TELEMETRY:
             raise ConfigError(f"unknown telemetry preset {self.telemetry!r}; this simulator plays "
                               f"{', '.join(TELEMETRY)}.")
@@ -196,7 +203,7 @@ async def simulate_async(workload: Workload, policy: str, seed: int, spec: Clust
                     vocab_size=workload.vocab_size, max_model_len=workload.max_model_len or DEFAULT_MAX_MODEL_LEN,
                     lb_policy=policy, with_coordinator=coordinator is not None, coordinator_config=coordinator,
                     is_moe=spec.lockstep, token_source=token_source, lb_seed=seed) as cluster:
-                driver = _Driver(workload, cluster, answers, seed, closed_concurrency)
+                driver = _Driver(workload, cluster, answers, seed, closed_concurrency, spec.router_assign)
                 drivers.append(driver)
                 if probe is None:
                     await driver.run()
@@ -225,8 +232,9 @@ class _Driver:
     """Sends the workload's records per the send rule and logs what the clients see (module docstring)."""
 
     def __init__(self, workload: Workload, cluster: SimCluster, answers: dict[str, list[int]], seed: int,
-                 closed_concurrency: int | None) -> None:
+                 closed_concurrency: int | None, router_assign: str = "index") -> None:
         self.w = workload
+        self.router_assign = router_assign
         self.cluster = cluster
         self.answers = answers
         self.mat = Materialiser(workload.seed, workload.vocab_size)
@@ -320,7 +328,7 @@ class _Driver:
 
     async def _one(self, rec: Record, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         rid = f"r{rec.req_id}"
-        router = rec.req_id % self.cluster.num_clients
+        router = router_of(rec.req_id, rec.routing_key, self.cluster.num_clients, self.router_assign)
         self.answers[rid] = self.mat.answer(rec)
         params = SamplingParams(max_tokens=rec.output_length, ignore_eos=True)
         t_send = self.now()

@@ -84,6 +84,20 @@ def test_a_run_without_workload_or_trace_is_an_error(capsys):
     assert "--workload" in capsys.readouterr().err
 
 
+def test_router_assign_key_keeps_each_client_on_one_router_and_the_header_says_so(tmp_path, capsys):
+    out = tmp_path / "keyed.json"
+    args = ["bench", "routing", "--workload", "w4", "--dp", "2", "--routers", "3", "--option", "clients=7",
+            "--option", "rounds=3", "--option", "request_len=64", "--option", "output_len=4",
+            "--policies", "session_hash", "--json", str(out)]
+    assert main([*args, "--router-assign", "key"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["header"]["routers"] == 3 and doc["header"]["router_assign"] == "key"
+    assert main([*args[:-1], str(tmp_path / "index.json")]) == 0
+    assert json.loads((tmp_path / "index.json").read_text())["header"]["router_assign"] == "index"
+    assert main([*args, "--router-assign", "session"]) == 2
+    assert "invalid choice: 'session'" in capsys.readouterr().err
+
+
 def test_every_bench_routing_option_is_documented_in_the_cli_reference():
     parser = argparse.ArgumentParser()
     add_bench_parser(parser.add_subparsers(dest="command"))

@@ -152,6 +152,53 @@ def test_the_workloads_routing_key_reaches_the_policy_so_session_hash_keeps_each
     assert len(set().union(*ranks.values())) > 1  # the keys spread over the ranks
 
 
+@pytest.mark.parametrize("assign", ["index", "key"])
+def test_routers_get_requests_by_index_or_each_session_on_the_router_its_key_hashes_to(assign):
+    # C5: by index, request i reaches router i mod R, so a client's turns cross the routers; by key, every turn of
+    # a client reaches one router (an upstream balancer with session affinity), and the clients spread over them.
+    workload = resolve(build("w4", "quick", 3, {"clients": 7, "rounds": 3, "request_len": 64, "output_len": 8}))
+    log = simulate(workload, "round_robin", 3, ClusterSpec(dp_size=2, profile=load_profile("gpu_8b"), routers=4,
+                                                         router_assign=assign))
+    keys = {r.req_id: r.routing_key for r in workload.records}
+    routers: dict[str, set[int]] = {}
+    for e in log.events:
+        routers.setdefault(keys[e.req_id], set()).add(e.router)
+    assert len(routers) == 7 and len(log.events) == len(workload.records)
+    if assign == "index":
+        assert all(e.router == e.req_id % 4 for e in log.events)
+        assert any(len(r) > 1 for r in routers.values())
+    else:
+        assert all(len(r) == 1 for r in routers.values()), routers
+        assert len(set().union(*routers.values())) > 1
+
+
+def test_a_keys_router_is_the_same_in_every_process_and_keyless_requests_go_by_index():
+    import subprocess
+    import sys
+
+    from asyncdp.bench.arrivals import router_of
+
+    keys = [f"client-{i}" for i in range(64)]
+    here = [router_of(0, k, 4, "key") for k in keys]
+    assert set(here) == {0, 1, 2, 3}  # a digest, spread over the routers
+    # Python's hash() of a str changes with each process (PYTHONHASHSEED); the key's router must not.
+    code = ("from asyncdp.bench.arrivals import router_of; "
+            f"print([router_of(0, k, 4, 'key') for k in {keys!r}])")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "12345", "PATH": ""})
+    assert other.stdout.strip() == repr(here)
+    assert [router_of(i, None, 4, "key") for i in range(6)] == [0, 1, 2, 3, 0, 1]
+    assert router_of(5, "client-1", 1, "key") == 0
+    assert router_of(5, "client-1", 4, "index") == 1
+
+
+def test_an_unknown_router_assignment_is_refused():
+    from asyncdp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown router assignment 'session'"):
+        ClusterSpec(dp_size=2, profile=load_profile("gpu_8b"), router_assign="session")
+
+
 def test_sim_executor_emits_the_token_source_tokens_and_falls_back_where_it_gives_none():
     from asyncdp.config.flags import EngineConfig
     from asyncdp.engine.executor import ModelBatch, ScheduledChunk
