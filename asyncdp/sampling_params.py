@@ -100,12 +100,13 @@ def refuse_grammar(kind: str, message: str) -> InvalidSamplingParams:
     return InvalidSamplingParams(f"structured.{kind} cannot be compiled: {message}", field=f"structured.{kind}")
 
 
-def grammar_failed(kind: str, message: str) -> InvalidSamplingParams:
-    """The error of a request whose grammar failed in the engine after it was admitted."""
+def grammar_failed(kind: str, message: str, param: str | None = None) -> InvalidSamplingParams:
+    """The error of a request whose grammar failed in the engine after it was admitted; it names ``param``, the
+    request parameter the grammar came from, when the API gave one (as the refusal at validation does)."""
     return InvalidSamplingParams(
-        f"structured.{kind} failed during generation: it exceeded the grammar library's limits "
-        f"({library_error(message)}){_hint(message)}; the text generated before it is incomplete.",
-        field=f"structured.{kind}")
+        f"{param + ': ' if param else ''}structured.{kind} failed during generation: it exceeded the grammar "
+        f"library's limits ({library_error(message)}){_hint(message)}; the text generated before it is incomplete.",
+        field=param or f"structured.{kind}")
 
 
 class _ByteTokens:
@@ -168,6 +169,8 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     ``json_object`` any JSON object (``response_format`` ``json_object``); ``regex`` a regular expression (Rust
     ``regex`` syntax); ``choice`` one of these strings exactly; ``grammar`` a Lark grammar (or llama.cpp GBNF).
     The engine masks every other token out, and the request finishes with ``stop`` once the grammar is complete.
+    ``param`` is not a constraint: the API sets it to the request parameter the grammar came from
+    (``response_format``, ``guided_regex``, ...), which an error during generation then names.
     """
 
     json_schema: str | None = None
@@ -175,6 +178,7 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     regex: str | None = None
     choice: tuple[str, ...] = ()
     grammar: str | None = None
+    param: str | None = None
 
     def kind(self) -> tuple[str, str]:
         """(field name, its text) of the one field set; InvalidSamplingParams when none or several are."""

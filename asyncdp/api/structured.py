@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from asyncdp.api.schemas import JsonObjectFormat, JsonSchemaFormat, StructuredOutputsBody, _Common
 from asyncdp.errors import HTTPError, InvalidSamplingParams
 from asyncdp.sampling_params import StructuredOutputs
@@ -64,4 +66,4 @@ def structured_outputs(req: _Common) -> StructuredOutputs | None:
         constraint.validate()
     except InvalidSamplingParams as exc:
         raise HTTPError(400, f"{param}: {exc}", param=param) from None
-    return constraint
+    return msgspec.structs.replace(constraint, param=param)  # named again if the grammar fails mid-generation

@@ -295,7 +295,7 @@ class EngineCore:
         if grammars is not None and grammars.advance(req.request_id, token):
             error = grammars.error(req.request_id)
             if error and params.structured is not None:
-                req.error = grammar_failed(params.structured.kind()[0], error)
+                req.error = grammar_failed(params.structured.kind()[0], error, params.structured.param)
                 return RequestStatus.FINISHED_ERROR
             grammar_ends = True
         if n_out >= params.min_tokens and (

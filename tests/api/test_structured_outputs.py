@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import orjson
 import pytest
 
@@ -43,7 +44,8 @@ async def test_each_structured_output_source_reaches_the_sampling_params(extra: 
         completion = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, **extra})
     assert chat.status_code == 200, chat.text
     assert completion.status_code == 200, completion.text
-    assert [s[2].structured for s in srv.fake.submitted] == [expected, expected]
+    named = msgspec.structs.replace(expected, param=next(iter(extra)))  # the parameter a later error names
+    assert [s[2].structured for s in srv.fake.submitted] == [named, named]
 
 
 async def test_text_response_format_asks_for_no_constraint() -> None:
@@ -98,7 +100,8 @@ async def test_a_grammar_failing_mid_generation_is_a_400_whole_and_an_error_even
         route: str) -> None:
     fake = FakeEngineClient()
     fake.fail_after_tokens = 2  # what the DP client raises for the engine's grammar error output
-    fake.fail_after_tokens_with = grammar_failed("regex", "lexer error: too many expressions constructed")
+    fake.fail_after_tokens_with = grammar_failed("regex", "lexer error: too many expressions constructed",
+                                                 "guided_regex")
     body = {"prompt": "a"} if route == "/v1/completions" else {"messages": CHAT}
     body |= {"max_tokens": 8, "guided_regex": "[a-z]{8}"}
     async with running(fake) as srv:
@@ -106,10 +109,12 @@ async def test_a_grammar_failing_mid_generation_is_a_400_whole_and_an_error_even
         streamed = await srv.http.post(route, json={**body, "stream": True})
     assert whole.status_code == 400, whole.text
     error = whole.json()["error"]
-    assert error["param"] == "structured.regex" and "failed during generation" in error["message"]
+    assert error["param"] == "guided_regex" and "failed during generation" in error["message"]
+    # the engine names the parameter the API tells it (its test: test_engine_structured.py)
+    assert {params.structured.param for _, _, params, _ in fake.submitted if params.structured} == {"guided_regex"}
     assert streamed.status_code == 200
     events = [line.removeprefix("data: ") for line in streamed.text.split("\n\n") if line]
     assert events[-1] == "[DONE]"
     last = orjson.loads(events[-2])["error"]
-    assert (last["code"], last["param"]) == (400, "structured.regex")
+    assert (last["code"], last["param"]) == (400, "guided_regex")
     assert not any('"finish_reason":"stop"' in e or '"finish_reason": "stop"' in e for e in events)

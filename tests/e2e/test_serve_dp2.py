@@ -224,7 +224,7 @@ async def test_grammars_over_the_librarys_limits_are_400s_never_a_stop_cut_short
             with pytest.raises(openai.BadRequestError) as whole:
                 await client.completions.create(model=MODEL, prompt="x", max_tokens=60, temperature=0,
                                                 extra_body={"guided_regex": late})
-            assert whole.value.body["param"] == "structured.regex"  # type: ignore[index]
+            assert whole.value.body["param"] == "guided_regex"  # type: ignore[index]
             assert "failed during generation" in whole.value.message
             stream = await client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=60, temperature=0,
@@ -234,6 +234,7 @@ async def test_grammars_over_the_librarys_limits_are_400s_never_a_stop_cut_short
                 async for chunk in stream:
                     reasons += [c.finish_reason for c in chunk.choices]
             assert streamed.value.body["code"] == 400  # type: ignore[index]
+            assert streamed.value.body["param"] == "guided_regex"  # type: ignore[index]
             assert "failed during generation" in streamed.value.message
             assert set(reasons) <= {None}
 

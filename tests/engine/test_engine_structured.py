@@ -180,6 +180,17 @@ def test_a_grammar_that_fails_mid_generation_ends_the_request_with_an_error_not_
     assert core._grammars is not None and not core._grammars.matchers
 
 
+def test_a_grammar_failing_mid_generation_names_the_request_parameter_the_api_gave_it() -> None:
+    core, _ = masking_core({"r": encode("x" * 60)})
+    core.add_request("r", encode("hi"), params(regex=LATE_FAILURE, param="guided_regex"))
+    outputs = []
+    while core.has_unfinished():
+        outputs += core.step().outputs
+    last = outputs[-1]
+    assert (last.finish_reason, last.error_type, last.error_field) == ("error", "invalid_request", "guided_regex")
+    assert (last.error or "").startswith("guided_regex: structured.regex failed during generation")
+
+
 def test_a_failure_does_not_poison_the_next_request_with_the_same_grammar() -> None:
     """llguidance shares the lexer between a template and its copies: after one request exhausts it, the cached
     template fails every later copy at its first mask, unless it is evicted."""
