@@ -424,20 +424,3 @@ def serve_and_replay(policy: str, workload: Workload, args: argparse.Namespace, 
 
         return anyio.run(go)
     raise AssertionError("unreachable")  # ExitStack does not swallow exceptions
-
-
-def run_cli(main: Callable[[], int]) -> None:
-    """Exit with ``main()``'s status, never with a traceback for what the user can fix: a ConfigError that got
-    past the argument checks (a bad workload or profile) is one line ``<script>: error: ...`` and exit 2; a server
-    that does not start is one such line with the server's last output, and exit 1."""
-    from bench.serving import ServerStartError
-
-    prog = Path(sys.argv[0]).name
-    try:
-        sys.exit(main())
-    except ConfigError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except ServerStartError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        sys.exit(1)

@@ -33,7 +33,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.serving import ROOT, check_output, exit_on_sigterm, free_port, positive_int  # noqa: E402
+from bench.serving import (  # noqa: E402
+    ROOT,
+    ServerStartError,
+    check_output,
+    exit_on_sigterm,
+    free_port,
+    positive_int,
+    run_cli,
+)
 
 MODEL = "builtin:tiny-dense"
 BASE = ("--executor", "torch", "--max-model-len", "512", "--torch-threads", "1")
@@ -60,12 +68,18 @@ def launch(*args: str, port: int | None, log: Path) -> Iterator[subprocess.Popen
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def wait_healthy(urls: list[str], timeout_s: float = 180.0) -> None:
+def wait_healthy(urls: list[str], procs: dict[str, subprocess.Popen[bytes]], log: Path,
+                 timeout_s: float = 180.0) -> None:
+    """Until every url's ``/health`` answers 200; a launch that exits first, or the timeout, is a ServerStartError
+    naming it, with the log's last lines (a bad flag or a taken port shows at once, not after the timeout)."""
     deadline = time.monotonic() + timeout_s
     pending = list(urls)
     while pending:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                raise ServerStartError(f"the {name} exited with {proc.returncode} before ready{_tail(log)}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"not healthy within {timeout_s:g} s: {pending}")
+            raise ServerStartError(f"not healthy within {timeout_s:g} s: {pending}{_tail(log)}")
         try:
             if httpx.get(f"{pending[0]}/health", timeout=2.0).status_code == 200:
                 pending.pop(0)
@@ -73,6 +87,14 @@ def wait_healthy(urls: list[str], timeout_s: float = 180.0) -> None:
         except httpx.TransportError:
             pass
         time.sleep(0.2)
+
+
+def _tail(log: Path, lines: int = 15) -> str:
+    try:
+        tail = log.read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"; the last lines of {log}:\n" + "\n".join(f"  {line}" for line in tail) if tail else ""
 
 
 async def burst(urls: list[str], n: int, concurrency: int, max_tokens: int) -> tuple[float, list[float]]:
@@ -104,7 +126,7 @@ def measure(name: str, urls: list[str], args: argparse.Namespace) -> dict[str, f
     return row
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=positive_int, default=200)
     parser.add_argument("--concurrency", type=positive_int, default=16)
@@ -117,8 +139,8 @@ def main() -> None:
           f"{MODEL}, 4 ranks (log: {args.log})", flush=True)
 
     port = free_port()
-    with launch("-dp", "4", port=port, log=args.log):
-        wait_healthy([f"http://127.0.0.1:{port}"])
+    with launch("-dp", "4", port=port, log=args.log) as one:
+        wait_healthy([f"http://127.0.0.1:{port}"], {"one-node launch": one}, args.log)
         rows["one node"] = measure("one node", [f"http://127.0.0.1:{port}"], args)
 
     port, rpc = free_port(), free_port()
@@ -128,23 +150,26 @@ def main() -> None:
         head = stack.enter_context(launch("-dp", "4", "-dpl", "2", *net, port=port, log=args.log))
         node = stack.enter_context(launch("-dp", "4", "-dpl", "2", "-dpr", "2", "--headless", *net, port=None,
                                           log=args.log))
-        wait_healthy([f"http://127.0.0.1:{port}"])
+        wait_healthy([f"http://127.0.0.1:{port}"], {"head": head, "headless node": node}, args.log)
         rows["head + headless"] = measure("head + headless", [f"http://127.0.0.1:{port}"], args)
         tree = [head.pid, *_descendants(head.pid)]  # its children lead their own sessions: kill each
         t0 = time.monotonic()
         for pid in tree:
             _kill(pid)
-        code = node.wait(timeout=30)
+        try:
+            code: int | str = node.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = "nothing (still running: a defect)"
         detect_s = time.monotonic() - t0
         print(f"  head SIGKILLed: the headless node exited with {code} after {detect_s:.2f} s", flush=True)
 
     p0, p1, rpc = free_port(), free_port(), free_port()
     net = ("-dpa", "127.0.0.1", "-dpp", str(rpc), "-dph")
     with ExitStack() as stack:
-        stack.enter_context(launch("-dp", "4", "-dpl", "2", "-dpr", "2", *net, port=p1, log=args.log))
-        stack.enter_context(launch("-dp", "4", "-dpl", "2", "-dpr", "0", *net, port=p0, log=args.log))
+        second = stack.enter_context(launch("-dp", "4", "-dpl", "2", "-dpr", "2", *net, port=p1, log=args.log))
+        first = stack.enter_context(launch("-dp", "4", "-dpl", "2", "-dpr", "0", *net, port=p0, log=args.log))
         urls = [f"http://127.0.0.1:{p0}", f"http://127.0.0.1:{p1}"]
-        wait_healthy(urls)
+        wait_healthy(urls, {"first hybrid node": first, "second hybrid node": second}, args.log)
         rows["hybrid"] = measure("hybrid", urls, args)
 
     base = rows["one node"]
@@ -152,6 +177,7 @@ def main() -> None:
     for name, row in rows.items():
         print(f"  {name:<16} {row['rps'] / base['rps']:5.2f}  {row['mean_s'] / base['mean_s']:5.2f}  "
               f"{row['p99_s'] / base['p99_s']:5.2f}")
+    return 0
 
 
 def _descendants(root: int) -> list[int]:
@@ -179,4 +205,4 @@ def _kill(pid: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

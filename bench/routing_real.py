@@ -42,11 +42,10 @@ from bench.http_replay import (  # noqa: E402
     checked_workload,
     describe,
     ratios,
-    run_cli,
     serve_and_replay,
     table,
 )
-from bench.serving import policy_list, positive_int  # noqa: E402
+from bench.serving import policy_list, positive_int, run_cli  # noqa: E402
 
 KEYS = ("prefix_hit_rate", "ttft_mean_s", "ttft_p99_s", "e2e_p99_s", "throughput_tok_s", "max_mean_load_ratio")
 FMT = {"prefix_hit_rate": ".3f", "ttft_mean_s": ".4f", "ttft_p99_s": ".4f", "e2e_p99_s": ".4f",

@@ -3,7 +3,8 @@ SIGTERM (the launcher stops its children in order) and killed as a process group
 
 Also what the bench scripts share for their command lines: a bad value is a usage error (``<script>: error: ...``
 on stderr, exit 2), found before any server or long run starts, never a traceback (argparse types for counts,
-rates, policy and model names; :func:`check_output` for the files a script writes)."""
+rates, policy and model names; :func:`check_output` for the files a script writes), and :func:`run_cli`, which
+ends a run that fails after them with one line, never a traceback."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -197,3 +198,24 @@ def asyncdp_serve(model: str, *args: str, log: IO[bytes] | None = None, env: dic
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def run_cli(main: Callable[[], int]) -> None:
+    """Exit with ``main()``'s status, never with a traceback for what the user can fix: a ConfigError that got
+    past the argument checks (a bad workload or profile) is one line ``<script>: error: ...`` and exit 2; a server
+    that does not start is one such line with the server's last output, and exit 1, and so is a request a running
+    server failed or dropped."""
+    from asyncdp.errors import ConfigError
+
+    prog = Path(sys.argv[0]).name
+    try:
+        sys.exit(main())
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ServerStartError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except httpx.HTTPError as exc:
+        print(f"{prog}: error: a request failed: {exc!r}", file=sys.stderr)
+        sys.exit(1)

@@ -38,10 +38,9 @@ from bench.http_replay import (  # noqa: E402
     add_workload_args,
     checked_workload,
     describe,
-    run_cli,
     serve_and_replay,
 )
-from bench.serving import policy_list, positive_int  # noqa: E402
+from bench.serving import policy_list, positive_int, run_cli  # noqa: E402
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "profiles" / "cpu_tiny_dense.json"
 KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "e2e_p99_s", "prefix_hit_rate")

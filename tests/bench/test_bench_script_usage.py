@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from asyncdp.errors import ConfigError
-from bench.http_replay import run_cli
-from bench.serving import ServerStartError, _log_tail, asyncdp_serve
+from bench.serving import ServerStartError, _log_tail, asyncdp_serve, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,6 +149,14 @@ def test_a_server_that_does_not_start_is_reported_with_its_output(tmp_path: Path
         pass
     assert "exited with 2 before ready" in str(err.value)
     assert "--lb-policy" in str(err.value) and "'nosuch'" in str(err.value)
+
+
+def test_multinode_names_the_launch_that_failed_to_start_with_its_output(tmp_path: Path) -> None:
+    # A setting every launch of the script inherits makes the first one exit 2 at once: the script says which
+    # launch, with its usage error from the log, exit 1, and does not wait out its 180 s readiness timeout.
+    out = run_script("multinode.py", "--log", str(tmp_path / "multinode.log"),
+                     env={"ASYNCDP_DP_LB_POLICY": "nosuch"}, timeout=90.0)
+    assert_usage_error(out, "multinode.py", "the one-node launch exited with 2 before ready", "'nosuch'", status=1)
 
 
 def test_run_cli_turns_errors_into_one_line(monkeypatch: pytest.MonkeyPatch,
