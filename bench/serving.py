@@ -112,33 +112,23 @@ def git_tracked(path: Path) -> bool:
 
 
 def check_output(parser: argparse.ArgumentParser, flag: str, path: Path | str | None) -> Path | None:
-    """Before any work: ``path`` (the value of ``flag``) can be written, its folder made if missing, and it is not a
-    file git tracks (a benchmark's output must never replace a committed file by surprise); otherwise a usage
-    error (exit 2). Returns the path (None stays None: the output is optional)."""
+    """Before any work: ``path`` (the value of ``flag``) can be written, its folder made if missing (the checks of
+    ``asyncdp bench``'s outputs, :func:`asyncdp.bench.files.check_file`), and it is not a file git tracks (a
+    benchmark's output must never replace a committed file by surprise); otherwise a usage error (exit 2).
+    Returns the path (None stays None: the output is optional)."""
+    from asyncdp.bench.files import check_file
+    from asyncdp.errors import ConfigError
+
     if path is None:
         return None
-    path = Path(path)
-    if path.is_dir():
-        parser.error(f"{flag} {path}: is a folder; give a file name")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        parser.error(f"{flag} {path}: {path.parent} is not a folder")
-    except OSError as exc:
-        parser.error(f"{flag} {path}: cannot create the folder {path.parent} ({exc.strerror})")
-    if git_tracked(path):
+        checked = check_file(flag, str(path))
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if git_tracked(checked):
         parser.error(f"{flag} {path}: is a file tracked by git; write the output elsewhere (bench/results/ is "
                      "not tracked)")
-    if path.exists():
-        if not os.access(path, os.W_OK):
-            parser.error(f"{flag} {path}: is not writable")
-        return path
-    try:  # the only sure test (permissions, read-only mounts, /proc): create the file, then remove it
-        path.open("x").close()
-        path.unlink()
-    except OSError as exc:
-        parser.error(f"{flag} {path}: cannot be written ({exc.strerror})")
-    return path
+    return checked
 
 
 def free_port() -> int:
