@@ -34,6 +34,7 @@ class _RankLoad:
     running: int = 0
     kv_cache_usage: float = 0.0
     prefill_tokens: int = 0
+    cache_fill: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     wave: int = 0
@@ -66,6 +67,8 @@ class LoadView:
                                                                    float(snap.counts[rank][2]))
                 if snap.prefill_tokens is not None and rank < len(snap.prefill_tokens):
                     load.prefill_tokens = int(snap.prefill_tokens[rank])
+                if snap.cache_fill is not None and rank < len(snap.cache_fill):
+                    load.cache_fill = float(snap.cache_fill[rank])
                 load.updated_at = now
 
     def on_scheduler_stats(self, rank: int, stats: m.SchedulerStats, now: float) -> None:
@@ -76,6 +79,7 @@ class LoadView:
         self.seq += 1
         load.waiting, load.running, load.kv_cache_usage = stats.num_waiting, stats.num_running, stats.kv_cache_usage
         load.prefill_tokens = stats.prefill_tokens
+        load.cache_fill = stats.cache_fill
         load.prefix_cache_queries += stats.prefix_cache_queries
         load.prefix_cache_hits += stats.prefix_cache_hits
         load.wave, load.wave_running = stats.wave, stats.wave_running
@@ -92,7 +96,7 @@ class LoadView:
             ranks.append({
                 "dp_rank": rank, "local_index": index, "up": engine_states.get(rank, (False, 0.0))[0], "waiting": load.waiting,
                 "running": load.running, "kv_cache_usage": round(load.kv_cache_usage, 4),
-                "prefill_tokens": load.prefill_tokens,
+                "prefill_tokens": load.prefill_tokens, "cache_fill": round(load.cache_fill, 4),
                 "prefix_cache_queries": load.prefix_cache_queries, "prefix_cache_hits": load.prefix_cache_hits,
                 "inflight": inflight_of(rank), "wave": load.wave, "wave_running": load.wave_running,
                 "age_s": None if load.updated_at is None else round(now - load.updated_at, 3)})

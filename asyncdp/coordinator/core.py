@@ -281,7 +281,7 @@ class Coordinator:
             if item is None:
                 pub = self.book.take_snapshot(anyio.current_time())
                 if pub is not None:
-                    self._publish(pub.counts, pub.prefill_tokens)
+                    self._publish(pub.counts, pub.prefill_tokens, pub.cache_fill)
                 continue
             if await self._handle(item):
                 return
@@ -293,7 +293,7 @@ class Coordinator:
                     log.warning("RankStats for rank %d on the link of rank %d; dropped", msg.dp_rank, rank)
                     return False
                 self.book.on_rank_stats(rank, msg.num_waiting, msg.num_running, msg.kv_cache_usage,
-                                        msg.step, msg.wave, msg.prefill_tokens)
+                                        msg.step, msg.wave, msg.prefill_tokens, msg.cache_fill)
                 return False
             case EngineMessage(dp_rank=rank, msg=WaveComplete(wave=wave)):
                 # The link says who sent it; a rank field that disagrees is not trusted.
@@ -307,20 +307,23 @@ class Coordinator:
                 if peer is not None:
                     self.seq += 1
                     peer.send_nowait(self._snapshot(None) if self.config.external_lb
-                                     else self._snapshot(self.book.counts, self.book.prefill_tokens))
+                                     else self._snapshot(self.book.counts, self.book.prefill_tokens,
+                                                         self.book.cache_fill))
                 return False
             case W.EngineLost():
                 return await self._perform(self.machine.handle(item))
             case _:
                 raise ProtocolError(f"DP coordinator: unknown inbox item {item!r}")
 
-    def _snapshot(self, counts: Any, prefill_tokens: list[int] | None = None) -> StatsSnapshot:
+    def _snapshot(self, counts: Any, prefill_tokens: list[int] | None = None,
+                  cache_fill: list[float] | None = None) -> StatsSnapshot:
         return StatsSnapshot(counts=counts, wave=self.machine.current_wave, running=self.machine.running,
-                             seq=self.seq, prefill_tokens=prefill_tokens)
+                             seq=self.seq, prefill_tokens=prefill_tokens, cache_fill=cache_fill)
 
-    def _publish(self, counts: Any, prefill_tokens: list[int] | None = None) -> None:
+    def _publish(self, counts: Any, prefill_tokens: list[int] | None = None,
+                 cache_fill: list[float] | None = None) -> None:
         self.seq += 1
-        snap = self._snapshot(counts, prefill_tokens)
+        snap = self._snapshot(counts, prefill_tokens, cache_fill)
         for peer in list(self.clients.values()):
             peer.send_nowait(snap)
 

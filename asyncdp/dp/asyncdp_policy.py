@@ -383,6 +383,8 @@ class AsyncdpPolicy(SeveralRouters):
             else:
                 state.others_tok[i] = ow * state.avg_prefill + (other - ow) * state.avg_decode
             state.kv[i] = x.kv_usage
+            if state.num_routers > 1:
+                state.fill[i] = x.cache_fill
         at = snap.delivered_at_us or state.clock_us
         state.note_period(at)
         state.snap_at_us = at

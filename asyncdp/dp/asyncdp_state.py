@@ -75,6 +75,8 @@ class AsyncdpState(PhaseWeights):
     hot_seq: int = -(1 << 62)  # rates.seq at the last dispatch of a hot prefix (mark_hot, hot_recently)
     shared: list[float] = field(default_factory=list)  # the other routers' new-prefix tokens: set_shared()
     mirror: list[float] = field(default_factory=list)  # the others' new prompts this router assumes (mirror_new)
+    # with several routers: each rank's prefix cache fill as its snapshot reported it (``_terms``, the memory term)
+    fill: list[float] = field(default_factory=list)
     # min(base), its first index, how many ranks share it: kept by update, so select reads them
     best: float = 0.0
     pick: int = 0
@@ -108,7 +110,7 @@ class AsyncdpState(PhaseWeights):
         state = cls(n, num_routers, block_size, stale_us, weights, [0.0] * n, [0] * n, [0] * n, [0] * n,
                     [0.0] * n, [0.0] * n, [0.0] * n, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
                     [0.0] * n, [0.0] * n, [0.0] * n, OwnerIndex.empty(n, capacity_blocks), PrefixRates(),
-                    shared=[0.0] * n, mirror=[0.0] * n, decisions=tuple(Decision(i) for i in range(n)),
+                    shared=[0.0] * n, mirror=[0.0] * n, fill=[0.0] * n, decisions=tuple(Decision(i) for i in range(n)),
                     avg_decode=weights.decode_tokens,
                     stalls=Stalls(weights.stall_tokens_per_s, weights.stall_grace_us, n))
         state.phases = [state.phase(i) for i in range(n)]
@@ -142,7 +144,11 @@ class AsyncdpState(PhaseWeights):
         kv = self.kv[i]
         if kv > KV_HIGH:
             kv_pen = w.kv_penalty_tokens * (kv - KV_HIGH) / (1.0 - KV_HIGH)
-        memory = w.memory_tokens * self.index.size(i) / self.index.capacity if w.memory_tokens else 0.0
+        # How full the rank's cache is: this router's index of what it sent there, or with several routers the
+        # rank's own report when that says more (where each API server keeps its own conversations, as behind
+        # keep-alive connections or a session-affine balancer, each index holds a part of the rank's content)
+        memory = w.memory_tokens * max(self.index.size(i) / self.index.capacity, self.fill[i]) \
+            if w.memory_tokens else 0.0
         self.memory[i] = memory
         local = self.pending[i] + w.decode_tokens * self.decoding[i] + memory + self.shared[i] + self.stalls.terms[i]
         return local, self.others_tok[i] + kv_pen

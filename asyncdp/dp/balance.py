@@ -269,18 +269,22 @@ class LoadBalancer:
         return self._engines[i]
 
     def on_snapshot(self, counts: Sequence[Sequence[float]] | None, *, seq: int = 0, now_us: int = 0,
-                    prefill_tokens: Sequence[int] | None = None) -> None:
+                    prefill_tokens: Sequence[int] | None = None, cache_fill: Sequence[float] | None = None) -> None:
         """Coordinator counts for all N ranks (``StatsSnapshot.counts``), and their prompt tokens still to compute
-        where the coordinator sent them (``StatsSnapshot.prefill_tokens``); None (wave-only) changes nothing."""
+        and prefix cache fill where the coordinator sent them (``StatsSnapshot.prefill_tokens``, ``cache_fill``);
+        None (wave-only) changes nothing."""
         if counts is None:
             return
         if len(counts) <= self._engines[-1]:
             raise ValueError(f"snapshot covers {len(counts)} ranks; this client manages up to {self._engines[-1]}")
         if prefill_tokens is not None and len(prefill_tokens) != len(counts):
             prefill_tokens = None  # not from the same ranks: the counts alone
+        if cache_fill is not None and len(cache_fill) != len(counts):
+            cache_fill = None
         self._snap = Snapshot.from_counts(
             [counts[g] for g in self._engines], seq=seq, delivered_at_us=now_us,
-            prefill_tokens=None if prefill_tokens is None else [prefill_tokens[g] for g in self._engines])
+            prefill_tokens=None if prefill_tokens is None else [prefill_tokens[g] for g in self._engines],
+            cache_fill=None if cache_fill is None else [cache_fill[g] for g in self._engines])
         self._policy.on_snapshot(self._state, self._snap)
 
     def set_engine_params(self, params: dict[str, Any]) -> bool:

@@ -54,8 +54,8 @@ class RequestView:
 
 @dataclass(frozen=True, slots=True)
 class RankLoad:
-    """One rank's entry in a snapshot (routing-bench §1.1); the coordinator fills the first three and
-    ``prefill_tokens``."""
+    """One rank's entry in a snapshot (routing-bench §1.1); the coordinator fills the first three,
+    ``prefill_tokens`` and ``cache_fill``."""
 
     waiting: int = 0
     running: int = 0
@@ -69,6 +69,8 @@ class RankLoad:
     # [ours] prompt tokens still to compute: each waiting request's part the prefix cache did not cover when it was
     # enqueued, each running one's rest of its prefill (asyncdp.engine.scheduler)
     prefill_tokens: int = 0
+    # [ours] the share of the rank's KV blocks holding cached content (BlockManager.cache_fill)
+    cache_fill: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +84,19 @@ class Snapshot:
 
     @classmethod
     def from_counts(cls, counts: Sequence[Sequence[float]], *, seq: int = 0, delivered_at_us: int = 0,
-                    prefill_tokens: Sequence[int] | None = None) -> Snapshot:
+                    prefill_tokens: Sequence[int] | None = None, cache_fill: Sequence[float] | None = None) -> Snapshot:
         """From wire counts ``[[waiting, running, kv_cache_usage], ...]`` (``StatsSnapshot.counts``) and, where the
-        coordinator sent them, the ranks' prompt tokens still to compute (``StatsSnapshot.prefill_tokens``)."""
+        coordinator sent them, the ranks' prompt tokens still to compute and prefix cache fill
+        (``StatsSnapshot.prefill_tokens``, ``cache_fill``)."""
+        for name, values in (("prefill token counts", prefill_tokens), ("cache fills", cache_fill)):
+            if values is not None and len(values) != len(counts):
+                raise ValueError(f"{len(values)} {name} for {len(counts)} ranks")
+        fills = cache_fill if cache_fill is not None else [0.0] * len(counts)
         if prefill_tokens is None:
-            return cls(tuple(RankLoad(int(c[0]), int(c[1]), float(c[2])) for c in counts), seq, delivered_at_us)
-        if len(prefill_tokens) != len(counts):
-            raise ValueError(f"{len(prefill_tokens)} prefill token counts for {len(counts)} ranks")
-        return cls(tuple(RankLoad(int(c[0]), int(c[1]), float(c[2]), prefill_tokens=int(p))
-                         for c, p in zip(counts, prefill_tokens, strict=True)), seq, delivered_at_us, True)
+            return cls(tuple(RankLoad(int(c[0]), int(c[1]), float(c[2]), cache_fill=float(f))
+                             for c, f in zip(counts, fills, strict=True)), seq, delivered_at_us)
+        return cls(tuple(RankLoad(int(c[0]), int(c[1]), float(c[2]), prefill_tokens=int(p), cache_fill=float(f))
+                         for c, p, f in zip(counts, prefill_tokens, fills, strict=True)), seq, delivered_at_us, True)
 
 
 @dataclass(frozen=True, slots=True)

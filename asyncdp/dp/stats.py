@@ -1,7 +1,8 @@
 """The coordinator's stats intake and publish schedule (spec §6.1-6.3), sans I/O.
 
 Theory of operation. :class:`StatsBook` keeps the latest ``(waiting, running, kv_cache_usage)`` of every rank, and
-beside them its prompt tokens still to compute (``prefill_tokens``, [ours]: the work a waiting count hides), and
+beside them its prompt tokens still to compute (``prefill_tokens``, [ours]: the work a waiting count hides) and
+its prefix cache's fill (``cache_fill``, [ours]: what each router's own index sees a part of), and
 decides when the coordinator publishes a ``StatsSnapshot``. The coordinator's core loop asks
 :meth:`StatsBook.next_publish_deadline` each time it starts waiting for input, feeds every ``RankStats`` to
 :meth:`StatsBook.on_rank_stats`, and when the deadline passes calls :meth:`StatsBook.take_snapshot`, which
@@ -30,6 +31,7 @@ Counts = list[tuple[int, int, float]]
 class Publication:
     counts: Counts | None  # all N ranks in global order; None in external mode
     prefill_tokens: list[int] | None = None  # the same ranks' prompt tokens still to compute; None with counts
+    cache_fill: list[float] | None = None  # the same ranks' prefix cache fill; None with counts
 
 
 class StatsBook:
@@ -44,11 +46,13 @@ class StatsBook:
         self.step_snapshot_wait_s = step_snapshot_wait_s
         self._counts: Counts = [(0, 0, 0.0)] * dp_size
         self._prefill: list[int] = [0] * dp_size
+        self._fill: list[float] = [0.0] * dp_size
         self.stats_changed = False
         self.last_wave = -1
         self.last_step = -1
         self.step_snapshot: Counts | None = None
         self._step_prefill: list[int] = []  # prefill_tokens as of step_snapshot
+        self._step_fill: list[float] = []  # cache_fill likewise
         self.last_publish_s = now_s
         self._dead: set[int] = set()
 
@@ -60,27 +64,34 @@ class StatsBook:
     def prefill_tokens(self) -> list[int]:
         return list(self._prefill)
 
+    @property
+    def cache_fill(self) -> list[float]:
+        return list(self._fill)
+
     def on_rank_stats(self, dp_rank: int, num_waiting: int, num_running: int, kv_cache_usage: float,
-                      step: int = 0, wave: int = 0, prefill_tokens: int = 0) -> bool:
+                      step: int = 0, wave: int = 0, prefill_tokens: int = 0, cache_fill: float = 0.0) -> bool:
         """Apply one rank's stats (§6.2); returns False when dropped (unknown or dead rank, external mode)."""
         if not 0 <= dp_rank < self.dp_size or dp_rank in self._dead or self.external:
             return False
-        if self._prefill[dp_rank] != prefill_tokens and self._counts[dp_rank] == (
-                num_waiting, num_running, kv_cache_usage):
-            # Only the prompt tokens moved (a long prefill's next chunk): they ride on the next snapshot the counts
-            # call for, and the publish schedule stays the counts' own.
+        if self._counts[dp_rank] == (num_waiting, num_running, kv_cache_usage) and (
+                self._prefill[dp_rank] != prefill_tokens or self._fill[dp_rank] != cache_fill):
+            # Only the prompt tokens (a long prefill's next chunk) or the cache's fill moved: they ride on the next
+            # snapshot the counts call for, and the publish schedule stays the counts' own.
             self._prefill[dp_rank] = prefill_tokens
+            self._fill[dp_rank] = cache_fill
             return True
         if self.wave_mode:
             if (wave, step) > (self.last_wave, self.last_step):
                 if self.stats_changed:
                     self.step_snapshot = list(self._counts)  # the previous step, complete
                     self._step_prefill = list(self._prefill)
+                    self._step_fill = list(self._fill)
                 self.last_wave, self.last_step = wave, step
             elif (wave, step) != (self.last_wave, self.last_step):
                 log.debug("stats for an older step from rank %d", dp_rank)  # normal when ranks lag
         self._counts[dp_rank] = (num_waiting, num_running, kv_cache_usage)
         self._prefill[dp_rank] = prefill_tokens
+        self._fill[dp_rank] = cache_fill
         self.stats_changed = True
         return True
 
@@ -102,8 +113,8 @@ class StatsBook:
         if self.external:
             return Publication(None)
         if self.step_snapshot is not None:
-            payload, prefill, self.step_snapshot = self.step_snapshot, self._step_prefill, None
+            payload, prefill, fill, self.step_snapshot = self.step_snapshot, self._step_prefill, self._step_fill, None
         else:
-            payload, prefill = list(self._counts), list(self._prefill)
+            payload, prefill, fill = list(self._counts), list(self._prefill), list(self._fill)
             self.stats_changed = False
-        return Publication(payload, prefill)
+        return Publication(payload, prefill, fill)

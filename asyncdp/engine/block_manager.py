@@ -96,6 +96,13 @@ class BlockManager:
     def usage(self) -> float:
         return (self.num_usable_blocks - len(self._free)) / self.num_usable_blocks
 
+    @property
+    def cache_fill(self) -> float:
+        """The share of the blocks holding cached content (in use or free for reuse): how full the prefix cache is,
+        which ``usage`` (free blocks count as free, cached or not) does not say. Routers with several API servers
+        see only their own sends of it (asyncdp.dp.asyncdp_state, the memory term)."""
+        return len(self._cached) / self.num_usable_blocks
+
     def ref_count(self, block_id: int) -> int:
         return self._ref[block_id]
 

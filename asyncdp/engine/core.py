@@ -343,7 +343,7 @@ class EngineCore:
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=bm.usage, prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
-            prefill_tokens=self.scheduler.prefill_tokens, step=self.num_steps, wave=wave)
+            prefill_tokens=self.scheduler.prefill_tokens, cache_fill=bm.cache_fill, step=self.num_steps, wave=wave)
 
     def shutdown(self) -> None:
         self.executor.shutdown()

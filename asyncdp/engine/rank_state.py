@@ -7,8 +7,9 @@ that owns its requests (``RankState.owners``, filled by ``AddRequest``, emptied 
 :meth:`~asyncdp.engine.rank_links.RankLinks.post_nowait`; the scheduler stats ride on exactly one client message
 per step, with the cumulative counters as deltas since the previous attached stats, so the deltas partition the
 totals and API processes can sum them. ``load_report`` says which ``RankStats`` the coordinator needs: only when
-(running, waiting) or the prompt tokens still to compute changed, or KV usage moved by at least
-:data:`KV_USAGE_PUBLISH_DELTA`; MoE ranks stamp the wave step and wave from the lockstep state.
+(running, waiting) or the prompt tokens still to compute changed, KV usage moved by at least
+:data:`KV_USAGE_PUBLISH_DELTA`, or the prefix cache's fill by :data:`CACHE_FILL_PUBLISH_DELTA`; MoE ranks stamp the
+wave step and wave from the lockstep state.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from asyncdp.engine.rank_links import RankLinks
 
 KV_USAGE_PUBLISH_DELTA = 0.01
+CACHE_FILL_PUBLISH_DELTA = 0.01  # the cache fills slowly: a report at each 1 % (a few hundred blocks) is plenty
 
 
 @dataclass
@@ -38,7 +40,7 @@ class RankState:
     waves_completed: int = 0
     shutting_down: bool = False
     dead_reason: str | None = None
-    last_stats: tuple[int, int, float, int] | None = None
+    last_stats: tuple[int, int, float, int, float] | None = None
     # The cumulative counters as of the last stats attached to a client message: attached stats carry deltas.
     attached_counters: tuple[int, ...] = (0, 0, 0, 0, 0)
     owners: dict[str, int] = field(default_factory=dict)
@@ -113,15 +115,20 @@ class RankReports:
         s = self.scheduler_stats()
         kv = s.kv_cache_usage
         last = self.state.last_stats
+        fill = s.cache_fill
         if last is not None and last[0] == s.num_running and last[1] == s.num_waiting and abs(
             last[2] - kv
         ) < KV_USAGE_PUBLISH_DELTA:
-            if last[3] == s.prefill_tokens:
+            fill_moved = abs(last[4] - fill) >= CACHE_FILL_PUBLISH_DELTA
+            if last[3] == s.prefill_tokens and not fill_moved:
                 return None
-            # Only the prompt tokens moved: the report repeats the KV usage last reported, so that the coordinator
-            # sees no change of the counts (its publish schedule stays theirs) and the 0.01 rule still measures
-            # from the last reported usage.
+            # Only the prompt tokens or the cache's fill moved: the report repeats the KV usage last reported, so
+            # that the coordinator sees no change of the counts (its publish schedule stays theirs) and the 0.01
+            # rule still measures from the last reported usage; likewise the fill's.
             kv = last[2]
-        self.state.last_stats = (s.num_running, s.num_waiting, kv, s.prefill_tokens)
+            if not fill_moved:
+                fill = last[4]
+        self.state.last_stats = (s.num_running, s.num_waiting, kv, s.prefill_tokens, fill)
         return m.RankStats(dp_rank=self.dp_rank, num_waiting=s.num_waiting, num_running=s.num_running,
-                           kv_cache_usage=kv, step=s.step, wave=s.wave, prefill_tokens=s.prefill_tokens)
+                           kv_cache_usage=kv, step=s.step, wave=s.wave, prefill_tokens=s.prefill_tokens,
+                           cache_fill=fill)

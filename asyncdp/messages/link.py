@@ -14,8 +14,9 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 5  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
-# 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"
+PROTOCOL_VERSION = 6  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+# 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"; 6: the ranks' cache_fill
+# (SchedulerStats, RankStats, StatsSnapshot) and StructuredOutputs.param
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
@@ -98,6 +99,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     prefix_cache_hits: int = 0  # tokens found (counter)
     num_preemptions: int = 0  # (counter)
     prefill_tokens: int = 0  # prompt tokens the rank still owes (gauge; Scheduler.prefill_tokens)
+    cache_fill: float = 0.0  # the share of the KV blocks holding cached prompt content (gauge; [ours])
     step: int = 0
     wave: int = 0
     # MoE lockstep (dp > 1), exported as asyncdp:dp_* metrics (spec §12.3); counters as above.
@@ -239,6 +241,7 @@ class RankStats(_Msg, frozen=True):
     step: int = 0
     wave: int = 0
     prefill_tokens: int = 0  # prompt tokens still to compute (Scheduler.prefill_tokens); routing-bench §1.1
+    cache_fill: float = 0.0  # the share of the KV blocks holding cached content (BlockManager.cache_fill) [ours]
 
 
 class WaveComplete(_Msg, frozen=True):
@@ -299,6 +302,8 @@ class StatsSnapshot(_Msg, frozen=True):
     seq: int
     # every rank's RankStats.prefill_tokens, in the order of counts; None where counts is None [ours]
     prefill_tokens: list[int] | None = None
+    # every rank's RankStats.cache_fill, likewise [ours]
+    cache_fill: list[float] | None = None
 
 
 class Teardown(_Msg, frozen=True):

@@ -70,3 +70,12 @@ def test_the_prompt_tokens_still_to_compute_come_from_either_source():
     assert [r["prefill_tokens"] for r in doc(view, 1.1)["ranks"]] == [47_952, 12]
     view.on_snapshot(m.StatsSnapshot(counts=[(0, 0, 0.0)] * 4, wave=5, running=False, seq=2), now=1.2)
     assert [r["prefill_tokens"] for r in doc(view, 1.2)["ranks"]] == [47_952, 12]  # an older coordinator: kept
+
+
+def test_the_cache_fill_comes_from_either_source():
+    view = LoadView((2, 3))
+    view.on_snapshot(m.StatsSnapshot(counts=[(0, 0, 0.0)] * 4, wave=5, running=False, seq=1,
+                                     cache_fill=[0.9, 0.9, 0.25, 0.5]), now=1.0)
+    assert [r["cache_fill"] for r in doc(view, 1.0)["ranks"]] == [0.25, 0.5]
+    view.on_scheduler_stats(3, m.SchedulerStats(num_running=1, cache_fill=0.625), now=1.1)
+    assert [r["cache_fill"] for r in doc(view, 1.1)["ranks"]] == [0.25, 0.625]

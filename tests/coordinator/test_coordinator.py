@@ -290,6 +290,19 @@ async def test_snapshots_carry_every_ranks_prompt_tokens_still_to_compute(autoju
 
 
 @pytest.mark.trio
+async def test_snapshots_carry_every_ranks_cache_fill(autojump_clock):
+    async with coordinator(DENSE2) as h:
+        e0, e1 = await h.engines(2)
+        c = await h.client()
+        await trio.sleep(6)
+        c.drain()
+        await e0.send(RankStats(dp_rank=0, num_waiting=0, num_running=1, kv_cache_usage=0.1, cache_fill=0.75))
+        await trio.sleep(0.2)
+        snaps = [m for _, m in c.drain() if isinstance(m, StatsSnapshot)]
+    assert snaps[-1].counts == [(0, 1, 0.1), (0, 0, 0.0)] and snaps[-1].cache_fill == [0.75, 0.0]
+
+
+@pytest.mark.trio
 async def test_external_mode_snapshots_carry_no_counts(autojump_clock):
     config = CoordinatorConfig(dp_size=2, wave_mode=False, external_lb=True)
     async with coordinator(config) as h:

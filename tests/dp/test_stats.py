@@ -112,3 +112,26 @@ def test_external_mode_publishes_no_prompt_tokens():
     book = StatsBook(2, wave_mode=False, external=True)
     assert not book.on_rank_stats(0, 1, 1, 0.5, prefill_tokens=9)
     assert book.take_snapshot(5.0).prefill_tokens is None
+
+
+def test_cache_fill_rides_on_the_counts_publish_schedule_as_the_prompt_tokens_do():
+    book = StatsBook(2, wave_mode=False)
+    book.take_snapshot(5.0)
+    book.on_rank_stats(0, 1, 0, 0.0, cache_fill=0.25)
+    pub = book.take_snapshot(5.1)
+    assert pub.counts == [(1, 0, 0.0), (0, 0, 0.0)] and pub.cache_fill == [0.25, 0.0]
+    book.on_rank_stats(0, 1, 0, 0.0, cache_fill=0.5)  # same counts: the fill alone moved
+    assert not book.stats_changed and book.next_publish_deadline(5.2) == pytest.approx(10.1)
+    assert book.cache_fill == [0.5, 0.0]
+    assert book.take_snapshot(10.1).cache_fill == [0.5, 0.0]  # on the next snapshot (the heartbeat here)
+
+
+def test_a_step_snapshot_keeps_the_cache_fill_of_its_step_and_external_mode_publishes_none():
+    book = StatsBook(2, wave_mode=True)
+    book.on_rank_stats(0, 1, 0, 0.0, step=1, cache_fill=0.1)
+    book.on_rank_stats(1, 2, 0, 0.0, step=1, cache_fill=0.2)
+    book.on_rank_stats(0, 0, 1, 0.0, step=2, cache_fill=0.3)
+    assert book.take_snapshot(5.0).cache_fill == [0.1, 0.2]
+    external = StatsBook(2, wave_mode=False, external=True)
+    assert not external.on_rank_stats(0, 1, 1, 0.5, cache_fill=0.4)
+    assert external.take_snapshot(5.0).cache_fill is None

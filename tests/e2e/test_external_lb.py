@@ -271,7 +271,7 @@ async def test_all_ranks_pause_after_traffic_and_a_request_to_one_server_wakes_t
 
 LOAD_KEYS = {"seq", "age_s", "mode", "dp_size", "api_process_rank", "api_process_count", "wave", "coordinator",
              "ranks"}
-RANK_KEYS = {"dp_rank", "local_index", "up", "waiting", "running", "kv_cache_usage", "prefill_tokens",
+RANK_KEYS = {"dp_rank", "local_index", "up", "waiting", "running", "kv_cache_usage", "prefill_tokens", "cache_fill",
              "prefix_cache_queries",
              "prefix_cache_hits", "inflight", "wave", "wave_running", "age_s"}
 
@@ -292,7 +292,7 @@ def check_load(load: dict[str, Any], *, rank: int, dp_size: int, api_servers: in
     for key in ("waiting", "running", "prefill_tokens", "inflight", "prefix_cache_queries", "prefix_cache_hits"):
         assert isinstance(one[key], int) and one[key] >= 0, (key, one)
     assert one["prefix_cache_hits"] <= one["prefix_cache_queries"]
-    assert 0.0 <= one["kv_cache_usage"] <= 1.0
+    assert 0.0 <= one["kv_cache_usage"] <= 1.0 and 0.0 <= one["cache_fill"] <= 1.0
     assert isinstance(one["wave"], int) and isinstance(one["wave_running"], bool)
     assert one["age_s"] is None or one["age_s"] >= 0
 

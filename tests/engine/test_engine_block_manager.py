@@ -101,6 +101,20 @@ def test_usage_counts_referenced_blocks_only_and_cached_free_blocks_as_free():
     assert bm.usage == 0.0 and bm.num_cached_blocks == 3
 
 
+def test_cache_fill_counts_the_blocks_holding_content_in_use_or_free_until_evicted():
+    """What ``usage`` does not say: a finished prompt's blocks stay cached (free for reuse, hits until evicted), so
+    the cache is as full after it as during it. Only full, hashed blocks count; a partial tail holds no prefix."""
+    bm = BlockManager(11, 4, reserve_scratch_block=True)
+    a = req("a", list(range(14)))  # 3 full blocks and a partial one
+    admit(bm, a)
+    assert (bm.usage, bm.cache_fill) == (0.4, 0.3)
+    bm.free(a)
+    assert (bm.usage, bm.cache_fill) == (0.0, 0.3)
+    b = req("b", list(range(100, 140)))  # 10 blocks: evicts every cached one
+    admit(bm, b)
+    assert bm.cache_fill == 1.0 and bm.find_cached_prefix(req("a2", list(range(14)))) == []
+
+
 def test_failed_allocation_changes_nothing():
     bm = BlockManager(4, 4)
     a = req("a", list(range(12)))

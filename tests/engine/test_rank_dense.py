@@ -187,6 +187,20 @@ async def test_a_report_of_prompt_tokens_alone_repeats_the_kv_usage_last_reporte
 
 
 @pytest.mark.trio
+async def test_the_coordinator_hears_the_cache_fill_grow_and_stay_after_the_request(autojump_clock):
+    """The 290-token prompt and its answer fill 18 of 512 blocks (0.035), reported at each 1 % (a report for the
+    fill alone repeats the KV usage last reported, as one for the prompt tokens does), and still fill them when the
+    request is over: its blocks stay cached, though none is in use."""
+    reports = await long_prefill_reports()
+    fills = [r.cache_fill for r in reports]
+    assert fills == sorted(fills) and fills[-1] == pytest.approx(18 / 512, abs=1 / 512)
+    assert reports[-1].kv_cache_usage == 0.0 and reports[-1].num_running == 0
+    for a, b in pairwise(reports):
+        if (a.num_waiting, a.num_running, a.prefill_tokens) == (b.num_waiting, b.num_running, b.prefill_tokens):
+            assert abs(b.cache_fill - a.cache_fill) >= 0.01 and b.kv_cache_usage == a.kv_cache_usage, (a, b)
+
+
+@pytest.mark.trio
 async def test_shutdown_aborts_frozen_requests_at_the_drain_deadline(autojump_clock):
     async with open_rank(shutdown_timeout_s=5.0) as (rank, client, _, outcome, ended):
         res = await client.add(0, "r", max_tokens=10_000)
