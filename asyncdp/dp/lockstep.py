@@ -13,8 +13,9 @@ rank loop performs every collective itself and feeds the sums in; this object on
             continue                                     # group idle: no collective
         run_dummy_batch()
     if ls.advance():                                     # a sync step (see the cadence below)
-        s_unf, s_pause, *horizon = all_reduce_sum(ls.sync_flags(local_unfinished, local_horizon))
-        ls.apply_sync(s_unf, s_pause, dp_size, horizon)
+        ls.apply_sums(all_reduce_sum(ls.sync_flags(local_unfinished, local_horizon, leaving)))
+        if ls.group_left:                                # a rank left (see "Leaving" below): no more steps
+            break
     done = ls.end_step()                                 # WaveCompleted when the group went idle
     if done and done.report: send WaveComplete{wave=done.wave}
 
@@ -39,6 +40,14 @@ on every rank. The ``asyncdp`` cadence is adaptive:
 The ``vllm`` cadence (every ``sync_interval`` steps, never step 1, never dense, no horizon) is kept for the
 benchmark.
 
+Leaving (spec §8.7). A stopping rank keeps stepping while its peers have work, because a member that is gone
+blocks every later collective of the others. Under steady traffic its peers always have work, so the rank cannot
+wait for the group to go idle: once it has nothing left and its own bound has passed (the rank decides when, from
+its clock: ``leaving``), it raises the last flag of its sync vector. The sync that sums it to more than 0 is the
+group's last collective on every rank: all of them see the same sum, so all stop at the same collective
+(``group_left``). The leavers then say ``Goodbye``; the others never step again and wait for the coordinator's
+``Teardown`` (or their own stop). A rank that stops while the group is idle needs no sync: it leaves at once.
+
 Invariants: ``step_counter`` advances once per forward on every rank, and :meth:`needs_sync` depends only on it
 and on ``dense`` and ``next_sync``, functions of earlier all-reduces' sums, identical on every rank (spec §8.3: the
 sync schedule may depend only on values all ranks share). So every rank hits the same sync steps and the k-th
@@ -58,6 +67,11 @@ from asyncdp.errors import PauseError
 DEFAULT_SYNC_INTERVAL = 32
 CADENCES = ("asyncdp", "vllm")
 MAX_HORIZON_FLAGS = 63  # the horizon row's length is min(sync_interval - 1, this): one small collective
+# [ours] How long past its drain deadline a stopping MoE rank keeps a busy group stepping, so that its peers'
+# in-flight requests may still finish, before it leaves at the next sync (see "Leaving" below). It must leave well
+# within its launcher's kill deadline (drain + 5 s; 3.5 s under a multi-port supervisor) and, with
+# --shutdown-timeout 0, within the 4.1 s its top process has to exit (spec §12.5).
+LEAVE_WAIT_S = 2.0
 
 
 class PauseState(enum.Enum):
@@ -129,13 +143,14 @@ class Lockstep:
         self.next_sync: int | None = None  # while not dense: the step of the next sync (from the group horizon)
         self.num_horizon_flags = 0 if cadence == "vllm" else min(sync_interval - 1, MAX_HORIZON_FLAGS)
         self.num_syncs = 0  # all-reduces run by this object's loop (all waves), for stats and benchmarks
+        self.group_left = False  # a sync saw a rank leave: the group never steps or syncs again
 
     # ------------------------------------------------------------ wave messages (§8.4)
 
     def on_start_wave(self, wave: int, exclude_rank: int | None) -> bool:
         """Apply ``StartWave``; returns True when it woke this rank."""
-        if self.ignore_start_wave:
-            return False  # paused: never restart on stale wake-ups
+        if self.ignore_start_wave or self.group_left:
+            return False  # paused: never restart on stale wake-ups (and an ended group never restarts)
         if exclude_rank != self.dp_rank and wave >= self.current_wave:
             self.current_wave = wave
             woke = not self.engines_running
@@ -146,6 +161,8 @@ class Lockstep:
     def on_add_request(self, wave: int, scheduler_unpaused: bool | None = None) -> StartWaveRequest | None:
         """Apply the wave stamp of an ``AddRequest``; returns a ``StartWaveRequest`` to send for a stale client."""
         unpaused = self.pause_state is PauseState.UNPAUSED if scheduler_unpaused is None else scheduler_unpaused
+        if self.group_left:
+            return None
         if wave > self.current_wave:
             self.current_wave = wave
         elif wave < self.current_wave and not self.engines_running and unpaused and not self.ignore_start_wave:
@@ -156,12 +173,12 @@ class Lockstep:
     # ------------------------------------------------------------ the loop (§8.3)
 
     def should_step(self, has_local_work: bool) -> bool:
-        """False: block on input (the group is idle and this rank has nothing)."""
-        return has_local_work or self.engines_running
+        """False: block on input (the group is idle and this rank has nothing, or the group has ended)."""
+        return not self.group_left and (has_local_work or self.engines_running)
 
     def must_join(self, local_unfinished: bool) -> bool:
         """After a step that executed nothing: whether to run a dummy batch and join the collectives."""
-        return local_unfinished or self.engines_running
+        return not self.group_left and (local_unfinished or self.engines_running)
 
     def needs_sync(self, step_counter: int) -> bool:
         return needs_sync(step_counter, self.sync_interval, self.cadence, dense=self.dense, next_sync=self.next_sync)
@@ -174,17 +191,30 @@ class Lockstep:
         self.engines_running = True
         return False
 
-    def sync_flags(self, local_unfinished: bool, local_horizon: int | None = None) -> list[int]:
-        """The int vector this rank contributes to the sum all-reduce: ``[unfinished, pending_pause]`` and, with
-        the asyncdp cadence, the horizon row (``local_horizon``: forwards this rank still needs, an estimate)."""
-        return [int(local_unfinished), int(self.pending_pause), *horizon_flags(local_horizon, self.num_horizon_flags)]
+    def sync_flags(self, local_unfinished: bool, local_horizon: int | None = None, leaving: bool = False) -> list[int]:
+        """The int vector this rank contributes to the sum all-reduce: ``[unfinished, pending_pause]``, with the
+        asyncdp cadence the horizon row (``local_horizon``: forwards this rank still needs, an estimate), and last
+        the leaving flag (``leaving``: this rank is stopping and leaves the group at this sync)."""
+        return [int(local_unfinished), int(self.pending_pause), *horizon_flags(local_horizon, self.num_horizon_flags),
+                int(leaving)]
+
+    def apply_sums(self, sums: Sequence[int]) -> bool:
+        """Apply the all-reduced :meth:`sync_flags` vector; returns (and stores) ``engines_running``."""
+        k = 2 + self.num_horizon_flags
+        if len(sums) != k + 1:
+            raise ValueError(f"expected {k + 1} sums (the sync_flags vector), got {len(sums)}")
+        return self.apply_sync(sums[0], sums[1], horizon_counts=sums[2:k], sum_leaving=sums[k])
 
     def apply_sync(self, sum_unfinished: int, sum_pending_pause: int, dp_size: int | None = None,
-                   horizon_counts: Sequence[int] = ()) -> bool:
-        """Apply the all-reduced sums (``horizon_counts``: the summed horizon rows; empty means unknown);
-        returns (and stores) ``engines_running``."""
+                   horizon_counts: Sequence[int] = (), sum_leaving: int = 0) -> bool:
+        """Apply the all-reduced sums (``horizon_counts``: the summed horizon rows; empty means unknown;
+        ``sum_leaving``: how many ranks leave the group at this sync); returns (and stores) ``engines_running``."""
         n = self.dp_size if dp_size is None else dp_size
         self.num_syncs += 1
+        if sum_leaving > 0:  # the group's last collective: nobody steps again (see "Leaving" above)
+            self.group_left = True
+            self.engines_running = False
+            return False
         partial_pause = sum_pending_pause % n != 0
         if sum_pending_pause == n:  # pause consensus
             self.pending_pause = False
@@ -223,6 +253,7 @@ class Lockstep:
         group is idle, so that the peers wake and join the sync that finds consensus."""
         if mode not in PAUSE_MODES:
             raise PauseError(f"pause mode must be one of {', '.join(PAUSE_MODES)} (got {mode!r})")
+        self._check_group()
         self.pause_state = PAUSE_MODES[mode]
         if self.ignore_start_wave:
             return None  # already paused with consensus: only the mode changes
@@ -239,6 +270,7 @@ class Lockstep:
     def resume(self) -> bool:
         """Unpause. Raises PauseError while a pause is in progress; returns False (no-op) when not paused, True
         when the caller must now run the resume barrier and call :meth:`apply_resume_barrier`."""
+        self._check_group()
         if self.pause_in_progress:
             raise PauseError("resume called while a pause is still in progress")
         if not self.paused:
@@ -246,6 +278,10 @@ class Lockstep:
         self.pause_state = PauseState.UNPAUSED
         self.ignore_start_wave = False
         return True
+
+    def _check_group(self) -> None:
+        if self.group_left:
+            raise PauseError("the MoE group has ended (a rank left it); it can no longer pause or resume")
 
     def apply_resume_barrier(self, max_unfinished: int) -> bool:
         """The MAX all-reduce of ``local_unfinished`` after resume decides whether the group runs."""

@@ -220,6 +220,11 @@ class EngineCore:
         out.step_time_s = time.perf_counter() - t0
         return out
 
+    def take_pending(self) -> StepOutputs:
+        """What :meth:`step` would report without scheduling or running a forward: the queued aborts and the
+        requests ``pause("abort")`` finished (a MoE rank whose group ended can run no forward)."""
+        return self._take_pending()
+
     def _take_pending(self) -> StepOutputs:
         """A step's outputs so far: the requests ``pause("abort")`` finished, and the queued aborts applied."""
         out = StepOutputs()

@@ -7,7 +7,7 @@ state machine; it borrows the links, the inbox and the step helpers of its :clas
     process inputs, blocking only while the group is idle and this rank has nothing steppable
     publish stats; step if there is steppable work (throttled per §8.5); publish stats
     if nothing executed: a dummy batch when the group is running, else back to the inputs
-    advance the wave step; on a sync step all-reduce (sum) [local_unfinished, pending_pause, horizon row]
+    advance the wave step; on a sync step all-reduce (sum) [local_unfinished, pending_pause, horizon row, leaving]
     end_step: when the group went idle the wave is complete (rank 0 sends WaveComplete)
 
 Invariant: each iteration that reaches ``advance`` runs exactly one forward (real or dummy), and the sync
@@ -21,8 +21,14 @@ Wave messages (§8.4): ``StartWave`` wakes this rank unless it is excluded, stal
 stamped with an already-completed wave restarts the group through ``StartWaveRequest``. After every wave
 transition the rank sends its scheduler stats (wave, running flag, dummy-step and wave counters) to client 0.
 
-Shutdown (§8.7): a draining rank keeps dummy-stepping while its peers have work, leaves only when the group is
-idle, and says ``Goodbye`` to the coordinator first. Teardown is handled by the rank's coordinator reader,
+Shutdown (§8.7): a draining rank keeps dummy-stepping while its peers have work and leaves when the group is
+idle, saying ``Goodbye`` to the coordinator first. Its peers may never go idle (steady traffic), so once it is
+drained and ``LEAVE_WAIT_S`` past its drain deadline (``ready_to_leave``) it raises the leaving flag of the next
+sync: that sync is the group's last collective on every rank. The leaver says ``Goodbye``; every other rank
+abandons its requests (an error naming the cause, never a cut-short answer), refuses new ones, never steps again,
+and waits for the coordinator's ``Teardown`` or its own stop. Without that agreement the leaver could only hang in
+dummy steps until its launcher killed it, or vanish and leave its peers blocked in a collective.
+Teardown is handled by the rank's coordinator reader,
 which aborts the DP group so that a pending all-reduce raises at once; the loop turns that into
 :class:`~asyncdp.engine.rank.RankTornDown`.
 """
@@ -33,7 +39,7 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 from asyncdp import messages as m
-from asyncdp.dp.lockstep import Lockstep, StartWaveRequest, WaveCompleted
+from asyncdp.dp.lockstep import LEAVE_WAIT_S, Lockstep, StartWaveRequest, WaveCompleted
 from asyncdp.engine.dp_group import DPGroup
 from asyncdp.errors import DPGroupAborted, RankTornDown
 
@@ -93,6 +99,8 @@ class LockstepHost(Protocol):
 
     async def send_coordinator(self, msg: m.Message) -> None: ...
     async def wait_input(self) -> None: ...
+    def ready_to_leave(self) -> bool: ...
+    def abandon_all(self, reason: str) -> None: ...
     async def drain_inbox(self) -> None: ...
     def apply_shutdown_policy(self) -> None: ...
     def complete_pauses(self) -> None: ...
@@ -146,12 +154,33 @@ class LockstepLoop:
                 await rank.run_dummy()
             if ls.advance():
                 horizon = forwards_to_drain(core.scheduler) if local_unfinished else 0
-                s_unf, s_pause, *horizons = await self.group.all_reduce(
-                    ls.sync_flags(local_unfinished, horizon), "sum")
-                ls.apply_sync(s_unf, s_pause, horizon_counts=horizons)
+                leaving = rank.ready_to_leave()
+                ls.apply_sums(await self.group.all_reduce(ls.sync_flags(local_unfinished, horizon, leaving), "sum"))
+                if ls.group_left:  # that was the group's last collective
+                    await self._after_group_left(leaving)
+                    return
             await self._end_wave(ls.end_step())
             rank.complete_pauses()
             await self._report_transition()
+
+    async def _after_group_left(self, leaving: bool) -> None:
+        """After the sync that ended the group: the leaver says ``Goodbye``; any other rank abandons its requests,
+        then only waits (no step, no collective) for the teardown that ends its run, or for its own stop."""
+        rank, dp_rank = self.rank, self.rank.cfg.dp_rank
+        if leaving:
+            log.info("rank %d: drained; leaving the group while its peers still have work (%g s past the drain "
+                     "deadline)", dp_rank, LEAVE_WAIT_S)
+            await rank.send_coordinator(m.Goodbye(dp_rank=dp_rank))
+            return
+        log.warning("rank %d: a stopping rank left the MoE group; abandoning this rank's requests and waiting for "
+                    "the teardown", dp_rank)
+        rank.abandon_all(f"engine rank {dp_rank} cannot serve: its MoE group ended (a stopping rank left it)")
+        await self._report_transition()
+        while not rank.state.shutting_down:  # nothing is admitted meanwhile: the rank refuses new requests
+            await rank.wait_input()
+            await rank.drain_inbox()
+        log.info("rank %d: stopped after its MoE group ended; leaving the group", dp_rank)
+        await rank.send_coordinator(m.Goodbye(dp_rank=dp_rank))
 
     def _throttled(self) -> bool:
         """§8.5: with interval K > 1, only every K-th wave step may admit new prefills freely."""

@@ -24,7 +24,8 @@ group reached consensus and stopped), ``resume()`` unpauses, ``is_paused()``.
 
 Shutdown (spec §8.7): ``request_shutdown()`` stops intake; with ``shutdown_timeout_s == 0`` every request is
 aborted at once, otherwise the rank drains until the deadline and then aborts the rest; the loop then returns
-(a MoE rank first waits until the group is idle and sends ``Goodbye``).
+(a MoE rank first waits until the group is idle, or until ``LEAVE_WAIT_S`` past its drain deadline, and sends
+``Goodbye``: :mod:`asyncdp.engine.lockstep_loop`).
 
 Teardown and fatal errors (spec §8.8, §13): ``Teardown`` from the coordinator, or the loss of the coordinator
 in MoE mode, is acted on by the link reader at once, even while the loop is blocked in a collective or on the
@@ -39,7 +40,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,7 @@ import anyio.lowlevel
 
 from asyncdp import messages as m
 from asyncdp.config.flags import EngineConfig
+from asyncdp.dp.lockstep import LEAVE_WAIT_S
 from asyncdp.engine.lockstep_loop import LockstepLoop
 from asyncdp.engine.rank_links import (
     OUTBOX_SIZE,
@@ -59,10 +60,12 @@ from asyncdp.engine.rank_links import (
     InboxItem,
     RankLinks,
     Wake,
+    describe_error,
+    main_error,
 )
 from asyncdp.engine.rank_state import RankReports, RankState
 from asyncdp.engine.rank_utility import UtilityCalls
-from asyncdp.errors import AsyncDPError, InvalidRequestError, ProtocolError, RankTornDown, leaf_exceptions
+from asyncdp.errors import InvalidRequestError, ProtocolError, RankTornDown
 from asyncdp.transport import Link
 
 if TYPE_CHECKING:
@@ -129,6 +132,7 @@ class EngineRank:
                                    None if self.lockstep is None else self.lockstep.state)
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[InboxItem](INBOX_SIZE)
         self._shutdown_deadline: float | None = None
+        self._leave_at = math.inf  # MoE: from then on a stopping rank leaves a group that still steps
         self._cancel_run: anyio.CancelScope | None = None
         self._loop_done = False
 
@@ -144,7 +148,18 @@ class EngineRank:
             return
         self.state.shutting_down = True
         self._shutdown_deadline = anyio.current_time() + self.cfg.shutdown_timeout_s
+        self._leave_at = self._shutdown_deadline + LEAVE_WAIT_S
         self._wake()
+
+    def ready_to_leave(self) -> bool:
+        """MoE: stopping, drained, and ``LEAVE_WAIT_S`` past the drain deadline: leave a group that still steps."""
+        return self.state.shutting_down and not self.core.has_unfinished() and anyio.current_time() >= self._leave_at
+
+    def abandon_all(self, reason: str) -> None:
+        """Abort every request now as ``abandoned`` with ``reason``, without a step (an ended MoE group)."""
+        self.state.abandon_reason = reason
+        self.core.abort_requests(list(self.state.owners))
+        self.reports.dispatch_outputs(self.core.take_pending().outputs)
 
     async def run(self) -> None:
         """Run until shut down. Raises on a fatal error (after telling every peer); RankTornDown on teardown."""
@@ -161,12 +176,12 @@ class EngineRank:
                 await self.links.flush()  # orderly end: the last outputs still reach the clients
                 tg.cancel_scope.cancel()
         except BaseException as exc:
-            leaf = _main_error(exc)
+            leaf = main_error(exc)
             if leaf is None:
                 raise  # cancelled from outside: the process is going away
             if self.dp_group is not None:
                 self.dp_group.abort()
-            self.state.dead_reason = _describe(leaf)
+            self.state.dead_reason = describe_error(leaf)
             await self.links.announce_death(self.state.dead_reason)
             if leaf is exc:
                 raise
@@ -262,6 +277,9 @@ class EngineRank:
             return
         if anyio.current_time() >= self._shutdown_deadline:
             self.state.drain_expired = True
+            self.state.abandon_reason = self.state.abandon_reason or (
+                f"engine rank {self.cfg.dp_rank} stopped before the request finished (its drain deadline, "
+                "--shutdown-timeout, passed)")
             if self.core.has_unfinished():
                 self.core.abort_requests(list(self.state.owners))
 
@@ -332,28 +350,21 @@ class EngineRank:
             self.core.abort_requests(ids)
 
     async def _add_request(self, msg: m.AddRequest) -> None:
-        self.state.owners[msg.request_id] = msg.client_index
-        if self.state.shutting_down:
-            self._reject(msg, "the server is shutting down", "unavailable")
+        # "unavailable": a 503 that names this rank, not the API server, which may well be serving on
+        refusal = f"engine rank {self.cfg.dp_rank} is shutting down" if self.state.shutting_down else \
+            self.state.abandon_reason
+        if refusal is not None:
+            self.reports.reject(msg, refusal, "unavailable")
             return
         try:
             self.core.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params,
                                   arrival_time=msg.arrival_time, client_index=msg.client_index)
         except InvalidRequestError as exc:
-            self._reject(msg, str(exc), "invalid_request", field=exc.field)
+            self.reports.reject(msg, str(exc), "invalid_request", field=exc.field)
             return
+        self.state.owners[msg.request_id] = msg.client_index
         if self.lockstep is not None:
             await self.lockstep.on_add_request(msg)
-
-    def _reject(self, msg: m.AddRequest, reason: str, error_type: str, *, field: str | None = None) -> None:
-        log.info("rank %d: rejecting %s: %s", self.cfg.dp_rank, msg.request_id, reason)
-        del self.state.owners[msg.request_id]
-        out = m.EngineOutputs(
-            dp_rank=self.cfg.dp_rank,
-            outputs=[m.RequestOutput(request_id=msg.request_id, finished=True, finish_reason="abort",
-                                     error_type=error_type, error=reason, error_field=field)],
-            finished_request_ids=[msg.request_id], scheduler_stats=None, timestamp=time.time())
-        self.links.post_nowait(msg.client_index, out)
 
     def pause_done(self) -> bool:
         return self.utility.pause_done()
@@ -374,25 +385,4 @@ class EngineRank:
         report = self.reports.load_report()
         if report is not None:
             await self.send_coordinator(report)
-
-
-def _main_error(exc: BaseException) -> BaseException | None:
-    """The error a failed run reports: None for plain cancellation; the single meaningful leaf of a task group
-    failure (a RankTornDown wins over the collective errors it causes), else ``exc`` itself."""
-    if isinstance(exc, anyio.get_cancelled_exc_class()):
-        return None
-    if not isinstance(exc, BaseExceptionGroup):
-        return exc
-    leaves = [e for e in leaf_exceptions(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
-    if not leaves:
-        return None
-    if all(isinstance(e, AsyncDPError) for e in leaves):
-        return next((e for e in leaves if isinstance(e, RankTornDown)), leaves[0])
-    return exc
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(e) for e in exc.exceptions)
-    return f"{type(exc).__name__}: {exc}"
 

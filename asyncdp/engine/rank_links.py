@@ -35,6 +35,7 @@ import anyio.abc
 
 from asyncdp import messages as m
 from asyncdp.dp.liveness import Liveness
+from asyncdp.errors import AsyncDPError, RankTornDown, leaf_exceptions
 from asyncdp.transport import Link
 from asyncdp.transport.heartbeat import send_heartbeats
 from asyncdp.transport.links import LINK_ERRORS
@@ -250,3 +251,25 @@ class RankLinks:
                     await link.send(dead)
                 except Exception:  # noqa: BLE001 - best effort: the peer may be gone too
                     pass
+
+
+def main_error(exc: BaseException) -> BaseException | None:
+    """The error a failed run reports: None for plain cancellation; the single meaningful leaf of a task group
+    failure (a RankTornDown wins over the collective errors it causes), else ``exc`` itself."""
+    if isinstance(exc, anyio.get_cancelled_exc_class()):
+        return None
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    leaves = [e for e in leaf_exceptions(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
+    if not leaves:
+        return None
+    if all(isinstance(e, AsyncDPError) for e in leaves):
+        return next((e for e in leaves if isinstance(e, RankTornDown)), leaves[0])
+    return exc
+
+
+def describe_error(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_error(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+

@@ -14,6 +14,7 @@ wave step and wave from the lockstep state.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from asyncdp.dp.lockstep import Lockstep
     from asyncdp.engine.core import EngineCore
     from asyncdp.engine.rank_links import RankLinks
+
+log = logging.getLogger("asyncdp.engine.rank")  # the role's one log name
 
 KV_USAGE_PUBLISH_DELTA = 0.01
 CACHE_FILL_PUBLISH_DELTA = 0.01  # the cache fills slowly: a report at each 1 % (a few hundred blocks) is plenty
@@ -48,6 +51,9 @@ class RankState:
     # (``error_type="abandoned"``), so a client that is not shutting down itself answers 503 naming the rank,
     # never a 200 cut short. (Nothing is admitted while shutting down, so every later abort is one of those.)
     drain_expired: bool = False
+    # Why this rank abandons every request from now on (its drain deadline passed, or its MoE group ended): each
+    # ``abort`` it reports without an error of its own goes out as ``abandoned`` with this reason.
+    abandon_reason: str | None = None
 
 
 class RankReports:
@@ -89,10 +95,9 @@ class RankReports:
             if out.finished:
                 finished.append(out.request_id)
                 del owners[out.request_id]
-                if self.state.drain_expired and out.finish_reason == "abort" and out.error_type is None:
-                    out = msgspec.structs.replace(out, error_type="abandoned", error=(
-                        f"engine rank {self.dp_rank} stopped before the request finished (its drain deadline, "
-                        "--shutdown-timeout, passed)"))
+                reason = self.state.abandon_reason
+                if reason is not None and out.finish_reason == "abort" and out.error_type is None:
+                    out = msgspec.structs.replace(out, error_type="abandoned", error=reason)
             outs.append(out)
         if not per_client:
             return
@@ -103,6 +108,15 @@ class RankReports:
             self.links.post_nowait(ci, m.EngineOutputs(
                 dp_rank=self.dp_rank, outputs=outs, finished_request_ids=finished,
                 scheduler_stats=stats if ci == stats_to else None, timestamp=now))
+
+    def reject(self, msg: m.AddRequest, reason: str, error_type: str, *, field: str | None = None) -> None:
+        """A request this rank refused at admission: one finished ``abort`` carrying the error, to its client."""
+        log.info("rank %d: rejecting %s: %s", self.dp_rank, msg.request_id, reason)
+        self.links.post_nowait(msg.client_index, m.EngineOutputs(
+            dp_rank=self.dp_rank,
+            outputs=[m.RequestOutput(request_id=msg.request_id, finished=True, finish_reason="abort",
+                                     error_type=error_type, error=reason, error_field=field)],
+            finished_request_ids=[msg.request_id], scheduler_stats=None, timestamp=time.time()))
 
     def send_stats_to_client(self) -> None:
         """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""

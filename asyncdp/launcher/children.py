@@ -11,7 +11,8 @@ degrades service (unless ``--dp-fail-fast``), a MoE engine or coordinator death 
 :func:`stop_all` runs the table's ``stop_order`` (API servers -> engines -> coordinator, spec §12.5) under one
 deadline of ``--shutdown-timeout + 5 s``: it warns the coordinator (``Stopping``), names a teardown to the API
 servers (``Shutdown{reason}``), closes the launcher's copy of the HTTP socket, then signals each stage and kills
-stragglers' process trees.
+stragglers' process trees. A stop that had to kill a child is no orderly stop: it is recorded as the node's
+failure (exit status 1), as the multi-port supervisor does (spec §11.3).
 """
 
 from __future__ import annotations
@@ -176,6 +177,10 @@ async def stop_all(node: RunningNode) -> None:
     bad = [c for c in node.children if c.returncode not in (0, None) and c.returncode != -signal.SIGTERM]
     if bad and node.failure is None and not node.started:
         node.failure = "children failed: " + ", ".join(c.describe() for c in bad)
+    killed = [c for c in node.children if c.killed]
+    if killed and node.failure is None:
+        node.failure = "killed before they exited by themselves: " + ", ".join(c.describe() for c in killed)
+        log.error("%s; the stop was not orderly", node.failure)
 
 
 async def tell_nodes(node: RunningNode, msg: m.Message) -> None:

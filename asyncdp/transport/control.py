@@ -137,6 +137,7 @@ class ChildProcess:
     events: dict[type, m.ControlMessage] = field(default_factory=dict)  # the last of each type
     _changed: anyio.Event = field(default_factory=anyio.Event)
     exited: anyio.Event = field(default_factory=anyio.Event)
+    killed: bool = False  # its parent SIGKILLed its tree while it ran: it did not stop in order
 
     @property
     def pid(self) -> int:
@@ -197,6 +198,7 @@ class ChildProcess:
     def kill_tree(self) -> None:
         """SIGKILL the child's whole process group (it leads its own session)."""
         if self.process.returncode is None:
+            self.killed = True
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

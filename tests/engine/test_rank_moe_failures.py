@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import trio
 
+from asyncdp.dp.liveness import PEER_STOP_GRACE_S
+from asyncdp.dp.lockstep import LEAVE_WAIT_S
 from asyncdp.errors import EngineDeadError, RankTornDown
 from asyncdp.testing import open_rank_cluster as open_cluster
 
@@ -86,6 +90,81 @@ async def test_shutting_down_rank_dummy_steps_until_peers_finish_then_says_goodb
         assert isinstance(c.outcomes[0], RankTornDown)
         assert "rank 1 shut down" in str(c.outcomes[0])
         assert c.coordinator_outcome == [None]  # an orderly departure
+
+
+async def steady_traffic(c, rank: int, name: str, outcomes: list, *, start_after_s: float = 0.0,
+                         ended: trio.Event | None = None) -> None:
+    """Back-to-back requests to ``rank`` until one does not end normally (then ``ended`` is set); several loops
+    started apart keep the rank, and so its group, busy without a pause. Records how each one ended."""
+    await trio.sleep(start_after_s)
+    try:
+        for i in range(10_000):
+            res = await c.client.add(rank, f"{name}-{i}", max_tokens=100)
+            await res.done.wait()
+            outcomes.append((res.finish_reason, res.error_type, res.error))
+            if res.error_type is not None:
+                return
+    finally:
+        if ended is not None:
+            ended.set()
+
+
+@pytest.mark.trio
+async def test_a_rank_stopped_while_its_peer_never_idles_leaves_after_its_bound_and_the_group_ends(autojump_clock):
+    # The defect: under steady traffic the group never goes idle, so the stopping rank dummy-stepped until its
+    # launcher killed it (5 s). Now it leaves LEAVE_WAIT_S past its drain deadline, at a sync both ranks share.
+    async with open_cluster(2) as c, trio.open_nursery() as traffic:
+        outcomes: list = []
+        loops_ended = [trio.Event() for _ in range(3)]
+        for k, ended in enumerate(loops_ended):
+            traffic.start_soon(functools.partial(steady_traffic, c, 0, f"t{k}", outcomes, start_after_s=0.05 * k,
+                                                 ended=ended))
+        await trio.sleep(0.5)
+        stopped_at = trio.current_time()
+        c.ranks[1].request_shutdown()
+        with trio.fail_after(LEAVE_WAIT_S + 1.0):
+            await c.ended[1].wait()
+        left_after = trio.current_time() - stopped_at
+        assert c.outcomes[1] is None  # an orderly end: Goodbye
+        assert left_after >= LEAVE_WAIT_S, left_after  # rank 0's requests had that long to end first
+        assert ("length", None, None) in outcomes  # ...and some did
+        assert c.groups[0].num_calls == c.groups[1].num_calls  # the same last collective: nobody blocks in one
+        with trio.fail_after(0.1):  # rank 0 abandoned its requests at once, naming why
+            for ended in loops_ended:
+                await ended.wait()
+        abandoned = [o for o in outcomes if o[1] is not None]
+        assert all(o[1] == "abandoned" and "engine rank 0" in o[2] and "MoE group ended" in o[2]
+                   for o in abandoned), abandoned
+        late = await c.client.add(0, "late", max_tokens=4)
+        with trio.fail_after(0.1):
+            await late.done.wait()
+        assert late.error_type == "unavailable" and "MoE group ended" in (late.error or "")
+        assert c.ranks[1].state.shutting_down and c.groups[0].num_calls == c.groups[1].num_calls
+        with trio.fail_after(PEER_STOP_GRACE_S + 1.0):  # Goodbye -> Teardown after the coordinator's grace
+            await c.ended[0].wait()
+            await c.coordinator_ended.wait()
+        assert isinstance(c.outcomes[0], RankTornDown) and "rank 1 shut down" in str(c.outcomes[0])
+        assert c.coordinator_outcome == [None]
+
+
+@pytest.mark.trio
+async def test_a_busy_group_whose_ranks_are_stopped_a_moment_apart_ends_in_order(autojump_clock):
+    stopping = trio.Event()
+    async with open_cluster(2, stopping=stopping) as c, trio.open_nursery() as traffic:
+        outcomes: list = []
+        for k in range(3):
+            traffic.start_soon(functools.partial(steady_traffic, c, 0, f"t{k}", outcomes, start_after_s=0.05 * k))
+        await trio.sleep(0.5)
+        c.ranks[1].request_shutdown()
+        with trio.fail_after(LEAVE_WAIT_S + 1.0):
+            await c.ended[1].wait()
+        stopping.set()  # rank 0's node is stopped too, within the coordinator's grace
+        c.ranks[0].request_shutdown()
+        with trio.fail_after(1.0):
+            await c.wait_ended()
+            await c.coordinator_ended.wait()
+        assert all(c.outcomes[r] is None for r in range(2)), c.outcomes
+        assert c.coordinator_outcome == [None]
 
 
 @pytest.mark.trio

@@ -177,10 +177,12 @@ def test_a_port_another_deployment_shares_through_so_reuseport_is_busy_too():
 class _SlowChild:
     """A child of the stop order that records the grace it was given and never exits by itself."""
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, *, must_kill: bool = False) -> None:
         self.role, self.rank, self.returncode = role, 0, None
         self.exited = anyio.Event()
         self.grace_s: float | None = None
+        self.must_kill = must_kill  # it ignores the signal: its stop ends with SIGKILL
+        self.killed = False
 
         class _Control:
             async def aclose(self) -> None:
@@ -190,6 +192,9 @@ class _SlowChild:
 
     async def stop(self, *, grace_s: float) -> None:
         self.grace_s = grace_s
+        if self.must_kill:
+            await anyio.sleep(grace_s)
+            self.killed = True
         self.exited.set()
 
     def describe(self) -> str:
@@ -209,3 +214,20 @@ async def test_a_supervised_node_gives_its_children_less_than_the_supervisor_giv
     node.children.append(engine)  # type: ignore[arg-type]
     await stop_all(node)
     assert engine.grace_s == pytest.approx(expected)
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("must_kill", [False, True], ids=["orderly", "straggler"])
+async def test_a_stop_that_had_to_kill_a_straggler_is_a_failure(tmp_path, autojump_clock, must_kill):
+    # The launcher exited 0 after SIGKILLing an engine that did not stop within its grace; like the multi-port
+    # supervisor (spec §11.3) it now reports that stop as a failure (exit status 1), naming the child.
+    from asyncdp.launcher.children import stop_all
+
+    node = RunningNode(launch_plan(tmp_path, shutdown_timeout_s=0.0), None, str(tmp_path))
+    node.started = True
+    node.children += [_SlowChild("api_server"), _SlowChild("engine", must_kill=must_kill)]  # type: ignore[list-item]
+    await stop_all(node)
+    if must_kill:
+        assert node.failure is not None and "engine (fake)" in node.failure and "api_server" not in node.failure
+    else:
+        assert node.failure is None

@@ -150,3 +150,33 @@ def test_a_child_knows_its_parent_exited_from_the_parents_pidfd_even_while_getpp
         stand_in.kill()
         stand_in.wait()
         os.close(pidfd)
+
+
+_CHILD = ("import signal, sys, time\n"
+          "if sys.argv[1] == 'stubborn': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+          "print('ready', flush=True)\n"
+          "time.sleep(60)\n")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("kind", "killed"), [("stubborn", True), ("obedient", False)])
+async def test_stop_marks_a_child_it_had_to_kill_and_only_that_one(kind, killed):
+    # The launcher's exit status reads ``killed``: a stop that needed SIGKILL was not orderly.
+    from asyncdp.transport.control import ChildProcess
+
+    proc = await anyio.open_process([sys.executable, "-c", _CHILD, kind], start_new_session=True,
+                                    stderr=subprocess.DEVNULL)
+    child = ChildProcess(name=kind, role="engine", rank=1, process=proc, control=None)  # type: ignore[arg-type]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(child.watch_exit)
+            assert proc.stdout is not None
+            with anyio.fail_after(30):
+                assert (await proc.stdout.receive()).startswith(b"ready")  # its SIGTERM handler is in place
+            code = await child.stop(grace_s=0.5)
+        assert child.killed is killed
+        assert code == (-signal.SIGKILL if killed else -signal.SIGTERM)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.aclose()
