@@ -277,29 +277,19 @@ async def test_changing_stats_are_published_at_most_every_100ms(autojump_clock):
 
 
 @pytest.mark.trio
-async def test_snapshots_carry_every_ranks_prompt_tokens_still_to_compute(autojump_clock):
+async def test_snapshots_carry_every_ranks_prompt_tokens_still_to_compute_and_cache_fill(autojump_clock):
     async with coordinator(DENSE2) as h:
         e0, e1 = await h.engines(2)
         c = await h.client()
         await trio.sleep(6)
         c.drain()
-        await e1.send(RankStats(dp_rank=1, num_waiting=1, num_running=0, kv_cache_usage=0.0, prefill_tokens=55_000))
+        await e1.send(RankStats(dp_rank=1, num_waiting=1, num_running=0, kv_cache_usage=0.0, prefill_tokens=55_000,
+                                cache_fill=0.75))
         await trio.sleep(0.2)
         snaps = [m for _, m in c.drain() if isinstance(m, StatsSnapshot)]
     assert snaps[-1].counts == [(0, 0, 0.0), (1, 0, 0.0)] and snaps[-1].prefill_tokens == [0, 55_000]
+    assert snaps[-1].cache_fill == [0.0, 0.75]
 
-
-@pytest.mark.trio
-async def test_snapshots_carry_every_ranks_cache_fill(autojump_clock):
-    async with coordinator(DENSE2) as h:
-        e0, e1 = await h.engines(2)
-        c = await h.client()
-        await trio.sleep(6)
-        c.drain()
-        await e0.send(RankStats(dp_rank=0, num_waiting=0, num_running=1, kv_cache_usage=0.1, cache_fill=0.75))
-        await trio.sleep(0.2)
-        snaps = [m for _, m in c.drain() if isinstance(m, StatsSnapshot)]
-    assert snaps[-1].counts == [(0, 1, 0.1), (0, 0, 0.0)] and snaps[-1].cache_fill == [0.75, 0.0]
 
 
 @pytest.mark.trio
