@@ -305,6 +305,10 @@ def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = N
     config = ServeConfig.from_flags(_serve_flags(ns), env=env)
     make_policy(config.lb_policy)  # a preset name is checked here (the flag check knows base names only)
     facts = (model_facts or default_model_facts)(config.model)
+    from asyncdp.model.info import ModelInfo, check_fits_model  # JSON only, no torch
+
+    if isinstance(facts, ModelInfo):  # the checkpoint's limits (fakes in tests carry none)
+        check_fits_model(config.engine, facts)
     deployment = resolve(config, is_moe=bool(facts.is_moe), num_experts=int(facts.num_experts), env=env)
     return ResolvedServeConfig.with_deployment(config, deployment)
 
