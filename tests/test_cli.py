@@ -299,3 +299,12 @@ def test_max_model_len_beyond_the_model_exits_2_with_one_line_and_starts_nothing
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == ["asyncdp: error: --max-model-len 100000 exceeds the model's "
                                         "max_position_embeddings (2048); lower --max-model-len."]
+
+
+def test_serve_help_describes_what_the_parser_accepts_for_sim_cost_and_node_rank():
+    text = " ".join(run_asyncdp("serve", "--help").stdout.split())
+    assert "--sim-cost A,B,C,D[,E]" in text and "e*sum of p*(c0 + p/2)" in text  # five terms parse, not four
+    # --node-rank is bounded by --nnodes only when --nnodes > 1: a multi-port node of one launch picks its ranks
+    # with it (spec §3.5: -dp 8 -dpl 4 --node-rank 1 -dpm serves ranks 4..7)
+    assert "index of this node in [0, nnodes)" not in text
+    assert "< --nnodes when --nnodes > 1" in text
