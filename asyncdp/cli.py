@@ -121,7 +121,8 @@ def _add_topology_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--nnodes", "-n", type=int, default=None, metavar="N",
                    help="number of nodes; lets asyncdp infer this node's ranks (default: 1)")
     g.add_argument("--node-rank", "-r", type=int, default=None, metavar="I",
-                   help="index of this node in [0, nnodes) (default: 0)")
+                   help="index of this node, < --nnodes when --nnodes > 1; with -dpm and no -dpr the node's first "
+                        "rank is node-rank x L (default: 0)")
     g.add_argument("--master-addr", default=None, metavar="HOST",
                    help=f"fallback for --data-parallel-address (default: {_D.master_addr})")
     g.add_argument("--master-port", type=int, default=None, metavar="PORT",
@@ -222,8 +223,8 @@ def _add_engine_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
                    help="KV-cache blocks per rank (default: from --kv-cache-memory-bytes)")
     g.add_argument("--kv-cache-memory-bytes", type=int, default=None, metavar="BYTES",
-                   help=f"KV-cache memory per rank when --num-kv-blocks is not given "
-                        f"(default: {e.kv_cache_memory_bytes})")
+                   help=f"KV-cache memory per rank when --num-kv-blocks is not given, capped at what --max-num-seqs "
+                        f"full-length sequences use (default: {e.kv_cache_memory_bytes})")
     _bool(g, "--enable-prefix-caching", help="reuse cached KV blocks of shared prompt prefixes (default: on)")
     g.add_argument("--seed", type=int, default=None, help=f"sampling seed (default: {e.seed})")
     g.add_argument("--dtype", default=None, metavar="{auto,float32,bfloat16,float16}",
@@ -232,8 +233,9 @@ def _add_engine_flags(g: argparse._ArgumentGroup) -> None:
                    help="execution device (default: auto)")
     g.add_argument("--executor", default=None, metavar="{torch,sim}",
                    help="torch runs the model; sim simulates step times with --sim-cost (default: torch)")
-    g.add_argument("--sim-cost", default=None, metavar="A,B,C,D",
-                   help="sim step time in ms: a + b*prefill_tokens + c*decode_seqs + d*kv_tokens")
+    g.add_argument("--sim-cost", default=None, metavar="A,B,C,D[,E]",
+                   help="sim step time in ms: a + b*prefill_tokens + c*decode_seqs + d*kv_tokens "
+                        "(+ e*sum of p*(c0 + p/2) over the prefill chunks of p tokens after c0 of context)")
     g.add_argument("--torch-threads", type=int, default=None, metavar="N",
                    help="torch intra-op threads per engine (default: torch's)")
 
@@ -305,6 +307,10 @@ def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = N
     config = ServeConfig.from_flags(_serve_flags(ns), env=env)
     make_policy(config.lb_policy)  # a preset name is checked here (the flag check knows base names only)
     facts = (model_facts or default_model_facts)(config.model)
+    from asyncdp.model.info import ModelInfo, check_fits_model  # JSON only, no torch
+
+    if isinstance(facts, ModelInfo):  # the checkpoint's limits (fakes in tests carry none)
+        check_fits_model(config.engine, facts)
     deployment = resolve(config, is_moe=bool(facts.is_moe), num_experts=int(facts.num_experts), env=env)
     return ResolvedServeConfig.with_deployment(config, deployment)
 

@@ -6,6 +6,7 @@ facts and a fake ``run_serve`` so nothing starts.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -260,3 +261,50 @@ def test_model_export_prints_the_directory_and_unknown_name_exits_2(tmp_path, ca
     assert (tmp_path / "d" / "config.json").is_file()
     assert main(["model", "export", "nope", str(tmp_path / "e")]) == 2
     assert "unknown built-in model 'nope'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- engine flags the model cannot take (spec §4.1)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--max-model-len", "100000"], "--max-model-len 100000 exceeds the model's max_position_embeddings (2048)"),
+    (["--kv-cache-memory-bytes", "-5"], "--kv-cache-memory-bytes must be >= 1 (got -5)"),
+    (["--kv-cache-memory-bytes", "100"], "--kv-cache-memory-bytes 100 holds fewer than 2 KV blocks (16384 bytes each)"),
+    (["--num-kv-blocks", "3", "--max-model-len", "512"], "--max-model-len 512 does not fit in the KV cache (3 blocks"),
+    (["--executor", "sim", "--max-model-len", "4096"], "exceeds the model's max_position_embeddings (2048)"),
+])
+def test_engine_flags_the_model_cannot_take_exit_2_before_the_launcher(flags, message, capsys):
+    launcher = FakeLauncher()
+    assert main(["serve", "builtin:tiny-dense", *flags], run_serve=launcher, env={}) == 2
+    assert launcher.configs == []
+    err = capsys.readouterr().err
+    assert err.startswith("asyncdp: error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_a_checkpoint_directory_is_checked_against_its_own_config_json(tmp_path, capsys):
+    assert main(["model", "export", "tiny-moe", str(tmp_path / "m")]) == 0
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 300}))
+    launcher = FakeLauncher()
+    assert main(["serve", str(tmp_path / "m"), "--max-model-len", "301"], run_serve=launcher, env={}) == 2
+    assert "--max-model-len 301 exceeds the model's max_position_embeddings (300)" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "m"), "--max-model-len", "300"], run_serve=launcher, env={}) == 0
+    assert launcher.configs[0].engine.max_model_len == 300
+
+
+def test_max_model_len_beyond_the_model_exits_2_with_one_line_and_starts_nothing():
+    proc = run_asyncdp("serve", "builtin:tiny-dense", "--max-model-len", "100000", "--host", "127.0.0.1",
+                       "--port", "0")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == ["asyncdp: error: --max-model-len 100000 exceeds the model's "
+                                        "max_position_embeddings (2048); lower --max-model-len."]
+
+
+def test_serve_help_describes_what_the_parser_accepts_for_sim_cost_and_node_rank():
+    text = " ".join(run_asyncdp("serve", "--help").stdout.split())
+    assert "--sim-cost A,B,C,D[,E]" in text and "e*sum of p*(c0 + p/2)" in text  # five terms parse, not four
+    # --node-rank is bounded by --nnodes only when --nnodes > 1: a multi-port node of one launch picks its ranks
+    # with it (spec §3.5: -dp 8 -dpl 4 --node-rank 1 -dpm serves ranks 4..7)
+    assert "index of this node in [0, nnodes)" not in text
+    assert "< --nnodes when --nnodes > 1" in text

@@ -4,6 +4,7 @@ counts that would make it hang or do nothing (its run against real rank servers 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +36,10 @@ def test_a_count_that_is_not_positive_is_a_usage_error(flag: str) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "http://127.0.0.1:9", "--model", "m", flag, "0"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and f"{flag} must be > 0" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_how_to_states_the_scripts_length_truly() -> None:
+    doc = (SCRIPT.parent / "external-lb.md").read_text()
+    claim = re.search(r"\(httpx and anyio, under (\d+) lines\)", doc)
+    assert claim is not None, "external-lb.md no longer states the router's length: update this test"
+    assert len(SCRIPT.read_text().splitlines()) < int(claim.group(1))

@@ -26,7 +26,7 @@ from werkzeug.exceptions import HTTPException
 
 from asyncdp.api import chat, completions, utility_routes
 from asyncdp.api.body import draining_request_class
-from asyncdp.api.context import PAUSE_MODES, AppState, json_response, set_draining, state_of
+from asyncdp.api.context import PAUSE_MODES, AppState, health_response, json_response, set_draining, state_of
 from asyncdp.api.cors import ALLOW_ALL, Cors, install_cors
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import error_body, status_and_body
@@ -136,9 +136,7 @@ def _register_control_routes(app: Quart, state: AppState) -> None:
 
     @app.get("/health")
     async def health() -> Response:
-        if state.draining or not client.is_healthy():
-            return json_response(error_body(503, "No engine can serve requests."), 503)
-        return Response(b"", status=200, content_type="text/plain")
+        return health_response(state)
 
     @app.get("/metrics")
     async def metrics_route() -> Response:

@@ -14,6 +14,7 @@ from anyio.abc import TaskGroup
 from quart import Quart, Response
 
 from asyncdp.api.engine_client import EngineClient
+from asyncdp.api.errors import error_body
 from asyncdp.api.metrics import Metrics
 from asyncdp.api.offload import Offload
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
@@ -51,6 +52,15 @@ class AppState:
         if self.task_group is None:
             raise UnavailableError("the server is not serving yet")
         return self.task_group
+
+
+def health_response(state: AppState) -> Response:
+    """``/health`` and ``/ping``: an empty 200 while some managed rank can serve, else a 503 saying which cause."""
+    if state.draining or state.client.shutting_down:
+        return json_response(error_body(503, "The server is shutting down."), 503)
+    if not state.client.is_healthy():
+        return json_response(error_body(503, "No engine can serve requests."), 503)
+    return Response(b"", status=200, content_type="text/plain")
 
 
 def json_response(obj: Any, status: int = 200) -> Response:

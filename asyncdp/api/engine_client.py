@@ -76,6 +76,10 @@ class EngineClient(Protocol):
     def is_healthy(self) -> bool:
         """True when at least one managed rank can serve and the server is not shutting down."""
 
+    @property
+    def shutting_down(self) -> bool:
+        """True once the server began to shut down (new requests get 503 "the server is shutting down")."""
+
     def server_info(self) -> dict[str, Any]:
         """The ``/server_info`` document of spec §12.2, as seen by this process."""
 

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from quart import Quart, Response, request
 
-from asyncdp.api.context import AppState, json_response
+from asyncdp.api.context import AppState, health_response, json_response
 from asyncdp.api.errors import error_body
 from asyncdp.api.offload import INLINE_BODY_BYTES, INLINE_TOKENS
 from asyncdp.api.schemas import DetokenizeRequest, TokenizeChat, TokenizeCompletion, decode_body
@@ -80,9 +80,7 @@ def register(app: Quart, state: AppState) -> None:
 
     @app.route("/ping", methods=["GET", "POST"])
     async def ping() -> Response:
-        if state.draining or not state.client.is_healthy():
-            return json_response(error_body(503, "No engine can serve requests."), 503)
-        return Response(b"", status=200, content_type="text/plain")
+        return health_response(state)
 
     @app.get("/openapi.json")
     async def openapi() -> Response:

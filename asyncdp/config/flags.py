@@ -29,6 +29,8 @@ from asyncdp.errors import ConfigError
 DEFAULT_MODEL = "builtin:tiny-moe"
 # Most sequences (prompts x max(n, best_of)) one HTTP request may start: --max-seqs-per-request.
 DEFAULT_MAX_SEQS_PER_REQUEST = 256
+# KV-cache blocks of the simulated executor (--executor sim) when --num-kv-blocks is not given.
+DEFAULT_SIM_KV_BLOCKS = 4096
 # --max-request-body-bytes by default: room for a max_model_len prompt written as JSON token ids or escaped
 # text (up to ~16 bytes a token), for a batch of such prompts, and never below 16 MiB.
 _BODY_BYTES_PER_TOKEN = 64
@@ -101,6 +103,7 @@ class EngineConfig:
              self.block_size)
         need(self.num_kv_blocks is None or self.num_kv_blocks >= 2, "--num-kv-blocks",
              ">= 2 (block 0 is the engine's scratch block)", self.num_kv_blocks)
+        need(self.kv_cache_memory_bytes >= 1, "--kv-cache-memory-bytes", ">= 1", self.kv_cache_memory_bytes)
         need(self.executor in ("torch", "sim"), "--executor", "one of torch, sim", self.executor)
         need(self.dtype in ("auto", "float32", "bfloat16", "float16"), "--dtype",
              "one of auto, float32, bfloat16, float16", self.dtype)

@@ -26,7 +26,6 @@ iteration on every rank) from the rank's execution thread.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,7 +39,7 @@ from asyncdp.errors import ConfigError
 from asyncdp.messages import TokenLogprobs
 from asyncdp.model import read_model_info
 from asyncdp.model.decoder import ArchSpec
-from asyncdp.model.info import load_config
+from asyncdp.model.info import kv_cache_num_blocks, load_config
 from asyncdp.model.layers import AttentionMetadata, PrefillChunk
 from asyncdp.model.loader import load_model, torch_dtype
 from asyncdp.model.moe import ExpertShard
@@ -109,8 +108,8 @@ class TorchExecutor:
         self.block_size = bs = config.block_size
         elem = torch.finfo(self.dtype).bits // 8
         bytes_per_block = 2 * spec.num_layers * bs * spec.num_kv_heads * spec.head_dim * elem
-        cap = config.max_num_seqs * math.ceil(max_len / bs)
-        num_blocks = config.num_kv_blocks or min(config.kv_cache_memory_bytes // bytes_per_block, cap + 1)
+        # the same sizing the launcher checks before anything starts (asyncdp.model.info.check_fits_model)
+        num_blocks = kv_cache_num_blocks(config, max_model_len=max_len, bytes_per_block=bytes_per_block)
         if num_blocks < 2:
             raise ConfigError(f"--kv-cache-memory-bytes {config.kv_cache_memory_bytes} holds fewer than 2 KV blocks "
                               f"({bytes_per_block} bytes each); raise it.")

@@ -27,7 +27,7 @@ import msgspec
 from asyncdp import messages as m
 from asyncdp.config.roles import EngineRole
 from asyncdp.engine.rank import EngineRank, RankConfig
-from asyncdp.errors import DPGroupError, RankTornDown, StartupError, leaf_exceptions
+from asyncdp.errors import ConfigError, DPGroupError, RankTornDown, StartupError, leaf_exceptions
 from asyncdp.logs import kv_cache_line, weights_line
 from asyncdp.model.threads import set_torch_threads
 from asyncdp.transport import Link, connect, connect_with_retry
@@ -172,7 +172,16 @@ async def start_rank(cfg: RankConfig, handshake: Link, *, local_handshake: Link 
 
     set_torch_threads(cfg.engine.torch_threads)
     building_since = time.monotonic()
-    core, dp_group, limiter = await _build_core(cfg, init)
+    try:
+        core, dp_group, limiter = await _build_core(cfg, init)
+    except ConfigError as exc:
+        # a flag this machine or model cannot take (--device cuda without CUDA, say): the head fails startup
+        # with this one line instead of a handshake that broke off, and this rank logs it without a traceback
+        for link in (handshake, local_handshake):
+            if link is not None:
+                with anyio.move_on_after(1.0):
+                    await link.send(m.HandshakeError(reason=str(exc)))
+        raise StartupError(f"rank {cfg.dp_rank}: {exc}") from None
     _log_core(cfg, core, time.monotonic() - building_since)
     try:
         clients, coordinator = await _connect_peers(cfg, init)

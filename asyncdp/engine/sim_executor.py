@@ -29,11 +29,9 @@ import math
 from collections.abc import Callable, Iterable
 from hashlib import blake2b
 
-from asyncdp.config.flags import EngineConfig
+from asyncdp.config.flags import DEFAULT_SIM_KV_BLOCKS, EngineConfig
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
 from asyncdp.messages import Logprob, TokenLogprobs
-
-DEFAULT_SIM_KV_BLOCKS = 4096
 
 #: ``(request_id, output index) -> token id | None`` (None: the default token rule)
 TokenSource = Callable[[str, int], int | None]

@@ -75,6 +75,9 @@ async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> No
                                     coordinator=node.coordinator_addrs, dp_group=node.dp_group_info,
                                     client_count=node.table.client_count))
     ready = await link.receive()
+    if isinstance(ready, m.HandshakeError):  # the engine could not start: its reason, as one line
+        node.fail(f"startup failed: engine rank {hello.dp_rank}: {ready.reason}")
+        return
     if not isinstance(ready, m.Ready):
         node.fail(f"startup failed: engine rank {hello.dp_rank} sent {type(ready).__name__} instead of Ready")
         return

@@ -8,15 +8,18 @@ Qwen2, Qwen3 (dense) and Qwen3-MoE / Mixtral (routed experts). EOS ids are the u
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncdp.errors import ModelNotFoundError
+from asyncdp.config.flags import DEFAULT_SIM_KV_BLOCKS, EngineConfig
+from asyncdp.errors import ConfigError, ModelNotFoundError
 
 DENSE_TYPES = ("llama", "qwen2", "qwen3")
 MOE_TYPES = ("qwen3_moe", "mixtral")
 SUPPORTED_TYPES = DENSE_TYPES + MOE_TYPES
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the dtypes the torch executor runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +92,55 @@ def read_model_info(path: Path | str) -> ModelInfo:
         num_experts_per_tok=int(config.get("num_experts_per_tok") or 0) if num_experts else 0,
         dtype=dtype,
     )
+
+
+def kv_block_bytes(info: ModelInfo, block_size: int, dtype: str) -> int:
+    """Bytes of one KV-cache block: K and V of every layer for ``block_size`` tokens."""
+    return 2 * info.num_layers * block_size * info.num_kv_heads * info.head_dim * DTYPE_BYTES[dtype]
+
+
+def kv_cache_num_blocks(config: EngineConfig, *, max_model_len: int, bytes_per_block: int) -> int:
+    """The torch executor's KV-cache blocks per rank, block 0 (scratch) included: ``--num-kv-blocks``, else what
+    ``--kv-cache-memory-bytes`` holds, capped at what ``--max-num-seqs`` sequences of ``max_model_len`` tokens
+    can use plus the scratch block."""
+    if config.num_kv_blocks:
+        return config.num_kv_blocks
+    cap = config.max_num_seqs * math.ceil(max_model_len / config.block_size)
+    return min(config.kv_cache_memory_bytes // bytes_per_block, cap + 1)
+
+
+def check_fits_model(config: EngineConfig, info: ModelInfo) -> None:
+    """Raise ConfigError for an engine configuration this checkpoint cannot run, from its JSON files alone.
+
+    The launcher runs this before anything starts (spec §4.1: exit 2, one line), so that an impossible
+    ``--max-model-len`` or KV-cache size is not found by every engine after it loaded the model. The engine
+    repeats the checks for library users; messages match. With ``--device auto`` the KV sizing assumes the
+    checkpoint's dtype (a CPU engine may widen float16 to float32, halving its blocks: the engine catches that).
+    """
+    torch = config.executor == "torch"
+    if torch and info.model_type not in SUPPORTED_TYPES:
+        raise ConfigError(f"model_type {info.model_type!r} is not supported; supported: {', '.join(SUPPORTED_TYPES)}.")
+    dtype = info.dtype if config.dtype == "auto" else config.dtype
+    if torch and dtype not in DTYPE_BYTES:
+        raise ConfigError(f"checkpoint dtype {dtype!r} is not supported; pass --dtype float32.")
+    max_positions = info.max_position_embeddings
+    if config.max_model_len is not None and config.max_model_len > max_positions:
+        raise ConfigError(f"--max-model-len {config.max_model_len} exceeds the model's max_position_embeddings "
+                          f"({max_positions}); lower --max-model-len.")
+    if not torch:
+        num_blocks = config.num_kv_blocks or DEFAULT_SIM_KV_BLOCKS
+    else:
+        if config.device == "cpu" and dtype == "float16":
+            dtype = "float32"  # as the executor does: fp16 matmuls are slow or missing on CPU
+        bytes_per_block = kv_block_bytes(info, config.block_size, dtype)
+        num_blocks = kv_cache_num_blocks(config, max_model_len=config.max_model_len or max_positions,
+                                         bytes_per_block=bytes_per_block)
+        if num_blocks < 2:
+            raise ConfigError(f"--kv-cache-memory-bytes {config.kv_cache_memory_bytes} holds fewer than 2 KV "
+                              f"blocks ({bytes_per_block} bytes each); raise it.")
+    capacity_tokens = (num_blocks - 1) * config.block_size
+    if config.max_model_len is not None and config.max_model_len > capacity_tokens:
+        raise ConfigError(
+            f"--max-model-len {config.max_model_len} does not fit in the KV cache "
+            f"({num_blocks} blocks of {config.block_size} tokens, one reserved): lower --max-model-len or "
+            f"raise --num-kv-blocks / the KV cache memory.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncdp.api import set_draining
 from asyncdp.testing import FakeEngineClient
 from tests.api.conftest import running
 
@@ -87,3 +88,19 @@ async def test_load_returns_the_clients_load_document_in_json() -> None:
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
     assert r.json() == srv.fake.load()
     assert [(rank["dp_rank"], rank["local_index"]) for rank in r.json()["ranks"]] == [(4, 0), (5, 1)]
+
+
+@pytest.mark.parametrize("route", ["/health", "/ping"])
+async def test_health_during_shutdown_says_the_server_is_shutting_down_not_that_no_engine_can_serve(route) -> None:
+    async with running() as srv:
+        srv.fake.healthy = False
+        dead = await srv.http.get(route)
+        srv.fake.healthy = True
+        srv.fake.shutting_down = True  # the API process began to drain: its client refuses new requests
+        stopping = await srv.http.get(route)
+        srv.fake.shutting_down = False
+        set_draining(srv.app)  # HTTP itself stops taking requests
+        draining = await srv.http.get(route)
+    assert dead.status_code == 503 and dead.json()["error"]["message"] == "No engine can serve requests."
+    for r in (stopping, draining):
+        assert r.status_code == 503 and r.json()["error"]["message"] == "The server is shutting down.", r.text

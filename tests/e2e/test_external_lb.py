@@ -346,6 +346,10 @@ async def test_the_example_router_sends_requests_through_the_least_loaded_rank(g
     served = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(served) == 6 and all(s["status"] == 200 for s in served), out
     assert {s["backend"] for s in served} <= {s.base_url for s in group}
+    doc = (ROOT / "docs" / "howto" / "external-lb.md").read_text()
+    sample = re.search(r'^# (\{"request": 0.*\})$', doc, re.M)
+    assert sample is not None, "external-lb.md no longer shows the router's output: update this test"
+    assert all(list(s) == list(json.loads(sample.group(1))) for s in served), out  # the doc's keys, in order
 
 
 # ---------------------------------------------------------------------------------------------------------------

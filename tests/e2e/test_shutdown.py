@@ -126,3 +126,28 @@ async def test_sigint_stops_a_single_rank_deployment_cleanly(tmp_path: Path) -> 
         assert r.choices[0].finish_reason in ("length", "stop")
         took = await anyio.to_thread.run_sync(lambda: server.stop(timeout_s=4.1, sig=signal.SIGINT))
         assert took < 4.1
+
+
+async def test_health_during_a_drain_says_the_server_is_shutting_down(tmp_path: Path) -> None:
+    # One API process: its listener keeps accepting while it drains, so /health answers during the drain.
+    with serve(tmp_path, "--shutdown-timeout", "60", *LONG_ARGS) as server:
+        outcomes: list[str] = []
+        answers: list[str] = []
+        with anyio.fail_after(90):
+            async with server.openai() as client, anyio.create_task_group() as tg:
+                first = anyio.Event()
+                tg.start_soon(_consume, client, "drain me", first, outcomes, {"max_tokens": 1200})
+                await first.wait()
+                server.remember_tree()
+                server.process.send_signal(signal.SIGTERM)
+                with anyio.fail_after(5):  # the signal reaches the API process a moment later: poll until then
+                    async with httpx.AsyncClient(base_url=server.base_url, timeout=1.0) as http:
+                        while not answers and not outcomes:
+                            r = await http.get("/health")
+                            if r.status_code == 503:
+                                answers.append(r.json()["error"]["message"])
+                            await anyio.sleep(0.05)
+            assert await _exit_code_after(server, 70.0) == 0, server.log()[-3000:]
+        assert answers == ["The server is shutting down."], f"{answers} {outcomes}\n{server.log()[-3000:]}"
+        assert outcomes == ["length"], f"{outcomes}\n{server.log()[-3000:]}"
+        assert not server.wait_gone(), server.log()[-3000:]

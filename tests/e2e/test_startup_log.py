@@ -9,13 +9,17 @@ exit status 0" line, with no "lost", ERROR or traceback on the way.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
+import torch
 
-from tests.e2e.conftest import MODEL, serve
+from tests.e2e.conftest import MODEL, ROOT, serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -60,3 +64,18 @@ async def test_dp2_startup_logs_each_stage_in_order_and_an_orderly_stop_logs_one
     text = "\n".join(lines)
     for banned in ("hypercorn.error", "Running on", "lost", "Traceback", "ERROR"):
         assert banned not in text, f"{banned!r} in the log\n{text}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_engine_refusing_its_flags_at_startup_fails_the_launch_with_its_reason_as_one_line() -> None:
+    # --device cuda passes validation (the parent does not import torch) and is refused by the engine as it
+    # builds: the launcher names the engine's reason, not a handshake that broke off, and nobody logs a traceback
+    cmd = [sys.executable, "-m", "asyncdp", "serve", MODEL, "--host", "127.0.0.1", "--port", "0", "--device", "cuda",
+           "--torch-threads", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    log = done.stdout + done.stderr
+    assert done.returncode == 1, log
+    assert ("startup failed: engine rank 0: --device cuda was requested but CUDA is not available; use --device cpu "
+            "or auto.") in log, log
+    assert "Traceback" not in log and "EndOfStream" not in log, log
