@@ -37,6 +37,10 @@ SHUTDOWN_GRACE_S = 5.0
 # node keeps this much of it to kill its own stragglers and exit by itself first: at the same deadline, a loaded
 # machine's supervisor SIGKILLed a child that was killing its slow engine at that moment (an orderly stop, exit 1).
 SUPERVISED_MARGIN_S = 1.5
+# The engines of a failed startup have no request to drain (no API server got ready): a SIGTERM ends a startup at
+# once, unless the engine is blocked where no signal reaches it (the MoE group's rendezvous, waiting for a rank that
+# never came). They get this long, not the drain deadline, before their trees are killed.
+FAILED_STARTUP_ENGINE_GRACE_S = 1.0
 _SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
@@ -144,6 +148,8 @@ async def stop_all(node: RunningNode) -> None:
         if not children:
             return
         grace_s = max(0.5, deadline - anyio.current_time())
+        if role == ENGINE and not node.started and node.failure is not None:
+            grace_s = min(grace_s, FAILED_STARTUP_ENGINE_GRACE_S)
         async with anyio.create_task_group() as tg:
             for ch in children:
                 tg.start_soon(functools.partial(ch.stop, grace_s=grace_s))

@@ -38,6 +38,7 @@ HANDSHAKE_HELLO_TIMEOUT_S = 30.0
 
 async def handshake(node: RunningNode, link: Link) -> None:
     """Serve one connection to the handshake listener: an engine's handshake or a headless node's node link."""
+    first: m.Message | None = None
     try:
         with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected peer speaks at once
             first = await link.receive()
@@ -53,7 +54,9 @@ async def handshake(node: RunningNode, link: Link) -> None:
         # The engine closed its link (it crashed loading the model, say) or spoke garbage. Its exit is seen by
         # the child watchers; during startup, fail now with a reason instead of crashing the launcher.
         if not node.started:
-            node.fail(f"startup failed: the handshake with an engine broke off ({type(exc).__name__}: {exc})")
+            who = f"engine rank {first.dp_rank}" if isinstance(first, m.Hello) else "an engine"
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            node.fail(f"startup failed: {node.ranks_timeout() or f'the handshake with {who} broke off ({why})'}")
 
 
 async def _foreign_peer(node: RunningNode, link: Link, exc: ForeignPeerError) -> None:

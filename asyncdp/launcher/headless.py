@@ -92,9 +92,13 @@ async def start_headless(node: RunningNode, tg: anyio.abc.TaskGroup, summary: di
         assert row.dp_rank is not None, "an engine row has a rank"
         role = engine_role(node.plan, row.dp_rank, handshake_addr=head_handshake_addr(node), torch_threads=threads)
         engines.append(await spawn(node, tg, row, role))
-    with anyio.fail_after(node.plan.engine_ready_timeout_s):
+    timeout_s = node.plan.engine_ready_timeout_s
+    with anyio.move_on_after(timeout_s) as waited:
         for child in engines:
             await child.wait_event(m.ChildReady)
+    if waited.cancelled_caught:  # E9
+        pending = ", ".join(c.name for c in engines if c.event(m.ChildReady) is None)
+        raise StartupError(f"{pending} not ready after --engine-ready-timeout-s ({timeout_s:g} s)")
 
 
 async def follow_head(node: RunningNode, link: Link) -> None:

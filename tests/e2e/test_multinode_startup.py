@@ -1,10 +1,14 @@
-"""End to end: what a multi-node launch says when the deployment it names is not there (spec §4.2, §5.3).
+"""End to end: what a multi-node launch says when the deployment it names is not there (spec §4.2 E9, §5.3).
 
-* a headless node whose ``-dpp`` names an HTTP port exits 1 with one line naming the address and the flags.
+* a headless node whose ``-dpp`` names an HTTP port exits 1 with one line naming the address and the flags;
+* a head whose remote ranks never come fails at ``--engine-ready-timeout-s`` with one line naming them and what
+  to start, and exits within a few seconds of it (a MoE rank stuck in the group's rendezvous gets no drain grace).
 """
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,9 +18,11 @@ import anyio.abc
 import pytest
 
 from tests.e2e.conftest import MODEL, Server
-from tests.e2e.multinode import Deployment, headless, launch_node, wait_code
+from tests.e2e.multinode import Deployment, head, headless, launch_node, start, wait_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+ENGINE_READY_TIMEOUT_S = 10
 
 
 def last_error(node: Server) -> str:
@@ -53,3 +59,34 @@ async def test_a_headless_node_pointed_at_an_http_port_exits_1_naming_the_addres
     assert "--data-parallel-address/--data-parallel-rpc-port" in node.log(), node.log()
     assert "Traceback" not in node.log() and "bytes exceeds" not in node.log(), node.log()
     assert "headless node stopped (exit status 1)" in line, node.log()
+
+
+async def _wait_logged(node: Server, pattern: str, timeout_s: float, dep: Deployment) -> None:
+    with anyio.fail_after(timeout_s):
+        while not re.search(pattern, node.log()):
+            if node.process.poll() is not None and not re.search(pattern, node.log()):
+                pytest.fail(f"exited before logging {pattern!r}\n{dep.logs()}")
+            await anyio.sleep(0.1)  # poll interval of a log file, bounded by the deadline above
+
+
+@pytest.mark.parametrize(("model", "api_count"), [(MODEL, "1"), (MODEL, "2"), ("builtin:tiny-moe", "1")])
+async def test_a_head_whose_remote_rank_never_comes_names_it_and_exits_soon_after_the_timeout(
+        tmp_path: Path, model: str, api_count: str) -> None:
+    dep = start(tmp_path, (head("-dp", "2", "-dpl", "1", "--api-server-count", api_count,
+                                "--engine-ready-timeout-s", str(ENGINE_READY_TIMEOUT_S)),), model=model)
+    hd = dep.head
+    try:
+        await _wait_logged(hd, r"startup failed", ENGINE_READY_TIMEOUT_S + 60, dep)
+        failed_at = time.monotonic()
+        assert await wait_code(hd, 4, dep) == 1  # the rank still starting is not given a drain grace
+        elapsed_s = time.monotonic() - failed_at
+    finally:
+        dep.kill_all()
+    failure = next(line for line in hd.log().splitlines() if "startup failed" in line)
+    assert "startup failed: ranks 0..1 not ready; " in failure, hd.log()
+    assert (f"after --engine-ready-timeout-s ({ENGINE_READY_TIMEOUT_S} s): rank 1 never arrived; start the "
+            f"headless node that runs rank 1 (--headless --data-parallel-start-rank 1) with -dpa 127.0.0.1 "
+            f"-dpp {dep.rpc}") in failure, hd.log()
+    assert "did not report" not in last_error(hd), hd.log()  # API servers that never served have nothing to say
+    assert "Traceback" not in hd.log(), hd.log()
+    assert elapsed_s < 4
