@@ -6,7 +6,8 @@ Theory of operation
 that is spawned is always recorded, never orphaned) and starts two tasks in the node's task group: one reads
 its control events, one waits for its exit. :func:`watch_child` decides what an exit means: during startup the
 startup waits see it (E12); afterwards an API-server death tears the node down, a dense engine death only
-degrades service (unless ``--dp-fail-fast``), a MoE engine or coordinator death tears the group down.
+degrades service (unless ``--dp-fail-fast``; and a headless node whose last engine died stops, exit 1, which the
+head sees as a lost node), a MoE engine or coordinator death tears the group down.
 
 :func:`stop_all` runs the table's ``stop_order`` (API servers -> engines -> coordinator, spec §12.5) under one
 deadline of ``--shutdown-timeout + 5 s``: it warns the coordinator (``Stopping``), names a teardown to the API
@@ -72,6 +73,11 @@ async def watch_child(node: RunningNode, child: ChildProcess) -> None:
         node.stop_with_peer(f"{child.describe()} left with its MoE group (a peer was stopped)")
         return
     if child.role == ENGINE and not plan.is_moe and not plan.dp_fail_fast:
+        if node.table.top == "headless" and all(c.exited.is_set() for c in node.children if c.role == ENGINE):
+            # a headless node is its engines: with none left it serves nothing, and its exit is what tells the
+            # head (a lost node: its ranks leave the balancer, spec §13)
+            node.fail(f"{what}; no local rank left: stopping this node")
+            return
         log.error("%s; the other ranks keep serving", what)
         return
     if child.role == COORDINATOR and not plan.is_moe:

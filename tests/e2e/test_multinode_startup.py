@@ -1,13 +1,17 @@
-"""End to end: what a multi-node launch says when the deployment it names is not there (spec §4.2 E9, §5.3).
+"""End to end: what a multi-node launch says when the deployment it names is not there, and a headless node left
+without engines (spec §4.2 E9, §5.3, §13).
 
 * a headless node whose ``-dpp`` names an HTTP port exits 1 with one line naming the address and the flags;
 * a head whose remote ranks never come fails at ``--engine-ready-timeout-s`` with one line naming them and what
-  to start, and exits within a few seconds of it (a MoE rank stuck in the group's rendezvous gets no drain grace).
+  to start, and exits within a few seconds of it (a MoE rank stuck in the group's rendezvous gets no drain grace);
+* a dense headless node whose engines all died exits 1, and the head sees it as a lost node.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,10 +19,11 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import httpx
 import pytest
 
 from tests.e2e.conftest import MODEL, Server
-from tests.e2e.multinode import Deployment, head, headless, launch_node, start, wait_code
+from tests.e2e.multinode import Deployment, deployment, head, headless, launch_node, start, wait_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -90,3 +95,32 @@ async def test_a_head_whose_remote_rank_never_comes_names_it_and_exits_soon_afte
     assert "did not report" not in last_error(hd), hd.log()  # API servers that never served have nothing to say
     assert "Traceback" not in hd.log(), hd.log()
     assert elapsed_s < 4
+
+
+async def test_a_dense_headless_node_whose_engines_all_died_exits_1_and_the_head_loses_it(tmp_path: Path) -> None:
+    specs = (head("-dp", "3", "-dpl", "1", "--api-server-count", "2"),
+             headless("-dp", "3", "-dpl", "2", "-dpr", "1"))
+    with deployment(tmp_path, *specs, ready_timeout_s=120) as dep:
+        hd, hl = dep.node("head"), dep.node("headless")
+        async with httpx.AsyncClient(base_url=hd.base_url, timeout=30.0) as http:
+            info = (await http.get("/server_info")).json()
+            engines = {p["rank"]: p["pid"] for p in info["processes"] if p["role"] == "engine"}
+            hl.remember_tree()
+            os.kill(engines[1], signal.SIGKILL)
+            await _wait_logged(hl, r"engine rank 1 .* exited with code -9; the other ranks keep serving", 15, dep)
+            assert hl.process.poll() is None, hl.log()  # one rank left: the node keeps serving
+            os.kill(engines[2], signal.SIGKILL)
+            assert await wait_code(hl, 10, dep) == 1
+            assert "exited with code -9; no local rank left: stopping this node" in hl.log(), hl.log()
+            with anyio.fail_after(15):  # the node link closed: at once
+                while True:
+                    info = (await http.get("/server_info")).json()
+                    nodes = [n["state"] for n in sorted(info["nodes"], key=lambda n: n["node"])]
+                    if nodes == ["alive", "lost"]:
+                        break
+                    await anyio.sleep(0.2)  # poll interval, bounded by the deadline above
+            r = await http.post("/v1/completions", json={"model": MODEL, "prompt": "still", "max_tokens": 5})
+            assert r.status_code == 200, r.text
+        assert not await anyio.to_thread.run_sync(hl.wait_gone, 5.0), dep.logs()
+        dep.drop("headless")
+        dep.stop()
