@@ -15,6 +15,7 @@
      │    ├── EngineTimeoutError     an engine did not take or answer a message within its deadline
      │    └── ShuttingDownError      the deployment is draining or stopping
      ├── ProtocolError               a malformed or unknown inter-process message
+     │    └── ForeignPeerError       a link's first frame is not this build's: another service, or another version
      ├── StartupError                a handshake check, deadline or child process failed at startup (exit 1)
      │    └── ChildExited            a child process exited before it reported what startup waits for
      ├── PauseError                  pause/resume misuse (resume while a pause is still in progress)
@@ -93,6 +94,31 @@ class ShuttingDownError(UnavailableError):
 
 class ProtocolError(AsyncDPError):
     """A malformed, unknown or out-of-order inter-process message."""
+
+
+class ForeignPeerError(ProtocolError):
+    """The first frame on a link is not one of this build's messages, so the peer is not what the address was meant
+    to name: another service answers there (an HTTP port gives a "frame length" of ASCII ``HTTP``), or an asyncdp of
+    another protocol version (a tagged msgpack map this build cannot decode: ``other_version``). ``addr`` is the
+    link's address or name, ``seen`` what arrived, quoted. :meth:`handshake_problem` is the one-line startup
+    failure for the side that connected to a handshake listener."""
+
+    def __init__(self, addr: str, seen: str, *, other_version: bool, protocol_version: int) -> None:
+        what = "an asyncdp peer of another protocol version" if other_version else "not an asyncdp peer"
+        super().__init__(f"{addr}: {what} ({seen})")
+        self.addr = addr
+        self.seen = seen
+        self.other_version = other_version
+        self.protocol_version = protocol_version
+
+    def handshake_problem(self, addr: str) -> str:
+        """Why joining the handshake listener at ``addr`` failed, and what to change."""
+        if self.other_version:
+            return (f"the peer at {addr} speaks another asyncdp protocol ({self.seen}); this build speaks "
+                    f"protocol_version {self.protocol_version}: run the same asyncdp version on every node")
+        return (f"the peer at {addr} is not an asyncdp handshake listener (it sent {self.seen}): check "
+                "--data-parallel-address/--data-parallel-rpc-port, which name the head's rpc port, not its HTTP "
+                "--port")
 
 
 class StartupError(AsyncDPError):

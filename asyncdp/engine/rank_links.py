@@ -5,7 +5,8 @@ Theory of operation. Readers decode frames and post them into the rank's bounded
 only consumer) as one of the :data:`InboxItem` structs. Two coordinator events cannot wait for the loop, which
 may be blocked in a collective or on the execution thread: ``Teardown`` and the loss of the coordinator (EOF, or
 silence past the heartbeat timeout by :class:`~asyncdp.dp.liveness.Liveness`) go straight to the owner's
-``on_teardown`` / ``on_coordinator_lost``. Heartbeats are sent (:func:`~asyncdp.transport.heartbeat.send_heartbeats`)
+``on_teardown`` / ``on_coordinator_lost``; the loss is reported once, whichever is seen first (a failed send, which
+the owner reports itself, counts too). Heartbeats are sent (:func:`~asyncdp.transport.heartbeat.send_heartbeats`)
 to the coordinator and, through their outboxes, to every client (which declares a rank silent past the heartbeat
 timeout dead), and checked by their own tasks on the event loop, never by the execution thread.
 
@@ -111,6 +112,7 @@ class RankLinks:
         self.stats_client = min(clients) if clients else 0  # gets scheduler stats when no client has outputs
         self.outbox_size = outbox_size
         self._outboxes: dict[int, _ClientOutbox] = {}
+        self._coordinator_lost = False  # reported to the owner (or seen by it on a send): never again
 
     def start(self, tg: anyio.abc.TaskGroup, inbox: anyio.abc.ObjectSendStream[InboxItem], owner: LinkOwner, *,
               heartbeat_interval_s: float, heartbeat_timeout_s: float) -> None:
@@ -153,18 +155,24 @@ class RankLinks:
                 owner.on_teardown(f"teardown from the coordinator: {msg.reason}", orderly=msg.orderly)
                 return
             await inbox.send(CoordinatorMessage(msg))
-        owner.on_coordinator_lost("the coordinator closed its link")
+        self._lose_coordinator(owner, "the coordinator closed its link")
 
-    @staticmethod
-    async def _watch_coordinator(owner: LinkOwner, liveness: Liveness, interval_s: float) -> None:
-        while True:
+    async def _watch_coordinator(self, owner: LinkOwner, liveness: Liveness, interval_s: float) -> None:
+        while not self._coordinator_lost:  # a link known closed is not also reported silent
             planned = anyio.current_time() + interval_s
             await anyio.sleep_until(planned)
             now = anyio.current_time()
             # after a stall of this process the coordinator's frames are still unread: the reader gets its turn
             if liveness.expired(now) and not liveness.excuse_late_wake(planned, now):
-                owner.on_coordinator_lost(liveness.describe("the coordinator", now))
+                self._lose_coordinator(owner, liveness.describe("the coordinator", now))
                 return
+
+    def _lose_coordinator(self, owner: LinkOwner, reason: str) -> None:
+        """The coordinator is gone: tell the owner once, whichever of EOF and silence is seen first."""
+        if self._coordinator_lost:
+            return
+        self._coordinator_lost = True
+        owner.on_coordinator_lost(reason)
 
     # ------------------------------------------------------------ client outboxes
 
@@ -239,6 +247,7 @@ class RankLinks:
             await self.coordinator.send(msg)
             return True
         except LINK_ERRORS:
+            self._coordinator_lost = True  # the caller reports it; the reader's EOF and the watch stay quiet
             return False
 
     async def announce_death(self, reason: str) -> None:

@@ -27,7 +27,14 @@ import msgspec
 from asyncdp import messages as m
 from asyncdp.config.roles import EngineRole
 from asyncdp.engine.rank import EngineRank, RankConfig
-from asyncdp.errors import ConfigError, DPGroupError, RankTornDown, StartupError, leaf_exceptions
+from asyncdp.errors import (
+    ConfigError,
+    DPGroupError,
+    ForeignPeerError,
+    RankTornDown,
+    StartupError,
+    leaf_exceptions,
+)
 from asyncdp.logs import kv_cache_line, weights_line
 from asyncdp.model.threads import set_torch_threads
 from asyncdp.transport import Link, connect, connect_with_retry
@@ -149,7 +156,10 @@ async def _hello(cfg: RankConfig, link: Link, *, local: bool, headless: bool, wh
     await link.send(m.Hello(protocol_version=m.PROTOCOL_VERSION, dp_rank=cfg.dp_rank, local=local,
                             headless=headless, host=socket.gethostname(), pid=os.getpid(),
                             launcher_pid=os.getppid()))
-    init = await link.receive()
+    try:
+        init = await link.receive()
+    except ForeignPeerError as exc:  # the handshake address names another service, or another asyncdp version
+        raise StartupError(f"rank {cfg.dp_rank}: {exc.handshake_problem(exc.addr)}") from None
     if isinstance(init, m.HandshakeError):
         raise StartupError(f"rank {cfg.dp_rank}: {what} refused the handshake: {init.reason}")
     if not isinstance(init, m.HandshakeInit):

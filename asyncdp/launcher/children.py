@@ -6,7 +6,8 @@ Theory of operation
 that is spawned is always recorded, never orphaned) and starts two tasks in the node's task group: one reads
 its control events, one waits for its exit. :func:`watch_child` decides what an exit means: during startup the
 startup waits see it (E12); afterwards an API-server death tears the node down, a dense engine death only
-degrades service (unless ``--dp-fail-fast``), a MoE engine or coordinator death tears the group down.
+degrades service (unless ``--dp-fail-fast``; and a headless node whose last engine died stops, exit 1, which the
+head sees as a lost node), a MoE engine or coordinator death tears the group down.
 
 :func:`stop_all` runs the table's ``stop_order`` (API servers -> engines -> coordinator, spec §12.5) under one
 deadline of ``--shutdown-timeout + 5 s``: it warns the coordinator (``Stopping``), names a teardown to the API
@@ -38,6 +39,10 @@ SHUTDOWN_GRACE_S = 5.0
 # node keeps this much of it to kill its own stragglers and exit by itself first: at the same deadline, a loaded
 # machine's supervisor SIGKILLed a child that was killing its slow engine at that moment (an orderly stop, exit 1).
 SUPERVISED_MARGIN_S = 1.5
+# The engines of a failed startup have no request to drain (no API server got ready): a SIGTERM ends a startup at
+# once, unless the engine is blocked where no signal reaches it (the MoE group's rendezvous, waiting for a rank that
+# never came). They get this long, not the drain deadline, before their trees are killed.
+FAILED_STARTUP_ENGINE_GRACE_S = 1.0
 _SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
@@ -69,6 +74,11 @@ async def watch_child(node: RunningNode, child: ChildProcess) -> None:
         node.stop_with_peer(f"{child.describe()} left with its MoE group (a peer was stopped)")
         return
     if child.role == ENGINE and not plan.is_moe and not plan.dp_fail_fast:
+        if node.table.top == "headless" and all(c.exited.is_set() for c in node.children if c.role == ENGINE):
+            # a headless node is its engines: with none left it serves nothing, and its exit is what tells the
+            # head (a lost node: its ranks leave the balancer, spec §13)
+            node.fail(f"{what}; no local rank left: stopping this node")
+            return
         log.error("%s; the other ranks keep serving", what)
         return
     if child.role == COORDINATOR and not plan.is_moe:
@@ -145,6 +155,8 @@ async def stop_all(node: RunningNode) -> None:
         if not children:
             return
         grace_s = max(0.5, deadline - anyio.current_time())
+        if role == ENGINE and not node.started and node.failure is not None:
+            grace_s = min(grace_s, FAILED_STARTUP_ENGINE_GRACE_S)
         async with anyio.create_task_group() as tg:
             for ch in children:
                 tg.start_soon(functools.partial(ch.stop, grace_s=grace_s))

@@ -10,7 +10,8 @@ launcher: :func:`serve_node_link` has the book admit it (ranks, configuration), 
 the link alive with heartbeats both ways until it ends; a lost node is a teardown for a MoE group and a
 degradation for a dense one (its API servers see the engine links end on their own). Both links stay open for the
 deployment's life. A refused or broken handshake during startup fails the node with a reason (the refused side
-gets ``HandshakeError`` with the same reason); it never raises into the launcher's task group.
+gets ``HandshakeError`` with the same reason); it never raises into the launcher's task group. A connection whose
+first frame is no asyncdp frame at all (an HTTP client on the rpc port) is only logged and dropped.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import anyio
 
 from asyncdp import messages as m
 from asyncdp.dp.liveness import PEER_STOP_GRACE_S
-from asyncdp.errors import ProtocolError
+from asyncdp.errors import ForeignPeerError, ProtocolError
 from asyncdp.launcher.children import publish_process_table
 from asyncdp.launcher.node import RemoteNodeLink, RunningNode
 from asyncdp.launcher.node_book import span
@@ -37,6 +38,7 @@ HANDSHAKE_HELLO_TIMEOUT_S = 30.0
 
 async def handshake(node: RunningNode, link: Link) -> None:
     """Serve one connection to the handshake listener: an engine's handshake or a headless node's node link."""
+    first: m.Message | None = None
     try:
         with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected peer speaks at once
             first = await link.receive()
@@ -46,11 +48,33 @@ async def handshake(node: RunningNode, link: Link) -> None:
             await _engine_handshake(node, link, first)
         else:
             await link.send(m.HandshakeError(reason=f"expected Hello or NodeHello, got {type(first).__name__}"))
+    except ForeignPeerError as exc:
+        await _foreign_peer(node, link, exc)
     except (anyio.EndOfStream, ProtocolError, TimeoutError, *LINK_ERRORS) as exc:
         # The engine closed its link (it crashed loading the model, say) or spoke garbage. Its exit is seen by
         # the child watchers; during startup, fail now with a reason instead of crashing the launcher.
         if not node.started:
-            node.fail(f"startup failed: the handshake with an engine broke off ({type(exc).__name__}: {exc})")
+            who = f"engine rank {first.dp_rank}" if isinstance(first, m.Hello) else "an engine"
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            node.fail(f"startup failed: {node.ranks_timeout() or f'the handshake with {who} broke off ({why})'}")
+
+
+async def _foreign_peer(node: RunningNode, link: Link, exc: ForeignPeerError) -> None:
+    """A connection whose first frame is no asyncdp frame of this version. Another asyncdp version is refused as
+    any peer is (E5: it gets the reason too, in the one message every version decodes); anything else (an HTTP
+    client on the rpc port, a port scanner) is no engine of this deployment: logged and dropped."""
+    if not exc.other_version:
+        log.warning("dropped a connection to the handshake listener that does not speak asyncdp (it sent %s)",
+                    exc.seen)
+        return
+    problem = (f"a peer speaks another asyncdp protocol ({exc.seen}); this head speaks protocol_version "
+               f"{exc.protocol_version}: run the same asyncdp version on every node")
+    with anyio.move_on_after(1.0):
+        try:
+            await link.send(m.HandshakeError(reason=problem))
+        except LINK_ERRORS:
+            pass
+    _refuse(node, problem)
 
 
 def _refuse(node: RunningNode, problem: str) -> None:

@@ -174,12 +174,13 @@ def _shown_model(plan: LaunchPlan) -> str | None:
 
 
 def _drain_counts(node: RunningNode) -> tuple[list[DrainCounts], int]:
-    """Every API server's drain counts, and how many API servers exited without reporting theirs."""
+    """Every API server's drain counts, and how many API servers exited without reporting theirs (one that never
+    got ready, in a failed startup, had nothing to drain and is not counted)."""
     if node.inproc_client is not None or node.table.top == "api_server":
         return [node.inproc_drain], 0
     counts, unreported = [], 0
     for ch in node.children:
-        if ch.role != API_SERVER:
+        if ch.role != API_SERVER or (ch.event(m.ApiStopped) is None and ch.event(m.ChildReady) is None):
             continue
         ev = ch.event(m.ApiStopped)
         if ev is None:

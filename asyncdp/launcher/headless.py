@@ -7,7 +7,8 @@ handshake listener (``--data-parallel-address:--data-parallel-rpc-port``), retry
 ``--engine-ready-timeout-s`` and logging what it waits for every 10 s, so launch order does not matter; it says
 ``NodeHello`` (its ranks and its parallel configuration) and waits for ``NodeAccepted``. A ``HandshakeError``
 (overlapping ranks, a configuration that differs from the head's: the fields are named) fails the node before
-any engine starts. :func:`start_headless` then spawns the local engines, which handshake with the head
+any engine starts, and so does an answer that is no asyncdp frame (``-dpp`` names another service, the head's
+HTTP port say) or one of another protocol version: one line names the address and the flags to check. :func:`start_headless` then spawns the local engines, which handshake with the head
 themselves, and waits for them. :func:`follow_head` keeps the node link alive with heartbeats both ways:
 ``NodeShutdown`` is an orderly end (the engines drain, exit 0), ``Teardown`` and the link's loss (EOF, or no
 heartbeat for ``--dp-heartbeat-timeout-s``: the head's tree died or its host is gone) stop the engines (signal,
@@ -25,7 +26,7 @@ import anyio.abc
 
 from asyncdp import messages as m
 from asyncdp.config.roles import engine_role
-from asyncdp.errors import StartupError
+from asyncdp.errors import ForeignPeerError, ProtocolError, StartupError
 from asyncdp.launcher.children import spawn
 from asyncdp.launcher.node import RunningNode
 from asyncdp.launcher.node_book import span
@@ -64,7 +65,10 @@ async def join_head(node: RunningNode, summary: dict[str, object], *, role: str 
                                     config_summary=dict(summary), role=role, processes=processes or []))
         with anyio.fail_after(NODE_ACCEPT_TIMEOUT_S):
             answer = await link.receive()
-    except (anyio.EndOfStream, TimeoutError, *LINK_ERRORS) as exc:
+    except ForeignPeerError as exc:  # -dpp names the head's HTTP port, say, or another asyncdp version answers
+        await link.aclose()
+        raise StartupError(exc.handshake_problem(addr)) from None
+    except (anyio.EndOfStream, TimeoutError, ProtocolError, *LINK_ERRORS) as exc:
         await link.aclose()
         raise StartupError(f"the head at {addr} did not answer this node's NodeHello ({type(exc).__name__})") from None
     if isinstance(answer, m.HandshakeError):
@@ -88,9 +92,13 @@ async def start_headless(node: RunningNode, tg: anyio.abc.TaskGroup, summary: di
         assert row.dp_rank is not None, "an engine row has a rank"
         role = engine_role(node.plan, row.dp_rank, handshake_addr=head_handshake_addr(node), torch_threads=threads)
         engines.append(await spawn(node, tg, row, role))
-    with anyio.fail_after(node.plan.engine_ready_timeout_s):
+    timeout_s = node.plan.engine_ready_timeout_s
+    with anyio.move_on_after(timeout_s) as waited:
         for child in engines:
             await child.wait_event(m.ChildReady)
+    if waited.cancelled_caught:  # E9
+        pending = ", ".join(c.name for c in engines if c.event(m.ChildReady) is None)
+        raise StartupError(f"{pending} not ready after --engine-ready-timeout-s ({timeout_s:g} s)")
 
 
 async def follow_head(node: RunningNode, link: Link) -> None:

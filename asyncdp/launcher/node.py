@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -94,6 +95,7 @@ class RunningNode:
     node_table_fd: int = -1
     started_at: float = 0.0  # time.monotonic() when `asyncdp serve` began: the startup line's total
     inproc_drain: DrainCounts = field(default_factory=DrainCounts)
+    ranks_deadline: float = math.inf  # anyio time when the engines' --engine-ready-timeout-s ends (E9)
 
     def __post_init__(self) -> None:
         if self.book is None:  # the shell passes one with the plan's configuration summary (node admission)
@@ -109,6 +111,26 @@ class RunningNode:
         if self.http_sock is None:
             return None
         return self.http_sock.getsockname()[1] if self.http_sock.fileno() != -1 else self.plan.port
+
+    def front_end_book(self) -> NodeBook | None:
+        """The node book when this node is the head front-end (it owns the TCP handshake listener), else None."""
+        link = self.table.link("handshake")
+        if link is None or link.action != "bind" or link.transport != "tcp":
+            return None
+        return self.book
+
+    def ranks_timeout(self) -> str | None:
+        """E9 on the head front-end once ``ranks_deadline`` passed with ranks missing: which, and what to do.
+
+        Startup reports a failure seen from then on as this: the coordinator's wait for the engines is as long
+        and starts later, and when it ends first its links close, and the engines and the handshakes end after
+        them, each a consequence of the ranks that never came."""
+        book = self.front_end_book()
+        if book is None or not book.missing() or anyio.current_time() < self.ranks_deadline:
+            return None
+        dep = self.plan.deployment
+        return book.timeout_line(self.plan.engine_ready_timeout_s, dep.data_parallel_address,
+                                 dep.data_parallel_rpc_port)
 
     def note_ranks_changed(self) -> None:
         self.ranks_changed.set()

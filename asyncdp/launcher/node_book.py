@@ -14,7 +14,8 @@ I/O, what each arrival means:
   from an admitted headless node;
 * :meth:`NodeBook.engine_ready` records ``Ready`` and checks the configuration agreement with rank 0 (E6);
 * :meth:`NodeBook.lose_node` marks a node lost and names its ranks; :meth:`NodeBook.missing` lists the ranks not
-  ready yet (the startup progress line), :meth:`NodeBook.rows` the nodes for ``/server_info``.
+  ready yet (the startup progress line, and :meth:`NodeBook.timeout_line`, E9's failure when
+  ``--engine-ready-timeout-s`` expires), :meth:`NodeBook.rows` the nodes for ``/server_info``.
 
 Every check returns a problem string (the message both sides log) or None.
 """
@@ -206,6 +207,22 @@ class NodeBook:
         if absent:
             parts.append(f"{span(absent)} not connected yet")
         return "; ".join(parts)
+
+    def timeout_line(self, timeout_s: float, address: str, rpc_port: int) -> str:
+        """E9: the ranks not ready when ``--engine-ready-timeout-s`` expired (:meth:`waiting_line`), and what to
+        do: other nodes' ranks that never connected need their node started, with ``-dpa address -dpp
+        rpc_port``; the others are slow to load (or failed: their logs say)."""
+        line = f"{self.waiting_line()} after --engine-ready-timeout-s ({timeout_s:g} s)"
+        absent = [r for r in self.missing() if r not in self.connected and r not in self.local_ranks]
+        if not absent:
+            return f"{line}: raise it if they only load slowly, or see their logs"
+        what = f"that runs {span(absent)}"
+        launch = {"internal": f"the headless node {what} (--headless --data-parallel-start-rank {absent[0]})",
+                  "hybrid": f"the hybrid node {what} (--data-parallel-hybrid-lb --data-parallel-start-rank "
+                            f"{absent[0]})",
+                  }.get(self.mode, f"the launch {what} (--data-parallel-rank {absent[0]})")
+        return (f"{line}: {span(absent)} never arrived; start {launch} with -dpa {address} -dpp {rpc_port}, or "
+                f"raise --engine-ready-timeout-s if {'it starts' if len(absent) == 1 else 'they start'} slowly")
 
     def rows(self) -> list[NodeRow]:
         return [NodeRow(node=n.index, role=n.role, host=n.host, pid=n.pid, ranks=list(n.ranks), state=n.state)

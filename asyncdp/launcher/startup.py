@@ -36,7 +36,6 @@ from asyncdp.errors import ChildExited, StartupError, leaf_exceptions
 from asyncdp.launcher.children import spawn
 from asyncdp.launcher.handshake import handshake
 from asyncdp.launcher.node import RunningNode
-from asyncdp.launcher.node_book import NodeBook
 from asyncdp.launcher.plan import COORDINATOR, ENGINE, ProcessSpec
 from asyncdp.transport import listen, serve_links
 from asyncdp.transport.control import ChildProcess
@@ -63,7 +62,7 @@ async def run_startup(node: RunningNode, start: Callable[[], Awaitable[None]]) -
         try:
             await start()
         except (ChildExited, StartupError, TimeoutError) as exc:
-            node.fail(f"startup failed: {exc}")
+            node.fail(f"startup failed: {node.ranks_timeout() or str(exc) or type(exc).__name__}")
         except Exception as exc:
             log.exception("startup failed")
             node.fail(f"startup failed: {exc}")
@@ -71,7 +70,12 @@ async def run_startup(node: RunningNode, start: Callable[[], Awaitable[None]]) -
 
 
 async def start_node(node: RunningNode, tg: anyio.abc.TaskGroup) -> None:
-    """Perform the table's start order (module docstring)."""
+    """Perform the table's start order (module docstring).
+
+    ``--engine-ready-timeout-s`` counts from here for the engines and the deployment's ranks (E9): one deadline,
+    not one per stage, and it starts before the coordinator, whose own wait for the engines' subscriptions has
+    the same length, so that the launcher's failure names the missing ranks before that wait ends them."""
+    node.ranks_deadline = anyio.current_time() + node.plan.engine_ready_timeout_s
     table = node.table
     await _bind_handshake(node, tg)
     if table.role(COORDINATOR):
@@ -87,8 +91,8 @@ async def start_node(node: RunningNode, tg: anyio.abc.TaskGroup) -> None:
         await _host_rendezvous(node)
     node.init_ready.set()  # every address HandshakeInit carries is known: answer the engines' Hellos
     engines = await _start_engines(node, tg, table.role(ENGINE))
-    await _wait_all(node, engines)
-    await _wait_ranks_ready(node)
+    await _wait_all(node, engines, deadline=node.ranks_deadline)
+    await _wait_ranks_ready(node, node.ranks_deadline)
     if inproc_ready is not None:
         await _wait_inproc_api(node, inproc_ready)
     else:
@@ -132,8 +136,12 @@ async def _start_coordinator(node: RunningNode, tg: anyio.abc.TaskGroup, row: Pr
     role = coordinator_role(node.plan, socket_dir=node.tmpdir, engine_link_host=_tcp_host(node, "coordinator_engine"),
                             client_link_host=_tcp_host(node, "coordinator_client"))
     coord = await spawn(node, tg, row, role)
-    with anyio.fail_after(node.plan.coordinator_startup_timeout_s):
+    timeout_s = node.plan.coordinator_startup_timeout_s
+    with anyio.move_on_after(timeout_s) as waited:
         ev = await coord.wait_event(m.CoordinatorListening)
+    if waited.cancelled_caught:  # E8
+        raise StartupError(f"the DP coordinator did not report its addresses within "
+                           f"--dp-coordinator-startup-timeout-s ({timeout_s:g} s)")
     node.coordinator_addrs = m.CoordinatorAddrs(engine_addr=ev.engine_addr, client_addr=ev.client_addr)
 
 
@@ -172,7 +180,8 @@ async def _start_inproc_api(node: RunningNode, tg: anyio.abc.TaskGroup, row: Pro
                 if node.failure is None and not node.shutdown.is_set() and \
                         not all(isinstance(e, (StartupError, TimeoutError)) for e in leaves):
                     log.error("the API server failed to start", exc_info=exc)
-                node.fail("startup failed: " + "; ".join(str(e) or type(e).__name__ for e in leaves))
+                node.fail("startup failed: " + (node.ranks_timeout() or
+                                                "; ".join(str(e) or type(e).__name__ for e in leaves)))
                 return
             ready.set()
 
@@ -197,8 +206,11 @@ async def _start_api_children(node: RunningNode, tg: anyio.abc.TaskGroup,
                                node_table_fd=node.node_table_fd)
         children.append(await spawn(node, tg, row, role, env=env, pass_fds=(node.node_table_fd,)))
     for child in children:
-        with anyio.fail_after(API_LISTENING_TIMEOUT_S):
+        with anyio.move_on_after(API_LISTENING_TIMEOUT_S) as waited:
             ev = await child.wait_event(m.ApiListening)
+        if waited.cancelled_caught:
+            raise StartupError(f"{child.name} did not report its client listener within "
+                               f"{API_LISTENING_TIMEOUT_S:g} s")
         node.client_addrs.append(m.ClientAddr(client_index=child.rank or 0, addr=ev.client_addr))
     return children
 
@@ -250,12 +262,15 @@ async def _start_engines(node: RunningNode, tg: anyio.abc.TaskGroup,
     return engines
 
 
-async def _wait_all(node: RunningNode, children: list[ChildProcess]) -> None:
-    """Every child's ``ChildReady`` within ``--engine-ready-timeout-s`` (E9), logging every 10 s which are still
-    starting and, on the head front-end, which of the deployment's ranks are not ready (spec §2.5): a head's own
-    engines are ready only once every rank reached the coordinator, other nodes' too."""
+async def _wait_all(node: RunningNode, children: list[ChildProcess], *, deadline: float | None = None) -> None:
+    """Every child's ``ChildReady`` by ``deadline`` (default: ``--engine-ready-timeout-s`` from now; E9), logging
+    every 10 s which are still starting and, on the head front-end, which of the deployment's ranks are not ready
+    (spec §2.5): a head's own engines are ready only once every rank reached the coordinator, other nodes' too.
+    At the deadline, a :class:`StartupError` names what is missing (:func:`_not_ready`)."""
     started = anyio.current_time()
-    with anyio.fail_after(node.plan.engine_ready_timeout_s):
+    if deadline is None:
+        deadline = started + node.plan.engine_ready_timeout_s
+    with anyio.move_on_at(deadline) as scope:
         for child in children:
             while True:
                 with anyio.move_on_after(PROGRESS_EVERY_S) as waited:
@@ -264,32 +279,34 @@ async def _wait_all(node: RunningNode, children: list[ChildProcess]) -> None:
                     break
                 pending = ", ".join(c.name for c in children if c.event(m.ChildReady) is None)
                 line = f"waiting for {pending} to be ready ({anyio.current_time() - started:.0f} s)"
-                if (book := _front_end_book(node)) is not None and book.missing():
+                if (book := node.front_end_book()) is not None and book.missing():
                     line += f"; the deployment's ranks: {book.waiting_line()}"
                 log.info("%s", line)
+    if scope.cancelled_caught:
+        raise TimeoutError(_not_ready(node, children))
 
 
-def _front_end_book(node: RunningNode) -> NodeBook | None:
-    """The node book when this node is the head front-end (it owns the TCP handshake listener), else None."""
-    link = node.table.link("handshake")
-    if link is None or link.action != "bind" or link.transport != "tcp":
-        return None
-    return node.book
+def _not_ready(node: RunningNode, children: list[ChildProcess]) -> str:
+    """E9: on the head front-end, the deployment's ranks that are not ready (those that never arrived, and where
+    to start them); elsewhere, this node's children that are not."""
+    timeout_s = node.plan.engine_ready_timeout_s
+    if (line := node.ranks_timeout()) is not None:
+        return line
+    pending = ", ".join(c.name for c in children if c.event(m.ChildReady) is None)
+    return f"{pending} not ready after --engine-ready-timeout-s ({timeout_s:g} s)"
 
 
-async def _wait_ranks_ready(node: RunningNode) -> None:
+async def _wait_ranks_ready(node: RunningNode, deadline: float) -> None:
     """The head front-end (the owner of the TCP handshake listener) is ready only when every rank of the
     deployment sent ``Ready``, local or remote (spec §5.3 step 8). Logs what it waits for every 10 s; E9 at
-    ``--engine-ready-timeout-s``."""
-    book = _front_end_book(node)
+    ``deadline``, naming the ranks that never connected."""
+    book = node.front_end_book()
     if book is None:
         return
-    deadline = anyio.current_time() + node.plan.engine_ready_timeout_s
     while book.missing():
         now = anyio.current_time()
         if now >= deadline:
-            raise StartupError(f"{book.waiting_line()} within --engine-ready-timeout-s "
-                               f"({node.plan.engine_ready_timeout_s:g} s)")
+            raise StartupError(_not_ready(node, []))
         changed = node.ranks_changed
         with anyio.move_on_after(min(PROGRESS_EVERY_S, deadline - now)) as waited:
             await changed.wait()

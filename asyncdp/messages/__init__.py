@@ -127,6 +127,7 @@ __all__ = [
     "WorkerHello",
     "decode",
     "decode_control",
+    "describe_tagged",
     "encode",
 ]
 
@@ -156,3 +157,17 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], data: bytes) -> Any:
         raise ProtocolError(f"invalid message: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"undecodable frame: {exc}") from exc
+
+
+def describe_tagged(data: bytes) -> str | None:
+    """What an undecodable link frame says it is, when it has this codec's shape (a msgpack map with a string
+    ``type``: an asyncdp message of another protocol version), e.g. ``"a NodeAccepted message"`` or ``"a Hello
+    message of protocol_version 4"``; None when it is no such map (another protocol altogether)."""
+    try:
+        obj = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        return None
+    version = obj.get("protocol_version")
+    return f"a {obj['type'][:40]} message" + (f" of protocol_version {version}" if isinstance(version, int) else "")

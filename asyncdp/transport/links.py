@@ -1,7 +1,9 @@
 """Links: length-prefixed msgpack frames over a byte stream, or objects over memory streams.
 
 Frame layout: a 4-byte big-endian payload length, then the payload (``asyncdp.messages.encode``). A send lock
-keeps concurrent senders from interleaving frames. ``MemoryLink`` passes message objects through anyio memory
+keeps concurrent senders from interleaving frames. A first frame that is not this build's (a length no frame has,
+as the ASCII of an HTTP answer gives, or a payload this codec cannot decode) is a
+:class:`~asyncdp.errors.ForeignPeerError`: the address names another service, or an asyncdp of another version. ``MemoryLink`` passes message objects through anyio memory
 object streams; by default it still round-trips them through the codec so in-process tests exercise the wire
 format (``codec=False`` skips that for the simulation harness).
 """
@@ -20,7 +22,7 @@ import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from asyncdp import messages
-from asyncdp.errors import ProtocolError
+from asyncdp.errors import ForeignPeerError, ProtocolError
 
 # What a link operation raises once the peer is gone (closed, reset, or ended); handlers treat them alike.
 LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 256 << 20
+FOREIGN_PEEK_S = 0.5  # how long a first frame of no asyncdp peer waits for more of its answer, to quote it
+FOREIGN_PEEK_BYTES = 64
 
 
 class Link:
@@ -67,6 +71,7 @@ class StreamLink(Link):
         self._stream = stream
         self._reader = BufferedByteReceiveStream(stream)
         self._size: int | None = None  # a frame whose header was read and whose payload was not, yet
+        self._first = True  # no frame received yet: a bad one means a foreign peer, not a garbled frame
         # fast_acquire: an uncontended send does not yield to the scheduler here; the stream write right after
         # is a checkpoint anyway. That is one task switch less per frame.
         self._send_lock = anyio.Lock(fast_acquire=True)
@@ -89,6 +94,10 @@ class StreamLink(Link):
                 raise anyio.EndOfStream from None
             (size,) = _HEADER.unpack(header)
             if size > MAX_FRAME_BYTES:
+                if self._first:
+                    seen = _quote(header + await self._more_of_a_foreign_answer())
+                    raise ForeignPeerError(self.name, seen, other_version=False,
+                                           protocol_version=messages.PROTOCOL_VERSION)
                 raise ProtocolError(f"{self.name}: frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
             self._size = size
         try:
@@ -96,7 +105,28 @@ class StreamLink(Link):
         except (anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError, OSError):
             raise anyio.EndOfStream from None
         self._size = None
-        return messages.decode(payload)
+        if not self._first:
+            return messages.decode(payload)
+        self._first = False
+        try:
+            return messages.decode(payload)
+        except ProtocolError as exc:
+            tagged = messages.describe_tagged(payload)
+            seen = f"{tagged} this build cannot decode: {exc}" if tagged else _quote(payload)
+            raise ForeignPeerError(self.name, seen, other_version=tagged is not None,
+                                   protocol_version=messages.PROTOCOL_VERSION) from None
+
+    async def _more_of_a_foreign_answer(self) -> bytes:
+        """What a foreign peer sent after its first four bytes, for the log line that names it: what is buffered,
+        or else what arrives within a moment (the rest of an HTTP status line, say)."""
+        if self._reader.buffer:
+            return bytes(self._reader.buffer)
+        with anyio.move_on_after(FOREIGN_PEEK_S):
+            try:
+                return await self._reader.receive(FOREIGN_PEEK_BYTES)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                pass
+        return b""
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -104,6 +134,12 @@ class StreamLink(Link):
                 await self._stream.aclose()
             except (anyio.BrokenResourceError, OSError):
                 pass
+
+
+def _quote(data: bytes, limit: int = 40) -> str:
+    """The start of what a foreign peer sent, quoted for a log line: its first line, at most ``limit`` bytes."""
+    shown = data[:limit].split(b"\r", 1)[0].split(b"\n", 1)[0]
+    return repr(shown) + ("..." if len(shown) < len(data) else "")
 
 
 class MemoryLink(Link):

@@ -262,6 +262,30 @@ def test_waiting_line_names_ranks_not_ready_and_those_not_connected() -> None:
     assert b.waiting_line() == "ranks 1..3 not ready"
 
 
+def test_timeout_line_names_the_ranks_that_never_arrived_and_the_node_to_start_e9() -> None:
+    b = book(local=(0,), dp=3)
+    b.admit_engine(hello(0, local=True, headless=False))
+    assert b.timeout_line(10.0, "10.0.0.1", 29550) == (
+        "ranks 0..2 not ready; ranks 1..2 not connected yet after --engine-ready-timeout-s (10 s): ranks 1..2 never "
+        "arrived; start the headless node that runs ranks 1..2 (--headless --data-parallel-start-rank 1) with "
+        "-dpa 10.0.0.1 -dpp 29550, or raise --engine-ready-timeout-s if they start slowly")
+
+
+def test_timeout_line_names_the_launch_of_the_deployments_mode_and_never_the_heads_own_ranks() -> None:
+    line = book(mode="hybrid", local=(0, 1)).timeout_line(600.0, "h", 1)
+    assert "ranks 2..3 never arrived; start the hybrid node that runs ranks 2..3 (--data-parallel-hybrid-lb " \
+           "--data-parallel-start-rank 2) with -dpa h -dpp 1" in line, line
+
+
+def test_timeout_line_says_ranks_that_connected_are_slow() -> None:
+    b = book(local=(0, 1), dp=2)
+    for r in (0, 1):
+        b.admit_engine(hello(r, local=True, headless=False))
+    b.engine_ready(0, None, {})
+    assert b.timeout_line(5.0, "h", 1) == ("rank 1 not ready after --engine-ready-timeout-s (5 s): raise it if "
+                                           "they only load slowly, or see their logs")
+
+
 def test_rows_list_every_node_for_server_info() -> None:
     b = book()
     entry, _ = b.admit_node(node_hello())

@@ -1,10 +1,11 @@
 import struct
 
 import anyio
+import anyio.abc
 import pytest
 
 from asyncdp import messages
-from asyncdp.errors import ProtocolError
+from asyncdp.errors import ForeignPeerError, ProtocolError
 from asyncdp.transport import connect, listen, memory_link_pair, serve_links
 
 
@@ -105,3 +106,62 @@ async def test_a_receive_cancelled_between_a_frames_header_and_payload_loses_not
         await stream.aclose()
         tg.cancel_scope.cancel()
     assert got == [first, second]
+
+
+async def _first_frame_from(answer: bytes, then: bytes = b"") -> BaseException:
+    """Connect a link to a TCP peer that answers ``answer`` (and ``then`` after the link's first frame) and return
+    what the link's receives raised."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    raised: list[BaseException] = []
+
+    async def peer(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.send(answer)
+            if then:
+                await stream.send(then)
+            await anyio.sleep_forever()
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, peer)
+        link = await connect(f"tcp:127.0.0.1:{port}")
+        with anyio.fail_after(5):
+            try:
+                while True:
+                    await link.receive()
+            except Exception as exc:
+                raised.append(exc)
+        await link.aclose()
+        tg.cancel_scope.cancel()
+    return raised[0]
+
+
+def _frame(msg_bytes: bytes) -> bytes:
+    return struct.pack(">I", len(msg_bytes)) + msg_bytes
+
+
+@pytest.mark.anyio
+async def test_an_http_answer_as_the_first_frame_is_a_foreign_peer_quoting_its_status_line():
+    exc = await _first_frame_from(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+    assert isinstance(exc, ForeignPeerError) and not exc.other_version
+    assert "HTTP/1.1 400 Bad Request" in exc.seen and "1213486160" not in str(exc)
+    assert "--data-parallel-rpc-port" in exc.handshake_problem("tcp:h:1")
+
+
+@pytest.mark.anyio
+async def test_a_first_frame_of_another_protocol_version_is_named_as_such():
+    import msgspec
+
+    newer = msgspec.msgpack.encode({"type": "NodeAccepted", "head_host": "h", "protocol_version": 99})
+    exc = await _first_frame_from(_frame(newer))
+    assert isinstance(exc, ForeignPeerError) and exc.other_version
+    assert "a NodeAccepted message of protocol_version 99" in exc.seen
+    assert f"protocol_version {messages.PROTOCOL_VERSION}" in exc.handshake_problem("tcp:h:1")
+
+
+@pytest.mark.anyio
+async def test_an_absurd_frame_size_after_the_first_frame_is_a_plain_protocol_error():
+    hello = messages.encode(messages.Heartbeat(sender="p", seq=1))
+    exc = await _first_frame_from(_frame(hello), then=b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    assert isinstance(exc, ProtocolError) and not isinstance(exc, ForeignPeerError)
+    assert "exceeds" in str(exc)
