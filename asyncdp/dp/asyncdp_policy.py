@@ -198,12 +198,14 @@ class AsyncdpPolicy(SeveralRouters):
         cap = state.cap if not self.hot_share or hashes[0] in state.hot else _INF
         full = held & deepest
         by_load = 2 * top_credit >= plen
-        if state.spill and by_load and hashes[0] in state.spill and full == held:
+        if state.spill and by_load and hashes[0] in state.spill and full == held \
+                and lo <= state.replica_depth(hashes[0]):
             if pick < 0:
                 pick = order.pour_pick(level, n_under, tie_key(req, hashes), base)
             if not (full >> pick) & 1 and index.size(pick) + nh <= index.capacity:
                 # a prefix hotter than its holders can serve: a deliberate replica (H3), of a run that is the hot
-                # prefix itself (a user's history after a shared system prompt is the user's alone: not moved)
+                # prefix itself (a user's history after a shared system prompt is the user's alone: not moved,
+                # whether other ranks hold the prefix or, its only holder, this one does: replica_depth)
                 return decisions[pick]
         # The ranks holding the whole run share one credit, so the cheapest of them under the hot-spot bound (H3)
         # is their best; it is then weighed against the cheapest rank by load. When the run is most of the prompt,
@@ -345,7 +347,7 @@ class AsyncdpPolicy(SeveralRouters):
         state.pending_reqs[r] += 1
         state.update(r)
         if hashes and state.weights.replica_headroom:
-            state.mark_spill(hashes[0], r)
+            state.mark_spill(hashes[0], r, hashes)
 
     def on_first_token(self, state: AsyncdpState, req_id: str, dp_rank: int, now_us: int) -> None:
         state.tick(now_us)

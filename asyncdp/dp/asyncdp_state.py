@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from asyncdp.dp.asyncdp_records import CostWeights, Routed
 from asyncdp.dp.deep_claims import DeepClaims
-from asyncdp.dp.owner_index import OwnerIndex
+from asyncdp.dp.owner_index import OwnerIndex, common_run
 from asyncdp.dp.phase_weights import PhaseWeights
 from asyncdp.dp.policy import Decision
 from asyncdp.dp.prefix_rates import PrefixRates
@@ -71,6 +71,9 @@ class AsyncdpState(PhaseWeights):
     cap: float = 0.0  # the hot-spot bound on load (H3), kept with load_total
     mean_load: float = 0.0  # load_total over the live ranks, kept with cap
     spill: set[int] = field(default_factory=set)  # first blocks whose next request makes a replica (mark_spill)
+    # first block of a prefix wanting replicas -> (the last prompt's hashes, the run it shared with the prompt
+    # before, the shorter of the last two such runs: how deep the prefix itself goes, ``replica_depth``)
+    runs: dict[int, tuple[tuple[int, ...], int, int]] = field(default_factory=dict)
     hot: set[int] = field(default_factory=set)  # first blocks the hot-spot bound holds for (mark_hot)
     hot_seq: int = -(1 << 62)  # rates.seq at the last dispatch of a hot prefix (mark_hot, hot_recently)
     shared: list[float] = field(default_factory=list)  # the other routers' new-prefix tokens: set_shared()
@@ -218,14 +221,27 @@ class AsyncdpState(PhaseWeights):
         if self.order is not None:
             self.order.move(i, old, new, mold, mnew)
 
-    def mark_spill(self, first: int, rank: int) -> None:
-        """After a dispatch to ``rank`` of a prompt starting with block ``first``: mark the prefix for a replica
-        (H3), so that its next request goes to the cheapest rank by load instead of a holder, when it began more
-        than ``1/(alive·headroom)`` of the recent requests (:class:`~.prefix_rates.PrefixRates`), fewer ranks than
-        ``share·alive·headroom`` hold it, and the rank it went to is now past the mean in-flight count by
-        ``REPLICA_SLACK``; unmark it otherwise. The hooks decide, so that ``select`` pays one set lookup (G7)."""
+    def mark_spill(self, first: int, rank: int, hashes: tuple[int, ...]) -> None:
+        """After a dispatch to ``rank`` of a prompt with block hashes ``hashes``: mark the prefix starting with
+        block ``first`` for a replica (H3), so that its next request goes to the cheapest rank by load instead of a
+        holder, when it began more than ``1/(alive·headroom)`` of the recent requests
+        (:class:`~.prefix_rates.PrefixRates`), fewer ranks than ``share·alive·headroom`` hold it, and the rank it
+        went to is now past the mean in-flight count by ``REPLICA_SLACK``; unmark it otherwise. The hooks decide,
+        so that ``select`` pays one set lookup (G7). While the prefix wants replicas, ``runs`` keeps how deep it
+        goes: the blocks its recent prompts have in common."""
         scale = (self.n - len(self.excluded)) * self.weights.replica_headroom  # share -> holders wanted
         want = self.rates.share(first) * scale
+        if want > 1.0:
+            last = self.runs.get(first)
+            if last is None:
+                self.runs[first] = (hashes, -1, -1)
+            else:
+                run = common_run(last[0], hashes)
+                self.runs[first] = (hashes, run, run if last[1] < 0 else min(run, last[1]))
+            if len(self.runs) > 2 * scale + 8:  # prefixes gone cold
+                self.runs = {h: v for h, v in self.runs.items() if self.rates.share(h) * scale > 1.0}
+        else:
+            self.runs.pop(first, None)
         if want > 1.0 and self.index.owners.get(first, 0).bit_count() < want \
                 and self.load[rank] > self.mean_load + REPLICA_SLACK:
             self.spill.add(first)
@@ -233,6 +249,14 @@ class AsyncdpState(PhaseWeights):
                 self.spill = {h for h in self.spill if self.rates.share(h) * scale > 1.0}
         else:
             self.spill.discard(first)
+
+    def replica_depth(self, first: int) -> int:
+        """How many blocks the prefix starting with ``first`` goes deep (the shorter of the runs its last three
+        prompts had in common), -1 while unknown. A replica copies a prompt's whole matched run: one deeper than the
+        prefix carries a user's own history along (a conversation after a shared system prompt), which no other
+        request reads, and pays a whole prefill for it."""
+        last = self.runs.get(first)
+        return -1 if last is None else last[2]
 
     def mark_hot(self, first: int) -> None:
         """After a dispatch of a prompt starting with block ``first``: the hot-spot bound (H3) holds for the prefix

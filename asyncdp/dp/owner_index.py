@@ -152,3 +152,16 @@ def prompt_hashes(req: RequestView, block_size: int) -> tuple[int, ...]:
     hashes = chain_hashes(req.tokens, block_size)
     _memo[0], _memo[1], _memo[2] = req, block_size, hashes
     return hashes
+
+
+def common_run(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading blocks two prompts' chained hashes (:func:`chain_hashes`) share: a binary search, since
+    equal hashes at block k mean equal prompts up to it."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

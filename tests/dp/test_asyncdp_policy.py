@@ -12,6 +12,7 @@ import pytest
 
 from asyncdp.dp.asyncdp_policy import REPLICA_HEADROOM, AsyncdpPolicy, AsyncdpState, prompt_hashes
 from asyncdp.dp.balance import LoadBalancer, make_policy
+from asyncdp.dp.owner_index import chain_hashes, common_run
 from asyncdp.dp.policy import Decision, RankLoad, RequestView, Snapshot
 from asyncdp.dp.prefix_rates import PrefixRates
 from asyncdp.errors import ConfigError, UnavailableError
@@ -383,6 +384,31 @@ def test_a_run_that_extends_a_hot_prefix_stays_with_its_holder():
     assert route(p, s, turn2, now_us=3) == 0
 
 
+def test_a_run_that_extends_a_hot_prefix_stays_with_its_holder_when_that_is_the_prefixs_only_holder():
+    """The same when no other rank holds the system prompt yet (every user began on one rank, and each API server
+    of several has only its own sends in its index): the prefix's whole run and the user's are then held by the
+    same one rank, yet a replica there would copy the user's history, which no one else reads. Four API servers
+    each made such a move on W5, at a whole prefill each (0.33-0.38 s of TTFT)."""
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = hot_prefix_state(p, 200)
+    history = (*PREFIX, *range(70_000, 70_000 + 10 * 16))  # this user's 10 blocks of history, on rank 0
+    route(p, s, RequestView("turn1", history), hint=0)
+    p.on_finish(s, "turn1", 0, 2)
+    first = prompt_hashes(prompt(1), 16)[0]
+    assert first in s.spill and s.index.owners[first] == 1  # marked, and rank 0 alone holds it
+    assert s.replica_depth(first) == len(PREFIX) // 16  # what the recent prompts share: the system prompt
+    turn2 = RequestView("turn2", (*history, *range(90_000, 90_016)))
+    assert route(p, s, turn2, now_us=3) == 0
+    assert route(p, s, prompt(50), now_us=4) != 0  # the prefix itself still gets its replica
+
+
+def test_common_run_counts_the_leading_blocks_two_prompts_share():
+    a = chain_hashes(tuple(range(64)), 16)
+    b = chain_hashes((*range(32), *range(100, 132)), 16)
+    assert (common_run(a, b), common_run(a, a), common_run(a, ()), common_run(a[:3], a)) == (2, 4, 0, 3)
+    assert common_run(chain_hashes(tuple(range(1, 65)), 16), a) == 0
+
+
 def test_a_replica_is_made_only_for_a_prompt_that_is_mostly_the_hot_prefix():
     """A prompt whose new content outweighs the hot prefix it starts with is priced as the miss it mostly is (by
     cost, with its hit), not sent off as a replica: a replica there pays the whole prompt to copy a small part."""
@@ -436,7 +462,7 @@ def test_at_dp_8_a_prefix_drawing_a_fourteenth_of_the_requests_gets_a_replica_un
         s.rates.bump(1 if k % 14 == 0 else 10_000 + k)
     assert s.rates.share(1) == pytest.approx(1 / 14, rel=0.05)
     s.load[0], s.mean_load = 2.0, 0.0  # its rank past the mean by more than REPLICA_SLACK
-    s.mark_spill(1, 0)
+    s.mark_spill(1, 0, (1, 2))
     assert (1 in s.spill) is marked
 
 
@@ -447,11 +473,12 @@ def test_replica_marks_of_prefixes_gone_cold_are_dropped():
     for first in range(40):  # forty prefixes, each hot in its turn (200 requests), then never seen again
         for _ in range(200):
             s.rates.bump(first)
-        s.mark_spill(first, 0)
+        s.mark_spill(first, 0, (first,))
         assert first in s.spill
     assert len(s.spill) <= 2 * 2 * REPLICA_HEADROOM + 8  # the old marks went with their share
+    assert len(s.runs) <= 2 * 2 * REPLICA_HEADROOM + 8  # and so did their depths
     s.load[0] = 0.0
-    s.mark_spill(39, 0)  # its holder is no longer loaded: unmarked
+    s.mark_spill(39, 0, (39,))  # its holder is no longer loaded: unmarked
     assert 39 not in s.spill
 
 
