@@ -28,7 +28,8 @@ Every wait on an engine has a deadline (:mod:`asyncdp.apiserver.engine_links`): 
 utility calls (``utility_timeout_s``), abort confirmations (``ABORT_ACK_TIMEOUT_S``); output streams end when
 the rank's link does. When a rank dies (``EngineDead`` or link EOF) it leaves the balancer, its requests and
 the utility calls waiting on it fail at once with ``EngineDeadError`` (and are released), its gauges drop to 0;
-the other ranks keep serving (dense, spec §13).
+the other ranks keep serving (dense, spec §13). A rank that stops in order says so first (``RankDraining``): it
+leaves the balancer's choices at once, while its own requests finish (unless it is the last one).
 
 The coordinator link is followed for the client's life (:mod:`asyncdp.apiserver.coordinator_follower`): a
 lost link, or one silent for ``heartbeat_timeout_s``, is connected and subscribed again with capped backoff;
@@ -326,6 +327,8 @@ class DPClient:
             self._on_outputs(msg)
         elif isinstance(msg, m.UtilityResult):
             self._utility.on_result(rank, msg)
+        elif isinstance(msg, m.RankDraining) and not self._shutting_down and self.lb.mark_draining(rank):
+            log.info("engine rank %d is stopping; new requests go to the other ranks while its own finish", rank)
 
     def _on_outputs(self, msg: m.EngineOutputs) -> None:
         now = time.monotonic()
@@ -356,8 +359,10 @@ class DPClient:
             self.metrics.set_inflight(dp_rank, self.inflight_of(dp_rank))
 
     def _on_engine_dead(self, rank: int, reason: str) -> None:
-        if not self._shutting_down:
-            log.error("engine rank %d is dead (%s); it leaves the load balancer", rank, reason)
+        if not self._shutting_down:  # (a rank that stopped in order was out of the balancer already)
+            log.log(logging.INFO if self.lb.is_draining(rank) else logging.ERROR,
+                    "engine rank %d is %s (%s); it leaves the load balancer",
+                    rank, "gone" if self.lb.is_draining(rank) else "dead", reason)
         if self.metrics is not None:
             self.metrics.set_engine_up(rank, False)
             self.metrics.clear_engine_state(rank)

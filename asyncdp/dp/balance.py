@@ -128,6 +128,7 @@ class LoadBalancer:
         self._owner: dict[str, int] = {}  # request_id -> local index
         self._inflight = [0] * len(ranks)
         self._dead: set[int] = set()
+        self._draining: set[int] = set()  # stopping in order: out of selection, their requests still finishing
         self.decisions = {"score": 0, "hint": 0}
 
     # ------------------------------------------------------------ views
@@ -295,7 +296,7 @@ class LoadBalancer:
         if self._owner or any(self.decisions.values()):
             return False
         self._state = self._policy.init(len(self._engines), self._client_index, self._client_count, params)
-        for i in sorted(self._dead):
+        for i in sorted(self._dead | self._draining):
             self._policy.on_rank_dead(self._state, i)
         if self._snap is not None:
             self._policy.on_snapshot(self._state, self._snap)
@@ -311,6 +312,23 @@ class LoadBalancer:
     def mark_dead(self, rank: int) -> list[str]:
         """Exclude a global rank from selection; returns the ids still in flight there (the client fails them)."""
         i = self._index[rank]
+        if i not in self._dead and i not in self._draining:
+            self._policy.on_rank_dead(self._state, i)
         self._dead.add(i)
-        self._policy.on_rank_dead(self._state, i)
         return sorted(rid for rid, j in self._owner.items() if j == i)
+
+    def mark_draining(self, rank: int) -> bool:
+        """A global rank stops in order (``RankDraining``): exclude it from selection while its requests finish
+        (a hint naming it still reaches it, and its refusal). Returns False, changing nothing, for an unknown, dead
+        or draining rank, and for the last live rank that is not draining, which then refuses requests itself:
+        its refusal says why, where "no rank is alive" would not."""
+        i = self._index.get(rank)
+        if i is None or i in self._dead or i in self._draining or all(
+                j in self._dead or j in self._draining for j in range(len(self._engines)) if j != i):
+            return False
+        self._draining.add(i)
+        self._policy.on_rank_dead(self._state, i)
+        return True
+
+    def is_draining(self, rank: int) -> bool:
+        return self._index.get(rank) in self._draining

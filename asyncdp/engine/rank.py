@@ -149,6 +149,8 @@ class EngineRank:
         self.state.shutting_down = True
         self._shutdown_deadline = anyio.current_time() + self.cfg.shutdown_timeout_s
         self._leave_at = self._shutdown_deadline + LEAVE_WAIT_S
+        for client in self.links.clients:  # so that they send new requests to the other ranks meanwhile
+            self.links.post_nowait(client, m.RankDraining(dp_rank=self.cfg.dp_rank))
         self._wake()
 
     def ready_to_leave(self) -> bool:

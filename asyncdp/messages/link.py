@@ -16,8 +16,8 @@ from asyncdp.sampling_params import SamplingParams
 
 PROTOCOL_VERSION = 6  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
 # 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"; 6: the ranks' cache_fill
-# (SchedulerStats, RankStats, StatsSnapshot), StructuredOutputs.param, and the leaving flag at the end of the MoE
-# sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths)
+# (SchedulerStats, RankStats, StatsSnapshot), StructuredOutputs.param, RankDraining, and the leaving flag at the end
+# of the MoE sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths)
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
@@ -222,6 +222,13 @@ class EngineDead(_Msg, frozen=True):
     reason: str
 
 
+class RankDraining(_Msg, frozen=True):
+    """Engine -> every client: this rank stops in order (its node or process got a stop): its requests finish,
+    within its drain bound, and new ones go to the other ranks [ours]."""
+
+    dp_rank: int
+
+
 # ---------------------------------------------------------------- coordinator
 
 
@@ -364,7 +371,7 @@ class NodeShutdown(_Msg, frozen=True):
 
 Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
-    AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead,
+    AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead, RankDraining,
     Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
     PrefixClaim, PrefixOwner, PrefixPlaced,
     StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeTopology,

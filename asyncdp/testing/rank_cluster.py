@@ -72,6 +72,7 @@ class FakeRankClient:
         self._utility_done: dict[int, anyio.Event] = {}
         self.stats: dict[int, list[m.SchedulerStats]] = {r: [] for r in range(n)}
         self.dead: dict[int, str] = {}
+        self.draining: dict[int, float] = {}  # rank -> when its RankDraining arrived
         self._ids = itertools.count(1)
         self.send_first_request = True
         self.stats_arrived = anyio.Event()
@@ -103,6 +104,8 @@ class FakeRankClient:
                 self._utility_done.setdefault(msg.call_id, anyio.Event()).set()
             elif isinstance(msg, m.EngineDead):
                 self.dead[rank] = msg.reason
+            elif isinstance(msg, m.RankDraining):
+                self.draining[rank] = anyio.current_time()
 
     async def _follow_coordinator(self) -> None:
         await self.coord.send(m.Subscribe(client_id=0))

@@ -209,6 +209,37 @@ def test_all_dead_raises_unavailable():
         lb.select("a")
 
 
+@pytest.mark.parametrize("policy", ["vllm", "asyncdp", "sglang_cache_aware", "session_hash"])
+def test_a_draining_rank_gets_no_new_request_while_its_own_finish(policy):
+    lb = LoadBalancer([0, 1, 2], policy=policy)
+    owners = {lb.select(f"r{i}", list(range(100 * i, 100 * i + 40)), routing_key=f"k{i}") for i in range(9)}
+    assert 1 in owners
+    before = lb.inflight_of(1)
+    assert lb.mark_draining(1) and lb.is_draining(1) and not lb.mark_draining(1)
+    picks = [lb.select(f"s{i}", list(range(5000 + 100 * i, 5000 + 100 * i + 40)), routing_key=f"k{i}")
+             for i in range(12)]
+    assert set(picks) <= {0, 2} and lb.inflight_of(1) == before  # its own requests stay counted there
+    assert lb.select("pinned", [1, 2, 3], rank_hint=1) == 1  # a hint still reaches it (and its refusal)
+    for rid in [r for r in (f"r{i}" for i in range(9)) if lb.owner(r) == 1]:
+        assert lb.on_finish(rid) == 1
+    assert lb.mark_dead(1) == ["pinned"] and lb.dead_ranks == [1]  # its link closes once it is done
+
+
+def test_the_last_rank_that_is_not_draining_is_never_excluded():
+    lb = LoadBalancer([0, 1])
+    assert lb.mark_draining(0)
+    assert not lb.mark_draining(1) and not lb.is_draining(1)  # it refuses new requests itself, saying why
+    assert {lb.select(f"r{i}") for i in range(4)} == {1}
+    assert not lb.mark_draining(7)  # not one of this client's ranks
+
+
+def test_a_draining_rank_stays_excluded_when_the_engines_params_reinitialise_the_policy():
+    lb = LoadBalancer([0, 1, 2], policy="asyncdp")
+    assert lb.mark_draining(2)
+    assert lb.set_engine_params({"kv_blocks_per_rank": 1000, "block_size_tokens": 16})
+    assert 2 not in {lb.select(f"r{i}", list(range(100 * i, 100 * i + 40))) for i in range(9)}
+
+
 def test_snapshot_is_sliced_to_managed_range():
     lb = LoadBalancer([2, 3], policy="vllm")
     lb.on_snapshot([[9, 9, 0.0], [9, 9, 0.0], [5, 0, 0.0], [1, 0, 0.0]])

@@ -125,6 +125,40 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
         dep.stop()
 
 
+async def test_a_headless_node_stopping_in_order_gets_no_new_requests_while_its_own_drain(tmp_path: Path) -> None:
+    """SIGTERM on a dense headless node with --shutdown-timeout 5: its rank tells the API servers it is stopping
+    (``RankDraining``), so new requests go to rank 0 while its own requests drain. Before, about half of them went
+    to the draining rank and got 503 "engine rank 1 is shutting down" though rank 0 was free."""
+    longer = ("--max-model-len", "2048")  # room for a stream that outlasts the drain
+    specs = (head("-dp", "2", "-dpl", "1", *longer),
+             headless("-dp", "2", "-dpl", "1", "-dpr", "1", "--shutdown-timeout", "5", *longer))
+    with deployment(tmp_path, *specs) as dep:
+        hd, hl = dep.node("head"), dep.node("headless")
+        out: list[tuple[object, ...]] = []
+        started = anyio.Event()
+        async with httpx.AsyncClient(base_url=hd.base_url, timeout=60.0) as http:
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    # too long to finish within the drain: rank 1 drains for the whole 5 s
+                    tg.start_soon(partial(stream_completion, http, started, out, data_parallel_rank=1,
+                                          max_tokens=2000))
+                    await started.wait()
+                    dep.remember_trees()
+                    hl.process.send_signal(signal.SIGTERM)
+                    while "engine rank 1 is stopping" not in hd.log():  # noqa: ASYNC110 - another process
+                        await anyio.sleep(0.05)  # poll interval of a log file, bounded by the deadline above
+                    answers = [await http.post("/v1/completions", json={"model": MODEL, "prompt": f"during {i}",
+                                                                         "max_tokens": 2}) for i in range(8)]
+                    draining = "engine rank 1 is gone" not in hd.log()  # the answers came during the drain
+        assert [r.status_code for r in answers] == [200] * 8, [r.text for r in answers]
+        assert draining, dep.logs()
+        assert len(out) == 1 and out[0][0] == "error" and "engine rank 1 stopped" in str(out[0][1]), out
+        assert await wait_code(hl, 20, dep) == 0, dep.logs()
+        assert "engine rank 1 is dead" not in hd.log(), dep.logs()  # an orderly stop, not a death
+        dep.drop("headless")
+        dep.stop()
+
+
 async def _both_fail(tmp_path: Path, head_args: tuple[str, ...], headless_args: tuple[str, ...]) -> Deployment:
     dep = start(tmp_path, (head(*head_args), headless(*headless_args)))
     try:

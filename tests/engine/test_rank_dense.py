@@ -215,6 +215,22 @@ async def test_shutdown_aborts_frozen_requests_at_the_drain_deadline(autojump_cl
 
 
 @pytest.mark.trio
+async def test_a_stopping_rank_tells_its_clients_at_once_so_they_route_around_it(autojump_clock):
+    """``RankDraining`` goes out when the drain starts, not when it ends: the clients send new requests to the other
+    ranks meanwhile. A second stop request sends nothing more."""
+    async with open_rank(shutdown_timeout_s=5.0) as (rank, client, _, _, ended):
+        long = await client.add(0, "long", max_tokens=10_000)
+        await trio.sleep(0.01)
+        start = trio.current_time()
+        rank.request_shutdown()
+        rank.request_shutdown()
+        with trio.fail_after(30):
+            await ended.wait()
+        assert list(client.draining) == [0] and client.draining[0] - start < 0.01
+        assert long.finished_at is not None and client.draining[0] < long.finished_at  # told while it drained
+
+
+@pytest.mark.trio
 async def test_a_request_abandoned_at_the_drain_deadline_says_so_and_names_the_rank(autojump_clock):
     """The rank alone stops (a signal, its launcher's death): its clients are not shutting down, so a bare
     ``abort`` would read as a normal end; the output says the rank abandoned it. One that finished before the
