@@ -139,7 +139,7 @@ async def test_a_headless_node_stopping_in_order_gets_no_new_requests_while_its_
         async with httpx.AsyncClient(base_url=hd.base_url, timeout=60.0) as http:
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
-                    # too long to finish within the drain: rank 1 drains for the whole 5 s
+                    # long enough that rank 1 still drains while the requests below are answered (checked)
                     tg.start_soon(partial(stream_completion, http, started, out, data_parallel_rank=1,
                                           max_tokens=2000))
                     await started.wait()
@@ -152,7 +152,9 @@ async def test_a_headless_node_stopping_in_order_gets_no_new_requests_while_its_
                     draining = "engine rank 1 is gone" not in hd.log()  # the answers came during the drain
         assert [r.status_code for r in answers] == [200] * 8, [r.text for r in answers]
         assert draining, dep.logs()
-        assert len(out) == 1 and out[0][0] == "error" and "engine rank 1 stopped" in str(out[0][1]), out
+        # the pinned stream finishes, or is cut at the drain deadline with the reason: never a 200 cut short
+        assert len(out) == 1 and (out[0] == ("done", 2000, "length") or (
+            out[0][0] == "error" and "engine rank 1 stopped" in str(out[0][1]))), out
         assert await wait_code(hl, 20, dep) == 0, dep.logs()
         assert "engine rank 1 is dead" not in hd.log(), dep.logs()  # an orderly stop, not a death
         dep.drop("headless")
