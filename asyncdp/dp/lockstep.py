@@ -46,7 +46,11 @@ wait for the group to go idle: once it has nothing left and its own bound has pa
 its clock: ``leaving``), it raises the last flag of its sync vector. The sync that sums it to more than 0 is the
 group's last collective on every rank: all of them see the same sum, so all stop at the same collective
 (``group_left``). The leavers then say ``Goodbye``; the others never step again and wait for the coordinator's
-``Teardown`` (or their own stop). A rank that stops while the group is idle needs no sync: it leaves at once.
+``Teardown`` (or their own stop). A rank that stops while the group is idle leaves through a sync too: it wakes
+the group (:meth:`Lockstep.wake`, as a rank with new work would) and raises the flag at that wave's first sync.
+Leaving without a collective would let a request that reaches a peer meanwhile start a wave whose all-reduce meets
+the departed rank (with gloo: "Connection closed by peer", an engine death). Only a group paused by consensus
+(§8.6), which ignores ``StartWave``, is left without one.
 
 Invariants: ``step_counter`` advances once per forward on every rank, and :meth:`needs_sync` depends only on it
 and on ``dense`` and ``next_sync``, functions of earlier all-reduces' sums, identical on every rank (spec §8.3: the
@@ -169,6 +173,15 @@ class Lockstep:
             self.engines_running = True  # the client's wave already completed: restart the group
             return StartWaveRequest(self.dp_rank, self.current_wave)
         return None
+
+    def wake(self) -> StartWaveRequest | None:
+        """Start a wave from this idle rank so that the group reaches a sync (a stopping rank leaves at it);
+        returns the ``StartWaveRequest`` that wakes the peers. None when the group already runs (its next sync
+        comes anyway), has ended, or is paused by consensus (it ignores ``StartWave``: no sync would come)."""
+        if self.group_left or self.engines_running or self.ignore_start_wave:
+            return None
+        self.engines_running = True
+        return StartWaveRequest(self.dp_rank, self.current_wave)
 
     # ------------------------------------------------------------ the loop (§8.3)
 

@@ -21,10 +21,13 @@ Wave messages (§8.4): ``StartWave`` wakes this rank unless it is excluded, stal
 stamped with an already-completed wave restarts the group through ``StartWaveRequest``. After every wave
 transition the rank sends its scheduler stats (wave, running flag, dummy-step and wave counters) to client 0.
 
-Shutdown (§8.7): a draining rank keeps dummy-stepping while its peers have work and leaves when the group is
-idle, saying ``Goodbye`` to the coordinator first. Its peers may never go idle (steady traffic), so once it is
-drained and ``LEAVE_WAIT_S`` past its drain deadline (``ready_to_leave``) it raises the leaving flag of the next
-sync: that sync is the group's last collective on every rank. The leaver says ``Goodbye``; every other rank
+Shutdown (§8.7): a draining rank keeps dummy-stepping while its peers have work. When the group is idle it wakes
+it (``StartWaveRequest``, as a rank with new work would) and raises the leaving flag of that wave's first sync.
+Its peers may never go idle (steady traffic), so once it is drained and ``LEAVE_WAIT_S`` past its drain deadline
+(``ready_to_leave``) it raises the leaving flag of the next sync. Either way that sync is the group's last
+collective on every rank; no rank leaves between collectives, so no peer can start a wave (a request arriving
+meanwhile) whose all-reduce meets a departed rank. Only a group paused by consensus, which ignores the wake-up,
+is left at once. The leaver says ``Goodbye``; every other rank
 abandons its requests (an error naming the cause, never a cut-short answer), refuses new ones, never steps again,
 and waits for the coordinator's ``Teardown`` or its own stop. Without that agreement the leaver could only hang in
 dummy steps until its launcher killed it, or vanish and leave its peers blocked in a collective.
@@ -121,6 +124,7 @@ class LockstepLoop:
         self.state = Lockstep(cfg.dp_rank, cfg.dp_size, cfg.sync_interval, cadence=cfg.sync_cadence,
                               has_coordinator=rank.coordinator is not None)
         self._reported: tuple[int, bool] = (self.state.current_wave, self.state.engines_running)
+        self._leave_idle = False  # stopping and drained, this rank woke the idle group to leave at its next sync
 
     async def run(self) -> None:
         try:
@@ -133,10 +137,10 @@ class LockstepLoop:
         while True:
             if not ls.should_step(core.has_steppable_work()):
                 if rank.state.shutting_down and not core.has_unfinished():
-                    log.info("rank %d: drained and the group is idle; leaving the group", rank.cfg.dp_rank)
-                    await rank.send_coordinator(m.Goodbye(dp_rank=rank.cfg.dp_rank))
-                    return
-                await rank.wait_input()
+                    if not await self._wake_to_leave():
+                        return  # a group paused by consensus: left without a sync
+                else:
+                    await rank.wait_input()
             await rank.drain_inbox()
             rank.apply_shutdown_policy()
             rank.complete_pauses()
@@ -154,7 +158,7 @@ class LockstepLoop:
                 await rank.run_dummy()
             if ls.advance():
                 horizon = forwards_to_drain(core.scheduler) if local_unfinished else 0
-                leaving = rank.ready_to_leave()
+                leaving = self._leave_idle or rank.ready_to_leave()
                 ls.apply_sums(await self.group.all_reduce(ls.sync_flags(local_unfinished, horizon, leaving), "sum"))
                 if ls.group_left:  # that was the group's last collective
                     await self._after_group_left(leaving)
@@ -163,13 +167,34 @@ class LockstepLoop:
             rank.complete_pauses()
             await self._report_transition()
 
+    async def _wake_to_leave(self) -> bool:
+        """Stopping, drained and the group idle: wake the group, so that this rank leaves at the first sync of
+        the new wave, the group's last collective on every rank (a departure without a collective would let a
+        peer start a wave meanwhile whose all-reduce meets the departed rank). True: go on and step to that sync.
+        False (a group paused by consensus ignores the wake-up, so no sync would come): left at once, Goodbye."""
+        rank, dp_rank = self.rank, self.rank.cfg.dp_rank
+        ls = self.state
+        if ls.ignore_start_wave:
+            log.info("rank %d: drained and the group is paused; leaving the group", dp_rank)
+            await rank.send_coordinator(m.Goodbye(dp_rank=dp_rank))
+            return False
+        if not self._leave_idle:
+            log.info("rank %d: drained and the group is idle; waking it to leave at its next sync", dp_rank)
+            self._leave_idle = True
+        await self._request_wave(ls.wake())
+        await self._report_transition()
+        return True
+
     async def _after_group_left(self, leaving: bool) -> None:
         """After the sync that ended the group: the leaver says ``Goodbye``; any other rank abandons its requests,
         then only waits (no step, no collective) for the teardown that ends its run, or for its own stop."""
         rank, dp_rank = self.rank, self.rank.cfg.dp_rank
         if leaving:
-            log.info("rank %d: drained; leaving the group while its peers still have work (%g s past the drain "
-                     "deadline)", dp_rank, LEAVE_WAIT_S)
+            if self._leave_idle:
+                log.info("rank %d: drained and the group is idle; leaving the group", dp_rank)
+            else:
+                log.info("rank %d: drained; leaving the group while its peers still have work (%g s past the drain "
+                         "deadline)", dp_rank, LEAVE_WAIT_S)
             await rank.send_coordinator(m.Goodbye(dp_rank=dp_rank))
             return
         log.warning("rank %d: a stopping rank left the MoE group; abandoning this rank's requests and waiting for "

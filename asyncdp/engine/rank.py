@@ -24,8 +24,8 @@ group reached consensus and stopped), ``resume()`` unpauses, ``is_paused()``.
 
 Shutdown (spec §8.7): ``request_shutdown()`` stops intake; with ``shutdown_timeout_s == 0`` every request is
 aborted at once, otherwise the rank drains until the deadline and then aborts the rest; the loop then returns
-(a MoE rank first waits until the group is idle, or until ``LEAVE_WAIT_S`` past its drain deadline, and sends
-``Goodbye``: :mod:`asyncdp.engine.lockstep_loop`).
+(a MoE rank first waits until the group is idle, or until ``LEAVE_WAIT_S`` past its drain deadline, leaves at a
+sync every rank shares, waking an idle group for it, and sends ``Goodbye``: :mod:`asyncdp.engine.lockstep_loop`).
 
 Teardown and fatal errors (spec §8.8, §13): ``Teardown`` from the coordinator, or the loss of the coordinator
 in MoE mode, is acted on by the link reader at once, even while the loop is blocked in a collective or on the

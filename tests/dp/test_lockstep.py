@@ -387,3 +387,14 @@ def test_a_sync_that_sees_a_rank_leave_is_the_groups_last_collective():
             ls.begin_pause("abort")
         with pytest.raises(PauseError, match="ended"):
             ls.resume()
+
+
+def test_wake_starts_a_wave_from_an_idle_rank_only():
+    ls = Lockstep(1, 2, 8)
+    assert ls.wake() == StartWaveRequest(1, 0) and ls.engines_running  # idle: wake the peers
+    assert ls.wake() is None  # already running: its next sync comes anyway
+    ls.apply_sync(0, 0, horizon_counts=(), sum_leaving=1)
+    assert ls.group_left and ls.wake() is None  # an ended group never restarts
+    paused = Lockstep(0, 2, 8)
+    paused.ignore_start_wave = True  # paused by consensus: the peers would ignore StartWave
+    assert paused.wake() is None and not paused.engines_running

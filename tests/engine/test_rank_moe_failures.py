@@ -223,3 +223,49 @@ async def test_a_fatal_error_in_one_ranks_forward_tears_the_group_down(autojump_
         assert all(isinstance(c.outcomes[r], RankTornDown) for r in (0, 2))
         assert isinstance(c.coordinator_outcome[0], EngineDeadError)
         assert not res.done.is_set()
+
+
+@pytest.mark.trio
+async def test_a_rank_stopped_while_its_group_is_idle_ends_the_group_at_a_shared_collective(autojump_clock):
+    # The defect: the stopping rank found the group idle and left without a collective (Goodbye, exit), so a request
+    # that reached its peer within the coordinator's grace started a wave whose all-reduce met the departed rank:
+    # with gloo a crash ("Connection closed by peer") and a 503 that named it. Now the leave is agreed at a sync.
+    async with open_cluster(2) as c:
+        warm = await c.client.add(0, "warm", max_tokens=4)
+        with trio.fail_after(1.0):
+            await warm.done.wait()
+            await c.wait_reported_idle()
+        c.ranks[1].request_shutdown()
+        with trio.fail_after(1.0):
+            await c.ended[1].wait()
+        assert c.outcomes[1] is None  # an orderly end: Goodbye
+        assert c.groups[0].num_calls == c.groups[1].num_calls  # the same last collective: rank 0 cannot start one
+        late = await c.client.add(0, "late", max_tokens=4)
+        with trio.fail_after(0.1):
+            await late.done.wait()
+        assert late.error_type == "unavailable", (late.error_type, late.error)
+        assert late.error == "engine rank 0 cannot serve: its MoE group ended (a stopping rank left it)"
+        assert 0 not in c.client.dead  # no EngineDead: rank 0 did not die
+        with trio.fail_after(PEER_STOP_GRACE_S + 1.0):  # Goodbye -> Teardown after the coordinator's grace
+            await c.ended[0].wait()
+            await c.coordinator_ended.wait()
+        assert isinstance(c.outcomes[0], RankTornDown) and "rank 1 shut down" in str(c.outcomes[0])
+        assert c.coordinator_outcome == [None]
+
+
+@pytest.mark.trio
+async def test_a_request_racing_the_idle_leave_is_refused_cleanly(autojump_clock):
+    # The request reaches rank 0 while rank 1 is still on its way out of an idle group: whichever comes first,
+    # rank 0 never blocks in (or dies in) a collective with a departed rank; the request is refused cleanly.
+    async with open_cluster(2) as c:
+        c.ranks[1].request_shutdown()
+        late = await c.client.add(0, "late", max_tokens=4)
+        with trio.fail_after(1.0):
+            await late.done.wait()
+            await c.ended[1].wait()
+        assert c.outcomes[1] is None
+        # refused, or admitted and then abandoned at the group's end: either way the clean reason, never a crash
+        assert late.error_type in ("unavailable", "abandoned"), late
+        assert late.error == "engine rank 0 cannot serve: its MoE group ended (a stopping rank left it)", late
+        assert 0 not in c.client.dead
+        assert c.groups[0].num_calls == c.groups[1].num_calls
