@@ -61,7 +61,7 @@ from asyncdp.coordinator.peers import (
 from asyncdp.dp import wave as W
 from asyncdp.dp.liveness import PEER_STOP_GRACE_S, check_heartbeat_settings
 from asyncdp.dp.prefix_directory import LONG_PLACEMENT_TOKENS, PrefixDirectory
-from asyncdp.dp.stats import StatsBook
+from asyncdp.dp.stats import Publication, StatsBook
 from asyncdp.errors import (
     AsyncDPError,
     ConfigError,
@@ -281,7 +281,7 @@ class Coordinator:
             if item is None:
                 pub = self.book.take_snapshot(anyio.current_time())
                 if pub is not None:
-                    self._publish(pub.counts, pub.prefill_tokens, pub.cache_fill)
+                    self._publish(pub)
                 continue
             if await self._handle(item):
                 return
@@ -306,24 +306,21 @@ class Coordinator:
                 peer = self.clients.get(key)
                 if peer is not None:
                     self.seq += 1
-                    peer.send_nowait(self._snapshot(None) if self.config.external_lb
-                                     else self._snapshot(self.book.counts, self.book.prefill_tokens,
-                                                         self.book.cache_fill))
+                    peer.send_nowait(self._snapshot(Publication(None) if self.config.external_lb
+                                                    else self.book.current()))
                 return False
             case W.EngineLost():
                 return await self._perform(self.machine.handle(item))
             case _:
                 raise ProtocolError(f"DP coordinator: unknown inbox item {item!r}")
 
-    def _snapshot(self, counts: Any, prefill_tokens: list[int] | None = None,
-                  cache_fill: list[float] | None = None) -> StatsSnapshot:
-        return StatsSnapshot(counts=counts, wave=self.machine.current_wave, running=self.machine.running,
-                             seq=self.seq, prefill_tokens=prefill_tokens, cache_fill=cache_fill)
+    def _snapshot(self, pub: Publication) -> StatsSnapshot:
+        return StatsSnapshot(counts=pub.counts, wave=self.machine.current_wave, running=self.machine.running,
+                             seq=self.seq, prefill_tokens=pub.prefill_tokens, cache_fill=pub.cache_fill)
 
-    def _publish(self, counts: Any, prefill_tokens: list[int] | None = None,
-                 cache_fill: list[float] | None = None) -> None:
+    def _publish(self, pub: Publication) -> None:
         self.seq += 1
-        snap = self._snapshot(counts, prefill_tokens, cache_fill)
+        snap = self._snapshot(pub)
         for peer in list(self.clients.values()):
             peer.send_nowait(snap)
 
@@ -334,7 +331,7 @@ class Coordinator:
                 for peer in list(self.engines.values()):
                     peer.send_nowait(msg)
             elif isinstance(action, W.PublishWave):
-                self._publish(None)
+                self._publish(Publication(None))
             elif isinstance(action, W.LogProtocolError):
                 log.error("protocol error: %s", action.message)
             elif isinstance(action, W.MarkDead):

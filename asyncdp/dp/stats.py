@@ -68,6 +68,10 @@ class StatsBook:
     def cache_fill(self) -> list[float]:
         return list(self._fill)
 
+    def current(self) -> Publication:
+        """Every rank's latest stats, as a snapshot for a client that just joined."""
+        return Publication(self.counts, self.prefill_tokens, self.cache_fill)
+
     def on_rank_stats(self, dp_rank: int, num_waiting: int, num_running: int, kv_cache_usage: float,
                       step: int = 0, wave: int = 0, prefill_tokens: int = 0, cache_fill: float = 0.0) -> bool:
         """Apply one rank's stats (§6.2); returns False when dropped (unknown or dead rank, external mode)."""
