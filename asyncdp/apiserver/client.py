@@ -393,9 +393,8 @@ class DPClient:
         self.current_wave = snap.wave
         self.wave_running = snap.running
         self._load.on_snapshot(snap, time.monotonic())
-        if snap.counts is not None:
-            self.lb.on_snapshot(snap.counts, seq=snap.seq, now_us=now_us(), prefill_tokens=snap.prefill_tokens,
-                                cache_fill=snap.cache_fill)
+        self.lb.on_snapshot(snap.counts, seq=snap.seq, now_us=now_us(), prefill_tokens=snap.prefill_tokens,
+                            cache_fill=snap.cache_fill)  # (counts None, wave-only: it changes nothing)
 
     def server_info(self) -> dict[str, Any]:
         return client_server_info(self)

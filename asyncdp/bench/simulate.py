@@ -88,17 +88,13 @@ class ClusterSpec:
     routers: int = 1
     lockstep: bool = False
     telemetry: str = "vllm_coord"
-    #: How arrivals reach the routers (C5): ``index`` (request i to router i mod R) or ``key`` (a request with a
-    #: routing key to the router its key hashes to, as an upstream balancer with session affinity would; one
-    #: without a key by index).
-    router_assign: str = "index"
+    router_assign: str = "index"  # how arrivals reach the routers (C5): asyncdp.bench.arrivals.router_of
 
     def __post_init__(self) -> None:
         if self.dp_size < 1 or self.routers < 1:
             raise ConfigError(f"--dp and --routers must be >= 1 (got {self.dp_size} and {self.routers}).")
         if self.router_assign not in ROUTER_ASSIGN:
-            raise ConfigError(f"unknown router assignment {self.router_assign!r}; use one of "
-                              f"{', '.join(ROUTER_ASSIGN)}.")
+            raise ConfigError(f"unknown router assignment {self.router_assign!r}; use {' or '.join(ROUTER_ASSIGN)}.")
         if self.telemetry not in TELEMETRY:
             raise ConfigError(f"unknown telemetry preset {self.telemetry!r}; this simulator plays "
                               f"{', '.join(TELEMETRY)}.")
@@ -232,9 +228,8 @@ class _Driver:
     """Sends the workload's records per the send rule and logs what the clients see (module docstring)."""
 
     def __init__(self, workload: Workload, cluster: SimCluster, answers: dict[str, list[int]], seed: int,
-                 closed_concurrency: int | None, router_assign: str = "index") -> None:
-        self.w = workload
-        self.router_assign = router_assign
+                 closed_concurrency: int | None, router_assign: str) -> None:
+        self.w, self.router_assign = workload, router_assign
         self.cluster = cluster
         self.answers = answers
         self.mat = Materialiser(workload.seed, workload.vocab_size)
@@ -254,9 +249,8 @@ class _Driver:
         self.rng = stream_rng(seed, "dispatch")  # the gaps: the same sequence under every policy (C1)
         self.pick_rng = stream_rng(seed, "dispatch/pick")  # the ready-queue picks (their draws vary with its size)
         self.ready: list[Record] = []
-        # Two waiters, two events: the dispatcher waits for a ready record, the drain for any change. One event
-        # shared by both, each replacing it before waiting, lost the dispatcher's wake-up (W4 full hung to the
-        # deadline with a record left in the ready queue).
+        # Two waiters, two events: the dispatcher waits for a ready record, the drain for any change (one shared
+        # event, each replacing it before waiting, lost the dispatcher's wake-up: W4 full hung to the deadline).
         self.ready_added = anyio.Event()
         self.state_changed = anyio.Event()
         self.end_s = math.inf if workload.duration_s is None or closed_concurrency else workload.duration_s

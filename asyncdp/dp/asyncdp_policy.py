@@ -385,8 +385,7 @@ class AsyncdpPolicy(SeveralRouters):
             else:
                 state.others_tok[i] = ow * state.avg_prefill + (other - ow) * state.avg_decode
             state.kv[i] = x.kv_usage
-            if state.num_routers > 1:
-                state.fill[i] = x.cache_fill
+            state.fill[i] = x.cache_fill if state.num_routers > 1 else 0.0  # one router: its own index
         at = snap.delivered_at_us or state.clock_us
         state.note_period(at)
         state.snap_at_us = at
