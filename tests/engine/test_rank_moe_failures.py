@@ -29,6 +29,16 @@ async def crash(c, r: int) -> None:
     await c.coordinator_links[r].aclose()
 
 
+async def torn_down_after_the_grace(c) -> None:
+    """Rank 1 left the group in order: rank 0 is torn down once the coordinator's grace has passed (Goodbye ->
+    Teardown), naming rank 1, and the coordinator ends in order."""
+    with trio.fail_after(PEER_STOP_GRACE_S + 1.0):
+        await c.ended[0].wait()
+        await c.coordinator_ended.wait()
+    assert isinstance(c.outcomes[0], RankTornDown) and "rank 1 shut down" in str(c.outcomes[0])
+    assert c.coordinator_outcome == [None]
+
+
 @pytest.mark.trio
 async def test_engine_link_eof_at_the_coordinator_tears_the_group_down(autojump_clock):
     async with open_cluster(3) as c:
@@ -140,11 +150,7 @@ async def test_a_rank_stopped_while_its_peer_never_idles_leaves_after_its_bound_
             await late.done.wait()
         assert late.error_type == "unavailable" and "MoE group ended" in (late.error or "")
         assert c.ranks[1].state.shutting_down and c.groups[0].num_calls == c.groups[1].num_calls
-        with trio.fail_after(PEER_STOP_GRACE_S + 1.0):  # Goodbye -> Teardown after the coordinator's grace
-            await c.ended[0].wait()
-            await c.coordinator_ended.wait()
-        assert isinstance(c.outcomes[0], RankTornDown) and "rank 1 shut down" in str(c.outcomes[0])
-        assert c.coordinator_outcome == [None]
+        await torn_down_after_the_grace(c)
 
 
 @pytest.mark.trio
@@ -246,11 +252,7 @@ async def test_a_rank_stopped_while_its_group_is_idle_ends_the_group_at_a_shared
         assert late.error_type == "unavailable", (late.error_type, late.error)
         assert late.error == "engine rank 0 cannot serve: its MoE group ended (a stopping rank left it)"
         assert 0 not in c.client.dead  # no EngineDead: rank 0 did not die
-        with trio.fail_after(PEER_STOP_GRACE_S + 1.0):  # Goodbye -> Teardown after the coordinator's grace
-            await c.ended[0].wait()
-            await c.coordinator_ended.wait()
-        assert isinstance(c.outcomes[0], RankTornDown) and "rank 1 shut down" in str(c.outcomes[0])
-        assert c.coordinator_outcome == [None]
+        await torn_down_after_the_grace(c)
 
 
 @pytest.mark.trio
