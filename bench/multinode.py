@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.serving import (  # noqa: E402
     ROOT,
     ServerStartError,
+    _log_tail,
     check_output,
     exit_on_sigterm,
     free_port,
@@ -89,12 +90,11 @@ def wait_healthy(urls: list[str], procs: dict[str, subprocess.Popen[bytes]], log
         time.sleep(0.2)
 
 
-def _tail(log: Path, lines: int = 15) -> str:
-    try:
-        tail = log.read_text(errors="replace").strip().splitlines()[-lines:]
-    except OSError:
-        return ""
-    return f"; the last lines of {log}:\n" + "\n".join(f"  {line}" for line in tail) if tail else ""
+def _tail(log: Path) -> str:
+    """The log's last lines, as a failed start reports them (bench.serving's reader, on the file every launch
+    appends to)."""
+    with open(log, "rb") as f:
+        return _log_tail(f)
 
 
 async def burst(urls: list[str], n: int, concurrency: int, max_tokens: int) -> tuple[float, list[float]]:
