@@ -94,6 +94,7 @@ class DPClient:
         self._utility = UtilityCalls(cfg.client_index)
         self._shutting_down = False
         self._abandon_reason = "the server is shutting down"
+        self._num_drained = 0  # requests completed since begin_shutdown
         self.current_wave = 0
         self.wave_running = False
         self.coordinator = CoordinatorFollower(
@@ -156,6 +157,12 @@ class DPClient:
     def num_inflight(self) -> int:
         """Admission slots in use: requests in flight plus slots reserved by :meth:`admit` and not yet taken."""
         return self._slots.num_inflight
+
+    @property
+    def num_drained(self) -> int:
+        """Requests that completed normally since :meth:`begin_shutdown` (the "drained" of the stopped line); one
+        that failed or was aborted meanwhile does not count."""
+        return self._num_drained
 
     async def wait_idle(self) -> None:
         """Return once no request of this client is in flight and no admission slot is reserved."""
@@ -346,6 +353,8 @@ class DPClient:
     def _release(self, req: RequestStream) -> None:
         """Give back the request's slot and its balancer count (idempotent)."""
         if self._requests.pop(req.request_id, None) is not None:
+            if self._shutting_down and req.completed:
+                self._num_drained += 1
             self._slots.changed()
             rank = self.lb.on_finish(req.request_id, now_us())
             if rank is not None:
