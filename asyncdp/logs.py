@@ -84,8 +84,11 @@ def serving_line(*, model: str, model_path: str | None, scheme: str, host: str, 
 class DrainCounts:
     """What one API server's shutdown did with its in-flight requests."""
 
-    drained: int = 0  # in flight when the shutdown began and finished before the drain deadline
-    aborted: int = 0  # still in flight at the deadline (or with --shutdown-timeout 0): abandoned with an error
+    drained: int = 0  # in flight when the shutdown began and completed normally before the drain deadline
+    # every other request in flight then: failed during the drain (its rank died, a second signal killed it),
+    # aborted (by its caller, an operator, its rank's own deadline), or abandoned at the deadline (or at once, with
+    # --shutdown-timeout 0)
+    aborted: int = 0
 
 
 def stopped_line(counts: list[DrainCounts], *, exit_status: int, unreported: int = 0) -> str:

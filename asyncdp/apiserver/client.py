@@ -26,10 +26,9 @@ exit, and an abort outside shutdown (``POST /pause?mode=abort``), end as a norma
 
 Every wait on an engine has a deadline (:mod:`asyncdp.apiserver.engine_links`): sends (``ENGINE_SEND_TIMEOUT_S``),
 utility calls (``utility_timeout_s``), abort confirmations (``ABORT_ACK_TIMEOUT_S``); output streams end when
-the rank's link does. When a rank dies (``EngineDead`` or link EOF) it leaves the balancer, its requests and
-the utility calls waiting on it fail at once with ``EngineDeadError`` (and are released), its gauges drop to 0;
-the other ranks keep serving (dense, spec §13). A rank that stops in order says so first (``RankDraining``): it
-leaves the balancer's choices at once, while its own requests finish (unless it is the last one).
+the rank's link does. What arrives on the links (outputs, utility results, ``RankDraining``, a rank's death) and
+the coordinator's snapshots are handled by :class:`~asyncdp.apiserver.engine_events.EngineEvents`, which the
+client composes over its balancer and request streams.
 
 The coordinator link is followed for the client's life (:mod:`asyncdp.apiserver.coordinator_follower`): a
 lost link, or one silent for ``heartbeat_timeout_s``, is connected and subscribed again with capped backoff;
@@ -40,7 +39,6 @@ paused (spec §6.5).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -54,20 +52,19 @@ from asyncdp.api.engine_client import Admission, RankHint
 from asyncdp.apiserver.admission import AdmissionSlots, ClientAdmission
 from asyncdp.apiserver.client_config import ClientConfig
 from asyncdp.apiserver.coordinator_follower import CoordinatorFollower
+from asyncdp.apiserver.engine_events import EngineEvents
 from asyncdp.apiserver.engine_links import EngineLink, EngineLinks, UtilityCalls, send_to_engine
 from asyncdp.apiserver.load_view import LoadView
 from asyncdp.apiserver.node_table import NodeTable, monotonic_ms, run_heartbeat, stuck_siblings
-from asyncdp.apiserver.request_stream import RequestStream, apply_outputs, now_us, tell_policy
+from asyncdp.apiserver.request_stream import RequestStream, now_us
 from asyncdp.apiserver.server_info import client_server_info, node_processes
-from asyncdp.apiserver.stats_export import export_scheduler_stats, record_finished, refresh_coordinator_gauges
+from asyncdp.apiserver.stats_export import refresh_coordinator_gauges
 from asyncdp.dp.balance import LoadBalancer
-from asyncdp.errors import EngineDeadError, InvalidRequestError, ShuttingDownError, UnavailableError
+from asyncdp.errors import InvalidRequestError, ShuttingDownError, UnavailableError
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import Link
 
 __all__ = ["ABORT_ACK_TIMEOUT_S", "ClientAdmission", "ClientConfig", "DPClient"]
-
-log = logging.getLogger(__name__)
 
 # How long a closed request waits for its engine to confirm the abort before its slot is released anyway: an
 # engine that never answers must not hold a slot (and the balancer's in-flight count) forever.
@@ -85,25 +82,28 @@ class DPClient:
         self.metrics = metrics
         self.lb = LoadBalancer(list(cfg.managed_ranks), cfg.client_index, cfg.client_count, cfg.lb_policy,
                                seed=cfg.lb_seed)
-        self._links = EngineLinks(cfg.managed_ranks, cfg.client_index, on_ready=self._on_engine_ready,
-                                  on_message=self._on_engine_message, on_dead=self._on_engine_dead,
-                                  heartbeat_timeout_s=cfg.heartbeat_timeout_s)
         self._requests: dict[str, RequestStream] = {}  # streams only: the balancer owns request -> rank
         self._slots = AdmissionSlots(cfg.max_queued_requests, node_table, cfg.client_index,
                                      lambda: len(self._requests))
         self._utility = UtilityCalls(cfg.client_index)
         self._shutting_down = False
         self._abandon_reason = "the server is shutting down"
+        self._num_drained = 0  # requests completed since begin_shutdown
         self.current_wave = 0
         self.wave_running = False
+        self._load = LoadView(cfg.managed_ranks)  # GET /load
+        self._events = EngineEvents(self.lb, self._requests, self._utility, self._load, metrics, is_moe=cfg.is_moe,
+                                    release=self._release, abandoned=self._abandoned, on_wave=self._on_wave)
+        self._links = EngineLinks(cfg.managed_ranks, cfg.client_index, on_ready=self._on_engine_ready,
+                                  on_message=self._events.on_message, on_dead=self._events.on_dead,
+                                  heartbeat_timeout_s=cfg.heartbeat_timeout_s)
         self.coordinator = CoordinatorFollower(
-            cfg.client_index, cfg.heartbeat_interval_s, self._on_snapshot, lambda: self._shutting_down,
+            cfg.client_index, cfg.heartbeat_interval_s, self._events.on_snapshot, lambda: self._shutting_down,
             state="none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting",
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, on_lost=self.lb.forget_snapshot,
             on_placed=lambda msg: self.lb.on_prefix_placed(msg.rank, msg.prompt_tokens))
         self.processes: list[dict[str, Any]] = []
         self.nodes: list[dict[str, Any]] = []  # the deployment's launches, as the launcher last published them
-        self._load = LoadView(cfg.managed_ranks)  # GET /load
         if metrics is not None:
             metrics.on_render(lambda: refresh_coordinator_gauges(metrics, self.coordinator_state,
                                                                  self.snapshot_age_s()))
@@ -157,6 +157,12 @@ class DPClient:
         """Admission slots in use: requests in flight plus slots reserved by :meth:`admit` and not yet taken."""
         return self._slots.num_inflight
 
+    @property
+    def num_drained(self) -> int:
+        """Requests that completed normally since :meth:`begin_shutdown` (the "drained" of the stopped line); one
+        that failed or was aborted meanwhile does not count."""
+        return self._num_drained
+
     async def wait_idle(self) -> None:
         """Return once no request of this client is in flight and no admission slot is reserved."""
         await self._slots.wait_idle()
@@ -179,6 +185,10 @@ class DPClient:
         a teardown) fails with ``ShuttingDownError(reason)`` instead of ending as a normal ``abort``."""
         self._shutting_down = True
         self._abandon_reason = reason
+
+    def _abandoned(self) -> str | None:
+        """While shutting down, the reason a request this client did not end is abandoned; else None."""
+        return self._abandon_reason if self._shutting_down else None
 
     async def abort_all(self, reason: str | None = None) -> None:
         """Abandon every in-flight request (``--shutdown-timeout 0``, the drain deadline, a teardown): each
@@ -322,30 +332,11 @@ class DPClient:
             self.lb.set_engine_params({"kv_blocks_per_rank": min(r.num_kv_blocks for r in ready),
                                        "block_size_tokens": ready[0].block_size})
 
-    def _on_engine_message(self, rank: int, msg: m.Message) -> None:
-        if isinstance(msg, m.EngineOutputs):
-            self._on_outputs(msg)
-        elif isinstance(msg, m.UtilityResult):
-            self._utility.on_result(rank, msg)
-        elif isinstance(msg, m.RankDraining) and not self._shutting_down and self.lb.mark_draining(rank):
-            log.info("engine rank %d is stopping; new requests go to the other ranks while its own finish", rank)
-
-    def _on_outputs(self, msg: m.EngineOutputs) -> None:
-        now = time.monotonic()
-        abandoned = self._abandon_reason if self._shutting_down else None
-        tell_policy(self.lb, self._requests, msg)
-        for req in apply_outputs(self._requests, msg, now, abandoned):
-            if self.metrics is not None:
-                record_finished(self.metrics, msg.dp_rank, req, msg, now)
-            self._release(req)
-        if msg.scheduler_stats is not None:
-            self._load.on_scheduler_stats(msg.dp_rank, msg.scheduler_stats, now)
-            if self.metrics is not None:
-                export_scheduler_stats(self.metrics, msg.dp_rank, msg.scheduler_stats, self.cfg.is_moe)
-
     def _release(self, req: RequestStream) -> None:
         """Give back the request's slot and its balancer count (idempotent)."""
         if self._requests.pop(req.request_id, None) is not None:
+            if self._shutting_down and req.completed:
+                self._num_drained += 1
             self._slots.changed()
             rank = self.lb.on_finish(req.request_id, now_us())
             if rank is not None:
@@ -357,22 +348,6 @@ class DPClient:
     def _update_inflight_metric(self, dp_rank: int) -> None:
         if self.metrics is not None:
             self.metrics.set_inflight(dp_rank, self.inflight_of(dp_rank))
-
-    def _on_engine_dead(self, rank: int, reason: str) -> None:
-        if not self._shutting_down:  # (a rank that stopped in order was out of the balancer already)
-            log.log(logging.INFO if self.lb.is_draining(rank) else logging.ERROR,
-                    "engine rank %d is %s (%s); it leaves the load balancer",
-                    rank, "gone" if self.lb.is_draining(rank) else "dead", reason)
-        if self.metrics is not None:
-            self.metrics.set_engine_up(rank, False)
-            self.metrics.clear_engine_state(rank)
-        self._utility.on_rank_dead(rank, reason)
-        for rid in self.lb.mark_dead(rank):
-            req = self._requests.get(rid)
-            if req is not None:
-                req.fail(EngineDeadError(f"engine rank {rank} died: {reason}"))
-                # Released here, not by the generator: a generator that was already closed will never run again.
-                self._release(req)
 
     async def follow_coordinator(self, connect: Callable[[], Awaitable[Link]]) -> None:
         """See :meth:`CoordinatorFollower.follow` (public for in-memory harnesses)."""
@@ -389,12 +364,9 @@ class DPClient:
     def snapshot_age_s(self) -> float | None:
         return self.coordinator.snapshot_age_s()
 
-    def _on_snapshot(self, snap: m.StatsSnapshot) -> None:
-        self.current_wave = snap.wave
-        self.wave_running = snap.running
-        self._load.on_snapshot(snap, time.monotonic())
-        self.lb.on_snapshot(snap.counts, seq=snap.seq, now_us=now_us(), prefill_tokens=snap.prefill_tokens,
-                            cache_fill=snap.cache_fill)  # (counts None, wave-only: it changes nothing)
+    def _on_wave(self, wave: int, running: bool) -> None:
+        """The wave the coordinator last published (MoE: stamped on each request, spec §6.5)."""
+        self.current_wave, self.wave_running = wave, running
 
     def server_info(self) -> dict[str, Any]:
         return client_server_info(self)

@@ -104,7 +104,8 @@ async def serve_api(
 
     ``stop_reason()`` names why the deployment stops when it is not an operator's signal (a teardown): the
     requests this server abandons fail with that cause. ``drain``, when given, receives how many in-flight
-    requests finished during the drain and how many were abandoned (the launcher's "stopped" line)."""
+    requests completed normally during the drain and how many did not: failed (their rank died), aborted, or
+    abandoned at the deadline (the launcher's "stopped" line)."""
     from asyncdp.api.app import create_app
     from asyncdp.api.serve import SSLFiles, serve_http
     from asyncdp.model import load_tokenizer
@@ -175,9 +176,9 @@ async def _drain(cfg: ApiConfig, client: DPClient, http_sock: socket.socket, cau
     if cfg.shutdown_timeout_s > 0:
         with anyio.move_on_after(cfg.shutdown_timeout_s):
             await client.wait_idle()
-    if drain is not None:
-        drain.aborted = client.num_inflight
-        drain.drained = max(0, inflight_at_stop - drain.aborted)
+    if drain is not None:  # drained: completed normally; aborted: all the others (failed, aborted, abandoned)
+        drain.drained = min(client.num_drained, inflight_at_stop)
+        drain.aborted = inflight_at_stop - drain.drained
     if cfg.shutdown_timeout_s > 0:
         await client.abort_all(f"{what} and its --shutdown-timeout of {cfg.shutdown_timeout_s:g} s passed")
     else:

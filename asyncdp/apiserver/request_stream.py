@@ -30,6 +30,7 @@ class RequestStream:
     client_abort: bool = False  # this client asked the engine to abort it (the caller left early)
     error: Exception | None = None
     finished: bool = False
+    finish_reason: str | None = None  # of the last output, once the engine finished the request
     first_token_at: float | None = None
     last_token_at: float | None = None
     num_generated: int = 0
@@ -45,8 +46,16 @@ class RequestStream:
                 self.itls_s.extend([gap] * n)
             self.last_token_at = now
             self.num_generated += n
+        if out.finished:
+            self.finish_reason = out.finish_reason
         self.pending.append(out)
         self.changed.set()
+
+    @property
+    def completed(self) -> bool:
+        """The engine finished it with an answer: it neither failed nor ended with ``abort`` (by the caller, an
+        operator's pause, a drain deadline). At shutdown, only these count as drained."""
+        return self.finished and self.error is None and self.finish_reason != "abort"
 
     def fail(self, error: Exception) -> None:
         if self.error is None:

@@ -8,7 +8,9 @@ the node's :class:`~asyncdp.launcher.node_book.NodeBook` check it (E4, E5), wait
 the DP group's rendezvous), answers, and waits for ``Ready`` (E6 through the book). ``NodeHello`` is a headless
 launcher: :func:`serve_node_link` has the book admit it (ranks, configuration), answers ``NodeAccepted`` and keeps
 the link alive with heartbeats both ways until it ends; a lost node is a teardown for a MoE group and a
-degradation for a dense one (its API servers see the engine links end on their own). Both links stay open for the
+degradation for a dense one (its API servers see the engine links end on their own). A headless node that said
+``NodeStopping`` before its link closed was stopped on its own, in order: its departure is logged at INFO and
+its state is ``stopped``, not ``lost``. Both links stay open for the
 deployment's life. A refused or broken handshake during startup fails the node with a reason (the refused side
 gets ``HandshakeError`` with the same reason); it never raises into the launcher's task group. A connection whose
 first frame is no asyncdp frame at all (an HTTP client on the rpc port) is only logged and dropped.
@@ -144,8 +146,18 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
     plan = node.plan
     if hello.role != "headless" and node.started:  # every endpoint's /server_info: the whole deployment
         await publish_process_table(node)
+    stopping: list[m.NodeStopping] = []
+
+    def on_message(msg: m.Message) -> None:
+        if isinstance(msg, m.NodeStopping) and not stopping and not node.shutdown.is_set():
+            stopping.append(msg)
+            drain = "drains" if len(entry.ranks) == 1 else "drain"
+            log.info("%s is stopping (%s)%s", entry.describe(), msg.reason, "" if plan.is_moe else
+                     f": {span(entry.ranks)} {drain} for up to {msg.shutdown_timeout:g} s, new requests go to "
+                     "the other ranks")
+
     try:
-        why = await keep_link(link, lambda msg: None, interval_s=plan.heartbeat_interval_s,
+        why = await keep_link(link, on_message, interval_s=plan.heartbeat_interval_s,
                               timeout_s=plan.heartbeat_timeout_s, sender="head")
     finally:
         remote.closed.set()
@@ -154,19 +166,20 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
         # as for a remote engine above; a crash tears the group down through the coordinator meanwhile)
         with anyio.move_on_after(PEER_STOP_GRACE_S):
             await node.shutdown.wait()
-    orderly = node.shutdown.is_set() and node.failure is None
-    lost = book.lose_node(entry, orderly=orderly)
+    in_order = bool(stopping) and why == "closed"  # it said it stops, then its process ended: no loss
+    lost = book.lose_node(entry, orderly=in_order or (node.shutdown.is_set() and node.failure is None))
     node.note_ranks_changed()
     if node.shutdown.is_set():
         log.info("%s left", entry.describe())
         return
-    what = (f"lost {entry.describe()}: " + ("its node link closed" if why == "closed" else
-                                            f"no heartbeat for {plan.heartbeat_timeout_s:g} s"))
+    what = f"{entry.describe()} stopped in order" if in_order else (
+        f"lost {entry.describe()}: " + ("its node link closed" if why == "closed" else
+                                        f"no heartbeat for {plan.heartbeat_timeout_s:g} s"))
     if plan.is_moe:
         node.fail(f"{what}; the MoE group is torn down")
     elif not node.started and hello.role == "headless":
         node.fail(f"startup failed: {what}")
     else:  # dense: the other nodes keep serving (a hybrid node's own endpoint went with it)
-        log.error("%s; %s %s the balancer, the other ranks keep serving", what, span(lost),
-                  "leaves" if len(lost) == 1 else "leave")
+        log.log(logging.INFO if in_order else logging.ERROR, "%s; %s %s the balancer, the other ranks keep serving",
+                what, span(lost), "leaves" if len(lost) == 1 else "leave")
         await publish_process_table(node)

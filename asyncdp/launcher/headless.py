@@ -12,7 +12,9 @@ HTTP port say) or one of another protocol version: one line names the address an
 themselves, and waits for them. :func:`follow_head` keeps the node link alive with heartbeats both ways:
 ``NodeShutdown`` is an orderly end (the engines drain, exit 0), ``Teardown`` and the link's loss (EOF, or no
 heartbeat for ``--dp-heartbeat-timeout-s``: the head's tree died or its host is gone) stop the engines (signal,
-grace, kill) and exit 1, with a log line saying so. vLLM's headless nodes never notice a lost head.
+grace, kill) and exit 1, with a log line saying so. vLLM's headless nodes never notice a lost head. A node
+stopped on its own (a signal to it alone) says ``NodeStopping`` first, so that the head logs its departure as
+an orderly one, not as the loss of the node.
 """
 
 from __future__ import annotations
@@ -122,9 +124,26 @@ async def follow_head(node: RunningNode, link: Link) -> None:
             return True
         return False
 
-    why = await keep_link(link, on_message, interval_s=plan.heartbeat_interval_s,
-                          timeout_s=plan.heartbeat_timeout_s, sender=f"node-{plan.deployment.dp_start_rank}")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_say_stopping, node, link)
+        why = await keep_link(link, on_message, interval_s=plan.heartbeat_interval_s,
+                              timeout_s=plan.heartbeat_timeout_s, sender=f"node-{plan.deployment.dp_start_rank}")
+        tg.cancel_scope.cancel()
     if why == "done" or node.shutdown.is_set():
         return
     what = "its node link closed" if why == "closed" else f"no heartbeat for {plan.heartbeat_timeout_s:g} s"
     node.fail(f"lost the head front-end at {head} ({what}): stopping this node's engines")
+
+
+async def _say_stopping(node: RunningNode, link: Link) -> None:
+    """Once this node stops in order on its own signal (not on the head's ``NodeShutdown``, not after a failure),
+    tell the head: ``NodeStopping``, best effort within a second (a head that misses it logs a loss)."""
+    await node.shutdown.wait()
+    if node.failure is not None or node.stop_deadline_s is not None or not node.asked_to_stop.is_set():
+        return
+    with anyio.move_on_after(1.0):
+        try:
+            await link.send(m.NodeStopping(reason="a signal to the node",
+                                           shutdown_timeout=node.plan.shutdown_timeout_s))
+        except LINK_ERRORS:
+            pass

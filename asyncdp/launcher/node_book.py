@@ -116,9 +116,9 @@ class NodeBook:
         if gone := self._lost(ranks):
             return None, gone
         known = next((n for n in self.nodes[1:] if n.role == hello.role and n.pid == hello.pid
-                      and n.host == hello.host and n.state != "lost"), None)
+                      and n.host == hello.host and n.state == "alive"), None)
         for node in self.nodes:
-            if node is not known and node.state != "lost" and (taken := sorted(set(ranks) & set(node.ranks))):
+            if node is not known and node.state == "alive" and (taken := sorted(set(ranks) & set(node.ranks))):
                 return None, f"{who} overlaps {node.describe()} in {span(taken)}"
         diffs = summary_differences(hello.config_summary, self.summary)
         if diffs:
@@ -177,8 +177,9 @@ class NodeBook:
         A lost rank stays out of the coordinator, the API servers' balancers and the MoE group; they take no rank
         back, so only a restart of the whole deployment brings it back."""
         for node in self.nodes:
-            if node.state == "lost" and (taken := sorted(set(ranks) & set(node.ranks))):
-                return (f"{span(taken)} left this deployment when {node.describe()} was lost, and a running "
+            if node.state != "alive" and (taken := sorted(set(ranks) & set(node.ranks))):
+                how = "was lost" if node.state == "lost" else "stopped"
+                return (f"{span(taken)} left this deployment when {node.describe()} {how}, and a running "
                         "deployment takes no rank back: restart the whole deployment, head included, to serve "
                         "them again")
         return None
@@ -186,10 +187,11 @@ class NodeBook:
     # ------------------------------------------------------------------ views
 
     def node_of(self, dp_rank: int) -> NodeEntry | None:
-        return next((n for n in self.nodes if dp_rank in n.ranks and n.state != "lost"), None)
+        return next((n for n in self.nodes if dp_rank in n.ranks and n.state == "alive"), None)
 
     def lose_node(self, entry: NodeEntry, *, orderly: bool = False) -> list[int]:
-        """Mark ``entry`` lost (or stopped, after ``NodeShutdown``); return its ranks."""
+        """Mark ``entry`` lost (or stopped: in order, after ``NodeShutdown`` or its own ``NodeStopping``); return its
+        ranks. Either way they left: a running deployment takes none of them back."""
         entry.state = "stopped" if orderly else "lost"
         for r in entry.ranks:
             self.ready.discard(r)

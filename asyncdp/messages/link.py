@@ -14,10 +14,11 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 6  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+PROTOCOL_VERSION = 7  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
 # 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"; 6: the ranks' cache_fill
 # (SchedulerStats, RankStats, StatsSnapshot), StructuredOutputs.param, RankDraining, and the leaving flag at the end
-# of the MoE sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths)
+# of the MoE sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths);
+# 7: NodeStopping on the node link
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
@@ -369,10 +370,19 @@ class NodeShutdown(_Msg, frozen=True):
     shutdown_timeout: float
 
 
+class NodeStopping(_Msg, frozen=True):
+    """Headless launcher -> head [ours]: this node stops in order on its own (a signal to it alone); its ranks
+    drain for up to ``shutdown_timeout`` s, then its node link closes. Its departure is no loss."""
+
+    reason: str
+    shutdown_timeout: float
+
+
 Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
     AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead, RankDraining,
     Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
     PrefixClaim, PrefixOwner, PrefixPlaced,
-    StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeTopology,
+    StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeStopping,
+    NodeTopology,
 ]

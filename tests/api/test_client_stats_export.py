@@ -32,11 +32,11 @@ def outputs(rank: int, **stats: int | bool) -> m.EngineOutputs:
 
 def test_counter_deltas_add_up_per_rank_and_gauges_follow_the_latest_stats():
     c = client(is_moe=True)
-    c._on_outputs(outputs(0, num_running=3, num_preemptions=1, prefix_cache_queries=64, prefix_cache_hits=32,
+    c._events.on_outputs(outputs(0, num_running=3, num_preemptions=1, prefix_cache_queries=64, prefix_cache_hits=32,
                           wave=4, wave_running=True, num_dummy_steps=5))
-    c._on_outputs(outputs(0, num_running=1, num_preemptions=2, prefix_cache_queries=16, wave=5, wave_running=False,
+    c._events.on_outputs(outputs(0, num_running=1, num_preemptions=2, prefix_cache_queries=16, wave=5, wave_running=False,
                           num_dummy_steps=2, waves_completed=1))
-    c._on_outputs(outputs(1, num_dummy_steps=7, waves_completed=1, wave=5))
+    c._events.on_outputs(outputs(1, num_dummy_steps=7, waves_completed=1, wave=5))
     got = samples(c.metrics)
     assert got[("vllm:num_preemptions_total", "0")] == 3
     assert got[("vllm:prefix_cache_queries_total", "0")] == 80
@@ -51,7 +51,7 @@ def test_counter_deltas_add_up_per_rank_and_gauges_follow_the_latest_stats():
 
 def test_dense_client_exports_engine_counters_but_no_wave_state():
     c = client(is_moe=False)
-    c._on_outputs(outputs(1, num_preemptions=2, prefix_cache_hits=8, prefix_cache_queries=8))
+    c._events.on_outputs(outputs(1, num_preemptions=2, prefix_cache_hits=8, prefix_cache_queries=8))
     got = samples(c.metrics)
     assert got[("vllm:num_preemptions_total", "1")] == 2
     assert got[("vllm:prefix_cache_hits_total", "1")] == 8

@@ -128,7 +128,9 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
 async def test_a_headless_node_stopping_in_order_gets_no_new_requests_while_its_own_drain(tmp_path: Path) -> None:
     """SIGTERM on a dense headless node with --shutdown-timeout 5: its rank tells the API servers it is stopping
     (``RankDraining``), so new requests go to rank 0 while its own requests drain. Before, about half of them went
-    to the draining rank and got 503 "engine rank 1 is shutting down" though rank 0 was free."""
+    to the draining rank and got 503 "engine rank 1 is shutting down" though rank 0 was free. The node tells the
+    head too (``NodeStopping``): the head logs its departure at INFO as an orderly one, where it used to log ERROR
+    "lost the headless node"."""
     longer = ("--max-model-len", "2048")  # room for a stream that outlasts the drain
     specs = (head("-dp", "2", "-dpl", "1", *longer),
              headless("-dp", "2", "-dpl", "1", "-dpr", "1", "--shutdown-timeout", "5", *longer))
@@ -156,7 +158,11 @@ async def test_a_headless_node_stopping_in_order_gets_no_new_requests_while_its_
         assert len(out) == 1 and (out[0] == ("done", 2000, "length") or (
             out[0][0] == "error" and "engine rank 1 stopped" in str(out[0][1]))), out
         assert await wait_code(hl, 20, dep) == 0, dep.logs()
+        with anyio.fail_after(10):  # the head sees the node link close at once
+            while "(a signal to the node)" not in hd.log() or "stopped in order" not in hd.log():  # noqa: ASYNC110
+                await anyio.sleep(0.05)  # poll interval of another process's log file, bounded by the deadline
         assert "engine rank 1 is dead" not in hd.log(), dep.logs()  # an orderly stop, not a death
+        assert "lost the headless node" not in hd.log(), dep.logs()  # nor a loss
         dep.drop("headless")
         dep.stop()
 
