@@ -13,7 +13,8 @@ steers new content to emptier caches (H8); ``credit`` is the prefix hit predicte
 the block hashes it sent (:mod:`.owner_index`), counted twice. On top of the cost: the hot-spot bound and deliberate
 replicas of prefixes hotter than their holders can serve (H3, ``AsyncdpState.mark_hot`` and ``mark_spill``); for a
 prompt no rank holds, phase weights where most recent prompts were new (closed-loop clients out of step) and spread
-by prefix count where they were not and none recently began with a hot prefix (:mod:`.spread`); the opt-in stall
+by prefix count where they were not and none recently began with a hot prefix (:mod:`.spread`); a keyed prompt
+that is a hot prefix and mostly new content (a new conversation) placed as a new one, by key; the opt-in stall
 term (:mod:`.stalls`); ties scanned from a stable hash of the request's key (H6, H7, :mod:`.ties`); with several
 routers, the coordinator's prefix directory (:mod:`.prefix_directory`; not while the phase weights hold in full)
 and the other routers' work since the snapshot, estimated from this router's own send rate and poured over the
@@ -31,7 +32,7 @@ from asyncdp.dp.asyncdp_state import KV_HIGH, REFRESH_US, AsyncdpState, CostWeig
 from asyncdp.dp.owner_index import RANK_TUPLES, prompt_hashes, ranks_of
 from asyncdp.dp.policy import Decision, RequestView, Snapshot
 from asyncdp.dp.several_routers import SeveralRouters
-from asyncdp.dp.spread import fewest_prefixes, near_cheapest, ranks_within
+from asyncdp.dp.spread import fewest_prefixes, ranks_within
 from asyncdp.dp.ties import argmin, pick_among, tie_key, tie_scan
 from asyncdp.dp.unseen import UNSEEN_FILL, UNSEEN_REQUEST_TOKENS, CostOrder, raised
 from asyncdp.errors import ConfigError, UnavailableError
@@ -54,6 +55,7 @@ PHASE_PERIOD_S = 5.0  # [ours] the weights rotate by one rank this often
 DECODE_REF_TOKENS = 4096.0  # [ours] a decoding request with a longer prompt weighs more (decode_weight) ...
 DECODE_MAX_SCALE = 4.0  # [ours] ... up to this many times decode_tokens
 STALL_GRACE_S = 1.0  # [ours] asyncdp@stall: a request waiting longer than this for its first token stalls its rank
+NEAR_SHARE = 16.0  # [ours] a new conversation after a hot prefix: ranks within 1/16 of its new tokens are near
 SPREAD_TOKENS = 512.0  # [ours] a new prompt: the fewest prefixes among the ranks this close to the cheapest (spread)
 _INF = float("inf")
 
@@ -73,7 +75,8 @@ class AsyncdpPolicy(SeveralRouters):
                  stall_grace_s: float = STALL_GRACE_S, prefix: bool = True, directory: bool = True,
                  spread: bool = True, spread_tokens: float = SPREAD_TOKENS, spread_gated: bool = True,
                  unseen_fill: float = UNSEEN_FILL, fill_new: bool = False, claim_in_phase: bool = False,
-                 prefill_tokens: bool = True, deep_claims: bool = True, mirror: bool = True) -> None:
+                 prefill_tokens: bool = True, deep_claims: bool = True, mirror: bool = True,
+                 hot_new: bool = True) -> None:
         if hot_ratio < 1 or min(hot_slack, decode_tokens, replica_headroom, decode_ref_tokens, hot_share,
                                 stall_tokens_per_s, stall_grace_s, spread_tokens, unseen_fill) < 0:
             raise ConfigError("asyncdp policy: hot_ratio must be >= 1, hot_slack, decode_tokens, "
@@ -104,6 +107,7 @@ class AsyncdpPolicy(SeveralRouters):
         self.deep_claims = deep_claims  # False (asyncdp@shallow): claim only prompts whose first block is new
         self.prefill_tokens = prefill_tokens  # False (asyncdp@counts): the others' waiting work from the counts alone
         self.mirror = mirror  # False (asyncdp@no_mirror): the others' unclaimed new prompts are not mirrored
+        self.hot_new = hot_new  # False (asyncdp@hot_held): a hot prefix's holders draw the new content after it
 
     def init(self, dp_size: int, router_index: int = 0, num_routers: int = 1,
              params: dict[str, Any] | None = None) -> AsyncdpState:
@@ -191,6 +195,16 @@ class AsyncdpPolicy(SeveralRouters):
             index.depth_memo[hashes[0]] = lo
             deepest = get(hashes[lo - 1], 0)  # these ranks hold the whole matched run: credit top_credit
         top_credit = lo * bs if lo * bs < plen else plen - 1
+        if 2 * top_credit < plen and self.hot_new and req.routing_key is not None \
+                and hashes[0] in state.hot:
+            # A hot prefix, then mostly content no rank holds: a new conversation after a shared system prompt. Its
+            # later turns follow it, and the prefix is soon on every rank: the key picks among the ranks near the
+            # cheapest, as for a new prompt (W5: the holders drew every new user, 27 to a rank)
+            if filled:  # the pour's draw, by key among the ranks it levelled
+                return decisions[order.pour_pick(level, n_under, tie_key(req, hashes), base)]
+            mcosts = state.mbase if mbase is None else mbase
+            within = min(self.spread_tokens, (plen - top_credit) / NEAR_SHARE)
+            return decisions[pick_among(ranks_within(mcosts, min(mcosts), within), tie_key(req, hashes))]
         wc = weight * top_credit
         pick_cost, pick_credit = best + plen, 0
         load = state.load
@@ -277,23 +291,6 @@ class AsyncdpPolicy(SeveralRouters):
                     continue
             pick, pick_cost, pick_credit = r, cost, credit
         return pick
-
-    def claim_candidates(self, state: AsyncdpState, req: RequestView, now_us: int) -> list[int]:
-        """With several routers, for a claimed prompt (no rank holds it) while the spread rule applies: the ranks
-        ``select`` spreads it among (miss cost within the spread window of the cheapest), cheapest first, then in
-        the scan order from the key. The directory picks the one owning the fewest prefixes of every router's; this
-        router's own count (``index.roots``) is of the prefixes it has seen (:mod:`.prefix_directory`)."""
-        hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
-        if not (self.spread and hashes and self.spread_applies(state)) or state.index.owners.get(hashes[0], 0):
-            return []
-        decayed = state.decayed_costs(now_us)
-        base, mbase = (state.base, state.mbase) if decayed is None else (decayed[0], decayed[2])
-        if self.fill_new and (unseen := self.unseen_fill * state.unseen(now_us)) > 0 and state.order is not None:
-            order = state.order if decayed is None else CostOrder(base, mbase)
-            mbase = raised(mbase, base, order.level(unseen)[0])
-        if (cheapest := min(mbase)) == _INF:
-            return []
-        return near_cheapest(mbase, cheapest, self._within(req), tie_key(req, hashes) % state.n)
 
     def _within(self, req: RequestView) -> float:
         """The spread window for ``req``: its length, or ``spread_tokens`` if fewer."""

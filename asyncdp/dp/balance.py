@@ -72,6 +72,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "asyncdp@no_spread": {"spread": False},  # a new prompt: the cheapest rank by load, as before spread (spread)
     "asyncdp@spread": {"spread_tokens": float("inf"), "spread_gated": False},  # spread within one prefill, ungated
     "asyncdp@spread512": {"spread_gated": False},  # spread within 512 tokens even where a prefix is hot (spread)
+    "asyncdp@hot_held": {"hot_new": False},  # a hot prefix's holders draw the mostly new prompts after it too
     "power_of_two@queue": {"metric": "queue"},
     "power_of_two@load": {"metric": "load"},
     "power_of_two@kv": {"metric": "kv"},

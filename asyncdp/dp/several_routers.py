@@ -1,5 +1,5 @@
 """asyncdp's policy with several routers (H7, shared state): which prompts it claims through the coordinator's prefix
-directory, and what it learns from the directory's answers and announcements (:mod:`.prefix_directory`,
+directory, which ranks it would accept for one, and what it learns from the directory's answers and announcements (:mod:`.prefix_directory`,
 docs/discussion/routing-policy.md "Several routers"). A base of :class:`~.asyncdp_policy.AsyncdpPolicy`."""
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from asyncdp.dp.asyncdp_state import AsyncdpState
 from asyncdp.dp.owner_index import prompt_hashes
 from asyncdp.dp.policy import Policy, RequestView
 from asyncdp.dp.prefix_directory import MAX_CLAIM_BLOCKS
+from asyncdp.dp.spread import near_cheapest
+from asyncdp.dp.ties import tie_key
+from asyncdp.dp.unseen import CostOrder, raised
 
 
 class SeveralRouters(Policy):
@@ -19,6 +22,16 @@ class SeveralRouters(Policy):
     directory: bool  # False (asyncdp@local): never ask the directory
     claim_in_phase: bool  # True (asyncdp@claim_all): claim new prompts while the phase weights hold too
     deep_claims: bool  # False (asyncdp@shallow): claim only prompts whose first block is new
+    spread: bool  # False (asyncdp@no_spread): a new prompt goes to the cheapest rank by load
+    fill_new: bool  # True (asyncdp@fill): the others' unseen work is poured for new prompts too
+    unseen_fill: float  # 0 (asyncdp@no_fill): the others' unseen work is not estimated
+
+    def spread_applies(self, state: AsyncdpState) -> bool:  # AsyncdpPolicy's: whether the spread rule holds
+        raise NotImplementedError
+
+    def _within(self, req: RequestView) -> float:  # AsyncdpPolicy's: the spread window for req
+        raise NotImplementedError
+
 
     def claim_hashes(self, state: AsyncdpState, req: RequestView) -> Sequence[int]:
         """With other routers, a prompt whose first block this router never placed, or a long run after one it did
@@ -53,6 +66,23 @@ class SeveralRouters(Policy):
         until the next snapshot shows it (:meth:`AsyncdpState.add_shared`)."""
         if self.directory:
             state.add_shared(dp_rank, prompt_tokens)
+
+    def claim_candidates(self, state: AsyncdpState, req: RequestView, now_us: int) -> list[int]:
+        """With several routers, for a claimed prompt (no rank holds it) while the spread rule applies: the ranks
+        ``select`` spreads it among (miss cost within the spread window of the cheapest), cheapest first, then in
+        the scan order from the key. The directory picks the one owning the fewest prefixes of every router's; this
+        router's own count (``index.roots``) is of the prefixes it has seen (:mod:`.prefix_directory`)."""
+        hashes = prompt_hashes(req, state.block_size) if self.prefix else ()
+        if not (self.spread and hashes and self.spread_applies(state)) or state.index.owners.get(hashes[0], 0):
+            return []
+        decayed = state.decayed_costs(now_us)
+        base, mbase = (state.base, state.mbase) if decayed is None else (decayed[0], decayed[2])
+        if self.fill_new and (unseen := self.unseen_fill * state.unseen(now_us)) > 0 and state.order is not None:
+            order = state.order if decayed is None else CostOrder(base, mbase)
+            mbase = raised(mbase, base, order.level(unseen)[0])
+        if (cheapest := min(mbase)) == float("inf"):
+            return []
+        return near_cheapest(mbase, cheapest, self._within(req), tie_key(req, hashes) % state.n)
 
     def claim_is_deep(self, state: AsyncdpState, hashes: Sequence[int]) -> bool:
         return state.deep.is_deep(hashes)

@@ -420,6 +420,61 @@ def test_a_replica_is_made_only_for_a_prompt_that_is_mostly_the_hot_prefix():
     assert route(p, s, mostly_new, now_us=3) == 0
 
 
+def conversation(user: int, blocks: int = 10) -> RequestView:
+    """A new user's first turn (W5's shape): the hot system prompt PREFIX, then ``blocks`` of the user's own
+    history, which no rank holds yet; keyed by the user, as an ``X-User-ID`` header would."""
+    return RequestView(f"user{user}-0", (*PREFIX, *range(50_000 + user * 1000, 50_000 + user * 1000 + blocks * 16)),
+                       routing_key=f"user{user}")
+
+
+@pytest.mark.parametrize(("name", "spreads"), [("asyncdp", True), ("asyncdp@hot_held", False)])
+def test_new_conversations_after_a_hot_prefix_spread_by_key_instead_of_piling_onto_its_holder(
+        name: str, spreads: bool) -> None:
+    """A conversation's later turns follow its first, so where its first lands decides where all of them queue. On
+    cost the first turn's hit (the system prompt) pulls every new user onto the prefix's holder while the ranks are
+    about equally loaded: W5 ended 27, 27 and 10 users on three ranks of eight (mean TTFT 1.33 x ``session_hash``'s
+    at 16 req/s). A keyed, mostly new prompt after a hot prefix is placed as a new prompt: its key picks among the
+    ranks within ``spread_tokens`` of the cheapest. ``asyncdp@hot_held`` keeps the old rule."""
+    p = make_policy(name)
+    assert isinstance(p, AsyncdpPolicy) and p.hot_new is spreads
+    p.memory_tokens = 0
+    s = hot_prefix_state(p, 80)  # rank 0 holds PREFIX, hot, with 48 tokens of decoding load; ranks 1-3 idle
+    ranks = []
+    for user in range(8):
+        turn = conversation(user)
+        ranks.append(route(p, s, turn, now_us=3 + user))
+        p.on_finish(s, turn.req_id, ranks[-1], 3 + user)  # each answered before the next user comes
+    # on cost rank 0 wins every time: 48 + 224 - 2·64 = 144 against 224 on an idle rank
+    assert len(set(ranks)) >= 3 if spreads else ranks == [0] * 8
+    again = RequestView("user5-0b", conversation(5).tokens, routing_key="user5")
+    if spreads:  # the key decides among the ranks near the cheapest: the same key, the same rank
+        assert route(p, s, again, now_us=20) == ranks[5]
+
+
+def test_a_keyed_new_conversation_avoids_a_rank_busier_than_the_spread_window():
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = hot_prefix_state(p, 80)
+    busy = RequestView("busy", tuple(range(900_000, 900_000 + 40 * 16)))  # 640 tokens waiting on rank 1
+    route(p, s, busy, hint=1)
+    assert s.base[1] - min(s.base) > 512
+    ranks = set()
+    for user in range(12):
+        ranks.add(rank := route(p, s, conversation(user), now_us=3 + user))
+        p.on_finish(s, conversation(user).req_id, rank, 3 + user)
+    assert 1 not in ranks and len(ranks) >= 2  # the others share them; the busy one is no candidate
+
+
+def test_a_keyed_prompt_stays_with_its_holder_where_the_prefix_is_cold_or_the_run_is_most_of_it():
+    p = AsyncdpPolicy(memory_tokens=0)
+    assert route(p, hot_prefix_state(p, 0), conversation(1), now_us=3) == 0  # the prefix is not hot: its hit decides
+    s = hot_prefix_state(p, 80)
+    history = (*PREFIX, *range(70_000, 70_000 + 10 * 16))  # a user's history on rank 0, after the hot prefix
+    route(p, s, RequestView("turn1", history, routing_key="u"), hint=0)
+    p.on_finish(s, "turn1", 0, 2)
+    later = RequestView("turn2", (*history, *range(90_000, 90_016)), routing_key="u")
+    assert route(p, s, later, now_us=3) == 0  # most of the prompt is held there: the later turn follows
+
+
 def test_a_cold_prefix_is_not_replicated_however_its_holder_is_loaded():
     p = AsyncdpPolicy(memory_tokens=0)
     s = hot_prefix_state(p, 0)  # three requests in all: a small share of the stream
