@@ -7,6 +7,7 @@ import functools
 import pytest
 import trio
 
+from asyncdp.config.flags import SimCostProfile
 from asyncdp.dp.liveness import PEER_STOP_GRACE_S
 from asyncdp.dp.lockstep import LEAVE_WAIT_S
 from asyncdp.errors import EngineDeadError, RankTornDown
@@ -271,3 +272,43 @@ async def test_a_request_racing_the_idle_leave_is_refused_cleanly(autojump_clock
         assert late.error == "engine rank 0 cannot serve: its MoE group ended (a stopping rank left it)", late
         assert 0 not in c.client.dead
         assert c.groups[0].num_calls == c.groups[1].num_calls
+
+
+SLOW_STEP = SimCostProfile(a_ms=150.0)  # a loaded machine: 150 ms a step
+
+
+async def _next_sync(group) -> None:
+    """Until ``group``'s member completes its next collective."""
+    synced = trio.Event()
+    reduce = group.all_reduce
+
+    async def all_reduce(values, op="sum"):
+        result = await reduce(values, op)
+        synced.set()
+        return result
+
+    group.all_reduce = all_reduce
+    await synced.wait()
+    group.all_reduce = reduce
+
+
+@pytest.mark.trio
+async def test_a_rank_stopped_right_after_a_sync_of_a_slow_busy_group_leaves_one_step_after_its_bound(autojump_clock):
+    # The defect: both ranks busy with long requests, the group synced every 32 steps (4.8 s at 150 ms a step), so a
+    # rank stopped just after a sync left only at the next one, past its launcher's kill deadline (5 s). Now the
+    # group syncs at least every MAX_SYNC_GAP_S and, once a rank stops, every step until it leaves.
+    async with open_cluster(2, cost=SLOW_STEP) as c, trio.open_nursery() as traffic:
+        outcomes: list = []
+        for r in range(2):
+            traffic.start_soon(functools.partial(steady_traffic, c, r, f"r{r}", outcomes))
+        await trio.sleep(3.0)
+        await _next_sync(c.groups[1])  # just after a sync: the worst moment to stop
+        stopped_at = trio.current_time()
+        c.ranks[1].request_shutdown()
+        with trio.fail_after(LEAVE_WAIT_S + 1.0):
+            await c.ended[1].wait()
+        left_after = trio.current_time() - stopped_at
+        assert c.outcomes[1] is None  # an orderly end: Goodbye
+        assert LEAVE_WAIT_S <= left_after <= LEAVE_WAIT_S + 2 * 0.15, left_after  # the bound, then one step
+        assert c.groups[0].num_calls == c.groups[1].num_calls
+        traffic.cancel_scope.cancel()
