@@ -76,24 +76,26 @@ async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCor
     """Build the core; for a MoE rank of a DP group, join the torch.distributed group first (spec §5.5).
 
     Group set-up and the executor's construction run on the rank's execution thread (one limiter): every
-    collective of this rank is issued from there, in the same order on every rank.
+    collective of this rank is issued from there, in the same order on every rank. Both may wait for peers that
+    never come (the rendezvous, the first collectives), so a stop signal abandons the thread (the process
+    hard-exits; spec §12.5: a stopped launcher exits 0 within 4.1 s, peers or not).
     """
     from asyncdp.engine.core import build_engine_core
 
     limiter = anyio.CapacityLimiter(1)
     if init.dp_group is None or not cfg.is_moe or cfg.dp_size == 1:
         core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp_rank=cfg.dp_rank),
-                                              limiter=limiter)
+                                              limiter=limiter, abandon_on_cancel=True)
         return core, None, limiter
     from asyncdp.model.distributed import DPContext, TorchDPGroup, init_dp_group
 
     group = await anyio.to_thread.run_sync(
-        functools.partial(init_dp_group, init.dp_group, cfg.dp_rank), limiter=limiter)
+        functools.partial(init_dp_group, init.dp_group, cfg.dp_rank), limiter=limiter, abandon_on_cancel=True)
     try:
         ctx = DPContext(group, enable_expert_parallel=cfg.enable_expert_parallel)
         core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp=ctx,
                                                                 dp_rank=cfg.dp_rank),
-                                              limiter=limiter)
+                                              limiter=limiter, abandon_on_cancel=True)
     except BaseException:
         group.destroy()
         raise

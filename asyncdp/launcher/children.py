@@ -40,8 +40,8 @@ SHUTDOWN_GRACE_S = 5.0
 # machine's supervisor SIGKILLed a child that was killing its slow engine at that moment (an orderly stop, exit 1).
 SUPERVISED_MARGIN_S = 1.5
 # The engines of a failed startup have no request to drain (no API server got ready): a SIGTERM ends a startup at
-# once, unless the engine is blocked where no signal reaches it (the MoE group's rendezvous, waiting for a rank that
-# never came). They get this long, not the drain deadline, before their trees are killed.
+# once, even in the MoE group's rendezvous (waiting for a rank that never came: the engine abandons that thread).
+# They get this long, not the drain deadline, before their trees are killed.
 FAILED_STARTUP_ENGINE_GRACE_S = 1.0
 _SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
