@@ -8,7 +8,9 @@ client. Then :class:`~asyncdp.engine.rank.EngineRank` runs until shutdown.
 The process gets an :class:`~asyncdp.config.roles.EngineRole` and reports ``ChildReady`` on the control channel
 once the handshake is done. Signals (SIGTERM/SIGINT) and ``Shutdown`` on the control channel start an orderly
 shutdown. EOF on
-the control channel means the parent died: the rank stops at once (exit 1).
+the control channel means the parent died: the rank stops at once (exit 1). A rank whose MoE group a peer left in
+order while this rank was not asked to stop exits 1 after ``PeerLeftGroup``, so that its launcher can tell that
+from a failure of its own (it waits ``PEER_STOP_GRACE_S`` for its own signal, spec §8.7).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def rank_config(role: EngineRole) -> RankConfig:
         external_lb=role.external_lb, heartbeat_interval_s=role.heartbeat_interval_s,
         heartbeat_timeout_s=role.heartbeat_timeout_s, shutdown_timeout_s=role.shutdown_timeout_s,
         sync_interval=role.sync_interval, prefill_schedule_interval=role.prefill_schedule_interval,
-        enable_expert_parallel=role.enable_expert_parallel)
+        enable_expert_parallel=role.enable_expert_parallel, stops_with_head=role.local or role.headless)
 
 
 def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
@@ -287,6 +289,9 @@ async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
         except (RankTornDown, StartupError) as exc:  # a teardown, or a refusal that says why: no traceback
             log.error("%s", exc)
             code = 1
+            if isinstance(exc, RankTornDown) and exc.peer_stopped:  # the launcher gives its own stop a grace
+                with anyio.move_on_after(1.0):
+                    await control.send(m.PeerLeftGroup(dp_rank=cfg.dp_rank, reason=exc.cause))
         except Exception as exc:
             leaves = leaf_exceptions(exc)
             lost = _lost_peer(exc)

@@ -69,10 +69,18 @@ async def watch_child(node: RunningNode, child: ChildProcess) -> None:
     if not node.started:
         return  # startup waits see ChildExited and fail with E12
     plan = node.plan
-    if child.role == ENGINE and plan.is_moe and plan.dp_size > 1 and code == 0:
-        # a MoE engine ends with 0 before its node stops only after an orderly teardown: a peer left first
-        node.stop_with_peer(f"{child.describe()} left with its MoE group (a peer was stopped)")
-        return
+    if child.role == ENGINE and plan.is_moe and plan.dp_size > 1:
+        if code != 0:  # the events it sent before it exited (PeerLeftGroup) are read by now, or soon
+            with anyio.move_on_after(1.0):
+                await child.events_ended.wait()
+        left = child.event(m.PeerLeftGroup)
+        if code == 0 or left is not None:
+            # a MoE engine ends before its node stops after a peer left the group in order: with 0 after an orderly
+            # teardown (its node stops with the head), else with 1 after saying so (PeerLeftGroup: the node of its
+            # own launch, which may still be asked to stop a moment later)
+            why = "a peer was stopped" if left is None else f"{left.reason}; exit code {code}"
+            node.stop_with_peer(f"{child.describe()} left with its MoE group ({why})")
+            return
     if child.role == ENGINE and not plan.is_moe and not plan.dp_fail_fast:
         if node.table.top == "headless" and all(c.exited.is_set() for c in node.children if c.role == ENGINE):
             # a headless node is its engines: with none left it serves nothing, and its exit is what tells the
