@@ -145,7 +145,14 @@ class ChildExited(StartupError):
 
 
 class RankTornDown(AsyncDPError):
-    """The group was torn down (coordinator Teardown, lost coordinator in MoE mode)."""
+    """The group was torn down (coordinator Teardown, lost coordinator in MoE mode). ``peer_stopped``: by a peer's
+    orderly departure while the coordinator's node stopped, which this rank's node (its own launch: an external-LB
+    rank server, a hybrid node) may follow a moment later (spec §8.7); ``cause``: the teardown's reason."""
+
+    def __init__(self, message: str, *, peer_stopped: bool = False, cause: str = "") -> None:
+        super().__init__(message)
+        self.peer_stopped = peer_stopped
+        self.cause = cause
 
 
 class DPGroupError(AsyncDPError):

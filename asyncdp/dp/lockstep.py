@@ -13,7 +13,8 @@ rank loop performs every collective itself and feeds the sums in; this object on
             continue                                     # group idle: no collective
         run_dummy_batch()
     if ls.advance():                                     # a sync step (see the cadence below)
-        ls.apply_sums(all_reduce_sum(ls.sync_flags(local_unfinished, local_horizon, leaving)))
+        ls.apply_sums(all_reduce_sum(ls.sync_flags(local_unfinished, local_horizon, leaving,
+                                                   stopping=stopping, step_ms=step_ms)))
         if ls.group_left:                                # a rank left (see "Leaving" below): no more steps
             break
     done = ls.end_step()                                 # WaveCompleted when the group went idle
@@ -35,17 +36,24 @@ on every rank. The ``asyncdp`` cadence is adaptive:
   ``H`` (a max, carried by a sum all-reduce). When every rank runs its requests to ``max_tokens`` the group
   therefore syncs on the very step the last one ends, even when all ranks finish together; a request that stops
   early (EOS, a stop string, an abort) only falls back to the ``sync_interval`` bound. An underestimate (queued
-  requests, chunked prefills) costs one extra sync, which carries a fresh horizon.
+  requests, chunked prefills) costs one extra sync, which carries a fresh horizon;
+* and never more than ``MAX_SYNC_GAP_S`` of steps apart: each rank also contributes the mean time of its steps
+  since its previous sync (``step_ms``, measured by the loop), and the group caps the gap at
+  ``MAX_SYNC_GAP_S / (sum / dp_size)`` steps. On a slow or loaded machine (150 ms a step: 32 steps are 4.8 s) the
+  group still learns within about half a second that one of its ranks stops, pauses or ran out of work.
 
-The ``vllm`` cadence (every ``sync_interval`` steps, never step 1, never dense, no horizon) is kept for the
-benchmark.
+The ``vllm`` cadence (every ``sync_interval`` steps, never step 1, never dense, no horizon, no time cap) is kept for
+the benchmark; a stopping rank's leave is bounded only by the ``asyncdp`` cadence.
 
 Leaving (spec §8.7). A stopping rank keeps stepping while its peers have work, because a member that is gone
 blocks every later collective of the others. Under steady traffic its peers always have work, so the rank cannot
 wait for the group to go idle: once it has nothing left and its own bound has passed (the rank decides when, from
 its clock: ``leaving``), it raises the last flag of its sync vector. The sync that sums it to more than 0 is the
 group's last collective on every rank: all of them see the same sum, so all stop at the same collective
-(``group_left``). The leavers then say ``Goodbye``; the others never step again and wait for the coordinator's
+(``group_left``). So that this sync comes right after the bound, a stopping rank raises the ``stopping`` flag of
+every sync from its stop on: the group then syncs every step (``dense``) until the leave, and since a sync comes
+at most ``MAX_SYNC_GAP_S`` after the stop (well within ``LEAVE_WAIT_S``), the leave lands at most one step after the
+bound whatever the step time. The leavers then say ``Goodbye``; the others never step again and wait for the coordinator's
 ``Teardown`` (or their own stop). A rank that stops while the group is idle leaves through a sync too: it wakes
 the group (:meth:`Lockstep.wake`, as a rank with new work would) and raises the flag at that wave's first sync.
 Leaving without a collective would let a request that reaches a peer meanwhile start a wave whose all-reduce meets
@@ -76,6 +84,9 @@ MAX_HORIZON_FLAGS = 63  # the horizon row's length is min(sync_interval - 1, thi
 # within its launcher's kill deadline (drain + 5 s; 3.5 s under a multi-port supervisor) and, with
 # --shutdown-timeout 0, within the 4.1 s its top process has to exit (spec §12.5).
 LEAVE_WAIT_S = 2.0
+# [ours] The most time a busy group steps between two syncs, at the step time its last sync measured, so that a
+# stopping rank's flag reaches its peers (and the group syncs every step) well before its LEAVE_WAIT_S runs out.
+MAX_SYNC_GAP_S = 0.5
 
 
 class PauseState(enum.Enum):
@@ -117,6 +128,14 @@ def horizon_flags(horizon: int | None, num_flags: int) -> list[int]:
     return [int(horizon <= k) for k in range(1, num_flags + 1)]
 
 
+def steps_within(gap_s: float, sum_step_ms: int, dp_size: int, default: int) -> int:
+    """How many steps fit in ``gap_s`` at the group's mean step time (``sum_step_ms / dp_size``), at least 1;
+    ``default`` when no rank measured one yet (0)."""
+    if sum_step_ms <= 0:
+        return default
+    return max(1, int(gap_s * 1000.0 * dp_size // sum_step_ms))
+
+
 def group_horizon(counts: Sequence[int], dp_size: int, default: int) -> int:
     """The group's drain horizon from the summed rows: the first k that every rank reached, else ``default``."""
     for k, count in enumerate(counts, start=1):
@@ -148,6 +167,7 @@ class Lockstep:
         self.num_horizon_flags = 0 if cadence == "vllm" else min(sync_interval - 1, MAX_HORIZON_FLAGS)
         self.num_syncs = 0  # all-reduces run by this object's loop (all waves), for stats and benchmarks
         self.group_left = False  # a sync saw a rank leave: the group never steps or syncs again
+        self.stopping = False  # the last sync saw a stopping rank: every step syncs until it leaves
 
     # ------------------------------------------------------------ wave messages (§8.4)
 
@@ -204,24 +224,30 @@ class Lockstep:
         self.engines_running = True
         return False
 
-    def sync_flags(self, local_unfinished: bool, local_horizon: int | None = None, leaving: bool = False) -> list[int]:
+    def sync_flags(self, local_unfinished: bool, local_horizon: int | None = None, leaving: bool = False, *,
+                   stopping: bool = False, step_ms: int = 0) -> list[int]:
         """The int vector this rank contributes to the sum all-reduce: ``[unfinished, pending_pause]``, with the
-        asyncdp cadence the horizon row (``local_horizon``: forwards this rank still needs, an estimate), and last
-        the leaving flag (``leaving``: this rank is stopping and leaves the group at this sync)."""
+        asyncdp cadence the horizon row (``local_horizon``: forwards this rank still needs, an estimate), then
+        ``step_ms`` (the mean time of this rank's steps since its last sync, 0 when unknown), the stopping flag
+        (``stopping``: this rank is shutting down and will leave) and last the leaving flag (``leaving``: this rank
+        leaves the group at this sync)."""
         return [int(local_unfinished), int(self.pending_pause), *horizon_flags(local_horizon, self.num_horizon_flags),
-                int(leaving)]
+                max(0, int(step_ms)), int(stopping or leaving), int(leaving)]
 
     def apply_sums(self, sums: Sequence[int]) -> bool:
         """Apply the all-reduced :meth:`sync_flags` vector; returns (and stores) ``engines_running``."""
         k = 2 + self.num_horizon_flags
-        if len(sums) != k + 1:
-            raise ValueError(f"expected {k + 1} sums (the sync_flags vector), got {len(sums)}")
-        return self.apply_sync(sums[0], sums[1], horizon_counts=sums[2:k], sum_leaving=sums[k])
+        if len(sums) != k + 3:
+            raise ValueError(f"expected {k + 3} sums (the sync_flags vector), got {len(sums)}")
+        return self.apply_sync(sums[0], sums[1], horizon_counts=sums[2:k], sum_step_ms=sums[k],
+                               sum_stopping=sums[k + 1], sum_leaving=sums[k + 2])
 
     def apply_sync(self, sum_unfinished: int, sum_pending_pause: int, dp_size: int | None = None,
-                   horizon_counts: Sequence[int] = (), sum_leaving: int = 0) -> bool:
+                   horizon_counts: Sequence[int] = (), sum_leaving: int = 0, *, sum_stopping: int = 0,
+                   sum_step_ms: int = 0) -> bool:
         """Apply the all-reduced sums (``horizon_counts``: the summed horizon rows; empty means unknown;
-        ``sum_leaving``: how many ranks leave the group at this sync); returns (and stores) ``engines_running``."""
+        ``sum_leaving``: how many ranks leave the group at this sync; ``sum_stopping``: how many are stopping;
+        ``sum_step_ms``: the ranks' step times, for the time cap); returns (and stores) ``engines_running``."""
         n = self.dp_size if dp_size is None else dp_size
         self.num_syncs += 1
         if sum_leaving > 0:  # the group's last collective: nobody steps again (see "Leaving" above)
@@ -233,10 +259,12 @@ class Lockstep:
             self.pending_pause = False
             self.ignore_start_wave = True
         self.engines_running = sum_unfinished > 0 or partial_pause  # a partial pause keeps the group running
-        # Both sums are the same on every rank, so every rank switches cadence on the same step (§8.3).
-        self.dense = sum_unfinished < n or partial_pause
+        # Every sum is the same on every rank, so every rank switches cadence on the same step (§8.3).
+        self.stopping = sum_stopping > 0
+        self.dense = sum_unfinished < n or partial_pause or self.stopping
         horizon = group_horizon(horizon_counts, n, self.sync_interval)
-        self.next_sync = self.step_counter + min(horizon, self.sync_interval)
+        gap = steps_within(MAX_SYNC_GAP_S, sum_step_ms, n, self.sync_interval)
+        self.next_sync = self.step_counter + min(horizon, self.sync_interval, gap)
         return self.engines_running
 
     def end_step(self) -> WaveCompleted | None:
@@ -246,7 +274,8 @@ class Lockstep:
         done = WaveCompleted(self.current_wave, self.dp_rank == 0 or not self.has_coordinator)
         self.current_wave += 1
         self.step_counter = 0
-        self.dense = False
+        self.dense = False  # (a stopping rank raises its flag again at the next wave's first sync)
+        self.stopping = False
         self.next_sync = None
         return done
 

@@ -7,13 +7,16 @@ state machine; it borrows the links, the inbox and the step helpers of its :clas
     process inputs, blocking only while the group is idle and this rank has nothing steppable
     publish stats; step if there is steppable work (throttled per §8.5); publish stats
     if nothing executed: a dummy batch when the group is running, else back to the inputs
-    advance the wave step; on a sync step all-reduce (sum) [local_unfinished, pending_pause, horizon row, leaving]
+    advance the wave step; on a sync step all-reduce (sum) [local_unfinished, pending_pause, horizon row, step time,
+        stopping, leaving]
     end_step: when the group went idle the wave is complete (rank 0 sends WaveComplete)
 
 Invariant: each iteration that reaches ``advance`` runs exactly one forward (real or dummy), and the sync
 schedule depends only on the shared step counter and earlier all-reduce results (the adaptive cadence of
 :mod:`asyncdp.dp.lockstep`), so the k-th all-reduce of every rank is the same collective. The drain horizon this
-rank contributes (:func:`forwards_to_drain`) is local, but it only enters the schedule through the all-reduce.
+rank contributes (:func:`forwards_to_drain`) is local, but it only enters the schedule through the all-reduce;
+so does the mean time of its steps since its last sync (measured here on the anyio clock, virtual in tests), from
+which the group caps the gap between syncs at ``MAX_SYNC_GAP_S``.
 The resume barrier (a max all-reduce) only runs while the whole group is stopped by a completed pause, so it
 pairs with the peers' resume barriers.
 
@@ -24,7 +27,9 @@ transition the rank sends its scheduler stats (wave, running flag, dummy-step an
 Shutdown (§8.7): a draining rank keeps dummy-stepping while its peers have work. When the group is idle it wakes
 it (``StartWaveRequest``, as a rank with new work would) and raises the leaving flag of that wave's first sync.
 Its peers may never go idle (steady traffic), so once it is drained and ``LEAVE_WAIT_S`` past its drain deadline
-(``ready_to_leave``) it raises the leaving flag of the next sync. Either way that sync is the group's last
+(``ready_to_leave``) it raises the leaving flag of the next sync; from its stop on it raises the stopping flag
+of every sync, so that the group syncs every step until then and that sync comes one step after the bound at
+most. Either way that sync is the group's last
 collective on every rank; no rank leaves between collectives, so no peer can start a wave (a request arriving
 meanwhile) whose all-reduce meets a departed rank. Only a group paused by consensus, which ignores the wake-up,
 is left at once. The leaver says ``Goodbye``; every other rank
@@ -39,7 +44,10 @@ which aborts the DP group so that a pending all-reduce raises at once; the loop 
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Protocol
+
+import anyio
 
 from asyncdp import messages as m
 from asyncdp.dp.lockstep import LEAVE_WAIT_S, Lockstep, StartWaveRequest, WaveCompleted
@@ -125,6 +133,11 @@ class LockstepLoop:
                               has_coordinator=rank.coordinator is not None)
         self._reported: tuple[int, bool] = (self.state.current_wave, self.state.engines_running)
         self._leave_idle = False  # stopping and drained, this rank woke the idle group to leave at its next sync
+        # the step time this rank reports at each sync: steps since the last sync and their total (s)
+        self._last_forward_at: float | None = None  # None while the group is idle (a wait is no step)
+        self._timed_steps = 0
+        self._timed_s = 0.0
+        self._step_ms = 0
 
     async def run(self) -> None:
         try:
@@ -136,6 +149,7 @@ class LockstepLoop:
         rank, core, ls = self.rank, self.rank.core, self.state
         while True:
             if not ls.should_step(core.has_steppable_work()):
+                self._last_forward_at = None
                 if rank.state.shutting_down and not core.has_unfinished():
                     if not await self._wake_to_leave():
                         return  # a group paused by consensus: left without a sync
@@ -152,20 +166,39 @@ class LockstepLoop:
             local_unfinished = core.num_unfinished_for_sync() > 0
             if not executed:
                 if not ls.must_join(local_unfinished):
+                    self._last_forward_at = None
                     rank.complete_pauses()
                     await self._report_transition()
                     continue  # the group is idle: no collective; block on input
                 await rank.run_dummy()
+            self._time_step()
             if ls.advance():
                 horizon = forwards_to_drain(core.scheduler) if local_unfinished else 0
                 leaving = self._leave_idle or rank.ready_to_leave()
-                ls.apply_sums(await self.group.all_reduce(ls.sync_flags(local_unfinished, horizon, leaving), "sum"))
+                flags = ls.sync_flags(local_unfinished, horizon, leaving, stopping=rank.state.shutting_down,
+                                      step_ms=self._take_step_ms())
+                ls.apply_sums(await self.group.all_reduce(flags, "sum"))
                 if ls.group_left:  # that was the group's last collective
                     await self._after_group_left(leaving)
                     return
             await self._end_wave(ls.end_step())
             rank.complete_pauses()
             await self._report_transition()
+
+    def _time_step(self) -> None:
+        """Count the time since the previous forward of this wave (a forward and the loop around it)."""
+        now = anyio.current_time()
+        if self._last_forward_at is not None:
+            self._timed_steps += 1
+            self._timed_s += now - self._last_forward_at
+        self._last_forward_at = now
+
+    def _take_step_ms(self) -> int:
+        """The mean step time since the last sync (ms, rounded up; the last one when no step was timed)."""
+        if self._timed_steps:
+            self._step_ms = math.ceil(1000.0 * self._timed_s / self._timed_steps)
+        self._timed_steps, self._timed_s = 0, 0.0
+        return self._step_ms
 
     async def _wake_to_leave(self) -> bool:
         """Stopping, drained and the group idle: wake the group, so that this rank leaves at the first sync of

@@ -30,7 +30,8 @@ sync every rank shares, waking an idle group for it, and sends ``Goodbye``: :mod
 Teardown and fatal errors (spec §8.8, §13): ``Teardown`` from the coordinator, or the loss of the coordinator
 in MoE mode, is acted on by the link reader at once, even while the loop is blocked in a collective or on the
 execution thread: the DP group is aborted and :meth:`EngineRank.run` raises :class:`RankTornDown` (a rank
-that was shutting down ends normally instead). Any failure sends ``EngineDead`` to every client and the
+that was shutting down ends normally instead). An orderly ``Teardown`` (a peer left while the coordinator's node
+stops) counts as this rank's own stop only where the head's stop stops this rank's node (``stops_with_head``). Any failure sends ``EngineDead`` to every client and the
 coordinator, flushed for up to 5 s. The thread is never awaited once cancelled (``abandon_on_cancel``); the
 worker process hard-exits, so a thread stuck in a collective cannot keep a dead rank alive.
 """
@@ -92,6 +93,10 @@ class RankConfig:
     sync_cadence: str = "asyncdp"  # "asyncdp" (also the first step of each wave) | "vllm" (benchmark only)
     enable_expert_parallel: bool = False  # MoE with dp > 1: experts split across ranks (all-to-all)
     client_outbox_size: int = OUTBOX_SIZE  # messages queued per client before its link is cut (rank_links)
+    # The head's stop stops this rank's node too (the head's own node, a headless node): an orderly Teardown means
+    # that this rank's own stop is merely late. False on a node of its own launch (an external-LB rank server, a
+    # hybrid node), which stops only on its own signal: the head's stop is a peer's departure there (spec §8.7).
+    stops_with_head: bool = True
 
 
 class EngineRank:
@@ -183,7 +188,8 @@ class EngineRank:
                 raise  # cancelled from outside: the process is going away
             if self.dp_group is not None:
                 self.dp_group.abort()
-            self.state.dead_reason = describe_error(leaf)
+            # a teardown's own words name the cause ("its MoE group ended (...)"); anything else by its type too
+            self.state.dead_reason = str(leaf) if isinstance(leaf, RankTornDown) else describe_error(leaf)
             await self.links.announce_death(self.state.dead_reason)
             if leaf is exc:
                 raise
@@ -201,9 +207,9 @@ class EngineRank:
     # ------------------------------------------------------------------ link events
 
     def on_teardown(self, reason: str, *, orderly: bool = False) -> None:
-        if orderly:  # the deployment is stopping: this rank's own signal is merely late
+        if orderly and self.cfg.stops_with_head:  # the deployment is stopping: this rank's own signal is late
             self.request_shutdown()
-        self._group_ended(reason)
+        self._group_ended(reason, peer_stopped=orderly)
 
     def on_coordinator_lost(self, reason: str) -> None:
         if self.cfg.is_moe and self.cfg.dp_size > 1:
@@ -213,8 +219,9 @@ class EngineRank:
             log.warning("rank %d: %s; serving on without load reports", self.cfg.dp_rank, reason)
         self.links.coordinator = None
 
-    def _group_ended(self, reason: str) -> None:
-        """The MoE group is gone (teardown, coordinator lost): abort the collectives; end (spec §8.7, §8.8)."""
+    def _group_ended(self, reason: str, *, peer_stopped: bool = False) -> None:
+        """The MoE group is gone (teardown, coordinator lost): abort the collectives; end (spec §8.7, §8.8): in
+        order when shutting down, else with :class:`RankTornDown` (exit 1, ``EngineDead`` naming ``reason``)."""
         if self.dp_group is not None:
             self.dp_group.abort()
         if self._loop_done:
@@ -223,7 +230,8 @@ class EngineRank:
             log.info("rank %d: %s while shutting down; exiting", self.cfg.dp_rank, reason)
             self._cancel_run.cancel()
             return
-        raise RankTornDown(f"rank {self.cfg.dp_rank}: {reason}")
+        what = "its MoE group ended" if self.lockstep is not None else "torn down"
+        raise RankTornDown(f"rank {self.cfg.dp_rank}: {what} ({reason})", peer_stopped=peer_stopped, cause=reason)
 
     async def send_coordinator(self, msg: m.Message) -> None:
         if not await self.links.send_coordinator(msg):

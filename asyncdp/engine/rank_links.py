@@ -273,7 +273,8 @@ def main_error(exc: BaseException) -> BaseException | None:
     if not leaves:
         return None
     if all(isinstance(e, AsyncDPError) for e in leaves):
-        return next((e for e in leaves if isinstance(e, RankTornDown)), leaves[0])
+        torn = [e for e in leaves if isinstance(e, RankTornDown)]  # a peer's orderly stop is the better cause
+        return next((e for e in torn if e.peer_stopped), torn[0] if torn else leaves[0])
     return exc
 
 

@@ -8,7 +8,9 @@ client. Then :class:`~asyncdp.engine.rank.EngineRank` runs until shutdown.
 The process gets an :class:`~asyncdp.config.roles.EngineRole` and reports ``ChildReady`` on the control channel
 once the handshake is done. Signals (SIGTERM/SIGINT) and ``Shutdown`` on the control channel start an orderly
 shutdown. EOF on
-the control channel means the parent died: the rank stops at once (exit 1).
+the control channel means the parent died: the rank stops at once (exit 1). A rank whose MoE group a peer left in
+order while this rank was not asked to stop exits 1 after ``PeerLeftGroup``, so that its launcher can tell that
+from a failure of its own (it waits ``PEER_STOP_GRACE_S`` for its own signal, spec §8.7).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def rank_config(role: EngineRole) -> RankConfig:
         external_lb=role.external_lb, heartbeat_interval_s=role.heartbeat_interval_s,
         heartbeat_timeout_s=role.heartbeat_timeout_s, shutdown_timeout_s=role.shutdown_timeout_s,
         sync_interval=role.sync_interval, prefill_schedule_interval=role.prefill_schedule_interval,
-        enable_expert_parallel=role.enable_expert_parallel)
+        enable_expert_parallel=role.enable_expert_parallel, stops_with_head=role.local or role.headless)
 
 
 def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
@@ -76,24 +78,26 @@ async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCor
     """Build the core; for a MoE rank of a DP group, join the torch.distributed group first (spec §5.5).
 
     Group set-up and the executor's construction run on the rank's execution thread (one limiter): every
-    collective of this rank is issued from there, in the same order on every rank.
+    collective of this rank is issued from there, in the same order on every rank. Both may wait for peers that
+    never come (the rendezvous, the first collectives), so a stop signal abandons the thread (the process
+    hard-exits; spec §12.5: a stopped launcher exits 0 within 4.1 s, peers or not).
     """
     from asyncdp.engine.core import build_engine_core
 
     limiter = anyio.CapacityLimiter(1)
     if init.dp_group is None or not cfg.is_moe or cfg.dp_size == 1:
         core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp_rank=cfg.dp_rank),
-                                              limiter=limiter)
+                                              limiter=limiter, abandon_on_cancel=True)
         return core, None, limiter
     from asyncdp.model.distributed import DPContext, TorchDPGroup, init_dp_group
 
     group = await anyio.to_thread.run_sync(
-        functools.partial(init_dp_group, init.dp_group, cfg.dp_rank), limiter=limiter)
+        functools.partial(init_dp_group, init.dp_group, cfg.dp_rank), limiter=limiter, abandon_on_cancel=True)
     try:
         ctx = DPContext(group, enable_expert_parallel=cfg.enable_expert_parallel)
         core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp=ctx,
                                                                 dp_rank=cfg.dp_rank),
-                                              limiter=limiter)
+                                              limiter=limiter, abandon_on_cancel=True)
     except BaseException:
         group.destroy()
         raise
@@ -285,6 +289,9 @@ async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
         except (RankTornDown, StartupError) as exc:  # a teardown, or a refusal that says why: no traceback
             log.error("%s", exc)
             code = 1
+            if isinstance(exc, RankTornDown) and exc.peer_stopped:  # the launcher gives its own stop a grace
+                with anyio.move_on_after(1.0):
+                    await control.send(m.PeerLeftGroup(dp_rank=cfg.dp_rank, reason=exc.cause))
         except Exception as exc:
             leaves = leaf_exceptions(exc)
             lost = _lost_peer(exc)

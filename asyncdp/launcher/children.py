@@ -40,8 +40,8 @@ SHUTDOWN_GRACE_S = 5.0
 # machine's supervisor SIGKILLed a child that was killing its slow engine at that moment (an orderly stop, exit 1).
 SUPERVISED_MARGIN_S = 1.5
 # The engines of a failed startup have no request to drain (no API server got ready): a SIGTERM ends a startup at
-# once, unless the engine is blocked where no signal reaches it (the MoE group's rendezvous, waiting for a rank that
-# never came). They get this long, not the drain deadline, before their trees are killed.
+# once, even in the MoE group's rendezvous (waiting for a rank that never came: the engine abandons that thread).
+# They get this long, not the drain deadline, before their trees are killed.
 FAILED_STARTUP_ENGINE_GRACE_S = 1.0
 _SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
@@ -69,10 +69,18 @@ async def watch_child(node: RunningNode, child: ChildProcess) -> None:
     if not node.started:
         return  # startup waits see ChildExited and fail with E12
     plan = node.plan
-    if child.role == ENGINE and plan.is_moe and plan.dp_size > 1 and code == 0:
-        # a MoE engine ends with 0 before its node stops only after an orderly teardown: a peer left first
-        node.stop_with_peer(f"{child.describe()} left with its MoE group (a peer was stopped)")
-        return
+    if child.role == ENGINE and plan.is_moe and plan.dp_size > 1:
+        if code != 0:  # the events it sent before it exited (PeerLeftGroup) are read by now, or soon
+            with anyio.move_on_after(1.0):
+                await child.events_ended.wait()
+        left = child.event(m.PeerLeftGroup)
+        if code == 0 or left is not None:
+            # a MoE engine ends before its node stops after a peer left the group in order: with 0 after an orderly
+            # teardown (its node stops with the head), else with 1 after saying so (PeerLeftGroup: the node of its
+            # own launch, which may still be asked to stop a moment later)
+            why = "a peer was stopped" if left is None else f"{left.reason}; exit code {code}"
+            node.stop_with_peer(f"{child.describe()} left with its MoE group ({why})")
+            return
     if child.role == ENGINE and not plan.is_moe and not plan.dp_fail_fast:
         if node.table.top == "headless" and all(c.exited.is_set() for c in node.children if c.role == ENGINE):
             # a headless node is its engines: with none left it serves nothing, and its exit is what tells the

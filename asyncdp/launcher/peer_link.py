@@ -10,7 +10,8 @@ and answers ``NodeAccepted``. From then on the head sends ``NodeTopology`` (ever
 deployment) whenever its view changes, and this node hands it to its API servers as is: ``/server_info`` on any
 endpoint shows the whole deployment. Heartbeats go both ways. Losing the link is not a failure here (a dense
 hybrid node keeps serving its ranks when the head is gone, spec §11.1; a MoE group's teardown comes through the
-coordinator): it is logged and the endpoints fall back to this node's own view.
+coordinator, and its engines' exit stops this node): it is logged and the endpoints fall back to this node's own
+view.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ async def follow_head_topology(node: RunningNode, summary: dict[str, object]) ->
         tg.cancel_scope.cancel()
     if node.shutdown.is_set():
         return
-    log.warning("lost the head's node link at %s (%s): this node keeps serving its ranks; /server_info shows "
-                "this node only", addr, "closed" if why == "closed" else "no heartbeat")
+    lost = "closed" if why == "closed" else "no heartbeat"
+    if plan.is_moe:  # the head hosts the group's coordinator: this node's engines end with the group, and say why
+        log.warning("lost the head's node link at %s (%s): the MoE group cannot go on without the head; this node "
+                    "stops with it", addr, lost)
+    else:
+        log.warning("lost the head's node link at %s (%s): this node keeps serving its ranks; /server_info shows "
+                    "this node only", addr, lost)
     await publish_process_table(node)

@@ -1,7 +1,7 @@
 """The control-channel messages between a parent process and its children: the worker hello carrying the
 role's config (:mod:`asyncdp.config.roles`), commands down (``Stopping``, ``Shutdown``, ``ProcessTable``), events
-up (``CoordinatorListening``, ``ApiListening``, ``ChildReady``, ``ApiStopped``). :data:`ControlMessage` is their
-union.
+up (``CoordinatorListening``, ``ApiListening``, ``ChildReady``, ``ApiStopped``, ``PeerLeftGroup``).
+:data:`ControlMessage` is their union.
 """
 
 from __future__ import annotations
@@ -70,6 +70,16 @@ class ApiStopped(_Msg, frozen=True):
     aborted: int
 
 
+class PeerLeftGroup(_Msg, frozen=True):
+    """Engine -> launcher, before it exits 1: its MoE group ended because a peer left it in order (the coordinator's
+    node stopped) while this engine was not asked to stop. Its launcher stops the node and exits 0 only if its own
+    request to stop follows within ``PEER_STOP_GRACE_S`` (spec §8.7: a whole group's signals arrive apart)."""
+
+    dp_rank: int
+    reason: str  # the teardown's ("teardown from the coordinator: rank 0 shut down")
+
+
 ControlMessage = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     WorkerHello, Stopping, Shutdown, ProcessTable, CoordinatorListening, ApiListening, ChildReady, ApiStopped,
+    PeerLeftGroup,
 ]

@@ -137,6 +137,7 @@ class ChildProcess:
     events: dict[type, m.ControlMessage] = field(default_factory=dict)  # the last of each type
     _changed: anyio.Event = field(default_factory=anyio.Event)
     exited: anyio.Event = field(default_factory=anyio.Event)
+    events_ended: anyio.Event = field(default_factory=anyio.Event)  # its control channel reached EOF
     killed: bool = False  # its parent SIGKILLed its tree while it ran: it did not stop in order
 
     @property
@@ -161,6 +162,7 @@ class ChildProcess:
             try:
                 msg = await self.control.receive()
             except anyio.EndOfStream:
+                self.events_ended.set()
                 return
             except ProtocolError as exc:
                 log.error("%s: dropped a control frame: %s", self.describe(), exc)

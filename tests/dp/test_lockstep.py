@@ -89,9 +89,9 @@ class Group:
         assert len({ls.step_counter for ls in self.ranks}) == 1
         if syncing[0]:
             flags = [ls.sync_flags(self.unfinished(r), self.horizon(r)) for r, ls in enumerate(self.ranks)]
-            s_unf, s_pause, *horizon = (sum(col) for col in zip(*flags, strict=True))
+            sums = [sum(col) for col in zip(*flags, strict=True)]
             for ls in self.ranks:
-                ls.apply_sync(s_unf, s_pause, len(self.ranks), horizon)
+                ls.apply_sums(sums)
         for ls in self.ranks:
             done = ls.end_step()
             if done is not None and ls.dp_rank == 0:
@@ -352,49 +352,3 @@ def test_any_request_schedule_stays_in_lockstep_and_drains(schedule, cadence):
     assert not any(ls.engines_running for ls in g.ranks)
     assert len({ls.current_wave for ls in g.ranks}) == 1
     assert g.coord.current_wave == g.ranks[0].current_wave and not g.coord.running
-
-
-def test_the_leaving_flag_is_the_last_sum_and_zero_keeps_the_group_as_it_was():
-    ls, peer = Lockstep(0, 2, 8), Lockstep(1, 2, 8)
-    flags = ls.sync_flags(True, 3, leaving=True)
-    assert len(flags) == 3 + ls.num_horizon_flags and flags[:2] == [1, 0] and flags[-1] == 1
-    assert ls.sync_flags(True, 3)[-1] == 0  # not leaving by default
-    ls.engines_running = True
-    assert ls.advance()
-    sums = [a + b for a, b in zip(ls.sync_flags(True, 3), peer.sync_flags(True, 5), strict=True)]
-    assert ls.apply_sums(sums)  # nobody leaves: the horizon rule as before (the group's horizon is 5)
-    assert not ls.group_left and ls.should_step(False) and ls.next_sync == 1 + 5
-    with pytest.raises(ValueError, match="sums"):
-        ls.apply_sums([1, 0])
-
-
-def test_a_sync_that_sees_a_rank_leave_is_the_groups_last_collective():
-    # Rank 1 stops while rank 0 stays busy: at the sync where rank 1 raises its leaving flag, both ranks stop
-    # stepping and joining collectives, whatever work rank 0 still has (spec §8.7).
-    ranks = [Lockstep(r, 2, 8) for r in range(2)]
-    for ls in ranks:
-        ls.engines_running = True
-        assert ls.advance()  # step 1 syncs
-    sums = [a + b for a, b in zip(ranks[0].sync_flags(True, 50), ranks[1].sync_flags(False, 0, leaving=True),
-                                  strict=True)]
-    for ls in ranks:
-        assert ls.apply_sums(sums) is False
-        assert ls.group_left and not ls.engines_running
-        assert not ls.should_step(True) and not ls.must_join(True)  # even with local work
-        assert not ls.on_start_wave(ls.current_wave + 1, None)  # an ended group never restarts
-        assert ls.on_add_request(ls.current_wave - 1, True) is None and not ls.engines_running
-        with pytest.raises(PauseError, match="ended"):
-            ls.begin_pause("abort")
-        with pytest.raises(PauseError, match="ended"):
-            ls.resume()
-
-
-def test_wake_starts_a_wave_from_an_idle_rank_only():
-    ls = Lockstep(1, 2, 8)
-    assert ls.wake() == StartWaveRequest(1, 0) and ls.engines_running  # idle: wake the peers
-    assert ls.wake() is None  # already running: its next sync comes anyway
-    ls.apply_sync(0, 0, horizon_counts=(), sum_leaving=1)
-    assert ls.group_left and ls.wake() is None  # an ended group never restarts
-    paused = Lockstep(0, 2, 8)
-    paused.ignore_start_wave = True  # paused by consensus: the peers would ignore StartWave
-    assert paused.wake() is None and not paused.engines_running

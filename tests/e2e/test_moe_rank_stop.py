@@ -5,7 +5,8 @@ Two rank servers of ``builtin:tiny-moe`` behind an external load balancer (the h
 Rank 0 never goes idle, so rank 1 cannot wait for an idle group to leave: it must leave at a sync its peer agrees
 to, say ``Goodbye`` and exit 0 well within its launcher's kill deadline (it used to dummy-step until its launcher
 SIGKILLed it 5 s later); the coordinator then tears the group down as "rank 1 shut down" and rank 0's server,
-which nobody asked to stop, exits 1 about ``PEER_STOP_GRACE_S`` later.
+which nobody asked to stop, exits 1 about ``PEER_STOP_GRACE_S`` later. The other way round (rank 0's server, the
+head, stopped), rank 1's engine exits 1 too, naming the cause to its requests, and so does its server.
 """
 
 from __future__ import annotations
@@ -124,6 +125,51 @@ async def test_sigterm_to_one_member_of_a_busy_moe_group_exits_0_in_time_and_the
         refused = [(outcome, text) for port, at, outcome, text in seen
                    if port == servers[0].port and outcome.startswith("http-") and at < rank1_exit_at]
         assert all("server is shutting down" not in _error_message(text).lower() for _, text in refused), refused
+        for server in servers:
+            assert not server.wait_gone(), f"processes left\n{server.log()[-4000:]}"
+            assert "Traceback" not in server.log(), server.log()[-4000:]
+
+
+async def test_sigterm_to_the_head_rank_of_a_busy_group_ends_the_other_rank_server_with_1_naming_the_cause(
+        tmp_path: Path) -> None:
+    # The defect: rank 0's server (the head: coordinator and handshake) was stopped; rank 1's engine took the
+    # coordinator's orderly Teardown as its own stop and exited 0, the requests reaching rank 1's server then failed
+    # with "engine rank 1 died: its link closed", and its launcher logged that it "keeps serving its ranks". Spec
+    # §13: a peer that was not shutting down exits 1; its requests name the cause.
+    with external_group(tmp_path) as servers:
+        seen: list[tuple[int, float, str, str]] = []
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                busy = []
+                for k in range(4):
+                    busy.append(anyio.Event())
+                    tg.start_soon(_traffic, servers[k % 2], k, busy[-1], seen)
+                for event in busy:
+                    await event.wait()
+                for server in servers:
+                    server.remember_tree()
+                signalled_at = time.monotonic()
+                servers[0].process.send_signal(signal.SIGTERM)
+                rank0_exit_at = await _wait_exit(servers[0], 30)
+                rank1_exit_at = await _wait_exit(servers[1], 30)
+                tg.cancel_scope.cancel()
+        logs = [s.log() for s in servers]
+        print(f"\nrank 0's server exited {rank0_exit_at - signalled_at:.2f} s after SIGTERM with "
+              f"{servers[0].process.returncode}; rank 1's {rank1_exit_at - signalled_at:.2f} s after SIGTERM with "
+              f"{servers[1].process.returncode}")
+        assert servers[0].process.returncode == 0, logs[0][-4000:]
+        assert servers[1].process.returncode == 1, logs[1][-4000:]
+        assert rank1_exit_at - rank0_exit_at < PEER_EXIT_AFTER_S
+        # its engine exited 1 after saying why; its launcher waited for its own signal in vain, and said so
+        assert "rank 1: its MoE group ended (teardown from the coordinator: rank 0 shut down)" in logs[1], logs[1]
+        assert ("left with its MoE group (teardown from the coordinator: rank 0 shut down; exit code 1)"
+                in logs[1]), logs[1][-4000:]
+        assert "was not asked to stop within" in logs[1], logs[1][-4000:]
+        assert "keeps serving its ranks" not in logs[1], logs[1][-4000:]
+        failed = [_error_message(text) for port, at, outcome, text in seen
+                  if port == servers[1].port and outcome.startswith("http-")]
+        assert any("its MoE group ended" in text for text in failed), failed
+        assert not any("link closed" in text for text in failed), failed
         for server in servers:
             assert not server.wait_gone(), f"processes left\n{server.log()[-4000:]}"
             assert "Traceback" not in server.log(), server.log()[-4000:]

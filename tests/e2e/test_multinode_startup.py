@@ -4,7 +4,9 @@ without engines (spec §4.2 E9, §5.3, §13).
 * a headless node whose ``-dpp`` names an HTTP port exits 1 with one line naming the address and the flags;
 * a head whose remote ranks never come fails at ``--engine-ready-timeout-s`` with one line naming them and what
   to start, and exits within a few seconds of it (a MoE rank stuck in the group's rendezvous gets no drain grace);
-* a dense headless node whose engines all died exits 1, and the head sees it as a lost node.
+* a dense headless node whose engines all died exits 1, and the head sees it as a lost node;
+* SIGTERM to a MoE head whose remote rank never comes, while its own rank waits in the group's rendezvous, stops
+  it in order at once (exit 0 within spec §12.5's 4.1 s).
 """
 
 from __future__ import annotations
@@ -95,6 +97,29 @@ async def test_a_head_whose_remote_rank_never_comes_names_it_and_exits_soon_afte
     assert "did not report" not in last_error(hd), hd.log()  # API servers that never served have nothing to say
     assert "Traceback" not in hd.log(), hd.log()
     assert elapsed_s < 4
+
+
+async def test_sigterm_to_a_moe_head_whose_rank_waits_in_the_rendezvous_for_a_peer_exits_0_at_once(
+        tmp_path: Path) -> None:
+    # The defect: the rank waited in torch's rendezvous on a thread its stop signal could not interrupt, so the
+    # launcher killed it after 5 s and exited 1. With --shutdown-timeout 0 it must exit 0 within 4.1 s (§12.5).
+    dep = start(tmp_path, (head("-dp", "2", "-dpl", "1", "--shutdown-timeout", "0"),), model="builtin:tiny-moe")
+    hd = dep.head
+    try:
+        # the launcher's first progress line (10 s in): rank 0 has long joined the rendezvous, rank 1 never came
+        await _wait_logged(hd, r"waiting for asyncdp-engine-dp0 to be ready .*rank 1 not connected yet", 90, dep)
+        hd.remember_tree()
+        signalled_at = time.monotonic()
+        hd.process.send_signal(signal.SIGTERM)
+        code = await wait_code(hd, 10, dep)
+        elapsed_s = time.monotonic() - signalled_at
+    finally:
+        dep.kill_all()
+    print(f"\nthe head exited {code} {elapsed_s:.2f} s after SIGTERM")
+    assert code == 0, hd.log()
+    assert elapsed_s < 4.1, (elapsed_s, hd.log())
+    assert "did not exit within" not in hd.log() and "Traceback" not in hd.log(), hd.log()
+    assert not hd.wait_gone(), hd.log()
 
 
 async def test_a_dense_headless_node_whose_engines_all_died_exits_1_and_the_head_loses_it(tmp_path: Path) -> None:

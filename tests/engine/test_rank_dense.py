@@ -119,7 +119,7 @@ async def test_teardown_from_the_coordinator_ends_a_dense_rank_with_rank_torn_do
             await coord.send(m.Teardown(reason="test", dead_rank=None))
             await ended.wait()
         assert isinstance(outcome[0], RankTornDown)
-        assert "RankTornDown" in client.dead[0]
+        assert client.dead[0] == "rank 0: torn down (teardown from the coordinator: test)"  # EngineDead names it
 
 
 @pytest.mark.trio

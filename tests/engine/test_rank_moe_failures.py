@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
 import trio
 
+from asyncdp.config.flags import SimCostProfile
 from asyncdp.dp.liveness import PEER_STOP_GRACE_S
 from asyncdp.dp.lockstep import LEAVE_WAIT_S
 from asyncdp.errors import EngineDeadError, RankTornDown
@@ -271,3 +273,70 @@ async def test_a_request_racing_the_idle_leave_is_refused_cleanly(autojump_clock
         assert late.error == "engine rank 0 cannot serve: its MoE group ended (a stopping rank left it)", late
         assert 0 not in c.client.dead
         assert c.groups[0].num_calls == c.groups[1].num_calls
+
+
+SLOW_STEP = SimCostProfile(a_ms=150.0)  # a loaded machine: 150 ms a step
+
+
+async def _next_sync(group) -> None:
+    """Until ``group``'s member completes its next collective."""
+    synced = trio.Event()
+    reduce = group.all_reduce
+
+    async def all_reduce(values, op="sum"):
+        result = await reduce(values, op)
+        synced.set()
+        return result
+
+    group.all_reduce = all_reduce
+    await synced.wait()
+    group.all_reduce = reduce
+
+
+@pytest.mark.trio
+async def test_a_rank_stopped_right_after_a_sync_of_a_slow_busy_group_leaves_one_step_after_its_bound(autojump_clock):
+    # The defect: both ranks busy with long requests, the group synced every 32 steps (4.8 s at 150 ms a step), so a
+    # rank stopped just after a sync left only at the next one, past its launcher's kill deadline (5 s). Now the
+    # group syncs at least every MAX_SYNC_GAP_S and, once a rank stops, every step until it leaves.
+    async with open_cluster(2, cost=SLOW_STEP) as c, trio.open_nursery() as traffic:
+        outcomes: list = []
+        for r in range(2):
+            traffic.start_soon(functools.partial(steady_traffic, c, r, f"r{r}", outcomes))
+        await trio.sleep(3.0)
+        await _next_sync(c.groups[1])  # just after a sync: the worst moment to stop
+        stopped_at = trio.current_time()
+        c.ranks[1].request_shutdown()
+        with trio.fail_after(LEAVE_WAIT_S + 1.0):
+            await c.ended[1].wait()
+        left_after = trio.current_time() - stopped_at
+        assert c.outcomes[1] is None  # an orderly end: Goodbye
+        assert LEAVE_WAIT_S <= left_after <= LEAVE_WAIT_S + 2 * 0.15, left_after  # the bound, then one step
+        assert c.groups[0].num_calls == c.groups[1].num_calls
+        traffic.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_rank_of_its_own_launch_whose_peer_left_as_the_head_stopped_exits_1_naming_the_cause(autojump_clock):
+    # The defect: rank 0's node (the head, with the coordinator) was stopped; the coordinator's orderly Teardown
+    # made rank 1, an external-LB rank server nobody asked to stop, exit 0 as if stopping too (spec §13: 1). Now a
+    # rank whose node does not stop with the head ends as torn down (EngineDead naming the cause), and says that a
+    # peer's orderly stop did it (peer_stopped: its launcher gives its own signal a grace).
+    stopping = trio.Event()
+    async with open_cluster(2, stopping=stopping) as c, trio.open_nursery() as traffic:
+        c.ranks[1].cfg = dataclasses.replace(c.ranks[1].cfg, stops_with_head=False)
+        outcomes: list = []
+        ended = trio.Event()
+        traffic.start_soon(functools.partial(steady_traffic, c, 1, "t", outcomes, ended=ended))
+        await trio.sleep(0.5)
+        stopping.set()  # the head's launcher: Stopping to its coordinator, then the signal to its engine
+        c.ranks[0].request_shutdown()
+        with trio.fail_after(LEAVE_WAIT_S + 1.0):
+            await c.wait_ended()
+            await ended.wait()
+        assert c.outcomes[0] is None
+        torn = c.outcomes[1]
+        assert isinstance(torn, RankTornDown) and torn.peer_stopped, torn
+        assert str(torn) == "rank 1: its MoE group ended (teardown from the coordinator: rank 0 shut down)"
+        assert c.client.dead[1] == str(torn)  # EngineDead: the API names the cause, not a closed link
+        assert outcomes[-1] == ("abort", "abandoned",
+                                "engine rank 1 cannot serve: its MoE group ended (a stopping rank left it)")

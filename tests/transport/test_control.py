@@ -37,6 +37,7 @@ async def test_every_control_message_round_trips_through_the_channel():
     parent, channel = await _pair()
     sent = [m.Stopping(), m.Shutdown(reason="rank 1 died"), m.ChildReady(dp_rank=3), m.ApiStopped(drained=2, aborted=1),
             m.CoordinatorListening(engine_addr="unix:/e", client_addr="unix:/c"), m.ApiListening(client_addr="unix:/a"),
+            m.PeerLeftGroup(dp_rank=1, reason="rank 1: its MoE group ended (rank 0 shut down)"),
             m.ProcessTable(processes=[m.ProcessRow(role="engine", rank=0, client_index=None, pid=7, host="h",
                                                    ports={})])]
     try:
