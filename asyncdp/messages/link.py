@@ -14,11 +14,12 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 7  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+PROTOCOL_VERSION = 8  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
 # 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"; 6: the ranks' cache_fill
 # (SchedulerStats, RankStats, StatsSnapshot), StructuredOutputs.param, RankDraining, and the leaving flag at the end
 # of the MoE sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths);
-# 7: NodeStopping on the node link
+# 7: NodeStopping on the node link; 8: the mean step time and the stopping flag in the MoE sync all-reduce (ranks of
+# different builds would sum vectors of different lengths)
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
