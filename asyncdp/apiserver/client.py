@@ -178,7 +178,7 @@ class DPClient:
         if not self._links.all_ready.is_set():
             raise UnavailableError("the server is starting: not every data-parallel rank is ready yet")
         if not self._links.any_alive():
-            raise UnavailableError("no data-parallel rank can serve requests")
+            raise UnavailableError(self._links.none_alive())
 
     def begin_shutdown(self, reason: str = "the server is shutting down") -> None:
         """New requests get 503 from now on; a request the engines abort from now on (their own drain deadline,
@@ -301,6 +301,8 @@ class DPClient:
 
         Bounded by ``utility_timeout_s``: a pause waits for running requests (mode ``wait``) or for the MoE
         group's consensus, but never forever; a rank that dies meanwhile fails the call at once."""
+        if self._links.engines and not self._links.any_alive():
+            raise UnavailableError(self._links.none_alive())
         return await self._utility.call(list(self._links.engines.values()), method, args, kwargs,
                                         self.cfg.utility_timeout_s)
 

@@ -58,6 +58,7 @@ class EngineLink:
     ready: m.EngineReady
     alive: bool = True
     last_seen: float = 0.0
+    ended: str | None = None  # once it ended: how (its EngineDead reason, "its link closed", a missed heartbeat)
 
 
 async def read_engine_ready(link: Link, managed_ranks: tuple[int, ...], client_index: int) -> m.EngineReady | None:
@@ -169,6 +170,7 @@ class EngineLinks:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.client_index = client_index
         self.engines: dict[int, EngineLink] = {}
+        self.last_ended: EngineLink | None = None
         self.all_ready = anyio.Event()
         self._on_ready = on_ready
         self._on_message = on_message
@@ -180,6 +182,12 @@ class EngineLinks:
 
     def any_alive(self) -> bool:
         return any(e.alive for e in self.engines.values())
+
+    def none_alive(self) -> str:
+        """Why no rank can serve (a 503's words): the last managed rank to end, and how."""
+        if (last := self.last_ended) is None or last.alive:
+            return "no data-parallel rank can serve requests"
+        return f"no data-parallel rank can serve requests: the last, engine rank {last.dp_rank}, ended ({last.ended})"
 
     async def accept(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
         """Task: accept engine connections and serve each in ``tg``."""
@@ -226,7 +234,7 @@ class EngineLinks:
                 reason = liveness.describe(f"engine rank {rank}", anyio.current_time())
         finally:
             if engine.alive:
-                engine.alive = False
+                engine.alive, engine.ended, self.last_ended = False, reason, engine
                 self._on_dead(rank, reason)
             await link.aclose()
 

@@ -1,7 +1,10 @@
 """The DP client against hand-driven engine links (no engine processes): startup robustness and utility calls."""
 
+import re
+
 import anyio
 import pytest
+import trio.testing
 
 from asyncdp import messages as m
 from asyncdp.apiserver.client import ClientConfig, DPClient
@@ -582,3 +585,18 @@ async def test_the_policy_is_told_the_engines_kv_capacity_once_every_managed_ran
         tg.cancel_scope.cancel()
     for _, engine_end in ends:
         await engine_end.aclose()
+
+
+@pytest.mark.trio
+async def test_with_every_rank_gone_a_request_is_refused_naming_the_last_ranks_end(autojump_clock):
+    """A bare "no rank can serve" leaves the operator to dig through the logs: the refusal says which rank ended
+    last and how (an external-LB rank server whose MoE peer was stopped keeps its listener until it exits)."""
+    async with _client_with_engine() as (client, engine_end):
+        await engine_end.send(m.EngineDead(dp_rank=0, reason="rank 0: its MoE group ended (teardown)"))
+        await trio.testing.wait_all_tasks_blocked()  # the link's reader took the EngineDead
+        assert not client.is_healthy()
+        expected = "no data-parallel rank can serve requests: the last, engine rank 0, ended (rank 0: its MoE group"
+        with pytest.raises(UnavailableError, match=re.escape(expected)):
+            client.admit(1)
+        with pytest.raises(UnavailableError, match=re.escape(expected)):
+            await client.call_utility("pause", mode="keep")
