@@ -79,6 +79,31 @@ def _error_message(text: str) -> str:
     return str(body.get("error", {}).get("message", text)) if isinstance(body, dict) else text
 
 
+async def _sigterm_under_traffic(servers: list[Server], rank: int,
+                                 ) -> tuple[list[tuple[int, float, str, str]], float, float, float]:
+    """Two traffic loops per rank server; once each has a request in flight (every server's process tree
+    remembered, for the no-orphans check), SIGTERM to rank ``rank``'s server, and wait for both servers to exit.
+    Returns what the loops saw, the time of the signal, and when the signalled server and then the other exited
+    (time.monotonic())."""
+    seen: list[tuple[int, float, str, str]] = []
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            busy = []
+            for k in range(4):
+                busy.append(anyio.Event())
+                tg.start_soon(_traffic, servers[k % 2], k, busy[-1], seen)
+            for event in busy:
+                await event.wait()
+            for server in servers:
+                server.remember_tree()
+            signalled_at = time.monotonic()
+            servers[rank].process.send_signal(signal.SIGTERM)
+            stopped_exit_at = await _wait_exit(servers[rank], 30)
+            other_exit_at = await _wait_exit(servers[1 - rank], 30)
+            tg.cancel_scope.cancel()
+    return seen, signalled_at, stopped_exit_at, other_exit_at
+
+
 async def _wait_exit(server: Server, timeout_s: float) -> float:
     """Until ``server``'s launcher exits; returns time.monotonic() then. Fails past ``timeout_s``."""
     with anyio.fail_after(timeout_s):
@@ -89,22 +114,7 @@ async def _wait_exit(server: Server, timeout_s: float) -> float:
 async def test_sigterm_to_one_member_of_a_busy_moe_group_exits_0_in_time_and_the_peer_follows_with_1(
         tmp_path: Path) -> None:
     with external_group(tmp_path) as servers:
-        seen: list[tuple[int, float, str, str]] = []
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                busy = []
-                for k in range(4):  # two loops per rank server
-                    busy.append(anyio.Event())
-                    tg.start_soon(_traffic, servers[k % 2], k, busy[-1], seen)
-                for event in busy:
-                    await event.wait()
-                for server in servers:
-                    server.remember_tree()
-                signalled_at = time.monotonic()
-                servers[1].process.send_signal(signal.SIGTERM)
-                rank1_exit_at = await _wait_exit(servers[1], 30)
-                rank0_exit_at = await _wait_exit(servers[0], 30)
-                tg.cancel_scope.cancel()
+        seen, signalled_at, rank1_exit_at, rank0_exit_at = await _sigterm_under_traffic(servers, 1)
         rank1_after = rank1_exit_at - signalled_at
         rank0_after = rank0_exit_at - rank1_exit_at
         logs = [s.log() for s in servers]
@@ -137,22 +147,7 @@ async def test_sigterm_to_the_head_rank_of_a_busy_group_ends_the_other_rank_serv
     # with "engine rank 1 died: its link closed", and its launcher logged that it "keeps serving its ranks". Spec
     # §13: a peer that was not shutting down exits 1; its requests name the cause.
     with external_group(tmp_path) as servers:
-        seen: list[tuple[int, float, str, str]] = []
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                busy = []
-                for k in range(4):
-                    busy.append(anyio.Event())
-                    tg.start_soon(_traffic, servers[k % 2], k, busy[-1], seen)
-                for event in busy:
-                    await event.wait()
-                for server in servers:
-                    server.remember_tree()
-                signalled_at = time.monotonic()
-                servers[0].process.send_signal(signal.SIGTERM)
-                rank0_exit_at = await _wait_exit(servers[0], 30)
-                rank1_exit_at = await _wait_exit(servers[1], 30)
-                tg.cancel_scope.cancel()
+        seen, signalled_at, rank0_exit_at, rank1_exit_at = await _sigterm_under_traffic(servers, 0)
         logs = [s.log() for s in servers]
         print(f"\nrank 0's server exited {rank0_exit_at - signalled_at:.2f} s after SIGTERM with "
               f"{servers[0].process.returncode}; rank 1's {rank1_exit_at - signalled_at:.2f} s after SIGTERM with "

@@ -121,6 +121,16 @@ async def steady_traffic(c, rank: int, name: str, outcomes: list, *, start_after
             ended.set()
 
 
+
+async def _stop_rank_1_under_traffic(c) -> float:
+    """Stop rank 1 of a busy group; returns how long it took to leave, in order (Goodbye), within the bound + 1 s."""
+    stopped_at = trio.current_time()
+    c.ranks[1].request_shutdown()
+    with trio.fail_after(LEAVE_WAIT_S + 1.0):
+        await c.ended[1].wait()
+    assert c.outcomes[1] is None  # an orderly end: Goodbye
+    return trio.current_time() - stopped_at
+
 @pytest.mark.trio
 async def test_a_rank_stopped_while_its_peer_never_idles_leaves_after_its_bound_and_the_group_ends(autojump_clock):
     # The defect: under steady traffic the group never goes idle, so the stopping rank dummy-stepped until its
@@ -132,12 +142,7 @@ async def test_a_rank_stopped_while_its_peer_never_idles_leaves_after_its_bound_
             traffic.start_soon(functools.partial(steady_traffic, c, 0, f"t{k}", outcomes, start_after_s=0.05 * k,
                                                  ended=ended))
         await trio.sleep(0.5)
-        stopped_at = trio.current_time()
-        c.ranks[1].request_shutdown()
-        with trio.fail_after(LEAVE_WAIT_S + 1.0):
-            await c.ended[1].wait()
-        left_after = trio.current_time() - stopped_at
-        assert c.outcomes[1] is None  # an orderly end: Goodbye
+        left_after = await _stop_rank_1_under_traffic(c)
         assert left_after >= LEAVE_WAIT_S, left_after  # rank 0's requests had that long to end first
         assert ("length", None, None) in outcomes  # ...and some did
         assert c.groups[0].num_calls == c.groups[1].num_calls  # the same last collective: nobody blocks in one
@@ -304,12 +309,7 @@ async def test_a_rank_stopped_right_after_a_sync_of_a_slow_busy_group_leaves_one
             traffic.start_soon(functools.partial(steady_traffic, c, r, f"r{r}", outcomes))
         await trio.sleep(3.0)
         await _next_sync(c.groups[1])  # just after a sync: the worst moment to stop
-        stopped_at = trio.current_time()
-        c.ranks[1].request_shutdown()
-        with trio.fail_after(LEAVE_WAIT_S + 1.0):
-            await c.ended[1].wait()
-        left_after = trio.current_time() - stopped_at
-        assert c.outcomes[1] is None  # an orderly end: Goodbye
+        left_after = await _stop_rank_1_under_traffic(c)
         assert LEAVE_WAIT_S <= left_after <= LEAVE_WAIT_S + 2 * 0.15, left_after  # the bound, then one step
         assert c.groups[0].num_calls == c.groups[1].num_calls
         traffic.cancel_scope.cancel()
