@@ -39,6 +39,7 @@ paused (spec §6.5).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -64,6 +65,7 @@ from asyncdp.errors import InvalidRequestError, ShuttingDownError, UnavailableEr
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.transport import Link
 
+log = logging.getLogger(__name__)
 __all__ = ["ABORT_ACK_TIMEOUT_S", "ClientAdmission", "ClientConfig", "DPClient"]
 
 # How long a closed request waits for its engine to confirm the abort before its slot is released anyway: an
@@ -326,6 +328,9 @@ class DPClient:
     def _on_engine_ready(self, engine: EngineLink) -> None:
         if self.metrics is not None:
             self.metrics.set_engine_up(engine.dp_rank, True)
+        if self.lb.mark_alive(engine.dp_rank):  # a restarted node brought a dead rank back (dense, spec §13)
+            log.info("engine rank %d is back (pid %s); it rejoins the load balancer", engine.dp_rank,
+                     engine.ready.pid)
         addr = engine.ready.coordinator_client_addr
         if addr and self.cfg.coordinator_client_addr is None:
             self.cfg = self.cfg.with_coordinator(addr)

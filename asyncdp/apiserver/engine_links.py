@@ -6,7 +6,10 @@ Theory of operation
 per link; :func:`read_engine_ready` takes the first frame within
 ``ENGINE_READY_FRAME_TIMEOUT_S`` and accepts it only if it is an ``EngineReady`` of a managed rank (anything else
 drops that link; the client keeps waiting for a good one). :class:`EngineLink` is one accepted link: the rank,
-its ``EngineReady``, whether it is alive and when it was last heard from.
+its ``EngineReady``, whether it is alive and when it was last heard from. A managed rank may connect again after
+its link ended (dense: a restarted node brings its ranks back, spec §13): the new link takes the rank's place
+(``on_ready`` again), and an old link still open then counts as dead at once; only the current link of a rank
+reports its end.
 
 Every wait on an engine has a deadline. :func:`send_to_engine` bounds a send by ``ENGINE_SEND_TIMEOUT_S`` (a
 link that stays full means the rank stopped reading) and turns a broken link into ``EngineDeadError``; a
@@ -212,6 +215,10 @@ class EngineLinks:
         if first is None:
             return
         rank = first.dp_rank
+        old = self.engines.get(rank)
+        if old is not None and old.alive:  # a restarted node's rank while the lost one's link still lingers
+            old.alive, old.ended = False, "a new engine took its place"
+            self._on_dead(rank, old.ended)
         engine = self.engines[rank] = EngineLink(rank, link, first, last_seen=time.monotonic())
         self._on_ready(engine)
         if set(self.managed_ranks) <= set(self.engines):

@@ -27,6 +27,10 @@ Startup: once exactly N distinct engines have sent ``Subscribe{dp_rank}``, every
 Publishing (§6.3): ``StatsSnapshot`` to every client, at most every 100 ms while counts change, a heartbeat
 snapshot every 5 s otherwise, wave changes at once with ``counts=None``. ``seq`` increases with every snapshot.
 
+Rejoin (dense): after startup, a ``Subscribe`` for a dead rank is a restarted node's engine (the head's node book
+admitted it): it takes the rank's place from zero counts and gets ``CoordinatorReady``, once the lost engine's
+link is marked dead (a lost host: after the heartbeat timeout). A MoE group takes no member back.
+
 Engine loss: MoE - ``Teardown{reason, dead_rank}`` to the other engines, flushed for up to ``teardown_flush_s``,
 then :func:`serve_coordinator` raises :class:`~asyncdp.errors.EngineDeadError` (the process exits 1); after a
 ``Goodbye`` (orderly departure) it returns normally instead. Dense - the rank is marked dead and the coordinator
@@ -42,29 +46,29 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
+from asyncdp.coordinator.claims import answer_claim
+from asyncdp.coordinator.config import CoordinatorConfig
 from asyncdp.coordinator.peers import (
     ClientJoined,
     ClientMessage,
     CoordinatorInbox,
     EngineMessage,
+    EngineRejoined,
     Link,
     Listener,
     Peer,
 )
 from asyncdp.dp import wave as W
-from asyncdp.dp.liveness import PEER_STOP_GRACE_S, check_heartbeat_settings
-from asyncdp.dp.prefix_directory import LONG_PLACEMENT_TOKENS, PrefixDirectory
+from asyncdp.dp.prefix_directory import PrefixDirectory
 from asyncdp.dp.stats import Publication, StatsBook
 from asyncdp.errors import (
     AsyncDPError,
-    ConfigError,
     EngineDeadError,
     ProtocolError,
     StartupError,
@@ -77,8 +81,6 @@ from asyncdp.messages import (
     Goodbye,
     Heartbeat,
     PrefixClaim,
-    PrefixOwner,
-    PrefixPlaced,
     RankStats,
     StartWave,
     StartWaveRequest,
@@ -92,27 +94,6 @@ from asyncdp.transport.heartbeat import send_heartbeats
 log = logging.getLogger(__name__)
 
 __all__ = ["Coordinator", "CoordinatorConfig", "Link", "Listener", "serve_coordinator"]
-
-
-@dataclass(frozen=True, slots=True)
-class CoordinatorConfig:
-    dp_size: int
-    wave_mode: bool  # MoE with dp > 1: waves, step snapshots, teardown on engine loss
-    external_lb: bool = False  # engines send no RankStats; snapshots carry counts=None
-    publish_interval_s: float = 0.1
-    heartbeat_publish_s: float = 5.0
-    step_snapshot_wait_s: float = 0.05
-    heartbeat_interval_s: float = 1.0  # --dp-heartbeat-interval-s
-    heartbeat_timeout_s: float = 5.0  # --dp-heartbeat-timeout-s
-    subscribe_timeout_s: float | None = 600.0  # all N engines must subscribe by then
-    teardown_flush_s: float = 2.0
-    peer_stop_grace_s: float = PEER_STOP_GRACE_S  # an engine's Goodbye: how long the launcher's Stopping may lag
-    outbox_size: int = 256  # per peer; a peer whose outbox is full is cut off (asyncdp.coordinator.peers)
-
-    def __post_init__(self) -> None:
-        if self.dp_size < 1:
-            raise ConfigError(f"--data-parallel-size must be >= 1 (got {self.dp_size}).")
-        check_heartbeat_settings(self.heartbeat_interval_s, self.heartbeat_timeout_s)
 
 
 class Coordinator:
@@ -131,6 +112,7 @@ class Coordinator:
         self.all_subscribed = anyio.Event()
         self.seq = 0
         self._next_client_key = 0
+        self._rejoining: dict[int, Peer] = {}  # dense: a restarted rank's peer, until its lost one is marked dead
         self._inbox_send: MemoryObjectSendStream[CoordinatorInbox]
         self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[CoordinatorInbox](1024)
 
@@ -177,9 +159,15 @@ class Coordinator:
             first = await peer.receive()
             if first is None:
                 return
-            rank = self._subscribe_engine(first, peer)
+            if self.all_subscribed.is_set() and not self.config.wave_mode:
+                if (rank := self._rejoining_rank(first, peer)) is None:
+                    return
+                await self._inbox_send.send(EngineRejoined(rank, peer))
+            else:
+                rank = self._subscribe_engine(first, peer)
             await self._run_peer(peer, lambda: self._read_engine(peer, rank))
-            if not peer.departed:
+            # (a restarted rank's peer that never took the rank's place, or lost it again, reports nothing)
+            if not peer.departed and self.engines.get(rank) is peer:
                 await self._inbox_send.send(W.EngineLost(rank, peer.lost_reason or f"engine rank {rank} lost"))
         finally:
             peer.close()
@@ -203,6 +191,30 @@ class Coordinator:
                 p.send_nowait(CoordinatorReady())
             log.info("all %d engines subscribed; sent CoordinatorReady", n)
         return rank
+
+    def _rejoining_rank(self, msg: Any, peer: Peer) -> int | None:
+        """Dense, after startup: the rank a restarted node's engine subscribes for, or None (logged) for a bad
+        subscription: a serving coordinator drops that link, it does not fail."""
+        rank = msg.dp_rank if isinstance(msg, Subscribe) else None
+        if rank is None or not 0 <= rank < self.config.dp_size:
+            log.warning("dropping an engine link that subscribed with %r after startup", msg)
+            return None
+        peer.name = f"engine rank {rank}"
+        return rank
+
+    def _rejoin(self, rank: int, peer: Peer) -> None:
+        """The core: ``peer`` takes dead ``rank``'s place, or waits until the rank's lost link is marked dead (a
+        lost host is seen only after the heartbeat timeout); a newer restart replaces a waiting one."""
+        if self.machine.revive(rank):
+            self.book.mark_alive(rank)
+            self.engines[rank] = peer
+            peer.send_nowait(CoordinatorReady())
+            log.info("engine rank %d subscribed again (its node was restarted); it rejoins the load statistics",
+                     rank)
+        else:
+            if (earlier := self._rejoining.get(rank)) is not None:
+                earlier.cut(f"engine rank {rank} subscribed again in its place")
+            self._rejoining[rank] = peer
 
     async def _read_engine(self, peer: Peer, rank: int) -> None:
         while (msg := await peer.receive()) is not None:
@@ -247,27 +259,9 @@ class Coordinator:
             if isinstance(msg, FirstRequest):
                 await self._inbox_send.send(ClientMessage(msg))
             elif isinstance(msg, PrefixClaim):
-                self._answer_claim(peer, key, msg)
+                answer_claim(self.directory, self.clients, peer, key, msg)
             elif not isinstance(msg, Heartbeat | Subscribe):
                 log.warning("dropping unexpected %s from %s", type(msg).__name__, peer.name)
-
-    def _answer_claim(self, peer: Peer, key: int, msg: PrefixClaim) -> None:
-        """Answer a client's ``PrefixClaim`` from the directory, in the reader (the directory is this role's only
-        user of it and never awaits, so no core round trip is needed); a malformed claim is logged and dropped (the
-        client routes on its own after its timeout)."""
-        try:
-            answer = self.directory.claim(msg.hashes, msg.proposal, msg.prompt_tokens,
-                                          (msg.first_rank, msg.last_rank), anyio.current_time(), key,
-                                          msg.candidates, deep=msg.deep)
-        except ValueError as exc:
-            log.warning("dropping a prefix claim from %s: %s", peer.name, exc)
-            return
-        peer.send_nowait(PrefixOwner(seq=msg.seq, owner=answer.owner, matched=answer.matched, others=answer.others))
-        if answer.placed >= LONG_PLACEMENT_TOKENS:  # a long prefill the other clients' views lack until a snapshot
-            placed = PrefixPlaced(rank=answer.owner, prompt_tokens=answer.placed)
-            for other_key, other in self.clients.items():
-                if other_key != key:
-                    other.send_nowait(placed)
 
     # ------------------------------------------------------------ the core
 
@@ -311,6 +305,10 @@ class Coordinator:
                 return False
             case W.EngineLost():
                 return await self._perform(self.machine.handle(item))
+            case EngineRejoined(dp_rank=rank, peer=peer):
+                if peer.lost_reason is None and not peer.departed:  # (gone meanwhile: nothing takes its place)
+                    self._rejoin(rank, peer)
+                return False
             case _:
                 raise ProtocolError(f"DP coordinator: unknown inbox item {item!r}")
 
@@ -343,6 +341,9 @@ class Coordinator:
                 self.book.mark_dead(action.dp_rank)
                 self.directory.drop_rank(action.dp_rank)
                 self.engines.pop(action.dp_rank, None)
+                if (waiting := self._rejoining.pop(action.dp_rank, None)) is not None and \
+                        waiting.lost_reason is None and not waiting.departed:
+                    self._rejoin(action.dp_rank, waiting)
                 if self.machine.all_dead:
                     log.info("%s", "every engine rank left; the coordinator stops" if self.stopping.is_set()
                              else "every engine rank is gone; the coordinator stops")

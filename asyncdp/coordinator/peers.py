@@ -68,9 +68,17 @@ class ClientJoined:
     key: int
 
 
+@dataclass(frozen=True, slots=True)
+class EngineRejoined:
+    """Dense, once every rank subscribed: engine ``dp_rank`` subscribed again on ``peer`` (a restarted node)."""
+
+    dp_rank: int
+    peer: Peer
+
+
 #: Everything the core receives; an engine loss (EOF, silence, ``EngineDead``, ``Goodbye``) is the wave
 #: machine's own :class:`~asyncdp.dp.wave.EngineLost` event.
-CoordinatorInbox = EngineMessage | ClientMessage | ClientJoined | W.EngineLost
+CoordinatorInbox = EngineMessage | ClientMessage | ClientJoined | EngineRejoined | W.EngineLost
 
 
 class Peer:

@@ -395,3 +395,6 @@ class AsyncdpPolicy(SeveralRouters):
 
     def on_rank_dead(self, state: AsyncdpState, dp_rank: int) -> None:
         state.mark_dead(dp_rank)
+
+    def on_rank_back(self, state: AsyncdpState, dp_rank: int) -> None:
+        state.mark_alive(dp_rank)

@@ -387,3 +387,11 @@ class AsyncdpState(PhaseWeights):
         self.index.drop_rank(dp_rank)
         self.set_cap()
         self.rescan()
+
+    def mark_alive(self, dp_rank: int) -> None:
+        """A dead rank serves again (its node was restarted): its costs and load are computed as for any rank,
+        with an empty part of the index (what it held died with it)."""
+        self.excluded.discard(dp_rank)
+        self._set(dp_rank)
+        self.set_cap()
+        self.rescan()

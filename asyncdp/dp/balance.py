@@ -318,6 +318,17 @@ class LoadBalancer:
         self._dead.add(i)
         return sorted(rid for rid, j in self._owner.items() if j == i)
 
+    def mark_alive(self, rank: int) -> bool:
+        """A dead (or draining) global rank serves again: its restarted node brought it back (spec §13, dense).
+        It takes part in selection from now on. Returns False, changing nothing, for an unknown or live rank."""
+        i = self._index.get(rank)
+        if i is None or (i not in self._dead and i not in self._draining):
+            return False
+        self._dead.discard(i)
+        self._draining.discard(i)
+        self._policy.on_rank_back(self._state, i)
+        return True
+
     def mark_draining(self, rank: int) -> bool:
         """A global rank stops in order (``RankDraining``): exclude it from selection while its requests finish
         (a hint naming it still reaches it, and its refusal). Returns False, changing nothing, for an unknown, dead

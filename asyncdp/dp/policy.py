@@ -148,6 +148,11 @@ class Policy:
         """Exclude a rank from every later decision (its engine died)."""
         state.excluded.add(dp_rank)
 
+    def on_rank_back(self, state: Any, dp_rank: int) -> None:
+        """A rank excluded by :meth:`on_rank_dead` serves again (a restarted node brought it back, spec §13): it
+        takes part in decisions from now on, with no load of this router (its requests failed when it died)."""
+        state.excluded.discard(dp_rank)
+
     def on_kv_event(self, state: Any, ev: Any) -> None:
         pass
 

@@ -14,7 +14,8 @@ consistent copy of the counts taken when the first stats of a newer ``(wave, ste
 loop waits at least ``step_snapshot_wait_s`` (50 ms) after each input so a step's stats can complete. In external
 mode engines send no stats and every payload is ``counts=None`` (never misleading zeros).
 
-Dead ranks (dense) keep their last counts and ignore later stats; clients learn of the death on their own links.
+Dead ranks (dense) keep their last counts and ignore later stats; clients learn of the death on their own links. A
+dead rank whose restarted node brings it back (:meth:`StatsBook.mark_alive`) starts again from zero counts.
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ class StatsBook:
 
     def mark_dead(self, dp_rank: int) -> None:
         self._dead.add(dp_rank)
+
+    def mark_alive(self, dp_rank: int) -> None:
+        """A dead rank's engine subscribed again (dense: its node was restarted): it starts from no load."""
+        if dp_rank in self._dead:
+            self._dead.discard(dp_rank)
+            self._counts[dp_rank], self._prefill[dp_rank], self._fill[dp_rank] = (0, 0, 0.0), 0, 0.0
+            self.stats_changed = True
 
     def next_publish_deadline(self, now_s: float) -> float:
         """When to publish if no input arrives first (§6.3); recompute after every input."""

@@ -118,6 +118,10 @@ class VllmPolicy(Policy):
         state.excluded.add(dp_rank)
         state.scores[dp_rank] = _INF
 
+    def on_rank_back(self, state: VllmState, dp_rank: int) -> None:
+        state.excluded.discard(dp_rank)
+        state.scores[dp_rank] = _vllm_score(state, dp_rank)
+
 
 def _first_min_from(scores: list[float], start: int, excluded: set[int]) -> int:
     """The index a strict-``<`` scan from ``start`` (wrapping) would pick: the first minimum in scan order."""

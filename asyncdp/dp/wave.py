@@ -151,6 +151,14 @@ class WaveMachine:
             return [Teardown(reason, ev.dp_rank, ev.orderly)]
         return [MarkDead(ev.dp_rank, ev.reason)]
 
+    def revive(self, dp_rank: int) -> bool:
+        """Dense: a dead rank's engine subscribed again (its node was restarted, spec §13); False, changing
+        nothing, for a live rank and in wave mode (a MoE group takes no member back: it was torn down)."""
+        if self.wave_mode or self.torn_down or dp_rank not in self.dead:
+            return False
+        self.dead.discard(dp_rank)
+        return True
+
     @property
     def all_dead(self) -> bool:
         return len(self.dead) >= self.dp_size

@@ -10,7 +10,10 @@ launcher: :func:`serve_node_link` has the book admit it (ranks, configuration), 
 the link alive with heartbeats both ways until it ends; a lost node is a teardown for a MoE group and a
 degradation for a dense one (its API servers see the engine links end on their own). A headless node that said
 ``NodeStopping`` before its link closed was stopped on its own, in order: its departure is logged at INFO and
-its state is ``stopped``, not ``lost``. Both links stay open for the
+its state is ``stopped``, not ``lost``. Dense: a node restarted in place of one that left, with the same ranks
+and configuration, is admitted again (the book decides) and its engines' handshakes are answered as at startup;
+they reach the coordinator and every API server on their own, which take the ranks back. A refused or failed
+engine of such a node is only logged: the deployment serves on. Both links stay open for the
 deployment's life. A refused or broken handshake during startup fails the node with a reason (the refused side
 gets ``HandshakeError`` with the same reason); it never raises into the launcher's task group. A connection whose
 first frame is no asyncdp frame at all (an HTTP client on the rpc port) is only logged and dropped.
@@ -100,23 +103,30 @@ async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> No
     await link.send(m.HandshakeInit(clients=node.client_addrs if managed else [],
                                     coordinator=node.coordinator_addrs, dp_group=node.dp_group_info,
                                     client_count=node.table.client_count))
-    ready = await link.receive()
-    if isinstance(ready, m.HandshakeError):  # the engine could not start: its reason, as one line
-        node.fail(f"startup failed: engine rank {hello.dp_rank}: {ready.reason}")
-        return
-    if not isinstance(ready, m.Ready):
-        node.fail(f"startup failed: engine rank {hello.dp_rank} sent {type(ready).__name__} instead of Ready")
-        return
-    problem = book.engine_ready(hello.dp_rank, ready.config_hash, ready.config_summary)
-    if problem:
-        with anyio.move_on_after(1.0):
-            await link.send(m.HandshakeError(reason=problem))
-        node.fail(f"startup failed: {problem}")
-        return
-    node.note_ranks_changed()
-    async for _ in link:  # the handshake link stays open for the deployment's life (spec §5.7)
-        pass
-    book.engine_gone(hello.dp_rank)
+    try:
+        ready = await link.receive()
+        if isinstance(ready, m.HandshakeError):  # the engine could not start: its reason, as one line
+            _refuse(node, f"engine rank {hello.dp_rank}: {ready.reason}")
+            return
+        if not isinstance(ready, m.Ready):
+            _refuse(node, f"engine rank {hello.dp_rank} sent {type(ready).__name__} instead of Ready")
+            return
+        problem = book.engine_ready(hello.dp_rank, ready.config_hash, ready.config_summary)
+        if problem:
+            with anyio.move_on_after(1.0):
+                await link.send(m.HandshakeError(reason=problem))
+            _refuse(node, problem)
+            return
+        node.note_ranks_changed()
+        if node.started:  # a restarted node's engine (dense): every endpoint's /server_info shows it again
+            log.info("engine rank %d on %s (pid %d) is ready again", hello.dp_rank, hello.host, hello.pid)
+            await publish_process_table(node)
+        async for _ in link:  # the handshake link stays open for the deployment's life (spec §5.7)
+            pass
+        book.engine_gone(hello)
+    finally:
+        if node.started:  # a restarted node's engine that failed: its rank may come again (startup names it)
+            book.engine_gone(hello)
     plan = node.plan
     remote = hello.dp_rank not in plan.deployment.local_ranks  # local engines are watched as children
     if remote and plan.is_moe and node.started:
@@ -140,11 +150,14 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
         _refuse(node, problem or "a node was refused")
         return
     await link.send(m.NodeAccepted(head_host=socket.gethostname(), head_pid=os.getpid(), node_index=entry.index))
-    log.info("%s joined", entry.describe())
+    back = hello.role == "headless" and node.started  # dense: restarted in place of a node that left
+    one = len(entry.ranks) == 1
+    log.info("%s %s", entry.describe(), f"joined again: {span(entry.ranks)} {'rejoins' if one else 'rejoin'} the "
+             f"deployment as {'its engine gets' if one else 'their engines get'} ready" if back else "joined")
     remote = RemoteNodeLink(entry, link)
     node.remote_nodes.append(remote)
     plan = node.plan
-    if hello.role != "headless" and node.started:  # every endpoint's /server_info: the whole deployment
+    if node.started:  # every endpoint's /server_info: the whole deployment
         await publish_process_table(node)
     stopping: list[m.NodeStopping] = []
 
@@ -168,6 +181,7 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
             await node.shutdown.wait()
     in_order = bool(stopping) and why == "closed"  # it said it stops, then its process ended: no loss
     lost = book.lose_node(entry, orderly=in_order or (node.shutdown.is_set() and node.failure is None))
+    node.remote_nodes.remove(remote)  # (a node restarted in its place links anew)
     node.note_ranks_changed()
     if node.shutdown.is_set():
         log.info("%s left", entry.describe())

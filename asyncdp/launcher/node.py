@@ -51,7 +51,7 @@ def book_for(plan: LaunchPlan, summary: dict[str, Any]) -> NodeBook:
     """This launch's node book: its own ranks and role, and the configuration summary other launches must match."""
     dep = plan.deployment
     return NodeBook(dp_size=dep.dp_size, mode=dep.mode, local_ranks=dep.local_ranks, summary=summary,
-                    host=socket.gethostname(), pid=os.getpid(), role=node_role(dep))
+                    host=socket.gethostname(), pid=os.getpid(), role=node_role(dep), is_moe=plan.is_moe)
 
 
 @dataclass

@@ -13,7 +13,10 @@ I/O, what each arrival means:
   twice, local vs remote, the headless flag the mode expects, and, in internal mode, that a remote rank comes
   from an admitted headless node;
 * :meth:`NodeBook.engine_ready` records ``Ready`` and checks the configuration agreement with rank 0 (E6);
-* :meth:`NodeBook.lose_node` marks a node lost and names its ranks; :meth:`NodeBook.missing` lists the ranks not
+* :meth:`NodeBook.lose_node` marks a node lost (or stopped) and names its ranks. Dense: a node restarted in its
+  place with the same ranks and configuration takes them back (its entry comes back alive with the new launcher;
+  spec §13: orchestrators restart a whole node); other ranks overlapping a lost node's, and anything of a MoE
+  group, are refused (:meth:`NodeBook.rejoin_problem`). :meth:`NodeBook.missing` lists the ranks not
   ready yet (the startup progress line, and :meth:`NodeBook.timeout_line`, E9's failure when
   ``--engine-ready-timeout-s`` expires), :meth:`NodeBook.rows` the nodes for ``/server_info``.
 
@@ -83,6 +86,7 @@ class NodeBook:
     host: str = "127.0.0.1"
     pid: int | None = None
     role: str = "head"  # this launch's own role (a hybrid node with S > 0 keeps a book of its own engines)
+    is_moe: bool = False  # a MoE group takes no member back; a dense deployment takes a restarted node's ranks
     nodes: list[NodeEntry] = field(default_factory=list)
     connected: dict[int, Hello] = field(default_factory=dict)  # rank -> its Hello
     ready: set[int] = field(default_factory=set)
@@ -113,7 +117,7 @@ class NodeBook:
             return None, f"{who} joined a {self.mode}-LB deployment; every node must use the same LB mode"
         if not ranks or ranks[0] < 0 or ranks[-1] >= self.dp_size:
             return None, f"{who} is outside the deployment's ranks [0, {self.dp_size})"
-        if gone := self._lost(ranks):
+        if gone := self.rejoin_problem(ranks):
             return None, gone
         known = next((n for n in self.nodes[1:] if n.role == hello.role and n.pid == hello.pid
                       and n.host == hello.host and n.state == "alive"), None)
@@ -123,11 +127,9 @@ class NodeBook:
         diffs = summary_differences(hello.config_summary, self.summary)
         if diffs:
             return None, f"configuration mismatch: {who} differs from the head in {', '.join(diffs)}"
-        entry = known or NodeEntry(len(self.nodes), hello.role, hello.host, hello.pid, ranks)
+        entry = known or self._revive(hello.role, hello.host, hello.pid, ranks)
         entry.ranks = ranks
         entry.processes = list(hello.processes)
-        if known is None:
-            self.nodes.append(entry)
         return entry, None
 
     def admit_engine(self, hello: Hello) -> str | None:
@@ -137,7 +139,7 @@ class NodeBook:
             return f"engine rank {r}: protocol_version {hello.protocol_version} != {PROTOCOL_VERSION}"
         if not 0 <= r < self.dp_size:
             return f"engine rank {r}: dp_rank {r} is outside [0, {self.dp_size})"
-        if self.node_of(r) is None and (gone := self._lost([r])):
+        if self.node_of(r) is None and (gone := self.rejoin_problem([r], whole=False)):
             return f"engine rank {r}: {gone}"
         if r in self.connected:
             first = self.connected[r]
@@ -168,21 +170,43 @@ class NodeBook:
         self.ready.add(dp_rank)
         return None
 
-    def engine_gone(self, dp_rank: int) -> None:
-        """The rank's handshake link closed (its process ended)."""
-        self.ready.discard(dp_rank)
+    def engine_gone(self, hello: Hello) -> None:
+        """The handshake link of the engine that said ``hello`` closed (its process ended). An engine of a lost
+        node may end after a restarted node's engine took its rank: that one stays."""
+        if self.connected.get(hello.dp_rank) is hello:
+            del self.connected[hello.dp_rank]
+            self.ready.discard(hello.dp_rank)
 
-    def _lost(self, ranks: list[int]) -> str | None:
-        """Why ``ranks`` may not join: some of them were lost from this running deployment (None when none was).
-        A lost rank stays out of the coordinator, the API servers' balancers and the MoE group; they take no rank
-        back, so only a restart of the whole deployment brings it back."""
+    def rejoin_problem(self, ranks: list[int], *, whole: bool = True) -> str | None:
+        """Why ``ranks`` may not join where some of them left this running deployment (their node was lost or
+        stopped); None when they may. A MoE group takes no member back (its group was torn down: only a restart
+        of the whole deployment serves again). A dense deployment takes a node restarted in place of a left one
+        back when it brings the same ranks (``whole``: a node's ``NodeHello``); an engine's ``Hello``
+        (``whole=False``: a hybrid node's engines come one by one) may bring any rank that left."""
         for node in self.nodes:
-            if node.state != "alive" and (taken := sorted(set(ranks) & set(node.ranks))):
-                how = "was lost" if node.state == "lost" else "stopped"
-                return (f"{span(taken)} left this deployment when {node.describe()} {how}, and a running "
-                        "deployment takes no rank back: restart the whole deployment, head included, to serve "
-                        "them again")
+            if node.state == "alive" or not (taken := sorted(set(ranks) & set(node.ranks))):
+                continue
+            how = f"{span(taken)} left this deployment when {node.describe()} " + (
+                "was lost" if node.state == "lost" else "stopped")
+            if self.is_moe:
+                return (f"{how}, and a running deployment takes no rank back: restart the whole deployment, head "
+                        "included, to serve them again")
+            if whole and sorted(ranks) != sorted(node.ranks):
+                return (f"{how}; a node restarted in its place must bring the same ranks, {span(node.ranks)} "
+                        f"(--data-parallel-start-rank {min(node.ranks)} --data-parallel-size-local "
+                        f"{len(node.ranks)})")
         return None
+
+    def _revive(self, role: str, host: str, pid: int | None, ranks: list[int]) -> NodeEntry:
+        """The entry of a node restarted in place of one that left (dense): that node's entry, alive again with the
+        new launcher; else a new entry."""
+        entry = next((n for n in self.nodes[1:] if n.role == role and n.state != "alive"
+                      and set(ranks) & set(n.ranks)), None)
+        if entry is None:
+            entry = NodeEntry(len(self.nodes), role, host, pid, ranks)
+            self.nodes.append(entry)
+        entry.state, entry.host, entry.pid, entry.ranks, entry.processes = "alive", host, pid, list(ranks), []
+        return entry
 
     # ------------------------------------------------------------------ views
 
@@ -191,10 +215,11 @@ class NodeBook:
 
     def lose_node(self, entry: NodeEntry, *, orderly: bool = False) -> list[int]:
         """Mark ``entry`` lost (or stopped: in order, after ``NodeShutdown`` or its own ``NodeStopping``); return its
-        ranks. Either way they left: a running deployment takes none of them back."""
+        ranks. Either way they left; a dense deployment takes them back from a node restarted in its place."""
         entry.state = "stopped" if orderly else "lost"
         for r in entry.ranks:
             self.ready.discard(r)
+            self.connected.pop(r, None)
         return list(entry.ranks)
 
     def missing(self) -> list[int]:
@@ -234,8 +259,8 @@ class NodeBook:
         """Group a hybrid node's (or an external rank server's) engines by their launcher (the parent pid their
         ``Hello`` names)."""
         for node in self.nodes[1:]:
-            if node.role == self.mode and node.host == hello.host and node.pid == (hello.launcher_pid or None):
+            if node.role == self.mode and node.host == hello.host and node.pid == (hello.launcher_pid or None) \
+                    and node.state == "alive":
                 node.ranks = sorted({*node.ranks, hello.dp_rank})
                 return
-        self.nodes.append(NodeEntry(len(self.nodes), self.mode, hello.host, hello.launcher_pid or None,
-                                    [hello.dp_rank]))
+        self._revive(self.mode, hello.host, hello.launcher_pid or None, [hello.dp_rank])

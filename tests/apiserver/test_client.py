@@ -600,3 +600,58 @@ async def test_with_every_rank_gone_a_request_is_refused_naming_the_last_ranks_e
             client.admit(1)
         with pytest.raises(UnavailableError, match=re.escape(expected)):
             await client.call_utility("pause", mode="keep")
+
+
+async def _served_by(client: DPClient, engine_end: MemoryLink, request_id: str, rank: int) -> None:
+    """A request pinned to global ``rank`` reaches ``engine_end`` and finishes there."""
+    from asyncdp.api.engine_client import RankHint
+
+    async def engine() -> None:
+        add = await _first_add(engine_end)
+        await engine_end.send(m.EngineOutputs(dp_rank=rank, outputs=[m.RequestOutput(
+            request_id=add.request_id, new_token_ids=[7], finished=True, finish_reason="length")],
+            finished_request_ids=[add.request_id], scheduler_stats=None, timestamp=0.0))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine)
+        outs = [o async for o in client.generate(request_id, [1, 2], SamplingParams(max_tokens=1),
+                                                 rank_hint=RankHint(global_rank=rank))]
+    assert outs[-1].finished
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("old_link", ["closed", "lingering"])
+async def test_a_dead_rank_that_connects_again_is_ready_and_routed_to_again(autojump_clock, monkeypatch, old_link):
+    """Dense: a restarted node's engine opens a new link for a rank that died (spec §13). The rank used to stay
+    dead in the balancer for good: a request pinned to it got 503 "data_parallel_rank 1 is not available".
+    ``lingering``: the lost engine's link is still open when the new one arrives (a lost host, not yet timed
+    out); it counts as dead at once, and its late end does not take the new link's rank down."""
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics = Metrics(model_name="m", multiproc_dir=None)
+    client = DPClient(_config(managed_ranks=(0, 1), dp_size=2), tokenizer=None, metrics=metrics)
+    first = [memory_link_pair() for _ in range(2)]
+    again_client, again_engine = memory_link_pair()
+    async with anyio.create_task_group() as tg:
+        for rank, (client_end, engine_end) in enumerate(first):
+            tg.start_soon(client.attach_engine, client_end)
+            await engine_end.send(_ready(rank))
+        await client.wait_engines_ready()
+        if old_link == "closed":
+            await first[1][1].aclose()  # the node was lost: EOF on the client's side
+            await anyio.sleep(0.1)
+            assert client.engine_states()[1][0] is False and client.lb.dead_ranks == [1]
+            assert _sample(metrics, "asyncdp:dp_engine_up", engine="1") == 0
+        tg.start_soon(client.attach_engine, again_client)
+        await again_engine.send(_ready(1))
+        await anyio.sleep(0.1)
+        if old_link == "lingering":
+            await first[1][1].aclose()
+            await anyio.sleep(0.1)
+        assert client.engine_states()[1][0] is True and client.lb.dead_ranks == []
+        assert [r["state"] for r in client.server_info()["managed_ranks"]] == ["ready", "ready"]
+        assert _sample(metrics, "asyncdp:dp_engine_up", engine="1") == 1
+        await _served_by(client, again_engine, "pinned", 1)
+        tg.cancel_scope.cancel()
+    for _, engine_end in first:
+        await engine_end.aclose()
+    await again_engine.aclose()

@@ -482,6 +482,60 @@ async def test_dense_engine_loss_keeps_serving_and_ends_when_all_gone(autojump_c
 
 
 @pytest.mark.trio
+async def test_a_dense_ranks_engine_that_subscribes_again_rejoins_the_statistics(autojump_clock, caplog):
+    """A restarted dense node's engine subscribes for its dead rank (spec §13): it gets CoordinatorReady and its
+    stats are published again. The coordinator used to fail with a "duplicate Subscribe" StartupError."""
+    caplog.set_level(logging.INFO, logger="asyncdp.coordinator.core")
+    async with coordinator(DENSE2) as h:
+        e0, e1 = await h.engines(2)
+        c = await h.client()
+        await e1.send(RankStats(dp_rank=1, num_waiting=3, num_running=1, kv_cache_usage=0.5))
+        await c.expect(StatsSnapshot)
+        await e1.close()
+        await trio.sleep(1)
+        again = await h.engine(1)
+        await again.expect(CoordinatorReady)
+        _, snap = await c.expect(StatsSnapshot)
+        assert snap.counts[1] == (0, 0, 0.0)  # the lost engine's last counts are gone with it
+        await again.send(RankStats(dp_rank=1, num_waiting=2, num_running=0, kv_cache_usage=0.0))
+        while (await c.expect(StatsSnapshot))[1].counts[1] != (2, 0, 0.0):
+            pass
+        assert not h.done.is_set() and h.error is None
+    assert "engine rank 1 subscribed again (its node was restarted)" in caplog.text
+
+
+@pytest.mark.trio
+async def test_a_restarted_engine_waits_until_its_silent_predecessor_is_marked_dead(autojump_clock):
+    """A lost host is seen only after the heartbeat timeout: the new engine's CoordinatorReady waits for that, and
+    the old link's end afterwards does not take the rank down again."""
+    async with coordinator(DENSE2) as h:
+        e0, e1 = await h.engines(2)
+        c = await h.client()
+        e1.stop_heartbeats()
+        start = trio.current_time()
+        again = await h.engine(1)
+        t, _ = await again.expect(CoordinatorReady)
+        assert 5.0 <= t - start <= 6.5
+        await e1.link.aclose()
+        await trio.sleep(1)
+        await again.send(RankStats(dp_rank=1, num_waiting=4, num_running=0, kv_cache_usage=0.0))
+        while (await c.expect(StatsSnapshot))[1].counts[1] != (4, 0, 0.0):
+            pass
+        await e0.close()
+        await trio.sleep(1)
+        assert not h.done.is_set()  # rank 1 is alive: not every engine is gone
+
+
+@pytest.mark.trio
+async def test_a_bad_subscription_after_startup_drops_that_link_and_the_dense_coordinator_serves_on(autojump_clock):
+    async with coordinator(DENSE2) as h:
+        await h.engines(2)
+        stray = await h.engine(7)
+        await trio.sleep(1)
+        assert stray.eof_at is not None and not h.done.is_set() and h.error is None
+
+
+@pytest.mark.trio
 async def test_silent_client_is_dropped_but_coordinator_continues(autojump_clock):
     async with coordinator(DENSE2) as h:
         await h.engines(2)

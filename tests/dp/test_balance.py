@@ -225,6 +225,30 @@ def test_a_draining_rank_gets_no_new_request_while_its_own_finish(policy):
     assert lb.mark_dead(1) == ["pinned"] and lb.dead_ranks == [1]  # its link closes once it is done
 
 
+@pytest.mark.parametrize("policy", ["vllm", "asyncdp", "round_robin", "power_of_two", "sglang_cache_aware",
+                                    "session_hash"])
+def test_a_dead_rank_marked_alive_gets_requests_again(policy):
+    """A restarted dense node brings its ranks back (spec §13): the balancer used to exclude a dead rank for good."""
+    lb = LoadBalancer([0, 1, 2], policy=policy)
+    assert not lb.mark_alive(1)  # alive already: nothing changes
+    lb.mark_dead(1)
+    picks = {lb.select(f"d{i}", list(range(100 * i, 100 * i + 40)), routing_key=f"k{i}") for i in range(12)}
+    assert 1 not in picks
+    assert lb.mark_alive(1) and lb.dead_ranks == [] and not lb.mark_alive(7)
+    assert lb.select("pinned", [1, 2, 3], rank_hint=1) == 1  # a hint reaches it again
+    picks = {lb.select(f"a{i}", list(range(9000 + 100 * i, 9000 + 100 * i + 40)), routing_key=f"n{i}")
+             for i in range(30)}
+    assert 1 in picks, picks
+
+
+def test_a_stopped_rank_marked_alive_leaves_the_draining_set():
+    lb = LoadBalancer([0, 1])
+    assert lb.mark_draining(1)
+    lb.mark_dead(1)
+    assert lb.mark_alive(1) and not lb.is_draining(1)
+    assert {lb.select(f"r{i}") for i in range(4)} == {0, 1}
+
+
 def test_the_last_rank_that_is_not_draining_is_never_excluded():
     lb = LoadBalancer([0, 1])
     assert lb.mark_draining(0)

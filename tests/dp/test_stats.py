@@ -42,6 +42,15 @@ def test_unknown_and_dead_ranks_are_dropped():
     assert book.counts[0] == (4, 4, 0.4)  # frozen at the last report
 
 
+def test_a_dead_rank_marked_alive_starts_from_zero_and_takes_stats_again():
+    book = StatsBook(2, wave_mode=False)
+    book.on_rank_stats(0, 4, 4, 0.4)
+    book.mark_dead(0)
+    book.mark_alive(0)
+    assert book.counts[0] == (0, 0, 0.0) and book.stats_changed
+    assert book.on_rank_stats(0, 2, 1, 0.2) and book.counts[0] == (2, 1, 0.2)
+
+
 def test_external_mode_publishes_none_not_zeros():
     book = StatsBook(2, wave_mode=False, external=True)
     assert not book.on_rank_stats(0, 1, 1, 0.5)

@@ -95,6 +95,17 @@ def test_dense_engine_loss_marks_dead_and_ignores_waves():
     assert m.all_dead
 
 
+def test_a_dead_dense_rank_is_revived_once_and_can_be_lost_again_but_a_moe_group_revives_nothing():
+    m = WaveMachine(2, False)
+    assert not m.revive(1)  # alive: nothing to revive
+    m.handle(EngineLost(1, "eof"))
+    assert m.revive(1) and not m.revive(1)
+    assert m.handle(EngineLost(1, "eof again")) == [MarkDead(1, "eof again")]
+    group = moe()
+    group.handle(EngineLost(1, "eof"))
+    assert not group.revive(1) and group.torn_down
+
+
 N = 3
 ranks = st.integers(0, N - 1)
 waves = st.integers(0, 8)

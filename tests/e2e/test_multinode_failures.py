@@ -9,6 +9,7 @@ group does not cover a node).
 from __future__ import annotations
 
 import signal
+import time
 from functools import partial
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import MODEL
+from tests.e2e.metrics_text import per_engine, read_metrics, successes
 from tests.e2e.multinode import (
     Deployment,
     deployment,
@@ -114,14 +116,51 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
                 assert r.status_code == 200, r.text
         assert not await anyio.to_thread.run_sync(hl.wait_gone, 5.0), dep.logs()
         dep.drop("headless")  # killed on purpose: only the head is stopped and checked
-        # The node restarted: a running deployment takes no rank back, so the head refuses it by name, with the
-        # remedy, and the restarted node exits 1 with no engine started; the head keeps serving.
-        again = launch_node(HEADLESS, dep.rpc, tmp_path / "headless-again.log", dep.model)
-        assert await wait_code(again, 60, dep) == 1, again.log()
-        assert "a running deployment takes no rank back: restart the whole deployment" in again.log(), again.log()
-        assert "Traceback" not in again.log(), again.log()
+        dep.stop()
+
+
+async def _rank_states(http: httpx.AsyncClient, want: list[str], timeout_s: float, dep: Deployment) -> dict:
+    """Poll the head's /server_info until its ranks' states are ``want``; the document then."""
+    with anyio.move_on_after(timeout_s):
+        while True:
+            info = (await http.get("/server_info")).json()
+            if [r["state"] for r in info["managed_ranks"]] == want:
+                return info
+            if any(n.process.poll() is not None for n in dep.nodes):
+                pytest.fail(f"a node exited while waiting for ranks {want}\n{dep.logs()}")
+            await anyio.sleep(0.2)
+    pytest.fail(f"ranks not {want} within {timeout_s} s: {info['managed_ranks']}\n{dep.logs()}")
+
+
+async def test_a_sigkilled_headless_node_restarted_with_the_same_flags_takes_its_rank_back(tmp_path: Path) -> None:
+    """Dense (spec §13: orchestrators restart a whole node): the node restarted in place of the one killed is
+    admitted again, its engine registers with the coordinator and the API server, rank 1 is ``ready`` again in
+    /server_info with ``asyncdp:dp_engine_up`` 1, and requests pinned to it succeed. The head used to refuse the
+    restarted node ("a running deployment takes no rank back"), which exited 1. Prints how long the new node
+    took from its start to its rank serving."""
+    with deployment(tmp_path, HEAD, HEADLESS, ready_timeout_s=120) as dep:
+        hd, hl = dep.node("head"), dep.node("headless")
         async with httpx.AsyncClient(base_url=hd.base_url, timeout=30.0) as http:
-            assert (await http.get("/health")).status_code == 200
+            kill_tree(hl)
+            dep.drop("headless")
+            await _rank_states(http, ["ready", "dead"], 15, dep)
+            started = time.monotonic()
+            again = launch_node(HEADLESS, dep.rpc, tmp_path / "headless-again.log", dep.model)
+            dep.nodes.append(again)  # stopped with the others at the end, and checked the same way
+            dep.specs.append(HEADLESS)
+            info = await _rank_states(http, ["ready", "ready"], 90, dep)
+            took_s = time.monotonic() - started
+            assert [n["state"] for n in sorted(info["nodes"], key=lambda n: n["node"])] == ["alive", "alive"]
+            assert [p["pid"] for p in info["processes"] if p["role"] == "headless_launcher"] == [again.process.pid]
+            assert sorted(p["rank"] for p in info["processes"] if p["role"] == "engine") == [0, 1]
+            assert per_engine(await read_metrics(hd.base_url), "asyncdp:dp_engine_up") == {"0": 1.0, "1": 1.0}
+            for i in range(4):
+                r = await http.post("/v1/completions", json={"model": MODEL, "prompt": f"back {i}", "max_tokens": 5,
+                                                             "data_parallel_rank": 1})
+                assert r.status_code == 200, r.text
+            assert (await successes(hd.base_url)).get("1", 0.0) >= 4
+        assert "engine rank 1 is back" in hd.log() and "joined again" in hd.log(), dep.logs()
+        print(f"\nrejoin: rank 1 ready at the head {took_s:.1f} s after the new headless node started")
         dep.stop()
 
 

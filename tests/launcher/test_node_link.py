@@ -7,6 +7,7 @@ import logging
 import socket
 
 import anyio
+import msgspec
 import pytest
 
 from asyncdp import messages as m
@@ -74,11 +75,9 @@ async def test_a_headless_node_that_said_it_stops_is_logged_at_info_as_stopped_n
             "balancer, the other ranks keep serving") in lines
     assert head.failure is None and not head.shutdown.is_set()
     assert [n.state for n in head.book.nodes] == ["alive", "stopped"]
-    # its rank left all the same: a node restarted in its place is refused by name, as after a loss
+    # its rank left; a dense node restarted in its place takes it back, as after a loss
     entry, problem = head.book.admit_node(_node_hello())
-    assert entry is None and problem is not None and problem.startswith(
-        "rank 1 left this deployment when the headless node with rank 1 (h1, pid 200) stopped, and a running "
-        "deployment takes no rank back")
+    assert problem is None and entry is head.book.nodes[1] and entry.state == "alive"
 
 
 @pytest.mark.trio
@@ -89,6 +88,40 @@ async def test_a_headless_node_whose_link_closes_unannounced_is_lost_at_error(he
     assert errors == ["lost the headless node with rank 1 (h1, pid 200): its node link closed; rank 1 leaves the "
                       "balancer, the other ranks keep serving"]
     assert [n.state for n in head.book.nodes] == ["alive", "lost"] and head.failure is None
+
+
+@pytest.mark.trio
+async def test_a_lost_headless_node_restarted_in_its_place_is_accepted_again_and_its_engine_answered(
+        head, autojump_clock, caplog):
+    """Dense: the head used to answer a restarted node with HandshakeError "a running deployment takes no rank
+    back". Now the node link is accepted (the same node entry, alive, the new pid), the process table lists
+    only the live launcher, and the node's engine gets its HandshakeInit."""
+    caplog.set_level(logging.INFO, logger="asyncdp.launcher")
+    await _node_joins_then_leaves(head, say_stopping=False)
+    head.init_ready.set()
+    head_end, node_end = memory_link_pair()
+    engine_head, engine_end = memory_link_pair()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(handshake, head, head_end)
+        await node_end.send(msgspec.structs.replace(_node_hello(), pid=201))
+        accepted = await node_end.receive()
+        assert isinstance(accepted, m.NodeAccepted) and accepted.node_index == 1
+        tg.start_soon(handshake, head, engine_head)
+        await engine_end.send(m.Hello(protocol_version=m.PROTOCOL_VERSION, dp_rank=1, local=False, headless=True,
+                                      host="h1", pid=301))
+        assert isinstance(await engine_end.receive(), m.HandshakeInit)
+        await engine_end.send(m.Ready(dp_rank=1, local=False, headless=True, config_hash=None, config_summary={}))
+        await anyio.sleep(0.1)
+        assert head.book.ready == {1} and [(n.state, n.pid) for n in head.book.nodes[1:]] == [("alive", 201)]
+        launchers = [p.pid for p in head.process_table() if p.role == "headless_launcher"]
+        assert launchers == [201]
+        await engine_end.aclose()
+        await node_end.aclose()
+    await head_end.aclose()
+    await engine_head.aclose()
+    assert head.failure is None and not head.shutdown.is_set()
+    assert ("the headless node with rank 1 (h1, pid 201) joined again: rank 1 rejoins the deployment as its "
+            "engine gets ready") in caplog.text
 
 
 @pytest.fixture
