@@ -195,12 +195,12 @@ class AsyncdpPolicy(SeveralRouters):
             index.depth_memo[hashes[0]] = lo
             deepest = get(hashes[lo - 1], 0)  # these ranks hold the whole matched run: credit top_credit
         top_credit = lo * bs if lo * bs < plen else plen - 1
-        if 2 * top_credit < plen and self.hot_new and req.routing_key is not None \
-                and hashes[0] in state.hot:
-            # A hot prefix, then mostly content no rank holds: a new conversation after a shared system prompt. Its
-            # later turns follow it, and the prefix is soon on every rank: the key picks among the ranks near the
-            # cheapest, as for a new prompt (W5: the holders drew every new user, 27 to a rank)
-            if filled:  # the pour's draw, by key among the ranks it levelled
+        if 2 * top_credit < plen and self.hot_new and req.routing_key is not None and lo <= state.replica_depth(
+                hashes[0]) and (hashes[0] in state.hot or not self.hot_share):
+            # A hot prefix (no deeper run held), then mostly new content: a new conversation after a shared system
+            # prompt. Its later turns follow it, and the prefix is soon on every rank: the key picks among the ranks
+            # near the cheapest, as for a new prompt (W5: the holders drew every new user, 27 to a rank)
+            if filled and n_under:  # the pour's draw, by key among the ranks it levelled
                 return decisions[order.pour_pick(level, n_under, tie_key(req, hashes), base)]
             mcosts = state.mbase if mbase is None else mbase
             within = min(self.spread_tokens, (plen - top_credit) / NEAR_SHARE)
@@ -343,7 +343,7 @@ class AsyncdpPolicy(SeveralRouters):
         state.sent_tok += min(prefill + weight, UNSEEN_REQUEST_TOKENS)
         state.pending_reqs[r] += 1
         state.update(r)
-        if hashes and state.weights.replica_headroom:
+        if hashes:  # (with replica_headroom 0 it marks no replica: it keeps a hot prefix's depth)
             state.mark_spill(hashes[0], r, hashes)
 
     def on_first_token(self, state: AsyncdpState, req_id: str, dp_rank: int, now_us: int) -> None:

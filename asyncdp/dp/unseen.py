@@ -107,6 +107,8 @@ class CostOrder:
         odds in proportion to the share of the pour each took, ``level - base``: :func:`~.ties.pick_among` over them
         in the order of rank, so that a key keeps its rank while the costs move a little (H6), the total taken from
         the kept order."""
+        if count < 1:  # nothing under the level (an estimate too small to raise any cost): the cheapest
+            return self.ranks[0]
         ranks = sorted(self.ranks[:count])
         u = (key & 0xFFFF_FFFF) / 4294967296.0 * (count * level - sum(self.vals[:count]))
         for r in ranks:

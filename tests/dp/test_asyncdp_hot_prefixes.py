@@ -106,7 +106,8 @@ def conversation(user: int, blocks: int = 10) -> RequestView:
                        routing_key=f"user{user}")
 
 
-@pytest.mark.parametrize(("name", "spreads"), [("asyncdp", True), ("asyncdp@hot_held", False)])
+@pytest.mark.parametrize(("name", "spreads"), [("asyncdp", True), ("asyncdp@bound_all", True),
+                                              ("asyncdp@hot_held", False)])
 def test_new_conversations_after_a_hot_prefix_spread_by_key_instead_of_piling_onto_its_holder(
         name: str, spreads: bool) -> None:
     """A conversation's later turns follow its first, so where its first lands decides where all of them queue. On
@@ -114,7 +115,7 @@ def test_new_conversations_after_a_hot_prefix_spread_by_key_instead_of_piling_on
     about equally loaded: W5 ended 27, 27 and 10 users on three ranks of eight (mean TTFT 1.33 x ``session_hash``'s
     at 16 req/s). A keyed, mostly new prompt after a hot prefix is placed as a new prompt: its key picks among the
     ranks within ``spread_tokens`` of the cheapest. ``asyncdp@hot_held`` keeps the old rule."""
-    p = make_policy(name)
+    p = make_policy(name)  # (asyncdp@bound_all marks no prefix hot: every prefix is, for its bound and this rule)
     assert isinstance(p, AsyncdpPolicy) and p.hot_new is spreads
     p.memory_tokens = 0
     s = hot_prefix_state(p, 80)  # rank 0 holds PREFIX, hot, with 48 tokens of decoding load; ranks 1-3 idle
@@ -152,6 +153,46 @@ def test_a_keyed_prompt_stays_with_its_holder_where_the_prefix_is_cold_or_the_ru
     p.on_finish(s, "turn1", 0, 2)
     later = RequestView("turn2", (*history, *range(90_000, 90_016)), routing_key="u")
     assert route(p, s, later, now_us=3) == 0  # most of the prompt is held there: the later turn follows
+
+
+def test_a_later_turn_stays_with_its_history_however_much_new_content_it_brings():
+    """Only a first turn is a new conversation: the rule holds where no run deeper than the hot prefix is held
+    (``replica_depth``). A second turn that adds more than its history (a long answer, a pasted document) would
+    otherwise leave the history's rank as soon as that rank was a few tokens busier than the cheapest."""
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = hot_prefix_state(p, 80)
+    for user in range(16):
+        first = conversation(user, blocks=4)
+        r1 = route(p, s, first, now_us=3 + user)
+        p.on_finish(s, first.req_id, r1, 3 + user)
+        other = RequestView(f"o{user}", tuple(range(900_000 + user * 1000, 900_000 + user * 1000 + 40)))
+        route(p, s, other, hint=r1)  # 40 tokens of other work on the history's rank meanwhile
+        tail = range(700_000 + user * 1000, 700_000 + user * 1000 + 9 * 16)  # 9 new blocks against 8 held
+        second = RequestView(f"user{user}-1", (*first.tokens, *tail), routing_key=f"user{user}")
+        assert route(p, s, second, now_us=100 + user) == r1
+        p.on_finish(s, second.req_id, r1, 100 + user)
+        p.on_finish(s, other.req_id, r1, 100 + user)
+
+
+def test_with_several_routers_a_new_conversation_survives_an_estimate_too_small_to_raise_any_cost():
+    """The other routers' unseen work is estimated from this router's own send rate, which decays while it sends
+    nothing: a tiny estimate raises no rank's cost (no rank under the level), and the pour's draw has nothing to
+    draw from. The rule then picks as with no estimate, instead of an IndexError (an HTTP 500)."""
+    p = AsyncdpPolicy(memory_tokens=0)
+    s = p.init(4, router_index=0, num_routers=2, params={"kv_blocks_per_rank": 28_000})
+    for k in range(83):  # PREFIX hot on rank 0, and three of its requests decoding there (48 tokens)
+        req = prompt(100 + k)
+        route(p, s, req, hint=0)
+        if k < 80:
+            p.on_finish(s, req.req_id, 0, 1)
+        else:
+            p.on_first_token(s, req.req_id, 0, 2)
+    for r in range(4):  # every rank busy: costs near 20 000, where 1e-19 tokens add nothing
+        route(p, s, RequestView(f"big{r}", tuple(range(2_000_000 + r * 100_000, 2_020_000 + r * 100_000))), hint=r)
+    assert s.base[0] == s.base[1] + 48
+    s.snap_at_us, s.send_rate = 0, 1e-25
+    assert 0 < s.unseen(500_000) < 1e-15
+    assert route(p, s, conversation(1), now_us=500_000) in (1, 2, 3)  # not rank 0: 48 tokens busier
 
 
 def test_a_cold_prefix_is_not_replicated_however_its_holder_is_loaded():
