@@ -31,9 +31,9 @@ Teardown and fatal errors (spec §8.8, §13): ``Teardown`` from the coordinator,
 in MoE mode, is acted on by the link reader at once, even while the loop is blocked in a collective or on the
 execution thread: the DP group is aborted and :meth:`EngineRank.run` raises :class:`RankTornDown` (a rank
 that was shutting down ends normally instead). An orderly ``Teardown`` (a peer left while the coordinator's node
-stops) counts as this rank's own stop only where the head's stop stops this rank's node (``stops_with_head``). Any failure sends ``EngineDead`` to every client and the
-coordinator, flushed for up to 5 s. The thread is never awaited once cancelled (``abandon_on_cancel``); the
-worker process hard-exits, so a thread stuck in a collective cannot keep a dead rank alive.
+stops) is this rank's own stop only where the head's stop stops its node (``stops_with_head``) or its node stops
+(``expect_stop``). Any failure sends ``EngineDead`` to every client and the coordinator, flushed for up to 5 s.
+The thread is never awaited once cancelled (``abandon_on_cancel``); the worker process hard-exits.
 """
 
 from __future__ import annotations
@@ -93,9 +93,8 @@ class RankConfig:
     sync_cadence: str = "asyncdp"  # "asyncdp" (also the first step of each wave) | "vllm" (benchmark only)
     enable_expert_parallel: bool = False  # MoE with dp > 1: experts split across ranks (all-to-all)
     client_outbox_size: int = OUTBOX_SIZE  # messages queued per client before its link is cut (rank_links)
-    # The head's stop stops this rank's node too (the head's own node, a headless node): an orderly Teardown means
-    # that this rank's own stop is merely late. False on a node of its own launch (an external-LB rank server, a
-    # hybrid node), which stops only on its own signal: the head's stop is a peer's departure there (spec §8.7).
+    # The head's stop stops this rank's node too (its own node, a headless node): an orderly Teardown is this rank's
+    # own stop, late. False on a node of its own launch (external-LB rank server, hybrid node): a peer's departure.
     stops_with_head: bool = True
 
 
@@ -116,9 +115,8 @@ class EngineRank:
         self.cfg = cfg
         self.core = core
         self.links = RankLinks(cfg.dp_rank, clients, coordinator, outbox_size=cfg.client_outbox_size)
-        # None: inline exactly when the executor only models its step time (``modelled_step_s`` is not None: it
-        # returns at once and the rank waits that long on the anyio clock) and no DP group shares the execution
-        # thread. A thread round trip per step was a third of a zero-cost engine's per-request CPU.
+        # None: inline exactly when the executor only models its step time (``modelled_step_s``: the rank waits that
+        # long on the anyio clock) and no DP group shares the thread (a thread hop was 1/3 of a zero-cost request).
         if inline_step is None:
             inline_step = core.executor.modelled_step_s is not None and dp_group is None
         self.inline_step = inline_step
@@ -140,6 +138,7 @@ class EngineRank:
         self._leave_at = math.inf  # MoE: from then on a stopping rank leaves a group that still steps
         self._cancel_run: anyio.CancelScope | None = None
         self._loop_done = False
+        self._stop_expected = False  # expect_stop
 
     # ------------------------------------------------------------------ public
 
@@ -206,8 +205,11 @@ class EngineRank:
 
     # ------------------------------------------------------------------ link events
 
+    def expect_stop(self) -> None:  # its node stops in order (Stopping): its engines' turn comes after the API
+        self._stop_expected = True  # (a peer's orderly departure meanwhile is this rank's own stop, early)
+
     def on_teardown(self, reason: str, *, orderly: bool = False) -> None:
-        if orderly and self.cfg.stops_with_head:  # the deployment is stopping: this rank's own signal is late
+        if orderly and (self.cfg.stops_with_head or self._stop_expected):  # this rank's own stop is merely late
             self.request_shutdown()
         self._group_ended(reason, peer_stopped=orderly)
 

@@ -258,6 +258,8 @@ async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
         def on_command(cmd: m.ControlMessage) -> None:
             if isinstance(cmd, m.Shutdown) and rank is not None:
                 rank.request_shutdown()
+            elif isinstance(cmd, m.Stopping) and rank is not None:  # the node stops; engines come after the API
+                rank.expect_stop()
 
         async def on_control() -> None:
             nonlocal code

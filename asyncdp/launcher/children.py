@@ -169,8 +169,9 @@ async def stop_all(node: RunningNode) -> None:
             for ch in children:
                 tg.start_soon(functools.partial(ch.stop, grace_s=grace_s))
 
-    # The coordinator logs the engines' departures as expected, not as losses.
-    await tell([c for c in node.children if c.role == COORDINATOR], m.Stopping())
+    # The coordinator logs the engines' departures as expected, not as losses; a MoE engine takes a peer's orderly
+    # departure before its own turn (after the API servers) for its own stop, not for a teardown.
+    await tell([c for c in node.children if c.role in (COORDINATOR, ENGINE)], m.Stopping())
     if node.failure is not None:  # a teardown: the API servers name it to the requests they abandon
         await tell([c for c in node.children if c.role == API_SERVER], m.Shutdown(reason=node.failure))
     node.api_shutdown.set()

@@ -26,7 +26,8 @@ class WorkerHello(_Msg, frozen=True):
 
 
 class Stopping(_Msg, frozen=True):
-    """Launcher -> coordinator: an orderly shutdown begins; engines leaving now are not losses."""
+    """Launcher -> coordinator and engines: an orderly shutdown of the node begins; engines leaving now are not
+    losses (coordinator), and a MoE peer's orderly departure before this engine's own turn is its stop (engine)."""
 
 
 class Shutdown(_Msg, frozen=True):

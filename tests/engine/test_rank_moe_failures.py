@@ -340,3 +340,22 @@ async def test_a_rank_of_its_own_launch_whose_peer_left_as_the_head_stopped_exit
         assert c.client.dead[1] == str(torn)  # EngineDead: the API names the cause, not a closed link
         assert outcomes[-1] == ("abort", "abandoned",
                                 "engine rank 1 cannot serve: its MoE group ended (a stopping rank left it)")
+
+
+@pytest.mark.trio
+async def test_a_rank_of_its_own_launch_whose_node_is_stopping_takes_its_peers_orderly_leave_for_its_own_stop(
+        autojump_clock):
+    # The whole deployment stopped at once (every rank server signalled): a launcher signals its engines only after
+    # its API servers drained, so the head's engine may leave first. Its launcher's Stopping came at the start of the
+    # node's stop (expect_stop): the peer's orderly leave is then this rank's own stop, early (spec §8.7: exit 0, no
+    # EngineDead, nothing above INFO), not a teardown.
+    stopping = trio.Event()
+    async with open_cluster(2, stopping=stopping) as c:
+        c.ranks[1].cfg = dataclasses.replace(c.ranks[1].cfg, stops_with_head=False)
+        c.ranks[1].expect_stop()
+        stopping.set()
+        c.ranks[0].request_shutdown()
+        with trio.fail_after(LEAVE_WAIT_S + 1.0):
+            await c.wait_ended()
+        assert c.outcomes == {0: None, 1: None}  # both ended in order
+        assert 1 not in c.client.dead  # no EngineDead
