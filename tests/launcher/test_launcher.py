@@ -185,6 +185,9 @@ class _SlowChild:
         self.killed = False
 
         class _Control:
+            async def send(self, msg: object) -> None:  # Stopping, at the start of the stop (engines too)
+                pass
+
             async def aclose(self) -> None:
                 pass
 
