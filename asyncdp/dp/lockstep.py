@@ -51,9 +51,10 @@ wait for the group to go idle: once it has nothing left and its own bound has pa
 its clock: ``leaving``), it raises the last flag of its sync vector. The sync that sums it to more than 0 is the
 group's last collective on every rank: all of them see the same sum, so all stop at the same collective
 (``group_left``). So that this sync comes right after the bound, a stopping rank raises the ``stopping`` flag of
-every sync from its stop on: the group then syncs every step (``dense``) until the leave, and since a sync comes
-at most ``MAX_SYNC_GAP_S`` after the stop (well within ``LEAVE_WAIT_S``), the leave lands at most one step after the
-bound whatever the step time. The leavers then say ``Goodbye``; the others never step again and wait for the coordinator's
+every sync from its drain deadline on (``LEAVE_WAIT_S`` before the bound; not during the whole drain, which may
+last minutes): the group then syncs every step (``dense``) until the leave, and since a sync comes at most
+``MAX_SYNC_GAP_S`` of steps after the deadline (at the step time the last sync measured: well within
+``LEAVE_WAIT_S`` unless the steps slowed down several-fold since), the leave lands one step after the bound. The leavers then say ``Goodbye``; the others never step again and wait for the coordinator's
 ``Teardown`` (or their own stop). A rank that stops while the group is idle leaves through a sync too: it wakes
 the group (:meth:`Lockstep.wake`, as a rank with new work would) and raises the flag at that wave's first sync.
 Leaving without a collective would let a request that reaches a peer meanwhile start a wave whose all-reduce meets

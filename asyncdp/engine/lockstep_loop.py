@@ -27,9 +27,10 @@ transition the rank sends its scheduler stats (wave, running flag, dummy-step an
 Shutdown (§8.7): a draining rank keeps dummy-stepping while its peers have work. When the group is idle it wakes
 it (``StartWaveRequest``, as a rank with new work would) and raises the leaving flag of that wave's first sync.
 Its peers may never go idle (steady traffic), so once it is drained and ``LEAVE_WAIT_S`` past its drain deadline
-(``ready_to_leave``) it raises the leaving flag of the next sync; from its stop on it raises the stopping flag
-of every sync, so that the group syncs every step until then and that sync comes one step after the bound at
-most. Either way that sync is the group's last
+(``ready_to_leave``) it raises the leaving flag of the next sync; from its drain deadline on it raises the
+stopping flag of every sync, so that the group syncs every step until then and that sync comes one step after
+the bound at most (the first sync after the deadline comes within ``MAX_SYNC_GAP_S`` of steps, at the step time
+the last sync measured). Either way that sync is the group's last
 collective on every rank; no rank leaves between collectives, so no peer can start a wave (a request arriving
 meanwhile) whose all-reduce meets a departed rank. Only a group paused by consensus, which ignores the wake-up,
 is left at once. The leaver says ``Goodbye``; every other rank
@@ -175,7 +176,9 @@ class LockstepLoop:
             if ls.advance():
                 horizon = forwards_to_drain(core.scheduler) if local_unfinished else 0
                 leaving = self._leave_idle or rank.ready_to_leave()
-                flags = ls.sync_flags(local_unfinished, horizon, leaving, stopping=rank.state.shutting_down,
+                # the stopping flag from the drain deadline on (not the whole drain): the leave is LEAVE_WAIT_S away
+                stopping = anyio.current_time() >= rank.leave_at - LEAVE_WAIT_S
+                flags = ls.sync_flags(local_unfinished, horizon, leaving, stopping=stopping,
                                       step_ms=self._take_step_ms())
                 ls.apply_sums(await self.group.all_reduce(flags, "sum"))
                 if ls.group_left:  # that was the group's last collective

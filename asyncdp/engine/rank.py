@@ -135,7 +135,7 @@ class EngineRank:
                                    None if self.lockstep is None else self.lockstep.state)
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[InboxItem](INBOX_SIZE)
         self._shutdown_deadline: float | None = None
-        self._leave_at = math.inf  # MoE: from then on a stopping rank leaves a group that still steps
+        self.leave_at = math.inf  # MoE: from then on a stopping rank leaves a group that still steps
         self._cancel_run: anyio.CancelScope | None = None
         self._loop_done = False
         self._stop_expected = False  # expect_stop
@@ -152,14 +152,14 @@ class EngineRank:
             return
         self.state.shutting_down = True
         self._shutdown_deadline = anyio.current_time() + self.cfg.shutdown_timeout_s
-        self._leave_at = self._shutdown_deadline + LEAVE_WAIT_S
+        self.leave_at = self._shutdown_deadline + LEAVE_WAIT_S
         for client in self.links.clients:  # so that they send new requests to the other ranks meanwhile
             self.links.post_nowait(client, m.RankDraining(dp_rank=self.cfg.dp_rank))
         self._wake()
 
     def ready_to_leave(self) -> bool:
         """MoE: stopping, drained, and ``LEAVE_WAIT_S`` past the drain deadline: leave a group that still steps."""
-        return self.state.shutting_down and not self.core.has_unfinished() and anyio.current_time() >= self._leave_at
+        return self.state.shutting_down and not self.core.has_unfinished() and anyio.current_time() >= self.leave_at
 
     def abandon_all(self, reason: str) -> None:
         """Abort every request now as ``abandoned`` with ``reason``, without a step (an ended MoE group)."""

@@ -359,3 +359,28 @@ async def test_a_rank_of_its_own_launch_whose_node_is_stopping_takes_its_peers_o
             await c.wait_ended()
         assert c.outcomes == {0: None, 1: None}  # both ended in order
         assert 1 not in c.client.dead  # no EngineDead
+
+
+@pytest.mark.trio
+async def test_a_long_drain_syncs_at_the_normal_cadence_until_its_deadline_then_every_step_until_the_leave(
+        autojump_clock):
+    # The stopping flag makes the group sync every step (a gloo all-reduce each on CPU). Raised from the stop on, a
+    # --shutdown-timeout of minutes cost one all-reduce per step for all of them; it is raised from the drain
+    # deadline on, LEAVE_WAIT_S before the leave, which still lands one step after its bound.
+    async with open_cluster(2, cost=SLOW_STEP, shutdown_timeout_s=6.0) as c, trio.open_nursery() as traffic:
+        outcomes: list = []
+        for r in range(2):
+            traffic.start_soon(functools.partial(steady_traffic, c, r, f"r{r}", outcomes))
+        await trio.sleep(3.0)
+        stopped_at = trio.current_time()
+        syncs_at_stop = c.groups[1].num_calls
+        c.ranks[1].request_shutdown()
+        await trio.sleep(5.0)  # within the drain: 5 s of 150 ms steps
+        during_drain = c.groups[1].num_calls - syncs_at_stop
+        assert during_drain <= 5.0 / 0.5 + 2, during_drain  # at the time cap's cadence, not 33 syncs (every step)
+        with trio.fail_after(6.0 - 5.0 + LEAVE_WAIT_S + 1.0):
+            await c.ended[1].wait()
+        left_after = trio.current_time() - stopped_at
+        assert c.outcomes[1] is None
+        assert 6.0 + LEAVE_WAIT_S <= left_after <= 6.0 + LEAVE_WAIT_S + 2 * 0.15, left_after
+        traffic.cancel_scope.cancel()
