@@ -316,6 +316,13 @@ class LoadBalancer:
         if i not in self._dead and i not in self._draining:
             self._policy.on_rank_dead(self._state, i)
         self._dead.add(i)
+        self._draining.discard(i)
+        if self._draining and len(self._dead) + len(self._draining) == len(self._engines):
+            # only draining ranks are left: the last of them takes requests again and refuses them itself, saying
+            # why (mark_draining keeps the last live rank so), where "no rank is alive" would be wrong
+            back = min(self._draining)
+            self._draining.discard(back)
+            self._policy.on_rank_back(self._state, back)
         return sorted(rid for rid, j in self._owner.items() if j == i)
 
     def mark_alive(self, rank: int) -> bool:

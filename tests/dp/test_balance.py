@@ -257,6 +257,19 @@ def test_the_last_rank_that_is_not_draining_is_never_excluded():
     assert not lb.mark_draining(7)  # not one of this client's ranks
 
 
+@pytest.mark.parametrize("policy", ["vllm", "asyncdp", "round_robin", "session_hash"])
+def test_when_the_last_live_rank_dies_a_draining_one_takes_requests_again_to_refuse_them_itself(policy):
+    """Rank 1 drains, then rank 0 dies: a request used to meet "no data-parallel rank is alive" from the policy,
+    though rank 1 is alive and can say why it refuses (it is shutting down)."""
+    lb = LoadBalancer([0, 1, 2], policy=policy)
+    assert lb.mark_draining(1) and lb.mark_draining(2)
+    lb.mark_dead(0)
+    assert lb.is_draining(2) and not lb.is_draining(1)  # the lowest of them is back in selection
+    assert {lb.select(f"r{i}", list(range(100 * i, 100 * i + 40)), routing_key=f"k{i}") for i in range(4)} == {1}
+    lb.mark_dead(1)  # then it is gone too: the other draining rank takes its place
+    assert lb.select("last", [1, 2, 3]) == 2 and lb.dead_ranks == [0, 1]
+
+
 def test_a_draining_rank_stays_excluded_when_the_engines_params_reinitialise_the_policy():
     lb = LoadBalancer([0, 1, 2], policy="asyncdp")
     assert lb.mark_draining(2)
