@@ -343,7 +343,7 @@ class AsyncdpPolicy(SeveralRouters):
         state.sent_tok += min(prefill + weight, UNSEEN_REQUEST_TOKENS)
         state.pending_reqs[r] += 1
         state.update(r)
-        if hashes:  # (with replica_headroom 0 it marks no replica: it keeps a hot prefix's depth)
+        if hashes and state.weights.replica_headroom:
             state.mark_spill(hashes[0], r, hashes)
 
     def on_first_token(self, state: AsyncdpState, req_id: str, dp_rank: int, now_us: int) -> None:

@@ -227,11 +227,11 @@ class AsyncdpState(PhaseWeights):
         holder, when it began more than ``1/(alive·headroom)`` of the recent requests
         (:class:`~.prefix_rates.PrefixRates`), fewer ranks than ``share·alive·headroom`` hold it, and the rank it
         went to is now past the mean in-flight count by ``REPLICA_SLACK``; unmark it otherwise. The hooks decide,
-        so that ``select`` pays one set lookup (G7). While the prefix wants replicas or is hot, ``runs`` keeps how
-        deep it goes: the blocks its recent prompts have in common."""
+        so that ``select`` pays one set lookup (G7). While the prefix wants replicas, ``runs`` keeps how deep it
+        goes: the blocks its recent prompts have in common (it also tells a new conversation, asyncdp_policy)."""
         scale = (self.n - len(self.excluded)) * self.weights.replica_headroom  # share -> holders wanted
         want = self.rates.share(first) * scale
-        if want > 1.0 or first in self.hot:  # (a hot prefix's depth also bounds new conversations: asyncdp_policy)
+        if want > 1.0:
             last = self.runs.get(first)
             if last is None:
                 self.runs[first] = (hashes, -1, -1)
@@ -239,7 +239,7 @@ class AsyncdpState(PhaseWeights):
                 run = common_run(last[0], hashes)
                 self.runs[first] = (hashes, run, run if last[1] < 0 else min(run, last[1]))
             if len(self.runs) > 2 * scale + 8:  # prefixes gone cold
-                self.runs = {h: v for h, v in self.runs.items() if self.rates.share(h) * scale > 1.0 or h in self.hot}
+                self.runs = {h: v for h, v in self.runs.items() if self.rates.share(h) * scale > 1.0}
         else:
             self.runs.pop(first, None)
         if want > 1.0 and self.index.owners.get(first, 0).bit_count() < want \
