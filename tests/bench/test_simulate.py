@@ -331,7 +331,7 @@ def test_other_routers_keep_short_requests_off_a_rank_another_just_gave_a_long_p
     workload = resolve(build("w8", "quick", 1, {"num_requests": 300}), 1.0, 60.0)
     spec = ClusterSpec(dp_size=4, profile=load_profile("gpu_8b"), routers=4)
     told = simulate(workload, "asyncdp", 1, spec)
-    monkeypatch.setattr("asyncdp.coordinator.core.LONG_PLACEMENT_TOKENS", 1 << 30)  # never told
+    monkeypatch.setattr("asyncdp.coordinator.claims.LONG_PLACEMENT_TOKENS", 1 << 30)  # never told
     untold = simulate(workload, "asyncdp", 1, spec)
     assert _shorts_behind_anothers_long(told, 10_000) == 0
     assert _shorts_behind_anothers_long(untold, 10_000) > 0
