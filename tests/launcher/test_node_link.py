@@ -155,7 +155,8 @@ async def test_a_headless_node_says_node_stopping_only_when_it_stops_on_its_own(
             headless.shutdown.set()
         elif how == "head_shutdown":
             await head_end.send(m.NodeShutdown(reason="the head received a signal", shutdown_timeout=5.0))
-        else:
+        else:  # a failure, with the operator's signal on top (an orchestrator stopping a failing node): no goodbye
+            headless.asked_to_stop.set()
             headless.fail("engine rank 1 exited with code -9; no local rank left: stopping this node")
         await anyio.sleep(5)  # its engines drain
         await node_end.aclose()  # what the launcher does once they are gone
