@@ -132,16 +132,22 @@ async def _rank_states(http: httpx.AsyncClient, want: list[str], timeout_s: floa
     pytest.fail(f"ranks not {want} within {timeout_s} s: {info['managed_ranks']}\n{dep.logs()}")
 
 
-async def test_a_sigkilled_headless_node_restarted_with_the_same_flags_takes_its_rank_back(tmp_path: Path) -> None:
-    """Dense (spec §13: orchestrators restart a whole node): the node restarted in place of the one killed is
-    admitted again, its engine registers with the coordinator and the API server, rank 1 is ``ready`` again in
-    /server_info with ``asyncdp:dp_engine_up`` 1, and requests pinned to it succeed. The head used to refuse the
-    restarted node ("a running deployment takes no rank back"), which exited 1. Prints how long the new node
-    took from its start to its rank serving."""
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+async def test_a_headless_node_restarted_with_the_same_flags_takes_its_rank_back(tmp_path: Path, how: str) -> None:
+    """Dense (spec §13: orchestrators restart a whole node): the node restarted in place of the one killed (or
+    stopped in order: ``NodeStopping``, then its link closes) is admitted again, its engine registers with the
+    coordinator and the API server, rank 1 is ``ready`` again in /server_info with ``asyncdp:dp_engine_up`` 1, and
+    requests pinned to it succeed. The head used to refuse the restarted node ("a running deployment takes no rank
+    back"), which exited 1. Prints how long the new node took from its start to its rank serving."""
     with deployment(tmp_path, HEAD, HEADLESS, ready_timeout_s=120) as dep:
         hd, hl = dep.node("head"), dep.node("headless")
         async with httpx.AsyncClient(base_url=hd.base_url, timeout=30.0) as http:
-            kill_tree(hl)
+            if how == "sigkill":
+                kill_tree(hl)
+            else:
+                hl.process.send_signal(signal.SIGTERM)
+                await anyio.to_thread.run_sync(partial(hl.process.wait, timeout=30))
+                assert hl.process.returncode == 0, hl.log()[-4000:]
             dep.drop("headless")
             await _rank_states(http, ["ready", "dead"], 15, dep)
             started = time.monotonic()
@@ -160,7 +166,9 @@ async def test_a_sigkilled_headless_node_restarted_with_the_same_flags_takes_its
                 assert r.status_code == 200, r.text
             assert (await successes(hd.base_url)).get("1", 0.0) >= 4
         assert "engine rank 1 is back" in hd.log() and "joined again" in hd.log(), dep.logs()
-        print(f"\nrejoin: rank 1 ready at the head {took_s:.1f} s after the new headless node started")
+        if how == "sigterm":
+            assert "stopped in order" in hd.log() and "lost the headless node" not in hd.log(), dep.logs()
+        print(f"\nrejoin ({how}): rank 1 ready at the head {took_s:.1f} s after the new headless node started")
         dep.stop()
 
 
