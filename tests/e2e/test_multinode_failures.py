@@ -14,10 +14,11 @@ from functools import partial
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL
+from tests.e2e.conftest import MODEL, Server
 from tests.e2e.metrics_text import per_engine, read_metrics, successes
 from tests.e2e.multinode import (
     Deployment,
@@ -39,6 +40,17 @@ HEADLESS = headless("-dp", "2", "-dpl", "1", "-dpr", "1")
 DRAIN = 48  # tokens: short enough to finish within --shutdown-timeout 5 on a loaded CPU
 
 
+async def _sigterm_during_pinned_stream(tg: anyio.abc.TaskGroup, http: httpx.AsyncClient, dep: Deployment,
+                                        node: Server, out: list[tuple[object, ...]], max_tokens: int) -> None:
+    """Start a stream pinned to rank 1 in ``tg`` (its outcome goes to ``out``); once its first token arrived, with
+    every node's process tree remembered (the no-orphans check), SIGTERM ``node``."""
+    started = anyio.Event()
+    tg.start_soon(partial(stream_completion, http, started, out, data_parallel_rank=1, max_tokens=max_tokens))
+    await started.wait()
+    dep.remember_trees()
+    node.process.send_signal(signal.SIGTERM)
+
+
 async def test_headless_node_started_first_waits_and_joins_and_sigterm_drains_across_nodes(tmp_path: Path) -> None:
     """Launch order does not matter; SIGTERM on the head with --shutdown-timeout 5 lets a stream on the headless
     rank finish, then stops the whole deployment in order: the headless node gets NodeShutdown and exits 0."""
@@ -48,15 +60,10 @@ async def test_headless_node_started_first_waits_and_joins_and_sigterm_drains_ac
         hl, hd = dep.node("headless"), dep.node("head")
         assert "joined the head" in hl.log()
         out: list[tuple[object, ...]] = []
-        started = anyio.Event()
         async with httpx.AsyncClient(base_url=hd.base_url, timeout=60.0) as http:
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(partial(stream_completion, http, started, out, data_parallel_rank=1,
-                                          max_tokens=DRAIN))
-                    await started.wait()
-                    dep.remember_trees()
-                    hd.process.send_signal(signal.SIGTERM)
+                    await _sigterm_during_pinned_stream(tg, http, dep, hd, out, DRAIN)
         assert out == [("done", DRAIN, "length")], f"{out}\n{dep.logs()}"
         codes = [await wait_code(hd, 20, dep), await wait_code(hl, 20, dep)]
         assert codes == [0, 0], f"exit codes head, headless: {codes}\n{dep.logs()}"
@@ -184,16 +191,11 @@ async def test_a_headless_node_stopping_in_order_gets_no_new_requests_while_its_
     with deployment(tmp_path, *specs) as dep:
         hd, hl = dep.node("head"), dep.node("headless")
         out: list[tuple[object, ...]] = []
-        started = anyio.Event()
         async with httpx.AsyncClient(base_url=hd.base_url, timeout=60.0) as http:
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
                     # long enough that rank 1 still drains while the requests below are answered (checked)
-                    tg.start_soon(partial(stream_completion, http, started, out, data_parallel_rank=1,
-                                          max_tokens=2000))
-                    await started.wait()
-                    dep.remember_trees()
-                    hl.process.send_signal(signal.SIGTERM)
+                    await _sigterm_during_pinned_stream(tg, http, dep, hl, out, 2000)
                     while "engine rank 1 is stopping" not in hd.log():  # noqa: ASYNC110 - another process
                         await anyio.sleep(0.05)  # poll interval of a log file, bounded by the deadline above
                     answers = [await http.post("/v1/completions", json={"model": MODEL, "prompt": f"during {i}",
