@@ -59,9 +59,12 @@ class EngineLink:
     dp_rank: int
     link: Link
     ready: m.EngineReady
-    alive: bool = True
     last_seen: float = 0.0
     ended: str | None = None  # once it ended: how (its EngineDead reason, "its link closed", a missed heartbeat)
+
+    @property
+    def alive(self) -> bool:
+        return self.ended is None
 
 
 async def read_engine_ready(link: Link, managed_ranks: tuple[int, ...], client_index: int) -> m.EngineReady | None:
@@ -217,7 +220,7 @@ class EngineLinks:
         rank = first.dp_rank
         old = self.engines.get(rank)
         if old is not None and old.alive:  # a restarted node's rank while the lost one's link still lingers
-            old.alive, old.ended = False, "a new engine took its place"
+            old.ended = "a new engine took its place"
             self._on_dead(rank, old.ended)
         engine = self.engines[rank] = EngineLink(rank, link, first, last_seen=time.monotonic())
         self._on_ready(engine)
@@ -241,7 +244,7 @@ class EngineLinks:
                 reason = liveness.describe(f"engine rank {rank}", anyio.current_time())
         finally:
             if engine.alive:
-                engine.alive, engine.ended, self.last_ended = False, reason, engine
+                engine.ended, self.last_ended = reason, engine
                 self._on_dead(rank, reason)
             await link.aclose()
 
