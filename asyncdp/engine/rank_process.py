@@ -126,7 +126,7 @@ async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[i
     minutes later."""
     coordinator: Link | None = None
     if init.coordinator is not None:
-        coordinator = await connect(init.coordinator.engine_addr, name="coordinator")
+        coordinator = await _reach(cfg, init.coordinator.engine_addr, "coordinator", "the DP coordinator")
         await coordinator.send(m.Subscribe(dp_rank=cfg.dp_rank))
         async with anyio.create_task_group() as beats:
             # The coordinator sends CoordinatorReady once every rank subscribed, which may be long after this
@@ -138,9 +138,20 @@ async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[i
         if isinstance(msg, m.Teardown):  # raised outside the task group: callers catch it as itself
             await coordinator.aclose()
             raise RankTornDown(f"teardown during startup: {msg.reason}")
-    clients: dict[int, Link] = {c.client_index: await connect(c.addr, name=f"client-{c.client_index}")
+    clients: dict[int, Link] = {c.client_index: await _reach(cfg, c.addr, f"client-{c.client_index}",
+                                                             f"API server {c.client_index}")
                                 for c in init.clients}
     return clients, coordinator
+
+
+async def _reach(cfg: RankConfig, addr: str, name: str, what: str) -> Link:
+    """Connect to a peer the handshake named; a peer that is not there (gone since, or unreachable) is a
+    :class:`StartupError` that names it, not a traceback."""
+    try:
+        return await connect(addr, name=name)
+    except OSError as exc:
+        raise StartupError(f"rank {cfg.dp_rank}: cannot reach {what} at {addr} that the front-end's handshake "
+                           f"named ({exc})") from None
 
 
 def _ready(cfg: RankConfig, core: EngineCore, *, local: bool, headless: bool) -> m.Ready:

@@ -117,3 +117,25 @@ async def test_a_rank_connects_to_its_clients_only_once_the_coordinator_is_ready
         if peer is not None:
             await peer.aclose()
     assert events == ["coordinator ready", "client connected"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("peer", ["coordinator", "client"])
+async def test_a_peer_the_handshake_named_that_is_gone_is_a_startup_error_naming_it(tmp_path, peer):
+    """A restarted node's engine was told a coordinator or API server address that no longer listens (it ended
+    with the ranks it served): the rank stops with one line that names the peer and its address, where it used to
+    log a traceback of the failed connect."""
+    from asyncdp import messages as m
+    from asyncdp.engine.rank_process import _connect_peers, rank_config
+    from asyncdp.errors import StartupError
+
+    gone = f"unix:{tmp_path / 'gone.sock'}"
+    role = EngineRole(dp_rank=1, dp_size=2, engine=EngineConfig(executor="sim"), handshake_addr="unix:/unused")
+    init = m.HandshakeInit(
+        clients=[m.ClientAddr(client_index=0, addr=gone)] if peer == "client" else [],
+        coordinator=m.CoordinatorAddrs(engine_addr=gone, client_addr=gone) if peer == "coordinator" else None,
+        dp_group=None, client_count=1)
+    with anyio.fail_after(10), pytest.raises(StartupError) as info:
+        await _connect_peers(rank_config(role), init)
+    what = "the DP coordinator" if peer == "coordinator" else "API server 0"
+    assert f"rank 1: cannot reach {what} at {gone}" in str(info.value)
