@@ -94,6 +94,7 @@ class CoordinatorRole(_Role, frozen=True):
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     subscribe_timeout_s: float  # engines subscribe only after loading their model
+    ranks_can_return: bool = False  # dense with ranks on other nodes: a restarted node may bring lost ranks back
     # TCP on this host (the DP address) when peers are on other nodes; None: a Unix socket (spec §5.1).
     engine_link_host: str | None = None
     client_link_host: str | None = None
@@ -171,7 +172,8 @@ def coordinator_role(plan: LaunchPlan, *, socket_dir: str, engine_link_host: str
         socket_dir=socket_dir, heartbeat_interval_s=plan.heartbeat_interval_s,
         heartbeat_timeout_s=plan.heartbeat_timeout_s,
         # Engines subscribe only after loading their model: the same budget as the API servers' ready wait.
-        subscribe_timeout_s=plan.engine_ready_timeout_s)
+        subscribe_timeout_s=plan.engine_ready_timeout_s,
+        ranks_can_return=not plan.deployment.waves and plan.deployment.dp_size_local < plan.dp_size)
 
 
 def engine_role(plan: LaunchPlan, dp_rank: int, *, handshake_addr: str, torch_threads: int,

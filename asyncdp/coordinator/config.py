@@ -13,6 +13,9 @@ class CoordinatorConfig:
     dp_size: int
     wave_mode: bool  # MoE with dp > 1: waves, step snapshots, teardown on engine loss
     external_lb: bool = False  # engines send no RankStats; snapshots carry counts=None
+    # Dense with ranks on other nodes: a node restarted in place of a lost one brings its ranks back (rejoin), so
+    # the coordinator serves on when every rank is lost (the API servers decide whether the deployment lives on).
+    ranks_can_return: bool = False
     publish_interval_s: float = 0.1
     heartbeat_publish_s: float = 5.0
     step_snapshot_wait_s: float = 0.05

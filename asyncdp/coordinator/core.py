@@ -34,7 +34,8 @@ link is marked dead (a lost host: after the heartbeat timeout). A MoE group take
 Engine loss: MoE - ``Teardown{reason, dead_rank}`` to the other engines, flushed for up to ``teardown_flush_s``,
 then :func:`serve_coordinator` raises :class:`~asyncdp.errors.EngineDeadError` (the process exits 1); after a
 ``Goodbye`` (orderly departure) it returns normally instead. Dense - the rank is marked dead and the coordinator
-keeps serving; it returns once every engine is gone.
+keeps serving; it returns once every engine is gone, unless ranks live on other nodes (``ranks_can_return``) and
+the deployment is not stopping: a node restarted in place of a lost one can still bring them back.
 
 Links: anything with ``async send(msg)``, ``async receive()`` (raising ``anyio.EndOfStream`` at EOF) and
 ``async aclose()``. Listeners: anything with ``async serve(handler)`` that calls ``handler(link)`` per link
@@ -345,6 +346,10 @@ class Coordinator:
                         waiting.lost_reason is None and not waiting.departed:
                     self._rejoin(action.dp_rank, waiting)
                 if self.machine.all_dead:
+                    if self.config.ranks_can_return and not self.stopping.is_set():
+                        log.warning("every engine rank is gone; the coordinator serves on, for a node restarted "
+                                    "in place of a lost one to bring its ranks back")
+                        continue
                     log.info("%s", "every engine rank left; the coordinator stops" if self.stopping.is_set()
                              else "every engine rank is gone; the coordinator stops")
                     return True

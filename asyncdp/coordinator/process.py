@@ -34,6 +34,7 @@ def coordinator_config(role: CoordinatorRole) -> CoordinatorConfig:
         heartbeat_interval_s=role.heartbeat_interval_s,
         heartbeat_timeout_s=role.heartbeat_timeout_s,
         subscribe_timeout_s=role.subscribe_timeout_s,
+        ranks_can_return=role.ranks_can_return,
     )
 
 

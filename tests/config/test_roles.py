@@ -78,3 +78,18 @@ def test_a_cors_flag_that_is_not_a_json_list_of_strings_is_a_config_error_naming
 
     with pytest.raises(ConfigError, match="--allowed-headers must be a JSON list"):
         build_serve_config(["--allowed-headers", value], env={}, model_facts=lambda _name: Facts())
+
+
+@pytest.mark.parametrize(("cmd", "is_moe", "can_return"), [
+    ("-dp 2", False, False),  # one node: nothing restarts a lost local rank
+    ("-dp 2 -dpl 0", False, True),  # an API-only head: every rank lives on other nodes
+    ("-dp 4 -dpl 2", False, True),  # a head with headless nodes beside it
+    ("-dp 4 -dpl 2 -dph", False, True),  # hybrid: the coordinator runs on the head
+    ("-dp 4 -dpl 2", True, False),  # MoE: a running group takes no member back
+])
+def test_the_coordinator_serves_on_after_losing_every_rank_only_where_a_restarted_node_can_bring_them_back(
+        cmd, is_moe, can_return):
+    config = build_serve_config(shlex.split(cmd), env={}, model_facts=lambda _name: Facts(is_moe=is_moe))
+    plan = LaunchPlan(engine=EngineConfig(executor="sim"), served_model_name="m", model_path="/m",
+                      deployment=config.deployment)
+    assert coordinator_role(plan, socket_dir="/run").ranks_can_return is can_return
