@@ -16,6 +16,7 @@ request ran), so :func:`asyncdp.bench.metrics.compute` measures both sides alike
 counters, differenced around the run (:class:`ServerCounters`), give the prefix-cache hit rate (Δ hits / Δ
 queries, in tokens) and the per-rank load ratio (Δ ``request_success``, busiest over mean). The CLIs are
 ``bench/routing_real.py`` and ``bench/sim_validation.py``; ``tests/bench/test_http_replay.py`` tests this module.
+A request's body and the reading of its stream are in ``bench/completion_stream.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -45,9 +45,10 @@ from asyncdp.bench.materialise import Materialiser, ideal_hit_rate
 from asyncdp.bench.records import Record, Workload, resolve
 from asyncdp.bench.simulate import RequestEvent, RunLog
 from asyncdp.errors import ConfigError
+from bench.completion_stream import DONE as DONE  # the end marker parse_sse_line returns, for its callers
+from bench.completion_stream import check_loopback, chunk_tokens, completion_body, error_text, parse_sse_line
 from bench.server_counters import ServerCounters, scrape, settled
 
-LOOPBACK = "127.0.0.1"
 MODEL = "builtin:tiny-dense"
 #: tiny-dense's byte-level tokenizer: ids 0..255 are bytes, 256..258 specials; prompts stay in the bytes
 TINY_VOCAB = 256
@@ -163,47 +164,6 @@ def fit_to_model(workload: Workload, vocab_size: int = TINY_VOCAB,
             raise ConfigError(f"{workload.name}: record {r.req_id} needs {r.input_length}+{r.output_length} "
                               f"tokens, more than max_model_len {max_model_len}; scale the workload down.")
     return msgspec.structs.replace(workload, vocab_size=vocab_size, max_model_len=max_model_len)
-
-
-def completion_body(model: str, prompt: Sequence[int], output_length: int) -> dict[str, Any]:
-    """The request of one record: token-id prompt, exactly ``output_length`` tokens, streamed with usage."""
-    return {"model": model, "prompt": list(prompt), "max_tokens": output_length, "min_tokens": output_length,
-            "ignore_eos": True, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-
-
-def check_loopback(base_url: str) -> None:
-    if urlsplit(base_url).hostname != LOOPBACK:
-        raise ConfigError(f"http_replay only sends to {LOOPBACK}, not {base_url!r}.")
-
-
-DONE = "[DONE]"
-
-
-def parse_sse_line(line: str) -> dict[str, Any] | str | None:
-    """One SSE line: the chunk's JSON object, :data:`DONE` for the end marker, None for anything else."""
-    if not line.startswith("data:"):
-        return None
-    data = line[5:].strip()
-    if data == DONE:
-        return DONE
-    chunk = json.loads(data)
-    return chunk if isinstance(chunk, dict) else None
-
-
-def chunk_tokens(chunk: Mapping[str, Any]) -> int | None:
-    """Tokens so far by a choice chunk's continuous usage; None for the final usage-only chunk (no choices)."""
-    usage = chunk.get("usage")
-    if not chunk.get("choices") or not isinstance(usage, dict):
-        return None
-    return int(usage.get("completion_tokens", 0))
-
-
-def error_text(chunk: Mapping[str, Any]) -> str | None:
-    err = chunk.get("error")
-    if err is None:
-        return None
-    return str(err.get("message", err)) if isinstance(err, dict) else str(err)
 
 
 # ---------------------------------------------------------------------- the server's counters

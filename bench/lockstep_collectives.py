@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "model"))
 
 import torch  # noqa: E402
-from dp_worker import DPRanks, time_decode  # noqa: E402
+from dp_worker import DPRanks  # noqa: E402
+from lockstep_drivers import time_decode  # noqa: E402
 
 from asyncdp.config.flags import EngineConfig  # noqa: E402
 from asyncdp.engine.model_runner import TorchExecutor  # noqa: E402

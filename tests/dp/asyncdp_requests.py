@@ -29,3 +29,9 @@ def route(policy: AsyncdpPolicy, state: AsyncdpState, req: RequestView, now_us: 
 
 def snapshot(*loads: tuple[int, int, float], at_us: int = 0) -> Snapshot:
     return Snapshot(tuple(RankLoad(w, r, kv) for w, r, kv in loads), delivered_at_us=at_us)
+
+
+def decode_on(p: AsyncdpPolicy, s: AsyncdpState, req: RequestView, rank: int) -> None:
+    """Send ``req`` to ``rank`` (a hint) and let it produce its first token: it is decoding there."""
+    route(p, s, req, hint=rank)
+    p.on_first_token(s, req.req_id, rank, 1)

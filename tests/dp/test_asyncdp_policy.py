@@ -1,4 +1,7 @@
-"""Conformance vectors for asyncdp's own policy (``asyncdp``, asyncdp/dp/asyncdp_policy.py), hand-computed.
+"""Conformance vectors for asyncdp's own policy (``asyncdp``, asyncdp/dp/asyncdp_policy.py), hand-computed:
+affinity against load, the hot-spot bound, keys, snapshots from other routers, the KV penalty, hints, dead
+ranks and the bounded index. Its other subjects have their own modules (tests/dp/test_asyncdp_*.py): spread,
+decode weights, stalls, hot prefixes, phases.
 
 Prompts are 16-token blocks (the policy's block size). Unless stated the cost is
 ``pending + 16·decoding + others + kv_penalty + prompt_len - 2·credit`` per rank (module docstring); the
@@ -14,7 +17,7 @@ from asyncdp.dp.asyncdp_policy import AsyncdpPolicy, AsyncdpState, prompt_hashes
 from asyncdp.dp.balance import LoadBalancer, make_policy
 from asyncdp.dp.policy import Decision, RequestView
 from asyncdp.errors import ConfigError, UnavailableError
-from tests.dp.asyncdp_requests import INF, prompt, route, snapshot
+from tests.dp.asyncdp_requests import decode_on, prompt, route, snapshot
 
 
 def test_make_policy_builds_asyncdp_and_the_balancer_accepts_it():
@@ -224,70 +227,6 @@ def test_a_new_prefix_goes_to_the_rank_whose_index_is_emptier():
     assert route(p, s, prompt(2, prefix=tuple(range(4000, 4064)))) == 1
 
 
-@pytest.mark.parametrize("spread, spread_tokens, expected", [(False, INF, 0), (True, INF, 2), (True, 16.0, 2),
-                                                             (True, 8.0, 0)])
-def test_spread_sends_a_new_prompt_to_the_fewest_prefixes_among_ranks_within_one_prefill(spread, spread_tokens,
-                                                                                         expected):
-    # spread_tokens (asyncdp@spread512): "within" means within min(the prompt, spread_tokens) of the cheapest rank:
-    # rank 2's one decoding request (16 tokens) is within 16 tokens of the idle rank, not within 8
-    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread=spread, spread_tokens=spread_tokens)
-    s = p.init(3)
-
-    def place(rank: int, prefix_id: int, length: int = 64, finish: str = "yes") -> None:
-        req = prompt(prefix_id, prefix=tuple(range(prefix_id * 1000, prefix_id * 1000 + length)))
-        route(p, s, req, hint=rank)
-        if finish == "yes":
-            p.on_finish(s, req.req_id, rank, 1)
-        elif finish == "decoding":
-            p.on_first_token(s, req.req_id, rank, 1)
-
-    for k in (1, 2, 3):
-        place(0, k)  # rank 0: idle, 3 prefixes
-    place(1, 4, length=400, finish="no")  # rank 1: 1 prefix, a 416-token prefill pending: more than one prefill
-    place(2, 5)
-    place(2, 6, finish="decoding")  # rank 2: 2 prefixes, one decoding request (16 tokens): within one prefill
-    assert [len(r) for r in s.index.roots] == [3, 1, 2]
-    new = prompt(7, prefix=tuple(range(7000, 7064)))  # 80 tokens, held by no rank
-    assert route(p, s, new, now_us=2) == expected  # vllm-like: the idle rank; spread: fewer prefixes, not rank 1
-    assert len(s.index.roots[expected]) == {0: 4, 2: 3}[expected]
-
-
-@pytest.mark.parametrize("gated, hot, distinct, cooled, expected", [
-    (True, False, 37, False, 1), (True, True, 37, False, 0), (True, False, 301, False, 0), (False, True, 37, False, 1),
-    (True, True, 37, True, 1)])
-def test_spread_applies_only_while_no_prefix_is_hot_and_most_recent_prompts_were_not_new(gated, hot, distinct,
-                                                                                           cooled, expected):
-    # Counting prefixes evens out the load where prefixes recur about equally often (W2's 150 groups). Not once one
-    # prefix began a quarter of a rank's share of the recent requests (W7's top documents), nor where most recent
-    # prompts were new (W9: nothing recurs, the phase weights place them): there a new prompt goes to the cheapest
-    # rank by load; once no request of about the last 256 began with a hot prefix, it spreads again. The ungated
-    # presets (asyncdp@spread, @spread512) spread all the same.
-    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, spread_gated=gated)
-    s = p.init(2)
-
-    def place(rank: int, prefix_id: int) -> None:
-        req = prompt(prefix_id, prefix=tuple(range(prefix_id * 1000, prefix_id * 1000 + 64)))
-        route(p, s, req, hint=rank)
-        p.on_finish(s, req.req_id, rank, 1)
-
-    place(0, 1)
-    place(0, 2)
-    for k in range(3, 3 + distinct):  # each prefix once: none hot; 37 new prompts of 39, or 301 of 303
-        place(1, k) if k % 2 else place(0, k)
-    assert (s.phase_scale > 0) is (distinct > 100)
-    for _ in range(40 if hot else 0):  # prefix 3 begins 41 of the last ~80 requests: hot
-        place(1, 3)
-    assert bool(s.hot) is hot
-    for k in range(300 if cooled else 0):  # 300 requests of the other prefixes, none hot: the hot one went cold
-        place(1, 5 + 2 * (k % 10)) if k % 2 else place(0, 4 + 2 * (k % 10))
-    assert bool(s.hot) is hot  # it is still marked (until it is sent again), but no recent request was hot
-    decoding = prompt(5, prefix=tuple(range(5000, 5064)))
-    route(p, s, decoding, hint=1)
-    p.on_first_token(s, decoding.req_id, 1, 1)  # rank 1 is 16 tokens busier than rank 0, within 512 of it
-    assert len(s.index.roots[0]) == len(s.index.roots[1]) + 1  # and holds one prefix fewer
-    assert route(p, s, prompt(9, prefix=tuple(range(999_000, 999_064))), now_us=2) == expected
-
-
 def test_engine_params_reach_the_policy_before_the_first_decision_and_are_refused_after_it():
     lb = LoadBalancer([0, 1], policy="asyncdp")
     lb.mark_dead(1)
@@ -314,124 +253,3 @@ def test_holders_of_the_whole_run_compare_by_load_not_by_memory():
     assert s.memory == [pytest.approx(4096 * 15 / 100), pytest.approx(4096 * 7 / 100)]
     assert s.base[0] > s.base[1]  # by the whole cost rank 1 is cheaper: its index is emptier
     assert route(p, s, prompt(3), now_us=4) == 0  # both hold the prefix: the idle one wins
-
-
-def decode_on(p: AsyncdpPolicy, s: AsyncdpState, req: RequestView, rank: int) -> None:
-    """Send ``req`` to ``rank`` (a hint) and let it produce its first token: it is decoding there."""
-    route(p, s, req, hint=rank)
-    p.on_first_token(s, req.req_id, rank, 1)
-
-
-def long_prompt(tail: int, length: int) -> RequestView:
-    """A prompt of ``length`` tokens that shares nothing with the others (its first token is ``tail``)."""
-    return RequestView(f"long{tail}", (tail, *range(50_000 + tail * 100_000, 50_000 + tail * 100_000 + length - 1)))
-
-
-def test_a_decoding_request_weighs_more_the_longer_its_prompt():
-    p = AsyncdpPolicy()  # the default
-    assert [p.decode_weight(n) for n in (1, 4096, 6144, 8192, 16_384, 65_536)] == [16, 16, 24, 32, 64, 64]
-    ctx = make_policy("asyncdp@ctx_decode")  # the preset that introduced it, kept as an alias of the default
-    assert isinstance(ctx, AsyncdpPolicy) and ctx.decode_ref_tokens == p.decode_ref_tokens
-    flat = make_policy("asyncdp@flat_decode")  # every decoding request weighs the same
-    assert isinstance(flat, AsyncdpPolicy) and flat.decode_weight(65_536) == 16
-    with pytest.raises(ConfigError, match="decode_ref_tokens"):
-        AsyncdpPolicy(decode_ref_tokens=-1)
-
-
-@pytest.mark.parametrize(("ref", "expected"), [(4096.0, 1), (0.0, 0)])
-def test_a_long_context_decode_outweighs_several_short_ones(ref, expected):
-    # rank 0: one decoding request with a 16 384-token prompt (4·16 = 64 tokens of load; 16 when every decoding
-    # request weighs the same); rank 1: three with 80-token prompts (48). A new prompt goes to the lighter one.
-    p = AsyncdpPolicy(memory_tokens=0, decode_ref_tokens=ref)
-    s = p.init(2)
-    decode_on(p, s, long_prompt(1, 16_384), 0)
-    for k in range(3):
-        decode_on(p, s, prompt(10 + k), 1)
-    assert s.base == [16.0, 48.0]  # the cost a hit is weighed against stays flat (next test)
-    assert s.hbase == ([64.0, 48.0] if ref else [16.0, 48.0])  # what new prompts and a prefix's holders compare
-    assert route(p, s, long_prompt(2, 80), now_us=2) == expected
-
-
-def test_a_hit_weighs_its_holders_decodes_flat_against_the_cheapest_other_rank():
-    # rank 0 holds a 16 384-token prefix and decodes 10 requests with it: 10·1 000 = 10 000 tokens of load flat,
-    # 40 000 scaled by their context; the hit saves 2·16 384 = 32 768. Weighed flat the hit stays on its holder;
-    # weighed scaled it would leave for the idle rank 1 and pay the whole prompt again. Past capacity every rank
-    # is loaded like this, and hits leaving their holders spiral into misses (W2 at full scale, docs).
-    p = AsyncdpPolicy(memory_tokens=0, decode_tokens=1000, decode_ref_tokens=4096)
-    s = p.init(2)
-    doc = long_prompt(1, 16_384).tokens
-    for k in range(10):
-        decode_on(p, s, RequestView(f"d{k}", (*doc, *range(k * 16, k * 16 + 16))), 0)
-    assert s.base[0] == 10_000 and s.hbase[0] == 40_000
-    assert route(p, s, RequestView("q", (*doc, *range(900, 916))), now_us=2) == 0
-
-
-def test_the_decode_weights_leave_no_residue_when_the_requests_finish():
-    p = AsyncdpPolicy(memory_tokens=0, decode_ref_tokens=4096)
-    s = p.init(2)
-    reqs = [long_prompt(k, 4096 + 1000 * k) for k in range(1, 8)]  # weights 16·(5096/4096) ...: inexact floats
-    for req in reqs:
-        decode_on(p, s, req, 0)
-    assert s.dec_tokens[0] == pytest.approx(sum(p.decode_weight(r.prompt_len) for r in reqs))
-    for req in reqs:
-        p.on_finish(s, req.req_id, 0, 2)
-    assert s.dec_tokens == [0.0, 0.0] and s.decoding == [0, 0] and s.base == [0.0, 0.0]
-
-
-def _stalling(rate: float = 16384.0) -> tuple[AsyncdpPolicy, AsyncdpState]:
-    p = AsyncdpPolicy(memory_tokens=0, phase_spread=0, stall_tokens_per_s=rate, stall_grace_s=2.0)
-    s = p.init(4)
-    first = prompt(1)
-    route(p, s, first, hint=0)  # the prefix is on rank 0
-    p.on_first_token(s, first.req_id, 0, 1)
-    return p, s
-
-
-def test_hits_leave_a_rank_whose_requests_wait_past_the_grace_for_their_first_token():
-    p, s = _stalling()
-    stuck = prompt(2)
-    assert route(p, s, stuck, now_us=10) == 0  # a hit: pending 16 tokens there
-    assert route(p, s, prompt(3), now_us=2_000_000) == 0  # waited 2 s: within the grace
-    assert s.stalls.terms == [0.0] * 4
-    # 3.5 s: 1.5 s past the grace, 24 576 tokens at 16 384 a second; the hit saves 2·64
-    p.on_first_token(s, "nobody", 0, 3_500_000)  # any hook refreshes the stall terms
-    assert route(p, s, prompt(4), now_us=3_500_010) == 1
-    assert s.stalls.terms[0] == pytest.approx(1.5 * 16384, rel=1e-3) and s.stalls.terms[1:] == [0.0] * 3
-
-
-def test_a_stall_ends_with_the_first_token_of_the_request_that_waited():
-    p, s = _stalling()
-    stuck = prompt(2)
-    route(p, s, stuck, now_us=10)
-    p.on_first_token(s, "nobody", 0, 3_000_000)  # a hook at 3 s: rank 0 stalls
-    assert s.stalls.terms[0] > 0
-    p.on_first_token(s, stuck.req_id, 0, 3_100_000)
-    assert s.stalls.terms == [0.0] * 4
-    assert route(p, s, prompt(3), now_us=3_200_000) == 0
-
-
-def test_a_backlog_on_every_rank_is_no_stall_of_any():
-    """Overload: half the ranks or more have a request waiting past the grace. Moving hits off them would replicate
-    their prefixes onto the few ranks left, evicting others, into a spiral of misses: no stall counts."""
-    p, s = _stalling()
-    route(p, s, prompt(2), now_us=10)  # rank 0
-    route(p, s, prompt(3, prefix=tuple(range(5000, 5064))), now_us=2_000_000, hint=1)  # rank 1, 2 s younger
-    p.on_first_token(s, "nobody", 0, 5_000_000)
-    assert s.stalls.terms == [0.0] * 4
-    assert route(p, s, prompt(4), now_us=5_000_010) == 0
-
-
-def test_the_stall_term_is_off_by_default():
-    p = AsyncdpPolicy()
-    s = p.init(4)
-    route(p, s, prompt(2), now_us=10)
-    route(p, s, prompt(3), now_us=60_000_000)
-    assert s.stalls.terms == [0.0] * 4 and not any(s.stalls.waiting)
-
-
-def test_the_stall_preset_turns_the_term_on_and_bad_values_are_refused():
-    p = make_policy("asyncdp@stall")
-    assert isinstance(p, AsyncdpPolicy)
-    assert p.stall_tokens_per_s == 16384.0 and p.stall_grace_us == 1_000_000
-    with pytest.raises(ConfigError):
-        AsyncdpPolicy(stall_tokens_per_s=-1.0)

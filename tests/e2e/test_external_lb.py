@@ -2,151 +2,36 @@
 
 Two rank servers of ``builtin:tiny-moe`` (``-dp 2 --data-parallel-rank r -dpa 127.0.0.1 -dpp RPC``) form one MoE
 group on loopback; rank 0 hosts the handshake listener and the wave-only coordinator. A module-scoped group per
-``--api-server-count`` (1 and 2) serves the tests that do not end it; the rank-loss test starts its own group.
-
-The servers are launched like :func:`tests.e2e.conftest.serve` launches one (new session, process tree recorded
-from /proc, clean stop asserted: exit 0, no process left, no traceback), but at ports the test picks, because the
-ranks must share the handshake port. A launch that loses the race for a port is retried once on fresh ports.
+``--api-server-count`` (1 and 2) serves every test here: /server_info, traffic on each rank only, streamed and
+non-streamed parity, rank hints, the group's waves, and GET /load. The servers are launched by
+:mod:`tests.e2e.external_lb`; the tests that end a group start their own (``test_external_lb_rank_loss.py``).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
 
-from tests.e2e.conftest import BASE_ARGS, READY_TIMEOUT_S, ROOT, Server, free_port
+from tests.e2e.conftest import ROOT, Server, free_port
+from tests.e2e.external_lb import MOE, _get_json, api_count, external_group
 from tests.e2e.metrics_text import per_engine, read_metrics, successes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
-
-MOE = "builtin:tiny-moe"
-PORT_RACE = re.compile(r"cannot listen on .*in use|Address already in use")
-
-
-def launch(log_path: Path, model: str, *args: str, port: int | None = None) -> Server:
-    """``python -m asyncdp serve MODEL --host 127.0.0.1 BASE_ARGS ARGS`` in a new session; ``args`` name the port.
-
-    The returned :class:`Server`'s ``port`` is ``port``, else the value of the first ``--port`` in ``args``."""
-    port = int(args[args.index("--port") + 1]) if port is None else port
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "asyncdp", "serve", model, "--host", "127.0.0.1", *BASE_ARGS, *args]
-    with open(log_path, "ab") as log:
-        log.write(f"$ {' '.join(cmd)}\n".encode())
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env, cwd=ROOT)
-    return Server(port=port, process=proc, log_path=log_path, args=tuple(args))
-
-
-def wait_all_healthy(servers: list[Server], timeout_s: float = READY_TIMEOUT_S) -> bool:
-    """True once every server's /health is 200; False as soon as one exits first. Fails at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    pending = list(servers)
-    with httpx.Client(timeout=2.0) as http:
-        while pending and time.monotonic() < deadline:
-            for server in list(pending):
-                if server.process.poll() is not None:
-                    return False
-                try:
-                    if http.get(f"{server.base_url}/health").status_code == 200:
-                        server.remember_tree()
-                        pending.remove(server)
-                except httpx.TransportError:
-                    pass
-            if pending:
-                try:  # the poll interval, and an early exit if the first pending server dies
-                    pending[0].process.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-    if pending:
-        pytest.fail(f"not healthy within {timeout_s} s\n" + "\n".join(s.log()[-3000:] for s in pending))
-    return True
-
-
-def kill_all(servers: list[Server]) -> None:
-    for server in servers:
-        server.kill_all()
-
-
-def stop_all(servers: list[Server], timeout_s: float = 20.0) -> None:
-    """SIGTERM every server at once (an orderly stop of the whole group); each exits 0, nothing is left."""
-    for server in servers:
-        server.remember_tree()
-    for server in servers:
-        server.process.send_signal(signal.SIGTERM)
-    for server in servers:
-        try:
-            code = server.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"server {server.port} did not exit within {timeout_s} s of SIGTERM\n{server.log()[-4000:]}")
-        assert code == 0, f"server {server.port} exited with {code}\n{server.log()[-4000:]}"
-    for server in servers:
-        assert not server.wait_gone(), f"processes left\n{server.log()[-4000:]}"
-        assert "Traceback" not in server.log(), f"a traceback was logged\n{server.log()[-4000:]}"
-
-
-def _start_external(log_dir: Path, model: str, api_servers: int) -> list[Server]:
-    rpc = free_port()
-    ports = [free_port() for _ in range(2)]
-    tag = uuid.uuid4().hex[:6]
-    return [launch(log_dir / f"rank{r}-{tag}.log", model, "-dp", "2", "--data-parallel-rank", str(r),
-                   "--port", str(ports[r]), "-dpa", "127.0.0.1", "-dpp", str(rpc),
-                   "--api-server-count", str(api_servers))
-            for r in range(2)]
-
-
-@contextmanager
-def external_group(log_dir: Path, api_servers: int = 1, model: str = MOE) -> Iterator[list[Server]]:
-    """Both rank servers of a dp=2 external-LB group, healthy; stopped together (exit 0 each) afterwards unless
-    the test ended them itself."""
-    servers = _start_external(log_dir, model, api_servers)
-    try:
-        if not wait_all_healthy(servers) and any(PORT_RACE.search(s.log()) for s in servers):
-            kill_all(servers)  # lost a race for one of the ports: once more, on fresh ones
-            servers = _start_external(log_dir, model, api_servers)
-            wait_all_healthy(servers)
-        for s in servers:
-            if s.process.poll() is not None:
-                pytest.fail(f"server exited with {s.process.returncode} before ready\n{s.log()[-4000:]}")
-        yield servers
-        if any(s.process.poll() is None for s in servers):
-            stop_all(servers)
-    finally:
-        if any(s.process.poll() is None or s.remaining() for s in servers):
-            kill_all(servers)
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1api", "2api"])
 def group(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
     with external_group(tmp_path_factory.mktemp(f"ext{request.param}"), request.param) as servers:
         yield servers
-
-
-def api_count(servers: list[Server]) -> int:
-    return int(servers[0].args[servers[0].args.index("--api-server-count") + 1])
-
-
-async def _get_json(base_url: str, path: str) -> Any:
-    async with httpx.AsyncClient(base_url=base_url, timeout=10.0) as http:
-        r = await http.get(path, headers={"Connection": "close"})  # fresh connections reach every API process
-        assert r.status_code == 200, r.text
-        return r.json()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -350,137 +235,3 @@ async def test_the_example_router_sends_requests_through_the_least_loaded_rank(g
     sample = re.search(r'^# (\{"request": 0.*\})$', doc, re.M)
     assert sample is not None, "external-lb.md no longer shows the router's output: update this test"
     assert all(list(s) == list(json.loads(sample.group(1))) for s in served), out  # the doc's keys, in order
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# rank loss and refusals
-
-
-async def _stream_until_error(base_url: str, i: int, started: anyio.Event, outcomes: list[str]) -> None:
-    """One long streamed completion; records how it ended: ``error-event``, ``transport-error``, ``http-<code>``
-    or ``finished`` (the last one is what must not happen)."""
-    body = {"model": MOE, "prompt": f"doomed {i}", "max_tokens": 400, "ignore_eos": True, "stream": True}
-    try:
-        async with httpx.AsyncClient(base_url=base_url, timeout=30.0) as http, \
-                http.stream("POST", "/v1/completions", json=body) as stream:
-            if stream.status_code != 200:
-                outcomes.append(f"http-{stream.status_code}")
-                return
-            async for line in stream.aiter_lines():
-                started.set()
-                if line.startswith("data: ") and line != "data: [DONE]" and "error" in json.loads(line[6:]):
-                    outcomes.append("error-event")
-                    return
-                if line == "data: [DONE]":
-                    outcomes.append("finished")
-                    return
-        outcomes.append("closed-without-done")
-    except httpx.TransportError:
-        outcomes.append("transport-error")
-    finally:
-        started.set()
-
-
-async def test_sigkill_of_one_ranks_engine_ends_every_server_within_5s_with_every_stream_errored(
-        tmp_path: Path) -> None:
-    with external_group(tmp_path) as servers:
-        info = await _get_json(servers[1].base_url, "/server_info")
-        engine1 = next(p["pid"] for p in info["processes"] if p["role"] == "engine" and p["rank"] == 1)
-        outcomes: list[str] = []
-        health: dict[int, list[int | str]] = {s.port: [] for s in servers}
-        with anyio.fail_after(40):
-            async with anyio.create_task_group() as tg:
-                events = []
-                for server in servers:
-                    for i in range(3):
-                        events.append(anyio.Event())
-                        tg.start_soon(_stream_until_error, server.base_url, i, events[-1], outcomes)
-                for event in events:
-                    await event.wait()
-                for server in servers:
-                    server.remember_tree()
-                killed_at = time.monotonic()
-                os.kill(engine1, signal.SIGKILL)
-                async with httpx.AsyncClient(timeout=1.0) as http:
-                    while any(s.process.poll() is None for s in servers):
-                        for s in servers:
-                            try:
-                                health[s.port].append((await http.get(f"{s.base_url}/health")).status_code)
-                            except httpx.TransportError as e:
-                                health[s.port].append(type(e).__name__)  # the listener is gone
-                        await anyio.sleep(0.05)
-                gone_after = time.monotonic() - killed_at
-        codes = [s.process.wait(timeout=1) for s in servers]
-        print(f"\ngroup ended {gone_after:.2f} s after the SIGKILL; /health seen: {health}; streams: {outcomes}")
-        assert codes == [1, 1], codes
-        assert gone_after < 5.0, gone_after
-        assert len(outcomes) == 6 and "finished" not in outcomes, outcomes
-        for port, seen in health.items():
-            after_first_failure = seen[next((i for i, c in enumerate(seen) if c != 200), len(seen)):]
-            assert 200 not in after_first_failure, (port, seen)  # once unhealthy, never healthy again
-            # 503, then the server gone: a closed port, or a connection it dropped as the process ended mid-request
-            assert set(after_first_failure) <= {503, "ConnectError", "RemoteProtocolError", "ReadError"}, (port, seen)
-        for s in servers:
-            assert not s.wait_gone(2.0), s.log()[-4000:]
-
-
-def _until_logged(server: Server, text: str, timeout_s: float = 20.0) -> None:
-    """Until ``text`` is in ``server``'s log, or it exited, or ``timeout_s`` passed (the assertions after tell)."""
-    deadline = time.monotonic() + timeout_s
-    while text not in server.log() and server.process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-# Signalled first, then what the other rank server's log shows once the group's end reached it before its own
-# signal: rank 0 first, rank 1's engine ended with the group; rank 1 first, its engine left the group, which rank 0
-# (the coordinator and the handshake) sees before its signal.
-PEER_GONE = {0: "left with its MoE group", 1: "leaving the group"}
-
-
-@pytest.mark.parametrize("first", [0, 1], ids=["rank0-first", "rank1-first"])
-def test_sigterm_to_a_rank_server_after_its_peer_left_the_group_in_either_order_stops_both_with_exit_0(
-        tmp_path: Path, first: int) -> None:
-    # The signals of a whole group's stop can reach its rank servers a moment apart (a loaded machine, an
-    # orchestrator stopping them one by one): the one signalled late was shutting down too, so it exits 0 as well
-    # (spec §8.7). The second signal goes out once the first server's departure has reached the group.
-    with external_group(tmp_path) as servers:
-        for server in servers:
-            server.remember_tree()
-        servers[first].process.send_signal(signal.SIGTERM)
-        _until_logged(servers[1], PEER_GONE[first])
-        servers[1 - first].process.send_signal(signal.SIGTERM)
-        for server in servers:
-            code = server.process.wait(timeout=30)
-            assert code == 0, f"server {server.port} exited with {code}\n{server.log()[-4000:]}"
-        for server in servers:
-            assert not server.wait_gone(), f"processes left\n{server.log()[-4000:]}"
-            assert "Traceback" not in server.log(), server.log()[-4000:]
-
-
-def test_sigterm_to_one_rank_server_alone_ends_the_other_with_exit_1_within_5s(tmp_path: Path) -> None:
-    # A group cannot go on without a rank: the rank server that was not asked to stop reports the group's end as a
-    # failure once the grace for its own signal is over (spec §8.7 and the failure table: within 5 s).
-    with external_group(tmp_path) as servers:
-        for server in servers:
-            server.remember_tree()
-        servers[0].process.send_signal(signal.SIGTERM)
-        assert servers[0].process.wait(timeout=30) == 0, servers[0].log()[-4000:]
-        stopped_at = time.monotonic()
-        code = servers[1].process.wait(timeout=30)
-        after = time.monotonic() - stopped_at
-        assert code == 1, servers[1].log()[-4000:]
-        assert after < 5.0, after
-        assert "was not asked to stop within" in servers[1].log(), servers[1].log()[-4000:]
-        for server in servers:
-            assert not server.wait_gone(), f"processes left\n{server.log()[-4000:]}"
-
-
-def test_a_dense_model_with_a_data_parallel_rank_exits_2_saying_to_launch_independent_servers(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "asyncdp", "serve", "builtin:tiny-dense", "--host", "127.0.0.1", *BASE_ARGS,
-           "-dp", "2", "--data-parallel-rank", "0", "--port", str(free_port()), "-dpa", "127.0.0.1",
-           "-dpp", str(free_port())]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "launch independent" in done.stdout + done.stderr
-    assert "Traceback" not in done.stdout + done.stderr

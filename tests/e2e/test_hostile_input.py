@@ -12,15 +12,14 @@ completion and chat through the official ``openai`` client. The module fixture's
 with no traceback in the log.
 
 Requests go out on fresh connections (``Connection: close``), so they land on both API processes. Each has a
-client timeout, and each family a deadline after which the rest of it is not sent (and reported as such).
+client timeout, and each family a deadline after which the rest of it is not sent (and reported as such). The
+cases are built in ``tests/e2e/hostile_cases.py``; ``tests/e2e/hostile_checks.py`` sends them and judges the
+answers.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -29,22 +28,37 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import MODEL, Server, serve
-from tests.e2e.metrics_text import per_engine
+from tests.e2e.hostile_cases import (
+    BASE,
+    BIG_INTS,
+    CHAT,
+    COMPLETIONS,
+    NULLABLE,
+    Case,
+    Raw,
+    deep_cases,
+    encode,
+    invalid_utf8_cases,
+    nested,
+    out_of_range_cases,
+    raw_case,
+    streamed,
+    with_field,
+    wrong_type_cases,
+)
+from tests.e2e.hostile_checks import (
+    API_COUNT,
+    MAX_QUEUED,
+    REQUEST_TIMEOUT_S,
+    error_shape_problem,
+    run_family,
+    settle_problems,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
-MAX_QUEUED = 8
-API_COUNT = 2
-REQUEST_TIMEOUT_S = 10.0
-FAMILY_DEADLINE_S = 25.0
-BIG_INTS = (10**30, 2**63, 2**64, -(2**63) - 1)
 OVERSIZED_BYTES = 24 * 1024 * 1024  # over any body limit sized for --max-model-len 512
 OVER_TRANSPORT_LIMIT_BYTES = 70 * 1024 * 1024  # over today's fixed 64 MiB limit too
-COMPLETIONS = "/v1/completions"
-CHAT = "/v1/chat/completions"
-BASE = {COMPLETIONS: {"model": MODEL, "prompt": "hi", "max_tokens": 1},
-        CHAT: {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}}
-BAD_REQUEST = frozenset({400})
 
 
 @pytest.fixture(scope="module")
@@ -52,242 +66,6 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with serve(tmp_path_factory.mktemp("hostile"), "-dp", "2", "--api-server-count", str(API_COUNT),
                "--max-queued-requests", str(MAX_QUEUED)) as server:
         yield server
-
-
-class Raw(str):
-    """A JSON fragment inserted verbatim (``1e400``, ``NaN``), where ``json.dumps`` cannot write it."""
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    path: str
-    content: bytes | None
-    expect: frozenset[int] | None = BAD_REQUEST  # None: any status below 500
-    headers: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
-    method: str = "POST"
-
-
-def encode(obj: Any) -> bytes:
-    """JSON with arbitrary-size integers (stdlib json) and ``Raw`` fragments spliced in."""
-    raws: list[str] = []
-
-    def mark(value: Any) -> Any:
-        if isinstance(value, Raw):
-            raws.append(value)
-            return f"\x00raw{len(raws) - 1}\x00"
-        if isinstance(value, dict):
-            return {k: mark(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [mark(v) for v in value]
-        return value
-
-    text = json.dumps(mark(obj))
-    for i, raw in enumerate(raws):
-        text = text.replace(json.dumps(f"\x00raw{i}\x00"), raw)
-    return text.encode()
-
-
-def with_field(path: str, field: str, value: Any, **extra: Any) -> Case:
-    body = {**BASE[path], **extra, field: value}
-    shown = (value if isinstance(value, Raw) else json.dumps(value))[:60]
-    return Case(f"{path} {field}={shown}{' ' + json.dumps(extra) if extra else ''}", path, encode(body))
-
-
-def sse_problems(text: str) -> list[str]:
-    """Every ``data:`` line of a stream must be one JSON object or ``[DONE]``; an error event is a problem."""
-    out = []
-    for line in text.split("\n"):
-        if not line.startswith("data:") or line == "data: [DONE]":
-            continue
-        try:
-            event = orjson.loads(line[5:])
-        except orjson.JSONDecodeError:
-            out.append(f"unparsable SSE line {line[:120]!r}")
-            continue
-        if isinstance(event, dict) and "error" in event:
-            out.append(f"error event {line[:200]}")
-    return out
-
-
-def error_shape_problem(r: httpx.Response) -> str | None:
-    try:
-        body = r.json()
-    except ValueError:
-        return f"error body is not JSON: {r.text[:200]!r}"
-    err = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(err, dict) or not {"message", "type", "param", "code"} <= err.keys():
-        return f"error body is not OpenAI-shaped: {r.text[:200]}"
-    if not isinstance(err["message"], str) or not isinstance(err["type"], str):
-        return f"error message/type are not strings: {r.text[:200]}"
-    return None
-
-
-async def check(http: httpx.AsyncClient, case: Case) -> str | None:
-    """The problem with the server's answer to ``case``, or None when it keeps the contract."""
-    headers = {"Connection": "close", **dict(case.headers)}
-    try:
-        r = await http.request(case.method, case.path, content=case.content, headers=headers)
-    except httpx.TimeoutException:
-        return f"{case.name}: no answer within {REQUEST_TIMEOUT_S} s"
-    except httpx.TransportError as exc:
-        return f"{case.name}: transport error {exc!r}"
-    if r.status_code >= 500:
-        return f"{case.name}: {r.status_code} {r.text[:300]}"
-    if case.expect is not None and r.status_code not in case.expect:
-        return f"{case.name}: expected {sorted(case.expect)}, got {r.status_code} {r.text[:200]}"
-    if r.status_code >= 400:
-        problem = error_shape_problem(r)
-        return f"{case.name}: {r.status_code} {problem}" if problem else None
-    if r.headers.get("content-type", "").startswith("text/event-stream"):
-        problems = sse_problems(r.text)
-        return f"{case.name}: {problems}" if problems else None
-    return None
-
-
-async def api_views(server: Server) -> dict[int, dict[str, Any]]:
-    """``/server_info`` of every API process (by ``api_process_rank``), from fresh connections (bounded)."""
-    views: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + 15.0  # a stuck process costs a 5 s timeout per connection that lands on it
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=5.0) as http:
-        for _ in range(40):
-            if time.monotonic() > deadline:
-                break
-            try:
-                info = (await http.get("/server_info", headers={"Connection": "close"})).json()
-            except httpx.HTTPError:
-                continue  # an API process that does not answer is missing from the views
-            views[info["api_process_rank"]] = info
-            if len(views) == info["api_process_count"]:
-                break
-    return views
-
-
-async def settle_problems(server: Server) -> list[str]:
-    """What is wrong with the deployment's state after a family: in flight left, a detached API process."""
-    deadline = time.monotonic() + 10.0
-    while True:
-        problems = []
-        views = await api_views(server)
-        if len(views) != API_COUNT:
-            problems.append(f"reached API processes {sorted(views)} of {API_COUNT}")
-        for rank, info in sorted(views.items()):
-            if info["coordinator"]["state"] != "alive":
-                problems.append(f"API process {rank} sees the coordinator {info['coordinator']}")
-            inflight = {r["dp_rank"]: r["inflight"] for r in info["managed_ranks"]}
-            if any(inflight.values()):
-                problems.append(f"API process {rank} has in flight {inflight}")
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=5.0) as http:
-            for _ in range(4):
-                try:
-                    text = (await http.get("/metrics", headers={"Connection": "close"})).text
-                except httpx.HTTPError as exc:
-                    problems.append(f"GET /metrics failed: {exc!r}")
-                    continue
-                gauge = per_engine(text, "asyncdp:dp_inflight_requests")  # no series yet: nothing admitted
-                if sum(gauge.values()):
-                    problems.append(f"asyncdp:dp_inflight_requests = {gauge}")
-        if not problems or time.monotonic() > deadline:
-            return problems
-        await anyio.sleep(0.2)  # poll: a slot is released just after the response is sent
-
-
-async def run_family(server: Server, cases: list[Case], *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-    problems: list[str] = []
-    deadline = time.monotonic() + FAMILY_DEADLINE_S
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=timeout_s) as http:
-        for i, case in enumerate(cases):
-            if time.monotonic() > deadline:
-                problems.append(f"deadline: {len(cases) - i} cases not sent")
-                break
-            if (problem := await check(http, case)) is not None:
-                problems.append(problem)
-                if "no answer" in problem or "transport error" in problem:
-                    problems.append(f"stopped after a lost request: {len(cases) - i - 1} cases not sent")
-                    break
-    problems += await settle_problems(server)
-    assert not problems, f"{len(problems)} problems of {len(cases)} requests:\n" + "\n".join(problems)
-
-
-# Fields of both endpoints, by kind, with values of a wrong type (all 400).
-INT_FIELDS = ("max_tokens", "n", "seed", "top_k", "min_tokens", "best_of", "prompt_logprobs",
-              "data_parallel_rank", "data_parallel_global_rank")
-FLOAT_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
-BOOL_FIELDS = ("stream", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "echo")
-STR_FIELDS = ("model", "user")
-WRONG = {
-    "int": ["abc", 1.5, True, {}, [1], Raw("1e30")],
-    "float": ["abc", True, {}, [1.0]],
-    "bool": ["abc", 2, {}, [True]],
-    "str": [5, {}, [1], True],
-    "stop": [5, {}, [1], [["a"]], True],
-    "stop_token_ids": ["abc", 5, [1.5], ["a"], {}, [True]],
-    "stream_options": [5, "abc", [], {"include_usage": "abc"}],
-    "logit_bias": [5, "abc", [], {"abc": 1}, {"5": "abc"}, {"5": {}}],
-    "response_format": [True, 5, "json", {"type": 5}, {"type": "no-such-format"}],
-    "tools": [5, "abc", {}, [5]],
-    "tool_choice": [5, [], {}],
-    "functions": [5, "abc"],
-}
-COMMON_OTHER = ("stop", "stop_token_ids", "stream_options", "logit_bias", "response_format")
-COMPLETION_WRONG = {
-    "prompt": [5, True, {}, [], [[]], [1.5], [True], [{}], [["a"]], [1, "a"], None],
-    "logprobs": WRONG["int"], "suffix": WRONG["str"],
-}
-CHAT_WRONG = {
-    "messages": [5, "abc", {}, [], [5], [{}], [{"role": 5, "content": "hi"}], [{"role": "user", "content": 5}],
-                 [{"role": "user", "content": [5]}], [{"role": "user", "content": {"a": 1}}],
-                 [{"role": "user", "content": "hi", "name": 5}],
-                 [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///x"}}]}]],
-    "logprobs": ["abc", 2, {}], "top_logprobs": WRONG["int"], "max_completion_tokens": WRONG["int"],
-    "tools": WRONG["tools"], "tool_choice": WRONG["tool_choice"], "functions": WRONG["functions"],
-    "add_generation_prompt": WRONG["bool"], "continue_final_message": WRONG["bool"],
-    "chat_template_kwargs": [5, "abc", []],
-}
-
-
-def wrong_type_cases() -> list[Case]:
-    cases = []
-    for path, own in ((COMPLETIONS, COMPLETION_WRONG), (CHAT, CHAT_WRONG)):
-        fields = {**{f: WRONG["int"] for f in INT_FIELDS}, **{f: WRONG["float"] for f in FLOAT_FIELDS},
-                  **{f: WRONG["bool"] for f in BOOL_FIELDS}, **{f: WRONG["str"] for f in STR_FIELDS},
-                  **{f: WRONG[f] for f in COMMON_OTHER}, **own}
-        for field, values in fields.items():
-            cases += [with_field(path, field, v) for v in values]
-    return cases
-
-
-# Values of the right type outside the field's range (all 400).
-OUT_OF_RANGE: dict[str, list[Any]] = {
-    "max_tokens": [-1, 2**31, *BIG_INTS], "seed": [2**64, -(2**63) - 1, 10**30],
-    "top_k": [-2, 2**31, *BIG_INTS], "min_tokens": [-1, 2, *BIG_INTS],
-    "best_of": [0, -1, 129, *BIG_INTS], "prompt_logprobs": [-1, 21, *BIG_INTS],
-    "temperature": [-0.1, Raw("1e400"), Raw("-1e400")], "top_p": [0, -0.5, 1.5, Raw("1e400")],
-    "presence_penalty": [2.5, -2.5, 10**30, Raw("1e400")], "frequency_penalty": [2.5, -2.5, 10**30, Raw("-1e400")],
-    "repetition_penalty": [0, -1, Raw("1e400")], "min_p": [-0.1, 1.5],
-    "stop": ["", [""]], "stop_token_ids": [[-1], [2**31], [2**64], [10**30]],
-    "logit_bias": [{"-1": 1}, {str(2**64): 1}, {"5": 101}, {"5": -101}, {"5": Raw("1e400")}, {"259": 1},
-                   {"99999999": 1}],
-    "data_parallel_rank": [2, -1, 10**30, 2**64], "data_parallel_global_rank": [5, -1, 10**30],
-}
-COMPLETION_OUT_OF_RANGE = {
-    "prompt": [[-1], [259], [2**31], [2**64], [10**30], [[5], [-1]], "x" * 2000, [7] * 600],
-    "logprobs": [-1, 21, *BIG_INTS],
-}
-CHAT_OUT_OF_RANGE = {
-    "top_logprobs": [-1, 21, *BIG_INTS], "max_completion_tokens": [-1, 2**31, *BIG_INTS],
-    "messages": [[{"role": "user", "content": "x" * 2000}]],
-}
-
-
-def out_of_range_cases() -> list[Case]:
-    cases = []
-    for path, own in ((COMPLETIONS, COMPLETION_OUT_OF_RANGE), (CHAT, CHAT_OUT_OF_RANGE)):
-        for field, values in {**OUT_OF_RANGE, **own}.items():
-            cases += [with_field(path, field, v) for v in values]
-    cases.append(with_field(CHAT, "top_logprobs", 5))  # top_logprobs without logprobs: true
-    cases.append(with_field(CHAT, "top_logprobs", 21, logprobs=True))
-    return cases
 
 
 def test_cases_encode_big_integers_and_raw_fragments_verbatim() -> None:
@@ -302,15 +80,6 @@ async def test_out_of_range_values_for_every_field_are_400s(hostile: Server) -> 
     await run_family(hostile, out_of_range_cases())
 
 
-# OpenAI marks these nullable: null means "the default" (a 200).
-NULLABLE = {COMPLETIONS: ("n", "stream", "presence_penalty", "frequency_penalty", "logprobs", "max_tokens",
-                          "temperature", "top_p", "seed", "stop", "stream_options", "user", "best_of",
-                          "logit_bias", "echo", "suffix"),
-            CHAT: ("n", "stream", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
-                   "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-                   "stream_options", "user", "logit_bias", "response_format", "tools", "tool_choice")}
-
-
 async def test_null_for_a_nullable_field_is_the_default(hostile: Server) -> None:
     cases = []
     for path, fields in NULLABLE.items():
@@ -318,11 +87,6 @@ async def test_null_for_a_nullable_field_is_the_default(hostile: Server) -> None
     cases.append(Case("logprobs=0 is the sampled token's logprob", COMPLETIONS,
                       encode({**BASE[COMPLETIONS], "logprobs": 0}), frozenset({200})))
     await run_family(hostile, cases)
-
-
-def raw_case(name: str, content: bytes, path: str = COMPLETIONS, expect: frozenset[int] | None = BAD_REQUEST,
-             **kwargs: Any) -> Case:
-    return Case(name, path, content, expect, **kwargs)
 
 
 async def test_malformed_json_and_wrong_routes_are_openai_shaped_errors(hostile: Server) -> None:
@@ -354,54 +118,12 @@ async def test_malformed_json_and_wrong_routes_are_openai_shaped_errors(hostile:
     await run_family(hostile, cases)
 
 
-def invalid_utf8_cases() -> list[Case]:
-    bad = (b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82")  # stray, overlong, surrogate, truncated
-    cases = []
-    for seq in bad:
-        cases += [
-            raw_case(f"{seq!r} in the prompt", b'{"prompt": "a' + seq + b'b", "max_tokens": 1}'),
-            raw_case(f"{seq!r} in an unknown key", b'{"prompt": "hi", "max_tokens": 1, "k' + seq + b'": 1}'),
-            raw_case(f"{seq!r} in an unknown value", b'{"prompt": "hi", "max_tokens": 1, "k": "' + seq + b'"}'),
-            raw_case(f"{seq!r} in a nested unknown key", b'{"prompt": "hi", "x": {"k' + seq + b'": [1]}}'),
-            raw_case(f"{seq!r} in the model", b'{"prompt": "hi", "max_tokens": 1, "model": "' + seq + b'"}'),
-            raw_case(f"{seq!r} in stop", b'{"prompt": "hi", "max_tokens": 1, "stop": ["' + seq + b'"]}'),
-            raw_case(f"{seq!r} in a chat message", b'{"messages": [{"role": "user", "content": "' + seq + b'"}]}',
-                     CHAT),
-            raw_case(f"{seq!r} in a chat role", b'{"messages": [{"role": "u' + seq + b'", "content": "hi"}]}', CHAT),
-        ]
-    return cases
-
-
 async def test_invalid_utf8_anywhere_in_the_body_is_a_400(hostile: Server) -> None:
     await run_family(hostile, invalid_utf8_cases())
 
 
-def nested(depth: int, open_: str = "[", close: str = "]") -> Raw:
-    return Raw(open_ * depth + "1" + close * depth)
-
-
-def deep_cases() -> list[Case]:
-    cases = []
-    for depth in (1_000, 5_000, 100_000):
-        arrays, objects = nested(depth), nested(depth, '{"a":', "}")
-        for path in (COMPLETIONS, CHAT):
-            for field in ("prompt" if path == COMPLETIONS else "messages", "stop", "logit_bias", "unknown_key",
-                          "tools", "response_format", "stream_options"):
-                cases.append(with_field(path, field, arrays))
-            cases.append(with_field(path, "unknown_key", objects))
-        cases.append(with_field(CHAT, "messages", Raw('[{"role": "user", "content": ' + arrays + '}]')))
-        cases.append(with_field(CHAT, "chat_template_kwargs", Raw('{"a": ' + arrays + '}')))
-        cases.append(raw_case(f"unclosed depth {depth}", b'{"prompt": ' + b"[" * depth))
-    return cases
-
-
 async def test_deeply_nested_json_in_any_field_is_a_400(hostile: Server) -> None:
     await run_family(hostile, deep_cases())
-
-
-def streamed(path: str, **fields: Any) -> Case:
-    body = {**BASE[path], "stream": True, **fields}
-    return Case(f"stream {path} {json.dumps(fields)[:80]}", path, encode(body))
 
 
 async def test_streamed_requests_with_bad_values_are_400s_before_the_stream(hostile: Server) -> None:

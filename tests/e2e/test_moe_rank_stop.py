@@ -1,7 +1,7 @@
 """End to end: an orderly stop (SIGTERM) of ONE member of a busy MoE group (spec §8.7, §12.5, §13).
 
 Two rank servers of ``builtin:tiny-moe`` behind an external load balancer (the harness of
-:mod:`tests.e2e.test_external_lb`) serve steady traffic, streamed and not, when rank 1's server gets SIGTERM.
+:mod:`tests.e2e.external_lb`) serve steady traffic, streamed and not, when rank 1's server gets SIGTERM.
 Rank 0 never goes idle, so rank 1 cannot wait for an idle group to leave: it must leave at a sync its peer agrees
 to, say ``Goodbye`` and exit 0 well within its launcher's kill deadline (it used to dummy-step until its launcher
 SIGKILLed it 5 s later); the coordinator then tears the group down as "rank 1 shut down" and rank 0's server,
@@ -24,7 +24,7 @@ import pytest
 from asyncdp.dp.liveness import PEER_STOP_GRACE_S
 from asyncdp.dp.lockstep import LEAVE_WAIT_S
 from tests.e2e.conftest import Server
-from tests.e2e.test_external_lb import MOE, external_group
+from tests.e2e.external_lb import MOE, external_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 

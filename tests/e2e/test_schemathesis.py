@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import MODEL, Server, serve
-from tests.e2e.test_hostile_input import settle_problems
+from tests.e2e.hostile_checks import settle_problems
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server, free_port
-from tests.e2e.test_external_lb import MOE, PORT_RACE, kill_all, launch
+from tests.e2e.external_lb import MOE, PORT_RACE, kill_all, launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 

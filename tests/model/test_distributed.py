@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from dp_worker import DPRanks, run_core, run_schedule
+from dp_worker import DPRanks
+from lockstep_drivers import run_core, run_schedule
 
 from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.model_runner import TorchExecutor
