@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from asyncdp.messages import CoordinatorReady, RankStats, StatsSnapshot
-from tests.coordinator.test_coordinator import DENSE2, coordinator
+from tests.coordinator.harness import DENSE2, coordinator
 
 ACROSS_NODES = dataclasses.replace(DENSE2, ranks_can_return=True)
 
