@@ -131,6 +131,7 @@ class EngineRank:
         self._cancel_run: anyio.CancelScope | None = None
         self._loop_done = False
         self._stop_expected = False  # expect_stop
+        self._held: list[m.RequestOutput] = []  # a MoE wave's first step's outputs, until its sync (step(hold=))
 
     # ------------------------------------------------------------------ public
 
@@ -154,8 +155,18 @@ class EngineRank:
         return self.state.shutting_down and not self.core.has_unfinished() and anyio.current_time() >= self.leave_at
 
     def abandon_all(self, reason: str) -> None:
-        """Abort every request now as ``abandoned`` with ``reason``, without a step (an ended MoE group)."""
+        """End every request now, without a step (an ended MoE group), naming ``reason``: one whose client has seen
+        nothing of it yet (queued, or its outputs held for the sync that ended the group) is refused
+        (``unavailable``), as it would have been a moment later; every other is aborted as ``abandoned``."""
         self.state.abandon_reason = reason
+        held, self._held = self._held, []
+        unseen = self.state.unanswered
+        self.reports.dispatch_outputs([out for out in held if out.finished or out.request_id not in unseen])
+        refused = [rid for rid in self.state.owners if rid in unseen]
+        self.core.abort_requests(refused)  # (their aborts go nowhere: no longer owned)
+        for rid in refused:
+            unseen.discard(rid)
+            self.reports.refuse(rid, self.state.owners.pop(rid), reason, "unavailable")
         self.core.abort_requests(list(self.state.owners))
         self.reports.dispatch_outputs(self.core.take_pending().outputs)
 
@@ -287,8 +298,9 @@ class EngineRank:
             if self.core.has_unfinished():
                 self.core.abort_requests(list(self.state.owners))
 
-    async def step(self, *, throttle_new_prefills: bool = False) -> bool:
-        """One ``EngineCore.step()``; dispatches its outputs; True when a real forward ran."""
+    async def step(self, *, throttle_new_prefills: bool = False, hold: bool = False) -> bool:
+        """One ``EngineCore.step()``; dispatches its outputs, or with ``hold`` keeps them for :meth:`release_held`
+        (a MoE wave's first step: its sync may end the group); True when a real forward ran."""
         core = self.core
         fn = functools.partial(core.step, throttle_new_prefills=throttle_new_prefills)
         if self.inline_step:
@@ -301,8 +313,17 @@ class EngineRank:
             result = await anyio.to_thread.run_sync(fn, limiter=self.limiter, abandon_on_cancel=True)
         if result.executed:
             self.state.steps += 1
-        self.reports.dispatch_outputs(result.outputs)
+        if hold:
+            self._held.extend(result.outputs)
+        else:
+            self.reports.dispatch_outputs(result.outputs)
         return result.executed
+
+    def release_held(self) -> None:
+        """Dispatch the outputs :meth:`step` held (the sync after them did not end the group)."""
+        if self._held:
+            held, self._held = self._held, []
+            self.reports.dispatch_outputs(held)
 
     def _modelled_step_s(self) -> float:
         modelled = self.core.executor.modelled_step_s

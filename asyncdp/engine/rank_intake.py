@@ -75,5 +75,6 @@ class RankIntake:
             rank.reports.reject(msg, str(exc), "invalid_request", field=exc.field)
             return
         rank.state.owners[msg.request_id] = msg.client_index
+        rank.state.unanswered.add(msg.request_id)
         if rank.lockstep is not None:
             await rank.lockstep.on_add_request(msg)
