@@ -210,6 +210,12 @@ class Lockstep:
         """False: block on input (the group is idle and this rank has nothing, or the group has ended)."""
         return not self.group_left and (has_local_work or self.engines_running)
 
+    def first_step_syncs(self) -> bool:
+        """The next forward is its wave's first and all-reduces (the ``asyncdp`` cadence): a rank holds its
+        outputs until that sync, which may end the group (a rank left), so a request admitted just before the
+        group ended has shown nothing to its client and is refused, not abandoned."""
+        return self.step_counter == 0 and self.cadence != "vllm"
+
     def must_join(self, local_unfinished: bool) -> bool:
         """After a step that executed nothing: whether to run a dummy batch and join the collectives."""
         return not self.group_left and (local_unfinished or self.engines_running)

@@ -35,7 +35,10 @@ collective on every rank; no rank leaves between collectives, so no peer can sta
 meanwhile) whose all-reduce meets a departed rank. Only a group paused by consensus, which ignores the wake-up,
 is left at once. The leaver says ``Goodbye``; every other rank
 abandons its requests (an error naming the cause, never a cut-short answer), refuses new ones, never steps again,
-and waits for the coordinator's ``Teardown`` or its own stop. Without that agreement the leaver could only hang in
+and waits for the coordinator's ``Teardown`` or its own stop. A request that reached a peer just before the sync
+that ended the group was admitted before the peer could know; so the outputs of a wave's first step (the idle
+leave's sync) wait for its sync (``step(hold=True)``), and the group's end refuses (``unavailable``) every request
+whose client has seen nothing yet, as it would a moment later; only those that showed output are abandoned. Without that agreement the leaver could only hang in
 dummy steps until its launcher killed it, or vanish and leave its peers blocked in a collective.
 Teardown is handled by the rank's coordinator reader,
 which aborts the DP group so that a pending all-reduce raises at once; the loop turns that into
@@ -118,7 +121,8 @@ class LockstepHost(Protocol):
     def apply_shutdown_policy(self) -> None: ...
     def complete_pauses(self) -> None: ...
     async def publish_stats(self) -> None: ...
-    async def step(self, *, throttle_new_prefills: bool = False) -> bool: ...
+    async def step(self, *, throttle_new_prefills: bool = False, hold: bool = False) -> bool: ...
+    def release_held(self) -> None: ...
     async def run_dummy(self) -> None: ...
     def send_stats_to_client(self) -> None: ...
 
@@ -163,7 +167,8 @@ class LockstepLoop:
             await rank.publish_stats()
             executed = False
             if core.has_steppable_work():
-                executed = await rank.step(throttle_new_prefills=self._throttled())
+                # a wave's first step syncs: its outputs wait for that sync, which may end the group (a rank left)
+                executed = await rank.step(throttle_new_prefills=self._throttled(), hold=ls.first_step_syncs())
                 await rank.publish_stats()
             local_unfinished = core.num_unfinished_for_sync() > 0
             if not executed:
@@ -185,6 +190,7 @@ class LockstepLoop:
                 if ls.group_left:  # that was the group's last collective
                     await self._after_group_left(leaving)
                     return
+            rank.release_held()
             await self._end_wave(ls.end_step())
             rank.complete_pauses()
             await self._report_transition()
@@ -232,6 +238,7 @@ class LockstepLoop:
             else:
                 log.info("rank %d: drained; leaving the group while its peers still have work (%g s past the drain "
                          "deadline)", dp_rank, LEAVE_WAIT_S)
+            rank.release_held()  # (a leaver has nothing unfinished: answers that completed)
             await rank.send_coordinator(m.Goodbye(dp_rank=dp_rank))
             return
         log.warning("rank %d: a stopping rank left the MoE group; abandoning this rank's requests and waiting for "

@@ -5,7 +5,8 @@ Theory of operation
 A rank owns one :class:`~asyncdp.engine.core.EngineCore`. It receives ``AddRequest``, ``AbortRequests`` and
 ``UtilityCall`` from every client link and ``StartWave``/``Teardown``/``Heartbeat`` from the coordinator link.
 Reader tasks (:mod:`asyncdp.engine.rank_links`) decode frames and post them into one bounded *inbox* stream of
-typed items, dispatched with ``match`` (an unknown item is a :class:`~asyncdp.errors.ProtocolError`); the busy
+typed items, dispatched with ``match`` by :mod:`asyncdp.engine.rank_intake`, which also decides whether a new
+request is admitted (an unknown item is a :class:`~asyncdp.errors.ProtocolError`); the busy
 loop is the only task that touches the core. Each step runs ``EngineCore.step()`` on the device's execution
 thread (one ``CapacityLimiter(1)``, shared with the DP group's collectives) and the outputs go only to the
 client that owns the request (``AddRequest.client_index``), never waiting for it (a client whose outbox is full
@@ -52,21 +53,11 @@ from asyncdp import messages as m
 from asyncdp.config.flags import EngineConfig
 from asyncdp.dp.lockstep import LEAVE_WAIT_S
 from asyncdp.engine.lockstep_loop import LockstepLoop
-from asyncdp.engine.rank_links import (
-    OUTBOX_SIZE,
-    WAKE,
-    ClientGone,
-    ClientMessage,
-    CoordinatorMessage,
-    InboxItem,
-    RankLinks,
-    Wake,
-    describe_error,
-    main_error,
-)
+from asyncdp.engine.rank_intake import RankIntake
+from asyncdp.engine.rank_links import OUTBOX_SIZE, WAKE, InboxItem, RankLinks, describe_error, main_error
 from asyncdp.engine.rank_state import RankReports, RankState
 from asyncdp.engine.rank_utility import UtilityCalls
-from asyncdp.errors import InvalidRequestError, ProtocolError, RankTornDown
+from asyncdp.errors import RankTornDown
 from asyncdp.transport import Link
 
 if TYPE_CHECKING:
@@ -131,6 +122,7 @@ class EngineRank:
             else:
                 self.lockstep = LockstepLoop(self, dp_group)
         self.utility = UtilityCalls(self)
+        self.intake = RankIntake(self)
         self.reports = RankReports(cfg.dp_rank, core, self.state, self.links,
                                    None if self.lockstep is None else self.lockstep.state)
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[InboxItem](INBOX_SIZE)
@@ -139,6 +131,7 @@ class EngineRank:
         self._cancel_run: anyio.CancelScope | None = None
         self._loop_done = False
         self._stop_expected = False  # expect_stop
+        self._held: list[m.RequestOutput] = []  # a MoE wave's first step's outputs, until its sync (step(hold=))
 
     # ------------------------------------------------------------------ public
 
@@ -162,8 +155,18 @@ class EngineRank:
         return self.state.shutting_down and not self.core.has_unfinished() and anyio.current_time() >= self.leave_at
 
     def abandon_all(self, reason: str) -> None:
-        """Abort every request now as ``abandoned`` with ``reason``, without a step (an ended MoE group)."""
+        """End every request now, without a step (an ended MoE group), naming ``reason``: one whose client has seen
+        nothing of it yet (queued, or its outputs held for the sync that ended the group) is refused
+        (``unavailable``), as it would have been a moment later; every other is aborted as ``abandoned``."""
         self.state.abandon_reason = reason
+        held, self._held = self._held, []
+        unseen = self.state.unanswered
+        self.reports.dispatch_outputs([out for out in held if out.finished or out.request_id not in unseen])
+        refused = [rid for rid in self.state.owners if rid in unseen]
+        self.core.abort_requests(refused)  # (their aborts go nowhere: no longer owned)
+        for rid in refused:
+            unseen.discard(rid)
+            self.reports.refuse(rid, self.state.owners.pop(rid), reason, "unavailable")
         self.core.abort_requests(list(self.state.owners))
         self.reports.dispatch_outputs(self.core.take_pending().outputs)
 
@@ -295,8 +298,9 @@ class EngineRank:
             if self.core.has_unfinished():
                 self.core.abort_requests(list(self.state.owners))
 
-    async def step(self, *, throttle_new_prefills: bool = False) -> bool:
-        """One ``EngineCore.step()``; dispatches its outputs; True when a real forward ran."""
+    async def step(self, *, throttle_new_prefills: bool = False, hold: bool = False) -> bool:
+        """One ``EngineCore.step()``; dispatches its outputs, or with ``hold`` keeps them for :meth:`release_held`
+        (a MoE wave's first step: its sync may end the group); True when a real forward ran."""
         core = self.core
         fn = functools.partial(core.step, throttle_new_prefills=throttle_new_prefills)
         if self.inline_step:
@@ -309,8 +313,17 @@ class EngineRank:
             result = await anyio.to_thread.run_sync(fn, limiter=self.limiter, abandon_on_cancel=True)
         if result.executed:
             self.state.steps += 1
-        self.reports.dispatch_outputs(result.outputs)
+        if hold:
+            self._held.extend(result.outputs)
+        else:
+            self.reports.dispatch_outputs(result.outputs)
         return result.executed
+
+    def release_held(self) -> None:
+        """Dispatch the outputs :meth:`step` held (the sync after them did not end the group)."""
+        if self._held:
+            held, self._held = self._held, []
+            self.reports.dispatch_outputs(held)
 
     def _modelled_step_s(self) -> float:
         modelled = self.core.executor.modelled_step_s
@@ -333,50 +346,7 @@ class EngineRank:
     # ------------------------------------------------------------------ message handling
 
     async def _handle(self, item: InboxItem) -> None:
-        match item:
-            case ClientMessage(msg=m.AddRequest() as msg):
-                await self._add_request(msg)
-            case ClientMessage(msg=m.AbortRequests() as msg):
-                ids = [rid for rid in msg.request_ids if rid in self.state.owners]
-                if ids:
-                    self.core.abort_requests(ids)
-            case ClientMessage(msg=m.UtilityCall() as msg):
-                await self.utility.handle(msg)
-            case CoordinatorMessage(msg=m.StartWave() as msg):
-                if self.lockstep is not None:
-                    self.lockstep.on_start_wave(msg)
-            case CoordinatorMessage(msg=m.CoordinatorReady()) | Wake():
-                pass
-            case ClientGone(client_index=ci):
-                self._abort_client(ci)
-            case ClientMessage(msg=msg) | CoordinatorMessage(msg=msg):
-                log.warning("rank %d: dropping unexpected %s", self.cfg.dp_rank, type(msg).__name__)
-            case _:
-                raise ProtocolError(f"rank {self.cfg.dp_rank}: unknown inbox item {item!r}")
-
-    def _abort_client(self, client_index: int) -> None:
-        ids = [rid for rid, ci in self.state.owners.items() if ci == client_index]
-        if ids:
-            log.info("rank %d: aborting %d request(s) of client %d, whose link ended", self.cfg.dp_rank,
-                     len(ids), client_index)
-            self.core.abort_requests(ids)
-
-    async def _add_request(self, msg: m.AddRequest) -> None:
-        # "unavailable": a 503 that names this rank, not the API server, which may well be serving on
-        refusal = f"engine rank {self.cfg.dp_rank} is shutting down" if self.state.shutting_down else \
-            self.state.abandon_reason
-        if refusal is not None:
-            self.reports.reject(msg, refusal, "unavailable")
-            return
-        try:
-            self.core.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params,
-                                  arrival_time=msg.arrival_time, client_index=msg.client_index)
-        except InvalidRequestError as exc:
-            self.reports.reject(msg, str(exc), "invalid_request", field=exc.field)
-            return
-        self.state.owners[msg.request_id] = msg.client_index
-        if self.lockstep is not None:
-            await self.lockstep.on_add_request(msg)
+        await self.intake.handle(item)
 
     def pause_done(self) -> bool:
         return self.utility.pause_done()

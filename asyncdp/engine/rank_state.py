@@ -54,6 +54,8 @@ class RankState:
     # Why this rank abandons every request from now on (its drain deadline passed, or its MoE group ended): each
     # ``abort`` it reports without an error of its own goes out as ``abandoned`` with this reason.
     abandon_reason: str | None = None
+    # Admitted requests whose client has seen nothing yet (no output dispatched): an ended MoE group refuses them.
+    unanswered: set[str] = field(default_factory=set)
 
 
 class RankReports:
@@ -87,10 +89,12 @@ class RankReports:
         """One ``EngineOutputs`` per owning client; the first of them carries the attached stats."""
         per_client: dict[int, tuple[list[m.RequestOutput], list[str]]] = {}
         owners = self.state.owners
+        unanswered = self.state.unanswered
         for out in outputs:
             ci = owners.get(out.request_id)
             if ci is None:
                 continue
+            unanswered.discard(out.request_id)
             outs, finished = per_client.setdefault(ci, ([], []))
             if out.finished:
                 finished.append(out.request_id)
@@ -111,12 +115,17 @@ class RankReports:
 
     def reject(self, msg: m.AddRequest, reason: str, error_type: str, *, field: str | None = None) -> None:
         """A request this rank refused at admission: one finished ``abort`` carrying the error, to its client."""
-        log.info("rank %d: rejecting %s: %s", self.dp_rank, msg.request_id, reason)
-        self.links.post_nowait(msg.client_index, m.EngineOutputs(
+        self.refuse(msg.request_id, msg.client_index, reason, error_type, field=field)
+
+    def refuse(self, request_id: str, client_index: int, reason: str, error_type: str, *,
+               field: str | None = None) -> None:
+        """Refuse a request its client has seen nothing of (at admission, or as its MoE group ended)."""
+        log.info("rank %d: rejecting %s: %s", self.dp_rank, request_id, reason)
+        self.links.post_nowait(client_index, m.EngineOutputs(
             dp_rank=self.dp_rank,
-            outputs=[m.RequestOutput(request_id=msg.request_id, finished=True, finish_reason="abort",
+            outputs=[m.RequestOutput(request_id=request_id, finished=True, finish_reason="abort",
                                      error_type=error_type, error=reason, error_field=field)],
-            finished_request_ids=[msg.request_id], scheduler_stats=None, timestamp=time.time()))
+            finished_request_ids=[request_id], scheduler_stats=None, timestamp=time.time()))
 
     def send_stats_to_client(self) -> None:
         """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""

@@ -101,3 +101,15 @@ def test_a_slow_group_syncs_at_least_every_max_sync_gap():
     assert steps_within(MAX_SYNC_GAP_S, 0, 2, 32) == 32  # no step measured yet: the interval alone
     assert steps_within(MAX_SYNC_GAP_S, 2 * 5000, 2, 32) == 1  # slower than the cap: every step
     assert steps_within(MAX_SYNC_GAP_S, 2 * 2, 2, 32) == 250  # fast steps: the interval and the horizon decide
+
+
+def test_only_a_waves_first_step_holds_its_outputs_for_its_sync_and_only_where_that_step_syncs():
+    ls = Lockstep(0, 2)
+    assert ls.first_step_syncs()  # a wave's first step: its sync may end the group (a rank leaves at it)
+    assert ls.advance()
+    assert not ls.first_step_syncs()
+    ls.apply_sync(1, 0, 2)
+    assert ls.end_step() is None and not ls.first_step_syncs()
+    ls.apply_sync(0, 0, 2)
+    assert ls.end_step() is not None and ls.first_step_syncs()  # the next wave's first step
+    assert not Lockstep(0, 2, cadence="vllm").first_step_syncs()  # its first step does not sync: nothing to wait for
