@@ -31,9 +31,12 @@ from asyncdp.sampling_params import SamplingParams
 _SEED_SPACE = 2**64
 
 
-def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, field: str = "max_tokens") -> None:
+def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, field: str = "max_tokens",
+                 min_tokens: int = 0) -> None:
     """The prompt and ``max_tokens`` fit ``max_model_len``; else a 400 naming the prompt, or ``field`` (the
-    request's own name for the limit: chat's ``max_completion_tokens`` when it gave that one)."""
+    request's own name for the limit: chat's ``max_completion_tokens`` when it gave that one). Without
+    ``max_tokens`` (chat: up to the context), ``min_tokens`` must fit the room the prompt leaves, as vLLM
+    checks it against the max tokens it derives (never a silent cut at ``max_model_len``)."""
     if num_prompt + 1 > max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length (max_model_len) is {max_model_len} tokens, but the prompt "
@@ -43,6 +46,12 @@ def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, fi
             f"This model's maximum context length (max_model_len) is {max_model_len} tokens. However, you "
             f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} for the "
             f"completion). Please reduce the prompt or {field}.", field=field)
+    room = max_model_len - num_prompt
+    if max_tokens is None and min_tokens > room:
+        raise InvalidRequestError(
+            f"min_tokens ({min_tokens}) cannot exceed the tokens left in the context: this model's maximum "
+            f"context length (max_model_len) is {max_model_len} tokens and the prompt has {num_prompt}, which "
+            f"leaves {room}.", field="min_tokens")
 
 
 def check_num_sequences(num_prompts: int, n: int, best_of: int | None, stream: bool, limit: int) -> int:
