@@ -37,6 +37,9 @@ MAX_N = 128
 MAX_INT32 = 2**31 - 1
 # OpenAI's ranges: penalties in [-2, 2], logit_bias values in [-100, 100].
 MAX_PENALTY = 2.0
+# The smallest repetition_penalty: logits are fp32, where a smaller divisor (1e-40 is subnormal, 1e-300 rounds to
+# 0) turns the penalised logits into inf and the distribution into NaN. 1e-6 keeps logits / penalty finite.
+MIN_REPETITION_PENALTY = 1e-6
 MAX_LOGIT_BIAS = 100.0
 INSTALL_HINT = "structured outputs need the 'llguidance' package on the server; install it with: pip install llguidance"
 # JSON is generated compact (no optional whitespace): small models otherwise loop on spaces and newlines.
@@ -307,8 +310,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             value = getattr(self, name)
             if not -MAX_PENALTY <= value <= MAX_PENALTY:
                 raise bad(name, f"in [{-MAX_PENALTY:g}, {MAX_PENALTY:g}]", value)
-        if not 0.0 < self.repetition_penalty <= MAX_PENALTY:
-            raise bad("repetition_penalty", f"in (0, {MAX_PENALTY:g}]", self.repetition_penalty)
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_PENALTY:
+            raise bad("repetition_penalty", f"in [{MIN_REPETITION_PENALTY:g}, {MAX_PENALTY:g}]",
+                      self.repetition_penalty)
         ids = [t for t, _ in self.logit_bias]
         if any(not 0 <= t <= MAX_INT32 for t in ids) or len(set(ids)) != len(ids):
             raise bad("logit_bias", f"unique token ids in [0, {MAX_INT32}]", ids)
