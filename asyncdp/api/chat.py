@@ -56,7 +56,7 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 })
 
 
-def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[list[dict[str, str]], list[int]]:
+def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[list[dict[str, Any]], list[int]]:
     """The messages and the token ids of the rendered chat template; template errors are the caller's 400."""
     messages = chat_messages(req)
     if req.continue_final_message and req.add_generation_prompt:

@@ -151,7 +151,10 @@ class CompletionRequest(_Common, kw_only=True):
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: Any = None  # str | list of {"type": "text", "text": ...} | None; checked by params.chat_messages()
+    # Passed to the chat template as they are (``message.name`` ...), when given, as vLLM does.
     name: str | None = None
+    tool_calls: list[Json] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatRequest(_Common, kw_only=True):
