@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncdp.api.token_bytes import token_bytes_of
 from asyncdp.messages import RequestOutput, TokenLogprobs
 
 
@@ -166,9 +167,13 @@ def completion_chunk(
 
 
 def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs], top_n: int) -> dict[str, Any]:
+    """OpenAI's chat logprobs: ``token`` is the token's own decoded text (U+FFFD for a part of a multi-byte
+    character, as vLLM gives it), ``bytes`` its raw bytes (``asyncdp.api.token_bytes``), so a client joining
+    the ``bytes`` of a run of tokens gets the text back exactly."""
+    token_bytes = token_bytes_of(tokenizer)
+
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = _token_text(tokenizer, token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": _token_text(tokenizer, token_id), "logprob": logprob, "bytes": list(token_bytes(token_id))}
 
     return {"content": [
         {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t.token_id, t.logprob) for t in lp.top[:top_n]]}
