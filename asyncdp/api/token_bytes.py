@@ -1,4 +1,4 @@
-"""A token's raw bytes.
+"""A token's raw bytes, and where each token starts in the text a run of tokens decodes to.
 
 Chat ``logprobs`` carry each token's ``bytes``, and a token that is part of a multi-byte character has no text
 of its own: ``decode([id])`` gives U+FFFD, whose UTF-8 is not the token's bytes. A byte-level BPE vocabulary
@@ -7,10 +7,15 @@ SmolLM2 tokenizer, most HF ``tokenizer.json`` files whose decoder is ``ByteLevel
 token's vocabulary string mapped back through GPT-2's bytes-to-unicode table. Added tokens (specials) are their
 content's UTF-8. A tokenizer without a byte-level vocabulary (SentencePiece-style, a test double) falls back to
 the UTF-8 of ``decode([id])``: exact for every token that decodes to whole characters, U+FFFD's bytes otherwise.
+
+``TextOffsets`` walks tokens' bytes through an incremental UTF-8 decoder: a token's offset is the number of
+characters the tokens before it completed, so the offset of a token inside a multi-byte character is that
+character's, and an offset never depends on how the tokens were split into chunks (streamed or not).
 """
 
 from __future__ import annotations
 
+import codecs
 import weakref
 from functools import cache
 from typing import Any
@@ -74,4 +79,20 @@ def token_bytes_of(tokenizer: Any) -> TokenBytes:
     if found is None:
         found = _BY_TOKENIZER[tokenizer] = TokenBytes(tokenizer)
     return found
+
+
+class TextOffsets:
+    """Character offsets of successive tokens in the text they decode to, from ``start``; carried across the
+    chunks of a stream, so streamed offsets equal the whole answer's."""
+
+    def __init__(self, tokenizer: Any, start: int = 0) -> None:
+        self._bytes = token_bytes_of(tokenizer)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.chars = start
+
+    def next(self, token_id: int) -> int:
+        """The offset of ``token_id`` (where its first byte's character starts), then move past it."""
+        offset = self.chars
+        self.chars += len(self._decoder.decode(self._bytes(token_id)))
+        return offset
 

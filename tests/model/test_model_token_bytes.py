@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from asyncdp.api.token_bytes import token_bytes_of
+from asyncdp.api.token_bytes import TextOffsets, token_bytes_of
 from asyncdp.model import load_tokenizer, resolve_model
 
 pytestmark = pytest.mark.skipif(
@@ -26,3 +26,7 @@ def test_smollm2_token_bytes_join_to_the_texts_utf8() -> None:
     assert any(tok.decode([i]) == "\ufffd" for i in ids)  # the emoji is split: its pieces decode to U+FFFD alone
     assert b"\x98" in pieces
     assert token_bytes(tok.convert_tokens_to_ids("<|im_end|>")) == b"<|im_end|>"
+    cursor = TextOffsets(tok)
+    offsets = [cursor.next(i) for i in ids]
+    assert offsets[-1] == text.index("ld")
+    assert offsets[ids.index(tok.convert_tokens_to_ids("Ġw"))] == text.index(" w")
