@@ -5,7 +5,8 @@ sample ``i`` gets ``seed + i`` so samples differ under a fixed seed). That total
 ``--max-seqs-per-request`` before anything is built from it. Everything that can be refused is checked before
 any sequence starts; then ``client.admit(len(seqs))`` reserves every sequence's slot at once (a 429 leaves
 nothing reserved), every ``generate`` takes one of them, and the admission is released on every way out
-(``Fanout.close()``, ``collect_one``). The first item of the merged output is awaited before the response
+(``Fanout.close()``, ``collect_one``); a stream's fanout is also closed when the request's ASGI call ends
+(``asyncdp.api.request_close``), for a client that leaves before the response body starts. The first item of the merged output is awaited before the response
 starts, so errors the client raises before its first yield (E2/E3, 429, 503) keep their HTTP status even for
 streams. After that, a failure in a stream is an SSE error event followed by ``data: [DONE]``; a non-streamed
 request the engine or the server abandons is an error status (503 naming the cause), never a partial 200.
@@ -23,6 +24,7 @@ from asyncdp.api.context import AppState
 from asyncdp.api.errors import status_and_body
 from asyncdp.api.fanout import Fanout, Item, Sequence, collect_one
 from asyncdp.api.openai_format import Choice
+from asyncdp.api.request_close import on_close
 from asyncdp.api.sse import DONE, sse
 from asyncdp.errors import HTTPError, InvalidRequestError
 from asyncdp.messages import RequestOutput
@@ -138,6 +140,7 @@ async def start_stream(state: AppState, seqs: list[Sequence], hint: Any,
         admission.release()
         raise
     try:
+        on_close(fan.close)  # however the request ends, even before the response body starts (request_close)
         first = await fan.receive()
         if first is None:
             raise RuntimeError("every sequence ended without output")
@@ -172,7 +175,8 @@ def stream_response(
                 yield event
             yield DONE
         finally:
-            fan.close()  # on disconnect too: cancels the producers, which aborts their requests
+            fan.close()  # on disconnect too: cancels the producers, which aborts their requests (and the
+            # request's on_close closes it when the client left before this body started)
 
     response = Response(body(), content_type="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"
