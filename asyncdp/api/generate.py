@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio
 import msgspec
 from quart import Response
 
@@ -26,7 +27,7 @@ from asyncdp.api.fanout import Fanout, Item, Sequence, collect_one
 from asyncdp.api.openai_format import Choice
 from asyncdp.api.request_close import on_close
 from asyncdp.api.sse import DONE, sse
-from asyncdp.errors import HTTPError, InvalidRequestError
+from asyncdp.errors import HTTPError, InvalidRequestError, ShuttingDownError
 from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams
 
@@ -141,7 +142,10 @@ async def start_stream(state: AppState, seqs: list[Sequence], hint: Any,
         raise
     try:
         on_close(fan.close)  # however the request ends, even before the response body starts (request_close)
-        first = await fan.receive()
+        try:
+            first = await fan.receive()
+        except anyio.ClosedResourceError:  # the request's ASGI call ended under this task (server stopping)
+            raise ShuttingDownError("The request was closed before its first output.") from None
         if first is None:
             raise RuntimeError("every sequence ended without output")
         if isinstance(first[1], Exception):
@@ -170,7 +174,11 @@ def stream_response(
                     return
                 for event in to_events(index, out):
                     yield event
-                item = await fan.receive()
+                try:
+                    item = await fan.receive()
+                except anyio.ClosedResourceError:
+                    return  # closed when the request's ASGI call ended (Quart on asyncio can leave this task
+                    # running when the server cancels the call at its shutdown deadline): cut short, no [DONE]
             for event in epilogue():
                 yield event
             yield DONE

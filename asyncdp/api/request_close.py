@@ -10,7 +10,10 @@ reading. ``after_request`` and ``teardown_request`` cannot help: they run before
 ``with_close_callbacks`` wraps the app's ASGI callable (``app.asgi_app``, as Quart documents for middleware):
 every HTTP request gets a list in its scope, and whatever ``on_close`` put there runs in a ``finally`` once the
 ASGI call returns or is cancelled. Callbacks are plain sync callables and must be idempotent (``Fanout.close``
-is), since the body's own ``finally`` usually ran first.
+is), since the body's own ``finally`` usually ran first. When the server cancels the call (its shutdown
+deadline), Quart on asyncio leaves the handler task running, so a callback can close a fanout under a live
+handler or body: ``asyncdp.api.generate`` treats that as the request's end (a 503 before the first output; the
+body cut short, no ``[DONE]``).
 """
 
 from __future__ import annotations
