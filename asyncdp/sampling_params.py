@@ -37,6 +37,9 @@ MAX_N = 128
 MAX_INT32 = 2**31 - 1
 # OpenAI's ranges: penalties in [-2, 2], logit_bias values in [-100, 100].
 MAX_PENALTY = 2.0
+# The smallest repetition_penalty: logits are fp32, where a smaller divisor (1e-40 is subnormal, 1e-300 rounds to
+# 0) turns the penalised logits into inf and the distribution into NaN. 1e-6 keeps logits / penalty finite.
+MIN_REPETITION_PENALTY = 1e-6
 MAX_LOGIT_BIAS = 100.0
 INSTALL_HINT = "structured outputs need the 'llguidance' package on the server; install it with: pip install llguidance"
 # JSON is generated compact (no optional whitespace): small models otherwise loop on spaces and newlines.
@@ -49,6 +52,42 @@ _JSON_OPTIONS = {"whitespace_flexible": False}
 GRAMMAR_LIMITS: dict[str, int] = {"initial_lexer_fuel": 200_000}
 # Bytes the validation probe feeds a fresh matcher (see the module docstring).
 PROBE_STEPS = 16
+# Deepest nesting of arrays and objects a JSON schema may have. The grammar library refuses schemas deeper than
+# ~124 levels itself (its JSON parser's recursion limit of 128), so nothing it would compile is refused here;
+# checking first, without recursion, keeps Python's ``json`` (recursive, bounded by the interpreter's recursion
+# limit like the request decoder) from ever seeing a deeper value.
+MAX_SCHEMA_DEPTH = 128
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` (decoded JSON: dicts, lists, scalars) nests; 0 for a scalar. Iterative, so a value
+    nested deeper than the interpreter's recursion limit is measured, not a RecursionError."""
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            depth = max(depth, level)
+            stack.extend((child, level + 1) for child in children)
+    return depth
+
+
+def load_schema(text: str, field: str) -> Any:
+    """``text`` decoded as JSON, no deeper than ``MAX_SCHEMA_DEPTH``; ``InvalidSamplingParams`` naming ``field``
+    when it is not JSON or nests too deeply (never a RecursionError)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        value = None
+        depth = MAX_SCHEMA_DEPTH + 1
+    except ValueError as exc:
+        raise InvalidSamplingParams(f"{field} is not valid JSON ({exc}).", field=field) from None
+    else:
+        depth = json_depth(value)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise InvalidSamplingParams(f"{field} is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels of "
+                                    "arrays and objects).", field=field)
+    return value
 
 
 def llguidance_module() -> Any:
@@ -196,11 +235,7 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
         """Check that exactly one field is set and that the grammar library compiles it (cached by text)."""
         name, text = self.kind()
         if name == "json_schema":
-            try:
-                schema = json.loads(text)
-            except ValueError as exc:
-                raise InvalidSamplingParams(f"structured.json_schema is not valid JSON ({exc}).",
-                                            field="structured.json_schema") from exc
+            schema = load_schema(text, "structured.json_schema")
             if not isinstance(schema, dict | bool):
                 raise InvalidSamplingParams("structured.json_schema must be a JSON object (a JSON schema).",
                                             field="structured.json_schema")
@@ -275,8 +310,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             value = getattr(self, name)
             if not -MAX_PENALTY <= value <= MAX_PENALTY:
                 raise bad(name, f"in [{-MAX_PENALTY:g}, {MAX_PENALTY:g}]", value)
-        if not 0.0 < self.repetition_penalty <= MAX_PENALTY:
-            raise bad("repetition_penalty", f"in (0, {MAX_PENALTY:g}]", self.repetition_penalty)
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_PENALTY:
+            raise bad("repetition_penalty", f"in [{MIN_REPETITION_PENALTY:g}, {MAX_PENALTY:g}]",
+                      self.repetition_penalty)
         ids = [t for t, _ in self.logit_bias]
         if any(not 0 <= t <= MAX_INT32 for t in ids) or len(set(ids)) != len(ids):
             raise bad("logit_bias", f"unique token ids in [0, {MAX_INT32}]", ids)

@@ -31,6 +31,7 @@ from asyncdp.api.cors import ALLOW_ALL, Cors, install_cors
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import error_body, status_and_body
 from asyncdp.api.metrics import CONTENT_TYPE, Metrics
+from asyncdp.api.request_close import with_close_callbacks
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 from asyncdp.errors import HTTPError
 
@@ -69,6 +70,7 @@ def create_app(
         max_request_body_bytes = default_max_request_body_bytes(client.max_model_len)
     app.config["MAX_CONTENT_LENGTH"] = max_request_body_bytes
     app.request_class = draining_request_class(app.request_class)
+    app.asgi_app = with_close_callbacks(app.asgi_app)  # type: ignore[method-assign]
     state = AppState(
         client=client,
         metrics=metrics if metrics is not None else Metrics(model_name=client.model_name),

@@ -56,7 +56,7 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 })
 
 
-def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[list[dict[str, str]], list[int]]:
+def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[list[dict[str, Any]], list[int]]:
     """The messages and the token ids of the rendered chat template; template errors are the caller's 400."""
     messages = chat_messages(req)
     if req.continue_final_message and req.add_generation_prompt:
@@ -117,7 +117,7 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         elif exc.field == "max_tokens":
             exc.field = field
         raise
-    check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field)
+    check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens)
     echo = messages[-1]["content"] if req.echo and messages[-1]["role"] == "assistant" else ""
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     seqs = sequences(request_id, [prompt_ids], params, per_prompt)

@@ -45,6 +45,7 @@ from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import CompletionRequest, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
+from asyncdp.api.token_bytes import TextOffsets
 from asyncdp.errors import HTTPError
 from asyncdp.messages import RequestOutput
 
@@ -142,7 +143,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     fan, first = await start_stream(state, prep.seqs, hint, key)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
-    offsets = [0] * len(prep.seqs)
+    offsets = [TextOffsets(tok) for _ in prep.seqs]  # each choice's, across its chunks
     generated = [0] * len(prep.seqs)
     started = [False] * len(prep.seqs)
 
@@ -164,12 +165,10 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
             chunk["usage"] = usage(len(prompt.token_ids), generated[index])
         if echo_now:
             chunk["choices"][0]["text"] = prompt.text + out.new_text
-            offsets[index] += len(prompt.text)
         if req.prompt_logprobs is not None and not started[index]:
             chunk["choices"][0]["prompt_logprobs"] = prompt_logprobs_field(tok, prompt.token_ids,
                                                                            out.prompt_logprobs)
         started[index] = True
-        offsets[index] += len(out.new_text)
         return [sse(chunk)]
 
     def epilogue() -> list[bytes]:

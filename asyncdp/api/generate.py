@@ -5,7 +5,8 @@ sample ``i`` gets ``seed + i`` so samples differ under a fixed seed). That total
 ``--max-seqs-per-request`` before anything is built from it. Everything that can be refused is checked before
 any sequence starts; then ``client.admit(len(seqs))`` reserves every sequence's slot at once (a 429 leaves
 nothing reserved), every ``generate`` takes one of them, and the admission is released on every way out
-(``Fanout.close()``, ``collect_one``). The first item of the merged output is awaited before the response
+(``Fanout.close()``, ``collect_one``); a stream's fanout is also closed when the request's ASGI call ends
+(``asyncdp.api.request_close``), for a client that leaves before the response body starts. The first item of the merged output is awaited before the response
 starts, so errors the client raises before its first yield (E2/E3, 429, 503) keep their HTTP status even for
 streams. After that, a failure in a stream is an SSE error event followed by ``data: [DONE]``; a non-streamed
 request the engine or the server abandons is an error status (503 naming the cause), never a partial 200.
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio
 import msgspec
 from quart import Response
 
@@ -23,17 +25,21 @@ from asyncdp.api.context import AppState
 from asyncdp.api.errors import status_and_body
 from asyncdp.api.fanout import Fanout, Item, Sequence, collect_one
 from asyncdp.api.openai_format import Choice
+from asyncdp.api.request_close import on_close
 from asyncdp.api.sse import DONE, sse
-from asyncdp.errors import HTTPError, InvalidRequestError
+from asyncdp.errors import HTTPError, InvalidRequestError, ShuttingDownError
 from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams
 
 _SEED_SPACE = 2**64
 
 
-def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, field: str = "max_tokens") -> None:
+def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, field: str = "max_tokens",
+                 min_tokens: int = 0) -> None:
     """The prompt and ``max_tokens`` fit ``max_model_len``; else a 400 naming the prompt, or ``field`` (the
-    request's own name for the limit: chat's ``max_completion_tokens`` when it gave that one)."""
+    request's own name for the limit: chat's ``max_completion_tokens`` when it gave that one). Without
+    ``max_tokens`` (chat: up to the context), ``min_tokens`` must fit the room the prompt leaves, as vLLM
+    checks it against the max tokens it derives (never a silent cut at ``max_model_len``)."""
     if num_prompt + 1 > max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length (max_model_len) is {max_model_len} tokens, but the prompt "
@@ -43,6 +49,12 @@ def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, fi
             f"This model's maximum context length (max_model_len) is {max_model_len} tokens. However, you "
             f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} for the "
             f"completion). Please reduce the prompt or {field}.", field=field)
+    room = max_model_len - num_prompt
+    if max_tokens is None and min_tokens > room:
+        raise InvalidRequestError(
+            f"min_tokens ({min_tokens}) cannot exceed the tokens left in the context: this model's maximum "
+            f"context length (max_model_len) is {max_model_len} tokens and the prompt has {num_prompt}, which "
+            f"leaves {room}.", field="min_tokens")
 
 
 def check_num_sequences(num_prompts: int, n: int, best_of: int | None, stream: bool, limit: int) -> int:
@@ -129,7 +141,11 @@ async def start_stream(state: AppState, seqs: list[Sequence], hint: Any,
         admission.release()
         raise
     try:
-        first = await fan.receive()
+        on_close(fan.close)  # however the request ends, even before the response body starts (request_close)
+        try:
+            first = await fan.receive()
+        except anyio.ClosedResourceError:  # the request's ASGI call ended under this task (server stopping)
+            raise ShuttingDownError("The request was closed before its first output.") from None
         if first is None:
             raise RuntimeError("every sequence ended without output")
         if isinstance(first[1], Exception):
@@ -158,12 +174,17 @@ def stream_response(
                     return
                 for event in to_events(index, out):
                     yield event
-                item = await fan.receive()
+                try:
+                    item = await fan.receive()
+                except anyio.ClosedResourceError:
+                    return  # closed when the request's ASGI call ended (Quart on asyncio can leave this task
+                    # running when the server cancels the call at its shutdown deadline): cut short, no [DONE]
             for event in epilogue():
                 yield event
             yield DONE
         finally:
-            fan.close()  # on disconnect too: cancels the producers, which aborts their requests
+            fan.close()  # on disconnect too: cancels the producers, which aborts their requests (and the
+            # request's on_close closes it when the client left before this body started)
 
     response = Response(body(), content_type="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncdp.api.token_bytes import TextOffsets, token_bytes_of
 from asyncdp.messages import RequestOutput, TokenLogprobs
 
 
@@ -63,30 +64,29 @@ def _top(tokenizer: Any, lp: TokenLogprobs) -> dict[str, float]:
 
 
 def completion_logprobs(
-    tokenizer: Any, lps: list[TokenLogprobs], text_offset: int,
+    tokenizer: Any, lps: list[TokenLogprobs], text_offsets: TextOffsets | None = None,
     prompt: tuple[list[int], list[TokenLogprobs | None]] | None = None,
 ) -> dict[str, Any]:
-    """Completions-style logprobs; ``text_offset`` is where the first token starts in the choice's text.
+    """Completions-style logprobs. ``text_offsets`` places each token in the choice's text (its character
+    offset, from the tokens' bytes: the same whether the tokens come in one piece or streamed, whatever text a
+    stop string or a partial character held back); a stream passes one per choice, carried across chunks.
     ``prompt`` (token ids and their prompt logprobs) puts the echoed prompt's tokens first."""
+    cursor = text_offsets if text_offsets is not None else TextOffsets(tokenizer)
     tokens: list[str] = []
     token_lps: list[float | None] = []
     tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
     if prompt is not None:
         for token_id, entry in zip(*prompt, strict=False):
-            text = _token_text(tokenizer, token_id)
-            tokens.append(text)
+            tokens.append(_token_text(tokenizer, token_id))
             token_lps.append(None if entry is None else entry.logprob)
             tops.append(None if entry is None else _top(tokenizer, entry))
-            offsets.append(text_offset)
-            text_offset += len(text)
+            offsets.append(cursor.next(token_id))
     for lp in lps:
-        text = _token_text(tokenizer, lp.token_id)
-        tokens.append(text)
+        tokens.append(_token_text(tokenizer, lp.token_id))
         token_lps.append(lp.logprob)
         tops.append(_top(tokenizer, lp))
-        offsets.append(text_offset)
-        text_offset += len(text)
+        offsets.append(cursor.next(lp.token_id))
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -117,7 +117,7 @@ class Echo:
 
 def completion_choice(
     tokenizer: Any, c: Choice, *, with_logprobs: bool, echo: Echo | None = None, prompt: Echo | None = None,
-    drop_generated: bool = False, text_offset: int = 0, index: int | None = None,
+    drop_generated: bool = False, index: int | None = None,
 ) -> dict[str, Any]:
     """One completions choice. ``echo``: prepend the prompt (text, and its tokens in ``logprobs``).
     ``prompt``: add vLLM's ``prompt_logprobs``. ``drop_generated``: ``max_tokens: 0``, the prompt only."""
@@ -126,7 +126,7 @@ def completion_choice(
     logprobs = None
     if with_logprobs:
         logprobs = completion_logprobs(
-            tokenizer, lps, text_offset,
+            tokenizer, lps, None,
             (echo.token_ids, c.prompt_logprobs or [None] * len(echo.token_ids)) if echo is not None else None)
     choice: dict[str, Any] = {
         "index": c.index if index is None else index, "text": (echo.text if echo is not None else "") + text,
@@ -166,9 +166,13 @@ def completion_chunk(
 
 
 def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs], top_n: int) -> dict[str, Any]:
+    """OpenAI's chat logprobs: ``token`` is the token's own decoded text (U+FFFD for a part of a multi-byte
+    character, as vLLM gives it), ``bytes`` its raw bytes (``asyncdp.api.token_bytes``), so a client joining
+    the ``bytes`` of a run of tokens gets the text back exactly."""
+    token_bytes = token_bytes_of(tokenizer)
+
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = _token_text(tokenizer, token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": _token_text(tokenizer, token_id), "logprob": logprob, "bytes": list(token_bytes(token_id))}
 
     return {"content": [
         {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t.token_id, t.logprob) for t in lp.top[:top_n]]}

@@ -107,8 +107,13 @@ def _integral_ids(p: Any) -> Any:
     return p
 
 
-def chat_messages(req: ChatRequest | Any) -> list[dict[str, str]]:
-    """Messages as the chat template expects them: role and plain-text content."""
+# Message fields besides role and content that reach the chat template as they are, when given (vLLM's too).
+_PASSED_MESSAGE_FIELDS = ("name", "tool_calls", "tool_call_id")
+
+
+def chat_messages(req: ChatRequest | Any) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: role, plain-text content, and ``name``, ``tool_calls``,
+    ``tool_call_id`` where the message has them (a template that reads ``message.name`` sees it)."""
     messages: list[ChatMessage] = req.messages
     if not messages:
         raise _bad("messages", "messages must be a non-empty list.")
@@ -124,7 +129,11 @@ def chat_messages(req: ChatRequest | Any) -> list[dict[str, str]]:
             text = "".join(part["text"] for part in content)
         else:
             raise _bad(f"messages[{i}].content", "message content must be a string or a list of text parts.")
-        out.append({"role": m.role, "content": text})
+        entry: dict[str, Any] = {"role": m.role, "content": text}
+        for name in _PASSED_MESSAGE_FIELDS:
+            if (value := getattr(m, name)) is not None:
+                entry[name] = value
+        out.append(entry)
     return out
 
 

@@ -16,7 +16,14 @@ import msgspec
 from msgspec import Meta
 
 from asyncdp.errors import HTTPError
-from asyncdp.sampling_params import MAX_INT32, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_PENALTY
+from asyncdp.sampling_params import (
+    MAX_INT32,
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_PENALTY,
+    MIN_REPETITION_PENALTY,
+)
 
 Count = Annotated[int, Meta(ge=0, le=MAX_INT32)]
 TokenId = Annotated[int, Meta(ge=0, le=MAX_INT32)]
@@ -88,7 +95,7 @@ class _Common(msgspec.Struct, kw_only=True):
     # vLLM sampling extras
     top_k: Annotated[int, Meta(ge=-1, le=MAX_INT32)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0.0, le=MAX_PENALTY)] | None = None
+    repetition_penalty: Annotated[float, Meta(ge=MIN_REPETITION_PENALTY, le=MAX_PENALTY)] | None = None
     min_tokens: Count | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -144,7 +151,10 @@ class CompletionRequest(_Common, kw_only=True):
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: Any = None  # str | list of {"type": "text", "text": ...} | None; checked by params.chat_messages()
+    # Passed to the chat template as they are (``message.name`` ...), when given, as vLLM does.
     name: str | None = None
+    tool_calls: list[Json] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatRequest(_Common, kw_only=True):

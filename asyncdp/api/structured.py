@@ -15,17 +15,22 @@ import msgspec
 
 from asyncdp.api.schemas import JsonObjectFormat, JsonSchemaFormat, StructuredOutputsBody, _Common
 from asyncdp.errors import HTTPError, InvalidSamplingParams
-from asyncdp.sampling_params import StructuredOutputs
+from asyncdp.sampling_params import MAX_SCHEMA_DEPTH, StructuredOutputs, json_depth, load_schema
 
 
 def _schema_text(value: str | dict[str, Any], param: str) -> str:
+    """The schema as JSON text; a 400 naming ``param`` when it is not JSON or nests deeper than
+    ``MAX_SCHEMA_DEPTH`` (checked before ``json`` recurses into it: never a RecursionError's 500)."""
     if isinstance(value, str):
         try:
-            json.loads(value)
-        except ValueError as exc:
+            load_schema(value, param)
+        except InvalidSamplingParams as exc:
             raise HTTPError(400, f"{param} must be a JSON schema (an object, or a string holding one): {exc}",
                             param=param) from None
         return value
+    if json_depth(value) > MAX_SCHEMA_DEPTH:
+        raise HTTPError(400, f"{param} is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels of arrays and "
+                             "objects).", param=param)
     return json.dumps(value)
 
 
@@ -44,7 +49,7 @@ def structured_outputs(req: _Common) -> StructuredOutputs | None:
         sources.append(("response_format", StructuredOutputs(json_object=True)))
     elif isinstance(rf, JsonSchemaFormat):
         sources.append(("response_format", StructuredOutputs(
-            json_schema=json.dumps(rf.json_schema.schema_))))
+            json_schema=_schema_text(rf.json_schema.schema_, "response_format.json_schema.schema"))))
     if req.guided_json is not None:
         sources.append(("guided_json", StructuredOutputs(json_schema=_schema_text(req.guided_json, "guided_json"))))
     if req.guided_regex is not None:

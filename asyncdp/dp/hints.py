@@ -28,10 +28,21 @@ def parse_rank(value: object, field: str = "data_parallel_rank") -> int:
             raise InvalidRequestError(f"{field} is out of range (an integer of {len(text)} characters).",
                                       field=field)
         return int(text)
-    shown = repr(value)
-    if len(shown) > 64:
-        shown = shown[:60] + "..."
-    raise InvalidRequestError(f"{field} must be an integer (got {shown}).", field=field)
+    raise InvalidRequestError(f"{field} must be an integer (got {_shown(value)}).", field=field)
+
+
+def _shown(value: object) -> str:
+    """A short rendering of a bad hint that cannot recurse: a JSON array or object by its kind (its repr
+    would recurse as deep as it nests: a RecursionError, a 500, for one nested ~990 deep), a scalar by its
+    repr cut to 64 characters (a string cut before its repr is built)."""
+    if isinstance(value, list):
+        return f"an array of {len(value)} item(s)"
+    if isinstance(value, dict):
+        return f"an object with {len(value)} key(s)"
+    if not isinstance(value, str | int | float | bool) and value is not None:
+        return type(value).__name__
+    shown = repr(value[:65] if isinstance(value, str) else value)
+    return shown if len(shown) <= 64 else shown[:60] + "..."
 
 
 def resolve_rank_hint(ranks: Sequence[int], local_hint: object = None, global_hint: object = None) -> int | None:

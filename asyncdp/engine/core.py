@@ -131,6 +131,9 @@ class EngineCore:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}).", field="prompt")
         room = self.max_model_len - n
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        if params.min_tokens > max_tokens:  # never a silent stop at max_model_len short of min_tokens
+            raise InvalidRequestError(f"min_tokens ({params.min_tokens}) cannot exceed the {max_tokens} tokens the "
+                                      f"prompt leaves in max_model_len ({self.max_model_len}).", field="min_tokens")
         req = Request(request_id, list(prompt_token_ids), params,
                       arrival_time=self._clock() if arrival_time is None else arrival_time,
                       client_index=client_index, max_tokens=max_tokens)

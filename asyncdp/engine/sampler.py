@@ -30,7 +30,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from asyncdp.messages import Logprob, TokenLogprobs
-from asyncdp.sampling_params import SamplingParams
+from asyncdp.sampling_params import MIN_REPETITION_PENALTY, SamplingParams
 
 
 def row_seed(seed: int, num_output_tokens: int) -> int:
@@ -108,7 +108,10 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], rows
     in_output = out_counts > 0
     if any(p.repetition_penalty != 1.0 for p in ps):
         seen = in_output | (_token_counts([prompt_token_ids[i] for i in rows], vocab, device) > 0)
-        rep = torch.tensor([p.repetition_penalty for p in ps], dtype=sub.dtype, device=device).unsqueeze(1)
+        # clamped: a penalty under the validated minimum (params built without validate()) would make the
+        # divided logits inf and the distribution NaN
+        rep = torch.tensor([max(p.repetition_penalty, MIN_REPETITION_PENALTY) for p in ps], dtype=sub.dtype,
+                           device=device).unsqueeze(1)
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
     freq = torch.tensor([p.frequency_penalty for p in ps], dtype=sub.dtype, device=device).unsqueeze(1)
     pres = torch.tensor([p.presence_penalty for p in ps], dtype=sub.dtype, device=device).unsqueeze(1)
