@@ -18,10 +18,10 @@ and what usually ends a launcher between the two is a SIGKILL in its drain (an o
 yet a lost last frame (it is best effort, a second) is possible too, so it is neither an INFO all-clear nor an
 ERROR. Such a node, like one stopped by the head's ``NodeShutdown``, is ``stopped`` in the book, not ``lost``:
 the state says whether it left on purpose, the log whether its drain went well; either way a dense deployment
-takes its ranks back from a node restarted in its place. Dense: a node restarted in place of one that left, with the same ranks
-and configuration, is admitted again (the book decides) and its engines' handshakes are answered as at startup;
-they reach the coordinator and every API server on their own, which take the ranks back. A refused or failed
-engine of such a node is only logged: the deployment serves on. Both links stay open for the
+takes its ranks back from a node restarted in its place. Dense: a node restarted in place of one that left, with
+the same ranks and configuration, is admitted again (the book decides) and its engines' handshakes are answered as
+at startup; they reach the coordinator and every API server on their own, which take the ranks back. A refused or
+failed engine of such a node is only logged: the deployment serves on. Both links stay open for the
 deployment's life. A refused or broken handshake during startup fails the node with a reason (the refused side
 gets ``HandshakeError`` with the same reason); it never raises into the launcher's task group. A connection whose
 first frame is no asyncdp frame at all (an HTTP client on the rpc port) is only logged and dropped.

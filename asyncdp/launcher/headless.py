@@ -172,7 +172,7 @@ def node_outcome(node: RunningNode, exit_status: int) -> m.NodeStopped:
     not exit 0, with its exit code (killed: its tree was SIGKILLed, at the drain deadline or on a second signal)."""
     if exit_status == 0:
         return m.NodeStopped(clean=True)
-    ends = [f"{c.describe()} {'was killed, exit code' if c.killed else 'exited with code'} {c.returncode}" for c in node.children
-            if c.role == ENGINE and c.returncode != 0]
+    ends = [f"{c.describe()} {'was killed, exit code' if c.killed else 'exited with code'} {c.returncode}"
+            for c in node.children if c.role == ENGINE and c.returncode != 0]
     parts = [node.failure or "", *ends, f"exit status {exit_status}"]
     return m.NodeStopped(clean=False, detail="; ".join(p for p in parts if p))

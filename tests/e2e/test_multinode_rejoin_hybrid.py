@@ -3,7 +3,8 @@ restarted with the same command line takes its ranks back, while the head's endp
 orchestrators restart a whole node of a dense deployment; docs/howto/hybrid-lb.md, "When a node fails").
 
 Two nodes on loopback, ``-dp 4 -dpl 2``: the head (ranks 0..1, the coordinator, the handshake listener) and
-``node1`` (ranks 2..3 behind its own port). Requests go to the head all along from a background task; every one must succeed.
+``node1`` (ranks 2..3 behind its own port). Requests go to the head all along from a background task; every one
+must succeed.
 """
 
 from __future__ import annotations

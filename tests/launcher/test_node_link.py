@@ -256,7 +256,7 @@ def test_an_unclean_outcome_names_each_engine_that_did_not_exit_0_killed_or_not(
     headless.failure = "killed before they exited by themselves: engine rank 2 (EngineCore_DP2, pid 302)"
     assert node_outcome(headless, 1) == m.NodeStopped(clean=False, detail=(
         "killed before they exited by themselves: engine rank 2 (EngineCore_DP2, pid 302); engine rank 2 "
-        "(EngineCore_DP2, pid 302) was killed, exit code -9; engine rank 3 (EngineCore_DP3, pid 303) exited with code 1; "
-        "exit status 1"))
+        "(EngineCore_DP2, pid 302) was killed, exit code -9; engine rank 3 (EngineCore_DP3, pid 303) exited with "
+        "code 1; exit status 1"))
     headless.failure = None
     assert node_outcome(headless, 0) == m.NodeStopped(clean=True)
