@@ -13,7 +13,9 @@ head sees as a lost node), a MoE engine or coordinator death tears the group dow
 deadline of ``--shutdown-timeout + 5 s``: it warns the coordinator (``Stopping``), names a teardown to the API
 servers (``Shutdown{reason}``), closes the launcher's copy of the HTTP socket, then signals each stage and kills
 stragglers' process trees. A stop that had to kill a child is no orderly stop: it is recorded as the node's
-failure (exit status 1), as the multi-port supervisor does (spec §11.3).
+failure (exit status 1), as the multi-port supervisor does (spec §11.3), and so is, on a dense headless node, an
+engine that ended with an error (it crashed in the drain, say): that node is its engines, and its exit status is
+what the head learns of its drain (``NodeStopped``, :mod:`.headless`).
 """
 
 from __future__ import annotations
@@ -198,6 +200,13 @@ async def stop_all(node: RunningNode) -> None:
     bad = [c for c in node.children if c.returncode not in (0, None) and c.returncode != -signal.SIGTERM]
     if bad and node.failure is None and not node.started:
         node.failure = "children failed: " + ", ".join(c.describe() for c in bad)
+    crashed = [c for c in bad if not c.killed]
+    if crashed and node.failure is None and node.table.top == "headless" and not node.plan.is_moe:
+        # a dense headless node is its engines: one that ended with an error (in its drain, say) is its failure, and
+        # the head hears it (NodeStopped). (A MoE engine leaving with its group exits 1 in an orderly stop.)
+        node.failure = "not every engine stopped in order: " + ", ".join(
+            f"{c.describe()} exited with code {c.returncode}" for c in crashed)
+        log.error("%s", node.failure)
     killed = [c for c in node.children if c.killed]
     if killed and node.failure is None:
         node.failure = "killed before they exited by themselves: " + ", ".join(c.describe() for c in killed)

@@ -8,12 +8,20 @@ the node's :class:`~asyncdp.launcher.node_book.NodeBook` check it (E4, E5), wait
 the DP group's rendezvous), answers, and waits for ``Ready`` (E6 through the book). ``NodeHello`` is a headless
 launcher: :func:`serve_node_link` has the book admit it (ranks, configuration), answers ``NodeAccepted`` and keeps
 the link alive with heartbeats both ways until it ends; a lost node is a teardown for a MoE group and a
-degradation for a dense one (its API servers see the engine links end on their own). A headless node that said
-``NodeStopping`` before its link closed was stopped on its own, in order: its departure is logged at INFO and
-its state is ``stopped``, not ``lost``. Dense: a node restarted in place of one that left, with the same ranks
-and configuration, is admitted again (the book decides) and its engines' handshakes are answered as at startup;
-they reach the coordinator and every API server on their own, which take the ranks back. A refused or failed
-engine of such a node is only logged: the deployment serves on. Both links stay open for the
+degradation for a dense one (its API servers see the engine links end on their own). A headless node's last
+frame, ``NodeStopped``, says how it ended (its exit status, and what went wrong); the head logs the departure from
+it: "stopped in order" at INFO only when it was clean; an unclean one at ERROR with its detail (which ranks were
+killed or crashed, their exit codes), as "stopped, not in order" after ``NodeStopping`` (the operator stopped it,
+its drain failed) and as a loss otherwise. A node that said ``NodeStopping`` (its own signal: it stops on purpose)
+and whose link then closed without ``NodeStopped`` is logged at WARNING: its word that it stops is no outcome,
+and what usually ends a launcher between the two is a SIGKILL in its drain (an orchestrator's grace ran out),
+yet a lost last frame (it is best effort, a second) is possible too, so it is neither an INFO all-clear nor an
+ERROR. Such a node, like one stopped by the head's ``NodeShutdown``, is ``stopped`` in the book, not ``lost``:
+the state says whether it left on purpose, the log whether its drain went well; either way a dense deployment
+takes its ranks back from a node restarted in its place. Dense: a node restarted in place of one that left, with
+the same ranks and configuration, is admitted again (the book decides) and its engines' handshakes are answered as
+at startup; they reach the coordinator and every API server on their own, which take the ranks back. A refused or
+failed engine of such a node is only logged: the deployment serves on. Both links stay open for the
 deployment's life. A refused or broken handshake during startup fails the node with a reason (the refused side
 gets ``HandshakeError`` with the same reason); it never raises into the launcher's task group. A connection whose
 first frame is no asyncdp frame at all (an HTTP client on the rpc port) is only logged and dropped.
@@ -32,7 +40,7 @@ from asyncdp.dp.liveness import PEER_STOP_GRACE_S
 from asyncdp.errors import ForeignPeerError, ProtocolError
 from asyncdp.launcher.children import publish_process_table
 from asyncdp.launcher.node import RemoteNodeLink, RunningNode
-from asyncdp.launcher.node_book import span
+from asyncdp.launcher.node_book import NodeEntry, span
 from asyncdp.transport import LINK_ERRORS, Link
 from asyncdp.transport.heartbeat import keep_link
 
@@ -160,8 +168,11 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
     if node.started:  # every endpoint's /server_info: the whole deployment
         await publish_process_table(node)
     stopping: list[m.NodeStopping] = []
+    outcome: list[m.NodeStopped] = []
 
     def on_message(msg: m.Message) -> None:
+        if isinstance(msg, m.NodeStopped) and not outcome:
+            outcome.append(msg)
         if isinstance(msg, m.NodeStopping) and not stopping and not node.shutdown.is_set():
             stopping.append(msg)
             drain = "drains" if len(entry.ranks) == 1 else "drain"
@@ -179,21 +190,41 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
         # as for a remote engine above; a crash tears the group down through the coordinator meanwhile)
         with anyio.move_on_after(PEER_STOP_GRACE_S):
             await node.shutdown.wait()
-    in_order = bool(stopping) and why == "closed"  # it said it stops, then its process ended: no loss
-    lost = book.lose_node(entry, orderly=in_order or (node.shutdown.is_set() and node.failure is None))
+    ended = outcome[0] if outcome else None  # its own account of how it ended (NodeStopped), if it came
+    # its state: "stopped" when it left on purpose (it said so, then ended; or it ended clean), else "lost"
+    orderly = (bool(stopping) and (why == "closed" or ended is not None)) or (ended is not None and ended.clean)
+    lost = book.lose_node(entry, orderly=orderly or (node.shutdown.is_set() and node.failure is None))
     node.remote_nodes.remove(remote)  # (a node restarted in its place links anew)
     node.note_ranks_changed()
     if node.shutdown.is_set():
-        log.info("%s left", entry.describe())
+        if ended is not None and not ended.clean:
+            log.error("%s left, not in order: %s", entry.describe(), ended.detail)
+        else:
+            log.info("%s left", entry.describe())
         return
-    what = f"{entry.describe()} stopped in order" if in_order else (
-        f"lost {entry.describe()}: " + ("its node link closed" if why == "closed" else
-                                        f"no heartbeat for {plan.heartbeat_timeout_s:g} s"))
+    what, level = _departure(entry, why, plan.heartbeat_timeout_s, stopping=bool(stopping), ended=ended)
     if plan.is_moe:
         node.fail(f"{what}; the MoE group is torn down")
     elif not node.started and hello.role == "headless":
         node.fail(f"startup failed: {what}")
     else:  # dense: the other nodes keep serving (a hybrid node's own endpoint went with it)
-        log.log(logging.INFO if in_order else logging.ERROR, "%s; %s %s the balancer, the other ranks keep serving",
-                what, span(lost), "leaves" if len(lost) == 1 else "leave")
+        log.log(level, "%s; %s %s the balancer, the other ranks keep serving", what, span(lost),
+                "leaves" if len(lost) == 1 else "leave")
         await publish_process_table(node)
+
+
+def _departure(entry: NodeEntry, why: str, heartbeat_timeout_s: float, *, stopping: bool,
+               ended: m.NodeStopped | None) -> tuple[str, int]:
+    """What a node's departure was, and the level to log it at: its own account (``NodeStopped``) first; without
+    one, a node that said ``NodeStopping`` and whose link then closed is taken at its word, with a warning."""
+    who = entry.describe()
+    if ended is not None and ended.clean:
+        return f"{who} stopped in order", logging.INFO
+    if ended is not None:
+        return f"{who} stopped, not in order: {ended.detail}" if stopping else f"lost {who}: {ended.detail}", \
+            logging.ERROR
+    if stopping and why == "closed":
+        return (f"{who} stopped: it said it stops, then its node link closed without its outcome (its launcher "
+                "was killed in its drain, or its last frame was lost)"), logging.WARNING
+    return f"lost {who}: " + ("its node link closed" if why == "closed" else
+                              f"no heartbeat for {heartbeat_timeout_s:g} s"), logging.ERROR

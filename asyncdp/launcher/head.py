@@ -37,7 +37,7 @@ from asyncdp.config.roles import LaunchPlan
 from asyncdp.errors import AsyncDPError, StartupError
 from asyncdp.launcher import rundir
 from asyncdp.launcher.children import publish_process_table, stop_all
-from asyncdp.launcher.headless import start_headless
+from asyncdp.launcher.headless import leave_head, start_headless
 from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config, plan_summary
 from asyncdp.launcher.node import RunningNode, book_for
 from asyncdp.launcher.node_book import span
@@ -135,13 +135,12 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str,
         await node.shutdown.wait()
         await stop_all(node)
         await node.peer_stop_verdict()
-        if node.head_link is not None:
-            await node.head_link.aclose()
+        code = 1 if node.failure is not None or node.inproc_api_code else 0
+        await leave_head(node, code)  # a headless node: NodeStopped, the node link's last frame
         tg.cancel_scope.cancel()
     if node.node_table is not None:
         node.node_table.close()
         os.close(node.node_table_fd)
-    code = 1 if node.failure is not None or node.inproc_api_code else 0
     if headless:
         log.log(logging.INFO if code == 0 else logging.ERROR, "headless node stopped (exit status %d)", code)
         return code

@@ -14,7 +14,11 @@ themselves, and waits for them. :func:`follow_head` keeps the node link alive wi
 heartbeat for ``--dp-heartbeat-timeout-s``: the head's tree died or its host is gone) stop the engines (signal,
 grace, kill) and exit 1, with a log line saying so. vLLM's headless nodes never notice a lost head. A node
 stopped on its own (a signal to it alone) says ``NodeStopping`` first, so that the head logs its departure as
-an orderly one, not as the loss of the node.
+an orderly one, not as the loss of the node. Saying it stops is a promise, not an outcome: its drain may still go
+wrong (an engine that must be killed at the deadline, one that crashes meanwhile; exit status 1). So once its
+engines are all gone and its exit status is known, :func:`leave_head` says ``NodeStopped`` (clean or not, and
+what went wrong: which ranks, killed or crashed, their exit codes) as the link's last frame, whatever stopped the
+node, then closes the link; the head logs the departure from that.
 """
 
 from __future__ import annotations
@@ -147,3 +151,28 @@ async def _say_stopping(node: RunningNode, link: Link) -> None:
                                            shutdown_timeout=node.plan.shutdown_timeout_s))
         except LINK_ERRORS:
             pass
+
+
+async def leave_head(node: RunningNode, exit_status: int) -> None:
+    """The node link's end, once this node's engines are all gone: say how the node ended (``NodeStopped``, best
+    effort within a second: a head that is gone or stuck does not hold the exit), then close the link."""
+    link = node.head_link
+    if link is None:
+        return
+    with anyio.move_on_after(1.0):
+        try:
+            await link.send(node_outcome(node, exit_status))
+        except LINK_ERRORS:
+            pass
+    await link.aclose()
+
+
+def node_outcome(node: RunningNode, exit_status: int) -> m.NodeStopped:
+    """``NodeStopped`` for this node's exit status: clean at 0; else the node's failure and every engine that did
+    not exit 0, with its exit code (killed: its tree was SIGKILLed, at the drain deadline or on a second signal)."""
+    if exit_status == 0:
+        return m.NodeStopped(clean=True)
+    ends = [f"{c.describe()} {'was killed, exit code' if c.killed else 'exited with code'} {c.returncode}"
+            for c in node.children if c.role == ENGINE and c.returncode != 0]
+    parts = [node.failure or "", *ends, f"exit status {exit_status}"]
+    return m.NodeStopped(clean=False, detail="; ".join(p for p in parts if p))

@@ -214,8 +214,9 @@ class NodeBook:
         return next((n for n in self.nodes if dp_rank in n.ranks and n.state == "alive"), None)
 
     def lose_node(self, entry: NodeEntry, *, orderly: bool = False) -> list[int]:
-        """Mark ``entry`` lost (or stopped: in order, after ``NodeShutdown`` or its own ``NodeStopping``); return its
-        ranks. Either way they left; a dense deployment takes them back from a node restarted in its place."""
+        """Mark ``entry`` lost (or stopped: it left on purpose, after ``NodeShutdown`` or its own ``NodeStopping``,
+        however its drain went: the head's log says that); return its ranks. Either way they left; a dense deployment
+        takes them back from a node restarted in its place."""
         entry.state = "stopped" if orderly else "lost"
         for r in entry.ranks:
             self.ready.discard(r)

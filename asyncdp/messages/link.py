@@ -14,12 +14,13 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 8  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+PROTOCOL_VERSION = 9  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
 # 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"; 6: the ranks' cache_fill
 # (SchedulerStats, RankStats, StatsSnapshot), StructuredOutputs.param, RankDraining, and the leaving flag at the end
 # of the MoE sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths);
 # 7: NodeStopping on the node link; 8: the mean step time and the stopping flag in the MoE sync all-reduce (ranks of
-# different builds would sum vectors of different lengths)
+# different builds would sum vectors of different lengths); 9: NodeStopped on the node link (a head of 8 would drop
+# the link on a frame it cannot decode)
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
@@ -379,11 +380,20 @@ class NodeStopping(_Msg, frozen=True):
     shutdown_timeout: float
 
 
+class NodeStopped(_Msg, frozen=True):
+    """Headless launcher -> head [ours], the last frame of a node link, best effort: how the node ended, once its
+    engines are all gone and its exit status is known. ``clean`` is exit status 0 (every engine exited by itself,
+    in order); otherwise ``detail`` says what went wrong (which ranks were killed or crashed, their exit codes)."""
+
+    clean: bool
+    detail: str = ""
+
+
 Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
     AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead, RankDraining,
     Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
     PrefixClaim, PrefixOwner, PrefixPlaced,
     StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeStopping,
-    NodeTopology,
+    NodeStopped, NodeTopology,
 ]

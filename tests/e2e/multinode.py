@@ -18,8 +18,9 @@ first, the head last; headless nodes follow the head's ``NodeShutdown``), then a
 node, no process left in any tree and no traceback in any log; the finalizer SIGKILLs whatever is left.
 :meth:`Deployment.drop` takes a node killed on purpose out of those checks.
 
-Tests act on nodes with :func:`kill_tree` (SIGKILL of a whole recorded tree), :func:`wait_code` (an exit code
-under a deadline) and :func:`stream_completion` (a long streamed request that reports how it ended).
+Tests act on nodes with :func:`kill_tree` (SIGKILL of a whole recorded tree), :func:`relaunch` (the same command
+line again, HTTP port included: a node restarted in place), :func:`wait_code` (an exit code under a deadline) and
+:func:`stream_completion` (a long streamed request that reports how it ended).
 """
 
 from __future__ import annotations
@@ -67,10 +68,18 @@ def headless(*args: str, name: str = "headless") -> NodeSpec:
 
 def launch_node(spec: NodeSpec, rpc: int, log_path: Path, model: str) -> Server:
     port = free_port() if spec.http else 0
+    http = ("--host", "127.0.0.1", "--port", str(port)) if spec.http else ()
+    return _popen((*BASE_ARGS, *http, "-dpa", "127.0.0.1", "-dpp", str(rpc), *spec.args), port, log_path, model)
+
+
+def relaunch(node: Server, log_path: Path, model: str) -> Server:
+    """The same command line as ``node``'s, its HTTP port included: a node restarted in place (by an orchestrator)."""
+    return _popen(node.args, node.port, log_path, model)
+
+
+def _popen(args: tuple[str, ...], port: int, log_path: Path, model: str) -> Server:
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    http = ("--host", "127.0.0.1", "--port", str(port)) if spec.http else ()
-    args = (*BASE_ARGS, *http, "-dpa", "127.0.0.1", "-dpp", str(rpc), *spec.args)
     cmd = [sys.executable, "-m", "asyncdp", "serve", model, *args]
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())

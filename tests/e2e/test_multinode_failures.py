@@ -8,6 +8,7 @@ group does not cover a node).
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from functools import partial
@@ -212,6 +213,34 @@ async def test_a_headless_node_stopping_in_order_gets_no_new_requests_while_its_
                 await anyio.sleep(0.05)  # poll interval of another process's log file, bounded by the deadline
         assert "engine rank 1 is dead" not in hd.log(), dep.logs()  # an orderly stop, not a death
         assert "lost the headless node" not in hd.log(), dep.logs()  # nor a loss
+        dep.drop("headless")
+        dep.stop()
+
+
+async def test_a_headless_node_whose_engine_is_killed_in_its_own_drain_is_an_error_at_the_head(tmp_path: Path) -> None:
+    """SIGTERM on a dense headless node (``NodeStopping``) whose engine cannot drain (SIGSTOPped): at the node's
+    deadline (--shutdown-timeout 1 + 5 s) its engine is killed and the node exits 1. The head used to log that
+    departure at INFO as "stopped in order"; the node's last frame (``NodeStopped``) now tells it the drain went
+    wrong: ERROR, naming the rank killed and its exit code."""
+    specs = (HEAD, headless("-dp", "2", "-dpl", "1", "-dpr", "1", "--shutdown-timeout", "1"))
+    with deployment(tmp_path, *specs) as dep:
+        hd, hl = dep.node("head"), dep.node("headless")
+        async with httpx.AsyncClient(base_url=hd.base_url, timeout=30.0) as http:
+            info = (await http.get("/server_info")).json()
+            engine = next(p["pid"] for p in info["processes"] if p["role"] == "engine" and p["rank"] == 1)
+            dep.remember_trees()
+            os.kill(engine, signal.SIGSTOP)  # it cannot drain: its node's deadline has to kill it
+            hl.process.send_signal(signal.SIGTERM)
+            assert await wait_code(hl, 30, dep) == 1, dep.logs()
+            with anyio.fail_after(10):  # the head sees the node link close at once
+                while " leaves the balancer" not in hd.log():  # noqa: ASYNC110 - another process's log file
+                    await anyio.sleep(0.05)  # poll interval, bounded by the deadline above
+            lines = [line for line in hd.log().splitlines() if "leaves the balancer" in line]
+            assert len(lines) == 1 and "ERROR" in lines[0] and "stopped, not in order" in lines[0], dep.logs()
+            assert f"engine rank 1 (asyncdp-engine-dp1, pid {engine}) was killed, exit code -9" in lines[0], lines
+            assert "stopped in order" not in hd.log(), dep.logs()
+            assert (await http.get("/health")).status_code == 200  # dense: rank 0 serves on
+        assert not await anyio.to_thread.run_sync(hl.wait_gone, 5.0), dep.logs()
         dep.drop("headless")
         dep.stop()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from dataclasses import dataclass
 
 import anyio
 import msgspec
@@ -15,8 +16,9 @@ from asyncdp.config.deployment import resolve
 from asyncdp.config.flags import EngineConfig, ServeConfig
 from asyncdp.config.roles import LaunchPlan
 from asyncdp.launcher.handshake import handshake
-from asyncdp.launcher.headless import follow_head
+from asyncdp.launcher.headless import follow_head, leave_head, node_outcome
 from asyncdp.launcher.node import RunningNode, book_for
+from asyncdp.launcher.plan import ENGINE
 from asyncdp.transport import memory_link_pair
 
 SUMMARY = {"model_identity": "m"}
@@ -45,7 +47,13 @@ def _node_hello() -> m.NodeHello:
                        config_summary=SUMMARY)
 
 
-async def _node_joins_then_leaves(head: RunningNode, *, say_stopping: bool) -> None:
+CLEAN = m.NodeStopped(clean=True)
+KILLED = m.NodeStopped(clean=False, detail="killed before they exited by themselves: engine rank 1 (EngineCore_DP1, "
+                       "pid 301); engine rank 1 (EngineCore_DP1, pid 301) was killed, exit code -9; exit status 1")
+
+
+async def _node_joins_then_leaves(head: RunningNode, *, say_stopping: bool, outcome: m.NodeStopped | None = None
+                                  ) -> None:
     head_end, node_end = memory_link_pair()
     async with anyio.create_task_group() as tg:
         tg.start_soon(handshake, head, head_end)
@@ -56,18 +64,25 @@ async def _node_joins_then_leaves(head: RunningNode, *, say_stopping: bool) -> N
             for seq in range(1, 4):  # its rank drains for a while, heartbeating meanwhile
                 await anyio.sleep(2)
                 await node_end.send(m.Heartbeat(sender="node-1", seq=seq))
+        if outcome is not None:  # its engines are gone, its exit status known: the link's last frame
+            await node_end.send(outcome)
         await node_end.aclose()  # its process ended
     await head_end.aclose()
+
+
+def _lines(caplog) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "asyncdp.launcher"]
 
 
 @pytest.mark.trio
 async def test_a_headless_node_that_said_it_stops_is_logged_at_info_as_stopped_not_lost(head, autojump_clock,
                                                                                        caplog):
     """A headless node stopped by its own SIGTERM says ``NodeStopping`` and drains; its link then closes. The
-    head used to log ERROR "lost the headless node ... its node link closed" for this orderly departure."""
+    head used to log ERROR "lost the headless node ... its node link closed" for this orderly departure. It says
+    ``NodeStopped(clean)`` last: the head logs "stopped in order" at INFO."""
     caplog.set_level(logging.INFO, logger="asyncdp.launcher")
-    await _node_joins_then_leaves(head, say_stopping=True)
-    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "asyncdp.launcher"]
+    await _node_joins_then_leaves(head, say_stopping=True, outcome=CLEAN)
+    lines = _lines(caplog)
     assert not [line for level, line in lines if level >= logging.WARNING], lines
     assert (logging.INFO, "the headless node with rank 1 (h1, pid 200) is stopping (a signal to the node): rank 1 "
             "drains for up to 5 s, new requests go to the other ranks") in lines
@@ -81,11 +96,60 @@ async def test_a_headless_node_that_said_it_stops_is_logged_at_info_as_stopped_n
 
 
 @pytest.mark.trio
+async def test_a_headless_node_whose_drain_went_wrong_after_it_said_it_stops_is_logged_at_error_with_why(
+        head, autojump_clock, caplog):
+    """``NodeStopping``, then its engine had to be killed at the drain deadline (the node exits 1). The head used
+    to log this at INFO as "stopped in order", hiding the failure; now ERROR, with the node's own account."""
+    caplog.set_level(logging.INFO, logger="asyncdp.launcher")
+    await _node_joins_then_leaves(head, say_stopping=True, outcome=KILLED)
+    lines = _lines(caplog)
+    assert not [line for _, line in lines if "stopped in order" in line], lines
+    assert [(level, line) for level, line in lines if level >= logging.WARNING] == [
+        (logging.ERROR, f"the headless node with rank 1 (h1, pid 200) stopped, not in order: {KILLED.detail}; "
+                        "rank 1 leaves the balancer, the other ranks keep serving")]
+    assert head.failure is None and not head.shutdown.is_set()  # dense: the other ranks keep serving
+    # it left on purpose (its operator stopped it): stopped, and a node restarted in its place takes rank 1 back
+    assert [n.state for n in head.book.nodes] == ["alive", "stopped"]
+    entry, problem = head.book.admit_node(_node_hello())
+    assert problem is None and entry is head.book.nodes[1] and entry.state == "alive"
+
+
+@pytest.mark.trio
+async def test_a_headless_node_that_said_it_stops_but_never_said_how_it_ended_is_logged_at_warning(
+        head, autojump_clock, caplog):
+    """``NodeStopping``, then the link closes with no ``NodeStopped`` (its launcher SIGKILLed in its drain, say):
+    no all-clear at INFO, a WARNING that says what is unknown."""
+    caplog.set_level(logging.INFO, logger="asyncdp.launcher")
+    await _node_joins_then_leaves(head, say_stopping=True)
+    lines = _lines(caplog)
+    assert not [line for _, line in lines if "stopped in order" in line], lines
+    assert [(level, line) for level, line in lines if level >= logging.WARNING] == [
+        (logging.WARNING, "the headless node with rank 1 (h1, pid 200) stopped: it said it stops, then its node link "
+                          "closed without its outcome (its launcher was killed in its drain, or its last frame was "
+                          "lost); rank 1 leaves the balancer, the other ranks keep serving")]
+    assert [n.state for n in head.book.nodes] == ["alive", "stopped"] and head.failure is None
+
+
+@pytest.mark.trio
 async def test_a_headless_node_whose_link_closes_unannounced_is_lost_at_error(head, autojump_clock, caplog):
     caplog.set_level(logging.INFO, logger="asyncdp.launcher")
     await _node_joins_then_leaves(head, say_stopping=False)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == ["lost the headless node with rank 1 (h1, pid 200): its node link closed; rank 1 leaves the "
+                      "balancer, the other ranks keep serving"]
+    assert [n.state for n in head.book.nodes] == ["alive", "lost"] and head.failure is None
+
+
+@pytest.mark.trio
+async def test_a_headless_node_that_failed_on_its_own_is_lost_at_error_with_its_account(head, autojump_clock,
+                                                                                        caplog):
+    """No ``NodeStopping`` (nobody asked it to stop): its last engine crashed, it says why in ``NodeStopped``."""
+    caplog.set_level(logging.INFO, logger="asyncdp.launcher")
+    crashed = m.NodeStopped(clean=False, detail="engine rank 1 (EngineCore_DP1, pid 301) exited with code 1; no "
+                                                "local rank left: stopping this node; exit status 1")
+    await _node_joins_then_leaves(head, say_stopping=False, outcome=crashed)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert errors == [f"lost the headless node with rank 1 (h1, pid 200): {crashed.detail}; rank 1 leaves the "
                       "balancer, the other ranks keep serving"]
     assert [n.state for n in head.book.nodes] == ["alive", "lost"] and head.failure is None
 
@@ -143,10 +207,15 @@ async def _frames_until_eof(link) -> list[m.Message]:
     return frames
 
 
+FAILURE = "engine rank 1 exited with code -9; no local rank left: stopping this node"
+
+
 @pytest.mark.trio
 @pytest.mark.parametrize("how", ["own_signal", "head_shutdown", "failure"])
-async def test_a_headless_node_says_node_stopping_only_when_it_stops_on_its_own(headless, autojump_clock, how):
+async def test_a_headless_node_says_node_stopping_only_when_it_stops_on_its_own_and_how_it_ended_last(
+        headless, autojump_clock, how):
     node_end, head_end = memory_link_pair()
+    headless.head_link = node_end
     async with anyio.create_task_group() as tg:
         tg.start_soon(follow_head, headless, node_end)
         await anyio.sleep(3)
@@ -157,9 +226,9 @@ async def test_a_headless_node_says_node_stopping_only_when_it_stops_on_its_own(
             await head_end.send(m.NodeShutdown(reason="the head received a signal", shutdown_timeout=5.0))
         else:  # a failure, with the operator's signal on top (an orchestrator stopping a failing node): no goodbye
             headless.asked_to_stop.set()
-            headless.fail("engine rank 1 exited with code -9; no local rank left: stopping this node")
+            headless.fail(FAILURE)
         await anyio.sleep(5)  # its engines drain
-        await node_end.aclose()  # what the launcher does once they are gone
+        await leave_head(headless, 1 if headless.failure else 0)  # what the launcher does once they are gone
         frames = await _frames_until_eof(head_end)
     await head_end.aclose()
     said = [f for f in frames if isinstance(f, m.NodeStopping)]
@@ -167,3 +236,27 @@ async def test_a_headless_node_says_node_stopping_only_when_it_stops_on_its_own(
         assert said == [m.NodeStopping(reason="a signal to the node", shutdown_timeout=5.0)]
     else:
         assert said == []
+    assert frames[-1] == (m.NodeStopped(clean=False, detail=f"{FAILURE}; exit status 1") if how == "failure"
+                          else m.NodeStopped(clean=True))
+
+
+@dataclass
+class _Engine:  # what node_outcome reads of a ChildProcess
+    rank: int
+    returncode: int
+    killed: bool = False
+    role: str = ENGINE
+
+    def describe(self) -> str:
+        return f"engine rank {self.rank} (EngineCore_DP{self.rank}, pid {300 + self.rank})"
+
+
+def test_an_unclean_outcome_names_each_engine_that_did_not_exit_0_killed_or_not(headless):
+    headless.children = [_Engine(1, 0), _Engine(2, -9, killed=True), _Engine(3, 1)]  # type: ignore[list-item]
+    headless.failure = "killed before they exited by themselves: engine rank 2 (EngineCore_DP2, pid 302)"
+    assert node_outcome(headless, 1) == m.NodeStopped(clean=False, detail=(
+        "killed before they exited by themselves: engine rank 2 (EngineCore_DP2, pid 302); engine rank 2 "
+        "(EngineCore_DP2, pid 302) was killed, exit code -9; engine rank 3 (EngineCore_DP3, pid 303) exited with "
+        "code 1; exit status 1"))
+    headless.failure = None
+    assert node_outcome(headless, 0) == m.NodeStopped(clean=True)
