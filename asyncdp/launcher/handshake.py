@@ -208,8 +208,10 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
     elif not node.started and hello.role == "headless":
         node.fail(f"startup failed: {what}")
     else:  # dense: the other nodes keep serving (a hybrid node's own endpoint went with it)
-        log.log(level, "%s; %s %s the balancer, the other ranks keep serving", what, span(lost),
-                "leaves" if len(lost) == 1 else "leave")
+        rest = "the other ranks keep serving" if book.ready else (
+            "no rank is left to serve (a node restarted in its place brings them back while the API servers are "
+            "up: ASYNCDP_KEEP_ALIVE_ON_ENGINE_DEATH=1)")
+        log.log(level, "%s; %s %s the balancer, %s", what, span(lost), "leaves" if len(lost) == 1 else "leave", rest)
         await publish_process_table(node)
 
 

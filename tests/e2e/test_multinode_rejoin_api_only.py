@@ -61,6 +61,7 @@ async def test_an_api_only_head_kept_alive_serves_again_once_its_only_node_is_re
         await client.close()
         log = hd.log()
         assert "the coordinator serves on" in log and "joined again" in log, dep.logs()
+        assert "ranks 0..1 leave the balancer, no rank is left to serve" in log, dep.logs()
         assert "Traceback" not in again.log(), again.log()[-4000:]
         print(f"\napi-only rejoin: both ranks ready {took_s:.1f} s after the new headless node started")
         dep.stop()

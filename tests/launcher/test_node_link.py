@@ -38,6 +38,7 @@ def head(tmp_path):
     plan = _plan(tmp_path)
     node = RunningNode(plan, sock, str(tmp_path), book=book_for(plan, SUMMARY))
     node.started = True
+    node.book.ready.add(0)  # its own rank serves
     yield node
     sock.close()
 
@@ -176,7 +177,7 @@ async def test_a_lost_headless_node_restarted_in_its_place_is_accepted_again_and
         assert isinstance(await engine_end.receive(), m.HandshakeInit)
         await engine_end.send(m.Ready(dp_rank=1, local=False, headless=True, config_hash=None, config_summary={}))
         await anyio.sleep(0.1)
-        assert head.book.ready == {1} and [(n.state, n.pid) for n in head.book.nodes[1:]] == [("alive", 201)]
+        assert head.book.ready == {0, 1} and [(n.state, n.pid) for n in head.book.nodes[1:]] == [("alive", 201)]
         launchers = [p.pid for p in head.process_table() if p.role == "headless_launcher"]
         assert launchers == [201]
         await engine_end.aclose()
@@ -260,3 +261,16 @@ def test_an_unclean_outcome_names_each_engine_that_did_not_exit_0_killed_or_not(
         "code 1; exit status 1"))
     headless.failure = None
     assert node_outcome(headless, 0) == m.NodeStopped(clean=True)
+
+
+@pytest.mark.trio
+async def test_a_lost_node_that_held_every_ready_rank_is_logged_as_leaving_no_rank_to_serve(head, autojump_clock,
+                                                                                           caplog):
+    """When the lost node held the last ranks that served (an API-only head's only node, say), the head's line
+    no longer says that "the other ranks keep serving": none does."""
+    caplog.set_level(logging.INFO, logger="asyncdp.launcher")
+    head.book.ready.discard(0)  # the head's own rank is gone too
+    await _node_joins_then_leaves(head, say_stopping=False)
+    assert (logging.ERROR, "lost the headless node with rank 1 (h1, pid 200): its node link closed; rank 1 leaves "
+            "the balancer, no rank is left to serve (a node restarted in its place brings them back while the API "
+            "servers are up: ASYNCDP_KEEP_ALIVE_ON_ENGINE_DEATH=1)") in _lines(caplog), _lines(caplog)
