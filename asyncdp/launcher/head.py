@@ -136,7 +136,7 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str,
         await stop_all(node)
         await node.peer_stop_verdict()
         code = 1 if node.failure is not None or node.inproc_api_code else 0
-        await leave_head(node, code)  # a headless node: NodeStopped, the node link's last frame
+        await leave_head(node, code)  # a headless or dense hybrid node: NodeStopped, the node link's last frame
         tg.cancel_scope.cancel()
     if node.node_table is not None:
         node.node_table.close()

@@ -129,7 +129,7 @@ async def follow_head(node: RunningNode, link: Link) -> None:
         return False
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_say_stopping, node, link)
+        tg.start_soon(say_stopping, node, link)
         why = await keep_link(link, on_message, interval_s=plan.heartbeat_interval_s,
                               timeout_s=plan.heartbeat_timeout_s, sender=f"node-{plan.deployment.dp_start_rank}")
         tg.cancel_scope.cancel()
@@ -139,7 +139,7 @@ async def follow_head(node: RunningNode, link: Link) -> None:
     node.fail(f"lost the head front-end at {head} ({what}): stopping this node's engines")
 
 
-async def _say_stopping(node: RunningNode, link: Link) -> None:
+async def say_stopping(node: RunningNode, link: Link) -> None:
     """Once this node stops in order on its own signal (not on the head's ``NodeShutdown``, not after a failure),
     tell the head: ``NodeStopping``, best effort within a second (a head that misses it logs a loss)."""
     await node.shutdown.wait()

@@ -82,7 +82,7 @@ class RunningNode:
     init_ready: anyio.Event = field(default_factory=anyio.Event)  # HandshakeInit's addresses are all known
     ranks_changed: anyio.Event = field(default_factory=anyio.Event)  # a rank became ready or a node was lost
     remote_nodes: list[RemoteNodeLink] = field(default_factory=list)
-    head_link: Link | None = None  # a headless node's node link to the head
+    head_link: Link | None = None  # a headless (or dense hybrid S > 0) node's node link to the head
     stop_deadline_s: float | None = None  # a headless node told to stop: the head's --shutdown-timeout
     inproc_client: DPClient | None = None
     dp_group_info: m.DPGroupInfo | None = None

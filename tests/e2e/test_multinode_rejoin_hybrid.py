@@ -9,6 +9,7 @@ must succeed.
 
 from __future__ import annotations
 
+import signal
 import time
 from functools import partial
 from pathlib import Path
@@ -106,4 +107,23 @@ async def test_a_hybrid_node_sigkilled_and_restarted_with_the_same_command_takes
         assert "ready again" in hd.log(), dep.logs()
         print(f"\nhybrid rejoin: node1 serving {took_s:.1f} s after its restart; {len(statuses)} requests to the "
               "head meanwhile, all 200")
+        dep.stop()
+
+
+async def test_a_hybrid_node_stopped_on_its_own_signal_is_a_stop_at_the_head_not_a_loss(tmp_path: Path) -> None:
+    """node1 gets SIGTERM alone: it says ``NodeStopping``, drains, says ``NodeStopped`` and exits 0; the head logs
+    that it is stopping and then "stopped in order" at INFO, and shows it ``stopped``. The head used to log ERROR
+    "lost the hybrid node ...: its node link closed" for this orderly stop (only headless nodes said so)."""
+    with deployment(tmp_path, HEAD, NODE1, ready_timeout_s=120) as dep:
+        hd, n1 = dep.node("head"), dep.node("node1")
+        async with httpx.AsyncClient(base_url=hd.base_url, timeout=30.0) as http:
+            n1.process.send_signal(signal.SIGTERM)
+            assert await anyio.to_thread.run_sync(partial(n1.process.wait, timeout=30)) == 0, n1.log()[-4000:]
+            dep.drop("node1")
+            await _head_nodes(http, ["alive", "stopped"], 15, dep)
+            r = await http.post("/v1/completions", json={"model": MODEL, "prompt": "still here", "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        log = hd.log()
+        assert "is stopping (a signal to the node)" in log and "stopped in order" in log, dep.logs()
+        assert "lost the hybrid node" not in log and "lost the" not in log, dep.logs()
         dep.stop()
