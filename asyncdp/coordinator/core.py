@@ -33,8 +33,8 @@ link is marked dead (a lost host: after the heartbeat timeout). A MoE group take
 
 Engine loss: MoE - ``Teardown{reason, dead_rank}`` to the other engines, flushed for up to ``teardown_flush_s``,
 then :func:`serve_coordinator` raises :class:`~asyncdp.errors.EngineDeadError` (the process exits 1); after a
-``Goodbye`` (orderly departure) it returns normally instead. Dense - the rank is marked dead and the coordinator
-keeps serving; it returns once every engine is gone, unless ranks live on other nodes (``ranks_can_return``) and
+``Goodbye`` (orderly departure) it returns normally instead. Dense - the rank is marked dead (after a ``Goodbye``,
+a rank its node stopped in order, logged as a departure, not a loss) and the coordinator keeps serving; it returns once every engine is gone, unless ranks live on other nodes (``ranks_can_return``) and
 the deployment is not stopping: a node restarted in place of a lost one can still bring them back.
 
 Links: anything with ``async send(msg)``, ``async receive()`` (raising ``anyio.EndOfStream`` at EOF) and
@@ -336,6 +336,9 @@ class Coordinator:
             elif isinstance(action, W.MarkDead):
                 if self.stopping.is_set():  # an orderly shutdown: the ranks leave, nothing was lost
                     log.debug("engine rank %d left (%s)", action.dp_rank, action.reason)
+                elif action.orderly:  # its own node stopped it (Goodbye): a departure, not a loss
+                    log.info("engine rank %d left in order (its node is stopping); it leaves the load statistics",
+                             action.dp_rank)
                 else:
                     log.warning("engine rank %d lost (%s); it leaves the load statistics", action.dp_rank,
                                 action.reason)

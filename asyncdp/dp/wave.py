@@ -78,6 +78,7 @@ class Teardown:
 class MarkDead:
     dp_rank: int
     reason: str
+    orderly: bool = False  # it said Goodbye: its node stopped it in order, nothing was lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +150,7 @@ class WaveMachine:
             self.torn_down = True
             reason = f"rank {ev.dp_rank} shut down" if ev.orderly else ev.reason
             return [Teardown(reason, ev.dp_rank, ev.orderly)]
-        return [MarkDead(ev.dp_rank, ev.reason)]
+        return [MarkDead(ev.dp_rank, ev.reason, ev.orderly)]
 
     def revive(self, dp_rank: int) -> bool:
         """Dense: a dead rank's engine subscribed again (its node was restarted, spec §13); False, changing

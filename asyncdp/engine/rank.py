@@ -180,7 +180,8 @@ class EngineRank:
                 if self.lockstep is not None:
                     await self.lockstep.run()
                 else:
-                    await self._loop()
+                    await self._loop()  # (it ends only in an orderly stop, drained: the coordinator hears so)
+                    await self.send_coordinator(m.Goodbye(dp_rank=self.cfg.dp_rank))
                 self._loop_done = True
                 await self.links.flush()  # orderly end: the last outputs still reach the clients
                 tg.cancel_scope.cancel()

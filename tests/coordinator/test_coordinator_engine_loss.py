@@ -204,3 +204,21 @@ async def test_dense_engine_closing_while_serving_is_a_warning_that_it_was_lost(
         await h.done.wait()
     lost = [r for r in caplog.records if "engine rank 0 lost" in r.getMessage()]
     assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+
+
+@pytest.mark.trio
+async def test_a_dense_engine_that_says_goodbye_left_in_order_and_is_logged_at_info_not_as_lost(autojump_clock,
+                                                                                              caplog):
+    """A dense rank its own node stopped in order (a headless or hybrid node's SIGTERM) says ``Goodbye`` before its
+    link closes: a departure at INFO. The coordinator used to log WARNING "engine rank 1 lost" for it."""
+    caplog.set_level(logging.INFO, logger="asyncdp.coordinator.core")
+    async with coordinator(DENSE2) as h:
+        e0, e1 = await h.engines(2)
+        await e1.send(Goodbye(dp_rank=1))
+        await e1.close()
+        await trio.sleep(1)
+        assert not h.done.is_set() and e0.eof_at is None  # the other rank serves on
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert (logging.INFO, "engine rank 1 left in order (its node is stopping); it leaves the load statistics") \
+        in messages, messages
+    assert not [m for level, m in messages if level >= logging.WARNING], messages

@@ -126,4 +126,5 @@ async def test_a_hybrid_node_stopped_on_its_own_signal_is_a_stop_at_the_head_not
         log = hd.log()
         assert "is stopping (a signal to the node)" in log and "stopped in order" in log, dep.logs()
         assert "lost the hybrid node" not in log and "lost the" not in log, dep.logs()
+        assert "engine rank 2 left in order" in log and "engine rank 2 lost" not in log, dep.logs()
         dep.stop()

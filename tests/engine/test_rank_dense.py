@@ -314,3 +314,20 @@ async def test_an_unknown_inbox_item_is_a_protocol_error_and_a_stray_link_messag
         rank.close()
         for link in [*client.links.values(), *client.engine_ends.values(), client.coord, client.coord_end]:
             await link.aclose()
+
+
+@pytest.mark.trio
+async def test_a_dense_rank_stopped_in_order_says_goodbye_to_the_coordinator(autojump_clock):
+    """Once drained, the rank's last word to the coordinator is ``Goodbye``: its departure is no loss there."""
+    async with open_rank(with_coordinator=True, shutdown_timeout_s=5.0) as (rank, client, coord, outcome, ended):
+        done = await client.add(0, "r", max_tokens=3)
+        await done.done.wait()
+        rank.request_shutdown()
+        with trio.fail_after(30):
+            await ended.wait()
+        said = []
+        with trio.move_on_after(1):
+            while True:
+                said.append(await coord.receive())
+    assert outcome == [None]
+    assert [type(msg).__name__ for msg in said if not isinstance(msg, m.RankStats | m.Heartbeat)] == ["Goodbye"]
