@@ -18,6 +18,7 @@ Theory of operation (spec §2, §3, §4.1):
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -109,6 +110,11 @@ class EngineConfig:
              "one of auto, float32, bfloat16, float16", self.dtype)
         need(self.device in ("auto", "cpu", "cuda"), "--device", "one of auto, cpu, cuda", self.device)
         need(self.torch_threads is None or self.torch_threads >= 1, "--torch-threads", ">= 1", self.torch_threads)
+        cost = self.sim_cost  # SimCostProfile.parse checks the flag's text; a profile built in Python is checked here
+        need(isinstance(cost, SimCostProfile) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf
+            for v in dataclasses.astuple(cost)), "sim_cost (--sim-cost)",
+             "a SimCostProfile of non-negative finite numbers (ms)", cost)
         return self
 
 
