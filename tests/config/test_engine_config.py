@@ -35,3 +35,21 @@ async def test_the_simulation_harness_refuses_a_negative_sim_cost():
     with pytest.raises(ConfigError, match="sim_cost"):
         async with open_sim_cluster(dp_size=1, engine_config=config):
             pass
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("max_num_seqs", "8", r"max_num_seqs \(--max-num-seqs\) must be int \(got '8'\)"),
+    ("max_num_seqs", 8.0, r"max_num_seqs \(--max-num-seqs\) must be int"),
+    ("block_size", True, r"block_size \(--block-size\) must be int"),
+    ("max_model_len", "64", r"max_model_len \(--max-model-len\) must be int or None"),
+    ("enable_prefix_caching", 1, r"enable_prefix_caching \(--enable-prefix-caching\) must be bool"),
+    ("tokenizer", 5, r"tokenizer \(--tokenizer\) must be str or None"),
+])
+def test_a_value_of_the_wrong_type_is_refused_naming_the_keyword(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(**{field: value}).validate()
+
+
+def test_values_of_the_right_types_are_accepted():
+    config = EngineConfig(max_num_seqs=8, max_model_len=None, tokenizer=None, enable_prefix_caching=False)
+    assert config.validate() is config

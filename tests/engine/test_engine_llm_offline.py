@@ -117,3 +117,8 @@ def test_text_of_a_completion_matches_decoding_its_tokens(fake_model):
     out = llm.generate("hi", SamplingParams(max_tokens=40))[0].outputs[0]
     assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True) == "h\u00e9llo w\u00f6rld \u20ac!"
     assert out.finish_reason == "stop"
+
+
+def test_an_engine_argument_of_the_wrong_type_is_a_config_error_naming_the_keyword(fake_model):
+    with pytest.raises(ConfigError, match=r"max_num_seqs \(--max-num-seqs\) must be int \(got '8'\)"):
+        LLM("builtin:fake", executor="sim", max_num_seqs="8")
