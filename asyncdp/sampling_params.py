@@ -219,6 +219,10 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     grammar: str | None = None
     param: str | None = None
 
+    def __post_init__(self) -> None:  # vLLM takes a list of choices; the struct keeps a tuple
+        if isinstance(self.choice, list):
+            msgspec.structs.force_setattr(self, "choice", tuple(self.choice))
+
     def kind(self) -> tuple[str, str]:
         """(field name, its text) of the one field set; InvalidSamplingParams when none or several are."""
         given = [(name, value) for name, value in (
@@ -233,6 +237,10 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
 
     def validate(self) -> None:
         """Check that exactly one field is set and that the grammar library compiles it (cached by text)."""
+        if not isinstance(self.choice, tuple) or not all(isinstance(c, str) for c in self.choice):
+            raise InvalidSamplingParams(  # a str would be read as its characters: choice="yes" allows y, e or s
+                f"structured.choice must be a list or tuple of strings, got {self.choice!r}.",
+                field="structured.choice")
         name, text = self.kind()
         if name == "json_schema":
             schema = load_schema(text, "structured.json_schema")
@@ -271,6 +279,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     # A grammar the output must follow (JSON schema, regex, choice, Lark); None: unconstrained.
     structured: StructuredOutputs | None = None
 
+    def __post_init__(self) -> None:
+        # vLLM's shapes: stop="x" is one stop string (never its characters), lists are kept as tuples.
+        if isinstance(self.stop, str):
+            msgspec.structs.force_setattr(self, "stop", (self.stop,))
+        elif isinstance(self.stop, list):
+            msgspec.structs.force_setattr(self, "stop", tuple(self.stop))
+        if isinstance(self.stop_token_ids, list):
+            msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
+
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
@@ -300,8 +317,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             raise bad("logprobs", f"in [0, {MAX_LOGPROBS}]", self.logprobs)
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
             raise bad("prompt_logprobs", f"in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
-        if any(not s for s in self.stop):
-            raise bad("stop", "non-empty strings", list(self.stop))
+        if not isinstance(self.stop, tuple) or any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", "a string or a list of non-empty strings", self.stop)
         if any(not 0 <= t <= MAX_INT32 for t in self.stop_token_ids):
             raise bad("stop_token_ids", f"token ids in [0, {MAX_INT32}]", list(self.stop_token_ids))
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
