@@ -37,3 +37,45 @@ def test_a_choice_given_as_one_string_is_refused_naming_the_field():
 
 def test_a_choice_list_is_kept_as_a_tuple():
     assert StructuredOutputs(choice=["yes", "no"]).choice == ("yes", "no")
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("temperature", "0.5", r"temperature must be a number, got '0.5'"),
+    ("temperature", True, r"temperature must be a number, got True"),
+    ("top_p", None, r"top_p must be a number"),
+    ("max_tokens", 2.5, r"max_tokens must be an integer or None, got 2.5"),  # refused, never rounded
+    ("max_tokens", True, r"max_tokens must be an integer or None, got True"),
+    ("n", 2.0, r"n must be an integer, got 2.0"),
+    ("seed", "1", r"seed must be an integer or None"),
+    ("logprobs", False, r"logprobs must be an integer or None"),
+    ("ignore_eos", 1, r"ignore_eos must be a bool"),
+    ("stop_token_ids", (1.5,), r"stop_token_ids must be a list of integer token ids"),
+    ("logit_bias", {"5": 10.0}, r"logit_bias must be a dict \{token_id: bias\}"),
+    ("logit_bias", {5: "10"}, r"logit_bias must be a dict \{token_id: bias\}"),
+    ("structured", {"regex": "a"}, r"structured must be a StructuredOutputs or None"),
+])
+def test_a_value_of_the_wrong_type_is_refused_naming_the_field(field, value, message):
+    with pytest.raises(InvalidSamplingParams, match=message) as err:
+        SamplingParams(**{field: value}).validate()
+    assert err.value.field == field
+
+
+def test_logit_bias_as_vllms_dict_becomes_sorted_pairs():
+    params = SamplingParams(logit_bias={7: -1.0, 5: 10}).validate()
+    assert params.logit_bias == ((5, 10), (7, -1.0))
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams).logit_bias == params.logit_bias
+
+
+def test_a_json_schema_dict_is_serialised_as_vllms_json_argument():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    structured = StructuredOutputs(json_schema=schema)
+    assert structured.json_schema == '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [({"json_schema": {"a": {1, 2}}}, "structured.json_schema"),
+                                               ({"regex": 5}, "structured.regex"),
+                                               ({"json_object": "yes"}, "structured.json_object")])
+def test_a_structured_field_of_the_wrong_type_is_refused_naming_it(kwargs, field):
+    with pytest.raises(InvalidSamplingParams, match=f"{field} must be") as err:
+        SamplingParams(structured=StructuredOutputs(**kwargs)).validate()
+    assert err.value.field == field
