@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Sequence
+import reprlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from asyncdp.config.flags import EngineConfig
@@ -24,12 +25,52 @@ from asyncdp.sampling_params import SamplingParams
 PromptType = str | list[int] | dict[str, Any]
 
 
-def _normalize_prompts(prompts: Any) -> list[PromptType]:
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
-        return [list(prompts)]
-    return list(prompts)
+_ACCEPTED = ("a string, a list of token ids (Python ints), a dict with 'prompt' (a string) or 'prompt_token_ids' "
+             "(a list of token ids), or a list of these")
+
+
+def _is_token_ids(value: object) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _check_prompt(prompt: object, where: str) -> PromptType:
+    """``prompt`` as ``_tokenize`` takes it, or InvalidRequestError naming what is accepted (never bytes read as
+    token ids, never a TypeError deep in the tokenizer or the detokenizer)."""
+    if isinstance(prompt, str):
+        return prompt
+    if _is_token_ids(prompt):
+        return list(prompt)  # type: ignore[call-overload]
+    if isinstance(prompt, dict) and (
+            _is_token_ids(prompt["prompt_token_ids"]) and isinstance(prompt.get("prompt"), str | None)
+            if "prompt_token_ids" in prompt else isinstance(prompt.get("prompt"), str)):
+        return prompt
+    raise InvalidRequestError(f"{where} must be {_ACCEPTED}; got {type(prompt).__name__} {reprlib.repr(prompt)}.",
+                              field="prompts")
+
+
+def _normalize_prompts(prompts: object) -> list[PromptType]:
+    if isinstance(prompts, str | dict) or (_is_token_ids(prompts) and prompts):
+        return [_check_prompt(prompts, "prompts")]
+    if isinstance(prompts, bytes | bytearray | memoryview) or not isinstance(prompts, Iterable):
+        raise InvalidRequestError(f"prompts must be {_ACCEPTED}; got {type(prompts).__name__} "
+                                  f"{reprlib.repr(prompts)}.", field="prompts")
+    return [_check_prompt(prompt, f"prompts[{i}]") for i, prompt in enumerate(prompts)]
+
+
+def _params_list(sampling_params: object, count: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * count
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * count
+    if not isinstance(sampling_params, list | tuple) or not all(
+            isinstance(p, SamplingParams) for p in sampling_params):
+        raise InvalidRequestError(
+            "sampling_params must be a SamplingParams, a list of them (one per prompt) or None; got "
+            f"{type(sampling_params).__name__} {reprlib.repr(sampling_params)}.", field="sampling_params")
+    if len(sampling_params) != count:
+        raise InvalidRequestError(
+            f"got {len(sampling_params)} sampling params for {count} prompts", field="sampling_params")
+    return list(sampling_params)
 
 
 class LLM:
@@ -74,15 +115,7 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         items = _normalize_prompts(prompts)
-        if sampling_params is None:
-            params_list = [SamplingParams()] * len(items)
-        elif isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(items)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(items):
-                raise InvalidRequestError(
-                    f"got {len(params_list)} sampling params for {len(items)} prompts", field="sampling_params")
+        params_list = _params_list(sampling_params, len(items))
         core = self.llm_engine
         results: list[RequestOutput] = []
         children: dict[str, tuple[CompletionOutput, RequestOutput]] = {}

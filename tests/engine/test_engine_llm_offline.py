@@ -7,12 +7,13 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from engine_testing import EOS_ID, VOCAB_SIZE, ScriptedExecutor, make_byte_tokenizer
 
 from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import build_engine_core
-from asyncdp.errors import ConfigError, InvalidSamplingParams, ModelNotFoundError
+from asyncdp.errors import ConfigError, InvalidRequestError, InvalidSamplingParams, ModelNotFoundError
 from asyncdp.llm import LLM
 from asyncdp.sampling_params import SamplingParams
 
@@ -122,3 +123,32 @@ def test_text_of_a_completion_matches_decoding_its_tokens(fake_model):
 def test_an_engine_argument_of_the_wrong_type_is_a_config_error_naming_the_keyword(fake_model):
     with pytest.raises(ConfigError, match=r"max_num_seqs \(--max-num-seqs\) must be int \(got '8'\)"):
         LLM("builtin:fake", executor="sim", max_num_seqs="8")
+
+
+@pytest.mark.parametrize(("prompts", "where"), [
+    (None, "prompts"), (5, "prompts"), (b"hi", "prompts"), ([b"hi"], r"prompts\[0\]"),
+    (np.array([104, 105]), r"prompts\[0\]"), ({"text": "hi"}, "prompts"), ({"prompt": 5}, "prompts"),
+    ({"prompt_token_ids": "hi"}, "prompts"), ([[104, 105], [1.5, 2.0]], r"prompts\[1\]"), ([[True]], r"prompts\[0\]"),
+])
+def test_a_prompt_of_an_unaccepted_type_is_refused_at_the_boundary(fake_model, prompts, where):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    with pytest.raises(InvalidRequestError, match=f"^{where} must be a string, a list of token ids") as err:
+        llm.generate(prompts, SamplingParams(max_tokens=2))
+    assert err.value.field == "prompts"
+    assert not llm.llm_engine.has_unfinished()
+
+
+def test_sampling_params_of_an_unaccepted_type_are_refused_naming_the_argument(fake_model):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    for bad in ({"max_tokens": 3}, [SamplingParams(), {"max_tokens": 3}]):
+        with pytest.raises(InvalidRequestError, match="sampling_params must be a SamplingParams") as err:
+            llm.generate(["a", "b"], bad)
+        assert err.value.field == "sampling_params"
+
+
+def test_accepted_prompt_forms_still_generate(fake_model):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    params = SamplingParams(max_tokens=2)
+    outs = llm.generate(({"prompt_token_ids": (104, 105)}, {"prompt": "hi"}, (104,)), params)
+    assert [o.prompt_token_ids for o in outs] == [[104, 105], list(b"hi"), [104]]
+    assert len(llm.generate((p for p in ["a", "b"]), params)) == 2 and llm.generate([], params) == []
