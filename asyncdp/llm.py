@@ -18,7 +18,7 @@ from typing import Any
 
 from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import EngineCore, build_engine_core
-from asyncdp.errors import InvalidRequestError
+from asyncdp.errors import InvalidRequestError, ShuttingDownError
 from asyncdp.outputs import CompletionOutput, RequestOutput
 from asyncdp.sampling_params import SamplingParams
 
@@ -79,6 +79,7 @@ class LLM:
         self.llm_engine: EngineCore = self._build(config)
         self.tokenizer = self.llm_engine.tokenizer
         self._counter = itertools.count()
+        self._shut_down = False
 
     @staticmethod
     def _build(config: EngineConfig) -> EngineCore:
@@ -91,6 +92,7 @@ class LLM:
         self.llm_engine = core
         self.tokenizer = core.tokenizer
         self._counter = itertools.count()
+        self._shut_down = False
         return self
 
     def get_tokenizer(self) -> Any:
@@ -114,6 +116,8 @@ class LLM:
         *,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
+        if self._shut_down:  # its executor is gone: stepping would fail deep in the model
+            raise ShuttingDownError("this LLM is shut down (shutdown() or its with block ended); create a new LLM.")
         items = _normalize_prompts(prompts)
         params_list = _params_list(sampling_params, len(items))
         core = self.llm_engine
@@ -179,7 +183,10 @@ class LLM:
             bar.close()
 
     def shutdown(self) -> None:
-        self.llm_engine.shutdown()
+        """Release the engine; idempotent. ``generate`` then raises ``ShuttingDownError``."""
+        if not self._shut_down:
+            self._shut_down = True
+            self.llm_engine.shutdown()
 
     def __enter__(self) -> LLM:
         return self

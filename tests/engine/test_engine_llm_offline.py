@@ -13,7 +13,13 @@ from engine_testing import EOS_ID, VOCAB_SIZE, ScriptedExecutor, make_byte_token
 
 from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import build_engine_core
-from asyncdp.errors import ConfigError, InvalidRequestError, InvalidSamplingParams, ModelNotFoundError
+from asyncdp.errors import (
+    ConfigError,
+    InvalidRequestError,
+    InvalidSamplingParams,
+    ModelNotFoundError,
+    ShuttingDownError,
+)
 from asyncdp.llm import LLM
 from asyncdp.sampling_params import SamplingParams
 
@@ -152,3 +158,16 @@ def test_accepted_prompt_forms_still_generate(fake_model):
     outs = llm.generate(({"prompt_token_ids": (104, 105)}, {"prompt": "hi"}, (104,)), params)
     assert [o.prompt_token_ids for o in outs] == [[104, 105], list(b"hi"), [104]]
     assert len(llm.generate((p for p in ["a", "b"]), params)) == 2 and llm.generate([], params) == []
+
+
+def test_an_llm_used_after_shutdown_says_it_is_shut_down(fake_model):
+    with LLM("builtin:fake", num_kv_blocks=128) as llm:  # the fake torch executor records its shutdown
+        assert llm.generate("hi", SamplingParams(max_tokens=2))[0].finished
+    assert fake_model[0].shut_down
+    with pytest.raises(ShuttingDownError, match="this LLM is shut down"):
+        llm.generate("hi", SamplingParams(max_tokens=2))
+    llm.shutdown()  # idempotent
+    other = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    other.shutdown()
+    with pytest.raises(ShuttingDownError, match="this LLM is shut down"):
+        other.generate([[104]])
