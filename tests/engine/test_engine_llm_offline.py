@@ -18,6 +18,7 @@ from asyncdp.errors import (
     InvalidRequestError,
     InvalidSamplingParams,
     ModelNotFoundError,
+    PromptTooLongError,
     ShuttingDownError,
 )
 from asyncdp.llm import LLM
@@ -171,3 +172,12 @@ def test_an_llm_used_after_shutdown_says_it_is_shut_down(fake_model):
     other.shutdown()
     with pytest.raises(ShuttingDownError, match="this LLM is shut down"):
         other.generate([[104]])
+
+
+@pytest.mark.parametrize("prompts", ["", [[]], {"prompt_token_ids": []}])
+def test_an_empty_prompt_is_an_invalid_request_not_a_prompt_too_long(fake_model, prompts):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    with pytest.raises(InvalidRequestError, match="at least one token") as err:
+        llm.generate(prompts, SamplingParams(max_tokens=2))
+    assert not isinstance(err.value, PromptTooLongError) and err.value.field == "prompt"
+    assert not llm.llm_engine.has_unfinished()
