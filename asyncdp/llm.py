@@ -1,8 +1,9 @@
 """Offline batch inference in vLLM's shape: ``LLM(model, **engine_args).generate(prompts, params)``.
 
 One in-process ``EngineCore`` (no DP, no processes). ``generate`` adds every prompt (``n > 1`` fans out into
-``n`` sub-requests, with ``seed + k`` when a seed is set), steps the core until all finish, and returns one
-cumulative ``asyncdp.outputs.RequestOutput`` per prompt, in prompt order. If stepping raises (or is
+``n`` sub-requests, with ``seed + k`` when a seed is set, wrapped into 64 bits as the HTTP API's samples:
+``sample_seed``), steps the core until all finish, and returns one cumulative ``asyncdp.outputs.RequestOutput``
+per prompt, in prompt order. If stepping raises (or is
 interrupted), the outstanding requests are aborted so the engine stays usable. A request the engine ends with an
 error (its grammar failed mid-generation) raises ``InvalidRequestError`` naming its field the same way: no
 output cut short is returned as if complete.
@@ -20,7 +21,7 @@ from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import EngineCore, build_engine_core
 from asyncdp.errors import InvalidRequestError, ShuttingDownError
 from asyncdp.outputs import CompletionOutput, RequestOutput
-from asyncdp.sampling_params import SamplingParams
+from asyncdp.sampling_params import SamplingParams, sample_seed
 
 PromptType = str | list[int] | dict[str, Any]
 
@@ -198,8 +199,7 @@ class LLM:
 def _child_params(params: SamplingParams, k: int) -> SamplingParams:
     import msgspec
 
-    seed = None if params.seed is None else params.seed + k
-    return msgspec.structs.replace(params, n=1, seed=seed)
+    return msgspec.structs.replace(params, n=1, seed=sample_seed(params.seed, k))  # as the HTTP API's samples
 
 
 def _progress_bar(total: int) -> Any:

@@ -60,6 +60,12 @@ PROBE_STEPS = 16
 MAX_SCHEMA_DEPTH = 128
 
 
+def sample_seed(seed: int | None, index: int) -> int | None:
+    """Sample ``index``'s seed (HTTP ``n``/``best_of``, offline ``n``): ``seed + index``, wrapped into 64 bits."""
+    child = None if seed is None else seed + index
+    return child - 2**64 if child is not None and child >= 2**64 else child
+
+
 def json_depth(value: Any) -> int:
     """How deeply ``value`` (decoded JSON: dicts, lists, scalars) nests; 0 for a scalar. Iterative, so a value
     nested deeper than the interpreter's recursion limit is measured, not a RecursionError."""
@@ -306,10 +312,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 
     def __post_init__(self) -> None:
         # vLLM's shapes: stop="x" is one stop string (never its characters), lists are kept as tuples.
-        if isinstance(self.stop, str):
-            msgspec.structs.force_setattr(self, "stop", (self.stop,))
-        elif isinstance(self.stop, list):
-            msgspec.structs.force_setattr(self, "stop", tuple(self.stop))
+        if isinstance(self.stop, str | list):
+            msgspec.structs.force_setattr(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         if isinstance(self.stop_token_ids, list):
             msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
         if isinstance(self.logit_bias, dict):  # vLLM's {token_id: bias}; the struct keeps sorted pairs
@@ -371,8 +375,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         return self
 
     def _check_types(self, bad: Any) -> None:
-        """Each field's type (before the ranges compare them): ints are no floats, numbers no strings, and a
-        bool is neither (True is no count); ``stop`` is checked with its range."""
+        """Each field's type, before the ranges compare them (a bool is no number; ``stop``: with its range)."""
         for name in _INT_FIELDS:
             value = getattr(self, name)
             if not (_is_int(value) or value is None and name in _OPTIONAL):

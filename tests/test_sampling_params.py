@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from asyncdp.errors import InvalidSamplingParams
-from asyncdp.sampling_params import SamplingParams, StructuredOutputs
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs, sample_seed
 
 
 def test_a_stop_string_is_one_stop_string_not_its_characters():
@@ -79,3 +79,11 @@ def test_a_structured_field_of_the_wrong_type_is_refused_naming_it(kwargs, field
     with pytest.raises(InvalidSamplingParams, match=f"{field} must be") as err:
         SamplingParams(structured=StructuredOutputs(**kwargs)).validate()
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(("seed", "index", "expected"), [
+    (None, 3, None), (5, 0, 5), (5, 2, 7), (2**64 - 1, 1, 0), (2**64 - 2, 3, 1), (-(2**63), 1, -(2**63) + 1)])
+def test_sample_seeds_are_seed_plus_index_wrapped_into_64_bits(seed, index, expected):
+    assert sample_seed(seed, index) == expected
+    if expected is not None:
+        SamplingParams(seed=expected).validate()

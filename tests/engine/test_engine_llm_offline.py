@@ -181,3 +181,10 @@ def test_an_empty_prompt_is_an_invalid_request_not_a_prompt_too_long(fake_model,
         llm.generate(prompts, SamplingParams(max_tokens=2))
     assert not isinstance(err.value, PromptTooLongError) and err.value.field == "prompt"
     assert not llm.llm_engine.has_unfinished()
+
+
+def test_n_samples_of_the_largest_seed_wrap_into_64_bits_as_the_http_api_does(fake_model):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)  # the sim executor's tokens follow the seed
+    out = llm.generate("hi", SamplingParams(n=2, seed=2**64 - 1, max_tokens=4))[0].outputs
+    alone = [llm.generate("hi", SamplingParams(seed=seed, max_tokens=4))[0].outputs[0] for seed in (2**64 - 1, 0)]
+    assert [c.token_ids for c in out] == [c.token_ids for c in alone]
