@@ -1,8 +1,9 @@
 """Offline batch inference in vLLM's shape: ``LLM(model, **engine_args).generate(prompts, params)``.
 
 One in-process ``EngineCore`` (no DP, no processes). ``generate`` adds every prompt (``n > 1`` fans out into
-``n`` sub-requests, with ``seed + k`` when a seed is set), steps the core until all finish, and returns one
-cumulative ``asyncdp.outputs.RequestOutput`` per prompt, in prompt order. If stepping raises (or is
+``n`` sub-requests, with ``seed + k`` when a seed is set, wrapped into 64 bits as the HTTP API's samples:
+``sample_seed``), steps the core until all finish, and returns one cumulative ``asyncdp.outputs.RequestOutput``
+per prompt, in prompt order. If stepping raises (or is
 interrupted), the outstanding requests are aborted so the engine stays usable. A request the engine ends with an
 error (its grammar failed mid-generation) raises ``InvalidRequestError`` naming its field the same way: no
 output cut short is returned as if complete.
@@ -12,24 +13,65 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Sequence
+import reprlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import EngineCore, build_engine_core
-from asyncdp.errors import InvalidRequestError
+from asyncdp.errors import InvalidRequestError, ShuttingDownError
 from asyncdp.outputs import CompletionOutput, RequestOutput
-from asyncdp.sampling_params import SamplingParams
+from asyncdp.sampling_params import SamplingParams, sample_seed
 
 PromptType = str | list[int] | dict[str, Any]
 
 
-def _normalize_prompts(prompts: Any) -> list[PromptType]:
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
-        return [list(prompts)]
-    return list(prompts)
+_ACCEPTED = ("a string, a list of token ids (Python ints), a dict with 'prompt' (a string) or 'prompt_token_ids' "
+             "(a list of token ids), or a list of these")
+
+
+def _is_token_ids(value: object) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _check_prompt(prompt: object, where: str) -> PromptType:
+    """``prompt`` as ``_tokenize`` takes it, or InvalidRequestError naming what is accepted (never bytes read as
+    token ids, never a TypeError deep in the tokenizer or the detokenizer)."""
+    if isinstance(prompt, str):
+        return prompt
+    if _is_token_ids(prompt):
+        return list(prompt)  # type: ignore[call-overload]
+    if isinstance(prompt, dict) and (
+            _is_token_ids(prompt["prompt_token_ids"]) and isinstance(prompt.get("prompt"), str | None)
+            if "prompt_token_ids" in prompt else isinstance(prompt.get("prompt"), str)):
+        return prompt
+    raise InvalidRequestError(f"{where} must be {_ACCEPTED}; got {type(prompt).__name__} {reprlib.repr(prompt)}.",
+                              field="prompts")
+
+
+def _normalize_prompts(prompts: object) -> list[PromptType]:
+    if isinstance(prompts, str | dict) or (_is_token_ids(prompts) and prompts):
+        return [_check_prompt(prompts, "prompts")]
+    if isinstance(prompts, bytes | bytearray | memoryview) or not isinstance(prompts, Iterable):
+        raise InvalidRequestError(f"prompts must be {_ACCEPTED}; got {type(prompts).__name__} "
+                                  f"{reprlib.repr(prompts)}.", field="prompts")
+    return [_check_prompt(prompt, f"prompts[{i}]") for i, prompt in enumerate(prompts)]
+
+
+def _params_list(sampling_params: object, count: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * count
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * count
+    if not isinstance(sampling_params, list | tuple) or not all(
+            isinstance(p, SamplingParams) for p in sampling_params):
+        raise InvalidRequestError(
+            "sampling_params must be a SamplingParams, a list of them (one per prompt) or None; got "
+            f"{type(sampling_params).__name__} {reprlib.repr(sampling_params)}.", field="sampling_params")
+    if len(sampling_params) != count:
+        raise InvalidRequestError(
+            f"got {len(sampling_params)} sampling params for {count} prompts", field="sampling_params")
+    return list(sampling_params)
 
 
 class LLM:
@@ -38,6 +80,7 @@ class LLM:
         self.llm_engine: EngineCore = self._build(config)
         self.tokenizer = self.llm_engine.tokenizer
         self._counter = itertools.count()
+        self._shut_down = False
 
     @staticmethod
     def _build(config: EngineConfig) -> EngineCore:
@@ -50,6 +93,7 @@ class LLM:
         self.llm_engine = core
         self.tokenizer = core.tokenizer
         self._counter = itertools.count()
+        self._shut_down = False
         return self
 
     def get_tokenizer(self) -> Any:
@@ -73,16 +117,10 @@ class LLM:
         *,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
+        if self._shut_down:  # its executor is gone: stepping would fail deep in the model
+            raise ShuttingDownError("this LLM is shut down (shutdown() or its with block ended); create a new LLM.")
         items = _normalize_prompts(prompts)
-        if sampling_params is None:
-            params_list = [SamplingParams()] * len(items)
-        elif isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(items)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(items):
-                raise InvalidRequestError(
-                    f"got {len(params_list)} sampling params for {len(items)} prompts", field="sampling_params")
+        params_list = _params_list(sampling_params, len(items))
         core = self.llm_engine
         results: list[RequestOutput] = []
         children: dict[str, tuple[CompletionOutput, RequestOutput]] = {}
@@ -146,7 +184,10 @@ class LLM:
             bar.close()
 
     def shutdown(self) -> None:
-        self.llm_engine.shutdown()
+        """Release the engine; idempotent. ``generate`` then raises ``ShuttingDownError``."""
+        if not self._shut_down:
+            self._shut_down = True
+            self.llm_engine.shutdown()
 
     def __enter__(self) -> LLM:
         return self
@@ -158,8 +199,7 @@ class LLM:
 def _child_params(params: SamplingParams, k: int) -> SamplingParams:
     import msgspec
 
-    seed = None if params.seed is None else params.seed + k
-    return msgspec.structs.replace(params, n=1, seed=seed)
+    return msgspec.structs.replace(params, n=1, seed=sample_seed(params.seed, k))  # as the HTTP API's samples
 
 
 def _progress_bar(total: int) -> Any:

@@ -20,6 +20,7 @@ many tokens) still fails in the engine, which ends the request with an error, ne
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -57,6 +58,12 @@ PROBE_STEPS = 16
 # checking first, without recursion, keeps Python's ``json`` (recursive, bounded by the interpreter's recursion
 # limit like the request decoder) from ever seeing a deeper value.
 MAX_SCHEMA_DEPTH = 128
+
+
+def sample_seed(seed: int | None, index: int) -> int | None:
+    """Sample ``index``'s seed (HTTP ``n``/``best_of``, offline ``n``): ``seed + index``, wrapped into 64 bits."""
+    child = None if seed is None else seed + index
+    return child - 2**64 if child is not None and child >= 2**64 else child
 
 
 def json_depth(value: Any) -> int:
@@ -204,7 +211,7 @@ def check_grammar(kind: str, text: str) -> str:
 class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Constrain the output to a grammar (vLLM's ``StructuredOutputsParams``): set exactly one field.
 
-    ``json_schema`` is a JSON schema as a JSON string (``response_format`` ``json_schema``, ``guided_json``);
+    ``json_schema`` is a JSON schema as a JSON string, or a dict (serialised, as vLLM's ``json=``);
     ``json_object`` any JSON object (``response_format`` ``json_object``); ``regex`` a regular expression (Rust
     ``regex`` syntax); ``choice`` one of these strings exactly; ``grammar`` a Lark grammar (or llama.cpp GBNF).
     The engine masks every other token out, and the request finishes with ``stop`` once the grammar is complete.
@@ -218,6 +225,13 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     choice: tuple[str, ...] = ()
     grammar: str | None = None
     param: str | None = None
+
+    def __post_init__(self) -> None:  # vLLM's shapes: a list of choices, a schema as a dict (its ``json=``)
+        if isinstance(self.choice, list):
+            msgspec.structs.force_setattr(self, "choice", tuple(self.choice))
+        if isinstance(self.json_schema, dict) and json_depth(self.json_schema) <= MAX_SCHEMA_DEPTH:
+            with contextlib.suppress(TypeError, ValueError):  # not JSON: left for validate() to refuse
+                msgspec.structs.force_setattr(self, "json_schema", json.dumps(self.json_schema))
 
     def kind(self) -> tuple[str, str]:
         """(field name, its text) of the one field set; InvalidSamplingParams when none or several are."""
@@ -233,6 +247,18 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
 
     def validate(self) -> None:
         """Check that exactly one field is set and that the grammar library compiles it (cached by text)."""
+        for name in ("json_schema", "regex", "grammar", "param"):
+            if not isinstance(getattr(self, name), str | None):
+                raise InvalidSamplingParams(f"structured.{name} must be a string"
+                                            f"{' or a dict of JSON values' if name == 'json_schema' else ''}, got "
+                                            f"{type(getattr(self, name)).__name__}.", field=f"structured.{name}")
+        if not isinstance(self.json_object, bool):
+            raise InvalidSamplingParams(f"structured.json_object must be a bool, got {self.json_object!r}.",
+                                        field="structured.json_object")
+        if not isinstance(self.choice, tuple) or not all(isinstance(c, str) for c in self.choice):
+            raise InvalidSamplingParams(  # a str would be read as its characters: choice="yes" allows y, e or s
+                f"structured.choice must be a list or tuple of strings, got {self.choice!r}.",
+                field="structured.choice")
         name, text = self.kind()
         if name == "json_schema":
             schema = load_schema(text, "structured.json_schema")
@@ -242,6 +268,19 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
         error = check_grammar(name, text)
         if error:
             raise refuse_grammar(name, error)
+
+
+_INT_FIELDS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs")
+_OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+_NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -266,10 +305,21 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    # (token_id, bias) pairs added to the logits before sampling, sorted by token id, ids unique.
+    # (token_id, bias) pairs added to the logits before sampling, sorted by token id, ids unique (a dict: sorted).
     logit_bias: tuple[tuple[int, float], ...] = ()
     # A grammar the output must follow (JSON schema, regex, choice, Lark); None: unconstrained.
     structured: StructuredOutputs | None = None
+
+    def __post_init__(self) -> None:
+        # vLLM's shapes: stop="x" is one stop string (never its characters), lists are kept as tuples.
+        if isinstance(self.stop, str | list):
+            msgspec.structs.force_setattr(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        if isinstance(self.stop_token_ids, list):
+            msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.logit_bias, dict):  # vLLM's {token_id: bias}; the struct keeps sorted pairs
+            pairs = self.logit_bias.items()
+            if all(_is_int(t) for t, _ in pairs):
+                msgspec.structs.force_setattr(self, "logit_bias", tuple(sorted(pairs)))
 
     @property
     def greedy(self) -> bool:
@@ -280,6 +330,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         def bad(field: str, allowed: str, value: object) -> InvalidSamplingParams:
             return InvalidSamplingParams(f"{field} must be {allowed}, got {value!r}.", field=field)
 
+        self._check_types(bad)
         if not 1 <= self.n <= MAX_N:
             raise bad("n", f"in [1, {MAX_N}]", self.n)
         if not 0.0 <= self.temperature < math.inf:  # also catches NaN
@@ -300,8 +351,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             raise bad("logprobs", f"in [0, {MAX_LOGPROBS}]", self.logprobs)
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
             raise bad("prompt_logprobs", f"in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
-        if any(not s for s in self.stop):
-            raise bad("stop", "non-empty strings", list(self.stop))
+        if not isinstance(self.stop, tuple) or any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", "a string or a list of non-empty strings", self.stop)
         if any(not 0 <= t <= MAX_INT32 for t in self.stop_token_ids):
             raise bad("stop_token_ids", f"token ids in [0, {MAX_INT32}]", list(self.stop_token_ids))
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
@@ -322,6 +373,26 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         if self.structured is not None:
             self.structured.validate()
         return self
+
+    def _check_types(self, bad: Any) -> None:
+        """Each field's type, before the ranges compare them (a bool is no number; ``stop``: with its range)."""
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if not (_is_int(value) or value is None and name in _OPTIONAL):
+                raise bad(name, "an integer" + (" or None" if name in _OPTIONAL else ""), value)
+        for name in _NUMBER_FIELDS:
+            if not _is_number(getattr(self, name)):
+                raise bad(name, "a number", getattr(self, name))
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "a bool", getattr(self, name))
+        if not isinstance(self.stop_token_ids, tuple) or not all(map(_is_int, self.stop_token_ids)):
+            raise bad("stop_token_ids", "a list of integer token ids", self.stop_token_ids)
+        if not isinstance(self.logit_bias, tuple) or not all(
+                isinstance(p, tuple) and len(p) == 2 and _is_int(p[0]) and _is_number(p[1]) for p in self.logit_bias):
+            raise bad("logit_bias", "a dict {token_id: bias} of integer ids and numbers", self.logit_bias)
+        if not isinstance(self.structured, StructuredOutputs | None):
+            raise bad("structured", "a StructuredOutputs or None", self.structured)
 
     @property
     def has_penalties(self) -> bool:

@@ -29,9 +29,7 @@ from asyncdp.api.request_close import on_close
 from asyncdp.api.sse import DONE, sse
 from asyncdp.errors import HTTPError, InvalidRequestError, ShuttingDownError
 from asyncdp.messages import RequestOutput
-from asyncdp.sampling_params import SamplingParams
-
-_SEED_SPACE = 2**64
+from asyncdp.sampling_params import SamplingParams, sample_seed
 
 
 def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, field: str = "max_tokens",
@@ -81,10 +79,7 @@ def sequences(base_id: str, prompt_ids: list[list[int]], params: SamplingParams,
             if per_prompt == 1:  # the sequence's params are the request's (seed + 0); frozen, so shared safely
                 one = params
             else:
-                seed = None if params.seed is None else params.seed + i
-                if seed is not None and seed >= _SEED_SPACE:
-                    seed -= _SEED_SPACE  # stay a 64-bit integer; still a function of (seed, i)
-                one = msgspec.structs.replace(params, n=1, seed=seed)
+                one = msgspec.structs.replace(params, n=1, seed=sample_seed(params.seed, i))
             seqs.append(Sequence(p * per_prompt + i, f"{base_id}-{p}-{i}", ids, one))
     return seqs
 

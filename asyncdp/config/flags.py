@@ -18,6 +18,7 @@ Theory of operation (spec §2, §3, §4.1):
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,6 +69,14 @@ class SimCostProfile:
         return cls(*values)
 
 
+# EngineConfig's annotations (strings, under ``from __future__ import annotations``) -> the type its value must have.
+_FIELD_TYPES: dict[str, type] = {"int": int, "int | None": int, "bool": bool, "str": str, "str | None": str}
+
+
+def _is(kind: type, value: object) -> bool:
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))  # True is no count
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Everything one rank's engine core needs. Shared by the offline ``LLM`` and the engine process."""
@@ -96,6 +105,13 @@ class EngineConfig:
             if not cond:
                 raise ConfigError(f"{flag} must be {allowed} (got {value!r}).")
 
+        for field in dataclasses.fields(self):  # LLM(**engine_args) passes Python values: types first
+            kind = _FIELD_TYPES.get(str(field.type))
+            value = getattr(self, field.name)
+            if kind is not None and not (value is None and "None" in str(field.type) or _is(kind, value)):
+                flag = "--" + field.name.replace("_", "-")
+                raise ConfigError(f"{field.name} ({flag}) must be {kind.__name__}"
+                                  f"{' or None' if 'None' in str(field.type) else ''} (got {value!r}).")
         need(self.max_num_seqs >= 1, "--max-num-seqs", ">= 1", self.max_num_seqs)
         need(self.max_num_batched_tokens >= 1, "--max-num-batched-tokens", ">= 1", self.max_num_batched_tokens)
         need(self.max_model_len is None or self.max_model_len >= 2, "--max-model-len", ">= 2", self.max_model_len)
@@ -109,6 +125,11 @@ class EngineConfig:
              "one of auto, float32, bfloat16, float16", self.dtype)
         need(self.device in ("auto", "cpu", "cuda"), "--device", "one of auto, cpu, cuda", self.device)
         need(self.torch_threads is None or self.torch_threads >= 1, "--torch-threads", ">= 1", self.torch_threads)
+        cost = self.sim_cost  # SimCostProfile.parse checks the flag's text; a profile built in Python is checked here
+        need(isinstance(cost, SimCostProfile) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf
+            for v in dataclasses.astuple(cost)), "sim_cost (--sim-cost)",
+             "a SimCostProfile of non-negative finite numbers (ms)", cost)
         return self
 
 

@@ -117,7 +117,7 @@ class EngineCore:
         params.validate()
         n = len(prompt_token_ids)
         if n == 0:
-            raise PromptTooLongError("The prompt must contain at least one token.", field="prompt")
+            raise InvalidRequestError("The prompt must contain at least one token.", field="prompt")  # not too long
         if n >= self.max_model_len:
             raise PromptTooLongError(
                 f"The prompt has {n} tokens; with at least one generated token it exceeds max_model_len "

@@ -147,9 +147,10 @@ def test_first_output_reports_the_prefix_cache_hit():
     assert (out.num_prompt_tokens, out.num_cached_tokens) == (10, 8)
 
 
-def test_empty_prompt_is_rejected():
-    with pytest.raises(PromptTooLongError, match="at least one token"):
+def test_empty_prompt_is_rejected_as_an_invalid_request_not_a_too_long_one():
+    with pytest.raises(InvalidRequestError, match="at least one token") as err:
         sim_core().add_request("a", [], SamplingParams())
+    assert not isinstance(err.value, PromptTooLongError) and err.value.field == "prompt"
 
 
 def test_prompt_too_long_names_max_model_len():

@@ -7,12 +7,20 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from engine_testing import EOS_ID, VOCAB_SIZE, ScriptedExecutor, make_byte_tokenizer
 
 from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import build_engine_core
-from asyncdp.errors import ConfigError, InvalidSamplingParams, ModelNotFoundError
+from asyncdp.errors import (
+    ConfigError,
+    InvalidRequestError,
+    InvalidSamplingParams,
+    ModelNotFoundError,
+    PromptTooLongError,
+    ShuttingDownError,
+)
 from asyncdp.llm import LLM
 from asyncdp.sampling_params import SamplingParams
 
@@ -117,3 +125,66 @@ def test_text_of_a_completion_matches_decoding_its_tokens(fake_model):
     out = llm.generate("hi", SamplingParams(max_tokens=40))[0].outputs[0]
     assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True) == "h\u00e9llo w\u00f6rld \u20ac!"
     assert out.finish_reason == "stop"
+
+
+def test_an_engine_argument_of_the_wrong_type_is_a_config_error_naming_the_keyword(fake_model):
+    with pytest.raises(ConfigError, match=r"max_num_seqs \(--max-num-seqs\) must be int \(got '8'\)"):
+        LLM("builtin:fake", executor="sim", max_num_seqs="8")
+
+
+@pytest.mark.parametrize(("prompts", "where"), [
+    (None, "prompts"), (5, "prompts"), (b"hi", "prompts"), ([b"hi"], r"prompts\[0\]"),
+    (np.array([104, 105]), r"prompts\[0\]"), ({"text": "hi"}, "prompts"), ({"prompt": 5}, "prompts"),
+    ({"prompt_token_ids": "hi"}, "prompts"), ([[104, 105], [1.5, 2.0]], r"prompts\[1\]"), ([[True]], r"prompts\[0\]"),
+])
+def test_a_prompt_of_an_unaccepted_type_is_refused_at_the_boundary(fake_model, prompts, where):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    with pytest.raises(InvalidRequestError, match=f"^{where} must be a string, a list of token ids") as err:
+        llm.generate(prompts, SamplingParams(max_tokens=2))
+    assert err.value.field == "prompts"
+    assert not llm.llm_engine.has_unfinished()
+
+
+def test_sampling_params_of_an_unaccepted_type_are_refused_naming_the_argument(fake_model):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    for bad in ({"max_tokens": 3}, [SamplingParams(), {"max_tokens": 3}]):
+        with pytest.raises(InvalidRequestError, match="sampling_params must be a SamplingParams") as err:
+            llm.generate(["a", "b"], bad)
+        assert err.value.field == "sampling_params"
+
+
+def test_accepted_prompt_forms_still_generate(fake_model):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    params = SamplingParams(max_tokens=2)
+    outs = llm.generate(({"prompt_token_ids": (104, 105)}, {"prompt": "hi"}, (104,)), params)
+    assert [o.prompt_token_ids for o in outs] == [[104, 105], list(b"hi"), [104]]
+    assert len(llm.generate((p for p in ["a", "b"]), params)) == 2 and llm.generate([], params) == []
+
+
+def test_an_llm_used_after_shutdown_says_it_is_shut_down(fake_model):
+    with LLM("builtin:fake", num_kv_blocks=128) as llm:  # the fake torch executor records its shutdown
+        assert llm.generate("hi", SamplingParams(max_tokens=2))[0].finished
+    assert fake_model[0].shut_down
+    with pytest.raises(ShuttingDownError, match="this LLM is shut down"):
+        llm.generate("hi", SamplingParams(max_tokens=2))
+    llm.shutdown()  # idempotent
+    other = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    other.shutdown()
+    with pytest.raises(ShuttingDownError, match="this LLM is shut down"):
+        other.generate([[104]])
+
+
+@pytest.mark.parametrize("prompts", ["", [[]], {"prompt_token_ids": []}])
+def test_an_empty_prompt_is_an_invalid_request_not_a_prompt_too_long(fake_model, prompts):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)
+    with pytest.raises(InvalidRequestError, match="at least one token") as err:
+        llm.generate(prompts, SamplingParams(max_tokens=2))
+    assert not isinstance(err.value, PromptTooLongError) and err.value.field == "prompt"
+    assert not llm.llm_engine.has_unfinished()
+
+
+def test_n_samples_of_the_largest_seed_wrap_into_64_bits_as_the_http_api_does(fake_model):
+    llm = LLM("builtin:fake", executor="sim", num_kv_blocks=128)  # the sim executor's tokens follow the seed
+    out = llm.generate("hi", SamplingParams(n=2, seed=2**64 - 1, max_tokens=4))[0].outputs
+    alone = [llm.generate("hi", SamplingParams(seed=seed, max_tokens=4))[0].outputs[0] for seed in (2**64 - 1, 0)]
+    assert [c.token_ids for c in out] == [c.token_ids for c in alone]
