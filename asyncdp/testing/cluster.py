@@ -66,6 +66,7 @@ from asyncdp.engine.rank_links import OUTBOX_SIZE
 from asyncdp.engine.sim_executor import TokenSource
 from asyncdp.errors import AsyncDPError, ConfigError, leaf_exceptions
 from asyncdp.sampling_params import SamplingParams
+from asyncdp.testing.cluster_args import check_unique_ids
 from asyncdp.testing.cluster_links import ClusterLinks
 from asyncdp.testing.links import LINK_BUFFER, MemoryLinkListener, SimLink
 from asyncdp.testing.sim import SimCoordinator, SimRankExecutor, SimRequest, stream_rng
@@ -151,12 +152,14 @@ class SimCluster:
         """Run requests concurrently, each sent ``delay_s`` after the call; per request id its deltas or its
         ``AsyncDPError``, in the given order.
 
-        Ids are assigned in the given order before anything runs. One dispatcher sends the requests in
+        Ids are assigned in the given order before anything runs; a batch that names one id twice (given, or
+        given and generated) is refused with ``ValueError`` before any request is sent. One dispatcher sends the requests in
         (``delay_s``, position) order and waits until each one's rank is chosen before sending the next, so
         requests due at the same instant are routed in a fixed order, not in trio's scheduling order.
         """
         jobs = [(r, r.request_id if r.request_id is not None else self.next_request_id(r.client_index))
                 for r in requests]
+        check_unique_ids(rid for _, rid in jobs)
         results: dict[str, list[m.RequestOutput] | Exception] = {}
 
         async def one(req: SimRequest, rid: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:
