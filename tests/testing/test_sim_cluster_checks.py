@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+from asyncdp.errors import ConfigError
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import SimRequest, open_sim_cluster
 
@@ -32,3 +33,40 @@ async def test_complete_all_refuses_a_generated_id_given_explicitly_too(autojump
             with pytest.raises(ValueError, match="'c0-0'"):
                 await cluster.complete_all([SimRequest(0, [1], P), SimRequest(0, [2], P, request_id="c0-0")])
             assert cluster.routed == {}
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("index", [-1, 1, 5])
+async def test_client_index_out_of_range_is_refused(autojump_clock, index):
+    with trio.fail_after(DEADLINE_S):
+        async with open_sim_cluster(dp_size=2, num_clients=1) as cluster:
+            with pytest.raises(ValueError, match=r"client_index.*0 \.\. 0"):
+                await cluster.complete(index, [1, 2], P)
+            with pytest.raises(ValueError, match=r"client_index.*0 \.\. 0"):
+                await cluster.complete_all([SimRequest(0, [1], P), SimRequest(index, [1], P)])
+            assert cluster.routed == {}
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("rank", [-1, 2, 7])
+async def test_rank_index_out_of_range_is_refused(autojump_clock, rank):
+    with trio.fail_after(DEADLINE_S):
+        async with open_sim_cluster(dp_size=2, num_clients=1) as cluster:
+            with pytest.raises(ValueError, match=r"dp_rank.*0 \.\. 1"):
+                await cluster.kill_rank(rank)
+            with pytest.raises(ValueError, match=r"dp_rank.*0 \.\. 1"):
+                await cluster.crash_rank(rank)
+            assert cluster.rank_errors == {}
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"dp_size": "2"}, "dp_size"), ({"dp_size": 0}, "dp_size"), ({"num_clients": 1.0}, "num_clients"),
+    ({"dp_size": True}, "dp_size"), ({"max_model_len": 0}, "max_model_len"), ({"max_model_len": 1}, "max_model_len"),
+    ({"vocab_size": 0}, "vocab_size"),
+])
+async def test_open_sim_cluster_checks_its_arguments(autojump_clock, kwargs, name):
+    with trio.fail_after(DEADLINE_S):
+        with pytest.raises(ConfigError, match=name):
+            async with open_sim_cluster(**kwargs):
+                pass
