@@ -30,7 +30,7 @@ it reported finished (``finished_counts()``). Nothing in the production roles ch
 
 Faults: :meth:`SimCluster.kill_rank` cancels a rank and closes its links (a SIGKILL: peers see EOF);
 :meth:`SimCluster.crash_rank` makes its next step raise, so the rank runs its real death path and sends
-``EngineDead`` to every peer. A dead rank's error is kept in ``rank_errors``; the rest of the cluster serves on.
+``EngineDead`` to every peer (a rank with no work takes no step: it is refused at once). A dead rank's error is kept in ``rank_errors``; the rest of the cluster serves on.
 :meth:`SimCluster.stall_client` makes a client stop reading (with a small ``client_outbox_size`` the ranks
 then cut its links; :meth:`SimCluster.wait_link_cut`).
 
@@ -201,9 +201,25 @@ class SimCluster:
 
     async def crash_rank(self, dp_rank: int, reason: str = "injected fault") -> None:
         """Make the rank's next step raise :class:`InjectedFault`; returns once it is dead and every client has
-        dropped it. The rank must have work (a step must run) for this to return."""
-        self._executors[check_index("dp_rank", dp_rank, self.dp_size)].fail_reason = reason
-        await self._rank_done[dp_rank].wait()
+        dropped it.
+
+        The rank must have work now (a request it can schedule, or on MoE a running wave): an idle rank takes no
+        step, so the fault would never fire (heartbeats keep virtual time moving: no stall is detected) and would
+        stay armed for a later request. Such a call raises ``RuntimeError`` at once, the rank untouched; wait
+        until the rank has work (e.g. :meth:`complete_all` in a task, then a short virtual sleep). If the call is
+        cancelled before the rank died, the fault is disarmed."""
+        executor = self._executors[check_index("dp_rank", dp_rank, self.dp_size)]
+        rank = self.ranks[dp_rank]
+        wave = rank.lockstep is not None and rank.lockstep.state.engines_running
+        if not self._rank_done[dp_rank].is_set() and not (wave or rank.core.scheduler.has_steppable_work()):
+            raise RuntimeError(f"crash_rank: rank {dp_rank} has no work, so it takes no step and the fault would "
+                               "never fire; give it a request first")
+        executor.fail_reason = reason
+        try:
+            await self._rank_done[dp_rank].wait()
+        finally:
+            if not self._rank_done[dp_rank].is_set():
+                executor.fail_reason = None  # cancelled before it fired: a later request must not die of it
         await self._wait_released(dp_rank)
 
     async def _wait_released(self, dp_rank: int) -> None:

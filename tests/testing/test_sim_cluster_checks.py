@@ -70,3 +70,32 @@ async def test_open_sim_cluster_checks_its_arguments(autojump_clock, kwargs, nam
         with pytest.raises(ConfigError, match=name):
             async with open_sim_cluster(**kwargs):
                 pass
+
+
+@pytest.mark.trio
+async def test_crash_rank_on_an_idle_rank_fails_fast_and_leaves_it_serving(autojump_clock):
+    with trio.fail_after(DEADLINE_S):
+        async with open_sim_cluster(dp_size=1, num_clients=1) as cluster:
+            t0 = trio.current_time()
+            with pytest.raises(RuntimeError, match="rank 0 has no work"):
+                await cluster.crash_rank(0)
+            assert trio.current_time() == t0  # refused at once, not after waiting
+            outs = await cluster.complete(0, [1, 2], P)  # the fault was not left armed
+            assert outs[-1].finish_reason == "length" and cluster.rank_errors == {}
+
+
+@pytest.mark.trio
+async def test_crash_rank_cancelled_disarms_the_fault(autojump_clock):
+    with trio.fail_after(DEADLINE_S):
+        async with open_sim_cluster(dp_size=1, num_clients=1) as cluster:
+            long = SamplingParams(max_tokens=2000, ignore_eos=True)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cluster.complete, 0, [1, 2], long)
+                await trio.sleep(0.05)  # virtual: the request is decoding
+                with trio.CancelScope() as scope:
+                    scope.cancel()
+                    await cluster.crash_rank(0)
+                nursery.cancel_scope.cancel()
+            await cluster.wait_idle(timeout_s=30)
+            outs = await cluster.complete(0, [1, 2], P)
+            assert outs[-1].finish_reason == "length" and cluster.rank_errors == {}
