@@ -62,7 +62,7 @@ from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.engine.rank import EngineRank
 from asyncdp.engine.rank_links import OUTBOX_SIZE
 from asyncdp.engine.sim_executor import TokenSource
-from asyncdp.errors import AsyncDPError, ConfigError, leaf_exceptions
+from asyncdp.errors import AsyncDPError, ConfigError, leaf_exceptions, unwrap_sole_error
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing.cluster_args import check_count, check_index, check_unique_ids
 from asyncdp.testing.cluster_links import ClusterLinks
@@ -344,21 +344,17 @@ async def open_sim_cluster(
     cluster = SimCluster(dp_size=dp_size, num_clients=num_clients, codec=codec, link_buffer=link_buffer)
     ranks = tuple(range(dp_size))
     try:
-        async with anyio.create_task_group() as tg:
-            try:
-                await start_cluster(cluster, tg, engine_config, vocab_size, max_model_len, eos_token_ids, tokenizer,
-                                    lb_policy, coordinator_config if with_coordinator else None, ranks,
-                                    heartbeat_interval_s, heartbeat_timeout_s, moe, client_outbox_size, token_source,
-                                    lb_seed)
-                yield cluster
-            finally:
-                for client in cluster.clients:
-                    client.begin_shutdown()
-                tg.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        leaves = leaf_exceptions(group)
-        if len(leaves) == 1 and isinstance(leaves[0], Exception):
-            raise leaves[0] from None
-        raise
+        with unwrap_sole_error():
+            async with anyio.create_task_group() as tg:
+                try:
+                    await start_cluster(cluster, tg, engine_config, vocab_size, max_model_len, eos_token_ids,
+                                        tokenizer, lb_policy, coordinator_config if with_coordinator else None,
+                                        ranks, heartbeat_interval_s, heartbeat_timeout_s, moe, client_outbox_size,
+                                        token_source, lb_seed)
+                    yield cluster
+                finally:
+                    for client in cluster.clients:
+                        client.begin_shutdown()
+                    tg.cancel_scope.cancel()
     finally:
         cluster._close_everything()

@@ -10,7 +10,7 @@ import trio
 
 from asyncdp.errors import ConfigError
 from asyncdp.sampling_params import SamplingParams
-from asyncdp.testing import SimRequest, open_sim_cluster
+from asyncdp.testing import SimRequest, open_rank_cluster, open_sim_cluster
 
 P = SamplingParams(max_tokens=3, ignore_eos=True)
 DEADLINE_S = 60.0
@@ -99,3 +99,19 @@ async def test_crash_rank_cancelled_disarms_the_fault(autojump_clock):
             await cluster.wait_idle(timeout_s=30)
             outs = await cluster.complete(0, [1, 2], P)
             assert outs[-1].finish_reason == "length" and cluster.rank_errors == {}
+
+
+@pytest.mark.trio
+async def test_open_sim_cluster_reraises_the_bodys_error_as_is(autojump_clock):
+    with trio.fail_after(DEADLINE_S):
+        with pytest.raises(KeyError, match="mine"):
+            async with open_sim_cluster(dp_size=2, num_clients=1):
+                raise KeyError("mine")
+
+
+@pytest.mark.trio
+async def test_open_rank_cluster_reraises_the_bodys_error_as_is(autojump_clock):
+    with trio.fail_after(DEADLINE_S):
+        with pytest.raises(KeyError, match="mine"):
+            async with open_rank_cluster(2):
+                raise KeyError("mine")
