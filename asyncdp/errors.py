@@ -25,13 +25,16 @@
      └── HTTPError                   an error the HTTP layer decides itself (bad body, auth, size), with a status
 
 Helpers: :func:`leaf_exceptions` flattens an exception group (nested groups included) into its leaves, for the
-roles that report the one meaningful error of a failed task group.
+roles that report the one meaningful error of a failed task group; :func:`unwrap_sole_error` re-raises a group
+whose one leaf is an ``Exception`` as that leaf (the simulation harnesses' context managers use it).
 
 The mapping from these to HTTP status codes and OpenAI error JSON lives in one place: ``asyncdp.api.errors``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 
@@ -180,3 +183,17 @@ def leaf_exceptions(exc: BaseException) -> list[BaseException]:
     for sub in exc.exceptions:
         out.extend(leaf_exceptions(sub))
     return out
+
+
+@contextmanager
+def unwrap_sole_error() -> Iterator[None]:
+    """Meanwhile, an exception group with exactly one leaf, an ``Exception``, is re-raised as that leaf (so a
+    test's ``pytest.raises`` sees the error its body raised, not a task group's wrapping); any other group
+    propagates as it is."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = leaf_exceptions(group)
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0] from None
+        raise

@@ -21,7 +21,7 @@ each rank's lockstep state.
 
 Startup mirrors the process roles: the coordinator accepts links; every rank subscribes to it and waits for
 ``CoordinatorReady``, then sends ``EngineReady`` to every client; the context manager yields once every client
-saw every rank ready and, with a coordinator, got its welcome snapshot.
+saw every rank ready and, with a coordinator, got its welcome snapshot (:mod:`asyncdp.testing.cluster_start`).
 
 Observation without mocks: every link end is a :class:`SimLink` wired by
 :class:`~asyncdp.testing.cluster_links.ClusterLinks`, which records per client the virtual time of every
@@ -30,7 +30,7 @@ it reported finished (``finished_counts()``). Nothing in the production roles ch
 
 Faults: :meth:`SimCluster.kill_rank` cancels a rank and closes its links (a SIGKILL: peers see EOF);
 :meth:`SimCluster.crash_rank` makes its next step raise, so the rank runs its real death path and sends
-``EngineDead`` to every peer. A dead rank's error is kept in ``rank_errors``; the rest of the cluster serves on.
+``EngineDead`` to every peer (a rank with no work takes no step: it is refused at once). A dead rank's error is kept in ``rank_errors``; the rest of the cluster serves on.
 :meth:`SimCluster.stall_client` makes a client stop reading (with a small ``client_outbox_size`` the ranks
 then cut its links; :meth:`SimCluster.wait_link_cut`).
 
@@ -56,20 +56,19 @@ import anyio
 import anyio.abc
 
 from asyncdp import messages as m
-from asyncdp.apiserver.client import ClientConfig, DPClient
+from asyncdp.apiserver.client import DPClient
 from asyncdp.config.flags import EngineConfig, SimCostProfile
 from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
-from asyncdp.engine.core import EngineCore
-from asyncdp.engine.dp_group import MemoryDPGroup
-from asyncdp.engine.rank import EngineRank, RankConfig
+from asyncdp.engine.rank import EngineRank
 from asyncdp.engine.rank_links import OUTBOX_SIZE
 from asyncdp.engine.sim_executor import TokenSource
-from asyncdp.errors import AsyncDPError, ConfigError, leaf_exceptions
+from asyncdp.errors import AsyncDPError, ConfigError, leaf_exceptions, unwrap_sole_error
 from asyncdp.sampling_params import SamplingParams
+from asyncdp.testing.cluster_args import check_count, check_index, check_unique_ids
 from asyncdp.testing.cluster_links import ClusterLinks
-from asyncdp.testing.links import LINK_BUFFER, MemoryLinkListener, SimLink
-from asyncdp.testing.sim import SimCoordinator, SimRankExecutor, SimRequest, stream_rng
-from asyncdp.transport import Link
+from asyncdp.testing.cluster_start import start_cluster
+from asyncdp.testing.links import LINK_BUFFER, MemoryLinkListener, SimLink  # noqa: F401 - re-exported
+from asyncdp.testing.sim import SimCoordinator, SimRankExecutor, SimRequest
 
 DEFAULT_VOCAB_SIZE = 32_000
 DEFAULT_SIM_COST = SimCostProfile(a_ms=5.0, b_ms_per_token=0.02, c_ms_per_seq=0.01, d_ms_per_kv_token=1e-5)
@@ -136,13 +135,14 @@ class SimCluster:
     # ------------------------------------------------------------------ requests
 
     def next_request_id(self, client_index: int) -> str:
-        n = self._request_counters[client_index]
+        n = self._request_counters[check_index("client_index", client_index, self.num_clients)]
         self._request_counters[client_index] = n + 1
         return f"c{client_index}-{n}"
 
     async def complete(self, client_index: int, prompt_token_ids: list[int], params: SamplingParams, *,
                        request_id: str | None = None) -> list[m.RequestOutput]:
         """Send one request through client ``client_index`` and return all its output deltas."""
+        check_index("client_index", client_index, self.num_clients)
         rid = request_id if request_id is not None else self.next_request_id(client_index)
         async with aclosing(self.clients[client_index].generate(rid, list(prompt_token_ids), params)) as gen:
             return [out async for out in gen]
@@ -151,12 +151,18 @@ class SimCluster:
         """Run requests concurrently, each sent ``delay_s`` after the call; per request id its deltas or its
         ``AsyncDPError``, in the given order.
 
-        Ids are assigned in the given order before anything runs. One dispatcher sends the requests in
-        (``delay_s``, position) order and waits until each one's rank is chosen before sending the next, so
-        requests due at the same instant are routed in a fixed order, not in trio's scheduling order.
+        Ids are assigned in the given order before anything runs; a batch that names one id twice (given, or
+        given and generated), or a client index out of range, is refused with ``ValueError`` before any request
+        is sent. One dispatcher sends the requests in (``delay_s``, position) order and waits until each one's
+        rank is chosen before sending the next, so requests due at the same instant are routed in a fixed order,
+        not in trio's scheduling order.
         """
+        requests = list(requests)
+        for r in requests:
+            check_index("client_index", r.client_index, self.num_clients)
         jobs = [(r, r.request_id if r.request_id is not None else self.next_request_id(r.client_index))
                 for r in requests]
+        check_unique_ids(rid for _, rid in jobs)
         results: dict[str, list[m.RequestOutput] | Exception] = {}
 
         async def one(req: SimRequest, rid: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -188,15 +194,32 @@ class SimCluster:
     async def kill_rank(self, dp_rank: int) -> None:
         """Stop a rank abruptly (cancel it, close its links, as SIGKILL would); returns once every client has
         dropped it from its balancer."""
+        check_index("dp_rank", dp_rank, self.dp_size)
         self._rank_scopes[dp_rank].cancel()
         self.wiring.close_rank(dp_rank)
         await self._wait_released(dp_rank)
 
     async def crash_rank(self, dp_rank: int, reason: str = "injected fault") -> None:
         """Make the rank's next step raise :class:`InjectedFault`; returns once it is dead and every client has
-        dropped it. The rank must have work (a step must run) for this to return."""
-        self._executors[dp_rank].fail_reason = reason
-        await self._rank_done[dp_rank].wait()
+        dropped it.
+
+        The rank must have work now (a request it can schedule, or on MoE a running wave): an idle rank takes no
+        step, so the fault would never fire (heartbeats keep virtual time moving: no stall is detected) and would
+        stay armed for a later request. Such a call raises ``RuntimeError`` at once, the rank untouched; wait
+        until the rank has work (e.g. :meth:`complete_all` in a task, then a short virtual sleep). If the call is
+        cancelled before the rank died, the fault is disarmed."""
+        executor = self._executors[check_index("dp_rank", dp_rank, self.dp_size)]
+        rank = self.ranks[dp_rank]
+        wave = rank.lockstep is not None and rank.lockstep.state.engines_running
+        if not self._rank_done[dp_rank].is_set() and not (wave or rank.core.scheduler.has_steppable_work()):
+            raise RuntimeError(f"crash_rank: rank {dp_rank} has no work, so it takes no step and the fault would "
+                               "never fire; give it a request first")
+        executor.fail_reason = reason
+        try:
+            await self._rank_done[dp_rank].wait()
+        finally:
+            if not self._rank_done[dp_rank].is_set():
+                executor.fail_reason = None  # cancelled before it fired: a later request must not die of it
         await self._wait_released(dp_rank)
 
     async def _wait_released(self, dp_rank: int) -> None:
@@ -206,14 +229,15 @@ class SimCluster:
     def stall_client(self, client_index: int) -> None:
         """Client ``client_index`` stops reading from every rank (its links' buffers, then the ranks' outboxes to
         it, fill up) until :meth:`unstall_client`; the other clients are unaffected."""
-        self.wiring.stall_client(client_index)
+        self.wiring.stall_client(check_index("client_index", client_index, self.num_clients))
 
     def unstall_client(self, client_index: int) -> None:
-        self.wiring.unstall_client(client_index)
+        self.wiring.unstall_client(check_index("client_index", client_index, self.num_clients))
 
     async def wait_link_cut(self, dp_rank: int, client_index: int) -> None:
         """Until rank ``dp_rank``'s end of its link to client ``client_index`` is closed (the rank cut it)."""
-        await self.wiring.rank_closed[dp_rank][client_index].wait()
+        check_index("client_index", client_index, self.num_clients)
+        await self.wiring.rank_closed[check_index("dp_rank", dp_rank, self.dp_size)][client_index].wait()
 
     # ------------------------------------------------------------------ wiring
 
@@ -298,13 +322,17 @@ async def open_sim_cluster(
     :meth:`SimCluster.stall_client`). ``token_source`` is handed to every rank's simulated executor (see
     :mod:`asyncdp.engine.sim_executor`: it picks each request's output tokens). ``lb_seed`` seeds client i's
     policy stream with ``stream_rng(lb_seed, "policy/{i}")`` (routing-bench §1.2); without it every client's
-    stream is seeded 0. See the module docstring for what the yielded :class:`SimCluster` offers.
+    stream is seeded 0. ``dp_size``, ``num_clients`` and ``vocab_size`` must be ints >= 1 and ``max_model_len``
+    >= 2, else :class:`ConfigError` names the argument; the cluster's methods refuse a client index or rank out of
+    range with ``ValueError``. See the module docstring for what the yielded :class:`SimCluster` offers.
     """
     if engine_config.executor != "sim":
         raise ConfigError(f"open_sim_cluster needs engine_config.executor='sim' (got {engine_config.executor!r}).")
     engine_config.validate()
-    if dp_size < 1 or num_clients < 1:
-        raise ConfigError(f"dp_size and num_clients must be >= 1 (got {dp_size} and {num_clients}).")
+    for name, value, minimum in (("dp_size", dp_size, 1), ("num_clients", num_clients, 1),
+                                 ("vocab_size", vocab_size, 1),
+                                 ("max_model_len", max_model_len, 2)):  # 2: a one-token prompt, one output
+        check_count(name, value, minimum)
     if coordinator_config is None:
         coordinator_config = CoordinatorConfig(dp_size=dp_size, wave_mode=is_moe,
                                                heartbeat_interval_s=heartbeat_interval_s,
@@ -316,82 +344,17 @@ async def open_sim_cluster(
     cluster = SimCluster(dp_size=dp_size, num_clients=num_clients, codec=codec, link_buffer=link_buffer)
     ranks = tuple(range(dp_size))
     try:
-        async with anyio.create_task_group() as tg:
-            try:
-                await _start(cluster, tg, engine_config, vocab_size, max_model_len, eos_token_ids, tokenizer,
-                             lb_policy, coordinator_config if with_coordinator else None, ranks,
-                             heartbeat_interval_s, heartbeat_timeout_s, moe, client_outbox_size, token_source,
-                             lb_seed)
-                yield cluster
-            finally:
-                for client in cluster.clients:
-                    client.begin_shutdown()
-                tg.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        leaves = leaf_exceptions(group)
-        if len(leaves) == 1 and isinstance(leaves[0], Exception):
-            raise leaves[0] from None
-        raise
+        with unwrap_sole_error():
+            async with anyio.create_task_group() as tg:
+                try:
+                    await start_cluster(cluster, tg, engine_config, vocab_size, max_model_len, eos_token_ids,
+                                        tokenizer, lb_policy, coordinator_config if with_coordinator else None,
+                                        ranks, heartbeat_interval_s, heartbeat_timeout_s, moe, client_outbox_size,
+                                        token_source, lb_seed)
+                    yield cluster
+                finally:
+                    for client in cluster.clients:
+                        client.begin_shutdown()
+                    tg.cancel_scope.cancel()
     finally:
         cluster._close_everything()
-
-
-async def _start(cluster: SimCluster, tg: anyio.abc.TaskGroup, engine_config: EngineConfig, vocab_size: int,
-                 max_model_len: int, eos_token_ids: Sequence[int], tokenizer: Any, lb_policy: str,
-                 coordinator_config: CoordinatorConfig | None, ranks: tuple[int, ...],
-                 heartbeat_interval_s: float, heartbeat_timeout_s: float, moe: tuple[int, str] | None,
-                 client_outbox_size: int, token_source: TokenSource | None = None,
-                 lb_seed: int | None = None) -> None:
-    dp_size, num_clients = cluster.dp_size, cluster.num_clients
-    if coordinator_config is not None:
-        cluster.coordinator = SimCoordinator(
-            coordinator_config, MemoryLinkListener(name="coord-engine", codec=cluster.codec),
-            MemoryLinkListener(name="coord-client", codec=cluster.codec), anyio.Event())
-        await tg.start(cluster._run_coordinator)
-
-    for ci in range(num_clients):
-        cfg = ClientConfig(client_index=ci, client_count=num_clients, managed_ranks=ranks, dp_size=dp_size,
-                           model_name="sim", max_model_len=max_model_len, lb_policy=lb_policy, is_moe=moe is not None,
-                           heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s,
-                           lb_seed=0 if lb_seed is None else stream_rng(lb_seed, f"policy/{ci}").getrandbits(64))
-        cluster.clients.append(DPClient(cfg, tokenizer))
-
-    rank_client_links: list[dict[int, Link]] = [{} for _ in ranks]
-    for r in ranks:
-        for ci, client in enumerate(cluster.clients):
-            rank_end, client_end = cluster.wiring.engine_pair(r, ci)
-            rank_client_links[r][ci] = rank_end
-            tg.start_soon(client.attach_engine, client_end)
-
-    coordinator_links: list[SimLink | None] = []
-    groups = MemoryDPGroup.create(dp_size) if moe is not None and dp_size > 1 else None
-    sync_interval, sync_cadence = moe if moe is not None else (32, "asyncdp")
-    for r in ranks:
-        executor = SimRankExecutor(engine_config, vocab_size, max_model_len=max_model_len,
-                                   avoid_token_ids=eos_token_ids, token_source=token_source)
-        cluster._executors.append(executor)
-        core = EngineCore(engine_config, executor, tokenizer, eos_token_ids=eos_token_ids,
-                          clock=anyio.current_time)
-        coord_link = cluster.coordinator.engine_listener.connect() if cluster.coordinator else None
-        if coord_link is not None:
-            cluster.wiring.add_rank_end(r, coord_link)
-        coordinator_links.append(coord_link)
-        rank_cfg = RankConfig(dp_rank=r, dp_size=dp_size, engine=engine_config, is_moe=moe is not None,
-                              heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s,
-                              sync_interval=sync_interval, sync_cadence=sync_cadence,
-                              client_outbox_size=client_outbox_size)
-        cluster.ranks.append(EngineRank(rank_cfg, core, rank_client_links[r], coord_link, inline_step=True,
-                                        dp_group=None if groups is None else groups[r]))
-    for r in ranks:
-        tg.start_soon(cluster._run_rank, r, coordinator_links[r])
-
-    for client in cluster.clients:
-        await client.wait_engines_ready()
-    if cluster.coordinator is not None:
-        for ci, client in enumerate(cluster.clients):
-            link = cluster.coordinator.client_listener.connect()
-            cluster.wiring.watch_snapshots(ci, link)
-            tg.start_soon(client.attach_coordinator, link)
-            await cluster.wiring.first_snapshot[ci].wait()  # the welcome snapshot: the client routes on counts
-
-

@@ -32,7 +32,7 @@ from asyncdp.engine.core import EngineCore
 from asyncdp.engine.dp_group import MemoryDPGroup
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.engine.sim_executor import SimExecutor
-from asyncdp.errors import leaf_exceptions
+from asyncdp.errors import leaf_exceptions, unwrap_sole_error
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing.links import MemoryLinkListener
 from asyncdp.transport import Link, memory_link_pair
@@ -247,7 +247,9 @@ async def open_rank_cluster(n: int = 2, *, sync_interval: int = 32, cadence: str
                             inline_step: bool = True, stopping: anyio.Event | None = None
                             ) -> AsyncIterator[RankCluster]:
     """Start the coordinator, ``n`` MoE ranks and client 0; yield once every rank runs. ``stopping`` is the
-    coordinator's "the deployment is stopping in order" event."""
+    coordinator's "the deployment is stopping in order" event. A single error of the body (or of one task) is
+    re-raised as itself, not inside an ``ExceptionGroup``, as :func:`~asyncdp.testing.cluster.open_sim_cluster`
+    does."""
     client = FakeRankClient(n)
     engine_listener = MemoryLinkListener(name="coordinator-engines")
     client_listener = MemoryLinkListener(name="coordinator-clients")
@@ -273,16 +275,17 @@ async def open_rank_cluster(n: int = 2, *, sync_interval: int = 32, cadence: str
     ccfg = CoordinatorConfig(dp_size=n, wave_mode=True, subscribe_timeout_s=30.0)
 
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(cluster._run_coordinator, ccfg, engine_listener, client_listener, stopping)
-            tg.start_soon(client.run)
-            for r in range(n):
-                cluster.ended[r] = anyio.Event()
-            async with anyio.create_task_group() as starting:
+        with unwrap_sole_error():  # as open_sim_cluster: the body's one error comes out as itself
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cluster._run_coordinator, ccfg, engine_listener, client_listener, stopping)
+                tg.start_soon(client.run)
                 for r in range(n):
-                    starting.start_soon(tg.start, cluster._run_rank, r)
-            yield cluster
-            tg.cancel_scope.cancel()
+                    cluster.ended[r] = anyio.Event()
+                async with anyio.create_task_group() as starting:
+                    for r in range(n):
+                        starting.start_soon(tg.start, cluster._run_rank, r)
+                yield cluster
+                tg.cancel_scope.cancel()
     finally:
         engine_listener.close()
         client_listener.close()
