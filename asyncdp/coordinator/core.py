@@ -31,11 +31,12 @@ Rejoin (dense): after startup, a ``Subscribe`` for a dead rank is a restarted no
 admitted it): it takes the rank's place from zero counts and gets ``CoordinatorReady``, once the lost engine's
 link is marked dead (a lost host: after the heartbeat timeout). A MoE group takes no member back.
 
-Engine loss: MoE - ``Teardown{reason, dead_rank}`` to the other engines, flushed for up to ``teardown_flush_s``,
+Engine loss: MoE - ``Teardown{reason, dead_rank}`` to the other engines (:mod:`asyncdp.coordinator.teardown`),
 then :func:`serve_coordinator` raises :class:`~asyncdp.errors.EngineDeadError` (the process exits 1); after a
 ``Goodbye`` (orderly departure) it returns normally instead. Dense - the rank is marked dead (after a ``Goodbye``,
-a rank its node stopped in order, logged as a departure, not a loss) and the coordinator keeps serving; it returns once every engine is gone, unless ranks live on other nodes (``ranks_can_return``) and
-the deployment is not stopping: a node restarted in place of a lost one can still bring them back.
+a rank its node stopped in order, logged as a departure, not a loss) and the coordinator keeps serving; it returns
+once every engine is gone, unless ranks live on other nodes (``ranks_can_return``) and the deployment is not
+stopping: a node restarted in place of a lost one can still bring them back.
 
 Links: anything with ``async send(msg)``, ``async receive()`` (raising ``anyio.EndOfStream`` at EOF) and
 ``async aclose()``. Listeners: anything with ``async serve(handler)`` that calls ``handler(link)`` per link
@@ -65,6 +66,7 @@ from asyncdp.coordinator.peers import (
     Listener,
     Peer,
 )
+from asyncdp.coordinator.teardown import tear_down
 from asyncdp.dp import wave as W
 from asyncdp.dp.prefix_directory import PrefixDirectory
 from asyncdp.dp.stats import Publication, StatsBook
@@ -87,7 +89,6 @@ from asyncdp.messages import (
     StartWaveRequest,
     StatsSnapshot,
     Subscribe,
-    Teardown,
     WaveComplete,
 )
 from asyncdp.transport.heartbeat import send_heartbeats
@@ -357,32 +358,11 @@ class Coordinator:
                              else "every engine rank is gone; the coordinator stops")
                     return True
             elif isinstance(action, W.Teardown):
-                await self._teardown(action)
+                await tear_down(action, self.engines, self.stopping, self.config)
                 if action.orderly:
                     return True
                 raise EngineDeadError(f"DP group torn down: {action.reason}")
         return False
-
-    async def _teardown(self, action: W.Teardown) -> None:
-        if action.orderly and not self.stopping.is_set():
-            # An engine said Goodbye: its node is stopping. When the whole group is being stopped, this node's own
-            # signal may be a moment behind; the teardown is orderly for the others if it arrives in time.
-            with anyio.move_on_after(self.config.peer_stop_grace_s):
-                await self.stopping.wait()
-        orderly = action.orderly and self.stopping.is_set()
-        if action.orderly and not orderly:
-            log.error("tearing down the DP group: %s, and this deployment was not asked to stop within %g s",
-                      action.reason, self.config.peer_stop_grace_s)
-        else:
-            log.log(logging.INFO if orderly else logging.ERROR, "tearing down the DP group: %s", action.reason)
-        msg = Teardown(reason=action.reason, dead_rank=action.dead_rank, orderly=orderly)
-        others = [p for r, p in self.engines.items() if r != action.dead_rank]
-        for peer in others:
-            peer.send_nowait(msg)
-            peer.close_outbox()
-        with anyio.move_on_after(self.config.teardown_flush_s):
-            for peer in others:
-                await peer.flushed.wait()
 
 
 async def serve_coordinator(config: CoordinatorConfig, engine_listener: Listener, client_listener: Listener, *,
