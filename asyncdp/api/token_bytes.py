@@ -17,21 +17,9 @@ from __future__ import annotations
 
 import codecs
 import weakref
-from functools import cache
 from typing import Any
 
-
-@cache
-def _unicode_to_byte() -> dict[str, int]:
-    """GPT-2's ``bytes_to_unicode`` table, inverted: printable bytes stand for themselves, the rest are 256+."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
+from asyncdp.model.byte_level import CHAR_TO_BYTE
 
 
 def _is_byte_level(tokenizer: Any) -> bool:
@@ -61,7 +49,7 @@ class TokenBytes:
             return self._added[token_id].encode("utf-8")
         if self._byte_level:
             piece = self._tokenizer.convert_ids_to_tokens(token_id)
-            table = _unicode_to_byte()
+            table = CHAR_TO_BYTE
             if isinstance(piece, str) and all(ch in table for ch in piece):
                 return bytes(table[ch] for ch in piece)
         return str(self._tokenizer.decode([token_id])).encode("utf-8")  # documented fallback

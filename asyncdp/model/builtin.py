@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncdp.errors import ModelNotFoundError
+from asyncdp.model.byte_level import BYTE_TO_CHAR
 
 log = logging.getLogger(__name__)
 
@@ -204,30 +205,15 @@ def _make_weights(config: dict[str, Any]) -> dict[str, Any]:
 
 def _tokenizer_json() -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
 
     # ByteLevel maps every byte to one printable unicode character; the vocabulary is those 256 characters in
     # byte order (so token id == byte value) and there are no merges: one token per byte.
-    alphabet = ByteLevel.alphabet()
-    byte_to_char = {}
-    for char in alphabet:
-        byte_to_char[_byte_of(char)] = char
-    vocab = {byte_to_char[b]: b for b in range(256)}
+    vocab = {BYTE_TO_CHAR[b]: b for b in range(256)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok.to_str(pretty=True)
-
-
-def _byte_of(char: str) -> int:
-    """Inverse of GPT-2's bytes_to_unicode for one character."""
-    code = ord(char)
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    if code in printable:
-        return code
-    others = [b for b in range(256) if b not in printable]
-    return others[code - 256]
 
 
 def write_checkpoint(name: str, dest: Path) -> Path:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from asyncdp.model.byte_level import BYTE_TO_CHAR
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -23,18 +25,9 @@ def _byte_alphabet() -> list[str]:
     # GPT-2's printable stand-ins for the 256 bytes, in byte order.
     from tokenizers import pre_tokenizers
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
-    mapping: dict[int, str] = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    if set(mapping.values()) != set(alphabet):
+    if set(BYTE_TO_CHAR) != set(pre_tokenizers.ByteLevel.alphabet()):
         raise RuntimeError("tokenizers changed its byte-level alphabet")
-    return [mapping[b] for b in range(256)]
+    return list(BYTE_TO_CHAR)
 
 
 @cache
