@@ -293,6 +293,26 @@ async def stream_completion(http: httpx.AsyncClient, started: anyio.Event, out: 
     out.append(("done", chunks, finish))
 
 
+async def wait_server_info(http: httpx.AsyncClient, dep: Deployment, what: str, want: list[str],
+                           timeout_s: float) -> dict:
+    """Poll ``http``'s /server_info until the states of its ``what`` (``managed_ranks``, or ``nodes`` in node
+    order) are ``want``; the document then. Fails the test (with every log) at the deadline or if a node exits."""
+    def states(info: dict) -> list[str]:
+        rows = info[what] if what != "nodes" else sorted(info["nodes"], key=lambda n: n["node"])
+        return [row["state"] for row in rows]
+
+    info: dict = {}
+    with anyio.move_on_after(timeout_s):
+        while True:
+            info = (await http.get("/server_info")).json()
+            if states(info) == want:
+                return info
+            if any(n.process.poll() is not None for n in dep.nodes):
+                pytest.fail(f"a node exited while waiting for {what} {want}\n{dep.logs()}")
+            await anyio.sleep(0.2)
+    pytest.fail(f"{what} not {want} within {timeout_s} s: {info.get(what)}\n{dep.logs()}")
+
+
 # ---------------------------------------------------------------------------------------------- layouts
 
 

@@ -32,6 +32,7 @@ from tests.e2e.multinode import (
     stream_completion,
     wait_code,
     wait_healthy,
+    wait_server_info,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -127,19 +128,6 @@ async def test_sigkilled_headless_node_leaves_the_balancer_and_the_head_keeps_se
         dep.stop()
 
 
-async def _rank_states(http: httpx.AsyncClient, want: list[str], timeout_s: float, dep: Deployment) -> dict:
-    """Poll the head's /server_info until its ranks' states are ``want``; the document then."""
-    with anyio.move_on_after(timeout_s):
-        while True:
-            info = (await http.get("/server_info")).json()
-            if [r["state"] for r in info["managed_ranks"]] == want:
-                return info
-            if any(n.process.poll() is not None for n in dep.nodes):
-                pytest.fail(f"a node exited while waiting for ranks {want}\n{dep.logs()}")
-            await anyio.sleep(0.2)
-    pytest.fail(f"ranks not {want} within {timeout_s} s: {info['managed_ranks']}\n{dep.logs()}")
-
-
 @pytest.mark.parametrize("how", ["sigkill", "sigterm"])
 async def test_a_headless_node_restarted_with_the_same_flags_takes_its_rank_back(tmp_path: Path, how: str) -> None:
     """Dense (spec §13: orchestrators restart a whole node): the node restarted in place of the one killed (or
@@ -157,12 +145,12 @@ async def test_a_headless_node_restarted_with_the_same_flags_takes_its_rank_back
                 await anyio.to_thread.run_sync(partial(hl.process.wait, timeout=30))
                 assert hl.process.returncode == 0, hl.log()[-4000:]
             dep.drop("headless")
-            await _rank_states(http, ["ready", "dead"], 15, dep)
+            await wait_server_info(http, dep, "managed_ranks", ["ready", "dead"], 15)
             started = time.monotonic()
             again = launch_node(HEADLESS, dep.rpc, tmp_path / "headless-again.log", dep.model)
             dep.nodes.append(again)  # stopped with the others at the end, and checked the same way
             dep.specs.append(HEADLESS)
-            info = await _rank_states(http, ["ready", "ready"], 90, dep)
+            info = await wait_server_info(http, dep, "managed_ranks", ["ready", "ready"], 90)
             took_s = time.monotonic() - started
             assert [n["state"] for n in sorted(info["nodes"], key=lambda n: n["node"])] == ["alive", "alive"]
             assert [p["pid"] for p in info["processes"] if p["role"] == "headless_launcher"] == [again.process.pid]

@@ -9,30 +9,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
 from openai import AsyncOpenAI
 
 from tests.e2e.conftest import MODEL
-from tests.e2e.multinode import Deployment, deployment, head, headless, kill_tree, launch_node
+from tests.e2e.multinode import deployment, head, headless, kill_tree, launch_node, wait_server_info
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 HEAD = head("-dp", "2", "-dpl", "0")
 NODE = headless("-dp", "2", "-dpl", "2")
-
-
-async def _ranks(http: httpx.AsyncClient, want: list[str], timeout_s: float, dep: Deployment) -> None:
-    with anyio.move_on_after(timeout_s):
-        while True:
-            info = (await http.get("/server_info")).json()
-            if [r["state"] for r in info["managed_ranks"]] == want:
-                return
-            if any(n.process.poll() is not None for n in dep.nodes):
-                pytest.fail(f"a node exited while waiting for ranks {want}\n{dep.logs()}")
-            await anyio.sleep(0.2)
-    pytest.fail(f"ranks not {want} within {timeout_s} s: {info['managed_ranks']}\n{dep.logs()}")
 
 
 async def test_an_api_only_head_kept_alive_serves_again_once_its_only_node_is_restarted(
@@ -43,7 +30,7 @@ async def test_an_api_only_head_kept_alive_serves_again_once_its_only_node_is_re
         async with httpx.AsyncClient(base_url=hd.base_url, timeout=30.0) as http:
             kill_tree(dep.node("headless"))
             dep.drop("headless")
-            await _ranks(http, ["dead", "dead"], 15, dep)
+            await wait_server_info(http, dep, "managed_ranks", ["dead", "dead"], 15)
             gone = await http.post("/v1/completions", json={"model": MODEL, "prompt": "anyone?", "max_tokens": 3})
             assert gone.status_code == 503 and "no data-parallel rank can serve" in gone.text, gone.text
             assert (await http.get("/health")).status_code == 503
@@ -51,7 +38,7 @@ async def test_an_api_only_head_kept_alive_serves_again_once_its_only_node_is_re
             again = launch_node(NODE, dep.rpc, tmp_path / "headless-again.log", dep.model)
             dep.nodes.append(again)  # stopped with the head at the end, and checked the same way
             dep.specs.append(NODE)
-            await _ranks(http, ["ready", "ready"], 90, dep)
+            await wait_server_info(http, dep, "managed_ranks", ["ready", "ready"], 90)
             took_s = time.monotonic() - started
             assert (await http.get("/health")).status_code == 200
         client = AsyncOpenAI(base_url=f"{hd.base_url}/v1", api_key="none", max_retries=0)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import MODEL, Server
-from tests.e2e.multinode import Deployment, deployment, head, kill_tree, relaunch
+from tests.e2e.multinode import Deployment, deployment, head, kill_tree, relaunch, wait_server_info
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -35,20 +35,6 @@ async def _keep_asking(http: httpx.AsyncClient, first: anyio.Event, stop: anyio.
                                                      "max_tokens": 2})
         statuses.append(r.status_code)
         first.set()
-
-
-async def _head_nodes(http: httpx.AsyncClient, want: list[str], timeout_s: float, dep: Deployment) -> dict:
-    """Poll the head's /server_info until its nodes' states are ``want``; the document then."""
-    info: dict = {}
-    with anyio.move_on_after(timeout_s):
-        while True:
-            info = (await http.get("/server_info")).json()
-            if [n["state"] for n in sorted(info["nodes"], key=lambda n: n["node"])] == want:
-                return info
-            if any(n.process.poll() is not None for n in dep.nodes):
-                pytest.fail(f"a node exited while waiting for nodes {want}\n{dep.logs()}")
-            await anyio.sleep(0.2)
-    pytest.fail(f"nodes not {want} within {timeout_s} s: {info.get('nodes')}\n{dep.logs()}")
 
 
 async def _wait_healthy(node: Server, timeout_s: float, dep: Deployment) -> None:
@@ -81,7 +67,7 @@ async def test_a_hybrid_node_sigkilled_and_restarted_with_the_same_command_takes
                     await first.wait()
                     kill_tree(n1)
                     dep.drop("node1")
-                    await _head_nodes(http, ["alive", "lost"], 15, dep)
+                    await wait_server_info(http, dep, "nodes", ["alive", "lost"], 15)
                     before = len(statuses)  # answered while node1 was up, or lost
                     started = time.monotonic()
                     again = relaunch(n1, tmp_path / "node1-again.log", dep.model)
@@ -89,7 +75,7 @@ async def test_a_hybrid_node_sigkilled_and_restarted_with_the_same_command_takes
                     dep.specs.append(NODE1)
                     await _wait_healthy(again, 90, dep)
                     took_s = time.monotonic() - started
-                    info = await _head_nodes(http, ["alive", "alive"], 30, dep)
+                    info = await wait_server_info(http, dep, "nodes", ["alive", "alive"], 30)
                     stop.set()
             assert len(statuses) > before > 0 and set(statuses) == {200}, statuses
             assert [n["pid"] for n in sorted(info["nodes"], key=lambda n: n["node"])] == [hd.process.pid,
@@ -120,7 +106,7 @@ async def test_a_hybrid_node_stopped_on_its_own_signal_is_a_stop_at_the_head_not
             n1.process.send_signal(signal.SIGTERM)
             assert await anyio.to_thread.run_sync(partial(n1.process.wait, timeout=30)) == 0, n1.log()[-4000:]
             dep.drop("node1")
-            await _head_nodes(http, ["alive", "stopped"], 15, dep)
+            await wait_server_info(http, dep, "nodes", ["alive", "stopped"], 15)
             r = await http.post("/v1/completions", json={"model": MODEL, "prompt": "still here", "max_tokens": 2})
             assert r.status_code == 200, r.text
         log = hd.log()
