@@ -85,16 +85,23 @@ def load_schema(text: str, field: str) -> Any:
     try:
         value = json.loads(text)
     except RecursionError:
-        value = None
-        depth = MAX_SCHEMA_DEPTH + 1
+        raise _too_deep(field) from None
     except ValueError as exc:
         raise InvalidSamplingParams(f"{field} is not valid JSON ({exc}).", field=field) from None
-    else:
-        depth = json_depth(value)
-    if depth > MAX_SCHEMA_DEPTH:
-        raise InvalidSamplingParams(f"{field} is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels of "
-                                    "arrays and objects).", field=field)
+    check_schema_depth(value, field)
     return value
+
+
+def check_schema_depth(value: Any, field: str) -> None:
+    """``InvalidSamplingParams`` naming ``field`` when the decoded schema ``value`` nests deeper than
+    ``MAX_SCHEMA_DEPTH`` (the API answers it with a 400 whose ``param`` is ``field``)."""
+    if json_depth(value) > MAX_SCHEMA_DEPTH:
+        raise _too_deep(field)
+
+
+def _too_deep(field: str) -> InvalidSamplingParams:
+    return InvalidSamplingParams(f"{field} is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels of arrays "
+                                 "and objects).", field=field)
 
 
 def llguidance_module() -> Any:

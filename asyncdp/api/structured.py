@@ -15,7 +15,7 @@ import msgspec
 
 from asyncdp.api.schemas import JsonObjectFormat, JsonSchemaFormat, StructuredOutputsBody, _Common
 from asyncdp.errors import HTTPError, InvalidSamplingParams
-from asyncdp.sampling_params import MAX_SCHEMA_DEPTH, StructuredOutputs, json_depth, load_schema
+from asyncdp.sampling_params import StructuredOutputs, check_schema_depth, load_schema
 
 
 def _schema_text(value: str | dict[str, Any], param: str) -> str:
@@ -28,9 +28,7 @@ def _schema_text(value: str | dict[str, Any], param: str) -> str:
             raise HTTPError(400, f"{param} must be a JSON schema (an object, or a string holding one): {exc}",
                             param=param) from None
         return value
-    if json_depth(value) > MAX_SCHEMA_DEPTH:
-        raise HTTPError(400, f"{param} is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels of arrays and "
-                             "objects).", param=param)
+    check_schema_depth(value, param)  # a 400 naming param (InvalidSamplingParams)
     return json.dumps(value)
 
 
