@@ -144,7 +144,9 @@ async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> No
             await node.shutdown.wait()
     if remote and node.started and not node.shutdown.is_set() and (plan.is_moe or plan.dp_fail_fast):
         why = "the MoE group is torn down" if plan.is_moe else "--dp-fail-fast tears the deployment down"
-        node.fail(f"engine rank {hello.dp_rank} on {hello.host} (pid {hello.pid}) ended; {why}")
+        cause = next((f" (its node is stopping: {r.stopping})" for r in node.remote_nodes
+                      if r.stopping is not None and hello.dp_rank in r.entry.ranks), "")
+        node.fail(f"engine rank {hello.dp_rank} on {hello.host} (pid {hello.pid}) ended{cause}; {why}")
 
 
 async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> None:
@@ -175,6 +177,7 @@ async def serve_node_link(node: RunningNode, link: Link, hello: m.NodeHello) -> 
             outcome.append(msg)
         if isinstance(msg, m.NodeStopping) and not stopping and not node.shutdown.is_set():
             stopping.append(msg)
+            remote.stopping = msg.reason
             drain = "drains" if len(entry.ranks) == 1 else "drain"
             log.info("%s is stopping (%s)%s", entry.describe(), msg.reason, "" if plan.is_moe else
                      f": {span(entry.ranks)} {drain} for up to {msg.shutdown_timeout:g} s, new requests go to "

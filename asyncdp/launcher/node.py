@@ -61,6 +61,7 @@ class RemoteNodeLink:
     entry: NodeEntry
     link: Link
     closed: anyio.Event = field(default_factory=anyio.Event)
+    stopping: str | None = None  # the reason the node gave in NodeStopping: it stops on purpose
 
 
 @dataclass

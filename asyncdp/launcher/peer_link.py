@@ -8,9 +8,10 @@ head's handshake listener and says ``NodeHello`` with ``role`` = its mode, its c
 processes; the head admits it (same checks as a headless node, the ranks its engines already brought included)
 and answers ``NodeAccepted``. From then on the head sends ``NodeTopology`` (every process and node of the
 deployment) whenever its view changes, and this node hands it to its API servers as is: ``/server_info`` on any
-endpoint shows the whole deployment. Heartbeats go both ways. A dense hybrid node stopped on its own signal says
-``NodeStopping`` and, once its engines are gone, ``NodeStopped`` with its outcome, as a headless node does
-(:mod:`.headless`), so that the head logs its departure as a stop, not as the loss of the node. Losing the link is not a failure here (a dense
+endpoint shows the whole deployment. Heartbeats go both ways. A node stopped on its own signal says ``NodeStopping`` and,
+once its engines are gone, ``NodeStopped`` with its outcome, as a headless node does (:mod:`.headless`), so that
+the head logs its departure as a stop, not as the loss of the node (MoE: the stop is named before the group's
+teardown that follows it). Losing the link is not a failure here (a dense
 hybrid node keeps serving its ranks when the head is gone, spec §11.1; a MoE group's teardown comes through the
 coordinator, and its engines' exit stops this node): it is logged and the endpoints fall back to this node's own
 view.
@@ -67,12 +68,11 @@ async def follow_head_topology(node: RunningNode, summary: dict[str, object]) ->
             await publish_topology(node, topology.processes, topology.nodes)
 
     plan = node.plan
-    if not plan.is_moe:  # dense: a stop of this node alone is news to the head (a MoE group's is the group's)
-        node.head_link = link  # its last frame says how the node ended (headless.leave_head, NodeStopped)
+    node.head_link = link  # its last frame says how the node ended (headless.leave_head, NodeStopped)
     async with link, send, receive, anyio.create_task_group() as tg:
         tg.start_soon(publish)
-        if not plan.is_moe:
-            tg.start_soon(say_stopping, node, link)
+        tg.start_soon(say_stopping, node, link)  # a stop of this node alone is news to the head (MoE: the cause
+        # of the group's teardown, logged before it)
         why = await keep_link(link, on_message, interval_s=plan.heartbeat_interval_s,
                               timeout_s=plan.heartbeat_timeout_s, sender=f"node-{dep.dp_start_rank}")
         tg.cancel_scope.cancel()

@@ -145,6 +145,24 @@ def test_sigterm_to_one_rank_server_alone_ends_the_other_with_exit_1_within_5s(t
             assert not server.wait_gone(), f"processes left\n{server.log()[-4000:]}"
 
 
+def test_sigterm_to_the_other_rank_server_alone_is_named_by_the_head_as_the_cause_of_the_teardown(
+        tmp_path: Path) -> None:
+    # Rank 1's server joins the head (rank 0's) on the node link; stopped alone, it says NodeStopping there, so the
+    # head's teardown line names the stop instead of only "engine rank 1 ... ended" (it said nothing for MoE).
+    with external_group(tmp_path) as servers:
+        for server in servers:
+            server.remember_tree()
+        servers[1].process.send_signal(signal.SIGTERM)
+        assert servers[1].process.wait(timeout=30) == 0, servers[1].log()[-4000:]
+        assert servers[0].process.wait(timeout=30) == 1, servers[0].log()[-4000:]
+        log = servers[0].log()
+        assert "with rank 1 " in log and "is stopping (a signal to the node)" in log, log[-4000:]
+        assert "engine rank 1 on " in log and "ended (its node is stopping: a signal to the node); the MoE group " \
+            "is torn down" in log, log[-4000:]
+        for server in servers:
+            assert not server.wait_gone(), f"processes left\n{server.log()[-4000:]}"
+
+
 def test_a_dense_model_with_a_data_parallel_rank_exits_2_saying_to_launch_independent_servers(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "asyncdp", "serve", "builtin:tiny-dense", "--host", "127.0.0.1", *BASE_ARGS,
            "-dp", "2", "--data-parallel-rank", "0", "--port", str(free_port()), "-dpa", "127.0.0.1",
