@@ -15,7 +15,7 @@ import msgspec
 
 from asyncdp.api.schemas import JsonObjectFormat, JsonSchemaFormat, StructuredOutputsBody, _Common
 from asyncdp.errors import HTTPError, InvalidSamplingParams
-from asyncdp.sampling_params import StructuredOutputs, check_schema_depth, load_schema
+from asyncdp.sampling_params.structured import StructuredOutputs, check_schema_depth, load_schema
 
 
 def _schema_text(value: str | dict[str, Any], param: str) -> str:

@@ -49,7 +49,8 @@ from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.scheduler import PauseMode, Scheduler
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
 from asyncdp.messages import RequestOutput, SchedulerStats, TokenLogprobs
-from asyncdp.sampling_params import SamplingParams, StructuredOutputs, grammar_failed
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs
+from asyncdp.sampling_params.structured import grammar_failed
 
 if TYPE_CHECKING:
     from asyncdp.engine.structured import GrammarMatchers

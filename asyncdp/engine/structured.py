@@ -2,8 +2,8 @@
 
 The grammar library is llguidance (the one vLLM uses by default; it installs without a CUDA torch or triton).
 ``SamplingParams.structured`` names a JSON schema, any JSON object, a regex, a list of choices or a Lark grammar;
-``asyncdp.sampling_params.grammar_text`` turns it into an llguidance grammar; ``SamplingParams.validate`` compiles
-it once per distinct text (tokenizer-free, cached) and refuses what the library cannot compile, or what exhausts
+``asyncdp.sampling_params.structured.grammar_text`` turns it into an llguidance grammar; ``SamplingParams.validate``
+compiles it once per distinct text (tokenizer-free, cached) and refuses what the library cannot compile, or what exhausts
 its limits within a short bounded probe, with an ``InvalidSamplingParams`` naming the field, before the request
 reaches a step. The parameters own that check, so ``sampling_params`` (a wire type under ``messages``) never
 imports the engine. Templates are built under the same ``grammar_limits``.
@@ -41,7 +41,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncdp.errors import InvalidSamplingParams
-from asyncdp.sampling_params import (
+from asyncdp.sampling_params.structured import (
     grammar_limits,
     grammar_text,
     library_error,

@@ -78,7 +78,7 @@ async def test_a_small_request_with_a_grammar_is_checked_off_the_event_loop(path
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Compiling and probing a new grammar takes up to ~0.1 s: never on the event loop, however small the body."""
     pytest.importorskip("llguidance", reason="structured outputs need llguidance")
-    import asyncdp.sampling_params as sp
+    import asyncdp.sampling_params.structured as sp
 
     threads: list[int] = []
     check = sp.check_grammar

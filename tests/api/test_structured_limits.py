@@ -8,13 +8,8 @@ from __future__ import annotations
 import pytest
 
 from asyncdp.errors import InvalidSamplingParams
-from asyncdp.sampling_params import (
-    MAX_SCHEMA_DEPTH,
-    SamplingParams,
-    StructuredOutputs,
-    json_depth,
-    load_schema,
-)
+from asyncdp.sampling_params import SamplingParams
+from asyncdp.sampling_params.structured import MAX_SCHEMA_DEPTH, StructuredOutputs, json_depth, load_schema
 from tests.api.conftest import running
 
 pytest.importorskip("llguidance", reason="structured outputs need the optional llguidance package")

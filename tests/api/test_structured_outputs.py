@@ -11,7 +11,7 @@ import msgspec
 import orjson
 import pytest
 
-from asyncdp.sampling_params import StructuredOutputs, grammar_failed
+from asyncdp.sampling_params.structured import StructuredOutputs, grammar_failed
 from asyncdp.testing import FakeEngineClient
 from tests.api.conftest import running
 

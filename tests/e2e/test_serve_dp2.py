@@ -212,7 +212,7 @@ async def test_grammars_over_the_librarys_limits_are_400s_never_a_stop_cut_short
     naming the parameter. A grammar that fails only past the validation probe ends with a 400 (whole) or an
     error event (streamed), where it used to answer 200 with ``finish_reason="stop"`` and a truncated text."""
     pytest.importorskip("llguidance", reason="structured outputs need llguidance")
-    from asyncdp.sampling_params import PROBE_STEPS
+    from asyncdp.sampling_params.structured import PROBE_STEPS
 
     late = f"[a-z]{{{PROBE_STEPS + 8}}}b{{99999999}}"
     with anyio.fail_after(60):

@@ -11,7 +11,8 @@ from engine_testing import EOS_ID, ScriptedExecutor, encode, run_to_completion, 
 
 from asyncdp.engine.executor import ModelBatch, StepResult
 from asyncdp.errors import InvalidRequestError, InvalidSamplingParams
-from asyncdp.sampling_params import PROBE_STEPS, SamplingParams, StructuredOutputs, check_grammar
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs
+from asyncdp.sampling_params.structured import PROBE_STEPS, check_grammar
 
 pytest.importorskip("llguidance", reason="structured outputs need llguidance (pip install llguidance)")
 

@@ -126,7 +126,7 @@ def test_constrained_and_free_requests_share_a_batch_and_the_free_one_is_unchang
 
 def test_a_grammar_failing_mid_generation_raises_naming_the_field_and_the_engine_serves_on(tiny_llm: LLM) -> None:
     from asyncdp.errors import InvalidRequestError
-    from asyncdp.sampling_params import PROBE_STEPS
+    from asyncdp.sampling_params.structured import PROBE_STEPS
 
     late = StructuredOutputs(regex=f"[a-z]{{{PROBE_STEPS + 8}}}b{{99999999}}")  # past the validation probe
     with pytest.raises(InvalidRequestError, match="failed during generation") as err:

@@ -1,11 +1,8 @@
-"""Per-request sampling parameters (vLLM's shape), validated in one place.
+"""Structured outputs: ``StructuredOutputs`` and the grammar checks behind its ``validate()``.
 
-``SamplingParams`` travels inside ``AddRequest`` on the wire, so it is a frozen msgspec struct. ``validate()``
-raises :class:`~asyncdp.errors.InvalidSamplingParams` naming the field and its allowed range; the API layer and
-the offline ``LLM`` both call it before a request reaches an engine. ``structured`` (``StructuredOutputs``) is
-checked by compiling its grammar with llguidance (tokenizer-free, cached by text; ``grammar_text`` and
-``check_grammar`` live here so that this wire type imports nothing of the engine), so an uncompilable schema or
-regex is refused there too, naming ``structured.<field>``. The engine's matchers build from the same
+``StructuredOutputs`` is checked by compiling its grammar with llguidance (tokenizer-free, cached by text;
+``grammar_text`` and ``check_grammar`` live here so that this wire type imports nothing of the engine), so an
+uncompilable schema or regex is refused, naming ``structured.<field>``. The engine's matchers build from the same
 ``grammar_text``, under the same ``grammar_limits``.
 
 Limits. A grammar can compile and still fail once tokens flow: llguidance builds its lexer lazily, so a counted
@@ -23,25 +20,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 from typing import Any
 
 import msgspec
 
 from asyncdp.errors import InvalidSamplingParams
 
-# Logprobs beyond this many alternatives are refused, as in vLLM's default.
-MAX_LOGPROBS = 20
-# Most sequences one request may ask for (n, best_of), as OpenAI caps them.
-MAX_N = 128
-# Integer fields that name token ids or counts travel as msgpack ints and index tensors: keep them in int32.
-MAX_INT32 = 2**31 - 1
-# OpenAI's ranges: penalties in [-2, 2], logit_bias values in [-100, 100].
-MAX_PENALTY = 2.0
-# The smallest repetition_penalty: logits are fp32, where a smaller divisor (1e-40 is subnormal, 1e-300 rounds to
-# 0) turns the penalised logits into inf and the distribution into NaN. 1e-6 keeps logits / penalty finite.
-MIN_REPETITION_PENALTY = 1e-6
-MAX_LOGIT_BIAS = 100.0
 INSTALL_HINT = "structured outputs need the 'llguidance' package on the server; install it with: pip install llguidance"
 # JSON is generated compact (no optional whitespace): small models otherwise loop on spaces and newlines.
 _JSON_OPTIONS = {"whitespace_flexible": False}
@@ -58,12 +42,6 @@ PROBE_STEPS = 16
 # checking first, without recursion, keeps Python's ``json`` (recursive, bounded by the interpreter's recursion
 # limit like the request decoder) from ever seeing a deeper value.
 MAX_SCHEMA_DEPTH = 128
-
-
-def sample_seed(seed: int | None, index: int) -> int | None:
-    """Sample ``index``'s seed (HTTP ``n``/``best_of``, offline ``n``): ``seed + index``, wrapped into 64 bits."""
-    child = None if seed is None else seed + index
-    return child - 2**64 if child is not None and child >= 2**64 else child
 
 
 def json_depth(value: Any) -> int:
@@ -275,132 +253,3 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
         error = check_grammar(name, text)
         if error:
             raise refuse_grammar(name, error)
-
-
-_INT_FIELDS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs")
-_OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
-_NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: disabled
-    min_p: float = 0.0
-    seed: int | None = None
-    max_tokens: int | None = 16  # None: up to max_model_len
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    include_stop_str_in_output: bool = False
-    logprobs: int | None = None  # top-n alternatives per generated token (0: only the sampled token)
-    prompt_logprobs: int | None = None  # top-n alternatives per prompt token (0: only the prompt token)
-    skip_special_tokens: bool = True
-    # Penalties, vLLM semantics: presence/frequency subtract from the logits of tokens already generated
-    # (frequency scaled by the count); repetition divides positive (multiplies negative) logits of tokens in the
-    # prompt or the output. 0 / 0 / 1 disable them.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    # (token_id, bias) pairs added to the logits before sampling, sorted by token id, ids unique (a dict: sorted).
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    # A grammar the output must follow (JSON schema, regex, choice, Lark); None: unconstrained.
-    structured: StructuredOutputs | None = None
-
-    def __post_init__(self) -> None:
-        # vLLM's shapes: stop="x" is one stop string (never its characters), lists are kept as tuples.
-        if isinstance(self.stop, str | list):
-            msgspec.structs.force_setattr(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
-        if isinstance(self.stop_token_ids, list):
-            msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if isinstance(self.logit_bias, dict):  # vLLM's {token_id: bias}; the struct keeps sorted pairs
-            pairs = self.logit_bias.items()
-            if all(_is_int(t) for t, _ in pairs):
-                msgspec.structs.force_setattr(self, "logit_bias", tuple(sorted(pairs)))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < 1e-5
-
-    def validate(self) -> SamplingParams:
-        """Check every range; return self so calls can be chained."""
-        def bad(field: str, allowed: str, value: object) -> InvalidSamplingParams:
-            return InvalidSamplingParams(f"{field} must be {allowed}, got {value!r}.", field=field)
-
-        self._check_types(bad)
-        if not 1 <= self.n <= MAX_N:
-            raise bad("n", f"in [1, {MAX_N}]", self.n)
-        if not 0.0 <= self.temperature < math.inf:  # also catches NaN
-            raise bad("temperature", ">= 0 and finite", self.temperature)
-        if not 0.0 < self.top_p <= 1.0:
-            raise bad("top_p", "in (0, 1]", self.top_p)
-        if not -1 <= self.top_k <= MAX_INT32:
-            raise bad("top_k", f"-1, 0 (disabled) or in [1, {MAX_INT32}]", self.top_k)
-        if not 0.0 <= self.min_p <= 1.0:
-            raise bad("min_p", "in [0, 1]", self.min_p)
-        if self.max_tokens is not None and not 1 <= self.max_tokens <= MAX_INT32:
-            raise bad("max_tokens", f"in [1, {MAX_INT32}]", self.max_tokens)
-        if not 0 <= self.min_tokens <= MAX_INT32:
-            raise bad("min_tokens", f"in [0, {MAX_INT32}]", self.min_tokens)
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise bad("min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise bad("logprobs", f"in [0, {MAX_LOGPROBS}]", self.logprobs)
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-            raise bad("prompt_logprobs", f"in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
-        if not isinstance(self.stop, tuple) or any(not isinstance(s, str) or not s for s in self.stop):
-            raise bad("stop", "a string or a list of non-empty strings", self.stop)
-        if any(not 0 <= t <= MAX_INT32 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", f"token ids in [0, {MAX_INT32}]", list(self.stop_token_ids))
-        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
-            raise bad("seed", "a 64-bit integer", self.seed)
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not -MAX_PENALTY <= value <= MAX_PENALTY:
-                raise bad(name, f"in [{-MAX_PENALTY:g}, {MAX_PENALTY:g}]", value)
-        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_PENALTY:
-            raise bad("repetition_penalty", f"in [{MIN_REPETITION_PENALTY:g}, {MAX_PENALTY:g}]",
-                      self.repetition_penalty)
-        ids = [t for t, _ in self.logit_bias]
-        if any(not 0 <= t <= MAX_INT32 for t in ids) or len(set(ids)) != len(ids):
-            raise bad("logit_bias", f"unique token ids in [0, {MAX_INT32}]", ids)
-        if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
-            raise bad("logit_bias", f"biases in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
-                      [b for _, b in self.logit_bias])
-        if self.structured is not None:
-            self.structured.validate()
-        return self
-
-    def _check_types(self, bad: Any) -> None:
-        """Each field's type, before the ranges compare them (a bool is no number; ``stop``: with its range)."""
-        for name in _INT_FIELDS:
-            value = getattr(self, name)
-            if not (_is_int(value) or value is None and name in _OPTIONAL):
-                raise bad(name, "an integer" + (" or None" if name in _OPTIONAL else ""), value)
-        for name in _NUMBER_FIELDS:
-            if not _is_number(getattr(self, name)):
-                raise bad(name, "a number", getattr(self, name))
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, "a bool", getattr(self, name))
-        if not isinstance(self.stop_token_ids, tuple) or not all(map(_is_int, self.stop_token_ids)):
-            raise bad("stop_token_ids", "a list of integer token ids", self.stop_token_ids)
-        if not isinstance(self.logit_bias, tuple) or not all(
-                isinstance(p, tuple) and len(p) == 2 and _is_int(p[0]) and _is_number(p[1]) for p in self.logit_bias):
-            raise bad("logit_bias", "a dict {token_id: bias} of integer ids and numbers", self.logit_bias)
-        if not isinstance(self.structured, StructuredOutputs | None):
-            raise bad("structured", "a StructuredOutputs or None", self.structured)
-
-    @property
-    def has_penalties(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
