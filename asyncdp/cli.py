@@ -168,6 +168,10 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
                             '(default: ["*"])')
     _bool(g, "--allow-credentials", help="CORS: allow credentials (cookies, Authorization) on cross-origin requests "
                                          "(default: false)")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help="answer 401 unless 'Authorization: Bearer KEY' comes with the request, on every route but "
+                        "/health, /ping, /version, /metrics, /load and /openapi.json; the environment variable "
+                        "ASYNCDP_API_KEY (or VLLM_API_KEY) keeps it out of the process list (default: no key)")
     g.add_argument("--backend", default=None, metavar="{" + ",".join(HTTP_BACKENDS) + "}",
                    help=f"anyio backend of every process (default: {_D.backend})")
     g.add_argument("--lb-policy", "--dp-lb-policy", dest="lb_policy", default=None,

@@ -36,6 +36,9 @@ from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_reque
 from asyncdp.errors import HTTPError
 
 _ALWAYS_OPEN = ("/health", "/metrics", "/server_info")
+# Routes that answer without the API key: the probes of load balancers, orchestrators, scrapers and routers, and
+# the schema. Everything else (generation, /v1/models, tokenizing, /server_info, /pause and /resume) wants it.
+_OPEN_WITHOUT_KEY = frozenset({"/health", "/ping", "/version", "/metrics", "/load", "/openapi.json"})
 
 __all__ = ["AppState", "create_app", "json_response", "set_draining", "state_of"]
 
@@ -107,10 +110,12 @@ def _install_hooks(app: Quart, state: AppState) -> None:
 
     @app.before_request
     async def _gate() -> Response | None:
-        if request.path.startswith("/v1/") and state.api_key is not None:
+        if state.api_key is not None and request.path not in _OPEN_WITHOUT_KEY:
             auth = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(auth.encode(), f"Bearer {state.api_key}".encode()):
-                return json_response(error_body(401, "Invalid or missing API key."), 401)
+            if not hmac.compare_digest(auth.encode(errors="replace"), f"Bearer {state.api_key}".encode()):
+                denied = json_response(error_body(401, "Invalid or missing API key."), 401)
+                denied.headers["WWW-Authenticate"] = "Bearer"
+                return denied
         if state.draining and request.path not in _ALWAYS_OPEN:
             return json_response(error_body(503, "The server is shutting down."), 503)
         return None

@@ -34,7 +34,7 @@ import socket
 import tempfile
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -74,6 +74,7 @@ class ApiConfig:
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
     model_aliases: tuple[str, ...] = ()  # more names for the model (the first is the client's model_name)
     cors: Cors | None = ALLOW_ALL
+    api_key: str | None = field(default=None, repr=False)  # --api-key
 
 
 def make_metrics(cfg: ApiConfig) -> Any:
@@ -115,7 +116,8 @@ async def serve_api(
     client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
     app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
                      max_request_body_bytes=cfg.max_request_body_bytes,
-                     served_model_names=[cfg.client.model_name, *cfg.model_aliases], cors=cfg.cors)
+                     served_model_names=[cfg.client.model_name, *cfg.model_aliases], cors=cfg.cors,
+                     api_key=cfg.api_key)
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
     http_stop = anyio.Event()
@@ -203,7 +205,8 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         ssl_certfile=role.ssl_certfile, socket_dir=role.socket_dir, client_link_host=role.client_link_host,
         max_seqs_per_request=role.max_seqs_per_request,
         max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
-        cors=Cors(role.allowed_origins, role.allowed_methods, role.allowed_headers, role.allow_credentials))
+        cors=Cors(role.allowed_origins, role.allowed_methods, role.allowed_headers, role.allow_credentials),
+        api_key=role.api_key)
 
 
 def _http_socket(role: ApiServerRole) -> socket.socket:

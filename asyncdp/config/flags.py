@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,11 +166,13 @@ ENV_OVERRIDES: dict[str, tuple[tuple[str, ...], type]] = {
     "engine_ready_timeout_s": (("ASYNCDP_ENGINE_READY_TIMEOUT_S", "VLLM_ENGINE_READY_TIMEOUT_S"), float),
     "dp_heartbeat_interval_s": (("ASYNCDP_DP_HEARTBEAT_INTERVAL_S",), float),
     "dp_heartbeat_timeout_s": (("ASYNCDP_DP_HEARTBEAT_TIMEOUT_S",), float),
+    "api_key": (("ASYNCDP_API_KEY", "VLLM_API_KEY"), str),
 }
 KEEP_ALIVE_ENV = ("ASYNCDP_KEEP_ALIVE_ON_ENGINE_DEATH", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")
 # Set by the multi-port supervisor (§11.3) in the environment of each child it starts: the child's global rank.
 # Internal (no flag, not a user override): it makes the child name itself asyncdp-api-dp{r}, log as APIServer_DP{r}.
 SUPERVISED_RANK_ENV = "ASYNCDP_SUPERVISED_RANK"
+_API_KEY = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +221,8 @@ class ServeConfig:
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
+    # --api-key (ASYNCDP_API_KEY): every HTTP route but the probes wants "Authorization: Bearer KEY"; never logged
+    api_key: str | None = dataclasses.field(default=None, repr=False)
     backend: str = "asyncio"
     lb_policy: str = DEFAULT_LB_POLICY
     log_level: str = "info"
@@ -322,6 +327,9 @@ class ServeConfig:
         need(1 <= self.max_seqs_per_request <= 2**31 - 1, "--max-seqs-per-request", "in 1..2147483647",
              self.max_seqs_per_request)
         optional_min(self.max_request_body_bytes, "--max-request-body-bytes", 1024)
+        if self.api_key is not None and not _API_KEY.fullmatch(self.api_key):  # (its value is never echoed)
+            raise ConfigError(f"--api-key (ASYNCDP_API_KEY) must be 1 to 4096 printable ASCII characters without "
+                              f"spaces, as an Authorization header carries it (got {len(self.api_key)} characters).")
         need(self.backend in HTTP_BACKENDS, "--backend", "one of " + ", ".join(HTTP_BACKENDS), self.backend)
         need(self.lb_policy.partition("@")[0] in LB_POLICIES, "--lb-policy (--dp-lb-policy, ASYNCDP_DP_LB_POLICY)",
              "one of " + ", ".join(LB_POLICIES), self.lb_policy)

@@ -14,7 +14,7 @@ Each role's process main turns its role config into the role's own runtime confi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 import msgspec
@@ -45,6 +45,7 @@ class LaunchPlan:
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
+    api_key: str | None = field(default=None, repr=False)  # --api-key: never logged
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     engine_ready_timeout_s: float = 600.0
@@ -155,6 +156,7 @@ class ApiServerRole(_Role, frozen=True):
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
+    api_key: str | None = None  # --api-key (sent over the child's control channel, never on its command line)
     # How a child gets its HTTP socket: its own SO_REUSEPORT listener on (host, port), or an inherited fd.
     http_shared_port: tuple[str | None, int] | None = None
     http_fd: int | None = None
@@ -209,5 +211,5 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         ssl_keyfile=plan.ssl_keyfile, ssl_certfile=plan.ssl_certfile, socket_dir=socket_dir,
         max_seqs_per_request=plan.max_seqs_per_request, max_request_body_bytes=plan.max_request_body_bytes or None,
         allowed_origins=plan.allowed_origins, allowed_methods=plan.allowed_methods,
-        allowed_headers=plan.allowed_headers, allow_credentials=plan.allow_credentials,
+        allowed_headers=plan.allowed_headers, allow_credentials=plan.allow_credentials, api_key=plan.api_key,
         http_shared_port=http_shared_port, node_table_fd=node_table_fd)

@@ -74,7 +74,7 @@ def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
         prefill_schedule_interval=config.prefill_schedule_interval,
         keep_alive_on_engine_death=config.keep_alive_on_engine_death,
         allowed_origins=config.allowed_origins, allowed_methods=config.allowed_methods,
-        allowed_headers=config.allowed_headers, allow_credentials=config.allow_credentials,
+        allowed_headers=config.allowed_headers, allow_credentials=config.allow_credentials, api_key=config.api_key,
         dp_fail_fast=config.dp_fail_fast,
         ssl_keyfile=config.ssl_keyfile,
         ssl_certfile=config.ssl_certfile,
