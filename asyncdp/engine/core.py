@@ -30,6 +30,9 @@ request with ``finish_reason="error"`` and ``error_type="invalid_request"`` nami
 before EOS, so the text cut short never reads as a ``stop``. Only an executor with ``applies_token_masks`` takes
 such requests.
 
+A failed forward (the executor raised, or an interrupt came in it) leaves ``step()`` once the scheduler has
+unpublished the blocks it never wrote and requeued its requests for recompute (``Scheduler.unschedule``).
+
 KV blocks: block 0 is never given to a request; an executor may use it as scratch for dummy batches.
 """
 
@@ -216,7 +219,7 @@ class EngineCore:
     def step(self, *, throttle_new_prefills: bool = False) -> StepOutputs:
         """Report what finished outside a forward, schedule, execute, and turn the sampled tokens into outputs."""
         t0 = time.perf_counter()
-        out = self._take_pending()
+        out = self.take_pending()
         batch = self.scheduler.schedule(throttle_new_prefills=throttle_new_prefills)
         if not batch.empty:
             self._execute(batch, out)
@@ -224,12 +227,8 @@ class EngineCore:
         return out
 
     def take_pending(self) -> StepOutputs:
-        """What :meth:`step` would report without scheduling or running a forward: the queued aborts and the
-        requests ``pause("abort")`` finished (a MoE rank whose group ended can run no forward)."""
-        return self._take_pending()
-
-    def _take_pending(self) -> StepOutputs:
-        """A step's outputs so far: the requests ``pause("abort")`` finished, and the queued aborts applied."""
+        """What :meth:`step` reports before it schedules (all there is to report where no forward can run:
+        a MoE rank whose group ended): the requests ``pause("abort")`` finished and the queued aborts."""
         out = StepOutputs()
         if self._pending_outputs:
             out.outputs, self._pending_outputs = self._pending_outputs, []
@@ -244,7 +243,11 @@ class EngineCore:
             batch.token_masks = grammars.token_masks(batch.chunks)
         else:
             grammars = None
-        result = self.executor.execute(batch)
+        try:
+            result = self.executor.execute(batch)
+        except BaseException:  # nothing of the batch was computed: see "A failed forward" above
+            self.scheduler.unschedule(batch)
+            raise
         self.num_steps += 1
         out.executed = True
         out.num_scheduled_tokens = batch.num_prefill_tokens + batch.num_decode_seqs
