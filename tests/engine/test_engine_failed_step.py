@@ -32,7 +32,7 @@ def fail_next_forward(core: EngineCore) -> None:
 
 
 def run(core: EngineCore) -> dict[str, tuple[list[int], int, str | None]]:
-    """Step until nothing is left: per request, (tokens, num_cached_tokens of its first output, finish_reason)."""
+    """Step until nothing is left; per request: tokens, first output's num_cached_tokens, finish_reason."""
     out: dict[str, tuple[list[int], int, str | None]] = {}
     for _ in range(100):
         if not core.has_unfinished():

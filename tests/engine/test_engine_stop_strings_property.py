@@ -3,7 +3,8 @@
 The output is a text of 1- to 4-byte characters fed one byte (token) per step, so characters and stop strings
 cross token boundaries at every offset. The reference reads the text after each token (without a trailing
 incomplete character) and stops at the first token after which any stop string occurs, cutting the text at the
-earliest occurrence. The streamed deltas, the number of tokens, ``finish_reason`` and ``stop_reason`` must agree.
+earliest occurrence. The streamed deltas, the number of tokens, ``finish_reason`` and ``stop_reason`` must
+agree.
 """
 
 from __future__ import annotations
@@ -55,4 +56,5 @@ def test_streamed_text_tokens_and_reason_match_a_brute_force_stop_search(
             num_tokens += len(out.new_token_ids)
             last = out
     assert last is not None and last.finished
-    assert (num_tokens, "".join(deltas), last.finish_reason, last.stop_reason) == reference(data, stops, include)
+    got = (num_tokens, "".join(deltas), last.finish_reason, last.stop_reason)
+    assert got == reference(data, stops, include)

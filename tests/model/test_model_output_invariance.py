@@ -2,10 +2,10 @@
 
 The reference for every prompt is the prompt alone on a fresh engine. Each path is then run over prompts that
 share prefixes with each other (ending on a block boundary, mid-block, covering the whole prompt) and with
-earlier outputs (a prompt that continues a previous answer hits blocks published while decoding), and must give
-the reference tokens: batched, with the prefix cache warm, with KV blocks so scarce that requests are preempted
-and recomputed, with chunked prefill, with logprobs asked for. Each test also checks that its path really ran
-(preemptions, cache hits), so a change of defaults cannot turn it into another batched run.
+earlier outputs (a prompt that continues a previous answer hits blocks published while decoding), and must
+give the reference tokens: batched, with the prefix cache warm, with KV blocks so scarce that requests are
+preempted and recomputed, with chunked prefill, with logprobs asked for. Each test also checks that its path
+really ran (preemptions, cache hits), so a change of defaults cannot turn it into another batched run.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def make_prompts() -> list[list[int]]:
     # Shared prefixes of 0..24 tokens with blocks of 4: none, mid-block, on a boundary, the whole base prompt.
     out = [base[:k] + [rng.randrange(32, 127) for _ in range(rng.randrange(1 if k else 2, 6))]
            for k in (0, 3, 4, 5, 8, 11, 16, 23)]
-    return [*out, base, base[:16]]  # base[:16]: a hit that covers the whole prompt (capped to leave one token)
+    return [*out, base, base[:16]]  # base[:16]: a hit covering the whole prompt (capped to leave one token)
 
 
 PROMPTS = make_prompts()
@@ -47,7 +47,8 @@ def tokens(results: list) -> list[list[int]]:
     return [r.outputs[0].token_ids for r in results]
 
 
-def alone(path: Path, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+def alone(path: Path, prompts: list[list[int]],
+          params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
     each = params if isinstance(params, list) else [params] * len(prompts)
     return [tokens(llm(path).generate([p], sp))[0] for p, sp in zip(prompts, each, strict=True)]
 
@@ -58,7 +59,7 @@ def reference(dense_path: Path) -> list[list[int]]:
 
 
 def continuations(prompts: list[list[int]], outs: list[list[int]]) -> list[list[int]]:
-    """Each prompt followed by part of its own answer: a later request hitting blocks filled while decoding."""
+    """Each prompt followed by part of its answer: a later request hitting blocks filled while decoding."""
     return [p + o[:k] for p, o, k in zip(prompts, outs, (3, 5, 9, 12), strict=False)]
 
 
@@ -85,7 +86,8 @@ def test_greedy_tokens_do_not_depend_on_batching_cache_preemption_or_chunking(
         assert engine.llm_engine.scheduler.num_preemptions > 0
 
 
-def test_asking_for_logprobs_does_not_change_greedy_tokens(dense_path: Path, reference: list[list[int]]) -> None:
+def test_asking_for_logprobs_does_not_change_greedy_tokens(
+        dense_path: Path, reference: list[list[int]]) -> None:
     with_logprobs = msgspec.structs.replace(GREEDY, logprobs=3)
     results = llm(dense_path).generate(PROMPTS, with_logprobs)
     assert tokens(results) == reference
@@ -95,7 +97,8 @@ def test_asking_for_logprobs_does_not_change_greedy_tokens(dense_path: Path, ref
 def test_seeded_samples_do_not_depend_on_batching_preemption_logprobs_or_the_rank(dense_path: Path) -> None:
     rng = random.Random(3)
     params = [SamplingParams(temperature=rng.choice([0.7, 1.0, 1.5]), top_p=rng.choice([1.0, 0.9]),
-                             top_k=rng.choice([0, 20]), seed=rng.randrange(2**32), max_tokens=12, ignore_eos=True)
+                             top_k=rng.choice([0, 20]), seed=rng.randrange(2**32), max_tokens=12,
+                             ignore_eos=True)
               for _ in PROMPTS]
     expected = alone(dense_path, PROMPTS, params)
     mixed = [*PROMPTS, *PROMPTS[:4]]  # next to unseeded samples, which draw from the shared generator

@@ -27,6 +27,7 @@ def test_unfiltered_seeded_row_draws_the_same_token_next_to_rows_with_top_k_or_t
     row = tail_favoured_row(2, 0)
     alone, _ = Sampler({0})(row[None].clone(), [seeded], [0])
     assert torch.softmax(row, dim=-1)[alone[0]] < 1e-6  # the tail token, as built
-    for other in (SamplingParams(top_k=5), SamplingParams(top_p=0.5), SamplingParams(temperature=0.0, top_k=2)):
+    filtered = (SamplingParams(top_k=5), SamplingParams(top_p=0.5), SamplingParams(temperature=0.0, top_k=2))
+    for other in filtered:
         mixed, _ = Sampler({0})(torch.stack([row, row]), [seeded, other], [0, 0])
         assert mixed[0] == alone[0], other  # before the fix the top_p 1.0 row lost its tail to rounding
