@@ -31,7 +31,8 @@ before EOS, so the text cut short never reads as a ``stop``. Only an executor wi
 such requests.
 
 A failed forward (the executor raised, or an interrupt came in it) leaves ``step()`` once the scheduler has
-unpublished the blocks it never wrote and requeued its requests for recompute (``Scheduler.unschedule``).
+unpublished the blocks it never wrote and requeued its requests for recompute (``Scheduler.unschedule``);
+the aborts the step applied are reported by the next one.
 
 KV blocks: block 0 is never given to a request; an executor may use it as scratch for dummy batches.
 """
@@ -206,11 +207,8 @@ class EngineCore:
             first_token_time=req.first_token_time)
 
     def _apply_aborts(self, out: StepOutputs) -> None:
-        pending = self._pending_aborts
-        ids: list[str] = []
-        while pending:
-            ids.append(pending.popleft())
-        aborted = self.scheduler.abort(ids)
+        pending = self._pending_aborts  # (other threads may append while this pops what it saw)
+        aborted = self.scheduler.abort([pending.popleft() for _ in range(len(pending))])
         self._drop_grammars(aborted)
         for req in aborted:
             out.finished_request_ids.append(req.request_id)
@@ -247,6 +245,7 @@ class EngineCore:
             result = self.executor.execute(batch)
         except BaseException:  # nothing of the batch was computed: see "A failed forward" above
             self.scheduler.unschedule(batch)
+            self._pending_outputs[:0] = out.outputs  # the aborts it applied: the next step reports them
             raise
         self.num_steps += 1
         out.executed = True

@@ -81,3 +81,17 @@ def test_unschedule_keeps_the_waiting_order_and_the_blocks_computed_before_the_f
     assert [r.request_id for r in scheduler.waiting] == ["a", "b"] and not scheduler.running
     cached = [core.block_manager.cached_block_id(h) is not None for h in scheduler.requests["a"].block_hashes]
     assert cached == [True, True, False]  # computed by the first step: still a valid hit
+
+
+def test_aborts_applied_by_a_step_whose_forward_fails_are_reported_by_the_next_step() -> None:
+    core, _ = scripted_core({}, block_size=4)
+    core.add_request("a", PROMPT, PARAMS)
+    core.add_request("b", encode("another prompt"), PARAMS)
+    core.step()
+    core.abort_requests(["a"])  # applied at the start of the step whose forward fails
+    fail_next_forward(core)
+    with pytest.raises(ForwardFailed):
+        core.step()
+    step = core.step()
+    assert [(o.request_id, o.finish_reason) for o in step.outputs if o.finished] == [("a", "abort")]
+    assert step.finished_request_ids == ["a"]
