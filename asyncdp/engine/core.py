@@ -237,11 +237,11 @@ class EngineCore:
 
     def _execute(self, batch: ModelBatch, out: StepOutputs) -> None:
         grammars = self._grammars
-        if grammars is not None and grammars.matchers:
-            batch.token_masks = grammars.token_masks(batch.chunks)
-        else:
-            grammars = None
         try:
+            if grammars is not None and grammars.matchers:
+                batch.token_masks = grammars.token_masks(batch.chunks)
+            else:
+                grammars = None
             result = self.executor.execute(batch)
         except BaseException:  # nothing of the batch was computed: see "A failed forward" above
             self.scheduler.unschedule(batch)

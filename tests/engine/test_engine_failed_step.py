@@ -95,3 +95,27 @@ def test_aborts_applied_by_a_step_whose_forward_fails_are_reported_by_the_next_s
     step = core.step()
     assert [(o.request_id, o.finish_reason) for o in step.outputs if o.finished] == [("a", "abort")]
     assert step.finished_request_ids == ["a"]
+
+
+class MasksFail:
+    """Grammar matchers whose allowed-token masks fail (the core computes them just before the forward)."""
+
+    matchers = {"a": None}
+
+    def token_masks(self, chunks: object) -> None:
+        raise ForwardFailed
+
+    def discard(self, request_id: str) -> None:
+        pass
+
+
+def test_a_step_that_fails_before_its_forward_publishes_nothing_either() -> None:
+    core, _ = scripted_core({"b": [66, 67, 68]}, block_size=4)
+    core.add_request("a", PROMPT, PARAMS)
+    core._grammars = MasksFail()  # type: ignore[assignment]
+    with pytest.raises(ForwardFailed):
+        core.step()
+    core._grammars = None
+    core.abort_requests(["a"])
+    core.add_request("b", PROMPT, PARAMS)
+    assert run(core)["b"] == ([66, 67, 68], 0, "length")
