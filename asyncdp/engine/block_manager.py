@@ -226,6 +226,19 @@ class BlockManager:
         req.block_ids = []
         req.num_registered_blocks = 0
 
+    def forget_from(self, req: Request, first_block: int) -> None:
+        """Unpublish ``req``'s blocks from index ``first_block`` on: the forward that was to write their KV
+        failed, so no later request may take them as a cache hit (they hold whatever was there before)."""
+        block_hash = self._hash
+        cached = self._cached
+        for bid in req.block_ids[first_block:]:
+            h = block_hash[bid]
+            if h is not None:
+                block_hash[bid] = None
+                if cached.get(h) == bid:
+                    del cached[h]
+        req.num_registered_blocks = min(req.num_registered_blocks, first_block)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash. Only possible when no block is referenced; returns whether it happened."""
         if len(self._free) != self.num_usable_blocks:

@@ -30,6 +30,10 @@ request with ``finish_reason="error"`` and ``error_type="invalid_request"`` nami
 before EOS, so the text cut short never reads as a ``stop``. Only an executor with ``applies_token_masks`` takes
 such requests.
 
+A failed forward (the executor raised, or an interrupt came in it) leaves ``step()`` once the scheduler has
+unpublished the blocks it never wrote and requeued its requests for recompute (``Scheduler.unschedule``);
+the aborts the step applied are reported by the next one.
+
 KV blocks: block 0 is never given to a request; an executor may use it as scratch for dummy batches.
 """
 
@@ -204,11 +208,8 @@ class EngineCore:
             first_token_time=req.first_token_time)
 
     def _apply_aborts(self, out: StepOutputs) -> None:
-        pending = self._pending_aborts
-        ids: list[str] = []
-        while pending:
-            ids.append(pending.popleft())
-        aborted = self.scheduler.abort(ids)
+        pending = self._pending_aborts  # (other threads may append while this pops what it saw)
+        aborted = self.scheduler.abort([pending.popleft() for _ in range(len(pending))])
         self._drop_grammars(aborted)
         for req in aborted:
             out.finished_request_ids.append(req.request_id)
@@ -217,7 +218,7 @@ class EngineCore:
     def step(self, *, throttle_new_prefills: bool = False) -> StepOutputs:
         """Report what finished outside a forward, schedule, execute, and turn the sampled tokens into outputs."""
         t0 = time.perf_counter()
-        out = self._take_pending()
+        out = self.take_pending()
         batch = self.scheduler.schedule(throttle_new_prefills=throttle_new_prefills)
         if not batch.empty:
             self._execute(batch, out)
@@ -225,12 +226,8 @@ class EngineCore:
         return out
 
     def take_pending(self) -> StepOutputs:
-        """What :meth:`step` would report without scheduling or running a forward: the queued aborts and the
-        requests ``pause("abort")`` finished (a MoE rank whose group ended can run no forward)."""
-        return self._take_pending()
-
-    def _take_pending(self) -> StepOutputs:
-        """A step's outputs so far: the requests ``pause("abort")`` finished, and the queued aborts applied."""
+        """What :meth:`step` reports before it schedules (all there is to report where no forward can run:
+        a MoE rank whose group ended): the requests ``pause("abort")`` finished and the queued aborts."""
         out = StepOutputs()
         if self._pending_outputs:
             out.outputs, self._pending_outputs = self._pending_outputs, []
@@ -241,11 +238,16 @@ class EngineCore:
 
     def _execute(self, batch: ModelBatch, out: StepOutputs) -> None:
         grammars = self._grammars
-        if grammars is not None and grammars.matchers:
-            batch.token_masks = grammars.token_masks(batch.chunks)
-        else:
-            grammars = None
-        result = self.executor.execute(batch)
+        try:
+            if grammars is not None and grammars.matchers:
+                batch.token_masks = grammars.token_masks(batch.chunks)
+            else:
+                grammars = None
+            result = self.executor.execute(batch)
+        except BaseException:  # nothing of the batch was computed: see "A failed forward" above
+            self.scheduler.unschedule(batch)
+            self._pending_outputs[:0] = out.outputs  # the aborts it applied: the next step reports them
+            raise
         self.num_steps += 1
         out.executed = True
         out.num_scheduled_tokens = batch.num_prefill_tokens + batch.num_decode_seqs

@@ -203,7 +203,9 @@ class Sampler:
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             sorted_probs = torch.softmax(sorted_logits, dim=-1)
             mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            drop = mass_before > torch.tensor(top_ps, device=logits.device).unsqueeze(1)
+            top_p = torch.tensor(top_ps, device=logits.device).unsqueeze(1)
+            # top_p 1.0 filters nothing: a float32 cumsum can pass 1.0 in a long tail, and would cut it
+            drop = (mass_before > top_p) & (top_p < 1.0)
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             scaled = torch.empty_like(scaled).scatter_(1, sorted_index, sorted_logits)
 

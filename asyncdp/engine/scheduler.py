@@ -161,13 +161,30 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
 
     def _preempt(self, req: Request) -> None:
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._requeue(req)
+
+    def _requeue(self, req: Request) -> None:
+        """Back to the front of ``waiting``, to be recomputed; its blocks are freed (published ones stay)."""
         self.block_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
-        req.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.appendleft(req)
         self._owe_uncached(req)  # its full blocks stayed cached: mostly the partial last block
+
+    def unschedule(self, batch: ModelBatch) -> None:
+        """The forward of ``batch`` (this step's) failed: none of its KV was written. The blocks it was to
+        write leave the prefix cache, which would otherwise hand out what they held before as a hit, and its
+        requests go back to ``waiting`` in their order, to be recomputed (or aborted) from what is cached."""
+        bs = self.block_manager.block_size
+        for chunk, req in zip(batch.chunks, self._scheduled, strict=True):
+            self.block_manager.forget_from(req, chunk.start_pos // bs)
+        for req in reversed(self._scheduled):
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+                self._requeue(req)
+        self._scheduled = []
 
     def schedule(self, *, throttle_new_prefills: bool = False) -> ModelBatch:
         """This step's batch: the running requests first (preempting from the back when KV blocks run out), then
