@@ -24,7 +24,8 @@ at startup; they reach the coordinator and every API server on their own, which 
 failed engine of such a node is only logged: the deployment serves on. Both links stay open for the
 deployment's life. A refused or broken handshake during startup fails the node with a reason (the refused side
 gets ``HandshakeError`` with the same reason); it never raises into the launcher's task group. A connection whose
-first frame is no asyncdp frame at all (an HTTP client on the rpc port) is only logged and dropped.
+first frame is no asyncdp frame at all (an HTTP client on the rpc port), or that closes or stays silent before
+its first frame (a port scan, a TCP probe), is only logged and dropped: it is no engine, and startup goes on.
 """
 
 from __future__ import annotations
@@ -53,8 +54,12 @@ async def handshake(node: RunningNode, link: Link) -> None:
     """Serve one connection to the handshake listener: an engine's handshake or a headless node's node link."""
     first: m.Message | None = None
     try:
-        with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected peer speaks at once
-            first = await link.receive()
+        try:
+            with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected peer speaks at once
+                first = await link.receive()
+        except (TimeoutError, *LINK_ERRORS) as exc:
+            _silent_peer(link, exc)
+            return
         if isinstance(first, m.NodeHello):
             await serve_node_link(node, link, first)
         elif isinstance(first, m.Hello):
@@ -72,13 +77,24 @@ async def handshake(node: RunningNode, link: Link) -> None:
             node.fail(f"startup failed: {node.ranks_timeout() or f'the handshake with {who} broke off ({why})'}")
 
 
+def _silent_peer(link: Link, exc: BaseException) -> None:
+    """A connection that ended or went quiet before its first frame: no engine (an engine says ``Hello`` as soon as
+    it connects, and a crashed one is seen by whoever watches its process), but a port scan, a TCP probe or a peer
+    that stalled. It is dropped; startup goes on."""
+    if isinstance(exc, TimeoutError):
+        log.warning("dropped a connection to the handshake listener from %s: it sent no frame within %g s",
+                    link.remote, HANDSHAKE_HELLO_TIMEOUT_S)
+    else:  # (probes do this every few seconds: not worth a line at INFO)
+        log.debug("a connection to the handshake listener from %s closed before its first frame", link.remote)
+
+
 async def _foreign_peer(node: RunningNode, link: Link, exc: ForeignPeerError) -> None:
     """A connection whose first frame is no asyncdp frame of this version. Another asyncdp version is refused as
     any peer is (E5: it gets the reason too, in the one message every version decodes); anything else (an HTTP
     client on the rpc port, a port scanner) is no engine of this deployment: logged and dropped."""
     if not exc.other_version:
-        log.warning("dropped a connection to the handshake listener that does not speak asyncdp (it sent %s)",
-                    exc.seen)
+        log.warning("dropped a connection to the handshake listener from %s that does not speak asyncdp (it sent %s)",
+                    link.remote, exc.seen)
         return
     problem = (f"a peer speaks another asyncdp protocol ({exc.seen}); this head speaks protocol_version "
                f"{exc.protocol_version}: run the same asyncdp version on every node")

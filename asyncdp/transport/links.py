@@ -40,6 +40,11 @@ class Link:
 
     name: str
 
+    @property
+    def remote(self) -> str:
+        """Who is at the other end, for a log line that names a peer to drop: the link's name here."""
+        return self.name
+
     async def send(self, msg: messages.Message) -> None:
         raise NotImplementedError
 
@@ -75,6 +80,17 @@ class StreamLink(Link):
         # fast_acquire: an uncontended send does not yield to the scheduler here; the stream write right after
         # is a checkpoint anyway. That is one task switch less per frame.
         self._send_lock = anyio.Lock(fast_acquire=True)
+
+    @property
+    def remote(self) -> str:
+        """The peer's TCP address (``host:port``); a Unix socket's peer has none, so ``local peer on <name>``."""
+        try:
+            addr = self._stream.extra(anyio.abc.SocketAttribute.remote_address)
+        except anyio.TypedAttributeLookupError:
+            addr = None
+        if isinstance(addr, tuple):
+            return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
+        return f"a local peer on {self.name}"
 
     async def send(self, msg: messages.Message) -> None:
         payload = messages.encode(msg)

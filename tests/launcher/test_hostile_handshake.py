@@ -1,0 +1,67 @@
+"""Strangers and broken peers on the head's handshake listener (the rpc port, reachable by anything on the
+network): a connection that closes before its first frame (a port scan, a TCP probe) or that says nothing within
+the first frame's deadline is dropped without failing startup."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+
+import anyio
+import pytest
+import trio
+
+from asyncdp.launcher.handshake import HANDSHAKE_HELLO_TIMEOUT_S, handshake
+from asyncdp.transport import memory_link_pair
+from tests.launcher.test_foreign_peers import head_listener, node_for
+
+
+class _Seen(logging.Handler):
+    """Sets ``event`` once the launcher logs ``text``, or anything at ERROR (a startup failure)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.text = text
+        self.event = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage() or record.levelno >= logging.ERROR:
+            self.event.set()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("sent", [b"", struct.pack(">I", 100) + b"\x82"], ids=["nothing", "half_a_frame"])
+async def test_a_connection_closed_before_its_first_frame_is_dropped_without_failing_startup(tmp_path, caplog, sent):
+    caplog.set_level(logging.DEBUG, logger="asyncdp.launcher")
+    seen = _Seen("closed before its first frame")
+    logging.getLogger("asyncdp.launcher").addHandler(seen)
+    try:
+        async with head_listener(tmp_path) as (node, addr):
+            host, port = addr.removeprefix("tcp:").rsplit(":", 1)
+            async with await anyio.connect_tcp(host, int(port)) as stream:
+                if sent:
+                    await stream.send(sent)
+            with anyio.fail_after(10):
+                await seen.event.wait()
+            assert node.failure is None and not node.shutdown.is_set()
+    finally:
+        logging.getLogger("asyncdp.launcher").removeHandler(seen)
+    assert "closed before its first frame" in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.trio
+async def test_a_connection_silent_past_the_first_frame_deadline_is_dropped_without_failing_startup(
+        tmp_path, caplog, autojump_clock):
+    with socket.socket() as sock:
+        node = node_for("-dp 2 -dpl 1 -dpa 127.0.0.1 --api-server-count 1", tmp_path, sock)
+        head_end, stranger_end = memory_link_pair()
+        start = trio.current_time()
+        with trio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S + 1):
+            await handshake(node, head_end)
+        assert trio.current_time() - start == pytest.approx(HANDSHAKE_HELLO_TIMEOUT_S)
+        assert node.failure is None and not node.shutdown.is_set()
+        await stranger_end.aclose()
+        await head_end.aclose()
+    assert caplog.text.count("sent no frame within 30 s") == 1
