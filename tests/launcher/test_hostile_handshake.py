@@ -1,6 +1,7 @@
 """Strangers and broken peers on the head's handshake listener (the rpc port, reachable by anything on the
 network): a connection that closes before its first frame (a port scan, a TCP probe) or that says nothing within
-the first frame's deadline is dropped without failing startup."""
+the first frame's deadline is dropped without failing startup, and a ``NodeHello`` claiming an absurd number of
+ranks is refused by its range, before anything is built for them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import anyio
 import pytest
 import trio
 
+from asyncdp import messages as m
 from asyncdp.launcher.handshake import HANDSHAKE_HELLO_TIMEOUT_S, handshake
 from asyncdp.transport import memory_link_pair
 from tests.launcher.test_foreign_peers import head_listener, node_for
@@ -65,3 +67,26 @@ async def test_a_connection_silent_past_the_first_frame_deadline_is_dropped_with
         await stranger_end.aclose()
         await head_end.aclose()
     assert caplog.text.count("sent no frame within 30 s") == 1
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(("start_rank", "size_local", "shown"), [
+    (0, 2**62, f"ranks 0..{2**62 - 1}"), (2**62, 2, f"ranks {2**62}..{2**62 + 1}"),
+    (-(2**62), 2**62 + 1, f"ranks {-(2**62)}..0"), (1, 0, "no ranks")])
+async def test_a_node_hello_with_ranks_out_of_range_is_refused_by_its_range(tmp_path, start_rank, size_local, shown):
+    """``size_local`` 2**62 used to be ``list(range(...))`` before any check: a MemoryError out of the listener's
+    task group (a traceback, the launcher gone), or for a size a little smaller, every byte of the host."""
+    with socket.socket() as sock:
+        node = node_for("-dp 2 -dpl 1 -dpa 127.0.0.1 --api-server-count 1", tmp_path, sock)
+        head_end, node_end = memory_link_pair()
+        await node_end.send(m.NodeHello(start_rank=start_rank, size_local=size_local, host="h", pid=1,
+                                        protocol_version=m.PROTOCOL_VERSION, config_summary={}))
+        with trio.fail_after(5):
+            await handshake(node, head_end)
+            answer = await node_end.receive()
+        await node_end.aclose()
+        await head_end.aclose()
+    assert isinstance(answer, m.HandshakeError)
+    assert f"the headless node with {shown} (h, pid 1)" in answer.reason
+    assert "outside the deployment's ranks [0, 2)" in answer.reason
+    assert node.failure is not None and "outside the deployment's ranks" in node.failure
