@@ -26,7 +26,7 @@ import anyio
 from asyncdp.dp import wave as W
 from asyncdp.dp.liveness import Liveness
 from asyncdp.errors import ProtocolError
-from asyncdp.messages import FirstRequest, RankStats, StartWaveRequest, WaveComplete
+from asyncdp.messages import FirstRequest, RankStats, StartWaveRequest, Subscribe, WaveComplete
 from asyncdp.transport.links import LINK_ERRORS
 
 log = logging.getLogger(__name__)
@@ -154,3 +154,11 @@ class Peer:
             self.cut(f"{self.name} link closed ({type(exc).__name__})")
         finally:
             self.flushed.set()
+
+
+def describe_frame(msg: Any) -> str:
+    """A peer's first frame for a log line: its type, and the rank or client a Subscribe names (never the whole
+    frame: a stranger's may be megabytes)."""
+    if isinstance(msg, Subscribe):
+        return f"Subscribe(dp_rank={msg.dp_rank}, client_id={msg.client_id})"
+    return type(msg).__name__
