@@ -5,7 +5,8 @@ Theory of operation
 :class:`EngineLinks` accepts the links every managed rank opens to the client's listener and keeps one reader
 per link; :func:`read_engine_ready` takes the first frame within
 ``ENGINE_READY_FRAME_TIMEOUT_S`` and accepts it only if it is an ``EngineReady`` of a managed rank (anything else
-drops that link; the client keeps waiting for a good one). :class:`EngineLink` is one accepted link: the rank,
+drops that link; the client keeps waiting for a good one); a bad frame after it is logged and dropped, the link
+goes on. :class:`EngineLink` is one accepted link: the rank,
 its ``EngineReady``, whether it is alive and when it was last heard from. A managed rank may connect again after
 its link ended (dense: a restarted node brings its ranks back, spec §13): the new link takes the rank's place
 (``on_ready`` again), and an old link still open then counts as dead at once; only the current link of a rank
@@ -73,15 +74,39 @@ async def read_engine_ready(link: Link, managed_ranks: tuple[int, ...], client_i
         with anyio.fail_after(ENGINE_READY_FRAME_TIMEOUT_S):  # a connected engine is ready: it says so at once
             first = await link.receive()
     except (anyio.EndOfStream, ProtocolError, TimeoutError) as exc:
-        log.error("client %d: dropping an engine link without a valid EngineReady (%s)",
-                  client_index, type(exc).__name__)
+        log.error("client %d: dropping an engine link from %s without a valid EngineReady (%s)",
+                  client_index, link.remote, type(exc).__name__)
         await link.aclose()
         return None
     if not isinstance(first, m.EngineReady) or first.dp_rank not in managed_ranks:
-        log.error("client %d: unexpected first frame %r on an engine link", client_index, first)
+        what = f"EngineReady of rank {first.dp_rank}" if isinstance(first, m.EngineReady) else type(first).__name__
+        log.error("client %d: unexpected first frame %s on an engine link from %s", client_index, what, link.remote)
         await link.aclose()
         return None
     return first
+
+
+class _Frames:
+    """A link's frames until it ends (``next`` is then None). A bad frame (an unknown type, a malformed field) is
+    dropped (spec §5.1): the first of a link at WARNING, later ones at DEBUG, so a broken peer cannot flood the
+    log; after one that breaks the framing the link ends (:class:`~asyncdp.transport.links.StreamLink`)."""
+
+    def __init__(self, link: Link, who: str) -> None:
+        self._link = link
+        self._who = who
+        self.num_dropped = 0
+
+    async def next(self) -> m.Message | None:
+        while True:
+            try:
+                return await self._link.receive()
+            except ProtocolError as exc:
+                self.num_dropped += 1
+                first = self.num_dropped == 1
+                log.log(logging.WARNING if first else logging.DEBUG, "%s: dropped bad frame %d (%s)%s", self._who,
+                        self.num_dropped, exc, "; later ones are logged at DEBUG" if first else "")
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return None
 
 
 async def send_to_engine(engine: EngineLink, msg: m.Message, timeout_s: float = ENGINE_SEND_TIMEOUT_S) -> None:
@@ -231,7 +256,8 @@ class EngineLinks:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch, rank, liveness, tg.cancel_scope)
-                async for msg in link:
+                frames = _Frames(link, f"client {self.client_index}: engine rank {rank}")
+                while (msg := await frames.next()) is not None:
                     liveness.heard(anyio.current_time())
                     engine.last_seen = time.monotonic()
                     if isinstance(msg, m.EngineDead):
