@@ -222,12 +222,13 @@ class EngineLinks:
 
     async def accept(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
         """Task: accept engine connections and serve each in ``tg``."""
-        from asyncdp.transport.links import StreamLink
+        from asyncdp.transport.links import ACCEPTED_FIRST_FRAME_MAX_BYTES, StreamLink
 
         async with listener:
             while True:
                 stream = await listener.accept()
-                tg.start_soon(self.serve_link, StreamLink(stream, name="engine"))
+                tg.start_soon(self.serve_link, StreamLink(stream, name="engine",
+                                                          max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES))
 
     async def wait_ready(self, timeout_s: float) -> None:
         with anyio.move_on_after(timeout_s) as scope:

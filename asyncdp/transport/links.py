@@ -3,7 +3,10 @@
 Frame layout: a 4-byte big-endian payload length, then the payload (``asyncdp.messages.encode``). A send lock
 keeps concurrent senders from interleaving frames. A first frame that is not this build's (a length no frame has,
 as the ASCII of an HTTP answer gives, or a payload this codec cannot decode) is a
-:class:`~asyncdp.errors.ForeignPeerError`: the address names another service, or an asyncdp of another version. ``MemoryLink`` passes message objects through anyio memory
+:class:`~asyncdp.errors.ForeignPeerError`: the address names another service, or an asyncdp of another version.
+The first frame of an accepted link (anyone on the network may have connected) is at most
+``ACCEPTED_FIRST_FRAME_MAX_BYTES``; once the framing is lost (that error, or a frame over ``MAX_FRAME_BYTES``) the
+link reads nothing more: its next receive is ``EndOfStream``. ``MemoryLink`` passes message objects through anyio memory
 object streams; by default it still round-trips them through the codec so in-process tests exercise the wire
 format (``codec=False`` skips that for the simulation harness).
 """
@@ -31,6 +34,9 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 256 << 20
+# The first frame of an accepted link (Hello, NodeHello, EngineReady, Subscribe: a few KiB at most). Until it is
+# read the peer may be anyone on the network: it may not make the listener buffer MAX_FRAME_BYTES per connection.
+ACCEPTED_FIRST_FRAME_MAX_BYTES = 1 << 20
 FOREIGN_PEEK_S = 0.5  # how long a first frame of no asyncdp peer waits for more of its answer, to quote it
 FOREIGN_PEEK_BYTES = 64
 
@@ -71,12 +77,19 @@ class Link:
 
 
 class StreamLink(Link):
-    def __init__(self, stream: anyio.abc.ByteStream, *, name: str = "link") -> None:
+    """``max_first_frame_bytes``: the longest first frame (an accepted link's is small:
+    ``ACCEPTED_FIRST_FRAME_MAX_BYTES``). Once the framing is lost (a foreign first frame, a frame over its limit)
+    the receive that found it raises, and every later one raises ``EndOfStream``: the rest is no frames."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, *, name: str = "link",
+                 max_first_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self.name = name
         self._stream = stream
         self._reader = BufferedByteReceiveStream(stream)
         self._size: int | None = None  # a frame whose header was read and whose payload was not, yet
         self._first = True  # no frame received yet: a bad one means a foreign peer, not a garbled frame
+        self._max_first = max_first_frame_bytes
+        self._lost = False  # the framing is lost: nothing more is read
         # fast_acquire: an uncontended send does not yield to the scheduler here; the stream write right after
         # is a checkpoint anyway. That is one task switch less per frame.
         self._send_lock = anyio.Lock(fast_acquire=True)
@@ -101,6 +114,8 @@ class StreamLink(Link):
         """The next frame. Cancellation-safe: a receive cancelled part way (a liveness deadline) loses nothing,
         and the next one goes on where it stopped (the buffered reader keeps partial reads; ``_size`` a header
         read whose payload was not)."""
+        if self._lost:
+            raise anyio.EndOfStream
         if self._size is None:
             try:
                 header = await self._reader.receive_exactly(_HEADER.size)
@@ -109,7 +124,8 @@ class StreamLink(Link):
             except (anyio.BrokenResourceError, ConnectionError, OSError):
                 raise anyio.EndOfStream from None
             (size,) = _HEADER.unpack(header)
-            if size > MAX_FRAME_BYTES:
+            if size > (self._max_first if self._first else MAX_FRAME_BYTES):
+                self._lost = True
                 if self._first:
                     seen = _quote(header + await self._more_of_a_foreign_answer())
                     raise ForeignPeerError(self.name, seen, other_version=False,
@@ -127,6 +143,7 @@ class StreamLink(Link):
         try:
             return messages.decode(payload)
         except ProtocolError as exc:
+            self._lost = True
             tagged = messages.describe_tagged(payload)
             seen = f"{tagged} this build cannot decode: {exc}" if tagged else _quote(payload)
             raise ForeignPeerError(self.name, seen, other_version=tagged is not None,
@@ -276,7 +293,7 @@ async def serve_links(
     """Accept connections forever, running ``handler(link)`` for each in the listener's task group."""
 
     async def wrap(stream: anyio.abc.SocketStream) -> None:
-        link = StreamLink(stream, name=name)
+        link = StreamLink(stream, name=name, max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES)
         try:
             await handler(link)
         finally:
