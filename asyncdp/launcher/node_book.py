@@ -49,7 +49,12 @@ def check_config_agreement(summaries: dict[int, dict[str, Any]], dp_rank: int,
                            summary: Mapping[str, Any]) -> str | None:
     """E6: record ``dp_rank``'s parallel-configuration summary; return the mismatch message once it (or any rank
     recorded before rank 0) hashes differently from rank 0's, naming the differing fields. Ranks may report in
-    any order."""
+    any order. A summary off the wire may hold anything msgpack does: a value that is no str, int or bool (which
+    the hash could not digest) is a mismatch of its own, and nothing of it is recorded."""
+    odd = sorted(k for k, v in summary.items() if not isinstance(v, str | int | bool))
+    if odd:
+        return (f"configuration mismatch: engine rank {dp_rank} sent a configuration summary whose "
+                f"{', '.join(odd[:5])} {'is' if len(odd) == 1 else 'are'} no str, int or bool")
     summaries[dp_rank] = dict(summary)
     rank0 = summaries.get(0)
     if rank0 is None:

@@ -15,6 +15,7 @@ import trio
 
 from asyncdp import messages as m
 from asyncdp.launcher.handshake import HANDSHAKE_HELLO_TIMEOUT_S, handshake
+from asyncdp.launcher.node_book import check_config_agreement
 from asyncdp.transport import memory_link_pair
 from tests.launcher.test_foreign_peers import head_listener, node_for
 
@@ -90,3 +91,14 @@ async def test_a_node_hello_with_ranks_out_of_range_is_refused_by_its_range(tmp_
     assert f"the headless node with {shown} (h, pid 1)" in answer.reason
     assert "outside the deployment's ranks [0, 2)" in answer.reason
     assert node.failure is not None and "outside the deployment's ranks" in node.failure
+
+
+@pytest.mark.parametrize("value", [float("nan"), b"\x00", 1.5, [1], {"a": 1}, None], ids=repr)
+def test_a_ready_whose_summary_holds_no_plain_value_is_a_mismatch_not_a_crash(value):
+    """Ready.config_summary comes off the wire as any msgpack: a NaN or bytes in it was a ValueError/TypeError out
+    of the JSON hash, raised through the handshake into the listener's task group (a traceback, the head gone)."""
+    summaries: dict[int, dict] = {}
+    assert check_config_agreement(summaries, 1, {"dp_size": 2}) is None
+    problem = check_config_agreement(summaries, 0, {"dp_size": 2, "odd": value})
+    assert problem is not None and "engine rank 0" in problem and "odd" in problem
+    assert 0 not in summaries  # nothing is recorded from it
