@@ -69,21 +69,34 @@ class EngineLink:
 
 
 async def read_engine_ready(link: Link, managed_ranks: tuple[int, ...], client_index: int) -> m.EngineReady | None:
-    """The link's first frame if it is the ``EngineReady`` of a managed rank; else None (the link is closed)."""
+    """The link's first frame if it is the ``EngineReady`` of a managed rank; else None (the link is closed).
+
+    Anything else is no engine of this client (a port scan, another service, a stranger: the listener is TCP on the
+    DP address multi-node): one line naming its address, a plain connect-and-close at DEBUG only."""
+    who = f"client {client_index}: an engine link from {link.remote}"
     try:
         with anyio.fail_after(ENGINE_READY_FRAME_TIMEOUT_S):  # a connected engine is ready: it says so at once
             first = await link.receive()
-    except (anyio.EndOfStream, ProtocolError, TimeoutError) as exc:
-        log.error("client %d: dropping an engine link from %s without a valid EngineReady (%s)",
-                  client_index, link.remote, type(exc).__name__)
-        await link.aclose()
-        return None
-    if not isinstance(first, m.EngineReady) or first.dp_rank not in managed_ranks:
-        what = f"EngineReady of rank {first.dp_rank}" if isinstance(first, m.EngineReady) else type(first).__name__
-        log.error("client %d: unexpected first frame %s on an engine link from %s", client_index, what, link.remote)
-        await link.aclose()
-        return None
+    except anyio.EndOfStream:
+        log.debug("%s closed before its first frame", who)
+        return await _drop(link)
+    except TimeoutError:
+        log.warning("dropped %s: it sent no frame within %g s", who, ENGINE_READY_FRAME_TIMEOUT_S)
+        return await _drop(link)
+    except ProtocolError as exc:
+        log.warning("dropped %s: %s", who, exc)
+        return await _drop(link)
+    if isinstance(first, m.EngineReady) and first.dp_rank not in managed_ranks:  # an engine, at the wrong client
+        log.error("dropped %s: EngineReady of rank %d, which this client does not manage", who, first.dp_rank)
+        return await _drop(link)
+    if not isinstance(first, m.EngineReady):
+        log.warning("dropped %s: it sent %s instead of EngineReady", who, type(first).__name__)
+        return await _drop(link)
     return first
+
+
+async def _drop(link: Link) -> None:
+    await link.aclose()
 
 
 class _Frames:
