@@ -78,25 +78,21 @@ async def read_engine_ready(link: Link, managed_ranks: tuple[int, ...], client_i
         with anyio.fail_after(ENGINE_READY_FRAME_TIMEOUT_S):  # a connected engine is ready: it says so at once
             first = await link.receive()
     except anyio.EndOfStream:
-        log.debug("%s closed before its first frame", who)
-        return await _drop(link)
+        level, why = logging.DEBUG, "closed before its first frame"
     except TimeoutError:
-        log.warning("dropped %s: it sent no frame within %g s", who, ENGINE_READY_FRAME_TIMEOUT_S)
-        return await _drop(link)
+        level, why = logging.WARNING, f"sent no frame within {ENGINE_READY_FRAME_TIMEOUT_S:g} s"
     except ProtocolError as exc:
-        log.warning("dropped %s: %s", who, exc)
-        return await _drop(link)
-    if isinstance(first, m.EngineReady) and first.dp_rank not in managed_ranks:  # an engine, at the wrong client
-        log.error("dropped %s: EngineReady of rank %d, which this client does not manage", who, first.dp_rank)
-        return await _drop(link)
-    if not isinstance(first, m.EngineReady):
-        log.warning("dropped %s: it sent %s instead of EngineReady", who, type(first).__name__)
-        return await _drop(link)
-    return first
-
-
-async def _drop(link: Link) -> None:
+        level, why = logging.WARNING, str(exc)
+    else:
+        if isinstance(first, m.EngineReady) and first.dp_rank in managed_ranks:
+            return first
+        if isinstance(first, m.EngineReady):  # an engine, at the wrong client
+            level, why = logging.ERROR, f"EngineReady of rank {first.dp_rank}, which this client does not manage"
+        else:
+            level, why = logging.WARNING, f"sent {type(first).__name__} instead of EngineReady"
+    log.log(level, "dropped %s: %s", who, why)
     await link.aclose()
+    return None
 
 
 class _Frames:

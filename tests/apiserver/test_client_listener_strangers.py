@@ -29,7 +29,7 @@ CASES = {  # what the stranger sends, the level of the one line, words of it
     "nothing": (b"", logging.DEBUG, "closed before its first frame"),
     "half_a_frame": (struct.pack(">I", 100) + b"\x82", logging.DEBUG, "closed before its first frame"),
     "http": (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", logging.WARNING, "not an asyncdp peer (b'GET / HTTP/1.1'"),
-    "heartbeat": (b"", logging.WARNING, "Heartbeat instead of EngineReady"),
+    "heartbeat": (b"", logging.WARNING, "sent Heartbeat instead of EngineReady"),
 }
 
 
