@@ -147,7 +147,9 @@ class Coordinator:
     # ------------------------------------------------------------ links
 
     def _peer(self, link: Link, name: str) -> Peer:
-        return Peer(link, name, self.config.outbox_size, self.config.heartbeat_timeout_s)
+        where = getattr(link, "remote", None)  # (a transport link names its peer's address; a test fake need not)
+        return Peer(link, f"{name} from {where}" if where else name, self.config.outbox_size,
+                    self.config.heartbeat_timeout_s)
 
     async def _run_peer(self, peer: Peer, reader: Callable[[], Awaitable[None]]) -> None:
         with peer.scope:
@@ -166,7 +168,7 @@ class Coordinator:
                     self.all_subscribed.is_set() and self.config.wave_mode):
                 # No engine (a stranger on the port, a client at the wrong address), or one too late for a MoE
                 # group, which takes no member back: dropped, the deployment and its startup go on.
-                log.warning("dropping an engine link opened with %s%s", describe_frame(first),
+                log.warning("dropping the %s: it opened with %s%s", peer.name, describe_frame(first),
                             " after startup (a MoE group takes no member back)" if self.all_subscribed.is_set()
                             else " instead of Subscribe{dp_rank}")
                 return
@@ -207,7 +209,7 @@ class Coordinator:
         subscription: a serving coordinator drops that link, it does not fail."""
         rank = msg.dp_rank
         if rank is None or not 0 <= rank < self.config.dp_size:
-            log.warning("dropping an engine link opened with %s after startup", describe_frame(msg))
+            log.warning("dropping the %s: it opened with %s after startup", peer.name, describe_frame(msg))
             return None
         peer.name = f"engine rank {rank}"
         return rank
@@ -248,7 +250,7 @@ class Coordinator:
             first = await peer.receive()
             if not isinstance(first, Subscribe) or first.client_id is None:
                 if first is not None:
-                    log.warning("client link opened with %s instead of Subscribe{client_id}; closing",
+                    log.warning("dropping the %s: it opened with %s instead of Subscribe{client_id}", peer.name,
                                 describe_frame(first))
                 return
             peer.name = f"client {first.client_id}"

@@ -37,7 +37,7 @@ async def test_a_first_frame_that_is_no_engine_subscribe_during_startup_is_dropp
         await _dropped(stranger)
         await h.engines(2)  # every real engine still gets CoordinatorReady: startup goes on
         assert not h.done.is_set() and h.error is None
-    assert caplog.text.count("dropping an engine link") == 1
+    assert caplog.text.count("dropping the engine link") == 1
     assert type(first).__name__ in caplog.text
 
 
@@ -56,7 +56,7 @@ async def test_a_moe_group_that_serves_drops_a_late_engine_link_instead_of_teari
         await client.expect(StatsSnapshot)
         assert not h.done.is_set() and h.error is None
         assert not [msg for _, msg in e0.drain() + e1.drain() if isinstance(msg, Teardown)]
-    assert caplog.text.count("dropping an engine link") == 1
+    assert caplog.text.count("dropping the engine link") == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
@@ -68,4 +68,4 @@ async def test_a_dense_coordinator_that_serves_drops_a_first_frame_that_is_no_su
         await stranger.send(Heartbeat(sender="x", seq=1))
         await _dropped(stranger)
         assert not h.done.is_set() and h.error is None
-    assert caplog.text.count("dropping an engine link") == 1
+    assert caplog.text.count("dropping the engine link") == 1

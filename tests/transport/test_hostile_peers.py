@@ -132,3 +132,4 @@ async def test_the_coordinator_drops_a_stranger_sending_garbage_with_one_line(tm
         tg.cancel_scope.cancel()
     lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(lines) == 1 and "not an asyncdp peer" in lines[0].getMessage()
+    assert "engine link from 127.0.0.1:" in lines[0].getMessage()  # who it was
