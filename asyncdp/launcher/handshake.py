@@ -31,6 +31,7 @@ its first frame (a port scan, a TCP probe), is only logged and dropped: it is no
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 
@@ -128,7 +129,15 @@ async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> No
                                     coordinator=node.coordinator_addrs, dp_group=node.dp_group_info,
                                     client_count=node.table.client_count))
     try:
-        ready = await link.receive()
+        # During startup its deadline bounds this wait; after it (a restarted node's engine) nothing would, and a
+        # peer that said Hello and went silent would hold the rank for good
+        with anyio.move_on_after(node.plan.engine_ready_timeout_s if node.started else math.inf) as waited:
+            ready = await link.receive()
+        if waited.cancelled_caught:
+            log.warning("dropped engine rank %d on %s (pid %d): no Ready within --engine-ready-timeout-s (%g s); "
+                        "the rank may join again", hello.dp_rank, hello.host, hello.pid,
+                        node.plan.engine_ready_timeout_s)
+            return
         if isinstance(ready, m.HandshakeError):  # the engine could not start: its reason, as one line
             _refuse(node, f"engine rank {hello.dp_rank}: {ready.reason}")
             return
