@@ -9,8 +9,9 @@ drops that link; the client keeps waiting for a good one); a bad frame after it 
 goes on. :class:`EngineLink` is one accepted link: the rank,
 its ``EngineReady``, whether it is alive and when it was last heard from. A managed rank may connect again after
 its link ended (dense: a restarted node brings its ranks back, spec §13): the new link takes the rank's place
-(``on_ready`` again), and an old link still open then counts as dead at once; only the current link of a rank
-reports its end.
+(``on_ready`` again), and an old link still open but silent for half the heartbeat timeout then counts as dead at
+once (a lost host); a rank whose link was heard more recently keeps it, and the new link is dropped. Only the
+current link of a rank reports its end.
 
 Every wait on an engine has a deadline. :func:`send_to_engine` bounds a send by ``ENGINE_SEND_TIMEOUT_S`` (a
 link that stays full means the rank stopped reading) and turns a broken link into ``EngineDeadError``; a
@@ -61,6 +62,7 @@ class EngineLink:
     link: Link
     ready: m.EngineReady
     last_seen: float = 0.0
+    heard_s: float = 0.0  # anyio.current_time() when it was last heard from
     ended: str | None = None  # once it ended: how (its EngineDead reason, "its link closed", a missed heartbeat)
 
     @property
@@ -254,10 +256,18 @@ class EngineLinks:
             return
         rank = first.dp_rank
         old = self.engines.get(rank)
-        if old is not None and old.alive:  # a restarted node's rank while the lost one's link still lingers
+        if old is not None and old.alive:
+            silent_s = anyio.current_time() - old.heard_s
+            if silent_s < self.heartbeat_timeout_s / 2:  # it heartbeats: a stranger, or a stale address's engine
+                log.warning("client %d: dropped a second link for engine rank %d from %s: the rank is alive on "
+                            "its link (heard %.1f s ago)", self.client_index, rank, link.remote, silent_s)
+                await link.aclose()
+                return
+            # a restarted node's rank while the lost one's link still lingers, silent
             old.ended = "a new engine took its place"
             self._on_dead(rank, old.ended)
-        engine = self.engines[rank] = EngineLink(rank, link, first, last_seen=time.monotonic())
+        engine = self.engines[rank] = EngineLink(rank, link, first, last_seen=time.monotonic(),
+                                                 heard_s=anyio.current_time())
         self._on_ready(engine)
         if set(self.managed_ranks) <= set(self.engines):
             self.all_ready.set()
@@ -269,7 +279,7 @@ class EngineLinks:
                 frames = _Frames(link, f"client {self.client_index}: engine rank {rank}")
                 while (msg := await frames.next()) is not None:
                     liveness.heard(anyio.current_time())
-                    engine.last_seen = time.monotonic()
+                    engine.last_seen, engine.heard_s = time.monotonic(), anyio.current_time()
                     if isinstance(msg, m.EngineDead):
                         reason = msg.reason
                         break
