@@ -9,13 +9,17 @@ of :data:`LINK_ERRORS`, which end nothing here: the peer's reader sees the EOF a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import anyio
 
 from asyncdp.dp.liveness import Liveness
+from asyncdp.errors import ProtocolError
 from asyncdp.messages import Heartbeat, Message
 from asyncdp.transport.links import LINK_ERRORS, Link
+
+log = logging.getLogger(__name__)
 
 
 async def send_heartbeats(send: Callable[[Heartbeat], Awaitable[None] | None], interval_s: float,
@@ -44,9 +48,11 @@ async def keep_link(link: Link, on_message: Callable[[Message], bool | None], *,
     Every frame counts as a sign of life (:class:`~asyncdp.dp.liveness.Liveness`); ``on_message(msg)`` gets each
     frame that is not a heartbeat and may return True to stop following. Returns why it ended: ``"closed"`` (EOF
     or a broken link: the peer's process ended), ``"silent"`` (nothing heard for ``timeout_s``: host or network
-    lost) or ``"done"`` (``on_message`` said so). The link stays open; the caller closes it.
+    lost) or ``"done"`` (``on_message`` said so). The link stays open; the caller closes it. A frame this build
+    cannot decode is logged (the first at WARNING) and dropped.
     """
     liveness = Liveness(timeout_s, anyio.current_time())
+    num_bad = 0
 
     async def beat(msg: Heartbeat) -> None:
         with anyio.move_on_after(timeout_s):  # a full link to a silent peer: skip a beat
@@ -60,6 +66,12 @@ async def keep_link(link: Link, on_message: Callable[[Message], bool | None], *,
                 with anyio.move_on_at(planned):
                     try:
                         msg = await link.receive()
+                    except ProtocolError as exc:  # spec §5.1: logged and dropped (once the framing is lost, EOF)
+                        num_bad += 1
+                        log.log(logging.WARNING if num_bad == 1 else logging.DEBUG, "the node link with %s: "
+                                "dropped bad frame %d (%s)", link.remote, num_bad, exc)
+                        liveness.heard(anyio.current_time())
+                        continue
                     except (anyio.EndOfStream, *LINK_ERRORS):
                         return "closed"
                     liveness.heard(anyio.current_time())

@@ -1,8 +1,8 @@
 """Strangers on a listener's links, over real sockets on 127.0.0.1: once the framing is lost (a first frame that is
 no asyncdp frame, a frame longer than any frame) the link ends instead of reading the rest of the stranger's bytes
 as more frames; the first frame of an accepted link is small (no peer's first message is near a megabyte), so a
-stranger cannot make a listener buffer 256 MiB per connection; and the coordinator drops such a stranger with one
-line."""
+stranger cannot make a listener buffer 256 MiB per connection; the coordinator drops such a stranger with one
+line; and a node link drops a bad frame, not itself."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from asyncdp import messages
 from asyncdp.coordinator.core import CoordinatorConfig, serve_coordinator
 from asyncdp.errors import ForeignPeerError, ProtocolError
 from asyncdp.transport import StreamLink, listen, listen_links, serve_links
-from asyncdp.transport.links import ACCEPTED_FIRST_FRAME_MAX_BYTES, MAX_FRAME_BYTES
+from asyncdp.transport.heartbeat import keep_link
+from asyncdp.transport.links import ACCEPTED_FIRST_FRAME_MAX_BYTES, MAX_FRAME_BYTES, MemoryLink
 
 
 def _frame(msg: messages.Message) -> bytes:
@@ -133,3 +134,30 @@ async def test_the_coordinator_drops_a_stranger_sending_garbage_with_one_line(tm
     lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(lines) == 1 and "not an asyncdp peer" in lines[0].getMessage()
     assert "engine link from 127.0.0.1:" in lines[0].getMessage()  # who it was
+
+
+@pytest.mark.trio
+async def test_a_bad_frame_on_a_node_link_is_dropped_and_the_link_kept(autojump_clock, caplog):
+    """A node link (spec §5.7) carrying one frame this build cannot decode: the frame is logged and dropped (spec
+    §5.1), and the link is followed on until it ends. The ProtocolError used to end the head's node-link handler
+    by exception, past the code that marks the node gone, so the book kept a dead node 'alive' and refused the
+    node restarted in its place."""
+    to_head, from_node = anyio.create_memory_object_stream[bytes](16)
+    to_node, from_head = anyio.create_memory_object_stream[bytes](16)
+    head_end = MemoryLink(to_node, from_node, name="node link")
+    seen: list[messages.Message] = []
+    stopping = messages.NodeStopping(reason="a signal", shutdown_timeout=5.0)
+    async with anyio.create_task_group() as tg:
+        async def node() -> None:
+            for frame in (b"\xc1", b"\x81\xa4type\xa7Unknown", messages.encode(stopping)):
+                await to_head.send(frame)
+            await to_head.aclose()
+
+        tg.start_soon(node)
+        with anyio.fail_after(5):
+            why = await keep_link(head_end, seen.append, interval_s=1.0, timeout_s=5.0, sender="head")
+    await head_end.aclose()
+    await from_head.aclose()
+    assert why == "closed" and seen == [stopping]
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and "node link" in lines[0] and "undecodable" in lines[0]
