@@ -90,20 +90,14 @@ class StreamLink(Link):
         self._first = True  # no frame received yet: a bad one means a foreign peer, not a garbled frame
         self._max_first = max_first_frame_bytes
         self._lost = False  # the framing is lost: nothing more is read
+        self._remote = _remote_of(stream)  # now: a peer that reset its connection has no address any more
         # fast_acquire: an uncontended send does not yield to the scheduler here; the stream write right after
         # is a checkpoint anyway. That is one task switch less per frame.
         self._send_lock = anyio.Lock(fast_acquire=True)
 
     @property
     def remote(self) -> str:
-        """The peer's TCP address (``host:port``); a Unix socket's peer has none, so ``local peer on <name>``."""
-        try:
-            addr = self._stream.extra(anyio.abc.SocketAttribute.remote_address)
-        except anyio.TypedAttributeLookupError:
-            addr = None
-        if isinstance(addr, tuple):
-            return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
-        return f"a local peer on {self.name}"
+        return self._remote
 
     async def send(self, msg: messages.Message) -> None:
         payload = messages.encode(msg)
@@ -167,6 +161,17 @@ class StreamLink(Link):
                 await self._stream.aclose()
             except (anyio.BrokenResourceError, OSError):
                 pass
+
+
+def _remote_of(stream: anyio.abc.ByteStream) -> str:
+    """The peer's TCP address (``host:port``), for log lines; a Unix socket's peer has none."""
+    try:
+        addr = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except (anyio.TypedAttributeLookupError, OSError):
+        return "an unknown address"
+    if isinstance(addr, tuple):
+        return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
+    return "a local process"
 
 
 def _quote(data: bytes, limit: int = 40) -> str:
