@@ -45,7 +45,7 @@ from asyncdp.errors import (
     UnavailableError,
 )
 from asyncdp.transport import Link
-from asyncdp.transport.links import LINK_ERRORS
+from asyncdp.transport.links import LINK_ERRORS, Frames
 
 log = logging.getLogger(__name__)
 
@@ -95,29 +95,6 @@ async def read_engine_ready(link: Link, managed_ranks: tuple[int, ...], client_i
     log.log(level, "dropped %s: %s", who, why)
     await link.aclose()
     return None
-
-
-class _Frames:
-    """A link's frames until it ends (``next`` is then None). A bad frame (an unknown type, a malformed field) is
-    dropped (spec §5.1): the first of a link at WARNING, later ones at DEBUG, so a broken peer cannot flood the
-    log; after one that breaks the framing the link ends (:class:`~asyncdp.transport.links.StreamLink`)."""
-
-    def __init__(self, link: Link, who: str) -> None:
-        self._link = link
-        self._who = who
-        self.num_dropped = 0
-
-    async def next(self) -> m.Message | None:
-        while True:
-            try:
-                return await self._link.receive()
-            except ProtocolError as exc:
-                self.num_dropped += 1
-                first = self.num_dropped == 1
-                log.log(logging.WARNING if first else logging.DEBUG, "%s: dropped bad frame %d (%s)%s", self._who,
-                        self.num_dropped, exc, "; later ones are logged at DEBUG" if first else "")
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return None
 
 
 async def send_to_engine(engine: EngineLink, msg: m.Message, timeout_s: float = ENGINE_SEND_TIMEOUT_S) -> None:
@@ -276,7 +253,7 @@ class EngineLinks:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch, rank, liveness, tg.cancel_scope)
-                frames = _Frames(link, f"client {self.client_index}: engine rank {rank}")
+                frames = Frames(link, f"client {self.client_index}: engine rank {rank}")
                 while (msg := await frames.next()) is not None:
                     liveness.heard(anyio.current_time())
                     engine.last_seen, engine.heard_s = time.monotonic(), anyio.current_time()

@@ -45,6 +45,7 @@ from asyncdp.launcher.node import RemoteNodeLink, RunningNode
 from asyncdp.launcher.node_book import NodeEntry, span
 from asyncdp.transport import LINK_ERRORS, Link
 from asyncdp.transport.heartbeat import keep_link
+from asyncdp.transport.links import Frames
 
 log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
@@ -154,7 +155,8 @@ async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> No
         if node.started:  # a restarted node's engine (dense): every endpoint's /server_info shows it again
             log.info("engine rank %d on %s (pid %d) is ready again", hello.dp_rank, hello.host, hello.pid)
             await publish_process_table(node)
-        async for _ in link:  # the handshake link stays open for the deployment's life (spec §5.7)
+        frames = Frames(link, f"the handshake link of engine rank {hello.dp_rank}")
+        while await frames.next() is not None:  # the handshake link stays open for the deployment's life (§5.7)
             pass
         book.engine_gone(hello)
     finally:

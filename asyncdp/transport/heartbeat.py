@@ -9,17 +9,13 @@ of :data:`LINK_ERRORS`, which end nothing here: the peer's reader sees the EOF a
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 
 import anyio
 
 from asyncdp.dp.liveness import Liveness
-from asyncdp.errors import ProtocolError
 from asyncdp.messages import Heartbeat, Message
-from asyncdp.transport.links import LINK_ERRORS, Link
-
-log = logging.getLogger(__name__)
+from asyncdp.transport.links import LINK_ERRORS, Frames, Link
 
 
 async def send_heartbeats(send: Callable[[Heartbeat], Awaitable[None] | None], interval_s: float,
@@ -52,7 +48,7 @@ async def keep_link(link: Link, on_message: Callable[[Message], bool | None], *,
     cannot decode is logged (the first at WARNING) and dropped.
     """
     liveness = Liveness(timeout_s, anyio.current_time())
-    num_bad = 0
+    frames = Frames(link, f"the node link with {link.remote}")
 
     async def beat(msg: Heartbeat) -> None:
         with anyio.move_on_after(timeout_s):  # a full link to a silent peer: skip a beat
@@ -64,15 +60,8 @@ async def keep_link(link: Link, on_message: Callable[[Message], bool | None], *,
             while True:
                 planned = liveness.deadline_s()
                 with anyio.move_on_at(planned):
-                    try:
-                        msg = await link.receive()
-                    except ProtocolError as exc:  # spec §5.1: logged and dropped (once the framing is lost, EOF)
-                        num_bad += 1
-                        log.log(logging.WARNING if num_bad == 1 else logging.DEBUG, "the node link with %s: "
-                                "dropped bad frame %d (%s)", link.remote, num_bad, exc)
-                        liveness.heard(anyio.current_time())
-                        continue
-                    except (anyio.EndOfStream, *LINK_ERRORS):
+                    msg = await frames.next()
+                    if msg is None:
                         return "closed"
                     liveness.heard(anyio.current_time())
                     if not isinstance(msg, Heartbeat) and on_message(msg):

@@ -163,6 +163,30 @@ class StreamLink(Link):
                 pass
 
 
+class Frames:
+    """A link's frames until it ends: ``await frames.next()`` is the next message, or None once the link ended (EOF,
+    broken, closed). A frame this build cannot decode (an unknown type, a malformed field) is dropped (spec §5.1):
+    the first of a link logged at WARNING as ``who``'s, later ones at DEBUG, so a broken peer cannot flood the log;
+    once the framing is lost the link ends. Cancellation-safe, as ``receive`` is."""
+
+    def __init__(self, link: Link, who: str) -> None:
+        self._link = link
+        self._who = who
+        self.num_dropped = 0
+
+    async def next(self) -> messages.Message | None:
+        while True:
+            try:
+                return await self._link.receive()
+            except ProtocolError as exc:
+                self.num_dropped += 1
+                first = self.num_dropped == 1
+                log.log(logging.WARNING if first else logging.DEBUG, "%s: dropped bad frame %d (%s)%s", self._who,
+                        self.num_dropped, exc, "; later ones are logged at DEBUG" if first else "")
+            except LINK_ERRORS:
+                return None
+
+
 def _remote_of(stream: anyio.abc.ByteStream) -> str:
     """The peer's TCP address (``host:port``), for log lines; a Unix socket's peer has none."""
     try:

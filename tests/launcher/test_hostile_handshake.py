@@ -17,6 +17,7 @@ from asyncdp import messages as m
 from asyncdp.launcher.handshake import HANDSHAKE_HELLO_TIMEOUT_S, handshake
 from asyncdp.launcher.node_book import check_config_agreement
 from asyncdp.transport import memory_link_pair
+from asyncdp.transport.links import MemoryLink
 from tests.launcher.test_foreign_peers import head_listener, node_for
 
 
@@ -102,3 +103,30 @@ def test_a_ready_whose_summary_holds_no_plain_value_is_a_mismatch_not_a_crash(va
     problem = check_config_agreement(summaries, 0, {"dp_size": 2, "odd": value})
     assert problem is not None and "engine rank 0" in problem and "odd" in problem
     assert 0 not in summaries  # nothing is recorded from it
+
+
+@pytest.mark.trio
+async def test_a_bad_frame_on_an_engines_handshake_link_after_ready_is_dropped_without_failing_startup(
+        tmp_path, autojump_clock, caplog):
+    """The handshake link stays open for the deployment's life; a frame on it that this build cannot decode was a
+    ProtocolError that failed startup as 'the handshake with engine rank 0 broke off'."""
+    with socket.socket() as sock:
+        node = node_for("-dp 2 -dpl 1 -dpa 127.0.0.1 --api-server-count 1", tmp_path, sock)
+        node.init_ready.set()
+        to_head, from_engine = anyio.create_memory_object_stream[bytes](8)
+        to_engine, from_head = anyio.create_memory_object_stream[bytes](8)
+        head_end = MemoryLink(to_engine, from_engine, name="engine")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(handshake, node, head_end)
+            await to_head.send(m.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, dp_rank=0, local=True,
+                                                headless=False, host="h", pid=1)))
+            assert isinstance(m.decode(await from_head.receive()), m.HandshakeInit)
+            await to_head.send(m.encode(m.Ready(dp_rank=0, local=True, headless=False, config_hash=None,
+                                                config_summary={})))
+            await to_head.send(b"\xc1")
+            await trio.sleep(1)
+            assert node.failure is None and 0 in node.book.ready
+            tg.cancel_scope.cancel()
+        for stream in (to_head, from_head, head_end):
+            await stream.aclose()
+    assert "the handshake link of engine rank 0: dropped bad frame 1" in caplog.text
