@@ -136,6 +136,26 @@ async def test_the_coordinator_drops_a_stranger_sending_garbage_with_one_line(tm
     assert "engine link from 127.0.0.1:" in lines[0].getMessage()  # who it was
 
 
+@pytest.mark.anyio
+async def test_a_coordinator_client_sending_bad_frames_is_logged_once_and_kept(tmp_path, caplog):
+    """Anyone may subscribe as a client; its frames of unknown type are dropped (spec §5.1), the first logged at
+    WARNING and the rest at DEBUG: it used to be a warning per frame, a log flood from one connection."""
+    engines = await listen_links("unix", directory=str(tmp_path), name="engine")
+    clients = await listen_links("tcp", host="127.0.0.1", name="client")
+    config = CoordinatorConfig(dp_size=2, wave_mode=False)
+    unknown = b"\x81\xa4type\xa7Unknown"
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_coordinator, config, engines, clients)
+        async with await _connect(clients.addr) as stream:
+            await stream.send(_frame(messages.Subscribe(client_id=5)) + (struct.pack(">I", len(unknown)) + unknown) * 50)
+            with anyio.fail_after(5):  # the welcome snapshot, then the heartbeat: it is still served
+                while b"Heartbeat" not in await stream.receive():
+                    pass
+        tg.cancel_scope.cancel()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and "Unknown" in lines[0], lines
+
+
 @pytest.mark.trio
 async def test_a_bad_frame_on_a_node_link_is_dropped_and_the_link_kept(autojump_clock, caplog):
     """A node link (spec §5.7) carrying one frame this build cannot decode: the frame is logged and dropped (spec
