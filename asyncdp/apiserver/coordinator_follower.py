@@ -40,7 +40,7 @@ from asyncdp.dp.liveness import Liveness
 from asyncdp.transport import Link, connect_with_retry
 from asyncdp.transport import connect as connect_link
 from asyncdp.transport.heartbeat import send_heartbeats
-from asyncdp.transport.links import LINK_ERRORS
+from asyncdp.transport.links import LINK_ERRORS, Frames
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ class CoordinatorFollower:
         self.link = link
         self.state = "alive"
         liveness = Liveness(self.heartbeat_timeout_s, anyio.current_time())
+        frames = Frames(link, f"client {self.client_index}: the coordinator's link")
         silent = False
         try:
             async with link, anyio.create_task_group() as tg:
@@ -198,9 +199,7 @@ class CoordinatorFollower:
                 while True:
                     planned = liveness.deadline_s()
                     with anyio.move_on_at(planned) as silence:
-                        try:
-                            msg = await link.receive()
-                        except (anyio.EndOfStream, *LINK_ERRORS):
+                        if (msg := await frames.next()) is None:
                             break  # the coordinator ended or dropped this client
                         liveness.heard(anyio.current_time())
                         if isinstance(msg, m.StatsSnapshot):

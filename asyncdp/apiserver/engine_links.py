@@ -5,11 +5,13 @@ Theory of operation
 :class:`EngineLinks` accepts the links every managed rank opens to the client's listener and keeps one reader
 per link; :func:`read_engine_ready` takes the first frame within
 ``ENGINE_READY_FRAME_TIMEOUT_S`` and accepts it only if it is an ``EngineReady`` of a managed rank (anything else
-drops that link; the client keeps waiting for a good one). :class:`EngineLink` is one accepted link: the rank,
+drops that link; the client keeps waiting for a good one); a bad frame after it is logged and dropped, the link
+goes on. :class:`EngineLink` is one accepted link: the rank,
 its ``EngineReady``, whether it is alive and when it was last heard from. A managed rank may connect again after
 its link ended (dense: a restarted node brings its ranks back, spec §13): the new link takes the rank's place
-(``on_ready`` again), and an old link still open then counts as dead at once; only the current link of a rank
-reports its end.
+(``on_ready`` again), and an old link still open but silent for half the heartbeat timeout then counts as dead at
+once (a lost host); a rank whose link was heard more recently keeps it, and the new link is dropped. Only the
+current link of a rank reports its end.
 
 Every wait on an engine has a deadline. :func:`send_to_engine` bounds a send by ``ENGINE_SEND_TIMEOUT_S`` (a
 link that stays full means the rank stopped reading) and turns a broken link into ``EngineDeadError``; a
@@ -43,7 +45,7 @@ from asyncdp.errors import (
     UnavailableError,
 )
 from asyncdp.transport import Link
-from asyncdp.transport.links import LINK_ERRORS
+from asyncdp.transport.links import LINK_ERRORS, Frames
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class EngineLink:
     link: Link
     ready: m.EngineReady
     last_seen: float = 0.0
+    heard_s: float = 0.0  # anyio.current_time() when it was last heard from
     ended: str | None = None  # once it ended: how (its EngineDead reason, "its link closed", a missed heartbeat)
 
     @property
@@ -68,20 +71,30 @@ class EngineLink:
 
 
 async def read_engine_ready(link: Link, managed_ranks: tuple[int, ...], client_index: int) -> m.EngineReady | None:
-    """The link's first frame if it is the ``EngineReady`` of a managed rank; else None (the link is closed)."""
+    """The link's first frame if it is the ``EngineReady`` of a managed rank; else None (the link is closed).
+
+    Anything else is no engine of this client (a port scan, another service, a stranger: the listener is TCP on the
+    DP address multi-node): one line naming its address, a plain connect-and-close at DEBUG only."""
+    who = f"client {client_index}: an engine link from {link.remote}"
     try:
         with anyio.fail_after(ENGINE_READY_FRAME_TIMEOUT_S):  # a connected engine is ready: it says so at once
             first = await link.receive()
-    except (anyio.EndOfStream, ProtocolError, TimeoutError) as exc:
-        log.error("client %d: dropping an engine link without a valid EngineReady (%s)",
-                  client_index, type(exc).__name__)
-        await link.aclose()
-        return None
-    if not isinstance(first, m.EngineReady) or first.dp_rank not in managed_ranks:
-        log.error("client %d: unexpected first frame %r on an engine link", client_index, first)
-        await link.aclose()
-        return None
-    return first
+    except anyio.EndOfStream:
+        level, why = logging.DEBUG, "closed before its first frame"
+    except TimeoutError:
+        level, why = logging.WARNING, f"sent no frame within {ENGINE_READY_FRAME_TIMEOUT_S:g} s"
+    except ProtocolError as exc:
+        level, why = logging.WARNING, str(exc)
+    else:
+        if isinstance(first, m.EngineReady) and first.dp_rank in managed_ranks:
+            return first
+        if isinstance(first, m.EngineReady):  # an engine, at the wrong client
+            level, why = logging.ERROR, f"EngineReady of rank {first.dp_rank}, which this client does not manage"
+        else:
+            level, why = logging.WARNING, f"sent {type(first).__name__} instead of EngineReady"
+    log.log(level, "dropped %s: %s", who, why)
+    await link.aclose()
+    return None
 
 
 async def send_to_engine(engine: EngineLink, msg: m.Message, timeout_s: float = ENGINE_SEND_TIMEOUT_S) -> None:
@@ -197,12 +210,13 @@ class EngineLinks:
 
     async def accept(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
         """Task: accept engine connections and serve each in ``tg``."""
-        from asyncdp.transport.links import StreamLink
+        from asyncdp.transport.links import ACCEPTED_FIRST_FRAME_MAX_BYTES, StreamLink
 
         async with listener:
             while True:
                 stream = await listener.accept()
-                tg.start_soon(self.serve_link, StreamLink(stream, name="engine"))
+                tg.start_soon(self.serve_link, StreamLink(stream, name="engine",
+                                                          max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES))
 
     async def wait_ready(self, timeout_s: float) -> None:
         with anyio.move_on_after(timeout_s) as scope:
@@ -219,10 +233,18 @@ class EngineLinks:
             return
         rank = first.dp_rank
         old = self.engines.get(rank)
-        if old is not None and old.alive:  # a restarted node's rank while the lost one's link still lingers
+        if old is not None and old.alive:
+            silent_s = anyio.current_time() - old.heard_s
+            if silent_s < self.heartbeat_timeout_s / 2:  # it heartbeats: a stranger, or a stale address's engine
+                log.warning("client %d: dropped a second link for engine rank %d from %s: the rank is alive on "
+                            "its link (heard %.1f s ago)", self.client_index, rank, link.remote, silent_s)
+                await link.aclose()
+                return
+            # a restarted node's rank while the lost one's link still lingers, silent
             old.ended = "a new engine took its place"
             self._on_dead(rank, old.ended)
-        engine = self.engines[rank] = EngineLink(rank, link, first, last_seen=time.monotonic())
+        engine = self.engines[rank] = EngineLink(rank, link, first, last_seen=time.monotonic(),
+                                                 heard_s=anyio.current_time())
         self._on_ready(engine)
         if set(self.managed_ranks) <= set(self.engines):
             self.all_ready.set()
@@ -231,9 +253,10 @@ class EngineLinks:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch, rank, liveness, tg.cancel_scope)
-                async for msg in link:
+                frames = Frames(link, f"client {self.client_index}: engine rank {rank}")
+                while (msg := await frames.next()) is not None:
                     liveness.heard(anyio.current_time())
-                    engine.last_seen = time.monotonic()
+                    engine.last_seen, engine.heard_s = time.monotonic(), anyio.current_time()
                     if isinstance(msg, m.EngineDead):
                         reason = msg.reason
                         break

@@ -22,7 +22,8 @@ drops a dead rank's entries. A malformed claim is logged and dropped (the client
 
 Startup: once exactly N distinct engines have sent ``Subscribe{dp_rank}``, every engine gets
 ``CoordinatorReady``. An unknown or duplicate rank, or a missing one after ``subscribe_timeout_s``, is a
-:class:`~asyncdp.errors.StartupError`.
+:class:`~asyncdp.errors.StartupError`. A link whose first frame is no ``Subscribe{dp_rank}`` (a stranger on the port)
+is logged and dropped, as is any engine link once a MoE group serves.
 
 Publishing (§6.3): ``StatsSnapshot`` to every client, at most every 100 ms while counts change, a heartbeat
 snapshot every 5 s otherwise, wave changes at once with ``counts=None``. ``seq`` increases with every snapshot.
@@ -48,7 +49,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -65,6 +65,7 @@ from asyncdp.coordinator.peers import (
     Link,
     Listener,
     Peer,
+    describe_frame,
 )
 from asyncdp.coordinator.teardown import tear_down
 from asyncdp.dp import wave as W
@@ -146,7 +147,9 @@ class Coordinator:
     # ------------------------------------------------------------ links
 
     def _peer(self, link: Link, name: str) -> Peer:
-        return Peer(link, name, self.config.outbox_size, self.config.heartbeat_timeout_s)
+        where = getattr(link, "remote", None)  # (a transport link names its peer's address; a test fake need not)
+        return Peer(link, f"{name} from {where}" if where else name, self.config.outbox_size,
+                    self.config.heartbeat_timeout_s)
 
     async def _run_peer(self, peer: Peer, reader: Callable[[], Awaitable[None]]) -> None:
         with peer.scope:
@@ -161,7 +164,15 @@ class Coordinator:
             first = await peer.receive()
             if first is None:
                 return
-            if self.all_subscribed.is_set() and not self.config.wave_mode:
+            if not isinstance(first, Subscribe) or first.dp_rank is None or (
+                    self.all_subscribed.is_set() and self.config.wave_mode):
+                # No engine (a stranger on the port, a client at the wrong address), or one too late for a MoE
+                # group, which takes no member back: dropped, the deployment and its startup go on.
+                log.warning("dropping the %s: it opened with %s%s", peer.name, describe_frame(first),
+                            " after startup (a MoE group takes no member back)" if self.all_subscribed.is_set()
+                            else " instead of Subscribe{dp_rank}")
+                return
+            if self.all_subscribed.is_set():
                 if (rank := self._rejoining_rank(first, peer)) is None:
                     return
                 await self._inbox_send.send(EngineRejoined(rank, peer))
@@ -176,11 +187,10 @@ class Coordinator:
             with anyio.CancelScope(shield=True):
                 await link.aclose()
 
-    def _subscribe_engine(self, msg: Any, peer: Peer) -> int:
+    def _subscribe_engine(self, msg: Subscribe, peer: Peer) -> int:
         n = self.config.dp_size
-        if not isinstance(msg, Subscribe) or msg.dp_rank is None:
-            raise StartupError(f"DP coordinator: expected Subscribe{{dp_rank}} on an engine link, got {msg!r}")
         rank = msg.dp_rank
+        assert rank is not None, "the link's handler checked it"
         if not 0 <= rank < n:
             raise StartupError(f"DP coordinator: Subscribe from unknown engine rank {rank} (dp_size={n})")
         if rank in self.engines or self.all_subscribed.is_set():
@@ -194,12 +204,12 @@ class Coordinator:
             log.info("all %d engines subscribed; sent CoordinatorReady", n)
         return rank
 
-    def _rejoining_rank(self, msg: Any, peer: Peer) -> int | None:
+    def _rejoining_rank(self, msg: Subscribe, peer: Peer) -> int | None:
         """Dense, after startup: the rank a restarted node's engine subscribes for, or None (logged) for a bad
         subscription: a serving coordinator drops that link, it does not fail."""
-        rank = msg.dp_rank if isinstance(msg, Subscribe) else None
+        rank = msg.dp_rank
         if rank is None or not 0 <= rank < self.config.dp_size:
-            log.warning("dropping an engine link that subscribed with %r after startup", msg)
+            log.warning("dropping the %s: it opened with %s after startup", peer.name, describe_frame(msg))
             return None
         peer.name = f"engine rank {rank}"
         return rank
@@ -240,7 +250,8 @@ class Coordinator:
             first = await peer.receive()
             if not isinstance(first, Subscribe) or first.client_id is None:
                 if first is not None:
-                    log.warning("client link opened with %r instead of Subscribe{client_id}; closing", first)
+                    log.warning("dropping the %s: it opened with %s instead of Subscribe{client_id}", peer.name,
+                                describe_frame(first))
                 return
             peer.name = f"client {first.client_id}"
             self.clients[key] = peer
@@ -383,5 +394,3 @@ async def serve_coordinator(config: CoordinatorConfig, engine_listener: Listener
         if len(leaves) == 1 and isinstance(leaves[0], AsyncDPError):
             raise leaves[0] from None
         raise
-
-

@@ -3,7 +3,8 @@ typed items the link readers post to the coordinator's core.
 
 Theory of operation. A :class:`Peer` wraps one link. ``receive`` returns the next frame, or ``None`` once the
 peer is gone: EOF, a link error, or silence past the heartbeat timeout (:class:`~asyncdp.dp.liveness.Liveness`:
-any frame counts; a bad frame is logged, counts as heard, and is skipped). ``write_loop`` drains the outbox to the
+any frame counts; a bad frame is logged, the first at WARNING and the rest at DEBUG, counts as heard, and is
+skipped). ``write_loop`` drains the outbox to the
 link, so no slow peer ever blocks the core; the core only ever calls ``send_nowait``.
 
 Full outbox (no silent loss): a message is never dropped while the peer is connected. When a peer's outbox is
@@ -26,7 +27,7 @@ import anyio
 from asyncdp.dp import wave as W
 from asyncdp.dp.liveness import Liveness
 from asyncdp.errors import ProtocolError
-from asyncdp.messages import FirstRequest, RankStats, StartWaveRequest, WaveComplete
+from asyncdp.messages import FirstRequest, RankStats, StartWaveRequest, Subscribe, WaveComplete
 from asyncdp.transport.links import LINK_ERRORS
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class Peer:
         self.scope = anyio.CancelScope()
         self.lost_reason: str | None = None
         self.departed = False  # said Goodbye: its EOF is not a loss
+        self.num_bad_frames = 0
 
     async def receive(self) -> Any:
         """The next frame, or None when the peer is gone (EOF, error, or silent past the heartbeat timeout)."""
@@ -103,8 +105,10 @@ class Peer:
             with anyio.CancelScope(deadline=planned):
                 try:
                     msg = await self.link.receive()
-                except ProtocolError as exc:
-                    log.warning("dropping a bad frame from %s: %s", self.name, exc)
+                except ProtocolError as exc:  # the first at WARNING: one peer may not flood the log
+                    self.num_bad_frames += 1
+                    log.log(logging.WARNING if self.num_bad_frames == 1 else logging.DEBUG,
+                            "dropping a bad frame from %s: %s", self.name, exc)
                     self.liveness.heard(anyio.current_time())
                     continue
                 except LINK_ERRORS as exc:
@@ -154,3 +158,11 @@ class Peer:
             self.cut(f"{self.name} link closed ({type(exc).__name__})")
         finally:
             self.flushed.set()
+
+
+def describe_frame(msg: Any) -> str:
+    """A peer's first frame for a log line: its type, and the rank or client a Subscribe names (never the whole
+    frame: a stranger's may be megabytes)."""
+    if isinstance(msg, Subscribe):
+        return f"Subscribe(dp_rank={msg.dp_rank}, client_id={msg.client_id})"
+    return type(msg).__name__

@@ -39,7 +39,7 @@ from asyncdp.dp.liveness import Liveness
 from asyncdp.errors import AsyncDPError, RankTornDown, leaf_exceptions
 from asyncdp.transport import Link
 from asyncdp.transport.heartbeat import send_heartbeats
-from asyncdp.transport.links import LINK_ERRORS
+from asyncdp.transport.links import LINK_ERRORS, Frames
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,9 @@ class RankLinks:
 
     async def _read_client(self, client_index: int, link: Link,
                            inbox: anyio.abc.ObjectSendStream[InboxItem]) -> None:
+        frames = Frames(link, f"rank {self.dp_rank}: client {client_index}'s link")
         try:
-            async for msg in link:
+            while (msg := await frames.next()) is not None:
                 await inbox.send(ClientMessage(client_index, msg))
         except LINK_ERRORS:
             pass  # this rank cut the link (a full outbox), or it broke: the same as a close
@@ -147,7 +148,8 @@ class RankLinks:
 
     async def _read_coordinator(self, link: Link, inbox: anyio.abc.ObjectSendStream[InboxItem],
                                 owner: LinkOwner, liveness: Liveness) -> None:
-        async for msg in link:
+        frames = Frames(link, f"rank {self.dp_rank}: the coordinator's link")
+        while (msg := await frames.next()) is not None:
             liveness.heard(anyio.current_time())
             if isinstance(msg, m.Heartbeat):
                 continue

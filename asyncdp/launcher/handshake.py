@@ -24,12 +24,14 @@ at startup; they reach the coordinator and every API server on their own, which 
 failed engine of such a node is only logged: the deployment serves on. Both links stay open for the
 deployment's life. A refused or broken handshake during startup fails the node with a reason (the refused side
 gets ``HandshakeError`` with the same reason); it never raises into the launcher's task group. A connection whose
-first frame is no asyncdp frame at all (an HTTP client on the rpc port) is only logged and dropped.
+first frame is no asyncdp frame at all (an HTTP client on the rpc port), or that closes or stays silent before
+its first frame (a port scan, a TCP probe), is only logged and dropped: it is no engine, and startup goes on.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 
@@ -43,6 +45,7 @@ from asyncdp.launcher.node import RemoteNodeLink, RunningNode
 from asyncdp.launcher.node_book import NodeEntry, span
 from asyncdp.transport import LINK_ERRORS, Link
 from asyncdp.transport.heartbeat import keep_link
+from asyncdp.transport.links import Frames
 
 log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
@@ -53,8 +56,12 @@ async def handshake(node: RunningNode, link: Link) -> None:
     """Serve one connection to the handshake listener: an engine's handshake or a headless node's node link."""
     first: m.Message | None = None
     try:
-        with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected peer speaks at once
-            first = await link.receive()
+        try:
+            with anyio.fail_after(HANDSHAKE_HELLO_TIMEOUT_S):  # a connected peer speaks at once
+                first = await link.receive()
+        except (TimeoutError, *LINK_ERRORS) as exc:
+            _silent_peer(link, exc)
+            return
         if isinstance(first, m.NodeHello):
             await serve_node_link(node, link, first)
         elif isinstance(first, m.Hello):
@@ -72,13 +79,24 @@ async def handshake(node: RunningNode, link: Link) -> None:
             node.fail(f"startup failed: {node.ranks_timeout() or f'the handshake with {who} broke off ({why})'}")
 
 
+def _silent_peer(link: Link, exc: BaseException) -> None:
+    """A connection that ended or went quiet before its first frame: no engine (an engine says ``Hello`` as soon as
+    it connects, and a crashed one is seen by whoever watches its process), but a port scan, a TCP probe or a peer
+    that stalled. It is dropped; startup goes on."""
+    if isinstance(exc, TimeoutError):
+        log.warning("dropped a connection to the handshake listener from %s: it sent no frame within %g s",
+                    link.remote, HANDSHAKE_HELLO_TIMEOUT_S)
+    else:  # (probes do this every few seconds: not worth a line at INFO)
+        log.debug("a connection to the handshake listener from %s closed before its first frame", link.remote)
+
+
 async def _foreign_peer(node: RunningNode, link: Link, exc: ForeignPeerError) -> None:
     """A connection whose first frame is no asyncdp frame of this version. Another asyncdp version is refused as
     any peer is (E5: it gets the reason too, in the one message every version decodes); anything else (an HTTP
     client on the rpc port, a port scanner) is no engine of this deployment: logged and dropped."""
     if not exc.other_version:
-        log.warning("dropped a connection to the handshake listener that does not speak asyncdp (it sent %s)",
-                    exc.seen)
+        log.warning("dropped a connection to the handshake listener from %s that does not speak asyncdp (it sent %s)",
+                    link.remote, exc.seen)
         return
     problem = (f"a peer speaks another asyncdp protocol ({exc.seen}); this head speaks protocol_version "
                f"{exc.protocol_version}: run the same asyncdp version on every node")
@@ -112,7 +130,15 @@ async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> No
                                     coordinator=node.coordinator_addrs, dp_group=node.dp_group_info,
                                     client_count=node.table.client_count))
     try:
-        ready = await link.receive()
+        # During startup its deadline bounds this wait; after it (a restarted node's engine) nothing would, and a
+        # peer that said Hello and went silent would hold the rank for good
+        with anyio.move_on_after(node.plan.engine_ready_timeout_s if node.started else math.inf) as waited:
+            ready = await link.receive()
+        if waited.cancelled_caught:
+            log.warning("dropped engine rank %d on %s (pid %d): no Ready within --engine-ready-timeout-s (%g s); "
+                        "the rank may join again", hello.dp_rank, hello.host, hello.pid,
+                        node.plan.engine_ready_timeout_s)
+            return
         if isinstance(ready, m.HandshakeError):  # the engine could not start: its reason, as one line
             _refuse(node, f"engine rank {hello.dp_rank}: {ready.reason}")
             return
@@ -129,7 +155,8 @@ async def _engine_handshake(node: RunningNode, link: Link, hello: m.Hello) -> No
         if node.started:  # a restarted node's engine (dense): every endpoint's /server_info shows it again
             log.info("engine rank %d on %s (pid %d) is ready again", hello.dp_rank, hello.host, hello.pid)
             await publish_process_table(node)
-        async for _ in link:  # the handshake link stays open for the deployment's life (spec §5.7)
+        frames = Frames(link, f"the handshake link of engine rank {hello.dp_rank}")
+        while await frames.next() is not None:  # the handshake link stays open for the deployment's life (§5.7)
             pass
         book.engine_gone(hello)
     finally:

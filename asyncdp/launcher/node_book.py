@@ -49,7 +49,12 @@ def check_config_agreement(summaries: dict[int, dict[str, Any]], dp_rank: int,
                            summary: Mapping[str, Any]) -> str | None:
     """E6: record ``dp_rank``'s parallel-configuration summary; return the mismatch message once it (or any rank
     recorded before rank 0) hashes differently from rank 0's, naming the differing fields. Ranks may report in
-    any order."""
+    any order. A summary off the wire may hold anything msgpack does: a value that is no str, int or bool (which
+    the hash could not digest) is a mismatch of its own, and nothing of it is recorded."""
+    odd = sorted(k for k, v in summary.items() if not isinstance(v, str | int | bool))
+    if odd:
+        return (f"configuration mismatch: engine rank {dp_rank} sent a configuration summary whose "
+                f"{', '.join(odd[:5])} {'is' if len(odd) == 1 else 'are'} no str, int or bool")
     summaries[dp_rank] = dict(summary)
     rank0 = summaries.get(0)
     if rank0 is None:
@@ -105,8 +110,12 @@ class NodeBook:
         external rank server joins a deployment of its own mode once it serves; its engines may have said
         ``Hello`` already, so the entry they created (same launcher pid) is completed, not refused as an
         overlap."""
-        ranks = list(range(hello.start_rank, hello.start_rank + hello.size_local))
-        who = f"the {hello.role} node with {span(ranks)} ({hello.host}, pid {hello.pid})"
+        first, size = hello.start_rank, hello.size_local
+        # (checked before any list is built: the frame is anyone's, and its size_local may be 2**62)
+        in_range = size >= 1 and first >= 0 and first + size <= self.dp_size
+        ranks = list(range(first, first + size)) if in_range else []
+        shown = span(ranks) if in_range else "no ranks" if size < 1 else f"ranks {first}..{first + size - 1}"
+        who = f"the {hello.role} node with {shown} ({hello.host}, pid {hello.pid})"
         if hello.protocol_version != PROTOCOL_VERSION:
             return None, f"{who} speaks protocol_version {hello.protocol_version}, the head {PROTOCOL_VERSION}"
         expected = "internal" if hello.role == "headless" else hello.role
@@ -115,7 +124,7 @@ class NodeBook:
                 return None, (f"{who} joined a {self.mode}-LB deployment; headless nodes belong to internal-LB "
                               "deployments (drop --headless and give that node its own API endpoint)")
             return None, f"{who} joined a {self.mode}-LB deployment; every node must use the same LB mode"
-        if not ranks or ranks[0] < 0 or ranks[-1] >= self.dp_size:
+        if not in_range:
             return None, f"{who} is outside the deployment's ranks [0, {self.dp_size})"
         if gone := self.rejoin_problem(ranks):
             return None, gone

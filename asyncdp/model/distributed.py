@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,13 +56,24 @@ def dp_backend(device_type: str) -> str:
 
 
 def host_rendezvous_store(host: str, *, timeout_s: float = STORE_TIMEOUT_S) -> tuple[dist.TCPStore, int]:
-    """The head's rendezvous store on ``host``, bound to port 0; returns it and the port it really got.
+    """The head's rendezvous store on ``host`` only, bound to port 0; returns it and the port it really got.
 
     The head keeps the store alive for as long as the deployment runs (engines read addresses from it whenever
     a new communicator is created).
     """
-    store = dist.TCPStore(host, 0, world_size=None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+    # A socket bound here, handed over: given only a host, the store's server listens on every interface.
+    family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind(addr)
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(host, port, world_size=None, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store's now, for the deployment's life
     return store, int(store.port)
 
 

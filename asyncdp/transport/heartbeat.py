@@ -15,7 +15,7 @@ import anyio
 
 from asyncdp.dp.liveness import Liveness
 from asyncdp.messages import Heartbeat, Message
-from asyncdp.transport.links import LINK_ERRORS, Link
+from asyncdp.transport.links import LINK_ERRORS, Frames, Link
 
 
 async def send_heartbeats(send: Callable[[Heartbeat], Awaitable[None] | None], interval_s: float,
@@ -44,9 +44,11 @@ async def keep_link(link: Link, on_message: Callable[[Message], bool | None], *,
     Every frame counts as a sign of life (:class:`~asyncdp.dp.liveness.Liveness`); ``on_message(msg)`` gets each
     frame that is not a heartbeat and may return True to stop following. Returns why it ended: ``"closed"`` (EOF
     or a broken link: the peer's process ended), ``"silent"`` (nothing heard for ``timeout_s``: host or network
-    lost) or ``"done"`` (``on_message`` said so). The link stays open; the caller closes it.
+    lost) or ``"done"`` (``on_message`` said so). The link stays open; the caller closes it. A frame this build
+    cannot decode is logged (the first at WARNING) and dropped.
     """
     liveness = Liveness(timeout_s, anyio.current_time())
+    frames = Frames(link, f"the node link with {link.remote}")
 
     async def beat(msg: Heartbeat) -> None:
         with anyio.move_on_after(timeout_s):  # a full link to a silent peer: skip a beat
@@ -58,9 +60,8 @@ async def keep_link(link: Link, on_message: Callable[[Message], bool | None], *,
             while True:
                 planned = liveness.deadline_s()
                 with anyio.move_on_at(planned):
-                    try:
-                        msg = await link.receive()
-                    except (anyio.EndOfStream, *LINK_ERRORS):
+                    msg = await frames.next()
+                    if msg is None:
                         return "closed"
                     liveness.heard(anyio.current_time())
                     if not isinstance(msg, Heartbeat) and on_message(msg):

@@ -3,7 +3,10 @@
 Frame layout: a 4-byte big-endian payload length, then the payload (``asyncdp.messages.encode``). A send lock
 keeps concurrent senders from interleaving frames. A first frame that is not this build's (a length no frame has,
 as the ASCII of an HTTP answer gives, or a payload this codec cannot decode) is a
-:class:`~asyncdp.errors.ForeignPeerError`: the address names another service, or an asyncdp of another version. ``MemoryLink`` passes message objects through anyio memory
+:class:`~asyncdp.errors.ForeignPeerError`: the address names another service, or an asyncdp of another version.
+The first frame of an accepted link (anyone on the network may have connected) is at most
+``ACCEPTED_FIRST_FRAME_MAX_BYTES``; once the framing is lost (that error, or a frame over ``MAX_FRAME_BYTES``) the
+link reads nothing more: its next receive is ``EndOfStream``. ``MemoryLink`` passes message objects through anyio memory
 object streams; by default it still round-trips them through the codec so in-process tests exercise the wire
 format (``codec=False`` skips that for the simulation harness).
 """
@@ -31,6 +34,9 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 256 << 20
+# The first frame of an accepted link (Hello, NodeHello, EngineReady, Subscribe: a few KiB at most). Until it is
+# read the peer may be anyone on the network: it may not make the listener buffer MAX_FRAME_BYTES per connection.
+ACCEPTED_FIRST_FRAME_MAX_BYTES = 1 << 20
 FOREIGN_PEEK_S = 0.5  # how long a first frame of no asyncdp peer waits for more of its answer, to quote it
 FOREIGN_PEEK_BYTES = 64
 
@@ -39,6 +45,11 @@ class Link:
     """One end of an ordered, reliable, duplex message link."""
 
     name: str
+
+    @property
+    def remote(self) -> str:
+        """Who is at the other end, for a log line that names a peer to drop: the link's name here."""
+        return self.name
 
     async def send(self, msg: messages.Message) -> None:
         raise NotImplementedError
@@ -66,15 +77,27 @@ class Link:
 
 
 class StreamLink(Link):
-    def __init__(self, stream: anyio.abc.ByteStream, *, name: str = "link") -> None:
+    """``max_first_frame_bytes``: the longest first frame (an accepted link's is small:
+    ``ACCEPTED_FIRST_FRAME_MAX_BYTES``). Once the framing is lost (a foreign first frame, a frame over its limit)
+    the receive that found it raises, and every later one raises ``EndOfStream``: the rest is no frames."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, *, name: str = "link",
+                 max_first_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self.name = name
         self._stream = stream
         self._reader = BufferedByteReceiveStream(stream)
         self._size: int | None = None  # a frame whose header was read and whose payload was not, yet
         self._first = True  # no frame received yet: a bad one means a foreign peer, not a garbled frame
+        self._max_first = max_first_frame_bytes
+        self._lost = False  # the framing is lost: nothing more is read
+        self._remote = _remote_of(stream)  # now: a peer that reset its connection has no address any more
         # fast_acquire: an uncontended send does not yield to the scheduler here; the stream write right after
         # is a checkpoint anyway. That is one task switch less per frame.
         self._send_lock = anyio.Lock(fast_acquire=True)
+
+    @property
+    def remote(self) -> str:
+        return self._remote
 
     async def send(self, msg: messages.Message) -> None:
         payload = messages.encode(msg)
@@ -85,6 +108,8 @@ class StreamLink(Link):
         """The next frame. Cancellation-safe: a receive cancelled part way (a liveness deadline) loses nothing,
         and the next one goes on where it stopped (the buffered reader keeps partial reads; ``_size`` a header
         read whose payload was not)."""
+        if self._lost:
+            raise anyio.EndOfStream
         if self._size is None:
             try:
                 header = await self._reader.receive_exactly(_HEADER.size)
@@ -93,7 +118,8 @@ class StreamLink(Link):
             except (anyio.BrokenResourceError, ConnectionError, OSError):
                 raise anyio.EndOfStream from None
             (size,) = _HEADER.unpack(header)
-            if size > MAX_FRAME_BYTES:
+            if size > (self._max_first if self._first else MAX_FRAME_BYTES):
+                self._lost = True
                 if self._first:
                     seen = _quote(header + await self._more_of_a_foreign_answer())
                     raise ForeignPeerError(self.name, seen, other_version=False,
@@ -111,6 +137,7 @@ class StreamLink(Link):
         try:
             return messages.decode(payload)
         except ProtocolError as exc:
+            self._lost = True
             tagged = messages.describe_tagged(payload)
             seen = f"{tagged} this build cannot decode: {exc}" if tagged else _quote(payload)
             raise ForeignPeerError(self.name, seen, other_version=tagged is not None,
@@ -134,6 +161,41 @@ class StreamLink(Link):
                 await self._stream.aclose()
             except (anyio.BrokenResourceError, OSError):
                 pass
+
+
+class Frames:
+    """A link's frames until it ends: ``await frames.next()`` is the next message, or None once the link ended (EOF,
+    broken, closed). A frame this build cannot decode (an unknown type, a malformed field) is dropped (spec §5.1):
+    the first of a link logged at WARNING as ``who``'s, later ones at DEBUG, so a broken peer cannot flood the log;
+    once the framing is lost the link ends. Cancellation-safe, as ``receive`` is."""
+
+    def __init__(self, link: Link, who: str) -> None:
+        self._link = link
+        self._who = who
+        self.num_dropped = 0
+
+    async def next(self) -> messages.Message | None:
+        while True:
+            try:
+                return await self._link.receive()
+            except ProtocolError as exc:
+                self.num_dropped += 1
+                first = self.num_dropped == 1
+                log.log(logging.WARNING if first else logging.DEBUG, "%s: dropped bad frame %d (%s)%s", self._who,
+                        self.num_dropped, exc, "; later ones are logged at DEBUG" if first else "")
+            except LINK_ERRORS:
+                return None
+
+
+def _remote_of(stream: anyio.abc.ByteStream) -> str:
+    """The peer's TCP address (``host:port``), for log lines; a Unix socket's peer has none."""
+    try:
+        addr = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except (anyio.TypedAttributeLookupError, OSError):
+        return "an unknown address"
+    if isinstance(addr, tuple):
+        return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
+    return "a local process"
 
 
 def _quote(data: bytes, limit: int = 40) -> str:
@@ -260,7 +322,7 @@ async def serve_links(
     """Accept connections forever, running ``handler(link)`` for each in the listener's task group."""
 
     async def wrap(stream: anyio.abc.SocketStream) -> None:
-        link = StreamLink(stream, name=name)
+        link = StreamLink(stream, name=name, max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES)
         try:
             await handler(link)
         finally:

@@ -123,8 +123,8 @@ async def _served_by(client: DPClient, engine_end: MemoryLink, request_id: str, 
 async def test_a_dead_rank_that_connects_again_is_ready_and_routed_to_again(autojump_clock, monkeypatch, old_link):
     """Dense: a restarted node's engine opens a new link for a rank that died (spec §13). The rank used to stay
     dead in the balancer for good: a request pinned to it got 503 "data_parallel_rank 1 is not available".
-    ``lingering``: the lost engine's link is still open when the new one arrives (a lost host, not yet timed
-    out); it counts as dead at once, and its late end does not take the new link's rank down."""
+    ``lingering``: the lost engine's link is still open, silent, when the new one arrives (a lost host, not yet
+    timed out); it counts as dead at once, and its late end does not take the new link's rank down."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     metrics = Metrics(model_name="m", multiproc_dir=None)
     client = DPClient(_config(managed_ranks=(0, 1), dp_size=2), tokenizer=None, metrics=metrics)
@@ -140,6 +140,8 @@ async def test_a_dead_rank_that_connects_again_is_ready_and_routed_to_again(auto
             await anyio.sleep(0.1)
             assert client.engine_states()[1][0] is False and client.lb.dead_ranks == [1]
             assert _sample(metrics, "asyncdp:dp_engine_up", engine="1") == 0
+        if old_link == "lingering":
+            await anyio.sleep(3)  # its host is lost: silent for a while, not yet past the heartbeat timeout
         tg.start_soon(client.attach_engine, again_client)
         await again_engine.send(_ready(1))
         await anyio.sleep(0.1)
