@@ -113,6 +113,7 @@ class RouterApp:
             await _send_error(send, 503, "the router is shutting down")
             return
         exchange = _Exchange()
+        failures: list[str] | None = None  # stays None when the client leaves first (the watcher cancels)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, exchange)
             failures = await self._forward_to_best(scope, body, send, exchange)
