@@ -3,6 +3,8 @@ anything starts; good flags become RouterSettings."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from asyncdp.cli import build_parser, main
@@ -50,3 +52,15 @@ def test_the_defaults_poll_every_50_ms_and_drop_endpoints_silent_for_a_second():
     s = settings_from(build_parser().parse_args(["route", "--endpoint", "http://[::1]:8000"]))
     assert (s.endpoints, s.host, s.port, s.poll_interval_s, s.stale_after_s, s.shutdown_timeout_s) == (
         ("http://[::1]:8000",), "0.0.0.0", 8000, 0.05, 1.0, 0.0)
+
+
+def test_every_route_flag_is_in_the_reference_with_its_default(monkeypatch, capsys):
+    from tests.test_docs_cli import help_text, section, tables
+
+    rows = {row[0].strip("`"): row for row in tables(section("## `asyncdp route`"))[0][1:]}
+    documented = set(rows)
+    flags = {f for f in re.findall(r"^  (--[a-z-]+)", help_text(monkeypatch, "route"), flags=re.M) if f != "--help"}
+    assert flags == documented
+    for name, default in (("--poll-interval-s", "0.05"), ("--stale-after-s", "1.0"), ("--port", "8000"),
+                          ("--shutdown-timeout", "0"), ("--host", "`0.0.0.0`")):
+        assert rows[name][1] == default
