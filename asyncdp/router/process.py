@@ -8,13 +8,15 @@ log line ``routing on http://HOST:PORT to N endpoints: ...``). SIGTERM or SIGINT
 503, new requests 503), then Hypercorn stops accepting and gives the requests in flight ``--shutdown-timeout``
 seconds before it cancels them (a cancelled exchange closes its upstream response, so the endpoint aborts the
 request). Then the poller is cancelled and the process exits 0. A second signal is only logged: the drain is
-bounded already. A failure (the port cannot be bound) ends the process with status 1 and one log line.
+bounded already. A port that cannot be bound (bound in :func:`run_router`, before the event loop) ends the
+process with status 1 and one log line.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 
 import anyio
 import anyio.abc
@@ -30,6 +32,9 @@ log = logging.getLogger("asyncdp.router")
 
 PROCESS_TITLE = "asyncdp-route"
 MAX_KEEPALIVE_CONNECTIONS = 256
+# An idle upstream connection is dropped here before the endpoint's Hypercorn drops it (its keep-alive timeout is
+# 5 s): reusing one the endpoint is closing at that moment would fail a request after it was sent (a 502).
+KEEPALIVE_EXPIRY_S = 2.0
 
 
 async def _watch_signals(app: RouterApp, stop: anyio.Event, shutdown_timeout_s: float, *,
@@ -46,13 +51,21 @@ async def _watch_signals(app: RouterApp, stop: anyio.Event, shutdown_timeout_s: 
             stop.set()
 
 
-async def serve_router(settings: RouterSettings, *,
+def listen(host: str, port: int) -> socket.socket:
+    """The router's listening socket (port 0: any free port); OSError when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
+async def serve_router(settings: RouterSettings, sock: socket.socket, *,
                        task_status: anyio.abc.TaskStatus[tuple[str, int]] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Run the router until a signal's drain ends (see the module docstring)."""
+    """Run the router on the listening socket ``sock`` until a signal's drain ends (see the module docstring).
+    ``sock`` is closed once Hypercorn serves its duplicate, so the port closes when Hypercorn stops."""
     poller = Poller(settings.endpoints, poll_interval_s=settings.poll_interval_s,
                     stale_after_s=settings.stale_after_s)
     poll_limits = httpx.Limits(max_connections=len(settings.endpoints), max_keepalive_connections=len(settings.endpoints))
-    proxy_limits = httpx.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS)
+    proxy_limits = httpx.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS,
+                                keepalive_expiry=KEEPALIVE_EXPIRY_S)
     async with (httpx.AsyncClient(limits=poll_limits, timeout=settings.stale_after_s) as poll_http,
                 httpx.AsyncClient(limits=proxy_limits) as proxy_http):
         app = RouterApp(poller, proxy_http, connect_timeout_s=settings.connect_timeout_s)
@@ -62,12 +75,12 @@ async def serve_router(settings: RouterSettings, *,
             await tg.start(poller.run, poll_http)
 
             async def serve(*, task_status: anyio.abc.TaskStatus[tuple[str, int]]) -> None:
-                await serve_http(app, host=settings.host, port=settings.port,
-                                 shutdown_timeout_s=settings.shutdown_timeout_s, shutdown_trigger=stop.wait,
+                await serve_http(app, sock=sock, shutdown_timeout_s=settings.shutdown_timeout_s, shutdown_trigger=stop.wait,
                                  task_status=task_status)
                 tg.cancel_scope.cancel()  # drained: stop the poller and the signal watcher
 
             address = await tg.start(serve)
+            sock.close()
             host, port = address[0], address[1]
             shown = f"[{host}]" if ":" in host else host
             log.info("routing on http://%s:%d to %d endpoints: %s (%d usable now)", shown, port,
@@ -89,11 +102,15 @@ def run_router(settings: RouterSettings) -> int:
     except ImportError:
         pass
     try:
-        runtime.run(serve_router, settings)
+        sock = listen(settings.host, settings.port)
+    except OSError as exc:
+        log.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc.strerror or exc)
+        return 1
+    try:
+        runtime.run(serve_router, settings, sock)
     except KeyboardInterrupt:  # before the signal watcher is in place
         return 1
-    except OSError as exc:  # the port cannot be bound
-        log.error("cannot serve on %s:%d: %s", settings.host, settings.port, exc)
-        return 1
+    finally:
+        sock.close()
     log.info("router stopped; exit status 0")
     return 0
