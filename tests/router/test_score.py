@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from asyncdp.router.score import EndpointLoad, candidates, checked_load, score
 
@@ -107,3 +109,45 @@ def test_a_load_answer_of_the_contract_is_kept_and_anything_else_is_refused():
                 {"seq": 1, "ranks": [{k: v for k, v in rank().items() if k != "inflight"}]}):
         with pytest.raises(ValueError):
             checked_load(bad)
+
+
+rank_loads = st.fixed_dictionaries({
+    "dp_rank": st.just(0), "up": st.booleans(), "waiting": st.integers(0, 50), "running": st.integers(0, 50),
+    "inflight": st.integers(0, 100), "kv_cache_usage": st.floats(0.0, 1.0), "prefill_tokens": st.integers(0, 10_000)})
+endpoint_states = st.tuples(st.lists(rank_loads, min_size=1, max_size=3), st.integers(0, 5), st.integers(0, 5),
+                            st.floats(0.0, 2.0))
+
+
+def build(states: list[tuple[list[dict[str, Any]], int, int, float]]) -> list[EndpointLoad]:
+    eps = []
+    for i, (ranks, sent, inflight, age_s) in enumerate(states):
+        ep = endpoint(*ranks, now_s=10.0 - age_s, url=f"http://e:{i + 1}")
+        ep.sent_since_seq, ep.num_inflight = sent, inflight
+        eps.append(ep)
+    return eps
+
+
+@given(st.lists(endpoint_states, min_size=1, max_size=6))
+def test_candidates_are_exactly_the_usable_endpoints_in_score_order(states):
+    eps = build(states)
+    order = candidates(eps, 10.0, STALE_S)
+    usable = [i for i, ep in enumerate(eps) if score(ep, 10.0, STALE_S) is not None]
+    assert sorted(order) == usable
+    scores = [score(eps[i], 10.0, STALE_S) for i in order]
+    assert scores == sorted(scores)  # type: ignore[type-var]
+    for i in usable:
+        ep = eps[i]
+        fresh = 10.0 - ep.polled_at_s <= STALE_S and any(r["up"] for r in ep.load["ranks"])  # type: ignore[index]
+        assert fresh
+
+
+@given(st.lists(endpoint_states, min_size=2, max_size=6), st.data())
+def test_one_more_request_sent_never_moves_an_endpoint_ahead(states, data):
+    eps = build(states)
+    before = candidates(eps, 10.0, STALE_S)
+    if not before:
+        return
+    i = data.draw(st.sampled_from(before))
+    eps[i].request_started()
+    after = candidates(eps, 10.0, STALE_S)
+    assert after.index(i) >= before.index(i)
