@@ -63,7 +63,8 @@ async def serve_router(settings: RouterSettings, sock: socket.socket, *,
     ``sock`` is closed once Hypercorn serves its duplicate, so the port closes when Hypercorn stops."""
     poller = Poller(settings.endpoints, poll_interval_s=settings.poll_interval_s,
                     stale_after_s=settings.stale_after_s)
-    poll_limits = httpx.Limits(max_connections=len(settings.endpoints), max_keepalive_connections=len(settings.endpoints))
+    n = len(settings.endpoints)
+    poll_limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)  # one kept-alive each
     proxy_limits = httpx.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS,
                                 keepalive_expiry=KEEPALIVE_EXPIRY_S)
     async with (httpx.AsyncClient(limits=poll_limits, timeout=settings.stale_after_s) as poll_http,
@@ -75,8 +76,8 @@ async def serve_router(settings: RouterSettings, sock: socket.socket, *,
             await tg.start(poller.run, poll_http)
 
             async def serve(*, task_status: anyio.abc.TaskStatus[tuple[str, int]]) -> None:
-                await serve_http(app, sock=sock, shutdown_timeout_s=settings.shutdown_timeout_s, shutdown_trigger=stop.wait,
-                                 task_status=task_status)
+                await serve_http(app, sock=sock, shutdown_timeout_s=settings.shutdown_timeout_s,
+                                 shutdown_trigger=stop.wait, task_status=task_status)
                 tg.cancel_scope.cancel()  # drained: stop the poller and the signal watcher
 
             address = await tg.start(serve)
@@ -84,7 +85,7 @@ async def serve_router(settings: RouterSettings, sock: socket.socket, *,
             host, port = address[0], address[1]
             shown = f"[{host}]" if ":" in host else host
             log.info("routing on http://%s:%d to %d endpoints: %s (%d usable now)", shown, port,
-                     len(settings.endpoints), ", ".join(settings.endpoints), poller.num_usable())
+                     n, ", ".join(settings.endpoints), poller.num_usable())
             task_status.started((host, port))
 
 

@@ -66,10 +66,13 @@ def forwarded_headers(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[by
 
 @dataclass
 class _Exchange:
-    """One request's progress, shared with its disconnect watcher."""
+    """One request's state shared with its disconnect watcher."""
 
-    started: bool = False  # the response start went to the client
     client_gone: bool = False
+
+
+class _BodyTooLarge(Exception):
+    pass
 
 
 class RouterApp:
@@ -103,11 +106,13 @@ class RouterApp:
         await _send_json(send, status, body)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await _read_body(receive)
-        if body is None:  # the client left before its body arrived
+        try:
+            body = await _read_body(receive)
+        except _BodyTooLarge:
+            await _send_error(send, 413, f"the request body is larger than the router's limit of "
+                              f"{MAX_BODY_BYTES} bytes")
             return
-        if isinstance(body, int):
-            await _send_error(send, 413, f"the request body is larger than the router's limit of {body} bytes")
+        if body is None:  # the client left before its body arrived
             return
         if self.draining:
             await _send_error(send, 503, "the router is shutting down")
@@ -145,7 +150,7 @@ class RouterApp:
 
     async def _forward(self, base: str, scope: Scope, body: bytes, send: Send, exchange: _Exchange) -> str | None:
         """Send the request to ``base``; None once the exchange ended, else why nothing could be sent."""
-        target = scope.get("raw_path") or scope["path"].encode()
+        target = scope.get("raw_path") or scope["path"].encode("utf-8")
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         url = httpx.URL(base).copy_with(raw_path=target)
@@ -164,7 +169,6 @@ class RouterApp:
         try:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": forwarded_headers(response.headers.raw, NOT_RETURNED)})
-            exchange.started = True
             try:
                 async for chunk in response.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -189,8 +193,8 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-async def _read_body(receive: Receive) -> bytes | int | None:
-    """The whole request body; None if the client disconnected first; ``MAX_BODY_BYTES`` when it is larger."""
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body; None if the client disconnected first; _BodyTooLarge past ``MAX_BODY_BYTES``."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -200,7 +204,7 @@ async def _read_body(receive: Receive) -> bytes | int | None:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            return MAX_BODY_BYTES
+            raise _BodyTooLarge
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

@@ -213,3 +213,14 @@ async def test_a_client_that_leaves_mid_stream_closes_the_upstream_response() ->
         await app(sse_scope(), receive, send)
     assert upstream.closed and [m.get("body") for m in sent] == [None, b"data: 1\n\n"]
     assert app.poller.endpoints[0].num_inflight == 0
+
+
+async def test_a_body_over_the_limit_is_413_and_nothing_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncdp.router.proxy as proxy
+
+    monkeypatch.setattr(proxy, "MAX_BODY_BYTES", 10)
+    app, client = app_with({A: echo, B: echo})
+    async with client:
+        r = await client.post("/v1/completions", content=b"x" * 11)
+    assert r.status_code == 413 and "limit of 10 bytes" in r.json()["error"]["message"]
+    assert app.calls == []  # type: ignore[attr-defined]
