@@ -215,6 +215,9 @@ async def test_a_client_that_leaves_mid_stream_closes_the_upstream_response() ->
     assert app.poller.endpoints[0].num_inflight == 0
 
 
+# asyncio only: the app stops reading at the limit, and under trio httpx's ASGITransport leaves its request-body
+# generator unfinished, which trio reports as an unraisable exception (a harness artifact, not the router's).
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_body_over_the_limit_is_413_and_nothing_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncdp.router.proxy as proxy
 
