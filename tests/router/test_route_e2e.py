@@ -156,6 +156,33 @@ async def test_a_client_that_leaves_mid_stream_aborts_the_request_on_its_endpoin
                 await anyio.sleep(0.1)
 
 
+async def test_sigterm_with_no_drain_time_cuts_the_stream_and_aborts_it_on_its_endpoint(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A second router with the default --shutdown-timeout 0: its stream in flight is cancelled at once, which
+    closes the upstream request (the endpoint counts an abort), and the router still exits 0."""
+    texts = [await read_metrics(ep.base_url) for ep in cluster.endpoints]
+    before = sum(sum(per_engine(t, "vllm:request_success_total", finished_reason="abort").values()) for t in texts)
+    with route(tmp_path / "router.log", *(ep.base_url for ep in cluster.endpoints)) as router, anyio.fail_after(30):
+        async with openai.AsyncOpenAI(base_url=f"{router.base_url}/v1", api_key=KEY, max_retries=0) as client:
+            stream = await client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=480,
+                                                     stream=True, extra_body=NO_EOS)
+            chunks = 0
+            with pytest.raises(openai.APIError):  # the response ends without its end: an incomplete chunked body
+                async for _ in stream:
+                    chunks += 1
+                    if chunks == 2:
+                        router.process.send_signal(signal.SIGTERM)
+        assert router.wait_exit() == 0 and "Traceback" not in router.log()
+    assert chunks < 480
+    with anyio.fail_after(10):
+        while True:
+            texts = [await read_metrics(ep.base_url) for ep in cluster.endpoints]
+            if sum(sum(per_engine(t, "vllm:request_success_total", finished_reason="abort").values())
+                   for t in texts) == before + 1:
+                break
+            await anyio.sleep(0.1)
+
+
 async def completions(base_url: str, n: int) -> None:
     async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=KEY, max_retries=0) as client:
         for i in range(n):
