@@ -7,8 +7,8 @@ and waits until every endpoint was polled once, then serves the :class:`~asyncdp
 log line ``routing on http://HOST:PORT to N endpoints: ...``). SIGTERM or SIGINT sets ``draining`` (``/health``
 503, new requests 503), then Hypercorn stops accepting and gives the requests in flight ``--shutdown-timeout``
 seconds before it cancels them (a cancelled exchange closes its upstream response, so the endpoint aborts the
-request). Then the poller is cancelled and the process exits 0. A second signal is only logged: the drain is
-bounded already. A port that cannot be bound (bound in :func:`run_router`, before the event loop) ends the
+request). Then the poller is cancelled and the process exits 0. A second signal cancels the requests still in
+flight at once (:meth:`~asyncdp.router.proxy.RouterApp.cancel_all`), so the drain ends. A port that cannot be bound (bound in :func:`run_router`, before the event loop) ends the
 process with status 1 and one log line.
 """
 
@@ -44,7 +44,7 @@ async def _watch_signals(app: RouterApp, stop: anyio.Event, shutdown_timeout_s: 
         async for signum in signals:
             name = signal.Signals(signum).name
             if stop.is_set():
-                log.info("received %s: the router is stopping already", name)
+                log.warning("received %s again: cancelling the %d requests in flight now", name, app.cancel_all())
                 continue
             log.info("received %s: draining the requests in flight for up to %g s", name, shutdown_timeout_s)
             app.draining = True

@@ -20,7 +20,8 @@ cancelled and the upstream response closed before it was read to the end, which 
 endpoint aborts the request. An endpoint that fails mid-body (killed) ends the client's response without its end
 (the app returns without the last body event, and Hypercorn closes the connection): the client sees an incomplete response, never a truncated one that looks whole.
 Every upstream wait is bounded by the connect (and write) timeout; reading the answer is not (a long generation,
-or the gaps of a stream, are the endpoint's business). While draining, new requests get 503.
+or the gaps of a stream, are the endpoint's business). While draining, new requests get 503; :meth:`cancel_all`
+(a second signal) ends the requests in flight at once, as a client's leaving would.
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ class RouterApp:
         self.timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=connect_timeout_s,
                                      pool=connect_timeout_s)
         self.draining = False
+        self._exchanges: set[anyio.CancelScope] = set()  # one per request being forwarded
+
+    def cancel_all(self) -> int:
+        """Cancel every request being forwarded (a second signal: stop draining now); how many there were. Each
+        closes its upstream response, so its endpoint aborts it, and its client sees the response cut off."""
+        for scope in self._exchanges:
+            scope.cancel()
+        return len(self._exchanges)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -120,9 +129,13 @@ class RouterApp:
         exchange = _Exchange()
         failures: list[str] | None = None  # stays None when the client leaves first (the watcher cancels)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, exchange)
-            failures = await self._forward_to_best(scope, body, send, exchange)
-            tg.cancel_scope.cancel()
+            self._exchanges.add(tg.cancel_scope)
+            try:
+                tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, exchange)
+                failures = await self._forward_to_best(scope, body, send, exchange)
+                tg.cancel_scope.cancel()
+            finally:
+                self._exchanges.discard(tg.cancel_scope)
         if failures is not None and not exchange.client_gone:
             tried = "; ".join(failures) or "no endpoint is usable: " + _endpoint_states(self.poller)
             await _send_error(send, 503, f"no endpoint can take the request ({tried})")

@@ -227,3 +227,26 @@ async def test_a_body_over_the_limit_is_413_and_nothing_is_sent(monkeypatch: pyt
         r = await client.post("/v1/completions", content=b"x" * 11)
     assert r.status_code == 413 and "limit of 10 bytes" in r.json()["error"]["message"]
     assert app.calls == []  # type: ignore[attr-defined]
+
+
+async def test_cancel_all_ends_a_stream_in_flight_without_its_end_and_closes_the_upstream() -> None:
+    upstream = Upstream()  # its second event never comes
+    app, _client = app_with({A: lambda request: httpx.Response(200, stream=upstream), B: echo})
+    sent: list[dict[str, Any]] = []
+    bodies = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if bodies:
+            return bodies.pop()
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message.get("body"):
+            assert app.cancel_all() == 1  # what a second SIGTERM does
+
+    with anyio.fail_after(5):
+        await app(sse_scope(), receive, send)
+    assert upstream.closed and [m.get("body") for m in sent] == [None, b"data: 1\n\n"]
+    assert app.cancel_all() == 0 and app.poller.endpoints[0].num_inflight == 0
