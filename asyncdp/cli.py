@@ -1,5 +1,5 @@
-"""The ``asyncdp`` command line: ``serve``, ``model export|list``, ``bench routing`` (delegated to
-:mod:`asyncdp.bench.command`) and ``--version``.
+"""The ``asyncdp`` command line: ``serve``, ``model export|list``, ``bench routing`` and ``route`` (delegated to
+:mod:`asyncdp.bench.command`, :mod:`asyncdp.router.command`) and ``--version``.
 
 Theory of operation: argv is normalised (``--data_parallel_size`` is ``--data-parallel-size``), parsed by argparse
 into ``{field: value}`` with ``None`` for every flag not given, and handed to :meth:`ServeConfig.from_flags`
@@ -36,6 +36,7 @@ from asyncdp.config.flags import (
 )
 from asyncdp.dp.balance import make_policy
 from asyncdp.errors import ConfigError
+from asyncdp.router import command as route_command
 
 _D = ServeConfig()  # defaults for help texts
 
@@ -258,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("dir")
     msub.add_parser("list", help="list the built-in models")
     add_bench_parser(sub)
+    route_command.add_route_parser(sub)
     return parser
 
 
@@ -379,6 +381,8 @@ def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None 
             ns = build_parser().parse_args(normalize_argv(argv))
             if ns.command == "bench":
                 return run_bench(ns)
+            if ns.command == "route":
+                return route_command.run(ns)
             return _run_model_command(ns)
     except ConfigError as exc:
         print(f"asyncdp: error: {exc}", file=sys.stderr)

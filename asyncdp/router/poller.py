@@ -1,0 +1,98 @@
+"""The poller: one task per endpoint reads its ``GET /load`` every ``poll_interval_s`` and records the answer.
+
+Theory of operation. :meth:`Poller.run` owns one polling task per endpoint in its task group; each poll is one
+GET, bounded by ``stale_after_s`` as a whole (an answer that takes longer is stale on arrival), on a keep-alive
+connection (with several API processes behind a port, one connection stays on one of them, so its ``seq`` is
+comparable from poll to poll). A checked answer goes to :meth:`EndpointLoad.observe`; anything else (refused,
+timed out, not 200, not the telemetry contract) to :meth:`EndpointLoad.observe_failure`: the endpoint is out until
+it answers again. Polls of one endpoint start ``poll_interval_s`` apart (or right after the previous one ends,
+when it took longer). ``task_status.started()`` comes once every endpoint was polled once, answered or not, so
+the first requests see every endpoint that is up and one that is down holds nobody back. The poller logs an
+endpoint's changes between usable and not, once each. It ends only by cancellation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import anyio
+import anyio.abc
+import httpx
+
+from asyncdp.router.score import EndpointLoad, candidates, checked_load, score
+
+log = logging.getLogger("asyncdp.router")
+
+
+class Poller:
+    """The endpoint table and the tasks that keep it current. ``endpoints[i]`` is the i-th ``--endpoint``."""
+
+    def __init__(self, urls: Sequence[str], *, poll_interval_s: float, stale_after_s: float) -> None:
+        self.endpoints = [EndpointLoad(url) for url in urls]
+        self.poll_interval_s = poll_interval_s
+        self.stale_after_s = stale_after_s
+        self._usable: list[bool | None] = [None] * len(self.endpoints)  # as last logged
+
+    def candidates(self) -> list[int]:
+        """Usable endpoints' indices, best first (:func:`asyncdp.router.score.candidates`)."""
+        return candidates(self.endpoints, anyio.current_time(), self.stale_after_s)
+
+    def num_usable(self) -> int:
+        return len(self.candidates())
+
+    def statistics(self) -> list[dict[str, object]]:
+        """Per endpoint: its URL, score (None: not used), seq, requests in flight from here, last error."""
+        now_s = anyio.current_time()
+        return [{"url": ep.url, "score": score(ep, now_s, self.stale_after_s),
+                 "seq": None if ep.seq_key is None else ep.seq_key[1],
+                 "age_s": None if ep.load is None else round(now_s - ep.polled_at_s, 3),
+                 "num_inflight": ep.num_inflight, "sent_since_seq": ep.sent_since_seq, "error": ep.last_error}
+                for ep in self.endpoints]
+
+    async def run(self, http: httpx.AsyncClient, *,
+                  task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Poll every endpoint until cancelled; ``started()`` once each was polled once."""
+        first_round = [anyio.Event() for _ in self.endpoints]
+        async with anyio.create_task_group() as tg:
+            for i in range(len(self.endpoints)):
+                tg.start_soon(self._poll_forever, http, i, first_round[i])
+            for event in first_round:
+                await event.wait()
+            task_status.started()
+
+    async def _poll_forever(self, http: httpx.AsyncClient, i: int, polled_once: anyio.Event) -> None:
+        while True:
+            next_s = anyio.current_time() + self.poll_interval_s
+            await self.poll_once(http, i)
+            polled_once.set()
+            await anyio.sleep(max(0.0, next_s - anyio.current_time()))
+
+    async def poll_once(self, http: httpx.AsyncClient, i: int) -> None:
+        ep = self.endpoints[i]
+        try:
+            with anyio.fail_after(self.stale_after_s):
+                r = await http.get(f"{ep.url}/load")
+            if r.status_code != 200:
+                raise ValueError(f"GET /load answered {r.status_code}")
+            load = checked_load(r.json())
+        except TimeoutError:
+            ep.observe_failure(f"GET /load took more than {self.stale_after_s:g} s")
+        except httpx.HTTPError as exc:
+            ep.observe_failure(f"GET /load failed: {type(exc).__name__}: {exc}")
+        except ValueError as exc:  # not 200, not JSON, not the contract
+            ep.observe_failure(str(exc))
+        else:
+            ep.observe(load, anyio.current_time())
+        self._log_change(i)
+
+    def _log_change(self, i: int) -> None:
+        ep = self.endpoints[i]
+        usable = score(ep, anyio.current_time(), self.stale_after_s) is not None
+        if usable != self._usable[i]:
+            self._usable[i] = usable
+            if usable:
+                log.info("endpoint %s is usable", ep.url)
+            else:
+                reason = ep.last_error or "no rank is up"
+                log.warning("endpoint %s is not used: %s", ep.url, reason)

@@ -1,0 +1,117 @@
+"""The ``asyncdp route`` process: the poller and the HTTP proxy in one task group, and an orderly stop.
+
+Theory of operation. :func:`serve_router` opens two httpx clients (one for ``/load`` polls, one for proxied
+requests, so polls never queue behind requests for a connection), starts the :class:`~asyncdp.router.poller.Poller`
+and waits until every endpoint was polled once, then serves the :class:`~asyncdp.router.proxy.RouterApp` with
+:func:`asyncdp.api.serve.serve_http` and reports the bound address (``task_status.started((host, port))``, and the
+log line ``routing on http://HOST:PORT to N endpoints: ...``). SIGTERM or SIGINT sets ``draining`` (``/health``
+503, new requests 503), then Hypercorn stops accepting and gives the requests in flight ``--shutdown-timeout``
+seconds before it cancels them (a cancelled exchange closes its upstream response, so the endpoint aborts the
+request). Then the poller is cancelled and the process exits 0. A second signal cancels the requests still in
+flight at once (:meth:`~asyncdp.router.proxy.RouterApp.cancel_all`), so the drain ends. A port that cannot be bound (bound in :func:`run_router`, before the event loop) ends the
+process with status 1 and one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+
+import anyio
+import anyio.abc
+import httpx
+
+from asyncdp import runtime
+from asyncdp.api.serve import serve_http
+from asyncdp.router.poller import Poller
+from asyncdp.router.proxy import RouterApp
+from asyncdp.router.settings import RouterSettings
+
+log = logging.getLogger("asyncdp.router")
+
+PROCESS_TITLE = "asyncdp-route"
+MAX_KEEPALIVE_CONNECTIONS = 256
+# An idle upstream connection is dropped here before the endpoint's Hypercorn drops it (its keep-alive timeout is
+# 5 s): reusing one the endpoint is closing at that moment would fail a request after it was sent (a 502).
+KEEPALIVE_EXPIRY_S = 2.0
+
+
+async def _watch_signals(app: RouterApp, stop: anyio.Event, shutdown_timeout_s: float, *,
+                         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if stop.is_set():
+                log.warning("received %s again: cancelling the %d requests in flight now", name, app.cancel_all())
+                continue
+            log.info("received %s: draining the requests in flight for up to %g s", name, shutdown_timeout_s)
+            app.draining = True
+            stop.set()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The router's listening socket (port 0: any free port); OSError when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
+async def serve_router(settings: RouterSettings, sock: socket.socket, *,
+                       task_status: anyio.abc.TaskStatus[tuple[str, int]] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Run the router on the listening socket ``sock`` until a signal's drain ends (see the module docstring).
+    ``sock`` is closed once Hypercorn serves its duplicate, so the port closes when Hypercorn stops."""
+    poller = Poller(settings.endpoints, poll_interval_s=settings.poll_interval_s,
+                    stale_after_s=settings.stale_after_s)
+    n = len(settings.endpoints)
+    poll_limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)  # one kept-alive each
+    proxy_limits = httpx.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS,
+                                keepalive_expiry=KEEPALIVE_EXPIRY_S)
+    async with (httpx.AsyncClient(limits=poll_limits, timeout=settings.stale_after_s) as poll_http,
+                httpx.AsyncClient(limits=proxy_limits) as proxy_http):
+        app = RouterApp(poller, proxy_http, connect_timeout_s=settings.connect_timeout_s)
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            await tg.start(_watch_signals, app, stop, settings.shutdown_timeout_s)
+            await tg.start(poller.run, poll_http)
+
+            async def serve(*, task_status: anyio.abc.TaskStatus[tuple[str, int]]) -> None:
+                await serve_http(app, sock=sock, shutdown_timeout_s=settings.shutdown_timeout_s,
+                                 shutdown_trigger=stop.wait, task_status=task_status)
+                tg.cancel_scope.cancel()  # drained: stop the poller and the signal watcher
+
+            address = await tg.start(serve)
+            sock.close()
+            host, port = address[0], address[1]
+            shown = f"[{host}]" if ":" in host else host
+            log.info("routing on http://%s:%d to %d endpoints: %s (%d usable now)", shown, port,
+                     n, ", ".join(settings.endpoints), poller.num_usable())
+            task_status.started((host, port))
+
+
+def run_router(settings: RouterSettings) -> int:
+    """The ``asyncdp route`` process: logging, the process title, the event loop; returns the exit status."""
+    from asyncdp.logs import setup_logging
+
+    setup_logging(prefix=PROCESS_TITLE, level=settings.log_level.upper())
+    for noisy in ("httpx", "httpcore"):  # one INFO line per /load poll, 20 a second per endpoint
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(PROCESS_TITLE)
+    except ImportError:
+        pass
+    try:
+        sock = listen(settings.host, settings.port)
+    except OSError as exc:
+        log.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc.strerror or exc)
+        return 1
+    try:
+        runtime.run(serve_router, settings, sock)
+    except KeyboardInterrupt:  # before the signal watcher is in place
+        return 1
+    finally:
+        sock.close()
+    log.info("router stopped; exit status 0")
+    return 0

@@ -1,0 +1,246 @@
+"""The router's HTTP side: a plain ASGI app that forwards each API request to the best endpoint and streams the
+answer back as it arrives.
+
+Theory of operation. Served by :func:`asyncdp.api.serve.serve_http` (Hypercorn). Routes:
+
+* ``POST|GET|... /v1/*``, ``/tokenize``, ``/detokenize``: proxied. The request body is read whole first (so it can
+  be sent again to another endpoint; at most ``MAX_BODY_BYTES``), then sent with the method, path, query and
+  headers unchanged, ``Authorization`` included, less the hop-by-hop ones (``Host`` and ``Content-Length`` are
+  set for the endpoint by httpx). The endpoint is the first of :meth:`Poller.candidates`; when the connection to
+  it fails before anything was sent (refused, reset or timed out on connect) it is marked down and the next best
+  is tried, each endpoint once. With none left the answer is a 503 in OpenAI's error shape. The endpoint's
+  status and headers (less hop-by-hop ones, and ``date``/``server``, which Hypercorn sets) come back first,
+  then its body chunk by chunk as httpx reads it, undecoded (``aiter_raw``): SSE events are not buffered.
+* ``GET /health``: 200 while at least one endpoint is usable and the router is not draining, else 503; the body
+  lists every endpoint's score and state.
+* anything else: 404 in OpenAI's error shape.
+
+A disconnect watcher reads the client's side while the endpoint works: when the client goes away, the exchange is
+cancelled and the upstream response closed before it was read to the end, which closes its connection, so the
+endpoint aborts the request. An endpoint that fails mid-body (killed) ends the client's response without its end
+(the app returns without the last body event, and Hypercorn closes the connection): the client sees an incomplete response, never a truncated one that looks whole.
+Every upstream wait is bounded by the connect (and write) timeout; reading the answer is not (a long generation,
+or the gaps of a stream, are the endpoint's business). While draining, new requests get 503; :meth:`cancel_all`
+(a second signal) ends the requests in flight at once, as a client's leaving would.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+
+from asyncdp.api.errors import error_body
+from asyncdp.router.poller import Poller
+
+log = logging.getLogger("asyncdp.router")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+PROXIED_EXACT = frozenset({"/tokenize", "/detokenize"})
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+                        b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection"})
+NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+NOT_RETURNED = HOP_BY_HOP | {b"date", b"server"}
+_CLOSE_UPSTREAM_S = 2.0  # bound on closing an upstream response (shielded cleanup)
+
+
+def is_proxied(path: str) -> bool:
+    return path.startswith("/v1/") or path in PROXIED_EXACT
+
+
+def forwarded_headers(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
+    """``headers`` less ``drop`` and less every header the ``Connection`` header names (RFC 9110 §7.6.1)."""
+    headers = list(headers)
+    named = {token.strip().lower() for name, value in headers if name.lower() == b"connection"
+             for token in value.split(b",")}
+    return [(name, value) for name, value in headers if name.lower() not in drop and name.lower() not in named]
+
+
+@dataclass
+class _Exchange:
+    """One request's state shared with its disconnect watcher."""
+
+    client_gone: bool = False
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class RouterApp:
+    """The ASGI application (see the module docstring). ``draining`` is set by the process on a signal."""
+
+    def __init__(self, poller: Poller, http: httpx.AsyncClient, *, connect_timeout_s: float) -> None:
+        self.poller = poller
+        self.http = http
+        self.timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=connect_timeout_s,
+                                     pool=connect_timeout_s)
+        self.draining = False
+        self._exchanges: set[anyio.CancelScope] = set()  # one per request being forwarded
+
+    def cancel_all(self) -> int:
+        """Cancel every request being forwarded (a second signal: stop draining now); how many there were. Each
+        closes its upstream response, so its endpoint aborts it, and its client sees the response cut off."""
+        for scope in self._exchanges:
+            scope.cancel()
+        return len(self._exchanges)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+        elif scope["type"] == "http":
+            path, method = scope["path"], scope["method"]
+            if path == "/health" and method in ("GET", "HEAD"):
+                await self._health(send)
+            elif is_proxied(path):
+                await self._proxy(scope, receive, send)
+            else:
+                await _send_error(send, 404, f"{method} {path} is not a route of the router; it forwards /v1/*, "
+                                  "/tokenize and /detokenize and answers /health")
+
+    async def _health(self, send: Send) -> None:
+        usable = self.poller.num_usable()
+        status = 200 if usable and not self.draining else 503
+        body = {"status": "ok" if status == 200 else ("draining" if self.draining else "no usable endpoint"),
+                "num_usable": usable, "endpoints": self.poller.statistics()}
+        await _send_json(send, status, body)
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            body = await _read_body(receive)
+        except _BodyTooLarge:
+            await _send_error(send, 413, f"the request body is larger than the router's limit of "
+                              f"{MAX_BODY_BYTES} bytes")
+            return
+        if body is None:  # the client left before its body arrived
+            return
+        if self.draining:
+            await _send_error(send, 503, "the router is shutting down")
+            return
+        exchange = _Exchange()
+        failures: list[str] | None = None  # stays None when the client leaves first (the watcher cancels)
+        async with anyio.create_task_group() as tg:
+            self._exchanges.add(tg.cancel_scope)
+            try:
+                tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, exchange)
+                failures = await self._forward_to_best(scope, body, send, exchange)
+                tg.cancel_scope.cancel()
+            finally:
+                self._exchanges.discard(tg.cancel_scope)
+        if failures is not None and not exchange.client_gone:
+            tried = "; ".join(failures) or "no endpoint is usable: " + _endpoint_states(self.poller)
+            await _send_error(send, 503, f"no endpoint can take the request ({tried})")
+
+    async def _forward_to_best(self, scope: Scope, body: bytes, send: Send, exchange: _Exchange) -> list[str] | None:
+        """Forward to the best endpoint, then the next when one cannot be connected to. None once an answer
+        (or the client's leaving) ended the exchange, else what failed on each endpoint tried."""
+        tried: set[int] = set()
+        failures: list[str] = []
+        while order := [i for i in self.poller.candidates() if i not in tried]:
+            i = order[0]
+            tried.add(i)
+            ep = self.poller.endpoints[i]
+            ep.request_started()
+            try:
+                error = await self._forward(ep.url, scope, body, send, exchange)
+            finally:
+                ep.request_finished()
+            if error is None:
+                return None
+            ep.mark_down(error)
+            log.warning("endpoint %s marked down: %s; trying the next one", ep.url, error)
+            failures.append(f"{ep.url}: {error}")
+        return failures
+
+    async def _forward(self, base: str, scope: Scope, body: bytes, send: Send, exchange: _Exchange) -> str | None:
+        """Send the request to ``base``; None once the exchange ended, else why nothing could be sent."""
+        target = scope.get("raw_path") or scope["path"].encode("utf-8")
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        url = httpx.URL(base).copy_with(raw_path=target)
+        request = httpx.Request(scope["method"], url, content=body,
+                                headers=forwarded_headers(scope["headers"], NOT_FORWARDED),
+                                extensions={"timeout": self.timeout.as_dict()})
+        try:
+            response = await self.http.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        except httpx.TransportError as exc:  # sent (perhaps in part): another endpoint might run it twice
+            log.warning("endpoint %s failed before answering %s %s: %s: %s", base, scope["method"], scope["path"],
+                        type(exc).__name__, exc)
+            await _send_error(send, 502, f"the endpoint {base} failed before answering: {type(exc).__name__}")
+            return None
+        try:
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": forwarded_headers(response.headers.raw, NOT_RETURNED)})
+            try:
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.TransportError as exc:  # the endpoint went away mid-answer: the client sees it cut off
+                log.warning("endpoint %s failed while answering %s %s: %s: %s", base, scope["method"],
+                            scope["path"], type(exc).__name__, exc)
+                return None  # no end of body: Hypercorn closes the connection, the response reads as cut off
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_UPSTREAM_S):
+                await response.aclose()
+        return None
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body; None if the client disconnected first; _BodyTooLarge past ``MAX_BODY_BYTES``."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope, exchange: _Exchange) -> None:
+    """Cancel the exchange when the client disconnects (its body is read already: the next event is that)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    exchange.client_gone = True
+    scope.cancel()
+
+
+def _endpoint_states(poller: Poller) -> str:
+    return ", ".join(f"{s['url']} ({s['error'] or 'no rank up or stale'})" for s in poller.statistics())
+
+
+async def _send_json(send: Send, status: int, body: Any) -> None:
+    data = orjson.dumps(body)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
+    await _send_json(send, status, error_body(status, message))
