@@ -116,7 +116,7 @@ async def _concurrent(http: httpx.AsyncClient, base: str, n: int, concurrency: i
 
 
 async def measure(sides: dict[str, str], requests: int, concurrency: int) -> dict[str, dict[str, float]]:
-    samples = {side: {"seq_ms": [], "first_event_ms": [], "stream_ms": [], "rps": []} for side in sides}
+    samples: dict[str, dict[str, list[float]]] = {side: {"seq_ms": [], "first_event_ms": [], "stream_ms": [], "rps": []} for side in sides}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=60.0, limits=limits) as http:
         for base in sides.values():  # warm-up: connections, first-request paths
@@ -125,7 +125,7 @@ async def measure(sides: dict[str, str], requests: int, concurrency: int) -> dic
         for _ in range(ROUNDS):
             for side, base in sides.items():
                 out = samples[side]
-                await _sequential(http, base, per_round, out)  # type: ignore[arg-type]
+                await _sequential(http, base, per_round, out)
                 out["rps"].append(await _concurrent(http, base, per_round * 2, concurrency))
     return {side: {"seq_p50_ms": statistics.median(s["seq_ms"]), "seq_p99_ms": _pct(s["seq_ms"], 0.99),
                    "first_event_p50_ms": statistics.median(s["first_event_ms"]),
