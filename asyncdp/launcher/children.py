@@ -192,8 +192,11 @@ async def stop_all(node: RunningNode) -> None:
                 tg.start_soon(stop_role, ENGINE)
                 tg.start_soon(_stop_remote_nodes, node, deadline)
         else:
+            if role == COORDINATOR and ENGINE not in node.table.stop_order:
+                # an API-only head: its engines are all on headless nodes, and they too stop before the coordinator
+                await _stop_remote_nodes(node, deadline)
             await stop_role(role)
-    if ENGINE not in node.table.stop_order:  # an API-only head: the engines are all on headless nodes
+    if not {ENGINE, COORDINATOR} & set(node.table.stop_order):  # (no role left to stop them before)
         await _stop_remote_nodes(node, deadline)
     for ch in node.children:
         await ch.control.aclose()
