@@ -171,3 +171,21 @@ def test_every_relative_link_reaches_a_file_and_its_heading(path):
         assert dest.exists(), f"{path.name} links to {target}, which does not exist"
         if fragment and dest.suffix == ".md":
             assert fragment in _anchors(dest), f"{path.name} links to {target}: no such heading in {dest.name}"
+
+
+# ---------------------------------------------------------------- commands in blocks the command checks read
+
+STEP_DOCS = [DOCS / "tutorial.md", *sorted((DOCS / "howto").glob("*.md"))]
+
+
+@pytest.mark.parametrize("path", STEP_DOCS, ids=lambda p: p.name)
+def test_commands_to_run_are_in_bash_blocks(path):
+    """tests/test_docs_cli.py checks the ```bash blocks (the venv's programs, the model the curl asks for); a
+    command in an unlabeled block escaped those checks (simulate.md's ``asyncdp bench routing`` lines)."""
+    text = path.read_text(encoding="utf-8")
+    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.M | re.S):
+        if lang != "bash":
+            for line in body.splitlines():
+                program = line.split()[0] if line.split() else ""
+                assert Path(program).name not in ("asyncdp", "python", "python3", "pip", "curl"), \
+                    f"{path.name}: `{line.strip()}` is a command in a ```{lang} block: label it ```bash"
