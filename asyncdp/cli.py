@@ -299,14 +299,15 @@ def default_model_facts(name: str) -> ModelFacts:
 
 def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                        model_facts: ModelFactsFn | None = None) -> ResolvedServeConfig:
-    """Parse ``asyncdp serve`` arguments (without ``serve``) into a validated, resolved ServeConfig.
-
-    ``config.deployment`` is set. Raises ConfigError for anything invalid (spec §4.1).
-    """
+    """Parse ``asyncdp serve`` arguments (without ``serve``) into a validated, resolved ServeConfig, its
+    ``deployment`` set. Raises ConfigError for anything invalid (spec §4.1)."""
     ns = build_parser().parse_args(["serve", *normalize_argv(argv)])
     config = ServeConfig.from_flags(_serve_flags(ns), env=env)
     make_policy(config.lb_policy)  # a preset name is checked here (the flag check knows base names only)
     facts = (model_facts or default_model_facts)(config.model)
+    if config.engine.tokenizer:
+        from asyncdp.model import check_tokenizer
+        check_tokenizer(config.engine.tokenizer)  # here (exit 2), not in each API server once the engines loaded
     from asyncdp.model.info import ModelInfo, check_fits_model  # JSON only, no torch
 
     if isinstance(facts, ModelInfo):  # the checkpoint's limits (fakes in tests carry none)

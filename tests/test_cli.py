@@ -198,6 +198,24 @@ def test_unknown_model_exits_2(capsys):
                                       "directory.\n"
 
 
+@pytest.mark.parametrize("kind", ["missing", "empty_dir", "unknown_builtin", "tokenizer_dir", "builtin"])
+def test_a_tokenizer_that_is_not_there_exits_2_before_anything_starts(kind, tmp_path, capsys):
+    # cli.md: exit 2, one line, nothing started. A --tokenizer path without a tokenizer started the engines and
+    # then failed every API server with a 100-line traceback and exit 1.
+    if kind == "tokenizer_dir":
+        (tmp_path / "tokenizer.json").write_text("{}")
+    tokenizer = {"missing": str(tmp_path / "nope"), "empty_dir": str(tmp_path), "unknown_builtin": "builtin:nope",
+                 "tokenizer_dir": str(tmp_path), "builtin": "builtin:tiny-dense"}[kind]
+    launcher = FakeLauncher()
+    code = main(["serve", "--tokenizer", tokenizer], model_facts=moe_facts, run_serve=launcher, env={})
+    if kind in ("tokenizer_dir", "builtin"):
+        assert code == 0 and len(launcher.configs) == 1
+        return
+    err = capsys.readouterr().err
+    assert code == 2 and not launcher.configs
+    assert err.startswith("asyncdp: error: ") and err.count("\n") == 1 and tokenizer in err, err
+
+
 def test_auto_switch_warning_is_printed_before_the_external_rank_starts(capsys):
     launcher = FakeLauncher()
     assert main(["serve", "-dp", "4", "-dpl", "1", "-dpr", "3"], model_facts=moe_facts, run_serve=launcher,
