@@ -216,6 +216,25 @@ def test_a_tokenizer_that_is_not_there_exits_2_before_anything_starts(kind, tmp_
     assert err.startswith("asyncdp: error: ") and err.count("\n") == 1 and tokenizer in err, err
 
 
+@pytest.mark.parametrize("kind", ["missing_key", "key_is_the_certificate", "a_good_pair"])
+def test_tls_files_that_do_not_load_exit_2_before_anything_starts(kind, tmp_path, capsys):
+    # Missing or mismatched --ssl-* files started the engines, then failed the API server with a traceback,
+    # "startup failed: [Errno 2] No such file or directory" (naming neither file nor flag) and exit 1.
+    from tests.supervisor.conftest import _self_signed
+
+    cert, key = _self_signed(tmp_path)
+    key = {"missing_key": str(tmp_path / "nope.pem"), "key_is_the_certificate": cert, "a_good_pair": key}[kind]
+    launcher = FakeLauncher()
+    code = main(["serve", "--ssl-certfile", cert, "--ssl-keyfile", key], model_facts=moe_facts, run_serve=launcher,
+                env={})
+    if kind == "a_good_pair":
+        assert code == 0 and len(launcher.configs) == 1
+        return
+    err = capsys.readouterr().err
+    assert code == 2 and not launcher.configs
+    assert err.startswith("asyncdp: error: --ssl-") and err.count("\n") == 1 and key in err, err
+
+
 def test_auto_switch_warning_is_printed_before_the_external_rank_starts(capsys):
     launcher = FakeLauncher()
     assert main(["serve", "-dp", "4", "-dpl", "1", "-dpr", "3"], model_facts=moe_facts, run_serve=launcher,
