@@ -343,7 +343,11 @@ def _run_model_command(ns: argparse.Namespace) -> int:
     model = importlib.import_module("asyncdp.model")  # through sys.modules: tests substitute a fake package
 
     if ns.model_command == "export":
-        print(model.export_builtin(ns.name, Path(ns.dir)))
+        try:
+            print(model.export_builtin(ns.name, Path(ns.dir)))
+        except OSError as exc:  # the model name was checked first: an unknown one is a ConfigError (exit 2)
+            print(f"asyncdp: error: cannot write the checkpoint into {ns.dir}: {exc}", file=sys.stderr)
+            return 1
         return 0
     for name in model.builtin_names():
         print(name)

@@ -300,6 +300,15 @@ def test_model_export_prints_the_directory_and_unknown_name_exits_2(tmp_path, ca
     assert "unknown built-in model 'nope'" in capsys.readouterr().err
 
 
+def test_model_export_into_a_folder_that_cannot_be_made_is_one_line_and_exit_1(tmp_path, capsys):
+    # It was a FileExistsError/NotADirectoryError traceback.
+    (tmp_path / "file").write_text("")
+    assert main(["model", "export", "tiny-dense", str(tmp_path / "file" / "d")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"asyncdp: error: cannot write the checkpoint into {tmp_path / 'file' / 'd'}: ") \
+        and err.count("\n") == 1, err
+
+
 # ---------------------------------------------------------------- engine flags the model cannot take (spec §4.1)
 
 
