@@ -189,3 +189,31 @@ def test_commands_to_run_are_in_bash_blocks(path):
                 program = line.split()[0] if line.split() else ""
                 assert Path(program).name not in ("asyncdp", "python", "python3", "pip", "curl"), \
                     f"{path.name}: `{line.strip()}` is a command in a ```{lang} block: label it ```bash"
+
+
+# ---------------------------------------------------------------- refused request parameters, per route
+
+def test_every_refused_parameter_is_listed_under_the_routes_that_take_it():
+    """A parameter only one route's schema has is marked so (``(…, completions)``, or after "for chat"): the
+    list said prompt_embeds for both routes, and chat took it as an unknown field (200)."""
+    import msgspec
+
+    from asyncdp.api.params import REFUSED
+    from asyncdp.api.schemas import ChatRequest, CompletionRequest
+
+    text = HTTP.read_text(encoding="utf-8")
+    para = text[text.index("### Refused parameters"):text.index("### Limits")]
+    both_part, _, chat_part = para.partition("and for chat")
+    fields = {cls: {f.name for f in msgspec.structs.fields(cls)} for cls in (ChatRequest, CompletionRequest)}
+    for name in REFUSED:
+        if f"| `{name}` |" in text:  # a row of its own (guided_decoding_backend, with structured outputs)
+            continue
+        mention = re.search(rf"`{name}`( \([^)]*\))?", para)
+        assert mention is not None, f"refused parameter {name} is missing from http-api.md"
+        in_chat, in_completions = name in fields[ChatRequest], name in fields[CompletionRequest]
+        if in_chat and not in_completions:
+            assert f"`{name}`" in chat_part, f"{name} is chat-only: list it after 'and for chat'"
+        elif in_completions and not in_chat:
+            assert "completions" in (mention.group(1) or ""), f"{name} is completions-only: mark it (completions)"
+        else:
+            assert f"`{name}`" in both_part, f"{name} is refused on both routes: list it before 'and for chat'"
