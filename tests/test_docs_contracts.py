@@ -217,3 +217,18 @@ def test_every_refused_parameter_is_listed_under_the_routes_that_take_it():
             assert "completions" in (mention.group(1) or ""), f"{name} is completions-only: mark it (completions)"
         else:
             assert f"`{name}`" in both_part, f"{name} is refused on both routes: list it before 'and for chat'"
+
+
+def test_every_policy_preset_the_docs_name_is_accepted():
+    """``--lb-policy name@preset`` spellings in the reference and the how-tos (a preset renamed or dropped in the
+    code would leave the docs recommending a command line that exits 2)."""
+    from asyncdp.config.flags import LB_POLICIES
+    from asyncdp.dp.balance import make_policy
+
+    checked = 0
+    for path in [CLI, *sorted((DOCS / "howto").glob("*.md"))]:
+        for name in re.findall(r"`([a-z_0-9]+@[a-z_0-9.]+)`", path.read_text(encoding="utf-8")):
+            if name.partition("@")[0] in LB_POLICIES:
+                make_policy(name)  # raises ConfigError for an unknown preset
+                checked += 1
+    assert checked >= 10
