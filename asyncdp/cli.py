@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +32,8 @@ from asyncdp.config.flags import (
     LB_POLICIES,
     LOG_LEVELS,
     ServeConfig,
+    check_tls_files,
+    json_strings,
 )
 from asyncdp.dp.balance import make_policy
 from asyncdp.errors import ConfigError
@@ -277,24 +278,13 @@ def _serve_flags(ns: argparse.Namespace) -> dict[str, Any]:
         flags["model"] = ns.model_arg
     for dest in ("allowed_origins", "allowed_methods", "allowed_headers"):
         if flags.get(dest) is not None:
-            flags[dest] = _json_strings("--" + dest.replace("_", "-"), flags[dest])
+            flags[dest] = json_strings("--" + dest.replace("_", "-"), flags[dest])
     if ns.device_ids is not None:
         try:
             flags["device_ids"] = [int(x) for x in ns.device_ids.split(",") if x.strip()]
         except ValueError:
             raise ConfigError(f"--device-ids must be integers such as 0,1,2,3 (got {ns.device_ids!r}).") from None
     return flags
-
-
-def _json_strings(flag: str, raw: str) -> tuple[str, ...]:
-    """A JSON list of non-empty strings (vLLM's form of the CORS flags), or a ConfigError naming ``flag``."""
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f'{flag} must be a JSON list of non-empty strings such as \'["*"]\' (got {raw!r}).')
-    return tuple(value)
 
 
 def default_model_facts(name: str) -> ModelFacts:
@@ -305,14 +295,15 @@ def default_model_facts(name: str) -> ModelFacts:
 
 def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                        model_facts: ModelFactsFn | None = None) -> ResolvedServeConfig:
-    """Parse ``asyncdp serve`` arguments (without ``serve``) into a validated, resolved ServeConfig.
-
-    ``config.deployment`` is set. Raises ConfigError for anything invalid (spec §4.1).
-    """
+    """Parse ``asyncdp serve`` arguments (without ``serve``) into a validated, resolved ServeConfig, its
+    ``deployment`` set. Raises ConfigError for anything invalid (spec §4.1)."""
     ns = build_parser().parse_args(["serve", *normalize_argv(argv)])
     config = ServeConfig.from_flags(_serve_flags(ns), env=env)
     make_policy(config.lb_policy)  # a preset name is checked here (the flag check knows base names only)
     facts = (model_facts or default_model_facts)(config.model)
+    if config.engine.tokenizer:
+        from asyncdp.model import check_tokenizer
+        check_tokenizer(config.engine.tokenizer)  # here (exit 2), not in each API server once the engines loaded
     from asyncdp.model.info import ModelInfo, check_fits_model  # JSON only, no torch
 
     if isinstance(facts, ModelInfo):  # the checkpoint's limits (fakes in tests carry none)
@@ -358,7 +349,11 @@ def _run_model_command(ns: argparse.Namespace) -> int:
     model = importlib.import_module("asyncdp.model")  # through sys.modules: tests substitute a fake package
 
     if ns.model_command == "export":
-        print(model.export_builtin(ns.name, Path(ns.dir)))
+        try:
+            print(model.export_builtin(ns.name, Path(ns.dir)))
+        except OSError as exc:  # the model name was checked first: an unknown one is a ConfigError (exit 2)
+            print(f"asyncdp: error: cannot write the checkpoint into {ns.dir}: {exc}", file=sys.stderr)
+            return 1
         return 0
     for name in model.builtin_names():
         print(name)
@@ -377,6 +372,8 @@ def main(argv: Sequence[str] | None = None, *, model_facts: ModelFactsFn | None 
             reason = unsupported_reason(config)
             if reason is not None:
                 raise ConfigError(reason)
+            if config.ssl_certfile and config.ssl_keyfile:  # now, not in the API servers once the engines loaded
+                check_tls_files(config.ssl_certfile, config.ssl_keyfile)
         else:
             ns = build_parser().parse_args(normalize_argv(argv))
             if ns.command == "bench":

@@ -198,6 +198,43 @@ def test_unknown_model_exits_2(capsys):
                                       "directory.\n"
 
 
+@pytest.mark.parametrize("kind", ["missing", "empty_dir", "unknown_builtin", "tokenizer_dir", "builtin"])
+def test_a_tokenizer_that_is_not_there_exits_2_before_anything_starts(kind, tmp_path, capsys):
+    # cli.md: exit 2, one line, nothing started. A --tokenizer path without a tokenizer started the engines and
+    # then failed every API server with a 100-line traceback and exit 1.
+    if kind == "tokenizer_dir":
+        (tmp_path / "tokenizer.json").write_text("{}")
+    tokenizer = {"missing": str(tmp_path / "nope"), "empty_dir": str(tmp_path), "unknown_builtin": "builtin:nope",
+                 "tokenizer_dir": str(tmp_path), "builtin": "builtin:tiny-dense"}[kind]
+    launcher = FakeLauncher()
+    code = main(["serve", "--tokenizer", tokenizer], model_facts=moe_facts, run_serve=launcher, env={})
+    if kind in ("tokenizer_dir", "builtin"):
+        assert code == 0 and len(launcher.configs) == 1
+        return
+    err = capsys.readouterr().err
+    assert code == 2 and not launcher.configs
+    assert err.startswith("asyncdp: error: ") and err.count("\n") == 1 and tokenizer in err, err
+
+
+@pytest.mark.parametrize("kind", ["missing_key", "key_is_the_certificate", "a_good_pair"])
+def test_tls_files_that_do_not_load_exit_2_before_anything_starts(kind, tmp_path, capsys):
+    # Missing or mismatched --ssl-* files started the engines, then failed the API server with a traceback,
+    # "startup failed: [Errno 2] No such file or directory" (naming neither file nor flag) and exit 1.
+    from tests.supervisor.conftest import _self_signed
+
+    cert, key = _self_signed(tmp_path)
+    key = {"missing_key": str(tmp_path / "nope.pem"), "key_is_the_certificate": cert, "a_good_pair": key}[kind]
+    launcher = FakeLauncher()
+    code = main(["serve", "--ssl-certfile", cert, "--ssl-keyfile", key], model_facts=moe_facts, run_serve=launcher,
+                env={})
+    if kind == "a_good_pair":
+        assert code == 0 and len(launcher.configs) == 1
+        return
+    err = capsys.readouterr().err
+    assert code == 2 and not launcher.configs
+    assert err.startswith("asyncdp: error: --ssl-") and err.count("\n") == 1 and key in err, err
+
+
 def test_auto_switch_warning_is_printed_before_the_external_rank_starts(capsys):
     launcher = FakeLauncher()
     assert main(["serve", "-dp", "4", "-dpl", "1", "-dpr", "3"], model_facts=moe_facts, run_serve=launcher,
@@ -261,6 +298,15 @@ def test_model_export_prints_the_directory_and_unknown_name_exits_2(tmp_path, ca
     assert (tmp_path / "d" / "config.json").is_file()
     assert main(["model", "export", "nope", str(tmp_path / "e")]) == 2
     assert "unknown built-in model 'nope'" in capsys.readouterr().err
+
+
+def test_model_export_into_a_folder_that_cannot_be_made_is_one_line_and_exit_1(tmp_path, capsys):
+    # It was a FileExistsError/NotADirectoryError traceback.
+    (tmp_path / "file").write_text("")
+    assert main(["model", "export", "tiny-dense", str(tmp_path / "file" / "d")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"asyncdp: error: cannot write the checkpoint into {tmp_path / 'file' / 'd'}: ") \
+        and err.count("\n") == 1, err
 
 
 # ---------------------------------------------------------------- engine flags the model cannot take (spec §4.1)

@@ -70,7 +70,8 @@ def tables(text: str) -> list[list[list[str]]]:
         if is_table and not line.startswith("|--"):
             if not previous_was_table:
                 found.append([])
-            found[-1].append([cell.strip() for cell in line.strip().strip("|").split("|")])
+            # a cell may hold an escaped pipe (`mp` \| `ray`): split at the others only
+            found[-1].append([cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))])
         previous_was_table = is_table
     return found
 
@@ -141,6 +142,22 @@ def test_numeric_defaults_in_the_help_match_the_doc(monkeypatch):
             assert default.group(1) in rows[long_name][3], f"{long_name}: help says default {default.group(1)}"
             checked += 1
     assert checked >= 20
+
+
+def test_every_default_in_the_help_is_the_docs(monkeypatch):
+    """Words too (`asyncio`, `auto`, `derived`), where the numeric check above reads numbers only."""
+    rows = flag_rows()
+    checked = 0
+    for option in serve_options(monkeypatch):
+        default = re.search(r"\(default: (.*)\)$", option.help.strip())
+        long_name = next((n for n in option.names if n.startswith("--")), None)
+        if default and long_name in rows:
+            cell = rows[long_name][3].replace("`", "")
+            words = {"false": "off", "true": "on"}.get(default.group(1), default.group(1))
+            assert all(w in cell for w in words.replace(",", "").split()), f"{long_name}: help says {words!r}, " \
+                                                                           f"{DOC.name} says {cell!r}"
+            checked += 1
+    assert checked >= 40
 
 
 def test_every_documented_flag_exists(monkeypatch):

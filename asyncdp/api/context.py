@@ -58,8 +58,9 @@ def health_response(state: AppState) -> Response:
     """``/health`` and ``/ping``: an empty 200 while some managed rank can serve, else a 503 saying which cause."""
     if state.draining or state.client.shutting_down:
         return json_response(error_body(503, "The server is shutting down."), 503)
-    if not state.client.is_healthy():
-        return json_response(error_body(503, "No engine can serve requests."), 503)
+    problem = state.client.health_problem()
+    if problem is not None:
+        return json_response(error_body(503, problem), 503)
     return Response(b"", status=200, content_type="text/plain")
 
 

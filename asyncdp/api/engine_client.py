@@ -76,6 +76,9 @@ class EngineClient(Protocol):
     def is_healthy(self) -> bool:
         """True when at least one managed rank can serve and the server is not shutting down."""
 
+    def health_problem(self) -> str | None:
+        """None while ``is_healthy()``; else the message of ``/health``'s 503, naming the cause."""
+
     @property
     def shutting_down(self) -> bool:
         """True once the server began to shut down (new requests get 503 "the server is shutting down")."""

@@ -240,8 +240,8 @@ def _integral(obj: Any) -> Any:
 
 def _field_of(message: str) -> str | None:
     # msgspec says "... - at `$.messages[0].role`" or "Object missing required field `messages`".
-    if "`$." in message:
-        return message.split("`$.", 1)[1].split("`", 1)[0]
+    if "`$." in message:  # "[...]" is msgspec's placeholder for a dict's values ("logit_bias[...]"): the dict names it
+        return message.split("`$.", 1)[1].split("`", 1)[0].split("[...]", 1)[0]
     if "field `" in message:
         return message.split("field `", 1)[1].split("`", 1)[0]
     return None

@@ -84,7 +84,8 @@ def add_bench_parser(sub: Any) -> None:
                    "(default: one per core; 0: all in this process, one after another)")
     p.add_argument("--json", help="write the JSON result here")
     p.add_argument("--csv", help="write the per-(workload, policy, seed) metrics here as CSV")
-    p.add_argument("--plots", help="write the PNG plots of §6 into this directory (needs matplotlib)")
+    p.add_argument("--plots", help="write the PNG plots (TTFT CDFs, load heatmaps, ...: docs/reference/cli.md) "
+                                   "into this directory (needs matplotlib)")
     add_calibrate_parser(bsub)
 
 

@@ -18,9 +18,11 @@ Theory of operation (spec §2, §3, §4.1):
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -354,6 +356,31 @@ class ServeConfig:
                 f"(got {self.dp_heartbeat_timeout_s} <= 2 x {self.dp_heartbeat_interval_s}).")
         self.engine.validate()
         return self
+
+
+def json_strings(flag: str, raw: str) -> tuple[str, ...]:
+    """A JSON list of non-empty strings (vLLM's form of the CORS flags), or a ConfigError naming ``flag``."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f'{flag} must be a JSON list of non-empty strings such as \'["*"]\' (got {raw!r}).')
+    return tuple(value)
+
+
+def check_tls_files(certfile: str, keyfile: str) -> None:
+    """``--ssl-certfile`` and ``--ssl-keyfile`` are readable and load as one certificate and its key, or a
+    ConfigError naming the flag (checked by ``asyncdp serve`` before anything starts; not in ``validate``, which
+    also checks configurations derived for other processes and machines)."""
+    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+        if not os.access(path, os.R_OK) or not os.path.isfile(path):
+            raise ConfigError(f"{flag} {path!r} is not a readable file.")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"--ssl-certfile {certfile!r} and --ssl-keyfile {keyfile!r} do not load as a certificate "
+                          f"and its private key ({exc}).") from None
 
 
 def prometheus_multiproc_dir() -> str | None:

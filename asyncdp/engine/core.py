@@ -151,7 +151,8 @@ class EngineCore:
     def _add_grammar(self, request_id: str, structured: StructuredOutputs) -> None:
         if not getattr(self.executor, "applies_token_masks", False) or self.tokenizer is None:
             raise InvalidRequestError("structured outputs need an executor that applies token masks (the torch "
-                                      "executor, not --executor sim) and a tokenizer.", field="structured")
+                                      "executor, not --executor sim) and a tokenizer.",
+                                      field=structured.param or f"structured.{structured.kind()[0]}")
         if self._grammars is None:
             from asyncdp.engine.structured import GrammarMatchers
 

@@ -84,12 +84,16 @@ async def watch_child(node: RunningNode, child: ChildProcess) -> None:
             node.stop_with_peer(f"{child.describe()} left with its MoE group ({why})")
             return
     if child.role == ENGINE and not plan.is_moe and not plan.dp_fail_fast:
-        if node.table.top == "headless" and all(c.exited.is_set() for c in node.children if c.role == ENGINE):
+        none_here = all(c.exited.is_set() for c in node.children if c.role == ENGINE)
+        if node.table.top == "headless" and none_here:
             # a headless node is its engines: with none left it serves nothing, and its exit is what tells the
             # head (a lost node: its ranks leave the balancer, spec §13)
             node.fail(f"{what}; no local rank left: stopping this node")
             return
-        log.error("%s; the other ranks keep serving", what)
+        # An internal-LB head also balances over other nodes' ranks; any other node's API servers only over its own.
+        others_elsewhere = plan.deployment.mode == "internal" and plan.deployment.dp_size_local < plan.dp_size
+        log.error("%s; %s", what, "no rank is left to serve" if none_here and not others_elsewhere
+                  else "the other ranks keep serving")
         return
     if child.role == COORDINATOR and not plan.is_moe:
         log.warning("%s; clients route on in-flight counts only", what)
@@ -192,8 +196,11 @@ async def stop_all(node: RunningNode) -> None:
                 tg.start_soon(stop_role, ENGINE)
                 tg.start_soon(_stop_remote_nodes, node, deadline)
         else:
+            if role == COORDINATOR and ENGINE not in node.table.stop_order:
+                # an API-only head: its engines are all on headless nodes, and they too stop before the coordinator
+                await _stop_remote_nodes(node, deadline)
             await stop_role(role)
-    if ENGINE not in node.table.stop_order:  # an API-only head: the engines are all on headless nodes
+    if not {ENGINE, COORDINATOR} & set(node.table.stop_order):  # (no role left to stop them before)
         await _stop_remote_nodes(node, deadline)
     for ch in node.children:
         await ch.control.aclose()

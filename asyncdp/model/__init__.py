@@ -29,8 +29,8 @@ from asyncdp.model.info import ModelInfo, read_model_info
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-__all__ = ["BUILTIN_PREFIX", "ModelInfo", "builtin_names", "export_builtin", "load_tokenizer", "read_model_info",
-           "resolve_model", "resolve_tokenizer"]
+__all__ = ["BUILTIN_PREFIX", "ModelInfo", "builtin_names", "check_tokenizer", "export_builtin", "load_tokenizer",
+           "read_model_info", "resolve_model", "resolve_tokenizer"]
 
 BUILTIN_PREFIX = "builtin:"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -98,6 +98,17 @@ def resolve_tokenizer(tokenizer: str | None, model_path: Path) -> Path:
     if not tokenizer:
         return model_path
     return resolve_model(tokenizer) if tokenizer.startswith(BUILTIN_PREFIX) else Path(tokenizer).expanduser()
+
+
+def check_tokenizer(tokenizer: str) -> None:
+    """``--tokenizer`` names a built-in or a directory holding tokenizer files; ModelNotFoundError otherwise (before
+    anything starts, not in each API server once the engines loaded)."""
+    if tokenizer.startswith(BUILTIN_PREFIX):
+        _builtin_key(tokenizer)
+    elif not any((Path(tokenizer).expanduser() / f).is_file() for f in _TOKENIZER_FILES):
+        raise ModelNotFoundError(
+            f"--tokenizer {tokenizer!r} is neither a built-in ({', '.join(builtin_names())}) nor a directory holding "
+            f"a tokenizer ({', '.join(_TOKENIZER_FILES)}).")
 
 
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:

@@ -97,7 +97,12 @@ class FakeEngineClient:
         return self._tokenizer
 
     def is_healthy(self) -> bool:
-        return self.healthy and not self.shutting_down
+        return self.health_problem() is None
+
+    def health_problem(self) -> str | None:
+        if self.shutting_down:
+            return "The server is shutting down."
+        return None if self.healthy else "No engine can serve requests."
 
     def server_info(self) -> dict[str, Any]:
         ranks = [

@@ -104,3 +104,15 @@ async def test_health_during_shutdown_says_the_server_is_shutting_down_not_that_
     assert dead.status_code == 503 and dead.json()["error"]["message"] == "No engine can serve requests."
     for r in (stopping, draining):
         assert r.status_code == 503 and r.json()["error"]["message"] == "The server is shutting down.", r.text
+
+
+async def test_health_gives_the_clients_own_reason_for_a_503() -> None:
+    # A stuck sibling API process turns /health to 503 while every engine serves: the message used to say
+    # "No engine can serve requests." all the same.
+    class _StuckSibling(FakeEngineClient):
+        def health_problem(self) -> str | None:
+            return "API server 1 of this node is not responding"
+
+    async with running(_StuckSibling()) as srv:
+        r = await srv.http.get("/health")
+    assert r.status_code == 503 and r.json()["error"]["message"] == "API server 1 of this node is not responding"

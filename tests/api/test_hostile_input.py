@@ -111,6 +111,9 @@ def _cases() -> list[tuple[str, bytes, str | None]]:
         ("/v1/chat/completions", dumps({"messages": [{"role": 1}]}), "messages[0].role"),
         ("/v1/chat/completions", dumps({"messages": [{"role": "user", "content": {"a": 1}}]}),
          "messages[0].content"),
+        # a bias out of range: the field, not msgspec's "logit_bias[...]" (its placeholder for a dict's values)
+        ("/v1/completions", b'{"prompt": "a", "logit_bias": {"5": 1e999}}', "logit_bias"),
+        ("/v1/completions", b'{"prompt": "a", "logit_bias": {"5": "x"}}', "logit_bias"),
         ("/tokenize", dumps({"prompt": 5}), "prompt"),
         ("/tokenize", dumps({"messages": "x"}), "messages"),
         ("/detokenize", dumps({"tokens": [2**31]}), "tokens[0]"),
@@ -137,6 +140,8 @@ def _problem(path: str, body: bytes, param: str | None, status: int, payload: by
         return f"{where}: error body not OpenAI-shaped: {payload[:200]!r}"
     if set(err) != {"message", "type", "param", "code"} or err["code"] != status:
         return f"{where}: error body not OpenAI-shaped: {err}"
+    if "[...]" in (err["param"] or ""):  # msgspec's placeholder for a dict's values names no field a client sent
+        return f"{where}: param {err['param']!r}"
     if param is not None and not (err["param"] or "").startswith(param):
         return f"{where}: param {err['param']!r}, expected {param!r} ({err['message']})"
     return None

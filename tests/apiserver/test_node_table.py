@@ -110,9 +110,11 @@ async def test_health_fails_while_a_sibling_api_process_is_stuck_and_recovers_wh
             assert client.is_healthy()
             table._write(1, "heartbeat_ms", monotonic_ms() - int(STUCK_AFTER_S * 1000) - 100)  # it stopped
             assert not client.is_healthy()
+            problem = client.health_problem()  # /health's 503 names the stuck process, not the healthy engines
+            assert problem is not None and "API server 1" in problem and "engine" not in problem
             assert client.server_info()["api_processes"][1]["stuck"] is True
             table.beat(1)
-            assert client.is_healthy()
+            assert client.is_healthy() and client.health_problem() is None
             tg.cancel_scope.cancel()
     finally:
         await engine_end.aclose()

@@ -48,3 +48,15 @@ def test_identical_prompts_under_different_ids_and_batches_generate_identical_to
     res = run_to_completion(core)
     assert res["x"]["tokens"] == res["y"]["tokens"] and EOS_ID not in res["x"]["tokens"]
     assert all(0 <= t < VOCAB_SIZE for t in res["x"]["tokens"])
+
+
+def test_a_constrained_request_refused_by_the_sim_executor_names_the_request_parameter():
+    # http-api.md: a 400's param names the field; it said "structured", which no request has.
+    from asyncdp.errors import InvalidRequestError
+    from asyncdp.sampling_params import StructuredOutputs
+
+    core = sim_core()
+    params = SamplingParams(max_tokens=2, structured=StructuredOutputs(regex="a+", param="guided_regex"))
+    with pytest.raises(InvalidRequestError, match="--executor sim") as raised:
+        core.add_request("r", encode("ab"), params)
+    assert raised.value.field == "guided_regex"
