@@ -25,21 +25,11 @@ from typing import Any, NoReturn, Protocol
 from asyncdp.bench.command import add_bench_parser
 from asyncdp.bench.command import run as run_bench
 from asyncdp.config.deployment import ResolvedServeConfig, resolve
-from asyncdp.config.flags import (
-    DEFAULT_MODEL,
-    DP_BACKENDS,
-    HTTP_BACKENDS,
-    LB_POLICIES,
-    LOG_LEVELS,
-    ServeConfig,
-    check_tls_files,
-    json_strings,
-)
+from asyncdp.config.flags import ServeConfig, check_tls_files, json_strings
+from asyncdp.config.serve_args import add_serve_flags
 from asyncdp.dp.balance import make_policy
 from asyncdp.errors import ConfigError
 from asyncdp.router import command as route_command
-
-_D = ServeConfig()  # defaults for help texts
 
 
 class ModelFacts(Protocol):
@@ -74,185 +64,13 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _bool(group: Any, *names: str, help: str, dest: str | None = None) -> None:
-    group.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, dest=dest, help=help)
-
-
-def _add_serve_flags(p: argparse.ArgumentParser) -> None:
-    """Every ``asyncdp serve`` flag, one argument group per section of spec §2."""
-    p.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
-                   help=f"built-in model name or Hugging Face checkpoint directory (default: {DEFAULT_MODEL})")
-    p.add_argument("--model", default=None, help="same as the positional MODEL")
-    _add_topology_flags(p.add_argument_group("data-parallel topology"))
-    _add_front_end_flags(p.add_argument_group("front-end and processes"))
-    _add_supervisor_flags(p.add_argument_group("multi-port supervisor"))
-    _add_tuning_flags(p.add_argument_group("asyncdp data-parallel tuning"))
-    _add_engine_flags(p.add_argument_group("engine"))
-
-
-def _add_topology_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--data-parallel-size", "-dp", type=int, default=None, metavar="N",
-                   help="global number of data-parallel ranks (engine replicas) (default: 1)")
-    g.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None, metavar="L",
-                   help="data-parallel ranks on this node; 0 = API-only head (default: derived)")
-    g.add_argument("--data-parallel-rank", "-dpn", type=int, default=None, metavar="R",
-                   help="run this process as the single external-LB rank R (MoE models only)")
-    g.add_argument("--data-parallel-start-rank", "-dpr", type=int, default=None, metavar="S",
-                   help="global rank of the first local rank; selects hybrid LB unless --headless (0 counts too)")
-    g.add_argument("--data-parallel-address", "-dpa", default=None, metavar="HOST",
-                   help="head-node address for the handshake and the DP process group "
-                        "(default: --master-addr, then 127.0.0.1)")
-    g.add_argument("--data-parallel-rpc-port", "-dpp", type=int, default=None, metavar="PORT",
-                   help=f"head-node TCP handshake port (default: {_D.data_parallel_rpc_port})")
-    g.add_argument("--data-parallel-backend", "-dpb", default=None, metavar="{" + ",".join(DP_BACKENDS) + "}",
-                   help="process backend; ray is not available in this build (default: mp)")
-    _bool(g, "--data-parallel-hybrid-lb", "-dph",
-          help="hybrid LB: each node's API servers balance over its own local ranks S..S+L-1 only. "
-               "Rank hints (X-data-parallel-rank) are local indices in [0, L) (default: off)")
-    _bool(g, "--data-parallel-external-lb", "-dpe",
-          help="external LB: one API endpoint per rank, set with --data-parallel-rank (default: off)")
-    g.add_argument("--data-parallel-multi-port-external-lb", "-dpm", action="store_true", default=None,
-                   help="multi-port supervisor: one child API server per local rank on consecutive ports "
-                        "--port .. --port+L-1")
-    _bool(g, "--enable-expert-parallel", "-ep",
-          help="shard MoE experts by expert across DP x TP ranks (default: off)")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, metavar="N",
-                   help="tensor-parallel size per rank (default: 1)")
-    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=None, metavar="N",
-                   help="pipeline-parallel size per rank (default: 1)")
-    g.add_argument("--nnodes", "-n", type=int, default=None, metavar="N",
-                   help="number of nodes; lets asyncdp infer this node's ranks (default: 1)")
-    g.add_argument("--node-rank", "-r", type=int, default=None, metavar="I",
-                   help="index of this node, < --nnodes when --nnodes > 1; with -dpm and no -dpr the node's first "
-                        "rank is node-rank x L (default: 0)")
-    g.add_argument("--master-addr", default=None, metavar="HOST",
-                   help=f"fallback for --data-parallel-address (default: {_D.master_addr})")
-    g.add_argument("--master-port", type=int, default=None, metavar="PORT",
-                   help=f"rendezvous port of a multi-node TP/PP group, not used for DP (default: {_D.master_port})")
-    g.add_argument("--prefill-schedule-interval", type=int, default=None, metavar="N",
-                   help="MoE DP prefill cadence in steps; 1 = off (default: 1)")
-    g.add_argument("--cpu-distributed-timeout-seconds", type=int, default=None, metavar="S",
-                   help="timeout of the CPU (gloo) groups, including the DP control group (default: torch's)")
-    _bool(g, "--disable-nccl-for-dp-synchronization",
-          help="run the per-forward token-count exchange on the gloo group even on GPU (default: off)")
-    g.add_argument("--device-ids", default=None, metavar="IDS",
-                   help="devices relative to the visible set, e.g. 0,1,2,3; local rank i uses "
-                        "[i*tp*pp, (i+1)*tp*pp)")
-
-
-def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--host", default=None, help="HTTP bind host (default: all interfaces)")
-    g.add_argument("--port", type=int, default=None,
-                   help=f"HTTP port; in multi-port mode the port of local rank 0 (default: {_D.port})")
-    g.add_argument("--uds", default=None, metavar="PATH", help="serve HTTP on a Unix domain socket")
-    g.add_argument("--headless", action="store_true", default=None,
-                   help="engines only: no API server and no coordinator on this node")
-    g.add_argument("--api-server-count", "-asc", type=int, default=None, metavar="C",
-                   help="API-server processes sharing --port; 0 behaves as --headless (default: per mode)")
-    g.add_argument("--shutdown-timeout", dest="shutdown_timeout_s", type=int, default=None, metavar="S",
-                   help="0 = abort in-flight requests at shutdown; > 0 = drain for up to S seconds (default: 0)")
-    g.add_argument("--ssl-keyfile", default=None, help="TLS key file (requires --ssl-certfile)")
-    g.add_argument("--ssl-certfile", default=None, help="TLS certificate file (requires --ssl-keyfile)")
-    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                   help="model name(s) in the API; the first is reported (default: MODEL)")
-    g.add_argument("--max-queued-requests", type=int, default=None, metavar="N",
-                   help="admission limit per API server; above it requests get HTTP 429 (default: unlimited)")
-    g.add_argument("--max-seqs-per-request", type=int, default=None, metavar="N",
-                   help="most sequences one request may run, prompts x max(n, best_of); above it HTTP 400 "
-                        f"(default: {_D.max_seqs_per_request})")
-    g.add_argument("--max-request-body-bytes", type=int, default=None, metavar="BYTES",
-                   help="largest request body, checked before parsing; above it HTTP 413 (default: 64 bytes "
-                        "per token of --max-model-len, at least 16 MiB)")
-    for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
-                       ("--allowed-headers", "request headers")):
-        g.add_argument(flag, default=None, metavar="JSON",
-                       help=f"CORS: the {what} cross-origin requests may use, a JSON list; \"*\" allows any "
-                            '(default: ["*"])')
-    _bool(g, "--allow-credentials", help="CORS: allow credentials (cookies, Authorization) on cross-origin requests "
-                                         "(default: false)")
-    g.add_argument("--api-key", default=None, metavar="KEY",
-                   help="answer 401 unless 'Authorization: Bearer KEY' comes with the request, on every route but "
-                        "/health, /ping, /version, /metrics, /load and /openapi.json; the environment variable "
-                        "ASYNCDP_API_KEY (or VLLM_API_KEY) keeps it out of the process list (default: no key)")
-    g.add_argument("--backend", default=None, metavar="{" + ",".join(HTTP_BACKENDS) + "}",
-                   help=f"anyio backend of every process (default: {_D.backend})")
-    g.add_argument("--lb-policy", "--dp-lb-policy", dest="lb_policy", default=None,
-                   metavar="POLICY",
-                   help=f"client load-balancing policy, one of {', '.join(LB_POLICIES)}; "
-                        f"env ASYNCDP_DP_LB_POLICY (default: {_D.lb_policy})")
-    g.add_argument("--log-level", default=None, metavar="{" + ",".join(LOG_LEVELS) + "}",
-                   help=f"log level (default: {_D.log_level})")
-
-
-def _add_supervisor_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--data-parallel-supervisor-port", type=int, default=None, metavar="PORT",
-                   help=f"port of the aggregated /health, /ready, /readyz (default: {_D.data_parallel_supervisor_port})")
-    g.add_argument("--dp-supervisor-probe-interval-s", type=float, default=None, metavar="S",
-                   help="time between probe rounds, and between retries of a failed connection (default: 5.0)")
-    g.add_argument("--dp-supervisor-probe-timeout-s", type=float, default=None, metavar="S",
-                   help="request timeout: total time of one probe HTTP request, connect plus response "
-                        "(default: 5.0)")
-    g.add_argument("--dp-supervisor-probe-failure-threshold", type=int, default=None, metavar="N",
-                   help="connection attempts per probe once the node is ready; 1 before (default: 3)")
-
-
-def _add_tuning_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--dp-sync-interval", type=int, default=None, metavar="STEPS",
-                   help="MoE: steps between group 'unfinished' all-reduces; env ASYNCDP_DP_SYNC_INTERVAL "
-                        f"(default: {_D.dp_sync_interval})")
-    g.add_argument("--dp-coordinator-startup-timeout-s", type=float, default=None, metavar="S",
-                   help="time allowed for the coordinator to report its addresses; env "
-                        f"ASYNCDP_DP_COORDINATOR_STARTUP_TIMEOUT_S (default: {_D.dp_coordinator_startup_timeout_s})")
-    g.add_argument("--engine-ready-timeout-s", type=float, default=None, metavar="S",
-                   help="time a client waits for EngineReady from all its ranks; env ASYNCDP_ENGINE_READY_TIMEOUT_S, "
-                        f"then VLLM_ENGINE_READY_TIMEOUT_S (default: {_D.engine_ready_timeout_s})")
-    g.add_argument("--dp-heartbeat-interval-s", type=float, default=None, metavar="S",
-                   help="interval of liveness heartbeats; env ASYNCDP_DP_HEARTBEAT_INTERVAL_S "
-                        f"(default: {_D.dp_heartbeat_interval_s})")
-    g.add_argument("--dp-heartbeat-timeout-s", type=float, default=None, metavar="S",
-                   help="silence after which a peer is dead, > 2x the interval; env ASYNCDP_DP_HEARTBEAT_TIMEOUT_S "
-                        f"(default: {_D.dp_heartbeat_timeout_s})")
-    _bool(g, "--dp-fail-fast",
-          help="dense only: tear the deployment down when any rank dies instead of degrading (default: off)")
-
-
-def _add_engine_flags(g: argparse._ArgumentGroup) -> None:
-    e = _D.engine
-    g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
-    g.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
-                   help=f"most sequences per step (default: {e.max_num_seqs})")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
-                   help=f"most tokens per step (default: {e.max_num_batched_tokens})")
-    g.add_argument("--max-model-len", type=int, default=None, metavar="N",
-                   help="longest prompt plus output, in tokens (default: the model's limit)")
-    g.add_argument("--block-size", type=int, default=None, metavar="N", help=f"KV-cache block size (default: {e.block_size})")
-    g.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
-                   help="KV-cache blocks per rank (default: from --kv-cache-memory-bytes)")
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=None, metavar="BYTES",
-                   help=f"KV-cache memory per rank when --num-kv-blocks is not given, capped at what --max-num-seqs "
-                        f"full-length sequences use (default: {e.kv_cache_memory_bytes})")
-    _bool(g, "--enable-prefix-caching", help="reuse cached KV blocks of shared prompt prefixes (default: on)")
-    g.add_argument("--seed", type=int, default=None, help=f"sampling seed (default: {e.seed})")
-    g.add_argument("--dtype", default=None, metavar="{auto,float32,bfloat16,float16}",
-                   help="model weight and activation dtype (default: auto)")
-    g.add_argument("--device", default=None, metavar="{auto,cpu,cuda}",
-                   help="execution device (default: auto)")
-    g.add_argument("--executor", default=None, metavar="{torch,sim}",
-                   help="torch runs the model; sim simulates step times with --sim-cost (default: torch)")
-    g.add_argument("--sim-cost", default=None, metavar="A,B,C,D[,E]",
-                   help="sim step time in ms: a + b*prefill_tokens + c*decode_seqs + d*kv_tokens "
-                        "(+ e*sum of p*(c0 + p/2) over the prefill chunks of p tokens after c0 of context)")
-    g.add_argument("--torch-threads", type=int, default=None, metavar="N",
-                   help="torch intra-op threads per engine (default: torch's)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="asyncdp", allow_abbrev=False,
                      description="Data-parallel LLM serving (vLLM-compatible DP deployment).")
     parser.add_argument("--version", action="version", version=f"asyncdp {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve = sub.add_parser("serve", help="serve a model over the OpenAI API", allow_abbrev=False)
-    _add_serve_flags(serve)
+    add_serve_flags(serve)
     model = sub.add_parser("model", help="built-in models")
     msub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     export = msub.add_parser("export", help="write a built-in model as a Hugging Face checkpoint directory")
