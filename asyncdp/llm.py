@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from asyncdp.config.flags import EngineConfig
-from asyncdp.engine.core import EngineCore, build_engine_core
+from asyncdp.engine.build import build_engine_core
+from asyncdp.engine.core import EngineCore
 from asyncdp.errors import InvalidRequestError, ShuttingDownError
 from asyncdp.outputs import CompletionOutput, RequestOutput
 from asyncdp.sampling_params import SamplingParams, sample_seed

@@ -139,7 +139,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
     from asyncdp.bench.command import _progress
     from asyncdp.bench.fit import fit
     from asyncdp.bench.sweep import FULL, QUICK, Measured, Sweep, capacity, plan
-    from asyncdp.engine.core import build_engine_core
+    from asyncdp.engine.build import build_engine_core
 
     config, output, threads, repeats = _check(ns)
     started = time.monotonic()

@@ -82,7 +82,7 @@ async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCor
     never come (the rendezvous, the first collectives), so a stop signal abandons the thread (the process
     hard-exits; spec §12.5: a stopped launcher exits 0 within 4.1 s, peers or not).
     """
-    from asyncdp.engine.core import build_engine_core
+    from asyncdp.engine.build import build_engine_core
 
     limiter = anyio.CapacityLimiter(1)
     if init.dp_group is None or not cfg.is_moe or cfg.dp_size == 1:

@@ -12,7 +12,7 @@ import pytest
 from engine_testing import EOS_ID, VOCAB_SIZE, ScriptedExecutor, make_byte_tokenizer
 
 from asyncdp.config.flags import EngineConfig
-from asyncdp.engine.core import build_engine_core
+from asyncdp.engine.build import build_engine_core
 from asyncdp.errors import (
     ConfigError,
     InvalidRequestError,

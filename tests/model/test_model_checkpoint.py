@@ -162,7 +162,7 @@ def test_tokenizer_flag_accepts_a_directory_holding_only_a_tokenizer(dense_path:
     import shutil
 
     from asyncdp.config.flags import EngineConfig
-    from asyncdp.engine.core import build_engine_core
+    from asyncdp.engine.build import build_engine_core
 
     tok_dir = tmp_path / "tokenizer-only"
     tok_dir.mkdir()

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from asyncdp.config.flags import EngineConfig
-from asyncdp.engine.core import build_engine_core
+from asyncdp.engine.build import build_engine_core
 from asyncdp.llm import LLM
 from asyncdp.sampling_params import SamplingParams
 

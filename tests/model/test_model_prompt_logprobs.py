@@ -15,7 +15,8 @@ import torch
 import transformers
 
 from asyncdp.config.flags import EngineConfig
-from asyncdp.engine.core import EngineCore, build_engine_core
+from asyncdp.engine.build import build_engine_core
+from asyncdp.engine.core import EngineCore
 from asyncdp.llm import LLM
 from asyncdp.messages import TokenLogprobs
 from asyncdp.sampling_params import SamplingParams
