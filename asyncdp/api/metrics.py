@@ -122,26 +122,30 @@ class Metrics:
         return child
 
     # ------------------------------------------------------------------ requests
-    def record_request_finished(
-        self,
-        engine: int | str,
-        finished_reason: str,
-        prompt_tokens: int,
-        generation_tokens: int,
-        ttft_s: float | None,
-        itls_s: Iterable[float],
-        e2e_s: float,
-        queue_s: float | None = None,
-    ) -> None:
-        """Count one finished request (any reason, including ``abort``) on the engine that owned it."""
-        self._c(self.request_success, engine, finished_reason).inc()
-        self._c(self.prompt_tokens, engine).inc(prompt_tokens)
-        self._c(self.generation_tokens, engine).inc(generation_tokens)
-        if ttft_s is not None:
-            self._c(self.time_to_first_token, engine).observe(ttft_s)
+    def add_tokens(self, engine: int | str, prompt_tokens: int, generation_tokens: int) -> None:
+        """Count tokens as the engine delivers them: a request's prompt with its first token, every generated
+        token as it arrives, whether or not the request later finishes (vLLM counts them per iteration)."""
+        if prompt_tokens:
+            self._c(self.prompt_tokens, engine).inc(prompt_tokens)
+        if generation_tokens:
+            self._c(self.generation_tokens, engine).inc(generation_tokens)
+
+    def record_first_token(self, engine: int | str, ttft_s: float) -> None:
+        self._c(self.time_to_first_token, engine).observe(ttft_s)
+
+    def record_token_gaps(self, engine: int | str, gap_s: float, n: int = 1) -> None:
+        """``n`` tokens that arrived together, ``gap_s`` apart on average since the previous ones."""
         itl = self._c(self.inter_token_latency, engine)
-        for gap in itls_s:
-            itl.observe(gap)
+        for _ in range(n):
+            itl.observe(gap_s)
+
+    def record_request_finished(
+        self, engine: int | str, finished_reason: str, e2e_s: float, queue_s: float | None = None,
+    ) -> None:
+        """Count one request that finished with an answer (``stop``, ``length``, or ``abort`` by an operator's
+        pause) on the engine that owned it. A refused or failed request, or one whose caller left, is not
+        counted here (vLLM's ``request_success`` does not count them either)."""
+        self._c(self.request_success, engine, finished_reason).inc()
         self._c(self.e2e_request_latency, engine).observe(e2e_s)
         if queue_s is not None:
             self._c(self.request_queue_time, engine).observe(queue_s)

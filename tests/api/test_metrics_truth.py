@@ -1,0 +1,129 @@
+"""What the DP client counts in ``/metrics`` for each way a request can end, against what really happened.
+
+vLLM's semantics: ``vllm:request_success_total`` and the per-request histograms (e2e latency, queue time) count
+requests that finished with an answer; a request refused or failed by the engine, or one whose caller left, is not
+a success. Token counters and the per-token histograms (TTFT, inter-token latency) count the work as it is
+delivered, so a request that never finishes still shows the tokens it got and a long one shows up before its end.
+
+The streams need an event loop (their events are anyio's), hence async tests that await nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from asyncdp import messages as m
+from asyncdp.api.metrics import Metrics
+from asyncdp.apiserver.client import ClientConfig, DPClient
+from asyncdp.apiserver.request_stream import RequestStream
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, str, str], float]:
+    """(sample name, engine, finished_reason or "") -> value."""
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            if "engine" in s.labels:
+                out[(s.name, s.labels["engine"], s.labels.get("finished_reason", ""))] = s.value
+    return out
+
+
+def value(metrics: Metrics, name: str, engine: str = "0", reason: str = "") -> float:
+    return samples(metrics).get((name, engine, reason), 0.0)
+
+
+def successes(metrics: Metrics) -> float:
+    return sum(v for (name, _, _), v in samples(metrics).items() if name == "vllm:request_success_total")
+
+
+def client() -> DPClient:
+    cfg = ClientConfig(client_index=0, client_count=1, managed_ranks=(0, 1), dp_size=2, model_name="m",
+                       max_model_len=64, is_moe=False)
+    return DPClient(cfg, None, metrics=Metrics(model_name="m", multiproc_dir=None))
+
+
+def start(c: DPClient, rid: str, num_prompt_tokens: int = 5) -> RequestStream:
+    req = c._requests[rid] = RequestStream(rid, arrival=0.0, num_prompt_tokens=num_prompt_tokens)
+    return req
+
+
+def frame(*outs: m.RequestOutput, rank: int = 0) -> m.EngineOutputs:
+    return m.EngineOutputs(dp_rank=rank, outputs=list(outs), finished_request_ids=[o.request_id for o in outs
+                                                                                   if o.finished],
+                           scheduler_stats=None, timestamp=0.0)
+
+
+@pytest.mark.anyio
+async def test_request_the_engine_refused_is_not_counted_as_a_success() -> None:
+    c = client()
+    start(c, "r")
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", finished=True, finish_reason="abort",
+                                               error_type="invalid_request", error="bad")))
+    assert successes(c.metrics) == 0
+    assert value(c.metrics, "vllm:e2e_request_latency_seconds_count") == 0
+    assert value(c.metrics, "vllm:prompt_tokens_total") == 0  # nothing was computed
+
+
+@pytest.mark.anyio
+async def test_request_failed_mid_generation_is_not_a_success_but_its_tokens_count() -> None:
+    c = client()
+    start(c, "r", num_prompt_tokens=7)
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[1, 2])))
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[3], finished=True,
+                                               finish_reason="error", error_type="invalid_request", error="grammar")))
+    assert successes(c.metrics) == 0
+    assert value(c.metrics, "vllm:prompt_tokens_total") == 7
+    assert value(c.metrics, "vllm:generation_tokens_total") == 3
+
+
+@pytest.mark.anyio
+async def test_request_whose_caller_left_is_not_a_success_but_its_tokens_count() -> None:
+    c = client()
+    req = start(c, "r", num_prompt_tokens=4)
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[1])))
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[2])))
+    req.client_abort = True  # the generator's finally: the caller disconnected, the engine confirms the abort
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", finished=True, finish_reason="abort")))
+    assert successes(c.metrics) == 0
+    assert value(c.metrics, "vllm:e2e_request_latency_seconds_count") == 0
+    assert value(c.metrics, "vllm:prompt_tokens_total") == 4
+    assert value(c.metrics, "vllm:generation_tokens_total") == 2
+    assert value(c.metrics, "vllm:time_to_first_token_seconds_count") == 1
+    assert value(c.metrics, "vllm:inter_token_latency_seconds_count") == 1
+
+
+@pytest.mark.anyio
+async def test_request_the_operator_aborted_counts_as_finished_with_reason_abort() -> None:
+    c = client()
+    start(c, "r")
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[1, 2])))
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", finished=True, finish_reason="abort")))
+    assert value(c.metrics, "vllm:request_success_total", reason="abort") == 1
+    assert value(c.metrics, "vllm:e2e_request_latency_seconds_count") == 1
+
+
+@pytest.mark.anyio
+async def test_tokens_are_counted_as_they_arrive_not_when_the_request_ends() -> None:
+    c = client()
+    start(c, "r", num_prompt_tokens=6)
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[1])))
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[2, 3])))
+    assert value(c.metrics, "vllm:prompt_tokens_total") == 6
+    assert value(c.metrics, "vllm:generation_tokens_total") == 3
+    assert value(c.metrics, "vllm:time_to_first_token_seconds_count") == 1
+    assert value(c.metrics, "vllm:inter_token_latency_seconds_count") == 2  # one gap per token after the first
+    assert successes(c.metrics) == 0  # still running
+
+
+@pytest.mark.anyio
+async def test_finished_request_counts_once_with_its_reason_and_latencies() -> None:
+    c = client()
+    start(c, "r", num_prompt_tokens=3)
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[1])))
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[2], finished=True,
+                                               finish_reason="length"), rank=0))
+    assert value(c.metrics, "vllm:request_success_total", reason="length") == 1
+    assert value(c.metrics, "vllm:prompt_tokens_total") == 3
+    assert value(c.metrics, "vllm:generation_tokens_total") == 2
+    assert value(c.metrics, "vllm:e2e_request_latency_seconds_count") == 1
