@@ -34,6 +34,7 @@ class RequestStream:
     first_token_at: float | None = None
     last_token_at: float | None = None
     num_generated: int = 0
+    queue_s: float | None = None  # the engine's queue time (seconds waiting before first scheduled)
 
     def post(self, out: m.RequestOutput, now: float) -> None:
         n = len(out.new_token_ids)
@@ -42,6 +43,8 @@ class RequestStream:
                 self.first_token_at = now
             self.last_token_at = now
             self.num_generated += n
+        if out.queue_time_s is not None:
+            self.queue_s = out.queue_time_s
         if out.finished:
             self.finish_reason = out.finish_reason
         self.pending.append(out)

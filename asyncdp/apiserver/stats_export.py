@@ -52,7 +52,7 @@ def record_finished(metrics: Any, rank: int, req: RequestStream, now: float) -> 
     whose caller left (``client_abort``), as vLLM counts only the requests it finished for their caller."""
     if req.error is not None or req.client_abort:
         return
-    metrics.record_request_finished(rank, req.finish_reason or "abort", now - req.arrival)
+    metrics.record_request_finished(rank, req.finish_reason or "abort", now - req.arrival, req.queue_s)
 
 
 def refresh_coordinator_gauges(metrics: Any, coordinator_state: str, snapshot_age_s: float | None) -> None:

@@ -120,10 +120,12 @@ async def test_tokens_are_counted_as_they_arrive_not_when_the_request_ends() -> 
 async def test_finished_request_counts_once_with_its_reason_and_latencies() -> None:
     c = client()
     start(c, "r", num_prompt_tokens=3)
-    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[1])))
+    c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[1], queue_time_s=0.25)))
     c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[2], finished=True,
                                                finish_reason="length"), rank=0))
     assert value(c.metrics, "vllm:request_success_total", reason="length") == 1
     assert value(c.metrics, "vllm:prompt_tokens_total") == 3
     assert value(c.metrics, "vllm:generation_tokens_total") == 2
     assert value(c.metrics, "vllm:e2e_request_latency_seconds_count") == 1
+    assert value(c.metrics, "vllm:request_queue_time_seconds_count") == 1
+    assert value(c.metrics, "vllm:request_queue_time_seconds_sum") == 0.25
