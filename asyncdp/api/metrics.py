@@ -44,6 +44,7 @@ _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 _E = ("model_name", "engine")
+FINISHED_REASONS = ("stop", "length", "abort")  # the ``finished_reason`` values a request can succeed with
 
 
 class Metrics:
@@ -169,6 +170,19 @@ class Metrics:
 
     def set_engine_up(self, engine: int | str, up: bool) -> None:
         self._c(self.dp_engine_up, engine).set(1 if up else 0)
+
+    def init_engine(self, engine: int | str) -> None:
+        """Create the engine's series at 0 once it is ready, as vLLM does for each engine: an idle rank's gauges
+        read 0 instead of no data, and the first requests are not lost to ``rate()``, which needs a sample before
+        the first increment."""
+        self.set_engine_state(engine, 0, 0, 0.0)
+        self.set_inflight(engine, 0)
+        for reason in FINISHED_REASONS:
+            self._c(self.request_success, engine, reason)
+        for metric in (self.prompt_tokens, self.generation_tokens, self.num_preemptions, self.prefix_cache_queries,
+                       self.prefix_cache_hits, self.time_to_first_token, self.inter_token_latency,
+                       self.e2e_request_latency, self.request_queue_time):
+            self._c(metric, engine)
 
     def clear_engine_state(self, engine: int | str) -> None:
         """A dead rank runs nothing: zero its state and wave gauges, which would otherwise stay frozen at its

@@ -129,3 +129,18 @@ async def test_finished_request_counts_once_with_its_reason_and_latencies() -> N
     assert value(c.metrics, "vllm:e2e_request_latency_seconds_count") == 1
     assert value(c.metrics, "vllm:request_queue_time_seconds_count") == 1
     assert value(c.metrics, "vllm:request_queue_time_seconds_sum") == 0.25
+
+
+def test_a_ready_engine_has_every_series_at_zero_before_its_first_request() -> None:
+    metrics = Metrics(model_name="m", multiproc_dir=None)
+    metrics.init_engine(1)
+    got = samples(metrics)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                 "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count", "vllm:request_queue_time_seconds_count",
+                 "asyncdp:dp_inflight_requests"):
+        assert got[(name, "1", "")] == 0, name
+    for reason in ("stop", "length", "abort"):
+        assert got[("vllm:request_success_total", "1", reason)] == 0
