@@ -43,6 +43,9 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
 
+# vLLM's 1-2-5 series for token counts (vLLM stops at max_model_len; the buckets above it stay empty).
+_TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))
+
 _E = ("model_name", "engine")
 FINISHED_REASONS = ("stop", "length", "abort")  # the ``finished_reason`` values a request can succeed with
 
@@ -91,6 +94,15 @@ class Metrics:
         self.request_queue_time = histogram("vllm:request_queue_time_seconds",
                                             "Histogram of time spent in WAITING phase for request.",
                                             _LATENCY_BUCKETS)
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                               _TOKEN_BUCKETS)
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
+                                                   "Number of generation tokens processed.", _TOKEN_BUCKETS)
+        self.request_time_per_output_token = histogram("vllm:request_time_per_output_token_seconds",
+                                                       "Histogram of time_per_output_token_seconds per request.",
+                                                       _ITL_BUCKETS)
+        self.request_decode_time = histogram("vllm:request_decode_time_seconds",
+                                             "Histogram of time spent in DECODE phase for request.", _LATENCY_BUCKETS)
         self.dp_wave = gauge("asyncdp:dp_wave", "MoE: the rank's current wave number.")
         self.dp_running = gauge("asyncdp:dp_running", "MoE: 1 while the rank's wave is running.")
         self.dp_waves_completed = counter("asyncdp:dp_waves_completed", "MoE: waves this rank has completed.")
@@ -141,15 +153,22 @@ class Metrics:
             itl.observe(gap_s)
 
     def record_request_finished(
-        self, engine: int | str, finished_reason: str, e2e_s: float, queue_s: float | None = None,
+        self, engine: int | str, finished_reason: str, e2e_s: float, queue_s: float | None = None, *,
+        prompt_tokens: int = 0, generation_tokens: int = 0, decode_s: float = 0.0,
     ) -> None:
         """Count one request that finished with an answer (``stop``, ``length``, or ``abort`` by an operator's
-        pause) on the engine that owned it. A refused or failed request, or one whose caller left, is not
-        counted here (vLLM's ``request_success`` does not count them either)."""
+        pause) on the engine that owned it, with its sizes and phases as vLLM observes them (``decode_s``: first
+        to last token; its mean time per output token is 0 with fewer than two tokens). A refused or failed
+        request, or one whose caller left, is not counted here (vLLM's ``request_success`` does not count them)."""
         self._c(self.request_success, engine, finished_reason).inc()
         self._c(self.e2e_request_latency, engine).observe(e2e_s)
         if queue_s is not None:
             self._c(self.request_queue_time, engine).observe(queue_s)
+        self._c(self.request_prompt_tokens, engine).observe(prompt_tokens)
+        self._c(self.request_generation_tokens, engine).observe(generation_tokens)
+        self._c(self.request_decode_time, engine).observe(decode_s)
+        tpot_s = decode_s / (generation_tokens - 1) if generation_tokens > 1 else 0.0
+        self._c(self.request_time_per_output_token, engine).observe(tpot_s)
 
     # ------------------------------------------------------------------ engine state
     def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float) -> None:
@@ -181,7 +200,8 @@ class Metrics:
             self._c(self.request_success, engine, reason)
         for metric in (self.prompt_tokens, self.generation_tokens, self.num_preemptions, self.prefix_cache_queries,
                        self.prefix_cache_hits, self.time_to_first_token, self.inter_token_latency,
-                       self.e2e_request_latency, self.request_queue_time):
+                       self.e2e_request_latency, self.request_queue_time, self.request_prompt_tokens,
+                       self.request_generation_tokens, self.request_time_per_output_token, self.request_decode_time):
             self._c(metric, engine)
 
     def clear_engine_state(self, engine: int | str) -> None:

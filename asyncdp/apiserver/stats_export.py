@@ -52,7 +52,10 @@ def record_finished(metrics: Any, rank: int, req: RequestStream, now: float) -> 
     whose caller left (``client_abort``), as vLLM counts only the requests it finished for their caller."""
     if req.error is not None or req.client_abort:
         return
-    metrics.record_request_finished(rank, req.finish_reason or "abort", now - req.arrival, req.queue_s)
+    decode_s = 0.0 if req.first_token_at is None or req.last_token_at is None else req.last_token_at - req.first_token_at
+    metrics.record_request_finished(rank, req.finish_reason or "abort", now - req.arrival, req.queue_s,
+                                    prompt_tokens=req.num_prompt_tokens, generation_tokens=req.num_generated,
+                                    decode_s=decode_s)
 
 
 def refresh_coordinator_gauges(metrics: Any, coordinator_state: str, snapshot_age_s: float | None) -> None:

@@ -317,7 +317,9 @@ class FakeEngineClient:
                 self.aborted.append(request_id)
                 reason = "abort"
             if completed:  # a caller that left early is no success (as in vLLM)
-                metrics.record_request_finished(str(engine), reason, last_s - start)
+                metrics.record_request_finished(
+                    str(engine), reason, last_s - start, prompt_tokens=len(prompt), generation_tokens=len(text),
+                    decode_s=0.0 if first_token_s is None else last_s - start - first_token_s)
             self._notify()
 
 

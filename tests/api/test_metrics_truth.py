@@ -129,6 +129,14 @@ async def test_finished_request_counts_once_with_its_reason_and_latencies() -> N
     assert value(c.metrics, "vllm:e2e_request_latency_seconds_count") == 1
     assert value(c.metrics, "vllm:request_queue_time_seconds_count") == 1
     assert value(c.metrics, "vllm:request_queue_time_seconds_sum") == 0.25
+    # the request's sizes and its decode phase, as vLLM observes them per finished request
+    assert value(c.metrics, "vllm:request_prompt_tokens_sum") == 3
+    assert value(c.metrics, "vllm:request_generation_tokens_sum") == 2
+    assert value(c.metrics, "vllm:request_decode_time_seconds_count") == 1
+    assert value(c.metrics, "vllm:request_time_per_output_token_seconds_count") == 1
+    # two tokens, one gap: the mean time per output token is the decode time
+    assert value(c.metrics, "vllm:request_time_per_output_token_seconds_sum") == \
+        value(c.metrics, "vllm:request_decode_time_seconds_sum")
 
 
 def test_a_ready_engine_has_every_series_at_zero_before_its_first_request() -> None:
@@ -140,6 +148,8 @@ def test_a_ready_engine_has_every_series_at_zero_before_its_first_request() -> N
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
                  "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
                  "vllm:e2e_request_latency_seconds_count", "vllm:request_queue_time_seconds_count",
+                 "vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
+                 "vllm:request_time_per_output_token_seconds_count", "vllm:request_decode_time_seconds_count",
                  "asyncdp:dp_inflight_requests"):
         assert got[(name, "1", "")] == 0, name
     for reason in ("stop", "length", "abort"):

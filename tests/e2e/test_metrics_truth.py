@@ -167,11 +167,16 @@ async def test_metrics_match_a_counted_workload(tmp_path: Path) -> None:
                 successes = sum(truth.reasons.values())
                 assert grew("vllm:e2e_request_latency_seconds_count") == successes
                 assert grew("vllm:request_queue_time_seconds_count") == successes
+                assert grew("vllm:request_prompt_tokens_sum") == truth.prompt_tokens
+                assert grew("vllm:request_generation_tokens_sum") == truth.generation_tokens
+                assert grew("vllm:request_time_per_output_token_seconds_count") == successes
+                assert grew("vllm:request_decode_time_seconds_count") == successes
                 assert grew("vllm:time_to_first_token_seconds_count") == first_tokens
                 assert grew("vllm:inter_token_latency_seconds_count") == truth.generation_tokens - first_tokens
-                for h in ("time_to_first_token", "inter_token_latency", "e2e_request_latency", "request_queue_time"):
-                    assert total(done, f"vllm:{h}_seconds_bucket", le="+Inf") == \
-                        total(done, f"vllm:{h}_seconds_count"), h
+                for h in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                          "request_queue_time_seconds", "request_prompt_tokens", "request_generation_tokens",
+                          "request_time_per_output_token_seconds", "request_decode_time_seconds"):
+                    assert total(done, f"vllm:{h}_bucket", le="+Inf") == total(done, f"vllm:{h}_count"), h
                 # every prompt token is looked up in the prefix cache once; the second prefixed prompt hits 80
                 assert grew("vllm:prefix_cache_queries_total") == truth.prompt_tokens
                 assert grew("vllm:prefix_cache_hits_total", engine="0") >= 80
