@@ -204,11 +204,13 @@ class Metrics:
                        self.request_generation_tokens, self.request_time_per_output_token, self.request_decode_time):
             self._c(metric, engine)
 
-    def clear_engine_state(self, engine: int | str) -> None:
-        """A dead rank runs nothing: zero its state and wave gauges, which would otherwise stay frozen at its
-        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept)."""
+    def clear_engine_state(self, engine: int | str, *, is_moe: bool = True) -> None:
+        """A dead rank runs nothing: zero its state and (MoE) wave gauges, which would otherwise stay frozen at its
+        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept). A dense
+        rank never had wave gauges: none are created for it."""
         self.set_engine_state(engine, 0, 0, 0.0)
-        self.set_wave(engine, 0, False)
+        if is_moe:
+            self.set_wave(engine, 0, False)
 
     # ------------------------------------------------------------------ DP
     def inc_lb_decision(self, engine: int | str, reason: str) -> None:

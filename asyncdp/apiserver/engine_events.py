@@ -81,7 +81,7 @@ class EngineEvents:
                     rank, "gone" if gone else "dead", reason)
         if self._metrics is not None:
             self._metrics.set_engine_up(rank, False)
-            self._metrics.clear_engine_state(rank)
+            self._metrics.clear_engine_state(rank, is_moe=self._is_moe)
         self._utility.on_rank_dead(rank, reason)
         for rid in self._lb.mark_dead(rank):
             req = self._requests.get(rid)

@@ -154,3 +154,16 @@ def test_a_ready_engine_has_every_series_at_zero_before_its_first_request() -> N
         assert got[(name, "1", "")] == 0, name
     for reason in ("stop", "length", "abort"):
         assert got[("vllm:request_success_total", "1", reason)] == 0
+
+
+@pytest.mark.anyio
+async def test_a_dense_rank_that_dies_zeroes_its_gauges_without_growing_moe_wave_series() -> None:
+    c = client()
+    c._events.on_outputs(m.EngineOutputs(dp_rank=1, outputs=[], finished_request_ids=[], timestamp=0.0,
+                                         scheduler_stats=m.SchedulerStats(num_running=2, kv_cache_usage=0.5)))
+    c._events.on_dead(1, "its link closed")
+    got = samples(c.metrics)
+    assert got[("vllm:num_requests_running", "1", "")] == 0
+    assert got[("vllm:kv_cache_usage_perc", "1", "")] == 0
+    assert got[("asyncdp:dp_engine_up", "1", "")] == 0
+    assert not any(name in ("asyncdp:dp_wave", "asyncdp:dp_running") for name, _, _ in got)
