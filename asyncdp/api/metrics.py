@@ -190,11 +190,15 @@ class Metrics:
     def set_engine_up(self, engine: int | str, up: bool) -> None:
         self._c(self.dp_engine_up, engine).set(1 if up else 0)
 
-    def init_engine(self, engine: int | str) -> None:
+    def init_engine(self, engine: int | str, *, is_moe: bool = False) -> None:
         """Create the engine's series at 0 once it is ready, as vLLM does for each engine: an idle rank's gauges
         read 0 instead of no data, and the first requests are not lost to ``rate()``, which needs a sample before
-        the first increment."""
+        the first increment. A MoE rank gets its wave gauges and counters too."""
         self.set_engine_state(engine, 0, 0, 0.0)
+        if is_moe:
+            self.set_wave(engine, 0, False)
+            self._c(self.dp_waves_completed, engine)
+            self._c(self.dp_dummy_steps, engine)
         self.set_inflight(engine, 0)
         for reason in FINISHED_REASONS:
             self._c(self.request_success, engine, reason)

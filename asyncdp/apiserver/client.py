@@ -327,7 +327,7 @@ class DPClient:
 
     def _on_engine_ready(self, engine: EngineLink) -> None:
         if self.metrics is not None:
-            self.metrics.init_engine(engine.dp_rank)
+            self.metrics.init_engine(engine.dp_rank, is_moe=self.cfg.is_moe)
             self.metrics.set_engine_up(engine.dp_rank, True)
         if self.lb.mark_alive(engine.dp_rank):  # a restarted node brought a dead rank back (dense, spec §13)
             log.info("engine rank %d is back (pid %s); it rejoins the load balancer", engine.dp_rank,

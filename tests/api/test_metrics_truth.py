@@ -167,3 +167,14 @@ async def test_a_dense_rank_that_dies_zeroes_its_gauges_without_growing_moe_wave
     assert got[("vllm:kv_cache_usage_perc", "1", "")] == 0
     assert got[("asyncdp:dp_engine_up", "1", "")] == 0
     assert not any(name in ("asyncdp:dp_wave", "asyncdp:dp_running") for name, _, _ in got)
+
+
+def test_a_ready_moe_engine_has_its_wave_series_at_zero_and_a_dense_one_none() -> None:
+    moe, dense = Metrics(model_name="moe", multiproc_dir=None), Metrics(model_name="dense", multiproc_dir=None)
+    moe.init_engine(0, is_moe=True)
+    dense.init_engine(0)
+    wave_series = ("asyncdp:dp_wave", "asyncdp:dp_running", "asyncdp:dp_waves_completed_total",
+                   "asyncdp:dp_dummy_steps_total")
+    got = samples(moe)
+    assert all(got[(name, "0", "")] == 0 for name in wave_series)
+    assert not any(name in wave_series for name, _, _ in samples(dense))
