@@ -362,10 +362,13 @@ class EngineRank:
         return self.reports.scheduler_stats()
 
     async def publish_stats(self) -> None:
-        """``RankStats`` to the coordinator when the load changed (spec §8.1; see :mod:`.rank_state`)."""
+        """``RankStats`` to the coordinator when the load changed (spec §8.1; see :mod:`.rank_state`), and the
+        scheduler stats to the clients when no output carried their change."""
+        s = self.reports.scheduler_stats()
+        self.reports.refresh_client_stats(s)
         if self.coordinator is None or self.cfg.external_lb:
             return
-        report = self.reports.load_report()
+        report = self.reports.load_report(s)
         if report is not None:
             await self.send_coordinator(report)
 
