@@ -11,6 +11,7 @@ every family, no duplicate series and one label set per family.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from collections.abc import Callable
@@ -209,3 +210,16 @@ async def test_metrics_match_a_counted_workload(tmp_path: Path) -> None:
                 paused = await settled(base)
                 assert total(paused, "vllm:request_success_total", finished_reason="abort") == \
                     total(after_disconnect, "vllm:request_success_total", finished_reason="abort") + 1
+
+                # requests queued while paused show as waiting, though no output carries the rank's stats
+                assert (await http.post("/pause", params={"mode": "keep"})).status_code == 200
+                async with anyio.create_task_group() as tg:
+                    for i in range(2):
+                        tg.start_soon(functools.partial(http.post, "/v1/completions", json={
+                            "model": MODEL, "prompt": f"held {i}", "max_tokens": 2}))
+                    while True:  # (bounded by the test's fail_after)
+                        if total(await scrape(base), "vllm:num_requests_waiting") == 2:
+                            break
+                        await anyio.sleep(0.05)
+                    assert (await http.post("/resume")).status_code == 200
+                await settled(base)
