@@ -103,6 +103,11 @@ class Metrics:
                                                        _ITL_BUCKETS)
         self.request_decode_time = histogram("vllm:request_decode_time_seconds",
                                              "Histogram of time spent in DECODE phase for request.", _LATENCY_BUCKETS)
+        self.request_prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                              "Histogram of time spent in PREFILL phase for request.", _LATENCY_BUCKETS)
+        self.request_inference_time = histogram("vllm:request_inference_time_seconds",
+                                                "Histogram of time spent in RUNNING phase for request.",
+                                                _LATENCY_BUCKETS)
         self.dp_wave = gauge("asyncdp:dp_wave", "MoE: the rank's current wave number.")
         self.dp_running = gauge("asyncdp:dp_running", "MoE: 1 while the rank's wave is running.")
         self.dp_waves_completed = counter("asyncdp:dp_waves_completed", "MoE: waves this rank has completed.")
@@ -154,11 +159,12 @@ class Metrics:
 
     def record_request_finished(
         self, engine: int | str, finished_reason: str, e2e_s: float, queue_s: float | None = None, *,
-        prompt_tokens: int = 0, generation_tokens: int = 0, decode_s: float = 0.0,
+        prompt_tokens: int = 0, generation_tokens: int = 0, decode_s: float = 0.0, prefill_s: float | None = None,
     ) -> None:
         """Count one request that finished with an answer (``stop``, ``length``, or ``abort`` by an operator's
         pause) on the engine that owned it, with its sizes and phases as vLLM observes them (``decode_s``: first
-        to last token; its mean time per output token is 0 with fewer than two tokens). A refused or failed
+        to last token; its mean time per output token is 0 with fewer than two tokens; ``prefill_s``: first
+        scheduled to first token, when known, with the running phase its sum with ``decode_s``). A refused or failed
         request, or one whose caller left, is not counted here (vLLM's ``request_success`` does not count them)."""
         self._c(self.request_success, engine, finished_reason).inc()
         self._c(self.e2e_request_latency, engine).observe(e2e_s)
@@ -169,6 +175,9 @@ class Metrics:
         self._c(self.request_decode_time, engine).observe(decode_s)
         tpot_s = decode_s / (generation_tokens - 1) if generation_tokens > 1 else 0.0
         self._c(self.request_time_per_output_token, engine).observe(tpot_s)
+        if prefill_s is not None:
+            self._c(self.request_prefill_time, engine).observe(prefill_s)
+            self._c(self.request_inference_time, engine).observe(prefill_s + decode_s)
 
     # ------------------------------------------------------------------ engine state
     def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float) -> None:
@@ -205,7 +214,8 @@ class Metrics:
         for metric in (self.prompt_tokens, self.generation_tokens, self.num_preemptions, self.prefix_cache_queries,
                        self.prefix_cache_hits, self.time_to_first_token, self.inter_token_latency,
                        self.e2e_request_latency, self.request_queue_time, self.request_prompt_tokens,
-                       self.request_generation_tokens, self.request_time_per_output_token, self.request_decode_time):
+                       self.request_generation_tokens, self.request_time_per_output_token, self.request_decode_time,
+                       self.request_prefill_time, self.request_inference_time):
             self._c(metric, engine)
 
     def clear_engine_state(self, engine: int | str, *, is_moe: bool = True) -> None:

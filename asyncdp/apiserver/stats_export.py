@@ -52,10 +52,13 @@ def record_finished(metrics: Any, rank: int, req: RequestStream, now: float) -> 
     whose caller left (``client_abort``), as vLLM counts only the requests it finished for their caller."""
     if req.error is not None or req.client_abort:
         return
-    decode_s = 0.0 if req.first_token_at is None or req.last_token_at is None else req.last_token_at - req.first_token_at
+    first, last = req.first_token_at, req.last_token_at
+    decode_s = 0.0 if first is None or last is None else last - first
+    # Prefill: the time to first token less the rank's queue time (the links' transit included, a few ms at most).
+    prefill_s = None if first is None or req.queue_s is None else max(0.0, first - req.arrival - req.queue_s)
     metrics.record_request_finished(rank, req.finish_reason or "abort", now - req.arrival, req.queue_s,
                                     prompt_tokens=req.num_prompt_tokens, generation_tokens=req.num_generated,
-                                    decode_s=decode_s)
+                                    decode_s=decode_s, prefill_s=prefill_s)
 
 
 def refresh_coordinator_gauges(metrics: Any, coordinator_state: str, snapshot_age_s: float | None) -> None:

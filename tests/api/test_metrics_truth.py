@@ -134,6 +134,8 @@ async def test_finished_request_counts_once_with_its_reason_and_latencies() -> N
     assert value(c.metrics, "vllm:request_generation_tokens_sum") == 2
     assert value(c.metrics, "vllm:request_decode_time_seconds_count") == 1
     assert value(c.metrics, "vllm:request_time_per_output_token_seconds_count") == 1
+    assert value(c.metrics, "vllm:request_prefill_time_seconds_count") == 1
+    assert value(c.metrics, "vllm:request_inference_time_seconds_count") == 1
     # two tokens, one gap: the mean time per output token is the decode time
     assert value(c.metrics, "vllm:request_time_per_output_token_seconds_sum") == \
         value(c.metrics, "vllm:request_decode_time_seconds_sum")
@@ -150,6 +152,7 @@ def test_a_ready_engine_has_every_series_at_zero_before_its_first_request() -> N
                  "vllm:e2e_request_latency_seconds_count", "vllm:request_queue_time_seconds_count",
                  "vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
                  "vllm:request_time_per_output_token_seconds_count", "vllm:request_decode_time_seconds_count",
+                 "vllm:request_prefill_time_seconds_count", "vllm:request_inference_time_seconds_count",
                  "asyncdp:dp_inflight_requests"):
         assert got[(name, "1", "")] == 0, name
     for reason in ("stop", "length", "abort"):

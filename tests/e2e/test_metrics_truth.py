@@ -172,11 +172,14 @@ async def test_metrics_match_a_counted_workload(tmp_path: Path) -> None:
                 assert grew("vllm:request_generation_tokens_sum") == truth.generation_tokens
                 assert grew("vllm:request_time_per_output_token_seconds_count") == successes
                 assert grew("vllm:request_decode_time_seconds_count") == successes
+                assert grew("vllm:request_prefill_time_seconds_count") == successes
+                assert grew("vllm:request_inference_time_seconds_count") == successes
                 assert grew("vllm:time_to_first_token_seconds_count") == first_tokens
                 assert grew("vllm:inter_token_latency_seconds_count") == truth.generation_tokens - first_tokens
                 for h in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
                           "request_queue_time_seconds", "request_prompt_tokens", "request_generation_tokens",
-                          "request_time_per_output_token_seconds", "request_decode_time_seconds"):
+                          "request_time_per_output_token_seconds", "request_decode_time_seconds",
+                          "request_prefill_time_seconds", "request_inference_time_seconds"):
                     assert total(done, f"vllm:{h}_bucket", le="+Inf") == total(done, f"vllm:{h}_count"), h
                 # every prompt token is looked up in the prefix cache once; the second prefixed prompt hits 80
                 assert grew("vllm:prefix_cache_queries_total") == truth.prompt_tokens
