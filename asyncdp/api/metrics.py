@@ -164,7 +164,7 @@ class Metrics:
         """Count one request that finished with an answer (``stop``, ``length``, or ``abort`` by an operator's
         pause) on the engine that owned it, with its sizes and phases as vLLM observes them (``decode_s``: first
         to last token; its mean time per output token is 0 with fewer than two tokens; ``prefill_s``: first
-        scheduled to first token, when known, with the running phase its sum with ``decode_s``). A refused or failed
+        scheduled to first token, when known; the running phase is prefill plus decode). A refused or failed
         request, or one whose caller left, is not counted here (vLLM's ``request_success`` does not count them)."""
         self._c(self.request_success, engine, finished_reason).inc()
         self._c(self.e2e_request_latency, engine).observe(e2e_s)

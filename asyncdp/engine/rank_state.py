@@ -7,7 +7,8 @@ that owns its requests (``RankState.owners``, filled by ``AddRequest``, emptied 
 :meth:`~asyncdp.engine.rank_links.RankLinks.post_nowait`; the scheduler stats ride on exactly one client message
 per step, with the cumulative counters as deltas since the previous attached stats, so the deltas partition the
 totals and API processes can sum them; when the queue changed and no output carried it (requests queued while
-paused, a prompt still prefilling), ``refresh_client_stats`` sends them alone to the stats client. ``load_report`` says which ``RankStats`` the coordinator needs: only when
+paused, a prompt still prefilling), ``refresh_client_stats`` sends them alone to the stats client.
+``load_report`` says which ``RankStats`` the coordinator needs: only when
 (running, waiting) or the prompt tokens still to compute changed, KV usage moved by at least
 :data:`KV_USAGE_PUBLISH_DELTA`, or the prefix cache's fill by :data:`CACHE_FILL_PUBLISH_DELTA`; MoE ranks stamp the
 wave step and wave from the lockstep state.
