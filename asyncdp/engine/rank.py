@@ -341,7 +341,7 @@ class EngineRank:
         self.state.dummy_steps += 1
 
     def send_stats_to_client(self) -> None:
-        """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
+        """``scheduler_stats`` alone, to the first client whose link is not cut (see :mod:`.rank_state`)."""
         self.reports.send_stats_to_client()
 
     # ------------------------------------------------------------------ message handling

@@ -7,7 +7,7 @@ that owns its requests (``RankState.owners``, filled by ``AddRequest``, emptied 
 :meth:`~asyncdp.engine.rank_links.RankLinks.post_nowait`; the scheduler stats ride on exactly one client message
 per step, with the cumulative counters as deltas since the previous attached stats, so the deltas partition the
 totals and API processes can sum them; when the queue changed and no output carried it (requests queued while
-paused, a prompt still prefilling), ``refresh_client_stats`` sends them alone to the stats client.
+paused, a prompt still prefilling), ``refresh_client_stats`` sends them alone to the first client whose link is not cut.
 ``load_report`` says which ``RankStats`` the coordinator needs: only when
 (running, waiting) or the prompt tokens still to compute changed, KV usage moved by at least
 :data:`KV_USAGE_PUBLISH_DELTA`, or the prefix cache's fill by :data:`CACHE_FILL_PUBLISH_DELTA`; MoE ranks stamp the
@@ -133,13 +133,17 @@ class RankReports:
             finished_request_ids=[request_id], scheduler_stats=None, timestamp=time.time()))
 
     def send_stats_to_client(self) -> None:
-        """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
-        self.links.post_nowait(self.links.stats_client, m.EngineOutputs(
+        """``scheduler_stats`` alone, to the first client whose link is not cut: after wave transitions, and when
+        the queue changed with no output to carry it. Nothing is taken (no counter delta) when no client is left."""
+        client_index = self.links.live_stats_client()
+        if client_index is None:
+            return
+        self.links.post_nowait(client_index, m.EngineOutputs(
             dp_rank=self.dp_rank, outputs=[], finished_request_ids=[],
             scheduler_stats=self.attach_stats(), timestamp=time.time()))
 
     def refresh_client_stats(self, s: m.SchedulerStats) -> None:
-        """Stats alone to the stats client when the clients' gauges went stale: running or waiting changed, or KV
+        """Stats alone to a live client when the clients' gauges went stale: running or waiting changed, or KV
         usage moved by :data:`KV_USAGE_PUBLISH_DELTA`, since the last attached stats, and no output carried the
         change (requests queued while paused, a long prompt still prefilling, aborts of queued requests)."""
         running, waiting, kv = self.state.attached_gauges
