@@ -43,7 +43,11 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
 
+# vLLM's 1-2-5 series for token counts (vLLM stops at max_model_len; the buckets above it stay empty).
+_TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))
+
 _E = ("model_name", "engine")
+FINISHED_REASONS = ("stop", "length", "abort")  # the ``finished_reason`` values a request can succeed with
 
 
 class Metrics:
@@ -90,6 +94,20 @@ class Metrics:
         self.request_queue_time = histogram("vllm:request_queue_time_seconds",
                                             "Histogram of time spent in WAITING phase for request.",
                                             _LATENCY_BUCKETS)
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                               _TOKEN_BUCKETS)
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
+                                                   "Number of generation tokens processed.", _TOKEN_BUCKETS)
+        self.request_time_per_output_token = histogram("vllm:request_time_per_output_token_seconds",
+                                                       "Histogram of time_per_output_token_seconds per request.",
+                                                       _ITL_BUCKETS)
+        self.request_decode_time = histogram("vllm:request_decode_time_seconds",
+                                             "Histogram of time spent in DECODE phase for request.", _LATENCY_BUCKETS)
+        self.request_prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                              "Histogram of time spent in PREFILL phase for request.", _LATENCY_BUCKETS)
+        self.request_inference_time = histogram("vllm:request_inference_time_seconds",
+                                                "Histogram of time spent in RUNNING phase for request.",
+                                                _LATENCY_BUCKETS)
         self.dp_wave = gauge("asyncdp:dp_wave", "MoE: the rank's current wave number.")
         self.dp_running = gauge("asyncdp:dp_running", "MoE: 1 while the rank's wave is running.")
         self.dp_waves_completed = counter("asyncdp:dp_waves_completed", "MoE: waves this rank has completed.")
@@ -122,29 +140,44 @@ class Metrics:
         return child
 
     # ------------------------------------------------------------------ requests
-    def record_request_finished(
-        self,
-        engine: int | str,
-        finished_reason: str,
-        prompt_tokens: int,
-        generation_tokens: int,
-        ttft_s: float | None,
-        itls_s: Iterable[float],
-        e2e_s: float,
-        queue_s: float | None = None,
-    ) -> None:
-        """Count one finished request (any reason, including ``abort``) on the engine that owned it."""
-        self._c(self.request_success, engine, finished_reason).inc()
-        self._c(self.prompt_tokens, engine).inc(prompt_tokens)
-        self._c(self.generation_tokens, engine).inc(generation_tokens)
-        if ttft_s is not None:
-            self._c(self.time_to_first_token, engine).observe(ttft_s)
+    def add_tokens(self, engine: int | str, prompt_tokens: int, generation_tokens: int) -> None:
+        """Count tokens as the engine delivers them: a request's prompt with its first token, every generated
+        token as it arrives, whether or not the request later finishes (vLLM counts them per iteration)."""
+        if prompt_tokens:
+            self._c(self.prompt_tokens, engine).inc(prompt_tokens)
+        if generation_tokens:
+            self._c(self.generation_tokens, engine).inc(generation_tokens)
+
+    def record_first_token(self, engine: int | str, ttft_s: float) -> None:
+        self._c(self.time_to_first_token, engine).observe(ttft_s)
+
+    def record_token_gaps(self, engine: int | str, gap_s: float, n: int = 1) -> None:
+        """``n`` tokens that arrived together, ``gap_s`` apart on average since the previous ones."""
         itl = self._c(self.inter_token_latency, engine)
-        for gap in itls_s:
-            itl.observe(gap)
+        for _ in range(n):
+            itl.observe(gap_s)
+
+    def record_request_finished(
+        self, engine: int | str, finished_reason: str, e2e_s: float, queue_s: float | None = None, *,
+        prompt_tokens: int = 0, generation_tokens: int = 0, decode_s: float = 0.0, prefill_s: float | None = None,
+    ) -> None:
+        """Count one request that finished with an answer (``stop``, ``length``, or ``abort`` by an operator's
+        pause) on the engine that owned it, with its sizes and phases as vLLM observes them (``decode_s``: first
+        to last token; its mean time per output token is 0 with fewer than two tokens; ``prefill_s``: first
+        scheduled to first token, when known; the running phase is prefill plus decode). A refused or failed
+        request, or one whose caller left, is not counted here (vLLM's ``request_success`` does not count them)."""
+        self._c(self.request_success, engine, finished_reason).inc()
         self._c(self.e2e_request_latency, engine).observe(e2e_s)
         if queue_s is not None:
             self._c(self.request_queue_time, engine).observe(queue_s)
+        self._c(self.request_prompt_tokens, engine).observe(prompt_tokens)
+        self._c(self.request_generation_tokens, engine).observe(generation_tokens)
+        self._c(self.request_decode_time, engine).observe(decode_s)
+        tpot_s = decode_s / (generation_tokens - 1) if generation_tokens > 1 else 0.0
+        self._c(self.request_time_per_output_token, engine).observe(tpot_s)
+        if prefill_s is not None:
+            self._c(self.request_prefill_time, engine).observe(prefill_s)
+            self._c(self.request_inference_time, engine).observe(prefill_s + decode_s)
 
     # ------------------------------------------------------------------ engine state
     def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float) -> None:
@@ -166,11 +199,32 @@ class Metrics:
     def set_engine_up(self, engine: int | str, up: bool) -> None:
         self._c(self.dp_engine_up, engine).set(1 if up else 0)
 
-    def clear_engine_state(self, engine: int | str) -> None:
-        """A dead rank runs nothing: zero its state and wave gauges, which would otherwise stay frozen at its
-        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept)."""
+    def init_engine(self, engine: int | str, *, is_moe: bool = False) -> None:
+        """Create the engine's series at 0 once it is ready, as vLLM does for each engine: an idle rank's gauges
+        read 0 instead of no data, and the first requests are not lost to ``rate()``, which needs a sample before
+        the first increment. A MoE rank gets its wave gauges and counters too."""
         self.set_engine_state(engine, 0, 0, 0.0)
-        self.set_wave(engine, 0, False)
+        if is_moe:
+            self.set_wave(engine, 0, False)
+            self._c(self.dp_waves_completed, engine)
+            self._c(self.dp_dummy_steps, engine)
+        self.set_inflight(engine, 0)
+        for reason in FINISHED_REASONS:
+            self._c(self.request_success, engine, reason)
+        for metric in (self.prompt_tokens, self.generation_tokens, self.num_preemptions, self.prefix_cache_queries,
+                       self.prefix_cache_hits, self.time_to_first_token, self.inter_token_latency,
+                       self.e2e_request_latency, self.request_queue_time, self.request_prompt_tokens,
+                       self.request_generation_tokens, self.request_time_per_output_token, self.request_decode_time,
+                       self.request_prefill_time, self.request_inference_time):
+            self._c(metric, engine)
+
+    def clear_engine_state(self, engine: int | str, *, is_moe: bool = True) -> None:
+        """A dead rank runs nothing: zero its state and (MoE) wave gauges, which would otherwise stay frozen at its
+        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept). A dense
+        rank never had wave gauges: none are created for it."""
+        self.set_engine_state(engine, 0, 0, 0.0)
+        if is_moe:
+            self.set_wave(engine, 0, False)
 
     # ------------------------------------------------------------------ DP
     def inc_lb_decision(self, engine: int | str, reason: str) -> None:

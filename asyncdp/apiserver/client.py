@@ -226,6 +226,7 @@ class DPClient:
         admission: Admission | None = None,
         routing_key: str | None = None,
     ) -> AsyncGenerator[m.RequestOutput, None]:
+        arrival = time.monotonic()  # TTFT and e2e start here: the directory's answer is part of the caller's wait
         # A new prefix among several API servers: the coordinator says where it goes (before the slot is taken).
         directed = None if rank_hint is not None or not self.can_serve() or self._shutting_down else \
             await self.coordinator.direct(self.lb, request_id, prompt_token_ids, params.max_tokens or 16, now_us(),
@@ -238,7 +239,7 @@ class DPClient:
         else:
             self._check_can_admit()
         dp_rank, engine = self._route(request_id, prompt_token_ids, params, rank_hint, directed, routing_key)
-        req = RequestStream(request_id, time.monotonic(), len(prompt_token_ids))
+        req = RequestStream(request_id, arrival, len(prompt_token_ids))
         self._requests[request_id] = req
         self._slots.publish()  # the slot moved from "reserved" to this request: the node sees it again
         self._update_inflight_metric(dp_rank)
@@ -340,6 +341,7 @@ class DPClient:
 
     def _on_engine_ready(self, engine: EngineLink) -> None:
         if self.metrics is not None:
+            self.metrics.init_engine(engine.dp_rank, is_moe=self.cfg.is_moe)
             self.metrics.set_engine_up(engine.dp_rank, True)
         if self.lb.mark_alive(engine.dp_rank):  # a restarted node brought a dead rank back (dense, spec §13)
             log.info("engine rank %d is back (pid %s); it rejoins the load balancer", engine.dp_rank,

@@ -9,8 +9,9 @@ over its own balancer, request streams, utility calls, load view and metrics, an
 the shutdown state: it hands in ``release`` (give a finished request's slot back), ``abandoned`` (the shutdown
 reason while it shuts down, else None) and ``on_wave`` (the wave the coordinator last published).
 
-``EngineOutputs`` are posted to their streams (:func:`~asyncdp.apiserver.request_stream.apply_outputs`); each
-finished request is recorded in the metrics and released. When a rank dies (``EngineDead`` or link EOF) it
+``EngineOutputs`` are posted to their streams (:func:`~asyncdp.apiserver.request_stream.apply_outputs`) after
+their tokens are counted in the metrics; each finished request is recorded (if it finished with an answer) and
+released. When a rank dies (``EngineDead`` or link EOF) it
 leaves the balancer, its requests and the utility calls waiting on it fail at once with ``EngineDeadError``
 (and are released), its gauges drop to 0; the other ranks keep serving (dense, spec §13). A rank that stops in
 order says so first (``RankDraining``): it leaves the balancer's choices at once, while its own requests finish
@@ -28,7 +29,7 @@ from asyncdp import messages as m
 from asyncdp.apiserver.engine_links import UtilityCalls
 from asyncdp.apiserver.load_view import LoadView
 from asyncdp.apiserver.request_stream import RequestStream, apply_outputs, now_us, tell_policy
-from asyncdp.apiserver.stats_export import export_scheduler_stats, record_finished
+from asyncdp.apiserver.stats_export import export_scheduler_stats, observe_tokens, record_finished
 from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import EngineDeadError
 
@@ -62,9 +63,11 @@ class EngineEvents:
     def on_outputs(self, msg: m.EngineOutputs) -> None:
         now = time.monotonic()
         tell_policy(self._lb, self._requests, msg)
+        if self._metrics is not None:
+            observe_tokens(self._metrics, msg.dp_rank, self._requests, msg, now)
         for req in apply_outputs(self._requests, msg, now, self._abandoned()):
             if self._metrics is not None:
-                record_finished(self._metrics, msg.dp_rank, req, msg, now)
+                record_finished(self._metrics, msg.dp_rank, req, now)
             self._release(req)
         if msg.scheduler_stats is not None:
             self._load.on_scheduler_stats(msg.dp_rank, msg.scheduler_stats, now)
@@ -78,7 +81,7 @@ class EngineEvents:
                     rank, "gone" if gone else "dead", reason)
         if self._metrics is not None:
             self._metrics.set_engine_up(rank, False)
-            self._metrics.clear_engine_state(rank)
+            self._metrics.clear_engine_state(rank, is_moe=self._is_moe)
         self._utility.on_rank_dead(rank, reason)
         for rid in self._lb.mark_dead(rank):
             req = self._requests.get(rid)

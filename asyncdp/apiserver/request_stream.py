@@ -2,8 +2,8 @@
 
 Theory of operation. The engine-link reader posts each ``RequestOutput`` (``post``) or an error (``fail``); the
 ``generate()`` generator waits on ``changed`` and yields what was posted. ``done`` is set once the engine
-reported the request finished or it failed. The stream also keeps the timings the request metrics need (TTFT,
-inter-token latencies). Which rank owns the request is not kept here: the load balancer
+reported the request finished or it failed. The stream also keeps the timings the request metrics need (first and
+last token times). Which rank owns the request is not kept here: the load balancer
 (:class:`asyncdp.dp.balance.LoadBalancer`) is the one owner of request -> rank.
 """
 
@@ -34,18 +34,17 @@ class RequestStream:
     first_token_at: float | None = None
     last_token_at: float | None = None
     num_generated: int = 0
-    itls_s: list[float] = field(default_factory=list)
+    queue_s: float | None = None  # the engine's queue time (seconds waiting before first scheduled)
 
     def post(self, out: m.RequestOutput, now: float) -> None:
         n = len(out.new_token_ids)
         if n:
             if self.first_token_at is None:
                 self.first_token_at = now
-            elif self.last_token_at is not None:
-                gap = (now - self.last_token_at) / n
-                self.itls_s.extend([gap] * n)
             self.last_token_at = now
             self.num_generated += n
+        if out.queue_time_s is not None:
+            self.queue_s = out.queue_time_s
         if out.finished:
             self.finish_reason = out.finish_reason
         self.pending.append(out)

@@ -1,4 +1,5 @@
-"""What the DP client exports to ``/metrics`` from the engines' outputs: per-rank gauges and request metrics.
+"""What the DP client exports to ``/metrics`` from the engines' outputs: per-rank gauges, token counts and
+per-token latencies as tokens arrive, and request metrics for the requests that finished with an answer.
 
 Gauges are set; counters arrive as deltas since the rank last attached stats to any client (see
 ``SchedulerStats``), so adding them here keeps the sum over API processes exact. Plain functions over a
@@ -25,20 +26,39 @@ def export_scheduler_stats(metrics: Any, rank: int, s: m.SchedulerStats, is_moe:
             metrics.inc_waves_completed(rank, s.waves_completed)
 
 
-def record_finished(metrics: Any, rank: int, req: RequestStream, msg: m.EngineOutputs, now: float) -> None:
-    reason = "abort"
+def observe_tokens(metrics: Any, rank: int, requests: dict[str, RequestStream], msg: m.EngineOutputs,
+                   now: float) -> None:
+    """Count the frame's tokens as they arrive (before :func:`apply_outputs` posts it): a request's prompt and
+    its time to first token with its first token, then one inter-token gap per token. Every request counts,
+    whether it later finishes, fails or is abandoned: these are the tokens the engine computed and delivered."""
+    prompt = generated = 0
     for out in msg.outputs:
-        if out.request_id == req.request_id and out.finish_reason:
-            reason = out.finish_reason
-    metrics.record_request_finished(
-        engine=rank,
-        finished_reason=reason,
-        prompt_tokens=req.num_prompt_tokens,
-        generation_tokens=req.num_generated,
-        ttft_s=None if req.first_token_at is None else req.first_token_at - req.arrival,
-        itls_s=req.itls_s,
-        e2e_s=now - req.arrival,
-    )
+        n = len(out.new_token_ids)
+        req = requests.get(out.request_id) if n else None
+        if req is None:
+            continue
+        generated += n
+        if req.first_token_at is None:
+            prompt += req.num_prompt_tokens
+            metrics.record_first_token(rank, now - req.arrival)
+        elif req.last_token_at is not None:
+            metrics.record_token_gaps(rank, (now - req.last_token_at) / n, n)
+    if prompt or generated:
+        metrics.add_tokens(rank, prompt, generated)
+
+
+def record_finished(metrics: Any, rank: int, req: RequestStream, now: float) -> None:
+    """Count a request the engine finished with an answer: not one it refused or failed (``req.error``), nor one
+    whose caller left (``client_abort``), as vLLM counts only the requests it finished for their caller."""
+    if req.error is not None or req.client_abort:
+        return
+    first, last = req.first_token_at, req.last_token_at
+    decode_s = 0.0 if first is None or last is None else last - first
+    # Prefill: the time to first token less the rank's queue time (the links' transit included, a few ms at most).
+    prefill_s = None if first is None or req.queue_s is None else max(0.0, first - req.arrival - req.queue_s)
+    metrics.record_request_finished(rank, req.finish_reason or "abort", now - req.arrival, req.queue_s,
+                                    prompt_tokens=req.num_prompt_tokens, generation_tokens=req.num_generated,
+                                    decode_s=decode_s, prefill_s=prefill_s)
 
 
 def refresh_coordinator_gauges(metrics: Any, coordinator_state: str, snapshot_age_s: float | None) -> None:

@@ -141,7 +141,7 @@ class EngineCore:
                                       f"prompt leaves in max_model_len ({self.max_model_len}).", field="min_tokens")
         req = Request(request_id, list(prompt_token_ids), params,
                       arrival_time=self._clock() if arrival_time is None else arrival_time,
-                      client_index=client_index, max_tokens=max_tokens)
+                      client_index=client_index, max_tokens=max_tokens, queued_time=self._clock())
         if self._decode is not None:
             req.detokenizer = IncrementalDetokenizer(self._decode, prompt_token_ids, params)
         if params.structured is not None:
@@ -206,7 +206,7 @@ class EngineCore:
             request_id=req.request_id, finished=True, finish_reason="abort",
             new_text=req.detokenizer.take_delta(True) if req.detokenizer is not None else "",
             num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=max(req.num_cached_tokens, 0),
-            first_token_time=req.first_token_time)
+            first_token_time=req.first_token_time, queue_time_s=None if req.output_token_ids else req.queue_time_s)
 
     def _apply_aborts(self, out: StepOutputs) -> None:
         pending = self._pending_aborts  # (other threads may append while this pops what it saw)
@@ -220,7 +220,7 @@ class EngineCore:
         """Report what finished outside a forward, schedule, execute, and turn the sampled tokens into outputs."""
         t0 = time.perf_counter()
         out = self.take_pending()
-        batch = self.scheduler.schedule(throttle_new_prefills=throttle_new_prefills)
+        batch = self.scheduler.schedule(throttle_new_prefills=throttle_new_prefills, now=self._clock())
         if not batch.empty:
             self._execute(batch, out)
         out.step_time_s = time.perf_counter() - t0
@@ -290,7 +290,7 @@ class EngineCore:
                 stop_reason=req.stop_reason if status is not None else None,
                 logprobs=[lp] if lp is not None else None, prompt_logprobs=prompt_lps,
                 num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=req.num_cached_tokens,
-                first_token_time=req.first_token_time,
+                first_token_time=req.first_token_time, queue_time_s=req.queue_time_s if n_out == 1 else None,
                 error_type=None if error is None else "invalid_request", error=None if error is None else str(error),
                 error_field=None if error is None else error.field))
         return finished

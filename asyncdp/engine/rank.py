@@ -341,7 +341,7 @@ class EngineRank:
         self.state.dummy_steps += 1
 
     def send_stats_to_client(self) -> None:
-        """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
+        """``scheduler_stats`` alone, to the first client whose link is not cut (see :mod:`.rank_state`)."""
         self.reports.send_stats_to_client()
 
     # ------------------------------------------------------------------ message handling
@@ -362,10 +362,13 @@ class EngineRank:
         return self.reports.scheduler_stats()
 
     async def publish_stats(self) -> None:
-        """``RankStats`` to the coordinator when the load changed (spec §8.1; see :mod:`.rank_state`)."""
+        """``RankStats`` to the coordinator when the load changed (spec §8.1; see :mod:`.rank_state`), and the
+        scheduler stats to the clients when no output carried their change."""
+        s = self.reports.scheduler_stats()
+        self.reports.refresh_client_stats(s)
         if self.coordinator is None or self.cfg.external_lb:
             return
-        report = self.reports.load_report()
+        report = self.reports.load_report(s)
         if report is not None:
             await self.send_coordinator(report)
 

@@ -109,7 +109,6 @@ class RankLinks:
         self.dp_rank = dp_rank
         self.clients = clients
         self.coordinator = coordinator
-        self.stats_client = min(clients) if clients else 0  # gets scheduler stats when no client has outputs
         self.outbox_size = outbox_size
         self._outboxes: dict[int, _ClientOutbox] = {}
         self._coordinator_lost = False  # reported to the owner (or seen by it on a send): never again
@@ -223,6 +222,11 @@ class RankLinks:
         log.warning("rank %d: %s", self.dp_rank, box.cut_reason)
         box.send.close()
         box.scope.cancel()
+
+    def live_stats_client(self) -> int | None:
+        """The client that gets scheduler stats when no client has outputs: the lowest index whose link is not
+        cut (a cut one would swallow them, and their counter deltas with them); None when every link is cut."""
+        return next((ci for ci in sorted(self._outboxes) if self._outboxes[ci].cut_reason is None), None)
 
     def is_cut(self, client_index: int) -> bool:
         box = self._outboxes.get(client_index)

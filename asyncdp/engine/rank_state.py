@@ -6,7 +6,9 @@ turns a step's outputs and the core's statistics into messages: each ``EngineOut
 that owns its requests (``RankState.owners``, filled by ``AddRequest``, emptied as requests finish) through
 :meth:`~asyncdp.engine.rank_links.RankLinks.post_nowait`; the scheduler stats ride on exactly one client message
 per step, with the cumulative counters as deltas since the previous attached stats, so the deltas partition the
-totals and API processes can sum them. ``load_report`` says which ``RankStats`` the coordinator needs: only when
+totals and API processes can sum them; when the queue changed and no output carried it (requests queued while
+paused, a prompt still prefilling), ``refresh_client_stats`` sends them alone to the first client whose link is not cut.
+``load_report`` says which ``RankStats`` the coordinator needs: only when
 (running, waiting) or the prompt tokens still to compute changed, KV usage moved by at least
 :data:`KV_USAGE_PUBLISH_DELTA`, or the prefix cache's fill by :data:`CACHE_FILL_PUBLISH_DELTA`; MoE ranks stamp the
 wave step and wave from the lockstep state.
@@ -46,6 +48,8 @@ class RankState:
     last_stats: tuple[int, int, float, int, float] | None = None
     # The cumulative counters as of the last stats attached to a client message: attached stats carry deltas.
     attached_counters: tuple[int, ...] = (0, 0, 0, 0, 0)
+    # (running, waiting, KV usage) of the last stats attached to a client message: what the clients' gauges show.
+    attached_gauges: tuple[int, int, float] = (0, 0, 0.0)
     owners: dict[str, int] = field(default_factory=dict)
     # The drain deadline passed and the rank aborted what it still had: each such ``abort`` goes out as an error
     # (``error_type="abandoned"``), so a client that is not shutting down itself answers 503 naming the rank,
@@ -82,6 +86,7 @@ class RankReports:
         now = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions, s.num_dummy_steps, s.waves_completed)
         q, h, p, d, w = (a - b for a, b in zip(now, self.state.attached_counters, strict=True))
         self.state.attached_counters = now
+        self.state.attached_gauges = (s.num_running, s.num_waiting, s.kv_cache_usage)
         return msgspec.structs.replace(s, prefix_cache_queries=q, prefix_cache_hits=h, num_preemptions=p,
                                        num_dummy_steps=d, waves_completed=w)
 
@@ -128,14 +133,27 @@ class RankReports:
             finished_request_ids=[request_id], scheduler_stats=None, timestamp=time.time()))
 
     def send_stats_to_client(self) -> None:
-        """``scheduler_stats`` alone, to the stats client (client 0): used after wave transitions."""
-        self.links.post_nowait(self.links.stats_client, m.EngineOutputs(
+        """``scheduler_stats`` alone, to the first client whose link is not cut: after wave transitions, and when
+        the queue changed with no output to carry it. Nothing is taken (no counter delta) when no client is left."""
+        client_index = self.links.live_stats_client()
+        if client_index is None:
+            return
+        self.links.post_nowait(client_index, m.EngineOutputs(
             dp_rank=self.dp_rank, outputs=[], finished_request_ids=[],
             scheduler_stats=self.attach_stats(), timestamp=time.time()))
 
-    def load_report(self) -> m.RankStats | None:
-        """The ``RankStats`` the coordinator needs now, or None when the load did not change enough."""
-        s = self.scheduler_stats()
+    def refresh_client_stats(self, s: m.SchedulerStats) -> None:
+        """Stats alone to a live client when the clients' gauges went stale: running or waiting changed, or KV
+        usage moved by :data:`KV_USAGE_PUBLISH_DELTA`, since the last attached stats, and no output carried the
+        change (requests queued while paused, a long prompt still prefilling, aborts of queued requests)."""
+        running, waiting, kv = self.state.attached_gauges
+        if (s.num_running, s.num_waiting) != (running, waiting) or abs(s.kv_cache_usage - kv) >= KV_USAGE_PUBLISH_DELTA:
+            self.send_stats_to_client()
+
+    def load_report(self, s: m.SchedulerStats | None = None) -> m.RankStats | None:
+        """The ``RankStats`` the coordinator needs now (``s``: the stats just read, if any), or None when the load
+        did not change enough."""
+        s = self.scheduler_stats() if s is None else s
         kv = s.kv_cache_usage
         last = self.state.last_stats
         fill = s.cache_fill

@@ -50,6 +50,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "arrival_time", "client_index", "status",
         "output_token_ids", "all_token_ids", "num_computed_tokens", "block_ids", "block_hashes",
         "num_registered_blocks", "num_cached_tokens", "num_preemptions", "detokenizer", "first_token_time",
+        "queued_time", "queue_time_s",
         "stop_reason", "max_tokens", "num_prompt_tokens", "prompt_logprobs", "extra", "prefill_debt", "error",
     )
 
@@ -62,6 +63,7 @@ class Request:
         arrival_time: float,
         client_index: int = 0,
         max_tokens: int,
+        queued_time: float | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -80,6 +82,9 @@ class Request:
         self.num_preemptions = 0
         self.detokenizer: IncrementalDetokenizer | None = None
         self.first_token_time: float | None = None
+        # When this rank queued it, on its own clock (the arrival time is the API server's): its queue time's start.
+        self.queued_time = arrival_time if queued_time is None else queued_time
+        self.queue_time_s: float | None = None  # set when first scheduled (a preemption does not restart it)
         self.stop_reason: str | int | None = None
         self.max_tokens = max_tokens  # resolved: min(params.max_tokens, max_model_len - prompt)
         # With SamplingParams.prompt_logprobs: one entry per prompt token ([0] stays None), filled chunk by chunk,

@@ -186,10 +186,11 @@ class Scheduler:
                 self._requeue(req)
         self._scheduled = []
 
-    def schedule(self, *, throttle_new_prefills: bool = False) -> ModelBatch:
+    def schedule(self, *, throttle_new_prefills: bool = False, now: float = 0.0) -> ModelBatch:
         """This step's batch: the running requests first (preempting from the back when KV blocks run out), then
         new prefills from the waiting queue while budget, sequence slots and blocks last (none after a preemption,
-        while throttled, or while paused)."""
+        while throttled, or while paused). ``now`` (the core's clock) ends the queue time of a request scheduled
+        for the first time."""
         batch = ModelBatch([])
         self._scheduled = []
         if self.pause_state == "paused-all":
@@ -197,7 +198,7 @@ class Scheduler:
         budget, preempted, has_decode = self._schedule_running(batch, self.max_num_batched_tokens)
         throttled = throttle_new_prefills and has_decode and not self._last_unthrottled_capacity_bound
         if not preempted and not throttled and self.pause_state == "unpaused":
-            budget = self._admit_waiting(batch, budget)
+            budget = self._admit_waiting(batch, budget, now)
         if not throttle_new_prefills:
             self._last_unthrottled_capacity_bound = budget <= 0 and bool(self.waiting)
         return batch
@@ -244,7 +245,7 @@ class Scheduler:
         batch.num_kv_tokens += num_kv
         return budget, preempted, num_decode > 0
 
-    def _admit_waiting(self, batch: ModelBatch, budget: int) -> int:
+    def _admit_waiting(self, batch: ModelBatch, budget: int, now: float) -> int:
         """Admit waiting requests (with their cached prefix) while they fit; returns the budget left."""
         chunks, scheduled = batch.chunks, self._scheduled
         bm = self.block_manager
@@ -261,9 +262,10 @@ class Scheduler:
             if not bm.allocate(req, n, prefix):
                 break
             waiting.popleft()
-            if req.num_cached_tokens < 0:
+            if req.num_cached_tokens < 0:  # its first admission
                 req.num_cached_tokens = start
                 bm.record_admission(num_tokens, start)
+                req.queue_time_s = max(0.0, now - req.queued_time)
             req.status = RequestStatus.RUNNING
             running.append(req)
             end = start + n

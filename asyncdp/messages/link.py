@@ -76,6 +76,9 @@ class RequestOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     first_token_time: float | None = None
+    # Seconds the request waited in the rank's queue before it was first scheduled (the rank's clock), sent once,
+    # on its first output: ``vllm:request_queue_time_seconds``.
+    queue_time_s: float | None = None
     # Set when the engine refused the request outright (never scheduled): "invalid_request" (bad input the
     # front end could not check) or "unavailable" (shutting down); or "abandoned": the rank's own drain deadline
     # aborted it (the rank is stopping, whoever asked); or "invalid_request" with ``finish_reason="error"``: the

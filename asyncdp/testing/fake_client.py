@@ -265,10 +265,9 @@ class FakeEngineClient:
         limit = min(limit, self._max_model_len - len(prompt))
         now = anyio.current_time()
         start, first_token_s, last_s = now, None, now
-        itls: list[float] = []
+        metrics = self.metrics
         text, sent = "", 0  # the text generated, and how much of it went out
         holdback = 0 if params.include_stop_str_in_output else max((len(s) for s in params.stop), default=1) - 1
-        generated = 0
         reason = "abort"
         completed = False
         self._num_active += 1
@@ -280,12 +279,15 @@ class FakeEngineClient:
                 await anyio.sleep(self.token_delay_s)
                 token = self._token_at(prompt, params.seed, k)
                 piece = chr(token)
-                generated += 1
                 now = anyio.current_time()
+                # as the DP client does: tokens and per-token latencies counted as they arrive
                 if first_token_s is None:
                     first_token_s = now - start
+                    metrics.record_first_token(str(engine), first_token_s)
+                    metrics.add_tokens(str(engine), len(prompt), 1)
                 else:
-                    itls.append(now - last_s)
+                    metrics.record_token_gaps(str(engine), now - last_s)
+                    metrics.add_tokens(str(engine), 0, 1)
                 last_s = now
                 text += piece
                 stop_hit = next((s for s in params.stop if text.endswith(s)), None)
@@ -319,8 +321,10 @@ class FakeEngineClient:
             else:
                 self.aborted.append(request_id)
                 reason = "abort"
-            self.metrics.record_request_finished(
-                str(engine), reason, len(prompt), generated, first_token_s, itls, last_s - start)
+            if completed:  # a caller that left early is no success (as in vLLM)
+                metrics.record_request_finished(
+                    str(engine), reason, last_s - start, prompt_tokens=len(prompt), generation_tokens=len(text),
+                    decode_s=0.0 if first_token_s is None else last_s - start - first_token_s)
             self._notify()
 
 

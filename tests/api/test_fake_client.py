@@ -41,13 +41,15 @@ async def test_outputs_are_deterministic_and_end_with_finished() -> None:
 
 
 @pytest.mark.trio
-async def test_leaving_early_records_an_abort_and_counts_it_in_metrics() -> None:
+async def test_leaving_early_records_an_abort_counts_its_tokens_but_no_success() -> None:
     fake = FakeEngineClient()
     async with aclosing(fake.generate("early", [1], SamplingParams(max_tokens=10))) as gen:
         async for _ in gen:
             break
     assert fake.aborted == ["early"] and fake.num_active == 0
-    assert b'finished_reason="abort"' in fake.metrics.render()
+    text = fake.metrics.render()
+    assert b"vllm:request_success_total{" not in text
+    assert b'vllm:generation_tokens_total{engine="0",model_name="fake-model"} 1.0' in text
 
 
 @pytest.mark.trio

@@ -76,8 +76,9 @@ def test_cached_metric_children_keep_labels_per_engine_and_reason() -> None:
     m = Metrics(model_name="m", multiproc_dir=None)
     for _ in range(2):
         m.inc_lb_decision(0, "score")
-        m.record_request_finished(0, "stop", prompt_tokens=3, generation_tokens=1, ttft_s=0.1, itls_s=[], e2e_s=0.2)
-    m.record_request_finished("1", "abort", prompt_tokens=2, generation_tokens=0, ttft_s=None, itls_s=[], e2e_s=0.3)
+        m.add_tokens(0, prompt_tokens=3, generation_tokens=1)
+        m.record_request_finished(0, "stop", e2e_s=0.2)
+    m.record_request_finished("1", "abort", e2e_s=0.3)
     m.set_inflight(1, 4)
     m.set_inflight(1, 2)
     got = samples(m.render().decode())

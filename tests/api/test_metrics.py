@@ -29,10 +29,13 @@ def key(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 def test_single_process_counts_requests_and_observes_latencies() -> None:
     m = Metrics(model_name="m", multiproc_dir=None)
-    m.record_request_finished(3, "stop", prompt_tokens=4, generation_tokens=3, ttft_s=0.02, itls_s=[0.01, 0.03],
-                              e2e_s=0.1, queue_s=0.005)
-    m.record_request_finished("3", "abort", prompt_tokens=2, generation_tokens=0, ttft_s=None, itls_s=[],
-                              e2e_s=0.5)
+    m.add_tokens(3, prompt_tokens=4, generation_tokens=1)
+    m.record_first_token(3, 0.02)
+    m.record_token_gaps(3, 0.02, 2)
+    m.add_tokens(3, prompt_tokens=0, generation_tokens=2)
+    m.record_request_finished(3, "stop", e2e_s=0.1, queue_s=0.005)
+    m.add_tokens("3", prompt_tokens=2, generation_tokens=0)
+    m.record_request_finished("3", "abort", e2e_s=0.5)
     m.inc_lb_decision(3, "hint")
     m.set_wave(3, 7, running=True)
     m.add_dummy_steps(3, 5)
@@ -69,7 +72,8 @@ WRITER = textwrap.dedent("""
     i = int(sys.argv[1])
     m = Metrics(model_name="m")
     assert m.multiproc_dir == os.environ["PROMETHEUS_MULTIPROC_DIR"]
-    m.record_request_finished("0", "stop", 10, 5, 0.1, [0.01], 0.5)
+    m.add_tokens("0", 10, 5)
+    m.record_request_finished("0", "stop", 0.5)
     m.set_engine_state("0", running=10 + i, waiting=i, kv_usage=0.5 * i)
     m.set_inflight("0", i + 1)
     print(os.getpid())
