@@ -9,12 +9,13 @@ tag raises :class:`~asyncdp.errors.ProtocolError` at decode time; readers log an
 
 Field names follow the DP vocabulary of the specification (§5.2): ``dp_rank``, ``wave``, ``client_index``.
 
-The messages live in :mod:`.link` and :mod:`.control`; this module is their one import path and holds the codec.
+The messages live in :mod:`.link`, :mod:`.node_link` and :mod:`.control`; this module is their one import path and
+holds the union of the link messages and the codec.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
@@ -50,18 +51,9 @@ from asyncdp.messages.link import (
     Heartbeat,
     Hello,
     Logprob,
-    Message,
-    NodeAccepted,
-    NodeHello,
-    NodeRow,
-    NodeShutdown,
-    NodeStopped,
-    NodeStopping,
-    NodeTopology,
     PrefixClaim,
     PrefixOwner,
     PrefixPlaced,
-    ProcessRow,
     RankDraining,
     RankStats,
     Ready,
@@ -77,6 +69,25 @@ from asyncdp.messages.link import (
     UtilityResult,
     WaveComplete,
 )
+from asyncdp.messages.node_link import (
+    NodeAccepted,
+    NodeHello,
+    NodeRow,
+    NodeShutdown,
+    NodeStopped,
+    NodeStopping,
+    NodeTopology,
+    ProcessRow,
+)
+
+Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
+    Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
+    AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead, RankDraining,
+    Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
+    PrefixClaim, PrefixOwner, PrefixPlaced,
+    StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeStopping,
+    NodeStopped, NodeTopology,
+]
 
 __all__ = [
     "AbortRequests",

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Union
 
 from asyncdp.config.roles import RoleConfig
-from asyncdp.messages.link import NodeRow, ProcessRow, _Msg
+from asyncdp.messages.link import _Msg
+from asyncdp.messages.node_link import NodeRow, ProcessRow
 
 
 class WorkerHello(_Msg, frozen=True):
