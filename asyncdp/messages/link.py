@@ -1,8 +1,8 @@
 """The link messages (spec §5.2): what engines, clients and the coordinator say to each other, and the handshake.
 
 Frozen msgspec structs tagged by ``type`` (the class name); :data:`asyncdp.messages.Message` is their union, with
-the node link's messages (:mod:`.node_link`), which the codec of :mod:`asyncdp.messages` decodes. ``PROTOCOL_VERSION`` is carried in ``Hello`` and ``NodeHello`` and checked by
-the head at handshake (E5). Field names follow the DP vocabulary of the specification: ``dp_rank``, ``wave``,
+the node link's messages (:mod:`.node_link`), which the codec of :mod:`asyncdp.messages` decodes.
+``PROTOCOL_VERSION`` is carried in ``Hello`` and ``NodeHello`` and checked by the head at handshake (E5). Field names follow the DP vocabulary of the specification: ``dp_rank``, ``wave``,
 ``client_index``.
 """
 
