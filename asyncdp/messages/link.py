@@ -2,8 +2,8 @@
 
 Frozen msgspec structs tagged by ``type`` (the class name); :data:`asyncdp.messages.Message` is their union, with
 the node link's messages (:mod:`.node_link`), which the codec of :mod:`asyncdp.messages` decodes.
-``PROTOCOL_VERSION`` is carried in ``Hello`` and ``NodeHello`` and checked by the head at handshake (E5). Field names follow the DP vocabulary of the specification: ``dp_rank``, ``wave``,
-``client_index``.
+``PROTOCOL_VERSION`` is carried in ``Hello`` and ``NodeHello`` and checked by the head at handshake (E5). Field
+names follow the DP vocabulary of the specification: ``dp_rank``, ``wave``, ``client_index``.
 """
 
 from __future__ import annotations
