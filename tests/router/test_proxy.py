@@ -163,6 +163,22 @@ class Upstream(httpx.AsyncByteStream):
         self.closed = True
 
 
+def body_then_silence(until: anyio.Event | None = None) -> Callable[[], Any]:
+    """An ASGI ``receive``: the request's body, then nothing (or, once ``until`` is set, the client leaving)."""
+    bodies = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if bodies:
+            return bodies.pop()
+        if until is None:
+            await anyio.sleep_forever()
+        else:
+            await until.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
 def sse_scope() -> dict[str, Any]:
     return {"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions",
             "query_string": b"", "headers": [(b"content-type", b"application/json")]}
@@ -172,13 +188,7 @@ async def test_an_event_reaches_the_client_before_the_endpoint_sends_the_next() 
     upstream = Upstream()
     app, _client = app_with({A: lambda request: httpx.Response(200, stream=upstream), B: echo})
     sent: list[dict[str, Any]] = []
-    bodies = [{"type": "http.request", "body": b"{}", "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if bodies:
-            return bodies.pop()
-        await anyio.sleep_forever()
-        raise AssertionError
+    receive = body_then_silence()
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
@@ -196,13 +206,7 @@ async def test_a_client_that_leaves_mid_stream_closes_the_upstream_response() ->
     app, _client = app_with({A: lambda request: httpx.Response(200, stream=upstream), B: echo})
     sent: list[dict[str, Any]] = []
     first_event = anyio.Event()
-    bodies = [{"type": "http.request", "body": b"{}", "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if bodies:
-            return bodies.pop()
-        await first_event.wait()
-        return {"type": "http.disconnect"}
+    receive = body_then_silence(until=first_event)
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
@@ -233,13 +237,7 @@ async def test_cancel_all_ends_a_stream_in_flight_without_its_end_and_closes_the
     upstream = Upstream()  # its second event never comes
     app, _client = app_with({A: lambda request: httpx.Response(200, stream=upstream), B: echo})
     sent: list[dict[str, Any]] = []
-    bodies = [{"type": "http.request", "body": b"{}", "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if bodies:
-            return bodies.pop()
-        await anyio.sleep_forever()
-        raise AssertionError
+    receive = body_then_silence()
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
