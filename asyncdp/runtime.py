@@ -9,9 +9,10 @@ drops exactly that case and passes everything else to the previous handler.
 
 :func:`die_with_parent` is the other thing every child process needs: no child outlives the process that started it.
 :func:`exit_after_parent_death` is its form for a child that has its own way to notice the death (EOF on its
-control channel) and its own clean-up to do: the kernel's signal only starts a bounded grace, on a thread that
-runs whatever the main thread is doing, and never reads as a request to drain (as SIGTERM does for a rank, which
-would then end its requests as if they were finished normally).
+control channel) and its own clean-up to do: the kernel's signal (or the parent's pidfd, for a parent on trio)
+only starts a bounded grace, on a thread that runs whatever the main thread is doing, and never reads as a
+request to drain (as SIGTERM does for a rank, which would then end its requests as if they were finished
+normally).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -56,30 +58,54 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
 
 
 def exit_after_parent_death(parent_pid: int, grace_s: float, on_exit: Callable[[], None],
-                            sig: int = signal.SIGHUP) -> None:
+                            sig: int = signal.SIGHUP, *, by_signal: bool = True) -> None:
     """Ask the kernel (Linux) for ``sig`` when the parent exits; when it comes, give the process ``grace_s`` to
     end on its own (its orderly reaction to the parent's death, with its log line and its clean-up), then run
     ``on_exit`` and leave with ``os._exit(1)``. Exit at once (status 1) if the parent is already gone.
 
     ``sig`` is blocked in this thread, so in every thread started after this call (call it first thing), and a
     daemon thread waits for it with ``sigwait``: the grace starts even while the main thread is stuck in C code,
-    and no event loop's handler for SIGTERM or SIGINT sees it. Must be called before any other thread starts."""
+    and no event loop's handler for SIGTERM or SIGINT sees it. Must be called before any other thread starts.
+
+    ``by_signal=False``: the thread waits on a pidfd of the parent instead (Linux 5.3+). The kernel's signal
+    follows the thread that forked this process, not its process: a parent that forks from a worker thread which
+    later exits (trio's ``open_process`` does) would send it while alive, so such a parent's children watch the
+    process itself. Without the grace, a child whose main thread is busy (importing torch, loading weights) when
+    its parent is SIGKILLed would outlive it until it next reads its control channel."""
     if _prctl() is None:
         return
-
-    def watch() -> None:
-        signal.sigwait({sig})
-        log.warning("the parent process is gone; exiting in at most %.0f s", grace_s)
-        threading.Event().wait(grace_s)
-        log.error("the parent process is gone and this process did not end within %.0f s; exiting now", grace_s)
+    if not by_signal:
         try:
-            on_exit()
-        finally:
+            pidfd = os.pidfd_open(parent_pid)
+        except (AttributeError, OSError):  # no pidfd (an old kernel), or no such process any more
+            return
+        if os.getppid() != parent_pid:  # the pid was reused: the parent is gone
             os._exit(1)
 
+        def wait_for_parent_exit() -> None:
+            select.select([pidfd], [], [])  # readable once the parent has exited
+            _grace_then_exit(grace_s, on_exit)
+
+        threading.Thread(target=wait_for_parent_exit, name="parent-death-watch", daemon=True).start()
+        return
+
+    def wait_for_signal() -> None:
+        signal.sigwait({sig})
+        _grace_then_exit(grace_s, on_exit)
+
     signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
-    threading.Thread(target=watch, name="parent-death-watch", daemon=True).start()
+    threading.Thread(target=wait_for_signal, name="parent-death-watch", daemon=True).start()
     die_with_parent(parent_pid, sig)
+
+
+def _grace_then_exit(grace_s: float, on_exit: Callable[[], None]) -> None:
+    log.warning("the parent process is gone; exiting in at most %.0f s", grace_s)
+    threading.Event().wait(grace_s)
+    log.error("the parent process is gone and this process did not end within %.0f s; exiting now", grace_s)
+    try:
+        on_exit()
+    finally:
+        os._exit(1)
 
 
 def die_with_parent_preexec(parent_pid: int, sig: int = signal.SIGKILL) -> Callable[[], None]:

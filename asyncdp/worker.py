@@ -54,9 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     hello = read_hello(args.control_fd)
-    if hello.parent_death_signal:  # the control channel's EOF ends the process in order; this is the backstop
-        runtime.exit_after_parent_death(hello.parent_pid, PARENT_DEATH_GRACE_S,
-                                        functools.partial(remove_orphaned_run_dir, hello.run_dir))
+    # The control channel's EOF ends the process in order; this is the backstop, for a main thread that is busy
+    # (a parent under trio forks from a worker thread: the kernel's parent-death signal would follow that thread).
+    runtime.exit_after_parent_death(hello.parent_pid, PARENT_DEATH_GRACE_S,
+                                    functools.partial(remove_orphaned_run_dir, hello.run_dir),
+                                    by_signal=hello.parent_death_signal)
     parent = _pidfd(hello.parent_pid)
     setup_logging(prefix=hello.log_prefix or args.name, level=hello.log_level)
     control: ControlChannel | None = None

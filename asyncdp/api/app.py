@@ -30,6 +30,7 @@ from asyncdp.api.context import PAUSE_MODES, AppState, health_response, json_res
 from asyncdp.api.cors import ALLOW_ALL, Cors, install_cors
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import error_body, status_and_body
+from asyncdp.api.last_send import with_last_send_shielded
 from asyncdp.api.metrics import CONTENT_TYPE, Metrics
 from asyncdp.api.request_close import with_close_callbacks
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
@@ -74,6 +75,8 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = max_request_body_bytes
     app.request_class = draining_request_class(app.request_class)
     app.asgi_app = with_close_callbacks(app.asgi_app)  # type: ignore[method-assign]
+    if backend == "trio":  # keep-alive connections must get their idle timer: see asyncdp.api.last_send
+        app.asgi_app = with_last_send_shielded(app.asgi_app)  # type: ignore[method-assign]
     state = AppState(
         client=client,
         metrics=metrics if metrics is not None else Metrics(model_name=client.model_name),

@@ -20,7 +20,7 @@ class WorkerHello(_Msg, frozen=True):
     name: str
     parent_pid: int
     backend: str = "asyncio"
-    parent_death_signal: bool = True  # arm PR_SET_PDEATHSIG (not under trio: see spawn_child)
+    parent_death_signal: bool = True  # PR_SET_PDEATHSIG; False: watch the parent's pidfd (trio: spawn_child)
     log_prefix: str = ""
     log_level: str = "INFO"
     run_dir: str | None = None  # removed by an orphaned child (the parent was SIGKILLed)
