@@ -268,8 +268,8 @@ async def spawn_child(
         role=config, name=name, parent_pid=os.getpid(), backend=backend,
         # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits. asyncio forks from the event-loop
         # thread, which lives as long as the parent; trio forks from a worker thread of its cache, which exits
-        # when idle and would signal a healthy child seconds after it started. There the control channel's EOF
-        # is the parent-death signal alone.
+        # when idle and would signal a healthy child seconds after it started. There the child watches a pidfd
+        # of its parent instead (asyncdp.runtime), besides the control channel's EOF.
         parent_death_signal=sniffio.current_async_library() != "trio",
         log_prefix=log_prefix or name, log_level=log_level, run_dir=run_dir))
     return child
