@@ -32,6 +32,9 @@ from asyncdp.logs import HTTP_LOGGER
 
 # Time for Hypercorn's own shutdown steps (closing listeners, lifespan shutdown) beyond the drain deadline.
 _SHUTDOWN_MARGIN_S = 5.0
+# How long closing a TLS connection waits for the peer's close_notify (asyncio: 30 s); within the margin
+# above.
+TLS_CLOSE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,7 @@ async def serve_http(
 
     restore = _quiet_cancelled_connection_callbacks() if backend == "asyncio" else None
     unflood = rate_limit_send_warnings() if backend == "asyncio" else None
+    unbound = _bounded_tls_close() if backend == "asyncio" and ssl is not None else None
     try:
         async with anyio.create_task_group() as outer:
             await outer.start(watch)
@@ -117,6 +121,8 @@ async def serve_http(
             restore()
         if unflood is not None:
             unflood()
+        if unbound is not None:
+            unbound()
 
 
 def _hypercorn_serve(app: Any, backend: str) -> Callable[..., Awaitable[Any]]:
@@ -174,16 +180,22 @@ def http_logger() -> logging.Logger:
 
 
 def _quiet_cancelled_connection_callbacks() -> Callable[[], None]:
-    """Hypercorn's asyncio server starts one task per connection from a protocol callback; when shutdown cancels
-    a connection that is mid-request, asyncio logs that callback's CancelledError with a traceback. It is the
-    intended end of that connection, not an error, so only that case is filtered out."""
+    """Hypercorn's asyncio server starts one task per connection from a protocol callback; when shutdown
+    cancels a connection that is mid-request, asyncio logs that callback's CancelledError with a traceback,
+    and a TLS connection whose idle client never answered the close (:func:`_bounded_tls_close`) its
+    TimeoutError. Both are the intended end of that connection, not errors, so only those cases are
+    filtered out."""
     import asyncio
 
     loop = asyncio.get_running_loop()
     previous = loop.get_exception_handler()
 
     def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if isinstance(context.get("exception"), asyncio.CancelledError):
+        exc = context.get("exception")
+        if isinstance(exc, asyncio.CancelledError):
+            return
+        if isinstance(exc, TimeoutError) and str(exc) == "SSL shutdown timed out":  # _bounded_tls_close's end
+            logging.getLogger(HTTP_LOGGER).debug("a TLS connection closed without its peer's close_notify")
             return
         if previous is not None:
             previous(loop, context)
@@ -192,6 +204,37 @@ def _quiet_cancelled_connection_callbacks() -> Callable[[], None]:
 
     loop.set_exception_handler(handler)
     return lambda: loop.set_exception_handler(previous)
+
+
+def _bounded_tls_close() -> Callable[[], None]:
+    """Bound the TLS close of each connection Hypercorn's asyncio server accepts to ``TLS_CLOSE_TIMEOUT_S``.
+    Closing a TLS connection sends ``close_notify`` and waits for the peer's (asyncio's
+    ``ssl_shutdown_timeout``, 30 s by default), and Hypercorn has no setting for it. An idle keep-alive
+    client (a connection pool, a load balancer) never answers, so at shutdown each such connection held the
+    drain for 30 s: past the deadline, the API server was killed and the deployment exited 1 with a
+    traceback. Hypercorn opens its server with ``asyncio.start_server``, which calls the running loop's
+    ``create_server``: this wraps that method on the loop for the server's life (returns the function that
+    restores it)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    own = vars(loop).get("create_server")  # a wrapper already on the instance (normally none)
+    original = loop.create_server
+
+    async def create_server(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("ssl") is not None:
+            kwargs.setdefault("ssl_shutdown_timeout", TLS_CLOSE_TIMEOUT_S)
+        return await original(*args, **kwargs)
+
+    loop.create_server = create_server  # type: ignore[method-assign]
+
+    def restore() -> None:
+        if own is None:
+            vars(loop).pop("create_server", None)
+        else:
+            loop.create_server = own  # type: ignore[method-assign]
+
+    return restore
 
 
 SEND_WARNING = "socket.send() raised exception."

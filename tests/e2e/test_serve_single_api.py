@@ -8,7 +8,6 @@ uses it SIGKILLs an engine, so it comes after the others; the fixture then still
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from tests.e2e.conftest import MODEL, Server, serve
 from tests.e2e.metrics_text import per_engine, read_metrics, successes
+from tests.e2e.tls import self_signed_cert
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -118,12 +118,7 @@ async def test_trio_backend_serves_a_completion_under_every_served_model_name(tm
 
 async def test_tls_serves_a_completion_through_every_api_process(tmp_path: Path) -> None:
     """--ssl-certfile/--ssl-keyfile with two API processes on the inherited socket: HTTPS answers."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make a self-signed certificate")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    with anyio.fail_after(30):
-        await anyio.run_process(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                                 "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"])
+    key, cert = await self_signed_cert(tmp_path)
     with serve(tmp_path, "-dp", "2", "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)) as server:
         assert server.base_url.startswith("https://")
         with anyio.fail_after(30):
