@@ -111,7 +111,9 @@ async def serve_api(
     from asyncdp.api.serve import SSLFiles, serve_http
     from asyncdp.model import load_tokenizer
 
-    tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path)
+    # (abandoned if this server is stopped meanwhile: loading imports transformers, seconds the launcher's stop
+    # deadline would otherwise spend waiting, then kill this process and report the stop as a failure)
+    tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path, abandon_on_cancel=True)
     metrics = make_metrics(cfg)
     client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
     app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
