@@ -26,7 +26,15 @@ from werkzeug.exceptions import HTTPException
 
 from asyncdp.api import chat, completions, utility_routes
 from asyncdp.api.body import draining_request_class
-from asyncdp.api.context import PAUSE_MODES, AppState, health_response, json_response, set_draining, state_of
+from asyncdp.api.context import (
+    DRAINING_MESSAGE,
+    PAUSE_MODES,
+    AppState,
+    health_response,
+    json_response,
+    set_draining,
+    state_of,
+)
 from asyncdp.api.cors import ALLOW_ALL, Cors, install_cors
 from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import error_body, status_and_body
@@ -120,7 +128,7 @@ def _install_hooks(app: Quart, state: AppState) -> None:
                 denied.headers["WWW-Authenticate"] = "Bearer"
                 return denied
         if state.draining and request.path not in _ALWAYS_OPEN:
-            return json_response(error_body(503, "The server is shutting down."), 503)
+            return json_response(error_body(503, DRAINING_MESSAGE), 503)
         return None
 
     @app.errorhandler(Exception)

@@ -21,6 +21,8 @@ from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
 from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
 
 PAUSE_MODES = ("abort", "wait", "keep")
+# The 503 of a server that is stopping, answered before it reads a request (a router may send it elsewhere).
+DRAINING_MESSAGE = "The server is shutting down."
 
 
 @dataclass
@@ -57,7 +59,7 @@ class AppState:
 def health_response(state: AppState) -> Response:
     """``/health`` and ``/ping``: an empty 200 while some managed rank can serve, else a 503 saying which cause."""
     if state.draining or state.client.shutting_down:
-        return json_response(error_body(503, "The server is shutting down."), 503)
+        return json_response(error_body(503, DRAINING_MESSAGE), 503)
     problem = state.client.health_problem()
     if problem is not None:
         return json_response(error_body(503, problem), 503)

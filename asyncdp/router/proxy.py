@@ -7,8 +7,9 @@ Theory of operation. Served by :func:`asyncdp.api.serve.serve_http` (Hypercorn).
   be sent again to another endpoint; at most ``MAX_BODY_BYTES``), then sent with the method, path, query and
   headers unchanged, ``Authorization`` included, less the hop-by-hop ones (``Host`` and ``Content-Length`` are
   set for the endpoint by httpx). The endpoint is the first of :meth:`Poller.candidates`; when the connection to
-  it fails before anything was sent (refused, reset or timed out on connect) it is marked down and the next best
-  is tried, each endpoint once. With none left the answer is a 503 in OpenAI's error shape. The endpoint's
+  it fails before anything was sent (refused, reset or timed out on connect), or it answers the 503 of its drain
+  gate (it is stopping and did not read the request), it is marked down and the next best is tried, each
+  endpoint once. With none left the answer is a 503 in OpenAI's error shape. The endpoint's
   status and headers (less hop-by-hop ones, and ``date``/``server``, which Hypercorn sets) come back first,
   then its body chunk by chunk as httpx reads it, undecoded (``aiter_raw``): SSE events are not buffered.
 * ``GET /health``: 200 while at least one endpoint is usable and the router is not draining, else 503; the body
@@ -35,6 +36,7 @@ import anyio
 import httpx
 import orjson
 
+from asyncdp.api.context import DRAINING_MESSAGE
 from asyncdp.api.errors import error_body
 from asyncdp.router.poller import Poller
 
@@ -180,8 +182,14 @@ class RouterApp:
             await _send_error(send, 502, f"the endpoint {base} failed before answering: {type(exc).__name__}")
             return None
         try:
+            read = response.status_code == 503  # (an error's JSON: read whole, to tell a drain from the rest)
+            if read and await _is_draining(response):  # it did not look at the request
+                return f"draining (503: {DRAINING_MESSAGE})"
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": forwarded_headers(response.headers.raw, NOT_RETURNED)})
+            if read:
+                await send({"type": "http.response.body", "body": response.content, "more_body": False})
+                return None
             try:
                 async for chunk in response.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -194,6 +202,16 @@ class RouterApp:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_UPSTREAM_S):
                 await response.aclose()
         return None
+
+
+async def _is_draining(response: httpx.Response) -> bool:
+    """Whether a 503 is an endpoint's drain gate (``asyncdp serve`` stopping answers every new request so, before
+    it reads it): another endpoint can take the request at no risk of running it twice. Reads the body."""
+    try:
+        await response.aread()
+        return bool(orjson.loads(response.content)["error"]["message"] == DRAINING_MESSAGE)
+    except (httpx.TransportError, orjson.JSONDecodeError, KeyError, TypeError):
+        return False
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
