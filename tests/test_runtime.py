@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import select
-import signal
-import subprocess
 import sys
-import time
 
 import anyio
 import anyio.lowlevel
 import pytest
 
 from asyncdp import runtime
+from tests.parent_death import assert_grace_after_parent_death
 
 
 def _race(loop_errors: list[dict]) -> None:
@@ -85,31 +81,4 @@ sys.stdin.read()  # killed by the test; the test's end closes the pipe, so neith
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
 def test_a_child_whose_parent_dies_gets_its_grace_then_cleans_up_and_exits(tmp_path) -> None:
-    marker = tmp_path / "cleaned"
-    middle = subprocess.Popen([sys.executable, "-c", _MIDDLE, _CHILD, str(marker)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # the child shares the middle's stdin
-    child = exited = -1
-    try:
-        assert middle.stdout is not None
-        child = int(middle.stdout.readline())
-        exited = os.pidfd_open(child)  # readable once the child has exited (it is not ours to wait for)
-        assert middle.stdout.readline().strip() == "armed"
-        # twice the grace: nothing fires while the parent lives
-        assert select.select([exited], [], [], 1.0)[0] == [] and not marker.exists()
-        middle.kill()
-        middle.wait()
-        killed = time.monotonic()
-        assert select.select([exited], [], [], 10.0)[0] == [exited], "the child outlived its parent"
-        took = time.monotonic() - killed
-        assert marker.read_text() == "cleaned"
-        assert 0.4 <= took < 5, took  # the grace was given, and not much more
-    finally:
-        middle.kill()
-        middle.wait()
-        for pipe in (middle.stdin, middle.stdout):
-            if pipe is not None:
-                pipe.close()
-        if exited >= 0:
-            if not select.select([exited], [], [], 0)[0]:
-                signal.pidfd_send_signal(exited, signal.SIGKILL)
-            os.close(exited)
+    assert_grace_after_parent_death(_MIDDLE, _CHILD, tmp_path / "cleaned")

@@ -5,13 +5,10 @@ kernel's parent-death signal (which follows the forking thread, not the process)
 from __future__ import annotations
 
 import os
-import select
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
+
+from tests.parent_death import assert_grace_after_parent_death
 
 _CHILD = """
 import os, sys
@@ -36,31 +33,4 @@ sys.stdin.read()  # killed by the test; the test's end closes the pipe, so neith
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfd is Linux 5.3+")
 def test_a_child_forked_from_an_exited_thread_gets_its_grace_only_once_the_parent_dies(tmp_path) -> None:
-    marker = tmp_path / "cleaned"
-    middle = subprocess.Popen([sys.executable, "-c", _MIDDLE, _CHILD, str(marker)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # the child shares the middle's stdin
-    exited = -1
-    try:
-        assert middle.stdout is not None
-        child = int(middle.stdout.readline())
-        exited = os.pidfd_open(child)  # readable once the child has exited (it is not ours to wait for)
-        assert middle.stdout.readline().strip() == "armed"
-        # twice the grace, the forking thread long gone: nothing fires while the parent lives
-        assert select.select([exited], [], [], 1.0)[0] == [] and not marker.exists()
-        middle.kill()
-        middle.wait()
-        killed = time.monotonic()
-        assert select.select([exited], [], [], 10.0)[0] == [exited], "the child outlived its parent"
-        took = time.monotonic() - killed
-        assert marker.read_text() == "cleaned"
-        assert 0.4 <= took < 5, took  # the grace was given, and not much more
-    finally:
-        middle.kill()
-        middle.wait()
-        for pipe in (middle.stdin, middle.stdout):
-            if pipe is not None:
-                pipe.close()
-        if exited >= 0:
-            if not select.select([exited], [], [], 0)[0]:
-                signal.pidfd_send_signal(exited, signal.SIGKILL)
-            os.close(exited)
+    assert_grace_after_parent_death(_MIDDLE, _CHILD, tmp_path / "cleaned")
