@@ -139,6 +139,10 @@ class DPClient:
         """Why :meth:`is_healthy` is false (``/health``'s message), or None."""
         if self._shutting_down:
             return "The server is shutting down."
+        if not self._links.all_ready.is_set():  # (a remote rank may take minutes: say so, not "no engine")
+            managed = self._links.managed_ranks
+            ready = len(set(managed) & set(self._links.engines))
+            return f"The engines are still starting: {ready} of {len(managed)} managed ranks are ready."
         if not self.can_serve():
             return "No engine can serve requests."
         stuck = self.stuck_siblings()
