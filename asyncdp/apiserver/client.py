@@ -56,7 +56,7 @@ from asyncdp.apiserver.coordinator_follower import CoordinatorFollower
 from asyncdp.apiserver.engine_events import EngineEvents
 from asyncdp.apiserver.engine_links import EngineLink, EngineLinks, UtilityCalls, send_to_engine
 from asyncdp.apiserver.load_view import LoadView
-from asyncdp.apiserver.node_table import STUCK_AFTER_S, NodeTable, monotonic_ms, run_heartbeat, stuck_siblings
+from asyncdp.apiserver.node_table import NodeTable, monotonic_ms, run_heartbeat, stuck_problem, stuck_siblings
 from asyncdp.apiserver.request_stream import RequestStream, now_us
 from asyncdp.apiserver.server_info import client_server_info, node_processes
 from asyncdp.apiserver.stats_export import refresh_coordinator_gauges
@@ -139,18 +139,12 @@ class DPClient:
         """Why :meth:`is_healthy` is false (``/health``'s message), or None."""
         if self._shutting_down:
             return "The server is shutting down."
-        if not self._links.all_ready.is_set():  # (a remote rank may take minutes: say so, not "no engine")
-            managed = self._links.managed_ranks
-            ready = len(set(managed) & set(self._links.engines))
-            return f"The engines are still starting: {ready} of {len(managed)} managed ranks are ready."
+        if (starting := self._links.starting_problem()) is not None:
+            return starting
         if not self.can_serve():
             return "No engine can serve requests."
         stuck = self.stuck_siblings()
-        if stuck:
-            return (f"API server {', '.join(map(str, stuck))} of this node is not responding (no heartbeat for over "
-                    f"{STUCK_AFTER_S:g} s: its event loop is blocked or its process stopped), and the kernel still "
-                    "hands it connections.")
-        return None
+        return stuck_problem(stuck) if stuck else None
 
     def can_serve(self) -> bool:
         """Every managed rank became ready once and at least one is alive now (what the watchdog checks)."""

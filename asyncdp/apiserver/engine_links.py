@@ -195,6 +195,14 @@ class EngineLinks:
         self._on_message = on_message
         self._on_dead = on_dead
 
+    def starting_problem(self) -> str | None:
+        """``/health``'s message until every managed rank was ready once (a remote one may take minutes: say
+        how many are, not "no engine"), else None."""
+        if self.all_ready.is_set():
+            return None
+        ready = len(set(self.managed_ranks) & set(self.engines))
+        return f"The engines are still starting: {ready} of {len(self.managed_ranks)} managed ranks are ready."
+
     def alive(self, dp_rank: int) -> bool:
         e = self.engines.get(dp_rank)
         return e is not None and e.alive

@@ -64,6 +64,13 @@ def stuck_siblings(slots: list[Slot], own_index: int, now_ms: int, stuck_after_s
             if s.client_index != own_index and s.pid and expired(s.heartbeat_ms / 1000, now_s, stuck_after_s)]
 
 
+def stuck_problem(stuck: list[int]) -> str:
+    """``/health``'s message for siblings :func:`stuck_siblings` found."""
+    return (f"API server {', '.join(map(str, stuck))} of this node is not responding (no heartbeat for over "
+            f"{STUCK_AFTER_S:g} s: its event loop is blocked or its process stopped), and the kernel still hands it "
+            "connections.")
+
+
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
