@@ -14,7 +14,7 @@ from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.core import EngineCore
 from asyncdp.engine.lockstep_loop import forwards_to_drain
 from asyncdp.engine.rank import EngineRank, RankConfig
-from asyncdp.engine.request import RequestStatus
+from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.sim_executor import SimExecutor
 from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import FakeRankClient
@@ -92,6 +92,14 @@ async def test_a_dense_rank_answers_pause_wait_once_the_preempted_request_finish
                        enable_prefix_caching=False).validate()
     core = EngineCore(cfg, SimExecutor(cfg, VOCAB, max_model_len=96, avoid_token_ids={EOS}), None,
                       eos_token_ids={EOS})
+    preempted_once = trio.Event()
+    preempt = core.scheduler._preempt
+
+    def note_preemption(req: Request) -> None:  # steps run inline, on the event loop's thread
+        preempt(req)
+        preempted_once.set()
+
+    core.scheduler._preempt = note_preemption  # type: ignore[method-assign]
     client = FakeRankClient(1)
     rank = EngineRank(RankConfig(dp_rank=0, dp_size=1, engine=cfg), core, {0: client.engine_ends[0]}, None,
                       inline_step=True)
@@ -101,8 +109,7 @@ async def test_a_dense_rank_answers_pause_wait_once_the_preempted_request_finish
             nursery.start_soon(rank.run)
             with trio.fail_after(60):
                 results = [await client.add(0, f"r{i}", max_tokens=60, prompt_len=20) for i in range(3)]
-                while not core.scheduler.num_preemptions:
-                    await trio.sleep(0.001)  # virtual time: one step is 2 ms
+                await preempted_once.wait()
                 preempted = [r.request_id for r in core.scheduler.waiting if r.status == RequestStatus.PREEMPTED]
                 assert preempted
                 assert (await client.call(0, "pause", mode="wait")).ok
