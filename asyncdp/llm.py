@@ -136,8 +136,8 @@ class LLM:
                 for k in range(params.n):
                     sub = params if params.n == 1 else _child_params(params, k)
                     sub_id = rid if params.n == 1 else f"{rid}_{k}"
+                    added.append(sub_id)  # first: an interrupt inside add_request may leave it added
                     core.add_request(sub_id, token_ids, sub)
-                    added.append(sub_id)
                     completion = CompletionOutput(index=k, text="", token_ids=[])
                     result.outputs.append(completion)
                     children[sub_id] = (completion, result)

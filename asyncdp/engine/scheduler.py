@@ -156,6 +156,24 @@ class Scheduler:
                 out.append(req)
         return out
 
+    def reset(self) -> list[Request]:
+        """Drop every request and every block, for a core whose last call broke off midway (see
+        ``EngineCore``, "An interrupted call"): returns the requests it held, marked aborted."""
+        dropped = list(self.requests.values())
+        for req in dropped:
+            req.status = RequestStatus.FINISHED_ABORTED
+            req.block_ids = []
+            req.num_registered_blocks = 0
+            req.prefill_debt = 0
+        self.requests.clear()
+        self.waiting.clear()
+        self.running = []
+        self._scheduled = []
+        self.prefill_tokens = 0
+        self._last_unthrottled_capacity_bound = False
+        self.block_manager.clear()
+        return dropped
+
     # ------------------------------------------------------------------ pause
 
     def pause(self, mode: PauseMode) -> list[Request]:
