@@ -17,7 +17,7 @@ from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.sim_executor import SimExecutor
 from asyncdp.sampling_params import SamplingParams
-from asyncdp.testing import FakeRankClient
+from asyncdp.testing import FakeRankClient, open_rank_cluster
 from asyncdp.testing.rank_cluster import EOS, RANK_SIM_COST, VOCAB
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -123,3 +123,30 @@ async def test_a_dense_rank_answers_pause_wait_once_the_preempted_request_finish
     finally:
         for link in [*client.links.values(), *client.engine_ends.values(), client.coord, client.coord_end]:
             await link.aclose()
+
+
+@pytest.mark.trio
+async def test_moe_ranks_answer_pause_wait_once_the_preempted_requests_finished(autojump_clock) -> None:
+    """Two MoE ranks in lockstep: the preempted requests count as work for the sync (spec §8.6)."""
+    async with open_rank_cluster(2, sync_interval=4) as c:
+        scheduler = c.ranks[0].core.scheduler
+        preempted_once = trio.Event()
+        preempt = scheduler._preempt
+
+        def note_preemption(req: Request) -> None:
+            preempt(req)
+            preempted_once.set()
+
+        scheduler._preempt = note_preemption  # type: ignore[method-assign]
+        with trio.fail_after(120):
+            # 511 usable blocks of 16 tokens hold 8 176 tokens: nine requests growing to 1 008 tokens preempt.
+            results = [await c.client.add(0, f"r{i}", max_tokens=1000) for i in range(9)]
+            await preempted_once.wait()
+            assert any(r.status == RequestStatus.PREEMPTED for r in scheduler.waiting)
+            ids = [await c.client.call_nowait(r, "pause", mode="wait") for r in range(2)]
+            for call_id in ids:
+                assert (await c.client.wait_utility(call_id)).ok
+            assert [(len(r.tokens), r.finish_reason) for r in results] == [(1000, "length")] * 9
+            resumes = [await c.client.call_nowait(r, "resume") for r in range(2)]
+            for call_id in resumes:
+                assert (await c.client.wait_utility(call_id)).ok
