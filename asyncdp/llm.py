@@ -3,7 +3,8 @@
 One in-process ``EngineCore`` (no DP, no processes). ``generate`` adds every prompt (``n > 1`` fans out into
 ``n`` sub-requests, with ``seed + k`` when a seed is set, wrapped into 64 bits as the HTTP API's samples:
 ``sample_seed``), steps the core until all finish, and returns one cumulative ``asyncdp.outputs.RequestOutput``
-per prompt, in prompt order. If stepping raises (or is
+per prompt, in prompt order. Its ``num_cached_tokens`` is the prefix-cache hit of the request's first scheduling
+(sample 0's, admitted first: later samples hit the blocks it computed, which were not cached when the prompt came). If stepping raises (or is
 interrupted), the outstanding requests are aborted so the engine stays usable. A request the engine ends with an
 error (its grammar failed mid-generation) raises ``InvalidRequestError`` naming its field the same way: no
 output cut short is returned as if complete.
@@ -136,8 +137,8 @@ class LLM:
                 for k in range(params.n):
                     sub = params if params.n == 1 else _child_params(params, k)
                     sub_id = rid if params.n == 1 else f"{rid}_{k}"
+                    added.append(sub_id)  # first: an interrupt inside add_request may leave it added
                     core.add_request(sub_id, token_ids, sub)
-                    added.append(sub_id)
                     completion = CompletionOutput(index=k, text="", token_ids=[])
                     result.outputs.append(completion)
                     children[sub_id] = (completion, result)
@@ -174,7 +175,8 @@ class LLM:
                     completion.logprobs = (completion.logprobs or []) + list(delta.logprobs)
                 if delta.prompt_logprobs is not None and result.prompt_logprobs is None:  # n > 1: same for all
                     result.prompt_logprobs = delta.prompt_logprobs
-                result.num_cached_tokens = max(result.num_cached_tokens, delta.num_cached_tokens)
+                if completion.index == 0:  # n > 1: the prompt's hit, not a sibling's on what sample 0 computed
+                    result.num_cached_tokens = delta.num_cached_tokens
                 if delta.finished:
                     completion.finish_reason = delta.finish_reason
                     completion.stop_reason = delta.stop_reason

@@ -239,6 +239,15 @@ class BlockManager:
                     del cached[h]
         req.num_registered_blocks = min(req.num_registered_blocks, first_block)
 
+    def clear(self) -> None:
+        """Every block free and nothing cached (the counters stay): for an engine that dropped every request
+        after a call broke off midway, whose reference counts and hash map may be half-updated."""
+        first = 0 if self.scratch_block_id is None else 1
+        self._ref = [0] * self.num_blocks
+        self._hash = [None] * self.num_blocks
+        self._free = OrderedDict.fromkeys(range(first, self.num_blocks))
+        self._cached = {}
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash. Only possible when no block is referenced; returns whether it happened."""
         if len(self._free) != self.num_usable_blocks:

@@ -34,6 +34,14 @@ A failed forward (the executor raised, or an interrupt came in it) leaves ``step
 unpublished the blocks it never wrote and requeued its requests for recompute (``Scheduler.unschedule``);
 the aborts the step applied are reported by the next one.
 
+An interrupted call. An exception anywhere else in ``step()``, ``add_request()`` or ``pause()`` (Ctrl-C in the
+offline ``LLM`` landing in the scheduler, the block manager or the token bookkeeping) may leave them half-updated:
+a request in no queue, a block taken from the free list but owned by nobody, a block published to the prefix cache
+that no forward wrote. Such a call leaves ``_broken`` set, and the next of those calls first starts over: every
+request it held is reported aborted (by the next ``step()``), every block is freed and the prefix cache is emptied.
+The outputs the interrupted step had made are lost; the offline ``LLM``, the one caller that carries on after an
+interrupt, aborts every request it was waiting for anyway.
+
 KV blocks: block 0 is never given to a request; an executor may use it as scratch for dummy batches.
 """
 
@@ -106,6 +114,7 @@ class EngineCore:
         self._grammars: GrammarMatchers | None = None  # created by the first structured-output request
         self._pending_aborts: deque[str] = deque()
         self._pending_outputs: list[RequestOutput] = []  # finished by pause("abort"), reported by next step()
+        self._broken = False  # a call that changes the scheduler's state broke off midway: see "An interrupted call"
         self.num_steps = 0
 
     # ------------------------------------------------------------------ requests
@@ -146,7 +155,9 @@ class EngineCore:
             req.detokenizer = IncrementalDetokenizer(self._decode, prompt_token_ids, params)
         if params.structured is not None:
             self._add_grammar(request_id, params.structured)
+        self._start_change()
         self.scheduler.add(req)
+        self._broken = False
 
     def _add_grammar(self, request_id: str, structured: StructuredOutputs) -> None:
         if not getattr(self.executor, "applies_token_masks", False) or self.tokenizer is None:
@@ -165,6 +176,17 @@ class EngineCore:
         if grammars is not None and grammars.matchers:
             for req in requests:
                 grammars.discard(req.request_id)
+
+    def _start_change(self) -> None:
+        """Enter a change of the scheduler's state; the caller clears ``_broken`` once it is complete."""
+        if self._broken:
+            aborted = self.scheduler.reset()
+            grammars = self._grammars
+            if grammars is not None:
+                for request_id in list(grammars.matchers):
+                    grammars.discard(request_id)
+            self._pending_outputs.extend(self._abort_output(req) for req in aborted)
+        self._broken = True
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Queue aborts (thread-safe). They are reported as finished outputs by the next ``step()``."""
@@ -187,10 +209,15 @@ class EngineCore:
     def pause(self, mode: PauseMode = "abort") -> None:
         """Enter a pause state now (§8.6); with ``abort`` every request finishes at once and the
         ``finish_reason="abort"`` outputs are returned by the next ``step()``."""
+        if mode != "abort":  # only a state to set (the scheduler checks the mode)
+            self.scheduler.pause(mode)
+            return
+        self._start_change()
         aborted = self.scheduler.pause(mode)
         self._drop_grammars(aborted)
         for req in aborted:
             self._pending_outputs.append(self._abort_output(req))
+        self._broken = False
 
     def resume(self) -> None:
         self.scheduler.resume()
@@ -219,10 +246,12 @@ class EngineCore:
     def step(self, *, throttle_new_prefills: bool = False) -> StepOutputs:
         """Report what finished outside a forward, schedule, execute, and turn the sampled tokens into outputs."""
         t0 = time.perf_counter()
+        self._start_change()
         out = self.take_pending()
         batch = self.scheduler.schedule(throttle_new_prefills=throttle_new_prefills, now=self._clock())
         if not batch.empty:
             self._execute(batch, out)
+        self._broken = False
         out.step_time_s = time.perf_counter() - t0
         return out
 
@@ -248,6 +277,7 @@ class EngineCore:
         except BaseException:  # nothing of the batch was computed: see "A failed forward" above
             self.scheduler.unschedule(batch)
             self._pending_outputs[:0] = out.outputs  # the aborts it applied: the next step reports them
+            self._broken = False  # a consistent state: its requests are recomputed, nothing is dropped
             raise
         self.num_steps += 1
         out.executed = True

@@ -71,7 +71,7 @@ def forwards_to_drain(scheduler: Scheduler) -> int:
     It ignores queueing behind the batch limits, so it may come out short; that costs the group one extra sync."""
     if scheduler.pause_state == "paused-all":
         return 0
-    reqs = scheduler.running if scheduler.pause_state == "paused-new" else scheduler.requests.values()
+    reqs = scheduler.in_flight() if scheduler.pause_state == "paused-new" else scheduler.requests.values()
     budget = max(1, scheduler.max_num_batched_tokens)
     horizon = 0
     for req in reqs:

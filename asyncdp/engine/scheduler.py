@@ -18,8 +18,11 @@ request counts the tokens the prefix cache did not cover when it was enqueued (o
 rest of its prefill. It is the load figure a router cannot infer from the request counts: one waiting request may
 be a 50-token question or a 50 000-token document (the coordinator passes it on, spec routing-bench §1.1).
 
-Pause states (spec dp-deployment §8.6): ``unpaused``; ``paused-new`` (modes ``abort`` and ``wait``: running
-requests keep stepping, nothing is admitted); ``paused-all`` (mode ``keep``: nothing is scheduled).
+Pause states (spec dp-deployment §8.6): ``unpaused``; ``paused-new`` (modes ``abort`` and ``wait``: the requests in
+flight keep stepping, nothing new is admitted); ``paused-all`` (mode ``keep``: nothing is scheduled). In flight means
+running or preempted: a preempted request (it may have streamed tokens already) is re-admitted while paused-new, so
+a ``wait`` pause completes only once it finished too. Preempted requests are the front of ``waiting`` (a preemption
+re-enters at the front, a new request at the back), so telling them from the new ones costs nothing.
 Throttling (§8.5): ``schedule(throttle_new_prefills=True)`` admits no new prefill while a running request is
 decoding, unless the last unthrottled step left waiting work behind for lack of token budget.
 
@@ -29,7 +32,8 @@ Not thread-safe: one thread (the one that calls ``EngineCore.step``) drives it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import takewhile
 from typing import Literal
 
 from asyncdp.engine.block_manager import BlockManager
@@ -74,20 +78,29 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def preempted_waiting(self) -> Iterator[Request]:
+        """The preempted requests: the front of ``waiting`` (O(their number))."""
+        return takewhile(_is_preempted, self.waiting)
+
+    def in_flight(self) -> list[Request]:
+        """The requests a ``paused-new`` scheduler still steps: running and preempted (O(their number))."""
+        return [*self.running, *self.preempted_waiting()]
+
     def has_steppable_work(self) -> bool:
         """Whether ``schedule()`` could produce a non-empty batch in the current pause state."""
         if self.pause_state == "paused-all":
             return False
         if self.pause_state == "paused-new":
-            return bool(self.running)
+            return bool(self.running) or (bool(self.waiting) and _is_preempted(self.waiting[0]))
         return bool(self.requests)
 
     def num_unfinished_for_sync(self) -> int:
-        """Work that keeps a MoE wave running (§8.6): paused-all counts 0, paused-new only running requests."""
+        """Work that keeps a MoE wave running (§8.6): paused-all counts 0, paused-new the requests in flight
+        (running or preempted; queued new requests never count)."""
         if self.pause_state == "paused-all":
             return 0
         if self.pause_state == "paused-new":
-            return len(self.running)
+            return len(self.running) + sum(1 for _ in self.preempted_waiting())
         return len(self.requests)
 
     def pending_prefill_tokens(self) -> int:
@@ -143,6 +156,24 @@ class Scheduler:
                 out.append(req)
         return out
 
+    def reset(self) -> list[Request]:
+        """Drop every request and every block, for a core whose last call broke off midway (see
+        ``EngineCore``, "An interrupted call"): returns the requests it held, marked aborted."""
+        dropped = list(self.requests.values())
+        for req in dropped:
+            req.status = RequestStatus.FINISHED_ABORTED
+            req.block_ids = []
+            req.num_registered_blocks = 0
+            req.prefill_debt = 0
+        self.requests.clear()
+        self.waiting.clear()
+        self.running = []
+        self._scheduled = []
+        self.prefill_tokens = 0
+        self._last_unthrottled_capacity_bound = False
+        self.block_manager.clear()
+        return dropped
+
     # ------------------------------------------------------------------ pause
 
     def pause(self, mode: PauseMode) -> list[Request]:
@@ -188,8 +219,8 @@ class Scheduler:
 
     def schedule(self, *, throttle_new_prefills: bool = False, now: float = 0.0) -> ModelBatch:
         """This step's batch: the running requests first (preempting from the back when KV blocks run out), then
-        new prefills from the waiting queue while budget, sequence slots and blocks last (none after a preemption,
-        while throttled, or while paused). ``now`` (the core's clock) ends the queue time of a request scheduled
+        new prefills from the waiting queue while budget, sequence slots and blocks last (none after a preemption
+        or while throttled; while paused-new only preempted ones). ``now`` (the core's clock) ends the queue time of a request scheduled
         for the first time."""
         batch = ModelBatch([])
         self._scheduled = []
@@ -197,8 +228,8 @@ class Scheduler:
             return batch
         budget, preempted, has_decode = self._schedule_running(batch, self.max_num_batched_tokens)
         throttled = throttle_new_prefills and has_decode and not self._last_unthrottled_capacity_bound
-        if not preempted and not throttled and self.pause_state == "unpaused":
-            budget = self._admit_waiting(batch, budget, now)
+        if not preempted and not throttled:
+            budget = self._admit_waiting(batch, budget, now, preempted_only=self.pause_state == "paused-new")
         if not throttle_new_prefills:
             self._last_unthrottled_capacity_bound = budget <= 0 and bool(self.waiting)
         return batch
@@ -245,7 +276,7 @@ class Scheduler:
         batch.num_kv_tokens += num_kv
         return budget, preempted, num_decode > 0
 
-    def _admit_waiting(self, batch: ModelBatch, budget: int, now: float) -> int:
+    def _admit_waiting(self, batch: ModelBatch, budget: int, now: float, *, preempted_only: bool) -> int:
         """Admit waiting requests (with their cached prefix) while they fit; returns the budget left."""
         chunks, scheduled = batch.chunks, self._scheduled
         bm = self.block_manager
@@ -253,6 +284,8 @@ class Scheduler:
         num_prefill = num_kv = 0
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting[0]
+            if preempted_only and not _is_preempted(req):
+                break
             # Cached positions would have no logits: a request still owed prompt logprobs computes them all.
             prefix = [] if req.prompt_logprobs is not None else bm.find_cached_prefix(req)
             start = len(prefix) * bm.block_size
@@ -308,6 +341,10 @@ class Scheduler:
             bm.free(req)
             del self.requests[req.request_id]
         self.running = [r for r in self.running if not r.is_finished]
+
+
+def _is_preempted(req: Request) -> bool:
+    return req.status == RequestStatus.PREEMPTED
 
 
 def _take_chunk(req: Request, start: int, end: int) -> ScheduledChunk:
