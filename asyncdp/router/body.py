@@ -12,8 +12,8 @@ answers its drain 503 after reading it does not.
 Over ``max_bytes`` (``--max-request-body-bytes``; at once when ``Content-Length`` says so) reading raises
 :class:`BodyTooLarge`; :meth:`RequestBody.drain` then reads and discards the rest, so the 413 that follows reaches
 the client instead of a connection reset. A client that leaves while its body is read raises :class:`ClientGone`.
-:attr:`RequestBody.released` is set once nothing reads the client's side for the body any more (it is complete,
-or the endpoint answered without reading it all): from then on the proxy's disconnect watcher reads it.
+:meth:`RequestBody.wait_released` returns once nothing reads the client's side for the body any more (it is
+complete, or the endpoint answered without reading it all): from then on the proxy's disconnect watcher reads it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class RequestBody:
         self.content_length = content_length
         self.num_bytes = 0  # received so far
         self.complete = False  # the last body event arrived
-        self.released = anyio.Event()
+        self.is_released = False
+        self._released: anyio.Event | None = None  # made only when someone waits (rarely: most bodies are whole)
         self._held: list[bytes] = []
         self._whole: bytes | None = None
         self._pulled = False  # a stream read past the held bytes: they are gone, it cannot be sent again
@@ -63,15 +64,23 @@ class RequestBody:
         if self.complete:
             self._whole = b"".join(self._held)
             self._held.clear()
-            self.released.set()
+            self.release()
 
     def content(self) -> bytes | _BodyStream:
         """What httpx sends: the whole body, or a stream of it (only once it is not :attr:`replayable`)."""
         return self._whole if self._whole is not None else _BodyStream(self)
 
     def release(self) -> None:
-        """The endpoint answered: the stream, if any, is read no more."""
-        self.released.set()
+        """Nothing reads the client's side for the body any more: it is complete, or the endpoint answered."""
+        self.is_released = True
+        if self._released is not None:
+            self._released.set()
+
+    async def wait_released(self) -> None:
+        if not self.is_released:
+            if self._released is None:
+                self._released = anyio.Event()
+            await self._released.wait()
 
     async def drain(self, timeout_s: float) -> None:
         """Read and discard the rest of the body, for up to ``timeout_s`` (a refused body's answer follows)."""
@@ -82,7 +91,7 @@ class RequestBody:
                     break
                 self.complete = not message.get("more_body", False)
         self._held.clear()
-        self.released.set()
+        self.release()
 
     async def _next(self) -> bytes:
         message = await self._receive()
@@ -112,12 +121,12 @@ class _BodyStream:
         if self._held:
             return self._held.popleft()
         if body.complete:
-            body.released.set()
+            body.release()
             raise StopAsyncIteration
         if not body._pulled:
             body._pulled = True
             body._held.clear()  # sent, and no longer of use: a body sent in part cannot be sent again
         chunk = await body._next()
         if body.complete:
-            body.released.set()
+            body.release()
         return chunk

@@ -38,15 +38,25 @@ def forwarded_headers(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[by
 
 def upstream_headers(scope: dict[str, Any], content_length: bytes | None = None) -> list[tuple[bytes, bytes]]:
     """The headers of the request ``scope`` (ASGI) as the router sends it upstream (see the module docstring);
-    ``content_length``: the client's ``Content-Length`` to keep, for a body streamed as it arrives."""
-    headers, chain = [], []
-    for name, value in forwarded_headers(scope["headers"], NOT_FORWARDED):
+    ``content_length``: the client's ``Content-Length`` to keep, for a body streamed as it arrives. One pass over
+    the headers (this runs for every request)."""
+    headers: list[tuple[bytes, bytes]] = []
+    chain: list[bytes] = []
+    connection: list[bytes] = []
+    for name, value in scope["headers"]:
         lower = name.lower()
         if lower == X_FORWARDED_FOR:
             if value.strip():
                 chain.append(value.strip())
-        elif lower != X_FORWARDED_PROTO:
+        elif lower == b"connection":
+            connection.append(value)
+        elif lower not in NOT_FORWARDED and lower != X_FORWARDED_PROTO:
             headers.append((name, value))
+    if connection:  # drop what it names (RFC 9110 §7.6.1), the chain included
+        named = {token.strip().lower() for value in connection for token in value.split(b",")}
+        headers = [(name, value) for name, value in headers if name.lower() not in named]
+        if X_FORWARDED_FOR in named:
+            chain.clear()
     client = scope.get("client")
     if client:  # None over a UNIX socket: nothing to add
         chain.append(str(client[0]).encode("ascii", "replace"))

@@ -268,7 +268,7 @@ async def _watch_disconnect(receive: Receive, body: RequestBody, scope: anyio.Ca
                             exchange: _Exchange) -> None:
     """Cancel the exchange when the client disconnects. Reads the client's side once nothing else does: the body
     is in, or the endpoint answered without reading all of it (the rest is discarded)."""
-    await body.released.wait()
+    await body.wait_released()
     while (message := await receive())["type"] != "http.disconnect":
         body.complete = not message.get("more_body", False)
     exchange.client_gone = True
