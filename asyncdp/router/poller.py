@@ -1,14 +1,17 @@
 """The poller: one task per endpoint reads its ``GET /load`` every ``poll_interval_s`` and records the answer.
 
 Theory of operation. :meth:`Poller.run` owns one polling task per endpoint in its task group; each poll is one
-GET, bounded by ``stale_after_s`` as a whole (an answer that takes longer is stale on arrival), on a keep-alive
+GET, bounded by ``poll_timeout_s`` as a whole (by default ``stale_after_s``: an answer that takes longer is
+stale on arrival), on a keep-alive
 connection (with several API processes behind a port, one connection stays on one of them, so its ``seq`` is
 comparable from poll to poll). A checked answer goes to :meth:`EndpointLoad.observe`; anything else (refused,
 timed out, not 200, not the telemetry contract) to :meth:`EndpointLoad.observe_failure`: the endpoint is out until
 it answers again. Polls of one endpoint start ``poll_interval_s`` apart (or right after the previous one ends,
 when it took longer). ``task_status.started()`` comes once every endpoint was polled once, answered or not, so
 the first requests see every endpoint that is up and one that is down holds nobody back. The poller logs an
-endpoint's changes between usable and not, once each. It ends only by cancellation.
+endpoint's changes between usable and not, once each; :attr:`Poller.seq` counts those changes and every new
+``seq`` an endpoint answers (the ``seq`` of the router's own ``/load``, :meth:`Poller.load`). It ends only by
+cancellation.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import anyio.abc
 import httpx
 
 from asyncdp.router.score import EndpointLoad, candidates, checked_load, score
+from asyncdp.router.telemetry import router_load
 
 log = logging.getLogger("asyncdp.router")
 
@@ -28,10 +32,13 @@ log = logging.getLogger("asyncdp.router")
 class Poller:
     """The endpoint table and the tasks that keep it current. ``endpoints[i]`` is the i-th ``--endpoint``."""
 
-    def __init__(self, urls: Sequence[str], *, poll_interval_s: float, stale_after_s: float) -> None:
+    def __init__(self, urls: Sequence[str], *, poll_interval_s: float, stale_after_s: float,
+                 poll_timeout_s: float | None = None) -> None:
         self.endpoints = [EndpointLoad(url) for url in urls]
         self.poll_interval_s = poll_interval_s
         self.stale_after_s = stale_after_s
+        self.poll_timeout_s = stale_after_s if poll_timeout_s is None else poll_timeout_s
+        self.seq = 0  # moves when an endpoint's numbers or usability change: the router's own /load seq
         self._usable: list[bool | None] = [None] * len(self.endpoints)  # as last logged
 
     def candidates(self) -> list[int]:
@@ -49,6 +56,10 @@ class Poller:
                  "age_s": None if ep.load is None else round(now_s - ep.polled_at_s, 3),
                  "num_inflight": ep.num_inflight, "sent_since_seq": ep.sent_since_seq, "error": ep.last_error}
                 for ep in self.endpoints]
+
+    def load(self) -> dict[str, object]:
+        """The router's own ``GET /load`` document (:func:`asyncdp.router.telemetry.router_load`)."""
+        return router_load(self.endpoints, anyio.current_time(), self.stale_after_s, self.seq)
 
     async def run(self, http: httpx.AsyncClient, *,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -71,19 +82,20 @@ class Poller:
     async def poll_once(self, http: httpx.AsyncClient, i: int) -> None:
         ep = self.endpoints[i]
         try:
-            with anyio.fail_after(self.stale_after_s):
+            with anyio.fail_after(self.poll_timeout_s):
                 r = await http.get(f"{ep.url}/load")
             if r.status_code != 200:
                 raise ValueError(f"GET /load answered {r.status_code}")
             load = checked_load(r.json())
         except TimeoutError:
-            ep.observe_failure(f"GET /load took more than {self.stale_after_s:g} s")
+            ep.observe_failure(f"GET /load took more than {self.poll_timeout_s:g} s")
         except httpx.HTTPError as exc:
             ep.observe_failure(f"GET /load failed: {type(exc).__name__}: {exc}")
         except ValueError as exc:  # not 200, not JSON, not the contract
             ep.observe_failure(str(exc))
         else:
-            ep.observe(load, anyio.current_time())
+            if ep.observe(load, anyio.current_time()):
+                self.seq += 1
         self._log_change(i)
 
     def _log_change(self, i: int) -> None:
@@ -91,6 +103,7 @@ class Poller:
         usable = score(ep, anyio.current_time(), self.stale_after_s) is not None
         if usable != self._usable[i]:
             self._usable[i] = usable
+            self.seq += 1
             if usable:
                 log.info("endpoint %s is usable", ep.url)
             else:

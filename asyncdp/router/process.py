@@ -1,15 +1,17 @@
 """The ``asyncdp route`` process: the poller and the HTTP proxy in one task group, and an orderly stop.
 
 Theory of operation. :func:`serve_router` opens two httpx clients (one for ``/load`` polls, one for proxied
-requests, so polls never queue behind requests for a connection), starts the :class:`~asyncdp.router.poller.Poller`
-and waits until every endpoint was polled once, then serves the :class:`~asyncdp.router.proxy.RouterApp` with
-:func:`asyncdp.api.serve.serve_http` and reports the bound address (``task_status.started((host, port))``, and the
-log line ``routing on http://HOST:PORT to N endpoints: ...``). SIGTERM or SIGINT sets ``draining`` (``/health``
-503, new requests 503), then Hypercorn stops accepting and gives the requests in flight ``--shutdown-timeout``
-seconds before it cancels them (a cancelled exchange closes its upstream response, so the endpoint aborts the
-request). Then the poller is cancelled and the process exits 0. A second signal cancels the requests still in
-flight at once (:meth:`~asyncdp.router.proxy.RouterApp.cancel_all`), so the drain ends. A port that cannot be bound (bound in :func:`run_router`, before the event loop) ends the
-process with status 1 and one log line.
+requests, so polls never queue behind requests for a connection; both verify ``https://`` endpoints,
+:func:`upstream_tls_context`), starts the :class:`~asyncdp.router.poller.Poller` and waits until every endpoint
+was polled once, then serves the :class:`~asyncdp.router.proxy.RouterApp` with
+:func:`asyncdp.api.serve.serve_http` (over TLS with ``--ssl-certfile``/``--ssl-keyfile``) and reports the bound
+address (``task_status.started((host, port))``, and the log line ``routing on http(s)://HOST:PORT to N
+endpoints: ...``). SIGTERM or SIGINT sets ``draining`` (``/health`` 503, new requests 503), then Hypercorn stops
+accepting and gives the requests in flight ``--shutdown-timeout`` seconds before it cancels them (a cancelled
+exchange closes its upstream response, so the endpoint aborts the request). Then the poller is cancelled and the
+process exits 0. A second signal cancels the requests still in flight at once
+(:meth:`~asyncdp.router.proxy.RouterApp.cancel_all`), so the drain ends. A port that cannot be bound (bound in
+:func:`run_router`, before the event loop) ends the process with status 1 and one log line.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import ssl
 
 import anyio
 import anyio.abc
 import httpx
 
 from asyncdp import runtime
-from asyncdp.api.serve import serve_http
+from asyncdp.api.serve import SSLFiles, serve_http
 from asyncdp.router.poller import Poller
 from asyncdp.router.proxy import RouterApp
 from asyncdp.router.settings import RouterSettings
@@ -31,10 +34,6 @@ from asyncdp.router.settings import RouterSettings
 log = logging.getLogger("asyncdp.router")
 
 PROCESS_TITLE = "asyncdp-route"
-MAX_KEEPALIVE_CONNECTIONS = 256
-# An idle upstream connection is dropped here before the endpoint's Hypercorn drops it (its keep-alive timeout is
-# 5 s): reusing one the endpoint is closing at that moment would fail a request after it was sent (a 502).
-KEEPALIVE_EXPIRY_S = 2.0
 
 
 async def _watch_signals(app: RouterApp, stop: anyio.Event, shutdown_timeout_s: float, *,
@@ -51,6 +50,12 @@ async def _watch_signals(app: RouterApp, stop: anyio.Event, shutdown_timeout_s: 
             stop.set()
 
 
+def upstream_tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """How ``https://`` endpoints are verified: against ``--upstream-ca-file`` alone when given, else the system's
+    trusted CAs (``ssl.create_default_context``), with the host name checked either way."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
 def listen(host: str, port: int) -> socket.socket:
     """The router's listening socket (port 0: any free port); OSError when it cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -62,21 +67,28 @@ async def serve_router(settings: RouterSettings, sock: socket.socket, *,
     """Run the router on the listening socket ``sock`` until a signal's drain ends (see the module docstring).
     ``sock`` is closed once Hypercorn serves its duplicate, so the port closes when Hypercorn stops."""
     poller = Poller(settings.endpoints, poll_interval_s=settings.poll_interval_s,
-                    stale_after_s=settings.stale_after_s)
+                    stale_after_s=settings.stale_after_s, poll_timeout_s=settings.poll_deadline_s)
     n = len(settings.endpoints)
     poll_limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)  # one kept-alive each
-    proxy_limits = httpx.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS,
-                                keepalive_expiry=KEEPALIVE_EXPIRY_S)
-    async with (httpx.AsyncClient(limits=poll_limits, timeout=settings.stale_after_s) as poll_http,
-                httpx.AsyncClient(limits=proxy_limits) as proxy_http):
-        app = RouterApp(poller, proxy_http, connect_timeout_s=settings.connect_timeout_s)
+    proxy_limits = httpx.Limits(max_connections=None,
+                                max_keepalive_connections=settings.upstream_max_idle_connections,
+                                keepalive_expiry=settings.upstream_keepalive_s)
+    verify = upstream_tls_context(settings.upstream_ca_file)
+    async with (httpx.AsyncClient(limits=poll_limits, timeout=settings.poll_deadline_s, verify=verify) as poll_http,
+                httpx.AsyncClient(limits=proxy_limits, verify=verify) as proxy_http):
+        app = RouterApp(poller, proxy_http, connect_timeout_s=settings.connect_timeout_s,
+                        max_body_bytes=settings.max_request_body_bytes,
+                        replay_body_bytes=settings.replay_buffer_bytes)
         stop = anyio.Event()
+        ssl_files = None
+        if settings.ssl_certfile is not None and settings.ssl_keyfile is not None:
+            ssl_files = SSLFiles(certfile=settings.ssl_certfile, keyfile=settings.ssl_keyfile)
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, app, stop, settings.shutdown_timeout_s)
             await tg.start(poller.run, poll_http)
 
             async def serve(*, task_status: anyio.abc.TaskStatus[tuple[str, int]]) -> None:
-                await serve_http(app, sock=sock, shutdown_timeout_s=settings.shutdown_timeout_s,
+                await serve_http(app, sock=sock, ssl=ssl_files, shutdown_timeout_s=settings.shutdown_timeout_s,
                                  shutdown_trigger=stop.wait, task_status=task_status)
                 tg.cancel_scope.cancel()  # drained: stop the poller and the signal watcher
 
@@ -84,7 +96,7 @@ async def serve_router(settings: RouterSettings, sock: socket.socket, *,
             sock.close()
             host, port = address[0], address[1]
             shown = f"[{host}]" if ":" in host else host
-            log.info("routing on http://%s:%d to %d endpoints: %s (%d usable now)", shown, port,
+            log.info("routing on %s://%s:%d to %d endpoints: %s (%d usable now)", settings.scheme, shown, port,
                      n, ", ".join(settings.endpoints), poller.num_usable())
             task_status.started((host, port))
 

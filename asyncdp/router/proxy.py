@@ -3,23 +3,29 @@ answer back as it arrives.
 
 Theory of operation. Served by :func:`asyncdp.api.serve.serve_http` (Hypercorn). Routes:
 
-* ``POST|GET|... /v1/*``, ``/tokenize``, ``/detokenize``: proxied. The request body is read whole first (so it can
-  be sent again to another endpoint; at most ``MAX_BODY_BYTES``), then sent with the method, path, query and
-  headers unchanged, ``Authorization`` included, less the hop-by-hop ones (``Host`` and ``Content-Length`` are
-  set for the endpoint by httpx). The endpoint is the first of :meth:`Poller.candidates`; when the connection to
-  it fails before anything was sent (refused, reset or timed out on connect), or it answers the 503 of its drain
-  gate (it is stopping and did not read the request), it is marked down and the next best is tried, each
-  endpoint once. With none left the answer is a 503 in OpenAI's error shape. The endpoint's
-  status and headers (less hop-by-hop ones, and ``date``/``server``, which Hypercorn sets) come back first,
-  then its body chunk by chunk as httpx reads it, undecoded (``aiter_raw``): SSE events are not buffered.
+* ``POST|GET|... /v1/*``, ``/tokenize``, ``/detokenize``: proxied. The body is held whole when it is at most
+  ``--replay-buffer-bytes``, and streamed to the endpoint as it arrives when larger (:mod:`.body`); over
+  ``--max-request-body-bytes`` it is a 413. The request goes with the method, path, query and headers unchanged,
+  ``Authorization`` included, less the hop-by-hop ones, plus ``X-Forwarded-For``/``X-Forwarded-Proto``
+  (:mod:`.headers`). The endpoint is the first of :meth:`Poller.candidates`; when the connection to it fails
+  before anything was sent (refused, reset or timed out on connect), or it answers the 503 of its drain gate (it
+  is stopping and did not read the request), it is marked down and the next best is tried, each endpoint once,
+  as long as the body can be sent again (a streamed body cannot once the endpoint read past what is held). With
+  none left the answer is a 503 in OpenAI's error shape. The endpoint's status and headers (less hop-by-hop ones,
+  and ``date``/``server``, which Hypercorn sets) come back first, then its body chunk by chunk as httpx reads it,
+  undecoded (``aiter_raw``): SSE events are not buffered.
 * ``GET /health``: 200 while at least one endpoint is usable and the router is not draining, else 503; the body
-  lists every endpoint's score and state.
+  lists every endpoint's score and state. ``GET /load``: the endpoints' last ``/load`` answers, merged
+  (:meth:`Poller.load`).
 * anything else: 404 in OpenAI's error shape.
 
-A disconnect watcher reads the client's side while the endpoint works: when the client goes away, the exchange is
-cancelled and the upstream response closed before it was read to the end, which closes its connection, so the
-endpoint aborts the request. An endpoint that fails mid-body (killed) ends the client's response without its end
-(the app returns without the last body event, and Hypercorn closes the connection): the client sees an incomplete response, never a truncated one that looks whole.
+Every error the router makes itself once the body started to arrive (413, 502, 503) is sent after the rest of
+the body was read and discarded (for up to ``BODY_DRAIN_S``), so it reaches the client instead of a reset.
+A disconnect watcher reads the client's side once the body is in (or the endpoint answered without it): when the
+client goes away, the exchange is cancelled and the upstream response closed before it was read to the end, which
+closes its connection, so the endpoint aborts the request. An endpoint that fails mid-body (killed) ends the
+client's response without its end (the app returns without the last body event, and Hypercorn closes the
+connection): the client sees an incomplete response, never a truncated one that looks whole.
 Every upstream wait is bounded by the connect (and write) timeout; reading the answer is not (a long generation,
 or the gaps of a stream, are the endpoint's business). While draining, new requests get 503; :meth:`cancel_all`
 (a second signal) ends the requests in flight at once, as a client's leaving would.
@@ -28,7 +34,7 @@ or the gaps of a stream, are the endpoint's business). While draining, new reque
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +44,10 @@ import orjson
 
 from asyncdp.api.context import DRAINING_MESSAGE
 from asyncdp.api.errors import error_body
+from asyncdp.router.body import BodyTooLarge, ClientGone, RequestBody
+from asyncdp.router.headers import NOT_RETURNED, forwarded_headers, upstream_headers
 from asyncdp.router.poller import Poller
+from asyncdp.router.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_REPLAY_BUFFER_BYTES
 
 log = logging.getLogger("asyncdp.router")
 
@@ -46,12 +55,9 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_BYTES  # RouterApp's default limit
 PROXIED_EXACT = frozenset({"/tokenize", "/detokenize"})
-HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-                        b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection"})
-NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
-NOT_RETURNED = HOP_BY_HOP | {b"date", b"server"}
+BODY_DRAIN_S = 30.0  # bound on discarding the rest of a body before a router-made error answer
 _CLOSE_UPSTREAM_S = 2.0  # bound on closing an upstream response (shielded cleanup)
 
 
@@ -59,33 +65,25 @@ def is_proxied(path: str) -> bool:
     return path.startswith("/v1/") or path in PROXIED_EXACT
 
 
-def forwarded_headers(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
-    """``headers`` less ``drop`` and less every header the ``Connection`` header names (RFC 9110 §7.6.1)."""
-    headers = list(headers)
-    named = {token.strip().lower() for name, value in headers if name.lower() == b"connection"
-             for token in value.split(b",")}
-    return [(name, value) for name, value in headers if name.lower() not in drop and name.lower() not in named]
-
-
 @dataclass
 class _Exchange:
     """One request's state shared with its disconnect watcher."""
 
     client_gone: bool = False
-
-
-class _BodyTooLarge(Exception):
-    pass
+    too_large: bool = False
 
 
 class RouterApp:
     """The ASGI application (see the module docstring). ``draining`` is set by the process on a signal."""
 
-    def __init__(self, poller: Poller, http: httpx.AsyncClient, *, connect_timeout_s: float) -> None:
+    def __init__(self, poller: Poller, http: httpx.AsyncClient, *, connect_timeout_s: float,
+                 max_body_bytes: int | None = None, replay_body_bytes: int = DEFAULT_REPLAY_BUFFER_BYTES) -> None:
         self.poller = poller
         self.http = http
         self.timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=connect_timeout_s,
                                      pool=connect_timeout_s)
+        self.max_body_bytes = MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
+        self.replay_body_bytes = replay_body_bytes
         self.draining = False
         self._exchanges: set[anyio.CancelScope] = set()  # one per request being forwarded
 
@@ -103,11 +101,13 @@ class RouterApp:
             path, method = scope["path"], scope["method"]
             if path == "/health" and method in ("GET", "HEAD"):
                 await self._health(send)
+            elif path == "/load" and method in ("GET", "HEAD"):
+                await _send_json(send, 200, self.poller.load())
             elif is_proxied(path):
                 await self._proxy(scope, receive, send)
             else:
                 await _send_error(send, 404, f"{method} {path} is not a route of the router; it forwards /v1/*, "
-                                  "/tokenize and /detokenize and answers /health")
+                                  "/tokenize and /detokenize and answers /health and /load")
 
     async def _health(self, send: Send) -> None:
         usable = self.poller.num_usable()
@@ -117,34 +117,43 @@ class RouterApp:
         await _send_json(send, status, body)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = RequestBody(receive, max_bytes=self.max_body_bytes, replay_bytes=self.replay_body_bytes,
+                           content_length=_content_length(scope))
         try:
-            body = await _read_body(receive)
-        except _BodyTooLarge:
-            await _send_error(send, 413, f"the request body is larger than the router's limit of "
-                              f"{MAX_BODY_BYTES} bytes")
+            await body.read_replayable()
+        except BodyTooLarge:
+            await self._refuse_too_large(body, send)
             return
-        if body is None:  # the client left before its body arrived
+        except ClientGone:  # the client left before its body arrived
             return
         if self.draining:
-            await _send_error(send, 503, "the router is shutting down")
+            await _answer_error(body, send, 503, "the router is shutting down")
             return
         exchange = _Exchange()
         failures: list[str] | None = None  # stays None when the client leaves first (the watcher cancels)
         async with anyio.create_task_group() as tg:
             self._exchanges.add(tg.cancel_scope)
             try:
-                tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, exchange)
+                tg.start_soon(_watch_disconnect, receive, body, tg.cancel_scope, exchange)
                 failures = await self._forward_to_best(scope, body, send, exchange)
                 tg.cancel_scope.cancel()
             finally:
                 self._exchanges.discard(tg.cancel_scope)
-        if failures is not None and not exchange.client_gone:
+        if exchange.too_large:
+            await self._refuse_too_large(body, send)
+        elif failures is not None and not exchange.client_gone:
             tried = "; ".join(failures) or "no endpoint is usable: " + _endpoint_states(self.poller)
-            await _send_error(send, 503, f"no endpoint can take the request ({tried})")
+            await _answer_error(body, send, 503, f"no endpoint can take the request ({tried})")
 
-    async def _forward_to_best(self, scope: Scope, body: bytes, send: Send, exchange: _Exchange) -> list[str] | None:
-        """Forward to the best endpoint, then the next when one cannot be connected to. None once an answer
-        (or the client's leaving) ended the exchange, else what failed on each endpoint tried."""
+    async def _refuse_too_large(self, body: RequestBody, send: Send) -> None:
+        await _answer_error(body, send, 413, f"the request body is larger than the router's limit of "
+                            f"{self.max_body_bytes} bytes (--max-request-body-bytes)")
+
+    async def _forward_to_best(self, scope: Scope, body: RequestBody, send: Send,
+                               exchange: _Exchange) -> list[str] | None:
+        """Forward to the best endpoint, then the next when one cannot be connected to (or drains) and the body
+        can be sent again. None once an answer (or the client's leaving) ended the exchange, else what failed on
+        each endpoint tried."""
         tried: set[int] = set()
         failures: list[str] = []
         while order := [i for i in self.poller.candidates() if i not in tried]:
@@ -159,32 +168,52 @@ class RouterApp:
             if error is None:
                 return None
             ep.mark_down(error)
-            log.warning("endpoint %s marked down: %s; trying the next one", ep.url, error)
             failures.append(f"{ep.url}: {error}")
+            if not body.replayable:
+                log.warning("endpoint %s marked down: %s; the request's body (over %d bytes, streamed to it) "
+                            "cannot be sent to another endpoint", ep.url, error, self.replay_body_bytes)
+                failures.append(f"the request body was larger than {self.replay_body_bytes} bytes "
+                                "(--replay-buffer-bytes) and streamed to it, so it cannot be sent to another "
+                                "endpoint; send the request again")
+                return failures
+            log.warning("endpoint %s marked down: %s; trying the next one", ep.url, error)
         return failures
 
-    async def _forward(self, base: str, scope: Scope, body: bytes, send: Send, exchange: _Exchange) -> str | None:
-        """Send the request to ``base``; None once the exchange ended, else why nothing could be sent."""
+    async def _forward(self, base: str, scope: Scope, body: RequestBody, send: Send,
+                       exchange: _Exchange) -> str | None:
+        """Send the request to ``base``; None once the exchange ended, else why the endpoint did not take it."""
         target = scope.get("raw_path") or scope["path"].encode("utf-8")
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         url = httpx.URL(base).copy_with(raw_path=target)
-        request = httpx.Request(scope["method"], url, content=body,
-                                headers=forwarded_headers(scope["headers"], NOT_FORWARDED),
+        content = body.content()
+        streamed_length = None
+        if not isinstance(content, bytes) and body.content_length is not None:
+            streamed_length = str(body.content_length).encode()
+        request = httpx.Request(scope["method"], url, content=content,
+                                headers=upstream_headers(scope, streamed_length),
                                 extensions={"timeout": self.timeout.as_dict()})
         try:
             response = await self.http.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
             return f"{type(exc).__name__}: {exc}"
+        except BodyTooLarge:  # while it streamed: the endpoint sees the request cut off
+            exchange.too_large = True
+            return None
+        except ClientGone:
+            exchange.client_gone = True
+            return None
         except httpx.TransportError as exc:  # sent (perhaps in part): another endpoint might run it twice
             log.warning("endpoint %s failed before answering %s %s: %s: %s", base, scope["method"], scope["path"],
                         type(exc).__name__, exc)
-            await _send_error(send, 502, f"the endpoint {base} failed before answering: {type(exc).__name__}")
+            await _answer_error(body, send, 502, f"the endpoint {base} failed before answering: "
+                                f"{type(exc).__name__}")
             return None
         try:
             read = response.status_code == 503  # (an error's JSON: read whole, to tell a drain from the rest)
             if read and await _is_draining(response):  # it did not look at the request
                 return f"draining (503: {DRAINING_MESSAGE})"
+            body.release()  # this answer is the one: the watcher may read the client's side now
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": forwarded_headers(response.headers.raw, NOT_RETURNED)})
             if read:
@@ -224,33 +253,37 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body; None if the client disconnected first; _BodyTooLarge past ``MAX_BODY_BYTES``."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _BodyTooLarge
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+def _content_length(scope: Scope) -> int | None:
+    """The request's ``Content-Length`` (Hypercorn checked it), or None (chunked, or none)."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
-async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope, exchange: _Exchange) -> None:
-    """Cancel the exchange when the client disconnects (its body is read already: the next event is that)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+async def _watch_disconnect(receive: Receive, body: RequestBody, scope: anyio.CancelScope,
+                            exchange: _Exchange) -> None:
+    """Cancel the exchange when the client disconnects. Reads the client's side once nothing else does: the body
+    is in, or the endpoint answered without reading all of it (the rest is discarded)."""
+    await body.wait_released()
+    while (message := await receive())["type"] != "http.disconnect":
+        body.complete = not message.get("more_body", False)
     exchange.client_gone = True
     scope.cancel()
 
 
 def _endpoint_states(poller: Poller) -> str:
     return ", ".join(f"{s['url']} ({s['error'] or 'no rank up or stale'})" for s in poller.statistics())
+
+
+async def _answer_error(body: RequestBody, send: Send, status: int, message: str) -> None:
+    """A router-made error, once the rest of the body was read and discarded (see the module docstring)."""
+    if not body.complete:
+        await body.drain(BODY_DRAIN_S)
+    await _send_error(send, status, message)
 
 
 async def _send_json(send: Send, status: int, body: Any) -> None:

@@ -53,6 +53,7 @@ class EndpointLoad:
 
     url: str
     load: dict[str, Any] | None = None  # the last checked /load answer; None: unknown, down or unreachable
+    last_load: dict[str, Any] | None = None  # the last checked /load answer, kept when it failed since
     polled_at_s: float = 0.0  # when that answer came, on the caller's clock
     seq_key: tuple[int, int] | None = None  # (api_process_rank, seq) of the last answer
     sent_since_seq: int = 0  # requests sent here since seq_key last changed
@@ -60,15 +61,18 @@ class EndpointLoad:
     num_polls: int = 0  # /load polls finished, answered or not
     last_error: str | None = None  # why the last poll or request could not use it
 
-    def observe(self, load: dict[str, Any], now_s: float) -> None:
-        """A checked ``/load`` answer arrived at ``now_s``. A new ``seq`` (per API process behind the port) means
-        the numbers include what was sent before, so ``sent_since_seq`` starts again from 0."""
+    def observe(self, load: dict[str, Any], now_s: float) -> bool:
+        """A checked ``/load`` answer arrived at ``now_s``; whether its numbers changed. A new ``seq`` (per API
+        process behind the port) means the numbers include what was sent before, so ``sent_since_seq`` starts
+        again from 0."""
         key = (int(load.get("api_process_rank") or 0), int(load["seq"]))
-        if key != self.seq_key:
+        changed = key != self.seq_key
+        if changed:
             self.sent_since_seq = 0
-        self.seq_key, self.load, self.polled_at_s = key, load, now_s
+        self.seq_key, self.load, self.last_load, self.polled_at_s = key, load, load, now_s
         self.num_polls += 1
         self.last_error = None
+        return changed
 
     def observe_failure(self, reason: str) -> None:
         """A poll failed (refused, timed out, not 200, not the contract): out until it answers again."""

@@ -4,16 +4,30 @@ flag and says what to give instead (``asyncdp route`` prints it as one ``asyncdp
 from __future__ import annotations
 
 import math
+import os
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
+from asyncdp.config.flags import check_tls_files
 from asyncdp.errors import ConfigError
 
 DEFAULT_POLL_INTERVAL_S = 0.05
 DEFAULT_STALE_AFTER_S = 1.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 0.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+# An idle upstream connection is dropped here before the endpoint's Hypercorn drops it (its keep-alive timeout is
+# 5 s): reusing one the endpoint is closing at that moment would fail a request after it was sent (a 502).
+DEFAULT_UPSTREAM_KEEPALIVE_S = 2.0
+DEFAULT_UPSTREAM_MAX_IDLE_CONNECTIONS = 256
+# The largest request body: asyncdp serve's default --max-request-body-bytes for a --max-model-len of up to
+# 1 Mi tokens (64 bytes a token); an endpoint with a lower limit answers its own 413, which comes back as it is.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
+MIN_REQUEST_BODY_BYTES = 1024  # as asyncdp serve's --max-request-body-bytes
+# A body up to this size is held whole, so a request can fail over to another endpoint; a larger one is streamed.
+DEFAULT_REPLAY_BUFFER_BYTES = 1024 * 1024
 
 
 def endpoint_url(text: str) -> str:
@@ -38,6 +52,16 @@ def _positive(flag: str, value: float) -> float:
     return value
 
 
+def check_ca_file(path: str) -> None:
+    """``--upstream-ca-file`` is a readable PEM file of CA certificates, or a ConfigError."""
+    if not os.access(path, os.R_OK) or not os.path.isfile(path):
+        raise ConfigError(f"--upstream-ca-file {path!r} is not a readable file")
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"--upstream-ca-file {path!r} does not load as PEM CA certificates ({exc})") from None
+
+
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
     endpoints: tuple[str, ...]
@@ -45,15 +69,32 @@ class RouterSettings:
     port: int = 8000
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     stale_after_s: float = DEFAULT_STALE_AFTER_S
+    poll_timeout_s: float | None = None  # None: stale_after_s (see poll_deadline_s)
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    upstream_keepalive_s: float = DEFAULT_UPSTREAM_KEEPALIVE_S
+    upstream_max_idle_connections: int = DEFAULT_UPSTREAM_MAX_IDLE_CONNECTIONS
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    replay_buffer_bytes: int = DEFAULT_REPLAY_BUFFER_BYTES
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    upstream_ca_file: str | None = None
     log_level: str = "info"
 
+    @property
+    def poll_deadline_s(self) -> float:
+        """The bound on one ``GET /load`` poll: ``--poll-timeout-s``, by default ``--stale-after-s``."""
+        return self.stale_after_s if self.poll_timeout_s is None else self.poll_timeout_s
+
+    @property
+    def scheme(self) -> str:
+        """How clients reach the router: ``https`` with ``--ssl-certfile``."""
+        return "https" if self.ssl_certfile else "http"
+
     @classmethod
-    def build(cls, endpoints: Sequence[str] | None, *, host: str = "0.0.0.0", port: int = 8000,
-              poll_interval_s: float = DEFAULT_POLL_INTERVAL_S, stale_after_s: float = DEFAULT_STALE_AFTER_S,
-              shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S, log_level: str = "info") -> RouterSettings:
-        """Checked settings, or the ConfigError of the first bad value."""
+    def build(cls, endpoints: Sequence[str] | None, **values: Any) -> RouterSettings:
+        """Checked settings, or the ConfigError of the first bad value. ``values``: the other fields, by name
+        (a missing one takes its default)."""
         if not endpoints:
             raise ConfigError("give at least one --endpoint URL, e.g. --endpoint http://127.0.0.1:8000")
         urls = [endpoint_url(e) for e in endpoints]
@@ -62,16 +103,41 @@ class RouterSettings:
             if url in seen:
                 raise ConfigError(f"--endpoint {given} is given twice (as {url}); give each endpoint once")
             seen.add(url)
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"--port must be in 0..65535 (0: any free port), got {port}")
-        if not host:
+        s = cls(tuple(urls), **values)
+        s._check()
+        return s
+
+    def _check(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port must be in 0..65535 (0: any free port), got {self.port}")
+        if not self.host:
             raise ConfigError("--host must not be empty")
-        _positive("--poll-interval-s", poll_interval_s)
-        _positive("--stale-after-s", stale_after_s)
-        if not (math.isfinite(shutdown_timeout_s) and shutdown_timeout_s >= 0):
-            raise ConfigError(f"--shutdown-timeout must be a number of seconds >= 0, got {shutdown_timeout_s:g}")
-        if stale_after_s < poll_interval_s:
-            raise ConfigError(f"--stale-after-s ({stale_after_s:g}) must be at least --poll-interval-s "
-                              f"({poll_interval_s:g}): every answer would be stale before the next poll")
-        return cls(tuple(urls), host, port, poll_interval_s, stale_after_s, shutdown_timeout_s,
-                   log_level=log_level)
+        for flag, value in (("--poll-interval-s", self.poll_interval_s), ("--stale-after-s", self.stale_after_s),
+                            ("--poll-timeout-s", self.poll_deadline_s),
+                            ("--connect-timeout-s", self.connect_timeout_s),
+                            ("--upstream-keepalive-s", self.upstream_keepalive_s)):
+            _positive(flag, value)
+        if not (math.isfinite(self.shutdown_timeout_s) and self.shutdown_timeout_s >= 0):
+            raise ConfigError(f"--shutdown-timeout must be a number of seconds >= 0, got {self.shutdown_timeout_s:g}")
+        if self.stale_after_s < self.poll_interval_s:
+            raise ConfigError(f"--stale-after-s ({self.stale_after_s:g}) must be at least --poll-interval-s "
+                              f"({self.poll_interval_s:g}): every answer would be stale before the next poll")
+        if self.poll_deadline_s > self.stale_after_s:
+            raise ConfigError(f"--poll-timeout-s ({self.poll_deadline_s:g}) must be at most --stale-after-s "
+                              f"({self.stale_after_s:g}): a slower answer would be stale on arrival")
+        if self.upstream_max_idle_connections < 0:
+            raise ConfigError(f"--upstream-max-idle-connections must be >= 0, got {self.upstream_max_idle_connections}")
+        if self.max_request_body_bytes < MIN_REQUEST_BODY_BYTES:
+            raise ConfigError(f"--max-request-body-bytes must be >= {MIN_REQUEST_BODY_BYTES}, "
+                              f"got {self.max_request_body_bytes}")
+        if not 0 <= self.replay_buffer_bytes <= self.max_request_body_bytes:
+            raise ConfigError(f"--replay-buffer-bytes must be in 0..--max-request-body-bytes "
+                              f"({self.max_request_body_bytes}), got {self.replay_buffer_bytes}")
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise ConfigError("--ssl-keyfile and --ssl-certfile must be provided together")
+        if self.ssl_certfile is not None and self.ssl_keyfile is not None:
+            check_tls_files(self.ssl_certfile, self.ssl_keyfile)
+        if self.upstream_ca_file is not None:
+            if not any(url.startswith("https://") for url in self.endpoints):
+                raise ConfigError("--upstream-ca-file is given but no --endpoint is an https:// URL")
+            check_ca_file(self.upstream_ca_file)

@@ -1,6 +1,6 @@
 """Run ``python -m asyncdp route`` as a real process for end-to-end tests, and always take it down.
 
-The router binds port 0 and its log line ``routing on http://HOST:PORT`` says where it listens: the helper waits for
+The router binds port 0 and its log line ``routing on http(s)://HOST:PORT`` says where it listens: the helper waits for
 that line under a deadline (failing with the log if the process exits first). :meth:`RouterProcess.stop` signals it
 and returns its exit code once it is gone; the context manager SIGKILLs whatever is left, so a failing test leaks
 nothing. The router has no children: its session (it leads one) must be empty once it exited.
@@ -24,7 +24,7 @@ import pytest
 from tests.e2e.conftest import ROOT
 
 READY_TIMEOUT_S = 30.0
-_READY = re.compile(r"routing on http://127\.0\.0\.1:(\d+) ")
+_READY = re.compile(r"routing on (https?)://127\.0\.0\.1:(\d+) ")
 
 
 @dataclass
@@ -32,10 +32,11 @@ class RouterProcess:
     process: subprocess.Popen[bytes]
     log_path: Path
     port: int = 0
+    scheme: str = "http"
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -60,7 +61,7 @@ def _wait_ready(router: RouterProcess) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if (m := _READY.search(router.log())) is not None:
-            router.port = int(m.group(1))
+            router.scheme, router.port = m.group(1), int(m.group(2))
             return
         try:  # the poll interval, and an early exit if the router died
             router.process.wait(timeout=0.1)
