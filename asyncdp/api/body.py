@@ -7,13 +7,30 @@ kernel answers the client's next segment with a reset, and the client sees a tra
 discarding every byte (nothing over the limit is held in memory), and raises ``RequestEntityTooLarge`` only
 once the client has finished sending, so the connection ends cleanly after the 413. ``BODY_TIMEOUT`` (Quart's
 deadline on reading a body) bounds how long a client can keep the server draining.
+
+A refusal that does not read the body (a 401 for a missing API key, the drain gate's 503) has the same problem:
+answered while a large body is still arriving, it reaches the client as a broken pipe or a reset, and a proxy in
+front (``asyncdp route``) turns that into a 502. ``discard_body`` reads and drops what the client still sends
+before such an answer, holding nothing, within the same deadline.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from werkzeug.exceptions import RequestEntityTooLarge
+
+
+async def discard_body(body: Any, timeout_s: float) -> None:
+    """Read the request's body to its end and drop it (a chunk at a time, nothing kept), for at most
+    ``timeout_s``; a body over the limit ends the same way."""
+    with anyio.move_on_after(timeout_s):
+        try:
+            async for _ in body:
+                pass
+        except RequestEntityTooLarge:
+            pass
 
 
 def draining_request_class(base: Any) -> Any:
