@@ -25,7 +25,7 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 from asyncdp.api import chat, completions, utility_routes
-from asyncdp.api.body import discard_body, draining_request_class
+from asyncdp.api.body import draining_request_class, read_rest_of_body
 from asyncdp.api.context import (
     DRAINING_MESSAGE,
     PAUSE_MODES,
@@ -124,14 +124,17 @@ def _install_hooks(app: Quart, state: AppState) -> None:
         if state.api_key is not None and request.path not in _OPEN_WITHOUT_KEY:
             auth = request.headers.get("Authorization", "")
             if not hmac.compare_digest(auth.encode(errors="replace"), f"Bearer {state.api_key}".encode()):
-                await discard_body(request.body, app.config["BODY_TIMEOUT"])  # or the client may not read it
                 denied = json_response(error_body(401, "Invalid or missing API key."), 401)
                 denied.headers["WWW-Authenticate"] = "Bearer"
                 return denied
         if state.draining and request.path not in _ALWAYS_OPEN:
-            await discard_body(request.body, app.config["BODY_TIMEOUT"])
             return json_response(error_body(503, DRAINING_MESSAGE), 503)
         return None
+
+    @app.after_request
+    async def _body_read(response: Response) -> Response:  # runs for every answer, refusals and errors too
+        await read_rest_of_body(request.body, app.config["BODY_TIMEOUT"])  # else the client may not read it
+        return response
 
     @app.errorhandler(Exception)
     async def _error(exc: Exception) -> Response:

@@ -8,10 +8,11 @@ discarding every byte (nothing over the limit is held in memory), and raises ``R
 once the client has finished sending, so the connection ends cleanly after the 413. ``BODY_TIMEOUT`` (Quart's
 deadline on reading a body) bounds how long a client can keep the server draining.
 
-A refusal that does not read the body (a 401 for a missing API key, the drain gate's 503) has the same problem:
-answered while a large body is still arriving, it reaches the client as a broken pipe or a reset, and a proxy in
-front (``asyncdp route``) turns that into a 502. ``discard_body`` reads and drops what the client still sends
-before such an answer, holding nothing, within the same deadline.
+Any answer sent before the body was read (a 401 for a missing API key, the drain gate's 503, a 404 or 405, a
+route that ignores its body) has the same problem: answered while a large body is still arriving, it reaches the
+client as a broken pipe or a reset, and a proxy in front (``asyncdp route``) turns that into a 502. An
+``after_request`` hook of the app (they run for every answer) calls ``read_rest_of_body``, which reads and drops what the client still sends before
+the answer goes out, holding nothing, within the same deadline; a body already read costs nothing.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import anyio
 from werkzeug.exceptions import RequestEntityTooLarge
 
 
-async def discard_body(body: Any, timeout_s: float) -> None:
-    """Read the request's body to its end and drop it (a chunk at a time, nothing kept), for at most
-    ``timeout_s``; a body over the limit ends the same way."""
+async def read_rest_of_body(body: Any, timeout_s: float) -> None:
+    """Read the rest of a request's body and drop it (a chunk at a time, nothing kept), for at most ``timeout_s``;
+    a body over the limit ends the same way. Nothing to do once the body has arrived whole."""
+    if body.arrived:
+        return
     with anyio.move_on_after(timeout_s):
         try:
             async for _ in body:
@@ -42,6 +45,7 @@ def draining_request_class(base: Any) -> Any:
             # Content-Length over the limit: drain it all the same, and raise once it has arrived.
             self.too_large = getattr(self, "_must_raise", None) is not None
             self._must_raise: Exception | None = None
+            self.arrived = False  # the client has sent all of it
 
         def append(self, data: bytes) -> None:
             if self.too_large or not data:
@@ -53,6 +57,7 @@ def draining_request_class(base: Any) -> Any:
                 self._data.clear()
 
         def set_complete(self) -> None:
+            self.arrived = True
             if self.too_large:
                 self._must_raise = RequestEntityTooLarge()
             super().set_complete()

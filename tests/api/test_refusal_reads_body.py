@@ -1,5 +1,5 @@
-"""A refusal answered before the body was read (the API key's 401, the drain gate's 503) still reaches a client
-that is sending a large body, and the connection stays usable.
+"""An answer sent before the body was read (the API key's 401, the drain gate's 503, a 404, a 405, a route that
+ignores its body) still reaches a client that is sending a large body, and the connection stays usable.
 
 Answered while the body is still arriving, the refusal was followed by the server closing a connection with unread
 data: the client's next write broke (a broken pipe or a reset), so it never read the answer, and ``asyncdp route``
@@ -21,11 +21,11 @@ BODY_BYTES = 4 << 20  # far more than the socket buffers hold: the server decide
 FIRST_BYTES = 1 << 20
 
 
-async def _post_then_reuse(srv: Server) -> tuple[bytes, bytes]:
+async def _post_then_reuse(srv: Server, path: str = "/v1/completions") -> tuple[bytes, bytes]:
     """POST a large body in two parts on one connection, read the answer, then ask /health on the same
     connection; returns the two answers' status lines."""
     host, port = srv.base_url.removeprefix("http://").rsplit(":", 1)
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {BODY_BYTES}\r\n\r\n").encode()
     with anyio.fail_after(20):
         async with await anyio.connect_tcp(host, int(port)) as conn:
@@ -61,3 +61,11 @@ async def test_the_drain_gates_503_reaches_a_client_still_sending_its_body() -> 
         set_draining(srv.app)
         first, _ = await _post_then_reuse(srv)
     assert first.startswith(b"HTTP/1.1 503")
+
+
+@pytest.mark.parametrize(("path", "status"), [("/v1/nothing", 404), ("/health", 405), ("/pause", 200)])
+async def test_an_answer_that_ignores_the_body_reaches_a_client_still_sending_it(path: str, status: int) -> None:
+    async with running() as srv:
+        first, second = await _post_then_reuse(srv, path)
+    assert first.startswith(f"HTTP/1.1 {status}".encode())
+    assert second.startswith(b"HTTP/1.1 200")
