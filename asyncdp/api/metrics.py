@@ -11,12 +11,20 @@ are summed (each request is counted by the one client that owns it); engine-stat
 (the engine sends its scheduler stats to one client per step, so the newest write wins); per-client gauges
 such as in-flight counts are summed over live processes. Without the directory, a private registry is used.
 
+"Newest" is by the engine's clock: each engine-state write carries the timestamp the rank stamped on the message
+(``set_engine_state(..., at=)``), not the time this process got round to it, so a stale report that one API process
+applies late (its event loop was busy) cannot override the newer one another process applied before it, and an
+idle rank's gauges read 0 on every scrape. Local events (a rank ready, a rank dead) are written just after the
+newest report this process applied for the rank.
+
 Cumulative engine counters (preemptions, prefix-cache queries/hits) are added as deltas: the caller passes
 what changed since the stats it last received, so sums over processes stay exact.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -64,6 +72,7 @@ class Metrics:
         # Metrics register into a private registry: several Metrics objects may live in one process (tests).
         self._registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[int, int | str, tuple[str, ...]], Any] = {}
+        self._newest_at: dict[int | str, float] = {}  # per engine: the engine time of the newest state written
         r = self._registry
 
         def gauge(name: str, doc: str, mode: Any = "mostrecent", labels: Iterable[str] = _E) -> Gauge:
@@ -180,10 +189,26 @@ class Metrics:
             self._c(self.request_inference_time, engine).observe(prefill_s + decode_s)
 
     # ------------------------------------------------------------------ engine state
-    def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float) -> None:
-        self._c(self.num_requests_running, engine).set(running)
-        self._c(self.num_requests_waiting, engine).set(waiting)
-        self._c(self.kv_cache_usage_perc, engine).set(kv_usage)
+    def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float,
+                         at: float | None = None) -> None:
+        """The rank's state as of ``at``: the engine's clock, stamped on the report (None: now, on this clock)."""
+        at = self._state_time(engine, at)
+        _set_at(self._c(self.num_requests_running, engine), running, at)
+        _set_at(self._c(self.num_requests_waiting, engine), waiting, at)
+        _set_at(self._c(self.kv_cache_usage_perc, engine), kv_usage, at)
+
+    def _state_time(self, engine: int | str, at: float | None) -> float:
+        if at is None:
+            return time.time()
+        if at > self._newest_at.get(engine, 0.0):
+            self._newest_at[engine] = at
+        return at
+
+    def _after_newest(self, engine: int | str) -> float:
+        """The time of a local event (the rank ready, or dead): just after the newest report this process applied
+        for the rank, so it beats every one of them and loses to any later report, from whichever process (a
+        timestamp on this process's clock could lose to a report stamped by a rank whose clock runs ahead)."""
+        return math.nextafter(max(self._newest_at.get(engine, 0.0), 1.0), math.inf)
 
     def add_engine_counters(
         self, engine: int | str, *, preemptions: int = 0, prefix_cache_queries: int = 0, prefix_cache_hits: int = 0,
@@ -203,9 +228,9 @@ class Metrics:
         """Create the engine's series at 0 once it is ready, as vLLM does for each engine: an idle rank's gauges
         read 0 instead of no data, and the first requests are not lost to ``rate()``, which needs a sample before
         the first increment. A MoE rank gets its wave gauges and counters too."""
-        self.set_engine_state(engine, 0, 0, 0.0)
+        self.set_engine_state(engine, 0, 0, 0.0, at=self._after_newest(engine))
         if is_moe:
-            self.set_wave(engine, 0, False)
+            self.set_wave(engine, 0, False, at=self._after_newest(engine))
             self._c(self.dp_waves_completed, engine)
             self._c(self.dp_dummy_steps, engine)
         self.set_inflight(engine, 0)
@@ -220,11 +245,12 @@ class Metrics:
 
     def clear_engine_state(self, engine: int | str, *, is_moe: bool = True) -> None:
         """A dead rank runs nothing: zero its state and (MoE) wave gauges, which would otherwise stay frozen at its
-        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept). A dense
-        rank never had wave gauges: none are created for it."""
-        self.set_engine_state(engine, 0, 0, 0.0)
+        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept; every
+        API process clears, so the one that applied the rank's newest report writes the newest 0). A dense rank
+        never had wave gauges: none are created for it."""
+        self.set_engine_state(engine, 0, 0, 0.0, at=self._after_newest(engine))
         if is_moe:
-            self.set_wave(engine, 0, False)
+            self.set_wave(engine, 0, False, at=self._after_newest(engine))
 
     # ------------------------------------------------------------------ DP
     def inc_lb_decision(self, engine: int | str, reason: str) -> None:
@@ -247,9 +273,11 @@ class Metrics:
         page shows the age this process sees, as its ``/server_info`` does."""
         self._before_render.append(refresh)
 
-    def set_wave(self, engine: int | str, wave: int, running: bool) -> None:
-        self._c(self.dp_wave, engine).set(wave)
-        self._c(self.dp_running, engine).set(1 if running else 0)
+    def set_wave(self, engine: int | str, wave: int, running: bool, at: float | None = None) -> None:
+        """The rank's wave as of ``at``, as in :meth:`set_engine_state`."""
+        at = self._state_time(engine, at)
+        _set_at(self._c(self.dp_wave, engine), wave, at)
+        _set_at(self._c(self.dp_running, engine), 1 if running else 0, at)
 
     def inc_waves_completed(self, engine: int | str, n: int = 1) -> None:
         self._c(self.dp_waves_completed, engine).inc(n)
@@ -267,6 +295,13 @@ class Metrics:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=self.multiproc_dir)
         return generate_latest(registry)
+
+
+def _set_at(gauge: Any, value: float, at: float) -> None:
+    """Set a "mostrecent" gauge child with the timestamp ``at`` instead of the time of the call, which
+    ``Gauge.set`` would take: multiprocess mode shows the value with the newest timestamp over all processes.
+    (``_value`` is prometheus_client's value object; its ``set`` takes the timestamp, a private seam since 0.17.)"""
+    gauge._value.set(float(value), timestamp=at)
 
 
 def _multiprocess_values_enabled() -> bool:

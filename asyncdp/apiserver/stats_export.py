@@ -1,9 +1,10 @@
 """What the DP client exports to ``/metrics`` from the engines' outputs: per-rank gauges, token counts and
 per-token latencies as tokens arrive, and request metrics for the requests that finished with an answer.
 
-Gauges are set; counters arrive as deltas since the rank last attached stats to any client (see
-``SchedulerStats``), so adding them here keeps the sum over API processes exact. Plain functions over a
-:class:`asyncdp.api.metrics.Metrics`; the client calls them and owns nothing else here.
+Gauges are set as of the engine's timestamp on the message (several API processes apply a rank's reports in no
+agreed order: the newest by the rank's clock must win); counters arrive as deltas since the rank last attached
+stats to any client (see ``SchedulerStats``), so adding them here keeps the sum over API processes exact. Plain
+functions over a :class:`asyncdp.api.metrics.Metrics`; the client calls them and owns nothing else here.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from asyncdp import messages as m
 from asyncdp.apiserver.request_stream import RequestStream
 
 
-def export_scheduler_stats(metrics: Any, rank: int, s: m.SchedulerStats, is_moe: bool) -> None:
-    metrics.set_engine_state(rank, s.num_running, s.num_waiting, s.kv_cache_usage)
+def export_scheduler_stats(metrics: Any, rank: int, s: m.SchedulerStats, is_moe: bool, at: float) -> None:
+    """``at``: the engine's timestamp on the message that carried ``s``."""
+    metrics.set_engine_state(rank, s.num_running, s.num_waiting, s.kv_cache_usage, at=at)
     metrics.add_engine_counters(rank, preemptions=s.num_preemptions, prefix_cache_queries=s.prefix_cache_queries,
                                 prefix_cache_hits=s.prefix_cache_hits)
     if is_moe:
-        metrics.set_wave(rank, s.wave, s.wave_running)
+        metrics.set_wave(rank, s.wave, s.wave_running, at=at)
         if s.num_dummy_steps:
             metrics.add_dummy_steps(rank, s.num_dummy_steps)
         if s.waves_completed:
