@@ -93,7 +93,7 @@ class DPClient:
         self._num_drained = 0  # requests completed since begin_shutdown
         self.current_wave = 0
         self.wave_running = False
-        self._load = LoadView(cfg.managed_ranks)  # GET /load
+        self._load = LoadView(cfg.managed_ranks, is_moe=cfg.is_moe)  # GET /load
         self._events = EngineEvents(self.lb, self._requests, self._utility, self._load, metrics, is_moe=cfg.is_moe,
                                     release=self._release, abandoned=self._abandoned, on_wave=self._on_wave)
         self._links = EngineLinks(cfg.managed_ranks, cfg.client_index, on_ready=self._on_engine_ready,
