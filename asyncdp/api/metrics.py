@@ -53,9 +53,13 @@ _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 
 # vLLM's 1-2-5 series for token counts (vLLM stops at max_model_len; the buckets above it stay empty).
 _TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))
+_ITERATION_TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
+_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
 
 _E = ("model_name", "engine")
-FINISHED_REASONS = ("stop", "length", "abort")  # the ``finished_reason`` values a request can succeed with
+# The ``finished_reason`` values of ``vllm:request_success_total`` (vLLM's FinishReason that asyncdp's engine
+# produces; ``error``: a structured-output grammar that failed mid-generation).
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 
 class Metrics:
@@ -105,6 +109,14 @@ class Metrics:
                                             _LATENCY_BUCKETS)
         self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
                                                _TOKEN_BUCKETS)
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                          _ITERATION_TOKEN_BUCKETS)
+        self.request_max_num_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+            _TOKEN_BUCKETS)
+        self.request_params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", _N_BUCKETS)
+        self.request_params_max_tokens = histogram("vllm:request_params_max_tokens",
+                                                   "Histogram of the max_tokens request parameter.", _TOKEN_BUCKETS)
         self.request_generation_tokens = histogram("vllm:request_generation_tokens",
                                                    "Number of generation tokens processed.", _TOKEN_BUCKETS)
         self.request_time_per_output_token = histogram("vllm:request_time_per_output_token_seconds",
@@ -157,6 +169,11 @@ class Metrics:
         if generation_tokens:
             self._c(self.generation_tokens, engine).inc(generation_tokens)
 
+    def record_iteration_tokens(self, engine: int | str, num_tokens: int) -> None:
+        """One engine step's output to this client: the prompt tokens of the requests that got their first token
+        in it plus the tokens generated (vLLM observes each output batch it processes)."""
+        self._c(self.iteration_tokens, engine).observe(num_tokens)
+
     def record_first_token(self, engine: int | str, ttft_s: float) -> None:
         self._c(self.time_to_first_token, engine).observe(ttft_s)
 
@@ -169,13 +186,17 @@ class Metrics:
     def record_request_finished(
         self, engine: int | str, finished_reason: str, e2e_s: float, queue_s: float | None = None, *,
         prompt_tokens: int = 0, generation_tokens: int = 0, decode_s: float = 0.0, prefill_s: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
-        """Count one request that finished with an answer (``stop``, ``length``, or ``abort`` by an operator's
-        pause) on the engine that owned it, with its sizes and phases as vLLM observes them (``decode_s``: first
+        """Count one request its engine finished (``stop``, ``length``, ``abort`` by an operator's pause, or
+        ``error``) on the engine that owned it, with its sizes and phases as vLLM observes them (``decode_s``: first
         to last token; its mean time per output token is 0 with fewer than two tokens; ``prefill_s``: first
-        scheduled to first token, when known; the running phase is prefill plus decode). A refused or failed
-        request, or one whose caller left, is not counted here (vLLM's ``request_success`` does not count them)."""
+        scheduled to first token, when known; the running phase is prefill plus decode; ``max_tokens``: the
+        request's limit, as vLLM resolves it). A request refused at admission, or one whose caller left, is not
+        counted here (vLLM's ``request_success`` does not count them)."""
         self._c(self.request_success, engine, finished_reason).inc()
+        if max_tokens:
+            self._c(self.request_params_max_tokens, engine).observe(max_tokens)
         self._c(self.e2e_request_latency, engine).observe(e2e_s)
         if queue_s is not None:
             self._c(self.request_queue_time, engine).observe(queue_s)
@@ -187,6 +208,11 @@ class Metrics:
         if prefill_s is not None:
             self._c(self.request_prefill_time, engine).observe(prefill_s)
             self._c(self.request_inference_time, engine).observe(prefill_s + decode_s)
+
+    def record_sequence_group(self, engine: int | str, n: int, max_generation_tokens: int) -> None:
+        """The sequences of one prompt all finished (vLLM's parent request): its ``n`` and its longest output."""
+        self._c(self.request_params_n, engine).observe(n)
+        self._c(self.request_max_num_generation_tokens, engine).observe(max_generation_tokens)
 
     # ------------------------------------------------------------------ engine state
     def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float,
@@ -240,7 +266,8 @@ class Metrics:
                        self.prefix_cache_hits, self.time_to_first_token, self.inter_token_latency,
                        self.e2e_request_latency, self.request_queue_time, self.request_prompt_tokens,
                        self.request_generation_tokens, self.request_time_per_output_token, self.request_decode_time,
-                       self.request_prefill_time, self.request_inference_time):
+                       self.request_prefill_time, self.request_inference_time, self.iteration_tokens,
+                       self.request_max_num_generation_tokens, self.request_params_n, self.request_params_max_tokens):
             self._c(metric, engine)
 
     def clear_engine_state(self, engine: int | str, *, is_moe: bool = True) -> None:
