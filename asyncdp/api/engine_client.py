@@ -26,6 +26,25 @@ class RankHint:
     global_rank: int | None = None
 
 
+@dataclass(slots=True)
+class SequenceGroup:
+    """The sequences one prompt of an HTTP request runs when it asks for several (``n``, ``best_of``): vLLM's
+    parent request. The client observes the group's ``vllm:request_params_n`` and
+    ``vllm:request_max_num_generation_tokens`` once its last sequence finishes; a sequence given no group is a
+    group of one."""
+
+    n: int  # the request's n
+    num_sequences: int  # the sequences it runs (n, or best_of)
+    num_finished: int = 0
+    max_generation_tokens: int = 0
+
+    def finish(self, num_generation_tokens: int) -> bool:
+        """One sequence finished with ``num_generation_tokens``; True when it was the group's last."""
+        self.num_finished += 1
+        self.max_generation_tokens = max(self.max_generation_tokens, num_generation_tokens)
+        return self.num_finished == self.num_sequences
+
+
 class Admission(Protocol):
     """Slots reserved for the sequences of one HTTP request (prompts x n), taken all at once (issue: a request
     whose sequences do not all fit is refused whole, and nothing stays reserved)."""
@@ -59,11 +78,13 @@ class EngineClient(Protocol):
         rank_hint: RankHint | None = None,
         admission: Admission | None = None,
         routing_key: str | None = None,
+        group: SequenceGroup | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Submit one request and yield its output deltas until one has ``finished=True``.
 
         With ``admission`` the request takes one of its reserved slots instead of being admitted on its own.
         ``routing_key`` is the request's session key (a conversation, a user), for the balancer's policy.
+        ``group``: the sequences of its prompt, when the request is one of several (metrics only).
         Raises before the first yield: ``InvalidRequestError`` (rank hint out of range, E2/E3; prompt too long),
         ``QueueFullError`` (admission limit), ``UnavailableError`` (no rank can serve, shutting down).
         Raises while iterating: ``EngineDeadError`` when the owning rank dies, ``ShuttingDownError`` when the

@@ -26,7 +26,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from asyncdp.api.engine_client import Admission, EngineClient, RankHint
+from asyncdp.api.engine_client import Admission, EngineClient, RankHint, SequenceGroup
 from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams
 
@@ -42,6 +42,7 @@ class Sequence:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    group: SequenceGroup | None = None  # the prompt's sequences, when it runs several (n, best_of)
 
 
 class Fanout:
@@ -70,7 +71,7 @@ class Fanout:
             if scope.cancel_called:  # closed before this task first ran: the admission may be released
                 return
             outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint,
-                                      admission=admission, routing_key=routing_key)
+                                      admission=admission, routing_key=routing_key, group=seq.group)
             try:
                 try:
                     async for out in outputs:

@@ -22,6 +22,7 @@ import msgspec
 from quart import Response
 
 from asyncdp.api.context import AppState
+from asyncdp.api.engine_client import SequenceGroup
 from asyncdp.api.errors import status_and_body
 from asyncdp.api.fanout import Fanout, Item, Sequence, collect_one
 from asyncdp.api.openai_format import Choice
@@ -75,12 +76,13 @@ def check_num_sequences(num_prompts: int, n: int, best_of: int | None, stream: b
 def sequences(base_id: str, prompt_ids: list[list[int]], params: SamplingParams, per_prompt: int) -> list[Sequence]:
     seqs = []
     for p, ids in enumerate(prompt_ids):
+        group = None if per_prompt == 1 else SequenceGroup(params.n, per_prompt)  # (metrics: vLLM's parent)
         for i in range(per_prompt):
             if per_prompt == 1:  # the sequence's params are the request's (seed + 0); frozen, so shared safely
                 one = params
             else:
                 one = msgspec.structs.replace(params, n=1, seed=sample_seed(params.seed, i))
-            seqs.append(Sequence(p * per_prompt + i, f"{base_id}-{p}-{i}", ids, one))
+            seqs.append(Sequence(p * per_prompt + i, f"{base_id}-{p}-{i}", ids, one, group))
     return seqs
 
 

@@ -11,12 +11,20 @@ are summed (each request is counted by the one client that owns it); engine-stat
 (the engine sends its scheduler stats to one client per step, so the newest write wins); per-client gauges
 such as in-flight counts are summed over live processes. Without the directory, a private registry is used.
 
+"Newest" is by the engine's clock: each engine-state write carries the timestamp the rank stamped on the message
+(``set_engine_state(..., at=)``), not the time this process got round to it, so a stale report that one API process
+applies late (its event loop was busy) cannot override the newer one another process applied before it, and an
+idle rank's gauges read 0 on every scrape. Local events (a rank ready, a rank dead) are written just after the
+newest report this process applied for the rank.
+
 Cumulative engine counters (preemptions, prefix-cache queries/hits) are added as deltas: the caller passes
 what changed since the stats it last received, so sums over processes stay exact.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,9 +53,13 @@ _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 
 # vLLM's 1-2-5 series for token counts (vLLM stops at max_model_len; the buckets above it stay empty).
 _TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))
+_ITERATION_TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
+_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
 
 _E = ("model_name", "engine")
-FINISHED_REASONS = ("stop", "length", "abort")  # the ``finished_reason`` values a request can succeed with
+# The ``finished_reason`` values of ``vllm:request_success_total`` (vLLM's FinishReason that asyncdp's engine
+# produces; ``error``: a structured-output grammar that failed mid-generation).
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 
 class Metrics:
@@ -64,6 +76,7 @@ class Metrics:
         # Metrics register into a private registry: several Metrics objects may live in one process (tests).
         self._registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[int, int | str, tuple[str, ...]], Any] = {}
+        self._newest_at: dict[int | str, float] = {}  # per engine: the engine time of the newest state written
         r = self._registry
 
         def gauge(name: str, doc: str, mode: Any = "mostrecent", labels: Iterable[str] = _E) -> Gauge:
@@ -96,6 +109,14 @@ class Metrics:
                                             _LATENCY_BUCKETS)
         self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
                                                _TOKEN_BUCKETS)
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                          _ITERATION_TOKEN_BUCKETS)
+        self.request_max_num_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+            _TOKEN_BUCKETS)
+        self.request_params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", _N_BUCKETS)
+        self.request_params_max_tokens = histogram("vllm:request_params_max_tokens",
+                                                   "Histogram of the max_tokens request parameter.", _TOKEN_BUCKETS)
         self.request_generation_tokens = histogram("vllm:request_generation_tokens",
                                                    "Number of generation tokens processed.", _TOKEN_BUCKETS)
         self.request_time_per_output_token = histogram("vllm:request_time_per_output_token_seconds",
@@ -148,6 +169,11 @@ class Metrics:
         if generation_tokens:
             self._c(self.generation_tokens, engine).inc(generation_tokens)
 
+    def record_iteration_tokens(self, engine: int | str, num_tokens: int) -> None:
+        """One engine step's output to this client: the prompt tokens of the requests that got their first token
+        in it plus the tokens generated (vLLM observes each output batch it processes)."""
+        self._c(self.iteration_tokens, engine).observe(num_tokens)
+
     def record_first_token(self, engine: int | str, ttft_s: float) -> None:
         self._c(self.time_to_first_token, engine).observe(ttft_s)
 
@@ -160,13 +186,17 @@ class Metrics:
     def record_request_finished(
         self, engine: int | str, finished_reason: str, e2e_s: float, queue_s: float | None = None, *,
         prompt_tokens: int = 0, generation_tokens: int = 0, decode_s: float = 0.0, prefill_s: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
-        """Count one request that finished with an answer (``stop``, ``length``, or ``abort`` by an operator's
-        pause) on the engine that owned it, with its sizes and phases as vLLM observes them (``decode_s``: first
+        """Count one request its engine finished (``stop``, ``length``, ``abort`` by an operator's pause, or
+        ``error``) on the engine that owned it, with its sizes and phases as vLLM observes them (``decode_s``: first
         to last token; its mean time per output token is 0 with fewer than two tokens; ``prefill_s``: first
-        scheduled to first token, when known; the running phase is prefill plus decode). A refused or failed
-        request, or one whose caller left, is not counted here (vLLM's ``request_success`` does not count them)."""
+        scheduled to first token, when known; the running phase is prefill plus decode; ``max_tokens``: the
+        request's limit, as vLLM resolves it). A request refused at admission, or one whose caller left, is not
+        counted here (vLLM's ``request_success`` does not count them)."""
         self._c(self.request_success, engine, finished_reason).inc()
+        if max_tokens:
+            self._c(self.request_params_max_tokens, engine).observe(max_tokens)
         self._c(self.e2e_request_latency, engine).observe(e2e_s)
         if queue_s is not None:
             self._c(self.request_queue_time, engine).observe(queue_s)
@@ -179,11 +209,32 @@ class Metrics:
             self._c(self.request_prefill_time, engine).observe(prefill_s)
             self._c(self.request_inference_time, engine).observe(prefill_s + decode_s)
 
+    def record_sequence_group(self, engine: int | str, n: int, max_generation_tokens: int) -> None:
+        """The sequences of one prompt all finished (vLLM's parent request): its ``n`` and its longest output."""
+        self._c(self.request_params_n, engine).observe(n)
+        self._c(self.request_max_num_generation_tokens, engine).observe(max_generation_tokens)
+
     # ------------------------------------------------------------------ engine state
-    def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float) -> None:
-        self._c(self.num_requests_running, engine).set(running)
-        self._c(self.num_requests_waiting, engine).set(waiting)
-        self._c(self.kv_cache_usage_perc, engine).set(kv_usage)
+    def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float,
+                         at: float | None = None) -> None:
+        """The rank's state as of ``at``: the engine's clock, stamped on the report (None: now, on this clock)."""
+        at = self._state_time(engine, at)
+        _set_at(self._c(self.num_requests_running, engine), running, at)
+        _set_at(self._c(self.num_requests_waiting, engine), waiting, at)
+        _set_at(self._c(self.kv_cache_usage_perc, engine), kv_usage, at)
+
+    def _state_time(self, engine: int | str, at: float | None) -> float:
+        if at is None:
+            return time.time()
+        if at > self._newest_at.get(engine, 0.0):
+            self._newest_at[engine] = at
+        return at
+
+    def _after_newest(self, engine: int | str) -> float:
+        """The time of a local event (the rank ready, or dead): just after the newest report this process applied
+        for the rank, so it beats every one of them and loses to any later report, from whichever process (a
+        timestamp on this process's clock could lose to a report stamped by a rank whose clock runs ahead)."""
+        return math.nextafter(max(self._newest_at.get(engine, 0.0), 1.0), math.inf)
 
     def add_engine_counters(
         self, engine: int | str, *, preemptions: int = 0, prefix_cache_queries: int = 0, prefix_cache_hits: int = 0,
@@ -203,9 +254,9 @@ class Metrics:
         """Create the engine's series at 0 once it is ready, as vLLM does for each engine: an idle rank's gauges
         read 0 instead of no data, and the first requests are not lost to ``rate()``, which needs a sample before
         the first increment. A MoE rank gets its wave gauges and counters too."""
-        self.set_engine_state(engine, 0, 0, 0.0)
+        self.set_engine_state(engine, 0, 0, 0.0, at=self._after_newest(engine))
         if is_moe:
-            self.set_wave(engine, 0, False)
+            self.set_wave(engine, 0, False, at=self._after_newest(engine))
             self._c(self.dp_waves_completed, engine)
             self._c(self.dp_dummy_steps, engine)
         self.set_inflight(engine, 0)
@@ -215,16 +266,18 @@ class Metrics:
                        self.prefix_cache_hits, self.time_to_first_token, self.inter_token_latency,
                        self.e2e_request_latency, self.request_queue_time, self.request_prompt_tokens,
                        self.request_generation_tokens, self.request_time_per_output_token, self.request_decode_time,
-                       self.request_prefill_time, self.request_inference_time):
+                       self.request_prefill_time, self.request_inference_time, self.iteration_tokens,
+                       self.request_max_num_generation_tokens, self.request_params_n, self.request_params_max_tokens):
             self._c(metric, engine)
 
     def clear_engine_state(self, engine: int | str, *, is_moe: bool = True) -> None:
         """A dead rank runs nothing: zero its state and (MoE) wave gauges, which would otherwise stay frozen at its
-        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept). A dense
-        rank never had wave gauges: none are created for it."""
-        self.set_engine_state(engine, 0, 0, 0.0)
+        last report (zeroed rather than removed: in multiprocess mode every process's last write is kept; every
+        API process clears, so the one that applied the rank's newest report writes the newest 0). A dense rank
+        never had wave gauges: none are created for it."""
+        self.set_engine_state(engine, 0, 0, 0.0, at=self._after_newest(engine))
         if is_moe:
-            self.set_wave(engine, 0, False)
+            self.set_wave(engine, 0, False, at=self._after_newest(engine))
 
     # ------------------------------------------------------------------ DP
     def inc_lb_decision(self, engine: int | str, reason: str) -> None:
@@ -247,9 +300,11 @@ class Metrics:
         page shows the age this process sees, as its ``/server_info`` does."""
         self._before_render.append(refresh)
 
-    def set_wave(self, engine: int | str, wave: int, running: bool) -> None:
-        self._c(self.dp_wave, engine).set(wave)
-        self._c(self.dp_running, engine).set(1 if running else 0)
+    def set_wave(self, engine: int | str, wave: int, running: bool, at: float | None = None) -> None:
+        """The rank's wave as of ``at``, as in :meth:`set_engine_state`."""
+        at = self._state_time(engine, at)
+        _set_at(self._c(self.dp_wave, engine), wave, at)
+        _set_at(self._c(self.dp_running, engine), 1 if running else 0, at)
 
     def inc_waves_completed(self, engine: int | str, n: int = 1) -> None:
         self._c(self.dp_waves_completed, engine).inc(n)
@@ -267,6 +322,13 @@ class Metrics:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=self.multiproc_dir)
         return generate_latest(registry)
+
+
+def _set_at(gauge: Any, value: float, at: float) -> None:
+    """Set a "mostrecent" gauge child with the timestamp ``at`` instead of the time of the call, which
+    ``Gauge.set`` would take: multiprocess mode shows the value with the newest timestamp over all processes.
+    (``_value`` is prometheus_client's value object; its ``set`` takes the timestamp, a private seam since 0.17.)"""
+    gauge._value.set(float(value), timestamp=at)
 
 
 def _multiprocess_values_enabled() -> bool:

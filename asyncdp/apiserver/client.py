@@ -49,7 +49,7 @@ import anyio.abc
 import msgspec
 
 from asyncdp import messages as m
-from asyncdp.api.engine_client import Admission, RankHint
+from asyncdp.api.engine_client import Admission, RankHint, SequenceGroup
 from asyncdp.apiserver.admission import AdmissionSlots, ClientAdmission
 from asyncdp.apiserver.client_config import ClientConfig
 from asyncdp.apiserver.coordinator_follower import CoordinatorFollower
@@ -93,7 +93,7 @@ class DPClient:
         self._num_drained = 0  # requests completed since begin_shutdown
         self.current_wave = 0
         self.wave_running = False
-        self._load = LoadView(cfg.managed_ranks)  # GET /load
+        self._load = LoadView(cfg.managed_ranks, is_moe=cfg.is_moe)  # GET /load
         self._events = EngineEvents(self.lb, self._requests, self._utility, self._load, metrics, is_moe=cfg.is_moe,
                                     release=self._release, abandoned=self._abandoned, on_wave=self._on_wave)
         self._links = EngineLinks(cfg.managed_ranks, cfg.client_index, on_ready=self._on_engine_ready,
@@ -223,6 +223,7 @@ class DPClient:
         rank_hint: RankHint | None = None,
         admission: Admission | None = None,
         routing_key: str | None = None,
+        group: SequenceGroup | None = None,
     ) -> AsyncGenerator[m.RequestOutput, None]:
         arrival = time.monotonic()  # TTFT and e2e start here: the directory's answer is part of the caller's wait
         # A new prefix among several API servers: the coordinator says where it goes (before the slot is taken).
@@ -237,7 +238,8 @@ class DPClient:
         else:
             self._check_can_admit()
         dp_rank, engine = self._route(request_id, prompt_token_ids, params, rank_hint, directed, routing_key)
-        req = RequestStream(request_id, arrival, len(prompt_token_ids))
+        req = RequestStream(request_id, arrival, len(prompt_token_ids), group=group,
+                            max_tokens=params.max_tokens or self.cfg.max_model_len - len(prompt_token_ids))
         self._requests[request_id] = req
         self._slots.publish()  # the slot moved from "reserved" to this request: the node sees it again
         self._update_inflight_metric(dp_rank)

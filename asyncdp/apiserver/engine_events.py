@@ -72,7 +72,7 @@ class EngineEvents:
         if msg.scheduler_stats is not None:
             self._load.on_scheduler_stats(msg.dp_rank, msg.scheduler_stats, now)
             if self._metrics is not None:
-                export_scheduler_stats(self._metrics, msg.dp_rank, msg.scheduler_stats, self._is_moe)
+                export_scheduler_stats(self._metrics, msg.dp_rank, msg.scheduler_stats, self._is_moe, msg.timestamp)
 
     def on_dead(self, rank: int, reason: str) -> None:
         if self._abandoned() is None:  # (a rank that stopped in order was out of the balancer already)

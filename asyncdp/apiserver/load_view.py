@@ -8,10 +8,14 @@ managed rank, the newest of two sources and when it arrived:
 
 * the coordinator's ``StatsSnapshot`` (``[waiting, running, kv_cache_usage]`` of every rank and their prompt
   tokens still to compute, the same numbers the balancer reads; absent in external mode, where engines send no
-  ``RankStats``);
+  ``RankStats``; and, MoE, the group's wave and whether it runs, which every rank of the lockstep group shares);
 * the engine's own ``SchedulerStats``, attached to its outputs (waiting, running, KV usage, prompt tokens still to
   compute, the prefix-cache counters, the rank's wave and whether it steps). The counters arrive as deltas and are summed here, so with
   several API processes on a node each one reports the share its own outputs carried.
+
+A rank attaches its stats to one API process's messages at a time, and a wave's end reaches only one of them that
+way (the rank has no output left to carry it): the coordinator's snapshot, which every API process follows,
+brings the wave's end to the others, so no ``/load`` keeps a finished wave running.
 
 Every update bumps ``seq`` (monotonic for the life of the API process), so a poller sees at once whether anything
 changed; ``age_s`` is the age of the newest data. :meth:`LoadView.document` builds the JSON from the state with
@@ -45,6 +49,7 @@ class _RankLoad:
 @dataclass
 class LoadView:
     managed_ranks: tuple[int, ...]
+    is_moe: bool = False  # the snapshots' wave applies to every rank (lockstep); dense ranks have none
     seq: int = 0
     coordinator_seq: int | None = None
     coordinator_at: float | None = None
@@ -54,10 +59,14 @@ class LoadView:
         self.ranks = {r: _RankLoad() for r in self.managed_ranks}
 
     def on_snapshot(self, snap: m.StatsSnapshot, now: float) -> None:
-        """A coordinator snapshot: the managed ranks' counts (all N ranks come, in global order)."""
+        """A coordinator snapshot: the managed ranks' counts (all N ranks come, in global order) and, MoE, the
+        group's wave."""
         self.seq += 1
         self.coordinator_seq = snap.seq
         self.coordinator_at = now
+        if self.is_moe:
+            for load in self.ranks.values():
+                load.wave, load.wave_running = snap.wave, snap.running
         if snap.counts is None:
             return
         for rank, load in self.ranks.items():

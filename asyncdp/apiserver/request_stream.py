@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from asyncdp import messages as m
+from asyncdp.api.engine_client import SequenceGroup
 from asyncdp.dp.balance import LoadBalancer
 from asyncdp.errors import InvalidRequestError, ShuttingDownError, UnavailableError
 
@@ -35,8 +36,16 @@ class RequestStream:
     last_token_at: float | None = None
     num_generated: int = 0
     queue_s: float | None = None  # the engine's queue time (seconds waiting before first scheduled)
+    max_tokens: int | None = None  # the request's limit, as vLLM resolves it (None: up to max_model_len)
+    group: SequenceGroup | None = None  # the sequences of its prompt, when it is one of several (n, best_of)
 
     def post(self, out: m.RequestOutput, now: float) -> None:
+        self.note(out, now)
+        self.pending.append(out)
+        self.changed.set()
+
+    def note(self, out: m.RequestOutput, now: float) -> None:
+        """Keep what the metrics need of an output (its tokens, timings and finish reason), without yielding it."""
         n = len(out.new_token_ids)
         if n:
             if self.first_token_at is None:
@@ -47,8 +56,6 @@ class RequestStream:
             self.queue_s = out.queue_time_s
         if out.finished:
             self.finish_reason = out.finish_reason
-        self.pending.append(out)
-        self.changed.set()
 
     @property
     def completed(self) -> bool:
@@ -94,6 +101,7 @@ def apply_outputs(requests: dict[str, RequestStream], msg: m.EngineOutputs, now:
         elif out.error_type == "abandoned":
             req.post(out, now)  # the caller asked for the abort and has left: a normal end
         elif out.error_type is not None:  # refused or failed by the engine: an error status, not an answer
+            req.note(out, now)  # "error": the engine ran it and failed it, which the metrics count (as vLLM)
             req.fail(rejection(out))
         elif out.finish_reason == "abort" and abandoned is not None and not req.client_abort:
             req.fail(ShuttingDownError(f"the request was abandoned: {abandoned}"))

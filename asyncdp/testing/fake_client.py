@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from asyncdp.api.engine_client import Admission, RankHint
+from asyncdp.api.engine_client import Admission, RankHint, SequenceGroup
 from asyncdp.api.metrics import Metrics
 from asyncdp.dp.hints import resolve_rank_hint
 from asyncdp.errors import (
@@ -167,6 +167,7 @@ class FakeEngineClient:
         rank_hint: RankHint | None = None,
         admission: Admission | None = None,
         routing_key: str | None = None,
+        group: SequenceGroup | None = None,
     ) -> AsyncIterator[RequestOutput]:
         # Checks run at the first __anext__, before the first yield, as in the real client.
         self.routing_keys[request_id] = routing_key

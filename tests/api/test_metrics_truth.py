@@ -1,8 +1,8 @@
 """What the DP client counts in ``/metrics`` for each way a request can end, against what really happened.
 
 vLLM's semantics: ``vllm:request_success_total`` and the per-request histograms (e2e latency, queue time) count
-requests that finished with an answer; a request refused or failed by the engine, or one whose caller left, is not
-a success. Token counters and the per-token histograms (TTFT, inter-token latency) count the work as it is
+requests their engine finished: with an answer, or failed mid-generation (``finished_reason="error"``); a request
+refused at admission, or one whose caller left, is not counted. Token counters and the per-token histograms (TTFT, inter-token latency) count the work as it is
 delivered, so a request that never finishes still shows the tokens it got and a long one shows up before its end.
 
 The streams need an event loop (their events are anyio's), hence async tests that await nothing.
@@ -66,13 +66,13 @@ async def test_request_the_engine_refused_is_not_counted_as_a_success() -> None:
 
 
 @pytest.mark.anyio
-async def test_request_failed_mid_generation_is_not_a_success_but_its_tokens_count() -> None:
+async def test_request_failed_mid_generation_counts_under_error_with_its_tokens() -> None:
     c = client()
     start(c, "r", num_prompt_tokens=7)
     c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[1, 2])))
     c._events.on_outputs(frame(m.RequestOutput(request_id="r", new_token_ids=[3], finished=True,
                                                finish_reason="error", error_type="invalid_request", error="grammar")))
-    assert successes(c.metrics) == 0
+    assert successes(c.metrics) == value(c.metrics, "vllm:request_success_total", reason="error") == 1  # as vLLM
     assert value(c.metrics, "vllm:prompt_tokens_total") == 7
     assert value(c.metrics, "vllm:generation_tokens_total") == 3
 
