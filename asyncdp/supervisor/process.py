@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 from collections.abc import Sequence
 
@@ -256,7 +257,7 @@ def run_supervisor(config: ResolvedServeConfig, argv: list[str], *, resolve_args
     ``resolve_args`` (the CLI's parser: arguments and environment -> resolved config) runs pass 2 on every
     child's derived arguments before anything starts (:func:`~asyncdp.supervisor.derive.check_child_commands`);
     its ConfigError propagates to the caller."""
-    commands = child_commands(argv, config.deployment)
+    commands = child_commands(argv, config.deployment, cpu_count=os.cpu_count())
     if resolve_args is not None:
         check_child_commands(commands, resolve_args)
     return run_children(commands, SupervisorSettings.from_config(config))
