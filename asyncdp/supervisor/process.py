@@ -245,6 +245,8 @@ async def supervise(commands: Sequence[ChildCommand], settings: SupervisorSettin
                        child_codes=[c.returncode for c in sup.children])
     bad = [f"{c.describe()}: {describe_exit(c.returncode)}" for c in sup.children
            if c.returncode is not None and c.returncode != 0]
+    if not bad and code != 0 and sup.failure is not None:  # every child exited 0: the cause was the failure
+        bad = [sup.failure]
     log.log(logging.INFO if code == 0 else logging.ERROR, "supervisor stopped with exit status %d%s", code,
             f" ({'; '.join(bad)})" if bad else "")
     return code
