@@ -14,8 +14,9 @@ Each role's process main turns its role config into the role's own runtime confi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 import msgspec
 
@@ -120,6 +121,8 @@ class EngineRole(_Role, frozen=True):
     sync_interval: int = 32
     prefill_schedule_interval: int = 1
     enable_expert_parallel: bool = False
+    # The launch's parallel-configuration summary (plan_summary), said in Hello (checked before the DP group forms)
+    config_summary: dict[str, Any] = {}
 
 
 class ApiServerRole(_Role, frozen=True):
@@ -179,8 +182,10 @@ def coordinator_role(plan: LaunchPlan, *, socket_dir: str, engine_link_host: str
 
 
 def engine_role(plan: LaunchPlan, dp_rank: int, *, handshake_addr: str, torch_threads: int,
-                local_handshake_addr: str | None = None) -> EngineRole:
-    """Rank ``dp_rank``; ``torch_threads`` applies unless ``--torch-threads`` was given."""
+                local_handshake_addr: str | None = None,
+                config_summary: Mapping[str, Any] | None = None) -> EngineRole:
+    """Rank ``dp_rank``; ``torch_threads`` applies unless ``--torch-threads`` was given. ``config_summary`` is
+    the launch's parallel configuration, which the rank says in ``Hello``."""
     engine = plan.engine if plan.engine.torch_threads else plan.engine.replace(torch_threads=torch_threads)
     dep = plan.deployment
     return EngineRole(
@@ -190,7 +195,7 @@ def engine_role(plan: LaunchPlan, dp_rank: int, *, handshake_addr: str, torch_th
         external_lb=plan.deployment.external, heartbeat_interval_s=plan.heartbeat_interval_s,
         heartbeat_timeout_s=plan.heartbeat_timeout_s, shutdown_timeout_s=plan.shutdown_timeout_s,
         sync_interval=plan.sync_interval, prefill_schedule_interval=plan.prefill_schedule_interval,
-        enable_expert_parallel=plan.enable_expert_parallel)
+        enable_expert_parallel=plan.enable_expert_parallel, config_summary=dict(config_summary or {}))
 
 
 def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple[int, ...],

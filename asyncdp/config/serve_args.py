@@ -191,4 +191,4 @@ def _add_engine_flags(g: argparse._ArgumentGroup) -> None:
                    help="sim step time in ms: a + b*prefill_tokens + c*decode_seqs + d*kv_tokens "
                         "(+ e*sum of p*(c0 + p/2) over the prefill chunks of p tokens after c0 of context)")
     g.add_argument("--torch-threads", type=int, default=None, metavar="N",
-                   help="torch intra-op threads per engine (default: torch's)")
+                   help="torch intra-op threads per engine (default: the node's cores divided among its engines)")

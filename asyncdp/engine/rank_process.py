@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -166,11 +167,14 @@ def _ready(cfg: RankConfig, core: EngineCore, *, local: bool, headless: bool) ->
     return m.Ready(dp_rank=cfg.dp_rank, local=local, headless=headless, config_hash=digest, config_summary=summary)
 
 
-async def _hello(cfg: RankConfig, link: Link, *, local: bool, headless: bool, what: str) -> m.HandshakeInit:
-    """Say ``Hello`` on one handshake link and return the front-end's ``HandshakeInit`` (spec §5.3 steps 2-3)."""
+async def _hello(cfg: RankConfig, link: Link, *, local: bool, headless: bool, what: str,
+                 config_summary: Mapping[str, Any] | None = None) -> m.HandshakeInit:
+    """Say ``Hello`` on one handshake link and return the front-end's ``HandshakeInit`` (spec §5.3 steps 2-3).
+    ``config_summary`` (this launch's parallel configuration) lets the front-end refuse a rank configured
+    otherwise before it joins the DP group."""
     await link.send(m.Hello(protocol_version=m.PROTOCOL_VERSION, dp_rank=cfg.dp_rank, local=local,
                             headless=headless, host=socket.gethostname(), pid=os.getpid(),
-                            launcher_pid=os.getppid()))
+                            launcher_pid=os.getppid(), config_summary=dict(config_summary or {})))
     try:
         init = await link.receive()
     except ForeignPeerError as exc:  # the handshake address names another service, or another asyncdp version
@@ -183,15 +187,17 @@ async def _hello(cfg: RankConfig, link: Link, *, local: bool, headless: bool, wh
 
 
 async def start_rank(cfg: RankConfig, handshake: Link, *, local_handshake: Link | None = None, local: bool = True,
-                     headless: bool = False) -> EngineRank:
+                     headless: bool = False, config_summary: Mapping[str, Any] | None = None) -> EngineRank:
     """Handshake over ``handshake`` (already connected) and return a connected rank, ready to run.
 
     ``handshake`` leads to the head front-end (rank 0's: the coordinator's addresses, the DP group's rendezvous);
     ``local_handshake``, on a hybrid node with ``S > 0``, to this node's own front-end, which hands out the client
     addresses (spec §5.4). ``local``/``headless`` are what ``Hello`` says to the head (E4)."""
-    init = await _hello(cfg, handshake, local=local, headless=headless, what="the front-end")
+    init = await _hello(cfg, handshake, local=local, headless=headless, what="the front-end",
+                        config_summary=config_summary)
     if local_handshake is not None:
-        own = await _hello(cfg, local_handshake, local=True, headless=False, what="this node's front-end")
+        own = await _hello(cfg, local_handshake, local=True, headless=False, what="this node's front-end",
+                           config_summary=config_summary)
         init = m.HandshakeInit(clients=own.clients, coordinator=init.coordinator, dp_group=init.dp_group,
                                client_count=own.client_count)
 
@@ -294,7 +300,7 @@ async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
             return 1
         try:
             rank = await start_rank(cfg, handshake, local_handshake=local_handshake, local=role.local,
-                                    headless=role.headless)
+                                    headless=role.headless, config_summary=role.config_summary)
             log.info("rank %d ready in %.1f s (max model length %d tokens)", cfg.dp_rank,
                      time.monotonic() - started_at, rank.core.max_model_len)
             await control.send(m.ChildReady(dp_rank=cfg.dp_rank))

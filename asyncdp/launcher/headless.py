@@ -96,7 +96,8 @@ async def start_headless(node: RunningNode, tg: anyio.abc.TaskGroup, summary: di
     engines = []
     for row in rows:
         assert row.dp_rank is not None, "an engine row has a rank"
-        role = engine_role(node.plan, row.dp_rank, handshake_addr=head_handshake_addr(node), torch_threads=threads)
+        role = engine_role(node.plan, row.dp_rank, handshake_addr=head_handshake_addr(node), torch_threads=threads,
+                           config_summary=summary)
         engines.append(await spawn(node, tg, row, role))
     timeout_s = node.plan.engine_ready_timeout_s
     with anyio.move_on_after(timeout_s) as waited:

@@ -142,7 +142,8 @@ class NodeBook:
         return entry, None
 
     def admit_engine(self, hello: Hello) -> str | None:
-        """An engine's ``Hello`` (E4, E5): None when it may join."""
+        """An engine's ``Hello`` (E4, E5; E6 against this launch's configuration when the engine says its own):
+        None when it may join."""
         r = hello.dp_rank
         if hello.protocol_version != PROTOCOL_VERSION:
             return f"engine rank {r}: protocol_version {hello.protocol_version} != {PROTOCOL_VERSION}"
@@ -165,6 +166,11 @@ class NodeBook:
                     "deployments)")
         if expect_headless and self.node_of(r) is None:
             return f"engine rank {r}: no admitted headless node brings rank {r}"
+        # Before the DP group forms (E6 at Ready comes after it: a MoE group's collectives would mismatch first)
+        if hello.config_summary and (diffs := summary_differences(hello.config_summary, self.summary)):
+            where = "the head" if self.role == "head" else "this node's front-end"
+            return (f"configuration mismatch: engine rank {r} ({hello.host}, pid {hello.pid}) differs from {where} "
+                    f"in {', '.join(diffs)}")
         self.connected[r] = hello
         if not is_local and self.mode != "internal":  # a hybrid/external node: known only through its engines
             self._note_remote_engine(hello)

@@ -257,7 +257,8 @@ async def _start_engines(node: RunningNode, tg: anyio.abc.TaskGroup,
     for row in rows:
         assert row.dp_rank is not None, "an engine row has a rank"
         role = engine_role(node.plan, row.dp_rank, handshake_addr=head_handshake_addr(node), torch_threads=threads,
-                           local_handshake_addr=node.local_handshake_addr or None)
+                           local_handshake_addr=node.local_handshake_addr or None,
+                           config_summary=node.book.summary if node.book is not None else None)
         engines.append(await spawn(node, tg, row, role))
     return engines
 

@@ -126,6 +126,11 @@ class Hello(_Msg, frozen=True):
     host: str
     pid: int
     launcher_pid: int = 0  # the engine's parent: tells the head which launch (node) a remote engine belongs to
+    # Its launch's parallel configuration (its launcher's plan summary, as a NodeHello carries it): the front-end
+    # checks it against its own before HandshakeInit, so that a rank configured otherwise is refused by field
+    # before it joins the DP group (E6 at Ready comes after the group formed: too late for a MoE group, whose
+    # collectives then mismatch). Empty: not checked here (the Ready check remains).
+    config_summary: dict[str, Any] = {}
 
 
 class HandshakeInit(_Msg, frozen=True):

@@ -3,7 +3,8 @@
 A child is ``python -m asyncdp serve`` with the parent's arguments as the user typed them (the model, ``-dp``,
 ``-dpa``/``-dpp``, ``--host``, TLS, ``--shutdown-timeout``, engine flags ... pass through unchanged), minus the
 flags that describe the supervisor or that the supervisor sets per child, plus
-``--data-parallel-rank r --port p --data-parallel-size-local 1 --api-server-count 1 --device-ids ...``.
+``--data-parallel-rank r --port p --data-parallel-size-local 1 --api-server-count 1 --device-ids ...``, and
+``--torch-threads`` (the node's cores divided among the children, spec §5.5) unless the parent gives one.
 The rank, port and devices come from the resolved deployment (:func:`asyncdp.config.deployment.resolve` derives
 ``DeploymentConfig.children``); this module only spells them. Every alias and ``_`` spelling of a removed flag is
 recognised, in the ``--flag value``, ``--flag=value`` and (one-letter short flags) ``-n2`` forms; a test keeps
@@ -44,6 +45,7 @@ STRIPPED_WITH_VALUE = frozenset({
 })
 # argparse also reads a one-letter short flag with its value attached: -n2, -r1.
 _ATTACHED_SHORT = tuple(f for f in STRIPPED_WITH_VALUE if len(f) == 2)
+TORCH_THREADS = "--torch-threads"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,34 +100,58 @@ def _is_attached_short(token: str) -> bool:
     return len(token) > 2 and not token.startswith("--") and token[:2] in _ATTACHED_SHORT
 
 
+def child_torch_threads(cpu_count: int | None, num_children: int) -> int:
+    """Torch intra-op threads per child: the node's cores divided among the children's engines (spec §5.5), as a
+    launcher divides them among its node's engines. A child is a node of one rank, so left alone it would take
+    every core, and L such engines stepping in lockstep oversubscribe the node (25x slower decoding, 2 ranks on 2
+    cores)."""
+    return max(1, (cpu_count or 1) // max(1, num_children))
+
+
+def gives_torch_threads(args: Sequence[str]) -> bool:
+    """Whether ``args`` (before a ``--``) set ``--torch-threads`` in any spelling."""
+    for token in args:
+        if token == "--":
+            return False
+        if _flag_name(token) == TORCH_THREADS:
+            return True
+    return False
+
+
 def child_serve_args(parent_args: Sequence[str], *, dp_rank: int, port: int,
-                     device_ids: Sequence[int] | None) -> list[str]:
+                     device_ids: Sequence[int] | None, torch_threads: int | None = None) -> list[str]:
     """The ``serve`` arguments of the child for ``dp_rank`` on ``port``: the parent's, stripped, plus the
-    per-child flags (before a ``--`` if the parent has one)."""
+    per-child flags (before a ``--`` if the parent has one). ``torch_threads`` is added as ``--torch-threads``
+    unless the parent gives that flag itself."""
     kept = strip_supervisor_flags(parent_args)
     extra = ["--data-parallel-rank", str(dp_rank), "--port", str(port), "--data-parallel-size-local", "1",
              "--api-server-count", "1"]
     if device_ids is not None:
         extra += ["--device-ids", ",".join(str(d) for d in device_ids)]
+    if torch_threads is not None and not gives_torch_threads(parent_args):
+        extra += [TORCH_THREADS, str(torch_threads)]
     if "--" in kept:
         cut = kept.index("--")
         return kept[:cut] + extra + kept[cut:]
     return kept + extra
 
 
-def child_commands(parent_args: Sequence[str], deployment: DeploymentConfig, *,
-                   python: str = sys.executable) -> tuple[ChildCommand, ...]:
+def child_commands(parent_args: Sequence[str], deployment: DeploymentConfig, *, python: str = sys.executable,
+                   cpu_count: int | None = None) -> tuple[ChildCommand, ...]:
     """One command per local rank of a resolved multi-port deployment (``deployment.children``), in rank order.
 
     The devices are always passed: the deployment gives child i ``--device-ids[i*tp*pp:(i+1)*tp*pp]``, or
     ``range(i*tp*pp, (i+1)*tp*pp)`` when the parent has none, and a child started without them would use the
-    first devices of the node, like child 0."""
+    first devices of the node, like child 0. ``cpu_count`` (the node's cores; the supervisor passes them) adds
+    ``--torch-threads`` (:func:`child_torch_threads`) unless the parent gives it; None adds nothing."""
     if deployment.mode != "multi-port":
         raise ValueError(f"child commands exist only in multi-port mode (got mode {deployment.mode!r})")
+    threads = None if cpu_count is None else child_torch_threads(cpu_count, len(deployment.children))
     commands = []
     for child in deployment.children:
         rank = child.deployment.dp_rank
-        args = child_serve_args(parent_args, dp_rank=rank, port=child.port, device_ids=child.device_ids)
+        args = child_serve_args(parent_args, dp_rank=rank, port=child.port, device_ids=child.device_ids,
+                                torch_threads=threads)
         commands.append(ChildCommand(dp_rank=rank, port=child.port, argv=(python, "-m", "asyncdp", "serve", *args),
                                      env={SUPERVISED_RANK_ENV: str(rank)}))
     return tuple(commands)

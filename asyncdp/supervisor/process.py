@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 from collections.abc import Sequence
 
@@ -244,6 +245,8 @@ async def supervise(commands: Sequence[ChildCommand], settings: SupervisorSettin
                        child_codes=[c.returncode for c in sup.children])
     bad = [f"{c.describe()}: {describe_exit(c.returncode)}" for c in sup.children
            if c.returncode is not None and c.returncode != 0]
+    if not bad and code != 0 and sup.failure is not None:  # every child exited 0: the cause was the failure
+        bad = [sup.failure]
     log.log(logging.INFO if code == 0 else logging.ERROR, "supervisor stopped with exit status %d%s", code,
             f" ({'; '.join(bad)})" if bad else "")
     return code
@@ -256,7 +259,7 @@ def run_supervisor(config: ResolvedServeConfig, argv: list[str], *, resolve_args
     ``resolve_args`` (the CLI's parser: arguments and environment -> resolved config) runs pass 2 on every
     child's derived arguments before anything starts (:func:`~asyncdp.supervisor.derive.check_child_commands`);
     its ConfigError propagates to the caller."""
-    commands = child_commands(argv, config.deployment)
+    commands = child_commands(argv, config.deployment, cpu_count=os.cpu_count())
     if resolve_args is not None:
         check_child_commands(commands, resolve_args)
     return run_children(commands, SupervisorSettings.from_config(config))
