@@ -207,16 +207,36 @@ class ChildProcess:
                 self.send_signal(signal.SIGKILL)
 
     async def stop(self, *, grace_s: float, sig: int = signal.SIGTERM) -> int | None:
-        """Signal, wait up to ``grace_s``, then kill the tree. Returns the exit code (None if unknown)."""
+        """Signal, wait up to ``grace_s``, then kill the tree. Returns the exit code (None if unknown).
+
+        A stopped child (SIGSTOP, a frozen container; what a lost heartbeat often is) cannot act on the signal
+        until continued, so it is killed at once: its grace would only stretch the teardown (spec §13 bounds a
+        lost engine's teardown by the heartbeat timeout + 2 s)."""
         self.send_signal(sig)
+        if process_is_stopped(self.pid) and not self.exited.is_set():
+            log.warning("%s is stopped (SIGSTOP or frozen), so it cannot exit by itself; killing", self.describe())
+            grace_s = 0.0
         with anyio.move_on_after(grace_s):
             await self.exited.wait()
         if not self.exited.is_set():
-            log.warning("%s did not exit within %.1f s; killing", self.describe(), grace_s)
+            if grace_s:
+                log.warning("%s did not exit within %.1f s; killing", self.describe(), grace_s)
             self.kill_tree()
             with anyio.move_on_after(2.0):
                 await self.exited.wait()
         return self.process.returncode
+
+
+def process_is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is in the stopped state (``T``: SIGSTOP or SIGTSTP; ``t``: stopped by a tracer). False when it
+    cannot be told (no ``/proc``, the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) S ...": comm may hold spaces and parentheses, so the state follows the last ')'.
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"T", b"t")
 
 
 def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
