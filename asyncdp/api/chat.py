@@ -22,6 +22,7 @@ from asyncdp.api.context import AppState, json_response
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
     best_choices,
+    cached_prompt_tokens,
     check_length,
     check_num_sequences,
     run_whole,
@@ -134,11 +135,14 @@ def register(app: Quart, state: AppState) -> None:
         created = int(time.time())
         tok = state.client.tokenizer
         if not prep.req.stream:
-            choices = best_choices(await run_whole(state, prep.seqs, hint, key), prep.per_prompt, prep.n)
+            ran = await run_whole(state, prep.seqs, hint, key)
+            cached = (cached_prompt_tokens([c.num_cached_tokens for c in ran], prep.per_prompt)
+                      if state.enable_prompt_tokens_details else None)
+            choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (prep.top_logprobs is not None or prep.req.prompt_logprobs is not None) and (
                 len(prep.prompt.token_ids) + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
             prompt = prep.prompt if prep.req.prompt_logprobs is not None else None
-            render = partial(chat_response, echo=prep.echo, prompt=prompt)
+            render = partial(chat_response, echo=prep.echo, prompt=prompt, cached_tokens=cached)
             doc = await state.offload.run(heavy, render, prep.request_id, created, prep.model, choices,
                                           len(prep.prompt.token_ids), tok, prep.top_logprobs)
             return json_response(doc)
@@ -152,6 +156,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
     num_prompt = len(prep.prompt.token_ids)
     generated = [0] * len(prep.seqs)
+    cached = [0] * len(prep.seqs)  # each sequence's prefix-cache hit
 
     def with_usage(chunk: dict[str, Any], index: int) -> dict[str, Any]:
         if continuous:  # vLLM's continuous_usage_stats: this choice's usage so far, in every chunk
@@ -169,6 +174,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
 
     def events(index: int, out: RequestOutput) -> list[bytes]:
         generated[index] += len(out.new_token_ids)
+        cached[index] = max(cached[index], out.num_cached_tokens)
         first_of_choice = not started[index]
         started[index] = True
         wants_logprobs = prep.top_logprobs is not None and bool(out.logprobs)
@@ -188,7 +194,8 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     def epilogue() -> list[bytes]:
         if not include_usage:
             return []
+        details = cached_prompt_tokens(cached, prep.per_prompt) if state.enable_prompt_tokens_details else None
         return [sse(usage_chunk(request_id, created, model, "chat.completion.chunk", len(prep.prompt.token_ids),
-                                sum(generated)))]
+                                sum(generated), details))]
 
     return stream_response(fan, first, events, prologue, epilogue)
