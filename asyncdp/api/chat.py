@@ -18,6 +18,7 @@ from typing import Any
 
 from quart import Quart, Response, request
 
+from asyncdp.api.chat_messages import chat_messages
 from asyncdp.api.context import AppState, json_response
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
@@ -40,7 +41,7 @@ from asyncdp.api.openai_format import (
     usage,
     usage_chunk,
 )
-from asyncdp.api.params import chat_messages, logit_bias, refuse_unsupported, sampling_params
+from asyncdp.api.params import logit_bias, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
@@ -59,7 +60,7 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 
 def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[list[dict[str, Any]], list[int]]:
     """The messages and the token ids of the rendered chat template; template errors are the caller's 400."""
-    messages = chat_messages(req)
+    messages = chat_messages(req.messages)
     if req.continue_final_message and req.add_generation_prompt:
         raise HTTPError(400, "continue_final_message and add_generation_prompt cannot both be true.",
                         param="continue_final_message")

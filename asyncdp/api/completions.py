@@ -87,10 +87,12 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         if any(not 0 <= t < vocab for t in ids):
             raise HTTPError(400, f"prompt token ids must be in [0, {vocab}) for this model's vocabulary.",
                             param="prompt")
-    requested = 16 if req.max_tokens is None else req.max_tokens
-    if requested == 0 and not req.echo:
-        raise HTTPError(400, "max_tokens must be >= 1, or 0 together with echo (the prompt only).",
-                        param="max_tokens")
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    for name in ("max_tokens", "max_completion_tokens"):
+        if getattr(req, name) == 0 and not req.echo:
+            raise HTTPError(400, f"{name} must be >= 1, or 0 together with echo (the prompt only).", param=name)
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    requested = 16 if limit is None else limit
     max_tokens = max(requested, 1)
     # best_of ranks sequences by their cumulative logprob, so they carry at least the sampled token's.
     seq_logprobs = req.logprobs if req.logprobs is not None else (0 if per_prompt > n else None)
@@ -100,7 +102,7 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs, prompt_logprobs=prompt_lps,
                              bias=logit_bias(req, vocab), structured=structured_outputs(req))
     for ids in prompt_ids:
-        check_length(len(ids), max_tokens, state.client.max_model_len)
+        check_length(len(ids), max_tokens, state.client.max_model_len, field)
     texts = [Echo(p if isinstance(p, str) else tok.decode(ids) if req.echo else "", ids)
              for p, ids in zip(raw, prompt_ids, strict=True)]
     request_id = f"cmpl-{uuid.uuid4().hex}"

@@ -61,10 +61,12 @@ class FakeEngineClient:
         metrics: Metrics | None = None,
         max_queued_requests: int | None = None,
         block_size: int = 16,
+        tokenizer: Any = None,
     ) -> None:
         self._model_name = model_name
         self._max_model_len = max_model_len
-        self._tokenizer = byte_tokenizer()
+        # ``tokenizer``: a checkpoint's, to render its chat template (the generated ids stay letters' byte values)
+        self._tokenizer = byte_tokenizer() if tokenizer is None else tokenizer
         self.token_delay_s = token_delay_s
         self.num_ranks = num_ranks
         self.start_rank = start_rank
