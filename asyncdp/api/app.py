@@ -61,12 +61,14 @@ def create_app(
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST,
     max_request_body_bytes: int | None = None,
     cors: Cors | None = ALLOW_ALL,
+    enable_prompt_tokens_details: bool = False,
 ) -> Quart:
     """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
 
     ``max_seqs_per_request`` bounds prompts x max(n, best_of) of one request (``--max-seqs-per-request``);
     ``max_request_body_bytes`` the body (``--max-request-body-bytes``; None: derived from ``max_model_len``);
-    ``cors`` what cross-origin requests may do (``--allowed-origins`` and friends; None: no CORS headers)."""
+    ``cors`` what cross-origin requests may do (``--allowed-origins`` and friends; None: no CORS headers);
+    ``enable_prompt_tokens_details`` adds ``usage.prompt_tokens_details.cached_tokens`` (the flag of that name)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -92,6 +94,7 @@ def create_app(
         served_model_names=tuple(served_model_names or [client.model_name]),
         max_seqs_per_request=max_seqs_per_request,
         max_request_body_bytes=max_request_body_bytes,
+        enable_prompt_tokens_details=enable_prompt_tokens_details,
     )
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]

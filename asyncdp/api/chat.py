@@ -18,10 +18,12 @@ from typing import Any
 
 from quart import Quart, Response, request
 
+from asyncdp.api.chat_messages import chat_messages
 from asyncdp.api.context import AppState, json_response
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
     best_choices,
+    cached_prompt_tokens,
     check_length,
     check_num_sequences,
     run_whole,
@@ -39,7 +41,7 @@ from asyncdp.api.openai_format import (
     usage,
     usage_chunk,
 )
-from asyncdp.api.params import chat_messages, logit_bias, refuse_unsupported, sampling_params
+from asyncdp.api.params import logit_bias, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
@@ -58,7 +60,7 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 
 def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[list[dict[str, Any]], list[int]]:
     """The messages and the token ids of the rendered chat template; template errors are the caller's 400."""
-    messages = chat_messages(req)
+    messages = chat_messages(req.messages)
     if req.continue_final_message and req.add_generation_prompt:
         raise HTTPError(400, "continue_final_message and add_generation_prompt cannot both be true.",
                         param="continue_final_message")
@@ -134,11 +136,14 @@ def register(app: Quart, state: AppState) -> None:
         created = int(time.time())
         tok = state.client.tokenizer
         if not prep.req.stream:
-            choices = best_choices(await run_whole(state, prep.seqs, hint, key), prep.per_prompt, prep.n)
+            ran = await run_whole(state, prep.seqs, hint, key)
+            cached = (cached_prompt_tokens([c.num_cached_tokens for c in ran], prep.per_prompt)
+                      if state.enable_prompt_tokens_details else None)
+            choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (prep.top_logprobs is not None or prep.req.prompt_logprobs is not None) and (
                 len(prep.prompt.token_ids) + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
             prompt = prep.prompt if prep.req.prompt_logprobs is not None else None
-            render = partial(chat_response, echo=prep.echo, prompt=prompt)
+            render = partial(chat_response, echo=prep.echo, prompt=prompt, cached_tokens=cached)
             doc = await state.offload.run(heavy, render, prep.request_id, created, prep.model, choices,
                                           len(prep.prompt.token_ids), tok, prep.top_logprobs)
             return json_response(doc)
@@ -152,6 +157,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
     num_prompt = len(prep.prompt.token_ids)
     generated = [0] * len(prep.seqs)
+    cached = [0] * len(prep.seqs)  # each sequence's prefix-cache hit
 
     def with_usage(chunk: dict[str, Any], index: int) -> dict[str, Any]:
         if continuous:  # vLLM's continuous_usage_stats: this choice's usage so far, in every chunk
@@ -169,6 +175,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
 
     def events(index: int, out: RequestOutput) -> list[bytes]:
         generated[index] += len(out.new_token_ids)
+        cached[index] = max(cached[index], out.num_cached_tokens)
         first_of_choice = not started[index]
         started[index] = True
         wants_logprobs = prep.top_logprobs is not None and bool(out.logprobs)
@@ -188,7 +195,8 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     def epilogue() -> list[bytes]:
         if not include_usage:
             return []
+        details = cached_prompt_tokens(cached, prep.per_prompt) if state.enable_prompt_tokens_details else None
         return [sse(usage_chunk(request_id, created, model, "chat.completion.chunk", len(prep.prompt.token_ids),
-                                sum(generated)))]
+                                sum(generated), details))]
 
     return stream_response(fan, first, events, prologue, epilogue)

@@ -21,6 +21,7 @@ from asyncdp.api.context import AppState
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
     best_choices,
+    cached_prompt_tokens,
     check_length,
     check_num_sequences,
     run_whole,
@@ -86,10 +87,12 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         if any(not 0 <= t < vocab for t in ids):
             raise HTTPError(400, f"prompt token ids must be in [0, {vocab}) for this model's vocabulary.",
                             param="prompt")
-    requested = 16 if req.max_tokens is None else req.max_tokens
-    if requested == 0 and not req.echo:
-        raise HTTPError(400, "max_tokens must be >= 1, or 0 together with echo (the prompt only).",
-                        param="max_tokens")
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    for name in ("max_tokens", "max_completion_tokens"):
+        if getattr(req, name) == 0 and not req.echo:
+            raise HTTPError(400, f"{name} must be >= 1, or 0 together with echo (the prompt only).", param=name)
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    requested = 16 if limit is None else limit
     max_tokens = max(requested, 1)
     # best_of ranks sequences by their cumulative logprob, so they carry at least the sampled token's.
     seq_logprobs = req.logprobs if req.logprobs is not None else (0 if per_prompt > n else None)
@@ -99,7 +102,7 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs, prompt_logprobs=prompt_lps,
                              bias=logit_bias(req, vocab), structured=structured_outputs(req))
     for ids in prompt_ids:
-        check_length(len(ids), max_tokens, state.client.max_model_len)
+        check_length(len(ids), max_tokens, state.client.max_model_len, field)
     texts = [Echo(p if isinstance(p, str) else tok.decode(ids) if req.echo else "", ids)
              for p, ids in zip(raw, prompt_ids, strict=True)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -107,7 +110,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     return Prepared(req, request_id, model, prompt_ids, texts, seqs, per_prompt, n, requested == 0)
 
 
-def _render(state: AppState, prep: Prepared, choices: list[Any], request_id: str, created: int) -> bytes:
+def _render(state: AppState, prep: Prepared, choices: list[Any], request_id: str, created: int,
+            cached: int | None) -> bytes:
     req, tok = prep.req, state.client.tokenizer
     prompt_of = [prep.prompts[c.index // prep.n] for c in choices]  # renumbered: index = prompt * n + j
     out = [completion_choice(tok, c, with_logprobs=req.logprobs is not None,
@@ -116,7 +120,7 @@ def _render(state: AppState, prep: Prepared, choices: list[Any], request_id: str
            for c, p in zip(choices, prompt_of, strict=True)]
     generated = 0 if prep.drop_generated else sum(c.num_tokens for c in choices)
     return orjson.dumps(completion_response(request_id, created, prep.model, out, prep.num_prompt_tokens,
-                                            generated))
+                                            generated, cached))
 
 
 def register(app: Quart, state: AppState) -> None:
@@ -129,10 +133,13 @@ def register(app: Quart, state: AppState) -> None:
         hint, key = parse_rank_hint(headers, req), routing_key(headers, req)
         request_id, created = prep.request_id, int(time.time())
         if not req.stream:
-            choices = best_choices(await run_whole(state, prep.seqs, hint, key), prep.per_prompt, prep.n)
+            ran = await run_whole(state, prep.seqs, hint, key)
+            cached = (cached_prompt_tokens([c.num_cached_tokens for c in ran], prep.per_prompt)
+                      if state.enable_prompt_tokens_details else None)
+            choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (req.echo or req.logprobs is not None or req.prompt_logprobs is not None) and (
                 prep.num_prompt_tokens + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
-            payload = await state.offload.run(heavy, _render, state, prep, choices, request_id, created)
+            payload = await state.offload.run(heavy, _render, state, prep, choices, request_id, created, cached)
             return Response(payload, content_type="application/json")
         return await _streamed(state, prep, hint, key, request_id, created)
 
@@ -145,11 +152,13 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
     offsets = [TextOffsets(tok) for _ in prep.seqs]  # each choice's, across its chunks
     generated = [0] * len(prep.seqs)
+    cached = [0] * len(prep.seqs)  # each sequence's prefix-cache hit
     started = [False] * len(prep.seqs)
 
     def events(index: int, out: RequestOutput) -> list[bytes]:
         prompt = prep.prompts[index // prep.per_prompt]
         echo_now = bool(req.echo) and not started[index]
+        cached[index] = max(cached[index], out.num_cached_tokens)
         if prep.drop_generated:
             out = RequestOutput(request_id=out.request_id, finished=out.finished, finish_reason=out.finish_reason,
                                 stop_reason=out.stop_reason, prompt_logprobs=out.prompt_logprobs,
@@ -174,8 +183,9 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     def epilogue() -> list[bytes]:
         if not include_usage:
             return []
+        details = cached_prompt_tokens(cached, prep.per_prompt) if state.enable_prompt_tokens_details else None
         return [sse(usage_chunk(request_id, created, model, "text_completion", prep.num_prompt_tokens,
-                                sum(generated)))]
+                                sum(generated), details))]
 
     return stream_response(fan, first, events, [], epilogue)
 

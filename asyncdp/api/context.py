@@ -35,6 +35,7 @@ class AppState:
     served_model_names: tuple[str, ...]
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int = 0
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
     offload: Offload = field(default_factory=Offload)
     task_group: TaskGroup | None = None
     draining: bool = False

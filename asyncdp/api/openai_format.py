@@ -28,6 +28,7 @@ class Choice:
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_cached_tokens: int = 0  # the sequence's prefix-cache hit (the engine repeats it on its outputs)
 
     @property
     def cumulative_logprob(self) -> float:
@@ -38,6 +39,8 @@ class Choice:
             self.prompt_logprobs = out.prompt_logprobs
         self.text += out.new_text
         self.num_tokens += len(out.new_token_ids)
+        if out.num_cached_tokens > self.num_cached_tokens:
+            self.num_cached_tokens = out.num_cached_tokens
         if out.logprobs:
             self.logprobs.extend(out.logprobs)
         if out.finished:
@@ -45,9 +48,14 @@ class Choice:
             self.stop_reason = out.stop_reason
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's ``usage``; with ``cached_tokens`` (``--enable-prompt-tokens-details``) also
+    ``prompt_tokens_details.cached_tokens``, 0 included (vLLM leaves a 0 out)."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def _token_text(tokenizer: Any, token_id: int) -> str:
@@ -138,12 +146,12 @@ def completion_choice(
 
 def completion_response(
     request_id: str, created: int, model: str, choices: list[dict[str, Any]], prompt_tokens: int,
-    completion_tokens: int,
+    completion_tokens: int, cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     return {
         "id": request_id, "object": "text_completion", "created": created, "model": model,
         "choices": sorted(choices, key=lambda c: c["index"]),
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 
@@ -182,7 +190,7 @@ def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs], top_n: int) -> dict[
 
 def chat_response(
     request_id: str, created: int, model: str, choices: list[Choice], prompt_tokens: int, tokenizer: Any,
-    top_logprobs: int | None, *, echo: str = "", prompt: Echo | None = None,
+    top_logprobs: int | None, *, echo: str = "", prompt: Echo | None = None, cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """``echo``: text prepended to every message (chat ``echo`` of a final assistant message). ``prompt``: add
     vLLM's top-level ``prompt_logprobs`` (the prompt is the same for every choice)."""
@@ -195,7 +203,7 @@ def chat_response(
              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
             for c in ordered
         ],
-        "usage": usage(prompt_tokens, sum(c.num_tokens for c in choices)),
+        "usage": usage(prompt_tokens, sum(c.num_tokens for c in choices), cached_tokens),
     }
     if prompt is not None:
         response["prompt_logprobs"] = prompt_logprobs_field(
@@ -219,6 +227,6 @@ def chat_chunk(
 
 
 def usage_chunk(request_id: str, created: int, model: str, obj: str, prompt_tokens: int,
-                completion_tokens: int) -> dict[str, Any]:
+                completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
     return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from asyncdp.api.chat_messages import TEXT_PARTS
 from asyncdp.api.context import AppState
 from asyncdp.api.params import REFUSED
 from asyncdp.api.schemas import (
@@ -47,8 +48,9 @@ _PROMPT: dict[str, Any] = {"anyOf": [
                   "the model's vocabulary."}
 _CONTENT = {"anyOf": [
     {"type": "string"}, {"type": "null"},
-    {"type": "array", "items": {"type": "object", "required": ["type", "text"],
-                                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
+    {"type": "array", "items": {"anyOf": [
+        {"type": "object", "required": ["type", key], "properties": {"type": {"const": kind}, key: {"type": "string"}}}
+        for kind, key in TEXT_PARTS.items()]}},
 ]}
 
 # (method, path) -> (summary, request body structs, 200 content types)
@@ -120,6 +122,7 @@ def _components(state: AppState) -> dict[str, Any]:
                  _when({"best_of": {"type": "integer"}, "stream": {"const": True}}, {"best_of": {"type": "null"}})]
         if name == "CompletionRequest":
             rules.append(_when({"max_tokens": {"const": 0}}, {"echo": {"const": True}}))
+            rules.append(_when({"max_completion_tokens": {"const": 0}}, {"echo": {"const": True}}))
         else:
             rules.append(_when({"top_logprobs": {"type": "integer"}}, {"logprobs": {"const": True}}))
             rules.append(_when({"continue_final_message": {"const": True}},

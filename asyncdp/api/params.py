@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncdp.api.schemas import ChatMessage, ChatRequest, CompletionRequest, _Common
+from asyncdp.api.schemas import ChatRequest, CompletionRequest, _Common
 from asyncdp.errors import HTTPError
 from asyncdp.sampling_params import SamplingParams, StructuredOutputs
 
@@ -21,11 +21,12 @@ def _bad(field: str, message: str) -> HTTPError:
 # Parameter -> the non-null values that ask for nothing asyncdp lacks (null is always fine). Any other value is a
 # 400 naming the parameter. ``asyncdp.api.openapi`` publishes exactly these values as the parameter's schema.
 REFUSED: dict[str, tuple[Any, ...]] = {
+    # No tool-call parser: the model's text never comes back as tool_calls, so tools are refused; "auto" without
+    # tools (any tools are refused first) asks for nothing.
     "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (),
+    "tool_choice": ("none", "auto"),
     "functions": ([],),
-    "function_call": ("none",),
+    "function_call": ("none", "auto"),
     "suffix": ("",),
     "prompt_embeds": (),
     "use_beam_search": (False,),
@@ -45,14 +46,12 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "kv_transfer_params": (),
     "vllm_xargs": (),
     "store": (False,),
-    "metadata": (),
     "service_tier": ("auto", "default"),
     "chat_template": (),
     "documents": (),
     "mm_processor_kwargs": (),
     "modalities": (["text"],),
     "audio": (),
-    "prediction": (),
     "reasoning_effort": (),
     "web_search_options": (),
     "verbosity": ("medium",),  # OpenAI's default; another would ask for shorter or longer answers
@@ -65,12 +64,23 @@ def harmless(name: str, value: Any) -> bool:
     return value is None or any(value == a and type(value) is type(a) for a in REFUSED[name])
 
 
+# Why, for the refusals a client library meets in normal use (tools bound to a model).
+_WHY = {
+    "tools": "it has no tool-call parser, so the model's answer would never come back as tool_calls (send no "
+             "tools, or [])",
+    "tool_choice": 'it has no tool-call parser (only "none" and "auto" without tools are accepted)',
+    "functions": "it has no tool-call parser, so the model's answer would never come back as a function_call",
+    "function_call": 'it has no tool-call parser (only "none" and "auto" without functions are accepted)',
+}
+
+
 def refuse_unsupported(req: _Common) -> None:
     """400 for the first parameter asyncdp does not implement that the request sets to a value that matters."""
     for name in REFUSED:
         value = getattr(req, name, None)
         if value is not None and not harmless(name, value):
-            raise _bad(name, f"{name} is not supported by this server.")
+            why = _WHY.get(name)
+            raise _bad(name, f"{name} is not supported by this server" + (f": {why}." if why else "."))
     opts = req.stream_options
     if opts is not None:
         if not req.stream:
@@ -105,36 +115,6 @@ def _integral_ids(p: Any) -> Any:
     if isinstance(p, list):
         return [[one(t) for t in x] if isinstance(x, list) else one(x) for x in p]
     return p
-
-
-# Message fields besides role and content that reach the chat template as they are, when given (vLLM's too).
-_PASSED_MESSAGE_FIELDS = ("name", "tool_calls", "tool_call_id")
-
-
-def chat_messages(req: ChatRequest | Any) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: role, plain-text content, and ``name``, ``tool_calls``,
-    ``tool_call_id`` where the message has them (a template that reads ``message.name`` sees it)."""
-    messages: list[ChatMessage] = req.messages
-    if not messages:
-        raise _bad("messages", "messages must be a non-empty list.")
-    out = []
-    for i, m in enumerate(messages):
-        content = m.content
-        if content is None:
-            text = ""
-        elif isinstance(content, str):
-            text = content
-        elif isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
-                                               and isinstance(part.get("text"), str) for part in content):
-            text = "".join(part["text"] for part in content)
-        else:
-            raise _bad(f"messages[{i}].content", "message content must be a string or a list of text parts.")
-        entry: dict[str, Any] = {"role": m.role, "content": text}
-        for name in _PASSED_MESSAGE_FIELDS:
-            if (value := getattr(m, name)) is not None:
-                entry[name] = value
-        out.append(entry)
-    return out
 
 
 def logit_bias(req: _Common, vocab_size: int) -> tuple[tuple[int, float], ...]:

@@ -92,6 +92,8 @@ class _Common(msgspec.Struct, kw_only=True):
     user: str | None = None  # a routing key when nothing more specific names one (asyncdp.api.routing_key)
     safety_identifier: str | None = None  # OpenAI's abuse-monitoring id: accepted, nothing to do with it here
     prompt_cache_key: str | None = None  # OpenAI's cache-affinity key: the request's routing key
+    metadata: dict[str, str] | None = None  # OpenAI's tags for stored completions: nothing is stored (store: false)
+    parallel_tool_calls: bool | None = None  # asks nothing without tools, and tools are refused
     # vLLM sampling extras
     top_k: Annotated[int, Meta(ge=-1, le=MAX_INT32)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
@@ -116,7 +118,6 @@ class _Common(msgspec.Struct, kw_only=True):
     # Declared so a wrong type is a 400 too; refused unless absent, null or the value named in params.REFUSED.
     tools: list[Json] | None = None
     tool_choice: str | Json | None = None
-    parallel_tool_calls: bool | None = None
     functions: list[Json] | None = None
     function_call: str | Json | None = None
     use_beam_search: bool | None = None
@@ -136,13 +137,14 @@ class _Common(msgspec.Struct, kw_only=True):
     kv_transfer_params: Json | None = None
     vllm_xargs: Json | None = None
     store: bool | None = None
-    metadata: dict[str, str] | None = None
     service_tier: str | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
     prompt: Any = None  # str | list[str] | list[int] | list[list[int]]; checked by params.prompts()
     max_tokens: Annotated[int, Meta(ge=0, le=MAX_INT32)] | None = None  # 0: the prompt only (with echo)
+    # Chat's name for the limit, which clients also send here: it wins over max_tokens, as in chat.
+    max_completion_tokens: Annotated[int, Meta(ge=0, le=MAX_INT32)] | None = None
     logprobs: NumLogprobs | None = None
     suffix: str | None = None
     prompt_embeds: str | list[str] | None = None
@@ -150,7 +152,7 @@ class CompletionRequest(_Common, kw_only=True):
 
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
-    content: Any = None  # str | list of {"type": "text", "text": ...} | None; checked by params.chat_messages()
+    content: Any = None  # str | list of text parts | None; checked by asyncdp.api.chat_messages
     # Passed to the chat template as they are (``message.name`` ...), when given, as vLLM does.
     name: str | None = None
     tool_calls: list[Json] | None = None
@@ -171,7 +173,7 @@ class ChatRequest(_Common, kw_only=True):
     mm_processor_kwargs: Json | None = None
     modalities: list[str] | None = None
     audio: Json | None = None
-    prediction: Json | None = None
+    prediction: Json | None = None  # OpenAI's predicted output: a latency hint, the answer is the same without it
     reasoning_effort: str | None = None
     web_search_options: Json | None = None
     verbosity: str | None = None

@@ -72,6 +72,7 @@ class ApiConfig:
     log_stats_interval_s: float = 10.0
     max_seqs_per_request: int = 256
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
+    enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
     model_aliases: tuple[str, ...] = ()  # more names for the model (the first is the client's model_name)
     cors: Cors | None = ALLOW_ALL
     api_key: str | None = field(default=None, repr=False)  # --api-key
@@ -118,6 +119,7 @@ async def serve_api(
     client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
     app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
                      max_request_body_bytes=cfg.max_request_body_bytes,
+                     enable_prompt_tokens_details=cfg.enable_prompt_tokens_details,
                      served_model_names=[cfg.client.model_name, *cfg.model_aliases], cors=cfg.cors,
                      api_key=cfg.api_key)
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
@@ -207,6 +209,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         ssl_certfile=role.ssl_certfile, socket_dir=role.socket_dir, client_link_host=role.client_link_host,
         max_seqs_per_request=role.max_seqs_per_request,
         max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
+        enable_prompt_tokens_details=role.enable_prompt_tokens_details,
         cors=Cors(role.allowed_origins, role.allowed_methods, role.allowed_headers, role.allow_credentials),
         api_key=role.api_key)
 

@@ -219,6 +219,7 @@ class ServeConfig:
     max_queued_requests: int | None = None  # None: unlimited; above it HTTP 429
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int | None = None  # None: default_max_request_body_bytes(max_model_len)
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens (vLLM's flag)
     allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)

@@ -111,6 +111,9 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-request-body-bytes", type=int, default=None, metavar="BYTES",
                    help="largest request body, checked before parsing; above it HTTP 413 (default: 64 bytes "
                         "per token of --max-model-len, at least 16 MiB)")
+    _bool(g, "--enable-prompt-tokens-details",
+          help="add usage.prompt_tokens_details.cached_tokens to chat and completions responses: the prompt "
+               "tokens the prefix cache supplied (default: false)")
     for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
                        ("--allowed-headers", "request headers")):
         g.add_argument(flag, default=None, metavar="JSON",

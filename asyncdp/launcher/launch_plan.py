@@ -65,6 +65,7 @@ def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
         lb_policy=config.lb_policy,
         max_queued_requests=config.max_queued_requests,
         max_seqs_per_request=config.max_seqs_per_request,
+        enable_prompt_tokens_details=config.enable_prompt_tokens_details,
         max_request_body_bytes=config.max_request_body_bytes or default_max_request_body_bytes(max_model_len),
         heartbeat_interval_s=config.dp_heartbeat_interval_s,
         heartbeat_timeout_s=config.dp_heartbeat_timeout_s,

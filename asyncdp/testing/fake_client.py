@@ -8,6 +8,11 @@ stop strings and logprobs are checkable. As the engine's detokenizer does, it ho
 begin a stop string (its longest length - 1 characters) until it cannot. With ``prompt_logprobs`` the first output carries one entry per prompt
 token (None for the first).
 
+A prefix cache is simulated as the engine's: a request's ``num_cached_tokens`` (on every output) is the longest
+prefix of its prompt, in whole blocks of ``block_size`` tokens and leaving one token to compute, that an earlier
+request's prompt began with (0 with ``prompt_logprobs``, which computes every position); ``cached_tokens`` records
+it per request id.
+
 Admission follows the real client: ``admit(k)`` reserves ``k`` slots all or nothing (``max_queued_requests``
 bounds reserved plus running), ``generate(..., admission=)`` takes one of them, a plain ``generate`` admits
 itself, and every way out of a request gives its slot back (``num_in_flight`` counts what is held). Leaving the
@@ -55,10 +60,13 @@ class FakeEngineClient:
         start_rank: int = 0,
         metrics: Metrics | None = None,
         max_queued_requests: int | None = None,
+        block_size: int = 16,
+        tokenizer: Any = None,
     ) -> None:
         self._model_name = model_name
         self._max_model_len = max_model_len
-        self._tokenizer = byte_tokenizer()
+        # ``tokenizer``: a checkpoint's, to render its chat template (the generated ids stay letters' byte values)
+        self._tokenizer = byte_tokenizer() if tokenizer is None else tokenizer
         self.token_delay_s = token_delay_s
         self.num_ranks = num_ranks
         self.start_rank = start_rank
@@ -73,6 +81,9 @@ class FakeEngineClient:
         # What happened, for assertions.
         self.submitted: list[tuple[str, list[int], SamplingParams, RankHint | None]] = []
         self.routing_keys: dict[str, str | None] = {}  # request id -> the routing key generate() was given
+        self.cached_tokens: dict[str, int] = {}  # request id -> its prefix-cache hit
+        self.block_size = block_size
+        self._cached_prefixes: set[tuple[int, ...]] = set()  # every whole-block prefix of the prompts seen
         self.finished: list[str] = []
         self.aborted: list[str] = []
         self.paused = False
@@ -238,6 +249,19 @@ class FakeEngineClient:
         index = resolve_rank_hint(ranks, hint.local_index, hint.global_rank)
         return self.start_rank + (index or 0)
 
+    def _prefix_cache_hit(self, request_id: str, prompt: list[int], params: SamplingParams) -> int:
+        """The cached prefix of ``prompt`` (whole blocks, one token left to compute); then cache its blocks."""
+        bs = self.block_size
+        hit = 0
+        if params.prompt_logprobs is None:
+            for k in range(1, (len(prompt) - 1) // bs + 1):
+                if tuple(prompt[:k * bs]) not in self._cached_prefixes:
+                    break
+                hit = k * bs
+        self._cached_prefixes.update(tuple(prompt[:k * bs]) for k in range(1, len(prompt) // bs + 1))
+        self.cached_tokens[request_id] = hit
+        return hit
+
     def _prompt_logprobs(self, prompt: list[int], num_top: int) -> list[TokenLogprobs | None]:
         return [None] + [self._logprobs(t, k, num_top, base=-1.0) for k, t in enumerate(prompt[1:])]
 
@@ -262,6 +286,7 @@ class FakeEngineClient:
             self._num_holding -= 1
             raise
         self.submitted.append((request_id, prompt, params, hint))
+        num_cached = self._prefix_cache_hit(request_id, prompt, params)
         limit = params.max_tokens if params.max_tokens is not None else self._max_model_len - len(prompt)
         limit = min(limit, self._max_model_len - len(prompt))
         now = anyio.current_time()
@@ -307,7 +332,7 @@ class FakeEngineClient:
                     else None,
                     prompt_logprobs=self._prompt_logprobs(prompt, params.prompt_logprobs)
                     if k == 0 and params.prompt_logprobs is not None else None,
-                    num_prompt_tokens=len(prompt),
+                    num_prompt_tokens=len(prompt), num_cached_tokens=num_cached,
                 )
                 completed = finished
                 self._notify()

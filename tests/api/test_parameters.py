@@ -168,11 +168,11 @@ async def test_chat_echo_prepends_only_an_assistant_final_message() -> None:
 
 REFUSED_EXAMPLES = {
     "tools": [{"type": "function", "function": {"name": "f"}}],
-    "tool_choice": "auto", "functions": [{"name": "f"}], "function_call": "auto", "suffix": "x",
+    "tool_choice": "required", "functions": [{"name": "f"}], "function_call": {"name": "f"}, "suffix": "x",
     "use_beam_search": True, "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ",
     "truncate_prompt_tokens": 5, "allowed_token_ids": [1], "bad_words": ["x"], "priority": 1,
     "return_tokens_as_token_ids": True, "length_penalty": 1.0,
-    "parallel_tool_calls": True, "metadata": {"a": "b"}, "store": True, "service_tier": "flex",
+    "store": True, "service_tier": "flex",
 }
 
 

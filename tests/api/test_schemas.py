@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from asyncdp.api.chat_messages import chat_messages
 from asyncdp.api.engine_client import RankHint
-from asyncdp.api.params import chat_messages, prompts, sampling_params
+from asyncdp.api.params import prompts, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint
 from asyncdp.api.schemas import ChatRequest, CompletionRequest, decode_body
 from asyncdp.errors import HTTPError, InvalidSamplingParams
@@ -60,12 +61,12 @@ def test_out_of_range_value_names_its_field() -> None:
     assert err.value.field == "top_p"
 
 
-def test_chat_content_parts_are_joined_text() -> None:
+def test_chat_content_parts_are_joined_text_one_per_line() -> None:
     import orjson
 
     req = decode_body(orjson.dumps({"messages": [
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}), ChatRequest)
-    assert chat_messages(req) == [{"role": "user", "content": "ab"}]
+    assert chat_messages(req.messages) == [{"role": "user", "content": "a\nb"}]  # as vLLM joins them
 
 
 def test_rank_hint_header_and_body_forms() -> None:

@@ -1,0 +1,88 @@
+"""Chat messages as the chat template receives them, from the shapes client libraries send (vLLM's rules).
+
+``content`` is a string, null (empty) or a list of parts. The parts that carry text (``TEXT_PARTS``: OpenAI's
+``text`` and ``refusal``, the Responses API's ``input_text``/``output_text``, ``thinking``) are joined with
+``"\\n"``, as vLLM joins them for a template that takes a string; any other part (``image_url``,
+``input_audio``, ``file``, ...) is a 400 naming the part, since asyncdp serves text-only models. ``name``,
+``tool_calls`` and ``tool_call_id`` reach the template as given, except that a tool call's ``arguments``
+written as a JSON string (OpenAI's shape) are decoded to the object tool-call templates expect (Transformers'
+convention, which vLLM follows; a string that is not JSON stays a string, so the template shows what the model
+wrote), and an empty ``tool_calls`` list is dropped so the template takes its plain assistant path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from asyncdp.api.schemas import ChatMessage
+from asyncdp.errors import HTTPError
+
+# Part type -> the key holding its text.
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+              "thinking": "thinking"}
+
+# Message fields besides role and content that reach the chat template, when given (vLLM's too).
+_PASSED_MESSAGE_FIELDS = ("name", "tool_calls", "tool_call_id")
+
+
+def _bad(field: str, message: str) -> HTTPError:
+    return HTTPError(400, message, param=field)
+
+
+def _text_of(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(where, f"{where} must be a string, null or a list of content parts.")
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):
+            raise _bad(at, f'{at} must be an object with a string "type", such as {{"type": "text", "text": "..."}}.')
+        key = TEXT_PARTS.get(kind)
+        if key is None:
+            raise _bad(at, f"{at} has type {kind!r}: this server serves a text-only model, so its content parts "
+                           f"may only be of type {', '.join(repr(t) for t in TEXT_PARTS)}.")
+        text = part.get(key)
+        if not isinstance(text, str):
+            raise _bad(f"{at}.{key}", f"{at}.{key} must be a string (a {kind!r} part carries its text there).")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _template_tool_calls(calls: list[Any]) -> list[Any]:
+    """``tool_calls`` with each ``function.arguments`` JSON string decoded (copies; the request is untouched)."""
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                decoded = orjson.loads(arguments)
+            except orjson.JSONDecodeError:
+                decoded = arguments
+            call = {**call, "function": {**function, "arguments": decoded}}  # type: ignore[dict-item]
+        out.append(call)
+    return out
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages for ``apply_chat_template``: role, text content, and the passed fields the message has."""
+    if not messages:
+        raise _bad("messages", "messages must be a non-empty list.")
+    out = []
+    for i, m in enumerate(messages):
+        entry: dict[str, Any] = {"role": m.role, "content": _text_of(m.content, f"messages[{i}].content")}
+        for name in _PASSED_MESSAGE_FIELDS:
+            value = getattr(m, name)
+            if name == "tool_calls" and value is not None:
+                value = _template_tool_calls(value) if value else None
+            if value is not None:
+                entry[name] = value
+        out.append(entry)
+    return out
