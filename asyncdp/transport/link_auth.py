@@ -124,6 +124,7 @@ async def verify(stream: BufferedByteStream, secret: bytes) -> Refusal | None:
     """The accepting side of the exchange on a fresh connection: None once the peer proved it holds ``secret``,
     else why not. Reads at most ``HELLO_BYTES + PROOF_BYTES`` and never a frame; ends by ``AUTH_TIMEOUT_S``."""
     nonce = secrets.token_bytes(NONCE_BYTES)
+    challenged = False
     with anyio.move_on_after(AUTH_TIMEOUT_S):
         try:
             head = await stream.receive_exactly(len(MAGIC))
@@ -131,8 +132,12 @@ async def verify(stream: BufferedByteStream, secret: bytes) -> Refusal | None:
                 return _stranger(head)
             client_nonce = await stream.receive_exactly(NONCE_BYTES)
             await stream.send(MAGIC + nonce + server_proof(secret, client_nonce, nonce))
+            challenged = True
             proof = await stream.receive_exactly(PROOF_BYTES)
         except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            if challenged:  # what a peer with another secret does: it found this side's proof wrong
+                return Refusal(f"it closed the link instead of proving it holds this deployment's secret (it holds "
+                               f"another one, most likely; {SET_THE_SECRET})")
             got = bytes(stream.buffer)
             return Refusal("it closed the link during the deployment-secret handshake"
                            + (f" (it sent {_quote(got)})" if got else ""), quiet=not got)

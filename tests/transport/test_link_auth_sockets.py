@@ -118,6 +118,8 @@ async def test_another_secret_fails_the_connect_and_the_listener_goes_on_serving
             assert await link.receive() == messages.Heartbeat(sender="x", seq=1)
         await link.aclose()
     assert seen == [messages.Heartbeat(sender="x", seq=1)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "instead of proving it holds this deployment's secret" in warnings[0]
     assert "another secret" not in caplog.text and SECRET.decode() not in caplog.text
 
 
