@@ -90,8 +90,7 @@ def check_challenge(secret: bytes, client_nonce: bytes, challenge: bytes) -> str
     """Why the accepting side's ``CHALLENGE`` (``CHALLENGE_BYTES`` long) does not prove it holds ``secret``, as the
     end of "the peer at ADDR ..."; None when it does."""
     if not challenge.startswith(MAGIC):
-        return (f"does not answer the deployment-secret handshake (it sent {_quote(challenge)}): it is no asyncdp "
-                "listener of this deployment")
+        return _not_asyncdp(challenge)
     server_nonce = challenge[len(MAGIC):len(MAGIC) + NONCE_BYTES]
     if hmac.compare_digest(server_nonce, client_nonce):
         return "echoed this process's nonce as its own: a reflection, refused"
@@ -165,12 +164,18 @@ async def prove(stream: BufferedByteStream, secret: bytes, addr: str) -> None:
             await stream.send(client_proof(secret, challenge[len(MAGIC):len(MAGIC) + NONCE_BYTES], nonce))
         except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
             got = bytes(stream.buffer)
-            raise LinkAuthError(addr, "closed the link during the deployment-secret handshake"
-                                + (f" (it sent {_quote(got)})" if got else "")
-                                + f": it holds no deployment secret, or is no asyncdp listener; {SET_THE_SECRET}"
+            if got and not MAGIC.startswith(got[:len(MAGIC)]):
+                raise LinkAuthError(addr, _not_asyncdp(got)) from None
+            raise LinkAuthError(addr, "closed the link during the deployment-secret handshake: it holds no "
+                                f"deployment secret, or runs an asyncdp without link authentication; {SET_THE_SECRET}"
                                 ) from None
         return
     raise LinkAuthError(addr, f"did not answer the deployment-secret handshake within {AUTH_TIMEOUT_S:g} s")
+
+
+def _not_asyncdp(answer: bytes) -> str:
+    return (f"is not an asyncdp listener (it answered the deployment-secret handshake with {_quote(answer)}): check "
+            "--data-parallel-address/--data-parallel-rpc-port, which name the head's rpc port, not its HTTP --port")
 
 
 class RefusalLog:

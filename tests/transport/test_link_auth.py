@@ -238,4 +238,4 @@ def test_check_challenge_names_each_failure():
     assert check_challenge(SECRET, nonce, MAGIC + ns + server_proof(SECRET, nonce, ns)) is None
     assert "do not match" in (check_challenge(OTHER, nonce, MAGIC + ns + server_proof(SECRET, nonce, ns)) or "")
     assert "reflection" in (check_challenge(SECRET, nonce, MAGIC + nonce + server_proof(SECRET, nonce, nonce)) or "")
-    assert "does not answer" in (check_challenge(SECRET, nonce, b"HTTP/1.1 400 Bad Request".ljust(72)) or "")
+    assert "is not an asyncdp listener" in (check_challenge(SECRET, nonce, b"HTTP/1.1 400 Bad Request".ljust(72)) or "")

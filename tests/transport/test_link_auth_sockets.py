@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.abc
 import pytest
 
 from asyncdp import messages
@@ -165,3 +166,25 @@ async def test_a_scanner_that_keeps_trying_gets_one_warning_a_minute(autojump_cl
         "refused a link from 10.0.0.9:4243 to the engine listener: it does not speak the deployment-secret handshake "
         "(4 more refused since the last such line)"]
     assert refusals.num_refused == 7
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n", b"HTTP/1.1 400 " + b"x" * 80],
+                         ids=["short-then-closed", "long"])
+async def test_a_secret_holding_peer_pointed_at_an_http_port_says_it_is_no_asyncdp_listener(answer):
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def http(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            await stream.send(answer)
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, http)
+        with pytest.raises(LinkAuthError) as raised:
+            await connect(f"tcp:127.0.0.1:{port}", secret=SECRET)
+        tg.cancel_scope.cancel()
+    assert str(raised.value).startswith(f"the peer at tcp:127.0.0.1:{port} is not an asyncdp listener (it answered "
+                                        "the deployment-secret handshake with b'HTTP/1.1 400 ")
+    assert "--data-parallel-rpc-port" in str(raised.value)
