@@ -25,7 +25,8 @@ from typing import Any, NoReturn, Protocol
 from asyncdp.bench.command import add_bench_parser
 from asyncdp.bench.command import run as run_bench
 from asyncdp.config.deployment import ResolvedServeConfig, resolve
-from asyncdp.config.flags import ServeConfig, check_tls_files, json_strings
+from asyncdp.config.files import check_tls_files
+from asyncdp.config.flags import ServeConfig, json_strings
 from asyncdp.config.serve_args import add_serve_flags
 from asyncdp.dp.balance import make_policy
 from asyncdp.errors import ConfigError

@@ -15,7 +15,8 @@
      │    ├── EngineTimeoutError     an engine did not take or answer a message within its deadline
      │    └── ShuttingDownError      the deployment is draining or stopping
      ├── ProtocolError               a malformed or unknown inter-process message
-     │    └── ForeignPeerError       a link's first frame is not this build's: another service, or another version
+     │    ├── ForeignPeerError       a link's first frame is not this build's: another service, or another version
+     │    └── LinkAuthError          a link's peer failed the deployment-secret handshake (another secret, or none)
      ├── StartupError                a handshake check, deadline or child process failed at startup (exit 1)
      │    └── ChildExited            a child process exited before it reported what startup waits for
      ├── PauseError                  pause/resume misuse (resume while a pause is still in progress)
@@ -122,6 +123,18 @@ class ForeignPeerError(ProtocolError):
         return (f"the peer at {addr} is not an asyncdp handshake listener (it sent {self.seen}): check "
                 "--data-parallel-address/--data-parallel-rpc-port, which name the head's rpc port, not its HTTP "
                 "--port")
+
+
+class LinkAuthError(ProtocolError):
+    """The peer a link connected to failed the deployment-secret handshake (:mod:`asyncdp.transport.link_auth`): it
+    holds another secret or none, answered something else, or did not answer in time. ``addr`` is the address
+    connected to; the message says what went wrong and what to change. Raised by the side that connected (an
+    accepting side drops a stranger with one log line instead)."""
+
+    def __init__(self, addr: str, problem: str) -> None:
+        super().__init__(f"the peer at {addr} {problem}")
+        self.addr = addr
+        self.problem = problem
 
 
 class StartupError(AsyncDPError):

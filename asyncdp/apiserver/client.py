@@ -98,12 +98,12 @@ class DPClient:
                                     release=self._release, abandoned=self._abandoned, on_wave=self._on_wave)
         self._links = EngineLinks(cfg.managed_ranks, cfg.client_index, on_ready=self._on_engine_ready,
                                   on_message=self._events.on_message, on_dead=self._events.on_dead,
-                                  heartbeat_timeout_s=cfg.heartbeat_timeout_s)
+                                  heartbeat_timeout_s=cfg.heartbeat_timeout_s, link_secret=cfg.link_secret)
         self.coordinator = CoordinatorFollower(
             cfg.client_index, cfg.heartbeat_interval_s, self._events.on_snapshot, lambda: self._shutting_down,
             state="none" if cfg.coordinator_client_addr is None and cfg.dp_size == 1 else "starting",
             heartbeat_timeout_s=cfg.heartbeat_timeout_s, on_lost=self.lb.forget_snapshot,
-            on_placed=lambda msg: self.lb.on_prefix_placed(msg.rank, msg.prompt_tokens))
+            on_placed=lambda msg: self.lb.on_prefix_placed(msg.rank, msg.prompt_tokens), link_secret=cfg.link_secret)
         self.processes: list[dict[str, Any]] = []
         self.nodes: list[dict[str, Any]] = []  # the deployment's launches, as the launcher last published them
         if metrics is not None:

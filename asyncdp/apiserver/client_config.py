@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,7 @@ class ClientConfig:
     heartbeat_timeout_s: float = 5.0  # --dp-heartbeat-timeout-s: a coordinator silent this long is dead
     enable_expert_parallel: bool = False
     utility_timeout_s: float = 600.0  # every utility call (pause, resume, collective_rpc, ...) ends by then
+    link_secret: bytes | None = field(default=None, repr=False)  # the deployment secret its links prove; never logged
 
     def with_coordinator(self, addr: str) -> ClientConfig:
         return dataclasses.replace(self, coordinator_client_addr=addr)

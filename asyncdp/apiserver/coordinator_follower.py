@@ -37,6 +37,7 @@ import anyio
 from asyncdp import messages as m
 from asyncdp.dp.balance import LoadBalancer
 from asyncdp.dp.liveness import Liveness
+from asyncdp.errors import LinkAuthError
 from asyncdp.transport import Link, connect_with_retry
 from asyncdp.transport import connect as connect_link
 from asyncdp.transport.heartbeat import send_heartbeats
@@ -66,8 +67,10 @@ class CoordinatorFollower:
                  on_snapshot: Callable[[m.StatsSnapshot], None], shutting_down: Callable[[], bool], *,
                  state: str = "starting", heartbeat_timeout_s: float = 5.0,
                  on_lost: Callable[[], None] = lambda: None,
-                 on_placed: Callable[[m.PrefixPlaced], None] = lambda msg: None) -> None:
+                 on_placed: Callable[[m.PrefixPlaced], None] = lambda msg: None,
+                 link_secret: bytes | None = None) -> None:
         self.client_index = client_index
+        self._link_secret = link_secret  # the deployment secret the coordinator's listener asks for
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._on_snapshot = on_snapshot
@@ -149,8 +152,9 @@ class CoordinatorFollower:
             nonlocal attempts
             attempts += 1
             if attempts == 1:  # at startup the coordinator may still be binding: retry for a while
-                return await connect_with_retry(addr, timeout_s=CONNECT_TIMEOUT_S, what="the DP coordinator")
-            return await connect_link(addr)
+                return await connect_with_retry(addr, timeout_s=CONNECT_TIMEOUT_S, what="the DP coordinator",
+                                                secret=self._link_secret)
+            return await connect_link(addr, secret=self._link_secret)
 
         await self.follow(connect)
 
@@ -162,7 +166,7 @@ class CoordinatorFollower:
             try:
                 with anyio.fail_after(CONNECT_TIMEOUT_S):
                     link = await connect()
-            except (TimeoutError, OSError, anyio.BrokenResourceError) as exc:
+            except (TimeoutError, OSError, anyio.BrokenResourceError, LinkAuthError) as exc:
                 self.state = "dead"
                 now = anyio.current_time()
                 unreachable_since = now if unreachable_since is None else unreachable_since

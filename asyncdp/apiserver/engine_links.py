@@ -184,8 +184,10 @@ class EngineLinks:
 
     def __init__(self, managed_ranks: tuple[int, ...], client_index: int, *,
                  on_ready: Callable[[EngineLink], None], on_message: Callable[[int, m.Message], None],
-                 on_dead: Callable[[int, str], None], heartbeat_timeout_s: float = 5.0) -> None:
+                 on_dead: Callable[[int, str], None], heartbeat_timeout_s: float = 5.0,
+                 link_secret: bytes | None = None) -> None:
         self.managed_ranks = managed_ranks
+        self.link_secret = link_secret  # every engine proves it holds the deployment secret (None: none)
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.client_index = client_index
         self.engines: dict[int, EngineLink] = {}
@@ -217,14 +219,21 @@ class EngineLinks:
         return f"no data-parallel rank can serve requests: the last, engine rank {last.dp_rank}, ended ({last.ended})"
 
     async def accept(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
-        """Task: accept engine connections and serve each in ``tg``."""
-        from asyncdp.transport.links import ACCEPTED_FIRST_FRAME_MAX_BYTES, StreamLink
+        """Task: accept engine connections and serve each in ``tg`` (each proves the deployment secret first, in its
+        own task: a stranger that stalls the exchange holds up nobody)."""
+        from asyncdp.transport import accept_link
+        from asyncdp.transport.link_auth import RefusalLog
+
+        refusals = RefusalLog("engine")
+
+        async def serve(stream: anyio.abc.SocketStream) -> None:
+            link = await accept_link(stream, name="engine", secret=self.link_secret, refusals=refusals)
+            if link is not None:
+                await self.serve_link(link)
 
         async with listener:
             while True:
-                stream = await listener.accept()
-                tg.start_soon(self.serve_link, StreamLink(stream, name="engine",
-                                                          max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES))
+                tg.start_soon(serve, await listener.accept())
 
     async def wait_ready(self, timeout_s: float) -> None:
         with anyio.move_on_after(timeout_s) as scope:

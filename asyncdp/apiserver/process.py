@@ -201,7 +201,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         lb_policy=role.lb_policy, max_queued_requests=role.max_queued_requests,
         engine_ready_timeout_s=role.engine_ready_timeout_s, coordinator_client_addr=role.coordinator_client_addr,
         mode=role.mode, enable_expert_parallel=role.enable_expert_parallel,
-        local_ranks=role.local_ranks,
+        local_ranks=role.local_ranks, link_secret=role.link_secret,
         heartbeat_interval_s=role.heartbeat_interval_s, heartbeat_timeout_s=role.heartbeat_timeout_s)
     return ApiConfig(
         client=client, model_path=role.model_path, backend=role.backend, shutdown_timeout_s=role.shutdown_timeout_s,

@@ -22,12 +22,12 @@ import json
 import math
 import os
 import re
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncdp.config.files import read_secret_file
 from asyncdp.errors import ConfigError
 
 DEFAULT_MODEL = "builtin:tiny-moe"
@@ -174,6 +174,8 @@ KEEP_ALIVE_ENV = ("ASYNCDP_KEEP_ALIVE_ON_ENGINE_DEATH", "VLLM_KEEP_ALIVE_ON_ENGI
 # Set by the multi-port supervisor (§11.3) in the environment of each child it starts: the child's global rank.
 # Internal (no flag, not a user override): it makes the child name itself asyncdp-api-dp{r}, log as APIServer_DP{r}.
 SUPERVISED_RANK_ENV = "ASYNCDP_SUPERVISED_RANK"
+# The deployment secret of the links between its processes (--data-parallel-secret-file wins over it). Never logged.
+DP_SECRET_ENV = "ASYNCDP_DP_SECRET"
 _API_KEY = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
@@ -191,6 +193,10 @@ class ServeConfig:
     data_parallel_start_rank: int | None = None
     data_parallel_address: str | None = None
     data_parallel_rpc_port: int = 29550
+    # --data-parallel-secret-file: the deployment secret's file; the secret itself (from the file or the
+    # environment, read by from_flags) is data_parallel_secret, never logged
+    data_parallel_secret_file: str | None = None
+    data_parallel_secret: bytes | None = dataclasses.field(default=None, repr=False)
     data_parallel_backend: str = "mp"
     data_parallel_hybrid_lb: bool = False
     data_parallel_external_lb: bool = False
@@ -282,6 +288,10 @@ class ServeConfig:
                     break
         if "keep_alive_on_engine_death" not in serve:
             serve["keep_alive_on_engine_death"] = any(env.get(v, "").strip() == "1" for v in KEEP_ALIVE_ENV)
+        if serve.get("data_parallel_secret_file") is not None:
+            serve["data_parallel_secret"] = read_secret_file(serve["data_parallel_secret_file"])
+        elif "data_parallel_secret" not in serve and (raw := env.get(DP_SECRET_ENV, "").strip()):
+            serve["data_parallel_secret"] = raw.encode()
         if "supervised_rank" not in serve and (raw := env.get(SUPERVISED_RANK_ENV, "").strip()):
             try:
                 serve["supervised_rank"] = int(raw)
@@ -368,20 +378,6 @@ def json_strings(flag: str, raw: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
         raise ConfigError(f'{flag} must be a JSON list of non-empty strings such as \'["*"]\' (got {raw!r}).')
     return tuple(value)
-
-
-def check_tls_files(certfile: str, keyfile: str) -> None:
-    """``--ssl-certfile`` and ``--ssl-keyfile`` are readable and load as one certificate and its key, or a
-    ConfigError naming the flag (checked by ``asyncdp serve`` before anything starts; not in ``validate``, which
-    also checks configurations derived for other processes and machines)."""
-    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
-        if not os.access(path, os.R_OK) or not os.path.isfile(path):
-            raise ConfigError(f"{flag} {path!r} is not a readable file.")
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"--ssl-certfile {certfile!r} and --ssl-keyfile {keyfile!r} do not load as a certificate "
-                          f"and its private key ({exc}).") from None
 
 
 def prometheus_multiproc_dir() -> str | None:

@@ -9,7 +9,9 @@ derives one role config per child from it with :func:`coordinator_role`, :func:`
 they travel inside the worker hello of the control channel (:mod:`asyncdp.messages`) through the one codec, and
 a child that gets the wrong role or a malformed config fails with a :class:`~asyncdp.errors.ProtocolError`.
 Each role's process main turns its role config into the role's own runtime config (``CoordinatorConfig``,
-``RankConfig``, ``ApiConfig``); this module imports no role.
+``RankConfig``, ``ApiConfig``); this module imports no role. Every role config carries the deployment's link secret
+(``link_secret``, sent over the control channel like ``--api-key``, never on a command line or in an environment);
+role configs are never logged.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class LaunchPlan:
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     api_key: str | None = field(default=None, repr=False)  # --api-key: never logged
+    # The deployment secret every link's handshake proves (the operator's, or drawn by the launcher of a
+    # deployment that is all on one node); None: unauthenticated links. Never logged.
+    link_secret: bytes | None = field(default=None, repr=False)
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     engine_ready_timeout_s: float = 600.0
@@ -101,6 +106,7 @@ class CoordinatorRole(_Role, frozen=True):
     # TCP on this host (the DP address) when peers are on other nodes; None: a Unix socket (spec §5.1).
     engine_link_host: str | None = None
     client_link_host: str | None = None
+    link_secret: bytes | None = None  # the deployment secret both listeners ask for (None: none)
 
 
 class EngineRole(_Role, frozen=True):
@@ -124,6 +130,7 @@ class EngineRole(_Role, frozen=True):
     enable_expert_parallel: bool = False
     # The launch's parallel-configuration summary (plan_summary), said in Hello (checked before the DP group forms)
     config_summary: dict[str, Any] = {}
+    link_secret: bytes | None = None  # the deployment secret every link of this rank proves (None: none)
 
 
 class ApiServerRole(_Role, frozen=True):
@@ -166,6 +173,7 @@ class ApiServerRole(_Role, frozen=True):
     http_shared_port: tuple[str | None, int] | None = None
     http_fd: int | None = None
     node_table_fd: int | None = None  # the siblings' shared admission/heartbeat table (several API servers)
+    link_secret: bytes | None = None  # the deployment secret of its engine and coordinator links (None: none)
 
 
 RoleConfig = Union[CoordinatorRole, EngineRole, ApiServerRole]  # noqa: UP007 - msgspec needs a real Union
@@ -180,7 +188,8 @@ def coordinator_role(plan: LaunchPlan, *, socket_dir: str, engine_link_host: str
         heartbeat_timeout_s=plan.heartbeat_timeout_s,
         # Engines subscribe only after loading their model: the same budget as the API servers' ready wait.
         subscribe_timeout_s=plan.engine_ready_timeout_s,
-        ranks_can_return=not plan.deployment.waves and plan.deployment.dp_size_local < plan.dp_size)
+        ranks_can_return=not plan.deployment.waves and plan.deployment.dp_size_local < plan.dp_size,
+        link_secret=plan.link_secret)
 
 
 def engine_role(plan: LaunchPlan, dp_rank: int, *, handshake_addr: str, torch_threads: int,
@@ -197,7 +206,8 @@ def engine_role(plan: LaunchPlan, dp_rank: int, *, handshake_addr: str, torch_th
         external_lb=plan.deployment.external, heartbeat_interval_s=plan.heartbeat_interval_s,
         heartbeat_timeout_s=plan.heartbeat_timeout_s, shutdown_timeout_s=plan.shutdown_timeout_s,
         sync_interval=plan.sync_interval, prefill_schedule_interval=plan.prefill_schedule_interval,
-        enable_expert_parallel=plan.enable_expert_parallel, config_summary=dict(config_summary or {}))
+        enable_expert_parallel=plan.enable_expert_parallel, config_summary=dict(config_summary or {}),
+        link_secret=plan.link_secret)
 
 
 def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple[int, ...],
@@ -220,4 +230,4 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         enable_prompt_tokens_details=plan.enable_prompt_tokens_details,
         allowed_origins=plan.allowed_origins, allowed_methods=plan.allowed_methods,
         allowed_headers=plan.allowed_headers, allow_credentials=plan.allow_credentials, api_key=plan.api_key,
-        http_shared_port=http_shared_port, node_table_fd=node_table_fd)
+        http_shared_port=http_shared_port, node_table_fd=node_table_fd, link_secret=plan.link_secret)

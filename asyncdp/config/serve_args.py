@@ -52,6 +52,11 @@ def _add_topology_flags(g: argparse._ArgumentGroup) -> None:
                         "(default: --master-addr, then 127.0.0.1)")
     g.add_argument("--data-parallel-rpc-port", "-dpp", type=int, default=None, metavar="PORT",
                    help=f"head-node TCP handshake port (default: {_D.data_parallel_rpc_port})")
+    g.add_argument("--data-parallel-secret-file", default=None, metavar="PATH",
+                   help="file holding the deployment secret that authenticates the links between its processes "
+                        "(mode 600; every node the same); env ASYNCDP_DP_SECRET holds the secret itself; without "
+                        "one, one node draws a fresh secret and several nodes run unauthenticated, with a warning "
+                        "(default: none)")
     g.add_argument("--data-parallel-backend", "-dpb", default=None, metavar="{" + ",".join(DP_BACKENDS) + "}",
                    help="process backend; ray is not available in this build (default: mp)")
     _bool(g, "--data-parallel-hybrid-lb", "-dph",

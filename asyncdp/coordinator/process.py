@@ -38,17 +38,18 @@ def coordinator_config(role: CoordinatorRole) -> CoordinatorConfig:
     )
 
 
-async def _listen(tcp_host: str | None, socket_dir: str, name: str) -> LinkListener:
-    """TCP port 0 on ``tcp_host`` when peers are on other nodes, else a fresh Unix socket (spec §5.1)."""
+async def _listen(tcp_host: str | None, socket_dir: str, name: str, secret: bytes | None) -> LinkListener:
+    """TCP port 0 on ``tcp_host`` when peers are on other nodes, else a fresh Unix socket (spec §5.1); with the
+    deployment secret, every peer proves it holds it before its first frame is read."""
     if tcp_host is not None:
-        return await listen_links("tcp", host=tcp_host, name=name)
-    return await listen_links("unix", directory=socket_dir, prefix=f"asyncdp-coord-{name}", name=name)
+        return await listen_links("tcp", host=tcp_host, name=name, secret=secret)
+    return await listen_links("unix", directory=socket_dir, prefix=f"asyncdp-coord-{name}", name=name, secret=secret)
 
 
 async def run_coordinator_process(role: CoordinatorRole, control: ControlChannel) -> int:
     config = coordinator_config(role)
-    engines = await _listen(role.engine_link_host, role.socket_dir, "engine")
-    clients = await _listen(role.client_link_host, role.socket_dir, "client")
+    engines = await _listen(role.engine_link_host, role.socket_dir, "engine", role.link_secret)
+    clients = await _listen(role.client_link_host, role.socket_dir, "client", role.link_secret)
     code = 0
     stopping = anyio.Event()  # the launcher announces an orderly shutdown: departures are expected then
     async with anyio.create_task_group() as tg:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
@@ -87,6 +87,7 @@ class RankConfig:
     # The head's stop stops this rank's node too (its own node, a headless node): an orderly Teardown is this rank's
     # own stop, late. False on a node of its own launch (external-LB rank server, hybrid node): a peer's departure.
     stops_with_head: bool = True
+    link_secret: bytes | None = field(default=None, repr=False)  # the deployment secret its links prove (None: none)
 
 
 class EngineRank:

@@ -34,6 +34,7 @@ from asyncdp.errors import (
     ConfigError,
     DPGroupError,
     ForeignPeerError,
+    LinkAuthError,
     RankTornDown,
     StartupError,
     leaf_exceptions,
@@ -59,7 +60,8 @@ def rank_config(role: EngineRole) -> RankConfig:
         external_lb=role.external_lb, heartbeat_interval_s=role.heartbeat_interval_s,
         heartbeat_timeout_s=role.heartbeat_timeout_s, shutdown_timeout_s=role.shutdown_timeout_s,
         sync_interval=role.sync_interval, prefill_schedule_interval=role.prefill_schedule_interval,
-        enable_expert_parallel=role.enable_expert_parallel, stops_with_head=role.local or role.headless)
+        enable_expert_parallel=role.enable_expert_parallel, stops_with_head=role.local or role.headless,
+        link_secret=role.link_secret)
 
 
 def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
@@ -149,8 +151,8 @@ async def _reach(cfg: RankConfig, addr: str, name: str, what: str) -> Link:
     """Connect to a peer the handshake named; a peer that is not there (gone since, or unreachable) is a
     :class:`StartupError` that names it, not a traceback."""
     try:
-        return await connect(addr, name=name)
-    except OSError as exc:
+        return await connect(addr, name=name, secret=cfg.link_secret)
+    except (OSError, LinkAuthError) as exc:
         raise StartupError(f"rank {cfg.dp_rank}: cannot reach {what} at {addr} that the front-end's handshake "
                            f"named ({exc})") from None
 
@@ -289,13 +291,18 @@ async def run_rank_process(role: EngineRole, control: ControlChannel) -> int:
         local_handshake: Link | None = None
         try:
             with anyio.fail_after(HANDSHAKE_TIMEOUT_S):
-                handshake = await connect_with_retry(addr, timeout_s=HANDSHAKE_TIMEOUT_S, what="the front-end")
+                handshake = await connect_with_retry(addr, timeout_s=HANDSHAKE_TIMEOUT_S, what="the front-end",
+                                                     secret=cfg.link_secret)
                 if role.local_handshake_addr is not None:
                     addr = role.local_handshake_addr
                     local_handshake = await connect_with_retry(addr, timeout_s=HANDSHAKE_TIMEOUT_S,
-                                                               what="this node's front-end")
-        except TimeoutError:
-            log.error("did not receive handshake from the front-end at %s within %.0f s", addr, HANDSHAKE_TIMEOUT_S)
+                                                               what="this node's front-end", secret=cfg.link_secret)
+        except (TimeoutError, LinkAuthError) as exc:
+            if isinstance(exc, LinkAuthError):
+                log.error("rank %d: %s", cfg.dp_rank, exc)
+            else:
+                log.error("did not receive handshake from the front-end at %s within %.0f s", addr,
+                          HANDSHAKE_TIMEOUT_S)
             tg.cancel_scope.cancel()  # a bare return would wait forever for the signal and control tasks
             return 1
         try:

@@ -38,7 +38,7 @@ from asyncdp.errors import AsyncDPError, StartupError
 from asyncdp.launcher import rundir
 from asyncdp.launcher.children import publish_process_table, stop_all
 from asyncdp.launcher.headless import leave_head, start_headless
-from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config, plan_summary
+from asyncdp.launcher.launch_plan import bind_http_socket, plan_from_config, plan_summary, with_link_secret
 from asyncdp.launcher.node import RunningNode, book_for
 from asyncdp.launcher.node_book import span
 from asyncdp.launcher.peer_link import follow_head_topology, wants_topology_link
@@ -87,6 +87,9 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
 
     ``started_at``: ``time.monotonic()`` when the command began (default: now), for the startup's total time."""
     started_at = time.monotonic() if started_at is None else started_at
+    plan, unauthenticated = with_link_secret(plan)
+    if unauthenticated is not None:
+        log.warning("%s", unauthenticated)
     headless = plan.deployment.headless
     try:
         import setproctitle

@@ -32,7 +32,7 @@ import anyio.abc
 
 from asyncdp import messages as m
 from asyncdp.config.roles import engine_role
-from asyncdp.errors import ForeignPeerError, ProtocolError, StartupError
+from asyncdp.errors import ForeignPeerError, LinkAuthError, ProtocolError, StartupError
 from asyncdp.launcher.children import spawn
 from asyncdp.launcher.node import RunningNode
 from asyncdp.launcher.node_book import span
@@ -59,12 +59,14 @@ async def join_head(node: RunningNode, summary: dict[str, object], *, role: str 
     ranks = span(dep.local_ranks)
     wait_s = timeout_s or plan.engine_ready_timeout_s
     try:
-        link = await connect_with_retry(addr, timeout_s=wait_s,
+        link = await connect_with_retry(addr, timeout_s=wait_s, secret=plan.link_secret,
                                         what=f"the head front-end (this {role} node brings {ranks})")
     except TimeoutError:
         limit = f"{wait_s:g} s" if timeout_s else f"--engine-ready-timeout-s ({wait_s:g} s)"
         raise StartupError(f"no head front-end listening at {addr} (--data-parallel-address/"
                            f"--data-parallel-rpc-port) within {limit}") from None
+    except LinkAuthError as exc:  # another secret, or none: a mistake of this launch's, never worth a retry
+        raise StartupError(f"the head at {addr} {exc.problem}") from None
     try:
         await link.send(m.NodeHello(start_rank=dep.dp_start_rank, size_local=dep.dp_size_local,
                                     host=socket.gethostname(), pid=os.getpid(), protocol_version=m.PROTOCOL_VERSION,

@@ -9,14 +9,18 @@ before any child process exists.
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import socket
 
 from asyncdp.config.deployment import ResolvedServeConfig
 from asyncdp.config.flags import default_max_request_body_bytes
 from asyncdp.config.roles import LaunchPlan
+from asyncdp.launcher.plan import plan as launch_table
 from asyncdp.transport.http_socket import bind_listener
+from asyncdp.transport.link_auth import LINK_SECRET_BYTES, unauthenticated_warning
 
-__all__ = ["LaunchPlan", "bind_http_socket", "plan_from_config", "plan_summary"]
+__all__ = ["LaunchPlan", "bind_http_socket", "plan_from_config", "plan_summary", "with_link_secret"]
 
 
 def bind_http_socket(host: str | None, port: int) -> socket.socket:
@@ -41,6 +45,23 @@ def plan_summary(plan: LaunchPlan) -> dict[str, object]:
         enable_expert_parallel=dep.enable_expert_parallel, num_experts=info.num_experts,
         sync_interval=plan.sync_interval, prefill_schedule_interval=plan.prefill_schedule_interval,
         max_model_len=plan.max_model_len, protocol_version=m.PROTOCOL_VERSION))
+
+
+def with_link_secret(plan: LaunchPlan) -> tuple[LaunchPlan, str | None]:
+    """The plan with its deployment's link secret, and a warning to log at startup (or None).
+
+    The operator's secret (``ASYNCDP_DP_SECRET``, ``--data-parallel-secret-file``) wins. A deployment whose links
+    all stay on this node (no TCP link in its launch table) draws a fresh one: no other launch needs to know it,
+    and the children get it in their role configs. One that spans launches without a secret keeps its links
+    unauthenticated, as before, with the warning (a multi-port supervisor's child leaves it to its supervisor)."""
+    if plan.link_secret is not None:
+        return plan, None
+    if not launch_table(plan.deployment).crosses_nodes:
+        return dataclasses.replace(plan, link_secret=secrets.token_bytes(LINK_SECRET_BYTES)), None
+    if plan.supervised_rank is not None:
+        return plan, None
+    dep = plan.deployment
+    return plan, unauthenticated_warning(dep.data_parallel_address, dep.data_parallel_rpc_port)
 
 
 def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
@@ -82,4 +103,5 @@ def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
         log_level=config.log_level.upper(),
         max_model_len=max_model_len,
         supervised_rank=config.supervised_rank,
+        link_secret=config.data_parallel_secret,
     )

@@ -103,6 +103,11 @@ class LaunchTable:
     def link(self, name: str) -> LinkSpec | None:
         return next((link for link in self.links if link.name == name), None)
 
+    @property
+    def crosses_nodes(self) -> bool:
+        """Some link of this node is TCP: the deployment spans launches (nodes), which must share its secret."""
+        return any(link.crosses_nodes for link in self.links)
+
 
 def plan(dep: DeploymentConfig) -> LaunchTable:
     """This node's launch table for the resolved deployment ``dep``. Pure."""

@@ -129,7 +129,8 @@ async def _bind_handshake(node: RunningNode, tg: anyio.abc.TaskGroup) -> None:
             node.handshake_addr = addr
         else:
             node.local_handshake_addr = addr
-        tg.start_soon(serve_links, listener, functools.partial(handshake, node))
+        tg.start_soon(functools.partial(serve_links, listener, functools.partial(handshake, node), name=name,
+                                        secret=node.plan.link_secret))
 
 
 async def _start_coordinator(node: RunningNode, tg: anyio.abc.TaskGroup, row: ProcessSpec) -> None:

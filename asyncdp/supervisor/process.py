@@ -28,6 +28,7 @@ the children's trees are killed on the way out, whatever ended the supervisor.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -46,6 +47,7 @@ from asyncdp.supervisor.derive import ChildCommand, ResolveArgs, check_child_com
 from asyncdp.supervisor.health_server import create_health_app, ensure_port_free, listen_socket, serve_health
 from asyncdp.supervisor.probe import ProbeTarget, attempts_per_probe, judge_round, probe_host, probe_round
 from asyncdp.supervisor.settings import SupervisorSettings
+from asyncdp.transport.link_auth import unauthenticated_warning
 
 log = logging.getLogger("asyncdp.supervisor")
 
@@ -262,7 +264,12 @@ def run_supervisor(config: ResolvedServeConfig, argv: list[str], *, resolve_args
     commands = child_commands(argv, config.deployment, cpu_count=os.cpu_count())
     if resolve_args is not None:
         check_child_commands(commands, resolve_args)
-    return run_children(commands, SupervisorSettings.from_config(config))
+    settings = SupervisorSettings.from_config(config)
+    if config.data_parallel_secret is None:  # the children, external-LB ranks of one deployment, link over TCP
+        dep = config.deployment
+        settings = dataclasses.replace(settings, link_warning=unauthenticated_warning(dep.data_parallel_address,
+                                                                                      dep.data_parallel_rpc_port))
+    return run_children(commands, settings)
 
 
 def run_children(commands: Sequence[ChildCommand], settings: SupervisorSettings) -> int:
@@ -270,6 +277,8 @@ def run_children(commands: Sequence[ChildCommand], settings: SupervisorSettings)
     from asyncdp.logs import setup_logging
 
     setup_logging(prefix="asyncdp-supervisor", level=settings.log_level.upper())
+    if settings.link_warning is not None:  # once here; the children leave it to the supervisor
+        log.warning("%s", settings.link_warning)
     try:
         import setproctitle
 

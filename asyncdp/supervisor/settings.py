@@ -25,6 +25,7 @@ class SupervisorSettings:
     ssl_keyfile: str | None = None
     backend: str = "asyncio"
     log_level: str = "info"
+    link_warning: str | None = None  # no deployment secret: the children's links run unauthenticated (logged once)
 
     @classmethod
     def from_config(cls, config: ServeConfig) -> SupervisorSettings:

@@ -8,24 +8,23 @@ The first frame of an accepted link (anyone on the network may have connected) i
 ``ACCEPTED_FIRST_FRAME_MAX_BYTES``; once the framing is lost (that error, or a frame over ``MAX_FRAME_BYTES``) the
 link reads nothing more: its next receive is ``EndOfStream``. ``MemoryLink`` passes message objects through anyio memory
 object streams; by default it still round-trips them through the codec so in-process tests exercise the wire
-format (``codec=False`` skips that for the simulation harness).
+format (``codec=False`` skips that for the simulation harness). Connecting and listening:
+:mod:`asyncdp.transport.endpoints` (which runs the deployment secret's handshake before a stream link exists).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import struct
-import tempfile
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.buffered import BufferedByteReceiveStream, BufferedByteStream
 
 from asyncdp import messages
 from asyncdp.errors import ForeignPeerError, ProtocolError
+from asyncdp.transport import link_auth
 
 # What a link operation raises once the peer is gone (closed, reset, or ended); handlers treat them alike.
 LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
@@ -79,18 +78,19 @@ class Link:
 class StreamLink(Link):
     """``max_first_frame_bytes``: the longest first frame (an accepted link's is small:
     ``ACCEPTED_FIRST_FRAME_MAX_BYTES``). Once the framing is lost (a foreign first frame, a frame over its limit)
-    the receive that found it raises, and every later one raises ``EndOfStream``: the rest is no frames."""
+    the receive that found it raises, and every later one raises ``EndOfStream``: the rest is no frames. A
+    ``BufferedByteStream`` (one that ran the secret handshake) is read on where that left off."""
 
     def __init__(self, stream: anyio.abc.ByteStream, *, name: str = "link",
                  max_first_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self.name = name
         self._stream = stream
-        self._reader = BufferedByteReceiveStream(stream)
+        self._reader = stream if isinstance(stream, BufferedByteStream) else BufferedByteReceiveStream(stream)
         self._size: int | None = None  # a frame whose header was read and whose payload was not, yet
         self._first = True  # no frame received yet: a bad one means a foreign peer, not a garbled frame
         self._max_first = max_first_frame_bytes
         self._lost = False  # the framing is lost: nothing more is read
-        self._remote = _remote_of(stream)  # now: a peer that reset its connection has no address any more
+        self._remote = remote_of(stream)  # now: a peer that reset its connection has no address any more
         # fast_acquire: an uncontended send does not yield to the scheduler here; the stream write right after
         # is a checkpoint anyway. That is one task switch less per frame.
         self._send_lock = anyio.Lock(fast_acquire=True)
@@ -121,7 +121,8 @@ class StreamLink(Link):
             if size > (self._max_first if self._first else MAX_FRAME_BYTES):
                 self._lost = True
                 if self._first:
-                    seen = _quote(header + await self._more_of_a_foreign_answer())
+                    seen = link_auth.UNEXPECTED_HELLO if header == link_auth.MAGIC[:_HEADER.size] else \
+                        _quote(header + await self._more_of_a_foreign_answer())
                     raise ForeignPeerError(self.name, seen, other_version=False,
                                            protocol_version=messages.PROTOCOL_VERSION)
                 raise ProtocolError(f"{self.name}: frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
@@ -187,7 +188,13 @@ class Frames:
                 return None
 
 
-def _remote_of(stream: anyio.abc.ByteStream) -> str:
+def frame_bytes(msg: messages.Message) -> bytes:
+    """``msg`` as one frame on the wire (for a reply written before a link exists)."""
+    payload = messages.encode(msg)
+    return _HEADER.pack(len(payload)) + payload
+
+
+def remote_of(stream: anyio.abc.ByteStream) -> str:
     """The peer's TCP address (``host:port``), for log lines; a Unix socket's peer has none."""
     try:
         addr = stream.extra(anyio.abc.SocketAttribute.remote_address)
@@ -244,109 +251,3 @@ def memory_link_pair(*, max_buffer: int = 1024, codec: bool = True, name: str = 
         MemoryLink(a_send, a_recv, name=f"{name}:a", codec=codec),
         MemoryLink(b_send, b_recv, name=f"{name}:b", codec=codec),
     )
-
-
-def _parse(addr: str) -> tuple[str, str, int]:
-    kind, _, rest = addr.partition(":")
-    if kind == "unix" and rest:
-        return "unix", rest, 0
-    if kind == "tcp":
-        host, _, port = rest.rpartition(":")
-        if host and port.isdigit():
-            return "tcp", host.strip("[]"), int(port)
-    raise ValueError(f"bad link address {addr!r}: expected unix:/path or tcp:host:port")
-
-
-async def connect(addr: str, *, name: str | None = None) -> StreamLink:
-    kind, where, port = _parse(addr)
-    if kind == "unix":
-        stream: anyio.abc.ByteStream = await anyio.connect_unix(where)
-    else:
-        stream = await anyio.connect_tcp(where, port)
-    return StreamLink(stream, name=name or addr)
-
-
-async def connect_with_retry(
-    addr: str,
-    *,
-    timeout_s: float,
-    what: str,
-    retry_interval_s: float = 0.05,
-    log_every_s: float = 10.0,
-) -> StreamLink:
-    """Connect, retrying while the peer is not listening yet; log progress every ``log_every_s``."""
-    start = anyio.current_time()
-    next_log = start + log_every_s
-    with anyio.fail_after(timeout_s):
-        while True:
-            try:
-                return await connect(addr)
-            except OSError:
-                now = anyio.current_time()
-                if now >= next_log:
-                    log.info("waiting for %s at %s (%.0f s)", what, addr, now - start)
-                    next_log = now + log_every_s
-                await anyio.sleep(retry_interval_s)
-
-
-async def listen(
-    kind: str, *, host: str = "127.0.0.1", port: int = 0, directory: str | None = None, prefix: str = "asyncdp"
-) -> tuple[anyio.abc.Listener[anyio.abc.SocketStream], str]:
-    """Bind a fresh listener (``kind`` is "unix" or "tcp") and return it with its real address.
-
-    TCP binds ``port`` 0 (the kernel picks) unless the port is user-facing (``--data-parallel-rpc-port``); a
-    busy port raises :class:`OSError` as the socket layer reports it."""
-    if kind == "unix":
-        directory = directory or tempfile.gettempdir()
-        fd, path = tempfile.mkstemp(prefix=f"{prefix}-", suffix=".sock", dir=directory)
-        os.close(fd)
-        os.unlink(path)
-        listener = await anyio.create_unix_listener(path)
-        return listener, f"unix:{path}"
-    if kind == "tcp":
-        multi = await anyio.create_tcp_listener(local_host=host, local_port=port)
-        # One address, one socket: the plain listener (it has accept(), which the engine links' reader uses).
-        tcp = multi.listeners[0] if len(multi.listeners) == 1 else multi
-        sockname = tcp.extra(anyio.abc.SocketAttribute.local_address)
-        host_part = f"[{sockname[0]}]" if ":" in str(sockname[0]) else sockname[0]
-        return tcp, f"tcp:{host_part}:{sockname[1]}"
-    raise ValueError(f"unknown listener kind {kind!r}")
-
-
-async def serve_links(
-    listener: anyio.abc.Listener[anyio.abc.SocketStream],
-    handler: Callable[[StreamLink], Any],
-    *,
-    name: str = "peer",
-) -> None:
-    """Accept connections forever, running ``handler(link)`` for each in the listener's task group."""
-
-    async def wrap(stream: anyio.abc.SocketStream) -> None:
-        link = StreamLink(stream, name=name, max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES)
-        try:
-            await handler(link)
-        finally:
-            await link.aclose()
-
-    async with listener:  # the listener belongs to this task: closed on cancellation too
-        await listener.serve(wrap)
-
-
-class LinkListener:
-    """An anyio socket listener that hands out :class:`StreamLink` objects (``serve(handler)``)."""
-
-    def __init__(self, listener: anyio.abc.Listener[anyio.abc.SocketStream], addr: str, *, name: str = "peer") -> None:
-        self.listener = listener
-        self.addr = addr
-        self.name = name
-
-    async def serve(self, handler: Callable[[StreamLink], Any]) -> None:
-        await serve_links(self.listener, handler, name=self.name)
-
-    async def aclose(self) -> None:
-        await self.listener.aclose()
-
-
-async def listen_links(kind: str, *, name: str = "peer", **kwargs: Any) -> LinkListener:
-    listener, addr = await listen(kind, **kwargs)
-    return LinkListener(listener, addr, name=name)
