@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from asyncdp.config.flags import check_tls_files
+from asyncdp.config.files import check_tls_files
 from asyncdp.errors import ConfigError
 
 DEFAULT_POLL_INTERVAL_S = 0.05
