@@ -176,6 +176,9 @@ KEEP_ALIVE_ENV = ("ASYNCDP_KEEP_ALIVE_ON_ENGINE_DEATH", "VLLM_KEEP_ALIVE_ON_ENGI
 SUPERVISED_RANK_ENV = "ASYNCDP_SUPERVISED_RANK"
 # The deployment secret of the links between its processes (--data-parallel-secret-file wins over it). Never logged.
 DP_SECRET_ENV = "ASYNCDP_DP_SECRET"
+# Variables that hold a secret: a launcher's children get what they need of them in their role config, so none
+# is left in their environments (readable in /proc by the same user, and by any library that dumps the environment).
+SECRET_ENVS = frozenset({DP_SECRET_ENV, *ENV_OVERRIDES["api_key"][0]})
 _API_KEY = re.compile(r"[\x21-\x7e]{1,4096}")
 
 

@@ -33,7 +33,7 @@ import sniffio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from asyncdp import messages as m
-from asyncdp.config.flags import DP_SECRET_ENV
+from asyncdp.config.flags import SECRET_ENVS
 from asyncdp.config.roles import RoleConfig
 from asyncdp.errors import ChildExited, ProtocolError
 
@@ -242,9 +242,10 @@ def process_is_stopped(pid: int) -> bool:
 
 def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
     """The parent's environment, with the parent's own asyncdp first on the path: a child must run the very
-    code its parent runs (a source checkout, a worktree), not whatever else is installed. Without the deployment
-    secret's variable: a child gets the secret in its role config, and its environment is readable in /proc."""
-    env = {**{k: v for k, v in os.environ.items() if k != DP_SECRET_ENV}, **(extra or {})}
+    code its parent runs (a source checkout, a worktree), not whatever else is installed. Without the variables
+    that hold a secret (the deployment secret, the API key): a child gets them in its role config, and its
+    environment is readable in /proc."""
+    env = {**{k: v for k, v in os.environ.items() if k not in SECRET_ENVS}, **(extra or {})}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     return env
