@@ -43,7 +43,7 @@ from asyncdp.errors import ForeignPeerError, ProtocolError
 from asyncdp.launcher.children import publish_process_table
 from asyncdp.launcher.node import RemoteNodeLink, RunningNode
 from asyncdp.launcher.node_book import NodeEntry, span
-from asyncdp.transport import LINK_ERRORS, Link
+from asyncdp.transport import LINK_ERRORS, Link, link_auth
 from asyncdp.transport.heartbeat import keep_link
 from asyncdp.transport.links import Frames
 
@@ -95,8 +95,11 @@ async def _foreign_peer(node: RunningNode, link: Link, exc: ForeignPeerError) ->
     any peer is (E5: it gets the reason too, in the one message every version decodes); anything else (an HTTP
     client on the rpc port, a port scanner) is no engine of this deployment: logged and dropped."""
     if not exc.other_version:
-        log.warning("dropped a connection to the handshake listener from %s that does not speak asyncdp (it sent %s)",
-                    link.remote, exc.seen)
+        if exc.seen == link_auth.UNEXPECTED_HELLO:  # an asyncdp node that holds a secret: no stranger
+            log.warning("dropped a connection to the handshake listener from %s: it sent %s", link.remote, exc.seen)
+        else:
+            log.warning("dropped a connection to the handshake listener from %s that does not speak asyncdp "
+                        "(it sent %s)", link.remote, exc.seen)
         return
     problem = (f"a peer speaks another asyncdp protocol ({exc.seen}); this head speaks protocol_version "
                f"{exc.protocol_version}: run the same asyncdp version on every node")
