@@ -132,7 +132,10 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
                               dp_size=DP_SIZE)
     else:
         given = json.loads(args.options) if isinstance(args.options, str) else args.options
-        options = {**(TINY_W1 if args.workload == "w1" else {}), **given}
+        defaults = dict(TINY_W1) if args.workload == "w1" else {}
+        if given.get("arrival", "poisson") != "poisson":  # (the generator refuses a rate that would do nothing)
+            defaults.pop("rate_rps", None)
+        options = {**defaults, **given}
         if args.workload.partition("@")[0].lower() != "w2":  # (w2's stages do not depend on the cluster's size)
             options["dp"] = DP_SIZE
         if args.rate is not None:

@@ -49,7 +49,7 @@ def add_calibrate_parser(bsub: Any) -> None:
     """Register ``bench calibrate`` on the ``bench`` subparsers ``bsub``."""
     p = bsub.add_parser("calibrate", allow_abbrev=False,
                         help="time the real engine through a batch sweep and fit a cost profile for bench routing")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"any model asyncdp serve accepts (default: {DEFAULT_MODEL})")
+    p.add_argument("--model", default=None, help=f"any model asyncdp serve accepts (default: {DEFAULT_MODEL})")
     p.add_argument("--output", default=DEFAULT_OUTPUT, metavar="FILE",
                    help=f"the profile file to write (JSON; default: {DEFAULT_OUTPUT})")
     p.add_argument("--name", default=None, help="the profile's name (default: DEVICE_MODEL, e.g. cpu_tiny_dense)")
@@ -65,7 +65,8 @@ def add_calibrate_parser(bsub: Any) -> None:
                    help="minimise relative errors instead of errors in ms (small steps weigh as much as large)")
     p.add_argument("--refit", default=None, metavar="FILE",
                    help="refit the points of a profile file this command wrote (with --fit-e/--relative), "
-                        "without running the engine; the engine flags are then ignored")
+                        "without running the engine (so without --model, --threads, --repeats, --quick and the "
+                        "engine flags)")
     g = p.add_argument_group("engine (as asyncdp serve; the sweep is capped by these)")
     g.add_argument("--max-num-seqs", type=int, default=None, metavar="N")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N")
@@ -122,7 +123,7 @@ def _check(ns: argparse.Namespace) -> tuple[EngineConfig, Path, int, int]:
         raise ConfigError(f"--repeats must be >= 1 (got {repeats}).")
     output = _check_output(ns.output)
     given = {k: getattr(ns, k) for k in ENGINE_FLAGS if getattr(ns, k) is not None}
-    config = EngineConfig(model=ns.model, executor="torch", torch_threads=threads, **given).validate()
+    config = EngineConfig(model=ns.model or DEFAULT_MODEL, executor="torch", torch_threads=threads, **given).validate()
     return config, output, threads, repeats
 
 
@@ -136,8 +137,8 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _calibrate(ns: argparse.Namespace) -> int:
-    from asyncdp.bench.command import _progress
     from asyncdp.bench.fit import fit
+    from asyncdp.bench.progress import Progress
     from asyncdp.bench.sweep import FULL, QUICK, Measured, Sweep, capacity, plan
     from asyncdp.engine.build import build_engine_core
 
@@ -145,7 +146,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
     started = time.monotonic()
     core = build_engine_core(config)
     try:
-        facts = _engine_facts(core, ns.model, threads)  # before the sweep: the commit that runs it
+        facts = _engine_facts(core, config.model, threads)  # before the sweep: the commit that runs it
         cap = capacity(core)
         points, skipped = plan(QUICK if ns.quick else FULL, cap, repeats)
         if not points:
@@ -154,21 +155,20 @@ def _calibrate(ns: argparse.Namespace) -> int:
         _check_coverage({p.kind for p in points}, skipped, "fits this engine")
         for s in skipped:
             print(f"asyncdp bench calibrate: skipped {s.label}: {s.reason}", file=sys.stderr)
+        print(f"asyncdp bench calibrate: {len(points)} points to time, {repeats} steps each after a warm-up",
+              file=sys.stderr, flush=True)
         sweep = Sweep(core, repeats)
         sweep.warm_up()
         measured: list[Measured] = []
-        advance, close = _progress(len(points))
-        try:
+        with Progress(len(points), prefix="asyncdp bench calibrate", unit="point") as progress:
             for point in points:
                 result = sweep.measure(point)
                 if isinstance(result, Measured):
                     measured.append(result)
-                    advance(f"{point.label}: {result.ms:.2f} ms")
+                    progress.advance(f"{point.label}: {result.ms:.2f} ms")
                 else:
                     skipped.append(result)
-                    advance(f"{point.label}: skipped ({result.reason})")
-        finally:
-            close()
+                    progress.advance(f"{point.label}: skipped ({result.reason})")
     finally:
         core.shutdown()
     if not measured:
@@ -176,7 +176,7 @@ def _calibrate(ns: argparse.Namespace) -> int:
                           "; ".join(f"{s.label}: {s.reason}" for s in skipped))
     _check_coverage({m.point.kind for m in measured}, skipped, "could be measured")
     result_fit = fit([m.work for m in measured], [m.ms for m in measured], with_e=ns.fit_e, relative=ns.relative)
-    name = ns.name or _default_name(facts["device"], ns.model)
+    name = ns.name or _default_name(facts["device"], config.model)
     doc = profile_document(name, facts, cap, result_fit, measured, skipped, repeats=repeats, quick=ns.quick,
                            relative=ns.relative)
     if _write_profile(doc, output):
@@ -236,8 +236,11 @@ def engine_commit() -> str:
 
 
 def sim_kv_blocks(cap: Capacity) -> int:
-    """The engine's KV capacity in the simulator's blocks of 16 tokens (its scratch block added back)."""
-    return cap.usable_kv_blocks * cap.block_size // SIM_BLOCK_SIZE + 1
+    """The engine's KV capacity in the simulator's blocks of 16 tokens (its scratch block added back), at most
+    what a simulated rank may have (:data:`~asyncdp.bench.records.MAX_KV_BLOCKS`, which ``--profile`` enforces)."""
+    from asyncdp.bench.records import MAX_KV_BLOCKS
+
+    return min(cap.usable_kv_blocks * cap.block_size // SIM_BLOCK_SIZE + 1, MAX_KV_BLOCKS)
 
 
 def profile_document(name: str, facts: dict[str, Any], cap: Capacity, result: Fit, measured: list[Measured],
@@ -247,6 +250,7 @@ def profile_document(name: str, facts: dict[str, Any], cap: Capacity, result: Fi
 
     coef = {KEYS[t]: v for t, v in result.coefficients.items()}
     blocks = sim_kv_blocks(cap)
+    whole = cap.usable_kv_blocks * cap.block_size // SIM_BLOCK_SIZE + 1
     return {
         "name": name, **{k: coef.get(k, 0.0) for k in ("a_ms", "b_ms_per_token", "c_ms_per_seq",
                                                         "d_ms_per_kv_token")},
@@ -255,7 +259,8 @@ def profile_document(name: str, facts: dict[str, Any], cap: Capacity, result: Fi
         "kv_blocks_note": (f"in the simulator's blocks of {SIM_BLOCK_SIZE} tokens: the engine's "
                            f"{cap.usable_kv_blocks} usable blocks of {cap.block_size} tokens (its scratch block "
                            f"excluded) = {cap.usable_kv_blocks * cap.block_size} tokens, / {SIM_BLOCK_SIZE}, + 1 "
-                           f"for the simulated engine's own scratch block = {blocks}"),
+                           f"for the simulated engine's own scratch block = {whole}"
+                           + (f", capped at {blocks}, the most a simulated rank may have" if blocks < whole else "")),
         "max_model_len": cap.max_model_len, "engine_block_size": cap.block_size,
         "engine_kv_blocks": cap.usable_kv_blocks,
         **facts,
@@ -308,10 +313,19 @@ def _refit(ns: argparse.Namespace) -> int:
     from asyncdp.bench.fit import StepWork, fit
     from asyncdp.bench.sweep import Capacity, Measured, Point, Skipped
 
+    engine = [f"--{k.replace('_', '-')}" for k in ("model", "threads", "repeats", *ENGINE_FLAGS)
+              if getattr(ns, k) is not None] + (["--quick"] if ns.quick else [])
+    if engine:  # (they were once silently ignored)
+        raise ConfigError(f"{engine[0]} does nothing with --refit: a refit fits the points stored in {ns.refit} "
+                          "again, without running the engine; leave it out.")
     output = _check_output(ns.output)
     path = Path(ns.refit)
     try:
-        doc = json.loads(path.read_text())
+        text = path.read_text()
+    except (OSError, ValueError) as exc:  # (ValueError: not UTF-8)
+        raise ConfigError(f"--refit {path}: cannot read it ({getattr(exc, 'strerror', None) or exc}).") from None
+    try:
+        doc = json.loads(text)
         measured = [Measured(Point(p["kind"], int(p["P"]), int(p["D"]), int(p.get("context", 0)), (),
                                    p.get("note", "")),
                              StepWork(int(p["P"]), int(p["D"]), int(p["K"]), float(p["E"])),

@@ -19,14 +19,21 @@ import argparse
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
-from asyncdp.bench.guards import check_flags, check_outputs, check_span, csv_items, stop_on_signals
+from asyncdp.bench.guards import (
+    check_flags,
+    check_outputs,
+    check_span,
+    check_workloads,
+    csv_items,
+    stop_on_signals,
+)
 from asyncdp.errors import ConfigError, SimulationStalled
 
 BASE_POLICIES = ("vllm", "round_robin", "random", "power_of_two", "vllm_legacy")
@@ -57,8 +64,9 @@ def add_bench_parser(sub: Any) -> None:
     src.add_argument("--trace", help="a Mooncake-format trace file (JSONL) to replay")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a workload generator option (repeatable), e.g. groups=4")
-    p.add_argument("--scale", default="quick", choices=("quick", "full", "dp32"), help="workload scale")
-    p.add_argument("--trace-block-size", type=int, default=TRACE_BLOCK, help="tokens per trace hash id")
+    p.add_argument("--scale", default=None, choices=("quick", "full", "dp32"), help="workload scale (default: quick)")
+    p.add_argument("--trace-block-size", type=int, default=None,
+                   help=f"tokens per trace hash id (default: {TRACE_BLOCK})")
     p.add_argument("--export-trace", help="write the (first seed's) workload as a Mooncake trace and go on")
     p.add_argument("--dp", type=int, default=None, help="ranks (default: the workload's)")
     p.add_argument("--policies", help="comma-separated policy names (default: every known policy)")
@@ -91,40 +99,28 @@ def add_bench_parser(sub: Any) -> None:
 
 def _seeds(text: str) -> list[int]:
     try:
-        return [int(s) for s in csv_items(text)]
+        seeds = [int(s) for s in csv_items(text)]
     except ValueError:
         raise ConfigError(f"--seeds must be comma-separated integers (got {text!r}).") from None
-
-
-def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
-    """(advance(label), close()) of a progress bar on stderr: tqdm when installed, else a plain counter."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        done = [0]
-
-        def advance(label: str) -> None:
-            done[0] += 1
-            print(f"[{done[0]}/{total}] {label}", file=sys.stderr, flush=True)
-
-        return advance, lambda: None
-    bar = tqdm(total=total, file=sys.stderr, unit="run")
-
-    def advance_bar(label: str) -> None:
-        bar.set_postfix_str(label)
-        bar.update(1)
-
-    return advance_bar, bar.close
+    twice = [seed for k, seed in enumerate(seeds) if seed in seeds[:k]]
+    if twice:  # (01 and 1 too)
+        raise ConfigError(f"--seeds lists {twice[0]} twice (got {text!r}); give each seed once.")
+    return seeds
 
 
 def parse_options(items: Iterable[str]) -> dict[str, str]:
-    """``--option KEY=VALUE`` items as a dict (the workload generator checks the values)."""
-    options = {}
+    """``--option KEY=VALUE`` items as a dict (the workload generator checks the values); a key given twice is an
+    error (the first value was silently dropped)."""
+    options: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
+        key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--option must be KEY=VALUE (got {item!r}).")
-        options[key.strip()] = value.strip()
+        if key in options:
+            raise ConfigError(f"--option {key} is given twice ({key}={options[key]} and {key}={value.strip()}); "
+                              "give it once.")
+        options[key] = value.strip()
     return options
 
 
@@ -141,11 +137,12 @@ def _workloads(ns: argparse.Namespace, seed: int, profile: Any) -> Iterator[Any]
             limit = (profile.kv_blocks - 1) * BLOCK_SIZE
             why = (f"what profile {profile.name}'s KV cache holds: kv_blocks {profile.kv_blocks} less the scratch "
                    f"block, of {BLOCK_SIZE} tokens")
-        yield read_trace(ns.trace, ns.trace_block_size, seed=seed, dp_size=ns.dp or 8, max_model_len=limit, why=why)
+        yield read_trace(ns.trace, ns.trace_block_size or TRACE_BLOCK, seed=seed, dp_size=ns.dp or 8,
+                         max_model_len=limit, why=why)
         return
     options = parse_options(ns.option)
     for name in csv_items(ns.workload or ""):
-        workload = build(name, ns.scale, seed, options)
+        workload = build(name, ns.scale or "quick", seed, options)
         if not workload.records:  # (groups=0 and the like): an all-zero table would read as a result
             raise ConfigError(f"{name}: these options give no requests ({', '.join(ns.option or ()) or 'none'}).")
         yield workload
@@ -172,13 +169,14 @@ def _routing(ns: argparse.Namespace) -> int:
     """``bench routing`` once its flags and output paths are checked: the runs, the report, the files."""
     from asyncdp.bench import pathology, report
     from asyncdp.bench.arrivals import RelativeLadder
-    from asyncdp.bench.files import WriteFailed, write
+    from asyncdp.bench.files import WriteFailed
     from asyncdp.bench.metrics import ttft_floors
+    from asyncdp.bench.outputs import export_trace, write_outputs
     from asyncdp.bench.profiles import load_profile, profile_hash
+    from asyncdp.bench.progress import Progress
     from asyncdp.bench.records import encode_workload, resolve
     from asyncdp.bench.runner import Runner, default_jobs
     from asyncdp.bench.simulate import ClusterSpec, expand_sweep, measure_r_sat
-    from asyncdp.bench.trace import encode_trace
     from asyncdp.dp.balance import make_policy
 
     policies = known_policies() if ns.policies is None else csv_items(ns.policies)
@@ -193,58 +191,74 @@ def _routing(ns: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
+    workloads = [(seed, w) for seed in seeds for w in _workloads(ns, seed, profile)]  # all checked before any run
+    check_workloads(ns, [w for _, w in workloads])
     with Runner(jobs_at_once) as runner:
-        for seed in seeds:
-            for workload in _workloads(ns, seed, profile):
-                if ns.export_trace and seed == seeds[0]:
-                    try:
-                        write("--export-trace", Path(ns.export_trace), encode_trace(workload, ns.trace_block_size))
-                    except WriteFailed as exc:  # before any run: nothing is lost
-                        print(f"asyncdp bench: error: {exc}", file=sys.stderr)
-                        return 1
-                spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
-                                   telemetry=ns.telemetry, router_assign=ns.router_assign)
-                r_sat = ns.r_sat
-                if isinstance(workload.arrival, RelativeLadder):
-                    if r_sat is None:
-                        r_sat = measure_r_sat(workload, spec, seed, run=runner.run)
-                        print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
-                              file=sys.stderr)
-                    r_sats[f"{workload.name}/{seed}"] = r_sat
-                check_span(workload, ns, r_sat)
-                resolved = resolve(workload, ns.rate_scale, r_sat)
-                hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
-                rungs = _rungs(workload, resolved)
-                plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved))
+        for seed, workload in workloads:
+            spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
+                               telemetry=ns.telemetry, router_assign=ns.router_assign)
+            r_sat = ns.r_sat
+            if isinstance(workload.arrival, RelativeLadder):
+                if r_sat is None:
+                    print(f"asyncdp bench: {workload.name} seed {seed}: measuring R_sat (round_robin in closed loop)",
+                          file=sys.stderr, flush=True)
+                    r_sat = measure_r_sat(workload, spec, seed, run=runner.run)
+                    print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
+                          file=sys.stderr)
+                r_sats[f"{workload.name}/{seed}"] = r_sat
+            check_span(workload, ns, r_sat)
+            resolved = resolve(workload, ns.rate_scale, r_sat)
+            if ns.export_trace and seed == seeds[0]:
+                try:
+                    export_trace(ns.export_trace, resolved, spec.dp_size, ns.trace_block_size or TRACE_BLOCK)
+                except WriteFailed as exc:  # before the runs: nothing is lost
+                    print(f"asyncdp bench: error: {exc}", file=sys.stderr)
+                    return 1
+            hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
+            rungs = _rungs(workload, resolved)
+            plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved))
         # Every run at once (``--jobs`` at a time, each in its own process); the results are read in plan order.
         jobs: list[tuple[Future[Any], str, str, int, Any, Any, dict[str, set[int]], str | None]] = []
-        if not jobs_at_once:  # each submit runs its run to the end: said before the first
-            total = len(plans) * (len(policies) + (2 if ns.robustness else 0))
-            print(f"asyncdp bench: {total} runs, one after another in this process", file=sys.stderr, flush=True)
-        for seed, label, workload, spec, rungs in plans:
-            jobs += [(runner.submit(workload, policy, seed, spec), label, policy, seed, workload, spec, rungs, None)
-                     for policy in policies]
-        if ns.robustness:
-            for seed, label, workload, spec, rungs in plans:
-                for variant, vspec in (("oracle", replace(spec, telemetry="oracle")),
-                                       ("R4", replace(spec, routers=4))):
-                    jobs.append((runner.submit(workload, ns.candidate, seed, vspec), label, ns.candidate, seed,
-                                 workload, vspec, rungs, variant))
-        if jobs_at_once:  # the runs are under way (the first ``--jobs`` of them in their workers)
-            print(f"asyncdp bench: {len(jobs)} runs, {jobs_at_once} at a time", file=sys.stderr, flush=True)
-        advance, close = _progress(len(jobs))
-        names = {id(job[0]): f"{job[1]} {job[2]}{' ' + job[7] if job[7] else ''} seed {job[3]}" for job in jobs}
+        total = len(plans) * (len(policies) + (2 if ns.robustness else 0))
         started = time.monotonic()
+        progress: Progress | None = None
+        if not jobs_at_once:  # each submit runs its run to the end: said before the first
+            print(f"asyncdp bench: {total} runs, one after another in this process", file=sys.stderr, flush=True)
+            progress = Progress(total, prefix="asyncdp bench", unit="run")
+
+        def submit(workload: Any, policy: str, seed: int, spec: Any, label: str, rungs: dict[str, set[int]],
+                   variant: str | None = None) -> None:
+            jobs.append((runner.submit(workload, policy, seed, spec), label, policy, seed, workload, spec, rungs,
+                         variant))
+            if progress is not None:  # (--jobs 0: the run is over)
+                progress.advance(f"{_run_name(jobs[-1])} (done at {time.monotonic() - started:.1f} s)")
+
         try:
-            for done in runner.completed(job[0] for job in jobs):
-                advance(f"{names[id(done)]} (done at {time.monotonic() - started:.1f} s)")
-        except SimulationStalled as exc:
-            close()
-            runner.stop()  # the other runs' results would be thrown away
-            print(f"asyncdp bench: error: {exc}", file=sys.stderr)
-            return 1
+            for seed, label, workload, spec, rungs in plans:
+                for policy in policies:
+                    submit(workload, policy, seed, spec, label, rungs)
+            if ns.robustness:
+                for seed, label, workload, spec, rungs in plans:
+                    for variant, vspec in (("oracle", replace(spec, telemetry="oracle")),
+                                           ("R4", replace(spec, routers=4))):
+                        submit(workload, ns.candidate, seed, vspec, label, rungs, variant)
+            if jobs_at_once:  # the runs are under way (the first ``--jobs`` of them in their workers)
+                print(f"asyncdp bench: {total} runs, {jobs_at_once} at a time", file=sys.stderr, flush=True)
+                progress = Progress(total, prefix="asyncdp bench", unit="run")
+            names = {id(job[0]): _run_name(job) for job in jobs}
+            try:
+                for done in runner.completed(job[0] for job in jobs):
+                    if jobs_at_once and progress is not None:
+                        progress.advance(f"{names[id(done)]} (done at {time.monotonic() - started:.1f} s)")
+            except SimulationStalled as exc:
+                if progress is not None:
+                    progress.close()
+                runner.stop()  # the other runs' results would be thrown away
+                print(f"asyncdp bench: error: {exc}", file=sys.stderr)
+                return 1
         finally:
-            close()
+            if progress is not None:
+                progress.close()
     floors: dict[int, dict[int, float]] = {}  # per workload (by identity): req_id -> TTFT floor
     for future, label, policy, seed, workload, spec, rungs, robust_variant in jobs:
         log = future.result()
@@ -285,7 +299,7 @@ def _routing(ns: argparse.Namespace) -> int:
         print(f"asyncdp bench: warning: requests failed in {len(failed)} of "
               f"{sum('failed' in r['counts'] for r in [*runs, *robust])} runs (see the !! lines under the tables)",
               file=sys.stderr)
-    header = {"seeds": seeds, "workload_hashes": hashes, "r_sat": r_sats, "scale": ns.scale, "profile": profile.name,
+    header = {"seeds": seeds, "workload_hashes": hashes, "r_sat": r_sats, "scale": ns.scale or "quick", "profile": profile.name,
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "router_assign": ns.router_assign, "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
               "python": platform.python_version(), "trio": _trio_version()}
@@ -295,40 +309,12 @@ def _routing(ns: argparse.Namespace) -> int:
 
         return write_plots(Path(ns.plots), runs, logs, plans, timing, ns.candidate)
 
-    return _write_files(ns, report.to_json(runs, header, gate_rows, robust, timing, per_seed), runs, robust, plots)
+    return write_outputs(ns, report.to_json(runs, header, gate_rows, robust, timing, per_seed), runs, robust, plots)
 
 
-def _write_files(ns: argparse.Namespace, doc: str, runs: list[dict[str, Any]], robust: list[dict[str, Any]],
-                 plots: Callable[[], list[Path]]) -> int:
-    """Write ``--json`` (``doc``), ``--csv`` and ``--plots``; 0, or 1 with one line per file that failed, the
-    JSON and CSV then kept in the temporary folder (:func:`~asyncdp.bench.files.keep`): the paths were checked
-    before the runs, so this is a disk that filled, ``/dev/full`` and the like."""
-    from asyncdp.bench.files import WriteFailed, keep, write
-
-    def csv(path: Path) -> None:
-        from asyncdp.bench.plots import write_csv  # (only with --csv)
-
-        write_csv(path, runs, robust)
-
-    status = 0
-    outputs: list[tuple[str, str | None, Any, str]] = [("--json", ns.json, doc, ".json"), ("--csv", ns.csv, csv, ".csv")]
-    for flag, value, fill, suffix in outputs:
-        if not value:
-            continue
-        try:
-            write(flag, Path(value), fill)
-        except WriteFailed as exc:
-            kept = keep(fill, suffix)
-            print(f"asyncdp bench: error: {exc}" + (f"; the results are in {kept}" if kept else ""), file=sys.stderr)
-            status = 1
-    if ns.plots:
-        try:
-            written = plots()
-        except OSError as exc:
-            print(f"asyncdp bench: error: cannot write --plots {ns.plots}: {exc.strerror or exc}", file=sys.stderr)
-            return 1
-        print(f"asyncdp bench: {len(written)} plots written to {ns.plots}", file=sys.stderr)
-    return status
+def _run_name(job: tuple[Any, ...]) -> str:
+    """How the progress names a job of :func:`_routing`: workload, policy, robustness variant, seed."""
+    return f"{job[1]} {job[2]}{' ' + job[7] if job[7] else ''} seed {job[3]}"
 
 
 def _entries(label: str, policy: str, seed: int, spec: Any, workload: Any, log: Any,

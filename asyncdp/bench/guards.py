@@ -1,8 +1,9 @@
 """What ``asyncdp bench routing`` (and ``bench calibrate``) check before the first run, and how they stop on a
-signal: the flags argparse lets through that no run can use, the output paths, a workload stretched past the
-simulator's limit on virtual time (each a usage error, exit 2, before any run), and Ctrl-C or SIGTERM during the
-runs (exit 130 or 143 with one line, no half-written file). :mod:`.command` orchestrates; this module only refuses
-and stops.
+signal: the flags argparse lets through that no run can use, a value listed twice, a flag that would do nothing
+with the others given (never silently ignored), the output paths, workloads that would share a table, a workload
+stretched past the simulator's limit on virtual time (each a usage error, exit 2, before any run), and Ctrl-C or
+SIGTERM during the runs (exit 130 or 143 with one line, no half-written file). :mod:`.command` orchestrates; this
+module only refuses and stops.
 """
 
 from __future__ import annotations
@@ -92,6 +93,46 @@ def check_flags(ns: argparse.Namespace) -> None:
                              ("--workload", ns.workload, "workload name")):
         if text is not None and not csv_items(text):
             raise ConfigError(f"{flag} lists no {what} (got {text!r}); give a comma-separated list.")
+        items = csv_items(text or "")
+        twice = [item for k, item in enumerate(items) if item in items[:k]]
+        if twice:  # each run would be made twice and weigh double in the means over seeds
+            raise ConfigError(f"{flag} lists {twice[0]} twice (got {text!r}); give each {what} once.")
+    _check_applies(ns)
+
+
+def _check_applies(ns: argparse.Namespace) -> None:
+    """Flags that do nothing with the others given: each an error naming it, not a knob silently ignored."""
+    if ns.trace:
+        if ns.option:
+            raise ConfigError(f"--option {ns.option[0]} does nothing with --trace: a trace has no generator "
+                              "options; leave it out.")
+        if ns.scale is not None:
+            raise ConfigError(f"--scale {ns.scale} does nothing with --trace: a trace replays its own requests "
+                              "(at --dp ranks); leave it out.")
+    elif ns.trace_block_size is not None and not ns.export_trace:
+        raise ConfigError("--trace-block-size does nothing without --trace or --export-trace; leave it out.")
+    if ns.export_trace and len(csv_items(ns.workload or "")) > 1:
+        raise ConfigError(f"--export-trace writes one workload, and --workload lists several ({ns.workload}); "
+                          "export them one at a time.")
+
+
+def check_workloads(ns: argparse.Namespace, workloads: list[Any]) -> None:
+    """The workloads built, before any run: no two with one label, and ``--r-sat`` and ``--rate-scale`` each
+    apply to one of them."""
+    from asyncdp.bench.arrivals import Closed, RelativeLadder
+
+    names = ", ".join(dict.fromkeys(w.name for w in workloads))
+    first = [w.name for w in workloads if w.seed == workloads[0].seed]
+    twice = [name for k, name in enumerate(first) if name in first[:k]]
+    if twice:  # (w3 and w3@ray_scaling were averaged together in one table, as if they were two seeds)
+        raise ConfigError(f"--workload {ns.workload}: two of these workloads report as {twice[0]}, and their runs "
+                          "would be mixed in one table; run them one at a time.")
+    if ns.r_sat is not None and not any(isinstance(w.arrival, RelativeLadder) for w in workloads):
+        raise ConfigError(f"--r-sat does nothing here: no workload of this run ({names}) is on a relative ladder "
+                          "(W2 at quick scale, W6, W7, W8, or arrival=ladder); leave it out.")
+    if ns.rate_scale != 1.0 and all(isinstance(w.arrival, Closed) for w in workloads):
+        raise ConfigError(f"--rate-scale does nothing here: every workload of this run ({names}) is a closed loop, "
+                          "whose clients send as their answers come (change its clients instead); leave it out.")
 
 
 def check_span(workload: Any, ns: argparse.Namespace, r_sat: float | None) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncdp.bench.arrivals import Dispatch, Ladder, rung_indices
+from asyncdp.bench.files import write
 from asyncdp.bench.metrics import METRIC_KEYS, mean
 from asyncdp.bench.pathology import SAMPLE_S, completed, outstanding_samples
 from asyncdp.bench.report import REFERENCE_POLICY, aggregate
@@ -152,9 +153,9 @@ def write_plots(directory: Path, runs: Sequence[dict[str, Any]], logs: Mapping[L
     def new(width: float = 7.0, height: float = 4.5) -> Any:
         return Figure(figsize=(width, height), layout="constrained")
 
-    def save(fig: Any, name: str) -> None:
+    def save(fig: Any, name: str) -> None:  # whole or not at all: a Ctrl-C or a full disk leaves no half a PNG
         FigureCanvasAgg(fig)
-        fig.savefig(directory / name, dpi=100)
+        write("--plots", directory / name, lambda path: fig.savefig(path, dpi=100, format="png"))
         written.append(directory / name)
 
     for label in dict.fromkeys(label for label, _, _ in logs):

@@ -16,6 +16,7 @@ from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
+from asyncdp.bench.records import MAX_KV_BLOCKS
 from asyncdp.config.flags import SimCostProfile
 from asyncdp.errors import ConfigError
 
@@ -85,13 +86,16 @@ def _coefficient(path: Path, data: dict[str, Any], key: str, default: float | No
 
 def _capacity(path: Path, data: dict[str, Any], key: str, least: int) -> int:
     """A rank's capacity: a whole number >= ``least`` (checked here, naming the field, not by the engine at the
-    first run, naming a flag the user never gave)."""
+    first run, naming a flag the user never gave); ``kv_blocks`` at most :data:`MAX_KV_BLOCKS`."""
     value = data[key]
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         why = " (block 0 is the engine's scratch block)" if key == "kv_blocks" else ""
         raise ConfigError(f"{path}: cost profile field {key!r} must be an integer >= {least}{why}, got {value!r}.")
+    if key == "kv_blocks" and value > MAX_KV_BLOCKS:  # (10**13 was a MemoryError traceback at the first run)
+        raise ConfigError(f"{path}: cost profile field 'kv_blocks' must be at most {MAX_KV_BLOCKS} (about 650 MB "
+                          f"of simulator memory per rank), got {value}.")
     return value
 
 

@@ -36,6 +36,10 @@ DEFAULT_MAX_MODEL_LEN = 65_536
 #: virtual seconds: the simulator fails a run that has not ended by then, instead of hanging; so no send time may lie
 #: beyond it
 DEADLINE_S = 48 * 3600.0
+#: the most KV blocks (of 16 tokens) a simulated rank may have: its block manager holds about 160 bytes of Python
+#: objects per block, so this is about 650 MB a rank (gpu_1b has 120 000 blocks); a mistyped count was a
+#: MemoryError traceback at the first run
+MAX_KV_BLOCKS = 1 << 22
 
 
 def answer_segment_id(req_id: int) -> str:

@@ -3,8 +3,10 @@
 A generator is ``(scale, seed, options) -> Workload`` and is deterministic: every random draw comes from a
 stream of :func:`stream` (``random.Random`` seeded with BLAKE2b-64 of ``"{seed}/workload/{name}"``, spec §1.2),
 and nothing iterates over a set or a string-keyed dict in an order that matters. :class:`Options` takes the
-user's options, hands out defaults, and rejects what the generator did not ask for, so a typo is an error rather
-than a silently ignored knob; the resolved values go into the workload header.
+user's options, hands out defaults, checks each value's type and range, and rejects what the generator did not
+ask for: an unknown name (a typo) and an option of the workload that does nothing with this scale, preset or
+arrival (:meth:`Options.skip`, e.g. W2's ``stages`` at quick scale) are errors naming the workload, the scale and
+the options that apply, rather than silently ignored knobs. The resolved values go into the workload header.
 """
 
 from __future__ import annotations
@@ -42,15 +44,32 @@ def stream(seed: int, name: str) -> random.Random:
     return random.Random(int.from_bytes(digest, "little"))
 
 
-class Options:
-    """The user's options for one generator; :meth:`resolved` fails on any option nobody asked for."""
+#: The most requests a generator makes: a typo such as ``num_requests=1000000000`` (or a long ``duration_s`` that
+#: sizes W9's chains) would otherwise fill the memory before the first run; the largest spec workload is W9 at dp
+#: 32 (320 000 requests).
+MAX_REQUESTS = 2_000_000
 
-    def __init__(self, workload: str, options: Mapping[str, Any] | None) -> None:
+
+class Options:
+    """The user's options for one generator at one scale: :meth:`get` and :meth:`choice` read them (with their
+    defaults), :meth:`skip` names those that do nothing here, and :meth:`check` (also run by :meth:`resolved`)
+    fails on any option given that was neither read nor skipped."""
+
+    def __init__(self, workload: str, options: Mapping[str, Any] | None, scale: str = "quick") -> None:
         self.workload = workload
+        self.scale = scale
         self._given = dict(options or {})
         self._resolved: dict[str, Any] = {}
+        self._skipped: dict[str, str] = {}
 
-    def get(self, name: str, default: T, kind: Callable[[Any], T] | None = None) -> T:
+    def given(self, name: str) -> bool:
+        """Whether the user gave option ``name``."""
+        return name in self._given
+
+    def get(self, name: str, default: T, kind: Callable[[Any], T] | None = None, *, least: float = 0,
+            most: float | None = None, positive: bool = False) -> T:
+        """Option ``name`` (``default`` when not given) converted by ``kind`` (the default's type); a number must
+        be finite, within [``least``, ``most``] and, if ``positive`` (a rate, a duration), above 0."""
         raw = self._given.get(name, default)
         convert: Callable[[Any], Any] = kind or type(default)
         try:
@@ -58,8 +77,15 @@ class Options:
         except (TypeError, ValueError) as exc:
             what = getattr(convert, "__name__", "value")
             raise ConfigError(f"{self.workload}: option {name}={raw!r} is not a valid {what}.") from exc
-        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:  # counts, lengths, rates
-            raise ConfigError(f"{self.workload}: option {name}={raw!r} must be >= 0.")
+        if isinstance(value, int | float) and not isinstance(value, bool):  # counts, lengths, rates, fractions
+            if not math.isfinite(value):
+                raise ConfigError(f"{self.workload}: option {name}={raw!r} must be a finite number.")
+            if positive and not value > 0:
+                raise ConfigError(f"{self.workload}: option {name}={raw!r} must be > 0.")
+            if value < least:
+                raise ConfigError(f"{self.workload}: option {name}={raw!r} must be >= {_number(least)}.")
+            if most is not None and value > most:
+                raise ConfigError(f"{self.workload}: option {name}={raw!r} must be <= {_number(most)}.")
         self._resolved[name] = value
         return value  # type: ignore[return-value]
 
@@ -69,15 +95,42 @@ class Options:
             raise ConfigError(f"{self.workload}: option {name}={value!r} must be one of {', '.join(allowed)}.")
         return value
 
-    def resolved(self) -> dict[str, Any]:
+    def skip(self, name: str, why: str) -> None:
+        """Option ``name`` is one of the workload's but does nothing with this scale, preset or arrival (``why``
+        says what it is for, e.g. "it is the rate of arrival=poisson (this run has arrival=burst)"): given, it is an
+        error, not a knob silently ignored."""
+        self._skipped.setdefault(name, why)
+
+    def expect_requests(self, count: float, what: str) -> None:
+        """The generator is about to make ``count`` requests (``what``: the options that give that many)."""
+        if count > MAX_REQUESTS:
+            raise ConfigError(f"{self.workload}: {what} would make {count:,.0f} requests; the generators make at "
+                              f"most {MAX_REQUESTS:,} (a bigger workload would fill the memory before its first run).")
+
+    def check(self) -> None:
+        """Fail on an option given that the generator did not read (see the class docstring)."""
         unknown = sorted(set(self._given) - set(self._resolved))
+        where = f"{self.workload} at --scale {self.scale}"
+        takes = ", ".join(sorted(self._resolved))
+        for name in unknown:
+            if name in self._skipped:
+                raise ConfigError(f"{where}: option {name} does nothing here: {self._skipped[name]}; "
+                                  f"{self.workload} takes here: {takes}.")
         if unknown == ["preset"]:  # name@preset of a workload that has none
             raise ConfigError(f"{self.workload} has no presets (got {self.workload}@{self._given['preset']}); "
-                              f"its options: {', '.join(sorted(self._resolved))}.")
+                              f"its options: {takes}.")
         if unknown:
-            raise ConfigError(f"{self.workload}: unknown option(s) {', '.join(unknown)}; "
-                              f"known: {', '.join(sorted(self._resolved))}.")
+            raise ConfigError(f"{where}: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                              f"{self.workload} takes here: {takes}.")
+
+    def resolved(self) -> dict[str, Any]:
+        self.check()
         return dict(sorted(self._resolved.items()))
+
+
+def _number(value: float) -> str:
+    """A bound as the user would type it: ``4194304``, ``172800``, ``0.5``."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def check_scale(workload: str, scale: str, allowed: Sequence[str] = SCALES) -> None:
@@ -121,6 +174,16 @@ def open_loop(n: int, mode: str, rate_rps: float, rng: random.Random,
 
 
 ARRIVAL_MODES = ("burst", "poisson", "ladder")
+
+
+def arrival_options(opts: Options, mode: str, rate_rps: float) -> tuple[str, float]:
+    """The ``arrival`` option of an open-loop generator (default ``mode``) and, for ``poisson`` only, its
+    ``rate_rps`` (default ``rate_rps``; the other modes have no rate of their own)."""
+    mode = opts.choice("arrival", mode, ARRIVAL_MODES)
+    if mode != "poisson":
+        opts.skip("rate_rps", f"it is the rate of arrival=poisson (this run has arrival={mode})")
+        return mode, rate_rps
+    return mode, opts.get("rate_rps", rate_rps, positive=True)
 
 
 class Builder:

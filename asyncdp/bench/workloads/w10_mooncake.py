@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from asyncdp.bench.arrivals import Trace
-from asyncdp.bench.records import Workload
+from asyncdp.bench.records import DEFAULT_MAX_MODEL_LEN, Workload
 from asyncdp.bench.trace import MOONCAKE_BLOCK, block_segments
 from asyncdp.bench.workloads.common import Builder, Options, check_scale, lognormal_int, stream
 
@@ -50,6 +50,8 @@ PRESETS = {  # outputs (lo, hi), ΔB (lo, hi), p_continue
     "conversation": ((200, 400), (12, 32), 0.25),
 }
 TURNS_MEDIAN, TURNS_SIGMA = 29, 0.8
+MAX_BLOCKS = DEFAULT_MAX_MODEL_LEN // MOONCAKE_BLOCK  # a longer context is more than the simulated engine holds
+MAX_AGENTS = 100_000
 _SCALES = {"quick": (500, 500 / 120, 1.0, 4), "full": (23_608, 6.7, 0.8, 8)}
 
 
@@ -76,19 +78,22 @@ class _Trie:
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
     check_scale("w10", scale, tuple(_SCALES))
-    opts = Options("w10", options)
+    opts = Options("w10", options, scale)
     n0, rate0, speed0, dp0 = _SCALES[scale]
     preset = opts.choice("preset", "toolagent", tuple(PRESETS))
     (out_lo, out_hi), (db_lo, db_hi), p0 = PRESETS[preset]
     n = opts.get("num_requests", n0)
-    rate = opts.get("rate_rps", rate0)
-    speed = opts.get("speed", speed0)
-    p_continue = opts.get("p_continue", p0)
-    db_lo, db_hi = opts.get("delta_blocks_min", db_lo), opts.get("delta_blocks_max", db_hi)
-    n_agents = opts.get("agents", 32)
-    max_blocks = opts.get("max_blocks", 128)
+    rate = opts.get("rate_rps", rate0, positive=True)
+    speed = opts.get("speed", speed0, positive=True)
+    p_continue = opts.get("p_continue", p0, most=1.0)
+    max_blocks = opts.get("max_blocks", MAX_BLOCKS, most=MAX_BLOCKS)
+    db_lo = opts.get("delta_blocks_min", db_lo, most=max_blocks)
+    db_hi = opts.get("delta_blocks_max", db_hi, least=db_lo, most=max_blocks)
+    n_agents = opts.get("agents", 32, least=1, most=MAX_AGENTS)
     replay = opts.choice("replay", "sessions", ("sessions", "schedule"))
-    dp = opts.get("dp", dp0)
+    dp = opts.get("dp", dp0, least=1)
+    opts.expect_requests(n, f"num_requests={n}")
+    opts.check()
 
     rng = stream(seed, "w10")
     trie = _Trie()

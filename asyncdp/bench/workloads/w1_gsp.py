@@ -19,9 +19,9 @@ from typing import Any
 
 from asyncdp.bench.records import Workload
 from asyncdp.bench.workloads.common import (
-    ARRIVAL_MODES,
     Builder,
     Options,
+    arrival_options,
     as_bool,
     check_scale,
     open_loop,
@@ -40,22 +40,24 @@ _SCALES = {  # G, P, S, Q, O, dp
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
     check_scale("w1", scale)
-    opts = Options("w1", options)
+    opts = Options("w1", options, scale)
     g0, p0, s0, q0, o0, dp0 = _SCALES[scale]
     groups = opts.get("groups", g0)
     prompts = opts.get("prompts_per_group", p0)
-    s_len, q_len, o_len = opts.get("system_len", s0), opts.get("question_len", q0), opts.get("output_len", o0)
+    s_len, q_len = opts.get("system_len", s0), opts.get("question_len", q0)
+    o_len = opts.get("output_len", o0, least=1)
     ratio = opts.get("range_ratio", 1.0)
     ordered = opts.get("ordered", False, as_bool)
     alpha = opts.get("zipf_alpha", None, optional_float)
     keyed = opts.get("send_routing_key", False, as_bool)
-    mode = opts.choice("arrival", "burst", ARRIVAL_MODES)
-    rate = opts.get("rate_rps", 16.0)
-    dp = opts.get("dp", dp0)
+    mode, rate = arrival_options(opts, "burst", 16.0)
+    dp = opts.get("dp", dp0, least=1)
+    opts.expect_requests(groups * prompts, f"groups={groups} x prompts_per_group={prompts}")
+    opts.check()
 
     rng = stream(seed, "w1")
     sys_len = [uniform_length(rng, s_len, ratio) for _ in range(groups)]
-    if alpha is None:
+    if alpha is None or not groups:  # (no group to draw from: no request)
         pairs = [(g, p) for g in range(groups) for p in range(prompts)]
     else:
         pick = zipf_picker(groups, alpha, rng)

@@ -13,6 +13,7 @@ per rank (73 % again), and a 3-rung relative ladder (0.5, 0.85, 1.2 × R_sat [ou
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,17 +28,33 @@ QUICK_RUNGS = (0.5, 0.85, 1.2)
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
     check_scale("w2", scale, ("quick", "full"))
-    opts = Options("w2", options)
+    opts = Options("w2", options, scale)
     full = scale == "full"
-    working_set = opts.choice("working_set", "0.73", ("0.73", "0.37"))
-    groups = opts.get("groups", (150 if full else 20) // (2 if working_set == "0.37" else 1))
-    users = opts.get("users", 5)
+    default_groups = 150 if full else 20
+    if opts.given("groups"):
+        opts.skip("working_set", f"it only picks the default of groups ({default_groups} for 0.73, "
+                  f"{default_groups // 2} for 0.37), and groups is given")
+        groups = opts.get("groups", default_groups, least=1)
+    else:
+        working_set = opts.choice("working_set", "0.73", ("0.73", "0.37"))
+        groups = opts.get("groups", default_groups // (2 if working_set == "0.37" else 1), least=1)
+    users = opts.get("users", 5, least=1)
     c_len = opts.get("context_len", 6000 if full else 600)
     q_len = opts.get("question_len", 1200 if full else 120)
-    o_len = opts.get("output_len", 1000 if full else 100)
-    stage_s = opts.get("stage_s", 30.0)
-    per_rung = opts.get("requests_per_rung", 200)
-    stages = opts.get("stages", [float(q) for q in STAGES_QPS], _qps_list) if full else STAGES_QPS
+    o_len = opts.get("output_len", 1000 if full else 100, least=1)
+    if full:
+        stage_s = opts.get("stage_s", 30.0, positive=True)
+        stages = opts.get("stages", [float(q) for q in STAGES_QPS], _qps_list)
+        opts.skip("requests_per_rung", "it sizes the quick scale's ladder (full runs QPS stages, set by stages "
+                  "and stage_s)")
+        opts.expect_requests(WARMUP[0] * WARMUP[1] + sum(stages) * stage_s, f"stages x stage_s={stage_s:g}")
+    else:
+        per_rung = opts.get("requests_per_rung", 200)
+        for name in ("stages", "stage_s"):
+            opts.skip(name, "it sets the full scale's QPS stages (quick runs a ladder of 3 rungs relative to "
+                      "R_sat, of requests_per_rung requests each)")
+        opts.expect_requests(per_rung * len(QUICK_RUNGS), f"requests_per_rung={per_rung}")
+    opts.check()
 
     arrivals_rng = stream(seed, "w2/arrivals")
     arrival: Arrival
@@ -61,10 +78,10 @@ def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) ->
 
 
 def _qps_list(value: Any) -> list[float]:
-    """``stages``: a comma-separated list of positive rates in QPS (or a sequence of them); a list, as the
+    """``stages``: a comma-separated list of finite positive rates in QPS (or a sequence of them); a list, as the
     workload file stores it."""
     items = value.split(",") if isinstance(value, str) else list(value)
     qps = [float(x) for x in items]
-    if not qps or any(not q > 0 for q in qps):
+    if not qps or any(not 0 < q < math.inf for q in qps):
         raise ValueError(value)
     return qps

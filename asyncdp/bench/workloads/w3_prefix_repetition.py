@@ -15,31 +15,32 @@ from collections.abc import Mapping
 from typing import Any
 
 from asyncdp.bench.records import Workload
-from asyncdp.bench.workloads.common import ARRIVAL_MODES, Builder, Options, check_scale, open_loop, stream
+from asyncdp.bench.workloads.common import Builder, Options, arrival_options, check_scale, open_loop, stream
 
 _DP = {"quick": 4, "full": 8, "dp32": 32}
 
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
-    opts = Options("w3", options)
+    opts = Options("w3", options, scale)
     preset = opts.choice("preset", "default", ("default", "ray_scaling"))
     ray = preset == "ray_scaling"
     check_scale("w3", scale, tuple(_DP) if ray else ("quick", "full"))
-    dp = opts.get("dp", _DP[scale])
+    dp = opts.get("dp", _DP[scale], least=1)
     if ray:
-        n_prefixes = opts.get("num_prefixes", 16 * dp)
+        n_prefixes = opts.get("num_prefixes", 16 * dp, least=1)
         n_requests = opts.get("num_requests", 8 * n_prefixes)
     else:
-        n_prefixes = opts.get("num_prefixes", 10)
+        n_prefixes = opts.get("num_prefixes", 10, least=1)
         n_requests = opts.get("num_requests", 1000 if scale == "full" else 200)
     prefix_len = opts.get("prefix_len", 512 if ray else 256)
     suffix_len = opts.get("suffix_len", 128 if ray else 256)
-    output_len = opts.get("output_len", 128)
-    mode = opts.choice("arrival", "burst", ARRIVAL_MODES)
-    rate = opts.get("rate_rps", 16.0)
+    output_len = opts.get("output_len", 128, least=1)
+    mode, rate = arrival_options(opts, "burst", 16.0)
+    opts.expect_requests(n_requests, f"num_requests={n_requests}")
+    opts.check()
 
     per_prefix = n_requests // n_prefixes
-    order = [(k, i) for k in range(n_prefixes) for i in range(per_prefix)]
+    order = [(k, i) for k in range(n_prefixes) for i in range(per_prefix)] if per_prefix else []
     stream(seed, "w3").shuffle(order)
     times, arrival = open_loop(len(order), mode, rate, stream(seed, "w3/arrivals"))
     b = Builder()

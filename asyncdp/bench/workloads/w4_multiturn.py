@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from asyncdp.bench.arrivals import Dispatch
-from asyncdp.bench.records import BLOCK_SIZE, Workload, answer_segment_id
+from asyncdp.bench.records import BLOCK_SIZE, DEADLINE_S, Workload, answer_segment_id
 from asyncdp.bench.workloads.common import Builder, Options, check_scale
 
 FULL_RATES = (16.0, 14.0, 12.0, 10.0, 8.0, 6.0, 4.0, 2.0, 1.0)
@@ -31,18 +31,20 @@ QUICK_RATES = (8.0, 4.0, 2.0, 1.0)
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
     check_scale("w4", scale, ("quick", "full"))
-    opts = Options("w4", options)
+    opts = Options("w4", options, scale)
     full = scale == "full"
     preset = opts.choice("preset", "default", ("default", "pressure"))
     clients = opts.get("clients", 256 if full else 32)
     rounds = opts.get("rounds", 5 if full else 4)
     r_len = opts.get("request_len", 512 if full else 256)
-    o_len = opts.get("output_len", 64 if full else 32)
-    max_parallel = opts.get("max_parallel", 128 if full else 16)
-    think_s = opts.get("think_s", 0.0)
+    o_len = opts.get("output_len", 64 if full else 32, least=1)
+    max_parallel = opts.get("max_parallel", 128 if full else 16, least=1)
+    think_s = opts.get("think_s", 0.0, most=DEADLINE_S)
     order = opts.choice("order", "random", ("random", "fifo"))
     process = opts.choice("process", "poisson", ("poisson", "uniform"))
-    dp = opts.get("dp", 8 if full else 4)
+    dp = opts.get("dp", 8 if full else 4, least=1)
+    opts.expect_requests(clients * rounds, f"clients={clients} x rounds={rounds}")
+    opts.check()
     rates = FULL_RATES if full else QUICK_RATES
 
     b = Builder()

@@ -23,15 +23,17 @@ QUESTION_LEN = 20
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
     check_scale("w5", scale, ("quick", "full"))
-    opts = Options("w5", options)
+    opts = Options("w5", options, scale)
     full = scale == "full"
-    users = opts.get("users", 64 if full else 16)
+    users = opts.get("users", 64 if full else 16, least=1)
     rounds = opts.get("rounds", 10 if full else 4)
     s_len = opts.get("system_len", 1000 if full else 256)
     h_len = opts.get("history_len", 8000 if full else 1024)
-    a_len = opts.get("answer_len", 100 if full else 32)
-    qps = opts.get("qps", 2.0)
-    dp = opts.get("dp", 8 if full else 4)
+    a_len = opts.get("answer_len", 100 if full else 32, least=1)
+    qps = opts.get("qps", 2.0, positive=True)
+    dp = opts.get("dp", 8 if full else 4, least=1)
+    opts.expect_requests(users * rounds, f"users={users} x rounds={rounds}")
+    opts.check()
 
     gap_ms = users / qps * 1000.0
     join_ms = gap_ms * (rounds - 1) / users

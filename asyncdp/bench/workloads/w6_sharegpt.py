@@ -15,9 +15,9 @@ from typing import Any
 
 from asyncdp.bench.records import Workload
 from asyncdp.bench.workloads.common import (
-    ARRIVAL_MODES,
     Builder,
     Options,
+    arrival_options,
     check_scale,
     lognormal_int,
     open_loop,
@@ -37,12 +37,13 @@ def short_request(rng: random.Random, index: int, prefix: str = "w6") -> tuple[l
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
     check_scale("w6", scale)
-    opts = Options("w6", options)
+    opts = Options("w6", options, scale)
     n0, dp0 = _SCALES[scale]
     n = opts.get("num_requests", n0)
-    dp = opts.get("dp", dp0)
-    mode = opts.choice("arrival", "ladder", ARRIVAL_MODES)
-    rate = opts.get("rate_rps", 16.0)
+    dp = opts.get("dp", dp0, least=1)
+    mode, rate = arrival_options(opts, "ladder", 16.0)
+    opts.expect_requests(n, f"num_requests={n}")
+    opts.check()
     rng = stream(seed, "w6")
     times, arrival = open_loop(n, mode, rate, stream(seed, "w6/arrivals"))
     b = Builder()

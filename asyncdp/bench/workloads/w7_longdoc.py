@@ -15,17 +15,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from asyncdp.bench.records import BLOCK_SIZE, Workload
+from asyncdp.bench.records import BLOCK_SIZE, MAX_KV_BLOCKS, Workload
 from asyncdp.bench.workloads.common import (
-    ARRIVAL_MODES,
     Builder,
     Options,
+    arrival_options,
     check_scale,
     open_loop,
     stream,
     zipf_picker,
 )
+from asyncdp.errors import ConfigError
 
+MAX_DOCS = 1_000_000  # the spec's sizes give 19 (quick) and 131 (full); rho=1e9 asked for billions
 _SCALES = {  # requests, dp, blocks per rank, doc length range
     "quick": (400, 4, 2048, (2000, 8000)),
     "full": (2000, 8, 28_000, (8000, 32_000)),
@@ -34,17 +36,21 @@ _SCALES = {  # requests, dp, blocks per rank, doc length range
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
     check_scale("w7", scale, tuple(_SCALES))
-    opts = Options("w7", options)
+    opts = Options("w7", options, scale)
     n0, dp0, blocks0, (lo, hi) = _SCALES[scale]
     n = opts.get("num_requests", n0)
-    dp = opts.get("dp", dp0)
-    blocks = opts.get("kv_blocks_per_rank", blocks0)
-    rho = opts.get("rho", 0.73)
+    dp = opts.get("dp", dp0, least=1)
+    blocks = opts.get("kv_blocks_per_rank", blocks0, least=2, most=MAX_KV_BLOCKS)
+    rho = opts.get("rho", 0.73, positive=True)
     alpha = opts.get("alpha", 1.0)
-    mode = opts.choice("arrival", "ladder", ARRIVAL_MODES)
-    rate = opts.get("rate_rps", 4.0)
-
+    mode, rate = arrival_options(opts, "ladder", 4.0)
+    opts.expect_requests(n, f"num_requests={n}")
+    opts.check()
     n_docs = max(1, round(rho * dp * blocks * BLOCK_SIZE / ((lo + hi) / 2)))
+    if n_docs > MAX_DOCS:
+        raise ConfigError(f"w7: rho={rho:g} x dp={dp} x kv_blocks_per_rank={blocks} make {n_docs:,} documents; "
+                          f"at most {MAX_DOCS:,}.")
+
     rng = stream(seed, "w7")
     doc_len = [rng.randint(lo, hi) for _ in range(n_docs)]
     pick = zipf_picker(n_docs, alpha, rng)

@@ -20,18 +20,29 @@ from asyncdp.bench.records import Workload
 from asyncdp.bench.workloads.common import Builder, Options, check_scale, stream
 from asyncdp.bench.workloads.w6_sharegpt import short_request
 
+LONG_FRACTION = 0.02
+PURE_LONG_MIN = 1000  # @pure_long draws its lengths from U[1 000, long_len]
+
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
     check_scale("w8", scale, ("quick", "full"))
-    opts = Options("w8", options)
+    opts = Options("w8", options, scale)
     full = scale == "full"
     preset = opts.choice("preset", "default", ("default", "pure_long", "32k_in_1_out"))
     one_shape = preset == "32k_in_1_out"
     n = opts.get("num_requests", (200 if one_shape else 5000) if full else (100 if one_shape else 500))
-    long_len = opts.get("long_len", (32_000 if one_shape else 55_000) if full else 16_000)
-    fraction = opts.get("long_fraction", 0.02)
-    dp = opts.get("dp", 8 if full else 4)
-    rung = opts.get("rate_fraction", 0.7)
+    pure = preset == "pure_long"
+    long_len = opts.get("long_len", (32_000 if one_shape else 55_000) if full else 16_000,
+                        least=PURE_LONG_MIN if pure else 1)
+    fraction = LONG_FRACTION
+    if preset == "default":
+        fraction = opts.get("long_fraction", LONG_FRACTION, most=1.0)
+    else:
+        opts.skip("long_fraction", f"it is the share of long prompts, and preset {preset} makes them all long")
+    dp = opts.get("dp", 8 if full else 4, least=1)
+    rung = opts.get("rate_fraction", 0.7, positive=True)
+    opts.expect_requests(n, f"num_requests={n}")
+    opts.check()
 
     rng = stream(seed, "w8")
     arrival = RelativeLadder(fractions=(rung,), requests_per_rung=(n,), reference=rung)
@@ -39,9 +50,9 @@ def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) ->
     long_at = set(rng.sample(range(n), round(fraction * n)))
     b = Builder()
     for i, (t, _) in enumerate(times):
-        if preset == "pure_long":
+        if pure:
             segments, output = short_request(rng, i, "w8")
-            segments, group = [(f"w8/long/{i}", rng.randint(1000, long_len))], "long"
+            segments, group = [(f"w8/long/{i}", rng.randint(PURE_LONG_MIN, long_len))], "long"
         elif one_shape or i in long_at:
             segments, output, group = [(f"w8/long/{i}", long_len)], 1, "long"
         else:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from asyncdp.bench.arrivals import Arrival, Closed, Trace
-from asyncdp.bench.records import Workload
+from asyncdp.bench.records import DEADLINE_S, Workload
 from asyncdp.bench.workloads.common import Builder, Options, check_scale, stream
 
 _SCALES = {"quick": (64, 128, 60.0, 4), "full": (800, 1000, 300.0, 8), "dp32": (3200, 1000, 300.0, 32)}
@@ -29,17 +29,30 @@ BURST_WINDOW_MS = 100.0
 
 def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) -> Workload:
     check_scale("w9", scale)
-    opts = Options("w9", options)
+    opts = Options("w9", options, scale)
     c0, len0, dur0, dp0 = _SCALES[scale]
     preset = opts.choice("preset", "default", ("default", "onoff"))
-    clients = opts.get("clients", c0)
-    length = opts.get("length", len0)
-    duration_s = opts.get("duration_s", dur0)
-    dp = opts.get("dp", dp0)
+    onoff = preset == "onoff"
+    length = opts.get("length", len0, least=1)
+    duration_s = opts.get("duration_s", dur0, positive=True, most=DEADLINE_S)
+    dp = opts.get("dp", dp0, least=1)
+    if onoff:
+        burst = opts.get("burst_size", 100 if scale == "quick" else 400)
+        for name in ("clients", "requests_per_client"):
+            opts.skip(name, "it shapes the closed loop, and preset onoff is open loop (burst_size requests every "
+                      "30 s)")
+        opts.expect_requests(math.ceil(duration_s / BURST_EVERY_S) * burst, f"burst_size={burst} every "
+                             f"{BURST_EVERY_S:g} s for duration_s={duration_s:g}")
+    else:
+        clients = opts.get("clients", c0)
+        per_client = opts.get("requests_per_client", math.ceil(duration_s / (length * MIN_STEP_S)))
+        opts.skip("burst_size", "it sizes the bursts of preset onoff (w9@onoff)")
+        opts.expect_requests(clients * per_client, f"clients={clients} x requests_per_client={per_client}" +
+                             ("" if opts.given("requests_per_client") else f" (from duration_s={duration_s:g})"))
+    opts.check()
     b = Builder()
     arrival: Arrival
-    if preset == "onoff":
-        burst = opts.get("burst_size", 100 if scale == "quick" else 400)
+    if onoff:
         rng = stream(seed, "w9/arrivals")
         times = []
         for k in range(math.ceil(duration_s / BURST_EVERY_S)):
@@ -50,7 +63,6 @@ def generate(scale: str, seed: int, options: Mapping[str, Any] | None = None) ->
             b.add(segments=[(f"w9/p/{i}", length)], output_length=length, group="burst", t_arrival_ms=t, client=i)
         arrival = Trace(speed=1.0)
     else:
-        per_client = opts.get("requests_per_client", math.ceil(duration_s / (length * MIN_STEP_S)))
         previous: list[int | None] = [None] * clients
         for k in range(per_client):
             for c in range(clients):
