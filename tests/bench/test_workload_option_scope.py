@@ -117,6 +117,7 @@ def test_a_typo_names_the_scale_and_the_options_that_apply():
     ("w10", {"delta_blocks_max": "2"}, "delta_blocks_max='2' must be >= 4"),  # randint(4, 2)
     ("w10", {"delta_blocks_max": "100000000"}, "delta_blocks_max='100000000' must be <= 128"),  # ran for minutes
     ("w10", {"rate_rps": "0"}, "rate_rps='0' must be > 0"),  # ZeroDivisionError
+    ("w1", {"arrival": "poisson", "rate_rps": "1e-320"}, "rate_rps='1e-320' is too small"),  # OverflowError
     ("w1", {"range_ratio": "nan"}, "range_ratio='nan' must be a finite number"),
     ("w2", {"scale": "full", "stages": "10,inf"}, "stages='10,inf' is not a valid"),
 ])

@@ -82,6 +82,8 @@ class Options:
                 raise ConfigError(f"{self.workload}: option {name}={raw!r} must be a finite number.")
             if positive and not value > 0:
                 raise ConfigError(f"{self.workload}: option {name}={raw!r} must be > 0.")
+            if positive and not math.isfinite(1 / value):  # a denormal rate: its gaps overflow
+                raise ConfigError(f"{self.workload}: option {name}={raw!r} is too small: its inverse overflows.")
             if value < least:
                 raise ConfigError(f"{self.workload}: option {name}={raw!r} must be >= {_number(least)}.")
             if most is not None and value > most:
