@@ -128,6 +128,7 @@ def check_output(parser: argparse.ArgumentParser, flag: str, path: Path | str | 
     if git_tracked(checked):
         parser.error(f"{flag} {path}: is a file tracked by git; write the output elsewhere (bench/results/ is "
                      "not tracked)")
+    checked.parent.mkdir(parents=True, exist_ok=True)  # the scripts write it in place (check_file makes nothing)
     return checked
 
 

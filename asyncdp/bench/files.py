@@ -3,9 +3,12 @@
 A benchmark can run for an hour; its results must not then be lost to an output path that could have been
 checked first. :func:`check_file` and :func:`check_folder` run before the first run and raise a
 :class:`~asyncdp.errors.ConfigError` (exit 2) naming the flag: the path is a folder (or, for a folder, a file),
-its folder cannot be made, nothing can be created in it (a probe file is made there and removed: ``os.access``
-says yes to root even on ``/sys``), or it is one of the command's input files (``--export-trace`` equal to
-``--trace`` once overwrote the trace it was replaying) or another output's file.
+its folder cannot be made, nothing can be created in it (a probe file is made there, or in the nearest existing
+folder above a folder still to be made, and removed: ``os.access`` says yes to root even on ``/sys``), or it is
+one of the command's input files (``--export-trace`` equal to
+``--trace`` once overwrote the trace it was replaying) or another output's file. The checks
+create nothing: a missing folder is made by :func:`write`, so a run that fails or is interrupted leaves no empty
+folder behind.
 
 :func:`write` then writes a regular file (or a new one) through a temporary file in the same folder, renamed
 over the target once complete: a failure or a signal midway leaves the target as it was, never half a file, and
@@ -72,13 +75,11 @@ def check_file(flag: str, value: str, *, make_folder: bool = True,
     file_above = _file_above(folder)
     if file_above is not None:
         raise ConfigError(f"{flag} {value}: {file_above} is a file, not a folder.")
-    if make_folder:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{flag} {value}: cannot create the folder {folder} ({exc.strerror}).") from None
-    elif not folder.is_dir():
-        raise ConfigError(f"{flag} {value}: the folder {folder} does not exist.")
+    if not folder.is_dir():
+        if not make_folder:
+            raise ConfigError(f"{flag} {value}: the folder {folder} does not exist.")
+        _probe_above(flag, value, folder)
+        return path
     if real.exists() and not real.is_file():
         if not os.access(real, os.W_OK):  # a device or a FIFO: written in place, if at all
             raise ConfigError(f"{flag} {value}: not writable.")
@@ -97,12 +98,24 @@ def check_folder(flag: str, value: str) -> Path:
     file_above = _file_above(path)
     if file_above is not None:
         raise ConfigError(f"{flag} {value}: {file_above} is a file, not a folder.")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"{flag} {value}: cannot create the folder ({exc.strerror}).") from None
+    if not path.is_dir():
+        _probe_above(flag, value, path)
+        return path
     _probe(flag, value, path)
     return path
+
+
+def _probe_above(flag: str, value: str, folder: Path) -> None:
+    """``folder`` (missing) can be made: the nearest existing folder above it takes a probe file."""
+    above = next((p for p in folder.parents if p.is_dir()), None)
+    if above is None:
+        raise ConfigError(f"{flag} {value}: cannot create the folder {folder} (no folder above it exists).")
+    try:
+        fd, probe = tempfile.mkstemp(dir=above, prefix=".asyncdp-probe-")
+    except OSError as exc:
+        raise ConfigError(f"{flag} {value}: cannot create the folder {folder} ({exc.strerror}).") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _umask() -> int:
@@ -130,6 +143,7 @@ def write(flag: str, path: Path, fill: Fill) -> None:
 
     real = Path(os.path.realpath(path))
     try:
+        real.parent.mkdir(parents=True, exist_ok=True)  # the checks before the run made no folder
         if real.exists() and not real.is_file():
             put(real)
             return
