@@ -38,6 +38,7 @@ from asyncdp.errors import ConfigError, SimulationStalled
 
 BASE_POLICIES = ("vllm", "round_robin", "random", "power_of_two", "vllm_legacy")
 TRACE_BLOCK = 512
+DEFAULT_SCALE = "quick"  # --scale and --trace-block-size default to None, to tell "given" from not
 
 
 def known_policies() -> list[str]:
@@ -64,7 +65,7 @@ def add_bench_parser(sub: Any) -> None:
     src.add_argument("--trace", help="a Mooncake-format trace file (JSONL) to replay")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a workload generator option (repeatable), e.g. groups=4")
-    p.add_argument("--scale", default=None, choices=("quick", "full", "dp32"), help="workload scale (default: quick)")
+    p.add_argument("--scale", default=None, choices=("quick", "full", "dp32"), help=f"workload scale (default: {DEFAULT_SCALE})")
     p.add_argument("--trace-block-size", type=int, default=None,
                    help=f"tokens per trace hash id (default: {TRACE_BLOCK})")
     p.add_argument("--export-trace", help="write the (first seed's) workload as a Mooncake trace and go on")
@@ -142,7 +143,7 @@ def _workloads(ns: argparse.Namespace, seed: int, profile: Any) -> Iterator[Any]
         return
     options = parse_options(ns.option)
     for name in csv_items(ns.workload or ""):
-        workload = build(name, ns.scale or "quick", seed, options)
+        workload = build(name, ns.scale or DEFAULT_SCALE, seed, options)
         if not workload.records:  # (groups=0 and the like): an all-zero table would read as a result
             raise ConfigError(f"{name}: these options give no requests ({', '.join(ns.option or ()) or 'none'}).")
         yield workload
@@ -299,7 +300,7 @@ def _routing(ns: argparse.Namespace) -> int:
         print(f"asyncdp bench: warning: requests failed in {len(failed)} of "
               f"{sum('failed' in r['counts'] for r in [*runs, *robust])} runs (see the !! lines under the tables)",
               file=sys.stderr)
-    header = {"seeds": seeds, "workload_hashes": hashes, "r_sat": r_sats, "scale": ns.scale or "quick", "profile": profile.name,
+    header = {"seeds": seeds, "workload_hashes": hashes, "r_sat": r_sats, "scale": ns.scale or DEFAULT_SCALE, "profile": profile.name,
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "router_assign": ns.router_assign, "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
               "python": platform.python_version(), "trio": _trio_version()}
