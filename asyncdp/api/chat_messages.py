@@ -11,7 +11,9 @@ text). ``name``, ``tool_calls`` and ``tool_call_id`` reach the template as given
 ``arguments`` written as a JSON string (OpenAI's shape) are decoded to the object tool-call templates expect
 (Transformers' convention, which vLLM follows; a string that is not JSON stays a string, so the template shows
 what the model wrote), and an empty ``tool_calls`` list is dropped so the template takes its plain assistant
-path.
+path. An assistant message's reasoning (``reasoning``, or ``reasoning_content``, the name DeepSeek's API and
+clients such as Qwen-Agent send back) reaches the template as both ``reasoning`` and ``reasoning_content``, as
+vLLM passes it, for templates that render earlier turns' thinking (Qwen3's ``<think>`` blocks).
 """
 
 from __future__ import annotations
@@ -101,5 +103,8 @@ def chat_messages(messages: list[ChatMessage], content_format: str = "string") -
                 value = _template_tool_calls(value) if value else None
             if value is not None:
                 entry[name] = value
+        reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content
+        if reasoning is not None and m.role == "assistant":  # (vLLM passes no other role's)
+            entry["reasoning"] = entry["reasoning_content"] = reasoning
         out.append(entry)
     return out
