@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException
 
 from asyncdp.api import chat, completions, utility_routes
 from asyncdp.api.body import draining_request_class, read_rest_of_body
+from asyncdp.api.content_format import resolve_content_format
 from asyncdp.api.context import (
     DRAINING_MESSAGE,
     PAUSE_MODES,
@@ -62,13 +63,15 @@ def create_app(
     max_request_body_bytes: int | None = None,
     cors: Cors | None = ALLOW_ALL,
     enable_prompt_tokens_details: bool = False,
+    chat_template_content_format: str = "auto",
 ) -> Quart:
     """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
 
     ``max_seqs_per_request`` bounds prompts x max(n, best_of) of one request (``--max-seqs-per-request``);
     ``max_request_body_bytes`` the body (``--max-request-body-bytes``; None: derived from ``max_model_len``);
     ``cors`` what cross-origin requests may do (``--allowed-origins`` and friends; None: no CORS headers);
-    ``enable_prompt_tokens_details`` adds ``usage.prompt_tokens_details.cached_tokens`` (the flag of that name)."""
+    ``enable_prompt_tokens_details`` adds ``usage.prompt_tokens_details.cached_tokens`` (the flag of that name);
+    ``chat_template_content_format`` is ``--chat-template-content-format`` ("auto" reads the tokenizer's template)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -95,6 +98,7 @@ def create_app(
         max_seqs_per_request=max_seqs_per_request,
         max_request_body_bytes=max_request_body_bytes,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
+        content_format=resolve_content_format(client.tokenizer, chat_template_content_format),
     )
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ from typing import Any
 
 from quart import Quart, Response, request
 
-from asyncdp.api.chat_messages import chat_messages
+from asyncdp.api.chat_messages import chat_messages, content_text
 from asyncdp.api.context import AppState, json_response
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
@@ -60,7 +60,7 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 
 def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[list[dict[str, Any]], list[int]]:
     """The messages and the token ids of the rendered chat template; template errors are the caller's 400."""
-    messages = chat_messages(req.messages)
+    messages = chat_messages(req.messages, state.content_format)
     if req.continue_final_message and req.add_generation_prompt:
         raise HTTPError(400, "continue_final_message and add_generation_prompt cannot both be true.",
                         param="continue_final_message")
@@ -120,7 +120,7 @@ def prepare(state: AppState, body: bytes) -> Prepared:
             exc.field = field
         raise
     check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens)
-    echo = messages[-1]["content"] if req.echo and messages[-1]["role"] == "assistant" else ""
+    echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     seqs = sequences(request_id, [prompt_ids], params, per_prompt)
     return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs)

@@ -1,13 +1,19 @@
 """Chat messages as the chat template receives them, from the shapes client libraries send (vLLM's rules).
 
 ``content`` is a string, null (empty) or a list of parts. The parts that carry text (``TEXT_PARTS``: OpenAI's
-``text`` and ``refusal``, the Responses API's ``input_text``/``output_text``, ``thinking``) are joined with
-``"\\n"``, as vLLM joins them for a template that takes a string; any other part (``image_url``,
-``input_audio``, ``file``, ...) is a 400 naming the part, since asyncdp serves text-only models. ``name``,
-``tool_calls`` and ``tool_call_id`` reach the template as given, except that a tool call's ``arguments``
-written as a JSON string (OpenAI's shape) are decoded to the object tool-call templates expect (Transformers'
-convention, which vLLM follows; a string that is not JSON stays a string, so the template shows what the model
-wrote), and an empty ``tool_calls`` list is dropped so the template takes its plain assistant path.
+``text`` and ``refusal``, the Responses API's ``input_text``/``output_text``, ``thinking``) make the content; any
+other part (``image_url``, ``input_audio``, ``file``, ...) is a 400 naming the part, since asyncdp serves
+text-only models. How the content reaches the template depends on the template's content format
+(:mod:`asyncdp.api.content_format`): for a "string" template the texts joined with ``"\\n"``; for an "openai"
+template a list with one ``{"type": "text", "text": ...}`` part per text (a string content is one part, null
+none), except a ``tool`` message's, which stays the joined text (vLLM's rule: templates print a tool result as
+text). ``name``, ``tool_calls`` and ``tool_call_id`` reach the template as given, except that a tool call's
+``arguments`` written as a JSON string (OpenAI's shape) are decoded to the object tool-call templates expect
+(Transformers' convention, which vLLM follows; a string that is not JSON stays a string, so the template shows
+what the model wrote), and an empty ``tool_calls`` list is dropped so the template takes its plain assistant
+path. An assistant message's reasoning (``reasoning``, or ``reasoning_content``, the name DeepSeek's API and
+clients such as Qwen-Agent send back) reaches the template as both ``reasoning`` and ``reasoning_content``, as
+vLLM passes it, for templates that render earlier turns' thinking (Qwen3's ``<think>`` blocks).
 """
 
 from __future__ import annotations
@@ -31,11 +37,11 @@ def _bad(field: str, message: str) -> HTTPError:
     return HTTPError(400, message, param=field)
 
 
-def _text_of(content: Any, where: str) -> str:
+def _texts_of(content: Any, where: str) -> list[str]:
     if content is None:
-        return ""
+        return []
     if isinstance(content, str):
-        return content
+        return [content]
     if not isinstance(content, list):
         raise _bad(where, f"{where} must be a string, null or a list of content parts.")
     texts = []
@@ -52,7 +58,7 @@ def _text_of(content: Any, where: str) -> str:
         if not isinstance(text, str):
             raise _bad(f"{at}.{key}", f"{at}.{key} must be a string (a {kind!r} part carries its text there).")
         texts.append(text)
-    return "\n".join(texts)
+    return texts
 
 
 def _template_tool_calls(calls: list[Any]) -> list[Any]:
@@ -71,18 +77,34 @@ def _template_tool_calls(calls: list[Any]) -> list[Any]:
     return out
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """The messages for ``apply_chat_template``: role, text content, and the passed fields the message has."""
+def _content(texts: list[str], role: str, content_format: str) -> str | list[dict[str, str]]:
+    if content_format == "openai" and role != "tool":
+        return [{"type": "text", "text": text} for text in texts]
+    return "\n".join(texts)
+
+
+def content_text(content: str | list[dict[str, str]]) -> str:
+    """A template message's content as text, whichever format it is in (the text parts joined with "\\n")."""
+    return content if isinstance(content, str) else "\n".join(part["text"] for part in content)
+
+
+def chat_messages(messages: list[ChatMessage], content_format: str = "string") -> list[dict[str, Any]]:
+    """The messages for ``apply_chat_template``: role, content in ``content_format`` ("string" or "openai"), and
+    the passed fields the message has."""
     if not messages:
         raise _bad("messages", "messages must be a non-empty list.")
     out = []
     for i, m in enumerate(messages):
-        entry: dict[str, Any] = {"role": m.role, "content": _text_of(m.content, f"messages[{i}].content")}
+        texts = _texts_of(m.content, f"messages[{i}].content")
+        entry: dict[str, Any] = {"role": m.role, "content": _content(texts, m.role, content_format)}
         for name in _PASSED_MESSAGE_FIELDS:
             value = getattr(m, name)
             if name == "tool_calls" and value is not None:
                 value = _template_tool_calls(value) if value else None
             if value is not None:
                 entry[name] = value
+        reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content
+        if reasoning is not None and m.role == "assistant":  # (vLLM passes no other role's)
+            entry["reasoning"] = entry["reasoning_content"] = reasoning
         out.append(entry)
     return out

@@ -157,6 +157,9 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     name: str | None = None
     tool_calls: list[Json] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's reasoning, for templates that render it (chat_messages passes it under both names).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatRequest(_Common, kw_only=True):

@@ -73,6 +73,7 @@ class ApiConfig:
     max_seqs_per_request: int = 256
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    chat_template_content_format: str = "auto"  # --chat-template-content-format
     model_aliases: tuple[str, ...] = ()  # more names for the model (the first is the client's model_name)
     cors: Cors | None = ALLOW_ALL
     api_key: str | None = field(default=None, repr=False)  # --api-key
@@ -120,6 +121,7 @@ async def serve_api(
     app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
                      max_request_body_bytes=cfg.max_request_body_bytes,
                      enable_prompt_tokens_details=cfg.enable_prompt_tokens_details,
+                     chat_template_content_format=cfg.chat_template_content_format,
                      served_model_names=[cfg.client.model_name, *cfg.model_aliases], cors=cfg.cors,
                      api_key=cfg.api_key)
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
@@ -210,6 +212,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         max_seqs_per_request=role.max_seqs_per_request,
         max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
         enable_prompt_tokens_details=role.enable_prompt_tokens_details,
+        chat_template_content_format=role.chat_template_content_format,
         cors=Cors(role.allowed_origins, role.allowed_methods, role.allowed_headers, role.allow_credentials),
         api_key=role.api_key)
 

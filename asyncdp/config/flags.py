@@ -158,6 +158,8 @@ DEFAULT_LB_POLICY = "vllm"
 HTTP_BACKENDS = ("asyncio", "trio")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DP_BACKENDS = ("mp", "ray")
+# --chat-template-content-format (vLLM's): how message content reaches the chat template; auto reads the template.
+CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
 MODES = ("single", "internal", "hybrid", "external", "headless", "multi-port")
 
 # §2.4: field -> (env variables in priority order, parser). A given flag always wins over the environment.
@@ -229,6 +231,7 @@ class ServeConfig:
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int | None = None  # None: default_max_request_body_bytes(max_model_len)
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens (vLLM's flag)
+    chat_template_content_format: str = "auto"  # CHAT_TEMPLATE_CONTENT_FORMATS
     allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
@@ -346,6 +349,8 @@ class ServeConfig:
         if self.api_key is not None and not _API_KEY.fullmatch(self.api_key):  # (its value is never echoed)
             raise ConfigError(f"--api-key (ASYNCDP_API_KEY) must be 1 to 4096 printable ASCII characters without "
                               f"spaces, as an Authorization header carries it (got {len(self.api_key)} characters).")
+        need(self.chat_template_content_format in CHAT_TEMPLATE_CONTENT_FORMATS, "--chat-template-content-format",
+             "one of " + ", ".join(CHAT_TEMPLATE_CONTENT_FORMATS), self.chat_template_content_format)
         need(self.backend in HTTP_BACKENDS, "--backend", "one of " + ", ".join(HTTP_BACKENDS), self.backend)
         need(self.lb_policy.partition("@")[0] in LB_POLICIES, "--lb-policy (--dp-lb-policy, ASYNCDP_DP_LB_POLICY)",
              "one of " + ", ".join(LB_POLICIES), self.lb_policy)

@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from asyncdp.config.flags import (
+    CHAT_TEMPLATE_CONTENT_FORMATS,
     DEFAULT_MODEL,
     DP_BACKENDS,
     HTTP_BACKENDS,
@@ -119,6 +120,11 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
     _bool(g, "--enable-prompt-tokens-details",
           help="add usage.prompt_tokens_details.cached_tokens to chat and completions responses: the prompt "
                "tokens the prefix cache supplied (default: false)")
+    g.add_argument("--chat-template-content-format", default=None,
+                   metavar="{" + ",".join(CHAT_TEMPLATE_CONTENT_FORMATS) + "}",
+                   help="how message content reaches the chat template: 'string' (the text), 'openai' (a list of "
+                        "{'type': 'text', 'text': ...} parts, for templates that loop over parts); auto reads the "
+                        "template to choose (default: auto)")
     for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
                        ("--allowed-headers", "request headers")):
         g.add_argument(flag, default=None, metavar="JSON",
