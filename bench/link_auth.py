@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,12 +29,19 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from bench.serving import ServerStartError, check_output, free_port, non_negative_int, positive_int, run_cli  # noqa: E402
+from bench.serving import (  # noqa: E402
+    check_output,
+    free_port,
+    non_negative_int,
+    positive_int,
+    run_cli,
+    stop_server,
+    wait_ready,
+)
 
 MODEL = "builtin:tiny-dense"
 ROUNDS = 4
@@ -89,27 +95,10 @@ def start_once(tree: Path, executor: str) -> tuple[float, float]:
                                 env={**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"},
                                 start_new_session=True)
         try:
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                try:  # the poll interval, ending early if the server died
-                    code = proc.wait(timeout=0.05)
-                except subprocess.TimeoutExpired:
-                    if time.perf_counter() - t0 > 180:
-                        raise ServerStartError("asyncdp serve was not ready in 180 s") from None
-                else:
-                    raise ServerStartError(f"asyncdp serve ({tree}) exited with {code} before ready")
+            wait_ready(proc, f"http://127.0.0.1:{port}", 180, log, poll_s=0.05)
             ready_s = time.perf_counter() - t0
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_server(proc)
         log.seek(0)
         took = re.search(rb"startup took ([0-9.]+) s", log.read())
     return ready_s, float(took.group(1)) if took else float("nan")

@@ -167,28 +167,40 @@ def asyncdp_serve(model: str, *args: str, log: IO[bytes] | None = None, env: dic
                             start_new_session=True)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            try:  # the poll interval, ending early if the server died
-                code = proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                if time.monotonic() > deadline:
-                    raise ServerStartError(f"asyncdp serve was not ready in {timeout_s:g} s{_log_tail(log)}") from None
-            else:
-                raise ServerStartError(f"asyncdp serve exited with {code} before ready{_log_tail(log)}")
+        wait_ready(proc, base_url, timeout_s, log)
         yield base_url, proc.pid
     finally:
-        proc.send_signal(signal.SIGTERM)
+        stop_server(proc)
+
+
+def wait_ready(proc: subprocess.Popen[bytes], base_url: str, timeout_s: float, log: IO[bytes] | None = None,
+               poll_s: float = 0.2) -> None:
+    """Return once ``base_url``'s ``/health`` answers 200; :class:`ServerStartError` if ``proc`` exits first or
+    ``timeout_s`` passes (with the last lines of ``log``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
-            proc.wait(timeout=30)
+            if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        try:  # the poll interval, ending early if the server died
+            code = proc.wait(timeout=poll_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"asyncdp serve was not ready in {timeout_s:g} s{_log_tail(log)}") from None
+        else:
+            raise ServerStartError(f"asyncdp serve exited with {code} before ready{_log_tail(log)}")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL of its process group after 30 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def run_cli(main: Callable[[], int]) -> None:

@@ -37,3 +37,15 @@ def _timer_ties_in_arming_order():
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request):
     return request.param
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test (tests that run a real model in process: its results do not depend on the
+    thread count, and two cores are shared by everything the suite runs)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -5,17 +5,10 @@ documented in docs/reference/http-api.md ("Logprobs and the batch")."""
 import random
 
 import pytest
-import torch
 
 from asyncdp import LLM, SamplingParams
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_greedy_tokens_are_the_same_in_any_batch_and_logprobs_differ_only_by_rounding():

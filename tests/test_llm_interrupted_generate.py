@@ -5,7 +5,6 @@ checks every injection point with a fake model that reads its KV cache back)."""
 import random
 
 import pytest
-import torch
 
 from asyncdp import LLM, SamplingParams
 from asyncdp.engine.block_manager import BlockManager
@@ -14,12 +13,7 @@ CONFIG = {"num_kv_blocks": 17, "block_size": 16, "max_model_len": 256}  # 16 usa
 PARAMS = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _prompts() -> list[list[int]]:

@@ -17,12 +17,7 @@ from asyncdp.model import load_tokenizer, resolve_model
 MODELS = ["builtin:tiny-dense", "builtin:tiny-moe"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:

@@ -50,12 +50,14 @@ def _file_above(folder: Path) -> Path | None:
     return None
 
 
-def _probe(flag: str, value: str, folder: Path) -> None:
-    """Something can be created in ``folder``: a probe file, removed at once."""
+def _probe(flag: str, value: str, folder: Path, problem: str | None = None) -> None:
+    """Something can be created in ``folder``: a probe file, removed at once. ``problem``: what the refusal says
+    (default: that nothing can be written in ``folder``)."""
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".asyncdp-probe-")
     except OSError as exc:
-        raise ConfigError(f"{flag} {value}: cannot write in the folder {folder} ({exc.strerror}).") from None
+        raise ConfigError(f"{flag} {value}: {problem or f'cannot write in the folder {folder}'} "
+                          f"({exc.strerror}).") from None
     os.close(fd)
     os.unlink(probe)
 
@@ -110,12 +112,7 @@ def _probe_above(flag: str, value: str, folder: Path) -> None:
     above = next((p for p in folder.parents if p.is_dir()), None)
     if above is None:
         raise ConfigError(f"{flag} {value}: cannot create the folder {folder} (no folder above it exists).")
-    try:
-        fd, probe = tempfile.mkstemp(dir=above, prefix=".asyncdp-probe-")
-    except OSError as exc:
-        raise ConfigError(f"{flag} {value}: cannot create the folder {folder} ({exc.strerror}).") from None
-    os.close(fd)
-    os.unlink(probe)
+    _probe(flag, value, above, f"cannot create the folder {folder}")
 
 
 def _umask() -> int:
