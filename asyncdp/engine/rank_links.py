@@ -136,7 +136,11 @@ class RankLinks:
         frames = Frames(link, f"rank {self.dp_rank}: client {client_index}'s link")
         try:
             while (msg := await frames.next()) is not None:
-                await inbox.send(ClientMessage(client_index, msg))
+                item = ClientMessage(client_index, msg)
+                try:  # room in the inbox: no scheduling point of its own (the next read has one when it waits)
+                    inbox.send_nowait(item)
+                except anyio.WouldBlock:
+                    await inbox.send(item)
         except LINK_ERRORS:
             pass  # this rank cut the link (a full outbox), or it broke: the same as a close
         # DEBUG: every client closes its link to every rank at each shutdown; the rank logs the aborts it causes.
