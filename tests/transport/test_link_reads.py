@@ -89,3 +89,40 @@ async def test_a_stream_that_ends_inside_a_frame_ends_the_link():
     assert await link.receive() == messages.Heartbeat(sender="e0", seq=1)
     with pytest.raises(anyio.EndOfStream):
         await link.receive()
+
+
+@pytest.mark.anyio
+async def test_concurrent_senders_on_one_link_never_interleave_their_frames(tmp_path):
+    """Many tasks send on one link at once, with frames larger than a socket's buffer (so sends wait part way):
+    the reader gets every frame whole, each sender's in its order."""
+    from asyncdp.transport import listen, serve_links
+
+    listener, addr = await listen("unix", directory=str(tmp_path))
+    senders, per_sender = 8, 20
+    got: list[messages.Message] = []
+    done = anyio.Event()
+
+    async def handler(link: StreamLink) -> None:
+        while len(got) < senders * per_sender:
+            got.append(await link.receive())
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve_links, listener, handler)
+        link = StreamLink(await anyio.connect_unix(addr.removeprefix("unix:")))
+
+        async def send_all(sender: int) -> None:
+            for seq in range(per_sender):
+                await link.send(messages.UtilityResult(call_id=sender * 1000 + seq, ok=True, value="v" * 150_000))
+
+        async with anyio.create_task_group() as senders_tg:
+            for sender in range(senders):
+                senders_tg.start_soon(send_all, sender)
+        with anyio.fail_after(10):
+            await done.wait()
+        await link.aclose()
+        tg.cancel_scope.cancel()
+    ids = [msg.call_id for msg in got]  # type: ignore[attr-defined]
+    assert sorted(ids) == sorted(s * 1000 + q for s in range(senders) for q in range(per_sender))
+    for sender in range(senders):
+        assert [i for i in ids if i // 1000 == sender] == [sender * 1000 + q for q in range(per_sender)]
