@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -76,6 +77,7 @@ class Metrics:
         # Metrics register into a private registry: several Metrics objects may live in one process (tests).
         self._registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[int, int | str, tuple[str, ...]], Any] = {}
+        self._series: dict[int | str, _EngineSeries] = {}  # per engine: its children by attribute (see _s)
         self._newest_at: dict[int | str, float] = {}  # per engine: the engine time of the newest state written
         r = self._registry
 
@@ -160,26 +162,34 @@ class Metrics:
             child = self._children[key] = metric.labels(self.model_name, str(engine), *extra)
         return child
 
+    def _s(self, engine: int | str) -> _EngineSeries:
+        """``engine``'s children without extra labels, by attribute: one lookup per call, not one per series."""
+        series = self._series.get(engine)
+        if series is None:
+            series = self._series[engine] = _EngineSeries(self, engine)
+        return series
+
     # ------------------------------------------------------------------ requests
     def add_tokens(self, engine: int | str, prompt_tokens: int, generation_tokens: int) -> None:
         """Count tokens as the engine delivers them: a request's prompt with its first token, every generated
         token as it arrives, whether or not the request later finishes (vLLM counts them per iteration)."""
+        s = self._s(engine)
         if prompt_tokens:
-            self._c(self.prompt_tokens, engine).inc(prompt_tokens)
+            s.prompt_tokens.inc(prompt_tokens)
         if generation_tokens:
-            self._c(self.generation_tokens, engine).inc(generation_tokens)
+            s.generation_tokens.inc(generation_tokens)
 
     def record_iteration_tokens(self, engine: int | str, num_tokens: int) -> None:
         """One engine step's output to this client: the prompt tokens of the requests that got their first token
         in it plus the tokens generated (vLLM observes each output batch it processes)."""
-        self._c(self.iteration_tokens, engine).observe(num_tokens)
+        self._s(engine).iteration_tokens.observe(num_tokens)
 
     def record_first_token(self, engine: int | str, ttft_s: float) -> None:
-        self._c(self.time_to_first_token, engine).observe(ttft_s)
+        self._s(engine).time_to_first_token.observe(ttft_s)
 
     def record_token_gaps(self, engine: int | str, gap_s: float, n: int = 1) -> None:
         """``n`` tokens that arrived together, ``gap_s`` apart on average since the previous ones."""
-        itl = self._c(self.inter_token_latency, engine)
+        itl = self._s(engine).inter_token_latency
         for _ in range(n):
             itl.observe(gap_s)
 
@@ -195,33 +205,36 @@ class Metrics:
         request's limit, as vLLM resolves it). A request refused at admission, or one whose caller left, is not
         counted here (vLLM's ``request_success`` does not count them)."""
         self._c(self.request_success, engine, finished_reason).inc()
+        s = self._s(engine)
         if max_tokens:
-            self._c(self.request_params_max_tokens, engine).observe(max_tokens)
-        self._c(self.e2e_request_latency, engine).observe(e2e_s)
+            s.request_params_max_tokens.observe(max_tokens)
+        s.e2e_request_latency.observe(e2e_s)
         if queue_s is not None:
-            self._c(self.request_queue_time, engine).observe(queue_s)
-        self._c(self.request_prompt_tokens, engine).observe(prompt_tokens)
-        self._c(self.request_generation_tokens, engine).observe(generation_tokens)
-        self._c(self.request_decode_time, engine).observe(decode_s)
+            s.request_queue_time.observe(queue_s)
+        s.request_prompt_tokens.observe(prompt_tokens)
+        s.request_generation_tokens.observe(generation_tokens)
+        s.request_decode_time.observe(decode_s)
         tpot_s = decode_s / (generation_tokens - 1) if generation_tokens > 1 else 0.0
-        self._c(self.request_time_per_output_token, engine).observe(tpot_s)
+        s.request_time_per_output_token.observe(tpot_s)
         if prefill_s is not None:
-            self._c(self.request_prefill_time, engine).observe(prefill_s)
-            self._c(self.request_inference_time, engine).observe(prefill_s + decode_s)
+            s.request_prefill_time.observe(prefill_s)
+            s.request_inference_time.observe(prefill_s + decode_s)
 
     def record_sequence_group(self, engine: int | str, n: int, max_generation_tokens: int) -> None:
         """The sequences of one prompt all finished (vLLM's parent request): its ``n`` and its longest output."""
-        self._c(self.request_params_n, engine).observe(n)
-        self._c(self.request_max_num_generation_tokens, engine).observe(max_generation_tokens)
+        s = self._s(engine)
+        s.request_params_n.observe(n)
+        s.request_max_num_generation_tokens.observe(max_generation_tokens)
 
     # ------------------------------------------------------------------ engine state
     def set_engine_state(self, engine: int | str, running: int, waiting: int, kv_usage: float,
                          at: float | None = None) -> None:
         """The rank's state as of ``at``: the engine's clock, stamped on the report (None: now, on this clock)."""
         at = self._state_time(engine, at)
-        _set_at(self._c(self.num_requests_running, engine), running, at)
-        _set_at(self._c(self.num_requests_waiting, engine), waiting, at)
-        _set_at(self._c(self.kv_cache_usage_perc, engine), kv_usage, at)
+        s = self._s(engine)
+        _set_at(s.num_requests_running, running, at)
+        _set_at(s.num_requests_waiting, waiting, at)
+        _set_at(s.kv_cache_usage_perc, kv_usage, at)
 
     def _state_time(self, engine: int | str, at: float | None) -> float:
         if at is None:
@@ -286,7 +299,7 @@ class Metrics:
         self._c(self.dp_lb_decisions, engine, reason).inc()
 
     def set_inflight(self, engine: int | str, n: int) -> None:
-        self._c(self.dp_inflight_requests, engine).set(n)
+        self._s(engine).dp_inflight_requests.set(n)
 
     def set_snapshot_age(self, s: float) -> None:
         self.dp_coordinator_snapshot_age.labels(model_name=self.model_name).set(s)
@@ -322,6 +335,48 @@ class Metrics:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=self.multiproc_dir)
         return generate_latest(registry)
+
+
+class _EngineSeries:
+    """``series.X`` is ``metrics.X``'s child for one engine, made on first use (through ``Metrics._c``: a series
+    shows on ``/metrics`` once made, as before), then a plain attribute; a histogram's as :class:`_Histogram`."""
+
+    def __init__(self, metrics: Metrics, engine: int | str) -> None:
+        self._metrics = metrics
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:  # only for a series not made yet
+        metric = getattr(self._metrics, name)
+        child = self._metrics._c(metric, self._engine)
+        value = _Histogram.of(child) if isinstance(metric, Histogram) else child
+        setattr(self, name, value)
+        return value
+
+
+class _Histogram:
+    """A histogram child's ``observe`` as prometheus_client's (the sum, then the first bucket whose bound is at
+    least the amount; none for NaN), bisecting instead of scanning the buckets and without the per-call checks
+    that a labelled child without exemplars always passes: a third less CPU, and a request makes a dozen."""
+
+    __slots__ = ("_sum", "_buckets", "_bounds")
+
+    def __init__(self, sum_value: Any, buckets: list[Any], bounds: list[float]) -> None:
+        self._sum, self._buckets, self._bounds = sum_value, buckets, bounds
+
+    @staticmethod
+    def of(child: Any) -> Any:
+        """A fast observer of ``child``; ``child`` itself where prometheus_client's internals are not as expected."""
+        try:
+            sum_value, buckets, bounds = child._sum, child._buckets, list(child._upper_bounds)
+        except AttributeError:
+            return child
+        ok = len(buckets) == len(bounds) and bounds == sorted(bounds) and bounds[-1] == math.inf
+        return _Histogram(sum_value, buckets, bounds) if ok else child
+
+    def observe(self, amount: float) -> None:
+        self._sum.inc(amount)
+        if amount == amount:  # not NaN
+            self._buckets[bisect_left(self._bounds, amount)].inc(1)
 
 
 def _set_at(gauge: Any, value: float, at: float) -> None:

@@ -368,10 +368,13 @@ class EngineRank:
         step passes ``clients=False`` before the step: its outputs carry the stats, and the call after the step
         sends them alone only if it had none (a prompt still prefilling); a frame per turn cost about 5 % of the
         server's CPU per request on a zero-cost model."""
+        to_coordinator = self.coordinator is not None and not self.cfg.external_lb
+        if not clients and not to_coordinator:
+            return  # nobody to tell: not even the stats are read
         s = self.reports.scheduler_stats()
         if clients:
             self.reports.refresh_client_stats(s)
-        if self.coordinator is None or self.cfg.external_lb:
+        if not to_coordinator:
             return
         report = self.reports.load_report(s)
         if report is not None:

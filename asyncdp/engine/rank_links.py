@@ -33,6 +33,7 @@ from typing import Protocol
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 
 from asyncdp import messages as m
 from asyncdp.dp.liveness import Liveness
@@ -113,7 +114,7 @@ class RankLinks:
         self._outboxes: dict[int, _ClientOutbox] = {}
         self._coordinator_lost = False  # reported to the owner (or seen by it on a send): never again
 
-    def start(self, tg: anyio.abc.TaskGroup, inbox: anyio.abc.ObjectSendStream[InboxItem], owner: LinkOwner, *,
+    def start(self, tg: anyio.abc.TaskGroup, inbox: MemoryObjectSendStream[InboxItem], owner: LinkOwner, *,
               heartbeat_interval_s: float, heartbeat_timeout_s: float) -> None:
         """Start the writers, the readers and (with a coordinator) the heartbeat tasks in ``tg``."""
         for ci, link in self.clients.items():
@@ -131,12 +132,15 @@ class RankLinks:
 
     # ------------------------------------------------------------ readers and the coordinator watch
 
-    async def _read_client(self, client_index: int, link: Link,
-                           inbox: anyio.abc.ObjectSendStream[InboxItem]) -> None:
+    async def _read_client(self, client_index: int, link: Link, inbox: MemoryObjectSendStream[InboxItem]) -> None:
         frames = Frames(link, f"rank {self.dp_rank}: client {client_index}'s link")
         try:
             while (msg := await frames.next()) is not None:
-                await inbox.send(ClientMessage(client_index, msg))
+                item = ClientMessage(client_index, msg)
+                try:  # room in the inbox: no scheduling point of its own (the next read has one when it waits)
+                    inbox.send_nowait(item)
+                except anyio.WouldBlock:
+                    await inbox.send(item)
         except LINK_ERRORS:
             pass  # this rank cut the link (a full outbox), or it broke: the same as a close
         # DEBUG: every client closes its link to every rank at each shutdown; the rank logs the aborts it causes.

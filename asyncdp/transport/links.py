@@ -20,7 +20,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream, BufferedByteStream
 
 from asyncdp import messages
 from asyncdp.errors import ForeignPeerError, ProtocolError
@@ -38,6 +37,7 @@ MAX_FRAME_BYTES = 256 << 20
 ACCEPTED_FIRST_FRAME_MAX_BYTES = 1 << 20
 FOREIGN_PEEK_S = 0.5  # how long a first frame of no asyncdp peer waits for more of its answer, to quote it
 FOREIGN_PEEK_BYTES = 64
+_READ_CHUNK = 64 << 10  # what one read of a link's stream asks for (a frame longer than that: its remaining size)
 
 
 class Link:
@@ -85,14 +85,13 @@ class StreamLink(Link):
                  max_first_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self.name = name
         self._stream = stream
-        self._reader = stream if isinstance(stream, BufferedByteStream) else BufferedByteReceiveStream(stream)
-        self._size: int | None = None  # a frame whose header was read and whose payload was not, yet
+        self._buffer = bytearray()  # bytes read and not yet returned as frames (a partial frame, or several)
         self._first = True  # no frame received yet: a bad one means a foreign peer, not a garbled frame
         self._max_first = max_first_frame_bytes
         self._lost = False  # the framing is lost: nothing more is read
         self._remote = remote_of(stream)  # now: a peer that reset its connection has no address any more
-        # fast_acquire: an uncontended send does not yield to the scheduler here; the stream write right after
-        # is a checkpoint anyway. That is one task switch less per frame.
+        # An uncontended send takes the lock without a scheduling point of its own (acquire_nowait; fast_acquire
+        # for the same in acquire): the stream write right after is a checkpoint anyway.
         self._send_lock = anyio.Lock(fast_acquire=True)
 
     @property
@@ -101,37 +100,42 @@ class StreamLink(Link):
 
     async def send(self, msg: messages.Message) -> None:
         payload = messages.encode(msg)
-        async with self._send_lock:
+        lock = self._send_lock
+        try:  # uncontended: taken at once (the stream's send is the scheduling point)
+            lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await lock.acquire()
+        try:
             await self._stream.send(_HEADER.pack(len(payload)) + payload)
+        finally:
+            lock.release()
 
     async def receive(self) -> messages.Message:
         """The next frame. Cancellation-safe: a receive cancelled part way (a liveness deadline) loses nothing,
-        and the next one goes on where it stopped (the buffered reader keeps partial reads; ``_size`` a header
-        read whose payload was not)."""
+        and the next one goes on where it stopped (what was read stays in the buffer until a whole frame is there).
+
+        The stream is read in chunks of up to ``_READ_CHUNK`` bytes (more for a longer frame): one read usually
+        brings a whole frame, header and payload, or several, which the next receives return without reading."""
         if self._lost:
             raise anyio.EndOfStream
-        if self._size is None:
-            try:
-                header = await self._reader.receive_exactly(_HEADER.size)
-            except anyio.IncompleteRead:
-                raise anyio.EndOfStream from None
-            except (anyio.BrokenResourceError, ConnectionError, OSError):
-                raise anyio.EndOfStream from None
-            (size,) = _HEADER.unpack(header)
-            if size > (self._max_first if self._first else MAX_FRAME_BYTES):
-                self._lost = True
-                if self._first:
-                    seen = link_auth.UNEXPECTED_HELLO if header == link_auth.MAGIC[:_HEADER.size] else \
-                        _quote(header + await self._more_of_a_foreign_answer())
-                    raise ForeignPeerError(self.name, seen, other_version=False,
-                                           protocol_version=messages.PROTOCOL_VERSION)
-                raise ProtocolError(f"{self.name}: frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
-            self._size = size
-        try:
-            payload = await self._reader.receive_exactly(self._size)
-        except (anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError, OSError):
-            raise anyio.EndOfStream from None
-        self._size = None
+        buf = self._buffer
+        while len(buf) < _HEADER.size:
+            await self._read_more(_HEADER.size - len(buf))
+        (size,) = _HEADER.unpack_from(buf)
+        if size > (self._max_first if self._first else MAX_FRAME_BYTES):
+            self._lost = True
+            if self._first:
+                header = bytes(buf[:_HEADER.size])
+                seen = link_auth.UNEXPECTED_HELLO if header == link_auth.MAGIC[:_HEADER.size] else \
+                    _quote(header + await self._more_of_a_foreign_answer())
+                raise ForeignPeerError(self.name, seen, other_version=False,
+                                       protocol_version=messages.PROTOCOL_VERSION)
+            raise ProtocolError(f"{self.name}: frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+        end = _HEADER.size + size
+        while len(buf) < end:
+            await self._read_more(end - len(buf))
+        payload = bytes(memoryview(buf)[_HEADER.size:end])
+        del buf[:end]
         if not self._first:
             return messages.decode(payload)
         self._first = False
@@ -144,14 +148,23 @@ class StreamLink(Link):
             raise ForeignPeerError(self.name, seen, other_version=tagged is not None,
                                    protocol_version=messages.PROTOCOL_VERSION) from None
 
+    async def _read_more(self, missing: int) -> None:
+        """Append what the stream has (at least one byte, at most ``max(missing, _READ_CHUNK)``) to the buffer;
+        ``EndOfStream`` once the peer is gone (a frame cut short included)."""
+        try:
+            chunk = await self._stream.receive(max(missing, _READ_CHUNK))
+        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            raise anyio.EndOfStream from None
+        self._buffer += chunk
+
     async def _more_of_a_foreign_answer(self) -> bytes:
         """What a foreign peer sent after its first four bytes, for the log line that names it: what is buffered,
         or else what arrives within a moment (the rest of an HTTP status line, say)."""
-        if self._reader.buffer:
-            return bytes(self._reader.buffer)
+        if len(self._buffer) > _HEADER.size:
+            return bytes(self._buffer[_HEADER.size:])
         with anyio.move_on_after(FOREIGN_PEEK_S):
             try:
-                return await self._reader.receive(FOREIGN_PEEK_BYTES)
+                return await self._stream.receive(FOREIGN_PEEK_BYTES)
             except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 pass
         return b""
