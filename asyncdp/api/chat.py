@@ -137,8 +137,7 @@ def register(app: Quart, state: AppState) -> None:
         tok = state.client.tokenizer
         if not prep.req.stream:
             ran = await run_whole(state, prep.seqs, hint, key)
-            cached = (cached_prompt_tokens([c.num_cached_tokens for c in ran], prep.per_prompt)
-                      if state.enable_prompt_tokens_details else None)
+            cached = cached_prompt_tokens(state, [c.num_cached_tokens for c in ran], prep.per_prompt)
             choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (prep.top_logprobs is not None or prep.req.prompt_logprobs is not None) and (
                 len(prep.prompt.token_ids) + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
@@ -195,7 +194,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     def epilogue() -> list[bytes]:
         if not include_usage:
             return []
-        details = cached_prompt_tokens(cached, prep.per_prompt) if state.enable_prompt_tokens_details else None
+        details = cached_prompt_tokens(state, cached, prep.per_prompt)
         return [sse(usage_chunk(request_id, created, model, "chat.completion.chunk", len(prep.prompt.token_ids),
                                 sum(generated), details))]
 

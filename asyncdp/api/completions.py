@@ -134,8 +134,7 @@ def register(app: Quart, state: AppState) -> None:
         request_id, created = prep.request_id, int(time.time())
         if not req.stream:
             ran = await run_whole(state, prep.seqs, hint, key)
-            cached = (cached_prompt_tokens([c.num_cached_tokens for c in ran], prep.per_prompt)
-                      if state.enable_prompt_tokens_details else None)
+            cached = cached_prompt_tokens(state, [c.num_cached_tokens for c in ran], prep.per_prompt)
             choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (req.echo or req.logprobs is not None or req.prompt_logprobs is not None) and (
                 prep.num_prompt_tokens + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
@@ -183,7 +182,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     def epilogue() -> list[bytes]:
         if not include_usage:
             return []
-        details = cached_prompt_tokens(cached, prep.per_prompt) if state.enable_prompt_tokens_details else None
+        details = cached_prompt_tokens(state, cached, prep.per_prompt)
         return [sse(usage_chunk(request_id, created, model, "text_completion", prep.num_prompt_tokens,
                                 sum(generated), details))]
 

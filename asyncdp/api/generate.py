@@ -86,12 +86,13 @@ def sequences(base_id: str, prompt_ids: list[list[int]], params: SamplingParams,
     return seqs
 
 
-def cached_prompt_tokens(cached: list[int], per_prompt: int) -> int:
-    """``usage.prompt_tokens_details.cached_tokens`` from each sequence's prefix-cache hit (by choice index,
-    before ``best_choices`` renumbers): per prompt, its first sample's hit, as the offline ``LLM`` reports it
-    (its siblings may hit the blocks sample 0 computed, which were not cached when the request came), summed
-    over the prompts (the prompt tokens the cache supplied; vLLM reports the last prompt's only)."""
-    return sum(cached[::per_prompt])
+def cached_prompt_tokens(state: AppState, cached: list[int], per_prompt: int) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` (None without ``--enable-prompt-tokens-details``) from each
+    sequence's prefix-cache hit (by choice index, before ``best_choices`` renumbers): per prompt, its first
+    sample's hit, as the offline ``LLM`` reports it (its siblings may hit the blocks sample 0 computed, which were
+    not cached when the request came), summed over the prompts (the prompt tokens the cache supplied; vLLM
+    reports the last prompt's only)."""
+    return sum(cached[::per_prompt]) if state.enable_prompt_tokens_details else None
 
 
 def best_choices(choices: list[Choice], per_prompt: int, n: int) -> list[Choice]:
