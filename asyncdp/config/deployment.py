@@ -10,6 +10,7 @@ only reader of ``os.environ``).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,13 @@ class _Layout:  # pass 1 result
     headless: bool
     api_server_count: int
     is_multi: bool
+
+
+def threads_per_engine(num_local_engines: int, cpu_count: int | None = None) -> int:
+    """Torch intra-op threads for each of a node's ``num_local_engines`` CPU engines: the node's cores (``cpu_count``,
+    default this machine's) divided among them, at least 1 (spec §5.5). A launcher divides them among its engines;
+    the multi-port supervisor among its children, each of which runs one."""
+    return max(1, (cpu_count or os.cpu_count() or 1) // max(1, num_local_engines))
 
 
 def _pass1(c: ServeConfig) -> _Layout:

@@ -31,13 +31,14 @@ import anyio
 import anyio.abc
 
 from asyncdp import messages as m
+from asyncdp.config.deployment import threads_per_engine
 from asyncdp.config.roles import engine_role
 from asyncdp.errors import ForeignPeerError, LinkAuthError, ProtocolError, StartupError
 from asyncdp.launcher.children import spawn
 from asyncdp.launcher.node import RunningNode
 from asyncdp.launcher.node_book import span
 from asyncdp.launcher.plan import ENGINE
-from asyncdp.launcher.startup import engine_threads, head_handshake_addr
+from asyncdp.launcher.startup import head_handshake_addr
 from asyncdp.transport import LINK_ERRORS, Link, connect_with_retry
 from asyncdp.transport.heartbeat import keep_link
 
@@ -94,7 +95,7 @@ async def start_headless(node: RunningNode, tg: anyio.abc.TaskGroup, summary: di
     node.head_link = await join_head(node, summary)
     tg.start_soon(follow_head, node, node.head_link)
     rows = node.table.role(ENGINE)
-    threads = engine_threads(len(rows))
+    threads = threads_per_engine(len(rows))
     engines = []
     for row in rows:
         assert row.dp_rank is not None, "an engine row has a rank"

@@ -31,6 +31,7 @@ from asyncdp import messages as m
 from asyncdp.apiserver.client import DPClient
 from asyncdp.apiserver.node_table import NodeTable
 from asyncdp.apiserver.process import api_config, bind_client_listener, serve_api
+from asyncdp.config.deployment import threads_per_engine
 from asyncdp.config.roles import api_server_role, coordinator_role, engine_role
 from asyncdp.errors import ChildExited, StartupError, leaf_exceptions
 from asyncdp.launcher.children import spawn
@@ -237,11 +238,6 @@ async def _host_rendezvous(node: RunningNode) -> None:
                                        backend=backend)
 
 
-def engine_threads(plan_local_engines: int) -> int:
-    """Torch threads per engine: the cores divided among this node's engines (spec §5.5)."""
-    return max(1, (os.cpu_count() or 1) // max(1, plan_local_engines))
-
-
 def head_handshake_addr(node: RunningNode) -> str:
     """Where this node's engines find the head front-end: its own listener, or the head's rpc port."""
     link = node.table.link("handshake")
@@ -253,7 +249,7 @@ def head_handshake_addr(node: RunningNode) -> str:
 async def _start_engines(node: RunningNode, tg: anyio.abc.TaskGroup,
                          rows: tuple[ProcessSpec, ...]) -> list[ChildProcess]:
     """One engine per row, each told where the head's (and on a hybrid node, its own) handshake listener is."""
-    threads = engine_threads(len(rows))
+    threads = threads_per_engine(len(rows))
     engines = []
     for row in rows:
         assert row.dp_rank is not None, "an engine row has a rank"

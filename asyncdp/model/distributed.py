@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 # The control-group errors live in the one exception tree; DPGroupInfo is the rendezvous a rank is handed.
+from asyncdp.config.deployment import threads_per_engine
 from asyncdp.errors import DPGroupAborted, DPGroupError, StartupError
 from asyncdp.messages import DPGroupInfo
 
@@ -117,11 +118,7 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def cpu_threads_per_engine(local_engines: int, cpu_count: int | None = None) -> int:
-    """Torch intra-op threads for one of ``local_engines`` CPU engines on this node (spec §5.5)."""
-    import os
-
-    return max(1, (cpu_count or os.cpu_count() or 1) // max(1, local_engines))
+cpu_threads_per_engine = threads_per_engine  # (spec §5.5; one definition, in the config layer)
 
 
 def _is_address_in_use(exc: BaseException) -> bool:

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from asyncdp.config.deployment import DeploymentConfig, ResolvedServeConfig
+from asyncdp.config.deployment import DeploymentConfig, ResolvedServeConfig, threads_per_engine
 from asyncdp.config.flags import SUPERVISED_RANK_ENV
 from asyncdp.errors import ConfigError
 
@@ -104,8 +104,8 @@ def child_torch_threads(cpu_count: int | None, num_children: int) -> int:
     """Torch intra-op threads per child: the node's cores divided among the children's engines (spec §5.5), as a
     launcher divides them among its node's engines. A child is a node of one rank, so left alone it would take
     every core, and L such engines stepping in lockstep oversubscribe the node (25x slower decoding, 2 ranks on 2
-    cores)."""
-    return max(1, (cpu_count or 1) // max(1, num_children))
+    cores). An unknown count (None) counts as one core."""
+    return threads_per_engine(num_children, cpu_count or 1)
 
 
 def gives_torch_threads(args: Sequence[str]) -> bool:
