@@ -46,7 +46,7 @@ from asyncdp.api.context import DRAINING_MESSAGE
 from asyncdp.api.errors import error_body
 from asyncdp.router.body import BodyTooLarge, ClientGone, RequestBody
 from asyncdp.router.headers import NOT_RETURNED, forwarded_headers, upstream_headers
-from asyncdp.router.poller import Poller
+from asyncdp.router.poller import Poller, error_text
 from asyncdp.router.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_REPLAY_BUFFER_BYTES
 
 log = logging.getLogger("asyncdp.router")
@@ -196,7 +196,7 @@ class RouterApp:
         try:
             response = await self.http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
-            return f"{type(exc).__name__}: {exc}"
+            return error_text(exc)
         except BodyTooLarge:  # while it streamed: the endpoint sees the request cut off
             exchange.too_large = True
             return None
@@ -204,8 +204,8 @@ class RouterApp:
             exchange.client_gone = True
             return None
         except httpx.TransportError as exc:  # sent (perhaps in part): another endpoint might run it twice
-            log.warning("endpoint %s failed before answering %s %s: %s: %s", base, scope["method"], scope["path"],
-                        type(exc).__name__, exc)
+            log.warning("endpoint %s failed before answering %s %s: %s", base, scope["method"], scope["path"],
+                        error_text(exc))
             await _answer_error(body, send, 502, f"the endpoint {base} failed before answering: "
                                 f"{type(exc).__name__}")
             return None
@@ -223,8 +223,8 @@ class RouterApp:
                 async for chunk in response.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except httpx.TransportError as exc:  # the endpoint went away mid-answer: the client sees it cut off
-                log.warning("endpoint %s failed while answering %s %s: %s: %s", base, scope["method"],
-                            scope["path"], type(exc).__name__, exc)
+                log.warning("endpoint %s failed while answering %s %s: %s", base, scope["method"],
+                            scope["path"], error_text(exc))
                 return None  # no end of body: Hypercorn closes the connection, the response reads as cut off
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
