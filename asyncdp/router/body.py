@@ -16,6 +16,11 @@ one that sends nothing more of it for ``idle_timeout_s`` (a stalled upload) rais
 client that stops half-way holds neither this request nor, for a streamed body, an endpoint's connection forever.
 :meth:`RequestBody.wait_released` returns once nothing reads the client's side for the body any more (it is
 complete, or the endpoint answered without reading it all): from then on the proxy's disconnect watcher reads it.
+
+``asyncdp serve`` drains a refused body too (:mod:`asyncdp.api.body`), but not from an ASGI ``receive``: Quart's
+ASGI layer owns ``receive`` and feeds the request's body object, which its ``after_request`` hook iterates; the
+byte limit lives in that body class. What the two could share is the ``move_on_after`` around a loop, so each keeps
+its own.
 """
 
 from __future__ import annotations
