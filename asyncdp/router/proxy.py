@@ -221,10 +221,10 @@ class RouterApp:
             exchange.too_slow = True
             return None
         except httpx.TransportError as exc:  # sent (perhaps in part): another endpoint might run it twice
-            log.warning("endpoint %s failed before answering %s %s: %s", base, scope["method"], scope["path"],
-                        error_text(exc))
-            await _answer_error(body, send, 502, f"the endpoint {base} failed before answering: "
-                                f"{type(exc).__name__}")
+            why = error_text(exc)
+            log.warning("endpoint %s failed before answering %s %s: %s", base, scope["method"], scope["path"], why)
+            await _answer_error(body, send, 502, f"the endpoint {base} failed before answering ({why}); the request "
+                                "is not sent again, as it may have run there")
             return None
         try:
             read = response.status_code == 503  # (an error's JSON: read whole, to tell a drain from the rest)
