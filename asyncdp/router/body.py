@@ -11,9 +11,16 @@ answers its drain 503 after reading it does not.
 
 Over ``max_bytes`` (``--max-request-body-bytes``; at once when ``Content-Length`` says so) reading raises
 :class:`BodyTooLarge`; :meth:`RequestBody.drain` then reads and discards the rest, so the 413 that follows reaches
-the client instead of a connection reset. A client that leaves while its body is read raises :class:`ClientGone`.
+the client instead of a connection reset. A client that leaves while its body is read raises :class:`ClientGone`;
+one that sends nothing more of it for ``idle_timeout_s`` (a stalled upload) raises :class:`ClientTooSlow`, so a
+client that stops half-way holds neither this request nor, for a streamed body, an endpoint's connection forever.
 :meth:`RequestBody.wait_released` returns once nothing reads the client's side for the body any more (it is
 complete, or the endpoint answered without reading it all): from then on the proxy's disconnect watcher reads it.
+
+``asyncdp serve`` drains a refused body too (:mod:`asyncdp.api.body`), but not from an ASGI ``receive``: Quart's
+ASGI layer owns ``receive`` and feeds the request's body object, which its ``after_request`` hook iterates; the
+byte limit lives in that body class. What the two could share is the ``move_on_after`` around a loop, so each keeps
+its own.
 """
 
 from __future__ import annotations
@@ -26,6 +33,11 @@ import anyio
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
+# A client that sends no part of its body for this long is answered 408 (asyncdp serve's own bound on reading a
+# body is Quart's BODY_TIMEOUT, 60 s for all of it; this one is per part, so a large body on a slow link still gets
+# through).
+BODY_IDLE_TIMEOUT_S = 60.0
+
 
 class BodyTooLarge(Exception):
     """The body is over ``max_bytes``."""
@@ -35,11 +47,18 @@ class ClientGone(Exception):
     """The client disconnected before its body arrived whole."""
 
 
+class ClientTooSlow(Exception):
+    """The client sent nothing more of its body for ``idle_timeout_s``."""
+
+
+
 class RequestBody:
     """One request's body (see the module docstring). ``content_length``: the client's header, if it sent one."""
 
-    def __init__(self, receive: Receive, *, max_bytes: int, replay_bytes: int, content_length: int | None) -> None:
+    def __init__(self, receive: Receive, *, max_bytes: int, replay_bytes: int, content_length: int | None,
+                 idle_timeout_s: float = BODY_IDLE_TIMEOUT_S) -> None:
         self._receive = receive
+        self.idle_timeout_s = idle_timeout_s
         self.max_bytes = max_bytes
         self.replay_bytes = replay_bytes
         self.content_length = content_length
@@ -56,7 +75,7 @@ class RequestBody:
         return not self._pulled
 
     async def read_replayable(self) -> None:
-        """Read until the body is complete or over ``replay_bytes``; BodyTooLarge, ClientGone."""
+        """Read until the body is complete or over ``replay_bytes``; BodyTooLarge, ClientGone, ClientTooSlow."""
         if self.content_length is not None and self.content_length > self.max_bytes:
             raise BodyTooLarge
         while not self.complete and self.num_bytes <= self.replay_bytes:
@@ -94,7 +113,11 @@ class RequestBody:
         self.release()
 
     async def _next(self) -> bytes:
-        message = await self._receive()
+        message: dict[str, Any] | None = None
+        with anyio.move_on_after(self.idle_timeout_s):
+            message = await self._receive()
+        if message is None:
+            raise ClientTooSlow
         if message["type"] == "http.disconnect":
             raise ClientGone
         chunk: bytes = message.get("body", b"")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from asyncdp.config.flags import HTTP_BACKENDS
 from asyncdp.router.settings import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
@@ -66,6 +67,8 @@ def add_route_parser(sub: Any) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S, metavar="S",
                    help="on SIGTERM/SIGINT, seconds the requests in flight get to finish before they are "
                         f"cancelled (default: {DEFAULT_SHUTDOWN_TIMEOUT_S:g})")
+    p.add_argument("--backend", default="asyncio", metavar="{" + ",".join(HTTP_BACKENDS) + "}",
+                   help="anyio backend the router runs on (default: asyncio)")
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log level (default: info)")
 
 
@@ -78,7 +81,7 @@ def settings_from(ns: argparse.Namespace) -> RouterSettings:
         upstream_max_idle_connections=ns.upstream_max_idle_connections,
         max_request_body_bytes=ns.max_request_body_bytes, replay_buffer_bytes=ns.replay_buffer_bytes,
         ssl_keyfile=ns.ssl_keyfile, ssl_certfile=ns.ssl_certfile, upstream_ca_file=ns.upstream_ca_file,
-        log_level=ns.log_level)
+        backend=ns.backend, log_level=ns.log_level)
 
 
 def run(ns: argparse.Namespace) -> int:

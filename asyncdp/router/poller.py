@@ -29,6 +29,20 @@ from asyncdp.router.telemetry import router_load
 log = logging.getLogger("asyncdp.router")
 
 
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of an upstream failure, the message taken from the first exception of its cause chain that
+    has one: on trio, httpx's ConnectError for a certificate that does not verify (or a TLS handshake cut off) says
+    nothing itself, and the reason is two causes down (``BrokenResourceError`` from ``SSLCertVerificationError``)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if str(cause):
+            return f"{type(exc).__name__}: {cause}"
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return type(exc).__name__
+
+
 class Poller:
     """The endpoint table and the tasks that keep it current. ``endpoints[i]`` is the i-th ``--endpoint``."""
 
@@ -90,7 +104,7 @@ class Poller:
         except TimeoutError:
             ep.observe_failure(f"GET /load took more than {self.poll_timeout_s:g} s")
         except httpx.HTTPError as exc:
-            ep.observe_failure(f"GET /load failed: {type(exc).__name__}: {exc}")
+            ep.observe_failure(f"GET /load failed: {error_text(exc)}")
         except ValueError as exc:  # not 200, not JSON, not the contract
             ep.observe_failure(str(exc))
         else:

@@ -6,12 +6,13 @@ requests, so polls never queue behind requests for a connection; both verify ``h
 was polled once, then serves the :class:`~asyncdp.router.proxy.RouterApp` with
 :func:`asyncdp.api.serve.serve_http` (over TLS with ``--ssl-certfile``/``--ssl-keyfile``) and reports the bound
 address (``task_status.started((host, port))``, and the log line ``routing on http(s)://HOST:PORT to N
-endpoints: ...``). SIGTERM or SIGINT sets ``draining`` (``/health`` 503, new requests 503), then Hypercorn stops
-accepting and gives the requests in flight ``--shutdown-timeout`` seconds before it cancels them (a cancelled
-exchange closes its upstream response, so the endpoint aborts the request). Then the poller is cancelled and the
-process exits 0. A second signal cancels the requests still in flight at once
-(:meth:`~asyncdp.router.proxy.RouterApp.cancel_all`), so the drain ends. A port that cannot be bound (bound in
-:func:`run_router`, before the event loop) ends the process with status 1 and one log line.
+endpoints: ... (K usable now); backend BACKEND``). It runs on asyncio or trio (``--backend``), the same code on both.
+SIGTERM or SIGINT sets ``draining`` (``/health`` 503, new requests 503), then Hypercorn stops accepting and gives
+the requests in flight ``--shutdown-timeout`` seconds before it cancels them (a cancelled exchange closes its
+upstream response, so the endpoint aborts the request). Then the poller is cancelled and the process exits 0. A
+second signal cancels the requests still in flight at once (:meth:`~asyncdp.router.proxy.RouterApp.cancel_all`),
+so the drain ends. A port that cannot be bound (bound in :func:`run_router`, before the event loop) ends the
+process with status 1 and one log line.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import ssl
 import anyio
 import anyio.abc
 import httpx
+import sniffio
 
 from asyncdp import runtime
 from asyncdp.api.serve import SSLFiles, serve_http
@@ -96,8 +98,8 @@ async def serve_router(settings: RouterSettings, sock: socket.socket, *,
             sock.close()
             host, port = address[0], address[1]
             shown = f"[{host}]" if ":" in host else host
-            log.info("routing on %s://%s:%d to %d endpoints: %s (%d usable now)", settings.scheme, shown, port,
-                     n, ", ".join(settings.endpoints), poller.num_usable())
+            log.info("routing on %s://%s:%d to %d endpoints: %s (%d usable now); backend %s", settings.scheme, shown,
+                     port, n, ", ".join(settings.endpoints), poller.num_usable(), sniffio.current_async_library())
             task_status.started((host, port))
 
 
@@ -120,7 +122,7 @@ def run_router(settings: RouterSettings) -> int:
         log.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc.strerror or exc)
         return 1
     try:
-        runtime.run(serve_router, settings, sock)
+        runtime.run(serve_router, settings, sock, backend=settings.backend)
     except KeyboardInterrupt:  # before the signal watcher is in place
         return 1
     finally:

@@ -20,7 +20,9 @@ Theory of operation. Served by :func:`asyncdp.api.serve.serve_http` (Hypercorn).
 * anything else: 404 in OpenAI's error shape.
 
 Every error the router makes itself once the body started to arrive (413, 502, 503) is sent after the rest of
-the body was read and discarded (for up to ``BODY_DRAIN_S``), so it reaches the client instead of a reset.
+the body was read and discarded (for up to ``BODY_DRAIN_S``), so it reaches the client instead of a reset. A
+client that sends no part of its body for ``body_idle_timeout_s`` (60 s) gets a 408 at once (a streamed body's
+endpoint sees the request cut off).
 A disconnect watcher reads the client's side once the body is in (or the endpoint answered without it): when the
 client goes away, the exchange is cancelled and the upstream response closed before it was read to the end, which
 closes its connection, so the endpoint aborts the request. An endpoint that fails mid-body (killed) ends the
@@ -44,9 +46,9 @@ import orjson
 
 from asyncdp.api.context import DRAINING_MESSAGE
 from asyncdp.api.errors import error_body
-from asyncdp.router.body import BodyTooLarge, ClientGone, RequestBody
+from asyncdp.router.body import BODY_IDLE_TIMEOUT_S, BodyTooLarge, ClientGone, ClientTooSlow, RequestBody
 from asyncdp.router.headers import NOT_RETURNED, forwarded_headers, upstream_headers
-from asyncdp.router.poller import Poller
+from asyncdp.router.poller import Poller, error_text
 from asyncdp.router.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_REPLAY_BUFFER_BYTES
 
 log = logging.getLogger("asyncdp.router")
@@ -71,19 +73,22 @@ class _Exchange:
 
     client_gone: bool = False
     too_large: bool = False
+    too_slow: bool = False
 
 
 class RouterApp:
     """The ASGI application (see the module docstring). ``draining`` is set by the process on a signal."""
 
     def __init__(self, poller: Poller, http: httpx.AsyncClient, *, connect_timeout_s: float,
-                 max_body_bytes: int | None = None, replay_body_bytes: int = DEFAULT_REPLAY_BUFFER_BYTES) -> None:
+                 max_body_bytes: int | None = None, replay_body_bytes: int = DEFAULT_REPLAY_BUFFER_BYTES,
+                 body_idle_timeout_s: float = BODY_IDLE_TIMEOUT_S) -> None:
         self.poller = poller
         self.http = http
         self.timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=connect_timeout_s,
                                      pool=connect_timeout_s)
         self.max_body_bytes = MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
         self.replay_body_bytes = replay_body_bytes
+        self.body_idle_timeout_s = body_idle_timeout_s
         self.draining = False
         self._exchanges: set[anyio.CancelScope] = set()  # one per request being forwarded
 
@@ -118,13 +123,16 @@ class RouterApp:
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = RequestBody(receive, max_bytes=self.max_body_bytes, replay_bytes=self.replay_body_bytes,
-                           content_length=_content_length(scope))
+                           content_length=_content_length(scope), idle_timeout_s=self.body_idle_timeout_s)
         try:
             await body.read_replayable()
         except BodyTooLarge:
             await self._refuse_too_large(body, send)
             return
         except ClientGone:  # the client left before its body arrived
+            return
+        except ClientTooSlow:
+            await self._refuse_too_slow(send)
             return
         if self.draining:
             await _answer_error(body, send, 503, "the router is shutting down")
@@ -141,6 +149,8 @@ class RouterApp:
                 self._exchanges.discard(tg.cancel_scope)
         if exchange.too_large:
             await self._refuse_too_large(body, send)
+        elif exchange.too_slow:
+            await self._refuse_too_slow(send)
         elif failures is not None and not exchange.client_gone:
             tried = "; ".join(failures) or "no endpoint is usable: " + _endpoint_states(self.poller)
             await _answer_error(body, send, 503, f"no endpoint can take the request ({tried})")
@@ -148,6 +158,10 @@ class RouterApp:
     async def _refuse_too_large(self, body: RequestBody, send: Send) -> None:
         await _answer_error(body, send, 413, f"the request body is larger than the router's limit of "
                             f"{self.max_body_bytes} bytes (--max-request-body-bytes)")
+
+    async def _refuse_too_slow(self, send: Send) -> None:
+        """A 408 at once (the client stalled: there is nothing to drain); the connection closes after it."""
+        await _send_error(send, 408, f"the client sent no part of its request body for {self.body_idle_timeout_s:g} s")
 
     async def _forward_to_best(self, scope: Scope, body: RequestBody, send: Send,
                                exchange: _Exchange) -> list[str] | None:
@@ -196,18 +210,21 @@ class RouterApp:
         try:
             response = await self.http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
-            return f"{type(exc).__name__}: {exc}"
+            return error_text(exc)
         except BodyTooLarge:  # while it streamed: the endpoint sees the request cut off
             exchange.too_large = True
             return None
         except ClientGone:
             exchange.client_gone = True
             return None
+        except ClientTooSlow:  # while it streamed: the endpoint sees the request cut off
+            exchange.too_slow = True
+            return None
         except httpx.TransportError as exc:  # sent (perhaps in part): another endpoint might run it twice
-            log.warning("endpoint %s failed before answering %s %s: %s: %s", base, scope["method"], scope["path"],
-                        type(exc).__name__, exc)
-            await _answer_error(body, send, 502, f"the endpoint {base} failed before answering: "
-                                f"{type(exc).__name__}")
+            why = error_text(exc)
+            log.warning("endpoint %s failed before answering %s %s: %s", base, scope["method"], scope["path"], why)
+            await _answer_error(body, send, 502, f"the endpoint {base} failed before answering ({why}); the request "
+                                "is not sent again, as it may have run there")
             return None
         try:
             read = response.status_code == 503  # (an error's JSON: read whole, to tell a drain from the rest)
@@ -223,8 +240,8 @@ class RouterApp:
                 async for chunk in response.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except httpx.TransportError as exc:  # the endpoint went away mid-answer: the client sees it cut off
-                log.warning("endpoint %s failed while answering %s %s: %s: %s", base, scope["method"],
-                            scope["path"], type(exc).__name__, exc)
+                log.warning("endpoint %s failed while answering %s %s: %s", base, scope["method"],
+                            scope["path"], error_text(exc))
                 return None  # no end of body: Hypercorn closes the connection, the response reads as cut off
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:

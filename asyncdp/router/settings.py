@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from asyncdp.config.files import check_tls_files
+from asyncdp.config.flags import HTTP_BACKENDS
 from asyncdp.errors import ConfigError
 
 DEFAULT_POLL_INTERVAL_S = 0.05
@@ -79,6 +80,7 @@ class RouterSettings:
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
     upstream_ca_file: str | None = None
+    backend: str = "asyncio"  # the anyio backend the process runs on (as asyncdp serve's --backend)
     log_level: str = "info"
 
     @property
@@ -112,6 +114,8 @@ class RouterSettings:
             raise ConfigError(f"--port must be in 0..65535 (0: any free port), got {self.port}")
         if not self.host:
             raise ConfigError("--host must not be empty")
+        if self.backend not in HTTP_BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(HTTP_BACKENDS)}, got {self.backend!r}")
         for flag, value in (("--poll-interval-s", self.poll_interval_s), ("--stale-after-s", self.stale_after_s),
                             ("--poll-timeout-s", self.poll_deadline_s),
                             ("--connect-timeout-s", self.connect_timeout_s),

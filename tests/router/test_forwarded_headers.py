@@ -51,7 +51,6 @@ def test_an_ipv6_peer_is_appended_bare() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_real_endpoint_sees_the_clients_address_through_a_real_router(tmp_path: Path) -> None:
     async with echo_upstream() as upstream, routed(tmp_path / "router.log", upstream.url) as router:
         with anyio.fail_after(20):

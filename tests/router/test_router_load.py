@@ -88,7 +88,6 @@ async def test_an_outer_router_polls_the_inner_routers_load_and_its_seq_moves_wi
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_real_router_answers_its_load(tmp_path: Path) -> None:
     async with echo_upstream() as upstream, routed(tmp_path / "router.log", upstream.url) as router:
         with anyio.fail_after(20):

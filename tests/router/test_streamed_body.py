@@ -22,11 +22,6 @@ LIMIT = 1024 * 1024
 ARGS = ("--replay-buffer-bytes", str(REPLAY), "--max-request-body-bytes", str(LIMIT))
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def in_parts(upstream: EchoUpstream, first: bytes, last: bytes) -> AsyncIterator[bytes]:
     """A chunked body whose ``last`` part is sent only once the upstream received the start of the body: a router
     that holds the whole body before it forwards it never gets there."""

@@ -18,11 +18,6 @@ from tests.router.upstream import echo_upstream, header_values, routed, stop
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def cert_for_localhost(directory: Path) -> tuple[Path, Path]:
     """``(keyfile, certfile)``: a self-signed certificate for 127.0.0.1 (as its subjectAltName, which a client
     checks an IP address against), made with the ``openssl`` command; skip without it."""

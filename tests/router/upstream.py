@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import orjson
+import sniffio
 
 from asyncdp.api.context import DRAINING_MESSAGE
 from asyncdp.api.errors import error_body
@@ -95,7 +96,10 @@ async def echo_upstream(ssl: SSLFiles | None = None) -> AsyncIterator[EchoUpstre
 @asynccontextmanager
 async def routed(log_path: Path, *endpoints: str, args: tuple[str, ...] = ()) -> AsyncIterator[RouterProcess]:
     """:func:`tests.router.route_process.route`, entered and left in a worker thread: the test's event loop, which
-    serves the upstream, keeps running while the router starts (its first polls) and stops."""
+    serves the upstream, keeps running while the router starts (its first polls) and stops. The router runs on the
+    test's own backend (``--backend``, unless ``args`` name one), so a test run on trio checks a router on trio."""
+    if "--backend" not in args:
+        args = ("--backend", sniffio.current_async_library(), *args)
     block = route(log_path, *endpoints, args=args)
     router = await anyio.to_thread.run_sync(block.__enter__)
     try:
