@@ -12,7 +12,8 @@ Any answer sent before the body was read (a 401 for a missing API key, the drain
 route that ignores its body) has the same problem: answered while a large body is still arriving, it reaches the
 client as a broken pipe or a reset, and a proxy in front (``asyncdp route``) turns that into a 502. An
 ``after_request`` hook of the app (they run for every answer) calls ``read_rest_of_body``, which reads and drops what the client still sends before
-the answer goes out, holding nothing, within the same deadline; a body already read costs nothing.
+the answer goes out, holding nothing, until the same deadline counted from the request's start (so a body that
+already timed out, Quart's 408, is not waited for again); a body already read costs nothing.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 
 async def read_rest_of_body(body: Any, timeout_s: float) -> None:
-    """Read the rest of a request's body and drop it (a chunk at a time, nothing kept), for at most ``timeout_s``;
-    a body over the limit ends the same way. Nothing to do once the body has arrived whole."""
+    """Read the rest of a request's body and drop it (a chunk at a time, nothing kept), until ``timeout_s`` after
+    the body began; a body over the limit ends the same way. Nothing to do once the body has arrived whole."""
     if body.arrived:
         return
-    with anyio.move_on_after(timeout_s):
+    with anyio.move_on_after(body.started + timeout_s - anyio.current_time()):
         try:
             async for _ in body:
                 pass
@@ -46,6 +47,7 @@ def draining_request_class(base: Any) -> Any:
             self.too_large = getattr(self, "_must_raise", None) is not None
             self._must_raise: Exception | None = None
             self.arrived = False  # the client has sent all of it
+            self.started = anyio.current_time()  # BODY_TIMEOUT runs from here, for Quart's read and for ours
 
         def append(self, data: bytes) -> None:
             if self.too_large or not data:
