@@ -37,6 +37,12 @@ _SHUTDOWN_MARGIN_S = 5.0
 TLS_CLOSE_TIMEOUT_S = 2.0
 
 
+# The pending-connection queue of every HTTP listener (the kernel caps it at net.core.somaxconn). Hypercorn listens
+# again on the socket it is handed, with its own default of 100 unless told: a burst of clients past that waited
+# for SYN retries.
+LISTEN_BACKLOG = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class SSLFiles:
     certfile: str
@@ -51,7 +57,7 @@ def _listening_socket(host: str, port: int, sock: socket.socket | int | None) ->
     if sock is not None:
         return sock, False
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=2048), True
+    return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG), True
 
 
 async def serve_http(
@@ -145,6 +151,7 @@ def _hypercorn_config(listener: socket.socket, shutdown_timeout_s: float, ssl: S
     config = Config()
     config.bind = [f"fd://{os.dup(listener.fileno())}"]  # Hypercorn owns and closes the duplicate
     config.graceful_timeout = shutdown_timeout_s
+    config.backlog = LISTEN_BACKLOG
     config.accesslog = None
     # Hypercorn's errors go through our logging set-up (one format per process), not its own handler, and under
     # asyncdp's name: "hypercorn.error" at INFO read as an error to everyone who saw it.

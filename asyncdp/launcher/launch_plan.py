@@ -13,6 +13,7 @@ import dataclasses
 import secrets
 import socket
 
+from asyncdp.api.serve import LISTEN_BACKLOG
 from asyncdp.config.deployment import ResolvedServeConfig
 from asyncdp.config.flags import default_max_request_body_bytes
 from asyncdp.config.roles import LaunchPlan
@@ -25,7 +26,7 @@ __all__ = ["LaunchPlan", "bind_http_socket", "plan_from_config", "plan_summary",
 
 def bind_http_socket(host: str | None, port: int) -> socket.socket:
     """Bind and listen on the user-facing port before anything else starts (E11)."""
-    sock = bind_listener(host, port, reuse_port=False, backlog=4096)
+    sock = bind_listener(host, port, reuse_port=False, backlog=LISTEN_BACKLOG)
     sock.set_inheritable(True)
     return sock
 

@@ -28,7 +28,7 @@ import httpx
 import sniffio
 
 from asyncdp import runtime
-from asyncdp.api.serve import SSLFiles, serve_http
+from asyncdp.api.serve import LISTEN_BACKLOG, SSLFiles, serve_http
 from asyncdp.router.poller import Poller
 from asyncdp.router.proxy import RouterApp
 from asyncdp.router.settings import RouterSettings
@@ -61,7 +61,7 @@ def upstream_tls_context(ca_file: str | None) -> ssl.SSLContext:
 def listen(host: str, port: int) -> socket.socket:
     """The router's listening socket (port 0: any free port); OSError when it cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=2048)
+    return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
 
 
 async def serve_router(settings: RouterSettings, sock: socket.socket, *,
