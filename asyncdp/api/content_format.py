@@ -34,10 +34,9 @@ import logging
 from typing import Any, Literal
 
 import jinja2
-import jinja2.ext
 import jinja2.nodes as nodes
-import jinja2.parser
 
+from asyncdp.config.chat_template import PARSER
 from asyncdp.config.flags import CHAT_TEMPLATE_CONTENT_FORMATS
 
 log = logging.getLogger(__name__)
@@ -61,20 +60,6 @@ _BY_ATTRIBUTE = frozenset({"selectattr", "rejectattr", "groupby"})
 _PART_KEYS = frozenset({"type", "text"})
 # The text of the one message :func:`probe_content_format` renders.
 PROBE_TEXT = "asyncdp-content-format-probe"
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """Transformers' ``{% generation %}...{% endgeneration %}`` (assistant-token masks): parsed as its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.Scope(body, lineno=lineno)
-
-
-_ENV = jinja2.Environment(extensions=[jinja2.ext.loopcontrols, _GenerationTag])  # parsing only, never rendering
 
 
 def _key(node: nodes.Node) -> Any:
@@ -186,7 +171,7 @@ def detect_content_format(source: str) -> ContentFormat:
     """"openai" when the template ``source`` reads message contents as lists of parts, else "string".
 
     Raises ``jinja2.TemplateSyntaxError`` when the source does not parse."""
-    tree = _ENV.parse(source)
+    tree = PARSER.parse(source)
     names = _Names()
     names.learn(tree)
     return "openai" if _reads_parts(tree, names) else "string"
