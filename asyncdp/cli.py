@@ -123,6 +123,9 @@ def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = N
     if config.engine.tokenizer:
         from asyncdp.model import check_tokenizer
         check_tokenizer(config.engine.tokenizer)  # here (exit 2), not in each API server once the engines loaded
+    if config.chat_template is not None:  # read here too (exit 2): the API servers get its text
+        from asyncdp.config.chat_template import read_chat_template
+        config = config.replace(chat_template=read_chat_template(config.chat_template))
     from asyncdp.model.info import ModelInfo, check_fits_model  # JSON only, no torch
 
     if isinstance(facts, ModelInfo):  # the checkpoint's limits (fakes in tests carry none)

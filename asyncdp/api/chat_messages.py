@@ -10,10 +10,11 @@ none), except a ``tool`` message's, which stays the joined text (vLLM's rule: te
 text). ``name``, ``tool_calls`` and ``tool_call_id`` reach the template as given, except that a tool call's
 ``arguments`` written as a JSON string (OpenAI's shape) are decoded to the object tool-call templates expect
 (Transformers' convention, which vLLM follows; a string that is not JSON stays a string, so the template shows
-what the model wrote), and an empty ``tool_calls`` list is dropped so the template takes its plain assistant
-path. An assistant message's reasoning (``reasoning``, or ``reasoning_content``, the name DeepSeek's API and
-clients such as Qwen-Agent send back) reaches the template as both ``reasoning`` and ``reasoning_content``, as
-vLLM passes it, for templates that render earlier turns' thinking (Qwen3's ``<think>`` blocks).
+what the model wrote; none, null or "", is an empty object, as in vLLM), an empty ``tool_calls`` list is dropped
+so the template takes its plain assistant path, and a call that is not a function call is a 400. An assistant
+message's reasoning (``reasoning``, or ``reasoning_content``, the name DeepSeek's API and clients such as
+Qwen-Agent send back) reaches the template as both ``reasoning`` and ``reasoning_content``, as vLLM passes it, for
+templates that render earlier turns' thinking (Qwen3's ``<think>`` blocks).
 """
 
 from __future__ import annotations
@@ -61,19 +62,25 @@ def _texts_of(content: Any, where: str) -> list[str]:
     return texts
 
 
-def _template_tool_calls(calls: list[Any]) -> list[Any]:
-    """``tool_calls`` with each ``function.arguments`` JSON string decoded (copies; the request is untouched)."""
+def _template_tool_calls(calls: list[Any], where: str) -> list[Any]:
+    """``tool_calls`` as the template gets them (copies; the request is untouched): each ``function.arguments``
+    JSON string decoded, and none (null or "") an empty object, as vLLM gives them. A call that is not a function
+    call is a 400, as in vLLM."""
     out = []
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        if isinstance(arguments, str):
+    for j, call in enumerate(calls):
+        function = call.get("function")
+        if call.get("type", "function") != "function" or not isinstance(function, dict):
+            raise _bad(f"{where}[{j}]", f'{where}[{j}] must be a function call, {{"type": "function", "function": '
+                                        f'{{"name": ..., "arguments": ...}}}}: chat completions take no other kind.')
+        arguments = function.get("arguments")
+        if not arguments:
+            arguments = {}
+        elif isinstance(arguments, str):
             try:
-                decoded = orjson.loads(arguments)
+                arguments = orjson.loads(arguments)
             except orjson.JSONDecodeError:
-                decoded = arguments
-            call = {**call, "function": {**function, "arguments": decoded}}  # type: ignore[dict-item]
-        out.append(call)
+                pass  # (the string the model wrote)
+        out.append({**call, "function": {**function, "arguments": arguments}})
     return out
 
 
@@ -100,7 +107,7 @@ def chat_messages(messages: list[ChatMessage], content_format: str = "string") -
         for name in _PASSED_MESSAGE_FIELDS:
             value = getattr(m, name)
             if name == "tool_calls" and value is not None:
-                value = _template_tool_calls(value) if value else None
+                value = _template_tool_calls(value, f"messages[{i}].tool_calls") if value else None
             if value is not None:
                 entry[name] = value
         reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content

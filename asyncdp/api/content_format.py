@@ -3,19 +3,27 @@
 Two kinds of template exist. A "string" template prints ``message.content``; an "openai" template loops over
 OpenAI-style parts (``{% for part in message.content %}{% if part.type == 'text' %}{{ part.text }}...``), as the
 templates of vision-language models and many recent ones do, and renders nothing when it gets a string (each
-character is a "part" without a ``type``). ``auto`` tells them apart by reading the template's source, never by
-rendering it:
+character is a "part" without a ``type``). ``auto`` tells them apart in two steps.
 
-Parse the source into Jinja's syntax tree and follow three kinds of names through it, without scopes or order
-(templates are small and seldom rebind a name): *message lists* (``messages``, and what is set from one:
-``{% set loop_messages = messages[1:] %}``, a filtered one), *messages* (a loop variable over a message list, an
-element of one such as ``messages[0]`` or ``messages|first``, what is set from one, and a macro parameter that
-receives one) and *contents* (``m.content`` or ``m['content']`` of a message ``m``, what is set from one, and a
-macro parameter that receives one). The template is "openai" when it treats a content as a list of parts: it
-loops over one, reads a part's ``text`` or ``type`` by index (``messages[0]['content'][0]['text']``) or filters
-one by attribute (``selectattr``, ``map``). Otherwise it is "string". A template that takes both
-(``{% if message.content is string %}...{% else %}{% for part in message.content %}``) is "openai", as in vLLM:
-it renders the parts as its authors wrote it to (vLLM's prompt, token for token).
+First it reads the template's source (:func:`detect_content_format`). The source is parsed into Jinja's syntax
+tree and every expression is given the kinds of value it may hold, without scopes or order (templates are small
+and seldom rebind a name): a *message list* (``messages``, a slice, a filtered copy such as
+``messages|selectattr('role', 'equalto', 'user')|list``, ``messages + [...]``), a *message* (an element of a
+message list: a loop variable over one, ``messages[0]``, ``messages[-1]``, ``messages|last``), a *content*
+(``m.content``, ``m['content']`` or ``m.get('content')`` of a message ``m``), a *content list*
+(``messages|map(attribute='content')``), whose elements are contents, and a *part* (an element of a content).
+Names set from an expression (``{% set %}``, ``{% with %}``, loop variables, the parameters of a macro given
+one) hold its kinds. The template is "openai" when it treats a content as a list of parts: it loops over one,
+reads a part's ``text`` or ``type`` (``messages[0]['content'][0]['text']``, ``(m.content|first).type``) or
+filters one by attribute (``selectattr``, ``map(attribute=...)``). Otherwise it is "string". A template that
+takes both (``{% if message.content is string %}...{% else %}{% for part in message.content %}``) is "openai",
+as in vLLM: it renders the parts as its authors wrote it to.
+
+Then it checks that reading against the template itself (:func:`probe_content_format`): one user message whose
+text is a marker is rendered both ways. When only one of the two shows the marker (the other renders nothing,
+or raises), that format is the answer, whatever the source suggested; otherwise the reading stands. So a shape
+the reading does not know, or a template that reads parts on one side path (a system prompt given as parts) but
+prints the user's content as text, still gets the format that shows the user's words.
 
 A template that does not parse, or a tokenizer without one, is "string" (the request then fails as before).
 """
@@ -26,36 +34,32 @@ import logging
 from typing import Any, Literal
 
 import jinja2
-import jinja2.ext
 import jinja2.nodes as nodes
-import jinja2.parser
 
+from asyncdp.config.chat_template import PARSER
 from asyncdp.config.flags import CHAT_TEMPLATE_CONTENT_FORMATS
 
 log = logging.getLogger(__name__)
 
 ContentFormat = Literal["string", "openai"]
+Kinds = frozenset[str]
 
+# The kinds of value an expression may hold, and what one element of each is.
+LIST, MESSAGE, CONTENTS, CONTENT, PART = "message list", "message", "content list", "content", "part"
+_ELEMENT = {LIST: MESSAGE, CONTENTS: CONTENT, CONTENT: PART}
+_LISTS = frozenset({LIST, CONTENTS, CONTENT})
+_NONE: Kinds = frozenset()
 # Filters that pick one element of a list: messages|first is a message, messages|reverse still a list.
 _ELEMENT_FILTERS = frozenset({"first", "last", "random"})
-# Filters that only make sense over a list of objects: applied to a content, they read it as parts.
-_PART_FILTERS = frozenset({"selectattr", "rejectattr", "map", "groupby"})
+# Filters that return the list they are given, reordered, fewer, or as it is.
+_SAME_FILTERS = frozenset({"list", "reverse", "sort", "unique", "select", "reject", "selectattr", "rejectattr",
+                           "default", "d"})
+# Filters that read each element of a list by attribute (their first argument); the others do with ``attribute=``.
+_BY_ATTRIBUTE = frozenset({"selectattr", "rejectattr", "groupby"})
 # The keys of an OpenAI content part a template reads.
 _PART_KEYS = frozenset({"type", "text"})
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """Transformers' ``{% generation %}...{% endgeneration %}`` (assistant-token masks): parsed as its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.Scope(body, lineno=lineno)
-
-
-_ENV = jinja2.Environment(extensions=[jinja2.ext.loopcontrols, _GenerationTag])  # parsing only, never rendering
+# The text of the one message :func:`probe_content_format` renders.
+PROBE_TEXT = "asyncdp-content-format-probe"
 
 
 def _key(node: nodes.Node) -> Any:
@@ -67,67 +71,81 @@ def _key(node: nodes.Node) -> Any:
     return None
 
 
-def _add(names: set[str], name: str) -> bool:
-    if name in names:
-        return False
-    names.add(name)
-    return True
+def _reads_by_attribute(f: nodes.Filter) -> bool:
+    """Does the filter read its elements' attributes (``selectattr('type', ...)``, ``map(attribute='text')``)?"""
+    return f.name in _BY_ATTRIBUTE or any(k.key == "attribute" for k in f.kwargs)
+
+
+def _attribute(f: nodes.Filter) -> Any:
+    """The constant ``attribute=`` of a filter such as ``map(attribute='content')``; None without one."""
+    return next((k.value.value for k in f.kwargs if k.key == "attribute" and isinstance(k.value, nodes.Const)), None)
+
+
+def _elements(kinds: Kinds) -> Kinds:
+    return frozenset(_ELEMENT[k] for k in kinds if k in _ELEMENT)
 
 
 class _Names:
-    """The names known to hold message lists, messages and contents; ``learn`` grows them to a fixed point."""
+    """The kinds each name may hold; ``learn`` grows them to a fixed point."""
 
     def __init__(self) -> None:
-        self.lists = {"messages"}
-        self.messages: set[str] = set()
-        self.contents: set[str] = set()
+        self.kinds: dict[str, Kinds] = {"messages": frozenset({LIST})}
 
-    def is_list(self, e: nodes.Node) -> bool:
+    def of(self, e: nodes.Node | None) -> Kinds:
+        """The kinds the expression ``e`` may hold."""
         if isinstance(e, nodes.Name):
-            return e.name in self.lists
+            return self.kinds.get(e.name, _NONE)
         if isinstance(e, nodes.Getitem) and isinstance(e.arg, nodes.Slice):
-            return self.is_list(e.node)
-        if isinstance(e, nodes.Filter) and e.name not in _ELEMENT_FILTERS:
-            return e.node is not None and self.is_list(e.node)
-        return isinstance(e, nodes.CondExpr) and any(self.is_list(b) for b in (e.expr1, e.expr2) if b is not None)
-
-    def is_message(self, e: nodes.Node) -> bool:
-        if isinstance(e, nodes.Name):
-            return e.name in self.messages
-        if isinstance(e, nodes.Getitem) and not isinstance(e.arg, nodes.Slice):
-            return not isinstance(_key(e), str) and self.is_list(e.node)  # messages[0], messages[i]
-        if isinstance(e, nodes.Filter) and e.name in _ELEMENT_FILTERS:
-            return e.node is not None and self.is_list(e.node)
-        return isinstance(e, nodes.CondExpr) and any(self.is_message(b) for b in (e.expr1, e.expr2) if b is not None)
-
-    def is_content(self, e: nodes.Node) -> bool:
-        if isinstance(e, nodes.Name):
-            return e.name in self.contents
-        if isinstance(e, nodes.Filter):  # message.content|list, |default([]) ...
-            return e.node is not None and self.is_content(e.node)
+            return self.of(e.node) & _LISTS  # messages[1:], messages[::-1]
+        if isinstance(e, (nodes.Getattr, nodes.Getitem)):
+            inner, key = self.of(e.node), _key(e)
+            content = frozenset({CONTENT}) if key == "content" and MESSAGE in inner else _NONE
+            return content | (_elements(inner) if isinstance(e, nodes.Getitem) and not isinstance(key, str) else _NONE)
+        if isinstance(e, nodes.Call):  # m.get('content')
+            f, args = e.node, e.args
+            if (isinstance(f, nodes.Getattr) and f.attr == "get" and args and isinstance(args[0], nodes.Const)
+                    and args[0].value == "content" and MESSAGE in self.of(f.node)):
+                return frozenset({CONTENT})
+            return _NONE
+        if isinstance(e, nodes.Filter):
+            inner = self.of(e.node)
+            if e.name in _ELEMENT_FILTERS:
+                return _elements(inner)
+            if e.name in _SAME_FILTERS:
+                return inner
+            return frozenset({CONTENTS}) if e.name == "map" and _attribute(e) == "content" and LIST in inner else _NONE
         if isinstance(e, nodes.CondExpr):
-            return any(self.is_content(b) for b in (e.expr1, e.expr2) if b is not None)
-        return isinstance(e, (nodes.Getattr, nodes.Getitem)) and _key(e) == "content" and self.is_message(e.node)
+            return self.of(e.expr1) | self.of(e.expr2)
+        if isinstance(e, nodes.Add):  # messages + [extra], [system] + messages[1:]
+            return (self.of(e.left) | self.of(e.right)) & {LIST, CONTENTS}
+        if isinstance(e, (nodes.List, nodes.Tuple)):  # [messages[0], ...] is a message list
+            items = frozenset().union(*(self.of(item) for item in e.items))
+            return frozenset(k for k in (LIST, CONTENTS) if _ELEMENT[k] in items)
+        return _NONE
 
-    def _bind(self, name: str, value: nodes.Node) -> bool:
-        """Record what ``name`` holds when ``value`` is one of the three kinds; True when that is news."""
-        for test, names in ((self.is_content, self.contents), (self.is_message, self.messages),
-                            (self.is_list, self.lists)):
-            if test(value):
-                return _add(names, name)
-        return False
+    def _bind(self, name: str, kinds: Kinds) -> bool:
+        """Record that ``name`` may hold ``kinds``; True when that is news."""
+        old = self.kinds.get(name, _NONE)
+        if kinds <= old:
+            return False
+        self.kinds[name] = old | kinds
+        return True
 
     def learn(self, tree: nodes.Template) -> None:
         macros = {m.name: [a.name for a in m.args] for m in tree.find_all(nodes.Macro)}
         changed = True
-        while changed:  # the sets only grow, so this ends
+        while changed:  # the kinds only grow, so this ends
             changed = False
             for assign in tree.find_all(nodes.Assign):
                 if isinstance(assign.target, nodes.Name):
-                    changed |= self._bind(assign.target.name, assign.node)
+                    changed |= self._bind(assign.target.name, self.of(assign.node))
+            for with_ in tree.find_all(nodes.With):
+                for target, value in zip(with_.targets, with_.values, strict=False):
+                    if isinstance(target, nodes.Name):
+                        changed |= self._bind(target.name, self.of(value))
             for loop in tree.find_all(nodes.For):
-                if isinstance(loop.target, nodes.Name) and self.is_list(loop.iter):  # its items are messages
-                    changed |= _add(self.messages, loop.target.name)
+                if isinstance(loop.target, nodes.Name):  # its items are the iterated list's elements
+                    changed |= self._bind(loop.target.name, _elements(self.of(loop.iter)))
             for call in tree.find_all(nodes.Call):
                 params = macros.get(call.node.name) if isinstance(call.node, nodes.Name) else None
                 if params is None:
@@ -135,30 +153,47 @@ class _Names:
                 passed = list(zip(params, call.args, strict=False))  # (a macro may take more than it names)
                 passed += [(k.key, k.value) for k in call.kwargs if k.key in params]
                 for param, value in passed:
-                    changed |= self._bind(param, value)
+                    changed |= self._bind(param, self.of(value))
 
 
 def _reads_parts(tree: nodes.Template, names: _Names) -> bool:
     """Does the template treat some message content as a list of OpenAI parts?"""
-    if any(names.is_content(loop.iter) for loop in tree.find_all(nodes.For)):
+    if any(CONTENT in names.of(loop.iter) for loop in tree.find_all(nodes.For)):
         return True
-    for access in tree.find_all((nodes.Getattr, nodes.Getitem)):  # content[0].text, content[0]['type']
-        inner = access.node if isinstance(access, (nodes.Getattr, nodes.Getitem)) else None
-        if (_key(access) in _PART_KEYS and isinstance(inner, nodes.Getitem) and isinstance(_key(inner), int)
-                and names.is_content(inner.node)):
+    for access in tree.find_all((nodes.Getattr, nodes.Getitem)):  # content[0].text, (content|first).type
+        if (isinstance(access, (nodes.Getattr, nodes.Getitem)) and _key(access) in _PART_KEYS
+                and PART in names.of(access.node)):
             return True
-    return any(f.name in _PART_FILTERS and f.node is not None and names.is_content(f.node)
-               for f in tree.find_all(nodes.Filter))
+    return any(_reads_by_attribute(f) and CONTENT in names.of(f.node) for f in tree.find_all(nodes.Filter))
 
 
 def detect_content_format(source: str) -> ContentFormat:
     """"openai" when the template ``source`` reads message contents as lists of parts, else "string".
 
     Raises ``jinja2.TemplateSyntaxError`` when the source does not parse."""
-    tree = _ENV.parse(source)
+    tree = PARSER.parse(source)
     names = _Names()
     names.learn(tree)
     return "openai" if _reads_parts(tree, names) else "string"
+
+
+def _shows(tokenizer: Any, content: Any) -> bool:
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # a template that refuses the message in this shape shows nothing
+        return False
+    return isinstance(text, str) and PROBE_TEXT in text
+
+
+def probe_content_format(tokenizer: Any) -> ContentFormat | None:
+    """The one format in which the tokenizer's chat template shows a user message's text; None when both or
+    neither do (one user message, given as a string and as one text part)."""
+    as_string = _shows(tokenizer, PROBE_TEXT)
+    as_parts = _shows(tokenizer, [{"type": "text", "text": PROBE_TEXT}])
+    if as_string == as_parts:
+        return None
+    return "string" if as_string else "openai"
 
 
 def template_source(tokenizer: Any) -> str | None:
@@ -173,28 +208,35 @@ def template_source(tokenizer: Any) -> str | None:
     return source if isinstance(source, str) else None
 
 
+def _detect(tokenizer: Any) -> tuple[ContentFormat, str]:
+    """The detected format of the tokenizer's template and why, in words."""
+    source = template_source(tokenizer)
+    if source is None:
+        return "string", "the tokenizer has no chat template"
+    try:
+        read = detect_content_format(source)
+    except jinja2.TemplateSyntaxError as exc:
+        return "string", f"the template does not parse ({exc})"
+    shown = probe_content_format(tokenizer)
+    if shown is not None and shown != read:
+        return shown, (f"a user message's text shows only as {'a string' if shown == 'string' else 'text parts'}, "
+                       f"although the template's source reads {'parts' if read == 'openai' else 'text'}")
+    return read, ("the template loops over message content parts" if read == "openai"
+                  else "the template reads message content as text")
+
+
 def resolve_content_format(tokenizer: Any, given: str) -> ContentFormat:
     """The content format for ``--chat-template-content-format given``; says which at INFO, once per call."""
     if given not in CHAT_TEMPLATE_CONTENT_FORMATS:
         raise ValueError(f"chat_template_content_format must be one of {', '.join(CHAT_TEMPLATE_CONTENT_FORMATS)}, "
                          f"got {given!r}")
-    source = template_source(tokenizer)
-    detected: ContentFormat = "string"
-    if source is None:
-        why = "the tokenizer has no chat template"
-    else:
-        try:
-            detected = detect_content_format(source)
-            why = ("the template loops over message content parts" if detected == "openai"
-                   else "the template reads message content as text")
-        except jinja2.TemplateSyntaxError as exc:
-            why = f"the template does not parse ({exc})"
+    detected, why = _detect(tokenizer)
     if given == "auto":
         log.info("chat template content format: %r, detected (%s); --chat-template-content-format overrides it",
                  detected, why)
         return detected
     log.info("chat template content format: %r (--chat-template-content-format)", given)
-    if source is not None and given != detected:
+    if template_source(tokenizer) is not None and given != detected:
         log.warning("--chat-template-content-format %s differs from the format detected for this template, %r "
                     "(%s)", given, detected, why)
     return given  # type: ignore[return-value]

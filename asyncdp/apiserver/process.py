@@ -73,6 +73,7 @@ class ApiConfig:
     max_seqs_per_request: int = 256
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    chat_template: str | None = field(default=None, repr=False)  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     model_aliases: tuple[str, ...] = ()  # more names for the model (the first is the client's model_name)
     cors: Cors | None = ALLOW_ALL
@@ -116,6 +117,8 @@ async def serve_api(
     # (abandoned if this server is stopped meanwhile: loading imports transformers, seconds the launcher's stop
     # deadline would otherwise spend waiting, then kill this process and report the stop as a failure)
     tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path, abandon_on_cancel=True)
+    if cfg.chat_template is not None:  # --chat-template: the content format is detected from it, prompts use it
+        tokenizer.chat_template = cfg.chat_template
     metrics = make_metrics(cfg)
     client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
     app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
@@ -212,7 +215,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         max_seqs_per_request=role.max_seqs_per_request,
         max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
         enable_prompt_tokens_details=role.enable_prompt_tokens_details,
-        chat_template_content_format=role.chat_template_content_format,
+        chat_template=role.chat_template, chat_template_content_format=role.chat_template_content_format,
         cors=Cors(role.allowed_origins, role.allowed_methods, role.allowed_headers, role.allow_credentials),
         api_key=role.api_key)
 

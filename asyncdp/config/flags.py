@@ -231,6 +231,7 @@ class ServeConfig:
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int | None = None  # None: default_max_request_body_bytes(max_model_len)
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens (vLLM's flag)
+    chat_template: str | None = dataclasses.field(default=None, repr=False)  # --chat-template (cli: its text)
     chat_template_content_format: str = "auto"  # CHAT_TEMPLATE_CONTENT_FORMATS
     allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
     allowed_methods: tuple[str, ...] = ("*",)

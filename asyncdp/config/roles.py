@@ -45,6 +45,7 @@ class LaunchPlan:
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int = 0  # resolved with max_model_len (0: unknown yet)
     enable_prompt_tokens_details: bool = False
+    chat_template: str | None = field(default=None, repr=False)  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
     allowed_methods: tuple[str, ...] = ("*",)
@@ -165,6 +166,7 @@ class ApiServerRole(_Role, frozen=True):
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int | None = None
     enable_prompt_tokens_details: bool = False
+    chat_template: str | None = None  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
     allowed_methods: tuple[str, ...] = ("*",)
@@ -230,7 +232,7 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         ssl_keyfile=plan.ssl_keyfile, ssl_certfile=plan.ssl_certfile, socket_dir=socket_dir,
         max_seqs_per_request=plan.max_seqs_per_request, max_request_body_bytes=plan.max_request_body_bytes or None,
         enable_prompt_tokens_details=plan.enable_prompt_tokens_details,
-        chat_template_content_format=plan.chat_template_content_format,
+        chat_template=plan.chat_template, chat_template_content_format=plan.chat_template_content_format,
         allowed_origins=plan.allowed_origins, allowed_methods=plan.allowed_methods,
         allowed_headers=plan.allowed_headers, allow_credentials=plan.allow_credentials, api_key=plan.api_key,
         http_shared_port=http_shared_port, node_table_fd=node_table_fd, link_secret=plan.link_secret)

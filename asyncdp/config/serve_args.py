@@ -120,6 +120,9 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
     _bool(g, "--enable-prompt-tokens-details",
           help="add usage.prompt_tokens_details.cached_tokens to chat and completions responses: the prompt "
                "tokens the prefix cache supplied (default: false)")
+    g.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                   help="the chat template to render chat messages with, instead of the tokenizer's: a Jinja file, "
+                        "or the template itself (default: the tokenizer's)")
     g.add_argument("--chat-template-content-format", default=None,
                    metavar="{" + ",".join(CHAT_TEMPLATE_CONTENT_FORMATS) + "}",
                    help="how message content reaches the chat template: 'string' (the text), 'openai' (a list of "
