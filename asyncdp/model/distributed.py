@@ -6,6 +6,7 @@ group with group rank = ``dp_rank`` (:func:`init_dp_group`, retried up to 5 time
 The head itself never joins the group: the store only brokers the rank addresses. With a deployment secret the
 ranks join through a sealed view of the store (opaque key names, encrypted and authenticated values), so a
 stranger who reaches its port can neither read the rank addresses nor plant one (:mod:`asyncdp.model.rendezvous`).
+gloo's pair sockets listen on the interface facing the DP address (:mod:`asyncdp.model.gloo_interface`).
 
 Groups. ``DPProcessGroup.data`` carries the per-forward collectives (token-count exchange and the MoE expert
 collectives of ``asyncdp.model.expert_parallel``); it is gloo on CPU and NCCL on CUDA. ``control`` is always a
@@ -40,6 +41,7 @@ from asyncdp.config.deployment import threads_per_engine
 from asyncdp.errors import DPGroupAborted, DPGroupError, StartupError
 from asyncdp.messages import DPGroupInfo
 from asyncdp.model import rendezvous
+from asyncdp.model.gloo_interface import pin_gloo_interface
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,9 @@ def init_dp_group(info: DPGroupInfo, dp_rank: int, *, timeout_s: float | None = 
     timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     store_timeout_s = timeout_s if timeout_s is not None else STORE_TIMEOUT_S
 
+    # gloo's pair sockets on the interface facing the DP address, not wherever the hostname resolves
+    log.debug("rank %d: gloo listens on interface %s", dp_rank,
+              pin_gloo_interface(info.master_addr, info.master_port) or "(its default)")
     where = f"rank {dp_rank}: the DP group's rendezvous store at {info.master_addr}:{info.master_port}"
     stores: list[dist.Store] = []
 

@@ -11,68 +11,20 @@ with a clear error.
 from __future__ import annotations
 
 import datetime
-import json
-import os
 import secrets
 import socket
 import struct
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from asyncdp.model.distributed import host_rendezvous_store
+from tests.model.rendezvous_ranks import DEADLINE_S, Ranks
 
-ROOT = Path(__file__).resolve().parents[2]
-RANK_SCRIPT = Path(__file__).with_name("rendezvous_rank.py")
-RANK_TIMEOUT_S = 20.0  # each rank's gloo and store timeout
-DEADLINE_S = 90.0  # a rank's import of torch, its rendezvous and its all-reduce, on a loaded machine
 LOOPBACK = socket.inet_aton("127.0.0.1")
 GLOO_RANK0_KEY = "0//cpu//0/0"  # where torch's default gloo group keeps rank 0's pair address
-
-
-class Ranks:
-    """Rank processes of one group, each killed at the end if it has not exited."""
-
-    def __init__(self, port: int, dp_size: int, secret: bytes | None) -> None:
-        self.port, self.dp_size, self.secret = port, dp_size, secret
-        self.procs: dict[int, subprocess.Popen[str]] = {}
-
-    def start(self) -> None:
-        """Every rank's process, which imports torch and waits for :meth:`join`."""
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        for dp_rank in range(self.dp_size):
-            self.procs[dp_rank] = subprocess.Popen(
-                [sys.executable, str(RANK_SCRIPT), str(self.port), str(self.dp_size), str(dp_rank),
-                 str(RANK_TIMEOUT_S)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-
-    def join(self, dp_rank: int) -> None:
-        """Rank ``dp_rank`` joins the group now (it is handed the secret)."""
-        stdin = self.procs[dp_rank].stdin
-        assert stdin is not None
-        stdin.write((self.secret or b"").hex() + "\n")
-        stdin.close()
-
-    def result(self, dp_rank: int) -> dict[str, object]:
-        proc = self.procs[dp_rank]
-        proc.wait(timeout=DEADLINE_S)
-        assert proc.stdout is not None
-        lines = proc.stdout.read().strip().splitlines()
-        assert lines, f"rank {dp_rank} printed nothing (exit {self.procs[dp_rank].returncode})"
-        return json.loads(lines[-1])
-
-    def kill(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None and not pipe.closed:
-                    pipe.close()
 
 
 @pytest.fixture
@@ -145,7 +97,7 @@ def test_a_stranger_at_the_store_neither_reads_nor_plants_a_rank_address(store: 
             pytest.fail(f"a rank connected to the stranger's socket (from {peer}) instead of its peer")
         except BlockingIOError:
             pass
-        assert results == [{"sum": 3}, {"sum": 3}]
+        assert [result.get("sum") for result in results] == [3, 3], results
         # What the ranks left in the store says nothing: no torch key name, no address in any value.
         assert rank1_port is None
         written = set(stranger.list_keys()) - planted
