@@ -95,7 +95,8 @@ async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCor
     from asyncdp.model.distributed import DPContext, TorchDPGroup, init_dp_group
 
     group = await anyio.to_thread.run_sync(
-        functools.partial(init_dp_group, init.dp_group, cfg.dp_rank), limiter=limiter, abandon_on_cancel=True)
+        functools.partial(init_dp_group, init.dp_group, cfg.dp_rank, secret=cfg.link_secret), limiter=limiter,
+        abandon_on_cancel=True)
     try:
         ctx = DPContext(group, enable_expert_parallel=cfg.enable_expert_parallel)
         core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp=ctx,

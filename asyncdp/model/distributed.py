@@ -3,7 +3,10 @@
 Rendezvous. The head hosts a ``TCPStore`` bound to port 0 on the DP address (:func:`host_rendezvous_store`) and
 sends the real port in ``HandshakeInit.dp_group``; every engine joins as a store client and initialises the
 group with group rank = ``dp_rank`` (:func:`init_dp_group`, retried up to 5 times on "address in use", E10).
-The head itself never joins the group: the store only brokers the rank addresses.
+The head itself never joins the group: the store only brokers the rank addresses. With a deployment secret the
+ranks join through a sealed view of the store (opaque key names, encrypted and authenticated values), so a
+stranger who reaches its port can neither read the rank addresses nor plant one (:mod:`asyncdp.model.rendezvous`).
+gloo's pair sockets listen on the interface facing the DP address (:mod:`asyncdp.model.gloo_interface`).
 
 Groups. ``DPProcessGroup.data`` carries the per-forward collectives (token-count exchange and the MoE expert
 collectives of ``asyncdp.model.expert_parallel``); it is gloo on CPU and NCCL on CUDA. ``control`` is always a
@@ -23,10 +26,9 @@ from __future__ import annotations
 
 import datetime
 import logging
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import anyio
@@ -38,6 +40,8 @@ import torch.distributed as dist
 from asyncdp.config.deployment import threads_per_engine
 from asyncdp.errors import DPGroupAborted, DPGroupError, StartupError
 from asyncdp.messages import DPGroupInfo
+from asyncdp.model import rendezvous
+from asyncdp.model.gloo_interface import pin_gloo_interface
 
 log = logging.getLogger(__name__)
 
@@ -57,25 +61,8 @@ def dp_backend(device_type: str) -> str:
 
 
 def host_rendezvous_store(host: str, *, timeout_s: float = STORE_TIMEOUT_S) -> tuple[dist.TCPStore, int]:
-    """The head's rendezvous store on ``host`` only, bound to port 0; returns it and the port it really got.
-
-    The head keeps the store alive for as long as the deployment runs (engines read addresses from it whenever
-    a new communicator is created).
-    """
-    # A socket bound here, handed over: given only a host, the store's server listens on every interface.
-    family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.bind(addr)
-        sock.listen(128)
-        port = sock.getsockname()[1]
-        store = dist.TCPStore(host, port, world_size=None, is_master=True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=sock.fileno())
-    except BaseException:
-        sock.close()
-        raise
-    sock.detach()  # the store's now, for the deployment's life
-    return store, int(store.port)
+    """The head's rendezvous store on ``host`` only, bound to port 0 (:mod:`asyncdp.model.rendezvous`)."""
+    return rendezvous.host_rendezvous_store(host, timeout_s=timeout_s)
 
 
 @dataclass(slots=True)
@@ -89,6 +76,9 @@ class DPProcessGroup:
     exchange: dist.ProcessGroup  # per-forward token-count exchange
     control: dist.ProcessGroup  # gloo: lockstep sync all-reduce
     device: torch.device  # where ``data`` tensors live
+    # The store the group was made with: a sealed one is a Python object torch calls back into (new groups, NCCL's
+    # lazy communicators), so it must outlive the group.
+    store: dist.Store | None = field(default=None, repr=False)
 
     @property
     def exchange_device(self) -> torch.device:
@@ -148,12 +138,15 @@ def retry_address_in_use(fn: Callable[[], T], *, attempts: int = INIT_ATTEMPTS,
 
 
 def init_dp_group(info: DPGroupInfo, dp_rank: int, *, timeout_s: float | None = None,
-                  device: torch.device | None = None, gloo_exchange: bool = False) -> DPProcessGroup:
+                  device: torch.device | None = None, gloo_exchange: bool = False,
+                  secret: bytes | None = None) -> DPProcessGroup:
     """Join the DP process group described by ``info`` as rank ``dp_rank`` (blocking; run it off the loop).
 
     ``device`` is where the data group's tensors live (CPU unless the backend is NCCL). ``gloo_exchange`` moves
     the per-forward token-count exchange to the gloo control group (``--disable-nccl-for-dp-synchronization``).
-    Retries up to 5 times on "address in use" (E10); other failures raise StartupError at once.
+    ``secret``: the deployment secret; with one the rendezvous goes through the sealed store every rank derives
+    from it (a value it did not seal raises StartupError). Retries up to 5 times on "address in use" (E10); other
+    failures raise StartupError at once.
     """
     if not 0 <= dp_rank < info.dp_size:
         raise StartupError(f"dp_rank {dp_rank} is outside the DP group of size {info.dp_size}.")
@@ -164,10 +157,17 @@ def init_dp_group(info: DPGroupInfo, dp_rank: int, *, timeout_s: float | None = 
     if backend not in ("gloo", "nccl"):
         raise StartupError(f"unknown DP group backend {backend!r}; expected gloo or nccl.")
     timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
-    store_timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else STORE_TIMEOUT_S)
+    store_timeout_s = timeout_s if timeout_s is not None else STORE_TIMEOUT_S
+
+    # gloo's pair sockets on the interface facing the DP address, not wherever the hostname resolves
+    log.debug("rank %d: gloo listens on interface %s", dp_rank,
+              pin_gloo_interface(info.master_addr, info.master_port) or "(its default)")
+    where = f"rank {dp_rank}: the DP group's rendezvous store at {info.master_addr}:{info.master_port}"
+    stores: list[dist.Store] = []
 
     def join() -> None:
-        store = dist.TCPStore(info.master_addr, info.master_port, is_master=False, timeout=store_timeout)
+        store = rendezvous.join_rendezvous_store(info, secret, timeout_s=store_timeout_s, where=where)
+        stores.append(store)
         try:
             dist.init_process_group(backend, store=store, rank=dp_rank, world_size=info.dp_size, timeout=timeout)
         except BaseException:
@@ -190,7 +190,7 @@ def init_dp_group(info: DPGroupInfo, dp_rank: int, *, timeout_s: float | None = 
     exchange = control if gloo_exchange else data
     dev = torch.device("cpu") if backend == "gloo" else (device or torch.device("cuda", torch.cuda.current_device()))
     return DPProcessGroup(dp_rank=dp_rank, dp_size=info.dp_size, backend=backend, data=data, exchange=exchange,
-                          control=control, device=dev)
+                          control=control, device=dev, store=stores[-1])
 
 
 class TorchDPGroup:
