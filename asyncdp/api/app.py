@@ -134,7 +134,9 @@ def _install_hooks(app: Quart, state: AppState) -> None:
                 denied = json_response(error_body(401, "Invalid or missing API key."), 401)
                 denied.headers["WWW-Authenticate"] = "Bearer"
                 return denied
-        if state.draining and request.path not in _ALWAYS_OPEN:
+        # From the client's begin_shutdown (the drain of --shutdown-timeout), not only once HTTP stops: a router
+        # fails a request over to another endpoint on this exact answer, given before the request is read.
+        if (state.draining or state.client.shutting_down) and request.path not in _ALWAYS_OPEN:
             return json_response(error_body(503, DRAINING_MESSAGE), 503)
         return None
 
