@@ -228,6 +228,7 @@ class TokenizeChat(msgspec.Struct, kw_only=True):
     continue_final_message: bool | None = None
     add_special_tokens: bool | None = None
     chat_template_kwargs: Json | None = None
+    tools: list[ToolDefinition] | None = None  # rendered by the chat template, as for a chat request
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):

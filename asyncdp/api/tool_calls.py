@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from asyncdp.api.schemas import ChatRequest, NamedToolChoice
+from asyncdp.api.schemas import ChatRequest, NamedToolChoice, ToolDefinition
 from asyncdp.errors import HTTPError, InvalidSamplingParams
 from asyncdp.sampling_params.structured import StructuredOutputs, check_schema_depth
 
@@ -61,9 +61,7 @@ def tool_use(req: ChatRequest) -> ToolUse | None:
         raise HTTPError(400, "tool_choice needs tools: give the functions it may call in tools (with no tool-call "
                              'parser, this server serves tools with tool_choice "none", "required" or a named '
                              "function).", param="tool_choice")
-    dicts = [{"type": "function", "function": _drop_none({"name": t.function.name, "description":
-             t.function.description, "parameters": t.function.parameters, "strict": t.function.strict})}
-             for t in tools]
+    dicts = template_tools(tools)
     if choice == "none":
         return ToolUse(dicts)
     if choice is None or choice == "auto":
@@ -96,8 +94,11 @@ def tool_use(req: ChatRequest) -> ToolUse | None:
     return ToolUse(dicts, required=True, constraint=_compiled(schema))
 
 
-def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
+def template_tools(tools: list[ToolDefinition]) -> list[dict[str, Any]]:
+    """The tools as the chat template gets them: OpenAI's shape, the fields given."""
+    return [{"type": "function", "function": {k: v for k, v in (
+        ("name", t.function.name), ("description", t.function.description), ("parameters", t.function.parameters),
+        ("strict", t.function.strict)) if v is not None}} for t in tools]
 
 
 def _compiled(schema: dict[str, Any]) -> StructuredOutputs:

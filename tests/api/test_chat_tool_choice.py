@@ -178,3 +178,16 @@ async def test_echo_with_tool_calls_and_tools_on_completions_are_400s() -> None:
     assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo", echo.text
     assert completion.status_code == 400 and completion.json()["error"]["param"] == "tools"
     assert srv.fake.submitted == []
+
+
+async def test_tokenize_renders_the_tools_as_a_chat_request_does() -> None:
+    """vLLM's ``/tokenize`` takes ``tools`` with messages; they were ignored, so the count left them out."""
+    fake = FakeEngineClient()
+    fake.tokenizer.chat_template = TEMPLATE
+    async with running(fake) as srv:
+        counted = await srv.http.post("/tokenize", json={"messages": CHAT, "tools": TOOLS})
+        await srv.http.post("/v1/chat/completions", json={"messages": CHAT, "tools": TOOLS, "tool_choice": "none",
+                                                          "max_tokens": 1})
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["tokens"] == fake.submitted[0][1]
+    assert fake.tokenizer.decode(counted.json()["tokens"]).startswith("TOOLS=get_weather,get_time;")
