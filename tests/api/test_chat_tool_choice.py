@@ -15,6 +15,7 @@ from typing import Any
 import openai
 import pytest
 
+from asyncdp.api.offload import INLINE_BODY_BYTES, heavy_body
 from asyncdp.testing import FakeEngineClient
 from tests.api.conftest import running, sse_events
 
@@ -191,3 +192,10 @@ async def test_tokenize_renders_the_tools_as_a_chat_request_does() -> None:
     assert counted.status_code == 200, counted.text
     assert counted.json()["tokens"] == fake.submitted[0][1]
     assert fake.tokenizer.decode(counted.json()["tokens"]).startswith("TOOLS=get_weather,get_time;")
+
+
+def test_a_small_body_with_a_tool_choice_is_prepared_in_a_worker_thread() -> None:
+    """A named or "required" tool choice compiles the tools' schemas as a grammar (0.65 s for 200 tools): like the
+    other constraint parameters, it sends the request's preparation off the event loop, however small the body."""
+    body = json.dumps({"messages": CHAT, "tools": TOOLS[1:], "tool_choice": "required"}).encode()
+    assert len(body) < INLINE_BODY_BYTES and heavy_body(body)
