@@ -79,7 +79,10 @@ def tool_use(req: ChatRequest) -> ToolUse | None:
     defs: dict[str, Any] = {}
     for i, t in enumerate(tools):
         params = dict(t.function.parameters or _EMPTY_PARAMETERS)
-        for name, definition in (params.pop("$defs", None) or {}).items():
+        tool_defs = params.pop("$defs", None) or {}
+        if not isinstance(tool_defs, dict):
+            raise HTTPError(400, "tools: $defs must be an object of JSON schemas.", param=f"tools[{i}].function.parameters")
+        for name, definition in tool_defs.items():
             if name in defs and defs[name] != definition:
                 raise HTTPError(400, f"tools define $defs {name!r} twice, differently; a required tool choice "
                                      "puts every tool's $defs in one schema.", param=f"tools[{i}].function.parameters")

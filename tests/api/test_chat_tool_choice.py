@@ -153,6 +153,8 @@ async def test_required_hoists_the_tools_defs_to_the_root_where_their_references
     ({"tools": [{"type": "function", "function": {"name": ""}}], "tool_choice": "none"}, "tools"),
     ({"tools": TOOLS, "tool_choice": NAMED, "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$defs": 5}}}],
+      "tool_choice": "required"}, "tools[0].function.parameters"),  # was an AttributeError: a 500
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "x": {"type": "string", "pattern": "^a{99999999}$"}}, "required": ["x"]}}}], "tool_choice": "required"},
      "tools"),
