@@ -47,8 +47,10 @@ from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
+from asyncdp.api.tool_calls import StreamedCalls, ToolUse, answer, tool_use
 from asyncdp.errors import HTTPError, InvalidRequestError
 from asyncdp.messages import RequestOutput
+from asyncdp.sampling_params import StructuredOutputs
 
 # Template arguments asyncdp passes itself; chat_template_kwargs may not override them.
 _RESERVED_TEMPLATE_KWARGS = frozenset({
@@ -58,8 +60,11 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 })
 
 
-def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[list[dict[str, Any]], list[int]]:
-    """The messages and the token ids of the rendered chat template; template errors are the caller's 400."""
+def render_prompt(
+    state: AppState, req: ChatRequest | TokenizeChat, tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """The messages and the token ids of the rendered chat template (given ``tools``, passed to it as vLLM
+    does); template errors are the caller's 400."""
     messages = chat_messages(req.messages, state.content_format)
     if req.continue_final_message and req.add_generation_prompt:
         raise HTTPError(400, "continue_final_message and add_generation_prompt cannot both be true.",
@@ -71,6 +76,8 @@ def render_prompt(state: AppState, req: ChatRequest | TokenizeChat) -> tuple[lis
     if reserved:
         raise HTTPError(400, f"chat_template_kwargs may not set {', '.join(reserved)}.",
                         param="chat_template_kwargs")
+    if tools is not None:
+        extra = {**extra, "tools": tools}
     tok = state.client.tokenizer
     try:
         text = tok.apply_chat_template(messages, add_generation_prompt=add_generation, tokenize=False,
@@ -92,6 +99,7 @@ class Prepared:
     per_prompt: int
     n: int
     top_logprobs: int | None
+    tools: ToolUse | None
 
 
 def prepare(state: AppState, body: bytes) -> Prepared:
@@ -101,7 +109,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     model = state.check_model(req.model)
     n = req.n or 1
     per_prompt = check_num_sequences(1, n, req.best_of, bool(req.stream), state.max_seqs_per_request)
-    messages, prompt_ids = render_prompt(state, req)
+    tools = tool_use(req)
+    messages, prompt_ids = render_prompt(state, req, tools.template_tools if tools else None)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if req.top_logprobs is not None and not req.logprobs:
         raise HTTPError(400, "top_logprobs requires logprobs to be true.", param="top_logprobs")
@@ -112,7 +121,7 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     try:
         params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs,
                                  prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)),
-                                 structured=structured_outputs(req))
+                                 structured=_constraint(req, tools))
     except InvalidRequestError as exc:
         if exc.field == "logprobs":
             exc.field = "top_logprobs"
@@ -121,9 +130,22 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         raise
     check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens)
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
+    if echo and tools is not None and tools.calls:
+        raise HTTPError(400, "echo cannot be combined with a tool_choice whose answer is tool calls.", param="echo")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     seqs = sequences(request_id, [prompt_ids], params, per_prompt)
-    return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs)
+    return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs, tools)
+
+
+def _constraint(req: ChatRequest, tools: ToolUse | None) -> StructuredOutputs | None:
+    """The one structured-output constraint: the request's own, or its tool choice's (never both)."""
+    own = structured_outputs(req)
+    if tools is None or tools.constraint is None:
+        return own
+    if own is not None:
+        raise HTTPError(400, f"tool_choice constrains the answer to tool calls; it cannot be combined with "
+                             f"{own.param}.", param="tool_choice")
+    return tools.constraint
 
 
 def register(app: Quart, state: AppState) -> None:
@@ -145,6 +167,10 @@ def register(app: Quart, state: AppState) -> None:
             render = partial(chat_response, echo=prep.echo, prompt=prompt, cached_tokens=cached)
             doc = await state.offload.run(heavy, render, prep.request_id, created, prep.model, choices,
                                           len(prep.prompt.token_ids), tok, prep.top_logprobs)
+            if prep.tools is not None and prep.tools.calls:
+                for choice in doc["choices"]:
+                    choice["message"], choice["finish_reason"] = answer(
+                        prep.tools, choice["message"]["content"], choice["finish_reason"])
             return json_response(doc)
         return await _streamed(state, prep, hint, key, created)
 
@@ -171,6 +197,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
             prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, {"content": prep.echo},
                                                       include_usage=include_usage), i)))
     started = [False] * len(prep.seqs)
+    calls = [StreamedCalls(prep.tools) for _ in prep.seqs] if prep.tools is not None and prep.tools.calls else None
 
     def events(index: int, out: RequestOutput) -> list[bytes]:
         generated[index] += len(out.new_token_ids)
@@ -184,8 +211,13 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
             # logprobs still go out, in a chunk of their own, one entry per token as without streaming)
         lps = chat_logprobs(tok, out.logprobs or [], prep.top_logprobs) if prep.top_logprobs is not None else None
         delta = {"content": out.new_text} if out.new_text else {}
-        chunk = chat_chunk(request_id, created, model, index, delta, logprobs=lps,
-                           finish_reason=out.finish_reason if out.finished else None,
+        finish_reason = out.finish_reason if out.finished else None
+        if calls is not None:
+            delta, finish_reason = calls[index].delta(out.new_text, out.finished, finish_reason)
+            if not delta and finish_reason is None and not wants_logprobs and not (
+                    first_of_choice and req.prompt_logprobs is not None):
+                return []  # "required" holds its text until the choice ends
+        chunk = chat_chunk(request_id, created, model, index, delta, logprobs=lps, finish_reason=finish_reason,
                            stop_reason=out.stop_reason if out.finished else None, include_usage=include_usage)
         if first_of_choice and req.prompt_logprobs is not None:
             chunk["prompt_logprobs"] = prompt_logprobs_field(tok, prep.prompt.token_ids, out.prompt_logprobs)

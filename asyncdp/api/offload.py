@@ -27,7 +27,7 @@ INLINE_BODY_BYTES = 1024
 INLINE_TOKENS = 64
 # The request parameters that carry a grammar (asyncdp.api.structured), as they appear in a JSON body.
 _CONSTRAINT_KEYS = (b'"guided_json"', b'"guided_regex"', b'"guided_choice"', b'"guided_grammar"',
-                    b'"structured_outputs"', b'"response_format"')
+                    b'"structured_outputs"', b'"response_format"', b'"tool_choice"')  # a named or "required" one
 
 
 def may_constrain(body: bytes | str) -> bool:

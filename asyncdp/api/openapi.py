@@ -17,7 +17,7 @@ import msgspec
 
 from asyncdp.api.chat_messages import TEXT_PARTS
 from asyncdp.api.context import AppState
-from asyncdp.api.params import REFUSED
+from asyncdp.api.params import CHAT_TOOLS, REFUSED
 from asyncdp.api.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -105,7 +105,7 @@ def _components(state: AppState) -> dict[str, Any]:
         if name == "DetokenizeRequest":
             props["tokens"] = {"type": "array", "items": token_ids["items"]}
         for field, allowed in REFUSED.items():
-            if field in props:
+            if field in props and not (name == "ChatRequest" and field in CHAT_TOOLS):
                 props[field] = {"enum": [None, *allowed], "description": "Not supported: only these values."}
         if "prompt" in props and name == "CompletionRequest":
             props["prompt"] = prompt

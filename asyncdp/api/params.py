@@ -21,8 +21,8 @@ def _bad(field: str, message: str) -> HTTPError:
 # Parameter -> the non-null values that ask for nothing asyncdp lacks (null is always fine). Any other value is a
 # 400 naming the parameter. ``asyncdp.api.openapi`` publishes exactly these values as the parameter's schema.
 REFUSED: dict[str, tuple[Any, ...]] = {
-    # No tool-call parser: the model's text never comes back as tool_calls, so tools are refused; "auto" without
-    # tools (any tools are refused first) asks for nothing.
+    # No tool-call parser: the model's text never comes back as tool_calls, so completions refuse tools; "auto"
+    # without tools asks for nothing. Chat serves the tool choices that need no parser (CHAT_TOOLS).
     "tools": ([],),
     "tool_choice": ("none", "auto"),
     "functions": ([],),
@@ -59,6 +59,10 @@ REFUSED: dict[str, tuple[Any, ...]] = {
 }
 
 
+# Checked by asyncdp.api.tool_calls for chat requests instead.
+CHAT_TOOLS = frozenset({"tools", "tool_choice"})
+
+
 def harmless(name: str, value: Any) -> bool:
     """Whether ``value`` of the unimplemented parameter ``name`` asks for nothing (null or a no-op value)."""
     return value is None or any(value == a and type(value) is type(a) for a in REFUSED[name])
@@ -76,7 +80,10 @@ _WHY = {
 
 def refuse_unsupported(req: _Common) -> None:
     """400 for the first parameter asyncdp does not implement that the request sets to a value that matters."""
+    chat = isinstance(req, ChatRequest)
     for name in REFUSED:
+        if chat and name in CHAT_TOOLS:
+            continue
         value = getattr(req, name, None)
         if value is not None and not harmless(name, value):
             why = _WHY.get(name)

@@ -10,7 +10,7 @@ them; fields that neither OpenAI nor vLLM define are ignored, as OpenAI-compatib
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -93,7 +93,7 @@ class _Common(msgspec.Struct, kw_only=True):
     safety_identifier: str | None = None  # OpenAI's abuse-monitoring id: accepted, nothing to do with it here
     prompt_cache_key: str | None = None  # OpenAI's cache-affinity key: the request's routing key
     metadata: dict[str, str] | None = None  # OpenAI's tags for stored completions: nothing is stored (store: false)
-    parallel_tool_calls: bool | None = None  # asks nothing without tools, and tools are refused
+    parallel_tool_calls: bool | None = None  # chat's tool_choice "required": false allows one call; else nothing
     # vLLM sampling extras
     top_k: Annotated[int, Meta(ge=-1, le=MAX_INT32)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
@@ -116,8 +116,6 @@ class _Common(msgspec.Struct, kw_only=True):
     guided_grammar: Annotated[str, Meta(min_length=1)] | None = None
     structured_outputs: StructuredOutputsBody | None = None
     # Declared so a wrong type is a 400 too; refused unless absent, null or the value named in params.REFUSED.
-    tools: list[Json] | None = None
-    tool_choice: str | Json | None = None
     functions: list[Json] | None = None
     function_call: str | Json | None = None
     use_beam_search: bool | None = None
@@ -148,6 +146,33 @@ class CompletionRequest(_Common, kw_only=True):
     logprobs: NumLogprobs | None = None
     suffix: str | None = None
     prompt_embeds: str | list[str] | None = None
+    tools: list[Json] | None = None  # refused (no tools for completions)
+    tool_choice: str | Json | None = None
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    name: Annotated[str, Meta(min_length=1)]
+    description: str | None = None
+    parameters: Json | None = None  # a JSON schema of the arguments
+    strict: bool | None = None
+
+
+class ToolDefinition(msgspec.Struct, kw_only=True):
+    """One of chat's ``tools`` (OpenAI's shape: functions only)."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(msgspec.Struct, kw_only=True):
+    name: Annotated[str, Meta(min_length=1)]
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    """``tool_choice`` naming the function to call."""
+
+    type: Literal["function"]
+    function: ToolChoiceFunction
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
@@ -164,6 +189,9 @@ class ChatMessage(msgspec.Struct, kw_only=True):
 
 class ChatRequest(_Common, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    # Tool choices that need no tool-call parser (asyncdp.api.tool_calls); "auto" with tools is a 400 there.
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     max_tokens: Annotated[int, Meta(ge=1, le=MAX_INT32)] | None = None
     max_completion_tokens: Annotated[int, Meta(ge=1, le=MAX_INT32)] | None = None
     logprobs: bool | None = None
@@ -200,6 +228,7 @@ class TokenizeChat(msgspec.Struct, kw_only=True):
     continue_final_message: bool | None = None
     add_special_tokens: bool | None = None
     chat_template_kwargs: Json | None = None
+    tools: list[ToolDefinition] | None = None  # rendered by the chat template, as for a chat request
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):

@@ -28,12 +28,13 @@ class _TokenizeAny(msgspec.Struct, kw_only=True):
 
 def tokenize(state: AppState, body: bytes) -> dict[str, Any]:
     from asyncdp.api.chat import render_prompt
+    from asyncdp.api.tool_calls import template_tools
 
     which = decode_body(body, _TokenizeAny)
     if which.messages is not None:
         chat: TokenizeChat = decode_body(body, TokenizeChat)
         state.check_model(chat.model)
-        _, tokens = render_prompt(state, chat)
+        _, tokens = render_prompt(state, chat, template_tools(chat.tools) if chat.tools else None)
     else:
         req: TokenizeCompletion = decode_body(body, TokenizeCompletion)
         state.check_model(req.model)

@@ -159,17 +159,22 @@ class EngineCore:
         self.scheduler.add(req)
         self._broken = False
 
-    def _add_grammar(self, request_id: str, structured: StructuredOutputs) -> None:
+    def grammar_matchers(self, structured: StructuredOutputs | None = None) -> GrammarMatchers:
+        """The matchers, made on first use. A rank builds their tokenizer as it starts (``warm``: it holds the GIL
+        for a second) and compiles a request's grammar in a worker thread (``prepare``) before ``add_request``."""
         if not getattr(self.executor, "applies_token_masks", False) or self.tokenizer is None:
             raise InvalidRequestError("structured outputs need an executor that applies token masks (the torch "
-                                      "executor, not --executor sim) and a tokenizer.",
-                                      field=structured.param or f"structured.{structured.kind()[0]}")
+                                      "executor, not --executor sim) and a tokenizer.", field=None if structured is
+                                      None else structured.param or f"structured.{structured.kind()[0]}")
         if self._grammars is None:
             from asyncdp.engine.structured import GrammarMatchers
 
             vocab = self._vocab_size if self._vocab_size is not None else len(self.tokenizer)
             self._grammars = GrammarMatchers(self.tokenizer, vocab, self.eos_token_ids)
-        self._grammars.add(request_id, structured)
+        return self._grammars
+
+    def _add_grammar(self, request_id: str, structured: StructuredOutputs) -> None:
+        self.grammar_matchers(structured).add(request_id, structured)
 
     def _drop_grammars(self, requests: Iterable[Request]) -> None:
         grammars = self._grammars

@@ -7,6 +7,10 @@ busy loop (never concurrently with a step). :meth:`RankIntake.handle` dispatches
 reaches the core when the rank is shutting down or abandons everything (its drain deadline passed, its MoE group
 ended): one finished ``abort`` with ``error_type="unavailable"`` naming the rank, which the API answers with 503.
 A request the core refuses (:class:`~asyncdp.errors.InvalidRequestError`) is answered ``invalid_request`` (400).
+A structured-output request's grammar is compiled first in a worker thread under the step limiter
+(``GrammarMatchers.prepare``), so the event loop keeps sending heartbeats meanwhile; a rank stepping inline
+(virtual time) compiles it in place. The grammar library's tokenizer, whose construction holds the GIL (a thread
+would not free the loop), is built before the rank starts (``asyncdp.engine.rank_process``).
 An admitted request is owned by its client (``RankState.owners``) and, in a MoE group, applies its wave stamp.
 """
 
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
+
+import anyio
 
 from asyncdp import messages as m
 from asyncdp.engine.rank_links import ClientGone, ClientMessage, CoordinatorMessage, InboxItem, Wake
@@ -68,7 +74,14 @@ class RankIntake:
         if refusal is not None:
             rank.reports.reject(msg, refusal, "unavailable")
             return
+        structured = msg.sampling_params.structured
         try:
+            if structured is not None and not rank.inline_step:
+                # Compiling a large grammar takes a while (0.65 s for 200 tools' schemas): off the event loop, which
+                # must keep sending heartbeats; under the step limiter, so no step runs meanwhile.
+                matchers = rank.core.grammar_matchers(structured)
+                await anyio.to_thread.run_sync(matchers.prepare, structured, limiter=rank.limiter,
+                                               abandon_on_cancel=True)
             rank.core.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params,
                                   arrival_time=msg.arrival_time, client_index=msg.client_index)
         except InvalidRequestError as exc:

@@ -16,6 +16,7 @@ from a failure of its own (it waits ``PEER_STOP_GRACE_S`` for its own signal, sp
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 import signal
@@ -34,6 +35,7 @@ from asyncdp.errors import (
     ConfigError,
     DPGroupError,
     ForeignPeerError,
+    InvalidRequestError,
     LinkAuthError,
     RankTornDown,
     StartupError,
@@ -120,6 +122,18 @@ def _log_core(cfg: RankConfig, core: EngineCore, build_s: float) -> None:
         log.info("%s", weights_line(cfg.dp_rank, num_parameters=None, dtype=None, device=None, took_s=build_s))
     log.info("%s", kv_cache_line(cfg.dp_rank, num_blocks=executor.num_kv_blocks, block_size=cfg.engine.block_size,
                                  num_bytes=getattr(executor, "kv_cache_bytes", None)))
+
+
+def _warm_grammars(core: EngineCore) -> None:
+    """Build the grammar library's tokenizer before the rank's heartbeats start: it holds the GIL for about a second
+    (several on a loaded machine), which, done on the first structured-output request, silenced the heartbeats
+    long enough for the rank to be declared dead. Nothing to do without llguidance or an executor that masks."""
+    if importlib.util.find_spec("llguidance") is None:
+        return
+    try:
+        core.grammar_matchers().warm()
+    except InvalidRequestError:  # the sim executor, or a tokenizer the library cannot take (refused per request)
+        return
 
 
 async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[int, Link], Link | None]:
@@ -217,6 +231,7 @@ async def start_rank(cfg: RankConfig, handshake: Link, *, local_handshake: Link 
                     await link.send(m.HandshakeError(reason=str(exc)))
         raise StartupError(f"rank {cfg.dp_rank}: {exc}") from None
     _log_core(cfg, core, time.monotonic() - building_since)
+    await anyio.to_thread.run_sync(_warm_grammars, core, limiter=limiter, abandon_on_cancel=True)
     try:
         clients, coordinator = await _connect_peers(cfg, init)
         ready = _ready(cfg, core, local=local, headless=headless)  # the summary reads the checkpoint: once

@@ -63,7 +63,7 @@ async def test_openapi_document_covers_every_route_with_bodies_ranges_and_errors
     schemas = doc["components"]["schemas"]
     n = schemas["CompletionRequest"]["properties"]["n"]
     assert {"type": "integer", "minimum": 1, "maximum": 128} in n["anyOf"]
-    assert schemas["ChatRequest"]["properties"]["tools"]["enum"] == [None, []]
+    assert schemas["CompletionRequest"]["properties"]["tools"]["enum"] == [None, []]  # chat: asyncdp.api.tool_calls
     formats = str(schemas["ChatRequest"]["properties"]["response_format"])
     assert all(name in formats for name in ("TextFormat", "JsonObjectFormat", "JsonSchemaFormat"))
     assert "prompt" in schemas["CompletionRequest"]["required"]

@@ -1,0 +1,179 @@
+"""Tool calling without a tool-call parser, as vLLM serves it without ``--enable-auto-tool-choice``.
+
+A model's free text never becomes ``tool_calls`` here (that needs a parser per model family), but the three tool
+choices that need no parser are served as vLLM serves them:
+
+- ``tool_choice: "none"`` with ``tools``: the tools reach the chat template (``tools=``, as vLLM passes them by
+  default), and the answer is text.
+- a named function, ``{"type": "function", "function": {"name": F}}``: the output is constrained to F's
+  ``parameters`` schema (``{"type": "object", "properties": {}}`` when it has none); the answer is one tool call
+  of F whose ``arguments`` is the generated JSON, with ``content: ""`` and the finish reason as generated.
+- ``"required"``: the output is constrained to a JSON array of ``{"name", "parameters"}`` objects, one tool each
+  (at least one item; at most one with ``parallel_tool_calls: false``), turned into tool calls, with
+  ``finish_reason: "tool_calls"``. A ``$defs`` inside a tool's parameters is hoisted to the array's root, where
+  its ``#/$defs/...`` references resolve.
+
+``"auto"`` with tools (and tools without a ``tool_choice``, which means ``"auto"``) needs the parser: a 400, as
+in vLLM without ``--enable-auto-tool-choice``. ``"auto"`` and ``"none"`` without tools ask for nothing. A tool
+choice that constrains the output cannot be combined with another structured-output constraint or ``echo``.
+
+Streaming: a named function's text is sent as it comes, as the ``arguments`` of one tool-call delta per chunk
+(the first carrying the call's ``id``, ``type`` and ``name``); ``"required"`` holds the text back until the
+choice ends, since the array is only known to be complete then, and sends every call in one delta.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from asyncdp.api.schemas import ChatRequest, NamedToolChoice, ToolDefinition
+from asyncdp.errors import HTTPError, InvalidSamplingParams
+from asyncdp.sampling_params.structured import StructuredOutputs, check_schema_depth
+
+_EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """What a chat request's ``tools`` and ``tool_choice`` ask for."""
+
+    template_tools: list[dict[str, Any]] | None  # for the chat template's ``tools``
+    function: str | None = None  # a named tool choice
+    required: bool = False
+    constraint: StructuredOutputs | None = None  # None for "none": the answer is text
+
+    @property
+    def calls(self) -> bool:
+        """Whether the answer is tool calls rather than text."""
+        return self.constraint is not None
+
+
+def tool_use(req: ChatRequest) -> ToolUse | None:
+    """The request's tool use, checked; None when it has no tools and asks for none."""
+    tools = req.tools or []
+    choice = req.tool_choice
+    if not tools and (choice is None or choice in ("none", "auto")):
+        return None
+    if not tools:
+        raise HTTPError(400, "tool_choice needs tools: give the functions it may call in tools (with no tool-call "
+                             'parser, this server serves tools with tool_choice "none", "required" or a named '
+                             "function).", param="tool_choice")
+    dicts = template_tools(tools)
+    if choice == "none":
+        return ToolUse(dicts)
+    if choice is None or choice == "auto":
+        raise HTTPError(400, 'tools with tool_choice "auto" (the default with tools) are not supported by this '
+                             "server: it has no tool-call parser to find tool calls in free text. Set tool_choice to "
+                             '"none", "required" or a named function.', param="tools")
+    if isinstance(choice, NamedToolChoice):
+        by_name = {t.function.name: t for t in tools}
+        if choice.function.name not in by_name:
+            raise HTTPError(400, f"tool_choice names the function {choice.function.name!r}, which is not in tools.",
+                            param="tool_choice.function.name")
+        schema = by_name[choice.function.name].function.parameters or _EMPTY_PARAMETERS
+        return ToolUse(dicts, function=choice.function.name, constraint=_compiled(schema))
+    items: list[dict[str, Any]] = []
+    defs: dict[str, Any] = {}
+    for i, t in enumerate(tools):
+        params = dict(t.function.parameters or _EMPTY_PARAMETERS)
+        tool_defs = params.pop("$defs", None) or {}
+        if not isinstance(tool_defs, dict):
+            raise HTTPError(400, "tools: $defs must be an object of JSON schemas.", param=f"tools[{i}].function.parameters")
+        for name, definition in tool_defs.items():
+            if name in defs and defs[name] != definition:
+                raise HTTPError(400, f"tools define $defs {name!r} twice, differently; a required tool choice "
+                                     "puts every tool's $defs in one schema.", param=f"tools[{i}].function.parameters")
+            defs[name] = definition
+        items.append({"properties": {"name": {"type": "string", "enum": [t.function.name]}, "parameters": params},
+                      "required": ["name", "parameters"]})
+    schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": items}}
+    if req.parallel_tool_calls is False:
+        schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
+    return ToolUse(dicts, required=True, constraint=_compiled(schema))
+
+
+def template_tools(tools: list[ToolDefinition]) -> list[dict[str, Any]]:
+    """The tools as the chat template gets them: OpenAI's shape, the fields given."""
+    return [{"type": "function", "function": {k: v for k, v in (
+        ("name", t.function.name), ("description", t.function.description), ("parameters", t.function.parameters),
+        ("strict", t.function.strict)) if v is not None}} for t in tools]
+
+
+def _compiled(schema: dict[str, Any]) -> StructuredOutputs:
+    """The constraint for ``schema``, compiled now: a schema the grammar library refuses is a 400 naming tools."""
+    try:
+        check_schema_depth(schema, "tools")
+        constraint = StructuredOutputs(json_schema=json.dumps(schema), param="tool_choice")
+        constraint.validate()
+    except InvalidSamplingParams as exc:
+        raise HTTPError(400, f"tools: the functions' parameters cannot be used as a grammar: {exc}",
+                        param="tools") from None
+    return constraint
+
+
+def call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+def _call(name: str, arguments: str, call: str | None = None) -> dict[str, Any]:
+    return {"id": call or call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def required_calls(text: str) -> list[dict[str, Any]] | None:
+    """The tool calls of a ``"required"`` answer, or None when the text is not a complete array of calls (cut
+    short by ``max_tokens`` or a stop string)."""
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(parsed, list) or not all(
+            isinstance(x, dict) and isinstance(x.get("name"), str) and "parameters" in x for x in parsed):
+        return None
+    return [_call(x["name"], json.dumps(x["parameters"], ensure_ascii=False)) for x in parsed]
+
+
+def answer(use: ToolUse, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    """A whole answer's message and finish reason. A ``"required"`` answer that is not a complete array of calls
+    (cut short) comes back as text, with its finish reason."""
+    if use.function is not None:
+        return {"role": "assistant", "content": "", "tool_calls": [_call(use.function, text)]}, finish_reason
+    calls = required_calls(text)
+    if calls is None:
+        return {"role": "assistant", "content": text}, finish_reason
+    return {"role": "assistant", "content": "", "tool_calls": calls}, (
+        "tool_calls" if finish_reason == "stop" else finish_reason)
+
+
+class StreamedCalls:
+    """One choice's tool calls, streamed: the deltas to send for each piece of text (see the module doc)."""
+
+    def __init__(self, use: ToolUse) -> None:
+        self._use = use
+        self._id: str | None = None  # a named function's call, once its first delta went out
+        self._held: list[str] = []  # "required": the text so far
+
+    def delta(self, new_text: str, finished: bool, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The delta for ``new_text`` (maybe empty), and the finish reason to send with it when ``finished``."""
+        if self._use.function is not None:
+            if not new_text:
+                return {}, finish_reason
+            if self._id is None:
+                self._id = call_id()
+                call = {"index": 0, **_call(self._use.function, new_text, self._id)}
+            else:
+                call = {"index": 0, "function": {"arguments": new_text}}
+            return {"tool_calls": [call]}, finish_reason
+        self._held.append(new_text)
+        if not finished:
+            return {}, None
+        text = "".join(self._held)
+        calls = required_calls(text)
+        if calls is None:
+            return ({"content": text} if text else {}), finish_reason
+        return ({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]},
+                "tool_calls" if finish_reason == "stop" else finish_reason)
