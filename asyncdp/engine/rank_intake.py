@@ -68,9 +68,9 @@ class RankIntake:
         if refusal is not None:
             rank.reports.reject(msg, refusal, "unavailable")
             return
-        try:
+        try:  # the API server validated the params (asyncdp.api.params) before it sent them: not again here
             rank.core.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params,
-                                  arrival_time=msg.arrival_time, client_index=msg.client_index)
+                                  arrival_time=msg.arrival_time, client_index=msg.client_index, validated=True)
         except InvalidRequestError as exc:
             rank.reports.reject(msg, str(exc), "invalid_request", field=exc.field)
             return
