@@ -19,8 +19,8 @@ Semantics kept from anyio's socket streams: ``receive`` returns between 1 and ``
 broke, ``ClosedResourceError`` after ``aclose`` (a receive waiting in another task wakes up with it); a receive
 cancelled while waiting loses nothing. ``send`` hands the whole item to the kernel before it returns (the
 transport's write buffer has a high-water mark of 0, as anyio sets it for TCP): a send cancelled while the kernel's
-buffer is full leaves the item queued whole, so a cancelled send never cuts a frame. As anyio's TCP stream does,
-``send`` raises a pending cancellation before writing and yields once after, shielded. ``aclose`` aborts the
+buffer is full leaves the item queued whole, so a cancelled send never cuts a frame. As anyio's Unix socket stream
+does, ``send`` is a scheduling point before it writes (a cancellation there sends nothing). ``aclose`` aborts the
 transport. Extra attributes are the socket's (``SocketAttribute``).
 """
 
@@ -160,24 +160,19 @@ class LinkSocketStream(anyio.abc.SocketStream):
             raise anyio.EndOfStream
 
     async def send(self, item: bytes) -> None:
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        await anyio.lowlevel.checkpoint()  # first, as anyio's Unix socket stream: a cancelled send wrote nothing
         self._check_sendable()
         protocol = self._protocol
         self._transport.write(item)
-        if protocol.writing_paused:  # the kernel's buffer is full: wait until the transport has handed it all on
-            while protocol.writing_paused and not protocol.lost:
-                if protocol.write_waiter is not None and not protocol.write_waiter.done():
-                    raise anyio.BusyResourceError("writing to")
-                waiter = protocol.write_waiter = asyncio.get_running_loop().create_future()
-                await waiter
-            if self._closed:
-                raise anyio.ClosedResourceError
-            if protocol.lost:
-                raise anyio.BrokenResourceError from protocol.exception
-        else:
-            if self._transport.is_closing():  # the write failed: the transport is closing itself
-                raise anyio.BrokenResourceError from protocol.exception
-            await anyio.lowlevel.cancel_shielded_checkpoint()
+        while protocol.writing_paused and not protocol.lost:  # the kernel's buffer is full: until it took it all
+            if protocol.write_waiter is not None and not protocol.write_waiter.done():
+                raise anyio.BusyResourceError("writing to")
+            waiter = protocol.write_waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if protocol.lost or self._transport.is_closing():  # the write failed: the transport is closing itself
+            raise anyio.BrokenResourceError from protocol.exception
 
     def _check_sendable(self) -> None:
         if self._closed:
