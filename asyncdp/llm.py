@@ -138,7 +138,7 @@ class LLM:
                     sub = params if params.n == 1 else _child_params(params, k)
                     sub_id = rid if params.n == 1 else f"{rid}_{k}"
                     added.append(sub_id)  # first: an interrupt inside add_request may leave it added
-                    core.add_request(sub_id, token_ids, sub)
+                    core.add_request(sub_id, token_ids, sub, validated=True)  # validated once, above
                     completion = CompletionOutput(index=k, text="", token_ids=[])
                     result.outputs.append(completion)
                     children[sub_id] = (completion, result)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,7 +39,10 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from asyncdp.api.metric_values import EngineSeries, FastCounter, FastHistogram, set_at
 from asyncdp.config.flags import prometheus_multiproc_dir
+
+_Histogram = FastHistogram  # (its name before it moved)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -77,7 +79,8 @@ class Metrics:
         # Metrics register into a private registry: several Metrics objects may live in one process (tests).
         self._registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[int, int | str, tuple[str, ...]], Any] = {}
-        self._series: dict[int | str, _EngineSeries] = {}  # per engine: its children by attribute (see _s)
+        self._series: dict[int | str, EngineSeries] = {}  # per engine: its children by attribute (see _s)
+        self._success: dict[tuple[int | str, str], Any] = {}  # request_success's children, as FastCounter
         self._newest_at: dict[int | str, float] = {}  # per engine: the engine time of the newest state written
         r = self._registry
 
@@ -162,11 +165,11 @@ class Metrics:
             child = self._children[key] = metric.labels(self.model_name, str(engine), *extra)
         return child
 
-    def _s(self, engine: int | str) -> _EngineSeries:
+    def _s(self, engine: int | str) -> EngineSeries:
         """``engine``'s children without extra labels, by attribute: one lookup per call, not one per series."""
         series = self._series.get(engine)
         if series is None:
-            series = self._series[engine] = _EngineSeries(self, engine)
+            series = self._series[engine] = EngineSeries(self, engine)
         return series
 
     # ------------------------------------------------------------------ requests
@@ -204,7 +207,11 @@ class Metrics:
         scheduled to first token, when known; the running phase is prefill plus decode; ``max_tokens``: the
         request's limit, as vLLM resolves it). A request refused at admission, or one whose caller left, is not
         counted here (vLLM's ``request_success`` does not count them)."""
-        self._c(self.request_success, engine, finished_reason).inc()
+        success = self._success.get((engine, finished_reason))
+        if success is None:
+            child = self._c(self.request_success, engine, finished_reason)
+            success = self._success[(engine, finished_reason)] = FastCounter.of(child)
+        success.inc()
         s = self._s(engine)
         if max_tokens:
             s.request_params_max_tokens.observe(max_tokens)
@@ -232,9 +239,9 @@ class Metrics:
         """The rank's state as of ``at``: the engine's clock, stamped on the report (None: now, on this clock)."""
         at = self._state_time(engine, at)
         s = self._s(engine)
-        _set_at(s.num_requests_running, running, at)
-        _set_at(s.num_requests_waiting, waiting, at)
-        _set_at(s.kv_cache_usage_perc, kv_usage, at)
+        set_at(s.num_requests_running, running, at)
+        set_at(s.num_requests_waiting, waiting, at)
+        set_at(s.kv_cache_usage_perc, kv_usage, at)
 
     def _state_time(self, engine: int | str, at: float | None) -> float:
         if at is None:
@@ -316,8 +323,8 @@ class Metrics:
     def set_wave(self, engine: int | str, wave: int, running: bool, at: float | None = None) -> None:
         """The rank's wave as of ``at``, as in :meth:`set_engine_state`."""
         at = self._state_time(engine, at)
-        _set_at(self._c(self.dp_wave, engine), wave, at)
-        _set_at(self._c(self.dp_running, engine), 1 if running else 0, at)
+        set_at(self._c(self.dp_wave, engine), wave, at)
+        set_at(self._c(self.dp_running, engine), 1 if running else 0, at)
 
     def inc_waves_completed(self, engine: int | str, n: int = 1) -> None:
         self._c(self.dp_waves_completed, engine).inc(n)
@@ -335,55 +342,6 @@ class Metrics:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=self.multiproc_dir)
         return generate_latest(registry)
-
-
-class _EngineSeries:
-    """``series.X`` is ``metrics.X``'s child for one engine, made on first use (through ``Metrics._c``: a series
-    shows on ``/metrics`` once made, as before), then a plain attribute; a histogram's as :class:`_Histogram`."""
-
-    def __init__(self, metrics: Metrics, engine: int | str) -> None:
-        self._metrics = metrics
-        self._engine = engine
-
-    def __getattr__(self, name: str) -> Any:  # only for a series not made yet
-        metric = getattr(self._metrics, name)
-        child = self._metrics._c(metric, self._engine)
-        value = _Histogram.of(child) if isinstance(metric, Histogram) else child
-        setattr(self, name, value)
-        return value
-
-
-class _Histogram:
-    """A histogram child's ``observe`` as prometheus_client's (the sum, then the first bucket whose bound is at
-    least the amount; none for NaN), bisecting instead of scanning the buckets and without the per-call checks
-    that a labelled child without exemplars always passes: a third less CPU, and a request makes a dozen."""
-
-    __slots__ = ("_sum", "_buckets", "_bounds")
-
-    def __init__(self, sum_value: Any, buckets: list[Any], bounds: list[float]) -> None:
-        self._sum, self._buckets, self._bounds = sum_value, buckets, bounds
-
-    @staticmethod
-    def of(child: Any) -> Any:
-        """A fast observer of ``child``; ``child`` itself where prometheus_client's internals are not as expected."""
-        try:
-            sum_value, buckets, bounds = child._sum, child._buckets, list(child._upper_bounds)
-        except AttributeError:
-            return child
-        ok = len(buckets) == len(bounds) and bounds == sorted(bounds) and bounds[-1] == math.inf
-        return _Histogram(sum_value, buckets, bounds) if ok else child
-
-    def observe(self, amount: float) -> None:
-        self._sum.inc(amount)
-        if amount == amount:  # not NaN
-            self._buckets[bisect_left(self._bounds, amount)].inc(1)
-
-
-def _set_at(gauge: Any, value: float, at: float) -> None:
-    """Set a "mostrecent" gauge child with the timestamp ``at`` instead of the time of the call, which
-    ``Gauge.set`` would take: multiprocess mode shows the value with the newest timestamp over all processes.
-    (``_value`` is prometheus_client's value object; its ``set`` takes the timestamp, a private seam since 0.17.)"""
-    gauge._value.set(float(value), timestamp=at)
 
 
 def _multiprocess_values_enabled() -> bool:

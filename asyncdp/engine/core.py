@@ -127,8 +127,11 @@ class EngineCore:
         *,
         arrival_time: float | None = None,
         client_index: int = 0,
+        validated: bool = False,
     ) -> None:
-        params.validate()
+        """``validated``: the caller ran ``params.validate()`` already (the API server, for a rank's requests)."""
+        if not validated:
+            params.validate()
         n = len(prompt_token_ids)
         if n == 0:
             raise InvalidRequestError("The prompt must contain at least one token.", field="prompt")  # not too long

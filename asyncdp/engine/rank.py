@@ -273,11 +273,14 @@ class EngineRank:
         if self.state.shutting_down and self._shutdown_deadline is not None and not self.state.drain_expired:
             deadline = self._shutdown_deadline
         item = None
-        if deadline == math.inf:  # the common case: no scope to build and tear down per wait
-            item = await self._inbox.receive()
-        else:
-            with anyio.CancelScope(deadline=deadline):
+        try:  # one already there: taken without the receive's scheduling point (the turn's step, or the next
+            item = self._inbox.receive_nowait()  # wait, has one)
+        except anyio.WouldBlock:
+            if deadline == math.inf:  # the common case: no scope to build and tear down per wait
                 item = await self._inbox.receive()
+            else:
+                with anyio.CancelScope(deadline=deadline):
+                    item = await self._inbox.receive()
         if item is not None:
             await self._handle(item)
 

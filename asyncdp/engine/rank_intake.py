@@ -75,7 +75,7 @@ class RankIntake:
             rank.reports.reject(msg, refusal, "unavailable")
             return
         structured = msg.sampling_params.structured
-        try:
+        try:  # the API server validated the params (asyncdp.api.params) before it sent them: not again here
             if structured is not None and not rank.inline_step:
                 # Compiling a large grammar takes a while (0.65 s for 200 tools' schemas): off the event loop, which
                 # must keep sending heartbeats; under the step limiter, so no step runs meanwhile.
@@ -83,7 +83,7 @@ class RankIntake:
                 await anyio.to_thread.run_sync(matchers.prepare, structured, limiter=rank.limiter,
                                                abandon_on_cancel=True)
             rank.core.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params,
-                                  arrival_time=msg.arrival_time, client_index=msg.client_index)
+                                  arrival_time=msg.arrival_time, client_index=msg.client_index, validated=True)
         except InvalidRequestError as exc:
             rank.reports.reject(msg, str(exc), "invalid_request", field=exc.field)
             return

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Protocol
@@ -93,15 +94,50 @@ class LinkOwner(Protocol):
 
 
 class _ClientOutbox:
-    """One client's bounded outbox, drained by its writer task; ``cut`` ends both at once."""
+    """One client's bounded outbox, drained by its writer task; ``cut`` ends both at once. A deque and an event
+    the writer waits on when it finds the deque empty, not a memory object stream: an outbox has one producer,
+    the busy loop, which never waits for it, and one consumer; the stream's receive cost a scheduling point, an
+    event, a receiver object and a cancellation check per message (about 7 µs on asyncio), twice per request."""
 
     def __init__(self, client_index: int, size: int) -> None:
         self.client_index = client_index
         self.size = size
-        self.send, self.recv = anyio.create_memory_object_stream[m.Message](size)
+        self._items: deque[m.Message] = deque()
+        self._closed = False  # nothing more is queued: the writer sends what is there, then ends
+        self._wakeup: anyio.Event | None = None  # the writer waits on it for the next item
         self.flushed = anyio.Event()
         self.scope = anyio.CancelScope()
         self.cut_reason: str | None = None
+
+    def put_nowait(self, msg: m.Message) -> bool:
+        """Queue ``msg``; False when the outbox is full. A closed outbox takes nothing (and is not full)."""
+        if self._closed:
+            return True
+        if len(self._items) >= self.size:
+            return False
+        self._items.append(msg)
+        self._wake()
+        return True
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set()
+
+    async def get(self) -> m.Message | None:
+        """The next message (at once when one is queued), or None once the outbox is closed and empty."""
+        items = self._items
+        while not items:
+            if self._closed:
+                return None
+            wakeup = self._wakeup = anyio.Event()
+            await wakeup.wait()
+        return items.popleft()
 
 
 class RankLinks:
@@ -184,13 +220,13 @@ class RankLinks:
     async def _write_link(self, link: Link, box: _ClientOutbox) -> None:
         try:
             with box.scope:
-                async with box.recv:
-                    async for msg in box.recv:
-                        try:
-                            await link.send(msg)
-                        except LINK_ERRORS:
-                            return  # the client is gone
+                while (msg := await box.get()) is not None:
+                    try:
+                        await link.send(msg)
+                    except LINK_ERRORS:
+                        return  # the client is gone
         finally:
+            box.close()  # what the loop posts from now on goes nowhere
             if box.cut_reason is not None:
                 await self._close_cut_link(link, box.cut_reason)
             box.flushed.set()
@@ -209,13 +245,9 @@ class RankLinks:
         box = self._outboxes.get(client_index)
         if box is None or box.cut_reason is not None:
             return
-        try:
-            box.send.send_nowait(msg)
-        except anyio.WouldBlock:
+        if not box.put_nowait(msg):
             self.cut_client(client_index, f"the outbox to client {client_index} is full ({box.size} messages: "
                                           f"the client stopped reading); rank {self.dp_rank} cut its link")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
 
     def cut_client(self, client_index: int, reason: str) -> None:
         """End one client's link now (idempotent): its writer stops, notifies and closes the link."""
@@ -224,7 +256,7 @@ class RankLinks:
             return
         box.cut_reason = reason
         log.warning("rank %d: %s", self.dp_rank, box.cut_reason)
-        box.send.close()
+        box.close()
         box.scope.cancel()
 
     def live_stats_client(self) -> int | None:
@@ -238,7 +270,7 @@ class RankLinks:
 
     def close(self) -> None:
         for box in self._outboxes.values():
-            box.send.close()
+            box.close()
 
     async def flush(self, timeout_s: float = EOF_FLUSH_S) -> None:
         """Close every outbox and wait until the writers have sent what was queued (bounded)."""

@@ -141,8 +141,10 @@ class SimCluster:
 
     async def complete(self, client_index: int, prompt_token_ids: list[int], params: SamplingParams, *,
                        request_id: str | None = None) -> list[m.RequestOutput]:
-        """Send one request through client ``client_index`` and return all its output deltas."""
+        """Send one request through client ``client_index`` and return all its output deltas. ``params`` are
+        validated here, as the HTTP layer does: a rank trusts what a client sends (``InvalidSamplingParams``)."""
         check_index("client_index", client_index, self.num_clients)
+        params.validate()
         rid = request_id if request_id is not None else self.next_request_id(client_index)
         async with aclosing(self.clients[client_index].generate(rid, list(prompt_token_ids), params)) as gen:
             return [out async for out in gen]
@@ -166,6 +168,12 @@ class SimCluster:
         results: dict[str, list[m.RequestOutput] | Exception] = {}
 
         async def one(req: SimRequest, rid: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+            try:
+                req.params.validate()  # as the HTTP layer does: a rank trusts what a client sends
+            except AsyncDPError as exc:
+                results[rid] = exc
+                task_status.started()
+                return
             gen = self.clients[req.client_index].generate(rid, list(req.prompt_token_ids), req.params)
             outs: list[m.RequestOutput] = []
             # started() first: this task runs on, without yielding, into generate() until the request is

@@ -32,6 +32,7 @@ from asyncdp.transport.links import (
     frame_bytes,
     remote_of,
 )
+from asyncdp.transport.socket_stream import link_byte_stream
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +59,15 @@ async def connect(addr: str, *, name: str | None = None, secret: bytes | None = 
         stream: anyio.abc.ByteStream = await anyio.connect_unix(where)
     else:
         stream = await anyio.connect_tcp(where, port)
-    if secret is None:
-        return StreamLink(stream, name=name or addr)
-    buffered = BufferedByteStream(stream)
     try:
+        if secret is None:
+            return StreamLink(await link_byte_stream(stream), name=name or addr)
+        buffered = BufferedByteStream(stream)
         await link_auth.prove(buffered, secret, addr)
+        return StreamLink(await link_byte_stream(buffered), name=name or addr)
     except BaseException:
         await _close(stream)
         raise
-    return StreamLink(buffered, name=name or addr)
 
 
 async def accept_link(stream: anyio.abc.ByteStream, *, name: str = "peer", secret: bytes | None = None,
@@ -75,13 +76,19 @@ async def accept_link(stream: anyio.abc.ByteStream, *, name: str = "peer", secre
     ``secret``: once the peer proved it holds it (:func:`asyncdp.transport.link_auth.verify`); else None, the
     connection closed and the refusal logged through ``refusals`` (the listener's), nothing it sent decoded."""
     if secret is None:
-        return StreamLink(stream, name=name, max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES)
+        try:
+            return StreamLink(await link_byte_stream(stream), name=name,
+                              max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES)
+        except BaseException:
+            await _close(stream)
+            raise
     remote = remote_of(stream)  # now: a peer that reset its connection has no address any more
     buffered = BufferedByteStream(stream)
     try:
         refusal = await link_auth.verify(buffered, secret)
         if refusal is None:
-            return StreamLink(buffered, name=name, max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES)
+            return StreamLink(await link_byte_stream(buffered), name=name,
+                              max_first_frame_bytes=ACCEPTED_FIRST_FRAME_MAX_BYTES)
         (refusals or link_auth.RefusalLog(name)).note(remote, refusal)
         if refusal.plain_frame:  # an asyncdp peer without a secret: it reads why (the one message every version does)
             await _tell(buffered, messages.HandshakeError(
