@@ -5,9 +5,10 @@ Each answers 200 while the node is ready and not shutting down, else 503; there 
 app asks ``is_serving()`` on every request, so a signal turns the answers to 503 at once while the port stays
 open (the children are still draining). It runs on Quart (``QuartTrio`` under trio) behind Hypercorn through
 :func:`asyncdp.api.serve.serve_http`, on a socket bound here first by :func:`listen_socket`: a busy port is a
-:class:`~asyncdp.errors.StartupError` that names it. The port is bound only once every child is ready (before
-that a connection is refused), which is the lifecycle's business (:mod:`asyncdp.supervisor.process`), not this
-module's. :func:`ensure_port_free` checks a port without keeping it (the supervisor's, before any child starts).
+:class:`~asyncdp.errors.StartupError` that names it. The supervisor binds its port before any child starts
+(:func:`reserve_port`: held, but a connection is refused as to a closed port) and listens on it only once every
+child is ready (:func:`start_listening`), which is the lifecycle's business (:mod:`asyncdp.supervisor.process`),
+not this module's. :func:`ensure_port_free` checks a port without keeping it (each child's, before it starts).
 """
 
 from __future__ import annotations
@@ -72,18 +73,37 @@ def _shown(host: str | None, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def listen_socket(host: str | None, port: int, *, what: str) -> socket.socket:
-    """Bind and listen on ``host`` (None: all interfaces) and ``port``; StartupError naming ``what`` and the
-    port if that fails."""
+def reserve_port(host: str | None, port: int, *, what: str) -> socket.socket:
+    """Bind ``host`` (None: all interfaces) and ``port`` without listening: the port is the caller's (no port-0
+    bind and no outgoing connection on the machine is given it), yet a connection to it is refused, as to a
+    closed port. :func:`start_listening` opens it. StartupError naming ``what`` and the port if the bind fails."""
     bind_host = host or "0.0.0.0"
     sock = socket.socket(_family(bind_host), socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bind_host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {what} {_shown(host, port)}: {exc.strerror or exc}") from None
+    return sock
+
+
+def start_listening(sock: socket.socket, *, what: str) -> None:
+    """Listen on a socket :func:`reserve_port` bound; StartupError naming ``what`` and the port if that fails
+    (another program bound the same port with ``SO_REUSEADDR`` and listened first). The socket is closed then."""
+    host, port = sock.getsockname()[:2]
+    try:
         sock.listen(128)
     except OSError as exc:
         sock.close()
         raise StartupError(f"cannot listen on {what} {_shown(host, port)}: {exc.strerror or exc}") from None
+
+
+def listen_socket(host: str | None, port: int, *, what: str) -> socket.socket:
+    """Bind and listen on ``host`` (None: all interfaces) and ``port``; StartupError naming ``what`` and the
+    port if that fails."""
+    sock = reserve_port(host, port, what=what)
+    start_listening(sock, what=what)
     return sock
 
 

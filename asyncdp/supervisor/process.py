@@ -6,15 +6,17 @@ Theory of operation
 derives one ``asyncdp serve`` command per local rank (:mod:`.derive`) and runs :func:`supervise`, which owns the
 lifecycle and takes its commands from outside (tests give it mock children):
 
-1. Check that the supervisor port and every child port can be bound (a busy port fails before anything starts,
-   naming the port; exit 1). Install the SIGTERM/SIGINT watcher: a signal clears ``ready``, sets ``shutdown``
+1. Bind the supervisor port without listening (it is held from now on: no port-0 bind or outgoing connection
+   on the machine is given it during a start-up of minutes, yet a connection is refused as to a closed port) and
+   check that every child port can be bound (a busy port fails before anything starts, naming the port; exit 1).
+   Install the SIGTERM/SIGINT watcher: a signal clears ``ready``, sets ``shutdown``
    and is remembered.
 2. Spawn the children (:mod:`.children`), one watcher task per child, and the prober (:mod:`.probe`): rounds
    ``--dp-supervisor-probe-interval-s`` apart probe every child's ``/health`` concurrently. All healthy ->
    ``ready``. Before ready a failure only keeps polling.
-3. Once ready (and not shutting down), bind the supervisor port and serve ``/health``, ``/ready``, ``/readyz``
-   (:mod:`.health_server`): 200 while ready and not shutting down, else 503. Before this the port is closed.
-   A bind or server failure starts shutdown.
+3. Once ready (and not shutting down), listen on the supervisor port and serve ``/health``, ``/ready``,
+   ``/readyz`` (:mod:`.health_server`): 200 while ready and not shutting down, else 503. Before this the port
+   is closed. A listen or server failure starts shutdown.
 4. Shutdown starts on a signal, on any child's exit (the watcher sees it at once, through a pidfd: the spec's
    per-interval monitor, event-driven), on a child unhealthy after ready, or on a server failure. Then:
    ``ready`` is cleared (503 at once; the port stays open), the remembered signal (default SIGTERM) goes to every
@@ -33,6 +35,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 from collections.abc import Sequence
 
 import anyio
@@ -44,7 +47,13 @@ from asyncdp.config.deployment import ResolvedServeConfig
 from asyncdp.errors import StartupError
 from asyncdp.supervisor.children import SupervisedChild, describe_exit
 from asyncdp.supervisor.derive import ChildCommand, ResolveArgs, check_child_commands, child_commands
-from asyncdp.supervisor.health_server import create_health_app, ensure_port_free, listen_socket, serve_health
+from asyncdp.supervisor.health_server import (
+    create_health_app,
+    ensure_port_free,
+    reserve_port,
+    serve_health,
+    start_listening,
+)
 from asyncdp.supervisor.probe import ProbeTarget, attempts_per_probe, judge_round, probe_host, probe_round
 from asyncdp.supervisor.settings import SupervisorSettings
 from asyncdp.transport.link_auth import unauthenticated_warning
@@ -67,8 +76,9 @@ def exit_status(*, failed: bool, signalled: bool, killed: bool, child_codes: Seq
 class Supervision:
     """The state every task of :func:`supervise` shares. ``shutdown`` is the one event they all end on."""
 
-    def __init__(self, settings: SupervisorSettings) -> None:
+    def __init__(self, settings: SupervisorSettings, port: socket.socket) -> None:
         self.settings = settings
+        self.port = port  # the supervisor port, bound (reserved) from the start; it listens once ready
         self.children: list[SupervisedChild] = []
         self.ready = False
         self.became_ready = anyio.Event()
@@ -173,10 +183,12 @@ async def _monitor_prober(sup: Supervision) -> None:
 
 
 async def _run_http(sup: Supervision) -> None:
-    """Bind the supervisor port now (every child is ready) and serve it until the end; a failure shuts down."""
+    """Listen on the supervisor port now (every child is ready) and serve it until the end; a failure shuts
+    down."""
     s = sup.settings
+    sock = sup.port
     try:
-        sock = listen_socket(s.host, s.supervisor_port, what=SUPERVISOR_PORT)
+        start_listening(sock, what=SUPERVISOR_PORT)
     except StartupError as exc:
         sup.start_shutdown(failure=str(exc))
         return
@@ -217,13 +229,20 @@ async def _stop_children(sup: Supervision) -> None:
 async def supervise(commands: Sequence[ChildCommand], settings: SupervisorSettings) -> int:
     """Run the children of ``commands`` under the lifecycle of §11.3; return the exit status."""
     try:
-        ensure_port_free(settings.host, settings.supervisor_port, what=SUPERVISOR_PORT)
-        for command in commands:
-            ensure_port_free(settings.host, command.port, what=f"the port of {command.describe()}")
+        # Held from now on, so that nothing else on the machine is given it while the children start (a port-0
+        # bind, an outgoing connection), yet closed to clients (connection refused) until every child is ready.
+        port = reserve_port(settings.host, settings.supervisor_port, what=SUPERVISOR_PORT)
     except StartupError as exc:
         log.error("%s; no child was started", exc)
         return 1
-    sup = Supervision(settings)
+    try:
+        for command in commands:
+            ensure_port_free(settings.host, command.port, what=f"the port of {command.describe()}")
+    except StartupError as exc:
+        port.close()
+        log.error("%s; no child was started", exc)
+        return 1
+    sup = Supervision(settings, port)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, sup)
@@ -242,6 +261,7 @@ async def supervise(commands: Sequence[ChildCommand], settings: SupervisorSettin
             sup.stop_http.set()
             tg.cancel_scope.cancel()
     finally:
+        port.close()  # (closed already if it served)
         sup.kill_all()  # only an exception leaves a child alive here
     code = exit_status(failed=sup.failure is not None, signalled=sup.signal is not None, killed=sup.killed,
                        child_codes=[c.returncode for c in sup.children])

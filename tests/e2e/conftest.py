@@ -179,6 +179,7 @@ class Server:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self.wait_gone(5.0)  # a killed process lets go of its run directory's lock only once it has exited
 
     def kill_all(self) -> None:
         """:meth:`kill_every_process`, then what the next launch on the machine would do: remove the run

@@ -4,7 +4,9 @@
 external-LB rank server per local rank (``asyncdp-api-dp0`` on P, ``asyncdp-api-dp1`` on P+1) and serves the
 aggregated health on S once every child is ready. The probe interval is 1 s, so a child's death is acted on
 within 5 s. Each test that ends its deployment starts its own; the processes are tracked from /proc as in
-:mod:`tests.e2e.conftest` (pid and start time), so "every child gone" is checked by pid, not by name.
+:mod:`tests.e2e.conftest` (pid and start time), so "every child gone" is checked by pid, not by name. Every
+port is picked free (the rpc port too, not the default 29550); a launch that lost the race for one of them is
+retried once on fresh ports.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import anyio
@@ -57,6 +59,8 @@ def titles(server: Server) -> dict[int, str]:
 
 def _start_supervisor(log_dir: Path, *args: str, dp: int = 2, start_rank: int = 0) -> tuple[Server, int]:
     port, sup = free_port_pair(), free_port()
+    if "-dpp" not in args:  # the rpc port on a port of its own, not the default 29550 another deployment may hold
+        args = ("-dpa", "127.0.0.1", "-dpp", str(free_port()), *args)
     server = launch(log_dir / f"supervisor-r{start_rank}-{port}.log", MOE, "-dp", str(dp), "-dpl", "2",
                     "-dpr", str(start_rank), "--data-parallel-multi-port-external-lb", "--port", str(port),
                     "--data-parallel-supervisor-port", str(sup), *PROBE_ARGS, *args, port=sup)
@@ -95,6 +99,24 @@ def supervisor(log_dir: Path, *args: str, dp: int = 2, start_rank: int = 0) -> I
             server.kill_all()
 
 
+@asynccontextmanager
+async def ready_supervisor(log_dir: Path) -> AsyncIterator[tuple[Server, int, list[int | str]]]:
+    """A supervisor whose node is ready: the server, its first child port and what its port answered before
+    (:func:`wait_ready`). The test picks the ports (bound on port 0 and closed) and the supervisor and its
+    children bind them a moment later: a launch that lost that race ("cannot listen ... in use" in the log) is
+    retried once on fresh ports, as :func:`tests.e2e.conftest.serve` does."""
+    for attempt in range(2):
+        with supervisor(log_dir) as (server, port):
+            try:
+                before = await wait_ready(server)
+            except pytest.fail.Exception:
+                if attempt == 0 and server.process.poll() is not None and PORT_RACE.search(server.log()):
+                    continue
+                raise
+            yield server, port, before
+            return
+
+
 async def _complete(base_url: str, prompt: str) -> dict:
     async with httpx.AsyncClient(base_url=base_url, timeout=60.0) as http:
         r = await http.post("/v1/completions", json={"model": MOE, "prompt": prompt, "max_tokens": 4})
@@ -104,8 +126,7 @@ async def _complete(base_url: str, prompt: str) -> dict:
 
 async def test_supervisor_port_is_closed_before_ready_200_after_and_503_within_1s_of_sigterm_then_exit_0(
         tmp_path: Path) -> None:
-    with supervisor(tmp_path) as (server, port):
-        before = await wait_ready(server)
+    async with ready_supervisor(tmp_path) as (server, port, before):
         assert before and set(before) == {"ConnectError"}, before  # closed while the children start, never 503
         async with httpx.AsyncClient(base_url=server.base_url, timeout=5.0) as http:
             for path in ("/health", "/ready", "/readyz"):
@@ -140,8 +161,7 @@ async def test_supervisor_port_is_closed_before_ready_200_after_and_503_within_1
 
 async def test_sigkill_of_a_child_api_server_makes_the_supervisor_exit_1_within_5s_with_every_child_gone(
         tmp_path: Path) -> None:
-    with supervisor(tmp_path) as (server, port):
-        await wait_ready(server)
+    async with ready_supervisor(tmp_path) as (server, port, _):
         async with httpx.AsyncClient(timeout=10.0) as http:
             info = (await http.get(f"http://127.0.0.1:{port + 1}/server_info")).json()
         assert info["mode"] == "external" and [r["dp_rank"] for r in info["managed_ranks"]] == [1]
