@@ -42,6 +42,7 @@ from asyncdp.errors import DPGroupAborted, DPGroupError, StartupError
 from asyncdp.messages import DPGroupInfo
 from asyncdp.model import rendezvous
 from asyncdp.model.gloo_interface import pin_gloo_interface
+from asyncdp.model.rendezvous import STORE_TIMEOUT_S, host_rendezvous_store
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ __all__ = ["DPContext", "DPGroupAborted", "DPGroupError", "DPProcessGroup", "Tor
 
 INIT_ATTEMPTS = 5  # spec E10
 INIT_RETRY_DELAY_S = 0.5
-STORE_TIMEOUT_S = 300.0
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 T = TypeVar("T")
 
@@ -58,11 +58,6 @@ T = TypeVar("T")
 def dp_backend(device_type: str) -> str:
     """The data-group backend for ``HandshakeInit.dp_group.backend``: NCCL on CUDA, gloo otherwise."""
     return "nccl" if device_type == "cuda" else "gloo"
-
-
-def host_rendezvous_store(host: str, *, timeout_s: float = STORE_TIMEOUT_S) -> tuple[dist.TCPStore, int]:
-    """The head's rendezvous store on ``host`` only, bound to port 0 (:mod:`asyncdp.model.rendezvous`)."""
-    return rendezvous.host_rendezvous_store(host, timeout_s=timeout_s)
 
 
 @dataclass(slots=True)

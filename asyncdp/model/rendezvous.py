@@ -45,6 +45,8 @@ import torch.distributed as dist
 from asyncdp.errors import StartupError
 from asyncdp.messages import DPGroupInfo
 
+STORE_TIMEOUT_S = 300.0  # how long a rank waits in the rendezvous for its peers
+
 __all__ = ["MAGIC", "RendezvousKeys", "SealedStore", "derive_keys", "host_rendezvous_store", "join_rendezvous_store",
            "seal", "store_key", "unseal"]
 
@@ -56,7 +58,7 @@ _NAME_PREFIX = "asyncdp/"
 _NAME_HEX = 32  # 128 bits
 
 
-def host_rendezvous_store(host: str, *, timeout_s: float) -> tuple[dist.TCPStore, int]:
+def host_rendezvous_store(host: str, *, timeout_s: float = STORE_TIMEOUT_S) -> tuple[dist.TCPStore, int]:
     """The head's rendezvous store on ``host`` only, bound to port 0; returns it and the port it really got.
 
     The head keeps the store alive for as long as the deployment runs (engines read addresses from it whenever
