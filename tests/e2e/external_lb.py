@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import BASE_ARGS, READY_TIMEOUT_S, ROOT, Server, free_port
+from tests.e2e.conftest import BASE_ARGS, MODEL, READY_TIMEOUT_S, ROOT, Server, free_port
 
 MOE = "builtin:tiny-moe"
 PORT_RACE = re.compile(r"cannot listen on .*in use|Address already in use")
@@ -132,3 +132,17 @@ async def _get_json(base_url: str, path: str) -> Any:
         r = await http.get(path, headers={"Connection": "close"})  # fresh connections reach every API process
         assert r.status_code == 200, r.text
         return r.json()
+
+
+@contextmanager
+def single_rank_endpoints(logs: Path, count: int, *args: str) -> Iterator[list[Server]]:
+    """``count`` single-rank ``asyncdp serve`` endpoints of ``MODEL`` (``args`` added), started together on free
+    ports; each one still running at the end is stopped with SIGTERM and must exit 0 with nothing left."""
+    servers = [launch(logs / f"endpoint{i}.log", MODEL, "--port", str(free_port()), *args) for i in range(count)]
+    try:
+        if not wait_all_healthy(servers):
+            pytest.fail("an endpoint exited before it was healthy\n" + "\n".join(s.log()[-3000:] for s in servers))
+        yield servers
+        stop_all([s for s in servers if s.process.poll() is None])
+    finally:
+        kill_all([s for s in servers if s.process.poll() is None or s.remaining()])

@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import MODEL, Server, free_port
-from tests.e2e.external_lb import kill_all, launch, stop_all, wait_all_healthy
+from tests.e2e.conftest import MODEL, Server
+from tests.e2e.external_lb import single_rank_endpoints
 from tests.e2e.metrics_text import per_engine, read_metrics, successes
 from tests.router.route_process import RouterProcess, route
 
@@ -47,15 +47,8 @@ class Cluster:
 def two_endpoints(logs: Path) -> Iterator[list[Server]]:
     """Two single-rank servers started together (they load at the same time); each one still running at the end
     is stopped with SIGTERM and must exit 0 with nothing left."""
-    servers = [launch(logs / f"endpoint{i}.log", MODEL, "--port", str(free_port()), "--api-key", KEY)
-               for i in range(2)]
-    try:
-        if not wait_all_healthy(servers):
-            pytest.fail("an endpoint exited before it was healthy\n" + "\n".join(s.log()[-3000:] for s in servers))
+    with single_rank_endpoints(logs, 2, "--api-key", KEY) as servers:
         yield servers
-        stop_all([s for s in servers if s.process.poll() is None])
-    finally:
-        kill_all([s for s in servers if s.process.poll() is None or s.remaining()])
 
 
 @pytest.fixture(scope="module")

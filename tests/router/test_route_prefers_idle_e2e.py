@@ -23,8 +23,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import MODEL, Server, free_port
-from tests.e2e.external_lb import kill_all, launch, stop_all, wait_all_healthy
+from tests.e2e.conftest import MODEL, Server
+from tests.e2e.external_lb import single_rank_endpoints
 from tests.e2e.metrics_text import successes
 from tests.router.upstream import routed
 
@@ -44,15 +44,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    logs = tmp_path_factory.mktemp("route-prefers-idle")
-    servers = [launch(logs / f"endpoint{i}.log", MODEL, "--port", str(free_port()), *SIM) for i in range(2)]
-    try:
-        if not wait_all_healthy(servers):
-            pytest.fail("an endpoint exited before it was healthy\n" + "\n".join(s.log()[-3000:] for s in servers))
+    with single_rank_endpoints(tmp_path_factory.mktemp("route-prefers-idle"), 2, *SIM) as servers:
         yield servers
-        stop_all([s for s in servers if s.process.poll() is None])
-    finally:
-        kill_all([s for s in servers if s.process.poll() is None or s.remaining()])
 
 
 async def queued(http: httpx.AsyncClient, server: Server) -> int:
