@@ -184,14 +184,21 @@ class Lockstep:
         return False
 
     def on_add_request(self, wave: int, scheduler_unpaused: bool | None = None) -> StartWaveRequest | None:
-        """Apply the wave stamp of an ``AddRequest``; returns a ``StartWaveRequest`` to send for a stale client."""
+        """Apply the wave stamp of an ``AddRequest``; returns the ``StartWaveRequest`` to send when the request
+        reached an idle group (not running, unpaused, no pause consensus), whatever its stamp.
+
+        A stale stamp (the client's wave already completed) is spec §8.4's restart. A current or newer one is
+        [ours]: the client's ``FirstRequest`` is best effort (it is lost while the client's coordinator link is
+        down, e.g. reconnecting after the coordinator dropped an API server whose event loop stalled), and without
+        a wake-up this rank would wait in its wave's first sync for peers that never come: the request hangs. When
+        the ``FirstRequest`` did arrive, the coordinator runs the wave already and ignores this one (§6.4)."""
         unpaused = self.pause_state is PauseState.UNPAUSED if scheduler_unpaused is None else scheduler_unpaused
         if self.group_left:
             return None
         if wave > self.current_wave:
             self.current_wave = wave
-        elif wave < self.current_wave and not self.engines_running and unpaused and not self.ignore_start_wave:
-            self.engines_running = True  # the client's wave already completed: restart the group
+        if not self.engines_running and unpaused and not self.ignore_start_wave:
+            self.engines_running = True  # wake the group: this rank's first forward syncs with every peer
             return StartWaveRequest(self.dp_rank, self.current_wave)
         return None
 

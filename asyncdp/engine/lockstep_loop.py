@@ -21,7 +21,9 @@ The resume barrier (a max all-reduce) only runs while the whole group is stopped
 pairs with the peers' resume barriers.
 
 Wave messages (§8.4): ``StartWave`` wakes this rank unless it is excluded, stale or paused; an ``AddRequest``
-stamped with an already-completed wave restarts the group through ``StartWaveRequest``. After every wave
+that reaches an idle, unpaused group wakes it through ``StartWaveRequest``, whatever its wave stamp (a stale one:
+the client's wave already completed; a current one: the client's ``FirstRequest`` may have been lost, see
+:meth:`~asyncdp.dp.lockstep.Lockstep.on_add_request`). After every wave
 transition the rank sends its scheduler stats (wave, running flag, dummy-step and wave counters) to client 0.
 
 Shutdown (§8.7): a draining rank keeps dummy-stepping while its peers have work. When the group is idle it wakes
@@ -279,7 +281,7 @@ class LockstepLoop:
         self.state.on_start_wave(msg.wave, msg.exclude_rank)
 
     async def on_add_request(self, msg: m.AddRequest) -> None:
-        """After the request is queued: apply its wave stamp; a stale stamp restarts the group."""
+        """After the request is queued: apply its wave stamp; a request reaching an idle group wakes it."""
         await self._request_wave(self.state.on_add_request(msg.wave, not self.rank.core.is_paused()))
 
     # ------------------------------------------------------------ two-phase pause (§8.6)

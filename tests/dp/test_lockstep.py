@@ -246,10 +246,10 @@ def test_stale_request_on_idle_rank_restarts_group():
     assert ls.on_add_request(4) is None  # already running
 
 
-def test_newer_request_wave_is_adopted():
+def test_newer_request_wave_is_adopted_and_an_idle_rank_wakes_the_group_for_it():
     ls = Lockstep(0, 2)
-    assert ls.on_add_request(7) is None
-    assert ls.current_wave == 7 and not ls.engines_running
+    assert ls.on_add_request(7) == StartWaveRequest(0, 7)  # (the client's FirstRequest may be lost)
+    assert ls.current_wave == 7 and ls.engines_running
 
 
 def test_stale_request_does_not_restart_paused_scheduler():
