@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import socket
 import struct
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -58,28 +61,40 @@ async def _health_while_starting(log: Path) -> list[int]:
         server.kill_all()
 
 
-def _run_dirs() -> set[str]:
-    return {str(p) for p in Path("/tmp").glob("asyncdp-*") if p.is_dir()}
+@pytest.fixture
+def run_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary directory of these deployments' own (TMPDIR), so that other deployments on the machine (a
+    concurrent test run, a hand-run server) neither add to nor remove from the run directories counted here."""
+    root = Path(tempfile.mkdtemp(prefix="adp-lc-"))  # short: the deployment's Unix sockets live under it too
+    monkeypatch.setenv("TMPDIR", str(root))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
-async def test_a_sigkilled_launcher_leaves_no_run_directory_once_its_children_exited(tmp_path: Path) -> None:
-    before = _run_dirs()
+def _run_dirs(root: Path) -> set[str]:
+    return {str(p) for p in root.glob("asyncdp-*") if p.is_dir()}
+
+
+async def test_a_sigkilled_launcher_leaves_no_run_directory_once_its_children_exited(tmp_path: Path,
+                                                                                   run_root: Path) -> None:
+    before = _run_dirs(run_root)
     with serve(tmp_path, "-dp", "2", "--api-server-count", "2") as server:
         children = descendants(server.process.pid)
-        ours = _run_dirs() - before
+        ours = _run_dirs(run_root) - before
         assert len(ours) == 1, ours  # the deployment's run directory, while it runs
         server.process.send_signal(signal.SIGKILL)
         server.process.wait(timeout=10)
         with anyio.fail_after(30):
             while any(_alive(pid) for pid in children):  # noqa: ASYNC110 - polling other processes
                 await anyio.sleep(0.1)
-        assert not (ours & _run_dirs()), f"left behind: {ours}\n{server.log()[-3000:]}"
+        assert not (ours & _run_dirs(run_root)), f"left behind: {ours}\n{server.log()[-3000:]}"
 
 
-def test_the_next_launch_removes_the_run_directory_of_a_deployment_killed_whole(tmp_path: Path) -> None:
-    before = _run_dirs()
+def test_the_next_launch_removes_the_run_directory_of_a_deployment_killed_whole(tmp_path: Path,
+                                                                              run_root: Path) -> None:
+    before = _run_dirs(run_root)
     with serve(tmp_path, "-dp", "1") as first:
-        ours = _run_dirs() - before
+        ours = _run_dirs(run_root) - before
         assert len(ours) == 1, ours
         stale = Path(ours.pop())
         first.kill_every_process()  # the whole tree at once (kill -9 of all of it, an OOM kill of its cgroup)
@@ -88,8 +103,8 @@ def test_the_next_launch_removes_the_run_directory_of_a_deployment_killed_whole(
     with serve(tmp_path, "-dp", "1") as second:
         assert not stale.exists()
         assert f"removed {stale}, the run directory of a deployment (launcher pid {first.process.pid})" in second.log()
-        assert len(_run_dirs() - before) == 1  # the second deployment's own
-    assert not (_run_dirs() - before)
+        assert len(_run_dirs(run_root) - before) == 1  # the second deployment's own
+    assert not (_run_dirs(run_root) - before)
 
 
 def _alive(pid: int) -> bool:
