@@ -16,6 +16,7 @@ import pytest
 from asyncdp.errors import StartupError
 from asyncdp.transport.http_socket import lock_http_port
 from asyncdp.transport.port_lock import hold_port
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix socket names")
 
 ROOT = Path(__file__).resolve().parents[2]
