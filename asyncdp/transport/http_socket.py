@@ -49,7 +49,8 @@ def reserve_shared_port(host: str | None, port: int) -> socket.socket:
 
     ``SO_REUSEPORT`` would also let a second deployment of the same user bind the port, and the kernel would then
     split the connections between the two without a word. So the port is first bound and listened on alone,
-    without ``SO_REUSEPORT``: that fails while anyone listens there (E11)."""
+    without ``SO_REUSEPORT``: that fails while anyone listens there (E11). A deployment whose API children do not
+    listen yet is not seen that way: the launcher holds the port's lock (:func:`lock_http_port`) before this."""
     if port:
         bind_listener(host, port, reuse_port=False, backlog=1).close()
     return bind_listener(host, port)
