@@ -6,6 +6,7 @@ so this module does not import the client.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Protocol
 
@@ -83,6 +84,8 @@ def client_server_info(client: ServerInfoSource) -> dict[str, Any]:
         "managed_ranks": ranks,
         "api_process_count": cfg.client_count,
         "api_process_rank": cfg.client_index,
+        # Which process answered: a client can tell this deployment from another one on the same address.
+        "api_process_pid": os.getpid(),
         "lb_policy": cfg.lb_policy,
         "wave": {"current": client.current_wave, "running": client.wave_running} if cfg.is_moe else None,
         "coordinator": coordinator,

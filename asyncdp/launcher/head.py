@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 ``run_serve(config)`` is the top process of ``asyncdp serve``. It resolves a
 :class:`~asyncdp.config.roles.LaunchPlan` (the model is materialised here), binds the HTTP socket first (E11: a
-busy port fails before any child starts) and runs the node: :func:`asyncdp.launcher.plan.plan` computes the
+busy port fails before any child starts; the port's lock, held until the launcher exits, keeps a second deployment
+off it) and runs the node: :func:`asyncdp.launcher.plan.plan` computes the
 :class:`~asyncdp.launcher.plan.LaunchTable` from the resolved deployment, :mod:`.startup` performs its start order
 (coordinator -> API servers -> rendezvous -> engines -> readiness), :mod:`.children` watches every child and
 stops them in the table's stop order. The shell decides nothing about the topology; it only performs the table.
@@ -20,6 +21,7 @@ a launch first removes those of deployments killed whole, which nobody was left 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -45,7 +47,7 @@ from asyncdp.launcher.peer_link import follow_head_topology, wants_topology_link
 from asyncdp.launcher.plan import API_SERVER
 from asyncdp.launcher.startup import head_handshake_addr, run_startup, start_node
 from asyncdp.logs import DrainCounts, serving_line, stopped_line
-from asyncdp.transport.http_socket import reserve_shared_port
+from asyncdp.transport.http_socket import lock_http_port, reserve_shared_port
 
 log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
@@ -74,12 +76,26 @@ def run_serve(config: ResolvedServeConfig) -> int:
     return run_plan(plan, started_at=started_at)
 
 
-def _bind_http(plan: LaunchPlan) -> socket.socket:
-    """E11, first act: the HTTP port. One API server listens on the launcher's socket; several each listen on
-    their own ``SO_REUSEPORT`` socket (the kernel spreads connections), the launcher only reserves the port."""
-    if plan.api_server_count == 1:
-        return bind_http_socket(plan.host, plan.port)
-    return reserve_shared_port(plan.host, plan.port)
+def _bind_http(plan: LaunchPlan) -> tuple[socket.socket, socket.socket | None]:
+    """E11, first act: the HTTP port, and the port's lock. One API server listens on the launcher's socket; several
+    each listen on their own ``SO_REUSEPORT`` socket (the kernel spreads connections), the launcher only reserves
+    the port. The lock (:func:`~asyncdp.transport.http_socket.lock_http_port`) keeps a second deployment off the
+    port, which ``SO_REUSEPORT`` would let it share; it is taken before the bind (after it for port 0, on the port
+    the kernel gave). A multi-port supervisor's child takes none: its supervisor holds the lock of its port."""
+    take_lock = plan.supervised_rank is None
+    with contextlib.ExitStack() as undo:
+        lock = lock_http_port(plan.host, plan.port) if take_lock and plan.port else None
+        if lock is not None:
+            undo.callback(lock.close)
+        if plan.api_server_count == 1:
+            sock = bind_http_socket(plan.host, plan.port)
+        else:
+            sock = reserve_shared_port(plan.host, plan.port)
+        undo.callback(sock.close)
+        if take_lock and lock is None:
+            lock = lock_http_port(plan.host, sock.getsockname()[1])
+        undo.pop_all()
+    return sock, lock
 
 
 def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
@@ -102,7 +118,7 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
     except ImportError:
         pass
     try:
-        http_sock = None if headless else _bind_http(plan)
+        http_sock, port_lock = (None, None) if headless else _bind_http(plan)
     except StartupError as exc:
         log.error("%s", exc)
         return 1
@@ -116,6 +132,8 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
         if http_sock is not None:
             http_sock.close()
         run_dir.remove()
+        if port_lock is not None:  # last: the port is free for the next deployment only once this one let go
+            port_lock.close()
 
 
 async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str, started_at: float) -> int:

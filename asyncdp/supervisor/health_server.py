@@ -9,6 +9,8 @@ open (the children are still draining). It runs on Quart (``QuartTrio`` under tr
 (:func:`reserve_port`: held, but a connection is refused as to a closed port) and listens on it only once every
 child is ready (:func:`start_listening`), which is the lifecycle's business (:mod:`asyncdp.supervisor.process`),
 not this module's. :func:`ensure_port_free` checks a port without keeping it (each child's, before it starts).
+:func:`lock_port` takes a port's lock (:mod:`asyncdp.transport.port_lock`) for the supervisor's lifetime: neither
+binding keeps a second deployment off a port whose owner does not listen yet.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import anyio.abc
 
 from asyncdp.api.serve import SSLFiles, serve_http
 from asyncdp.errors import StartupError
+from asyncdp.transport.port_lock import hold_port
 
 HEALTH_ROUTES = ("/health", "/ready", "/readyz")
 # Health answers are tiny: a short drain is plenty once the supervisor stops its server.
@@ -86,6 +89,15 @@ def reserve_port(host: str | None, port: int, *, what: str) -> socket.socket:
         sock.close()
         raise StartupError(f"cannot listen on {what} {_shown(host, port)}: {exc.strerror or exc}") from None
     return sock
+
+
+def lock_port(host: str | None, port: int, *, what: str) -> socket.socket:
+    """The lock of ``port`` (:func:`~asyncdp.transport.port_lock.hold_port`), held until it is closed; another
+    deployment holding it is the StartupError of a busy port, naming ``what``, the port and the holder's pid."""
+    try:
+        return hold_port(port)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {what} {_shown(host, port)}: {exc.strerror or exc}") from None
 
 
 def start_listening(sock: socket.socket, *, what: str) -> None:

@@ -6,9 +6,12 @@ Theory of operation
 derives one ``asyncdp serve`` command per local rank (:mod:`.derive`) and runs :func:`supervise`, which owns the
 lifecycle and takes its commands from outside (tests give it mock children):
 
-1. Bind the supervisor port without listening (it is held from now on: no port-0 bind or outgoing connection
-   on the machine is given it during a start-up of minutes, yet a connection is refused as to a closed port) and
-   check that every child port can be bound (a busy port fails before anything starts, naming the port; exit 1).
+1. Lock every port (the supervisor's and each child's, :func:`~.health_server.lock_port`: no second deployment
+   can take one while the children start, see :mod:`asyncdp.transport.port_lock`; held until the supervisor
+   exits), bind the supervisor port without listening (it is held from now on: no port-0 bind or outgoing
+   connection on the machine is given it during a start-up of minutes, yet a connection is refused as to a closed
+   port) and check that every child port can be bound (a busy port fails before anything starts, naming the
+   port; exit 1).
    Install the SIGTERM/SIGINT watcher: a signal clears ``ready``, sets ``shutdown``
    and is remembered.
 2. Spawn the children (:mod:`.children`), one watcher task per child, and the prober (:mod:`.probe`): rounds
@@ -30,6 +33,7 @@ the children's trees are killed on the way out, whatever ended the supervisor.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -50,6 +54,7 @@ from asyncdp.supervisor.derive import ChildCommand, ResolveArgs, check_child_com
 from asyncdp.supervisor.health_server import (
     create_health_app,
     ensure_port_free,
+    lock_port,
     reserve_port,
     serve_health,
     start_listening,
@@ -226,22 +231,43 @@ async def _stop_children(sup: Supervision) -> None:
             await child.exited.wait()
 
 
+def _hold_ports(commands: Sequence[ChildCommand], settings: SupervisorSettings,
+                locks: contextlib.ExitStack) -> socket.socket:
+    """Lock every port of the deployment for the supervisor's lifetime (its own and each child's, into ``locks``:
+    no second deployment can take one while the children start), reserve the supervisor port and check that each
+    child's can be bound. The reserved supervisor port is returned; a busy port is a StartupError naming it."""
+    host = settings.host
+    if settings.supervisor_port:
+        locks.enter_context(lock_port(host, settings.supervisor_port, what=SUPERVISOR_PORT))
+    for command in commands:  # the children take none: their ``asyncdp serve`` leaves it to the supervisor
+        locks.enter_context(lock_port(host, command.port, what=f"the port of {command.describe()}"))
+    # Held from now on, so that nothing else on the machine is given it while the children start (a port-0
+    # bind, an outgoing connection), yet closed to clients (connection refused) until every child is ready.
+    port = reserve_port(host, settings.supervisor_port, what=SUPERVISOR_PORT)
+    try:
+        if not settings.supervisor_port:  # port 0: lock the port the kernel gave
+            locks.enter_context(lock_port(host, port.getsockname()[1], what=SUPERVISOR_PORT))
+        for command in commands:
+            ensure_port_free(host, command.port, what=f"the port of {command.describe()}")
+    except StartupError:
+        port.close()
+        raise
+    return port
+
+
 async def supervise(commands: Sequence[ChildCommand], settings: SupervisorSettings) -> int:
     """Run the children of ``commands`` under the lifecycle of §11.3; return the exit status."""
-    try:
-        # Held from now on, so that nothing else on the machine is given it while the children start (a port-0
-        # bind, an outgoing connection), yet closed to clients (connection refused) until every child is ready.
-        port = reserve_port(settings.host, settings.supervisor_port, what=SUPERVISOR_PORT)
-    except StartupError as exc:
-        log.error("%s; no child was started", exc)
-        return 1
-    try:
-        for command in commands:
-            ensure_port_free(settings.host, command.port, what=f"the port of {command.describe()}")
-    except StartupError as exc:
-        port.close()
-        log.error("%s; no child was started", exc)
-        return 1
+    with contextlib.ExitStack() as locks:  # the ports' locks, let go of last
+        try:
+            port = _hold_ports(commands, settings, locks)
+        except StartupError as exc:
+            log.error("%s; no child was started", exc)
+            return 1
+        return await _run(commands, settings, port)
+
+
+async def _run(commands: Sequence[ChildCommand], settings: SupervisorSettings, port: socket.socket) -> int:
+    """The lifecycle of §11.3 once every port is held (``port``: the supervisor's, reserved)."""
     sup = Supervision(settings, port)
     try:
         async with anyio.create_task_group() as tg:

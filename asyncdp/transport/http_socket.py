@@ -8,6 +8,13 @@ The launcher binds first, with ``SO_REUSEPORT`` but without listening (:func:`re
 fails before any child starts (E11), port 0 resolves to a real port, and no connection is ever queued on a
 socket nobody accepts on. The API children then bind and listen (:func:`listen_shared_port`). The kernel only
 lets processes of the same user share a port this way.
+
+That check cannot keep out a second deployment of the same user: started while the first one's API children do
+not listen yet (or racing its own check against the first one's), it binds the port as well, and the kernel
+splits the connections between the two deployments without a word. So before it binds, the launcher takes the
+port's lock (:func:`lock_http_port`, :mod:`.port_lock`: an abstract Unix socket name, gone when the launcher
+exits, however) and holds it for the deployment's lifetime; a second deployment fails at once with the error a
+busy port gives (E11).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import socket
 
 from asyncdp.errors import StartupError
+from asyncdp.transport.port_lock import hold_port
 
 
 def bind_listener(host: str | None, port: int, *, reuse_port: bool = True, backlog: int | None = None) -> socket.socket:
@@ -41,7 +49,8 @@ def reserve_shared_port(host: str | None, port: int) -> socket.socket:
 
     ``SO_REUSEPORT`` would also let a second deployment of the same user bind the port, and the kernel would then
     split the connections between the two without a word. So the port is first bound and listened on alone,
-    without ``SO_REUSEPORT``: that fails while anyone listens there (E11)."""
+    without ``SO_REUSEPORT``: that fails while anyone listens there (E11). A deployment whose API children do not
+    listen yet is not seen that way: the launcher holds the port's lock (:func:`lock_http_port`) before this."""
     if port:
         bind_listener(host, port, reuse_port=False, backlog=1).close()
     return bind_listener(host, port)
@@ -50,3 +59,12 @@ def reserve_shared_port(host: str | None, port: int) -> socket.socket:
 def listen_shared_port(host: str | None, port: int, backlog: int = 4096) -> socket.socket:
     """One API process's own listener on the shared port."""
     return bind_listener(host, port, backlog=backlog)
+
+
+def lock_http_port(host: str | None, port: int) -> socket.socket:
+    """The deployment's lock of ``port`` (:func:`~asyncdp.transport.port_lock.hold_port`), held until it is closed;
+    another deployment holding it is the ``StartupError`` of a busy port (E11), naming the holder's pid."""
+    try:
+        return hold_port(port)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None

@@ -5,7 +5,9 @@ Theory of operation
 :func:`serve` starts ``python -m asyncdp serve builtin:tiny-dense ...`` in a new session on 127.0.0.1 and a port
 the OS just handed out (bound on port 0 and closed right before the launch; a launch that loses that race with
 "cannot listen" is retried once on a fresh port). It waits for ``GET /health == 200`` under a deadline, polling
-every 0.2 s, and fails with the server's log if the launcher exits first.
+every 0.2 s, and fails with the server's log if the launcher exits first. A 200 counts only from this launch:
+``/server_info``'s ``api_process_pid`` must be the launcher or one of its descendants (whatever else answers on
+the port, a program that got it first, is waited out until the launcher fails with "cannot listen").
 
 asyncdp's children lead their own sessions, so one process group does not cover a deployment. The fixture records
 the launcher's process tree from ``/proc`` (pid and start time, so a reused pid is not mistaken for a survivor)
@@ -202,15 +204,61 @@ def _launch(args: tuple[str, ...], log_path: Path, model: str = MODEL) -> Server
     return Server(port=port, process=proc, log_path=log_path, args=args, scheme=scheme)
 
 
+def _in_tree(pid: object, root: int) -> bool:
+    """Whether ``pid`` is ``root`` or a descendant of it (its parent chain, from /proc, reaches ``root``)."""
+    while isinstance(pid, int) and pid > 1:
+        if pid == root:
+            return True
+        st = _stat(pid)
+        if st is None:
+            return False
+        pid = st[1]
+    return False
+
+
+def _api_key(args: tuple[str, ...]) -> str | None:
+    """The API key the deployment was given (``--api-key`` or its environment variables), if any."""
+    for i, arg in enumerate(args):
+        if arg == "--api-key" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--api-key="):
+            return arg.partition("=")[2]
+    return os.environ.get("ASYNCDP_API_KEY") or os.environ.get("VLLM_API_KEY")
+
+
+def _stranger(http: httpx.Client, server: Server) -> str | None:
+    """None when the process answering on the server's port belongs to this launch (``api_process_pid`` of
+    ``/server_info``: the launcher or one of its descendants); else what answered instead, for the failure."""
+    key = _api_key(server.args)
+    response = http.get(f"{server.base_url}/server_info",
+                        headers={"Authorization": f"Bearer {key}"} if key else None)
+    try:
+        pid = response.json().get("api_process_pid") if response.status_code == 200 else None
+    except (ValueError, AttributeError):
+        pid = None
+    if _in_tree(pid, server.process.pid):
+        return None
+    if pid is not None:
+        return f"pid {pid}, not of this launch (launcher pid {server.process.pid})"
+    return f"a server whose /server_info answered {response.status_code} without a pid"
+
+
 def _wait_healthy(server: Server, timeout_s: float) -> bool:
-    """True once /health is 200; False if the launcher exited first. Fails the test at the deadline."""
+    """True once /health is 200 from this launch; False if the launcher exited first. Fails the test at the
+    deadline.
+
+    A 200 counts only when ``/server_info`` on the port names a process of this launch (one more request, once the
+    health check passes): another deployment sharing the port, or a program that got it first, may answer too."""
     deadline = time.monotonic() + timeout_s
+    stranger = None
     with httpx.Client(timeout=2.0, verify=False) as http:
         while time.monotonic() < deadline:
             try:
                 if http.get(f"{server.base_url}/health").status_code == 200:
-                    server.remember_tree()
-                    return True
+                    stranger = _stranger(http, server)
+                    if stranger is None:
+                        server.remember_tree()
+                        return True
             except httpx.TransportError:
                 pass
             try:  # poll interval, and an early exit if the launcher died
@@ -218,7 +266,8 @@ def _wait_healthy(server: Server, timeout_s: float) -> bool:
                 return False
             except subprocess.TimeoutExpired:
                 pass
-    pytest.fail(f"server not healthy within {timeout_s} s\n{server.log()[-4000:]}")
+    answered = f"; the port was answered by {stranger}" if stranger else ""
+    pytest.fail(f"server not healthy within {timeout_s} s{answered}\n{server.log()[-4000:]}")
 
 
 @contextmanager
