@@ -27,7 +27,6 @@ from werkzeug.exceptions import HTTPException
 from asyncdp.api import chat, completions, utility_routes
 from asyncdp.api.body import draining_request_class, read_rest_of_body
 from asyncdp.api.content_format import resolve_content_format
-from asyncdp.api.template_roles import resolve_template_roles
 from asyncdp.api.context import (
     DRAINING_MESSAGE,
     PAUSE_MODES,
@@ -43,6 +42,7 @@ from asyncdp.api.errors import error_body, status_and_body
 from asyncdp.api.last_send import with_last_send_shielded
 from asyncdp.api.metrics import CONTENT_TYPE, Metrics
 from asyncdp.api.request_close import with_close_callbacks
+from asyncdp.api.template_roles import resolve_template_roles
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 from asyncdp.errors import HTTPError
 

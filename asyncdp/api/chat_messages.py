@@ -15,6 +15,11 @@ so the template takes its plain assistant path, and a call that is not a functio
 message's reasoning (``reasoning``, or ``reasoning_content``, the name DeepSeek's API and clients such as
 Qwen-Agent send back) reaches the template as both ``reasoning`` and ``reasoning_content``, as vLLM passes it, for
 templates that render earlier turns' thinking (Qwen3's ``<think>`` blocks).
+
+Roles reach the template as given, except ``developer`` for a template without that role of its own
+(:mod:`asyncdp.api.template_roles`): it is ``system`` there, and all the system messages of such a request are
+merged into one, first, as vLLM's renderer does. A system message's content has the shape the template shows it
+in (``TemplateRoles.system_format``): a string wherever a string shows, whatever the content format.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from asyncdp.errors import HTTPError
 # Part type -> the key holding its text.
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
               "thinking": "thinking"}
+
+NO_ROLES = TemplateRoles()  # (a template with no developer role, shown a string system message)
 
 # Message fields besides role and content that reach the chat template, when given (vLLM's too).
 _PASSED_MESSAGE_FIELDS = ("name", "tool_calls", "tool_call_id")
@@ -103,7 +110,7 @@ def content_text(content: str | list[dict[str, str]]) -> str:
 
 
 def chat_messages(messages: list[ChatMessage], content_format: str = "string",
-                  roles: TemplateRoles = TemplateRoles()) -> list[dict[str, Any]]:
+                  roles: TemplateRoles = NO_ROLES) -> list[dict[str, Any]]:
     """The messages for ``apply_chat_template``: role, content in ``content_format`` ("string" or "openai"; a
     system message's in ``roles.system_format``), and the passed fields the message has. ``developer`` is
     ``system`` unless the template has that role (``roles.developer_role``)."""
