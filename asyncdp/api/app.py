@@ -42,6 +42,7 @@ from asyncdp.api.errors import error_body, status_and_body
 from asyncdp.api.last_send import with_last_send_shielded
 from asyncdp.api.metrics import CONTENT_TYPE, Metrics
 from asyncdp.api.request_close import with_close_callbacks
+from asyncdp.api.template_roles import resolve_template_roles
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 from asyncdp.errors import HTTPError
 
@@ -90,6 +91,7 @@ def create_app(
     app.asgi_app = with_close_callbacks(app.asgi_app)  # type: ignore[method-assign]
     if backend == "trio":  # keep-alive connections must get their idle timer: see asyncdp.api.last_send
         app.asgi_app = with_last_send_shielded(app.asgi_app)  # type: ignore[method-assign]
+    content_format = resolve_content_format(client.tokenizer, chat_template_content_format)
     state = AppState(
         client=client,
         metrics=metrics if metrics is not None else Metrics(model_name=client.model_name),
@@ -98,7 +100,8 @@ def create_app(
         max_seqs_per_request=max_seqs_per_request,
         max_request_body_bytes=max_request_body_bytes,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
-        content_format=resolve_content_format(client.tokenizer, chat_template_content_format),
+        content_format=content_format,
+        template_roles=resolve_template_roles(client.tokenizer, content_format),
     )
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]

@@ -56,7 +56,7 @@ from asyncdp.sampling_params import StructuredOutputs
 _RESERVED_TEMPLATE_KWARGS = frozenset({
     "conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
     "tools", "documents", "return_dict", "return_tensors", "truncation", "padding", "max_length",
-    "tokenizer_kwargs", "return_assistant_tokens_mask",
+    "tokenizer_kwargs", "return_assistant_tokens_mask", "sanitize_control_tokens",
 })
 
 
@@ -65,7 +65,7 @@ def render_prompt(
 ) -> tuple[list[dict[str, Any]], list[int]]:
     """The messages and the token ids of the rendered chat template (given ``tools``, passed to it as vLLM
     does); template errors are the caller's 400."""
-    messages = chat_messages(req.messages, state.content_format)
+    messages = chat_messages(req.messages, state.content_format, state.template_roles)
     if req.continue_final_message and req.add_generation_prompt:
         raise HTTPError(400, "continue_final_message and add_generation_prompt cannot both be true.",
                         param="continue_final_message")
@@ -76,16 +76,30 @@ def render_prompt(
     if reserved:
         raise HTTPError(400, f"chat_template_kwargs may not set {', '.join(reserved)}.",
                         param="chat_template_kwargs")
-    if tools is not None:
-        extra = {**extra, "tools": tools}
     tok = state.client.tokenizer
+    render = partial(tok.apply_chat_template, messages, add_generation_prompt=add_generation, tokenize=False,
+                     continue_final_message=continue_final)
+    tool_kwargs = {} if tools is None else {"tools": tools}
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation, tokenize=False,
-                                       continue_final_message=continue_final, **extra)
+        text = render(**extra, **tool_kwargs)
     except Exception as exc:  # a template that rejects these messages (roles, order) is the caller's error
-        raise HTTPError(400, f"The chat template rejected the messages: {exc}", param="messages") from None
+        raise _template_error(exc, render, extra, tool_kwargs) from None
     add_special = bool(req.add_special_tokens)  # the template already holds the special tokens
     return messages, tok.encode(text, add_special_tokens=add_special)
+
+
+def _template_error(exc: Exception, render: Any, extra: dict[str, Any], tools: dict[str, Any]) -> HTTPError:
+    """The 400 of a template that failed: it names ``chat_template_kwargs`` when the template renders the same
+    request without them (a variable of the wrong type, a function replaced by a value), else ``messages``."""
+    if extra:
+        try:
+            render(**tools)
+        except Exception:
+            pass
+        else:
+            return HTTPError(400, f"The chat template failed with these chat_template_kwargs: {exc}",
+                             param="chat_template_kwargs")
+    return HTTPError(400, f"The chat template rejected the messages: {exc}", param="messages")
 
 
 @dataclass
@@ -128,7 +142,12 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         elif exc.field == "max_tokens":
             exc.field = field
         raise
-    check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens)
+    try:
+        check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens)
+    except InvalidRequestError as exc:
+        if exc.field == "prompt":  # (the prompt a chat request gives is its messages)
+            exc.field = "messages"
+        raise
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
     if echo and tools is not None and tools.calls:
         raise HTTPError(400, "echo cannot be combined with a tool_choice whose answer is tool calls.", param="echo")

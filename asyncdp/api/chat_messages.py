@@ -15,6 +15,11 @@ so the template takes its plain assistant path, and a call that is not a functio
 message's reasoning (``reasoning``, or ``reasoning_content``, the name DeepSeek's API and clients such as
 Qwen-Agent send back) reaches the template as both ``reasoning`` and ``reasoning_content``, as vLLM passes it, for
 templates that render earlier turns' thinking (Qwen3's ``<think>`` blocks).
+
+Roles reach the template as given, except ``developer`` for a template without that role of its own
+(:mod:`asyncdp.api.template_roles`): it is ``system`` there, and all the system messages of such a request are
+merged into one, first, as vLLM's renderer does. A system message's content has the shape the template shows it
+in (``TemplateRoles.system_format``): a string wherever a string shows, whatever the content format.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ from typing import Any
 import orjson
 
 from asyncdp.api.schemas import ChatMessage
+from asyncdp.api.template_roles import DEVELOPER, TemplateRoles
 from asyncdp.errors import HTTPError
 
 # Part type -> the key holding its text.
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
               "thinking": "thinking"}
+
+NO_ROLES = TemplateRoles()  # (a template with no developer role, shown a string system message)
 
 # Message fields besides role and content that reach the chat template, when given (vLLM's too).
 _PASSED_MESSAGE_FIELDS = ("name", "tool_calls", "tool_call_id")
@@ -65,14 +73,20 @@ def _texts_of(content: Any, where: str) -> list[str]:
 def _template_tool_calls(calls: list[Any], where: str) -> list[Any]:
     """``tool_calls`` as the template gets them (copies; the request is untouched): each ``function.arguments``
     JSON string decoded, and none (null or "") an empty object, as vLLM gives them. A call that is not a function
-    call is a 400, as in vLLM."""
+    call is a 400, as in vLLM; so is one without a string ``name``, or whose ``arguments`` are neither JSON text,
+    an object nor null (OpenAI refuses both; templates would fail on them, or print them as they are)."""
     out = []
     for j, call in enumerate(calls):
         function = call.get("function")
         if call.get("type", "function") != "function" or not isinstance(function, dict):
             raise _bad(f"{where}[{j}]", f'{where}[{j}] must be a function call, {{"type": "function", "function": '
                                         f'{{"name": ..., "arguments": ...}}}}: chat completions take no other kind.')
+        at = f"{where}[{j}].function"
+        if not isinstance(function.get("name"), str):
+            raise _bad(f"{at}.name", f"{at}.name must be a string: the name of the function called.")
         arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, (str, dict)):
+            raise _bad(f"{at}.arguments", f"{at}.arguments must be a string of JSON (or an object, or null).")
         if not arguments:
             arguments = {}
         elif isinstance(arguments, str):
@@ -95,15 +109,22 @@ def content_text(content: str | list[dict[str, str]]) -> str:
     return content if isinstance(content, str) else "\n".join(part["text"] for part in content)
 
 
-def chat_messages(messages: list[ChatMessage], content_format: str = "string") -> list[dict[str, Any]]:
-    """The messages for ``apply_chat_template``: role, content in ``content_format`` ("string" or "openai"), and
-    the passed fields the message has."""
+def chat_messages(messages: list[ChatMessage], content_format: str = "string",
+                  roles: TemplateRoles = NO_ROLES) -> list[dict[str, Any]]:
+    """The messages for ``apply_chat_template``: role, content in ``content_format`` ("string" or "openai"; a
+    system message's in ``roles.system_format``), and the passed fields the message has. ``developer`` is
+    ``system`` unless the template has that role (``roles.developer_role``)."""
     if not messages:
         raise _bad("messages", "messages must be a non-empty list.")
     out = []
+    renamed = False
     for i, m in enumerate(messages):
         texts = _texts_of(m.content, f"messages[{i}].content")
-        entry: dict[str, Any] = {"role": m.role, "content": _content(texts, m.role, content_format)}
+        role = m.role
+        if role == DEVELOPER and not roles.developer_role:
+            role, renamed = "system", True
+        fmt = roles.system_format if role == "system" else content_format
+        entry: dict[str, Any] = {"role": role, "content": _content(texts, role, fmt)}
         for name in _PASSED_MESSAGE_FIELDS:
             value = getattr(m, name)
             if name == "tool_calls" and value is not None:
@@ -114,4 +135,15 @@ def chat_messages(messages: list[ChatMessage], content_format: str = "string") -
         if reasoning is not None and m.role == "assistant":  # (vLLM passes no other role's)
             entry["reasoning"] = entry["reasoning_content"] = reasoning
         out.append(entry)
-    return out
+    return _one_system_message(out, roles.system_format) if renamed else out
+
+
+def _one_system_message(messages: list[dict[str, Any]], system_format: str) -> list[dict[str, Any]]:
+    """With a developer message renamed ``system``: every system message merged into one, first (their texts
+    joined by a blank line, in order), as vLLM does, since templates take one system prompt, at the start."""
+    systems = [m for m in messages if m["role"] == "system"]
+    if len(systems) == 1 and messages[0] is systems[0]:
+        return messages
+    text = "\n\n".join(content_text(m["content"]) for m in systems)
+    first = {"role": "system", "content": _content([text], "system", system_format)}
+    return [first, *(m for m in messages if m["role"] != "system")]

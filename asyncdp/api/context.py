@@ -17,6 +17,7 @@ from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import error_body
 from asyncdp.api.metrics import Metrics
 from asyncdp.api.offload import Offload
+from asyncdp.api.template_roles import TemplateRoles
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
 from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
 
@@ -37,6 +38,7 @@ class AppState:
     max_request_body_bytes: int = 0
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
     content_format: str = "string"  # how message content reaches the chat template (asyncdp.api.content_format)
+    template_roles: TemplateRoles = field(default_factory=TemplateRoles)  # developer and system messages
     offload: Offload = field(default_factory=Offload)
     task_group: TaskGroup | None = None
     draining: bool = False

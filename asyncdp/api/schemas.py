@@ -273,7 +273,11 @@ def _integral(obj: Any) -> Any:
 
 
 def _field_of(message: str) -> str | None:
-    # msgspec says "... - at `$.messages[0].role`" or "Object missing required field `messages`".
+    # msgspec says "... - at `$.messages[0].role`", "Object missing required field `messages`", or, inside an
+    # object, "Object missing required field `role` - at `$.messages[0]`" (the field is messages[0].role).
+    if "missing required field `" in message and "`$." in message:
+        missing = message.split("field `", 1)[1].split("`", 1)[0]
+        return f"{message.split('`$.', 1)[1].split('`', 1)[0]}.{missing}"
     if "`$." in message:  # "[...]" is msgspec's placeholder for a dict's values ("logit_bias[...]"): the dict names it
         return message.split("`$.", 1)[1].split("`", 1)[0].split("[...]", 1)[0]
     if "field `" in message:

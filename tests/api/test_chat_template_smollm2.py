@@ -50,11 +50,11 @@ async def test_text_parts_render_one_per_line(tokenizer: Any) -> None:
                       "<|im_start|>assistant\n")
 
 
-async def test_a_developer_message_renders_as_its_own_role_after_the_default_system_prompt(tokenizer: Any) -> None:
-    """As vLLM: roles reach the template as they are (this template has no developer role of its own)."""
+async def test_a_developer_message_is_the_system_prompt_in_place_of_the_default_one(tokenizer: Any) -> None:
+    """This template has no developer role of its own: OpenAI's developer message is its system message."""
     prompt = await render(tokenizer, messages=[{"role": "developer", "content": "Answer in French."},
                                                {"role": "user", "content": "hi"}])
-    assert prompt == (DEFAULT_SYSTEM + "<|im_start|>developer\nAnswer in French.<|im_end|>\n"
+    assert prompt == ("<|im_start|>system\nAnswer in French.<|im_end|>\n"
                       "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
