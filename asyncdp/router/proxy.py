@@ -32,8 +32,9 @@ Every upstream wait is bounded by the connect (and write) timeout; reading the a
 or the gaps of a stream, are the endpoint's business), but an endpoint that stops answering its polls has the
 requests in flight there abandoned (:mod:`.silence`): one whose client got nothing yet goes to the next best
 endpoint, once, while its body is held (:meth:`RouterApp._forward_to_best`); with none usable the answer is the
-503 above, and a 504 when it cannot go elsewhere; a stream of events that started ends with an error event. While draining, new requests get 503; :meth:`cancel_all`
-(a second signal) ends the requests in flight at once, as a client's leaving would.
+503 above, and a 504 when it cannot go elsewhere; a stream of events that started ends with an error event.
+While draining, new requests get 503; :meth:`cancel_all` (a second signal) ends the requests in flight at once,
+as a client's leaving would.
 """
 
 from __future__ import annotations
