@@ -67,6 +67,7 @@ class Poller:
         self.seq = 0  # moves when an endpoint's numbers or usability change: the router's own /load seq
         self._usable: list[bool | None] = [None] * len(self.endpoints)  # as last logged
         self._silences: dict[int, _Silence] = {}  # endpoint index -> its waiters, created by the first one
+        self._answered_s = [float("-inf")] * len(self.endpoints)  # when each endpoint's last poll was answered
 
     def candidates(self) -> list[int]:
         """Usable endpoints' indices, best first (:func:`asyncdp.router.score.candidates`)."""
@@ -96,6 +97,10 @@ class Poller:
             silence = self._silences[i] = _Silence(anyio.Event())
         await silence.event.wait()
         return silence.poll_started_s
+
+    def answered_since(self, i: int, t_s: float) -> bool:
+        """Whether a ``GET /load`` of endpoint ``i`` was answered (anything but a timeout) after ``t_s``."""
+        return self._answered_s[i] > t_s
 
     def _went_unanswered(self, i: int, poll_started_s: float) -> None:
         if (silence := self._silences.pop(i, None)) is not None:
@@ -145,6 +150,8 @@ class Poller:
         self._log_change(i)
         if unanswered:
             self._went_unanswered(i, started_s)
+        else:
+            self._answered_s[i] = anyio.current_time()
 
     def _log_change(self, i: int) -> None:
         ep = self.endpoints[i]

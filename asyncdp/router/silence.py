@@ -4,11 +4,14 @@ Theory of operation. An endpoint can stop answering with its connections still o
 (SIGSTOP, a debugger, swapped out) or its host no longer answers while its TCP connections stay up. The poller sees
 it first: a ``GET /load`` that times out (``--poll-timeout-s``) takes the endpoint out of the candidates and wakes
 every :func:`abandon_when_silent` watching a request there (:meth:`~asyncdp.router.poller.Poller.wait_unanswered`,
-with the time that poll started). A request that heard nothing from the endpoint since that poll started (no
-answer's start, no chunk of its body) is abandoned: its exchange is cancelled, which closes its upstream
-connection, so the endpoint aborts the request if it ever runs again. One that heard something since is alive, and
-is judged again at the next poll that goes unanswered. So a request there ends at most about two
-``--poll-timeout-s`` (plus ``--poll-interval-s``) after the endpoint froze; a slow but live stream is not cut.
+with the time that poll started). A request is abandoned at the second poll in a row that goes unanswered (no poll
+of that endpoint answered in between) when it heard nothing from the endpoint since the first one started (no
+answer's start, no chunk of its body): one stall of an event loop for about ``--poll-timeout-s`` (a long
+collection, a huge prompt tokenized) must not send a live endpoint's requests elsewhere, where they would run
+twice. Its exchange is cancelled, which closes its upstream connection, so the endpoint aborts the request if it
+ever runs again. A request that heard something since is alive, and its count starts over. So a request there
+ends at most about three ``--poll-timeout-s`` (plus two ``--poll-interval-s``) after the endpoint froze; a slow but
+live stream is not cut.
 
 What follows depends on what the client already got (:class:`Attempt`): nothing, and the proxy sends the request
 to the next best endpoint, once (:mod:`asyncdp.router.proxy`); the start of a stream of server-sent events, cut at
@@ -52,11 +55,17 @@ class Attempt:
 
 
 async def abandon_when_silent(poller: Poller, i: int, attempt: Attempt, scope: anyio.CancelScope) -> None:
-    """Cancel ``scope`` (the request's forwarding to endpoint ``i``) once a ``GET /load`` there went unanswered
-    and the request heard nothing from the endpoint since that poll started; runs until cancelled otherwise."""
+    """Cancel ``scope`` (the request's forwarding to endpoint ``i``) once two ``GET /load`` in a row there went
+    unanswered and the request heard nothing from the endpoint since the first started; runs until cancelled
+    otherwise."""
+    silent_since_s: float | None = None  # the start of the first of the unanswered polls in a row
     while True:
         poll_started_s = await poller.wait_unanswered(i)
-        if attempt.heard_s <= poll_started_s and not attempt.done:
+        if attempt.heard_s > poll_started_s or attempt.done:
+            silent_since_s = None  # alive: it heard from the endpoint while that poll went unanswered
+        elif silent_since_s is None or poller.answered_since(i, silent_since_s) or attempt.heard_s > silent_since_s:
+            silent_since_s = poll_started_s  # the first of a row: a single stall does not abandon a request
+        else:
             attempt.abandoned = True
             scope.cancel()
             return

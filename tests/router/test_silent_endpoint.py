@@ -24,7 +24,7 @@ pytestmark = pytest.mark.trio
 
 POLL_TIMEOUT_S = 0.5
 POLL_INTERVAL_S = 0.05
-WITHIN_S = 2 * (POLL_TIMEOUT_S + POLL_INTERVAL_S)  # the bound on ending a request there (silence.py)
+WITHIN_S = 3 * (POLL_TIMEOUT_S + POLL_INTERVAL_S)  # the bound on ending a request there (silence.py)
 EVENT = b'data: {"choices": [{"text": "x"}]}\n\n'
 SSE = {"Content-Type": "text/event-stream"}
 
@@ -197,3 +197,27 @@ async def test_a_refused_poll_does_not_end_the_requests_in_flight(autojump_clock
     cluster.endpoints.handlers[A] = events(EVENT, EVENT, gap_s=10 * POLL_TIMEOUT_S)
     status, body, ended, took = await cluster.call(stream=True)
     assert status == 200 and ended and body == EVENT * 2 and took == pytest.approx(10 * POLL_TIMEOUT_S)
+
+
+async def test_one_stall_of_the_endpoint_ends_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    """One poll unanswered (the endpoint's event loop stalled a moment), the next answered: its requests in flight
+    stay there, however long they take without a byte, and are not sent elsewhere to run twice."""
+    cluster = Cluster({A: echo, B: echo})
+    stalled: list[float] = []
+
+    async def poll(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a" and not stalled:
+            stalled.append(trio.current_time())
+            await anyio.sleep(2 * POLL_TIMEOUT_S)  # this one poll goes unanswered, then the endpoint answers
+        return httpx.Response(200, json={"seq": 1, "ranks": [IDLE]})
+
+    cluster.poll = poll  # type: ignore[method-assign]
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(10 * POLL_TIMEOUT_S)  # a long completion: nothing is sent until it ends
+        return await echo(request)
+
+    cluster.endpoints.handlers[A] = slow
+    status, body, ended, took = await cluster.call()
+    assert stalled and status == 200 and ended and "bytes" in orjson.loads(body)
+    assert cluster.endpoints.calls == [A] and cluster.closed == [] and took == pytest.approx(10 * POLL_TIMEOUT_S)
