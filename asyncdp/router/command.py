@@ -48,7 +48,8 @@ def add_route_parser(sub: Any) -> None:
                    help="an endpoint whose last /load answer is older than this is not used "
                         f"(default: {DEFAULT_STALE_AFTER_S})")
     p.add_argument("--poll-timeout-s", type=float, default=None, metavar="S",
-                   help="seconds one GET /load may take before the endpoint counts as down (default: "
+                   help="seconds one GET /load may take before the endpoint counts as down, and the requests in "
+                        "flight there that heard nothing from it since are ended or sent elsewhere (default: "
                         "--stale-after-s)")
     p.add_argument("--connect-timeout-s", type=float, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="S",
                    help="seconds to connect to an endpoint, or to write to it, before the request fails over "

@@ -6,9 +6,12 @@ stale on arrival), on a keep-alive
 connection (with several API processes behind a port, one connection stays on one of them, so its ``seq`` is
 comparable from poll to poll). A checked answer goes to :meth:`EndpointLoad.observe`; anything else (refused,
 timed out, not 200, not the telemetry contract) to :meth:`EndpointLoad.observe_failure`: the endpoint is out until
-it answers again. Polls of one endpoint start ``poll_interval_s`` apart (or right after the previous one ends,
-when it took longer). ``task_status.started()`` comes once every endpoint was polled once, answered or not, so
-the first requests see every endpoint that is up and one that is down holds nobody back. The poller logs an
+it answers again. A poll that timed out also wakes whoever waits in :meth:`Poller.wait_unanswered` for that
+endpoint (the requests in flight there, :mod:`asyncdp.router.silence`); a refused connection or a wrong answer
+does not (an endpoint that drains closes its port but finishes what it has). Polls of one endpoint start
+``poll_interval_s`` apart (or right after the previous one ends, when it took longer). ``task_status.started()``
+comes once every endpoint was polled once, answered or not, so the first requests see every endpoint that is up
+and one that is down holds nobody back. The poller logs an
 endpoint's changes between usable and not, once each; :attr:`Poller.seq` counts those changes and every new
 ``seq`` an endpoint answers (the ``seq`` of the router's own ``/load``, :meth:`Poller.load`). It ends only by
 cancellation.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import anyio
 import anyio.abc
@@ -43,6 +47,14 @@ def error_text(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+@dataclass
+class _Silence:
+    """The waiters for an endpoint's next poll that times out, and when that poll started."""
+
+    event: anyio.Event
+    poll_started_s: float = 0.0
+
+
 class Poller:
     """The endpoint table and the tasks that keep it current. ``endpoints[i]`` is the i-th ``--endpoint``."""
 
@@ -54,6 +66,8 @@ class Poller:
         self.poll_timeout_s = stale_after_s if poll_timeout_s is None else poll_timeout_s
         self.seq = 0  # moves when an endpoint's numbers or usability change: the router's own /load seq
         self._usable: list[bool | None] = [None] * len(self.endpoints)  # as last logged
+        self._silences: dict[int, _Silence] = {}  # endpoint index -> its waiters, created by the first one
+        self._answered_s = [float("-inf")] * len(self.endpoints)  # when each endpoint's last poll was answered
 
     def candidates(self) -> list[int]:
         """Usable endpoints' indices, best first (:func:`asyncdp.router.score.candidates`)."""
@@ -75,6 +89,24 @@ class Poller:
         """The router's own ``GET /load`` document (:func:`asyncdp.router.telemetry.router_load`)."""
         return router_load(self.endpoints, anyio.current_time(), self.stale_after_s, self.seq)
 
+    async def wait_unanswered(self, i: int) -> float:
+        """Wait until a ``GET /load`` of endpoint ``i`` times out (the endpoint stopped answering, or answers too
+        slowly to be used); when that poll started, on :func:`anyio.current_time`'s clock."""
+        silence = self._silences.get(i)
+        if silence is None:
+            silence = self._silences[i] = _Silence(anyio.Event())
+        await silence.event.wait()
+        return silence.poll_started_s
+
+    def answered_since(self, i: int, t_s: float) -> bool:
+        """Whether a ``GET /load`` of endpoint ``i`` was answered (anything but a timeout) after ``t_s``."""
+        return self._answered_s[i] > t_s
+
+    def _went_unanswered(self, i: int, poll_started_s: float) -> None:
+        if (silence := self._silences.pop(i, None)) is not None:
+            silence.poll_started_s = poll_started_s
+            silence.event.set()
+
     async def run(self, http: httpx.AsyncClient, *,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Poll every endpoint until cancelled; ``started()`` once each was polled once."""
@@ -95,6 +127,8 @@ class Poller:
 
     async def poll_once(self, http: httpx.AsyncClient, i: int) -> None:
         ep = self.endpoints[i]
+        started_s = anyio.current_time()
+        unanswered = False  # timed out: no answer, as opposed to a refused connection or a wrong one
         try:
             with anyio.fail_after(self.poll_timeout_s):
                 r = await http.get(f"{ep.url}/load")
@@ -103,14 +137,21 @@ class Poller:
             load = checked_load(r.json())
         except TimeoutError:
             ep.observe_failure(f"GET /load took more than {self.poll_timeout_s:g} s")
+            unanswered = True
         except httpx.HTTPError as exc:
             ep.observe_failure(f"GET /load failed: {error_text(exc)}")
+            # httpx's own timeouts are the same bound; its pool's says nothing of the endpoint
+            unanswered = isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.PoolTimeout)
         except ValueError as exc:  # not 200, not JSON, not the contract
             ep.observe_failure(str(exc))
         else:
             if ep.observe(load, anyio.current_time()):
                 self.seq += 1
         self._log_change(i)
+        if unanswered:
+            self._went_unanswered(i, started_s)
+        else:
+            self._answered_s[i] = anyio.current_time()
 
     def _log_change(self, i: int) -> None:
         ep = self.endpoints[i]

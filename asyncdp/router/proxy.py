@@ -29,8 +29,12 @@ closes its connection, so the endpoint aborts the request. An endpoint that fail
 client's response without its end (the app returns without the last body event, and Hypercorn closes the
 connection): the client sees an incomplete response, never a truncated one that looks whole.
 Every upstream wait is bounded by the connect (and write) timeout; reading the answer is not (a long generation,
-or the gaps of a stream, are the endpoint's business). While draining, new requests get 503; :meth:`cancel_all`
-(a second signal) ends the requests in flight at once, as a client's leaving would.
+or the gaps of a stream, are the endpoint's business), but an endpoint that stops answering its polls has the
+requests in flight there abandoned (:mod:`.silence`): one whose client got nothing yet goes to the next best
+endpoint, once, while its body is held (:meth:`RouterApp._forward_to_best`); with none usable the answer is the
+503 above, and a 504 when it cannot go elsewhere; a stream of events that started ends with an error event.
+While draining, new requests get 503; :meth:`cancel_all` (a second signal) ends the requests in flight at once,
+as a client's leaving would.
 """
 
 from __future__ import annotations
@@ -50,6 +54,13 @@ from asyncdp.router.body import BODY_IDLE_TIMEOUT_S, BodyTooLarge, ClientGone, C
 from asyncdp.router.headers import NOT_RETURNED, forwarded_headers, upstream_headers
 from asyncdp.router.poller import Poller, error_text
 from asyncdp.router.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_REPLAY_BUFFER_BYTES
+from asyncdp.router.silence import (
+    SILENT_STATUS,
+    Attempt,
+    abandon_when_silent,
+    is_event_stream,
+    stream_error_end,
+)
 
 log = logging.getLogger("asyncdp.router")
 
@@ -170,15 +181,27 @@ class RouterApp:
         each endpoint tried."""
         tried: set[int] = set()
         failures: list[str] = []
+        resent = False  # a request abandoned on a silent endpoint goes to one more endpoint, once
         while order := [i for i in self.poller.candidates() if i not in tried]:
             i = order[0]
             tried.add(i)
             ep = self.poller.endpoints[i]
             ep.request_started()
+            attempt = Attempt(anyio.current_time())
             try:
-                error = await self._forward(ep.url, scope, body, send, exchange)
+                error = await self._forward_watched(i, scope, body, send, exchange, attempt)
             finally:
                 ep.request_finished()
+            if attempt.abandoned:
+                silent = (f"{ep.url} stopped answering (a GET /load got no answer within "
+                          f"{self.poller.poll_timeout_s:g} s, --poll-timeout-s) and the request was abandoned there")
+                if attempt.answered or resent or not body.replayable:
+                    await _end_abandoned(body, send, attempt, silent, resent)
+                    return None
+                log.warning("%s before it answered; sending the request to the next endpoint", silent)
+                failures.append(silent)
+                resent = True
+                continue
             if error is None:
                 return None
             ep.mark_down(error)
@@ -193,9 +216,20 @@ class RouterApp:
             log.warning("endpoint %s marked down: %s; trying the next one", ep.url, error)
         return failures
 
+    async def _forward_watched(self, i: int, scope: Scope, body: RequestBody, send: Send, exchange: _Exchange,
+                               attempt: Attempt) -> str | None:
+        """:meth:`_forward` to endpoint ``i``, cancelled when the endpoint goes silent (``attempt.abandoned``)."""
+        error: str | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(abandon_when_silent, self.poller, i, attempt, tg.cancel_scope)
+            error = await self._forward(self.poller.endpoints[i].url, scope, body, send, exchange, attempt)
+            tg.cancel_scope.cancel()
+        return error
+
     async def _forward(self, base: str, scope: Scope, body: RequestBody, send: Send,
-                       exchange: _Exchange) -> str | None:
-        """Send the request to ``base``; None once the exchange ended, else why the endpoint did not take it."""
+                       exchange: _Exchange, attempt: Attempt) -> str | None:
+        """Send the request to ``base``; None once the exchange ended, else why the endpoint did not take it.
+        ``attempt`` follows what the endpoint sent and what the client got."""
         target = scope.get("raw_path") or scope["path"].encode("utf-8")
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
@@ -226,11 +260,14 @@ class RouterApp:
             await _answer_error(body, send, 502, f"the endpoint {base} failed before answering ({why}); the request "
                                 "is not sent again, as it may have run there")
             return None
+        attempt.heard()
         try:
             read = response.status_code == 503  # (an error's JSON: read whole, to tell a drain from the rest)
             if read and await _is_draining(response):  # it did not look at the request
                 return f"draining (503: {DRAINING_MESSAGE})"
             body.release()  # this answer is the one: the watcher may read the client's side now
+            attempt.answered, attempt.sse = True, is_event_stream(response.headers.raw)
+            attempt.done = read  # (read whole: nothing left to wait for)
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": forwarded_headers(response.headers.raw, NOT_RETURNED)})
             if read:
@@ -238,11 +275,15 @@ class RouterApp:
                 return None
             try:
                 async for chunk in response.aiter_raw():
+                    attempt.heard()
+                    attempt.at_event_boundary = False  # until the client has it whole
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    attempt.heard(chunk)
             except httpx.TransportError as exc:  # the endpoint went away mid-answer: the client sees it cut off
                 log.warning("endpoint %s failed while answering %s %s: %s", base, scope["method"],
                             scope["path"], error_text(exc))
                 return None  # no end of body: Hypercorn closes the connection, the response reads as cut off
+            attempt.done = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_UPSTREAM_S):
@@ -258,6 +299,19 @@ async def _is_draining(response: httpx.Response) -> bool:
         return bool(orjson.loads(response.content)["error"]["message"] == DRAINING_MESSAGE)
     except (httpx.TransportError, orjson.JSONDecodeError, KeyError, TypeError):
         return False
+
+
+async def _end_abandoned(body: RequestBody, send: Send, attempt: Attempt, silent: str, resent: bool) -> None:
+    """End a request abandoned on a silent endpoint that cannot go to another one (:mod:`.silence`): a 504 when the
+    client got nothing yet, an error event when a stream of events started, else the response cut off."""
+    log.warning("%s%s", silent, "; the client's response ends here" if attempt.answered else "")
+    if attempt.can_end_with_event:
+        message = f"the endpoint {silent} after the stream started; send the request again"
+        await send({"type": "http.response.body", "body": stream_error_end(message), "more_body": False})
+    elif not attempt.answered:
+        why = ("it was sent to another endpoint once already" if resent else
+               "its body was streamed to it, so it cannot be sent to another endpoint")
+        await _answer_error(body, send, SILENT_STATUS, f"the endpoint {silent}; {why}; send the request again")
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
