@@ -116,7 +116,7 @@ def _stranger(head: bytes) -> Refusal:
     if size <= _MAX_PLAUSIBLE_FRAME:
         return Refusal(f"it sent an asyncdp frame without the deployment-secret handshake (it holds no secret; "
                        f"{SET_THE_SECRET})", plain_frame=True)
-    return Refusal(f"it does not speak the deployment-secret handshake (it sent {_quote(head)})")
+    return Refusal(f"it does not speak the deployment-secret handshake (it sent {quote_sent(head)})")
 
 
 async def verify(stream: BufferedByteStream, secret: bytes) -> Refusal | None:
@@ -139,14 +139,14 @@ async def verify(stream: BufferedByteStream, secret: bytes) -> Refusal | None:
                                f"another one, most likely; {SET_THE_SECRET})")
             got = bytes(stream.buffer)
             return Refusal("it closed the link during the deployment-secret handshake"
-                           + (f" (it sent {_quote(got)})" if got else ""), quiet=not got)
+                           + (f" (it sent {quote_sent(got)})" if got else ""), quiet=not got)
         if hmac.compare_digest(proof, client_proof(secret, nonce, client_nonce)):
             return None
         return Refusal(f"its proof does not match this deployment's secret (it holds another one, or replays an "
                        f"old exchange; {SET_THE_SECRET})")
     got = bytes(stream.buffer)
     return Refusal(f"it did not complete the deployment-secret handshake within {AUTH_TIMEOUT_S:g} s"
-                   + (f" (it sent {_quote(got)})" if got else ""))
+                   + (f" (it sent {quote_sent(got)})" if got else ""))
 
 
 async def prove(stream: BufferedByteStream, secret: bytes, addr: str) -> None:
@@ -174,7 +174,7 @@ async def prove(stream: BufferedByteStream, secret: bytes, addr: str) -> None:
 
 
 def _not_asyncdp(answer: bytes) -> str:
-    return (f"is not an asyncdp listener (it answered the deployment-secret handshake with {_quote(answer)}): check "
+    return (f"is not an asyncdp listener (it answered the deployment-secret handshake with {quote_sent(answer)}): check "
             "--data-parallel-address/--data-parallel-rpc-port, which name the head's rpc port, not its HTTP --port")
 
 
@@ -203,5 +203,7 @@ class RefusalLog:
         self._next_warning_s = now + self.every_s
 
 
-def _quote(data: bytes, limit: int = 24) -> str:
-    return repr(data[:limit]) + ("..." if len(data) > limit else "")
+def quote_sent(data: bytes, limit: int = 24) -> str:
+    """The start of what a foreign peer sent, quoted for a log line: its first line, at most ``limit`` bytes."""
+    shown = data[:limit].split(b"\r", 1)[0].split(b"\n", 1)[0]
+    return repr(shown) + ("..." if len(shown) < len(data) else "")

@@ -127,7 +127,7 @@ class StreamLink(Link):
             if self._first:
                 header = bytes(buf[:_HEADER.size])
                 seen = link_auth.UNEXPECTED_HELLO if header == link_auth.MAGIC[:_HEADER.size] else \
-                    _quote(header + await self._more_of_a_foreign_answer())
+                    link_auth.quote_sent(header + await self._more_of_a_foreign_answer(), 40)
                 raise ForeignPeerError(self.name, seen, other_version=False,
                                        protocol_version=messages.PROTOCOL_VERSION)
             raise ProtocolError(f"{self.name}: frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
@@ -144,7 +144,7 @@ class StreamLink(Link):
         except ProtocolError as exc:
             self._lost = True
             tagged = messages.describe_tagged(payload)
-            seen = f"{tagged} this build cannot decode: {exc}" if tagged else _quote(payload)
+            seen = f"{tagged} this build cannot decode: {exc}" if tagged else link_auth.quote_sent(payload, 40)
             raise ForeignPeerError(self.name, seen, other_version=tagged is not None,
                                    protocol_version=messages.PROTOCOL_VERSION) from None
 
@@ -216,12 +216,6 @@ def remote_of(stream: anyio.abc.ByteStream) -> str:
     if isinstance(addr, tuple):
         return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
     return "a local process"
-
-
-def _quote(data: bytes, limit: int = 40) -> str:
-    """The start of what a foreign peer sent, quoted for a log line: its first line, at most ``limit`` bytes."""
-    shown = data[:limit].split(b"\r", 1)[0].split(b"\n", 1)[0]
-    return repr(shown) + ("..." if len(shown) < len(data) else "")
 
 
 class MemoryLink(Link):
