@@ -1,5 +1,6 @@
 """``python -m asyncdp`` / the ``asyncdp`` command: a server's top process ends with ``os._exit`` after flushing its
-output (the interpreter's teardown would add up to seconds past the stop bound); other commands exit normally."""
+output (the interpreter's teardown would add up to seconds past the stop bound); other commands exit normally, but
+for ``bench calibrate`` (tests/test_main_entry_calibrate.py)."""
 
 from __future__ import annotations
 

@@ -79,26 +79,42 @@ def _summary(cfg: RankConfig, core: EngineCore) -> dict[str, Any]:
         max_model_len=core.max_model_len, protocol_version=m.PROTOCOL_VERSION)
 
 
+def _join_dp_group(cfg: RankConfig, info: m.DPGroupInfo) -> Any:
+    """torch's thread count, then the rank's DP process group: on the execution thread, because the import of
+    torch (``asyncdp.model.distributed`` imports it) holds that thread for seconds."""
+    from asyncdp.model.distributed import init_dp_group
+
+    set_torch_threads(cfg.engine.torch_threads)
+    return init_dp_group(info, cfg.dp_rank, secret=cfg.link_secret)
+
+
+def _build_alone(cfg: RankConfig) -> EngineCore:
+    """torch's thread count, then the core of a rank outside a DP group, on the execution thread."""
+    from asyncdp.engine.build import build_engine_core
+
+    set_torch_threads(cfg.engine.torch_threads)
+    return build_engine_core(cfg.engine, dp_rank=cfg.dp_rank)
+
+
 async def _build_core(cfg: RankConfig, init: m.HandshakeInit) -> tuple[EngineCore, Any, anyio.CapacityLimiter]:
     """Build the core; for a MoE rank of a DP group, join the torch.distributed group first (spec §5.5).
 
-    Group set-up and the executor's construction run on the rank's execution thread (one limiter): every
-    collective of this rank is issued from there, in the same order on every rank. Both may wait for peers that
-    never come (the rendezvous, the first collectives), so a stop signal abandons the thread (the process
-    hard-exits; spec §12.5: a stopped launcher exits 0 within 4.1 s, peers or not).
+    Everything that imports torch or touches it runs on the rank's execution thread (one limiter), never on the
+    event loop: importing torch holds its thread for seconds, and a stop signal must be acted on meanwhile. Group
+    set-up and the executor's construction issue every collective of this rank from that thread, in the same order
+    on every rank. Both may wait for peers that never come (the rendezvous, the first collectives), so a stop
+    signal abandons the thread (the process hard-exits; spec §12.5: a stopped launcher exits 0 within 4.1 s, peers
+    or not).
     """
     from asyncdp.engine.build import build_engine_core
 
     limiter = anyio.CapacityLimiter(1)
     if init.dp_group is None or not cfg.is_moe or cfg.dp_size == 1:
-        core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp_rank=cfg.dp_rank),
-                                              limiter=limiter, abandon_on_cancel=True)
+        core = await anyio.to_thread.run_sync(_build_alone, cfg, limiter=limiter, abandon_on_cancel=True)
         return core, None, limiter
-    from asyncdp.model.distributed import DPContext, TorchDPGroup, init_dp_group
+    group = await anyio.to_thread.run_sync(_join_dp_group, cfg, init.dp_group, limiter=limiter, abandon_on_cancel=True)
+    from asyncdp.model.distributed import DPContext, TorchDPGroup  # imported by now, on the execution thread
 
-    group = await anyio.to_thread.run_sync(
-        functools.partial(init_dp_group, init.dp_group, cfg.dp_rank, secret=cfg.link_secret), limiter=limiter,
-        abandon_on_cancel=True)
     try:
         ctx = DPContext(group, enable_expert_parallel=cfg.enable_expert_parallel)
         core = await anyio.to_thread.run_sync(functools.partial(build_engine_core, cfg.engine, dp=ctx,
@@ -218,7 +234,6 @@ async def start_rank(cfg: RankConfig, handshake: Link, *, local_handshake: Link 
         init = m.HandshakeInit(clients=own.clients, coordinator=init.coordinator, dp_group=init.dp_group,
                                client_count=own.client_count)
 
-    set_torch_threads(cfg.engine.torch_threads)
     building_since = time.monotonic()
     try:
         core, dp_group, limiter = await _build_core(cfg, init)

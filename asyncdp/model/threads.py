@@ -1,6 +1,8 @@
 """The torch thread count of an engine process (the brief: cores divided among the node's local ranks).
 
-torch is imported only when a count is set, so a rank on the simulated executor never loads it.
+torch is imported only when a count is set, so a rank on the simulated executor never loads it. That import takes
+seconds (some of them holding the GIL): an engine sets the count on its execution thread, never on its event loop,
+which must stay free to act on a stop signal meanwhile.
 """
 from __future__ import annotations
 
