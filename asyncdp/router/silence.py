@@ -16,7 +16,8 @@ live stream is not cut.
 What follows depends on what the client already got (:class:`Attempt`): nothing, and the proxy sends the request
 to the next best endpoint, once (:mod:`asyncdp.router.proxy`); the start of a stream of server-sent events, cut at
 an event boundary, and it ends with an error event and ``data: [DONE]``, as an endpoint ends a stream that fails
-(:func:`stream_error_end`); anything else, and the response ends without its end, as when the endpoint dies.
+(:func:`stream_error_end`); anything else, and the response ends without its end. An endpoint that dies
+mid-answer (:mod:`asyncdp.router.proxy`) ends the same way, its error event with :data:`FAILED_STATUS`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from asyncdp.api.sse import DONE, sse
 from asyncdp.router.poller import Poller
 
 SILENT_STATUS = 504  # what an abandoned request's error says: the endpoint did not answer in time
+FAILED_STATUS = 502  # what a stream's error event says when its endpoint failed mid-answer (killed, reset)
 
 
 @dataclass
@@ -78,6 +80,6 @@ def is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
     return kind.split(b";")[0].strip().lower() == b"text/event-stream" and not encoded
 
 
-def stream_error_end(message: str) -> bytes:
+def stream_error_end(message: str, status: int = SILENT_STATUS) -> bytes:
     """The end of a stream the router cuts short: an error event in OpenAI's shape, then ``data: [DONE]``."""
-    return sse(error_body(SILENT_STATUS, message)) + DONE
+    return sse(error_body(status, message)) + DONE
