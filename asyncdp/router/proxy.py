@@ -60,7 +60,7 @@ from asyncdp.router.silence import (
     FAILED_STATUS,
     SILENT_STATUS,
     Attempt,
-    abandon_when_silent,
+    SilenceWatch,
     is_event_stream,
     stream_error_end,
 )
@@ -223,10 +223,8 @@ class RouterApp:
                                attempt: Attempt) -> str | None:
         """:meth:`_forward` to endpoint ``i``, cancelled when the endpoint goes silent (``attempt.abandoned``)."""
         error: str | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(abandon_when_silent, self.poller, i, attempt, tg.cancel_scope)
+        with SilenceWatch(self.poller, i, attempt):
             error = await self._forward(self.poller.endpoints[i].url, scope, body, send, exchange, attempt)
-            tg.cancel_scope.cancel()
         return error
 
     async def _forward(self, base: str, scope: Scope, body: RequestBody, send: Send,
