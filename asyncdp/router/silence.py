@@ -37,7 +37,7 @@ FAILED_STATUS = 502  # what a stream's error event says when its endpoint failed
 
 @dataclass
 class Attempt:
-    """One request's forwarding to one endpoint, as its watcher and its proxy see it."""
+    """One request's forwarding to one endpoint, as its silence watch and its proxy see it."""
 
     heard_s: float  # when the endpoint last sent something for it (at first: when the request was sent)
     answered: bool = False  # the client got the response's start: the request can no longer go elsewhere
