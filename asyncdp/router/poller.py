@@ -6,9 +6,10 @@ stale on arrival), on a keep-alive
 connection (with several API processes behind a port, one connection stays on one of them, so its ``seq`` is
 comparable from poll to poll). A checked answer goes to :meth:`EndpointLoad.observe`; anything else (refused,
 timed out, not 200, not the telemetry contract) to :meth:`EndpointLoad.observe_failure`: the endpoint is out until
-it answers again. A poll that timed out also wakes whoever waits in :meth:`Poller.wait_unanswered` for that
-endpoint (the requests in flight there, :mod:`asyncdp.router.silence`); a refused connection or a wrong answer
-does not (an endpoint that drains closes its port but finishes what it has). Polls of one endpoint start
+it answers again. A poll that timed out also calls, in the polling task, every listener registered for that
+endpoint with :meth:`Poller.listen_unanswered` (the requests in flight there, :mod:`asyncdp.router.silence`: no
+task per request); a refused connection or a wrong answer does not (an endpoint that drains closes its port but
+finishes what it has). Polls of one endpoint start
 ``poll_interval_s`` apart (or right after the previous one ends, when it took longer). ``task_status.started()``
 comes once every endpoint was polled once, answered or not, so the first requests see every endpoint that is up
 and one that is down holds nobody back. The poller logs an
@@ -20,8 +21,7 @@ cancellation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import anyio
 import anyio.abc
@@ -31,6 +31,8 @@ from asyncdp.router.score import EndpointLoad, candidates, checked_load, score
 from asyncdp.router.telemetry import router_load
 
 log = logging.getLogger("asyncdp.router")
+
+UnansweredListener = Callable[[float], None]  # called with the start of a poll that timed out
 
 
 def error_text(exc: BaseException) -> str:
@@ -47,14 +49,6 @@ def error_text(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-@dataclass
-class _Silence:
-    """The waiters for an endpoint's next poll that times out, and when that poll started."""
-
-    event: anyio.Event
-    poll_started_s: float = 0.0
-
-
 class Poller:
     """The endpoint table and the tasks that keep it current. ``endpoints[i]`` is the i-th ``--endpoint``."""
 
@@ -66,7 +60,8 @@ class Poller:
         self.poll_timeout_s = stale_after_s if poll_timeout_s is None else poll_timeout_s
         self.seq = 0  # moves when an endpoint's numbers or usability change: the router's own /load seq
         self._usable: list[bool | None] = [None] * len(self.endpoints)  # as last logged
-        self._silences: dict[int, _Silence] = {}  # endpoint index -> its waiters, created by the first one
+        # per endpoint: called with its start when a poll there times out (the requests in flight there)
+        self._unanswered: list[set[UnansweredListener]] = [set() for _ in self.endpoints]
         self._answered_s = [float("-inf")] * len(self.endpoints)  # when each endpoint's last poll was answered
 
     def candidates(self) -> list[int]:
@@ -89,23 +84,22 @@ class Poller:
         """The router's own ``GET /load`` document (:func:`asyncdp.router.telemetry.router_load`)."""
         return router_load(self.endpoints, anyio.current_time(), self.stale_after_s, self.seq)
 
-    async def wait_unanswered(self, i: int) -> float:
-        """Wait until a ``GET /load`` of endpoint ``i`` times out (the endpoint stopped answering, or answers too
-        slowly to be used); when that poll started, on :func:`anyio.current_time`'s clock."""
-        silence = self._silences.get(i)
-        if silence is None:
-            silence = self._silences[i] = _Silence(anyio.Event())
-        await silence.event.wait()
-        return silence.poll_started_s
+    def listen_unanswered(self, i: int, listener: UnansweredListener) -> None:
+        """Call ``listener`` each time a ``GET /load`` of endpoint ``i`` times out (the endpoint stopped answering,
+        or answers too slowly to be used), in the polling task, with when that poll started (on
+        :func:`anyio.current_time`'s clock), until :meth:`unlisten_unanswered`. It must not block."""
+        self._unanswered[i].add(listener)
+
+    def unlisten_unanswered(self, i: int, listener: UnansweredListener) -> None:
+        self._unanswered[i].discard(listener)
 
     def answered_since(self, i: int, t_s: float) -> bool:
         """Whether a ``GET /load`` of endpoint ``i`` was answered (anything but a timeout) after ``t_s``."""
         return self._answered_s[i] > t_s
 
     def _went_unanswered(self, i: int, poll_started_s: float) -> None:
-        if (silence := self._silences.pop(i, None)) is not None:
-            silence.poll_started_s = poll_started_s
-            silence.event.set()
+        for listener in list(self._unanswered[i]):  # (a listener may unregister another as it runs)
+            listener(poll_started_s)
 
     async def run(self, http: httpx.AsyncClient, *,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -11,8 +11,9 @@ SIGTERM or SIGINT sets ``draining`` (``/health`` 503, new requests 503), then Hy
 the requests in flight ``--shutdown-timeout`` seconds before it cancels them (a cancelled exchange closes its
 upstream response, so the endpoint aborts the request). Then the poller is cancelled and the process exits 0. A
 second signal cancels the requests still in flight at once (:meth:`~asyncdp.router.proxy.RouterApp.cancel_all`),
-so the drain ends. A port that cannot be bound (bound in :func:`run_router`, before the event loop) ends the
-process with status 1 and one log line.
+so the drain ends. A port that cannot be bound (bound in :func:`run_router`, before the event loop), or whose
+lock another asyncdp process holds (:func:`claim_port`: the per-port lock ``asyncdp serve`` and the supervisor take,
+held for the process's lifetime), ends the process with status 1 and one log line.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from asyncdp.api.serve import LISTEN_BACKLOG, SSLFiles, serve_http
 from asyncdp.router.poller import Poller
 from asyncdp.router.proxy import RouterApp
 from asyncdp.router.settings import RouterSettings
+from asyncdp.transport.port_lock import hold_port
 
 log = logging.getLogger("asyncdp.router")
 
@@ -62,6 +64,28 @@ def listen(host: str, port: int) -> socket.socket:
     """The router's listening socket (port 0: any free port); OSError when it cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+
+
+def claim_port(host: str, port: int) -> tuple[socket.socket, socket.socket]:
+    """The listening socket (:func:`listen`) and the lock of its port (:func:`~asyncdp.transport.port_lock.hold_port`),
+    taken before the bind (after it for port 0, on the port the kernel gave); OSError when either cannot be had,
+    the lock's naming the pid of the asyncdp process that holds it. The socket has no ``SO_REUSEPORT``, so the
+    kernel keeps anyone off a port the router listens on, but not the router off a port an ``asyncdp serve``
+    launcher or a supervisor bound and does not listen on yet (a deployment still starting): the lock does."""
+    lock = hold_port(port) if port else None
+    try:
+        sock = listen(host, port)
+    except OSError:
+        if lock is not None:
+            lock.close()
+        raise
+    if lock is None:
+        try:
+            lock = hold_port(sock.getsockname()[1])
+        except OSError:
+            sock.close()
+            raise
+    return sock, lock
 
 
 async def serve_router(settings: RouterSettings, sock: socket.socket, *,
@@ -117,7 +141,7 @@ def run_router(settings: RouterSettings) -> int:
     except ImportError:
         pass
     try:
-        sock = listen(settings.host, settings.port)
+        sock, lock = claim_port(settings.host, settings.port)
     except OSError as exc:
         log.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc.strerror or exc)
         return 1
@@ -127,5 +151,6 @@ def run_router(settings: RouterSettings) -> int:
         return 1
     finally:
         sock.close()
+        lock.close()  # after the port: the next claimant finds it free once the lock is
     log.info("router stopped; exit status 0")
     return 0

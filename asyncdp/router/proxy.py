@@ -25,9 +25,11 @@ client that sends no part of its body for ``body_idle_timeout_s`` (60 s) gets a 
 endpoint sees the request cut off).
 A disconnect watcher reads the client's side once the body is in (or the endpoint answered without it): when the
 client goes away, the exchange is cancelled and the upstream response closed before it was read to the end, which
-closes its connection, so the endpoint aborts the request. An endpoint that fails mid-body (killed) ends the
-client's response without its end (the app returns without the last body event, and Hypercorn closes the
-connection): the client sees an incomplete response, never a truncated one that looks whole.
+closes its connection, so the endpoint aborts the request. An endpoint that fails mid-body (killed: its
+connection reset or closed early) ends an uncompressed stream of events the client got whole events of with an
+error event (502) and ``data: [DONE]``, as ``asyncdp serve`` ends a stream that fails; any other response ends
+without its end (the app returns without the last body event, and Hypercorn closes the connection): the client
+sees an incomplete response, never a truncated one that looks whole (a whole answer's 200 went out already).
 Every upstream wait is bounded by the connect (and write) timeout; reading the answer is not (a long generation,
 or the gaps of a stream, are the endpoint's business), but an endpoint that stops answering its polls has the
 requests in flight there abandoned (:mod:`.silence`): one whose client got nothing yet goes to the next best
@@ -55,9 +57,10 @@ from asyncdp.router.headers import NOT_RETURNED, forwarded_headers, upstream_hea
 from asyncdp.router.poller import Poller, error_text
 from asyncdp.router.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_REPLAY_BUFFER_BYTES
 from asyncdp.router.silence import (
+    FAILED_STATUS,
     SILENT_STATUS,
     Attempt,
-    abandon_when_silent,
+    SilenceWatch,
     is_event_stream,
     stream_error_end,
 )
@@ -220,10 +223,8 @@ class RouterApp:
                                attempt: Attempt) -> str | None:
         """:meth:`_forward` to endpoint ``i``, cancelled when the endpoint goes silent (``attempt.abandoned``)."""
         error: str | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(abandon_when_silent, self.poller, i, attempt, tg.cancel_scope)
+        with SilenceWatch(self.poller, i, attempt):
             error = await self._forward(self.poller.endpoints[i].url, scope, body, send, exchange, attempt)
-            tg.cancel_scope.cancel()
         return error
 
     async def _forward(self, base: str, scope: Scope, body: RequestBody, send: Send,
@@ -279,10 +280,17 @@ class RouterApp:
                     attempt.at_event_boundary = False  # until the client has it whole
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     attempt.heard(chunk)
-            except httpx.TransportError as exc:  # the endpoint went away mid-answer: the client sees it cut off
+            except httpx.TransportError as exc:  # the endpoint went away mid-answer (killed, reset)
+                why = error_text(exc)
                 log.warning("endpoint %s failed while answering %s %s: %s", base, scope["method"],
-                            scope["path"], error_text(exc))
-                return None  # no end of body: Hypercorn closes the connection, the response reads as cut off
+                            scope["path"], why)
+                attempt.done = True
+                if attempt.can_end_with_event:  # as asyncdp serve ends a stream that fails
+                    message = (f"the endpoint {base} failed mid-answer ({why}) after the stream started; send the "
+                               "request again")
+                    await send({"type": "http.response.body", "body": stream_error_end(message, FAILED_STATUS),
+                                "more_body": False})
+                return None  # else no end of body: Hypercorn closes the connection, the response reads as cut off
             attempt.done = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:

@@ -2,9 +2,9 @@
 
 Theory of operation. An endpoint can stop answering with its connections still open: its process is stopped
 (SIGSTOP, a debugger, swapped out) or its host no longer answers while its TCP connections stay up. The poller sees
-it first: a ``GET /load`` that times out (``--poll-timeout-s``) takes the endpoint out of the candidates and wakes
-every :func:`abandon_when_silent` watching a request there (:meth:`~asyncdp.router.poller.Poller.wait_unanswered`,
-with the time that poll started). A request is abandoned at the second poll in a row that goes unanswered (no poll
+it first: a ``GET /load`` that times out (``--poll-timeout-s``) takes the endpoint out of the candidates and calls
+the :class:`SilenceWatch` of every request there (:meth:`~asyncdp.router.poller.Poller.listen_unanswered`, with
+the time that poll started), in the poller's task: one per endpoint, not one per request. A request is abandoned at the second poll in a row that goes unanswered (no poll
 of that endpoint answered in between) when it heard nothing from the endpoint since the first one started (no
 answer's start, no chunk of its body): one stall of an event loop for about ``--poll-timeout-s`` (a long
 collection, a huge prompt tokenized) must not send a live endpoint's requests elsewhere, where they would run
@@ -16,12 +16,14 @@ live stream is not cut.
 What follows depends on what the client already got (:class:`Attempt`): nothing, and the proxy sends the request
 to the next best endpoint, once (:mod:`asyncdp.router.proxy`); the start of a stream of server-sent events, cut at
 an event boundary, and it ends with an error event and ``data: [DONE]``, as an endpoint ends a stream that fails
-(:func:`stream_error_end`); anything else, and the response ends without its end, as when the endpoint dies.
+(:func:`stream_error_end`); anything else, and the response ends without its end. An endpoint that dies
+mid-answer (:mod:`asyncdp.router.proxy`) ends the same way, its error event with :data:`FAILED_STATUS`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -30,11 +32,12 @@ from asyncdp.api.sse import DONE, sse
 from asyncdp.router.poller import Poller
 
 SILENT_STATUS = 504  # what an abandoned request's error says: the endpoint did not answer in time
+FAILED_STATUS = 502  # what a stream's error event says when its endpoint failed mid-answer (killed, reset)
 
 
 @dataclass
 class Attempt:
-    """One request's forwarding to one endpoint, as its watcher and its proxy see it."""
+    """One request's forwarding to one endpoint, as its silence watch and its proxy see it."""
 
     heard_s: float  # when the endpoint last sent something for it (at first: when the request was sent)
     answered: bool = False  # the client got the response's start: the request can no longer go elsewhere
@@ -54,21 +57,41 @@ class Attempt:
         return self.answered and self.sse and self.at_event_boundary
 
 
-async def abandon_when_silent(poller: Poller, i: int, attempt: Attempt, scope: anyio.CancelScope) -> None:
-    """Cancel ``scope`` (the request's forwarding to endpoint ``i``) once two ``GET /load`` in a row there went
-    unanswered and the request heard nothing from the endpoint since the first started; runs until cancelled
-    otherwise."""
-    silent_since_s: float | None = None  # the start of the first of the unanswered polls in a row
-    while True:
-        poll_started_s = await poller.wait_unanswered(i)
+class SilenceWatch:
+    """One request's forwarding to endpoint ``i``, abandoned when the endpoint goes silent: ``with
+    SilenceWatch(poller, i, attempt):`` around it is a cancel scope, cancelled (and ``attempt.abandoned`` set) once
+    two ``GET /load`` in a row there went unanswered and the request heard nothing from the endpoint since the first
+    started. The poller's task makes the check (:meth:`~asyncdp.router.poller.Poller.listen_unanswered`) when a
+    poll times out: a request costs a listener added and removed, not a watcher task of its own."""
+
+    __slots__ = ("_listener", "_poller", "_scope", "_silent_since_s", "attempt", "i")
+
+    def __init__(self, poller: Poller, i: int, attempt: Attempt) -> None:
+        self._poller, self.i, self.attempt = poller, i, attempt
+        self._scope = anyio.CancelScope()
+        self._silent_since_s: float | None = None  # the start of the first of the unanswered polls in a row
+        self._listener = self.unanswered
+
+    def __enter__(self) -> anyio.CancelScope:
+        scope = self._scope.__enter__()
+        self._poller.listen_unanswered(self.i, self._listener)
+        return scope
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        self._poller.unlisten_unanswered(self.i, self._listener)
+        return bool(self._scope.__exit__(*exc_info))
+
+    def unanswered(self, poll_started_s: float) -> None:
+        """A poll of the endpoint that started at ``poll_started_s`` timed out."""
+        attempt = self.attempt
         if attempt.heard_s > poll_started_s or attempt.done:
-            silent_since_s = None  # alive: it heard from the endpoint while that poll went unanswered
-        elif silent_since_s is None or poller.answered_since(i, silent_since_s) or attempt.heard_s > silent_since_s:
-            silent_since_s = poll_started_s  # the first of a row: a single stall does not abandon a request
-        else:
+            self._silent_since_s = None  # alive: it heard from the endpoint while that poll went unanswered
+        elif (self._silent_since_s is None or self._poller.answered_since(self.i, self._silent_since_s)
+              or attempt.heard_s > self._silent_since_s):
+            self._silent_since_s = poll_started_s  # the first of a row: a single stall does not abandon a request
+        elif not attempt.abandoned:
             attempt.abandoned = True
-            scope.cancel()
-            return
+            self._scope.cancel()
 
 
 def is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -78,6 +101,6 @@ def is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
     return kind.split(b";")[0].strip().lower() == b"text/event-stream" and not encoded
 
 
-def stream_error_end(message: str) -> bytes:
+def stream_error_end(message: str, status: int = SILENT_STATUS) -> bytes:
     """The end of a stream the router cuts short: an error event in OpenAI's shape, then ``data: [DONE]``."""
-    return sse(error_body(SILENT_STATUS, message)) + DONE
+    return sse(error_body(status, message)) + DONE

@@ -1,4 +1,5 @@
-"""One deployment per port number on a machine: a lock the launcher (or the supervisor) holds for its lifetime.
+"""One deployment per port number on a machine: a lock the launcher (or the supervisor, or ``asyncdp route``) holds
+for its lifetime.
 
 The node's HTTP port is shared by the API processes through ``SO_REUSEPORT`` (:mod:`.http_socket`), and the kernel
 lets *any* process of the same user bind such a port. A second deployment started on the same ``--port`` while the
