@@ -6,16 +6,46 @@ and up to 2.4 s on a loaded one, past the 4.1 s a stop with ``--shutdown-timeout
 ``bench calibrate``, the other command that loads torch (its profile is written whole, or not at all, by then): a
 Ctrl-C took 0.5-2.6 s to end it after its "stopped the sweep" line, all of it that teardown; its exit status (130
 or 143 from the ``SystemExit`` a signal raises) is kept. Other commands exit normally. (:func:`~asyncdp.cli.main` itself returns, for tests that run it in-process.)
+
+A stop before the command has its own signal handling (a Ctrl-C or SIGTERM while it still imports, for about a
+second) ends it as its own handling would, without a traceback: a server (``serve``, ``route``) exits 0, as a
+stopped server does (spec §12.5), any other command 128 + the signal's number (130, 143), as a shell reports it. Until then SIGTERM raises, as SIGINT
+does, so what was begun is unwound (``finally`` blocks run: a run directory or a port lock is let go); the
+command's own handlers replace this one. This module imports nothing heavy itself: :func:`main` imports the CLI.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 from typing import NoReturn
 
-from asyncdp.cli import main
+SERVERS = (["serve"], ["route"])  # commands that run until stopped: a stop is their normal end, exit 0
+
+
+def main() -> int:
+    """:func:`asyncdp.cli.main`, imported on the call (the import takes about a second: see the module's docstring)."""
+    from asyncdp.cli import main as cli_main
+
+    return cli_main()
+
+
+class _StoppedEarly(BaseException):
+    """SIGTERM before the command installed its own handling (raised as SIGINT raises ``KeyboardInterrupt``)."""
+
+
+_stopped_by: int | None = None  # the signal that stopped the command before its own handling took over
+
+
+def _stop_early(signum: int, frame: FrameType | None) -> None:
+    global _stopped_by
+    _stopped_by = signum
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise _StoppedEarly(signum)
 
 
 def skips_teardown(argv: list[str]) -> bool:
@@ -25,12 +55,23 @@ def skips_teardown(argv: list[str]) -> bool:
 
 def entry() -> NoReturn:
     fast = skips_teardown(sys.argv[1:])
+    server = sys.argv[1:2] in SERVERS
+    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(signum) is default:  # (one ignored by whoever started us stays ignored)
+            signal.signal(signum, _stop_early)
     try:
         code = main()
     except SystemExit as exc:  # bench calibrate stopped by a signal (130, 143)
         if not fast or not isinstance(exc.code, int):
             raise
         code = exc.code
+    except BaseException:
+        # Stopped before the command's own handling took over. Whatever the exception: one raised inside the
+        # import of a C extension comes out as that import's ImportError.
+        if _stopped_by is None:
+            raise
+        code = 0 if server else 128 + _stopped_by
+        print(f"asyncdp: stopped by {signal.Signals(_stopped_by).name} while starting", file=sys.stderr)
     if not fast:
         sys.exit(code)
     logging.shutdown()
