@@ -31,7 +31,9 @@ so a stranger cannot hand them an old one):
   :class:`~asyncdp.errors.StartupError` (rather than connect where the stranger said).
 
 What stays open: a stranger who reaches the store can still delete or overwrite a sealed value (the startup then
-fails, with that error or the store's timeout), and counters (``add``, which torch only uses with
+fails, with that error or the store's timeout); within one launch it can write a value back under the name it
+read it from (a join retried after "address in use" may write the same names again: that points a rank at an address
+its peer held earlier in the launch); and counters (``add``, which torch only uses with
 ``TORCH_DIST_INIT_BARRIER=1``) are named but not sealed. After the rendezvous the ranks talk over gloo's (or
 NCCL's) own sockets, which carry no authentication and no encryption. Without a secret the store is used as is.
 """
@@ -193,6 +195,11 @@ class SealedStore(dist.Store):
 
     def num_keys(self) -> int:
         return self._inner.num_keys()
+
+    # torch's C++ side (the PrefixStore a process group holds over this store, NCCL's watchdog) finds these two by
+    # their C++ names; under their Python names alone it raises "Tried to call pure virtual function"
+    deleteKey = delete_key
+    getNumKeys = num_keys
 
     def clone(self) -> SealedStore:
         return SealedStore(self._inner.clone(), self._keys, where=self._where)  # type: ignore[attr-defined]
