@@ -47,10 +47,11 @@ RECORD_BYTES = 170  # one gloo pair-address record
 
 
 def measure_ops() -> dict[str, float]:
-    from asyncdp.messages import DPGroupInfo
+    from asyncdp.messages import LAUNCH_NONCE_BYTES, DPGroupInfo
     from asyncdp.model.rendezvous import derive_keys, seal, store_key, unseal
 
-    info = DPGroupInfo(master_addr="127.0.0.1", master_port=29500, dp_size=2, backend="gloo")
+    info = DPGroupInfo(master_addr="127.0.0.1", master_port=29500, dp_size=2, backend="gloo",
+                       launch_nonce=os.urandom(LAUNCH_NONCE_BYTES))
     secret = os.urandom(32)
     keys = derive_keys(secret, info)
     name = store_key(keys, "0//cpu//0/1")
@@ -61,7 +62,7 @@ def measure_ops() -> dict[str, float]:
     return {what: min(timeit.repeat(fn, number=2000, repeat=5)) / 2000 * 1e6 for what, fn in cases.items()}
 
 
-def rank_main(ports: list[int], dp_rank: int, secret: bytes, modes: list[str]) -> None:
+def rank_main(ports: list[int], dp_rank: int, secret: bytes, launch_nonce: bytes, modes: list[str]) -> None:
     """One rank: join a group at each port (sealed or plain, as ``modes`` says), time it, leave it."""
     import torch
     import torch.distributed as dist
@@ -72,7 +73,8 @@ def rank_main(ports: list[int], dp_rank: int, secret: bytes, modes: list[str]) -
     torch.set_num_threads(1)
     times = []
     for port, mode in zip(ports, modes, strict=True):
-        info = DPGroupInfo(master_addr="127.0.0.1", master_port=port, dp_size=2, backend="gloo")
+        info = DPGroupInfo(master_addr="127.0.0.1", master_port=port, dp_size=2, backend="gloo",
+                           launch_nonce=launch_nonce)
         t0 = time.perf_counter()
         group = init_dp_group(info, dp_rank, timeout_s=60.0, secret=secret if mode == "sealed" else None)
         dist.all_reduce(torch.ones(1), group=group.control)
@@ -82,12 +84,14 @@ def rank_main(ports: list[int], dp_rank: int, secret: bytes, modes: list[str]) -
 
 
 def measure_joins(n: int) -> dict[str, dict[str, float]]:
+    from asyncdp.messages import LAUNCH_NONCE_BYTES
     from asyncdp.model.distributed import host_rendezvous_store
 
     stores = [host_rendezvous_store("127.0.0.1", timeout_s=60.0) for _ in range(n)]
     ports = [port for _, port in stores]
     modes = ["plain" if i % 2 == 0 else "sealed" for i in range(n)]
-    setup = json.dumps({"ports": ports, "secret": os.urandom(32).hex(), "modes": modes})
+    setup = json.dumps({"ports": ports, "secret": os.urandom(32).hex(),
+                        "launch_nonce": os.urandom(LAUNCH_NONCE_BYTES).hex(), "modes": modes})
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), setup], stdout=subprocess.PIPE, text=True,
                               env=env) for r in range(2)]
@@ -129,7 +133,8 @@ def measure_startup(trees: dict[str, Path], n: int) -> dict[str, dict[str, Any]]
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--rank":
         setup = json.loads(sys.argv[3])
-        rank_main(setup["ports"], int(sys.argv[2]), bytes.fromhex(setup["secret"]), setup["modes"])
+        rank_main(setup["ports"], int(sys.argv[2]), bytes.fromhex(setup["secret"]),
+                  bytes.fromhex(setup["launch_nonce"]), setup["modes"])
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--joins", type=non_negative_int, default=100, help="group joins, half plain, half sealed")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -226,7 +227,9 @@ def _rendezvous_store(host: str, device: str) -> tuple[Any, int, str]:
 
 
 async def _host_rendezvous(node: RunningNode) -> None:
-    """A MoE group's torch.distributed rendezvous, hosted here on the DP address, port 0 (spec §5.5).
+    """A MoE group's torch.distributed rendezvous, hosted here on the DP address, port 0 (spec §5.5), and this
+    launch's nonce, which every rank gets with the store's address in ``HandshakeInit.dp_group`` (the sealed
+    store's keys are derived from it: a value sealed in an earlier launch opens in no later one).
 
     Off the event loop, import included: a headless node that joined already is heartbeating to this loop, and
     a loop blocked in ``import torch`` for longer than ``--dp-heartbeat-timeout-s`` lost it."""
@@ -235,7 +238,7 @@ async def _host_rendezvous(node: RunningNode) -> None:
     device = "cuda" if plan.engine.device == "cuda" else "cpu"
     node.rendezvous_store, store_port, backend = await anyio.to_thread.run_sync(_rendezvous_store, host, device)
     node.dp_group_info = m.DPGroupInfo(master_addr=host, master_port=store_port, dp_size=plan.dp_size,
-                                       backend=backend)
+                                       backend=backend, launch_nonce=secrets.token_bytes(m.LAUNCH_NONCE_BYTES))
 
 
 def head_handshake_addr(node: RunningNode) -> str:

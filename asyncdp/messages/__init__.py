@@ -33,6 +33,7 @@ from asyncdp.messages.control import (
     WorkerHello,
 )
 from asyncdp.messages.link import (
+    LAUNCH_NONCE_BYTES,
     PAUSE_ERROR,
     PROTOCOL_VERSION,
     AbortRequests,
@@ -110,6 +111,7 @@ __all__ = [
     "HandshakeInit",
     "Heartbeat",
     "Hello",
+    "LAUNCH_NONCE_BYTES",
     "Logprob",
     "Message",
     "NodeAccepted",

@@ -14,13 +14,14 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 9  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+PROTOCOL_VERSION = 10  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
 # 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"; 6: the ranks' cache_fill
 # (SchedulerStats, RankStats, StatsSnapshot), StructuredOutputs.param, RankDraining, and the leaving flag at the end
 # of the MoE sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths);
 # 7: NodeStopping on the node link; 8: the mean step time and the stopping flag in the MoE sync all-reduce (ranks of
 # different builds would sum vectors of different lengths); 9: NodeStopped on the node link (a head of 8 would drop
-# the link on a frame it cannot decode)
+# the link on a frame it cannot decode); 10: DPGroupInfo.launch_nonce, which the sealed rendezvous keys are derived
+# from (ranks of different builds would derive different keys and fail the rendezvous on each other's values)
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
@@ -40,11 +41,20 @@ class CoordinatorAddrs(msgspec.Struct, frozen=True, kw_only=True):
     client_addr: str
 
 
+LAUNCH_NONCE_BYTES = 16
+
+
 class DPGroupInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A MoE DP group's rendezvous (spec §5.5), as the head sends it to every rank in ``HandshakeInit``."""
+
     master_addr: str
     master_port: int
     dp_size: int
     backend: str  # "gloo" | "nccl"
+    # [ours] LAUNCH_NONCE_BYTES random bytes the head draws when it hosts the store, once per launch: with a
+    # deployment secret the sealed rendezvous keys are derived from them too, so a value sealed in another launch
+    # of the deployment (same secret, same store address and port) opens in no other (asyncdp.model.rendezvous)
+    launch_nonce: bytes
 
 
 class Logprob(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

@@ -4,8 +4,9 @@ Rendezvous. The head hosts a ``TCPStore`` bound to port 0 on the DP address (:fu
 sends the real port in ``HandshakeInit.dp_group``; every engine joins as a store client and initialises the
 group with group rank = ``dp_rank`` (:func:`init_dp_group`, retried up to 5 times on "address in use", E10).
 The head itself never joins the group: the store only brokers the rank addresses. With a deployment secret the
-ranks join through a sealed view of the store (opaque key names, encrypted and authenticated values), so a
-stranger who reaches its port can neither read the rank addresses nor plant one (:mod:`asyncdp.model.rendezvous`).
+ranks join through a sealed view of the store (opaque key names, encrypted and authenticated values, under keys
+bound to this launch by ``HandshakeInit.dp_group.launch_nonce``), so a stranger who reaches its port can neither
+read the rank addresses nor plant one, nor replay one from an earlier launch (:mod:`asyncdp.model.rendezvous`).
 gloo's pair sockets listen on the interface facing the DP address (:mod:`asyncdp.model.gloo_interface`).
 
 Groups. ``DPProcessGroup.data`` carries the per-forward collectives (token-count exchange and the MoE expert

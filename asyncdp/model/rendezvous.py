@@ -15,18 +15,25 @@ there).
 
 With a deployment secret, every rank wraps its client in a :class:`SealedStore`. Both the head's ranks and a
 headless node's derive the same three keys from the secret and the group's identity (the store's address and port,
-``dp_size``, the backend: all in ``HandshakeInit.dp_group``), so no key is sent anywhere:
+``dp_size``, the backend, and the launch nonce: all in ``HandshakeInit.dp_group``), so no key is sent anywhere. The
+launch nonce is 16 random bytes the head draws when it hosts the store: a later launch of the same deployment
+(same secret, its store at the same address and port, e.g. a restart whose port came back) has other keys, so a
+value a stranger recorded from an earlier launch and writes into this one's store fails the check below like any
+value the secret did not seal (the nonce needs no secrecy: it reaches the ranks over the authenticated handshake,
+so a stranger cannot hand them an old one):
 
 * names: each key torch uses becomes ``asyncdp/`` and 128 bits of HMAC-SHA256 of it, so the names a stranger lists
   say nothing, and the name a rank will read next cannot be guessed from those it sees;
 * values: each value is sealed, encrypt-then-MAC: XOR with a SHAKE-256 keystream of the encryption key and a fresh
   16-byte nonce, then an HMAC-SHA256 over the stored name, the nonce and the ciphertext (``MAGIC | nonce | tag |
-  ciphertext``, 56 bytes more). A stranger reads no address; a value it wrote, or moved from another key, fails
-  the check, and the rank that reads it fails at once with :class:`~asyncdp.errors.StartupError` (rather than
-  connect where the stranger said).
+  ciphertext``, 56 bytes more). A stranger reads no address; a value it wrote, moved from another key, or
+  recorded in another launch fails the check, and the rank that reads it fails at once with
+  :class:`~asyncdp.errors.StartupError` (rather than connect where the stranger said).
 
 What stays open: a stranger who reaches the store can still delete or overwrite a sealed value (the startup then
-fails, with that error or the store's timeout), and counters (``add``, which torch only uses with
+fails, with that error or the store's timeout); within one launch it can write a value back under the name it
+read it from (a join retried after "address in use" may write the same names again: that points a rank at an address
+its peer held earlier in the launch); and counters (``add``, which torch only uses with
 ``TORCH_DIST_INIT_BARRIER=1``) are named but not sealed. After the rendezvous the ranks talk over gloo's (or
 NCCL's) own sockets, which carry no authentication and no encryption. Without a secret the store is used as is.
 """
@@ -43,7 +50,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from asyncdp.errors import StartupError
-from asyncdp.messages import DPGroupInfo
+from asyncdp.messages import LAUNCH_NONCE_BYTES, DPGroupInfo
 
 STORE_TIMEOUT_S = 300.0  # how long a rank waits in the rendezvous for its peers
 
@@ -53,7 +60,7 @@ __all__ = ["MAGIC", "RendezvousKeys", "SealedStore", "derive_keys", "host_rendez
 MAGIC = b"ADPrdv1\x00"
 NONCE_BYTES = 16
 TAG_BYTES = 32  # SHA-256
-_LABEL = b"asyncdp-dp-rendezvous-1"
+_LABEL = b"asyncdp-dp-rendezvous-2"  # 2: the launch nonce
 _NAME_PREFIX = "asyncdp/"
 _NAME_HEX = 32  # 128 bits
 
@@ -95,11 +102,13 @@ def _mac(key: bytes, data: bytes) -> bytes:
 
 def derive_keys(secret: bytes, info: DPGroupInfo) -> RendezvousKeys:
     """The keys of the group ``info`` describes: the same on every rank that holds ``secret``, another set for
-    another secret, store, ``dp_size`` or backend."""
+    another secret, store, ``dp_size``, backend or launch (``info.launch_nonce``)."""
     if not secret:
         raise ValueError("a rendezvous key needs a non-empty deployment secret")
+    if len(info.launch_nonce) != LAUNCH_NONCE_BYTES:
+        raise ValueError(f"a rendezvous key needs the launch's {LAUNCH_NONCE_BYTES}-byte nonce")
     group = "\x00".join((info.master_addr, str(info.master_port), str(info.dp_size), info.backend)).encode()
-    root = _mac(secret, _LABEL + b"\x00" + group)
+    root = _mac(secret, _LABEL + b"\x00" + info.launch_nonce + group)
     return RendezvousKeys(name=_mac(root, b"name"), encrypt=_mac(root, b"encrypt"),
                           authenticate=_mac(root, b"authenticate"))
 
@@ -128,7 +137,7 @@ def seal(keys: RendezvousKeys, name: str, value: bytes, *, nonce: bytes | None =
 
 def unseal(keys: RendezvousKeys, name: str, blob: bytes) -> bytes | None:
     """The value :func:`seal` stored under ``name``; None when ``blob`` is not one (another key, another secret,
-    another group, a stranger's bytes, or a sealed value altered or moved from another name)."""
+    another group or launch, a stranger's bytes, or a sealed value altered or moved from another name)."""
     head = len(MAGIC) + NONCE_BYTES + TAG_BYTES
     if len(blob) < head or not blob.startswith(MAGIC):
         return None
@@ -186,6 +195,11 @@ class SealedStore(dist.Store):
 
     def num_keys(self) -> int:
         return self._inner.num_keys()
+
+    # torch's C++ side (the PrefixStore a process group holds over this store, NCCL's watchdog) finds these two by
+    # their C++ names; under their Python names alone it raises "Tried to call pure virtual function"
+    deleteKey = delete_key
+    getNumKeys = num_keys
 
     def clone(self) -> SealedStore:
         return SealedStore(self._inner.clone(), self._keys, where=self._where)  # type: ignore[attr-defined]

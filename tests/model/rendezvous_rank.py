@@ -1,7 +1,7 @@
 """One rank of a DP group for the rendezvous tests: ``python rendezvous_rank.py PORT DP_SIZE DP_RANK TIMEOUT_S``.
 
-Imports torch, then reads the deployment secret (hex; empty: none) from stdin, which is the signal to go on: a
-test starts every rank at once and lets each join when it wants. Then it joins the gloo group at 127.0.0.1:PORT through
+Imports torch, then reads the deployment secret (hex; empty: none) and the launch nonce (hex) from stdin, one line
+each, which is the signal to go on: a test starts every rank at once and lets each join when it wants. Then it joins the gloo group at 127.0.0.1:PORT through
 ``init_dp_group``, runs one all-reduce of ``dp_rank + 1`` on the control group, and prints one JSON line:
 ``{"sum": n, "listening": ["ip:port", ...]}`` (the TCP sockets this process listens on: gloo's), or
 ``{"error": "<type>: <message>"}`` when joining or the all-reduce failed. Exits 0 either way.
@@ -46,7 +46,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     secret = bytes.fromhex(sys.stdin.readline().strip()) or None
-    info = DPGroupInfo(master_addr="127.0.0.1", master_port=port, dp_size=dp_size, backend="gloo")
+    launch_nonce = bytes.fromhex(sys.stdin.readline().strip())
+    info = DPGroupInfo(master_addr="127.0.0.1", master_port=port, dp_size=dp_size, backend="gloo",
+                       launch_nonce=launch_nonce)
     try:
         group = init_dp_group(info, dp_rank, timeout_s=timeout_s, secret=secret)
         tensor = torch.tensor([dp_rank + 1], dtype=torch.int64)

@@ -1,14 +1,18 @@
 """The parent side of ``rendezvous_rank.py``: rank processes of one group, started at once (each imports torch,
-then waits), each joining when the test says (:meth:`Ranks.join` hands it the secret), each killed at the end."""
+then waits), each joining when the test says (:meth:`Ranks.join` hands it the secret and the launch nonce), each
+killed at the end. One :class:`Ranks` is one launch: it draws the launch nonce a head would."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from asyncdp.messages import LAUNCH_NONCE_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK_SCRIPT = Path(__file__).with_name("rendezvous_rank.py")
@@ -22,6 +26,7 @@ class Ranks:
     def __init__(self, port: int, dp_size: int, secret: bytes | None, *, wrapper: Sequence[str] = ()) -> None:
         """``wrapper``: a command that runs each rank (the rank's command line is appended to it)."""
         self.port, self.dp_size, self.secret, self.wrapper = port, dp_size, secret, tuple(wrapper)
+        self.launch_nonce = secrets.token_bytes(LAUNCH_NONCE_BYTES)
         self.procs: dict[int, subprocess.Popen[str]] = {}
 
     def start(self) -> None:
@@ -34,10 +39,10 @@ class Ranks:
                  str(RANK_TIMEOUT_S)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
     def join(self, dp_rank: int) -> None:
-        """Rank ``dp_rank`` joins the group now (it is handed the secret)."""
+        """Rank ``dp_rank`` joins the group now (it is handed the secret and the launch nonce)."""
         stdin = self.procs[dp_rank].stdin
         assert stdin is not None
-        stdin.write((self.secret or b"").hex() + "\n")
+        stdin.write((self.secret or b"").hex() + "\n" + self.launch_nonce.hex() + "\n")
         stdin.close()
 
     def result(self, dp_rank: int) -> dict[str, object]:

@@ -178,12 +178,13 @@ def test_init_does_not_retry_other_failures() -> None:
 
 
 def test_init_rejects_a_rank_outside_the_group_and_nccl_without_cuda() -> None:
-    info = DPGroupInfo(master_addr="127.0.0.1", master_port=1, dp_size=2, backend="gloo")
+    info = DPGroupInfo(master_addr="127.0.0.1", master_port=1, dp_size=2, backend="gloo", launch_nonce=bytes(16))
     with pytest.raises(StartupError, match="outside the DP group"):
         init_dp_group(info, 2)
     if not torch.cuda.is_available():
         with pytest.raises(StartupError, match="CUDA is not available"):
-            init_dp_group(DPGroupInfo(master_addr="127.0.0.1", master_port=1, dp_size=2, backend="nccl"), 0)
+            init_dp_group(DPGroupInfo(master_addr="127.0.0.1", master_port=1, dp_size=2, backend="nccl",
+                                      launch_nonce=bytes(16)), 0)
 
 
 def test_backend_and_cpu_threads_follow_the_device_and_local_engine_count() -> None:

@@ -26,7 +26,8 @@ from asyncdp.model.rendezvous import (
 )
 
 SECRET = bytes(range(32))
-INFO = DPGroupInfo(master_addr="10.0.0.1", master_port=41234, dp_size=4, backend="gloo")
+LAUNCH_NONCE = bytes(range(100, 116))
+INFO = DPGroupInfo(master_addr="10.0.0.1", master_port=41234, dp_size=4, backend="gloo", launch_nonce=LAUNCH_NONCE)
 KEYS = derive_keys(SECRET, INFO)
 NAME = store_key(KEYS, "0//cpu//0/1")
 
@@ -41,10 +42,11 @@ def test_every_rank_derives_the_same_keys_from_the_group_info_it_was_sent() -> N
 
 
 @pytest.mark.parametrize("other", [
-    {"master_addr": "10.0.0.2"}, {"master_port": 41235}, {"dp_size": 2}, {"backend": "nccl"}])
+    {"master_addr": "10.0.0.2"}, {"master_port": 41235}, {"dp_size": 2}, {"backend": "nccl"},
+    {"launch_nonce": LAUNCH_NONCE[:-1] + b"\x00"}])  # the same deployment's store, launched again
 def test_another_group_has_other_keys(other: dict[str, object]) -> None:
     fields = {"master_addr": INFO.master_addr, "master_port": INFO.master_port, "dp_size": INFO.dp_size,
-              "backend": INFO.backend, **other}
+              "backend": INFO.backend, "launch_nonce": INFO.launch_nonce, **other}
     keys = derive_keys(SECRET, DPGroupInfo(**fields))  # type: ignore[arg-type]
     assert keys != KEYS
     assert store_key(keys, "0//cpu//0/1") != NAME
@@ -57,6 +59,10 @@ def test_another_secret_has_other_keys_and_none_without_one() -> None:
     assert unseal(keys, NAME, seal(KEYS, NAME, b"addr")) is None
     with pytest.raises(ValueError, match="non-empty"):
         derive_keys(b"", INFO)
+    for nonce in (b"", LAUNCH_NONCE[:-1]):  # a group without its launch's nonce has no keys
+        with pytest.raises(ValueError, match="16-byte nonce"):
+            derive_keys(SECRET, DPGroupInfo(master_addr="10.0.0.1", master_port=41234, dp_size=4, backend="gloo",
+                                            launch_nonce=nonce))
     assert "10.0.0.1" not in repr(KEYS) and str(KEYS.name) not in repr(KEYS)
 
 
@@ -132,6 +138,6 @@ def test_without_a_secret_a_rank_joins_the_plain_store() -> None:
     from asyncdp.model.rendezvous import host_rendezvous_store
 
     _, port = host_rendezvous_store("127.0.0.1", timeout_s=10.0)
-    info = DPGroupInfo(master_addr="127.0.0.1", master_port=port, dp_size=2, backend="gloo")
+    info = DPGroupInfo(master_addr="127.0.0.1", master_port=port, dp_size=2, backend="gloo", launch_nonce=LAUNCH_NONCE)
     assert type(join_rendezvous_store(info, None, timeout_s=10.0, where="rank 0")) is dist.TCPStore
     assert isinstance(join_rendezvous_store(info, SECRET, timeout_s=10.0, where="rank 0"), SealedStore)
