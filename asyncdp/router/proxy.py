@@ -64,6 +64,7 @@ from asyncdp.router.silence import (
     is_event_stream,
     stream_error_end,
 )
+from asyncdp.router.target import is_proxied, not_a_route, refuse_websocket, request_target
 
 log = logging.getLogger("asyncdp.router")
 
@@ -72,19 +73,15 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_BYTES  # RouterApp's default limit
-PROXIED_EXACT = frozenset({"/tokenize", "/detokenize"})
 BODY_DRAIN_S = 30.0  # bound on discarding the rest of a body before a router-made error answer
 _CLOSE_UPSTREAM_S = 2.0  # bound on closing an upstream response (shielded cleanup)
-
-
-def is_proxied(path: str) -> bool:
-    return path.startswith("/v1/") or path in PROXIED_EXACT
 
 
 @dataclass
 class _Exchange:
     """One request's state shared with its disconnect watcher."""
 
+    target: bytes  # path and query to send upstream (:func:`.target.request_target`)
     client_gone: bool = False
     too_large: bool = False
     too_slow: bool = False
@@ -117,16 +114,20 @@ class RouterApp:
         if scope["type"] == "lifespan":
             await _lifespan(receive, send)
         elif scope["type"] == "http":
-            path, method = scope["path"], scope["method"]
+            target = request_target(scope)
+            path, method = target.path, scope["method"]
             if path == "/health" and method in ("GET", "HEAD"):
                 await self._health(send)
             elif path == "/load" and method in ("GET", "HEAD"):
                 await _send_json(send, 200, self.poller.load())
+            elif is_proxied(path) and target.error:
+                await _send_error(send, target.error, f"{method} {scope['path']}: {target.message}")
             elif is_proxied(path):
-                await self._proxy(scope, receive, send)
+                await self._proxy(scope, target.raw, receive, send)
             else:
-                await _send_error(send, 404, f"{method} {path} is not a route of the router; it forwards /v1/*, "
-                                  "/tokenize and /detokenize and answers /health and /load")
+                await _send_error(send, 404, not_a_route(method, path))
+        elif scope["type"] == "websocket":
+            await refuse_websocket(scope, receive, send)
 
     async def _health(self, send: Send) -> None:
         usable = self.poller.num_usable()
@@ -135,7 +136,7 @@ class RouterApp:
                 "num_usable": usable, "endpoints": self.poller.statistics()}
         await _send_json(send, status, body)
 
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _proxy(self, scope: Scope, target: bytes, receive: Receive, send: Send) -> None:
         body = RequestBody(receive, max_bytes=self.max_body_bytes, replay_bytes=self.replay_body_bytes,
                            content_length=_content_length(scope), idle_timeout_s=self.body_idle_timeout_s)
         try:
@@ -151,7 +152,7 @@ class RouterApp:
         if self.draining:
             await _answer_error(body, send, 503, "the router is shutting down")
             return
-        exchange = _Exchange()
+        exchange = _Exchange(target)
         failures: list[str] | None = None  # stays None when the client leaves first (the watcher cancels)
         async with anyio.create_task_group() as tg:
             self._exchanges.add(tg.cancel_scope)
@@ -231,10 +232,7 @@ class RouterApp:
                        exchange: _Exchange, attempt: Attempt) -> str | None:
         """Send the request to ``base``; None once the exchange ended, else why the endpoint did not take it.
         ``attempt`` follows what the endpoint sent and what the client got."""
-        target = scope.get("raw_path") or scope["path"].encode("utf-8")
-        if scope.get("query_string"):
-            target += b"?" + scope["query_string"]
-        url = httpx.URL(base).copy_with(raw_path=target)
+        url = httpx.URL(base).copy_with(raw_path=exchange.target)
         content = body.content()
         streamed_length = None
         if not isinstance(content, bytes) and body.content_length is not None:
