@@ -82,6 +82,7 @@ class _Exchange:
     """One request's state shared with its disconnect watcher."""
 
     target: bytes  # path and query to send upstream (:func:`.target.request_target`)
+    responded: bool = False  # the last body event of the answer was handed to the server
     client_gone: bool = False
     too_large: bool = False
     too_slow: bool = False
@@ -153,6 +154,7 @@ class RouterApp:
             await _answer_error(body, send, 503, "the router is shutting down")
             return
         exchange = _Exchange(target)
+        send = _tracked(send, exchange)
         failures: list[str] | None = None  # stays None when the client leaves first (the watcher cancels)
         async with anyio.create_task_group() as tg:
             self._exchanges.add(tg.cancel_scope)
@@ -348,8 +350,22 @@ async def _watch_disconnect(receive: Receive, body: RequestBody, scope: anyio.Ca
     await body.wait_released()
     while (message := await receive())["type"] != "http.disconnect":
         body.complete = not message.get("more_body", False)
-    exchange.client_gone = True
-    scope.cancel()
+    if not exchange.responded:  # else the server closes the connection (or readies it for the next request)
+        exchange.client_gone = True
+        scope.cancel()
+
+
+def _tracked(send: Send, exchange: _Exchange) -> Send:
+    """``send`` that sets ``exchange.responded`` before it hands over the answer's last body event. Hypercorn ends
+    the response inside that ``send`` (closing the connection, or starting its idle timer) and delivers the
+    ``http.disconnect`` that says so before it returns (on trio): the watcher must not cancel that end."""
+
+    async def tracked(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            exchange.responded = True
+        await send(message)
+
+    return tracked
 
 
 def _endpoint_states(poller: Poller) -> str:
