@@ -17,15 +17,18 @@ Theory of operation. Served by :func:`asyncdp.api.serve.serve_http` (Hypercorn).
 * ``GET /health``: 200 while at least one endpoint is usable and the router is not draining, else 503; the body
   lists every endpoint's score and state. ``GET /load``: the endpoints' last ``/load`` answers, merged
   (:meth:`Poller.load`).
-* anything else: 404 in OpenAI's error shape.
+* anything else: 404 in OpenAI's error shape, as is a proxied path with a dot segment; the path routed on and the
+  target forwarded are :func:`.target.request_target`'s (an absolute-form target's path; a target httpx cannot
+  send is a 400). A WebSocket handshake gets a 400 (404 off these routes) (:func:`.target.refuse_websocket`).
 
 Every error the router makes itself once the body started to arrive (413, 502, 503) is sent after the rest of
 the body was read and discarded (for up to ``BODY_DRAIN_S``), so it reaches the client instead of a reset. A
 client that sends no part of its body for ``body_idle_timeout_s`` (60 s) gets a 408 at once (a streamed body's
 endpoint sees the request cut off).
 A disconnect watcher reads the client's side once the body is in (or the endpoint answered without it): when the
-client goes away, the exchange is cancelled and the upstream response closed before it was read to the end, which
-closes its connection, so the endpoint aborts the request. An endpoint that fails mid-body (killed: its
+client goes away before the answer's last body event was handed to Hypercorn (which ends the response inside that
+``send``, delivering an ``http.disconnect`` of its own), the exchange is cancelled and the upstream response
+closed before it was read to the end, which closes its connection, so the endpoint aborts the request. An endpoint that fails mid-body (killed: its
 connection reset or closed early) ends an uncompressed stream of events the client got whole events of with an
 error event (502) and ``data: [DONE]``, as ``asyncdp serve`` ends a stream that fails; any other response ends
 without its end (the app returns without the last body event, and Hypercorn closes the connection): the client

@@ -16,7 +16,8 @@ decoded (``path``). :func:`request_target` turns it into what the router routes 
   exchange (a 500 with a traceback).
 
 Everything else goes through byte for byte (httpx percent-encodes the few characters a URL path may not hold
-literally, such as ``{`` or ``"``, which the endpoint decodes back).
+literally, such as ``{`` or ``"``, which the endpoint decodes back). :func:`refuse_websocket` answers a WebSocket
+handshake, which the router does not forward, as ``asyncdp serve`` does.
 """
 
 from __future__ import annotations
