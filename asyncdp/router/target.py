@@ -11,6 +11,9 @@ decoded (``path``). :func:`request_target` turns it into what the router routes 
   ``/v1/../pause`` reached the endpoint's ``/pause``: the router's list of proxied paths (``/v1/*``,
   ``/tokenize``, ``/detokenize``) could be left with one ``..``, to every control route of the endpoint.
   ``asyncdp serve`` answers such a path 404 too (it matches routes literally).
+* **CONNECT.** A ``CONNECT`` to a proxied path is a 405, as ``asyncdp serve`` answers it: the router opens no
+  tunnel, and an endpoint of another kind that answered it 2xx switched both Hypercorn's and httpx's connection
+  to a tunnel, so the answer's body raised inside Hypercorn (a traceback, the connection broken).
 * **Targets httpx cannot send.** A ``#`` (the client sent a fragment), a control character (HTTP/2 lets one
   through) or a target over httpx's 64 KiB: a 400 that says why, instead of the ``InvalidURL`` raised inside the
   exchange (a 500 with a traceback).
@@ -58,6 +61,8 @@ def request_target(scope: dict[str, Any]) -> Target:
     if (absolute := _ABSOLUTE_FORM.match(raw)) is not None:
         raw = raw[absolute.end():] or b"/"
         path = unquote(raw.decode("ascii", "replace"))
+    if scope.get("method") == "CONNECT":
+        return Target(path, error=405, message="the router forwards no CONNECT (it opens no tunnel)")
     segments = path.split("/")
     if "." in segments or ".." in segments:
         return Target(path, error=404, message="a path with a '.' or '..' segment is not a route of the router")

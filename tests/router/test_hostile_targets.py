@@ -3,7 +3,8 @@ upstream, written byte for byte on a socket (an HTTP client would clean them up 
 
 Before the fix: ``POST /v1/../pause`` reached the endpoint's ``/pause`` (httpx resolved the dot segment that the
 router's route check let through as ``/v1/*``), an absolute-form target (``GET http://host/v1/models``) was a 404,
-and a target with a ``#`` or a WebSocket handshake was a bare 500 (the first with a traceback in the log).
+a target with a ``#`` or a WebSocket handshake was a bare 500 (the first with a traceback in the log), and a
+``CONNECT`` that the upstream answered 2xx broke the connection with a traceback.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ async def test_hostile_targets_get_openai_errors_and_reach_no_other_route_of_the
             get(b"/v1/%2e%2e/server_info"): 404,
             get(b"/tokenize/../../pause", method=b"POST"): 404,
             get(b"/v1/models#fragment"): 400,
+            get(b"/v1/models", method=b"CONNECT"): 405,
             get(b"/v1/models", *WEBSOCKET): 400,
             get(b"/elsewhere", *WEBSOCKET): 404,
         }
