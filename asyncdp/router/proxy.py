@@ -17,15 +17,18 @@ Theory of operation. Served by :func:`asyncdp.api.serve.serve_http` (Hypercorn).
 * ``GET /health``: 200 while at least one endpoint is usable and the router is not draining, else 503; the body
   lists every endpoint's score and state. ``GET /load``: the endpoints' last ``/load`` answers, merged
   (:meth:`Poller.load`).
-* anything else: 404 in OpenAI's error shape.
+* anything else: 404 in OpenAI's error shape, as is a proxied path with a dot segment; the path routed on and the
+  target forwarded are :func:`.target.request_target`'s (an absolute-form target's path; a target httpx cannot
+  send is a 400). A WebSocket handshake gets a 400 (404 off these routes) (:func:`.target.refuse_websocket`).
 
 Every error the router makes itself once the body started to arrive (413, 502, 503) is sent after the rest of
 the body was read and discarded (for up to ``BODY_DRAIN_S``), so it reaches the client instead of a reset. A
 client that sends no part of its body for ``body_idle_timeout_s`` (60 s) gets a 408 at once (a streamed body's
 endpoint sees the request cut off).
 A disconnect watcher reads the client's side once the body is in (or the endpoint answered without it): when the
-client goes away, the exchange is cancelled and the upstream response closed before it was read to the end, which
-closes its connection, so the endpoint aborts the request. An endpoint that fails mid-body (killed: its
+client goes away before the answer's last body event was handed to Hypercorn (which ends the response inside that
+``send``, delivering an ``http.disconnect`` of its own), the exchange is cancelled and the upstream response
+closed before it was read to the end, which closes its connection, so the endpoint aborts the request. An endpoint that fails mid-body (killed: its
 connection reset or closed early) ends an uncompressed stream of events the client got whole events of with an
 error event (502) and ``data: [DONE]``, as ``asyncdp serve`` ends a stream that fails; any other response ends
 without its end (the app returns without the last body event, and Hypercorn closes the connection): the client
@@ -64,6 +67,7 @@ from asyncdp.router.silence import (
     is_event_stream,
     stream_error_end,
 )
+from asyncdp.router.target import is_proxied, not_a_route, refuse_websocket, request_target
 
 log = logging.getLogger("asyncdp.router")
 
@@ -72,19 +76,16 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_BYTES  # RouterApp's default limit
-PROXIED_EXACT = frozenset({"/tokenize", "/detokenize"})
 BODY_DRAIN_S = 30.0  # bound on discarding the rest of a body before a router-made error answer
 _CLOSE_UPSTREAM_S = 2.0  # bound on closing an upstream response (shielded cleanup)
-
-
-def is_proxied(path: str) -> bool:
-    return path.startswith("/v1/") or path in PROXIED_EXACT
 
 
 @dataclass
 class _Exchange:
     """One request's state shared with its disconnect watcher."""
 
+    target: bytes  # path and query to send upstream (:func:`.target.request_target`)
+    responded: bool = False  # the last body event of the answer was handed to the server
     client_gone: bool = False
     too_large: bool = False
     too_slow: bool = False
@@ -117,16 +118,20 @@ class RouterApp:
         if scope["type"] == "lifespan":
             await _lifespan(receive, send)
         elif scope["type"] == "http":
-            path, method = scope["path"], scope["method"]
+            target = request_target(scope)
+            path, method = target.path, scope["method"]
             if path == "/health" and method in ("GET", "HEAD"):
                 await self._health(send)
             elif path == "/load" and method in ("GET", "HEAD"):
                 await _send_json(send, 200, self.poller.load())
+            elif is_proxied(path) and target.error:
+                await _send_error(send, target.error, f"{method} {scope['path']}: {target.message}")
             elif is_proxied(path):
-                await self._proxy(scope, receive, send)
+                await self._proxy(scope, target.raw, receive, send)
             else:
-                await _send_error(send, 404, f"{method} {path} is not a route of the router; it forwards /v1/*, "
-                                  "/tokenize and /detokenize and answers /health and /load")
+                await _send_error(send, 404, not_a_route(method, path))
+        elif scope["type"] == "websocket":
+            await refuse_websocket(scope, receive, send)
 
     async def _health(self, send: Send) -> None:
         usable = self.poller.num_usable()
@@ -135,7 +140,7 @@ class RouterApp:
                 "num_usable": usable, "endpoints": self.poller.statistics()}
         await _send_json(send, status, body)
 
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _proxy(self, scope: Scope, target: bytes, receive: Receive, send: Send) -> None:
         body = RequestBody(receive, max_bytes=self.max_body_bytes, replay_bytes=self.replay_body_bytes,
                            content_length=_content_length(scope), idle_timeout_s=self.body_idle_timeout_s)
         try:
@@ -151,7 +156,8 @@ class RouterApp:
         if self.draining:
             await _answer_error(body, send, 503, "the router is shutting down")
             return
-        exchange = _Exchange()
+        exchange = _Exchange(target)
+        send = _tracked(send, exchange)
         failures: list[str] | None = None  # stays None when the client leaves first (the watcher cancels)
         async with anyio.create_task_group() as tg:
             self._exchanges.add(tg.cancel_scope)
@@ -231,10 +237,7 @@ class RouterApp:
                        exchange: _Exchange, attempt: Attempt) -> str | None:
         """Send the request to ``base``; None once the exchange ended, else why the endpoint did not take it.
         ``attempt`` follows what the endpoint sent and what the client got."""
-        target = scope.get("raw_path") or scope["path"].encode("utf-8")
-        if scope.get("query_string"):
-            target += b"?" + scope["query_string"]
-        url = httpx.URL(base).copy_with(raw_path=target)
+        url = httpx.URL(base).copy_with(raw_path=exchange.target)
         content = body.content()
         streamed_length = None
         if not isinstance(content, bytes) and body.content_length is not None:
@@ -350,8 +353,22 @@ async def _watch_disconnect(receive: Receive, body: RequestBody, scope: anyio.Ca
     await body.wait_released()
     while (message := await receive())["type"] != "http.disconnect":
         body.complete = not message.get("more_body", False)
-    exchange.client_gone = True
-    scope.cancel()
+    if not exchange.responded:  # else the server closes the connection (or readies it for the next request)
+        exchange.client_gone = True
+        scope.cancel()
+
+
+def _tracked(send: Send, exchange: _Exchange) -> Send:
+    """``send`` that sets ``exchange.responded`` before it hands over the answer's last body event. Hypercorn ends
+    the response inside that ``send`` (closing the connection, or starting its idle timer) and delivers the
+    ``http.disconnect`` that says so before it returns (on trio): the watcher must not cancel that end."""
+
+    async def tracked(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            exchange.responded = True
+        await send(message)
+
+    return tracked
 
 
 def _endpoint_states(poller: Poller) -> str:
