@@ -20,8 +20,8 @@ import trio
 from engine_testing import encode, scripted_core, sim_core
 
 from asyncdp import messages as m
-from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.engine.grammar_warm_up import start_grammar_warm_up
+from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.engine.structured import GrammarMatchers
 from asyncdp.sampling_params import SamplingParams, StructuredOutputs
 from asyncdp.testing import FakeRankClient
