@@ -163,8 +163,8 @@ class EngineCore:
         self._broken = False
 
     def grammar_matchers(self, structured: StructuredOutputs | None = None) -> GrammarMatchers:
-        """The matchers, made on first use. A rank builds their tokenizer as it starts (``warm``: it holds the GIL
-        for a second) and compiles a request's grammar in a worker thread (``prepare``) before ``add_request``."""
+        """The matchers, made on first use. A rank builds their tokenizer in a background thread once ready (``warm``)
+        and compiles a request's grammar in a worker thread (``prepare``, which waits for ``warm``) first."""
         if not getattr(self.executor, "applies_token_masks", False) or self.tokenizer is None:
             raise InvalidRequestError("structured outputs need an executor that applies token masks (the torch "
                                       "executor, not --executor sim) and a tokenizer.", field=None if structured is

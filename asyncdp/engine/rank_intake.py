@@ -9,8 +9,8 @@ ended): one finished ``abort`` with ``error_type="unavailable"`` naming the rank
 A request the core refuses (:class:`~asyncdp.errors.InvalidRequestError`) is answered ``invalid_request`` (400).
 A structured-output request's grammar is compiled first in a worker thread under the step limiter
 (``GrammarMatchers.prepare``), so the event loop keeps sending heartbeats meanwhile; a rank stepping inline
-(virtual time) compiles it in place. The grammar library's tokenizer, whose construction holds the GIL (a thread
-would not free the loop), is built before the rank starts (``asyncdp.engine.rank_process``).
+(virtual time) compiles it in place. The grammar library's tokenizer is built in a background thread once the rank
+is ready (``asyncdp.engine.grammar_warm_up``); a grammar compiled before that ended waits for it in its worker thread.
 An admitted request is owned by its client (``RankState.owners``) and, in a MoE group, applies its wave stamp.
 """
 

@@ -3,7 +3,8 @@
 Startup (spec §5.3): connect to the handshake address (retrying up to 300 s, E7), send ``Hello``, receive
 ``HandshakeInit`` (on a hybrid node with ``S > 0``: from the head and from this node's front-end, spec §5.4), build the engine core off the event loop, connect to every client and to the coordinator
 (``Subscribe``, wait for ``CoordinatorReady``), send ``Ready`` to the front-end and ``EngineReady`` to each
-client. Then :class:`~asyncdp.engine.rank.EngineRank` runs until shutdown.
+client, start the grammar library's warm-up in the background (:mod:`asyncdp.engine.grammar_warm_up`). Then
+:class:`~asyncdp.engine.rank.EngineRank` runs until shutdown.
 
 The process gets an :class:`~asyncdp.config.roles.EngineRole` and reports ``ChildReady`` on the control channel
 once the handshake is done. Signals (SIGTERM/SIGINT) and ``Shutdown`` on the control channel start an orderly
@@ -16,7 +17,6 @@ from a failure of its own (it waits ``PEER_STOP_GRACE_S`` for its own signal, sp
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
 import signal
@@ -30,12 +30,12 @@ import msgspec
 
 from asyncdp import messages as m
 from asyncdp.config.roles import EngineRole
+from asyncdp.engine.grammar_warm_up import start_grammar_warm_up
 from asyncdp.engine.rank import EngineRank, RankConfig
 from asyncdp.errors import (
     ConfigError,
     DPGroupError,
     ForeignPeerError,
-    InvalidRequestError,
     LinkAuthError,
     RankTornDown,
     StartupError,
@@ -140,18 +140,6 @@ def _log_core(cfg: RankConfig, core: EngineCore, build_s: float) -> None:
                                  num_bytes=getattr(executor, "kv_cache_bytes", None)))
 
 
-def _warm_grammars(core: EngineCore) -> None:
-    """Build the grammar library's tokenizer before the rank's heartbeats start: it holds the GIL for about a second
-    (several on a loaded machine), which, done on the first structured-output request, silenced the heartbeats
-    long enough for the rank to be declared dead. Nothing to do without llguidance or an executor that masks."""
-    if importlib.util.find_spec("llguidance") is None:
-        return
-    try:
-        core.grammar_matchers().warm()
-    except InvalidRequestError:  # the sim executor, or a tokenizer the library cannot take (refused per request)
-        return
-
-
 async def _connect_peers(cfg: RankConfig, init: m.HandshakeInit) -> tuple[dict[int, Link], Link | None]:
     """Connect to the coordinator (``Subscribe``, then wait for ``CoordinatorReady``), then to every client.
 
@@ -246,7 +234,6 @@ async def start_rank(cfg: RankConfig, handshake: Link, *, local_handshake: Link 
                     await link.send(m.HandshakeError(reason=str(exc)))
         raise StartupError(f"rank {cfg.dp_rank}: {exc}") from None
     _log_core(cfg, core, time.monotonic() - building_since)
-    await anyio.to_thread.run_sync(_warm_grammars, core, limiter=limiter, abandon_on_cancel=True)
     try:
         clients, coordinator = await _connect_peers(cfg, init)
         ready = _ready(cfg, core, local=local, headless=headless)  # the summary reads the checkpoint: once
@@ -270,6 +257,7 @@ async def start_rank(cfg: RankConfig, handshake: Link, *, local_handshake: Link 
         if dp_group is not None:
             dp_group.abort()
         raise
+    start_grammar_warm_up(cfg.dp_rank, core)  # off the path to readiness
     return EngineRank(cfg, core, clients, coordinator, dp_group=dp_group, limiter=limiter)
 
 

@@ -26,8 +26,13 @@ The lexer is shared by a template and its copies, so the failure reaches the tem
 requests of the same grammar too (each fails at its next mask, the same visible way); the template is evicted,
 so the next request with that grammar starts from a fresh one.
 
-The llguidance tokenizer is built from the engine's Hugging Face fast tokenizer on first use (about a second for
-a 50k vocabulary), with the model's vocabulary size (the logits' width) and the engine's EOS ids.
+The llguidance tokenizer is built from the engine's Hugging Face fast tokenizer once (0.3 s for SmolLM2's 49k
+vocabulary on an idle core, a second or more on a loaded one, holding the GIL throughout), with the model's
+vocabulary size (the logits' width) and the engine's EOS ids: by ``warm``, which a rank runs in a background thread
+once it reported ready, or by the first grammar that needs it. Whichever comes second waits for the first (a lock),
+so it is built once. It is built in two library calls (without the token-mask "slices", then with the library's
+default ones), so the longest stretch that holds the GIL, during which no other thread of the process runs, is
+shorter; the engine's tokenizer is copied first only when it pads or truncates (the copy alone took 0.1 s).
 
 No torch here (the bitmask is a numpy array): the executor converts it.
 """
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
@@ -66,6 +72,7 @@ class GrammarMatchers:
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self._ll_tokenizer: Any = None
+        self._building = threading.Lock()  # held while the tokenizer is built (by ``warm`` or a first grammar)
         self._templates: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.matchers: dict[str, Any] = {}
         self._origins: dict[str, tuple[tuple[str, str], Any]] = {}  # request id -> (key, template) it copies
@@ -74,19 +81,27 @@ class GrammarMatchers:
         return len(self.matchers)
 
     def _tokenizer(self) -> Any:
-        if self._ll_tokenizer is None:
-            llg = llguidance_module()
-            # A Hugging Face fast tokenizer's Rust backend, or a ``tokenizers.Tokenizer`` itself.
-            backend = getattr(self._hf_tokenizer, "backend_tokenizer", self._hf_tokenizer)
-            if not hasattr(backend, "to_str"):
-                raise InvalidSamplingParams("structured outputs need a fast (Rust) tokenizer; this engine's "
-                                            "tokenizer is not one.", field="structured")
+        tokenizer = self._ll_tokenizer
+        if tokenizer is None:
+            with self._building:  # being built in another thread (the rank's warm-up): wait for it, not build twice
+                if self._ll_tokenizer is None:
+                    self._ll_tokenizer = self._build_tokenizer()
+                tokenizer = self._ll_tokenizer
+        return tokenizer
+
+    def _build_tokenizer(self) -> Any:
+        llg = llguidance_module()
+        # A Hugging Face fast tokenizer's Rust backend, or a ``tokenizers.Tokenizer`` itself.
+        backend = getattr(self._hf_tokenizer, "backend_tokenizer", self._hf_tokenizer)
+        if not hasattr(backend, "to_str"):
+            raise InvalidSamplingParams("structured outputs need a fast (Rust) tokenizer; this engine's "
+                                        "tokenizer is not one.", field="structured")
+        if getattr(backend, "padding", None) is not None or getattr(backend, "truncation", None) is not None:
             backend = copy.copy(backend)
             backend.no_padding()
             backend.no_truncation()
-            self._ll_tokenizer = llg.LLTokenizer(backend.to_str(), n_vocab=self.vocab_size,
-                                                 eos_token=self.eos_token_ids)
-        return self._ll_tokenizer
+        plain = llg.LLTokenizer(backend.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids, slices=[])
+        return plain.with_slices(llg.LLTokenizer.general_slices())  # LLTokenizer's default slices, in a second call
 
     def _template(self, key: tuple[str, str]) -> Any:
         template = self._templates.get(key)
@@ -107,7 +122,7 @@ class GrammarMatchers:
         return template
 
     def warm(self) -> None:
-        """Build the llguidance tokenizer now (about a second for a 50k vocabulary, holding the GIL throughout)."""
+        """Build the llguidance tokenizer now, from any thread; a grammar compiled meanwhile waits for it."""
         self._tokenizer()
 
     def prepare(self, structured: StructuredOutputs) -> None:

@@ -5,8 +5,9 @@ The first constrained request on a rank built the grammar library's tokenizer fr
 GIL throughout, so no heartbeat went out. On a loaded machine ``asyncdp serve builtin:smollm2-135m -dp 2`` lost
 rank 0 ("no heartbeat from engine rank 0 for 5.0 s") on its first ``tool_choice`` request and the deployment went
 down; with ``--dp-heartbeat-timeout-s 1`` one ``response_format: json_object`` request did it every time. Now the
-tokenizer is built as the rank starts, before its heartbeats, and each grammar is compiled in a worker thread
-(llguidance releases the GIL there: 200 tools' schemas take 0.65 s).
+tokenizer is built off the event loop (in a background thread once the rank is ready:
+``asyncdp.engine.grammar_warm_up``), and each grammar is compiled in a worker thread (llguidance releases the GIL
+there: 200 tools' schemas take 0.65 s).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import trio
 from engine_testing import encode, scripted_core, sim_core
 
 from asyncdp import messages as m
+from asyncdp.engine.grammar_warm_up import start_grammar_warm_up
 from asyncdp.engine.rank import EngineRank, RankConfig
-from asyncdp.engine.rank_process import _warm_grammars
 from asyncdp.engine.structured import GrammarMatchers
 from asyncdp.sampling_params import SamplingParams, StructuredOutputs
 from asyncdp.testing import FakeRankClient
@@ -35,11 +36,13 @@ def masking_core():  # type: ignore[no-untyped-def]
     return core
 
 
-def test_a_starting_rank_builds_the_grammar_librarys_tokenizer_and_a_sim_rank_skips_it() -> None:
+def test_a_started_rank_builds_the_grammar_librarys_tokenizer_and_a_sim_rank_skips_it() -> None:
     core = masking_core()
-    _warm_grammars(core)
+    warm_up = start_grammar_warm_up(0, core)
+    assert warm_up is not None
+    warm_up.join()
     assert core.grammar_matchers()._ll_tokenizer is not None
-    _warm_grammars(sim_core())  # an executor that cannot mask: nothing to build, no error
+    assert start_grammar_warm_up(0, sim_core()) is None  # an executor that cannot mask: nothing to build, no error
 
 
 @pytest.mark.trio
