@@ -8,18 +8,24 @@ Ctrl-C took 0.5-2.6 s to end it after its "stopped the sweep" line, all of it th
 or 143 from the ``SystemExit`` a signal raises) is kept. Other commands exit normally. (:func:`~asyncdp.cli.main` itself returns, for tests that run it in-process.)
 
 A stop before the command has its own signal handling (a Ctrl-C or SIGTERM while it still imports, for about a
-second) ends it as its own handling would, without a traceback: a server (``serve``, ``route``) exits 0, as a
-stopped server does (spec §12.5), any other command 128 + the signal's number (130, 143), as a shell reports it. Until then SIGTERM raises, as SIGINT
-does, so what was begun is unwound (``finally`` blocks run: a run directory or a port lock is let go); the
-command's own handlers replace this one. This module imports nothing heavy itself: :func:`main` imports the CLI.
+second, or before its own handlers are installed) ends it as its own handling would, without a traceback: a server
+(``serve``, ``route``) exits 0, as a stopped server does (spec §12.5), any other command 128 + the signal's number
+(130, 143), as a shell reports it. While the CLI is imported both signals raise through :func:`_stop_early` (so a
+stop that lands inside a C extension's import, which Python turns into that import's ``ImportError``, is still
+known for a stop). Then SIGINT is Python's own again (``KeyboardInterrupt``: trio only installs its own Ctrl-C
+handling over that one), and a server keeps SIGTERM raising until its own handlers replace it, so what was begun
+is unwound (``finally`` blocks run: a run directory or a port lock is let go). This module imports nothing heavy
+itself: :func:`main` imports the CLI.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from types import FrameType
 from typing import NoReturn
 
@@ -28,9 +34,28 @@ SERVERS = (["serve"], ["route"])  # commands that run until stopped: a stop is t
 
 def main() -> int:
     """:func:`asyncdp.cli.main`, imported on the call (the import takes about a second: see the module's docstring)."""
-    from asyncdp.cli import main as cli_main
-
+    with _stops_while_importing():
+        from asyncdp.cli import main as cli_main
     return cli_main()
+
+
+@contextlib.contextmanager
+def _stops_while_importing() -> Iterator[None]:
+    """SIGINT and SIGTERM raise through :func:`_stop_early` for the block (where the command started with them
+    at their defaults); afterwards SIGINT is Python's own again, and SIGTERM too but for a server."""
+    installed = [(signum, default) for signum, default in ((signal.SIGINT, signal.default_int_handler),
+                                                            (signal.SIGTERM, signal.SIG_DFL))
+                 if signal.getsignal(signum) is default]  # (one ignored by whoever started us stays ignored)
+    for signum, _default in installed:
+        signal.signal(signum, _stop_early)
+    try:
+        yield
+    finally:
+        for signum, default in installed:
+            if signum == signal.SIGTERM and sys.argv[1:2] in SERVERS:
+                continue  # raising until the server's own handlers replace it
+            if signal.getsignal(signum) is _stop_early:
+                signal.signal(signum, default)
 
 
 class _StoppedEarly(BaseException):
@@ -56,22 +81,24 @@ def skips_teardown(argv: list[str]) -> bool:
 def entry() -> NoReturn:
     fast = skips_teardown(sys.argv[1:])
     server = sys.argv[1:2] in SERVERS
-    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
-        if signal.getsignal(signum) is default:  # (one ignored by whoever started us stays ignored)
-            signal.signal(signum, _stop_early)
+    stopped_by: int | None = None
     try:
         code = main()
     except SystemExit as exc:  # bench calibrate stopped by a signal (130, 143)
         if not fast or not isinstance(exc.code, int):
             raise
         code = exc.code
+    except KeyboardInterrupt:  # Ctrl-C before the command's own handling took over
+        stopped_by = signal.SIGINT
     except BaseException:
-        # Stopped before the command's own handling took over. Whatever the exception: one raised inside the
-        # import of a C extension comes out as that import's ImportError.
+        # Stopped while importing, or by SIGTERM before a server's own handling took over. Whatever the exception:
+        # one raised inside the import of a C extension comes out as that import's ImportError.
         if _stopped_by is None:
             raise
-        code = 0 if server else 128 + _stopped_by
-        print(f"asyncdp: stopped by {signal.Signals(_stopped_by).name} while starting", file=sys.stderr)
+        stopped_by = _stopped_by
+    if stopped_by is not None:
+        code = 0 if server else 128 + stopped_by
+        print(f"asyncdp: stopped by {signal.Signals(stopped_by).name} while starting", file=sys.stderr)
     if not fast:
         sys.exit(code)
     logging.shutdown()
