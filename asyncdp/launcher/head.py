@@ -21,7 +21,6 @@ a launch first removes those of deployments killed whole, which nobody was left 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -48,6 +47,7 @@ from asyncdp.launcher.plan import API_SERVER
 from asyncdp.launcher.startup import head_handshake_addr, run_startup, start_node
 from asyncdp.logs import DrainCounts, serving_line, stopped_line
 from asyncdp.transport.http_socket import lock_http_port, reserve_shared_port
+from asyncdp.transport.port_lock import bind_locked
 
 log = logging.getLogger("asyncdp.launcher")  # the role's one log name, whichever module logs
 
@@ -82,20 +82,10 @@ def _bind_http(plan: LaunchPlan) -> tuple[socket.socket, socket.socket | None]:
     the port. The lock (:func:`~asyncdp.transport.http_socket.lock_http_port`) keeps a second deployment off the
     port, which ``SO_REUSEPORT`` would let it share; it is taken before the bind (after it for port 0, on the port
     the kernel gave). A multi-port supervisor's child takes none: its supervisor holds the lock of its port."""
-    take_lock = plan.supervised_rank is None
-    with contextlib.ExitStack() as undo:
-        lock = lock_http_port(plan.host, plan.port) if take_lock and plan.port else None
-        if lock is not None:
-            undo.callback(lock.close)
-        if plan.api_server_count == 1:
-            sock = bind_http_socket(plan.host, plan.port)
-        else:
-            sock = reserve_shared_port(plan.host, plan.port)
-        undo.callback(sock.close)
-        if take_lock and lock is None:
-            lock = lock_http_port(plan.host, sock.getsockname()[1])
-        undo.pop_all()
-    return sock, lock
+    bind = functools.partial(bind_http_socket if plan.api_server_count == 1 else reserve_shared_port, plan.host)
+    if plan.supervised_rank is not None:
+        return bind(plan.port), None
+    return bind_locked(plan.port, bind, functools.partial(lock_http_port, plan.host))
 
 
 def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:

@@ -18,6 +18,7 @@ held for the process's lifetime), ends the process with status 1 and one log lin
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import socket
@@ -33,7 +34,7 @@ from asyncdp.api.serve import LISTEN_BACKLOG, SSLFiles, serve_http
 from asyncdp.router.poller import Poller
 from asyncdp.router.proxy import RouterApp
 from asyncdp.router.settings import RouterSettings
-from asyncdp.transport.port_lock import hold_port
+from asyncdp.transport.port_lock import bind_locked
 
 log = logging.getLogger("asyncdp.router")
 
@@ -72,20 +73,7 @@ def claim_port(host: str, port: int) -> tuple[socket.socket, socket.socket]:
     the lock's naming the pid of the asyncdp process that holds it. The socket has no ``SO_REUSEPORT``, so the
     kernel keeps anyone off a port the router listens on, but not the router off a port an ``asyncdp serve``
     launcher or a supervisor bound and does not listen on yet (a deployment still starting): the lock does."""
-    lock = hold_port(port) if port else None
-    try:
-        sock = listen(host, port)
-    except OSError:
-        if lock is not None:
-            lock.close()
-        raise
-    if lock is None:
-        try:
-            lock = hold_port(sock.getsockname()[1])
-        except OSError:
-            sock.close()
-            raise
-    return sock, lock
+    return bind_locked(port, functools.partial(listen, host))
 
 
 async def serve_router(settings: RouterSettings, sock: socket.socket, *,

@@ -62,6 +62,7 @@ from asyncdp.supervisor.health_server import (
 from asyncdp.supervisor.probe import ProbeTarget, attempts_per_probe, judge_round, probe_host, probe_round
 from asyncdp.supervisor.settings import SupervisorSettings
 from asyncdp.transport.link_auth import unauthenticated_warning
+from asyncdp.transport.port_lock import bind_locked
 
 log = logging.getLogger("asyncdp.supervisor")
 
@@ -237,16 +238,14 @@ def _hold_ports(commands: Sequence[ChildCommand], settings: SupervisorSettings,
     no second deployment can take one while the children start), reserve the supervisor port and check that each
     child's can be bound. The reserved supervisor port is returned; a busy port is a StartupError naming it."""
     host = settings.host
-    if settings.supervisor_port:
-        locks.enter_context(lock_port(host, settings.supervisor_port, what=SUPERVISOR_PORT))
     for command in commands:  # the children take none: their ``asyncdp serve`` leaves it to the supervisor
         locks.enter_context(lock_port(host, command.port, what=f"the port of {command.describe()}"))
     # Held from now on, so that nothing else on the machine is given it while the children start (a port-0
     # bind, an outgoing connection), yet closed to clients (connection refused) until every child is ready.
-    port = reserve_port(host, settings.supervisor_port, what=SUPERVISOR_PORT)
+    port, lock = bind_locked(settings.supervisor_port, functools.partial(reserve_port, host, what=SUPERVISOR_PORT),
+                             functools.partial(lock_port, host, what=SUPERVISOR_PORT))
+    locks.enter_context(lock)
     try:
-        if not settings.supervisor_port:  # port 0: lock the port the kernel gave
-            locks.enter_context(lock_port(host, port.getsockname()[1], what=SUPERVISOR_PORT))
         for command in commands:
             ensure_port_free(host, command.port, what=f"the port of {command.describe()}")
     except StartupError:

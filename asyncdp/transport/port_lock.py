@@ -20,12 +20,14 @@ second claimant read the holder's pid (``SO_PEERCRED``), for the error message; 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
 import struct
+from collections.abc import Callable
 
-__all__ = ["hold_port", "lock_name"]
+__all__ = ["bind_locked", "hold_port", "lock_name"]
 
 _NAME = "asyncdp-port-{port}"
 
@@ -65,3 +67,20 @@ def _holder_pid(port: int) -> int | None:
             return None
     pid = struct.unpack("3i", creds)[0]
     return pid or None
+
+
+def bind_locked(port: int, bind: Callable[[int], socket.socket],
+                lock: Callable[[int], socket.socket] = hold_port) -> tuple[socket.socket, socket.socket]:
+    """``bind(port)`` under the port's lock (``lock``: :func:`hold_port`, or a wrapper that words its error): the
+    lock is taken before the bind, or right after it on the port the kernel gave for port 0. Returns the socket and
+    the lock; when either cannot be had, what was had is closed and the error raised."""
+    with contextlib.ExitStack() as undo:
+        held = lock(port) if port else None
+        if held is not None:
+            undo.callback(held.close)
+        sock = bind(port)
+        undo.callback(sock.close)
+        if held is None:
+            held = lock(sock.getsockname()[1])
+        undo.pop_all()
+    return sock, held
