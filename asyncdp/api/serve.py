@@ -29,6 +29,7 @@ from hypercorn.config import Config
 
 from asyncdp.api.context import set_draining
 from asyncdp.logs import HTTP_LOGGER
+from asyncdp.transport.http_socket import LISTEN_BACKLOG
 
 # Time for Hypercorn's own shutdown steps (closing listeners, lifespan shutdown) beyond the drain deadline.
 _SHUTDOWN_MARGIN_S = 5.0
@@ -37,10 +38,6 @@ _SHUTDOWN_MARGIN_S = 5.0
 TLS_CLOSE_TIMEOUT_S = 2.0
 
 
-# The pending-connection queue of every HTTP listener (the kernel caps it at net.core.somaxconn). Hypercorn listens
-# again on the socket it is handed, with its own default of 100 unless told: a burst of clients past that waited
-# for SYN retries.
-LISTEN_BACKLOG = 4096
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,11 @@ import dataclasses
 import secrets
 import socket
 
-from asyncdp.api.serve import LISTEN_BACKLOG
 from asyncdp.config.deployment import ResolvedServeConfig
 from asyncdp.config.flags import default_max_request_body_bytes
 from asyncdp.config.roles import LaunchPlan
 from asyncdp.launcher.plan import plan as launch_table
-from asyncdp.transport.http_socket import bind_listener
+from asyncdp.transport.http_socket import LISTEN_BACKLOG, bind_listener
 from asyncdp.transport.link_auth import LINK_SECRET_BYTES, unauthenticated_warning
 
 __all__ = ["LaunchPlan", "bind_http_socket", "plan_from_config", "plan_summary", "with_link_secret"]

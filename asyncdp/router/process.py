@@ -30,10 +30,11 @@ import httpx
 import sniffio
 
 from asyncdp import runtime
-from asyncdp.api.serve import LISTEN_BACKLOG, SSLFiles, serve_http
+from asyncdp.api.serve import SSLFiles, serve_http
 from asyncdp.router.poller import Poller
 from asyncdp.router.proxy import RouterApp
 from asyncdp.router.settings import RouterSettings
+from asyncdp.transport.http_socket import LISTEN_BACKLOG
 from asyncdp.transport.port_lock import bind_locked
 
 log = logging.getLogger("asyncdp.router")

@@ -9,7 +9,7 @@ open (the children are still draining). It runs on Quart (``QuartTrio`` under tr
 (:func:`reserve_port`: held, but a connection is refused as to a closed port) and listens on it only once every
 child is ready (:func:`start_listening`), which is the lifecycle's business (:mod:`asyncdp.supervisor.process`),
 not this module's. :func:`ensure_port_free` checks a port without keeping it (each child's, before it starts).
-:func:`lock_port` takes a port's lock (:mod:`asyncdp.transport.port_lock`) for the supervisor's lifetime: neither
+:func:`~asyncdp.transport.http_socket.lock_http_port` takes a port's lock (:mod:`asyncdp.transport.port_lock`) for the supervisor's lifetime: neither
 binding keeps a second deployment off a port whose owner does not listen yet.
 """
 
@@ -24,7 +24,7 @@ import anyio.abc
 
 from asyncdp.api.serve import SSLFiles, serve_http
 from asyncdp.errors import StartupError
-from asyncdp.transport.port_lock import hold_port
+from asyncdp.transport.http_socket import shown_address
 
 HEALTH_ROUTES = ("/health", "/ready", "/readyz")
 # Health answers are tiny: a short drain is plenty once the supervisor stops its server.
@@ -71,11 +71,6 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def _shown(host: str | None, port: int) -> str:
-    host = host or "0.0.0.0"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def reserve_port(host: str | None, port: int, *, what: str) -> socket.socket:
     """Bind ``host`` (None: all interfaces) and ``port`` without listening: the port is the caller's (no port-0
     bind and no outgoing connection on the machine is given it), yet a connection to it is refused, as to a
@@ -87,17 +82,9 @@ def reserve_port(host: str | None, port: int, *, what: str) -> socket.socket:
         sock.bind((bind_host, port))
     except OSError as exc:
         sock.close()
-        raise StartupError(f"cannot listen on {what} {_shown(host, port)}: {exc.strerror or exc}") from None
+        raise StartupError(f"cannot listen on {what} {shown_address(host, port)}: {exc.strerror or exc}") from None
     return sock
 
-
-def lock_port(host: str | None, port: int, *, what: str) -> socket.socket:
-    """The lock of ``port`` (:func:`~asyncdp.transport.port_lock.hold_port`), held until it is closed; another
-    deployment holding it is the StartupError of a busy port, naming ``what``, the port and the holder's pid."""
-    try:
-        return hold_port(port)
-    except OSError as exc:
-        raise StartupError(f"cannot listen on {what} {_shown(host, port)}: {exc.strerror or exc}") from None
 
 
 def start_listening(sock: socket.socket, *, what: str) -> None:
@@ -108,7 +95,7 @@ def start_listening(sock: socket.socket, *, what: str) -> None:
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        raise StartupError(f"cannot listen on {what} {_shown(host, port)}: {exc.strerror or exc}") from None
+        raise StartupError(f"cannot listen on {what} {shown_address(host, port)}: {exc.strerror or exc}") from None
 
 
 def listen_socket(host: str | None, port: int, *, what: str) -> socket.socket:

@@ -6,7 +6,7 @@ Theory of operation
 derives one ``asyncdp serve`` command per local rank (:mod:`.derive`) and runs :func:`supervise`, which owns the
 lifecycle and takes its commands from outside (tests give it mock children):
 
-1. Lock every port (the supervisor's and each child's, :func:`~.health_server.lock_port`: no second deployment
+1. Lock every port (the supervisor's and each child's, :func:`~asyncdp.transport.http_socket.lock_http_port`: no second deployment
    can take one while the children start, see :mod:`asyncdp.transport.port_lock`; held until the supervisor
    exits), bind the supervisor port without listening (it is held from now on: no port-0 bind or outgoing
    connection on the machine is given it during a start-up of minutes, yet a connection is refused as to a closed
@@ -54,13 +54,13 @@ from asyncdp.supervisor.derive import ChildCommand, ResolveArgs, check_child_com
 from asyncdp.supervisor.health_server import (
     create_health_app,
     ensure_port_free,
-    lock_port,
     reserve_port,
     serve_health,
     start_listening,
 )
 from asyncdp.supervisor.probe import ProbeTarget, attempts_per_probe, judge_round, probe_host, probe_round
 from asyncdp.supervisor.settings import SupervisorSettings
+from asyncdp.transport.http_socket import lock_http_port
 from asyncdp.transport.link_auth import unauthenticated_warning
 from asyncdp.transport.port_lock import bind_locked
 
@@ -239,11 +239,11 @@ def _hold_ports(commands: Sequence[ChildCommand], settings: SupervisorSettings,
     child's can be bound. The reserved supervisor port is returned; a busy port is a StartupError naming it."""
     host = settings.host
     for command in commands:  # the children take none: their ``asyncdp serve`` leaves it to the supervisor
-        locks.enter_context(lock_port(host, command.port, what=f"the port of {command.describe()}"))
+        locks.enter_context(lock_http_port(host, command.port, what=f"the port of {command.describe()}"))
     # Held from now on, so that nothing else on the machine is given it while the children start (a port-0
     # bind, an outgoing connection), yet closed to clients (connection refused) until every child is ready.
     port, lock = bind_locked(settings.supervisor_port, functools.partial(reserve_port, host, what=SUPERVISOR_PORT),
-                             functools.partial(lock_port, host, what=SUPERVISOR_PORT))
+                             functools.partial(lock_http_port, host, what=SUPERVISOR_PORT))
     locks.enter_context(lock)
     try:
         for command in commands:

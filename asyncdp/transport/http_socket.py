@@ -24,6 +24,11 @@ import socket
 from asyncdp.errors import StartupError
 from asyncdp.transport.port_lock import hold_port
 
+# The pending-connection queue of every HTTP listener (the kernel caps it at net.core.somaxconn). Hypercorn listens
+# again on the socket it is handed, with its own default of 100 unless told: a burst of clients past that waited
+# for SYN retries.
+LISTEN_BACKLOG = 4096
+
 
 def bind_listener(host: str | None, port: int, *, reuse_port: bool = True, backlog: int | None = None) -> socket.socket:
     """A TCP socket bound to ``host:port`` (``SO_REUSEADDR``: a previous run's TIME_WAIT does not count; and
@@ -56,15 +61,23 @@ def reserve_shared_port(host: str | None, port: int) -> socket.socket:
     return bind_listener(host, port)
 
 
-def listen_shared_port(host: str | None, port: int, backlog: int = 4096) -> socket.socket:
+def listen_shared_port(host: str | None, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """One API process's own listener on the shared port."""
     return bind_listener(host, port, backlog=backlog)
 
 
-def lock_http_port(host: str | None, port: int) -> socket.socket:
+def shown_address(host: str | None, port: int) -> str:
+    """``host:port`` for a message (None: all interfaces; an IPv6 host in brackets)."""
+    host = host or "0.0.0.0"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def lock_http_port(host: str | None, port: int, *, what: str = "") -> socket.socket:
     """The deployment's lock of ``port`` (:func:`~asyncdp.transport.port_lock.hold_port`), held until it is closed;
-    another deployment holding it is the ``StartupError`` of a busy port (E11), naming the holder's pid."""
+    another deployment holding it is the ``StartupError`` of a busy port (E11), naming ``what`` (the port's role,
+    if any), the address and the holder's pid."""
     try:
         return hold_port(port)
     except OSError as exc:
-        raise StartupError(f"cannot listen on {host or '0.0.0.0'}:{port}: {exc.strerror}") from None
+        named = f"{what} " if what else ""
+        raise StartupError(f"cannot listen on {named}{shown_address(host, port)}: {exc.strerror or exc}") from None

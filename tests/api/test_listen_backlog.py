@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncdp.api.serve import LISTEN_BACKLOG
+from asyncdp.transport.http_socket import LISTEN_BACKLOG
 from tests.api.conftest import running
 
 pytestmark = pytest.mark.anyio
