@@ -64,6 +64,7 @@ from asyncdp.router.silence import (
     SILENT_STATUS,
     Attempt,
     SilenceWatch,
+    ends_an_event,
     is_event_stream,
     stream_error_end,
 )
@@ -228,10 +229,9 @@ class RouterApp:
     async def _forward_watched(self, i: int, scope: Scope, body: RequestBody, send: Send, exchange: _Exchange,
                                attempt: Attempt) -> str | None:
         """:meth:`_forward` to endpoint ``i``, cancelled when the endpoint goes silent (``attempt.abandoned``)."""
-        error: str | None = None
         with SilenceWatch(self.poller, i, attempt):
-            error = await self._forward(self.poller.endpoints[i].url, scope, body, send, exchange, attempt)
-        return error
+            return await self._forward(self.poller.endpoints[i].url, scope, body, send, exchange, attempt)
+        return None  # abandoned: the watch cancelled it
 
     async def _forward(self, base: str, scope: Scope, body: RequestBody, send: Send,
                        exchange: _Exchange, attempt: Attempt) -> str | None:
@@ -282,7 +282,7 @@ class RouterApp:
                     attempt.heard()
                     attempt.at_event_boundary = False  # until the client has it whole
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    attempt.heard(chunk)
+                    attempt.at_event_boundary = ends_an_event(chunk)
             except httpx.TransportError as exc:  # the endpoint went away mid-answer (killed, reset)
                 why = error_text(exc)
                 log.warning("endpoint %s failed while answering %s %s: %s", base, scope["method"],

@@ -46,11 +46,9 @@ class Attempt:
     done: bool = False  # the response's end is being sent: too late to abandon it
     abandoned: bool = False
 
-    def heard(self, chunk: bytes = b"") -> None:
-        """The endpoint sent something for the request (``chunk``: of the body, now passed on to the client)."""
+    def heard(self) -> None:
+        """The endpoint sent something for the request."""
         self.heard_s = anyio.current_time()
-        if chunk:
-            self.at_event_boundary = chunk.endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
 
     @property
     def can_end_with_event(self) -> bool:
@@ -92,6 +90,11 @@ class SilenceWatch:
         elif not attempt.abandoned:
             attempt.abandoned = True
             self._scope.cancel()
+
+
+def ends_an_event(chunk: bytes) -> bool:
+    """Whether a chunk of a stream of events ends between two events (a blank line)."""
+    return chunk.endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
 
 
 def is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
