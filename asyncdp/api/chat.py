@@ -142,12 +142,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         elif exc.field == "max_tokens":
             exc.field = field
         raise
-    try:
-        check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens)
-    except InvalidRequestError as exc:
-        if exc.field == "prompt":  # (the prompt a chat request gives is its messages)
-            exc.field = "messages"
-        raise
+    check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens,
+                 prompt_field="messages")
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
     if echo and tools is not None and tools.calls:
         raise HTTPError(400, "echo cannot be combined with a tool_choice whose answer is tool calls.", param="echo")

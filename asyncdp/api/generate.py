@@ -34,15 +34,16 @@ from asyncdp.sampling_params import SamplingParams, sample_seed
 
 
 def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, field: str = "max_tokens",
-                 min_tokens: int = 0) -> None:
-    """The prompt and ``max_tokens`` fit ``max_model_len``; else a 400 naming the prompt, or ``field`` (the
-    request's own name for the limit: chat's ``max_completion_tokens`` when it gave that one). Without
+                 min_tokens: int = 0, prompt_field: str = "prompt") -> None:
+    """The prompt and ``max_tokens`` fit ``max_model_len``; else a 400 naming ``prompt_field`` (chat's prompt is
+    its ``messages``), or ``field`` (the request's own name for the limit: chat's ``max_completion_tokens`` when it
+    gave that one). Without
     ``max_tokens`` (chat: up to the context), ``min_tokens`` must fit the room the prompt leaves, as vLLM
     checks it against the max tokens it derives (never a silent cut at ``max_model_len``)."""
     if num_prompt + 1 > max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length (max_model_len) is {max_model_len} tokens, but the prompt "
-            f"has {num_prompt} tokens, which leaves no room for a generated token.", field="prompt")
+            f"has {num_prompt} tokens, which leaves no room for a generated token.", field=prompt_field)
     if max_tokens is not None and num_prompt + max_tokens > max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length (max_model_len) is {max_model_len} tokens. However, you "
