@@ -139,7 +139,7 @@ def _install_hooks(app: Quart, state: AppState) -> None:
                 return denied
         # From the client's begin_shutdown (the drain of --shutdown-timeout), not only once HTTP stops: a router
         # fails a request over to another endpoint on this exact answer, given before the request is read.
-        if (state.draining or state.client.shutting_down) and request.path not in _ALWAYS_OPEN:
+        if state.refusing and request.path not in _ALWAYS_OPEN:
             return json_response(error_body(503, DRAINING_MESSAGE), 503)
         return None
 

@@ -52,6 +52,12 @@ class AppState:
             raise ModelNotServedError(f"The model `{model}` does not exist.")
         return model
 
+    @property
+    def refusing(self) -> bool:
+        """Whether new work is refused with the drain's 503: HTTP is stopping (``draining``), or the client began
+        its shutdown (the drain of ``--shutdown-timeout``), before HTTP stops."""
+        return self.draining or self.client.shutting_down
+
     def producers(self) -> TaskGroup:
         if self.draining:
             raise ShuttingDownError("the server is shutting down")
@@ -62,7 +68,7 @@ class AppState:
 
 def health_response(state: AppState) -> Response:
     """``/health`` and ``/ping``: an empty 200 while some managed rank can serve, else a 503 saying which cause."""
-    if state.draining or state.client.shutting_down:
+    if state.refusing:
         return json_response(error_body(503, DRAINING_MESSAGE), 503)
     problem = state.client.health_problem()
     if problem is not None:
