@@ -177,11 +177,11 @@ def detect_content_format(source: str) -> ContentFormat:
     return "openai" if _reads_parts(tree, names) else "string"
 
 
-def _shows(tokenizer: Any, content: Any) -> bool:
+def shows_probe(tokenizer: Any, messages: list[dict[str, Any]]) -> bool:
+    """Whether the tokenizer's chat template, given ``messages``, shows :data:`PROBE_TEXT` in its prompt."""
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                             add_generation_prompt=True)
-    except Exception:  # a template that refuses the message in this shape shows nothing
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:  # a template that refuses the messages in this shape shows nothing
         return False
     return isinstance(text, str) and PROBE_TEXT in text
 
@@ -189,8 +189,8 @@ def _shows(tokenizer: Any, content: Any) -> bool:
 def probe_content_format(tokenizer: Any) -> ContentFormat | None:
     """The one format in which the tokenizer's chat template shows a user message's text; None when both or
     neither do (one user message, given as a string and as one text part)."""
-    as_string = _shows(tokenizer, PROBE_TEXT)
-    as_parts = _shows(tokenizer, [{"type": "text", "text": PROBE_TEXT}])
+    as_string = shows_probe(tokenizer, [{"role": "user", "content": PROBE_TEXT}])
+    as_parts = shows_probe(tokenizer, [{"role": "user", "content": [{"type": "text", "text": PROBE_TEXT}]}])
     if as_string == as_parts:
         return None
     return "string" if as_string else "openai"

@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 import jinja2.nodes as nodes
 
-from asyncdp.api.content_format import PROBE_TEXT, ContentFormat, template_source
+from asyncdp.api.content_format import PROBE_TEXT, ContentFormat, shows_probe, template_source
 from asyncdp.config.chat_template import PARSER
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,9 @@ def system_content_format(tokenizer: Any, content_format: ContentFormat) -> Cont
     ``content_format``), else ``content_format``."""
     if content_format == "string":
         return "string"
-    messages = [{"role": "system", "content": PROBE_TEXT}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
-    try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception:  # a template without a system role shows nothing
-        return content_format
-    return "string" if isinstance(text, str) and PROBE_TEXT in text else content_format
+    messages: list[dict[str, Any]] = [{"role": "system", "content": PROBE_TEXT},
+                                      {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    return "string" if shows_probe(tokenizer, messages) else content_format  # (no system role: shows nothing)
 
 
 def resolve_template_roles(tokenizer: Any, content_format: ContentFormat) -> TemplateRoles:
