@@ -10,6 +10,7 @@ uncompilable schema or regex is refused there too, naming ``structured.<field>``
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -44,6 +45,13 @@ _INT_FIELDS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "pr
 _OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 _NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 _PLAIN_NUMBERS = frozenset((int, float))
+_BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+# The same fields, read at once for the plain-types check (so a field added above is checked there too).
+_REQUIRED_INTS = attrgetter(*(name for name in _INT_FIELDS if name not in _OPTIONAL))
+_OPTIONAL_INTS = attrgetter(*_OPTIONAL)
+_NUMBERS = attrgetter(*_NUMBER_FIELDS)
+_BOOLS = attrgetter(*_BOOL_FIELDS)
+_INT, _INT_OR_NONE, _BOOL = frozenset((int,)), frozenset((int, type(None))), frozenset((bool,))
 
 
 def _is_int(value: object) -> bool:
@@ -149,17 +157,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         """The types nearly every params has, checked at once: exact ints and floats, bools, no token lists, no
         grammar. True only where :meth:`_check_types` finds nothing (it runs where this is False): the full check
         was two thirds of ``validate()``, which the API server runs on every request."""
-        return (type(self.n) is int and type(self.top_k) is int and type(self.min_tokens) is int
-                and (self.max_tokens is None or type(self.max_tokens) is int)
-                and (self.seed is None or type(self.seed) is int)
-                and (self.logprobs is None or type(self.logprobs) is int)
-                and (self.prompt_logprobs is None or type(self.prompt_logprobs) is int)
-                and type(self.temperature) in _PLAIN_NUMBERS and type(self.top_p) in _PLAIN_NUMBERS
-                and type(self.min_p) in _PLAIN_NUMBERS and type(self.presence_penalty) in _PLAIN_NUMBERS
-                and type(self.frequency_penalty) in _PLAIN_NUMBERS
-                and type(self.repetition_penalty) in _PLAIN_NUMBERS
-                and type(self.ignore_eos) is bool and type(self.include_stop_str_in_output) is bool
-                and type(self.skip_special_tokens) is bool
+        return (_INT.issuperset(map(type, _REQUIRED_INTS(self)))
+                and _INT_OR_NONE.issuperset(map(type, _OPTIONAL_INTS(self)))
+                and _PLAIN_NUMBERS.issuperset(map(type, _NUMBERS(self)))
+                and _BOOL.issuperset(map(type, _BOOLS(self)))
                 and type(self.stop_token_ids) is tuple and not self.stop_token_ids
                 and type(self.logit_bias) is tuple and not self.logit_bias and self.structured is None)
 
@@ -174,7 +175,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         for name in _NUMBER_FIELDS:
             if not _is_number(getattr(self, name)):
                 raise bad(name, "a number", getattr(self, name))
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "a bool", getattr(self, name))
         if not isinstance(self.stop_token_ids, tuple) or not all(map(_is_int, self.stop_token_ids)):
