@@ -33,6 +33,7 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from asyncdp.bench.metrics import percentile  # noqa: E402
 from bench.serving import (  # noqa: E402
     check_output,
     free_port,
@@ -80,7 +81,7 @@ async def measure_links(n: int) -> dict[str, dict[str, float]]:
                 for name, secret in (("plain", None), ("secret", SECRET)):
                     samples.setdefault(f"{kind}/{name}", []).extend(
                         await _links_once(kind, secret, max(1, n // ROUNDS), directory))
-    return {key: {"p50_us": statistics.median(v) * 1e6, "p90_us": sorted(v)[int(0.9 * len(v))] * 1e6}
+    return {key: {"p50_us": statistics.median(v) * 1e6, "p90_us": percentile(v, 0.9) * 1e6}
             for key, v in samples.items()}
 
 

@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from asyncdp.bench.metrics import percentile  # noqa: E402
 from bench.serving import (  # noqa: E402
     check_output,
     free_port,
@@ -99,7 +100,7 @@ def measure_joins(n: int) -> dict[str, dict[str, float]]:
     out = {}
     for mode in ("plain", "sealed"):
         ms = sorted(max(a, b) * 1000 for a, b, m in zip(*per_rank, modes, strict=True) if m == mode)
-        out[mode] = {"joins": len(ms), "p50_ms": statistics.median(ms), "p90_ms": ms[int(0.9 * len(ms))]}
+        out[mode] = {"joins": len(ms), "p50_ms": statistics.median(ms), "p90_ms": percentile(ms, 0.9)}
     return out
 
 
