@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from bench.serving import check_output, free_port, positive_int, run_cli, stop_server, wait_ready  # noqa: E402
+from bench.serving import asyncdp_serve, baseline_trees, check_output, positive_int, run_cli, startup_took  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
           "required": ["answer"], "additionalProperties": False}
@@ -52,34 +51,23 @@ def _seconds(hms: str) -> float:
 
 
 def start_once(tree: Path, model: str) -> dict[str, Any]:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "asyncdp", "serve", model, "-dp", "2", "--host", "127.0.0.1", "--port", str(port),
-           "--torch-threads", "1"]
     with tempfile.TemporaryFile() as log:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tree,
-                                env={**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"},
-                                start_new_session=True)
-        try:
-            wait_ready(proc, base, 240, log, poll_s=0.05)
+        with asyncdp_serve(model, "-dp", "2", "--torch-threads", "1", log=log, env={"OMP_NUM_THREADS": "1"},
+                           timeout_s=240, tree=tree, poll_s=0.05) as (base, _pid):
             health_s = time.perf_counter() - t0
-            from concurrent.futures import ThreadPoolExecutor
-
             with httpx.Client(base_url=base, timeout=120) as client, ThreadPoolExecutor(2) as pool:
                 plain = pool.submit(_chat, client, model, False)
                 structured = pool.submit(_chat, client, model, True)
                 first = {"plain_s": plain.result(), "structured_s": structured.result()}
-        finally:
-            stop_server(proc)
+        took_s = startup_took(log)
         log.seek(0)
         text = log.read().decode(errors="replace")
-    took = re.search(r"startup took ([0-9.]+) s", text)
     ranks = [float(x) for x in re.findall(r"rank \d+ ready in ([0-9.]+) s", text)]
     stamps = {(what, rank): _seconds(hms) for hms, rank, what in
               re.findall(r"INFO (\d\d:\d\d:[0-9.]+) .*?rank (\d+)(: KV cache| ready in)", text)}
     tail = [round(stamps[(" ready in", r)] - stamps[(": KV cache", r)], 3) for w, r in stamps if w == " ready in"]
-    return {"health_s": round(health_s, 2), "startup_took_s": float(took.group(1)) if took else float("nan"),
+    return {"health_s": round(health_s, 2), "startup_took_s": took_s,
             "rank_ready_s": ranks, "model_loaded_to_ready_s": tail, **{k: round(v, 3) for k, v in first.items()}}
 
 
@@ -91,9 +79,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "grammar_warm_up.json")
     args = parser.parse_args()
     check_output(parser, "--json", args.json)
-    if args.baseline is not None and not (args.baseline / "asyncdp" / "__main__.py").is_file():
-        parser.error(f"--baseline {args.baseline} holds no asyncdp tree")
-    trees = {"this tree": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    trees = baseline_trees(parser, args.baseline)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
     for _ in range(args.startups):
         for name, tree in trees.items():

@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,13 +33,13 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from asyncdp.bench.metrics import percentile  # noqa: E402
 from bench.serving import (  # noqa: E402
+    asyncdp_serve,
+    baseline_trees,
     check_output,
-    free_port,
     non_negative_int,
     positive_int,
     run_cli,
-    stop_server,
-    wait_ready,
+    startup_took,
 )
 
 MODEL = "builtin:tiny-dense"
@@ -87,22 +85,12 @@ async def measure_links(n: int) -> dict[str, dict[str, float]]:
 
 def start_once(tree: Path, executor: str) -> tuple[float, float]:
     """Start ``-dp 2`` from ``tree``; (seconds to /health 200, the launcher's "startup took" seconds). Stopped after."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "asyncdp", "serve", MODEL, "-dp", "2", "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", "512", "--torch-threads", "1", "--executor", executor]
     with tempfile.TemporaryFile() as log:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tree,
-                                env={**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"},
-                                start_new_session=True)
-        try:
-            wait_ready(proc, f"http://127.0.0.1:{port}", 180, log, poll_s=0.05)
+        with asyncdp_serve(MODEL, "-dp", "2", "--max-model-len", "512", "--torch-threads", "1", "--executor",
+                           executor, log=log, env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05):
             ready_s = time.perf_counter() - t0
-        finally:
-            stop_server(proc)
-        log.seek(0)
-        took = re.search(rb"startup took ([0-9.]+) s", log.read())
-    return ready_s, float(took.group(1)) if took else float("nan")
+        return ready_s, startup_took(log)
 
 
 def measure_startup(trees: dict[str, Path], n: int, executor: str) -> dict[str, dict[str, Any]]:
@@ -139,10 +127,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "link_auth.json")
     args = parser.parse_args()
     check_output(parser, "--json", args.json)
-    if args.baseline is not None and not (args.baseline / "asyncdp" / "__main__.py").is_file():
-        parser.error(f"--baseline {args.baseline} holds no asyncdp tree")
+    trees = baseline_trees(parser, args.baseline)
     links = anyio.run(measure_links, args.links)
-    trees = {"this tree": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     startup = measure_startup(trees, args.startups, args.executor) if args.startups else {}
     print_tables(links, startup)
     args.json.write_text(json.dumps({"links": links, "startup": startup, "baseline": str(args.baseline),

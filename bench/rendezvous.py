@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -35,12 +34,12 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from asyncdp.bench.metrics import percentile  # noqa: E402
 from bench.serving import (  # noqa: E402
+    asyncdp_serve,
+    baseline_trees,
     check_output,
-    free_port,
     non_negative_int,
     run_cli,
-    stop_server,
-    wait_ready,
+    startup_took,
 )
 
 MODEL = "builtin:tiny-moe"
@@ -106,21 +105,12 @@ def measure_joins(n: int) -> dict[str, dict[str, float]]:
 
 def start_once(tree: Path) -> float:
     """Start the MoE ``-dp 2`` deployment from ``tree``; the launcher's "startup took" seconds. Stopped after."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "asyncdp", "serve", MODEL, "-dp", "2", "--enable-expert-parallel", "--host",
-           "127.0.0.1", "--port", str(port), "--api-server-count", "1", "--max-model-len", "512",
-           "--torch-threads", "1", "--executor", "torch"]
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tree,
-                                env={**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"},
-                                start_new_session=True)
-        try:
-            wait_ready(proc, f"http://127.0.0.1:{port}", 180, log, poll_s=0.05)
-        finally:
-            stop_server(proc)
-        log.seek(0)
-        took = re.search(rb"startup took ([0-9.]+) s", log.read())
-    return float(took.group(1)) if took else float("nan")
+        with asyncdp_serve(MODEL, "-dp", "2", "--enable-expert-parallel", "--api-server-count", "1",
+                           "--max-model-len", "512", "--torch-threads", "1", "--executor", "torch", log=log,
+                           env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05):
+            pass
+        return startup_took(log)
 
 
 def measure_startup(trees: dict[str, Path], n: int) -> dict[str, dict[str, Any]]:
@@ -144,8 +134,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "rendezvous.json")
     args = parser.parse_args()
     check_output(parser, "--json", args.json)
-    if args.baseline is not None and not (args.baseline / "asyncdp" / "__main__.py").is_file():
-        parser.error(f"--baseline {args.baseline} holds no asyncdp tree")
+    trees = baseline_trees(parser, args.baseline)
     ops = measure_ops()
     print(f"{'per value':<14} {'µs':>6}")
     for what, us in ops.items():
@@ -155,7 +144,6 @@ def main() -> int:
         print(f"\n{'group join':<8} {'joins':>6} {'p50 ms':>8} {'p90 ms':>8}")
         for mode, r in joins.items():
             print(f"{mode:<8} {r['joins']:>6} {r['p50_ms']:>8.2f} {r['p90_ms']:>8.2f}")
-    trees = {"this tree": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     startup = measure_startup(trees, args.startups) if args.startups else {}
     if startup:
         print(f"\n{'MoE -dp 2':<12} {'startup took (s), each run':<44} {'median':>7}")

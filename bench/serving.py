@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -156,18 +157,20 @@ def _log_tail(log: IO[bytes] | None, lines: int = 20) -> str:
 
 @contextmanager
 def asyncdp_serve(model: str, *args: str, log: IO[bytes] | None = None, env: dict[str, str] | None = None,
-                  timeout_s: float = 120.0) -> Iterator[tuple[str, int]]:
-    """Yield ``(base_url, launcher pid)`` once ``/health`` answers 200; the output goes to ``log`` (else nowhere)."""
+                  timeout_s: float = 120.0, tree: Path = ROOT,
+                  poll_s: float = 0.2) -> Iterator[tuple[str, int]]:
+    """Yield ``(base_url, launcher pid)`` once ``/health`` answers 200 (polled every ``poll_s``); the output goes to
+    ``log`` (else nowhere). ``tree``: the checkout of asyncdp it runs from (a baseline's, to compare two)."""
     exit_on_sigterm()
     port = free_port()
     cmd = [sys.executable, "-m", "asyncdp", "serve", model, "--host", "127.0.0.1", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT if log else
                             subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(tree), **(env or {})}, cwd=tree,
                             start_new_session=True)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(proc, base_url, timeout_s, log)
+        wait_ready(proc, base_url, timeout_s, log, poll_s)
         yield base_url, proc.pid
     finally:
         stop_server(proc)
@@ -222,3 +225,21 @@ def run_cli(main: Callable[[], int]) -> None:
     except httpx.HTTPError as exc:
         print(f"{prog}: error: a request failed: {exc!r}", file=sys.stderr)
         sys.exit(1)
+
+
+def startup_took(log: IO[bytes]) -> float:
+    """The launcher's "startup took N s" from a deployment's ``log`` (read from its start); NaN when it has none."""
+    log.seek(0)
+    took = re.search(rb"startup took ([0-9.]+) s", log.read())
+    return float(took.group(1)) if took else float("nan")
+
+
+def baseline_trees(parser: argparse.ArgumentParser, baseline: Path | None,
+                   flag: str = "--baseline") -> dict[str, Path]:
+    """``{"this tree": ROOT}``, plus ``"baseline"``: the checkout given by ``flag``, to start deployments from in
+    the same alternating rounds (a parser error when it holds no asyncdp tree)."""
+    if baseline is None:
+        return {"this tree": ROOT}
+    if not (baseline / "asyncdp" / "__main__.py").is_file():
+        parser.error(f"{flag} {baseline} holds no asyncdp tree")
+    return {"this tree": ROOT, "baseline": baseline.resolve()}
