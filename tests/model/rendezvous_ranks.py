@@ -4,13 +4,16 @@ killed at the end. One :class:`Ranks` is one launch: it draws the launch nonce a
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from asyncdp.messages import LAUNCH_NONCE_BYTES
 
@@ -61,3 +64,19 @@ class Ranks:
             for pipe in (proc.stdin, proc.stdout):
                 if pipe is not None and not pipe.closed:
                     pipe.close()
+
+
+def stranger_store(port: int) -> Any:
+    """A client of the rendezvous store on 127.0.0.1:``port`` that holds no secret: the stranger of the tests."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=DEADLINE_S))
+
+
+def first_key(store: Any) -> str:
+    """Polls (a real process writes it; a store has no watch on its keys) until a key appears in ``store``."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not (keys := store.list_keys()):
+        assert time.monotonic() < deadline, "no rank wrote to the rendezvous store"
+        time.sleep(0.05)
+    return str(keys[0])

@@ -16,26 +16,12 @@ import datetime
 import gc
 import secrets
 import socket
-import time
 from collections.abc import Iterator
 
 import torch.distributed as dist
 
 from asyncdp.model.distributed import host_rendezvous_store
-from tests.model.rendezvous_ranks import DEADLINE_S, Ranks
-
-
-def _stranger(port: int) -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=DEADLINE_S))
-
-
-def _first_key(stranger: dist.TCPStore) -> str:
-    """Polls (a real process writes it) until a key appears."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not (keys := stranger.list_keys()):
-        assert time.monotonic() < deadline, "no rank wrote to the rendezvous store"
-        time.sleep(0.05)
-    return keys[0]
+from tests.model.rendezvous_ranks import DEADLINE_S, Ranks, first_key, stranger_store
 
 
 def _store_at(port: int) -> dist.TCPStore:
@@ -78,12 +64,12 @@ def _connected(traps: list[socket.socket]) -> list[object]:
 def test_a_value_recorded_in_an_earlier_launch_stops_the_rank_it_is_replayed_to() -> None:
     secret = secrets.token_bytes(32)
     first_store, port = host_rendezvous_store("127.0.0.1", timeout_s=DEADLINE_S)
-    stranger = _stranger(port)
+    stranger = stranger_store(port)
     first = Ranks(port, 2, secret)
     try:
         first.start()
         first.join(1)
-        first_name = _first_key(stranger)  # rank 1's address in the default group: rank 0 has not joined
+        first_name = first_key(stranger)  # rank 1's address in the default group: rank 0 has not joined
         recorded = stranger.get(first_name)
         first.join(0)
         results = [first.result(0), first.result(1)]
@@ -96,13 +82,13 @@ def test_a_value_recorded_in_an_earlier_launch_stops_the_rank_it_is_replayed_to(
     gc.collect()
 
     second_store = _store_at(port)
-    stranger = _stranger(port)
+    stranger = stranger_store(port)
     second = Ranks(port, 2, secret)
     with _traps(rank1_listened) as traps:
         try:
             second.start()
             second.join(1)
-            name = _first_key(stranger)  # where rank 1 of this launch wrote its address, for rank 0 to read
+            name = first_key(stranger)  # where rank 1 of this launch wrote its address, for rank 0 to read
             stranger.set(name, recorded)
             second.join(0)
             result = second.result(0)

@@ -10,18 +10,16 @@ with a clear error.
 
 from __future__ import annotations
 
-import datetime
 import secrets
 import socket
 import struct
-import time
 from collections.abc import Iterator
 
 import pytest
 import torch.distributed as dist
 
 from asyncdp.model.distributed import host_rendezvous_store
-from tests.model.rendezvous_ranks import DEADLINE_S, Ranks
+from tests.model.rendezvous_ranks import DEADLINE_S, Ranks, first_key, stranger_store
 
 LOOPBACK = socket.inet_aton("127.0.0.1")
 GLOO_RANK0_KEY = "0//cpu//0/0"  # where torch's default gloo group keeps rank 0's pair address
@@ -30,19 +28,6 @@ GLOO_RANK0_KEY = "0//cpu//0/0"  # where torch's default gloo group keeps rank 0'
 @pytest.fixture
 def store() -> Iterator[tuple[dist.TCPStore, int]]:
     yield host_rendezvous_store("127.0.0.1", timeout_s=DEADLINE_S)
-
-
-def _stranger(port: int) -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=DEADLINE_S))
-
-
-def _first_key(stranger: dist.TCPStore) -> str:
-    """Polls (a real process writes it) until a key appears."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not (keys := stranger.list_keys()):
-        assert time.monotonic() < deadline, "no rank wrote to the rendezvous store"
-        time.sleep(0.05)
-    return keys[0]
 
 
 def _sockaddr_port(value: bytes) -> int | None:
@@ -70,13 +55,13 @@ def _trap_below(port: int) -> socket.socket:
 
 def test_a_stranger_at_the_store_neither_reads_nor_plants_a_rank_address(store: tuple[dist.TCPStore, int]) -> None:
     _, port = store
-    stranger = _stranger(port)
+    stranger = stranger_store(port)
     ranks = Ranks(port, 2, secrets.token_bytes(32))
     trap = socket.create_server(("127.0.0.1", 0))
     try:
         ranks.start()
         ranks.join(1)
-        seen = _first_key(stranger)
+        seen = first_key(stranger)
         value = stranger.get(seen)
         rank1_port = _sockaddr_port(value)
         forged = value
@@ -112,12 +97,12 @@ def test_a_stranger_at_the_store_neither_reads_nor_plants_a_rank_address(store: 
 
 def test_a_value_the_stranger_altered_stops_the_rank_that_reads_it(store: tuple[dist.TCPStore, int]) -> None:
     _, port = store
-    stranger = _stranger(port)
+    stranger = stranger_store(port)
     ranks = Ranks(port, 2, secrets.token_bytes(32))
     try:
         ranks.start()
         ranks.join(1)
-        seen = _first_key(stranger)
+        seen = first_key(stranger)
         value = stranger.get(seen)
         stranger.set(seen, value[:-1] + bytes([value[-1] ^ 1]))
         ranks.join(0)
