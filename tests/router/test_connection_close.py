@@ -11,27 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyio
 import orjson
 import pytest
 
-from tests.router.upstream import echo_upstream, routed, stop
+from tests.router.upstream import echo_upstream, read_to_eof, routed, stop
 
 pytestmark = pytest.mark.anyio
-
-
-async def read_to_eof(port: int, request: bytes) -> bytes:
-    """What the router answers ``request`` until it closes the connection (within 10 s, else TimeoutError)."""
-    with anyio.fail_after(10):
-        async with await anyio.connect_tcp("127.0.0.1", port) as conn:
-            await conn.send(request)
-            data = b""
-            try:
-                while chunk := await conn.receive():
-                    data += chunk
-            except anyio.EndOfStream:
-                pass
-    return data
 
 
 async def test_a_proxied_answer_closes_the_connection_the_client_asked_to_close(tmp_path: Path) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyio
 import orjson
 import pytest
 
 from asyncdp.router.target import request_target
-from tests.router.upstream import echo_upstream, routed, stop
+from tests.router.upstream import echo_upstream, read_to_eof, routed, stop
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -49,16 +48,7 @@ def test_a_target_httpx_cannot_send_is_a_400_and_a_plain_one_is_sent_as_it_came(
 
 async def exchange(port: int, request: bytes) -> tuple[int, bytes]:
     """Send ``request`` (which asks to close the connection) as it is; the status and the body of the answer."""
-    with anyio.fail_after(10):
-        async with await anyio.connect_tcp("127.0.0.1", port) as conn:
-            await conn.send(request)
-            data = b""
-            try:
-                while chunk := await conn.receive():
-                    data += chunk
-            except anyio.EndOfStream:
-                pass
-    head, _, body = data.partition(b"\r\n\r\n")
+    head, _, body = (await read_to_eof(port, request)).partition(b"\r\n\r\n")
     return int(head.split(b" ", 2)[1]), body
 
 

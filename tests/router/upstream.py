@@ -116,3 +116,18 @@ async def stop(router: RouterProcess) -> int:
 def header_values(echo: dict[str, Any], name: str) -> list[str]:
     """Every value of header ``name`` (lower case) an :class:`EchoUpstream` answer shows, in order."""
     return [v for k, v in echo["headers"] if k == name]
+
+
+async def read_to_eof(port: int, request: bytes) -> bytes:
+    """Send ``request`` as it is to 127.0.0.1:``port``; all that comes back until the connection closes (within
+    10 s, else TimeoutError)."""
+    with anyio.fail_after(10):
+        async with await anyio.connect_tcp("127.0.0.1", port) as conn:
+            await conn.send(request)
+            data = b""
+            try:
+                while chunk := await conn.receive():
+                    data += chunk
+            except anyio.EndOfStream:
+                pass
+    return data
