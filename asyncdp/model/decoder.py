@@ -20,7 +20,7 @@ from torch import nn
 
 from asyncdp.errors import ConfigError
 from asyncdp.model.info import SUPPORTED_TYPES
-from asyncdp.model.layers import MLP, Attention, AttentionMetadata, RMSNorm, rope_tables
+from asyncdp.model.layers import MLP, Attention, AttentionMetadata, Embedding, Linear, RMSNorm, rope_tables
 from asyncdp.model.moe import ExpertShard, LocalExperts, SparseMoeBlock
 
 
@@ -117,7 +117,7 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, spec: ArchSpec, shard: ExpertShard) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.embed_tokens = Embedding(spec.vocab_size, spec.hidden)
         self.layers = nn.ModuleList(DecoderLayer(spec, i, shard) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden, spec.eps)
 
@@ -130,7 +130,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.model = Backbone(spec, shard or ExpertShard())
-        self.lm_head = None if spec.tie_embeddings else nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        self.lm_head = None if spec.tie_embeddings else Linear(spec.hidden, spec.vocab_size, bias=False)
         cos, sin = rope_tables(spec.head_dim, spec.max_positions, spec.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

@@ -1,7 +1,8 @@
 """Load a Hugging Face safetensors checkpoint into ``CausalLM``, reading the HF weight names directly.
 
-The model is built on the meta device (no init cost), materialised on the target device, then every tensor of
-every ``*.safetensors`` file is copied into place. Fused parameters take slices: q/k/v -> ``qkv_proj``,
+The model is built on the target device without a random init (no init cost; not on the meta device, whose
+first use imports sympy and torch's symbolic shapes, a second or more of every engine's startup), then every
+tensor of every ``*.safetensors`` file is copied into place. Fused parameters take slices: q/k/v -> ``qkv_proj``,
 gate/up -> ``gate_up_proj``; per-expert tensors (``mlp.experts.<e>.gate_proj.weight``, Mixtral's
 ``block_sparse_moe.experts.<e>.w1``) and transformers-5 fused ones (``mlp.experts.gate_up_proj``) go into the
 experts' ``w13``/``w2`` restricted to the process's ``ExpertShard`` (expert range and intermediate slice), so an
@@ -38,9 +39,9 @@ def torch_dtype(name: str) -> torch.dtype:
 def load_model(path: Path, *, device: torch.device, dtype: torch.dtype,
                shard: ExpertShard | None = None) -> CausalLM:
     spec = ArchSpec.from_config(load_config(path))
-    with torch.device("meta"):
+    with torch.device(device):  # uninitialised (layers.Linear, layers.Embedding): every weight is read below
         model = CausalLM(spec, shard)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype)
     cos, sin = rope_tables(spec.head_dim, spec.max_positions, spec.rope_theta)
     model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
     _load_weights(model, path)
