@@ -11,6 +11,9 @@ Shutdown, by ``shutdown_trigger()`` returning or by cancellation of the caller's
 The drain runs shielded from the caller's cancellation, bounded by ``shutdown_timeout_s`` plus a small margin,
 so cancelling ``serve_http`` is a graceful stop, not an abrupt one. A trigger ends ``serve_http`` normally;
 a cancellation is re-raised after the drain.
+
+A request Hypercorn's HTTP/1.1 parser refuses (before the app sees it) is answered in OpenAI's error shape by
+:mod:`asyncdp.api.protocol_errors`, installed here.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import anyio
 import sniffio
 from hypercorn.config import Config
 
+from asyncdp.api import protocol_errors
 from asyncdp.api.context import set_draining
 from asyncdp.logs import HTTP_LOGGER
 from asyncdp.transport.http_socket import LISTEN_BACKLOG
@@ -76,6 +80,7 @@ async def serve_http(
     """
     backend = backend or sniffio.current_async_library()
     serve = _hypercorn_serve(app, backend)
+    protocol_errors.install()  # requests Hypercorn cannot parse get OpenAI-style JSON errors, not empty ones
     listener, owned = _listening_socket(host, port, sock)
     address = listener.getsockname()
     config = _hypercorn_config(listener, shutdown_timeout_s, ssl)

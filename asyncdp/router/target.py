@@ -6,6 +6,11 @@ decoded (``path``). :func:`request_target` turns it into what the router routes 
 * **Absolute form.** ``GET http://host/v1/models HTTP/1.1`` (RFC 9112 §3.2.2, which a server must accept) is
   routed and forwarded as its path, ``/v1/models``: the scheme and authority are dropped (the endpoint is the
   router's choice, not the client's), as ``asyncdp serve`` serves the path of such a target.
+* **Leading slashes.** ``GET //v1/models`` is routed and forwarded as ``/v1/models``: Werkzeug's route matching
+  (``asyncdp serve``) reads a run of leading slashes as one, so the endpoint serves that path, and the router
+  routes what the endpoint serves. The check on the routes it forwards is made on that same path, so ``//pause``
+  is no route of the router (404), as ``/pause`` is not. (A run of slashes further on, ``/v1//models``, goes
+  through as it came: ``asyncdp serve`` answers it with a 308 to ``/v1/models``.)
 * **Dot segments.** A path with a ``.`` or ``..`` segment, literal or percent-encoded (``/v1/../pause``,
   ``/v1/%2e%2e/pause``), is not a route (404). httpx resolves literal dot segments in the URL it sends, so
   ``/v1/../pause`` reached the endpoint's ``/pause``: the router's list of proxied paths (``/v1/*``,
@@ -61,6 +66,8 @@ def request_target(scope: dict[str, Any]) -> Target:
     if (absolute := _ABSOLUTE_FORM.match(raw)) is not None:
         raw = raw[absolute.end():] or b"/"
         path = unquote(raw.decode("ascii", "replace"))
+    if path.startswith("//"):  # a run of leading slashes is one, as asyncdp serve's route matching reads it
+        path, raw = "/" + path.lstrip("/"), b"/" + raw.lstrip(b"/")
     if scope.get("method") == "CONNECT":
         return Target(path, error=405, message="the router forwards no CONNECT (it opens no tunnel)")
     segments = path.split("/")
