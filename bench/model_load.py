@@ -37,12 +37,12 @@ print(json.dumps({"load_s": took, "imported": sorted({"torch._dynamo", "sympy"} 
 """
 
 
-def _one_load(tree: Path, checkpoint: Path) -> dict[str, object]:
+def _one_load(tree: Path, checkpoint: Path) -> tuple[float, list[str]]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", _ONE_LOAD, str(checkpoint)], cwd=tree, env=env, check=True,
                          capture_output=True, text=True, timeout=600)
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(result["load_s"]), [str(module) for module in result["imported"]]
 
 
 def main() -> int:
@@ -59,9 +59,9 @@ def main() -> int:
     imported: dict[str, set[str]] = {name: set() for name in trees}
     for run in range(args.runs):
         for name, tree in trees.items():
-            result = _one_load(tree, checkpoint)
-            times[name].append(float(str(result["load_s"])))
-            imported[name].update(str(module) for module in result["imported"])  # type: ignore[attr-defined]
+            took, modules = _one_load(tree, checkpoint)
+            times[name].append(took)
+            imported[name].update(modules)
             print(f"run {run + 1}/{args.runs} {name}: load_model {times[name][-1]:.3f} s", file=sys.stderr)
     print(f"{args.model} ({checkpoint}), {args.runs} fresh interpreters per tree")
     for name in trees:
