@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable
+from types import FrameType
 from typing import Any, TypeVar
 
 import anyio
@@ -151,12 +152,53 @@ def install_loop_guards() -> None:
     loop.set_exception_handler(handler)
 
 
-def run(main: Callable[..., Awaitable[T]], *args: Any, backend: str = "asyncio") -> T:
-    """``anyio.run(main, *args, backend=backend)`` with :func:`install_loop_guards` in place first."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_held: list[int] = []  # the stop signals held for the server's own handling (see :func:`run`)
+
+
+def _hold(signum: int, frame: FrameType | None) -> None:
+    if signum not in _held:  # a stop, however many times it came before the server could act on it
+        _held.append(signum)
+
+
+def take_early_stops() -> list[int]:
+    """The stop signals (SIGTERM, SIGINT) that came while :func:`run` held them, before the server's own receiver
+    was in place, each once; they are taken. A server calls it right after opening its
+    ``anyio.open_signal_receiver`` (whose handlers replaced the hold) and acts on each as on a signal its receiver
+    got; it starts nothing (no child) once one was taken."""
+    taken = list(_held)
+    _held.clear()
+    return taken
+
+
+def run(main: Callable[..., Awaitable[T]], *args: Any, backend: str = "asyncio", hold_stops: bool = False) -> T:
+    """``anyio.run(main, *args, backend=backend)`` with :func:`install_loop_guards` in place first.
+
+    ``hold_stops`` (a server's top process, which opens its own signal receiver first thing in the loop): SIGTERM
+    and SIGINT raise nothing inside the event loop; from just before it starts until the server's receiver
+    replaces the handler, one that comes is only held, for :func:`take_early_stops`. A signal's handler runs in
+    whatever Python code the main thread runs, in the loop that can be the loop's own: on asyncio the exception
+    of a callback was logged with its traceback and the server went on starting, the stop lost (SIGINT too, which
+    asyncio's own handling turned into a cancellation that the task group absorbed); trio ended in a
+    ``TrioInternalError``. The hold records the signal as it comes, so the server's first look sees every stop
+    from before its receiver. (On asyncio one that comes while the receiver is being installed, between its
+    wake-up pipe and its handler, can reach both: a second stop the server handles before it starts anything.)
+    Afterwards both signals have their handling of before again. Where a signal is ignored, or off the main
+    thread (where no handler can be set), nothing changes."""
 
     async def guarded() -> T:
         if backend == "asyncio":
             install_loop_guards()
         return await main(*args)
 
-    return anyio.run(guarded, backend=backend)
+    held = [s for s in STOP_SIGNALS if signal.getsignal(s) not in (signal.SIG_IGN, None)] \
+        if hold_stops and threading.current_thread() is threading.main_thread() else []
+    before = {s: signal.getsignal(s) for s in held}
+    _held.clear()
+    try:
+        for sig in held:
+            signal.signal(sig, _hold)
+        return anyio.run(guarded, backend=backend)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
