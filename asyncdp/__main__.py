@@ -52,6 +52,9 @@ def _stops_while_importing() -> Iterator[None]:
     for signum, _default in installed:
         signal.signal(signum, _stop_early)
     try:
+        # A multi-port supervisor starts its children with both blocked (asyncdp.runtime.die_with_parent_preexec),
+        # so that one it sends before this point waits for this handling: it raises here, if it came.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum for signum, _default in installed])
         yield
     finally:
         for signum, default in installed:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import logging
 import os
 import select
@@ -35,6 +36,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the signals that stop a process in order
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -109,13 +111,22 @@ def _grace_then_exit(grace_s: float, on_exit: Callable[[], None]) -> None:
         os._exit(1)
 
 
-def die_with_parent_preexec(parent_pid: int, sig: int = signal.SIGKILL) -> Callable[[], None]:
+def die_with_parent_preexec(parent_pid: int, sig: int = signal.SIGKILL, *,
+                            block_stops: bool = False) -> Callable[[], None]:
     """:func:`die_with_parent` as a ``subprocess.Popen`` ``preexec_fn``, armed between fork and exec, so not even
     the child's interpreter start-up outlives the parent. Everything it calls is resolved here, before the fork:
-    the child runs no import and takes no lock before its exec, and leaves with ``os._exit``."""
+    the child runs no import and takes no lock before its exec, and leaves with ``os._exit``.
+
+    ``block_stops`` (a child that runs ``python -m asyncdp``): SIGTERM and SIGINT are blocked across the exec, so
+    one sent while the child's interpreter starts, before it has any handling of its own, waits instead of killing
+    it at once; :mod:`asyncdp.__main__` unblocks them once its handling is in place, and the child ends as a stop
+    while it starts ends (exit 0 for a server)."""
     prctl = _prctl()
+    block = functools.partial(signal.pthread_sigmask, signal.SIG_BLOCK, STOP_SIGNALS) if block_stops else None
 
     def arm() -> None:
+        if block is not None:
+            block()
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, sig)
         if os.getppid() != parent_pid:
@@ -152,7 +163,6 @@ def install_loop_guards() -> None:
     loop.set_exception_handler(handler)
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _held: list[int] = []  # the stop signals held for the server's own handling (see :func:`run`)
 
 

@@ -14,9 +14,11 @@ lifecycle and takes its commands from outside (tests give it mock children):
    port; exit 1).
    Install the SIGTERM/SIGINT watcher: a signal clears ``ready``, sets ``shutdown``
    and is remembered.
-2. Spawn the children (:mod:`.children`), one watcher task per child, and the prober (:mod:`.probe`): rounds
-   ``--dp-supervisor-probe-interval-s`` apart probe every child's ``/health`` concurrently. All healthy ->
-   ``ready``. Before ready a failure only keeps polling.
+2. Spawn the children (:mod:`.children`; none once a signal came, held or received: SIGTERM and SIGINT are
+   blocked in each until its ``asyncdp.__main__`` handles them, so a child signalled while its interpreter
+   starts stops as a starting server does, exit 0, not killed by the signal), one watcher task per child, and
+   the prober (:mod:`.probe`): rounds ``--dp-supervisor-probe-interval-s`` apart probe every child's
+   ``/health`` concurrently. All healthy -> ``ready``. Before ready a failure only keeps polling.
 3. Once ready (and not shutting down), listen on the supervisor port and serve ``/health``, ``/ready``,
    ``/readyz`` (:mod:`.health_server`): 200 while ready and not shutting down, else 503. Before this the port
    is closed. A listen or server failure starts shutdown.
