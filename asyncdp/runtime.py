@@ -188,9 +188,9 @@ def run(main: Callable[..., Awaitable[T]], *args: Any, backend: str = "asyncio",
     and SIGINT raise nothing inside the event loop; from just before it starts until the server's receiver
     replaces the handler, one that comes is only held, for :func:`take_early_stops`. A signal's handler runs in
     whatever Python code the main thread runs, in the loop that can be the loop's own: on asyncio the exception
-    of a callback was logged with its traceback and the server went on starting, the stop lost (SIGINT too, which
-    asyncio's own handling turned into a cancellation that the task group absorbed); trio ended in a
-    ``TrioInternalError``. The hold records the signal as it comes, so the server's first look sees every stop
+    of a callback was logged with its traceback and the server went on starting, the stop lost; SIGINT went to
+    asyncio's own handling (a cancellation of the main task), which ended the launcher without its stop line and
+    was lost on the router; trio ended in a ``TrioInternalError``. The hold records the signal as it comes, so the server's first look sees every stop
     from before its receiver. (On asyncio one that comes while the receiver is being installed, between its
     wake-up pipe and its handler, can reach both: a second stop the server handles before it starts anything.)
     Afterwards both signals have their handling of before again. Where a signal is ignored, or off the main
