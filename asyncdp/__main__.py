@@ -12,10 +12,13 @@ second, or before its own handlers are installed) ends it as its own handling wo
 (``serve``, ``route``) exits 0, as a stopped server does (spec §12.5), any other command 128 + the signal's number
 (130, 143), as a shell reports it. While the CLI is imported both signals raise through :func:`_stop_early` (so a
 stop that lands inside a C extension's import, which Python turns into that import's ``ImportError``, is still
-known for a stop). Then SIGINT is Python's own again (``KeyboardInterrupt``: trio only installs its own Ctrl-C
-handling over that one), and a server keeps SIGTERM raising until its own handlers replace it, so what was begun
-is unwound (``finally`` blocks run: a run directory or a port lock is let go). This module imports nothing heavy
-itself: :func:`main` imports the CLI.
+known for a stop). Then SIGINT is Python's own again (``KeyboardInterrupt``), and a server keeps SIGTERM raising
+while it prepares its start, so what was begun is unwound (``finally`` blocks run: a run directory or a port lock
+is let go). Neither raises inside a server's event loop, where it could land in the loop's own code (asyncio
+logged it with a traceback and went on starting, the stop lost): from just before the loop starts until the
+server's own handlers are in place, :func:`asyncdp.runtime.run` holds both, and the server takes what it held
+first thing (:func:`asyncdp.runtime.take_early_stops`) for an orderly stop that starts nothing more. This module
+imports nothing heavy itself: :func:`main` imports the CLI.
 """
 
 from __future__ import annotations
@@ -49,11 +52,14 @@ def _stops_while_importing() -> Iterator[None]:
     for signum, _default in installed:
         signal.signal(signum, _stop_early)
     try:
+        # A multi-port supervisor starts its children with both blocked (asyncdp.runtime.die_with_parent_preexec),
+        # so that one it sends before this point waits for this handling: it raises here, if it came.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum for signum, _default in installed])
         yield
     finally:
         for signum, default in installed:
             if signum == signal.SIGTERM and sys.argv[1:2] in SERVERS:
-                continue  # raising until the server's own handlers replace it
+                continue  # raising while the server prepares its start (runtime.run holds it in the loop)
             if signal.getsignal(signum) is _stop_early:
                 signal.signal(signum, default)
 

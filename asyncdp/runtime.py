@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import logging
 import os
 import select
@@ -25,6 +26,7 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable
+from types import FrameType
 from typing import Any, TypeVar
 
 import anyio
@@ -34,6 +36,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the signals that stop a process in order
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -108,13 +111,22 @@ def _grace_then_exit(grace_s: float, on_exit: Callable[[], None]) -> None:
         os._exit(1)
 
 
-def die_with_parent_preexec(parent_pid: int, sig: int = signal.SIGKILL) -> Callable[[], None]:
+def die_with_parent_preexec(parent_pid: int, sig: int = signal.SIGKILL, *,
+                            block_stops: bool = False) -> Callable[[], None]:
     """:func:`die_with_parent` as a ``subprocess.Popen`` ``preexec_fn``, armed between fork and exec, so not even
     the child's interpreter start-up outlives the parent. Everything it calls is resolved here, before the fork:
-    the child runs no import and takes no lock before its exec, and leaves with ``os._exit``."""
+    the child runs no import and takes no lock before its exec, and leaves with ``os._exit``.
+
+    ``block_stops`` (a child that runs ``python -m asyncdp``): SIGTERM and SIGINT are blocked across the exec, so
+    one sent while the child's interpreter starts, before it has any handling of its own, waits instead of killing
+    it at once; :mod:`asyncdp.__main__` unblocks them once its handling is in place, and the child ends as a stop
+    while it starts ends (exit 0 for a server)."""
     prctl = _prctl()
+    block = functools.partial(signal.pthread_sigmask, signal.SIG_BLOCK, STOP_SIGNALS) if block_stops else None
 
     def arm() -> None:
+        if block is not None:
+            block()
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, sig)
         if os.getppid() != parent_pid:
@@ -151,12 +163,52 @@ def install_loop_guards() -> None:
     loop.set_exception_handler(handler)
 
 
-def run(main: Callable[..., Awaitable[T]], *args: Any, backend: str = "asyncio") -> T:
-    """``anyio.run(main, *args, backend=backend)`` with :func:`install_loop_guards` in place first."""
+_held: list[int] = []  # the stop signals held for the server's own handling (see :func:`run`)
+
+
+def _hold(signum: int, frame: FrameType | None) -> None:
+    if signum not in _held:  # a stop, however many times it came before the server could act on it
+        _held.append(signum)
+
+
+def take_early_stops() -> list[int]:
+    """The stop signals (SIGTERM, SIGINT) that came while :func:`run` held them, before the server's own receiver
+    was in place, each once; they are taken. A server calls it right after opening its
+    ``anyio.open_signal_receiver`` (whose handlers replaced the hold) and acts on each as on a signal its receiver
+    got; it starts nothing (no child) once one was taken."""
+    taken = list(_held)
+    _held.clear()
+    return taken
+
+
+def run(main: Callable[..., Awaitable[T]], *args: Any, backend: str = "asyncio", hold_stops: bool = False) -> T:
+    """``anyio.run(main, *args, backend=backend)`` with :func:`install_loop_guards` in place first.
+
+    ``hold_stops`` (a server's top process, which opens its own signal receiver first thing in the loop): SIGTERM
+    and SIGINT raise nothing inside the event loop; from just before it starts until the server's receiver
+    replaces the handler, one that comes is only held, for :func:`take_early_stops`. A signal's handler runs in
+    whatever Python code the main thread runs, in the loop that can be the loop's own: on asyncio the exception
+    of a callback was logged with its traceback and the server went on starting, the stop lost; SIGINT went to
+    asyncio's own handling (a cancellation of the main task), which ended the launcher without its stop line and
+    was lost on the router; trio ended in a ``TrioInternalError``. The hold records the signal as it comes, so the server's first look sees every stop
+    from before its receiver. (On asyncio one that comes while the receiver is being installed, between its
+    wake-up pipe and its handler, can reach both: a second stop the server handles before it starts anything.)
+    Afterwards both signals have their handling of before again. Where a signal is ignored, or off the main
+    thread (where no handler can be set), nothing changes."""
 
     async def guarded() -> T:
         if backend == "asyncio":
             install_loop_guards()
         return await main(*args)
 
-    return anyio.run(guarded, backend=backend)
+    held = [s for s in STOP_SIGNALS if signal.getsignal(s) not in (signal.SIG_IGN, None)] \
+        if hold_stops and threading.current_thread() is threading.main_thread() else []
+    before = {s: signal.getsignal(s) for s in held}
+    _held.clear()
+    try:
+        for sig in held:
+            signal.signal(sig, _hold)
+        return anyio.run(guarded, backend=backend)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

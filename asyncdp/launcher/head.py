@@ -115,7 +115,8 @@ def run_plan(plan: LaunchPlan, *, started_at: float | None = None) -> int:
     rundir.sweep_stale()
     run_dir = rundir.create()
     try:
-        return runtime.run(_serve, plan, http_sock, run_dir.path, started_at, backend=plan.backend)
+        return runtime.run(_serve, plan, http_sock, run_dir.path, started_at, backend=plan.backend,
+                           hold_stops=True)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -131,11 +132,11 @@ async def _serve(plan: LaunchPlan, http_sock: socket.socket | None, tmpdir: str,
     node = RunningNode(plan, http_sock, tmpdir, started_at=started_at, book=book_for(plan, summary))
     headless = node.table.top == "headless"
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_watch_signals, node)
-        if headless:
-            await run_startup(node, functools.partial(start_headless, node, tg, summary))
-        else:
-            await run_startup(node, functools.partial(start_node, node, tg))
+        await tg.start(_watch_signals, node)  # in place before the first child: a stop never strands one
+        if not node.shutdown.is_set():  # (stopped before the startup began: nothing to start, nor to stop)
+            start = functools.partial(start_headless, node, tg, summary) if headless else \
+                functools.partial(start_node, node, tg)
+            await run_startup(node, start)
         if not node.shutdown.is_set():
             node.started = True
             log.info("%s", _ready_line(node))
@@ -200,22 +201,30 @@ def _drain_counts(node: RunningNode) -> tuple[list[DrainCounts], int]:
     return counts, unreported
 
 
-async def _watch_signals(node: RunningNode) -> None:
+async def _watch_signals(node: RunningNode, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+    """Started before anything else of the node: a stop held since the event loop began
+    (:func:`asyncdp.runtime.take_early_stops`) counts as received now, before any child exists."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        for signum in runtime.take_early_stops():
+            _on_signal(node, signum)
+        task_status.started()
         async for signum in signals:
-            if node.peer_stop is not None and not node.asked_to_stop.is_set():
-                log.info("received %s: this node was already stopping with its MoE group",
-                         signal.Signals(signum).name)
-                node.asked_to_stop.set()
-                continue
-            node.asked_to_stop.set()
-            if node.shutdown.is_set():
-                log.warning("second signal: killing every child now")
-                for ch in node.children:
-                    ch.kill_tree()
-                continue
-            timeout_s = node.plan.shutdown_timeout_s
-            log.info("received %s: shutting down (%s)", signal.Signals(signum).name,
-                     f"in-flight requests get up to {timeout_s:g} s to finish" if timeout_s > 0
-                     else "in-flight requests are aborted: --shutdown-timeout 0")
-            node.shutdown.set()
+            _on_signal(node, signum)
+
+
+def _on_signal(node: RunningNode, signum: int) -> None:
+    if node.peer_stop is not None and not node.asked_to_stop.is_set():
+        log.info("received %s: this node was already stopping with its MoE group", signal.Signals(signum).name)
+        node.asked_to_stop.set()
+        return
+    node.asked_to_stop.set()
+    if node.shutdown.is_set():
+        log.warning("second signal: killing every child now")
+        for ch in node.children:
+            ch.kill_tree()
+        return
+    timeout_s = node.plan.shutdown_timeout_s
+    log.info("received %s: shutting down (%s)", signal.Signals(signum).name,
+             f"in-flight requests get up to {timeout_s:g} s to finish" if timeout_s > 0
+             else "in-flight requests are aborted: --shutdown-timeout 0")
+    node.shutdown.set()

@@ -45,15 +45,21 @@ PROCESS_TITLE = "asyncdp-route"
 async def _watch_signals(app: RouterApp, stop: anyio.Event, shutdown_timeout_s: float, *,
                          task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        for signum in runtime.take_early_stops():  # held since the event loop began (runtime.run)
+            _on_signal(app, stop, shutdown_timeout_s, signum)
         task_status.started()
         async for signum in signals:
-            name = signal.Signals(signum).name
-            if stop.is_set():
-                log.warning("received %s again: cancelling the %d requests in flight now", name, app.cancel_all())
-                continue
-            log.info("received %s: draining the requests in flight for up to %g s", name, shutdown_timeout_s)
-            app.draining = True
-            stop.set()
+            _on_signal(app, stop, shutdown_timeout_s, signum)
+
+
+def _on_signal(app: RouterApp, stop: anyio.Event, shutdown_timeout_s: float, signum: int) -> None:
+    name = signal.Signals(signum).name
+    if stop.is_set():
+        log.warning("received %s again: cancelling the %d requests in flight now", name, app.cancel_all())
+        return
+    log.info("received %s: draining the requests in flight for up to %g s", name, shutdown_timeout_s)
+    app.draining = True
+    stop.set()
 
 
 def upstream_tls_context(ca_file: str | None) -> ssl.SSLContext:
@@ -135,7 +141,7 @@ def run_router(settings: RouterSettings) -> int:
         log.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc.strerror or exc)
         return 1
     try:
-        runtime.run(serve_router, settings, sock, backend=settings.backend)
+        runtime.run(serve_router, settings, sock, backend=settings.backend, hold_stops=True)
     except KeyboardInterrupt:  # before the signal watcher is in place
         return 1
     finally:

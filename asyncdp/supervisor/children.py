@@ -93,7 +93,7 @@ class SupervisedChild:
     def spawn(cls, command: ChildCommand) -> SupervisedChild:
         popen = subprocess.Popen(
             list(command.argv), stdin=subprocess.DEVNULL, stdout=None, stderr=None, start_new_session=True,
-            env=child_environment(dict(command.env)), preexec_fn=runtime.die_with_parent_preexec(os.getpid()))
+            env=child_environment(dict(command.env)), preexec_fn=runtime.die_with_parent_preexec(os.getpid(), block_stops=True))
         return cls(command, popen)
 
     @property

@@ -14,9 +14,11 @@ lifecycle and takes its commands from outside (tests give it mock children):
    port; exit 1).
    Install the SIGTERM/SIGINT watcher: a signal clears ``ready``, sets ``shutdown``
    and is remembered.
-2. Spawn the children (:mod:`.children`), one watcher task per child, and the prober (:mod:`.probe`): rounds
-   ``--dp-supervisor-probe-interval-s`` apart probe every child's ``/health`` concurrently. All healthy ->
-   ``ready``. Before ready a failure only keeps polling.
+2. Spawn the children (:mod:`.children`; none once a signal came, held or received: SIGTERM and SIGINT are
+   blocked in each until its ``asyncdp.__main__`` handles them, so a child signalled while its interpreter
+   starts stops as a starting server does, exit 0, not killed by the signal), one watcher task per child, and
+   the prober (:mod:`.probe`): rounds ``--dp-supervisor-probe-interval-s`` apart probe every child's
+   ``/health`` concurrently. All healthy -> ``ready``. Before ready a failure only keeps polling.
 3. Once ready (and not shutting down), listen on the supervisor port and serve ``/health``, ``/ready``,
    ``/readyz`` (:mod:`.health_server`): 200 while ready and not shutting down, else 503. Before this the port
    is closed. A listen or server failure starts shutdown.
@@ -123,20 +125,26 @@ async def _wait_any(*events: anyio.Event) -> None:
 
 async def _watch_signals(sup: Supervision, *, task_status: anyio.abc.TaskStatus[None]) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        for signum in runtime.take_early_stops():  # held since the event loop began (runtime.run)
+            _on_signal(sup, signum)
         task_status.started()
         async for signum in signals:
-            name = signal.Signals(signum).name
-            if sup.signal is not None:
-                log.warning("second signal (%s): killing every child now", name)
-                sup.kill_all()
-            elif sup.shutdown.is_set():  # a failure stops the children already; a second signal kills them
-                sup.signal = signum
-                log.info("received %s: the children are stopping already", name)
-            else:
-                sup.signal = signum
-                log.info("received %s: stopping every child (they drain for up to %g s)", name,
-                         sup.settings.shutdown_timeout_s)
-                sup.start_shutdown()
+            _on_signal(sup, signum)
+
+
+def _on_signal(sup: Supervision, signum: int) -> None:
+    name = signal.Signals(signum).name
+    if sup.signal is not None:
+        log.warning("second signal (%s): killing every child now", name)
+        sup.kill_all()
+    elif sup.shutdown.is_set():  # a failure stops the children already; a second signal kills them
+        sup.signal = signum
+        log.info("received %s: the children are stopping already", name)
+    else:
+        sup.signal = signum
+        log.info("received %s: stopping every child (they drain for up to %g s)", name,
+                 sup.settings.shutdown_timeout_s)
+        sup.start_shutdown()
 
 
 async def _watch_child(sup: Supervision, child: SupervisedChild) -> None:
@@ -271,7 +279,7 @@ async def _run(commands: Sequence[ChildCommand], settings: SupervisorSettings, p
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, sup)
-            for command in commands:
+            for command in commands if not sup.shutdown.is_set() else ():  # (none after a stop held till now)
                 child = SupervisedChild.spawn(command)
                 sup.children.append(child)
                 log.info("started %s: %s", child.describe(), " ".join(command.argv))
@@ -331,6 +339,6 @@ def run_children(commands: Sequence[ChildCommand], settings: SupervisorSettings)
     except ImportError:
         pass
     try:
-        return runtime.run(supervise, commands, settings, backend=settings.backend)
+        return runtime.run(supervise, commands, settings, backend=settings.backend, hold_stops=True)
     except KeyboardInterrupt:  # before the signal watcher is in place
         return 1

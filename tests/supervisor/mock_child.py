@@ -82,6 +82,9 @@ async def _main(args: argparse.Namespace, grandchild: subprocess.Popen[bytes] | 
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    # The supervisor starts its children with both blocked; ``asyncdp serve`` unblocks them once its own handling
+    # is in place (asyncdp.__main__), and so does this stand-in: one that came meanwhile is handled now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     info = {"pid": os.getpid(), "supervised_rank": os.environ.get("ASYNCDP_SUPERVISED_RANK"),
             "grandchild": grandchild.pid if grandchild else None}
     tmp = state / f"{args.name}.pid.tmp"
