@@ -227,6 +227,25 @@ def run_cli(main: Callable[[], int]) -> None:
         sys.exit(1)
 
 
+def tree_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of ``pid`` and its descendants so far (Linux, from /proc); None for no pid, or
+    where /proc cannot tell (not Linux, the process gone)."""
+    if pid is None:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    try:
+        while todo:
+            p = todo.pop()
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+    except (OSError, ValueError):
+        return None
+    return total
+
+
 def startup_took(log: IO[bytes]) -> float:
     """The launcher's "startup took N s" from a deployment's ``log`` (read from its start); NaN when it has none."""
     log.seek(0)
