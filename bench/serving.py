@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -251,6 +252,22 @@ def startup_took(log: IO[bytes]) -> float:
     log.seek(0)
     took = re.search(rb"startup took ([0-9.]+) s", log.read())
     return float(took.group(1)) if took else float("nan")
+
+
+def measure_startup(trees: dict[str, Path], n: int, model: str, *serve_args: str) -> dict[str, list[tuple[float, float]]]:
+    """``n`` rounds, each starting ``asyncdp serve model *serve_args`` once from each tree in turn (one thread per
+    engine, stopped once healthy): per tree, each start's (seconds to /health 200, the launcher's "startup took"
+    seconds)."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    for _ in range(n):
+        for name, tree in trees.items():
+            with tempfile.TemporaryFile() as log:
+                t0 = time.perf_counter()
+                with asyncdp_serve(model, *serve_args, "--torch-threads", "1", log=log,
+                                   env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05):
+                    ready_s = time.perf_counter() - t0
+                runs[name].append((ready_s, startup_took(log)))
+    return runs
 
 
 def baseline_trees(parser: argparse.ArgumentParser, baseline: Path | None,
