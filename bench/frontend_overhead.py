@@ -39,7 +39,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from bench.serving import asyncdp_serve, check_output, positive_int  # noqa: E402
+from bench.serving import asyncdp_serve, check_output, positive_int, tree_cpu_s  # noqa: E402
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 1, "temperature": 0}
 
@@ -143,22 +143,6 @@ def run_asyncdp_side(requests: int, concurrency: int, backend: str) -> Result | 
 # ---------------------------------------------------------------------- load generator
 
 
-def _tree_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` and its descendants so far (None where /proc is not there)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total, todo = 0.0, [pid]
-    try:
-        while todo:
-            p = todo.pop()
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
-            for task in os.listdir(f"/proc/{p}/task"):
-                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
-    except (OSError, ValueError):
-        return None
-    return total
-
-
 async def measure(side: str, base_url: str, requests: int, concurrency: int, server_pid: int | None = None) -> Result:
     latencies: list[float] = []
     errors = 0
@@ -178,13 +162,13 @@ async def measure(side: str, base_url: str, requests: int, concurrency: int, ser
                 latencies.append(time.perf_counter() - t0)
                 errors += r.status_code != 200
 
-        server_cpu0 = _tree_cpu_s(server_pid) if server_pid is not None else None
+        server_cpu0 = tree_cpu_s(server_pid)
         start, cpu0 = time.perf_counter(), time.process_time()
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
                 tg.start_soon(worker)
         elapsed, loadgen_cpu = time.perf_counter() - start, time.process_time() - cpu0
-        server_cpu1 = _tree_cpu_s(server_pid) if server_pid is not None else None
+        server_cpu1 = tree_cpu_s(server_pid)
     latencies.sort()
     return Result(side, requests, concurrency, requests / elapsed, 1000 * statistics.median(latencies),
                   1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], errors,

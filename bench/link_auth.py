@@ -33,13 +33,12 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from asyncdp.bench.metrics import percentile  # noqa: E402
 from bench.serving import (  # noqa: E402
-    asyncdp_serve,
     baseline_trees,
     check_output,
+    measure_startup,
     non_negative_int,
     positive_int,
     run_cli,
-    startup_took,
 )
 
 MODEL = "builtin:tiny-dense"
@@ -83,21 +82,9 @@ async def measure_links(n: int) -> dict[str, dict[str, float]]:
             for key, v in samples.items()}
 
 
-def start_once(tree: Path, executor: str) -> tuple[float, float]:
-    """Start ``-dp 2`` from ``tree``; (seconds to /health 200, the launcher's "startup took" seconds). Stopped after."""
-    with tempfile.TemporaryFile() as log:
-        t0 = time.perf_counter()
-        with asyncdp_serve(MODEL, "-dp", "2", "--max-model-len", "512", "--torch-threads", "1", "--executor",
-                           executor, log=log, env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05):
-            ready_s = time.perf_counter() - t0
-        return ready_s, startup_took(log)
-
-
-def measure_startup(trees: dict[str, Path], n: int, executor: str) -> dict[str, dict[str, Any]]:
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
-    for _ in range(n):
-        for name, tree in trees.items():
-            runs[name].append(start_once(tree, executor))
+def startup_figures(trees: dict[str, Path], n: int, executor: str) -> dict[str, dict[str, Any]]:
+    """``-dp 2`` started ``n`` times from each tree: seconds to /health 200 and the launcher's "startup took"."""
+    runs = measure_startup(trees, n, MODEL, "-dp", "2", "--max-model-len", "512", "--executor", executor)
     return {name: {"ready_s": [round(r, 2) for r, _ in v], "startup_took_s": [t for _, t in v],
                    "ready_median_s": statistics.median(r for r, _ in v),
                    "took_median_s": statistics.median(t for _, t in v)} for name, v in runs.items()}
@@ -129,7 +116,7 @@ def main() -> int:
     check_output(parser, "--json", args.json)
     trees = baseline_trees(parser, args.baseline)
     links = anyio.run(measure_links, args.links)
-    startup = measure_startup(trees, args.startups, args.executor) if args.startups else {}
+    startup = startup_figures(trees, args.startups, args.executor) if args.startups else {}
     print_tables(links, startup)
     args.json.write_text(json.dumps({"links": links, "startup": startup, "baseline": str(args.baseline),
                                      "executor": args.executor}, indent=2))

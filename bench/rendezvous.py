@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import timeit
 from pathlib import Path
@@ -34,12 +33,11 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from asyncdp.bench.metrics import percentile  # noqa: E402
 from bench.serving import (  # noqa: E402
-    asyncdp_serve,
     baseline_trees,
     check_output,
+    measure_startup,
     non_negative_int,
     run_cli,
-    startup_took,
 )
 
 MODEL = "builtin:tiny-moe"
@@ -103,22 +101,12 @@ def measure_joins(n: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def start_once(tree: Path) -> float:
-    """Start the MoE ``-dp 2`` deployment from ``tree``; the launcher's "startup took" seconds. Stopped after."""
-    with tempfile.TemporaryFile() as log:
-        with asyncdp_serve(MODEL, "-dp", "2", "--enable-expert-parallel", "--api-server-count", "1",
-                           "--max-model-len", "512", "--torch-threads", "1", "--executor", "torch", log=log,
-                           env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05):
-            pass
-        return startup_took(log)
-
-
-def measure_startup(trees: dict[str, Path], n: int) -> dict[str, dict[str, Any]]:
-    runs: dict[str, list[float]] = {name: [] for name in trees}
-    for _ in range(n):
-        for name, tree in trees.items():
-            runs[name].append(start_once(tree))
-    return {name: {"startup_took_s": v, "median_s": statistics.median(v)} for name, v in runs.items()}
+def startup_figures(trees: dict[str, Path], n: int) -> dict[str, dict[str, Any]]:
+    """The MoE ``-dp 2`` deployment started ``n`` times from each tree: the launcher's "startup took" seconds."""
+    runs = measure_startup(trees, n, MODEL, "-dp", "2", "--enable-expert-parallel", "--api-server-count", "1",
+                           "--max-model-len", "512", "--executor", "torch")
+    took = {name: [t for _, t in v] for name, v in runs.items()}
+    return {name: {"startup_took_s": v, "median_s": statistics.median(v)} for name, v in took.items()}
 
 
 def main() -> int:
@@ -144,7 +132,7 @@ def main() -> int:
         print(f"\n{'group join':<8} {'joins':>6} {'p50 ms':>8} {'p90 ms':>8}")
         for mode, r in joins.items():
             print(f"{mode:<8} {r['joins']:>6} {r['p50_ms']:>8.2f} {r['p90_ms']:>8.2f}")
-    startup = measure_startup(trees, args.startups) if args.startups else {}
+    startup = startup_figures(trees, args.startups) if args.startups else {}
     if startup:
         print(f"\n{'MoE -dp 2':<12} {'startup took (s), each run':<44} {'median':>7}")
         for name, run in startup.items():

@@ -42,7 +42,14 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from bench.serving import ServerStartError, asyncdp_serve, check_output, positive_int, run_cli  # noqa: E402
+from bench.serving import (  # noqa: E402
+    ServerStartError,
+    asyncdp_serve,
+    check_output,
+    positive_int,
+    run_cli,
+    tree_cpu_s,
+)
 
 MODEL = "builtin:tiny-dense"
 ROUNDS = 4
@@ -80,17 +87,6 @@ def asyncdp_route(endpoint: str, timeout_s: float = 60.0, checkout: Path = ROOT)
 def _read(log: Any) -> bytes:
     log.seek(0)
     return bytes(log.read())
-
-
-def cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of process ``pid`` so far (0 for None, or where /proc cannot tell)."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -148,10 +144,10 @@ async def measure(sides: dict[str, str], requests: int, concurrency: int,
         for _ in range(ROUNDS):
             for side, base in sides.items():
                 out = samples[side]
-                cpu[side] -= cpu_s(pids.get(side))
+                cpu[side] -= tree_cpu_s(pids.get(side)) or 0.0
                 await _sequential(http, base, per_round, out)
                 out["rps"].append(await _concurrent(http, base, per_round * 2, concurrency))
-                cpu[side] += cpu_s(pids.get(side))
+                cpu[side] += tree_cpu_s(pids.get(side)) or 0.0
                 served[side] += per_round + max(1, per_round // 2) + per_round * 2
     return {side: {"seq_p50_ms": statistics.median(s["seq_ms"]), "seq_p99_ms": _pct(s["seq_ms"], 0.99),
                    "first_event_p50_ms": statistics.median(s["first_event_ms"]),

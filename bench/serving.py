@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -227,11 +228,46 @@ def run_cli(main: Callable[[], int]) -> None:
         sys.exit(1)
 
 
+def tree_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of ``pid`` and its descendants so far (Linux, from /proc); None for no pid, or
+    where /proc cannot tell (not Linux, the process gone)."""
+    if pid is None:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    try:
+        while todo:
+            p = todo.pop()
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+    except (OSError, ValueError):
+        return None
+    return total
+
+
 def startup_took(log: IO[bytes]) -> float:
     """The launcher's "startup took N s" from a deployment's ``log`` (read from its start); NaN when it has none."""
     log.seek(0)
     took = re.search(rb"startup took ([0-9.]+) s", log.read())
     return float(took.group(1)) if took else float("nan")
+
+
+def measure_startup(trees: dict[str, Path], n: int, model: str, *serve_args: str) -> dict[str, list[tuple[float, float]]]:
+    """``n`` rounds, each starting ``asyncdp serve model *serve_args`` once from each tree in turn (one thread per
+    engine, stopped once healthy): per tree, each start's (seconds to /health 200, the launcher's "startup took"
+    seconds)."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    for _ in range(n):
+        for name, tree in trees.items():
+            with tempfile.TemporaryFile() as log:
+                t0 = time.perf_counter()
+                with asyncdp_serve(model, *serve_args, "--torch-threads", "1", log=log,
+                                   env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05):
+                    ready_s = time.perf_counter() - t0
+                runs[name].append((ready_s, startup_took(log)))
+    return runs
 
 
 def baseline_trees(parser: argparse.ArgumentParser, baseline: Path | None,

@@ -26,7 +26,7 @@ from werkzeug.exceptions import HTTPException
 
 from asyncdp.api import chat, completions, utility_routes
 from asyncdp.api.body import draining_request_class, read_rest_of_body
-from asyncdp.api.content_format import resolve_content_format
+from asyncdp.api.content_format import read_template, resolve_content_format
 from asyncdp.api.context import (
     DRAINING_MESSAGE,
     PAUSE_MODES,
@@ -91,7 +91,8 @@ def create_app(
     app.asgi_app = with_close_callbacks(app.asgi_app)  # type: ignore[method-assign]
     if backend == "trio":  # keep-alive connections must get their idle timer: see asyncdp.api.last_send
         app.asgi_app = with_last_send_shielded(app.asgi_app)  # type: ignore[method-assign]
-    content_format = resolve_content_format(client.tokenizer, chat_template_content_format)
+    template = read_template(client.tokenizer)  # once: both detectors take its source and parsed tree
+    content_format = resolve_content_format(client.tokenizer, chat_template_content_format, template)
     state = AppState(
         client=client,
         metrics=metrics if metrics is not None else Metrics(model_name=client.model_name),
@@ -101,7 +102,7 @@ def create_app(
         max_request_body_bytes=max_request_body_bytes,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         content_format=content_format,
-        template_roles=resolve_template_roles(client.tokenizer, content_format),
+        template_roles=resolve_template_roles(client.tokenizer, content_format, template),
     )
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]

@@ -26,11 +26,16 @@ the reading does not know, or a template that reads parts on one side path (a sy
 prints the user's content as text, still gets the format that shows the user's words.
 
 A template that does not parse, or a tokenizer without one, is "string" (the request then fails as before).
+
+An API server reads its tokenizer's template once (:func:`read_template`): the source and its parsed tree go to
+both detectors, this one and :mod:`asyncdp.api.template_roles`. (Rendering compiles it once too: Transformers
+caches the compiled template by its source.)
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import jinja2
@@ -167,11 +172,12 @@ def _reads_parts(tree: nodes.Template, names: _Names) -> bool:
     return any(_reads_by_attribute(f) and CONTENT in names.of(f.node) for f in tree.find_all(nodes.Filter))
 
 
-def detect_content_format(source: str) -> ContentFormat:
-    """"openai" when the template ``source`` reads message contents as lists of parts, else "string".
+def detect_content_format(source: str | nodes.Template) -> ContentFormat:
+    """"openai" when the template (its ``source``, or its parsed tree) reads message contents as lists of parts,
+    else "string".
 
     Raises ``jinja2.TemplateSyntaxError`` when the source does not parse."""
-    tree = PARSER.parse(source)
+    tree = PARSER.parse(source) if isinstance(source, str) else source
     names = _Names()
     names.learn(tree)
     return "openai" if _reads_parts(tree, names) else "string"
@@ -208,15 +214,34 @@ def template_source(tokenizer: Any) -> str | None:
     return source if isinstance(source, str) else None
 
 
-def _detect(tokenizer: Any) -> tuple[ContentFormat, str]:
-    """The detected format of the tokenizer's template and why, in words."""
+@dataclass(frozen=True)
+class ChatTemplate:
+    """The tokenizer's chat template, read and parsed once (:func:`read_template`). ``source`` is None when the
+    tokenizer has none; ``tree`` is None without a source or when it does not parse (``syntax_error`` says why)."""
+
+    source: str | None = None
+    tree: nodes.Template | None = None
+    syntax_error: str | None = None
+
+
+def read_template(tokenizer: Any) -> ChatTemplate:
+    """The tokenizer's default chat template, parsed (see :func:`template_source`)."""
     source = template_source(tokenizer)
     if source is None:
-        return "string", "the tokenizer has no chat template"
+        return ChatTemplate()
     try:
-        read = detect_content_format(source)
+        return ChatTemplate(source, PARSER.parse(source))
     except jinja2.TemplateSyntaxError as exc:
-        return "string", f"the template does not parse ({exc})"
+        return ChatTemplate(source, syntax_error=str(exc))
+
+
+def _detect(tokenizer: Any, template: ChatTemplate) -> tuple[ContentFormat, str]:
+    """The detected format of the tokenizer's template and why, in words."""
+    if template.source is None:
+        return "string", "the tokenizer has no chat template"
+    if template.tree is None:
+        return "string", f"the template does not parse ({template.syntax_error})"
+    read = detect_content_format(template.tree)
     shown = probe_content_format(tokenizer)
     if shown is not None and shown != read:
         return shown, (f"a user message's text shows only as {'a string' if shown == 'string' else 'text parts'}, "
@@ -225,18 +250,20 @@ def _detect(tokenizer: Any) -> tuple[ContentFormat, str]:
                   else "the template reads message content as text")
 
 
-def resolve_content_format(tokenizer: Any, given: str) -> ContentFormat:
-    """The content format for ``--chat-template-content-format given``; says which at INFO, once per call."""
+def resolve_content_format(tokenizer: Any, given: str, template: ChatTemplate | None = None) -> ContentFormat:
+    """The content format for ``--chat-template-content-format given``; says which at INFO, once per call.
+    ``template``: the tokenizer's, as :func:`read_template` gives it (None: read it here)."""
     if given not in CHAT_TEMPLATE_CONTENT_FORMATS:
         raise ValueError(f"chat_template_content_format must be one of {', '.join(CHAT_TEMPLATE_CONTENT_FORMATS)}, "
                          f"got {given!r}")
-    detected, why = _detect(tokenizer)
+    template = template if template is not None else read_template(tokenizer)
+    detected, why = _detect(tokenizer, template)
     if given == "auto":
         log.info("chat template content format: %r, detected (%s); --chat-template-content-format overrides it",
                  detected, why)
         return detected
     log.info("chat template content format: %r (--chat-template-content-format)", given)
-    if template_source(tokenizer) is not None and given != detected:
+    if template.source is not None and given != detected:
         log.warning("--chat-template-content-format %s differs from the format detected for this template, %r "
                     "(%s)", given, detected, why)
     return given  # type: ignore[return-value]

@@ -59,7 +59,10 @@ class AppState:
         return self.draining or self.client.shutting_down
 
     def producers(self) -> TaskGroup:
-        if self.draining:
+        """The task group new requests' producers start in; ``ShuttingDownError`` (the drain's 503) while
+        :attr:`refusing`, as the gate answers: a request that passed the gate just before the client's
+        ``begin_shutdown`` is refused here, before anything is reserved, whatever the client's ``admit`` does."""
+        if self.refusing:
             raise ShuttingDownError("the server is shutting down")
         if self.task_group is None:
             raise UnavailableError("the server is not serving yet")

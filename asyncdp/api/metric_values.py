@@ -145,28 +145,31 @@ class FastHistogram:
             self._buckets[bisect_left(self._bounds, amount)].inc(1)
 
 
+def fast_writer(metric: Any, child: Any) -> Any:
+    """``metric``'s ``child`` as its writer: a histogram's as :class:`FastHistogram`, a counter's as
+    :class:`FastCounter`, a gauge's as :class:`FastGauge`; any other as it is."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    if isinstance(metric, Histogram):
+        return FastHistogram.of(child)
+    if isinstance(metric, Counter):
+        return FastCounter.of(child)
+    if isinstance(metric, Gauge):
+        return FastGauge.of(child)
+    return child
+
+
 class EngineSeries:
-    """``series.X`` is ``metrics.X``'s child for one engine, made on first use (through ``Metrics._c``: a series
-    shows on ``/metrics`` once made, as before), then a plain attribute: a histogram's as :class:`FastHistogram`,
-    a counter's as :class:`FastCounter`, a gauge's as :class:`FastGauge`."""
+    """``series.X`` is ``metrics.X``'s writer for one engine, taken on first use from ``Metrics._c`` (the one
+    cache of children, as writers: a series shows on ``/metrics`` once made, as before), then a plain attribute:
+    one lookup per call, not one per series."""
 
     def __init__(self, metrics: Any, engine: int | str) -> None:
         self._metrics = metrics
         self._engine = engine
 
     def __getattr__(self, name: str) -> Any:  # only for a series not made yet
-        from prometheus_client import Counter, Gauge, Histogram
-
-        metric = getattr(self._metrics, name)
-        child = self._metrics._c(metric, self._engine)
-        if isinstance(metric, Histogram):
-            value = FastHistogram.of(child)
-        elif isinstance(metric, Counter):
-            value = FastCounter.of(child)
-        elif isinstance(metric, Gauge):
-            value = FastGauge.of(child)
-        else:
-            value = child
+        value = self._metrics._c(getattr(self._metrics, name), self._engine)
         setattr(self, name, value)
         return value
 

@@ -39,10 +39,8 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from asyncdp.api.metric_values import EngineSeries, FastCounter, FastHistogram, set_at
+from asyncdp.api.metric_values import EngineSeries, fast_writer, set_at
 from asyncdp.config.flags import prometheus_multiproc_dir
-
-_Histogram = FastHistogram  # (its name before it moved)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -78,9 +76,8 @@ class Metrics:
         disable_created_metrics()
         # Metrics register into a private registry: several Metrics objects may live in one process (tests).
         self._registry = CollectorRegistry(auto_describe=True)
-        self._children: dict[tuple[int, int | str, tuple[str, ...]], Any] = {}
-        self._series: dict[int | str, EngineSeries] = {}  # per engine: its children by attribute (see _s)
-        self._success: dict[tuple[int | str, str], Any] = {}  # request_success's children, as FastCounter
+        self._children: dict[tuple[Any, int | str, tuple[str, ...]], Any] = {}  # as writers (see _c)
+        self._series: dict[int | str, EngineSeries] = {}  # per engine: its writers by attribute (see _s)
         self._newest_at: dict[int | str, float] = {}  # per engine: the engine time of the newest state written
         r = self._registry
 
@@ -156,14 +153,16 @@ class Metrics:
         return {"model_name": self.model_name, "engine": str(engine)}
 
     def _c(self, metric: Any, engine: int | str, *extra: str) -> Any:
-        """``metric``'s child for ``engine`` (and extra label values), cached: prometheus_client's
-        ``labels()`` validates and stringifies its arguments on every call, which showed in per-request
-        profiles."""
-        key = (id(metric), engine, extra)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(self.model_name, str(engine), *extra)
-        return child
+        """``metric``'s child for ``engine`` (and extra label values), as its writer
+        (:func:`~asyncdp.api.metric_values.fast_writer`), cached: prometheus_client's ``labels()`` validates and
+        stringifies its arguments on every call, which showed in per-request profiles. (The key holds the metric
+        itself, hashed by identity: no ``id()`` call on the per-request path.)"""
+        key = (metric, engine, extra)
+        writer = self._children.get(key)
+        if writer is None:
+            child = metric.labels(self.model_name, str(engine), *extra)
+            writer = self._children[key] = fast_writer(metric, child)
+        return writer
 
     def _s(self, engine: int | str) -> EngineSeries:
         """``engine``'s children without extra labels, by attribute: one lookup per call, not one per series."""
@@ -207,11 +206,7 @@ class Metrics:
         scheduled to first token, when known; the running phase is prefill plus decode; ``max_tokens``: the
         request's limit, as vLLM resolves it). A request refused at admission, or one whose caller left, is not
         counted here (vLLM's ``request_success`` does not count them)."""
-        success = self._success.get((engine, finished_reason))
-        if success is None:
-            child = self._c(self.request_success, engine, finished_reason)
-            success = self._success[(engine, finished_reason)] = FastCounter.of(child)
-        success.inc()
+        self._c(self.request_success, engine, finished_reason).inc()
         s = self._s(engine)
         if max_tokens:
             s.request_params_max_tokens.observe(max_tokens)

@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 import jinja2.nodes as nodes
 
-from asyncdp.api.content_format import PROBE_TEXT, ContentFormat, shows_probe, template_source
+from asyncdp.api.content_format import PROBE_TEXT, ChatTemplate, ContentFormat, read_template, shows_probe
 from asyncdp.config.chat_template import PARSER
 
 log = logging.getLogger(__name__)
@@ -41,11 +41,11 @@ class TemplateRoles:
     system_format: ContentFormat = "string"
 
 
-def has_developer_role(source: str) -> bool:
-    """Does the template's source name the ``developer`` role (a string constant, as in ``role == 'developer'``
-    or ``role in ['system', 'developer']``)? False for a source that does not parse."""
+def has_developer_role(source: str | nodes.Template) -> bool:
+    """Does the template (its source, or its parsed tree) name the ``developer`` role (a string constant, as in
+    ``role == 'developer'`` or ``role in ['system', 'developer']``)? False for a source that does not parse."""
     try:
-        tree = PARSER.parse(source)
+        tree = PARSER.parse(source) if isinstance(source, str) else source
     except jinja2.TemplateSyntaxError:
         return False
     return any(node.value == DEVELOPER for node in tree.find_all(nodes.Const))
@@ -61,10 +61,13 @@ def system_content_format(tokenizer: Any, content_format: ContentFormat) -> Cont
     return "string" if shows_probe(tokenizer, messages) else content_format  # (no system role: shows nothing)
 
 
-def resolve_template_roles(tokenizer: Any, content_format: ContentFormat) -> TemplateRoles:
-    source = template_source(tokenizer)
-    roles = TemplateRoles(developer_role=source is not None and has_developer_role(source),
-                          system_format=system_content_format(tokenizer, content_format) if source else "string")
+def resolve_template_roles(tokenizer: Any, content_format: ContentFormat,
+                           template: ChatTemplate | None = None) -> TemplateRoles:
+    """The roles of the tokenizer's template (``template``: as :func:`read_template` gives it; None: read it)."""
+    template = template if template is not None else read_template(tokenizer)
+    roles = TemplateRoles(developer_role=template.tree is not None and has_developer_role(template.tree),
+                          system_format=system_content_format(tokenizer, content_format) if template.source
+                          else "string")
     log.info("chat template roles: %s; system message content as %s",
              "its own developer role" if roles.developer_role else "developer messages given as system",
              "a string" if roles.system_format == "string" else "text parts")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -159,20 +160,24 @@ def init_dp_group(info: DPGroupInfo, dp_rank: int, *, timeout_s: float | None = 
     log.debug("rank %d: gloo listens on interface %s", dp_rank,
               pin_gloo_interface(info.master_addr, info.master_port) or "(its default)")
     where = f"rank {dp_rank}: the DP group's rendezvous store at {info.master_addr}:{info.master_port}"
-    stores: list[dist.Store] = []
 
-    def join() -> None:
+    def join() -> dist.Store:
+        """One attempt: a store client and the group over it. A failed attempt's store is let go (its socket
+        closed) before the next attempt: neither this frame nor torch's frames in the traceback keep it."""
         store = rendezvous.join_rendezvous_store(info, secret, timeout_s=store_timeout_s, where=where)
-        stores.append(store)
         try:
             dist.init_process_group(backend, store=store, rank=dp_rank, world_size=info.dp_size, timeout=timeout)
-        except BaseException:
+        except BaseException as exc:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            del store
+            traceback.clear_frames(exc.__traceback__)  # (the finished frames' locals; the trace itself stays)
             raise
+        return store
 
     try:
-        retry_address_in_use(join, what=f"rank {dp_rank}: DP process group at {info.master_addr}:{info.master_port}")
+        store = retry_address_in_use(
+            join, what=f"rank {dp_rank}: DP process group at {info.master_addr}:{info.master_port}")
     except StartupError:
         raise
     except (RuntimeError, OSError) as exc:
@@ -186,7 +191,7 @@ def init_dp_group(info: DPGroupInfo, dp_rank: int, *, timeout_s: float | None = 
     exchange = control if gloo_exchange else data
     dev = torch.device("cpu") if backend == "gloo" else (device or torch.device("cuda", torch.cuda.current_device()))
     return DPProcessGroup(dp_rank=dp_rank, dp_size=info.dp_size, backend=backend, data=data, exchange=exchange,
-                          control=control, device=dev, store=stores[-1])
+                          control=control, device=dev, store=store)
 
 
 class TorchDPGroup:

@@ -1,5 +1,5 @@
 """The metrics' per-request fast path records exactly what prometheus_client's own calls record: a histogram
-observation through ``_Histogram`` (a bisection for the bucket) lands in the same bucket with the same sum as
+observation through ``FastHistogram`` (a bisection for the bucket) lands in the same bucket with the same sum as
 ``Histogram.observe`` for every amount (on a bound, next to one, beyond the last, negative, infinite, NaN, an int),
 and an engine's series are still made on first use only (a series shows on ``/metrics`` once recorded)."""
 
@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncdp.api import metrics as metrics_module
-from asyncdp.api.metrics import Metrics, _Histogram
+from asyncdp.api.metric_values import FastHistogram
+from asyncdp.api.metrics import Metrics
 
 BUCKET_SETS = {
     "ttft": metrics_module._TTFT_BUCKETS,
@@ -43,8 +44,8 @@ def test_each_amount_lands_where_prometheus_client_puts_it(name):
     buckets = BUCKET_SETS[name]
     for amount in _amounts(buckets):
         fast_child, reference = _child(buckets), _child(buckets)
-        fast = _Histogram.of(fast_child)
-        assert isinstance(fast, _Histogram)
+        fast = FastHistogram.of(fast_child)
+        assert isinstance(fast, FastHistogram)
         fast.observe(amount)
         reference.observe(amount)  # type: ignore[attr-defined]
         got, want = _state(fast_child), _state(reference)
@@ -58,7 +59,7 @@ def test_a_child_without_the_expected_internals_is_used_as_it_is():
             pass
 
     plain = Plain()
-    assert _Histogram.of(plain) is plain
+    assert FastHistogram.of(plain) is plain
 
 
 def _series_names(m: Metrics) -> set[str]:
