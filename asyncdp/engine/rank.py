@@ -178,6 +178,7 @@ class EngineRank:
                 self._cancel_run = tg.cancel_scope
                 self.links.start(tg, self._inbox_send, self, heartbeat_interval_s=self.cfg.heartbeat_interval_s,
                                  heartbeat_timeout_s=self.cfg.heartbeat_timeout_s)
+                self.intake.grammars.open(tg, self._inbox_send)  # grammars compile in tasks of the rank's own
                 if self.lockstep is not None:
                     await self.lockstep.run()
                 else:
