@@ -12,7 +12,8 @@ A structured-output request whose grammar is not compiled yet is admitted but wa
 requests step meanwhile and the event loop keeps sending heartbeats; a rank stepping inline (virtual time) compiles
 it in place. The grammar library's tokenizer is built in a background thread once the rank is ready
 (``asyncdp.engine.grammar_warm_up``); a grammar compiled before that ended waits for it in its worker thread.
-An admitted request is owned by its client (``RankState.owners``) and, in a MoE group, applies its wave stamp.
+An admitted request is owned by its client (``RankState.owners``) and, in a MoE group, applies its wave stamp
+(a constrained one once its grammar compiled).
 """
 
 from __future__ import annotations
