@@ -22,13 +22,13 @@ prefix-cache hit until then (the scheduler skips the lookup: cached positions ha
 before the first output recomputes and overwrites the same positions, one after it computes none.
 
 Structured outputs (``SamplingParams.structured``): ``add_request`` gives the request a grammar matcher
-(``asyncdp.engine.structured.GrammarMatchers``, built on first use from the tokenizer); while any live request
-has one, each step attaches the constrained rows' allowed-token bitmask to the batch, and every sampled token
-advances its matcher. A completed grammar finishes the request with ``stop`` (the completing token's text is
-kept). A matcher that failed (a grammar limit hit mid-generation: its mask then allows only EOS) finishes the
-request with ``finish_reason="error"`` and ``error_type="invalid_request"`` naming the grammar field, checked
-before EOS, so the text cut short never reads as a ``stop``. Only an executor with ``applies_token_masks`` takes
-such requests.
+(``asyncdp.engine.structured.GrammarMatchers``), or with ``compile_grammar=False`` queues it unscheduled, counted
+as waiting, until ``grammar_compiled`` (a rank compiles it in a worker thread meanwhile); while a live request has
+one, each step attaches the constrained rows' allowed-token bitmask to the batch, and every sampled token advances
+its matcher. A completed grammar finishes the request with ``stop``. A matcher that failed (a grammar limit hit
+mid-generation: its mask then allows only EOS) finishes it with ``finish_reason="error"`` and
+``error_type="invalid_request"`` naming the grammar field, checked before EOS, so the text cut short never reads
+as a ``stop``. Only an executor with ``applies_token_masks`` takes such requests.
 
 A failed forward (the executor raised, or an interrupt came in it) leaves ``step()`` once the scheduler has
 unpublished the blocks it never wrote and requeued its requests for recompute (``Scheduler.unschedule``);
@@ -51,7 +51,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncdp.config.flags import EngineConfig
 from asyncdp.engine.block_manager import BlockManager
@@ -59,13 +59,11 @@ from asyncdp.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
 from asyncdp.engine.executor import Executor, ModelBatch, ScheduledChunk, StepResult
 from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.scheduler import PauseMode, Scheduler
+from asyncdp.engine.structured import GrammarMatchers
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
 from asyncdp.messages import RequestOutput, SchedulerStats, TokenLogprobs
 from asyncdp.sampling_params import SamplingParams, StructuredOutputs
 from asyncdp.sampling_params.structured import grammar_failed
-
-if TYPE_CHECKING:
-    from asyncdp.engine.structured import GrammarMatchers
 
 
 @dataclass(slots=True)
@@ -128,8 +126,10 @@ class EngineCore:
         arrival_time: float | None = None,
         client_index: int = 0,
         validated: bool = False,
+        compile_grammar: bool = True,
     ) -> None:
-        """``validated``: the caller ran ``params.validate()`` already (the API server, for a rank's requests)."""
+        """``validated``: the caller ran ``params.validate()`` already (the API server, for a rank's requests).
+        ``compile_grammar=False``: the request waits unscheduled for :meth:`grammar_compiled` (a rank compiles it)."""
         if not validated:
             params.validate()
         n = len(prompt_token_ids)
@@ -156,28 +156,31 @@ class EngineCore:
                       client_index=client_index, max_tokens=max_tokens, queued_time=self._clock())
         if self._decode is not None:
             req.detokenizer = IncrementalDetokenizer(self._decode, prompt_token_ids, params)
+        pending = False  # (a grammar compiled already is copied at once; refused at once where none can apply)
         if params.structured is not None:
-            self._add_grammar(request_id, params.structured)
+            pending = not self.grammar_matchers(params.structured).add(request_id, params.structured,
+                                                                       compile_grammar=compile_grammar)
         self._start_change()
-        self.scheduler.add(req)
+        self.scheduler.add(req, grammar_pending=pending)
         self._broken = False
 
+    def grammar_compiled(self, request_id: str) -> bool | None:
+        """A request added with ``compile_grammar=False`` has its grammar compiled (``GrammarMatchers.prepare``):
+        True, it is queued for a step; False, its template was evicted meanwhile (compile it again); None, it no
+        longer waits (aborted). A grammar that failed to compile: abort the request (its owner answers it)."""
+        req = self.scheduler.grammar_waiting.get(request_id)
+        if req is None or req.sampling_params.structured is None:
+            return None
+        return self.grammar_matchers().add(request_id, req.sampling_params.structured,
+                                           compile_grammar=False) and self.scheduler.grammar_ready(request_id)
+
     def grammar_matchers(self, structured: StructuredOutputs | None = None) -> GrammarMatchers:
-        """The matchers, made on first use. A rank builds their tokenizer in a background thread once ready (``warm``)
-        and compiles a request's grammar in a worker thread (``prepare``, which waits for ``warm``) first."""
-        if not getattr(self.executor, "applies_token_masks", False) or self.tokenizer is None:
-            raise InvalidRequestError("structured outputs need an executor that applies token masks (the torch "
-                                      "executor, not --executor sim) and a tokenizer.", field=None if structured is
-                                      None else structured.param or f"structured.{structured.kind()[0]}")
+        """The matchers, made on first use (InvalidRequestError where no grammar can apply). A rank builds their
+        tokenizer in a background thread once ready (``warm``), and compiles each grammar in a worker thread first."""
         if self._grammars is None:
-            from asyncdp.engine.structured import GrammarMatchers
-
-            vocab = self._vocab_size if self._vocab_size is not None else len(self.tokenizer)
-            self._grammars = GrammarMatchers(self.tokenizer, vocab, self.eos_token_ids)
+            self._grammars = GrammarMatchers.for_engine(self.executor, self.tokenizer, self._vocab_size,
+                                                        self.eos_token_ids, structured)
         return self._grammars
-
-    def _add_grammar(self, request_id: str, structured: StructuredOutputs) -> None:
-        self.grammar_matchers(structured).add(request_id, structured)
 
     def _drop_grammars(self, requests: Iterable[Request]) -> None:
         grammars = self._grammars
@@ -189,10 +192,8 @@ class EngineCore:
         """Enter a change of the scheduler's state; the caller clears ``_broken`` once it is complete."""
         if self._broken:
             aborted = self.scheduler.reset()
-            grammars = self._grammars
-            if grammars is not None:
-                for request_id in list(grammars.matchers):
-                    grammars.discard(request_id)
+            if self._grammars is not None:
+                self._grammars.clear()
             self._pending_outputs.extend(self._abort_output(req) for req in aborted)
         self._broken = True
 
@@ -206,8 +207,7 @@ class EngineCore:
 
     def has_steppable_work(self) -> bool:
         """Whether ``step()`` would run a forward or report something now (pause state respected)."""
-        return (self.scheduler.has_steppable_work() or bool(self._pending_aborts)
-                or bool(self._pending_outputs))
+        return self.scheduler.has_steppable_work() or bool(self._pending_aborts) or bool(self._pending_outputs)
 
     def num_unfinished_for_sync(self) -> int:
         return self.scheduler.num_unfinished_for_sync()

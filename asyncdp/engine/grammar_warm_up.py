@@ -37,9 +37,9 @@ def start_grammar_warm_up(dp_rank: int, core: EngineCore) -> threading.Thread | 
     collectives stay on each rank's execution thread, in the same order; a rank's steps are delayed only by the GIL
     the library holds (the group's ranks warm up at about the same time, each one once). A structured-output
     request that comes before the build ended waits for it (``GrammarMatchers``' lock) in its grammar's compilation,
-    on the execution thread under the limiter as before, off the event loop: as long as the rest of the build,
-    during which little else of the process would run anyway. A daemon thread: a rank that stops meanwhile does not
-    wait for it.
+    in a worker thread of its own (``asyncdp.engine.rank_grammar``), off the event loop and off the steps: the
+    rank's other requests step meanwhile, as far as the GIL the build holds lets them. A daemon thread: a rank that
+    stops meanwhile does not wait for it.
     """
     if importlib.util.find_spec("llguidance") is None:
         return None

@@ -76,7 +76,10 @@ def forwards_to_drain(scheduler: Scheduler) -> int:
     reqs = scheduler.in_flight() if scheduler.pause_state == "paused-new" else scheduler.requests.values()
     budget = max(1, scheduler.max_num_batched_tokens)
     horizon = 0
+    waiting_for_grammar = scheduler.grammar_waiting  # no wave work until compiled (then the group is woken for it)
     for req in reqs:
+        if req.request_id in waiting_for_grammar:
+            continue
         prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
         chunks = -(-prompt_left // budget)
         horizon = max(horizon, max(0, chunks - 1) + max(1, req.max_tokens - req.num_output_tokens))

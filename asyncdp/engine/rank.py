@@ -6,7 +6,8 @@ A rank owns one :class:`~asyncdp.engine.core.EngineCore`. It receives ``AddReque
 ``UtilityCall`` from every client link and ``StartWave``/``Teardown``/``Heartbeat`` from the coordinator link.
 Reader tasks (:mod:`asyncdp.engine.rank_links`) decode frames and post them into one bounded *inbox* stream of
 typed items, dispatched with ``match`` by :mod:`asyncdp.engine.rank_intake`, which also decides whether a new
-request is admitted (an unknown item is a :class:`~asyncdp.errors.ProtocolError`); the busy
+request is admitted (an unknown item is a :class:`~asyncdp.errors.ProtocolError`; a grammar compiles beside the
+steps, in a task of the rank's: :mod:`asyncdp.engine.rank_grammar`); the busy
 loop is the only task that touches the core. Each step runs ``EngineCore.step()`` on the device's execution
 thread (one ``CapacityLimiter(1)``, shared with the DP group's collectives) and the outputs go only to the
 client that owns the request (``AddRequest.client_index``), never waiting for it (a client whose outbox is full
@@ -178,6 +179,7 @@ class EngineRank:
                 self._cancel_run = tg.cancel_scope
                 self.links.start(tg, self._inbox_send, self, heartbeat_interval_s=self.cfg.heartbeat_interval_s,
                                  heartbeat_timeout_s=self.cfg.heartbeat_timeout_s)
+                self.intake.grammars.open(tg, self._inbox_send)  # grammars compile in tasks of the rank's own
                 if self.lockstep is not None:
                     await self.lockstep.run()
                 else:

@@ -7,11 +7,13 @@ busy loop (never concurrently with a step). :meth:`RankIntake.handle` dispatches
 reaches the core when the rank is shutting down or abandons everything (its drain deadline passed, its MoE group
 ended): one finished ``abort`` with ``error_type="unavailable"`` naming the rank, which the API answers with 503.
 A request the core refuses (:class:`~asyncdp.errors.InvalidRequestError`) is answered ``invalid_request`` (400).
-A structured-output request's grammar is compiled first in a worker thread under the step limiter
-(``GrammarMatchers.prepare``), so the event loop keeps sending heartbeats meanwhile; a rank stepping inline
-(virtual time) compiles it in place. The grammar library's tokenizer is built in a background thread once the rank
-is ready (``asyncdp.engine.grammar_warm_up``); a grammar compiled before that ended waits for it in its worker thread.
-An admitted request is owned by its client (``RankState.owners``) and, in a MoE group, applies its wave stamp.
+A structured-output request whose grammar is not compiled yet is admitted but waits unscheduled while
+:mod:`asyncdp.engine.rank_grammar` compiles it in a worker thread, without the step limiter: the rank's other
+requests step meanwhile and the event loop keeps sending heartbeats; a rank stepping inline (virtual time) compiles
+it in place. The grammar library's tokenizer is built in a background thread once the rank is ready
+(``asyncdp.engine.grammar_warm_up``); a grammar compiled before that ended waits for it in its worker thread.
+An admitted request is owned by its client (``RankState.owners``) and, in a MoE group, applies its wave stamp
+(a constrained one once its grammar compiled).
 """
 
 from __future__ import annotations
@@ -19,10 +21,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import anyio
-
 from asyncdp import messages as m
-from asyncdp.engine.rank_links import ClientGone, ClientMessage, CoordinatorMessage, InboxItem, Wake
+from asyncdp.engine.rank_grammar import GrammarCompiles
+from asyncdp.engine.rank_links import (
+    ClientGone,
+    ClientMessage,
+    CoordinatorMessage,
+    GrammarCompiled,
+    InboxItem,
+    Wake,
+)
 from asyncdp.errors import InvalidRequestError, ProtocolError
 
 if TYPE_CHECKING:
@@ -34,6 +42,7 @@ log = logging.getLogger("asyncdp.engine.rank")  # the role's one log name
 class RankIntake:
     def __init__(self, rank: EngineRank) -> None:
         self.rank = rank
+        self.grammars = GrammarCompiles(rank)
 
     async def handle(self, item: InboxItem) -> None:
         rank = self.rank
@@ -49,6 +58,8 @@ class RankIntake:
             case CoordinatorMessage(msg=m.StartWave() as msg):
                 if rank.lockstep is not None:
                     rank.lockstep.on_start_wave(msg)
+            case GrammarCompiled() as compiled:
+                await self.grammars.on_compiled(compiled)
             case CoordinatorMessage(msg=m.CoordinatorReady()) | Wake():
                 pass
             case ClientGone(client_index=ci):
@@ -74,20 +85,16 @@ class RankIntake:
         if refusal is not None:
             rank.reports.reject(msg, refusal, "unavailable")
             return
-        structured = msg.sampling_params.structured
         try:  # the API server validated the params (asyncdp.api.params) before it sent them: not again here
-            if structured is not None and not rank.inline_step:
-                # Compiling a large grammar takes a while (0.65 s for 200 tools' schemas): off the event loop, which
-                # must keep sending heartbeats; under the step limiter, so no step runs meanwhile.
-                matchers = rank.core.grammar_matchers(structured)
-                await anyio.to_thread.run_sync(matchers.prepare, structured, limiter=rank.limiter,
-                                               abandon_on_cancel=True)
             rank.core.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params,
-                                  arrival_time=msg.arrival_time, client_index=msg.client_index, validated=True)
+                                  arrival_time=msg.arrival_time, client_index=msg.client_index, validated=True,
+                                  compile_grammar=rank.inline_step)
         except InvalidRequestError as exc:
             rank.reports.reject(msg, str(exc), "invalid_request", field=exc.field)
             return
         rank.state.owners[msg.request_id] = msg.client_index
         rank.state.unanswered.add(msg.request_id)
-        if rank.lockstep is not None:
+        if msg.sampling_params.structured is not None and msg.request_id in rank.core.scheduler.grammar_waiting:
+            self.grammars.start(msg)  # (its wave stamp applies once compiled: GrammarCompiles.on_compiled)
+        elif rank.lockstep is not None:
             await rank.lockstep.on_add_request(msg)

@@ -38,7 +38,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from asyncdp import messages as m
 from asyncdp.dp.liveness import Liveness
-from asyncdp.errors import AsyncDPError, RankTornDown, leaf_exceptions
+from asyncdp.errors import AsyncDPError, InvalidRequestError, RankTornDown, leaf_exceptions
 from asyncdp.transport import Link
 from asyncdp.transport.heartbeat import send_heartbeats
 from asyncdp.transport.links import LINK_ERRORS, Frames
@@ -80,7 +80,17 @@ class Wake:
     """No news: only wakes the busy loop (a shutdown request from another task)."""
 
 
-InboxItem = ClientMessage | ClientGone | CoordinatorMessage | Wake
+@dataclass(frozen=True, slots=True)
+class GrammarCompiled:
+    """The grammar of ``msg`` (an admitted request waiting for it) compiled in a worker thread, or failed to
+    (``error``); ``ticket`` names that compilation (:mod:`asyncdp.engine.rank_grammar`)."""
+
+    msg: m.AddRequest
+    ticket: int
+    error: InvalidRequestError | None = None
+
+
+InboxItem = ClientMessage | ClientGone | CoordinatorMessage | Wake | GrammarCompiled
 WAKE = Wake()
 
 

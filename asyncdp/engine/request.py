@@ -23,10 +23,11 @@ class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
     PREEMPTED = 2  # back in waiting, to be recomputed from scratch (prefix cache permitting)
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH = 4
-    FINISHED_ABORTED = 5
-    FINISHED_ERROR = 6  # the request's own input failed mid-generation (its grammar): ``Request.error`` says why
+    WAITING_FOR_GRAMMAR = 3  # queued, never scheduled until its grammar compiled (vLLM's WAITING_FOR_FSM)
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH = 5
+    FINISHED_ABORTED = 6
+    FINISHED_ERROR = 7  # the request's own input failed mid-generation (its grammar): ``Request.error`` says why
 
     @property
     def is_finished(self) -> bool:

@@ -18,6 +18,10 @@ request counts the tokens the prefix cache did not cover when it was enqueued (o
 rest of its prefill. It is the load figure a router cannot infer from the request counts: one waiting request may
 be a 50-token question or a 50 000-token document (the coordinator passes it on, spec routing-bench §1.1).
 
+Waiting for a grammar: a structured-output request a rank admits before its grammar compiled
+(``add(grammar_pending=True)``, vLLM's WAITING_FOR_FSM) is unfinished and counts as waiting (load reports), but sits
+in no queue: it is neither steppable nor MoE wave work until ``grammar_ready`` appends it to ``waiting``.
+
 Pause states (spec dp-deployment §8.6): ``unpaused``; ``paused-new`` (modes ``abort`` and ``wait``: the requests in
 flight keep stepping, nothing new is admitted); ``paused-all`` (mode ``keep``: nothing is scheduled). In flight means
 running or preempted: a preempted request (it may have streamed tokens already) is re-admitted while paused-new, so
@@ -58,6 +62,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # every unfinished request, waiting or running
+        self.grammar_waiting: dict[str, Request] = {}  # those of them whose grammar is still compiling
         self.pause_state: PauseState = "unpaused"
         self.num_preemptions = 0
         self.prefill_tokens = 0  # the sum of the unfinished requests' prefill_debt (see the module docstring)
@@ -69,7 +74,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.grammar_waiting)
 
     @property
     def num_running(self) -> int:
@@ -92,7 +97,7 @@ class Scheduler:
             return False
         if self.pause_state == "paused-new":
             return bool(self.running) or (bool(self.waiting) and _is_preempted(self.waiting[0]))
-        return bool(self.requests)
+        return len(self.requests) > len(self.grammar_waiting)
 
     def num_unfinished_for_sync(self) -> int:
         """Work that keeps a MoE wave running (§8.6): paused-all counts 0, paused-new the requests in flight
@@ -101,7 +106,7 @@ class Scheduler:
             return 0
         if self.pause_state == "paused-new":
             return len(self.running) + sum(1 for _ in self.preempted_waiting())
-        return len(self.requests)
+        return len(self.requests) - len(self.grammar_waiting)
 
     def pending_prefill_tokens(self) -> int:
         """Tokens still to compute before sampling, over waiting requests and partial prefills (O(queue))."""
@@ -116,10 +121,24 @@ class Scheduler:
         """Sum of the context lengths of running requests (O(running))."""
         return sum(r.num_tokens for r in self.running)
 
-    def add(self, req: Request) -> None:
+    def add(self, req: Request, *, grammar_pending: bool = False) -> None:
         self.requests[req.request_id] = req
-        self.waiting.append(req)
+        if grammar_pending:
+            req.status = RequestStatus.WAITING_FOR_GRAMMAR
+            self.grammar_waiting[req.request_id] = req
+        else:
+            self.waiting.append(req)
         self._owe_uncached(req)
+
+    def grammar_ready(self, request_id: str) -> bool:
+        """The grammar of a request added with ``grammar_pending`` compiled: it joins the back of ``waiting``
+        (False: it is no longer waiting for it, aborted meanwhile)."""
+        req = self.grammar_waiting.pop(request_id, None)
+        if req is None:
+            return False
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+        return True
 
     def _owe_uncached(self, req: Request) -> None:
         """``req`` (re)enters ``waiting``: it owes the tokens the prefix cache does not cover now (the hashes it
@@ -139,6 +158,8 @@ class Scheduler:
             return
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
+        elif req.status == RequestStatus.WAITING_FOR_GRAMMAR:
+            del self.grammar_waiting[req.request_id]
         else:
             self.waiting.remove(req)
         req.status = status
@@ -166,6 +187,7 @@ class Scheduler:
             req.num_registered_blocks = 0
             req.prefill_debt = 0
         self.requests.clear()
+        self.grammar_waiting.clear()
         self.waiting.clear()
         self.running = []
         self._scheduled = []

@@ -8,7 +8,8 @@ its limits within a short bounded probe, with an ``InvalidSamplingParams`` namin
 reaches a step. The parameters own that check, so ``sampling_params`` (a wire type under ``messages``) never
 imports the engine. Templates are built under the same ``grammar_limits``.
 
-``GrammarMatchers`` lives in the engine core. ``add`` (called by ``EngineCore.add_request``) gives the request a
+``GrammarMatchers`` lives in the engine core. A rank compiles a request's grammar first, with ``prepare`` in a
+worker thread of its own (``asyncdp.engine.rank_grammar``), then ``add`` copies the template. ``add`` (called by ``EngineCore.add_request``) gives the request a
 matcher: a ``deep_copy`` of a compiled template cached by grammar text (so a repeated schema compiles once).
 Per step, only when some live request has a matcher, ``token_masks`` fills one int32 bitmask row (bit t of row r:
 token t allowed) per sampled chunk that has one; the executor applies it to those rows' logits before sampling.
@@ -46,7 +47,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncdp.errors import InvalidSamplingParams
+from asyncdp.errors import InvalidRequestError, InvalidSamplingParams
 from asyncdp.sampling_params.structured import (
     grammar_limits,
     grammar_text,
@@ -74,8 +75,22 @@ class GrammarMatchers:
         self._ll_tokenizer: Any = None
         self._building = threading.Lock()  # held while the tokenizer is built (by ``warm`` or a first grammar)
         self._templates: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        # Grammars compile in worker threads (``prepare``) while the execution thread copies templates (``add``):
+        # the cache's get-then-move and insert-then-evict are one step each. A compile itself holds no lock.
+        self._cache_lock = threading.Lock()
         self.matchers: dict[str, Any] = {}
         self._origins: dict[str, tuple[tuple[str, str], Any]] = {}  # request id -> (key, template) it copies
+
+    @classmethod
+    def for_engine(cls, executor: Any, tokenizer: Any, vocab_size: int | None, eos_token_ids: Collection[int],
+                   structured: StructuredOutputs | None = None) -> GrammarMatchers:
+        """An engine core's matchers; InvalidRequestError (naming ``structured``'s field) where no grammar can apply:
+        an executor that does not apply token masks (the sim executor), or no tokenizer."""
+        if not getattr(executor, "applies_token_masks", False) or tokenizer is None:
+            raise InvalidRequestError("structured outputs need an executor that applies token masks (the torch "
+                                      "executor, not --executor sim) and a tokenizer.", field=None if structured is
+                                      None else structured.param or f"structured.{structured.kind()[0]}")
+        return cls(tokenizer, vocab_size if vocab_size is not None else len(tokenizer), eos_token_ids)
 
     def __len__(self) -> int:
         return len(self.matchers)
@@ -103,10 +118,16 @@ class GrammarMatchers:
         plain = llg.LLTokenizer(backend.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids, slices=[])
         return plain.with_slices(llg.LLTokenizer.general_slices())  # LLTokenizer's default slices, in a second call
 
+    def _cached(self, key: tuple[str, str]) -> Any:
+        with self._cache_lock:
+            template = self._templates.get(key)
+            if template is not None:
+                self._templates.move_to_end(key)
+            return template
+
     def _template(self, key: tuple[str, str]) -> Any:
-        template = self._templates.get(key)
+        template = self._cached(key)
         if template is not None:
-            self._templates.move_to_end(key)
             return template
         kind, text = key
         try:
@@ -116,9 +137,10 @@ class GrammarMatchers:
         template = llguidance_module().LLMatcher(self._tokenizer(), grammar, log_level=0, limits=grammar_limits())
         if template.is_error():
             raise refuse_grammar(kind, library_error(template.get_error()))
-        self._templates[key] = template
-        if len(self._templates) > _MAX_TEMPLATES:
-            self._templates.popitem(last=False)
+        with self._cache_lock:
+            self._templates[key] = template
+            if len(self._templates) > _MAX_TEMPLATES:
+                self._templates.popitem(last=False)
         return template
 
     def warm(self) -> None:
@@ -130,23 +152,34 @@ class GrammarMatchers:
         compile), so that ``add`` only copies it."""
         self._template(structured.kind())
 
-    def add(self, request_id: str, structured: StructuredOutputs) -> None:
-        """Give ``request_id`` a fresh matcher for its grammar (InvalidSamplingParams if it does not compile)."""
+    def add(self, request_id: str, structured: StructuredOutputs, *, compile_grammar: bool = True) -> bool:
+        """Give ``request_id`` a fresh matcher for its grammar (InvalidSamplingParams if it does not compile).
+        With ``compile_grammar=False`` only from a template ``prepare`` compiled: False (no matcher) when there is
+        none (evicted since, or never compiled)."""
         key = structured.kind()
-        template = self._template(key)
+        template = self._template(key) if compile_grammar else self._cached(key)
+        if template is None:
+            return False
         self.matchers[request_id] = template.deep_copy()
         self._origins[request_id] = (key, template)
+        return True
 
     def discard(self, request_id: str) -> None:
         self.matchers.pop(request_id, None)
         self._origins.pop(request_id, None)
 
+    def clear(self) -> None:
+        """Drop every request's matcher (the templates stay)."""
+        self.matchers.clear()
+        self._origins.clear()
+
     def _evict_template_of(self, request_id: str) -> None:
         """A failed matcher leaves its template's shared lexer in the error state: the next request with that
         grammar gets a fresh template, whatever path it would take."""
         origin = self._origins.get(request_id)
-        if origin is not None and self._templates.get(origin[0]) is origin[1]:
-            del self._templates[origin[0]]
+        with self._cache_lock:
+            if origin is not None and self._templates.get(origin[0]) is origin[1]:
+                del self._templates[origin[0]]
 
     def token_masks(self, chunks: Sequence[ScheduledChunk]) -> TokenMasks | None:
         """One bitmask row per sampled chunk with a matcher (None: no such chunk in the batch)."""
