@@ -5,11 +5,11 @@ Theory of operation. :class:`GrammarCompiles` belongs to one rank's intake. A st
 grammar is not compiled yet is admitted at once (owned by its client, counted as waiting in the load reports) but
 queued unscheduled (``EngineCore.add_request(compile_grammar=False)``); :meth:`GrammarCompiles.start` compiles
 its grammar (``GrammarMatchers.prepare``: tens of ms for a small JSON schema, 0.65 s for 200 tools' schemas, longer
-while the grammar library's tokenizer is still built by ``asyncdp.engine.grammar_warm_up``) in a worker thread of
-its own, in a child task of the rank's task group, and posts :class:`~asyncdp.engine.rank_links.GrammarCompiled`
-to the rank's inbox. Meanwhile the busy loop steps the rank's other requests and handles its inbox; only the
-loop touches the core, so the request joins the scheduler's queue (``EngineCore.grammar_compiled``) when the
-loop takes that item, between steps.
+while the grammar library's tokenizer is still built by ``asyncdp.engine.grammar_warm_up``) in a worker thread,
+one compilation at a time per rank (:data:`COMPILE_THREADS`; the others queue), in a child task of the rank's task
+group, and posts :class:`~asyncdp.engine.rank_links.GrammarCompiled` to the rank's inbox. Meanwhile the busy loop
+steps the rank's other requests and handles its inbox; only the loop touches the core, so the request joins the
+scheduler's queue (``EngineCore.grammar_compiled``) when the loop takes that item, between steps.
 
 Invariants. The compilation takes neither the step limiter nor the execution thread: it issues no collective, so
 a MoE group's collectives stay in the same order on every rank. A MoE request's wave stamp applies once it is
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("asyncdp.engine.rank")  # the role's one log name
 
+COMPILE_THREADS = 1  # a rank's grammar compilations at a time, each in a worker thread (queued beyond)
+
 
 class GrammarCompiles:
     def __init__(self, rank: EngineRank) -> None:
@@ -52,10 +54,14 @@ class GrammarCompiles:
         self.compiling: dict[str, int] = {}  # request id -> the ticket of the compilation it waits for
         self._tg: anyio.abc.TaskGroup | None = None
         self._inbox: anyio.abc.ObjectSendStream[InboxItem] | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
 
     def open(self, tg: anyio.abc.TaskGroup, inbox: anyio.abc.ObjectSendStream[InboxItem]) -> None:
         """Compile in ``tg`` (the rank's) from now on, posting the results to ``inbox``."""
         self._tg, self._inbox = tg, inbox
+        # One compilation at a time: the grammar library holds the GIL for most of one, so more threads would
+        # not compile faster, only take more turns of the GIL from the steps (anyio's default limiter allows 40).
+        self._limiter = anyio.CapacityLimiter(COMPILE_THREADS)
 
     def start(self, msg: m.AddRequest) -> None:
         """Compile the grammar of ``msg``, admitted and waiting for it, in a worker thread."""
@@ -71,8 +77,9 @@ class GrammarCompiles:
         if structured is None or self._inbox is None:
             raise RuntimeError(f"request {msg.request_id} has no grammar to compile")
         error: InvalidRequestError | None = None
-        try:  # the default thread limiter, not the step limiter: the steps go on meanwhile
-            await anyio.to_thread.run_sync(matchers.prepare, structured, abandon_on_cancel=True)
+        try:  # the rank's compile limiter, not the step limiter: the steps go on meanwhile
+            await anyio.to_thread.run_sync(matchers.prepare, structured, limiter=self._limiter,
+                                           abandon_on_cancel=True)
         except InvalidRequestError as exc:
             error = exc
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):  # the rank is ending
