@@ -4,9 +4,11 @@ Each run starts a new Python (one torch thread, as an engine with the machine to
 times ``load_model`` on the model's checkpoint: the model built on its device and every weight read from the
 ``*.safetensors`` files, plus whatever that first use of torch imports. With ``--baseline DIR`` (a checkout of
 another tree: ``git archive 1707dc0 | tar -x -C DIR``, where the model was built on the meta device) the runs
-alternate between the two trees and the ratios are printed.
+alternate between the two trees and the ratios are printed. ``--startups N`` also starts ``asyncdp serve MODEL
+-dp 2`` N times from each tree, alternately, and compares the launcher's "startup took" (the whole deployment, of
+which each engine's model load is one part).
 
-    python bench/model_load.py --model builtin:tiny-dense --runs 7 --baseline /tmp/asyncdp-before
+    python bench/model_load.py --model builtin:tiny-dense --runs 7 --startups 3 --baseline /tmp/asyncdp-before
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from bench.serving import baseline_trees, positive_int, run_cli  # noqa: E402
+from bench.serving import baseline_trees, measure_startup, non_negative_int, positive_int, run_cli  # noqa: E402
 
 _ONE_LOAD = """
 import json, sys, time
@@ -49,6 +51,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="model_load.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="builtin:tiny-dense", help="a built-in name or a checkpoint directory")
     parser.add_argument("--runs", type=positive_int, default=5, help="fresh interpreters per tree")
+    parser.add_argument("--startups", type=non_negative_int, default=0,
+                        help="also start `asyncdp serve MODEL -dp 2` this many times per tree (0: none)")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout, run alternately")
     args = parser.parse_args()
     trees = baseline_trees(parser, args.baseline)
@@ -71,6 +75,15 @@ def main() -> int:
     if "baseline" in trees:
         ratio = statistics.median(times["this tree"]) / statistics.median(times["baseline"])
         print(f"  this tree / baseline (medians): {ratio:.3f} x")
+    if args.startups:
+        startup = {name: [t for _healthy, t in starts]
+                for name, starts in measure_startup(trees, args.startups, args.model, "-dp", "2").items()}
+        print(f"asyncdp serve {args.model} -dp 2, {args.startups} startups per tree: the launcher's startup took")
+        for name in trees:
+            print(f"  {name:9}  median {statistics.median(startup[name]):.2f} s  ({', '.join(f'{t:.2f}' for t in startup[name])})")
+        if "baseline" in trees:
+            ratio = statistics.median(startup["this tree"]) / statistics.median(startup["baseline"])
+            print(f"  this tree / baseline (medians): {ratio:.3f} x")
     return 0
 
 
