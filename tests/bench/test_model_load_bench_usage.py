@@ -10,6 +10,7 @@ from tests.bench.test_bench_script_usage import assert_usage_error, run_script
 
 @pytest.mark.parametrize(("args", "needles"), [
     (["--runs", "0"], ["--runs", "got 0"]),
+    (["--startups", "-1"], ["--startups", "got -1"]),
     (["--baseline", "bench"], ["--baseline bench", "holds no asyncdp tree"]),
     (["--model", "builtin:nosuch"], ["'builtin:nosuch'", "builtin:tiny-dense"]),
 ])
