@@ -63,21 +63,27 @@ def test_a_stop_in_the_event_loop_before_the_servers_handlers_stops_it_in_order(
             time.sleep(0.01)
         proc.send_signal(sig)
         (tmp_path / "held.release").touch()
-        deadline = time.monotonic() + STOP_DEADLINE_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            seen.update(descendants(proc.pid))
-            time.sleep(0.02)
     finally:
-        seen.update(descendants(proc.pid))
-        if proc.poll() is None:
-            for pid in seen:
-                _kill(pid)
-            proc.kill()
-        out = proc.communicate(timeout=30)[0].decode()
+        out = ended(proc, seen, STOP_DEADLINE_S)
     assert proc.returncode == 0, out
     assert "Traceback" not in out, out
     assert received in out, out
     assert not _alive(seen), out
+
+
+def ended(proc: subprocess.Popen[bytes], seen: dict[int, int], deadline_s: float) -> str:
+    """``proc``'s output once it ended by itself within ``deadline_s`` (or was killed, with every process of its
+    tree, then), adding each process of its tree meanwhile to ``seen`` (pid -> start time)."""
+    deadline = time.monotonic() + deadline_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen.update(descendants(proc.pid))
+        time.sleep(0.02)
+    seen.update(descendants(proc.pid))
+    if proc.poll() is None:
+        for pid in seen:
+            _kill(pid)
+        proc.kill()
+    return proc.communicate(timeout=30)[0].decode()
 
 
 def _alive(processes: dict[int, int]) -> list[int]:

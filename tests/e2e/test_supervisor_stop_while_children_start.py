@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import BASE_ARGS, descendants, free_port
-from tests.e2e.test_stop_before_signal_handlers import _alive, _kill
+from tests.e2e.test_stop_before_signal_handlers import _alive, ended
 
 pytestmark = pytest.mark.e2e
 
@@ -66,19 +66,9 @@ def test_sigterm_while_the_supervisors_children_start_stops_them_in_order_with_e
         while not all(_signal_came(pid, signal.SIGTERM) for pid in children):
             assert time.monotonic() < deadline, "the supervisor never passed the signal on"
             time.sleep(0.01)
-        (held / "release").touch()
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            seen.update(descendants(proc.pid))
-            time.sleep(0.02)
     finally:
-        seen.update(descendants(proc.pid))
         (held / "release").touch()
-        if proc.poll() is None:
-            for pid in seen:
-                _kill(pid)
-            proc.kill()
-        out = proc.communicate(timeout=30)[0].decode()
+        out = ended(proc, seen, 60)
     assert proc.returncode == 0, out
     assert "Traceback" not in out, out
     assert out.count("asyncdp: stopped by SIGTERM while starting") == 2, out
