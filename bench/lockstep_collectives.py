@@ -31,15 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "model"))
 
-import torch  # noqa: E402
 from dp_worker import DPRanks  # noqa: E402
 from lockstep_drivers import time_decode  # noqa: E402
 
 from asyncdp.config.flags import EngineConfig  # noqa: E402
-from asyncdp.engine.model_runner import TorchExecutor  # noqa: E402
 from asyncdp.errors import ConfigError  # noqa: E402
 from asyncdp.model import export_builtin  # noqa: E402
-from asyncdp.model.decoder import ArchSpec  # noqa: E402
 from asyncdp.model.info import load_config  # noqa: E402
 from bench.serving import check_output, positive_int  # noqa: E402
 
@@ -59,6 +56,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "lockstep_collectives.json")
     a = ap.parse_args()
     check_output(ap, "--json", a.json)  # before the rank processes start, not after the runs
+    # torch only now: a usage error answers without the seconds of its import
+    import torch
+
+    from asyncdp.engine.model_runner import TorchExecutor
+    from asyncdp.model.decoder import ArchSpec
+
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model or export_builtin("builtin:tiny-moe", Path(tmp) / "tiny-moe")

@@ -4,6 +4,10 @@ Each API process listens on its own ``SO_REUSEPORT`` socket, so fresh connection
 is node-wide (``--max-queued-requests K`` is a pool of ``K x count`` slots), so a burst that lands on one
 process uses its siblings' free slots; a process whose event loop stops (SIGSTOP here) makes every sibling's
 ``/health`` 503 until it runs again.
+
+The burst, the spread and the stopped-process tests share one deployment (``two_api``): none of them depends on
+what another left behind (the burst reads its slots back to zero, the spread only reads ``/server_info``, and the
+stopped process is resumed and healthy again before its test ends).
 """
 
 from __future__ import annotations
@@ -12,16 +16,25 @@ import functools
 import os
 import random
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, serve
+from tests.e2e.conftest import MODEL, Server, serve
 from tests.e2e.metrics_text import per_engine, read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+
+@pytest.fixture(scope="module")
+def two_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """dp=2 behind two API processes admitting 8 requests each (a node-wide pool of 16)."""
+    with serve(tmp_path_factory.mktemp("two-api"), "-dp", "2", "--api-server-count", "2",
+               "--max-queued-requests", "8") as server:
+        yield server
 
 
 async def _server_info_fresh_connection(base_url: str) -> dict:
@@ -29,62 +42,62 @@ async def _server_info_fresh_connection(base_url: str) -> dict:
         return (await http.get("/server_info")).json()
 
 
-async def test_16_concurrent_requests_against_two_api_servers_capped_at_8_get_no_429(tmp_path: Path) -> None:
-    with serve(tmp_path, "-dp", "2", "--api-server-count", "2", "--max-queued-requests", "8") as server:
+async def test_16_concurrent_requests_against_two_api_servers_capped_at_8_get_no_429(two_api: Server) -> None:
+    server = two_api
+    statuses: list[int] = []
+    body = {"model": MODEL, "prompt": "burst", "max_tokens": 48, "temperature": 0.0, "ignore_eos": True}
+    # One connection pool: the burst arrives over few connections, so it lands mostly on one process.
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60.0,
+                                 limits=httpx.Limits(max_connections=16)) as http:
+
+        async def one() -> None:
+            statuses.append((await http.post("/v1/completions", json=body)).status_code)
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for _ in range(16):
+                    tg.start_soon(one)
+    assert statuses == [200] * 16, statuses
+    info = await _server_info_fresh_connection(server.base_url)
+    assert [p["inflight"] for p in info["api_processes"]] == [0, 0]  # every slot came back
+
+
+async def test_fresh_connections_are_spread_across_the_api_servers(two_api: Server) -> None:
+    server = two_api
+    seen: set[int] = set()
+    with anyio.fail_after(60):
+        while len(seen) < 2:  # one shared accept queue would answer every connection from one process
+            seen.add((await _server_info_fresh_connection(server.base_url))["api_process_rank"])
+    assert seen == {0, 1}
+
+
+async def test_a_stopped_api_process_turns_its_siblings_health_503_until_it_resumes(two_api: Server) -> None:
+    server = two_api
+    info = await _server_info_fresh_connection(server.base_url)
+    pids = {p["client_index"]: p["pid"] for p in info["processes"] if p["role"] == "api_server"}
+    stopped = pids[1]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
         statuses: list[int] = []
-        body = {"model": MODEL, "prompt": "burst", "max_tokens": 48, "temperature": 0.0, "ignore_eos": True}
-        # One connection pool: the burst arrives over few connections, so it lands mostly on one process.
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=60.0,
-                                     limits=httpx.Limits(max_connections=16)) as http:
-
-            async def one() -> None:
-                statuses.append((await http.post("/v1/completions", json=body)).status_code)
-
-            with anyio.fail_after(120):
-                async with anyio.create_task_group() as tg:
-                    for _ in range(16):
-                        tg.start_soon(one)
-        assert statuses == [200] * 16, statuses
-        info = await _server_info_fresh_connection(server.base_url)
-        assert [p["inflight"] for p in info["api_processes"]] == [0, 0]  # every slot came back
-
-
-async def test_fresh_connections_are_spread_across_the_api_servers(tmp_path: Path) -> None:
-    with serve(tmp_path, "-dp", "2", "--api-server-count", "2") as server:
-        seen: set[int] = set()
         with anyio.fail_after(60):
-            while len(seen) < 2:  # one shared accept queue would answer every connection from one process
-                seen.add((await _server_info_fresh_connection(server.base_url))["api_process_rank"])
-        assert seen == {0, 1}
-
-
-async def test_a_stopped_api_process_turns_its_siblings_health_503_until_it_resumes(tmp_path: Path) -> None:
-    with serve(tmp_path, "-dp", "2", "--api-server-count", "2") as server:
-        info = await _server_info_fresh_connection(server.base_url)
-        pids = {p["client_index"]: p["pid"] for p in info["processes"] if p["role"] == "api_server"}
-        stopped = pids[1]
-        os.kill(stopped, signal.SIGSTOP)
-        try:
-            statuses: list[int] = []
-            with anyio.fail_after(60):
-                # A connection the kernel hands to the stopped process hangs: short timeouts, retry until a
-                # sibling answers 503 (its heartbeat reader sees the stopped one's heartbeat age).
-                while 503 not in statuses:
-                    try:
-                        async with httpx.AsyncClient(base_url=server.base_url, timeout=1.0) as http:
-                            statuses.append((await http.get("/health")).status_code)
-                    except httpx.TimeoutException:
-                        pass
-        finally:
-            os.kill(stopped, signal.SIGCONT)
-        with anyio.fail_after(60):
-            while True:
-                async with httpx.AsyncClient(base_url=server.base_url, timeout=5.0) as http:
-                    if (await http.get("/health")).status_code == 200:
-                        break
-                await anyio.sleep(0.2)
-        info = await _server_info_fresh_connection(server.base_url)
-        assert not any(p["stuck"] for p in info["api_processes"]), info["api_processes"]
+            # A connection the kernel hands to the stopped process hangs: short timeouts, retry until a
+            # sibling answers 503 (its heartbeat reader sees the stopped one's heartbeat age).
+            while 503 not in statuses:
+                try:
+                    async with httpx.AsyncClient(base_url=server.base_url, timeout=1.0) as http:
+                        statuses.append((await http.get("/health")).status_code)
+                except httpx.TimeoutException:
+                    pass
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    with anyio.fail_after(60):
+        while True:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=5.0) as http:
+                if (await http.get("/health")).status_code == 200:
+                    break
+            await anyio.sleep(0.2)
+    info = await _server_info_fresh_connection(server.base_url)
+    assert not any(p["stuck"] for p in info["api_processes"]), info["api_processes"]
 
 
 async def test_the_inflight_gauge_is_the_sum_over_the_api_processes(tmp_path: Path) -> None:

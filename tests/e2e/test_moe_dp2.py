@@ -1,7 +1,9 @@
 """End to end: a real MoE deployment, dp=2 with expert parallelism (gloo collectives across two processes).
 
 One module-scoped deployment of ``builtin:tiny-moe`` (``-dp 2 --enable-expert-parallel``) serves the wave,
-balance, parity and pause tests; the rank-loss test starts its own, because it ends the deployment.
+balance, parity and pause tests, and then the rank-loss test, which ends it: that test comes last in the module (as
+``dp2_single_api``'s engine kill does), and the fixture then finds the deployment gone and only checks for
+leftovers. Each test before it leaves the group serving and unpaused.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import httpx
@@ -147,32 +148,32 @@ async def test_pause_keep_freezes_a_request_and_resume_lets_it_finish(moe: Serve
     assert max(gaps) >= 1.6, gaps  # the request was frozen in place across the pause, then continued
 
 
-async def test_sigkill_of_one_rank_brings_the_deployment_down_within_5s(tmp_path: Path) -> None:
-    with serve(tmp_path, *MOE_ARGS, model=MOE) as server:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as http:
-            info = (await http.get("/server_info")).json()
-            engine1 = next(p["pid"] for p in info["processes"] if p["role"] == "engine" and p["rank"] == 1)
-            statuses: list[int] = []
+async def test_sigkill_of_one_rank_brings_the_deployment_down_within_5s(moe: Server) -> None:
+    server = moe
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as http:
+        info = (await http.get("/server_info")).json()
+        engine1 = next(p["pid"] for p in info["processes"] if p["role"] == "engine" and p["rank"] == 1)
+        statuses: list[int] = []
 
-            async def in_flight(i: int) -> None:
-                try:
-                    r = await http.post("/v1/completions", json={"model": MOE, "prompt": f"doomed {i}",
-                                                                 "max_tokens": 2000, "ignore_eos": True})
-                    statuses.append(r.status_code)
-                except httpx.TransportError:
-                    statuses.append(-1)  # the server went away mid-request: also an error, never a hang
+        async def in_flight(i: int) -> None:
+            try:
+                r = await http.post("/v1/completions", json={"model": MOE, "prompt": f"doomed {i}",
+                                                             "max_tokens": 2000, "ignore_eos": True})
+                statuses.append(r.status_code)
+            except httpx.TransportError:
+                statuses.append(-1)  # the server went away mid-request: also an error, never a hang
 
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    for i in range(4):
-                        tg.start_soon(in_flight, i)
-                    await anyio.sleep(1.0)
-                    server.remember_tree()
-                    killed_at = time.monotonic()
-                    os.kill(engine1, signal.SIGKILL)
-            code = await anyio.to_thread.run_sync(server.process.wait, 10)
-            gone_after = time.monotonic() - killed_at
-        assert code == 1
-        assert gone_after < 5.0, gone_after
-        assert statuses and all(s != 200 for s in statuses), statuses
-        assert not server.wait_gone(2.0)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(in_flight, i)
+                await anyio.sleep(1.0)
+                server.remember_tree()
+                killed_at = time.monotonic()
+                os.kill(engine1, signal.SIGKILL)
+        code = await anyio.to_thread.run_sync(server.process.wait, 10)
+        gone_after = time.monotonic() - killed_at
+    assert code == 1
+    assert gone_after < 5.0, gone_after
+    assert statuses and all(s != 200 for s in statuses), statuses
+    assert not server.wait_gone(2.0)
