@@ -42,7 +42,12 @@ import anyio.abc
 import msgspec
 
 from asyncdp import messages as m
+
+# The Quart app, imported with this module (before any event loop runs here), not inside serve_api: imported there
+# it held the API server's loop, or the launcher's for an in-process API server, for a second or more mid-startup.
+from asyncdp.api.app import create_app
 from asyncdp.api.cors import ALLOW_ALL, Cors
+from asyncdp.api.serve import SSLFiles, serve_http
 from asyncdp.apiserver.client import ClientConfig, DPClient
 from asyncdp.apiserver.node_table import NodeTable
 from asyncdp.config.roles import ApiServerRole
@@ -110,8 +115,6 @@ async def serve_api(
     requests this server abandons fail with that cause. ``drain``, when given, receives how many in-flight
     requests completed normally during the drain and how many did not: failed (their rank died), aborted, or
     abandoned at the deadline (the launcher's "stopped" line)."""
-    from asyncdp.api.app import create_app
-    from asyncdp.api.serve import SSLFiles, serve_http
     from asyncdp.model import load_tokenizer
 
     # (abandoned if this server is stopped meanwhile: loading imports transformers, seconds the launcher's stop
