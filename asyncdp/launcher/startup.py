@@ -35,7 +35,7 @@ from asyncdp.apiserver.process import api_config, bind_client_listener, serve_ap
 from asyncdp.config.deployment import threads_per_engine
 from asyncdp.config.roles import api_server_role, coordinator_role, engine_role
 from asyncdp.errors import ChildExited, StartupError, leaf_exceptions
-from asyncdp.launcher.children import spawn
+from asyncdp.launcher.children import publish_process_table, spawn
 from asyncdp.launcher.handshake import handshake
 from asyncdp.launcher.node import RunningNode
 from asyncdp.launcher.plan import COORDINATOR, ENGINE, ProcessSpec
@@ -93,6 +93,10 @@ async def start_node(node: RunningNode, tg: anyio.abc.TaskGroup) -> None:
         await _host_rendezvous(node)
     node.init_ready.set()  # every address HandshakeInit carries is known: answer the engines' Hellos
     engines = await _start_engines(node, tg, table.role(ENGINE))
+    # The API servers' /server_info shows every process from before they can answer /health 200 (their engines
+    # load for seconds yet): published only once startup ended, a client that saw /health 200 at once could read
+    # an empty table.
+    await publish_process_table(node)
     await _wait_all(node, engines, deadline=node.ranks_deadline)
     await _wait_ranks_ready(node, node.ranks_deadline)
     if inproc_ready is not None:
