@@ -76,12 +76,15 @@ def main() -> int:
         ratio = statistics.median(times["this tree"]) / statistics.median(times["baseline"])
         print(f"  this tree / baseline (medians): {ratio:.3f} x")
     if args.startups:
-        startup = {name: [t for _healthy, t in starts]
+        # (NaN, left out: a start stopped at its /health 200 before its launcher logged "startup took")
+        startup = {name: [t for _healthy, t in starts if t == t]
                 for name, starts in measure_startup(trees, args.startups, args.model, "-dp", "2").items()}
         print(f"asyncdp serve {args.model} -dp 2, {args.startups} startups per tree: the launcher's startup took")
         for name in trees:
-            print(f"  {name:9}  median {statistics.median(startup[name]):.2f} s  ({', '.join(f'{t:.2f}' for t in startup[name])})")
-        if "baseline" in trees:
+            took = ", ".join(f"{t:.2f}" for t in startup[name])
+            median = statistics.median(startup[name]) if startup[name] else float("nan")
+            print(f"  {name:9}  median {median:.2f} s  ({took}; {len(startup[name])} of {args.startups} logged it)")
+        if "baseline" in trees and startup["this tree"] and startup["baseline"]:
             ratio = statistics.median(startup["this tree"]) / statistics.median(startup["baseline"])
             print(f"  this tree / baseline (medians): {ratio:.3f} x")
     return 0
