@@ -81,9 +81,9 @@ def main() -> int:
                 for name, starts in measure_startup(trees, args.startups, args.model, "-dp", "2").items()}
         print(f"asyncdp serve {args.model} -dp 2, {args.startups} startups per tree: the launcher's startup took")
         for name in trees:
-            took = ", ".join(f"{t:.2f}" for t in startup[name])
+            listed = ", ".join(f"{t:.2f}" for t in startup[name])
             median = statistics.median(startup[name]) if startup[name] else float("nan")
-            print(f"  {name:9}  median {median:.2f} s  ({took}; {len(startup[name])} of {args.startups} logged it)")
+            print(f"  {name:9}  median {median:.2f} s  ({listed}; {len(startup[name])} of {args.startups} logged it)")
         if "baseline" in trees and startup["this tree"] and startup["baseline"]:
             ratio = statistics.median(startup["this tree"]) / statistics.median(startup["baseline"])
             print(f"  this tree / baseline (medians): {ratio:.3f} x")
