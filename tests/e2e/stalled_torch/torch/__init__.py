@@ -21,6 +21,9 @@ if "--name" in _argv and _argv.index("--name") + 1 < len(_argv) and \
     (Path(os.environ["ASYNCDP_TEST_STALLED_TORCH_DIR"]) / str(os.getpid())).touch()
     threading.Event().wait()
 
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _ours]
+# A new list, never a change in place: another thread of this process (the launcher's tokenizer load, say) may be
+# walking the old list in an import of its own, and a list shortened under its walk skips the entry after the one
+# removed (site-packages: "No module named 'transformers'").
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _ours]
 del sys.modules[__name__]
 sys.modules[__name__] = importlib.import_module(__name__)  # the real torch; the import that ran this returns it
