@@ -73,6 +73,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A port P with P and P + 1 both free right now: the children of a ``-dpl 2`` multi-port supervisor listen on
+    ``--port`` + their local index (a free P alone left P + 1 to chance: "Address already in use")."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two consecutive free ports")
+
+
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, ppid, start time in ticks) of a process, or None when it is gone."""
     try:

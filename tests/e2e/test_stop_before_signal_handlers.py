@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import BASE_ARGS, descendants, free_port
+from tests.e2e.conftest import BASE_ARGS, descendants, free_port, free_port_pair
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,7 @@ STOP_DEADLINE_S = 30.0  # a stop with nothing started yet takes well under a sec
 def supervisor() -> tuple[str, ...]:
     """A multi-port supervisor of two ranks (its ports picked free, not the default ones)."""
     return ("serve", "builtin:tiny-moe", "-dp", "2", "-dpl", "2", "--data-parallel-multi-port-external-lb", *LOCAL,
-            "--port", str(free_port()), "--data-parallel-supervisor-port", str(free_port()),
+            "--port", str(free_port_pair()), "--data-parallel-supervisor-port", str(free_port()),
             "-dpa", "127.0.0.1", "-dpp", str(free_port()), *BASE_ARGS)
 
 

@@ -24,7 +24,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.e2e.conftest import Server, free_port
+from tests.e2e.conftest import Server, free_port, free_port_pair
 from tests.e2e.external_lb import MOE, PORT_RACE, kill_all, launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -32,18 +32,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PROBE_ARGS = ("--dp-supervisor-probe-interval-s", "1", "--dp-supervisor-probe-timeout-s", "1")
 READY_TIMEOUT_S = 120.0
 
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 both free right now (the children of a -dpl 2 supervisor)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two consecutive free ports")
 
 
 def titles(server: Server) -> dict[int, str]:

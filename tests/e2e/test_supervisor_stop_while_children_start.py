@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import BASE_ARGS, descendants, free_port
+from tests.e2e.conftest import BASE_ARGS, descendants, free_port, free_port_pair
 from tests.e2e.test_stop_before_signal_handlers import _alive, ended
 
 pytestmark = pytest.mark.e2e
@@ -49,7 +49,7 @@ def test_sigterm_while_the_supervisors_children_start_stops_them_in_order_with_e
            "PYTHONPATH": os.pathsep.join(filter(None, [str(GATE), str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("ASYNCDP_TEST_START_GATE_DEPTH", None)
     argv = ["serve", "builtin:tiny-moe", "-dp", "2", "-dpl", "2", "--data-parallel-multi-port-external-lb",
-            "--host", "127.0.0.1", "--port", str(free_port()), "--data-parallel-supervisor-port", str(free_port()),
+            "--host", "127.0.0.1", "--port", str(free_port_pair()), "--data-parallel-supervisor-port", str(free_port()),
             "-dpa", "127.0.0.1", "-dpp", str(free_port()), *BASE_ARGS]
     proc = subprocess.Popen([sys.executable, "-m", "asyncdp", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
