@@ -13,6 +13,8 @@ checkpoint is rejected.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -21,7 +23,6 @@ from safetensors import safe_open
 from asyncdp.errors import ModelNotFoundError
 from asyncdp.model.decoder import ArchSpec, CausalLM
 from asyncdp.model.info import load_config
-from asyncdp.model.layers import rope_tables
 from asyncdp.model.moe import ExpertShard, LocalExperts
 
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -32,6 +33,18 @@ _MIXTRAL = (("block_sparse_moe.", "mlp."), (".w1.weight", ".gate_proj.weight"), 
             (".w2.weight", ".down_proj.weight"))
 
 
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype set to ``dtype`` for the block (process-wide: a model is built before its rank
+    runs anything else on torch)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
 def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
@@ -39,11 +52,11 @@ def torch_dtype(name: str) -> torch.dtype:
 def load_model(path: Path, *, device: torch.device, dtype: torch.dtype,
                shard: ExpertShard | None = None) -> CausalLM:
     spec = ArchSpec.from_config(load_config(path))
-    with torch.device(device):  # uninitialised (layers.Linear, layers.Embedding): every weight is read below
+    # Uninitialised (layers.Linear, layers.Embedding): every weight is read below. Built in ``dtype`` itself: built
+    # in fp32 and then converted, a bf16 model held three times its size at its peak, on the GPU too.
+    with torch.device(device), _default_dtype(dtype):
         model = CausalLM(spec, shard)
-    model = model.to(dtype)
-    cos, sin = rope_tables(spec.head_dim, spec.max_positions, spec.rope_theta)
-    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    model.rope_cos, model.rope_sin = model.rope_cos.to(device), model.rope_sin.to(device)  # fp32 (CPU-built)
     _load_weights(model, path)
     model.eval().requires_grad_(False)
     return model
