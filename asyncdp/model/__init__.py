@@ -100,6 +100,14 @@ def resolve_tokenizer(tokenizer: str | None, model_path: Path) -> Path:
     return resolve_model(tokenizer) if tokenizer.startswith(BUILTIN_PREFIX) else Path(tokenizer).expanduser()
 
 
+def _is_builtin_checkpoint(path: Path) -> bool:
+    """A checkpoint that :func:`resolve_model` materialised from a built-in (it lives in the models cache)."""
+    try:
+        return path.resolve().parent == (cache_dir() / "models").resolve()
+    except OSError:
+        return False
+
+
 def check_tokenizer(tokenizer: str) -> None:
     """``--tokenizer`` names a built-in or a directory holding tokenizer files; ModelNotFoundError otherwise (before
     anything starts, not in each API server once the engines loaded)."""
@@ -112,10 +120,19 @@ def check_tokenizer(tokenizer: str) -> None:
 
 
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
-    """The checkpoint's tokenizer, loaded from local files only (never the network)."""
-    from transformers import AutoTokenizer
+    """The checkpoint's tokenizer, loaded from local files only (never the network).
 
+    A built-in checkpoint's tokenizer (the generic fast tokenizer, ``tokenizer_class: PreTrainedTokenizerFast``) is
+    loaded by that class itself. ``AutoTokenizer`` resolves a class through transformers' model configurations,
+    whose import pulls in torch: a second of CPU and the memory of torch in every API server, which runs no model.
+    Any other checkpoint keeps ``AutoTokenizer``'s choice, model-specific classes and corrections included."""
     try:
+        if _is_builtin_checkpoint(Path(path)):
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        from transformers import AutoTokenizer
+
         return cast("PreTrainedTokenizerFast", AutoTokenizer.from_pretrained(str(path), local_files_only=True))
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"{path}: cannot load a tokenizer ({exc}).") from exc

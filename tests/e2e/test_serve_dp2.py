@@ -7,6 +7,9 @@ compared as deltas, so the tests do not depend on each other's order. Each test 
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import anyio
 import httpx
 import openai
@@ -276,3 +279,27 @@ async def test_a_resume_that_overtakes_a_waiting_pause_ends_that_pause_with_409(
     assert pause[0].status_code == 409, pause[0].text
     error = pause[0].json()["error"]
     assert error["code"] == 409 and "resumed before the pause completed" in error["message"]
+
+
+def _titles(server: Server) -> dict[int, str]:
+    """pid -> process title (argv[0] after setproctitle) of the deployment's live processes."""
+    titles = {}
+    for pid in server.remaining():
+        with contextlib.suppress(OSError):
+            titles[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    return titles
+
+
+def _maps_torch(pid: int) -> bool:
+    return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+
+
+async def test_the_api_servers_run_without_torch_and_the_engines_with_it(dp2: Server) -> None:
+    """An API server runs no model: it loaded its tokenizer through ``AutoTokenizer``, whose import pulled in
+    torch (a second of CPU at startup and about 185 MiB in every API process), now the built-in's own class."""
+    titles = _titles(dp2)
+    apis = [pid for pid, title in titles.items() if title.startswith("asyncdp-api")]
+    engines = [pid for pid, title in titles.items() if title.startswith("asyncdp-engine")]
+    assert len(apis) == API_COUNT and len(engines) == DP_SIZE, titles
+    assert [pid for pid in apis if _maps_torch(pid)] == []
+    assert all(_maps_torch(pid) for pid in engines)
