@@ -24,6 +24,7 @@ changed ``_handle_events``, so an upgrade is re-checked here rather than silentl
 
 from __future__ import annotations
 
+import ast
 import inspect
 import logging
 import re
@@ -44,6 +45,8 @@ log = logging.getLogger("asyncdp.api")
 # The Hypercorn versions whose H11Protocol this override was read against (tests pin the installed one to these).
 TESTED_HYPERCORN = frozenset({"0.18.0"})
 _MAX_DETAIL_CHARS = 200
+# h11 quotes the line it refuses as Python writes a bytearray: "illegal request line: bytearray(b'GET /x')"
+_BYTES_REPR = re.compile(r"""bytearray\((b'(?:[^'\\]|\\.)*'|b"(?:[^"\\]|\\.)*")\)""")
 _TRANSFER_ENCODING = re.compile(rb"(?im)^transfer-encoding[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$")
 
 
@@ -52,6 +55,7 @@ def protocol_error_answer(status_hint: int, error: BaseException | None, head: b
     """PURE: the status and message that answer a request h11 refused with ``error`` (hint ``status_hint``);
     ``head``: the request's bytes received so far (to name a refused transfer coding)."""
     detail = str(error) if isinstance(error, h11.ProtocolError) and str(error) else HTTPStatus(status_hint).phrase
+    detail = _BYTES_REPR.sub(lambda m: repr(ast.literal_eval(m.group(1)).decode("latin-1")), detail)
     if len(detail) > _MAX_DETAIL_CHARS:  # h11 quotes a refused request line whole: up to the head limit
         detail = detail[:_MAX_DETAIL_CHARS] + "..."
     if status_hint == 431:

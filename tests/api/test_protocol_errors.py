@@ -62,3 +62,15 @@ def test_the_answer_names_the_refused_transfer_coding_and_is_never_a_5xx() -> No
     assert protocol_error_answer(400, h11.RemoteProtocolError("bad Content-Length", 400), b"", 1) == (
         400, "malformed HTTP request: bad Content-Length")
     assert protocol_error_answer(505, None, b"", 1) == (400, "malformed HTTP request: HTTP Version Not Supported")
+
+
+def test_a_refused_line_is_quoted_as_text_not_as_a_python_bytearray() -> None:
+    for raw, line in ((b"GARBAGE LINE\r\n\r\n", "illegal request line: 'GARBAGE LINE'"),
+                      (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", "illegal header line: 'Bad Header'"),
+                      (b"it's \"x\" \xff\r\n\r\n", "illegal request line: 'it\\'s \"x\" \xff'")):
+        parser = h11.Connection(h11.SERVER)
+        parser.receive_data(raw)
+        with pytest.raises(h11.RemoteProtocolError) as refused:
+            parser.next_event()
+        assert "bytearray" in str(refused.value)  # what h11 says
+        assert protocol_error_answer(400, refused.value, raw, 16384) == (400, f"malformed HTTP request: {line}")
