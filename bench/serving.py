@@ -266,12 +266,12 @@ def measure_startup(trees: dict[str, Path], n: int, model: str, *serve_args: str
                 with asyncdp_serve(model, *serve_args, "--torch-threads", "1", log=log,
                                    env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05):
                     ready_s = time.perf_counter() - t0
-                    _wait_logged(log, b"startup took ", 30.0)  # an API server's /health 200 can come first
+                    wait_logged(log, b"startup took ", 30.0)  # an API server's /health 200 can come first
                 runs[name].append((ready_s, startup_took(log)))
     return runs
 
 
-def _wait_logged(log: IO[bytes], needle: bytes, timeout_s: float) -> None:
+def wait_logged(log: IO[bytes], needle: bytes, timeout_s: float) -> None:
     """Until ``needle`` is in the running server's ``log`` (read without moving the offset the server writes at),
     or ``timeout_s`` passed."""
     deadline = time.monotonic() + timeout_s

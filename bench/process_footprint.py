@@ -1,0 +1,125 @@
+"""What each process of a deployment costs: the startup of ``asyncdp serve MODEL -dp 2`` and every process's
+memory, by role, with whether it holds torch.
+
+Each start runs ``asyncdp serve`` from a tree (one torch thread per engine), waits for the launcher's "startup
+took" line, reads every process of the tree (its title, ``VmRSS``, whether ``libtorch_cpu`` is mapped), and stops
+it. With ``--baseline DIR`` (another checkout: ``git archive REV | tar -x -C DIR``) the starts alternate between
+the two trees and the ratios are printed. An API server runs no model: it needs neither torch nor its memory.
+
+    python bench/process_footprint.py --model builtin:tiny-dense --startups 3 --api-server-count 2 --baseline DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from bench.serving import (  # noqa: E402
+    asyncdp_serve,
+    baseline_trees,
+    positive_int,
+    run_cli,
+    startup_took,
+    wait_logged,
+)
+
+ROLES = ("launcher", "coordinator", "api", "engine")
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children[int(stat.rpartition(")")[2].split()[1])].append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _process(pid: int) -> tuple[str, float, bool] | None:
+    """(role, RSS in MiB, torch mapped) of one live process, or None when it is gone or not ours."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        rss_kib = int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0])
+        torch = "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+    except (OSError, IndexError, ValueError):
+        return None
+    # the launcher serves the API itself with --api-server-count 1: it counts as both
+    role = next((r for r in ROLES if title.startswith(f"asyncdp-{r}")), None)
+    return None if role is None else (role, rss_kib / 1024, torch)
+
+
+def _start(tree: Path, model: str, api_servers: int) -> tuple[float, dict[str, list[tuple[float, bool]]]]:
+    """One start: the launcher's "startup took", and each role's processes as (RSS MiB, torch mapped)."""
+    with tempfile.TemporaryFile() as log:
+        with asyncdp_serve(model, "-dp", "2", "--api-server-count", str(api_servers), "--torch-threads", "1",
+                           log=log, env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05) as (_, pid):
+            wait_logged(log, b"startup took ", 30.0)
+            time.sleep(0.5)  # the engines' first heartbeats and the API servers' first snapshots settle
+            roles: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+            for child in _descendants(pid):
+                if (seen := _process(child)) is not None:
+                    roles[seen[0]].append(seen[1:])
+        return startup_took(log), roles
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="process_footprint.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="builtin:tiny-dense", help="a built-in name or a checkpoint directory")
+    parser.add_argument("--startups", type=positive_int, default=3, help="starts per tree")
+    parser.add_argument("--api-server-count", type=positive_int, default=2, help="API servers of the deployment")
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout, started alternately")
+    args = parser.parse_args()
+    trees = baseline_trees(parser, args.baseline)
+    from asyncdp.model import resolve_model
+
+    resolve_model(args.model)  # a bad name is a usage error before anything starts; a built-in is made once
+    took: dict[str, list[float]] = {name: [] for name in trees}
+    rss: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in trees}
+    torch: dict[str, dict[str, set[bool]]] = {name: defaultdict(set) for name in trees}
+    for run in range(args.startups):
+        for name, tree in trees.items():
+            seconds, roles = _start(tree, args.model, args.api_server_count)
+            took[name].append(seconds)
+            for role, procs in roles.items():
+                rss[name][role].extend(mib for mib, _ in procs)
+                torch[name][role].update(mapped for _, mapped in procs)
+            print(f"start {run + 1}/{args.startups} {name}: startup took {seconds:.2f} s", file=sys.stderr)
+    print(f"asyncdp serve {args.model} -dp 2 --api-server-count {args.api_server_count}, "
+          f"{args.startups} starts per tree (medians)")
+    for name in trees:
+        print(f"  {name:9}  startup took {statistics.median(took[name]):.2f} s "
+              f"({', '.join(f'{t:.2f}' for t in took[name])})")
+        for role in ROLES:
+            if rss[name][role]:
+                holds = "torch" if torch[name][role] == {True} else "no torch" if torch[name][role] == {False} \
+                    else "torch in some"
+                print(f"    {role:11} RSS {statistics.median(rss[name][role]):7.1f} MiB  ({holds})")
+    if "baseline" in trees:
+        print("  this tree / baseline:")
+        print(f"    startup took {statistics.median(took['this tree']) / statistics.median(took['baseline']):.3f} x")
+        for role in ROLES:
+            if rss["this tree"][role] and rss["baseline"][role]:
+                ratio = statistics.median(rss["this tree"][role]) / statistics.median(rss["baseline"][role])
+                print(f"    {role:11} RSS {ratio:.3f} x")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
