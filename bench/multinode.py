@@ -38,6 +38,7 @@ from bench.serving import (  # noqa: E402
     ServerStartError,
     _log_tail,
     check_output,
+    descendants,
     exit_on_sigterm,
     free_port,
     positive_int,
@@ -152,7 +153,7 @@ def main() -> int:
                                           log=args.log))
         wait_healthy([f"http://127.0.0.1:{port}"], {"head": head, "headless node": node}, args.log)
         rows["head + headless"] = measure("head + headless", [f"http://127.0.0.1:{port}"], args)
-        tree = [head.pid, *_descendants(head.pid)]  # its children lead their own sessions: kill each
+        tree = [head.pid, *descendants(head.pid)]  # its children lead their own sessions: kill each
         t0 = time.monotonic()
         for pid in tree:
             _kill(pid)
@@ -178,23 +179,6 @@ def main() -> int:
         print(f"  {name:<16} {row['rps'] / base['rps']:5.2f}  {row['mean_s'] / base['mean_s']:5.2f}  "
               f"{row['p99_s'] / base['p99_s']:5.2f}")
     return 0
-
-
-def _descendants(root: int) -> list[int]:
-    out, todo = [], [root]
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                text = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(entry))
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def _kill(pid: int) -> None:

@@ -12,7 +12,6 @@ the two trees and the ratios are printed. An API server runs no model: it needs 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from bench.serving import (  # noqa: E402
     asyncdp_serve,
     baseline_trees,
+    descendants,
     positive_int,
     run_cli,
     startup_took,
@@ -33,23 +33,6 @@ from bench.serving import (  # noqa: E402
 )
 
 ROLES = ("launcher", "coordinator", "api", "engine")
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children[int(stat.rpartition(")")[2].split()[1])].append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
 
 
 def _process(pid: int) -> tuple[str, float, bool] | None:
@@ -73,7 +56,7 @@ def _start(tree: Path, model: str, api_servers: int) -> tuple[float, dict[str, l
             wait_logged(log, b"startup took ", 30.0)
             time.sleep(0.5)  # the engines' first heartbeats and the API servers' first snapshots settle
             roles: dict[str, list[tuple[float, bool]]] = defaultdict(list)
-            for child in _descendants(pid):
+            for child in [pid, *descendants(pid)]:
                 if (seen := _process(child)) is not None:
                     roles[seen[0]].append(seen[1:])
         return startup_took(log), roles

@@ -228,6 +228,24 @@ def run_cli(main: Callable[[], int]) -> None:
         sys.exit(1)
 
 
+def descendants(root: int) -> list[int]:
+    """Every live descendant of ``root`` (Linux, from /proc), children before their own."""
+    out, todo = [], [root]
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                text = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(entry))
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def tree_cpu_s(pid: int | None) -> float | None:
     """User + system CPU seconds of ``pid`` and its descendants so far (Linux, from /proc); None for no pid, or
     where /proc cannot tell (not Linux, the process gone)."""
