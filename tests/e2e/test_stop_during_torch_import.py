@@ -3,7 +3,7 @@ torch on their event loop (setting torch's thread count), so none of them saw th
 was done, and an import slower than the launcher's 5 s stop deadline ended a user's Ctrl-C on a starting server in
 'did not exit within 5.0 s; killing' and exit 1.
 
-The engines import a stand-in torch (``tests/e2e/stalled_torch``) whose import never ends and says when it began,
+The engines import a stand-in torch (``tests/e2e/stalled_imports``) whose import never ends and says when it began,
 so the stop comes, for certain, while each engine is inside the import, however slow or fast the machine is."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.e2e.conftest import BASE_ARGS, _launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
-STALLED_TORCH = Path(__file__).resolve().parent / "stalled_torch"
+STALLED_IMPORTS = Path(__file__).resolve().parent / "stalled_imports"
 DEPLOYMENTS = {
     "dense": ("builtin:tiny-dense", ("-dp", "2", "--api-server-count", "1")),
     "moe": ("builtin:tiny-moe", ("-dp", "2", "--enable-expert-parallel", "--api-server-count", "1")),
@@ -32,8 +32,9 @@ async def test_sigterm_while_the_engines_import_torch_stops_in_order_with_exit_0
     model, args = DEPLOYMENTS[kind]
     importing = tmp_path / "importing-torch"
     importing.mkdir()
-    monkeypatch.setenv("ASYNCDP_TEST_STALLED_TORCH_DIR", str(importing))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(STALLED_TORCH), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("ASYNCDP_TEST_STALLED_IMPORT", "torch:asyncdp-engine")
+    monkeypatch.setenv("ASYNCDP_TEST_STALLED_DIR", str(importing))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(STALLED_IMPORTS), os.environ.get("PYTHONPATH")])))
     server = _launch((*BASE_ARGS, *args), tmp_path / "stop.log", model)
     try:
         with anyio.fail_after(60):
