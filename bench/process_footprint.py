@@ -43,7 +43,7 @@ def _process(pid: int) -> tuple[str, float, bool] | None:
         torch = "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
     except (OSError, IndexError, ValueError):
         return None
-    # the launcher serves the API itself with --api-server-count 1: it counts as both
+    # with --api-server-count 1 the launcher serves the API itself, titled as its API server: it counts as "api"
     role = next((r for r in ROLES if title.startswith(f"asyncdp-{r}")), None)
     return None if role is None else (role, rss_kib / 1024, torch)
 
