@@ -116,9 +116,11 @@ async def serve_router(settings: RouterSettings, sock: socket.socket, *,
             address = await tg.start(serve)
             sock.close()
             host, port = address[0], address[1]
-            shown = f"[{host}]" if ":" in host else host
-            log.info("routing on %s://%s:%d to %d endpoints: %s (%d usable now); backend %s", settings.scheme, shown,
-                     port, n, ", ".join(settings.endpoints), poller.num_usable(), sniffio.current_async_library())
+            if not stop.is_set():  # (a stop held from before the watcher: it drains at once, it never routed)
+                shown = f"[{host}]" if ":" in host else host
+                log.info("routing on %s://%s:%d to %d endpoints: %s (%d usable now); backend %s", settings.scheme,
+                         shown, port, n, ", ".join(settings.endpoints), poller.num_usable(),
+                         sniffio.current_async_library())
             task_status.started((host, port))
 
 

@@ -68,6 +68,7 @@ def test_a_stop_in_the_event_loop_before_the_servers_handlers_stops_it_in_order(
     assert proc.returncode == 0, out
     assert "Traceback" not in out, out
     assert received in out, out
+    assert "routing on" not in out and "serving builtin" not in out, out  # it never said it serves
     assert not _alive(seen), out
 
 
