@@ -296,7 +296,17 @@ def _maps_torch(pid: int) -> bool:
 
 async def test_the_api_servers_run_without_torch_and_the_engines_with_it(dp2: Server) -> None:
     """An API server runs no model: it loaded its tokenizer through ``AutoTokenizer``, whose import pulled in
-    torch (a second of CPU at startup and about 185 MiB in every API process), now the built-in's own class."""
+    torch (a second of CPU at startup and about 185 MiB in every API process), now the built-in's own class.
+    Checked after chat requests (the chat template, tools) on new connections, which the kernel spreads over both
+    API servers."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with anyio.fail_after(60):
+        for _ in range(4):
+            async with httpx.AsyncClient(base_url=dp2.base_url, timeout=30.0) as http:
+                r = await http.post("/v1/chat/completions", json={
+                    "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                    "tools": [tool], "tool_choice": "required"})
+                assert r.status_code == 200, r.text
     titles = _titles(dp2)
     apis = [pid for pid, title in titles.items() if title.startswith("asyncdp-api")]
     engines = [pid for pid, title in titles.items() if title.startswith("asyncdp-engine")]
