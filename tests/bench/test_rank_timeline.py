@@ -23,6 +23,7 @@ SPEC = ClusterSpec(dp_size=2, profile=load_profile("gpu_8b"))
 # W2 at the quick scale (600 + 120 prompt tokens, 100 output: up to 52 blocks of 16 a request) on 2 ranks with 60
 # blocks each and 20 requests a second: running requests outgrow the cache and preempt.
 W2_SMALL_KV = {"groups": 4, "users": 2}
+PROBE_EVERY_S = 0.01  # virtual time
 
 
 def _small_kv_w2():
@@ -30,15 +31,20 @@ def _small_kv_w2():
     return resolve(msgspec.structs.replace(workload, kv_blocks_per_rank=60, dp_size=2), 1.0, 20.0)
 
 
-def test_the_probe_reads_every_rank_at_each_period_until_the_run_ends():
-    seen: list[tuple[float, int]] = []
-    log = simulate(_small_kv_w2(), "round_robin", 1, SPEC, probe=lambda t, c: seen.append((t, len(c.ranks))),
-                   probe_every_s=0.25)
+@pytest.fixture(scope="module")
+def probed_run() -> tuple[RunLog, list[rt.Sample]]:
+    """One probed run of the small-KV W2 for the two tests that read it (7 s of simulation each time here); neither
+    changes it."""
+    return rt.run_probed(_small_kv_w2(), "round_robin", 1, SPEC, PROBE_EVERY_S)
+
+
+def test_the_probe_reads_every_rank_at_each_period_until_the_run_ends(probed_run):
+    log, seen = probed_run
     assert seen, "the probe never ran"
-    assert [n for _, n in seen] == [2] * len(seen)
-    assert [t for t, _ in seen] == pytest.approx([0.25 * (k + 1) for k in range(len(seen))])
+    assert [len(row) for _, row in seen] == [2] * len(seen)
+    assert [t for t, _ in seen] == pytest.approx([PROBE_EVERY_S * (k + 1) for k in range(len(seen))])
     last_done = max(e.t_last_s for e in log.events if e.t_last_s is not None)
-    assert seen[-1][0] <= last_done + 0.25  # it stops with the run
+    assert seen[-1][0] <= last_done + PROBE_EVERY_S  # it stops with the run
 
 
 def test_a_probe_period_that_is_not_positive_is_refused():
@@ -46,8 +52,8 @@ def test_a_probe_period_that_is_not_positive_is_refused():
         simulate(_small_kv_w2(), "round_robin", 1, SPEC, probe=lambda t, c: None, probe_every_s=0.0)
 
 
-def test_the_summary_of_a_probed_run_counts_every_preemption_on_its_rank():
-    log, samples = rt.run_probed(_small_kv_w2(), "round_robin", 1, SPEC, 0.01)
+def test_the_summary_of_a_probed_run_counts_every_preemption_on_its_rank(probed_run):
+    log, samples = probed_run
     assert log.preemptions > 0, "the set-up must preempt"
     rows = rt.per_rank_summary(log, samples, 0.999)
     assert sum(r["preemptions"] for r in rows) == log.preemptions

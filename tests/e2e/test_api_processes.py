@@ -226,7 +226,11 @@ async def test_a_conversation_whose_history_another_api_server_placed_finds_it_t
                     for http in busy_clients:  # API server 1's own requests keep the holder busier in its view
                         tg.start_soon(functools.partial(http.post, "/v1/completions", json=busy,
                                                         headers={"X-data-parallel-rank": holder}))
-                    await anyio.sleep(0.5)
+                    while True:  # until API server 1 counts them on the holder (its view of the ranks' load)
+                        ranks = (await second.get("/server_info")).json()["managed_ranks"]
+                        if next(r["inflight"] for r in ranks if str(r["dp_rank"]) == holder) >= len(busy_clients):
+                            break
+                        await anyio.sleep(0.02)
                     hits = await metric("vllm:prefix_cache_hits_total")
                     directed = sum((await metric("asyncdp:dp_lb_decisions_total", reason="directory")).values())
                     r = await second.post("/v1/completions", json={**body, "prompt": turn2})

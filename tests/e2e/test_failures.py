@@ -22,6 +22,8 @@ from tests.e2e.metrics_text import successes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
+SHORT_HEARTBEATS = ("--dp-heartbeat-interval-s", "0.5", "--dp-heartbeat-timeout-s", "2")
+
 
 async def test_sigkilled_launcher_leaves_no_orphans_within_5s(tmp_path: Path) -> None:
     with serve(tmp_path, "-dp", "2") as server:
@@ -134,8 +136,10 @@ async def test_an_api_server_stopped_past_the_heartbeat_timeout_serves_again_whe
     """A process that was not running (SIGSTOP here; a swap storm or a long pause in production) must not judge
     its peers by a silence it did not see: the ranks' heartbeats of that time wait unread on its links. Before, the
     stopped API server declared every rank dead when it resumed, exited, and the launcher tore the deployment
-    down. Now /health is 503 while it is stuck and 200 again after, and every request succeeds."""
-    with serve(tmp_path, "-dp", "2", "--api-server-count", "2") as server:
+    down. Now /health is 503 while it is stuck and 200 again after, and every request succeeds. Short heartbeats
+    (0.5 s, dead after 2 s): the stop the siblings see (no node-table beat for 5 s) is already past the links'
+    heartbeat timeout."""
+    with serve(tmp_path, "-dp", "2", "--api-server-count", "2", *SHORT_HEARTBEATS) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as http:
             info = (await http.get("/server_info")).json()  # `http` keeps this connection's process: not the victim
             me = info["api_process_rank"]
@@ -145,13 +149,13 @@ async def test_an_api_server_stopped_past_the_heartbeat_timeout_serves_again_whe
                 with anyio.fail_after(30):
                     while (await http.get("/health")).status_code != 503:  # noqa: ASYNC110 - another process
                         await anyio.sleep(0.2)  # the siblings see it stuck (5 s without a node-table beat)
-                    await anyio.sleep(3.0)  # past the heartbeat timeout (5 s) for its links too
+                # stopped for over 5 s now: past the heartbeat timeout (2 s) of its links too
             finally:
                 os.kill(pid, signal.SIGCONT)
             with anyio.fail_after(30):
                 while (await http.get("/health")).status_code != 200:  # noqa: ASYNC110 - another process
                     await anyio.sleep(0.2)
-            await anyio.sleep(2.0)  # time to misjudge, if it still did
+            await anyio.sleep(1.0)  # time to misjudge, if it still did (two heartbeat intervals)
             for i in range(8):  # fresh connections: SO_REUSEPORT spreads them over both API servers (the victim too)
                 async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as fresh:
                     r = await fresh.post("/v1/completions", json={"model": MODEL, "prompt": f"after {i}",

@@ -129,7 +129,15 @@ async def test_many_streams_reset_at_once_do_not_flood_the_log_with_send_warning
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # streaming has begun
             return sock
 
-        socks = [await anyio.to_thread.run_sync(open_stream) for _ in range(num_streams)]
+        socks: list[socket.socket] = []
+
+        async def open_one() -> None:
+            socks.append(await anyio.to_thread.run_sync(open_stream))
+
+        async with anyio.create_task_group() as tg:  # opened side by side (anyio's 40 worker threads)
+            for _ in range(num_streams):
+                tg.start_soon(open_one)
+        assert len(socks) == num_streams
         for sock in socks:  # every client resets its connection at once (RST, not FIN)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()

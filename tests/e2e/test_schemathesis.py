@@ -30,7 +30,7 @@ from tests.e2e.hostile_checks import settle_problems
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 MAX_EXAMPLES = 25  # per operation and phase
-MAX_TIME_S = 45
+MAX_TIME_S = 30  # one pass of both phases takes ~13 s here; fuzzing repeats until the budget is spent
 MAX_MODEL_LEN = 64
 # positive_data_acceptance is left out: rules across fields (prompt plus max_tokens within max_model_len, token ids
 # in the vocabulary, best_of >= n) are stated in descriptions, not schemas, so schema-valid data may be a 400.

@@ -35,7 +35,7 @@ from tests.router.upstream import routed
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 SIM = ("--executor", "sim", "--sim-cost", "40,0,0,0")  # 40 ms a step, whatever the machine's load
-TOKENS = 100  # 4 s a request: still running when its endpoint is stopped, quick on the other one
+TOKENS = 50  # 2 s a request: still running when its endpoint is stopped (within ~0.1 s), quick on the other one
 NO_EOS = {"ignore_eos": True}
 BOUND_S = 40.0  # each test's whole exchange; a request that waits for its frozen endpoint waits past it
 BACKENDS = ["asyncio", "trio"]
