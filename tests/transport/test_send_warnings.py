@@ -10,7 +10,7 @@ import pytest
 from asyncdp.api.serve import SEND_WARNING, SendWarningLimiter, rate_limit_send_warnings
 
 
-async def _writes_after_a_reset(num_connections: int, writes_each: int) -> None:
+async def writes_after_a_reset(num_connections: int, writes_each: int) -> None:
     """Open connections, let each peer reset its end, then keep writing to them, as a server whose handlers
     have not yet seen the disconnect does."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -31,7 +31,7 @@ async def _writes_after_a_reset(num_connections: int, writes_each: int) -> None:
     listener.close()
 
 
-def _send_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+def send_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "asyncio" and r.getMessage().startswith(SEND_WARNING)]
 
 
@@ -41,14 +41,14 @@ async def test_writes_to_many_reset_connections_log_one_send_warning_with_a_coun
     caplog.set_level(logging.WARNING, logger="asyncio")
     remove = rate_limit_send_warnings()
     try:
-        await _writes_after_a_reset(num_connections=20, writes_each=12)
+        await writes_after_a_reset(num_connections=20, writes_each=12)
     finally:
         remove()
-    warnings = _send_warnings(caplog)
+    warnings = send_warnings(caplog)
     assert len(warnings) == 1, len(warnings)  # without the limiter: 20 x (12 - 5) lines
     caplog.clear()
-    await _writes_after_a_reset(num_connections=2, writes_each=8)
-    assert len(_send_warnings(caplog)) > 1  # removed: asyncio's own behaviour again
+    await writes_after_a_reset(num_connections=2, writes_each=8)
+    assert len(send_warnings(caplog)) > 1  # removed: asyncio's own behaviour again
 
 
 def test_the_limiter_reports_how_many_it_held_back_once_the_interval_passed():
