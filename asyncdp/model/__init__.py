@@ -15,6 +15,7 @@ Public functions (torch-free at import; weights are only touched by ``asyncdp.mo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -101,11 +102,15 @@ def resolve_tokenizer(tokenizer: str | None, model_path: Path) -> Path:
 
 
 def _is_builtin_checkpoint(path: Path) -> bool:
-    """A checkpoint that :func:`resolve_model` materialised from a built-in (it lives in the models cache)."""
+    """A checkpoint that :func:`resolve_model` materialised from a built-in: it lives in the models cache and
+    declares the generic fast tokenizer, as every built-in does (a folder someone put there by hand may not)."""
     try:
-        return path.resolve().parent == (cache_dir() / "models").resolve()
-    except OSError:
+        if path.resolve().parent != (cache_dir() / "models").resolve():
+            return False
+        declared = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
         return False
+    return bool(declared == "PreTrainedTokenizerFast")
 
 
 def check_tokenizer(tokenizer: str) -> None:

@@ -7,6 +7,8 @@ tokens, chat template, encodings and decodings, for every built-in the machine c
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +54,21 @@ def test_loading_a_builtins_tokenizer_does_not_import_torch() -> None:
 def test_a_checkpoint_outside_the_builtin_cache_still_loads(dense_path: Path) -> None:
     """An exported built-in is any user's checkpoint: ``AutoTokenizer`` loads it, and it is the same tokenizer."""
     assert load_tokenizer(dense_path).get_vocab() == load_tokenizer(resolve_model("builtin:tiny-dense")).get_vocab()
+
+
+def test_a_folder_in_the_models_cache_that_declares_another_class_goes_through_autotokenizer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCDP_CACHE_DIR", str(tmp_path))
+    builtin = resolve_model("builtin:tiny-dense")  # materialised in this test's cache
+    mine = tmp_path / "models" / "mine"  # a checkpoint someone put beside it by hand
+    shutil.copytree(builtin, mine)
+    config = json.loads((mine / "tokenizer_config.json").read_text())
+    (mine / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}))
+    asked: list[str] = []
+    real = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained",
+                        lambda path, *args, **kwargs: asked.append(path) or real(path, *args, **kwargs))
+    load_tokenizer(builtin)
+    assert asked == []
+    assert type(load_tokenizer(mine)).__name__ == "GPT2Tokenizer"
+    assert asked == [str(mine)]
