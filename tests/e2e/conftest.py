@@ -153,6 +153,16 @@ class Server:
             left.append(self.process.pid)
         return sorted(left)
 
+    def titles(self) -> dict[int, str]:
+        """pid -> process title (argv[0] after setproctitle) of the deployment's live processes."""
+        out = {}
+        for pid in self.remaining():
+            try:
+                out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            except OSError:  # it ended meanwhile
+                pass
+        return out
+
     def wait_gone(self, timeout_s: float = 2.0) -> list[int]:
         """Wait until no process of the deployment is left; return those still alive at the deadline."""
         deadline = time.monotonic() + timeout_s

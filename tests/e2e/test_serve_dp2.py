@@ -7,7 +7,6 @@ compared as deltas, so the tests do not depend on each other's order. Each test 
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import anyio
@@ -281,15 +280,6 @@ async def test_a_resume_that_overtakes_a_waiting_pause_ends_that_pause_with_409(
     assert error["code"] == 409 and "resumed before the pause completed" in error["message"]
 
 
-def _titles(server: Server) -> dict[int, str]:
-    """pid -> process title (argv[0] after setproctitle) of the deployment's live processes."""
-    titles = {}
-    for pid in server.remaining():
-        with contextlib.suppress(OSError):
-            titles[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-    return titles
-
-
 def _maps_torch(pid: int) -> bool:
     return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
 
@@ -307,7 +297,7 @@ async def test_the_api_servers_run_without_torch_and_the_engines_with_it(dp2: Se
                     "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                     "tools": [tool], "tool_choice": "required"})
                 assert r.status_code == 200, r.text
-    titles = _titles(dp2)
+    titles = dp2.titles()
     apis = [pid for pid, title in titles.items() if title.startswith("asyncdp-api")]
     engines = [pid for pid, title in titles.items() if title.startswith("asyncdp-engine")]
     assert len(apis) == API_COUNT and len(engines) == DP_SIZE, titles

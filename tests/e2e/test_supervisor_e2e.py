@@ -34,17 +34,6 @@ READY_TIMEOUT_S = 120.0
 
 
 
-def titles(server: Server) -> dict[int, str]:
-    """The process titles (argv[0] after setproctitle) of the supervisor's live descendants."""
-    out = {}
-    for pid in server.remaining():
-        try:
-            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            pass
-    return out
-
-
 def _start_supervisor(log_dir: Path, *args: str, dp: int = 2, start_rank: int = 0) -> tuple[Server, int]:
     port, sup = free_port_pair(), free_port()
     if "-dpp" not in args:  # the rpc port on a port of its own, not the default 29550 another deployment may hold
@@ -122,7 +111,7 @@ async def test_supervisor_port_is_closed_before_ready_200_after_and_503_within_1
             assert (await http.get("/v1/models")).status_code == 404  # the supervisor port serves health only
         for i in range(2):  # each child serves its own rank
             await _complete(f"http://127.0.0.1:{port + i}", f"child {i}")
-        assert sorted(t for t in titles(server).values() if t.startswith("asyncdp-api-dp")) == [
+        assert sorted(t for t in server.titles().values() if t.startswith("asyncdp-api-dp")) == [
             "asyncdp-api-dp0", "asyncdp-api-dp1"]
 
         server.remember_tree()
@@ -155,7 +144,7 @@ async def test_sigkill_of_a_child_api_server_makes_the_supervisor_exit_1_within_
         assert info["mode"] == "external" and [r["dp_rank"] for r in info["managed_ranks"]] == [1]
         child = next(p["pid"] for p in info["processes"]
                      if p["role"] == "api_server" and p["ports"].get("http") == port + 1)
-        assert titles(server)[child] == "asyncdp-api-dp1"
+        assert server.titles()[child] == "asyncdp-api-dp1"
         server.remember_tree()
         killed_at = time.monotonic()
         os.kill(child, signal.SIGKILL)
