@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,13 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from bench.serving import (  # noqa: E402
-    asyncdp_serve,
     baseline_trees,
     descendants,
+    measure_startup,
     positive_int,
     run_cli,
-    startup_took,
-    wait_logged,
 )
 
 ROLES = ("launcher", "coordinator", "api", "engine")
@@ -48,18 +45,14 @@ def _process(pid: int) -> tuple[str, float, bool] | None:
     return None if role is None else (role, rss_kib / 1024, torch)
 
 
-def _start(tree: Path, model: str, api_servers: int) -> tuple[float, dict[str, list[tuple[float, bool]]]]:
-    """One start: the launcher's "startup took", and each role's processes as (RSS MiB, torch mapped)."""
-    with tempfile.TemporaryFile() as log:
-        with asyncdp_serve(model, "-dp", "2", "--api-server-count", str(api_servers), "--torch-threads", "1",
-                           log=log, env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05) as (_, pid):
-            wait_logged(log, b"startup took ", 30.0)
-            time.sleep(0.5)  # the engines' first heartbeats and the API servers' first snapshots settle
-            roles: dict[str, list[tuple[float, bool]]] = defaultdict(list)
-            for child in [pid, *descendants(pid)]:
-                if (seen := _process(child)) is not None:
-                    roles[seen[0]].append(seen[1:])
-        return startup_took(log), roles
+def _roles(pid: int) -> dict[str, list[tuple[float, bool]]]:
+    """Each role's processes in the tree of the launcher ``pid``, as (RSS MiB, torch mapped)."""
+    time.sleep(0.5)  # the engines' first heartbeats and the API servers' first snapshots settle
+    roles: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    for child in [pid, *descendants(pid)]:
+        if (seen := _process(child)) is not None:
+            roles[seen[0]].append(seen[1:])
+    return roles
 
 
 def main() -> int:
@@ -73,17 +66,20 @@ def main() -> int:
     from asyncdp.model import resolve_model
 
     resolve_model(args.model)  # a bad name is a usage error before anything starts; a built-in is made once
-    took: dict[str, list[float]] = {name: [] for name in trees}
     rss: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in trees}
     torch: dict[str, dict[str, set[bool]]] = {name: defaultdict(set) for name in trees}
-    for run in range(args.startups):
-        for name, tree in trees.items():
-            seconds, roles = _start(tree, args.model, args.api_server_count)
-            took[name].append(seconds)
-            for role, procs in roles.items():
-                rss[name][role].extend(mib for mib, _ in procs)
-                torch[name][role].update(mapped for _, mapped in procs)
-            print(f"start {run + 1}/{args.startups} {name}: startup took {seconds:.2f} s", file=sys.stderr)
+    probed = {name: 0 for name in trees}
+
+    def probe(name: str, pid: int) -> None:
+        for role, procs in _roles(pid).items():
+            rss[name][role].extend(mib for mib, _ in procs)
+            torch[name][role].update(mapped for _, mapped in procs)
+        probed[name] += 1
+        print(f"start {probed[name]}/{args.startups} {name} read", file=sys.stderr)
+
+    starts = measure_startup(trees, args.startups, args.model, "-dp", "2", "--api-server-count",
+                             str(args.api_server_count), probe=probe)
+    took = {name: [seconds for _, seconds in runs] for name, runs in starts.items()}
     print(f"asyncdp serve {args.model} -dp 2 --api-server-count {args.api_server_count}, "
           f"{args.startups} starts per tree (medians)")
     for name in trees:

@@ -272,19 +272,22 @@ def startup_took(log: IO[bytes]) -> float:
     return float(took.group(1)) if took else float("nan")
 
 
-def measure_startup(trees: dict[str, Path], n: int, model: str, *serve_args: str) -> dict[str, list[tuple[float, float]]]:
+def measure_startup(trees: dict[str, Path], n: int, model: str, *serve_args: str,
+                    probe: Callable[[str, int], None] | None = None) -> dict[str, list[tuple[float, float]]]:
     """``n`` rounds, each starting ``asyncdp serve model *serve_args`` once from each tree in turn (one thread per
     engine, stopped once healthy): per tree, each start's (seconds to /health 200, the launcher's "startup took"
-    seconds)."""
+    seconds). ``probe(tree name, launcher pid)`` runs on each deployment once startup took, before it stops."""
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
     for _ in range(n):
         for name, tree in trees.items():
             with tempfile.TemporaryFile() as log:
                 t0 = time.perf_counter()
                 with asyncdp_serve(model, *serve_args, "--torch-threads", "1", log=log,
-                                   env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05):
+                                   env={"OMP_NUM_THREADS": "1"}, timeout_s=180, tree=tree, poll_s=0.05) as (_, pid):
                     ready_s = time.perf_counter() - t0
                     wait_logged(log, b"startup took ", 30.0)  # an API server's /health 200 can come first
+                    if probe is not None:
+                        probe(name, pid)
                 runs[name].append((ready_s, startup_took(log)))
     return runs
 
