@@ -8,14 +8,13 @@ Public functions (torch-free at import; weights are only touched by ``asyncdp.mo
   interrupted conversion never leave half a checkpoint behind); any other value must be a directory holding ``config.json``, ``*.safetensors`` and
   tokenizer files.
 * ``resolve_tokenizer(tokenizer, model_path)``: the directory ``--tokenizer`` names (default: the model's).
-* ``load_tokenizer(path)``: the checkpoint's fast tokenizer, offline.
+* ``load_tokenizer(path)``: the checkpoint's fast tokenizer, offline (without torch where its files name the class).
 * ``read_model_info(path)``: a ``ModelInfo`` from the JSON files.
 * ``export_builtin(name, dest)``: write a built-in checkpoint to ``dest`` (``asyncdp model export``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -26,6 +25,7 @@ from asyncdp.config.flags import cache_dir
 from asyncdp.errors import ModelNotFoundError
 from asyncdp.model import builtin
 from asyncdp.model.info import ModelInfo, read_model_info
+from asyncdp.model.tokenizer_class import tokenizer_class_name
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -101,18 +101,6 @@ def resolve_tokenizer(tokenizer: str | None, model_path: Path) -> Path:
     return resolve_model(tokenizer) if tokenizer.startswith(BUILTIN_PREFIX) else Path(tokenizer).expanduser()
 
 
-def _is_builtin_checkpoint(path: Path) -> bool:
-    """A checkpoint that :func:`resolve_model` materialised from a built-in: it lives in the models cache and
-    declares the generic fast tokenizer, as every built-in does (a folder someone put there by hand may not)."""
-    try:
-        if path.resolve().parent != (cache_dir() / "models").resolve():
-            return False
-        declared = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return bool(declared == "PreTrainedTokenizerFast")
-
-
 def check_tokenizer(tokenizer: str) -> None:
     """``--tokenizer`` names a built-in or a directory holding tokenizer files; ModelNotFoundError otherwise (before
     anything starts, not in each API server once the engines loaded)."""
@@ -127,15 +115,19 @@ def check_tokenizer(tokenizer: str) -> None:
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
     """The checkpoint's tokenizer, loaded from local files only (never the network).
 
-    A built-in checkpoint's tokenizer (the generic fast tokenizer, ``tokenizer_class: PreTrainedTokenizerFast``) is
-    loaded by that class itself. ``AutoTokenizer`` resolves a class through transformers' model configurations,
-    whose import pulls in torch: a second of CPU and the memory of torch in every API server, which runs no model.
-    Any other checkpoint keeps ``AutoTokenizer``'s choice, model-specific classes and corrections included."""
+    ``AutoTokenizer`` resolves a class through transformers' model configurations, whose import pulls in torch: a
+    second of CPU and the memory of torch in every API server, which runs no model. Where the checkpoint's files alone
+    tell which class it would pick (a declared ``tokenizer_class`` such as the built-ins' ``PreTrainedTokenizerFast``,
+    ``LlamaTokenizer`` or ``Qwen2Tokenizer``, no remote code, a model type asyncdp runs:
+    ``asyncdp.model.tokenizer_class``), that class is loaded itself, the same tokenizer without torch. Any other
+    checkpoint keeps going through ``AutoTokenizer``, model-specific classes and corrections included."""
     try:
-        if _is_builtin_checkpoint(Path(path)):
-            from transformers import PreTrainedTokenizerFast
+        name = tokenizer_class_name(path)
+        if name is not None:
+            import transformers
 
-            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+            return cast("PreTrainedTokenizerFast",
+                        getattr(transformers, name).from_pretrained(str(path), local_files_only=True))
         from transformers import AutoTokenizer
 
         return cast("PreTrainedTokenizerFast", AutoTokenizer.from_pretrained(str(path), local_files_only=True))

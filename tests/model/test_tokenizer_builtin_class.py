@@ -56,14 +56,17 @@ def test_a_checkpoint_outside_the_builtin_cache_still_loads(dense_path: Path) ->
     assert load_tokenizer(dense_path).get_vocab() == load_tokenizer(resolve_model("builtin:tiny-dense")).get_vocab()
 
 
-def test_a_folder_in_the_models_cache_that_declares_another_class_goes_through_autotokenizer(
+def test_a_folder_in_the_models_cache_that_declares_another_class_and_remote_code_goes_through_autotokenizer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ASYNCDP_CACHE_DIR", str(tmp_path))
     builtin = resolve_model("builtin:tiny-dense")  # materialised in this test's cache
     mine = tmp_path / "models" / "mine"  # a checkpoint someone put beside it by hand
     shutil.copytree(builtin, mine)
     config = json.loads((mine / "tokenizer_config.json").read_text())
-    (mine / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}))
+    # Remote code (``auto_map``) is one thing that keeps a declared class on AutoTokenizer's route.
+    auto_map = {"AutoTokenizer": ["tokenization_mine.MineTokenizer", None]}
+    (mine / "tokenizer_config.json").write_text(
+        json.dumps({**config, "tokenizer_class": "GPT2Tokenizer", "auto_map": auto_map}))
     asked: list[str] = []
     real = AutoTokenizer.from_pretrained
     monkeypatch.setattr(AutoTokenizer, "from_pretrained",
