@@ -37,6 +37,9 @@ def run_asyncdp(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     (["serve", "--dp-heartbeat-timeout-s", "1"], {}, "--dp-heartbeat-timeout-s must be greater than 2 x"),
     (["serve"], {"ASYNCDP_DP_LB_POLICY": "bogus"}, "(got 'bogus')"),
     (["serve", "--max-seqs-per-request", "0"], {}, "--max-seqs-per-request must be in 1..2147483647 (got 0)"),
+    (["serve", "--enable-auto-tool-choice"], {}, "--enable-auto-tool-choice requires --tool-call-parser (one of "
+                                                 "hermes)"),
+    (["serve", "--tool-call-parser", "llama3"], {}, "--tool-call-parser must be one of hermes (got 'llama3')"),
 ])
 def test_invalid_command_line_exits_2_with_one_error_line(args, env, message):
     proc = run_asyncdp(*args, env=env)

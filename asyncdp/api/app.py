@@ -43,6 +43,7 @@ from asyncdp.api.last_send import with_last_send_shielded
 from asyncdp.api.metrics import CONTENT_TYPE, Metrics
 from asyncdp.api.request_close import with_close_callbacks
 from asyncdp.api.template_roles import resolve_template_roles
+from asyncdp.api.tool_parsers import PARSERS, tags_are_special
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 from asyncdp.errors import HTTPError
 
@@ -65,6 +66,7 @@ def create_app(
     cors: Cors | None = ALLOW_ALL,
     enable_prompt_tokens_details: bool = False,
     chat_template_content_format: str = "auto",
+    tool_call_parser: str | None = None,
 ) -> Quart:
     """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
 
@@ -72,7 +74,9 @@ def create_app(
     ``max_request_body_bytes`` the body (``--max-request-body-bytes``; None: derived from ``max_model_len``);
     ``cors`` what cross-origin requests may do (``--allowed-origins`` and friends; None: no CORS headers);
     ``enable_prompt_tokens_details`` adds ``usage.prompt_tokens_details.cached_tokens`` (the flag of that name);
-    ``chat_template_content_format`` is ``--chat-template-content-format`` ("auto" reads the tokenizer's template)."""
+    ``chat_template_content_format`` is ``--chat-template-content-format`` ("auto" reads the tokenizer's template);
+    ``tool_call_parser`` serves ``tool_choice: "auto"`` with that parser of ``asyncdp.api.tool_parsers.PARSERS``
+    (``--enable-auto-tool-choice --tool-call-parser NAME``; None: "auto" with tools is a 400)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -81,6 +85,11 @@ def create_app(
         app_class = QuartTrio
     else:
         raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
+    parser = None
+    if tool_call_parser is not None:
+        parser = PARSERS.get(tool_call_parser)
+        if parser is None:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {tool_call_parser!r}")
     app = app_class("asyncdp.api")
     # Streams last as long as generation does; the engine client and the drain deadline bound them instead.
     app.config["RESPONSE_TIMEOUT"] = None
@@ -103,6 +112,8 @@ def create_app(
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         content_format=content_format,
         template_roles=resolve_template_roles(client.tokenizer, content_format, template),
+        tool_parser=parser,
+        tool_tags_special=parser is not None and tags_are_special(parser, client.tokenizer),
     )
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]

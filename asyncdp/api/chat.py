@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import msgspec
 from quart import Quart, Response, request
 
 from asyncdp.api.chat_messages import chat_messages, content_text
@@ -123,7 +124,7 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     model = state.check_model(req.model)
     n = req.n or 1
     per_prompt = check_num_sequences(1, n, req.best_of, bool(req.stream), state.max_seqs_per_request)
-    tools = tool_use(req)
+    tools = tool_use(req, state.tool_parser)
     messages, prompt_ids = render_prompt(state, req, tools.template_tools if tools else None)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if req.top_logprobs is not None and not req.logprobs:
@@ -142,6 +143,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         elif exc.field == "max_tokens":
             exc.field = field
         raise
+    if tools is not None and tools.parser is not None and state.tool_tags_special and req.skip_special_tokens is None:
+        params = msgspec.structs.replace(params, skip_special_tokens=False)  # the parser must see its tags
     check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens,
                  prompt_field="messages")
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
@@ -205,8 +208,10 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
         return chunk
 
     prologue = []
+    # "auto" may answer calls alone, whose content is null: "" here would make it "" in an accumulated stream
+    opening = {"role": "assistant", "content": None if prep.tools is not None and prep.tools.parser else ""}
     for i in range(len(prep.seqs)):
-        prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, {"role": "assistant", "content": ""},
+        prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, dict(opening),
                                                   include_usage=include_usage), i)))
         if prep.echo:
             prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, {"content": prep.echo},

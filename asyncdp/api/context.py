@@ -18,6 +18,7 @@ from asyncdp.api.errors import error_body
 from asyncdp.api.metrics import Metrics
 from asyncdp.api.offload import Offload
 from asyncdp.api.template_roles import TemplateRoles
+from asyncdp.api.tool_parsers import ToolCallParser
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
 from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
 
@@ -39,6 +40,8 @@ class AppState:
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
     content_format: str = "string"  # how message content reaches the chat template (asyncdp.api.content_format)
     template_roles: TemplateRoles = field(default_factory=TemplateRoles)  # developer and system messages
+    tool_parser: type[ToolCallParser] | None = None  # tool_choice "auto" (--enable-auto-tool-choice); None: a 400
+    tool_tags_special: bool = False  # the tokenizer marks the parser's tags special: keep them in the text
     offload: Offload = field(default_factory=Offload)
     task_group: TaskGroup | None = None
     draining: bool = False

@@ -189,7 +189,7 @@ class ChatMessage(msgspec.Struct, kw_only=True):
 
 class ChatRequest(_Common, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
-    # Tool choices that need no tool-call parser (asyncdp.api.tool_calls); "auto" with tools is a 400 there.
+    # Tool choices (asyncdp.api.tool_calls): "auto" with tools needs --enable-auto-tool-choice, else a 400.
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     max_tokens: Annotated[int, Meta(ge=1, le=MAX_INT32)] | None = None

@@ -1,7 +1,7 @@
-"""Tool calling without a tool-call parser, as vLLM serves it without ``--enable-auto-tool-choice``.
+"""Tool calling: the tool choices served without a tool-call parser, as vLLM serves them without
+``--enable-auto-tool-choice``, and ``"auto"`` with one (``--enable-auto-tool-choice --tool-call-parser NAME``).
 
-A model's free text never becomes ``tool_calls`` here (that needs a parser per model family), but the three tool
-choices that need no parser are served as vLLM serves them:
+The three tool choices that need no parser:
 
 - ``tool_choice: "none"`` with ``tools``: the tools reach the chat template (``tools=``, as vLLM passes them by
   default), and the answer is text.
@@ -13,13 +13,26 @@ choices that need no parser are served as vLLM serves them:
   ``finish_reason: "tool_calls"``. A ``$defs`` inside a tool's parameters is hoisted to the array's root, where
   its ``#/$defs/...`` references resolve.
 
-``"auto"`` with tools (and tools without a ``tool_choice``, which means ``"auto"``) needs the parser: a 400, as
-in vLLM without ``--enable-auto-tool-choice``. ``"auto"`` and ``"none"`` without tools ask for nothing. A tool
-choice that constrains the output cannot be combined with another structured-output constraint or ``echo``.
+``"auto"`` with tools (and tools without a ``tool_choice``, which means ``"auto"``) needs the parser. Without
+``--enable-auto-tool-choice`` it is a 400 naming the flags, as in vLLM. With it, the model generates freely (the
+tools reach the template) and the server's parser (:mod:`asyncdp.api.tool_parsers`) finds the calls in the
+text: the answer's ``content`` is the text outside the calls (``null`` when only whitespace is left), its
+``tool_calls`` the calls, and ``finish_reason`` is ``"tool_calls"`` when it has calls and stopped by itself
+(``"length"`` stays: the answer was cut, which a client should know; vLLM reports ``"tool_calls"`` then too).
+An answer without calls is the plain text answer. When the tokenizer marks the parser's tags as special tokens,
+the text is detokenized with ``skip_special_tokens`` false unless the request sets it, or the tags would be
+dropped (vLLM's hermes parser turns it off for every tool request).
+
+``"auto"`` and ``"none"`` without tools ask for nothing. A tool choice whose answer is tool calls cannot be
+combined with ``echo``, and one that constrains the output not with another structured-output constraint.
 
 Streaming: a named function's text is sent as it comes, as the ``arguments`` of one tool-call delta per chunk
 (the first carrying the call's ``id``, ``type`` and ``name``); ``"required"`` holds the text back until the
-choice ends, since the array is only known to be complete then, and sends every call in one delta.
+choice ends, since the array is only known to be complete then, and sends every call in one delta. ``"auto"``
+sends content as it comes, holding back what could begin a call's tag and whitespace not yet followed by text,
+and each call in one delta (``index``, ``id``, ``type``, ``name`` and the whole ``arguments``) when its block
+closes; its first chunk has ``content: null`` rather than ``""``, so a client that accumulates the deltas (the
+``openai`` library's stream helpers) gets the same message as without streaming.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncdp.api.schemas import ChatRequest, NamedToolChoice, ToolDefinition
+from asyncdp.api.tool_parsers import AutoToolCalls, ParsedCall, ToolCallParser
 from asyncdp.errors import HTTPError, InvalidSamplingParams
 from asyncdp.sampling_params.structured import StructuredOutputs, check_schema_depth
 
@@ -43,16 +57,24 @@ class ToolUse:
     template_tools: list[dict[str, Any]] | None  # for the chat template's ``tools``
     function: str | None = None  # a named tool choice
     required: bool = False
-    constraint: StructuredOutputs | None = None  # None for "none": the answer is text
+    constraint: StructuredOutputs | None = None  # None for "none" and "auto": the model writes freely
+    parser: type[ToolCallParser] | None = None  # "auto": finds the calls in the text
+    tool_names: frozenset[str] = frozenset()
 
     @property
     def calls(self) -> bool:
-        """Whether the answer is tool calls rather than text."""
-        return self.constraint is not None
+        """Whether the answer's text is turned into tool calls (a constraint, or a parser looking for them)."""
+        return self.constraint is not None or self.parser is not None
+
+    def auto(self) -> AutoToolCalls:
+        """A fresh parse of one choice's answer (``"auto"`` only)."""
+        assert self.parser is not None
+        return AutoToolCalls(self.parser(self.tool_names))
 
 
-def tool_use(req: ChatRequest) -> ToolUse | None:
-    """The request's tool use, checked; None when it has no tools and asks for none."""
+def tool_use(req: ChatRequest, parser: type[ToolCallParser] | None = None) -> ToolUse | None:
+    """The request's tool use, checked; None when it has no tools and asks for none. ``parser``: the server's
+    tool-call parser when ``--enable-auto-tool-choice`` is on (else ``"auto"`` with tools is a 400)."""
     tools = req.tools or []
     choice = req.tool_choice
     if not tools and (choice is None or choice in ("none", "auto")):
@@ -65,9 +87,12 @@ def tool_use(req: ChatRequest) -> ToolUse | None:
     if choice == "none":
         return ToolUse(dicts)
     if choice is None or choice == "auto":
-        raise HTTPError(400, 'tools with tool_choice "auto" (the default with tools) are not supported by this '
-                             "server: it has no tool-call parser to find tool calls in free text. Set tool_choice to "
-                             '"none", "required" or a named function.', param="tools")
+        if parser is not None:
+            return ToolUse(dicts, parser=parser, tool_names=frozenset(t.function.name for t in tools))
+        raise HTTPError(400, 'tools with tool_choice "auto" (the default with tools) need a tool-call parser to find '
+                             "the calls in free text: start the server with --enable-auto-tool-choice and "
+                             "--tool-call-parser (hermes), or set tool_choice to \"none\", \"required\" or a named "
+                             "function.", param="tools")
     if isinstance(choice, NamedToolChoice):
         by_name = {t.function.name: t for t in tools}
         if choice.function.name not in by_name:
@@ -120,7 +145,7 @@ def call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
 
-def _call(name: str, arguments: str, call: str | None = None) -> dict[str, Any]:
+def _call(name: str, arguments: str, call: str | None = None) -> dict[str, Any]:  # (an OpenAI tool call)
     return {"id": call or call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -142,11 +167,21 @@ def answer(use: ToolUse, text: str, finish_reason: str | None) -> tuple[dict[str
     (cut short) comes back as text, with its finish reason."""
     if use.function is not None:
         return {"role": "assistant", "content": "", "tool_calls": [_call(use.function, text)]}, finish_reason
+    if use.parser is not None:
+        content, found = use.auto().feed(text, finished=True)
+        if not found:
+            return {"role": "assistant", "content": content}, finish_reason
+        return {"role": "assistant", "content": content or None, "tool_calls": [_parsed(c) for c in found]}, (
+            "tool_calls" if finish_reason == "stop" else finish_reason)
     calls = required_calls(text)
     if calls is None:
         return {"role": "assistant", "content": text}, finish_reason
     return {"role": "assistant", "content": "", "tool_calls": calls}, (
         "tool_calls" if finish_reason == "stop" else finish_reason)
+
+
+def _parsed(call: ParsedCall) -> dict[str, Any]:
+    return _call(call.name, call.arguments)
 
 
 class StreamedCalls:
@@ -156,9 +191,20 @@ class StreamedCalls:
         self._use = use
         self._id: str | None = None  # a named function's call, once its first delta went out
         self._held: list[str] = []  # "required": the text so far
+        self._auto = use.auto() if use.parser is not None else None
+        self._num_sent = 0  # "auto": the calls sent so far (the next one's index)
 
     def delta(self, new_text: str, finished: bool, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The delta for ``new_text`` (maybe empty), and the finish reason to send with it when ``finished``."""
+        if self._auto is not None:
+            content, found = self._auto.feed(new_text, finished)
+            delta: dict[str, Any] = {"content": content} if content else {}
+            if found:
+                delta["tool_calls"] = [{"index": self._num_sent + i, **_parsed(c)} for i, c in enumerate(found)]
+                self._num_sent += len(found)
+            if finished and self._num_sent and finish_reason == "stop":
+                finish_reason = "tool_calls"
+            return delta, finish_reason
         if self._use.function is not None:
             if not new_text:
                 return {}, finish_reason

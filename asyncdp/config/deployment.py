@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncdp.config.flags import ServeConfig, environ
+from asyncdp.config.flags import TOOL_CALL_PARSERS, ServeConfig, environ
 from asyncdp.errors import ConfigError
 
 # ---------------------------------------------------------------- resolved deployment (§3)
@@ -316,6 +316,9 @@ def resolve(config: ServeConfig, *, is_moe: bool, num_experts: int,
     """
     env = environ() if env is None else env
     c = config
+    if c.enable_auto_tool_choice and c.tool_call_parser is None:  # vLLM refuses it too
+        raise ConfigError(f"--enable-auto-tool-choice requires --tool-call-parser (one of "
+                          f"{', '.join(TOOL_CALL_PARSERS)}): the parser that finds the tool calls in the model's text.")
     address = c.data_parallel_address or c.master_addr or "127.0.0.1"  # R9 (ray's node IP: ray is V22)
     common: dict[str, Any] = dict(
         dp_size=c.data_parallel_size, is_moe=is_moe, num_experts=num_experts,

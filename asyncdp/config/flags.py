@@ -160,6 +160,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DP_BACKENDS = ("mp", "ray")
 # --chat-template-content-format (vLLM's): how message content reaches the chat template; auto reads the template.
 CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
+# --tool-call-parser (vLLM's names): the registry asyncdp.api.tool_parsers.PARSERS, kept equal by a test.
+TOOL_CALL_PARSERS = ("hermes",)
 MODES = ("single", "internal", "hybrid", "external", "headless", "multi-port")
 
 # §2.4: field -> (env variables in priority order, parser). A given flag always wins over the environment.
@@ -233,6 +235,8 @@ class ServeConfig:
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens (vLLM's flag)
     chat_template: str | None = dataclasses.field(default=None, repr=False)  # --chat-template (cli: its text)
     chat_template_content_format: str = "auto"  # CHAT_TEMPLATE_CONTENT_FORMATS
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" parsed by tool_call_parser (which it requires)
+    tool_call_parser: str | None = None  # TOOL_CALL_PARSERS
     allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
@@ -352,6 +356,8 @@ class ServeConfig:
                               f"spaces, as an Authorization header carries it (got {len(self.api_key)} characters).")
         need(self.chat_template_content_format in CHAT_TEMPLATE_CONTENT_FORMATS, "--chat-template-content-format",
              "one of " + ", ".join(CHAT_TEMPLATE_CONTENT_FORMATS), self.chat_template_content_format)
+        need(self.tool_call_parser in (None, *TOOL_CALL_PARSERS), "--tool-call-parser",
+             "one of " + ", ".join(TOOL_CALL_PARSERS), self.tool_call_parser)
         need(self.backend in HTTP_BACKENDS, "--backend", "one of " + ", ".join(HTTP_BACKENDS), self.backend)
         need(self.lb_policy.partition("@")[0] in LB_POLICIES, "--lb-policy (--dp-lb-policy, ASYNCDP_DP_LB_POLICY)",
              "one of " + ", ".join(LB_POLICIES), self.lb_policy)

@@ -17,6 +17,7 @@ from asyncdp.config.flags import (
     HTTP_BACKENDS,
     LB_POLICIES,
     LOG_LEVELS,
+    TOOL_CALL_PARSERS,
     ServeConfig,
 )
 
@@ -128,6 +129,13 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
                    help="how message content reaches the chat template: 'string' (the text), 'openai' (a list of "
                         "{'type': 'text', 'text': ...} parts, for templates that loop over parts); auto reads the "
                         "template to choose (default: auto)")
+    g.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
+                   help='serve tool_choice "auto" (and tools without a tool_choice), a 400 without it: the model '
+                        "writes freely and --tool-call-parser, which it requires, finds the tool calls in its text "
+                        "(default: off)")
+    g.add_argument("--tool-call-parser", default=None, metavar="{" + ",".join(TOOL_CALL_PARSERS) + "}",
+                   help="the format of the model's tool calls, for --enable-auto-tool-choice: hermes reads "
+                        "<tool_call>{json}</tool_call> blocks (Hermes, Qwen) (default: none)")
     for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
                        ("--allowed-headers", "request headers")):
         g.add_argument(flag, default=None, metavar="JSON",

@@ -4,7 +4,7 @@ Theory of operation. ``generate`` checks what the real DP client checks before t
 admission, rank-hint ranges E2/E3, prompt length) and then yields one ``RequestOutput`` per generated token,
 sleeping ``token_delay_s`` on the anyio clock before each (so trio's ``MockClock`` can drive it). The output is a
 pure function of the prompt, the seed and the token index: lowercase letters with a space every sixth token, so
-stop strings and logprobs are checkable. As the engine's detokenizer does, it holds back the text that could
+stop strings and logprobs are checkable; ``replies`` scripts it instead (below). As the engine's detokenizer does, it holds back the text that could
 begin a stop string (its longest length - 1 characters) until it cannot. With ``prompt_logprobs`` the first output carries one entry per prompt
 token (None for the first).
 
@@ -20,11 +20,17 @@ iteration early records the request id in ``aborted``, as a real client would se
 request ends in ``metrics`` (``vllm:*`` counters) with its reason. Switches (``healthy``, ``shutting_down``,
 ``queue_full``, ``fail_after_tokens`` with ``fail_after_tokens_with``, ``fail_with``) reproduce the failure
 modes of spec §12.4. It is public API: users' tests may use it.
+
+``replies(prompt, seed)``, when given, scripts the answers: called with the prompt's text (decoded) and the
+sequence's seed (``seed + i`` for the i-th of ``n``), it returns the text to generate, or None for the letters.
+A reply is generated one token per character (its code point as the token id) and ends as the model's end of
+sequence would: ``finish_reason`` "stop", or "length" when ``max_tokens`` cuts it first. Without ``replies`` the
+output is the letters, as always.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -62,12 +68,14 @@ class FakeEngineClient:
         max_queued_requests: int | None = None,
         block_size: int = 16,
         tokenizer: Any = None,
+        replies: Callable[[str, int | None], str | None] | None = None,
     ) -> None:
         self._model_name = model_name
         self._max_model_len = max_model_len
         # ``tokenizer``: a checkpoint's, to render its chat template (the generated ids stay letters' byte values)
         self._tokenizer = byte_tokenizer() if tokenizer is None else tokenizer
         self.token_delay_s = token_delay_s
+        self.replies = replies
         self.num_ranks = num_ranks
         self.start_rank = start_rank
         self.metrics = metrics if metrics is not None else Metrics(model_name=model_name)
@@ -282,6 +290,9 @@ class FakeEngineClient:
             if len(prompt) + 1 > self._max_model_len:
                 raise PromptTooLongError(
                     f"prompt has {len(prompt)} tokens; max_model_len is {self._max_model_len}.", field="prompt")
+            reply = self.replies(self._tokenizer.decode(prompt), params.seed) if self.replies is not None else None
+            if reply == "":
+                raise ValueError("FakeEngineClient.replies returned an empty reply (a model writes at least a token)")
         except BaseException:
             self._num_holding -= 1
             raise
@@ -289,6 +300,8 @@ class FakeEngineClient:
         num_cached = self._prefix_cache_hit(request_id, prompt, params)
         limit = params.max_tokens if params.max_tokens is not None else self._max_model_len - len(prompt)
         limit = min(limit, self._max_model_len - len(prompt))
+        if reply is not None:
+            limit = min(limit, len(reply))
         now = anyio.current_time()
         start, first_token_s, last_s = now, None, now
         metrics = self.metrics
@@ -303,7 +316,7 @@ class FakeEngineClient:
                 if self.fail_after_tokens is not None and k >= self.fail_after_tokens:
                     raise self.fail_after_tokens_with or EngineDeadError(f"engine {engine} died")
                 await anyio.sleep(self.token_delay_s)
-                token = self._token_at(prompt, params.seed, k)
+                token = self._token_at(prompt, params.seed, k) if reply is None else ord(reply[k])
                 piece = chr(token)
                 now = anyio.current_time()
                 # as the DP client does: tokens and per-token latencies counted as they arrive
@@ -317,8 +330,9 @@ class FakeEngineClient:
                 last_s = now
                 text += piece
                 stop_hit = next((s for s in params.stop if text.endswith(s)), None)
-                finished = stop_hit is not None or k == limit - 1
-                reason = "stop" if stop_hit is not None else "length"
+                ended = reply is not None and k == len(reply) - 1  # the reply's end: the model's EOS
+                finished = stop_hit is not None or ended or k == limit - 1
+                reason = "stop" if stop_hit is not None or ended else "length"
                 # as the engine's detokenizer does: the tail that could begin a stop string is held back
                 if stop_hit is not None and not params.include_stop_str_in_output:
                     end = len(text) - len(stop_hit)
