@@ -27,6 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncdp.config.choices import (  # (defined there, importable from here as before)
+    CHAT_TEMPLATE_CONTENT_FORMATS,
+    DEFAULT_LB_POLICY,
+    DP_BACKENDS,
+    HTTP_BACKENDS,
+    LB_POLICIES,
+    LOG_LEVELS,
+    TOOL_CALL_PARSERS,
+)
+from asyncdp.config.choices import MODES as MODES
 from asyncdp.config.files import read_secret_file
 from asyncdp.errors import ConfigError
 
@@ -148,21 +158,6 @@ def cache_dir() -> Path:
 
 
 # ---------------------------------------------------------------- serve flags
-
-# Base names of the --lb-policy choices (asyncdp.dp.balance.make_policy builds them; ``name@preset`` picks a
-# preset, checked by the CLI against make_policy's table). A test keeps this list equal to make_policy's.
-LB_POLICIES = ("vllm", "vllm_legacy", "round_robin", "random", "power_of_two", "sglang_cache_aware", "llmd_weighted",
-               "dynamo_kv", "aibrix_prefix", "session_hash", "vllm_token", "smg_least_load", "smg_prefix_hash",
-               "prodstack_prefixaware", "prodstack_loadaware", "ray_prefix", "asyncdp")
-DEFAULT_LB_POLICY = "vllm"
-HTTP_BACKENDS = ("asyncio", "trio")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-DP_BACKENDS = ("mp", "ray")
-# --chat-template-content-format (vLLM's): how message content reaches the chat template; auto reads the template.
-CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
-# --tool-call-parser (vLLM's names): the registry asyncdp.api.tool_parsers.PARSERS, kept equal by a test.
-TOOL_CALL_PARSERS = ("hermes",)
-MODES = ("single", "internal", "hybrid", "external", "headless", "multi-port")
 
 # §2.4: field -> (env variables in priority order, parser). A given flag always wins over the environment.
 ENV_OVERRIDES: dict[str, tuple[tuple[str, ...], type]] = {
