@@ -16,4 +16,6 @@ DP_BACKENDS = ("mp", "ray")
 CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
 # --tool-call-parser (vLLM's names): the registry asyncdp.api.tool_parsers.PARSERS, kept equal by a test.
 TOOL_CALL_PARSERS = ("hermes",)
+# --reasoning-parser (vLLM's names): the registry asyncdp.api.reasoning_parsers.PARSERS, kept equal by a test.
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 MODES = ("single", "internal", "hybrid", "external", "headless", "multi-port")

@@ -34,6 +34,7 @@ from asyncdp.config.choices import (  # (defined there, importable from here as 
     HTTP_BACKENDS,
     LB_POLICIES,
     LOG_LEVELS,
+    REASONING_PARSERS,
     TOOL_CALL_PARSERS,
 )
 from asyncdp.config.choices import MODES as MODES
@@ -232,6 +233,7 @@ class ServeConfig:
     chat_template_content_format: str = "auto"  # CHAT_TEMPLATE_CONTENT_FORMATS
     enable_auto_tool_choice: bool = False  # tool_choice "auto" parsed by tool_call_parser (which it requires)
     tool_call_parser: str | None = None  # TOOL_CALL_PARSERS
+    reasoning_parser: str | None = None  # REASONING_PARSERS: chat answers' thinking in message.reasoning
     allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
@@ -353,6 +355,8 @@ class ServeConfig:
              "one of " + ", ".join(CHAT_TEMPLATE_CONTENT_FORMATS), self.chat_template_content_format)
         need(self.tool_call_parser in (None, *TOOL_CALL_PARSERS), "--tool-call-parser",
              "one of " + ", ".join(TOOL_CALL_PARSERS), self.tool_call_parser)
+        need(self.reasoning_parser in (None, *REASONING_PARSERS), "--reasoning-parser",
+             "one of " + ", ".join(REASONING_PARSERS), self.reasoning_parser)
         need(self.backend in HTTP_BACKENDS, "--backend", "one of " + ", ".join(HTTP_BACKENDS), self.backend)
         need(self.lb_policy.partition("@")[0] in LB_POLICIES, "--lb-policy (--dp-lb-policy, ASYNCDP_DP_LB_POLICY)",
              "one of " + ", ".join(LB_POLICIES), self.lb_policy)
