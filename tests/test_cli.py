@@ -40,6 +40,8 @@ def run_asyncdp(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     (["serve", "--enable-auto-tool-choice"], {}, "--enable-auto-tool-choice requires --tool-call-parser (one of "
                                                  "hermes)"),
     (["serve", "--tool-call-parser", "llama3"], {}, "--tool-call-parser must be one of hermes (got 'llama3')"),
+    (["serve", "--reasoning-parser", "granite"], {}, "--reasoning-parser must be one of deepseek_r1, qwen3 (got "
+                                                     "'granite')"),
 ])
 def test_invalid_command_line_exits_2_with_one_error_line(args, env, message):
     proc = run_asyncdp(*args, env=env)

@@ -41,6 +41,7 @@ from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import error_body, status_and_body
 from asyncdp.api.last_send import with_last_send_shielded
 from asyncdp.api.metrics import CONTENT_TYPE, Metrics
+from asyncdp.api.reasoning_parsers import PARSERS as REASONING_PARSERS
 from asyncdp.api.request_close import with_close_callbacks
 from asyncdp.api.template_roles import resolve_template_roles
 from asyncdp.api.tool_parsers import PARSERS, tags_are_special
@@ -67,6 +68,7 @@ def create_app(
     enable_prompt_tokens_details: bool = False,
     chat_template_content_format: str = "auto",
     tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> Quart:
     """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
 
@@ -76,7 +78,9 @@ def create_app(
     ``enable_prompt_tokens_details`` adds ``usage.prompt_tokens_details.cached_tokens`` (the flag of that name);
     ``chat_template_content_format`` is ``--chat-template-content-format`` ("auto" reads the tokenizer's template);
     ``tool_call_parser`` serves ``tool_choice: "auto"`` with that parser of ``asyncdp.api.tool_parsers.PARSERS``
-    (``--enable-auto-tool-choice --tool-call-parser NAME``; None: "auto" with tools is a 400)."""
+    (``--enable-auto-tool-choice --tool-call-parser NAME``; None: "auto" with tools is a 400);
+    ``reasoning_parser`` returns chat answers' thinking apart from their content with that parser of
+    ``asyncdp.api.reasoning_parsers.PARSERS`` (``--reasoning-parser NAME``; None: the thinking stays in content)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -90,6 +94,12 @@ def create_app(
         parser = PARSERS.get(tool_call_parser)
         if parser is None:
             raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {tool_call_parser!r}")
+    thinker = None
+    if reasoning_parser is not None:
+        thinker = REASONING_PARSERS.get(reasoning_parser)
+        if thinker is None:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {reasoning_parser!r}")
     app = app_class("asyncdp.api")
     # Streams last as long as generation does; the engine client and the drain deadline bound them instead.
     app.config["RESPONSE_TIMEOUT"] = None
@@ -114,6 +124,8 @@ def create_app(
         template_roles=resolve_template_roles(client.tokenizer, content_format, template),
         tool_parser=parser,
         tool_tags_special=parser is not None and tags_are_special(parser, client.tokenizer),
+        reasoning_parser=thinker,
+        reasoning_tags_special=thinker is not None and tags_are_special(thinker, client.tokenizer),
     )
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]

@@ -6,6 +6,15 @@ by default when ``continue_final_message`` is set; both true is a 400), ``contin
 message is left open for the model to continue), ``chat_template_kwargs`` (extra variables for the template;
 the ones asyncdp sets itself are refused). ``echo`` prepends the last message's content to each answer when
 that message is the assistant's.
+
+With ``--reasoning-parser`` (:mod:`asyncdp.api.reasoning_parsers`), each answer's thinking is taken out of its
+text into ``message.reasoning`` (``delta.reasoning`` streamed, as it comes); the content, and the tool-call parser
+of ``tool_choice: "auto"``, get the rest. Every message then has ``reasoning`` (null when the model wrote none)
+and a ``content`` that is null rather than empty, and the first chunk of a stream has ``content: null``, so that
+a client accumulating the deltas gets the same message. A request that constrains the output (structured outputs,
+a named or ``"required"`` tool choice) while the model may think is a 400: vLLM constrains only what follows the
+thinking, which asyncdp cannot yet. ``include_reasoning: false`` (vLLM's) drops the thinking, and the logprobs,
+which would show it.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from asyncdp.api.openai_format import (
 )
 from asyncdp.api.params import logit_bias, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
+from asyncdp.api.reasoning_parsers import ReasoningParser, split
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
@@ -115,6 +125,8 @@ class Prepared:
     n: int
     top_logprobs: int | None
     tools: ToolUse | None
+    thinker: type[ReasoningParser] | None  # the reasoning parser, when the request lets the model think
+    hide_reasoning: bool  # include_reasoning false: the thinking is dropped, and the logprobs that would show it
 
 
 def prepare(state: AppState, body: bytes) -> Prepared:
@@ -133,18 +145,26 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     seq_logprobs = top_logprobs if top_logprobs is not None else (0 if per_prompt > n else None)
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     tok = state.client.tokenizer
+    thinker = state.reasoning_parser
+    if thinker is not None and not thinker.thinks(req.chat_template_kwargs or {}):
+        thinker = None  # (qwen3 with enable_thinking false: the answer is all content)
+    constraint = _constraint(req, tools)
+    if thinker is not None and constraint is not None:
+        raise _constrained_thinking(thinker, constraint.param)
     try:
         params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs,
                                  prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)),
-                                 structured=_constraint(req, tools))
+                                 structured=constraint)
     except InvalidRequestError as exc:
         if exc.field == "logprobs":
             exc.field = "top_logprobs"
         elif exc.field == "max_tokens":
             exc.field = field
         raise
-    if tools is not None and tools.parser is not None and state.tool_tags_special and req.skip_special_tokens is None:
-        params = msgspec.structs.replace(params, skip_special_tokens=False)  # the parser must see its tags
+    keep_tags = (tools is not None and tools.parser is not None and state.tool_tags_special) or (
+        thinker is not None and state.reasoning_tags_special)
+    if keep_tags and req.skip_special_tokens is None:
+        params = msgspec.structs.replace(params, skip_special_tokens=False)  # the parsers must see their tags
     check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens,
                  prompt_field="messages")
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
@@ -152,7 +172,43 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         raise HTTPError(400, "echo cannot be combined with a tool_choice whose answer is tool calls.", param="echo")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     seqs = sequences(request_id, [prompt_ids], params, per_prompt)
-    return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs, tools)
+    return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs, tools,
+                    thinker, thinker is not None and req.include_reasoning is False)
+
+
+def _constrained_thinking(thinker: type[ReasoningParser], param: str | None) -> HTTPError:
+    """The 400 of a constraint on an answer that may think: vLLM applies it after the thinking; asyncdp cannot."""
+    off = "" if thinker.thinks({"enable_thinking": False}) else (
+        ' or turn thinking off with chat_template_kwargs {"enable_thinking": false}')
+    return HTTPError(400, f"{param} constrains the answer, which cannot be combined with thinking on this server "
+                          f"(--reasoning-parser {thinker.name}): the constraint would apply to the thinking too. "
+                          f"Leave out {param}{off}.", param=param)
+
+
+def _whole(state: AppState, prep: Prepared, message: dict[str, Any], finish_reason: str | None,
+           ) -> tuple[dict[str, Any], str | None]:
+    """A whole answer's message and finish reason: its reasoning taken out, then its tool calls."""
+    text: str = message["content"]
+    reasoning = None
+    if prep.thinker is not None:
+        reasoning, answer_text = split(prep.thinker(), text[len(prep.echo):])  # (the echo is content)
+        text = prep.echo + answer_text
+        message = {"role": "assistant", "content": text}
+    if prep.tools is not None and prep.tools.calls:
+        message, finish_reason = answer(prep.tools, text, finish_reason)
+    if state.reasoning_parser is not None:
+        if _null_content(state, prep):
+            message["content"] = message["content"] or None
+        message["reasoning"] = None if prep.hide_reasoning else reasoning
+    return message, finish_reason
+
+
+def _null_content(state: AppState, prep: Prepared) -> bool:
+    """Whether an empty content is null: with ``"auto"`` and with a reasoning parser, as vLLM; a named or
+    ``"required"`` tool choice's answer keeps its ``""``."""
+    tools = prep.tools
+    return (tools is not None and tools.parser is not None) or (
+        state.reasoning_parser is not None and (tools is None or tools.constraint is None))
 
 
 def _constraint(req: ChatRequest, tools: ToolUse | None) -> StructuredOutputs | None:
@@ -185,10 +241,12 @@ def register(app: Quart, state: AppState) -> None:
             render = partial(chat_response, echo=prep.echo, prompt=prompt, cached_tokens=cached)
             doc = await state.offload.run(heavy, render, prep.request_id, created, prep.model, choices,
                                           len(prep.prompt.token_ids), tok, prep.top_logprobs)
-            if prep.tools is not None and prep.tools.calls:
+            if (prep.tools is not None and prep.tools.calls) or state.reasoning_parser is not None:
                 for choice in doc["choices"]:
-                    choice["message"], choice["finish_reason"] = answer(
-                        prep.tools, choice["message"]["content"], choice["finish_reason"])
+                    choice["message"], choice["finish_reason"] = _whole(
+                        state, prep, choice["message"], choice["finish_reason"])
+                    if prep.hide_reasoning:
+                        choice["logprobs"] = None  # (as vLLM: they would show the thinking)
             return json_response(doc)
         return await _streamed(state, prep, hint, key, created)
 
@@ -208,8 +266,9 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
         return chunk
 
     prologue = []
-    # "auto" may answer calls alone, whose content is null: "" here would make it "" in an accumulated stream
-    opening = {"role": "assistant", "content": None if prep.tools is not None and prep.tools.parser else ""}
+    # "auto" may answer calls alone, a thinker only think, whose content is null: "" here would make it "" in an
+    # accumulated stream
+    opening = {"role": "assistant", "content": None if _null_content(state, prep) else ""}
     for i in range(len(prep.seqs)):
         prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, dict(opening),
                                                   include_usage=include_usage), i)))
@@ -218,25 +277,33 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
                                                       include_usage=include_usage), i)))
     started = [False] * len(prep.seqs)
     calls = [StreamedCalls(prep.tools) for _ in prep.seqs] if prep.tools is not None and prep.tools.calls else None
+    thoughts = [prep.thinker() for _ in prep.seqs] if prep.thinker is not None else None
 
     def events(index: int, out: RequestOutput) -> list[bytes]:
         generated[index] += len(out.new_token_ids)
         cached[index] = max(cached[index], out.num_cached_tokens)
         first_of_choice = not started[index]
         started[index] = True
-        wants_logprobs = prep.top_logprobs is not None and bool(out.logprobs)
+        show_logprobs = prep.top_logprobs is not None and not prep.hide_reasoning  # (they would show the thinking)
+        wants_logprobs = show_logprobs and bool(out.logprobs)
         if not out.new_text and not out.finished and not wants_logprobs and not (
                 first_of_choice and req.prompt_logprobs is not None):
             return []  # (a token with no text yet, held back by a stop string or a partial character: its
             # logprobs still go out, in a chunk of their own, one entry per token as without streaming)
-        lps = chat_logprobs(tok, out.logprobs or [], prep.top_logprobs) if prep.top_logprobs is not None else None
-        delta = {"content": out.new_text} if out.new_text else {}
+        top = prep.top_logprobs
+        lps = chat_logprobs(tok, out.logprobs or [], top) if top is not None and show_logprobs else None
+        text, reasoning = out.new_text, ""
+        if thoughts is not None:
+            reasoning, text = thoughts[index].read(text, out.finished)
+        delta = {"content": text} if text else {}
         finish_reason = out.finish_reason if out.finished else None
         if calls is not None:
-            delta, finish_reason = calls[index].delta(out.new_text, out.finished, finish_reason)
-            if not delta and finish_reason is None and not wants_logprobs and not (
-                    first_of_choice and req.prompt_logprobs is not None):
-                return []  # "required" holds its text until the choice ends
+            delta, finish_reason = calls[index].delta(text, out.finished, finish_reason)
+        if reasoning and not prep.hide_reasoning:
+            delta = {"reasoning": reasoning, **delta}
+        if (calls is not None or thoughts is not None) and not delta and finish_reason is None and not (
+                wants_logprobs or (first_of_choice and req.prompt_logprobs is not None)):
+            return []  # "required" holds its text until the choice ends, a parser a tail that may be a tag
         chunk = chat_chunk(request_id, created, model, index, delta, logprobs=lps, finish_reason=finish_reason,
                            stop_reason=out.stop_reason if out.finished else None, include_usage=include_usage)
         if first_of_choice and req.prompt_logprobs is not None:

@@ -17,6 +17,7 @@ from asyncdp.api.engine_client import EngineClient
 from asyncdp.api.errors import error_body
 from asyncdp.api.metrics import Metrics
 from asyncdp.api.offload import Offload
+from asyncdp.api.reasoning_parsers import ReasoningParser
 from asyncdp.api.template_roles import TemplateRoles
 from asyncdp.api.tool_parsers import ToolCallParser
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
@@ -42,6 +43,8 @@ class AppState:
     template_roles: TemplateRoles = field(default_factory=TemplateRoles)  # developer and system messages
     tool_parser: type[ToolCallParser] | None = None  # tool_choice "auto" (--enable-auto-tool-choice); None: a 400
     tool_tags_special: bool = False  # the tokenizer marks the parser's tags special: keep them in the text
+    reasoning_parser: type[ReasoningParser] | None = None  # --reasoning-parser; None: thinking stays in content
+    reasoning_tags_special: bool = False  # the tokenizer marks <think> or </think> special: keep them in the text
     offload: Offload = field(default_factory=Offload)
     task_group: TaskGroup | None = None
     draining: bool = False

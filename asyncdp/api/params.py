@@ -55,7 +55,7 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "reasoning_effort": (),
     "web_search_options": (),
     "verbosity": ("medium",),  # OpenAI's default; another would ask for shorter or longer answers
-    "include_reasoning": (True, False),  # vLLM: no reasoning parser here, so there is no reasoning to strip
+    "include_reasoning": (True, False),  # served by asyncdp.api.chat: false drops the reasoning parser's output
 }
 
 

@@ -27,7 +27,10 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from asyncdp.api.reasoning_parsers import ReasoningParser
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +62,7 @@ class ToolCallParser:
         raise NotImplementedError
 
 
-def _partial_prefix(text: str, tag: str) -> int:
+def partial_prefix(text: str, tag: str) -> int:
     """The length of the longest end of ``text`` that is a proper prefix of ``tag`` (what to hold back)."""
     for size in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-size:]):
@@ -87,7 +90,7 @@ class HermesParser(ToolCallParser):
             if not self._in_block:
                 at = self._buf.find(self.START)
                 if at < 0:
-                    keep = _partial_prefix(self._buf, self.START)
+                    keep = partial_prefix(self._buf, self.START)
                     self._emit_text(out, self._buf[:len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep:]
                     return out
@@ -145,9 +148,10 @@ def _arguments(value: Any) -> str | None:
 PARSERS: dict[str, type[ToolCallParser]] = {HermesParser.name: HermesParser}
 
 
-def tags_are_special(parser: type[ToolCallParser], tokenizer: Any) -> bool:
+def tags_are_special(parser: type[ToolCallParser] | type[ReasoningParser], tokenizer: Any) -> bool:
     """Whether ``tokenizer`` marks one of the parser's tags as a special token, which detokenizing with
-    skip_special_tokens would drop (Qwen's ``<tool_call>`` is an added token that is not special: kept)."""
+    skip_special_tokens would drop (Qwen's ``<tool_call>`` and ``<think>`` are added tokens that are not special:
+    kept). Tool-call and reasoning parsers alike."""
     special = set(getattr(tokenizer, "all_special_tokens", None) or ())
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
     special |= {str(t) for t in decoder.values() if getattr(t, "special", False)}

@@ -27,6 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncdp.config.choices import (  # (defined there, importable from here as before)
+    CHAT_TEMPLATE_CONTENT_FORMATS,
+    DEFAULT_LB_POLICY,
+    DP_BACKENDS,
+    HTTP_BACKENDS,
+    LB_POLICIES,
+    LOG_LEVELS,
+    REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
+)
+from asyncdp.config.choices import MODES as MODES
 from asyncdp.config.files import read_secret_file
 from asyncdp.errors import ConfigError
 
@@ -149,21 +160,6 @@ def cache_dir() -> Path:
 
 # ---------------------------------------------------------------- serve flags
 
-# Base names of the --lb-policy choices (asyncdp.dp.balance.make_policy builds them; ``name@preset`` picks a
-# preset, checked by the CLI against make_policy's table). A test keeps this list equal to make_policy's.
-LB_POLICIES = ("vllm", "vllm_legacy", "round_robin", "random", "power_of_two", "sglang_cache_aware", "llmd_weighted",
-               "dynamo_kv", "aibrix_prefix", "session_hash", "vllm_token", "smg_least_load", "smg_prefix_hash",
-               "prodstack_prefixaware", "prodstack_loadaware", "ray_prefix", "asyncdp")
-DEFAULT_LB_POLICY = "vllm"
-HTTP_BACKENDS = ("asyncio", "trio")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-DP_BACKENDS = ("mp", "ray")
-# --chat-template-content-format (vLLM's): how message content reaches the chat template; auto reads the template.
-CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
-# --tool-call-parser (vLLM's names): the registry asyncdp.api.tool_parsers.PARSERS, kept equal by a test.
-TOOL_CALL_PARSERS = ("hermes",)
-MODES = ("single", "internal", "hybrid", "external", "headless", "multi-port")
-
 # §2.4: field -> (env variables in priority order, parser). A given flag always wins over the environment.
 ENV_OVERRIDES: dict[str, tuple[tuple[str, ...], type]] = {
     "lb_policy": (("ASYNCDP_DP_LB_POLICY",), str),
@@ -237,6 +233,7 @@ class ServeConfig:
     chat_template_content_format: str = "auto"  # CHAT_TEMPLATE_CONTENT_FORMATS
     enable_auto_tool_choice: bool = False  # tool_choice "auto" parsed by tool_call_parser (which it requires)
     tool_call_parser: str | None = None  # TOOL_CALL_PARSERS
+    reasoning_parser: str | None = None  # REASONING_PARSERS: chat answers' thinking in message.reasoning
     allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
@@ -358,6 +355,8 @@ class ServeConfig:
              "one of " + ", ".join(CHAT_TEMPLATE_CONTENT_FORMATS), self.chat_template_content_format)
         need(self.tool_call_parser in (None, *TOOL_CALL_PARSERS), "--tool-call-parser",
              "one of " + ", ".join(TOOL_CALL_PARSERS), self.tool_call_parser)
+        need(self.reasoning_parser in (None, *REASONING_PARSERS), "--reasoning-parser",
+             "one of " + ", ".join(REASONING_PARSERS), self.reasoning_parser)
         need(self.backend in HTTP_BACKENDS, "--backend", "one of " + ", ".join(HTTP_BACKENDS), self.backend)
         need(self.lb_policy.partition("@")[0] in LB_POLICIES, "--lb-policy (--dp-lb-policy, ASYNCDP_DP_LB_POLICY)",
              "one of " + ", ".join(LB_POLICIES), self.lb_policy)

@@ -17,6 +17,7 @@ from asyncdp.config.flags import (
     HTTP_BACKENDS,
     LB_POLICIES,
     LOG_LEVELS,
+    REASONING_PARSERS,
     TOOL_CALL_PARSERS,
     ServeConfig,
 )
@@ -136,6 +137,10 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--tool-call-parser", default=None, metavar="{" + ",".join(TOOL_CALL_PARSERS) + "}",
                    help="the format of the model's tool calls, for --enable-auto-tool-choice: hermes reads "
                         "<tool_call>{json}</tool_call> blocks (Hermes, Qwen) (default: none)")
+    g.add_argument("--reasoning-parser", default=None, metavar="{" + ",".join(REASONING_PARSERS) + "}",
+                   help="return a reasoning model's thinking (<think>...</think>) in chat answers' "
+                        "message.reasoning, apart from their content: qwen3 (Qwen3, QwQ), deepseek_r1 (DeepSeek-R1 "
+                        "and its distills) (default: none)")
     for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
                        ("--allowed-headers", "request headers")):
         g.add_argument(flag, default=None, metavar="JSON",

@@ -1,0 +1,21 @@
+"""The fixed choices of ``asyncdp serve``'s flags, each a tuple of names (:mod:`asyncdp.config.flags` checks a
+flag's value against its tuple and re-exports them all; the argument parser lists them in its help)."""
+
+from __future__ import annotations
+
+# Base names of the --lb-policy choices (asyncdp.dp.balance.make_policy builds them; ``name@preset`` picks a
+# preset, checked by the CLI against make_policy's table). A test keeps this list equal to make_policy's.
+LB_POLICIES = ("vllm", "vllm_legacy", "round_robin", "random", "power_of_two", "sglang_cache_aware", "llmd_weighted",
+               "dynamo_kv", "aibrix_prefix", "session_hash", "vllm_token", "smg_least_load", "smg_prefix_hash",
+               "prodstack_prefixaware", "prodstack_loadaware", "ray_prefix", "asyncdp")
+DEFAULT_LB_POLICY = "vllm"
+HTTP_BACKENDS = ("asyncio", "trio")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DP_BACKENDS = ("mp", "ray")
+# --chat-template-content-format (vLLM's): how message content reaches the chat template; auto reads the template.
+CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
+# --tool-call-parser (vLLM's names): the registry asyncdp.api.tool_parsers.PARSERS, kept equal by a test.
+TOOL_CALL_PARSERS = ("hermes",)
+# --reasoning-parser (vLLM's names): the registry asyncdp.api.reasoning_parsers.PARSERS, kept equal by a test.
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+MODES = ("single", "internal", "hybrid", "external", "headless", "multi-port")

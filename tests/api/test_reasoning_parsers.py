@@ -1,0 +1,97 @@
+"""The ``qwen3`` and ``deepseek_r1`` reasoning parsers (asyncdp.api.reasoning_parsers), without HTTP: each text
+split whole into reasoning and content, then fed in every split (each cut point, and character by character),
+which must reassemble the same split, as a streamed answer must equal the whole one."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncdp.api.reasoning_parsers import PARSERS, DeepSeekR1Parser, Qwen3Parser, ReasoningParser, split
+from asyncdp.api.tool_parsers import tags_are_special
+from asyncdp.config.flags import REASONING_PARSERS
+from asyncdp.testing import byte_tokenizer
+
+
+def whole(parser: ReasoningParser, text: str) -> tuple[str, str]:
+    return parser.read(text, finished=True)
+
+
+def fed(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
+    reasoning, content = "", ""
+    for i, piece in enumerate(pieces):
+        more, rest = parser.read(piece, finished=i == len(pieces) - 1)
+        reasoning, content = reasoning + more, content + rest
+    return reasoning, content
+
+
+# name: (text, reasoning, content), both parsers while thinking (as vLLM reads them today)
+CASES: dict[str, tuple[str, str, str]] = {
+    "no tags: all reasoning (the template opened the block)": ("The answer is 4.", "The answer is 4.", ""),
+    "a whole block then the answer": ("<think>\nTwo and two.\n</think>\n\nThe answer is 4.", "\nTwo and two.\n",
+                                      "\n\nThe answer is 4."),
+    "only the closing tag (deepseek_r1's template opened it)": ("Two and two.\n</think>\n\n4", "Two and two.\n",
+                                                                "\n\n4"),
+    "an unterminated block is all reasoning": ("<think>\nStill thinking", "\nStill thinking", ""),
+    "an empty block (Qwen3's /no_think)": ("<think>\n\n</think>\n\nHi!", "\n\n", "\n\nHi!"),
+    "text before the opening tag stays reasoning": ("Hmm. <think>deep</think>ok", "Hmm. deep", "ok"),
+    "a second opening tag stays in the reasoning": ("<think>a <think> b</think>c", "a <think> b", "c"),
+    "tags after the end are content": ("x</think>y<think>z</think>", "x", "y<think>z</think>"),
+    "a partial closing tag at the end is reasoning": ("abc</thi", "abc</thi", ""),
+    "tag-like text is no tag": ("a < b </ c <th <thinker> </thinking>", "a < b </ c <th <thinker> </thinking>", ""),
+    "the closing tag alone": ("</think>", "", ""),
+    "nothing": ("", "", ""),
+    "unicode around the tags": ("<think>Zürich 東京</think>答え", "Zürich 東京", "答え"),
+}
+
+
+@pytest.mark.parametrize("parser", [DeepSeekR1Parser, Qwen3Parser])
+@pytest.mark.parametrize("name", CASES)
+def test_a_whole_answer(parser: type[ReasoningParser], name: str) -> None:
+    text, reasoning, content = CASES[name]
+    assert whole(parser(), text) == (reasoning, content)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_split_of_the_text_gives_the_whole_answer(name: str) -> None:
+    text = CASES[name][0]
+    expected = whole(Qwen3Parser(), text)
+    assert fed(Qwen3Parser(), list(text)) == expected, "character by character"
+    for cut in range(len(text) + 1):
+        assert fed(Qwen3Parser(), [text[:cut], text[cut:]]) == expected, cut
+    for a in range(0, len(text), 3):
+        for b in range(a, len(text), 5):
+            assert fed(Qwen3Parser(), [text[:a], text[a:b], text[b:], ""]) == expected, (a, b)
+
+
+def test_a_possible_tag_is_held_back_and_released_when_it_is_none() -> None:
+    parser = DeepSeekR1Parser()
+    assert parser.feed("Let me see <") == ("Let me see ", "")
+    assert parser.feed("/th") == ("", "")
+    assert parser.feed("ought>") == ("</thought>", "")  # no tag after all
+    assert parser.feed(" so.</think>\n\nYes") == (" so.", "\n\nYes")
+    assert parser.feed("</think> <") == ("", "</think> <")  # the answer is sent as it comes
+    assert parser.finish() == ("", "")
+
+
+def test_a_whole_answer_without_reasoning_has_none() -> None:
+    assert split(Qwen3Parser(), "</think>\n\nHi") == (None, "\n\nHi")
+    assert split(Qwen3Parser(), "<think>x</think>") == ("x", "")
+
+
+def test_qwen3_without_thinking_is_all_content_and_deepseek_r1_has_no_such_switch() -> None:
+    assert Qwen3Parser.thinks({}) and Qwen3Parser.thinks({"enable_thinking": True})
+    assert not Qwen3Parser.thinks({"enable_thinking": False})
+    assert DeepSeekR1Parser.thinks({"enable_thinking": False})
+
+
+def test_the_registry_is_the_flags_choices() -> None:
+    assert tuple(PARSERS) == REASONING_PARSERS
+
+
+def test_think_tags_marked_special_are_detected() -> None:
+    tok = byte_tokenizer()
+    tok.add_tokens(["<think>", "</think>"])  # as Qwen3's and DeepSeek-R1's: added, not special
+    assert not tags_are_special(Qwen3Parser, tok)
+    special = byte_tokenizer()
+    special.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    assert tags_are_special(DeepSeekR1Parser, special)
