@@ -38,8 +38,9 @@ def run_asyncdp(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     (["serve"], {"ASYNCDP_DP_LB_POLICY": "bogus"}, "(got 'bogus')"),
     (["serve", "--max-seqs-per-request", "0"], {}, "--max-seqs-per-request must be in 1..2147483647 (got 0)"),
     (["serve", "--enable-auto-tool-choice"], {}, "--enable-auto-tool-choice requires --tool-call-parser (one of "
-                                                 "hermes)"),
-    (["serve", "--tool-call-parser", "llama3"], {}, "--tool-call-parser must be one of hermes (got 'llama3')"),
+                                                 "hermes, llama3_json, pythonic)"),
+    (["serve", "--tool-call-parser", "llama3"], {}, "--tool-call-parser must be one of hermes, llama3_json, "
+                                                    "pythonic (got 'llama3')"),
     (["serve", "--reasoning-parser", "granite"], {}, "--reasoning-parser must be one of deepseek_r1, qwen3 (got "
                                                      "'granite')"),
 ])
@@ -131,6 +132,15 @@ def test_dense_model_with_dp_runs_internal_mode():
     launcher = FakeLauncher()
     assert main(["serve", "-dp", "2"], model_facts=lambda _n: Facts(False, 0), run_serve=launcher, env={}) == 0
     assert launcher.configs[0].deployment.is_moe is False
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "pythonic"])
+def test_every_tool_call_parser_reaches_the_launcher(parser, capsys):
+    launcher = FakeLauncher()
+    argv = ["serve", "--enable-auto-tool-choice", "--tool-call-parser", parser]
+    assert main(argv, model_facts=lambda _n: Facts(False, 0), run_serve=launcher, env={}) == 0
+    assert [(c.enable_auto_tool_choice, c.tool_call_parser) for c in launcher.configs] == [(True, parser)]
+    assert "error" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("argv", "mode"), [

@@ -91,8 +91,8 @@ def tool_use(req: ChatRequest, parser: type[ToolCallParser] | None = None) -> To
             return ToolUse(dicts, parser=parser, tool_names=frozenset(t.function.name for t in tools))
         raise HTTPError(400, 'tools with tool_choice "auto" (the default with tools) need a tool-call parser to find '
                              "the calls in free text: start the server with --enable-auto-tool-choice and "
-                             "--tool-call-parser (hermes), or set tool_choice to \"none\", \"required\" or a named "
-                             "function.", param="tools")
+                             "--tool-call-parser (hermes, llama3_json or pythonic), or set tool_choice to \"none\", "
+                             "\"required\" or a named function.", param="tools")
     if isinstance(choice, NamedToolChoice):
         by_name = {t.function.name: t for t in tools}
         if choice.function.name not in by_name:

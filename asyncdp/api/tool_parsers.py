@@ -8,8 +8,11 @@ piece, so a streamed answer and a whole one are the same parse, however the text
 :class:`AutoToolCalls` turns those pieces into what the client sees (content and calls, see its doc).
 
 ``PARSERS`` is the registry, name -> class, that ``--tool-call-parser`` chooses from (its names are also
-:data:`asyncdp.config.flags.TOOL_CALL_PARSERS`, which a test keeps equal). Only ``hermes`` exists; a
-``llama3_json`` or ``pythonic`` parser would be one more class here.
+:data:`asyncdp.config.choices.TOOL_CALL_PARSERS`, which a test keeps equal): ``hermes`` here, ``llama3_json`` and
+``pythonic`` in :mod:`asyncdp.api.llama_tool_parsers`, on the interface of :mod:`asyncdp.api.tool_parser_base`.
+Every format follows the same rules: a call must name one of the request's tools; anything that is not a valid
+call stays text, verbatim, so nothing the model wrote is lost; and text that may still become a call is held
+back while streaming until it is known, so a streamed answer and a whole one agree however the text is cut.
 
 ``hermes`` (Hermes 2 Pro, Qwen 2.5 and 3, and the other models whose chat templates ask for it): each call is a
 block ``<tool_call>{"name": F, "arguments": {...}}</tool_call>`` (whitespace around the JSON allowed), several
@@ -20,54 +23,56 @@ included, so nothing the model wrote is lost. A last block whose closing tag nev
 ``max_tokens`` cut it) is a call when its JSON is complete, as vLLM's pattern accepts it, and text otherwise.
 Outside a block, a tail that could begin ``<tool_call>`` is held back until it cannot (as the stop-string
 hold-back does); inside one, everything is held until the block closes.
+
+``llama3_json`` (Llama 3.1 to 3.3 with JSON tool calling, and Llama 4's JSON template): a call is an object
+``{"name": F, "parameters": {...}}`` (or ``"arguments"``; exactly one of the two, an object or a string holding
+one; other keys, such as ``"type": "function"``, are ignored as vLLM ignores them), where the answer begins
+(after whitespace) or right after ``<|python_tag|>`` (whitespace between allowed), wherever that token comes.
+More objects may follow, separated by ``;`` or whitespace; the tag and the separators between objects are the
+format and are dropped. Text after the last object (a trailing ``;`` included) is content, and an object in it is
+no call: only the answer's start and the tag say a call is coming, so a ``{`` in prose is never held. An object
+runs to its matching ``}`` (braces in strings skipped); it is a call when that text is valid JSON of a call, and
+otherwise stays text with what introduced it (the tag or a separator). While streaming, an object is held until it
+closes (the latency: the whole call, which is sent whole anyway; a JSON answer that is no call is held to its end
+too); a tail that could begin the tag is held until it cannot. An object that never closes is text. Llama
+tokenizers mark ``<|python_tag|>`` special, so it is a tag (see :func:`tags_are_special`). vLLM parses every
+``{`` anywhere in a whole answer but only an answer that starts with ``{`` or the tag when streaming, turns the
+whole answer back into text when one object fails, and drops the text around the calls.
+
+``pythonic`` (Llama 3.2 and 4, ToolACE and others whose templates ask for it): the answer begins (after
+whitespace) with a Python list of calls, ``[f(a=1, b="x"), g()]``, parsed with :mod:`ast` (never evaluated). The
+list is calls when every item is a call of one of the request's tools by its bare name, with keyword arguments
+only, each a literal: a string, a number (signed), ``True``/``False``/``None`` (and JSON's ``true``/``false``/
+``null``, as vLLM reads them), a list or tuple (a JSON array) or a dict with string keys, nested; the arguments
+go out as a JSON object (non-ASCII kept; a number JSON cannot write, ``1e999``, makes it no call). Otherwise the
+whole list stays text, so a call is never split from its siblings; vLLM answers all-or-nothing too, but takes
+any name and drops positional arguments. Text after the list is content (vLLM makes the whole answer text); an
+answer that does not begin with the list is all text, as vLLM's. While streaming, the answer is held while it may
+still be ``[name(``, released as text the moment it cannot be, and otherwise held until the list's ``]``
+(brackets in strings skipped), when its calls go out together.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
+
+from asyncdp.api.llama_tool_parsers import Llama3JsonParser, PythonicParser
+from asyncdp.api.tool_parser_base import (
+    ParsedCall,
+    Piece,
+    ToolCallParser,
+    arguments_json,
+    emit_text,
+    partial_prefix,
+)
 
 if TYPE_CHECKING:
     from asyncdp.api.reasoning_parsers import ReasoningParser
 
-
-@dataclass(frozen=True, slots=True)
-class ParsedCall:
-    """One tool call found in the text: the function's name and its arguments as a JSON string."""
-
-    name: str
-    arguments: str
-
-
-Piece = str | ParsedCall
-
-
-class ToolCallParser:
-    """One choice's incremental parser (a new one per choice): ``feed`` the text as it comes, then ``finish``."""
-
-    name: ClassVar[str]
-    # Tokens the format needs in the text: when the tokenizer marks one special, the answer is detokenized with
-    # skip_special_tokens false (unless the request sets it), or they would be missing from the text.
-    tags: ClassVar[tuple[str, ...]] = ()
-
-    def __init__(self, tool_names: Collection[str]) -> None:
-        self.tool_names = frozenset(tool_names)
-
-    def feed(self, text: str) -> list[Piece]:
-        raise NotImplementedError
-
-    def finish(self) -> list[Piece]:
-        raise NotImplementedError
-
-
-def partial_prefix(text: str, tag: str) -> int:
-    """The length of the longest end of ``text`` that is a proper prefix of ``tag`` (what to hold back)."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
+__all__ = ["PARSERS", "AutoToolCalls", "HermesParser", "Llama3JsonParser", "ParsedCall", "Piece", "PythonicParser",
+           "ToolCallParser", "partial_prefix", "tags_are_special"]
 
 
 class HermesParser(ToolCallParser):
@@ -91,10 +96,10 @@ class HermesParser(ToolCallParser):
                 at = self._buf.find(self.START)
                 if at < 0:
                     keep = partial_prefix(self._buf, self.START)
-                    self._emit_text(out, self._buf[:len(self._buf) - keep])
+                    emit_text(out, self._buf[:len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep:]
                     return out
-                self._emit_text(out, self._buf[:at])
+                emit_text(out, self._buf[:at])
                 self._buf = self._buf[at + len(self.START):]
                 self._in_block, self._searched = True, 0
             end = self._buf.find(self.END, self._searched)
@@ -113,11 +118,6 @@ class HermesParser(ToolCallParser):
         self._in_block = False
         return [self._call(rest) or f"{self.START}{rest}"]
 
-    @staticmethod
-    def _emit_text(out: list[Piece], text: str) -> None:
-        if text:
-            out.append(text)
-
     def _call(self, body: str) -> ParsedCall | None:
         """The call a block's JSON describes, or None when it is not one (then the block stays text)."""
         try:
@@ -128,24 +128,12 @@ class HermesParser(ToolCallParser):
             return None
         if parsed["name"] not in self.tool_names:
             return None
-        arguments = _arguments(parsed.get("arguments", {}))
+        arguments = arguments_json(parsed.get("arguments", {}))
         return None if arguments is None else ParsedCall(parsed["name"], arguments)
 
 
-def _arguments(value: Any) -> str | None:
-    """``arguments`` as the JSON string of an object: an object is dumped (non-ASCII kept, as vLLM does); a string
-    that holds a JSON object is taken as written (vLLM would dump it again, into a JSON string of a string)."""
-    if isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, str):
-        try:
-            return value if isinstance(json.loads(value), dict) else None
-        except ValueError:
-            return None
-    return None
-
-
-PARSERS: dict[str, type[ToolCallParser]] = {HermesParser.name: HermesParser}
+PARSERS: dict[str, type[ToolCallParser]] = {
+    p.name: p for p in (HermesParser, Llama3JsonParser, PythonicParser)}
 
 
 def tags_are_special(parser: type[ToolCallParser] | type[ReasoningParser], tokenizer: Any) -> bool:

@@ -83,6 +83,40 @@ async def test_auto_turns_the_hermes_blocks_into_tool_calls_whole_and_streamed()
 
 
 @pytest.mark.filterwarnings(STREAM_WARNING)
+@pytest.mark.parametrize(("parser", "reply"), [
+    ("llama3_json", 'Checking.\n<|python_tag|>{"name": "get_weather", "parameters": {"city": "Zürich"}}; '
+                    '{"name": "get_time", "parameters": {}}'),
+    ("pythonic", '[get_weather(city="Zürich"), get_time()]\nChecking.'),
+], ids=["llama3_json", "pythonic"])
+async def test_auto_turns_llama3_json_and_pythonic_calls_into_tool_calls_whole_and_streamed(parser: str,
+                                                                                          reply: str) -> None:
+    tok = byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|python_tag|>"]})  # as Llama 3's tokenizer marks it
+    fake = FakeEngineClient(tokenizer=tok, replies=lambda _prompt, _seed: reply)
+    fake.tokenizer.chat_template = TEMPLATE
+    body: Any = {"model": "fake-model", "messages": CHAT, "tools": TOOLS, "max_tokens": 200}
+    async with running(fake, tool_call_parser=parser) as srv:
+        client = srv.openai()
+        whole = await client.chat.completions.create(**body)
+        async with client.chat.completions.stream(**body) as stream:
+            accumulated = await stream.get_final_completion()
+        raw = await srv.http.post("/v1/chat/completions", json={**body, "stream": True})
+    # the tag survives detokenizing only for the parser that needs it
+    assert [s[2].skip_special_tokens for s in fake.submitted] == [parser != "llama3_json"] * 3
+    message = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert message.content == ("Checking." if parser == "llama3_json" else "\nChecking.")
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls or []] == [
+        ("get_weather", '{"city": "Zürich"}'), ("get_time", "{}")]
+    assert without_ids(accumulated.choices[0].message) == without_ids(message)
+    assert accumulated.choices[0].finish_reason == "tool_calls"
+    deltas = [ch["delta"] for c in (json.loads(e) for e in sse_events(raw.text) if e != "[DONE]")
+              for ch in c["choices"]]
+    assert [tc["index"] for d in deltas for tc in d.get("tool_calls", [])] == [0, 1]
+    assert not any("<|python_tag|>" in (d.get("content") or "") for d in deltas)
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
 async def test_an_answer_without_calls_is_text_and_a_bad_block_stays_in_it() -> None:
     bad = 'Sure. <tool_call>{"name": "launch", "arguments": {}}</tool_call> Done.'
     async with running(scripted(bad), tool_call_parser="hermes") as srv:
@@ -159,8 +193,8 @@ async def test_tags_a_tokenizer_marks_special_are_kept_in_the_text_unless_the_re
 def test_an_unknown_parser_is_refused_by_create_app() -> None:
     from asyncdp.api import create_app
 
-    with pytest.raises(ValueError, match="tool_call_parser must be one of hermes"):
-        create_app(FakeEngineClient(), tool_call_parser="pythonic")
+    with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json, pythonic"):
+        create_app(FakeEngineClient(), tool_call_parser="mistral")
 
 
 async def test_a_scripted_fake_ends_its_reply_as_an_end_of_sequence_and_keeps_letters_by_default() -> None:

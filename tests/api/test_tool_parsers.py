@@ -1,6 +1,7 @@
-"""The ``hermes`` tool-call parser and the content rules of ``tool_choice: "auto"`` (asyncdp.api.tool_parsers),
-without HTTP: each text parsed whole, then fed in every split (each cut point, and character by character),
-which must reassemble the same answer, as a streamed answer must equal the whole one."""
+"""The tool-call parsers (``hermes``, ``llama3_json``, ``pythonic``) and the content rules of ``tool_choice:
+"auto"`` (asyncdp.api.tool_parsers), without HTTP: each text parsed whole, then fed in every split (each cut
+point, and character by character), which must reassemble the same answer, as a streamed answer must equal the
+whole one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from asyncdp.api.tool_parsers import PARSERS, AutoToolCalls, HermesParser, ParsedCall, tags_are_special
+from asyncdp.api.tool_parsers import (
+    PARSERS,
+    AutoToolCalls,
+    HermesParser,
+    Llama3JsonParser,
+    ParsedCall,
+    PythonicParser,
+    ToolCallParser,
+    tags_are_special,
+)
 from asyncdp.config.flags import TOOL_CALL_PARSERS
 from asyncdp.testing import byte_tokenizer
 
@@ -20,12 +30,12 @@ def call(name: str, arguments: Any) -> str:
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)}\n</tool_call>'
 
 
-def whole(text: str) -> tuple[str, list[ParsedCall]]:
-    return AutoToolCalls(HermesParser(NAMES)).feed(text, finished=True)
+def whole(text: str, parser: type[ToolCallParser] = HermesParser) -> tuple[str, list[ParsedCall]]:
+    return AutoToolCalls(parser(NAMES)).feed(text, finished=True)
 
 
-def fed(pieces: list[str]) -> tuple[str, list[ParsedCall]]:
-    auto = AutoToolCalls(HermesParser(NAMES))
+def fed(pieces: list[str], parser: type[ToolCallParser] = HermesParser) -> tuple[str, list[ParsedCall]]:
+    auto = AutoToolCalls(parser(NAMES))
     content, calls = "", []
     for i, piece in enumerate(pieces):
         more, found = auto.feed(piece, finished=i == len(pieces) - 1)
@@ -69,22 +79,95 @@ CASES: dict[str, tuple[str, str, list[ParsedCall]]] = {  # name: (text, content,
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_a_whole_answer(name: str) -> None:
-    text, content, calls = CASES[name]
-    assert whole(text) == (content, calls)
+TAG = "<|python_tag|>"
+PARIS = ParsedCall("get_weather", '{"city": "Paris"}')
+LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+LLAMA_CASES: dict[str, tuple[str, str, list[ParsedCall]]] = {
+    "plain text": ("Hello there.\n", "Hello there.\n", []),
+    "one call": (LLAMA_CALL, "", [PARIS]),
+    "one call after whitespace": ("\n " + LLAMA_CALL + "\n", "", [PARIS]),
+    "one call after the tag": (TAG + LLAMA_CALL, "", [PARIS]),
+    "arguments for parameters": ('{"name": "get_time", "arguments": {}}', "", [ParsedCall("get_time", "{}")]),
+    "several calls": (TAG + LLAMA_CALL + '; {"name": "get_time", "parameters": {}}\n' + LLAMA_CALL, "",
+                      [PARIS, ParsedCall("get_time", "{}"), PARIS]),
+    "text before a tag and a call": ("Let me check.\n" + TAG + LLAMA_CALL, "Let me check.", [PARIS]),
+    "text after the calls": (LLAMA_CALL + "\nThat is all. " + LLAMA_CALL, "\nThat is all. " + LLAMA_CALL,
+                             [PARIS]),
+    "a bare object after text stays text": ("Sure: " + LLAMA_CALL, "Sure: " + LLAMA_CALL, []),
+    "a trailing separator stays text": (LLAMA_CALL + ";", ";", [PARIS]),
+    "invalid JSON stays text": ('{"name": "get_weather", "parameters": {city: 1}} ok',
+                                '{"name": "get_weather", "parameters": {city: 1}} ok', []),
+    "an unknown name stays text with its tag": (TAG + '{"name": "launch", "parameters": {}}',
+                                                TAG + '{"name": "launch", "parameters": {}}', []),
+    "a bad object beside a good one": (LLAMA_CALL + '; {"name": "launch", "parameters": {}}',
+                                       '; {"name": "launch", "parameters": {}}', [PARIS]),
+    "no parameters stays text": ('{"name": "get_time"}', '{"name": "get_time"}', []),
+    "both parameters and arguments stay text": ('{"name": "get_time", "parameters": {}, "arguments": {}}',
+                                                '{"name": "get_time", "parameters": {}, "arguments": {}}', []),
+    "a JSON answer that is no call": ('{"answer": "{not a brace}"}', '{"answer": "{not a brace}"}', []),
+    "an unclosed object stays text": ('{"name": "get_weather", "parameters": {"ci',
+                                      '{"name": "get_weather", "parameters": {"ci', []),
+    "the tag before Python code stays text": (TAG + "print(1)", TAG + "print(1)", []),
+    "a partial tag at the end stays text": ("Hi <|python_t", "Hi <|python_t", []),
+    "a tag at the end stays text": ("Hi <|python_tag|> ", "Hi <|python_tag|> ", []),
+    "a tag at the end after a call stays text": (LLAMA_CALL + "; " + TAG, "; " + TAG, [PARIS]),
+    "unicode, escapes and nested arguments": (
+        '{"name": "get_weather", "parameters": {"city": "Zürich \\"東京\\" }", "opts": {"days": [1, {"a": []}]}}}',
+        "", [ParsedCall("get_weather", '{"city": "Zürich \\"東京\\" }", "opts": {"days": [1, {"a": []}]}}')]),
+    "parameters as a JSON string of an object": ('{"name": "get_time", "parameters": "{\\"tz\\": \\"UTC\\"}"}', "",
+                                                 [ParsedCall("get_time", '{"tz": "UTC"}')]),
+    "whitespace only": ("  \n", "  \n", []),
+}
+PYTHONIC_CASES: dict[str, tuple[str, str, list[ParsedCall]]] = {
+    "plain text": ("Hello there.\n", "Hello there.\n", []),
+    "one call": ('[get_weather(city="Paris")]', "", [PARIS]),
+    "several calls after whitespace": ("\n [get_weather(city='Paris'), get_time()]\n", "",
+                                       [PARIS, ParsedCall("get_time", "{}")]),
+    "literals": ('[get_time(a=1, b=-2.5, c=True, d=None, e=[1, (2, 3)], f={"k": "v"}, g=null, h="")]', "",
+                 [ParsedCall("get_time", '{"a": 1, "b": -2.5, "c": true, "d": null, "e": [1, [2, 3]], '
+                                         '"f": {"k": "v"}, "g": null, "h": ""}')]),
+    "unicode, quotes and brackets in strings": ('[get_weather(city="Zürich ]) \\" 東京", note=\'it\\\'s (x\')]', "",
+                                                [ParsedCall("get_weather", '{"city": "Zürich ]) \\" 東京", '
+                                                                           '"note": "it\'s (x"}')]),
+    "text after the list": ('[get_time()] Done.', " Done.", [ParsedCall("get_time", "{}")]),
+    "text before the list stays text": ('Sure: [get_time()]', 'Sure: [get_time()]', []),
+    "a list of something else stays text": ("[1, 2] and [Note] x", "[1, 2] and [Note] x", []),
+    "an empty list stays text": ("[]", "[]", []),
+    "a name not followed by a call stays text": ("[get_time] x", "[get_time] x", []),
+    "a non-literal argument stays text": ("[get_weather(city=y)]", "[get_weather(city=y)]", []),
+    "a call as an argument stays text": ("[get_weather(city=str(1))]", "[get_weather(city=str(1))]", []),
+    "a positional argument stays text": ('[get_weather("Paris")]', '[get_weather("Paris")]', []),
+    "an unknown name keeps the whole list text": ("[get_time(), launch()] ok", "[get_time(), launch()] ok", []),
+    "invalid Python stays text": ("[get_time(a=)] ok", "[get_time(a=)] ok", []),
+    "an unclosed list stays text": ("[get_weather(city='Par", "[get_weather(city='Par", []),
+    "an escape Python warns about is a string": ('[get_weather(city="a\\d")]', "",
+                                                 [ParsedCall("get_weather", '{"city": "a\\\\d"}')]),
+    "an infinite number stays text": ("[get_time(x=1e999)]", "[get_time(x=1e999)]", []),
+    "whitespace only": ("  \n", "  \n", []),
+}
+ALL_CASES = [(HermesParser, name, *case) for name, case in CASES.items()] + [
+    (Llama3JsonParser, name, *case) for name, case in LLAMA_CASES.items()] + [
+    (PythonicParser, name, *case) for name, case in PYTHONIC_CASES.items()]
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_every_split_of_the_text_gives_the_whole_answer(name: str) -> None:
-    text = CASES[name][0]
-    expected = whole(text)
-    assert fed(list(text)) == expected, "character by character"
+@pytest.mark.parametrize(("parser", "name", "text", "content", "calls"), ALL_CASES,
+                         ids=[f"{c[0].name}: {c[1]}" for c in ALL_CASES])
+def test_a_whole_answer(parser: type[ToolCallParser], name: str, text: str, content: str,
+                        calls: list[ParsedCall]) -> None:
+    assert whole(text, parser) == (content, calls)
+
+
+@pytest.mark.parametrize(("parser", "name", "text", "content", "calls"), ALL_CASES,
+                         ids=[f"{c[0].name}: {c[1]}" for c in ALL_CASES])
+def test_every_split_of_the_text_gives_the_whole_answer(parser: type[ToolCallParser], name: str, text: str,
+                                                        content: str, calls: list[ParsedCall]) -> None:
+    expected = whole(text, parser)
+    assert fed(list(text), parser) == expected, "character by character"
     for cut in range(len(text) + 1):
-        assert fed([text[:cut], text[cut:]]) == expected, cut
+        assert fed([text[:cut], text[cut:]], parser) == expected, cut
     for a in range(0, len(text), 3):
         for b in range(a, len(text), 5):
-            assert fed([text[:a], text[a:b], text[b:], ""]) == expected, (a, b)
+            assert fed([text[:a], text[a:b], text[b:], ""], parser) == expected, (a, b)
 
 
 def test_a_possible_tag_is_held_back_and_released_when_it_is_none() -> None:
@@ -100,6 +183,27 @@ def test_the_registry_is_the_flags_choices() -> None:
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
 
 
+def test_llama3_json_holds_text_only_while_it_may_be_a_call() -> None:
+    auto = AutoToolCalls(Llama3JsonParser(NAMES))
+    assert auto.feed('{"name": "get_time", ', False) == ("", [])  # the object is held until it closes
+    assert auto.feed('"parameters": {}}', False) == ("", [ParsedCall("get_time", "{}")])
+    assert auto.feed(" ; ", False) == ("", [])  # a separator waits for what follows it
+    assert auto.feed("Done. {", False) == (" ; Done. {", [])  # text now: a brace is text, sent at once
+    prose = AutoToolCalls(Llama3JsonParser(NAMES))
+    assert prose.feed("Hello <|pyth", False) == ("Hello", [])  # only a possible tag is held
+    assert prose.feed("on> {", True) == (" <|python> {", [])
+
+
+def test_pythonic_holds_text_only_while_it_may_be_a_list_of_calls() -> None:
+    auto = AutoToolCalls(PythonicParser(NAMES))
+    assert auto.feed("[get_", False) == ("", [])
+    assert auto.feed("time] is a", False) == ("[get_time] is a", [])  # no call: released
+    assert auto.feed(" [get_time()]", True) == (" [get_time()]", [])
+    calls = AutoToolCalls(PythonicParser(NAMES))
+    assert calls.feed("[get_time(), get_weather(city='Oslo'", False) == ("", [])  # held until the list closes
+    assert calls.feed(")]", True) == ("", [ParsedCall("get_time", "{}"), ParsedCall("get_weather", '{"city": "Oslo"}')])
+
+
 def test_tags_marked_special_are_detected() -> None:
     tok = byte_tokenizer()
     assert not tags_are_special(HermesParser, tok)
@@ -110,3 +214,9 @@ def test_tags_marked_special_are_detected() -> None:
     special.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
     assert tags_are_special(HermesParser, special)
     assert "<tool_call>" not in special.decode(special.encode("<tool_call>x"), skip_special_tokens=True)
+    llama = byte_tokenizer()
+    assert not tags_are_special(Llama3JsonParser, llama)
+    llama.add_special_tokens({"additional_special_tokens": ["<|python_tag|>"]})  # as Llama 3's tokenizer marks it
+    assert tags_are_special(Llama3JsonParser, llama) and not tags_are_special(PythonicParser, llama)
+    assert "<|python_tag|>" not in llama.decode(llama.encode("<|python_tag|>{}"), skip_special_tokens=True)
+    assert "<|python_tag|>" in llama.decode(llama.encode("<|python_tag|>{}"), skip_special_tokens=False)

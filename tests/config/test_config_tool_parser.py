@@ -13,11 +13,19 @@ from tests.config.command_lines import DENSE, fails, serve
 
 def test_auto_tool_choice_without_a_parser_is_refused_naming_the_choices():
     message = fails("-dp 2 --enable-auto-tool-choice", DENSE)
-    assert message.startswith("--enable-auto-tool-choice requires --tool-call-parser (one of hermes)"), message
+    assert message.startswith("--enable-auto-tool-choice requires --tool-call-parser (one of hermes, llama3_json, "
+                              "pythonic)"), message
 
 
 def test_an_unknown_parser_is_refused_naming_the_choices():
-    assert fails("--tool-call-parser pythonic", DENSE) == "--tool-call-parser must be one of hermes (got 'pythonic')."
+    assert fails("--tool-call-parser mistral", DENSE) == (
+        "--tool-call-parser must be one of hermes, llama3_json, pythonic (got 'mistral').")
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "pythonic"])
+def test_every_parser_is_accepted_with_auto_tool_choice(parser: str):
+    config = serve(f"--enable-auto-tool-choice --tool-call-parser {parser}", DENSE)
+    assert config.tool_call_parser == parser and config.enable_auto_tool_choice
 
 
 def test_a_parser_alone_is_accepted_as_vllm_accepts_it():

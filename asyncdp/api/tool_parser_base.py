@@ -1,0 +1,65 @@
+"""What every tool-call parser shares (:mod:`asyncdp.api.tool_parsers` has the registry and the overview): the
+pieces a parser returns, its incremental interface, and the small text helpers of the formats."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedCall:
+    """One tool call found in the text: the function's name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+Piece = str | ParsedCall
+
+
+class ToolCallParser:
+    """One choice's incremental parser (a new one per choice): ``feed`` the text as it comes, then ``finish``."""
+
+    name: ClassVar[str]
+    # Tokens the format needs in the text: when the tokenizer marks one special, the answer is detokenized with
+    # skip_special_tokens false (unless the request sets it), or they would be missing from the text.
+    tags: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, tool_names: Collection[str]) -> None:
+        self.tool_names = frozenset(tool_names)
+
+    def feed(self, text: str) -> list[Piece]:
+        raise NotImplementedError
+
+    def finish(self) -> list[Piece]:
+        raise NotImplementedError
+
+
+def partial_prefix(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that is a proper prefix of ``tag`` (what to hold back)."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0
+
+
+def emit_text(out: list[Piece], text: str) -> None:
+    """Append ``text`` to the pieces unless it is empty."""
+    if text:
+        out.append(text)
+
+
+def arguments_json(value: Any) -> str | None:
+    """``arguments`` as the JSON string of an object: an object is dumped (non-ASCII kept, as vLLM does); a string
+    that holds a JSON object is taken as written (vLLM would dump it again, into a JSON string of a string)."""
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str):
+        try:
+            return value if isinstance(json.loads(value), dict) else None
+        except ValueError:
+            return None
+    return None
