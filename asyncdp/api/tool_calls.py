@@ -154,12 +154,12 @@ def required_calls(text: str) -> list[dict[str, Any]] | None:
     short by ``max_tokens`` or a stop string)."""
     try:
         parsed = json.loads(text)
-    except ValueError:
+        if not isinstance(parsed, list) or not all(
+                isinstance(x, dict) and isinstance(x.get("name"), str) and "parameters" in x for x in parsed):
+            return None
+        return [_call(x["name"], json.dumps(x["parameters"], ensure_ascii=False)) for x in parsed]
+    except (ValueError, RecursionError):  # (a schema that allows any object allows nesting past the limit)
         return None
-    if not isinstance(parsed, list) or not all(
-            isinstance(x, dict) and isinstance(x.get("name"), str) and "parameters" in x for x in parsed):
-        return None
-    return [_call(x["name"], json.dumps(x["parameters"], ensure_ascii=False)) for x in parsed]
 
 
 def answer(use: ToolUse, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:

@@ -55,11 +55,11 @@ def emit_text(out: list[Piece], text: str) -> None:
 def arguments_json(value: Any) -> str | None:
     """``arguments`` as the JSON string of an object: an object is dumped (non-ASCII kept, as vLLM does); a string
     that holds a JSON object is taken as written (vLLM would dump it again, into a JSON string of a string)."""
-    if isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, str):
-        try:
+    try:
+        if isinstance(value, dict):
+            return json.dumps(value, ensure_ascii=False)
+        if isinstance(value, str):
             return value if isinstance(json.loads(value), dict) else None
-        except ValueError:
-            return None
+    except (ValueError, RecursionError):  # (nested past the recursion limit: no call, never a 500)
+        return None
     return None

@@ -122,7 +122,7 @@ class HermesParser(ToolCallParser):
         """The call a block's JSON describes, or None when it is not one (then the block stays text)."""
         try:
             parsed = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # (JSON nested past the recursion limit: text, never a 500)
             return None
         if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
             return None

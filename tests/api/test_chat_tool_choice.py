@@ -201,3 +201,13 @@ def test_a_small_body_with_a_tool_choice_is_prepared_in_a_worker_thread() -> Non
     other constraint parameters, it sends the request's preparation off the event loop, however small the body."""
     body = json.dumps({"messages": CHAT, "tools": TOOLS[1:], "tool_choice": "required"}).encode()
     assert len(body) < INLINE_BODY_BYTES and heavy_body(body)
+
+
+def test_a_required_answer_nested_past_the_recursion_limit_is_text() -> None:
+    """A parameters schema that allows any object lets a model nest deeper than Python's recursion limit: the
+    answer comes back as text (as one cut short), never a RecursionError's 500."""
+    from asyncdp.api.tool_calls import required_calls
+
+    deep = '[{"name": "f", "parameters": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}]"
+    assert required_calls(deep) is None
+    assert required_calls('[{"name": "f", "parameters": {"x": 1}}]') is not None

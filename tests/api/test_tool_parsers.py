@@ -220,3 +220,14 @@ def test_tags_marked_special_are_detected() -> None:
     assert tags_are_special(Llama3JsonParser, llama) and not tags_are_special(PythonicParser, llama)
     assert "<|python_tag|>" not in llama.decode(llama.encode("<|python_tag|>{}"), skip_special_tokens=True)
     assert "<|python_tag|>" in llama.decode(llama.encode("<|python_tag|>{}"), skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("body", [
+    '{"name": "get_weather", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}",  # json.loads recurses
+    '{"name": "get_weather", "arguments": "' + "[" * 100_000 + "]" * 100_000 + '"}',  # a string holding it
+])
+def test_hermes_keeps_json_nested_past_the_recursion_limit_as_text(body: str) -> None:
+    """A model that writes JSON nested deeper than Python's recursion limit inside a block: the block stays text
+    (a RecursionError out of the parser would be a 500 mid-answer)."""
+    text = f"<tool_call>{body}</tool_call>"
+    assert HermesParser({"get_weather"}).feed(text) == [text]
