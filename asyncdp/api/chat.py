@@ -12,9 +12,11 @@ text into ``message.reasoning`` (``delta.reasoning`` streamed, as it comes); the
 of ``tool_choice: "auto"``, get the rest. Every message then has ``reasoning`` (null when the model wrote none)
 and a ``content`` that is null rather than empty, and the first chunk of a stream has ``content: null``, so that
 a client accumulating the deltas gets the same message. A request that constrains the output (structured outputs,
-a named or ``"required"`` tool choice) while the model may think is a 400: vLLM constrains only what follows the
-thinking, which asyncdp cannot yet. ``include_reasoning: false`` (vLLM's) drops the thinking, and the logprobs,
-which would show it.
+a named or ``"required"`` tool choice) while the model may think is constrained after the thinking only, as in
+vLLM: its grammar's ``start_after`` is ``</think>``'s token ids, so the model thinks freely and the grammar applies
+from the token after the first ``</think>``; the tool calls are read from the content alone. An answer cut by
+``max_tokens`` (or ended by EOS) inside the thinking was never constrained: it is all reasoning.
+``include_reasoning: false`` (vLLM's) drops the thinking, and the logprobs, which would show it.
 """
 
 from __future__ import annotations
@@ -149,8 +151,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     if thinker is not None and not thinker.thinks(req.chat_template_kwargs or {}):
         thinker = None  # (qwen3 with enable_thinking false: the answer is all content)
     constraint = _constraint(req, tools)
-    if thinker is not None and constraint is not None:
-        raise _constrained_thinking(thinker, constraint.param)
+    if thinker is not None and constraint is not None:  # (the thinking stays free: vLLM's behaviour)
+        constraint = msgspec.structs.replace(constraint, start_after=state.reasoning_end_ids)
     try:
         params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs,
                                  prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)),
@@ -174,15 +176,6 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     seqs = sequences(request_id, [prompt_ids], params, per_prompt)
     return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs, tools,
                     thinker, thinker is not None and req.include_reasoning is False)
-
-
-def _constrained_thinking(thinker: type[ReasoningParser], param: str | None) -> HTTPError:
-    """The 400 of a constraint on an answer that may think: vLLM applies it after the thinking; asyncdp cannot."""
-    off = "" if thinker.thinks({"enable_thinking": False}) else (
-        ' or turn thinking off with chat_template_kwargs {"enable_thinking": false}')
-    return HTTPError(400, f"{param} constrains the answer, which cannot be combined with thinking on this server "
-                          f"(--reasoning-parser {thinker.name}): the constraint would apply to the thinking too. "
-                          f"Leave out {param}{off}.", param=param)
 
 
 def _whole(state: AppState, prep: Prepared, message: dict[str, Any], finish_reason: str | None,

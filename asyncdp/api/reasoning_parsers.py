@@ -14,6 +14,10 @@ Qwen3's template closes an empty think block in the prompt, so the model's outpu
 does not parse it (as vLLM, which sees from the prompt that the reasoning has ended). ``deepseek_r1`` has no such
 switch. vLLM's ``<tool_call>`` as an implicit end of reasoning (Qwen3.5's XML tool calls) is not built.
 
+A constraint (structured outputs, a named or ``"required"`` tool choice) applies only after the thinking, as in
+vLLM: the API passes :func:`end_token_ids` as the grammar's ``start_after``, and the engine starts the grammar
+at the token after the first ``</think>`` it generates; the parsers then find the constrained text as content.
+
 A parser is sans-IO and incremental, as :mod:`asyncdp.api.tool_parsers`' are: :meth:`ReasoningParser.feed`
 takes the next piece of generated text and returns the reasoning and the content known by now; a tail that could
 begin a tag is held back until it cannot, and :meth:`ReasoningParser.finish` returns it at the end. A whole
@@ -105,6 +109,13 @@ class Qwen3Parser(ReasoningParser):
 
 
 PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (DeepSeekR1Parser, Qwen3Parser)}
+
+
+def end_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """``</think>`` as the server's tokenizer encodes it on its own, no special tokens added: one added token in
+    Qwen3's and DeepSeek-R1's, several elsewhere. A constraint on an answer that may think starts after these ids
+    (``StructuredOutputs.start_after``); a model that spells the tag with other tokens leaves its answer free."""
+    return tuple(tokenizer.encode(END, add_special_tokens=False))
 
 
 def split(parser: ReasoningParser, text: str) -> tuple[str | None, str]:

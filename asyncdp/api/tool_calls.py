@@ -164,8 +164,11 @@ def required_calls(text: str) -> list[dict[str, Any]] | None:
 
 def answer(use: ToolUse, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
     """A whole answer's message and finish reason. A ``"required"`` answer that is not a complete array of calls
-    (cut short) comes back as text, with its finish reason."""
+    (cut short) comes back as text, with its finish reason. A named function's answer with no text (one that
+    ended in its thinking, under a reasoning parser) has no call, as a stream of it sends none."""
     if use.function is not None:
+        if not text:
+            return {"role": "assistant", "content": ""}, finish_reason
         return {"role": "assistant", "content": "", "tool_calls": [_call(use.function, text)]}, finish_reason
     if use.parser is not None:
         content, found = use.auto().feed(text, finished=True)

@@ -18,6 +18,14 @@ the grammar is complete (the core finishes it with ``stop``; EOS is allowed by t
 accepts), or the matcher failed. A batch without constrained rows costs one empty-dict test. ``discard`` drops a
 finished or aborted request.
 
+Starting after a marker (``StructuredOutputs.start_after``: a reasoning model's ``</think>``, as vLLM's
+structured outputs wait for the reasoning parser's end of reasoning). Such a request gets its matcher at ``add``
+as any other, but is *waiting*: ``token_masks`` gives it no row and ``advance`` only watches its sampled ids for
+the marker (the last ``len(marker)`` of them, so a marker of several tokens may span steps), never feeding the
+matcher. The token that completes the marker ends the wait; the next one is the grammar's first, from its start
+state. A request that ends while waiting (EOS, a stop, ``max_tokens``) was never constrained: EOS stops it with
+``stop`` as vLLM lets it, the length limit with ``length``. Only generated ids count, never the prompt's.
+
 Failures. Matchers are built under ``grammar_limits`` (those validation probed the grammar with), but a limit
 can still be hit mid-generation (``asyncdp.sampling_params``'s probe walks one short path). llguidance then puts
 the matcher in an error state: its mask allows only EOS and it rejects every token. ``advance`` reports that
@@ -43,7 +51,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +73,21 @@ log = logging.getLogger(__name__)
 _MAX_TEMPLATES = 64
 
 
+class _MarkerWatch:
+    """The last sampled ids of a request waiting for its ``start_after`` marker."""
+
+    __slots__ = ("marker", "tail")
+
+    def __init__(self, marker: tuple[int, ...]) -> None:
+        self.marker = marker
+        self.tail: deque[int] = deque(maxlen=len(marker))
+
+    def seen(self, token_id: int) -> bool:
+        """Take the next sampled id; whether it completes the marker."""
+        self.tail.append(token_id)
+        return token_id == self.marker[-1] and tuple(self.tail) == self.marker
+
+
 class GrammarMatchers:
     """The matchers of one engine core's constrained requests, by request id."""
 
@@ -80,6 +103,7 @@ class GrammarMatchers:
         self._cache_lock = threading.Lock()
         self.matchers: dict[str, Any] = {}
         self._origins: dict[str, tuple[tuple[str, str], Any]] = {}  # request id -> (key, template) it copies
+        self._waiting: dict[str, _MarkerWatch] = {}  # request id -> its marker watch, until the grammar starts
 
     @classmethod
     def for_engine(cls, executor: Any, tokenizer: Any, vocab_size: int | None, eos_token_ids: Collection[int],
@@ -162,16 +186,24 @@ class GrammarMatchers:
             return False
         self.matchers[request_id] = template.deep_copy()
         self._origins[request_id] = (key, template)
+        if structured.start_after:
+            self._waiting[request_id] = _MarkerWatch(structured.start_after)
         return True
+
+    def waiting(self, request_id: str) -> bool:
+        """Whether the request's grammar waits for its ``start_after`` marker (its tokens are free until then)."""
+        return request_id in self._waiting
 
     def discard(self, request_id: str) -> None:
         self.matchers.pop(request_id, None)
         self._origins.pop(request_id, None)
+        self._waiting.pop(request_id, None)
 
     def clear(self) -> None:
         """Drop every request's matcher (the templates stay)."""
         self.matchers.clear()
         self._origins.clear()
+        self._waiting.clear()
 
     def _evict_template_of(self, request_id: str) -> None:
         """A failed matcher leaves its template's shared lexer in the error state: the next request with that
@@ -182,13 +214,15 @@ class GrammarMatchers:
                 del self._templates[origin[0]]
 
     def token_masks(self, chunks: Sequence[ScheduledChunk]) -> TokenMasks | None:
-        """One bitmask row per sampled chunk with a matcher (None: no such chunk in the batch)."""
+        """One bitmask row per sampled chunk with a matcher whose grammar has started (None: no such chunk in the
+        batch)."""
         import numpy as np
 
         from asyncdp.engine.executor import TokenMasks
 
-        matchers = self.matchers
-        rows = [i for i, c in enumerate(chunks) if c.sample and c.request_id in matchers]
+        matchers, waiting = self.matchers, self._waiting
+        rows = [i for i, c in enumerate(chunks)
+                if c.sample and c.request_id in matchers and c.request_id not in waiting]
         if not rows:
             return None
         width = (self.vocab_size + 31) // 32
@@ -201,9 +235,15 @@ class GrammarMatchers:
 
     def advance(self, request_id: str, token_id: int) -> bool:
         """Feed the sampled token to the request's matcher; True when the request must end: its grammar is
-        complete, or its matcher failed (``error`` says which; a failed matcher's mask allows only EOS)."""
+        complete, or its matcher failed (``error`` says which; a failed matcher's mask allows only EOS). While the
+        grammar waits for its marker, the token is only watched for it (False)."""
         matcher = self.matchers.get(request_id)
         if matcher is None:
+            return False
+        watch = self._waiting.get(request_id)
+        if watch is not None:
+            if watch.seen(token_id):
+                del self._waiting[request_id]  # the next token is the grammar's first
             return False
         if matcher.is_error() or not matcher.consume_token(token_id):
             log.warning("request %s: its grammar failed at token %d (%s); ending it with an error", request_id,

@@ -202,6 +202,12 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     The engine masks every other token out, and the request finishes with ``stop`` once the grammar is complete.
     ``param`` is not a constraint: the API sets it to the request parameter the grammar came from
     (``response_format``, ``guided_regex``, ...), which an error during generation then names.
+
+    ``start_after`` is not one either: token ids after which the grammar starts (empty: at the first generated
+    token). Until the generated ids contain that sequence the request samples freely (no mask, the matcher is not
+    advanced); from the next token the grammar applies from its start. The API sets it to a reasoning model's
+    ``</think>`` (``--reasoning-parser``), so that the thinking stays free and the answer after it is constrained,
+    as vLLM does. A request that ends before the sequence (EOS, ``max_tokens``) was never constrained.
     """
 
     json_schema: str | None = None
@@ -210,10 +216,12 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     choice: tuple[str, ...] = ()
     grammar: str | None = None
     param: str | None = None
+    start_after: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:  # vLLM's shapes: a list of choices, a schema as a dict (its ``json=``)
-        if isinstance(self.choice, list):
-            msgspec.structs.force_setattr(self, "choice", tuple(self.choice))
+        for name in ("choice", "start_after"):
+            if isinstance(getattr(self, name), list):
+                msgspec.structs.force_setattr(self, name, tuple(getattr(self, name)))
         if isinstance(self.json_schema, dict) and json_depth(self.json_schema) <= MAX_SCHEMA_DEPTH:
             with contextlib.suppress(TypeError, ValueError):  # not JSON: left for validate() to refuse
                 msgspec.structs.force_setattr(self, "json_schema", json.dumps(self.json_schema))
@@ -244,6 +252,10 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
             raise InvalidSamplingParams(  # a str would be read as its characters: choice="yes" allows y, e or s
                 f"structured.choice must be a list or tuple of strings, got {self.choice!r}.",
                 field="structured.choice")
+        if not isinstance(self.start_after, tuple) or not all(
+                type(t) is int and t >= 0 for t in self.start_after):
+            raise InvalidSamplingParams(f"structured.start_after must be a list or tuple of token ids (ints >= 0), "
+                                        f"got {self.start_after!r}.", field="structured.start_after")
         name, text = self.kind()
         if name == "json_schema":
             schema = load_schema(text, "structured.json_schema")

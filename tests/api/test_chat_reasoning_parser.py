@@ -1,7 +1,8 @@
 """``--reasoning-parser`` (``create_app``'s ``reasoning_parser``): a reasoning model's thinking comes back in
 ``message.reasoning`` (``delta.reasoning`` streamed), apart from its content, whole and streamed, through the
 official ``openai`` client; the tool-call parser sees only the content; a constraint on an answer that may think
-is a 400; ``/v1/completions`` is untouched.
+starts after ``</think>`` (its token ids reach the engine as the grammar's ``start_after``), and its calls or JSON
+are read from the content; ``/v1/completions`` is untouched.
 
 Before, the flag did not exist: the thinking, tags and all, was the answer's content."""
 
@@ -125,17 +126,76 @@ async def test_qwen3_with_thinking_off_is_all_content_and_deepseek_r1_ignores_th
 @pytest.mark.parametrize(("extra", "param"), [
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
 ])
-async def test_a_constraint_on_an_answer_that_may_think_is_a_400(extra: dict[str, Any], param: str) -> None:
-    async with running(scripted("{}"), reasoning_parser="qwen3") as srv:
-        refused = await srv.http.post("/v1/chat/completions", json={"messages": CHAT, **extra})
+async def test_a_constraint_on_an_answer_that_may_think_starts_after_the_thinking(extra: dict[str, Any],
+                                                                                  param: str) -> None:
+    """Before, a 400: the grammar would have constrained the thinking too. Now, as vLLM, it starts after
+    ``</think>``: the engine gets its token ids as the grammar's ``start_after`` (eight bytes with the byte
+    tokenizer); without thinking (qwen3's ``enable_thinking: false``) the grammar applies from the start."""
+    async with running(scripted("</think>{}"), reasoning_parser="qwen3") as srv:
+        thinking = await srv.http.post("/v1/chat/completions", json={"messages": CHAT, **extra})
         unthinking = await srv.http.post("/v1/chat/completions", json={
             "messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}, **extra})
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
-    assert "--reasoning-parser qwen3" in refused.json()["error"]["message"]
-    assert '"enable_thinking": false' in refused.json()["error"]["message"]
-    assert unthinking.status_code == 200, unthinking.text  # the template closed the thinking: all is answer
-    assert len(srv.fake.submitted) == 1
+    assert thinking.status_code == 200, thinking.text
+    assert unthinking.status_code == 200, unthinking.text
+    (_, _, params, _), (_, _, plain, _) = srv.fake.submitted
+    assert params.structured is not None and params.structured.param == param
+    assert params.structured.start_after == tuple(b"</think>")
+    assert plain.structured is not None and plain.structured.start_after == ()
+
+
+async def test_a_start_after_is_the_one_token_a_tokenizer_makes_of_the_tag() -> None:
+    tok = byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    fake = FakeEngineClient(tokenizer=tok, replies=lambda _prompt, _seed: "</think>{}")
+    body = {"messages": CHAT, "response_format": {"type": "json_object"}}
+    async with running(fake, reasoning_parser="deepseek_r1") as srv:
+        r = await srv.http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    params = fake.submitted[0][2]
+    assert params.structured is not None and params.structured.start_after == (tok.convert_tokens_to_ids("</think>"),)
+
+
+SCHEMA: Any = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+JSON_BODY: Any = {"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {
+    "name": "a", "schema": SCHEMA}}}
+
+
+async def test_a_constrained_answer_is_its_thinking_then_its_constrained_content() -> None:
+    reply = '<think>Four, as JSON.</think>{"a": 4}'
+    async with running(scripted(reply), reasoning_parser="deepseek_r1") as srv:
+        whole = await srv.http.post("/v1/chat/completions", json=JSON_BODY)
+        streamed = await srv.http.post("/v1/chat/completions", json={**JSON_BODY, "stream": True})
+        cut = await srv.http.post("/v1/chat/completions", json={**JSON_BODY, "max_tokens": 11})
+    choice = whole.json()["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": '{"a": 4}', "reasoning": "Four, as JSON."}
+    assert choice["finish_reason"] == "stop"
+    deltas = deltas_of(streamed.text)
+    assert "".join(d.get("reasoning", "") for d in deltas) == "Four, as JSON."
+    assert "".join(d.get("content") or "" for d in deltas) == '{"a": 4}'
+    # cut by max_tokens inside the thinking: no grammar ever applied; all of it is reasoning
+    cut_choice = cut.json()["choices"][0]
+    assert cut_choice["message"] == {"role": "assistant", "content": None, "reasoning": "Four"}
+    assert cut_choice["finish_reason"] == "length"
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+async def test_required_tool_calls_are_read_from_the_content_after_the_thinking() -> None:
+    calls = '[{"name": "get_time", "parameters": {}}]'
+    reply = f"<think>Maybe {calls}? Yes.</think>{calls}"
+    body: Any = {"model": "fake-model", "messages": CHAT, "tools": TOOLS, "tool_choice": "required",
+                 "max_tokens": 200}
+    async with running(scripted(reply), reasoning_parser="qwen3") as srv:
+        client = srv.openai()
+        whole = await client.chat.completions.create(**body)
+        async with client.chat.completions.stream(**body) as stream:
+            accumulated = await stream.get_final_completion()
+    message = whole.choices[0].message
+    assert message.reasoning == f"Maybe {calls}? Yes."  # type: ignore[attr-defined]
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls or []] == [("get_time", "{}")]
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert without_ids(accumulated.choices[0].message) == without_ids(message)
 
 
 async def test_include_reasoning_false_drops_the_thinking_and_the_logprobs_that_would_show_it() -> None:
@@ -175,3 +235,18 @@ def test_an_unknown_parser_is_refused_by_create_app() -> None:
 
     with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek_r1, qwen3"):
         create_app(FakeEngineClient(), reasoning_parser="granite")
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+async def test_a_tool_choice_cut_inside_the_thinking_has_no_call_whole_or_streamed(tool_choice: Any) -> None:
+    """No grammar ever applied and no call was written: a named choice's whole answer had a call with empty
+    arguments (its stream none) before the fix of ``answer``."""
+    body: Any = {"messages": CHAT, "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 10}
+    async with running(scripted('<think>Hmm. Hmm.</think>{"x": 1}'), reasoning_parser="qwen3") as srv:
+        whole = await srv.http.post("/v1/chat/completions", json=body)
+        streamed = await srv.http.post("/v1/chat/completions", json={**body, "stream": True})
+    choice = whole.json()["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "", "reasoning": "Hmm"}
+    assert choice["finish_reason"] == "length"
+    deltas = deltas_of(streamed.text)
+    assert not any("tool_calls" in d for d in deltas) and "".join(d.get("reasoning", "") for d in deltas) == "Hmm"

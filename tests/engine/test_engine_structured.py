@@ -245,3 +245,73 @@ def test_structured_params_round_trip_the_wire_codec() -> None:
 
     p = params(choice=("a", "b"))
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
+
+
+# ---------------------------------------------------------------- start_after: the grammar starts after a marker
+
+THINK_END = tuple(encode("</think>"))  # eight byte tokens: the marker spans steps
+
+
+def after(marker: tuple[int, ...], max_tokens: int = 60, **structured: object) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                          structured=StructuredOutputs(start_after=marker, **structured))  # type: ignore[arg-type]
+
+
+def test_a_grammar_with_a_marker_is_free_until_the_marker_then_constrains_from_its_start() -> None:
+    """The thinking (letters the regex forbids) comes out as scripted, unmasked, over several steps; from the
+    token after the eight-token marker only digits are allowed, so the script's letters are replaced."""
+    thinking = "hm, </think no; then </think>"
+    core, ex = masking_core({"r": encode(thinking) + encode("ok")})
+    core.add_request("r", encode("hi"), after(THINK_END, regex="[0-9]{3}"))
+    res = run_to_completion(core)["r"]
+    assert res["text"] == thinking + "000" and res["finish_reason"] == "stop"
+    assert ex.masks[:len(thinking)] == [None] * len(thinking)  # the prefill's sample and every thinking token
+    assert all(m is not None and m[1][0] <= set(encode("0123456789")) for m in ex.masks[len(thinking):])
+    assert core._grammars is not None and not core._grammars.matchers and not core._grammars.waiting("r")
+
+
+def test_a_one_token_marker_and_a_plain_request_in_the_same_batch() -> None:
+    core, ex = masking_core({"r": [*encode("ab"), 1, *encode("x")], "free": encode("zzzzzz")})
+    core.add_request("r", encode("hi"), after((1,), regex="[0-9]"))
+    core.add_request("free", encode("hi"), SamplingParams(temperature=0.0, max_tokens=6))
+    res = run_to_completion(core)
+    assert res["r"]["tokens"] == [*encode("ab"), 1, ord("0")] and res["r"]["finish_reason"] == "stop"
+    assert res["free"]["text"] == "zzzzzz"
+    masked = [m for m in ex.masks if m is not None]
+    assert [ids for ids, _ in masked] == [["r"]]  # one step: the token after the marker, for "r" only
+
+
+def test_max_tokens_before_the_marker_ends_the_request_unconstrained_with_length() -> None:
+    core, ex = masking_core({"r": encode("thinking on and on")})
+    core.add_request("r", encode("hi"), after(THINK_END, max_tokens=10, regex="[0-9]{3}"))
+    res = run_to_completion(core)["r"]
+    assert (res["text"], res["finish_reason"]) == ("thinking o", "length")
+    assert all(m is None for m in ex.masks)
+    assert core._grammars is not None and not core._grammars.waiting("r")  # dropped with the request
+
+
+def test_eos_before_the_marker_stops_the_request_as_vllm_lets_it() -> None:
+    core, ex = masking_core({"r": [*encode("hm"), EOS_ID]})
+    core.add_request("r", encode("hi"), after(THINK_END, regex="[0-9]{3}"))
+    res = run_to_completion(core)["r"]
+    assert (res["text"], res["finish_reason"]) == ("hm", "stop")
+    assert all(m is None for m in ex.masks)
+
+
+def test_the_marker_in_the_prompt_does_not_start_the_grammar() -> None:
+    core, ex = masking_core({"r": encode("ab</think>7")})
+    core.add_request("r", encode("</think>"), after(THINK_END, regex="[0-9]"))
+    res = run_to_completion(core)["r"]
+    assert (res["text"], res["finish_reason"]) == ("ab</think>7", "stop")
+    assert sum(m is not None for m in ex.masks) == 1
+
+
+def test_start_after_round_trips_the_wire_codec_and_is_validated() -> None:
+    import msgspec
+
+    p = after(THINK_END, regex="[0-9]")
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
+    assert StructuredOutputs(regex="a", start_after=[1, 2]).start_after == (1, 2)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSamplingParams) as err:
+        after((-1,), regex="[0-9]").validate()
+    assert err.value.field == "structured.start_after"

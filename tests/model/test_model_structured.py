@@ -136,3 +136,15 @@ def test_a_grammar_failing_mid_generation_raises_naming_the_field_and_the_engine
     out = tiny_llm.generate(["Answer: "], SamplingParams(temperature=0.0, max_tokens=8,
                                                          structured=StructuredOutputs(choice=("yes", "no"))))
     assert out[0].outputs[0].text in ("yes", "no") and out[0].outputs[0].finish_reason == "stop"
+
+
+def test_a_grammar_with_a_marker_leaves_the_text_before_it_free(tiny_llm: LLM) -> None:
+    """The marker is the first three tokens the model writes greedily, so it is reached: those are unchanged,
+    and what follows is the regex's (a reasoning model's ``</think>`` plays that part behind the API)."""
+    free = tiny_llm.generate(["Answer: "], SamplingParams(temperature=0.0, max_tokens=3))[0].outputs[0]
+    marker = tuple(free.token_ids)
+    structured = StructuredOutputs(regex="[0-9]{3}", start_after=marker)
+    out = tiny_llm.generate(["Answer: "], SamplingParams(temperature=0.0, max_tokens=20, structured=structured))
+    result = out[0].outputs[0]
+    assert tuple(result.token_ids[:3]) == marker and result.text.startswith(free.text)
+    assert re.fullmatch("[0-9]{3}", result.text[len(free.text):]) and result.finish_reason == "stop"
