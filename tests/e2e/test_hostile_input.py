@@ -1,4 +1,9 @@
-"""A hostile-input battery against one live ``asyncdp serve builtin:tiny-dense -dp 2`` (issue 12).
+"""A hostile-input battery against one live ``asyncdp serve builtin:tiny-dense -dp 2`` (issue 12), started with the
+output parsers' flags (``--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3``), so every
+chat answer of every family passes through them, and one family aims at them (tools whose names are the parsers'
+tags, many or huge tools, ``enable_thinking`` and ``include_reasoning`` of every type, constraints that start after
+``</think>``, ``skip_special_tokens`` with each parser), at no cost of a second server. Requests are decoded and
+checked the same way with or without the flags.
 
 Every test sends one family of bad requests (malformed JSON, wrong types and out-of-range values for every field
 of completions and chat, huge integers, deep nesting, invalid UTF-8, oversized bodies, ``n`` above the free
@@ -34,6 +39,7 @@ from tests.e2e.hostile_cases import (
     CHAT,
     COMPLETIONS,
     NULLABLE,
+    PARSER_FLAGS,
     Case,
     Raw,
     deep_cases,
@@ -41,6 +47,7 @@ from tests.e2e.hostile_cases import (
     invalid_utf8_cases,
     nested,
     out_of_range_cases,
+    parser_cases,
     raw_case,
     streamed,
     with_field,
@@ -64,7 +71,7 @@ OVER_TRANSPORT_LIMIT_BYTES = 70 * 1024 * 1024  # over today's fixed 64 MiB limit
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with serve(tmp_path_factory.mktemp("hostile"), "-dp", "2", "--api-server-count", str(API_COUNT),
-               "--max-queued-requests", str(MAX_QUEUED)) as server:
+               "--max-queued-requests", str(MAX_QUEUED), *PARSER_FLAGS) as server:
         yield server
 
 
@@ -120,6 +127,10 @@ async def test_malformed_json_and_wrong_routes_are_openai_shaped_errors(hostile:
 
 async def test_invalid_utf8_anywhere_in_the_body_is_a_400(hostile: Server) -> None:
     await run_family(hostile, invalid_utf8_cases())
+
+
+async def test_requests_that_reach_the_output_parsers_are_200s_or_400s(hostile: Server) -> None:
+    await run_family(hostile, parser_cases())
 
 
 async def test_deeply_nested_json_in_any_field_is_a_400(hostile: Server) -> None:
