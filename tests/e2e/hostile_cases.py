@@ -261,6 +261,12 @@ def parser_cases() -> list[Case]:
         for extra in ({}, {"stream": True}, {"chat_template_kwargs": {"enable_thinking": False}},
                       {"include_reasoning": False, "n": 2}):
             cases.append(chat(f"{json.dumps(fields)[:60]} {json.dumps(extra)}", **fields, **extra))
+    # a grammar masks all but one alternative of top_logprobs: their logprob (-inf) must still be a number
+    no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}
+    cases += [chat("masked alternatives in top_logprobs", guided_choice=["yes", "no"], logprobs=True, top_logprobs=3,
+                   **no_thinking),
+              chat("masked alternatives in top_logprobs, streamed", guided_choice=["yes", "no"], logprobs=True,
+                   top_logprobs=3, stream=True, **no_thinking)]
     for skip in (True, False, None):
         for fields in ({"tools": [tool("f")]}, {"chat_template_kwargs": {"enable_thinking": False}}, {}):
             cases.append(chat(f"skip_special_tokens={skip} {json.dumps(fields)}", skip_special_tokens=skip, **fields))
