@@ -189,9 +189,9 @@ def _whole(state: AppState, prep: Prepared, message: dict[str, Any], finish_reas
         message = {"role": "assistant", "content": text}
     if prep.tools is not None and prep.tools.calls:
         message, finish_reason = answer(prep.tools, text, finish_reason)
+    if _null_content(state, prep):  # (an empty answer too: a stream of it accumulates null from its first chunk)
+        message["content"] = message["content"] or None
     if state.reasoning_parser is not None:
-        if _null_content(state, prep):
-            message["content"] = message["content"] or None
         message["reasoning"] = None if prep.hide_reasoning else reasoning
     return message, finish_reason
 

@@ -8,6 +8,10 @@ Completions logprobs follow OpenAI's legacy shape (``tokens``, ``token_logprobs`
 tokens come first, from the engine's prompt logprobs: the first prompt token has no context, so its logprob and
 its ``top_logprobs`` entry are null (what lm-evaluation-harness's loglikelihood expects). ``prompt_logprobs``
 is vLLM's response field: ``[None, {"<token id>": {"logprob", "rank", "decoded_token"}}, ...]``.
+
+Every logprob sent is at least ``LOGPROB_FLOOR`` (-9999.0), as vLLM's serving layer clamps them: a token a grammar
+masked has logprob ``-inf`` among a constrained request's alternatives, which JSON cannot write (orjson wrote
+``null``, where OpenAI's schema has a number).
 """
 
 from __future__ import annotations
@@ -17,6 +21,13 @@ from typing import Any
 
 from asyncdp.api.token_bytes import TextOffsets, token_bytes_of
 from asyncdp.messages import RequestOutput, TokenLogprobs
+
+LOGPROB_FLOOR = -9999.0
+
+
+def _sent(logprob: float) -> float:
+    """A logprob as sent: ``-inf`` (a masked token) is the floor."""
+    return max(logprob, LOGPROB_FLOOR)
 
 
 @dataclass
@@ -66,8 +77,8 @@ def _token_text(tokenizer: Any, token_id: int) -> str:
 
 
 def _top(tokenizer: Any, lp: TokenLogprobs) -> dict[str, float]:
-    top = {_token_text(tokenizer, t.token_id): t.logprob for t in lp.top}
-    top.setdefault(_token_text(tokenizer, lp.token_id), lp.logprob)
+    top = {_token_text(tokenizer, t.token_id): _sent(t.logprob) for t in lp.top}
+    top.setdefault(_token_text(tokenizer, lp.token_id), _sent(lp.logprob))
     return top
 
 
@@ -87,12 +98,12 @@ def completion_logprobs(
     if prompt is not None:
         for token_id, entry in zip(*prompt, strict=False):
             tokens.append(_token_text(tokenizer, token_id))
-            token_lps.append(None if entry is None else entry.logprob)
+            token_lps.append(None if entry is None else _sent(entry.logprob))
             tops.append(None if entry is None else _top(tokenizer, entry))
             offsets.append(cursor.next(token_id))
     for lp in lps:
         tokens.append(_token_text(tokenizer, lp.token_id))
-        token_lps.append(lp.logprob)
+        token_lps.append(_sent(lp.logprob))
         tops.append(_top(tokenizer, lp))
         offsets.append(cursor.next(lp.token_id))
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
@@ -110,7 +121,7 @@ def prompt_logprobs_field(
             continue
         ranked = {t.token_id: (rank, t.logprob) for rank, t in enumerate(entry.top, start=1)}
         ranked.setdefault(entry.token_id, (len(entry.top) + 1, entry.logprob))
-        out.append({str(t): {"logprob": lp, "rank": rank, "decoded_token": _token_text(tokenizer, t)}
+        out.append({str(t): {"logprob": _sent(lp), "rank": rank, "decoded_token": _token_text(tokenizer, t)}
                     for t, (rank, lp) in ranked.items()})
     return out
 
@@ -180,7 +191,8 @@ def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs], top_n: int) -> dict[
     token_bytes = token_bytes_of(tokenizer)
 
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        return {"token": _token_text(tokenizer, token_id), "logprob": logprob, "bytes": list(token_bytes(token_id))}
+        return {"token": _token_text(tokenizer, token_id), "logprob": _sent(logprob),
+                "bytes": list(token_bytes(token_id))}
 
     return {"content": [
         {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t.token_id, t.logprob) for t in lp.top[:top_n]]}

@@ -18,6 +18,7 @@ import msgspec
 from asyncdp.api.chat_messages import TEXT_PARTS
 from asyncdp.api.context import AppState
 from asyncdp.api.params import CHAT_TOOLS, REFUSED
+from asyncdp.api.response_schemas import chat_response_schemas
 from asyncdp.api.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -63,6 +64,9 @@ _ROUTES: dict[tuple[str, str], tuple[str, tuple[type[msgspec.Struct], ...], tupl
                             ("application/json",)),
     ("post", "/detokenize"): ("Turn token ids into text", (DetokenizeRequest,), ("application/json",)),
 }
+# (path, 200 content type) -> the component describing that answer (the others' answers have no schema yet)
+_ANSWERS = {("/v1/chat/completions", "application/json"): "ChatCompletion",
+            ("/v1/chat/completions", "text/event-stream"): "ChatCompletionEvent"}
 _CONTENT_TYPES = {"/health": ("text/plain",), "/ping": ("text/plain",), "/metrics": ("text/plain",)}
 _ERRORS = {"400": "Invalid request", "401": "Missing or wrong API key", "404": "Unknown model or route",
            "413": "Body larger than --max-request-body-bytes", "429": "Admission limit reached",
@@ -129,6 +133,7 @@ def _components(state: AppState) -> dict[str, Any]:
                                {"add_generation_prompt": {"enum": [False, None]}}, required=False))
         components[name]["allOf"] = rules
     components["ErrorResponse"] = _ERROR
+    components.update(chat_response_schemas(reasoning=state.reasoning_parser is not None))
     return components
 
 
@@ -141,9 +146,12 @@ def _when(condition: dict[str, Any], then: dict[str, Any], *, required: bool = T
     return rule
 
 
-def _operation(summary: str, bodies: tuple[type[msgspec.Struct], ...], content_types: tuple[str, ...]) -> dict:
+def _operation(path: str, summary: str, bodies: tuple[type[msgspec.Struct], ...], content_types: tuple[str, ...],
+               ) -> dict:
+    answers = {ct: {"schema": {"$ref": _REF.format(name=_ANSWERS[path, ct])}} if (path, ct) in _ANSWERS else {}
+               for ct in content_types}
     op: dict[str, Any] = {"summary": summary, "responses": {
-        "200": {"description": "OK", "content": {ct: {} for ct in content_types}},
+        "200": {"description": "OK", "content": answers},
         **{code: {"description": text, "content": {"application/json": {"schema": {
             "$ref": _REF.format(name="ErrorResponse")}}}} for code, text in _ERRORS.items()},
     }}
@@ -166,7 +174,7 @@ def openapi_document(app: Any) -> dict[str, Any]:
             key = (method.lower(), path)
             default = (f"{method} {path}", (), _CONTENT_TYPES.get(path, ("application/json",)))
             summary, bodies, types = _ROUTES.get(key, default)
-            op = _operation(summary, bodies, types)
+            op = _operation(path, summary, bodies, types)
             if "{model_id}" in path:
                 op["parameters"] = [{"name": "model_id", "in": "path", "required": True,
                                      "schema": {"type": "string"}}]

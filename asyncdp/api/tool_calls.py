@@ -19,7 +19,7 @@ tools reach the template) and the server's parser (:mod:`asyncdp.api.tool_parser
 text: the answer's ``content`` is the text outside the calls (``null`` when only whitespace is left), its
 ``tool_calls`` the calls, and ``finish_reason`` is ``"tool_calls"`` when it has calls and stopped by itself
 (``"length"`` stays: the answer was cut, which a client should know; vLLM reports ``"tool_calls"`` then too).
-An answer without calls is the plain text answer. When the tokenizer marks the parser's tags as special tokens,
+An answer without calls is the plain text answer (``null`` when empty, as its stream accumulates it). When the tokenizer marks the parser's tags as special tokens,
 the text is detokenized with ``skip_special_tokens`` false unless the request sets it, or the tags would be
 dropped (vLLM's hermes parser turns it off for every tool request).
 

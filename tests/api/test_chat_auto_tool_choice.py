@@ -215,3 +215,20 @@ async def test_the_first_chunk_of_other_tool_choices_keeps_its_empty_content() -
     assert r.status_code == 200, r.text
     first = json.loads(sse_events(r.text)[0])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "pythonic"])
+async def test_an_empty_answer_is_null_content_whole_as_streamed(parser: str) -> None:
+    """An answer with no text (a stop string first, or an end of sequence at once) has ``content: null``, as a
+    stream of it accumulates from its first chunk's ``null``. Before, the whole answer said ``""`` and the stream
+    ``null``, without a reasoning parser (with one, both were already null)."""
+    body: Any = {"model": "fake-model", "messages": CHAT, "tools": TOOLS, "max_tokens": 200, "stop": ["x"]}
+    async with running(scripted("xyz"), tool_call_parser=parser) as srv:
+        client = srv.openai()
+        whole = await client.chat.completions.create(**body)
+        async with client.chat.completions.stream(**body) as stream:
+            accumulated = await stream.get_final_completion()
+    for answer in (whole, accumulated):
+        (choice,) = answer.choices
+        assert (choice.message.content, choice.message.tool_calls, choice.finish_reason) == (None, None, "stop")

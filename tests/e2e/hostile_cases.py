@@ -194,3 +194,83 @@ def deep_cases() -> list[Case]:
 def streamed(path: str, **fields: Any) -> Case:
     body = {**BASE[path], "stream": True, **fields}
     return Case(f"stream {path} {json.dumps(fields)[:80]}", path, encode(body))
+
+
+# The output parsers' flags: requests that reach them (tools with tool_choice "auto", the thinking split, a
+# constraint that starts after </think>) get 200s or 400s on a server started with these.
+PARSER_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+OK = frozenset({200})
+PARSER_TAGS = ("<tool_call>", "</tool_call>", "<think>", "</think>", '{"name": "f", "arguments": {}}', "<|im_end|>")
+
+
+def tool(name: str, parameters: Any = None) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name}
+    if parameters is not None:
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def chat(name: str, expect: frozenset[int] | None = OK, **fields: Any) -> Case:
+    """A chat request with ``fields``; ``expect`` None: any status below 500."""
+    return Case(f"parsers: {name}", CHAT, encode({**BASE[CHAT], "max_tokens": 8, **fields}), expect)
+
+
+def parser_cases() -> list[Case]:
+    cases = [chat(f"a tool named {tag!r}", tools=[tool(tag)], tool_choice="auto") for tag in PARSER_TAGS]
+    cases += [chat(f"a tool named {tag!r}, streamed", tools=[tool(tag)], stream=True) for tag in PARSER_TAGS]
+    cases += [
+        chat("a tool named with control characters", tools=[tool("a\u0000b\n\u2028c\ud7ff")]),
+        chat("an empty tool name", BAD_REQUEST, tools=[tool("")]),
+        # (a 400 where the chat template renders the tools into a prompt over --max-model-len; the built-in
+        # model's does not)
+        chat("a 100 kB tool name", None, tools=[tool("x" * 100_000)], tool_choice="auto"),
+        chat("2000 tools", None, tools=[tool(f"f{i}") for i in range(2000)], tool_choice="auto"),
+        chat("the same tool twice", tools=[tool("f"), tool("f")], tool_choice="auto"),
+        chat("auto with no tools", tools=[], tool_choice="auto"),
+        chat("odd parameters", tools=[tool("f", {"$defs": 5, "type": "nonsense"})], tool_choice="auto"),
+        chat("parameters that are not an object", BAD_REQUEST, tools=[tool("f", [1])]),
+        chat("auto and n=2 streamed with usage", tools=[tool("f")], n=2, stream=True,
+             stream_options={"include_usage": True}),
+        chat("auto with json_object", tools=[tool("f")], response_format={"type": "json_object"}),
+        chat("auto with echo", BAD_REQUEST, tools=[tool("f")], echo=True, messages=[
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": '<tool_call>{"name": "f"'}]),
+        chat("required with a tag for a name", tools=[tool("</think>")], tool_choice="required"),
+        chat("named with a tag for a name", tools=[tool("<tool_call>")],
+             tool_choice={"type": "function", "function": {"name": "<tool_call>"}}, stream=True),
+        chat("an assistant turn's reasoning of a wrong type", BAD_REQUEST,
+             messages=[{"role": "assistant", "content": "x", "reasoning": 5}, {"role": "user", "content": "hi"}]),
+        chat("an assistant turn's thinking with tags", messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "</think><tool_call>", "reasoning_content": "<think></think>"},
+            {"role": "user", "content": "again"}]),
+    ]
+    for value in ("abc", 5, 0, [], {}, None, "false", [False]):
+        cases.append(chat(f"enable_thinking={json.dumps(value)}", chat_template_kwargs={"enable_thinking": value}))
+    cases += [chat(f"include_reasoning={json.dumps(v)}", BAD_REQUEST, include_reasoning=v)
+              for v in ("abc", 2, [], {}, "false")]
+    cases += [chat("include_reasoning=null", frozenset({200}), include_reasoning=None),
+              chat("include_reasoning=false with logprobs, streamed", frozenset({200}), include_reasoning=False,
+                   logprobs=True, top_logprobs=2, stream=True)]
+    structured: list[dict[str, Any]] = [
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}},
+        {"guided_choice": ["</think>", "<think>"]}, {"structured_outputs": {"regex": "</think>[a-z]+"}},
+        {"tools": [tool("f")], "tool_choice": "required"},
+    ]
+    for fields in structured:
+        for extra in ({}, {"stream": True}, {"chat_template_kwargs": {"enable_thinking": False}},
+                      {"include_reasoning": False, "n": 2}):
+            cases.append(chat(f"{json.dumps(fields)[:60]} {json.dumps(extra)}", **fields, **extra))
+    # a grammar masks all but one alternative of top_logprobs: their logprob (-inf) must still be a number
+    no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}
+    cases += [chat("masked alternatives in top_logprobs", guided_choice=["yes", "no"], logprobs=True, top_logprobs=3,
+                   **no_thinking),
+              chat("masked alternatives in top_logprobs, streamed", guided_choice=["yes", "no"], logprobs=True,
+                   top_logprobs=3, stream=True, **no_thinking)]
+    for skip in (True, False, None):
+        for fields in ({"tools": [tool("f")]}, {"chat_template_kwargs": {"enable_thinking": False}}, {}):
+            cases.append(chat(f"skip_special_tokens={skip} {json.dumps(fields)}", skip_special_tokens=skip, **fields))
+            cases.append(chat(f"skip_special_tokens={skip} {json.dumps(fields)}, streamed", skip_special_tokens=skip,
+                              stream=True, **fields))
+    cases.append(chat("skip_special_tokens of a wrong type", BAD_REQUEST, skip_special_tokens="no", tools=[tool("f")]))
+    return cases

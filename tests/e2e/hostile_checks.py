@@ -6,6 +6,7 @@ attached to the coordinator, nothing left in flight); the schemathesis run uses 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -51,8 +52,12 @@ def error_shape_problem(r: httpx.Response) -> str | None:
     return None
 
 
-async def check(http: httpx.AsyncClient, case: Case) -> str | None:
-    """The problem with the server's answer to ``case``, or None when it keeps the contract."""
+Validate = Callable[[httpx.Response], list[str]]  # what is wrong with a 200 answer's body
+
+
+async def check(http: httpx.AsyncClient, case: Case, validate: Validate | None = None) -> str | None:
+    """The problem with the server's answer to ``case``, or None when it keeps the contract (and, for a 200,
+    ``validate`` finds nothing wrong with its body)."""
     headers = {"Connection": "close", **dict(case.headers)}
     try:
         r = await http.request(case.method, case.path, content=case.content, headers=headers)
@@ -67,10 +72,10 @@ async def check(http: httpx.AsyncClient, case: Case) -> str | None:
     if r.status_code >= 400:
         problem = error_shape_problem(r)
         return f"{case.name}: {r.status_code} {problem}" if problem else None
-    if r.headers.get("content-type", "").startswith("text/event-stream"):
-        problems = sse_problems(r.text)
-        return f"{case.name}: {problems}" if problems else None
-    return None
+    problems = sse_problems(r.text) if r.headers.get("content-type", "").startswith("text/event-stream") else []
+    if validate is not None and r.status_code == 200:
+        problems += validate(r)
+    return f"{case.name}: {problems[:3]}" if problems else None
 
 
 async def api_views(server: Server) -> dict[int, dict[str, Any]]:
@@ -120,7 +125,8 @@ async def settle_problems(server: Server) -> list[str]:
         await anyio.sleep(0.2)  # poll: a slot is released just after the response is sent
 
 
-async def run_family(server: Server, cases: list[Case], *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+async def run_family(server: Server, cases: list[Case], *, timeout_s: float = REQUEST_TIMEOUT_S,
+                     validate: Validate | None = None) -> None:
     problems: list[str] = []
     deadline = time.monotonic() + FAMILY_DEADLINE_S
     async with httpx.AsyncClient(base_url=server.base_url, timeout=timeout_s) as http:
@@ -128,7 +134,7 @@ async def run_family(server: Server, cases: list[Case], *, timeout_s: float = RE
             if time.monotonic() > deadline:
                 problems.append(f"deadline: {len(cases) - i} cases not sent")
                 break
-            if (problem := await check(http, case)) is not None:
+            if (problem := await check(http, case, validate)) is not None:
                 problems.append(problem)
                 if "no answer" in problem or "transport error" in problem:
                     problems.append(f"stopped after a lost request: {len(cases) - i - 1} cases not sent")

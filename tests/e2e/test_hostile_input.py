@@ -1,4 +1,10 @@
-"""A hostile-input battery against one live ``asyncdp serve builtin:tiny-dense -dp 2`` (issue 12).
+"""A hostile-input battery against one live ``asyncdp serve builtin:tiny-dense -dp 2`` (issue 12), started with the
+output parsers' flags (``--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3``), so every
+chat answer of every family passes through them, and one family aims at them (tools whose names are the parsers'
+tags, many or huge tools, ``enable_thinking`` and ``include_reasoning`` of every type, constraints that start after
+``</think>``, ``skip_special_tokens`` with each parser; each 200 answer must also match the served document, so
+a grammar-masked alternative's ``"logprob": null`` is caught), at no cost of a second server. Requests are decoded and
+checked the same way with or without the flags.
 
 Every test sends one family of bad requests (malformed JSON, wrong types and out-of-range values for every field
 of completions and chat, huge integers, deep nesting, invalid UTF-8, oversized bodies, ``n`` above the free
@@ -24,6 +30,7 @@ from typing import Any
 
 import anyio
 import httpx
+import jsonschema_rs
 import orjson
 import pytest
 
@@ -34,6 +41,7 @@ from tests.e2e.hostile_cases import (
     CHAT,
     COMPLETIONS,
     NULLABLE,
+    PARSER_FLAGS,
     Case,
     Raw,
     deep_cases,
@@ -41,6 +49,7 @@ from tests.e2e.hostile_cases import (
     invalid_utf8_cases,
     nested,
     out_of_range_cases,
+    parser_cases,
     raw_case,
     streamed,
     with_field,
@@ -64,7 +73,7 @@ OVER_TRANSPORT_LIMIT_BYTES = 70 * 1024 * 1024  # over today's fixed 64 MiB limit
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with serve(tmp_path_factory.mktemp("hostile"), "-dp", "2", "--api-server-count", str(API_COUNT),
-               "--max-queued-requests", str(MAX_QUEUED)) as server:
+               "--max-queued-requests", str(MAX_QUEUED), *PARSER_FLAGS) as server:
         yield server
 
 
@@ -120,6 +129,24 @@ async def test_malformed_json_and_wrong_routes_are_openai_shaped_errors(hostile:
 
 async def test_invalid_utf8_anywhere_in_the_body_is_a_400(hostile: Server) -> None:
     await run_family(hostile, invalid_utf8_cases())
+
+
+async def test_requests_that_reach_the_output_parsers_are_200s_or_400s(hostile: Server) -> None:
+    """Each 200 answer, whole or every event of a stream, also matches the server's own document."""
+    async with httpx.AsyncClient(base_url=hostile.base_url, timeout=REQUEST_TIMEOUT_S) as http:
+        doc = (await http.get("/openapi.json")).json()
+    # (an event's schema says its data holds a chunk as contentSchema, which a plain validator leaves unchecked)
+    whole, chunk = (jsonschema_rs.Draft202012Validator({"$ref": f"#/components/schemas/{name}",
+                                                         "components": doc["components"]})
+                    for name in ("ChatCompletion", "ChatCompletionChunk"))
+
+    def validate(r: httpx.Response) -> list[str]:
+        if not r.headers.get("content-type", "").startswith("text/event-stream"):
+            return [e.message[:300] for e in whole.iter_errors(r.json())]
+        events = [line[len("data: "):] for line in r.text.split("\n") if line.startswith("data: ")]
+        return [e.message[:300] for data in events if data != "[DONE]" for e in chunk.iter_errors(orjson.loads(data))]
+
+    await run_family(hostile, parser_cases(), validate=validate)
 
 
 async def test_deeply_nested_json_in_any_field_is_a_400(hostile: Server) -> None:

@@ -9,6 +9,12 @@ refused (nothing is accepted and ignored). The control routes
 (``/pause``, ``/resume``, tagged ``control``) are left out: pausing would stall the rest of the run. Afterwards
 the deployment still serves, nothing is left in flight and every API process is attached to the coordinator;
 the fixture's teardown asserts a clean exit and no traceback in the log.
+
+The module runs twice: against a server without flags (every route), and against one with the output parsers
+(``--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3``), on the chat route only and
+with a smaller budget, where every answer passes through them (the reasoning split, tools with ``tool_choice``
+"auto", a constraint that starts after ``</think>``) and must match the document's ``message.reasoning``,
+``content: null``, ``tool_calls`` and ``delta`` schemas.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -25,12 +32,14 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import MODEL, Server, serve
+from tests.e2e.hostile_cases import PARSER_FLAGS
 from tests.e2e.hostile_checks import settle_problems
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 MAX_EXAMPLES = 25  # per operation and phase
 MAX_TIME_S = 30  # one pass of both phases takes ~13 s here; fuzzing repeats until the budget is spent
+PARSERS_MAX_TIME_S = 12  # chat only: one pass of both phases takes ~3 s
 MAX_MODEL_LEN = 64
 # positive_data_acceptance is left out: rules across fields (prompt plus max_tokens within max_model_len, token ids
 # in the vocabulary, best_of >= n) are stated in descriptions, not schemas, so schema-valid data may be a 400.
@@ -47,11 +56,31 @@ def schemathesis_cli() -> list[str]:
     return [found]
 
 
+@dataclass(frozen=True)
+class Config:
+    """One deployment the module runs against: its extra flags, the paths schemathesis tests, its time budget."""
+
+    flags: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()  # empty: every route but the control ones
+    max_time_s: int = MAX_TIME_S
+
+
+CONFIGS = {
+    "plain": Config(),
+    "parsers": Config(PARSER_FLAGS, ("/v1/chat/completions",), PARSERS_MAX_TIME_S),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def config(request: pytest.FixtureRequest) -> Config:
+    return CONFIGS[request.param]
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory, config: Config) -> Iterator[Server]:
     # A short --max-model-len bounds the generated requests that leave max_tokens unset (up to the whole context).
     with serve(tmp_path_factory.mktemp("schemathesis"), "-dp", "2", "--api-server-count", "2",
-               "--max-model-len", str(MAX_MODEL_LEN)) as s:
+               "--max-model-len", str(MAX_MODEL_LEN), *config.flags) as s:
         yield s
 
 
@@ -66,16 +95,16 @@ async def test_the_openapi_document_is_served_and_names_the_generation_routes(se
 
 
 async def test_schemathesis_finds_no_server_error_and_no_undocumented_response(
-        server: Server, tmp_path: Path) -> None:
+        server: Server, config: Config, tmp_path: Path) -> None:
     report = tmp_path / "report"
     cmd = [*schemathesis_cli(), "run", f"{server.base_url}/openapi.json",
            "--checks", ",".join(CHECKS), "--mode", "all", "--phases", "examples,coverage,fuzzing",
-           "--max-examples", str(MAX_EXAMPLES), "--max-time", str(MAX_TIME_S), "--workers", "1",
+           "--max-examples", str(MAX_EXAMPLES), "--max-time", str(config.max_time_s), "--workers", "1",
            "--seed", "12", "--request-timeout", "30", "--generation-database", "none",
            "--exclude-tag", "control", "--suppress-health-check", "all", "--no-color",
-           "--report", "junit", "--report-dir", str(report)]
+           "--report", "junit", "--report-dir", str(report), *(f"--include-path={p}" for p in config.paths)]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "", "NO_COLOR": "1"}
-    with anyio.fail_after(3 * MAX_TIME_S):  # the CLI's own budget, plus startup and the last requests
+    with anyio.fail_after(3 * MAX_TIME_S):  # (the same for a smaller budget: the startup is the same)  # the CLI's own budget, plus startup and the last requests
         # In tmp_path: the CLI keeps a cache folder (.schemathesis/) in its working directory.
         proc = await anyio.run_process(cmd, check=False, env=env, stderr=subprocess.STDOUT, cwd=tmp_path)
     out = proc.stdout.decode(errors="replace")
