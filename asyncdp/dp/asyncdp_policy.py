@@ -320,6 +320,7 @@ class AsyncdpPolicy(SeveralRouters):
         credit = 0
         new = not hashes or not state.index.owners.get(hashes[0], 0)
         if state.weights.phase_spread or self.spread:
+            state.note_resend(now_us)
             state.note_new(new)
         if hashes:
             credit = min(state.index.match(r, hashes) * state.block_size, req.prompt_len - 1)
@@ -355,6 +356,7 @@ class AsyncdpPolicy(SeveralRouters):
     def on_finish(self, state: AsyncdpState, req_id: str, dp_rank: int, now_us: int) -> None:
         state.tick(now_us)
         f = state.reqs.pop(req_id, None)
+        state.note_finish(now_us)
         if f is not None:
             state.forget(f)
 

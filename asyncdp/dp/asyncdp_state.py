@@ -91,6 +91,9 @@ class AsyncdpState(PhaseWeights):
     phases: list[float] = field(default_factory=list)  # phase(i) for the current epoch
     new_share: float = 0.0  # EMA of the share of dispatched prompts no rank held (note_new)
     phase_scale: float = 0.0  # the share of phase_spread in force (note_new); the spread rule only at 0
+    resend_credit: int = 0  # completions not matched to a dispatch yet (PhaseWeights.note_resend)
+    last_finish_us: int = -1  # the hooks' clock at the last completion, -1 before the first
+    resend_share: float = 1.0  # EMA of the share of dispatches that could be resends (note_resend)
     decisions: tuple[Decision, ...] = ()
     reqs: dict[str, Routed] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)

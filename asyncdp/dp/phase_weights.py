@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from asyncdp.dp.asyncdp_records import CostWeights
 
+RESEND_WINDOW_US = 1_000_000  # [ours] a dispatch this soon after an unmatched completion may be its client's resend
+RESEND_SHARE_STEP = 1.0 / 32.0  # the EMA step of resend_share, per dispatch
 NEW_SHARE_WINDOW = 256.0  # the cluster's dispatches over which the share of prompts no rank held is averaged
 NEW_SHARE_MIN_OWN = 16.0  # ... but over at least this many of the router's own, however many routers there are
 PHASE_STEP = 0.125  # phase_scale moves in steps of this
@@ -24,6 +26,9 @@ class PhaseWeights:
     new_share: float  # EMA of the share of dispatched prompts no rank held (note_new)
     phase_scale: float  # the share of phase_spread in force (note_new)
     mirror: list[float]  # the others' new prompts this router assumes (mirror_new)
+    resend_credit: int  # completions not matched to a dispatch yet (note_finish, note_resend)
+    last_finish_us: int  # the hooks' clock at the last completion, -1 before the first
+    resend_share: float  # EMA of the share of dispatches that could be a completed request's resend (note_resend)
 
     def update_all(self, *, resum: bool) -> None:
         raise NotImplementedError
@@ -59,11 +64,37 @@ class PhaseWeights:
         and its mean TTFT read 2.4 x one router's."""
         step = 1.0 / max(NEW_SHARE_WINDOW / self.num_routers, NEW_SHARE_MIN_OWN)
         m = self.new_share = self.new_share + ((1.0 if new else 0.0) - self.new_share) * step
-        target = min(1.0, max(0.0, (m - 0.5) / 0.4))
+        target = min(1.0, max(0.0, (m - 0.5) / 0.4)) * self.resend_share
         if abs(target - self.phase_scale) >= PHASE_STEP * 0.75:
             self.phase_scale = round(target / PHASE_STEP) * PHASE_STEP
             self.phases = [self.phase(i) for i in range(self.n)]
             self.update_all(resum=False)
+
+    def note_finish(self, now_us: int) -> None:
+        """A request of this router completed: its client may resend (:meth:`note_resend`)."""
+        self.resend_credit += 1
+        self.last_finish_us = now_us
+
+    def note_resend(self, now_us: int) -> None:
+        """A dispatch (before :meth:`note_new`): whether it could be the resend of a completion this router saw
+        within ``RESEND_WINDOW_US`` and has not matched to an earlier dispatch, averaged into ``resend_share``,
+        which scales the phase weights.
+
+        The weights exist for closed-loop clients, whose resends follow their completions; their cost is an uneven
+        split of a burst (a burst of 400 from idle split by loads weighed 0.9 to 1.1 gives the ranks 45 to 55 each,
+        and the burst lasts as long as its busiest rank: W9@onoff's goodput read 0.973 x vllm's). An open-loop
+        burst after a quiet spell follows no completion, so it is split evenly; steady open-loop traffic, whose
+        completions and arrivals interleave, keeps most of the weights. Before the first completion nothing is
+        counted: a run's opening burst may be closed-loop clients' first sends, and W9's desynchronisation starts
+        there (its burst of 800 split evenly, W9's mean TTFT read 1.27 x; the share starts at 1)."""
+        if self.last_finish_us < 0:
+            return  # no completion yet: the opening burst says nothing of the clients (the share stays at 1)
+        if now_us - self.last_finish_us > RESEND_WINDOW_US:
+            self.resend_credit = 0  # completions long past: their clients are not resending now
+        resend = self.resend_credit > 0
+        if resend:
+            self.resend_credit -= 1
+        self.resend_share += ((1.0 if resend else 0.0) - self.resend_share) * RESEND_SHARE_STEP
 
     def mirror_new(self, i: int, prefill: float) -> None:
         """With several routers and the phase weights in full, this router sent a new prompt of ``prefill`` tokens

@@ -21,9 +21,11 @@ def new_prompt(k: int, length: int = 100) -> RequestView:
 
 
 def unshared(p: AsyncdpPolicy, n: int, epoch: int = 1) -> AsyncdpState:
-    """A state whose recent prompts all shared nothing, at the start of ``epoch`` (the phases are set then)."""
+    """A state whose recent prompts all shared nothing and were all resends of completions (closed-loop clients),
+    at the start of ``epoch`` (the phases are set then)."""
     s = p.init(n)
     s.new_share = 1.0
+    s.resend_share = 1.0
     s.note_new(True)
     p.on_finish(s, "nobody", 0, epoch * PERIOD_US)  # any hook advances the clock
     return s
@@ -35,7 +37,8 @@ def test_new_prompts_weigh_equal_loads_by_the_ranks_phases():
     s = unshared(p, 4)
     assert s.phases == pytest.approx([-0.1 / 3, 0.1 / 3, 0.1, -0.1])
     counts = [0] * 4
-    for k in range(40):  # a burst of 40 new 100-token prompts, none finished
+    for k in range(40):  # a burst of 40 new 100-token prompts, each a closed-loop client's resend, none finished
+        p.on_finish(s, "another client's", 0, PERIOD_US)  # the completion it follows (not one of these 40)
         counts[route(p, s, new_prompt(k), now_us=PERIOD_US)] += 1
     # each goes where 100·count·(1 + phase) is least: the counts fall as the phase rises (not 10 each)
     assert counts == [10, 10, 9, 11]
@@ -131,3 +134,27 @@ def test_the_phase_spread_is_checked():
         AsyncdpPolicy(phase_spread=1.0)
     with pytest.raises(ConfigError, match="phase_spread"):
         AsyncdpPolicy(phase_period_s=0)
+
+
+def test_an_open_loop_burst_after_a_quiet_spell_is_split_evenly():
+    # The weights are for closed-loop clients, whose resends follow their completions. A burst that follows no
+    # completion (open-loop clients, 400 requests from idle in W9@onoff) split by the weights gives the ranks 45 to 55
+    # each, and lasts as long as its busiest rank; it is split evenly instead.
+    p = AsyncdpPolicy(memory_tokens=0)
+    for quiet_s, expected in ((0.0, [10, 10, 9, 11]), (2.0, [10, 10, 10, 10])):
+        s = unshared(p, 4)  # the weights in full: closed-loop clients so far
+        at = PERIOD_US + int(quiet_s * 1_000_000)  # the last completion was at PERIOD_US
+        counts = [0] * 4
+        for k in range(40):
+            if not quiet_s:
+                p.on_finish(s, "another client's", 0, at)  # a resend after each completion, as above
+            counts[route(p, s, new_prompt(k), now_us=at)] += 1
+        assert counts == expected, quiet_s
+    s = unshared(p, 4)
+    for k in range(200):  # open-loop arrivals: the share of resends, and the weights with it, go to 0
+        route(p, s, new_prompt(k), now_us=PERIOD_US + 2_000_000 + k)
+    assert s.resend_share < 0.01 and s.phase_scale == 0.0 and s.phases == [0.0] * 4
+    for k in range(200):  # closed-loop clients again: each dispatch follows a completion
+        p.on_finish(s, "another client's", 0, PERIOD_US + 3_000_000 + k)
+        route(p, s, new_prompt(1000 + k), now_us=PERIOD_US + 3_000_000 + k)
+    assert s.resend_share > 0.99 and s.phase_scale == 1.0

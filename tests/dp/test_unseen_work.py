@@ -215,10 +215,11 @@ def phased_burst(routers: int, trial: int) -> tuple[Counter[int], int]:
 
 def phased_router(p: AsyncdpPolicy, router: int, routers: int, n: int, running: int) -> tuple[AsyncdpState, int]:
     """Router ``router`` of ``routers`` over ``n`` ranks after a steady spell, every recent prompt new (the phase
-    weights in full), and a snapshot showing ``running`` requests on every rank; with that snapshot's time."""
+    weights in full, as for closed-loop clients: every recent dispatch a resend), and a snapshot showing ``running``
+    requests on every rank; with that snapshot's time."""
     s = p.init(n, router, routers, {"kv_blocks_per_rank": 10_000})
     last = steady(p, s, router, 20)
-    s.new_share, s.phase_scale = 1.0, 1.0
+    s.new_share, s.phase_scale, s.resend_share = 1.0, 1.0, 1.0
     s.phases = [s.phase(i) for i in range(n)]
     p.on_snapshot(s, snapshot([running] * n, last))
     return s, last
@@ -241,13 +242,15 @@ def test_several_routers_draw_a_new_prompt_among_the_near_cheapest_while_the_pha
 def blind_burst(routers: int, per_router: int, n: int = 8, mirror: bool = True) -> tuple[list[int], list[AsyncdpState]]:
     """``routers`` routers over ``n`` ranks, the phase weights in full, the directory's last answer counting the
     others' new prompts equally on every rank (60 000 tokens each), then each router sends ``per_router`` new
-    1 000-token prompts before the next snapshot: the prompts per rank, and the routers' states."""
+    1 000-token prompts before the next snapshot, each a closed-loop client's resend after a completion (W9): the
+    prompts per rank, and the routers' states."""
     p = AsyncdpPolicy(memory_tokens=0, spread=False, mirror=mirror)
     counts, states = [0] * n, []
     for router in range(routers):
         s, last = phased_router(p, router, routers, n, running=0)
         p.on_prefix_owner(s, None, (), 0, [60_000.0] * n)
         for k in range(per_router):
+            p.on_finish(s, "another client's", 0, last + 50_000)
             counts[send(p, s, request(100 + k, tokens=1000, router=router), last + 50_000)] += 1
         states.append(s)
     return counts, states
@@ -306,7 +309,8 @@ def test_new_prompts_are_not_claimed_while_the_phase_weights_hold_in_full():
         s = p.init(4, 0, 4)
         first = request(0)
         assert p.claim_hashes(s, first)  # a new prompt, most recent prompts not (yet) new
-        for k in range(1, 600):  # every prompt new: the share of new prompts goes to 1
+        for k in range(1, 600):  # every prompt new, each a resend after a completion: the share of new prompts goes to 1
+            p.on_finish(s, "another client's", 0, k)
             send(p, s, request(k), k)
         assert s.phase_scale == 1.0
         assert bool(p.claim_hashes(s, request(1000))) is claims_in_phase
