@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -38,3 +39,25 @@ def fails(cmd: str, facts: Facts = MOE, env: dict[str, str] | None = None) -> st
     with pytest.raises(ConfigError) as info:
         serve(cmd, facts, env)
     return str(info.value)
+
+
+@dataclass(frozen=True)
+class _ModelInfo:
+    max_position_embeddings: int = 512
+    is_moe: bool = False
+
+
+def api_server_configs(monkeypatch: pytest.MonkeyPatch, cmd: str) -> list[Any]:
+    """The config each API server of ``asyncdp serve <dense model> -dp 2 --api-server-count 2 cmd`` starts with, as
+    its process builds it from its role (no model on disk: its facts are injected)."""
+    import asyncdp.model as model
+    from asyncdp.apiserver.process import api_config
+    from asyncdp.config.roles import api_server_role
+    from asyncdp.launcher.launch_plan import plan_from_config
+
+    monkeypatch.setattr(model, "resolve_model", lambda name: "/m")
+    monkeypatch.setattr(model, "read_model_info", lambda path: _ModelInfo())
+    monkeypatch.setattr(model, "resolve_tokenizer", lambda tok, path: path)
+    plan = plan_from_config(serve(f"-dp 2 --api-server-count 2 {cmd}", DENSE))
+    return [api_config(api_server_role(plan, client_index=i, managed_ranks=(0, 1), coordinator_client_addr=None,
+                                       socket_dir=None)) for i in range(2)]

@@ -3,12 +3,9 @@ without the second), and that the parser reaches every API server's role only wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
-from asyncdp.config.roles import api_server_role
-from tests.config.command_lines import DENSE, fails, serve
+from tests.config.command_lines import DENSE, api_server_configs, fails, serve
 
 
 def test_auto_tool_choice_without_a_parser_is_refused_naming_the_choices():
@@ -33,12 +30,6 @@ def test_a_parser_alone_is_accepted_as_vllm_accepts_it():
     assert config.tool_call_parser == "hermes" and not config.enable_auto_tool_choice
 
 
-@dataclass(frozen=True)
-class _Info:
-    max_position_embeddings: int = 512
-    is_moe: bool = False
-
-
 @pytest.mark.parametrize(("flags", "parser"), [
     ("--enable-auto-tool-choice --tool-call-parser hermes", "hermes"),
     ("--tool-call-parser hermes", None),  # the parser alone serves no "auto"
@@ -46,14 +37,4 @@ class _Info:
 ])
 def test_the_parser_reaches_every_api_server_role_with_auto_tool_choice(monkeypatch: pytest.MonkeyPatch,
                                                                          flags: str, parser: str | None):
-    import asyncdp.model as model
-    from asyncdp.apiserver.process import api_config
-    from asyncdp.launcher.launch_plan import plan_from_config
-
-    monkeypatch.setattr(model, "resolve_model", lambda name: "/m")
-    monkeypatch.setattr(model, "read_model_info", lambda path: _Info())
-    monkeypatch.setattr(model, "resolve_tokenizer", lambda tok, path: path)
-    plan = plan_from_config(serve(f"-dp 2 --api-server-count 2 {flags}", DENSE))
-    roles = [api_server_role(plan, client_index=i, managed_ranks=(0, 1), coordinator_client_addr=None,
-                             socket_dir=None) for i in range(2)]
-    assert [api_config(r).auto_tool_call_parser for r in roles] == [parser, parser]
+    assert [c.auto_tool_call_parser for c in api_server_configs(monkeypatch, flags)] == [parser, parser]
