@@ -38,6 +38,13 @@ def scripted(reply: str | dict[int, str]) -> FakeEngineClient:
     return fake
 
 
+async def whole_and_streamed(client: Any, body: dict[str, Any]) -> tuple[Any, Any]:
+    """The answer to ``body`` whole, and streamed as the ``openai`` library's stream helper accumulates it."""
+    whole = await client.chat.completions.create(**body)
+    async with client.chat.completions.stream(**body) as stream:
+        return whole, await stream.get_final_completion()
+
+
 def without_ids(message: Any) -> dict[str, Any]:
     doc = message.model_dump(exclude_none=True)
     for call in doc.get("tool_calls", []):
@@ -97,9 +104,7 @@ async def test_auto_turns_llama3_json_and_pythonic_calls_into_tool_calls_whole_a
     body: Any = {"model": "fake-model", "messages": CHAT, "tools": TOOLS, "max_tokens": 200}
     async with running(fake, tool_call_parser=parser) as srv:
         client = srv.openai()
-        whole = await client.chat.completions.create(**body)
-        async with client.chat.completions.stream(**body) as stream:
-            accumulated = await stream.get_final_completion()
+        whole, accumulated = await whole_and_streamed(client, body)
         raw = await srv.http.post("/v1/chat/completions", json={**body, "stream": True})
     # the tag survives detokenizing only for the parser that needs it
     assert [s[2].skip_special_tokens for s in fake.submitted] == [parser != "llama3_json"] * 3
@@ -226,9 +231,7 @@ async def test_an_empty_answer_is_null_content_whole_as_streamed(parser: str) ->
     body: Any = {"model": "fake-model", "messages": CHAT, "tools": TOOLS, "max_tokens": 200, "stop": ["x"]}
     async with running(scripted("xyz"), tool_call_parser=parser) as srv:
         client = srv.openai()
-        whole = await client.chat.completions.create(**body)
-        async with client.chat.completions.stream(**body) as stream:
-            accumulated = await stream.get_final_completion()
+        whole, accumulated = await whole_and_streamed(client, body)
     for answer in (whole, accumulated):
         (choice,) = answer.choices
         assert (choice.message.content, choice.message.tool_calls, choice.finish_reason) == (None, None, "stop")

@@ -15,19 +15,18 @@ import pytest
 
 from asyncdp.testing import FakeEngineClient, byte_tokenizer
 from tests.api.conftest import running, sse_events
-from tests.api.test_chat_auto_tool_choice import STREAM_WARNING, TEMPLATE, TOOLS, without_ids
+from tests.api.test_chat_auto_tool_choice import (
+    STREAM_WARNING,
+    TOOLS,
+    scripted,
+    whole_and_streamed,
+    without_ids,
+)
 
 pytestmark = pytest.mark.anyio
 
 CHAT: Any = [{"role": "user", "content": "2+2?"}]
 THOUGHT = "<think>\nTwo and two make four.\n</think>\n\nIt is 4."
-
-
-def scripted(reply: str | dict[int, str]) -> FakeEngineClient:
-    """A fake whose every sequence writes ``reply`` (or, per seed, ``reply[seed]``)."""
-    fake = FakeEngineClient(replies=lambda _prompt, seed: reply if isinstance(reply, str) else reply[seed or 0])
-    fake.tokenizer.chat_template = TEMPLATE
-    return fake
 
 
 def deltas_of(body: str, index: int = 0) -> list[dict[str, Any]]:
@@ -93,9 +92,7 @@ async def test_the_tool_call_parser_sees_only_the_content() -> None:
     body: Any = {"model": "fake-model", "messages": CHAT, "tools": TOOLS, "max_tokens": 200}
     async with running(scripted(reply), tool_call_parser="hermes", reasoning_parser="qwen3") as srv:
         client = srv.openai()
-        whole = await client.chat.completions.create(**body)
-        async with client.chat.completions.stream(**body) as stream:
-            accumulated = await stream.get_final_completion()
+        whole, accumulated = await whole_and_streamed(client, body)
     message = whole.choices[0].message
     assert message.reasoning == f"Maybe {CALL} would help."  # type: ignore[attr-defined]
     assert message.content == "\n\nChecking."
@@ -188,9 +185,7 @@ async def test_required_tool_calls_are_read_from_the_content_after_the_thinking(
                  "max_tokens": 200}
     async with running(scripted(reply), reasoning_parser="qwen3") as srv:
         client = srv.openai()
-        whole = await client.chat.completions.create(**body)
-        async with client.chat.completions.stream(**body) as stream:
-            accumulated = await stream.get_final_completion()
+        whole, accumulated = await whole_and_streamed(client, body)
     message = whole.choices[0].message
     assert message.reasoning == f"Maybe {calls}? Yes."  # type: ignore[attr-defined]
     assert [(c.function.name, c.function.arguments) for c in message.tool_calls or []] == [("get_time", "{}")]
