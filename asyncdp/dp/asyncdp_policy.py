@@ -61,8 +61,7 @@ _INF = float("inf")
 
 
 class AsyncdpPolicy(SeveralRouters):
-    """asyncdp's own policy: one token cost, prefix- and KV-aware, hot-spot bounded (theory of operation:
-    docs/discussion/routing-policy.md)."""
+    """asyncdp's own policy: one token cost, prefix- and KV-aware, hot-spot bounded (docs/discussion/routing-policy.md)."""
 
     name = "asyncdp"
 
@@ -320,8 +319,7 @@ class AsyncdpPolicy(SeveralRouters):
         credit = 0
         new = not hashes or not state.index.owners.get(hashes[0], 0)
         if state.weights.phase_spread or self.spread:
-            state.note_resend(now_us)
-            state.note_new(new)
+            state.note_new(new, now_us)
         if hashes:
             credit = min(state.index.match(r, hashes) * state.block_size, req.prompt_len - 1)
             state.index.insert(r, hashes)

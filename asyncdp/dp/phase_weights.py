@@ -52,8 +52,9 @@ class PhaseWeights:
             return 0.0
         return w.phase_spread * self.phase_scale * (2.0 * ((i + self.epoch) % self.n) / (self.n - 1) - 1.0)
 
-    def note_new(self, new: bool) -> None:
-        """A dispatch: count whether no rank held its prompt's first block in ``new_share`` (an average over about
+    def note_new(self, new: bool, now_us: int) -> None:
+        """A dispatch at ``now_us`` (counted first by :meth:`note_resend`): count whether no rank held its prompt's
+        first block in ``new_share`` (an average over about
         ``NEW_SHARE_WINDOW`` of the cluster's dispatches: this router sees one in ``num_routers`` of them, so over
         ``NEW_SHARE_WINDOW / num_routers`` of its own, and never fewer than ``NEW_SHARE_MIN_OWN``), and move
         ``phase_scale`` to ``(new_share - 0.5)/0.4`` clipped to [0, 1] in steps of 1/8, once it is 3/32 away (so
@@ -62,6 +63,7 @@ class PhaseWeights:
         Averaged over 256 of its own dispatches, each of four routers took four times as long as one router to
         see that W9's prompts share nothing: the weights reached full spread after 32 of the quick run's 60 s,
         and its mean TTFT read 2.4 x one router's."""
+        self.note_resend(now_us)
         step = 1.0 / max(NEW_SHARE_WINDOW / self.num_routers, NEW_SHARE_MIN_OWN)
         m = self.new_share = self.new_share + ((1.0 if new else 0.0) - self.new_share) * step
         target = min(1.0, max(0.0, (m - 0.5) / 0.4)) * self.resend_share
@@ -76,7 +78,7 @@ class PhaseWeights:
         self.last_finish_us = now_us
 
     def note_resend(self, now_us: int) -> None:
-        """A dispatch (before :meth:`note_new`): whether it could be the resend of a completion this router saw
+        """A dispatch (from :meth:`note_new`): whether it could be the resend of a completion this router saw
         within ``RESEND_WINDOW_US`` and has not matched to an earlier dispatch, averaged into ``resend_share``,
         which scales the phase weights.
 

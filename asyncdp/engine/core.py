@@ -28,10 +28,8 @@ one, each step attaches the constrained rows' allowed-token bitmask to the batch
 its matcher. A completed grammar finishes the request with ``stop``. A matcher that failed (a grammar limit hit
 mid-generation: its mask then allows only EOS) finishes it with ``finish_reason="error"`` and
 ``error_type="invalid_request"`` naming the grammar field, checked before EOS, so the text cut short never reads
-as a ``stop``. Only an executor with ``applies_token_masks`` takes such requests. A grammar with
-``StructuredOutputs.start_after`` (a reasoning model's ``</think>``) applies only from the token after the
-generated ids first contain that marker: before it the request has no mask row and its matcher is not advanced,
-so it may end unconstrained (EOS: ``stop``; ``max_tokens``: ``length``).
+as a ``stop``. Only an executor with ``applies_token_masks`` takes such requests. A grammar with ``start_after``
+(a reasoning model's ``</think>``) applies from the token after that marker is generated (``GrammarMatchers``).
 
 A failed forward (the executor raised, or an interrupt came in it) leaves ``step()`` once the scheduler has
 unpublished the blocks it never wrote and requeued its requests for recompute (``Scheduler.unschedule``);
@@ -307,8 +305,7 @@ class EngineCore:
 
     def _append_tokens(self, batch: ModelBatch, result: StepResult, grammars: GrammarMatchers | None,
                        outputs: list[RequestOutput]) -> list[Request]:
-        """Append each sampled token, check the stop conditions, and add one output delta per request; returns
-        the requests that finished."""
+        """Append each sampled token, check the stop conditions, add one output delta per request; the finished."""
         now = self._clock()
         logprobs = result.logprobs
         finished: list[Request] = []

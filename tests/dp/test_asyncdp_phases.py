@@ -26,7 +26,7 @@ def unshared(p: AsyncdpPolicy, n: int, epoch: int = 1) -> AsyncdpState:
     s = p.init(n)
     s.new_share = 1.0
     s.resend_share = 1.0
-    s.note_new(True)
+    s.note_new(True, 0)
     p.on_finish(s, "nobody", 0, epoch * PERIOD_US)  # any hook advances the clock
     return s
 
