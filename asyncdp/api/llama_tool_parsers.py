@@ -16,6 +16,7 @@ from asyncdp.api.tool_parser_base import (
     ToolCallParser,
     arguments_json,
     emit_text,
+    json_object,
     partial_prefix,
 )
 
@@ -139,17 +140,14 @@ class Llama3JsonParser(ToolCallParser):
 
     def _call(self, text: str) -> ParsedCall | None:
         """The call an object describes, or None when it is not one (then it stays text)."""
-        try:
-            parsed = json.loads(text)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(parsed, dict) or parsed.get("name") not in self.tool_names:
+        parsed = json_object(text)
+        if parsed is None or (name := self.tool_named(parsed)) is None:
             return None
         keys = [k for k in ("parameters", "arguments") if k in parsed]
         if len(keys) != 1:  # neither (vLLM: no call) or both (which one?)
             return None
         arguments = arguments_json(parsed[keys[0]])
-        return None if arguments is None else ParsedCall(parsed["name"], arguments)
+        return None if arguments is None else ParsedCall(name, arguments)
 
 
 # the start of a pythonic answer that may still be a list of calls: "[", a name, "("

@@ -37,6 +37,12 @@ class ToolCallParser:
     def finish(self) -> list[Piece]:
         raise NotImplementedError
 
+    def tool_named(self, parsed: dict[str, Any]) -> str | None:
+        """The object's ``name`` when it is one of the request's tools (a model may write any JSON there: a list
+        cannot even be looked up), else None."""
+        name = parsed.get("name")
+        return name if isinstance(name, str) and name in self.tool_names else None
+
 
 def partial_prefix(text: str, tag: str) -> int:
     """The length of the longest end of ``text`` that is a proper prefix of ``tag`` (what to hold back)."""
@@ -52,14 +58,24 @@ def emit_text(out: list[Piece], text: str) -> None:
         out.append(text)
 
 
+def json_object(text: str) -> dict[str, Any] | None:
+    """``text`` as a JSON object, or None when it is not one (malformed, another type, or nested past Python's
+    recursion limit, which a model can write: no call then, never a RecursionError's 500)."""
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def arguments_json(value: Any) -> str | None:
     """``arguments`` as the JSON string of an object: an object is dumped (non-ASCII kept, as vLLM does); a string
     that holds a JSON object is taken as written (vLLM would dump it again, into a JSON string of a string)."""
-    try:
-        if isinstance(value, dict):
+    if isinstance(value, dict):
+        try:
             return json.dumps(value, ensure_ascii=False)
-        if isinstance(value, str):
-            return value if isinstance(json.loads(value), dict) else None
-    except (ValueError, RecursionError):  # (nested past the recursion limit: no call, never a 500)
-        return None
+        except (ValueError, RecursionError):
+            return None
+    if isinstance(value, str):
+        return value if json_object(value) is not None else None
     return None

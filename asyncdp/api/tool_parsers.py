@@ -54,7 +54,6 @@ still be ``[name(``, released as text the moment it cannot be, and otherwise hel
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +64,7 @@ from asyncdp.api.tool_parser_base import (
     ToolCallParser,
     arguments_json,
     emit_text,
+    json_object,
     partial_prefix,
 )
 
@@ -120,16 +120,11 @@ class HermesParser(ToolCallParser):
 
     def _call(self, body: str) -> ParsedCall | None:
         """The call a block's JSON describes, or None when it is not one (then the block stays text)."""
-        try:
-            parsed = json.loads(body)
-        except (ValueError, RecursionError):  # (JSON nested past the recursion limit: text, never a 500)
-            return None
-        if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
-            return None
-        if parsed["name"] not in self.tool_names:
+        parsed = json_object(body)
+        if parsed is None or (name := self.tool_named(parsed)) is None:
             return None
         arguments = arguments_json(parsed.get("arguments", {}))
-        return None if arguments is None else ParsedCall(parsed["name"], arguments)
+        return None if arguments is None else ParsedCall(name, arguments)
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {

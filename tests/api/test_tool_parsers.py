@@ -231,3 +231,16 @@ def test_hermes_keeps_json_nested_past_the_recursion_limit_as_text(body: str) ->
     (a RecursionError out of the parser would be a 500 mid-answer)."""
     text = f"<tool_call>{body}</tool_call>"
     assert HermesParser({"get_weather"}).feed(text) == [text]
+
+
+@pytest.mark.parametrize(("parser", "text"), [
+    (HermesParser, '<tool_call>{"name": ["get_weather"], "arguments": {}}</tool_call>'),
+    (HermesParser, '<tool_call>{"name": {"a": 1}, "arguments": {}}</tool_call>'),
+    (Llama3JsonParser, '{"name": ["get_weather"], "parameters": {}}'),
+    (Llama3JsonParser, '<|python_tag|>{"name": {"a": 1}, "parameters": {}}'),
+])
+def test_a_name_that_is_not_a_string_leaves_the_object_text(parser: type[ToolCallParser], text: str) -> None:
+    """A model may write any JSON as the name: one that is no string (a list cannot even be looked up among the
+    tools' names) is no call, and the object stays text, never a TypeError's 500."""
+    p = parser({"get_weather"})
+    assert "".join(str(piece) for piece in p.feed(text) + p.finish()) == text
