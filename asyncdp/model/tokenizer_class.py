@@ -96,4 +96,6 @@ def tokenizer_class_name(path: Path | str) -> str | None:
 
         if is_mistral_common_available():
             return None
-    return choose(declared, model_type, _is_byte_level(folder))
+    # (tokenizer.json is megabytes that the load reads again: read here only where the choice depends on it)
+    byte_level = declared.removesuffix("Fast") == "LlamaTokenizer" and _is_byte_level(folder)
+    return choose(declared, model_type, byte_level)
