@@ -18,7 +18,7 @@ The same handlers run under asyncio (``Quart``) and trio (``QuartTrio``); only t
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from quart import Quart, Response, request
@@ -56,6 +56,18 @@ _OPEN_WITHOUT_KEY = frozenset({"/health", "/ping", "/version", "/metrics", "/loa
 
 __all__ = ["AppState", "create_app", "json_response", "set_draining", "state_of"]
 
+T = TypeVar("T")
+
+
+def _registered(registry: dict[str, T], name: str | None, what: str) -> T | None:
+    """The parser ``name`` of ``registry`` (None: none asked for); ValueError naming the choices otherwise."""
+    if name is None:
+        return None
+    if name not in registry:
+        raise ValueError(f"{what} must be one of {', '.join(registry)}, got {name!r}")
+    return registry[name]
+
+
 def create_app(
     client: EngineClient,
     *,
@@ -90,17 +102,8 @@ def create_app(
         app_class = QuartTrio
     else:
         raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
-    parser = None
-    if tool_call_parser is not None:
-        parser = PARSERS.get(tool_call_parser)
-        if parser is None:
-            raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {tool_call_parser!r}")
-    thinker = None
-    if reasoning_parser is not None:
-        thinker = REASONING_PARSERS.get(reasoning_parser)
-        if thinker is None:
-            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
-                             f"got {reasoning_parser!r}")
+    parser = _registered(PARSERS, tool_call_parser, "tool_call_parser")
+    thinker = _registered(REASONING_PARSERS, reasoning_parser, "reasoning_parser")
     app = app_class("asyncdp.api")
     # Streams last as long as generation does; the engine client and the drain deadline bound them instead.
     app.config["RESPONSE_TIMEOUT"] = None

@@ -195,17 +195,16 @@ class StreamedCalls:
         self._id: str | None = None  # a named function's call, once its first delta went out
         self._held: list[str] = []  # "required": the text so far
         self._auto = use.auto() if use.parser is not None else None
-        self._num_sent = 0  # "auto": the calls sent so far (the next one's index)
 
     def delta(self, new_text: str, finished: bool, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The delta for ``new_text`` (maybe empty), and the finish reason to send with it when ``finished``."""
         if self._auto is not None:
             content, found = self._auto.feed(new_text, finished)
             delta: dict[str, Any] = {"content": content} if content else {}
-            if found:
-                delta["tool_calls"] = [{"index": self._num_sent + i, **_parsed(c)} for i, c in enumerate(found)]
-                self._num_sent += len(found)
-            if finished and self._num_sent and finish_reason == "stop":
+            if found:  # (indexes go on from the calls sent before: num_calls counts these too)
+                first = self._auto.num_calls - len(found)
+                delta["tool_calls"] = [{"index": first + i, **_parsed(c)} for i, c in enumerate(found)]
+            if finished and self._auto.num_calls and finish_reason == "stop":
                 finish_reason = "tool_calls"
             return delta, finish_reason
         if self._use.function is not None:

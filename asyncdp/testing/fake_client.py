@@ -4,9 +4,9 @@ Theory of operation. ``generate`` checks what the real DP client checks before t
 admission, rank-hint ranges E2/E3, prompt length) and then yields one ``RequestOutput`` per generated token,
 sleeping ``token_delay_s`` on the anyio clock before each (so trio's ``MockClock`` can drive it). The output is a
 pure function of the prompt, the seed and the token index: lowercase letters with a space every sixth token, so
-stop strings and logprobs are checkable; ``replies`` scripts it instead (below). As the engine's detokenizer does, it holds back the text that could
-begin a stop string (its longest length - 1 characters) until it cannot. With ``prompt_logprobs`` the first output carries one entry per prompt
-token (None for the first).
+stop strings and logprobs are checkable; ``replies`` scripts it instead (below). As the engine's detokenizer does,
+it holds back the text that could begin a stop string (its longest length - 1 characters) until it cannot. With
+``prompt_logprobs`` the first output carries one entry per prompt token (None for the first).
 
 A prefix cache is simulated as the engine's: a request's ``num_cached_tokens`` (on every output) is the longest
 prefix of its prompt, in whole blocks of ``block_size`` tokens and leaving one token to compute, that an earlier
