@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from asyncdp.api.tool_parsers import partial_prefix
+from asyncdp.api.tool_parser_base import partial_prefix
 
 START, END = "<think>", "</think>"
 
@@ -42,7 +42,7 @@ class ReasoningParser:
 
     name: ClassVar[str]
     # Tokens the format needs in the text: kept by detokenizing with skip_special_tokens false when the tokenizer
-    # marks one special (asyncdp.api.tool_parsers.tags_are_special), or they would be missing from the text.
+    # marks one special (asyncdp.api.tool_parser_base.tags_are_special), or they would be missing from the text.
     tags: ClassVar[tuple[str, ...]] = (START, END)
 
     def __init__(self) -> None:

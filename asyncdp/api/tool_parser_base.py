@@ -79,3 +79,13 @@ def arguments_json(value: Any) -> str | None:
     if isinstance(value, str):
         return value if json_object(value) is not None else None
     return None
+
+
+def tags_are_special(parser: Any, tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` marks one of the parser's tags as a special token, which detokenizing with
+    skip_special_tokens would drop (Qwen's ``<tool_call>`` and ``<think>`` are added tokens that are not special:
+    kept). ``parser``: a tool-call or reasoning parser class, by its ``tags``."""
+    special = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special |= {str(t) for t in decoder.values() if getattr(t, "special", False)}
+    return any(tag in special for tag in parser.tags)

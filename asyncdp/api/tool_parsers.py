@@ -55,7 +55,6 @@ still be ``[name(``, released as text the moment it cannot be, and otherwise hel
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
 
 from asyncdp.api.llama_tool_parsers import Llama3JsonParser, PythonicParser
 from asyncdp.api.tool_parser_base import (
@@ -66,10 +65,8 @@ from asyncdp.api.tool_parser_base import (
     emit_text,
     json_object,
     partial_prefix,
+    tags_are_special,
 )
-
-if TYPE_CHECKING:
-    from asyncdp.api.reasoning_parsers import ReasoningParser
 
 __all__ = ["PARSERS", "AutoToolCalls", "HermesParser", "Llama3JsonParser", "ParsedCall", "Piece", "PythonicParser",
            "ToolCallParser", "partial_prefix", "tags_are_special"]
@@ -129,16 +126,6 @@ class HermesParser(ToolCallParser):
 
 PARSERS: dict[str, type[ToolCallParser]] = {
     p.name: p for p in (HermesParser, Llama3JsonParser, PythonicParser)}
-
-
-def tags_are_special(parser: type[ToolCallParser] | type[ReasoningParser], tokenizer: Any) -> bool:
-    """Whether ``tokenizer`` marks one of the parser's tags as a special token, which detokenizing with
-    skip_special_tokens would drop (Qwen's ``<tool_call>`` and ``<think>`` are added tokens that are not special:
-    kept). Tool-call and reasoning parsers alike."""
-    special = set(getattr(tokenizer, "all_special_tokens", None) or ())
-    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    special |= {str(t) for t in decoder.values() if getattr(t, "special", False)}
-    return any(tag in special for tag in parser.tags)
 
 
 class AutoToolCalls:
