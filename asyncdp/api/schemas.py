@@ -93,7 +93,7 @@ class _Common(msgspec.Struct, kw_only=True):
     safety_identifier: str | None = None  # OpenAI's abuse-monitoring id: accepted, nothing to do with it here
     prompt_cache_key: str | None = None  # OpenAI's cache-affinity key: the request's routing key
     metadata: dict[str, str] | None = None  # OpenAI's tags for stored completions: nothing is stored (store: false)
-    parallel_tool_calls: bool | None = None  # chat's tool_choice "required": false allows one call; else nothing
+    parallel_tool_calls: bool | None = None  # chat tool_choice "required"/"auto": false allows/keeps one call
     # vLLM sampling extras
     top_k: Annotated[int, Meta(ge=-1, le=MAX_INT32)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None

@@ -19,6 +19,8 @@ tools reach the template) and the server's parser (:mod:`asyncdp.api.tool_parser
 text: the answer's ``content`` is the text outside the calls (``null`` when only whitespace is left), its
 ``tool_calls`` the calls, and ``finish_reason`` is ``"tool_calls"`` when it has calls and stopped by itself
 (``"length"`` stays: the answer was cut, which a client should know; vLLM reports ``"tool_calls"`` then too).
+With ``parallel_tool_calls: false`` only the first call the parser finds is returned (streamed: sent, at index 0)
+and the later ones are dropped, as vLLM drops them; the model still generates to its end.
 An answer without calls is the plain text answer (``null`` when empty, as its stream accumulates it). When the tokenizer marks the parser's tags as special tokens,
 the text is detokenized with ``skip_special_tokens`` false unless the request sets it, or the tags would be
 dropped (vLLM's hermes parser turns it off for every tool request).
@@ -60,6 +62,7 @@ class ToolUse:
     constraint: StructuredOutputs | None = None  # None for "none" and "auto": the model writes freely
     parser: type[ToolCallParser] | None = None  # "auto": finds the calls in the text
     tool_names: frozenset[str] = frozenset()
+    parallel: bool = True  # "auto": false keeps only the first call the parser finds
 
     @property
     def calls(self) -> bool:
@@ -69,7 +72,7 @@ class ToolUse:
     def auto(self) -> AutoToolCalls:
         """A fresh parse of one choice's answer (``"auto"`` only)."""
         assert self.parser is not None
-        return AutoToolCalls(self.parser(self.tool_names))
+        return AutoToolCalls(self.parser(self.tool_names), self.parallel)
 
 
 def tool_use(req: ChatRequest, parser: type[ToolCallParser] | None = None) -> ToolUse | None:
@@ -88,7 +91,8 @@ def tool_use(req: ChatRequest, parser: type[ToolCallParser] | None = None) -> To
         return ToolUse(dicts)
     if choice is None or choice == "auto":
         if parser is not None:
-            return ToolUse(dicts, parser=parser, tool_names=frozenset(t.function.name for t in tools))
+            return ToolUse(dicts, parser=parser, tool_names=frozenset(t.function.name for t in tools),
+                           parallel=req.parallel_tool_calls is not False)
         raise HTTPError(400, 'tools with tool_choice "auto" (the default with tools) need a tool-call parser to find '
                              "the calls in free text: start the server with --enable-auto-tool-choice and "
                              "--tool-call-parser (hermes, llama3_json or pythonic), or set tool_choice to \"none\", "

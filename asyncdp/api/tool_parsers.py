@@ -5,7 +5,8 @@ A parser is sans-IO and incremental: :meth:`ToolCallParser.feed` takes the next 
 returns what is known by now, in order: text (``str``) and complete calls (:class:`ParsedCall`);
 :meth:`ToolCallParser.finish` returns the rest at the end. The whole answer is parsed by feeding it in one
 piece, so a streamed answer and a whole one are the same parse, however the text was cut into deltas.
-:class:`AutoToolCalls` turns those pieces into what the client sees (content and calls, see its doc).
+:class:`AutoToolCalls` turns those pieces into what the client sees (content and calls, see its doc), keeping
+only the first call under ``parallel_tool_calls: false``.
 
 ``PARSERS`` is the registry, name -> class, that ``--tool-call-parser`` chooses from (its names are also
 :data:`asyncdp.config.choices.TOOL_CALL_PARSERS`, which a test keeps equal): ``hermes`` here, ``llama3_json`` and
@@ -136,12 +137,16 @@ class AutoToolCalls:
     it is sent when the answer has no calls (so an answer without calls is its text, unchanged) and dropped when
     it has some (so the content of an answer with calls has no trailing whitespace, and the separators around
     its blocks alone make no content: ``null``, as vLLM answers).
+
+    ``parallel`` false (a request's ``parallel_tool_calls: false``) sends only the first call the parser finds;
+    the later ones are dropped, not made content, as vLLM drops them (generation goes on to its end all the same).
     """
 
-    def __init__(self, parser: ToolCallParser) -> None:
+    def __init__(self, parser: ToolCallParser, parallel: bool = True) -> None:
         self._parser = parser
+        self._parallel = parallel
         self._held = ""  # whitespace not sent yet
-        self.num_calls = 0
+        self.num_calls = 0  # the calls sent: a streamed call's index
 
     def feed(self, text: str, finished: bool) -> tuple[str, list[ParsedCall]]:
         """The content and the calls that ``text`` (maybe empty) completes; ``finished``: it ends the answer."""
@@ -158,6 +163,8 @@ class AutoToolCalls:
             sent = joined.rstrip()
             self._held = joined[len(sent):]
             content.append(sent)
+        if not self._parallel:
+            calls = [] if self.num_calls else calls[:1]
         self.num_calls += len(calls)
         if finished:
             if not self.num_calls:

@@ -235,3 +235,32 @@ async def test_an_empty_answer_is_null_content_whole_as_streamed(parser: str) ->
     for answer in (whole, accumulated):
         (choice,) = answer.choices
         assert (choice.message.content, choice.message.tool_calls, choice.finish_reason) == (None, None, "stop")
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+@pytest.mark.parametrize(("parser", "reply", "content"), [
+    ("hermes", CALLS + "Done.", "Checking.\n\n\nDone."),
+    ("pythonic", '[get_weather(city="Zürich"), get_time()]\nChecking.', "\nChecking."),
+], ids=["hermes", "pythonic"])
+@pytest.mark.parametrize("parallel", [False, True, None], ids=["false", "true", "absent"])
+async def test_parallel_tool_calls_false_keeps_only_the_first_call_whole_and_streamed(
+        parser: str, reply: str, content: str, parallel: bool | None) -> None:
+    """As vLLM (PR 26233): the calls after the first are dropped, not made content; the stream never sends one."""
+    body: Any = {"model": "fake-model", "messages": CHAT, "tools": TOOLS, "max_tokens": 200}
+    if parallel is not None:
+        body["parallel_tool_calls"] = parallel
+    async with running(scripted(reply), tool_call_parser=parser) as srv:
+        whole, accumulated = await whole_and_streamed(srv.openai(), body)
+        raw = await srv.http.post("/v1/chat/completions", json={**body, "stream": True})
+    expected = [("get_weather", '{"city": "Zürich"}'), ("get_time", "{}")][:1 if parallel is False else 2]
+    message = whole.choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls or []] == expected
+    assert message.content == content and whole.choices[0].finish_reason == "tool_calls"
+    assert without_ids(accumulated.choices[0].message) == without_ids(message)
+    assert accumulated.choices[0].finish_reason == "tool_calls"
+    deltas = [ch["delta"] for c in (json.loads(e) for e in sse_events(raw.text) if e != "[DONE]")
+              for ch in c["choices"]]
+    sent = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    assert [(tc["index"], tc["function"]["name"], tc["function"]["arguments"]) for tc in sent] == [
+        (i, *call) for i, call in enumerate(expected)]
+    assert "".join(d.get("content") or "" for d in deltas) == content

@@ -244,3 +244,16 @@ def test_a_name_that_is_not_a_string_leaves_the_object_text(parser: type[ToolCal
     tools' names) is no call, and the object stays text, never a TypeError's 500."""
     p = parser({"get_weather"})
     assert "".join(str(piece) for piece in p.feed(text) + p.finish()) == text
+
+
+@pytest.mark.parametrize(("parser", "text"), [
+    (HermesParser, f"A {call('get_time', {})} B {call('get_weather', {'city': 'X'})} C {call('get_time', {})}"),
+    (PythonicParser, '[get_time(), get_weather(city="X"), get_time()] C'),
+], ids=["hermes", "pythonic"])
+def test_not_parallel_keeps_the_first_call_and_drops_the_rest_in_every_split(parser: type[ToolCallParser],
+                                                                           text: str) -> None:
+    for cut in range(len(text) + 1):
+        for pieces in ([text[:cut], text[cut:]], list(text)):
+            auto = AutoToolCalls(parser(NAMES), parallel=False)
+            calls = [c for i, p in enumerate(pieces) for c in auto.feed(p, finished=i == len(pieces) - 1)[1]]
+            assert calls == [ParsedCall("get_time", "{}")] and auto.num_calls == 1
