@@ -16,7 +16,10 @@ a named or ``"required"`` tool choice) while the model may think is constrained 
 vLLM: its grammar's ``start_after`` is ``</think>``'s token ids, so the model thinks freely and the grammar applies
 from the token after the first ``</think>``; the tool calls are read from the content alone. An answer cut by
 ``max_tokens`` (or ended by EOS) inside the thinking was never constrained: it is all reasoning.
-``include_reasoning: false`` (vLLM's) drops the thinking, and the logprobs, which would show it.
+``include_reasoning: false`` (vLLM's) drops the thinking, and the logprobs, which would show it. ``usage`` then
+has ``completion_tokens_details.reasoning_tokens`` (as vLLM): the thinking's tokens, tags left out, counted from
+each choice's token ids (:class:`~asyncdp.api.reasoning_parsers.ReasoningTokens`) and summed over the choices;
+0 when the request does not think; per choice so far in ``continuous_usage_stats``' chunks.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from asyncdp.api.generate import (
 )
 from asyncdp.api.offload import INLINE_TOKENS, heavy_body
 from asyncdp.api.openai_format import (
+    Choice,
     Echo,
     chat_chunk,
     chat_logprobs,
@@ -55,7 +59,7 @@ from asyncdp.api.openai_format import (
 )
 from asyncdp.api.params import logit_bias, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
-from asyncdp.api.reasoning_parsers import ReasoningParser, split
+from asyncdp.api.reasoning_parsers import ReasoningParser, ReasoningTokens, count_reasoning_tokens, split
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
@@ -196,6 +200,17 @@ def _whole(state: AppState, prep: Prepared, message: dict[str, Any], finish_reas
     return message, finish_reason
 
 
+def _reasoning_tokens(state: AppState, prep: Prepared, choices: list[Choice]) -> int | None:
+    """``usage.completion_tokens_details.reasoning_tokens`` of a whole answer: None without a reasoning parser,
+    0 for a request that does not think, else the choices' sum."""
+    if state.reasoning_parser is None:
+        return None
+    if prep.thinker is None:
+        return 0
+    start, end = state.reasoning_start_ids, state.reasoning_end_ids
+    return sum(count_reasoning_tokens(c.token_ids or (), start, end) for c in choices)
+
+
 def _null_content(state: AppState, prep: Prepared) -> bool:
     """Whether an empty content is null: with ``"auto"`` and with a reasoning parser, as vLLM; a named or
     ``"required"`` tool choice's answer keeps its ``""``."""
@@ -225,13 +240,14 @@ def register(app: Quart, state: AppState) -> None:
         created = int(time.time())
         tok = state.client.tokenizer
         if not prep.req.stream:
-            ran = await run_whole(state, prep.seqs, hint, key)
+            ran = await run_whole(state, prep.seqs, hint, key, keep_token_ids=prep.thinker is not None)
             cached = cached_prompt_tokens(state, [c.num_cached_tokens for c in ran], prep.per_prompt)
             choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (prep.top_logprobs is not None or prep.req.prompt_logprobs is not None) and (
                 len(prep.prompt.token_ids) + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
             prompt = prep.prompt if prep.req.prompt_logprobs is not None else None
-            render = partial(chat_response, echo=prep.echo, prompt=prompt, cached_tokens=cached)
+            render = partial(chat_response, echo=prep.echo, prompt=prompt, cached_tokens=cached,
+                             reasoning_tokens=_reasoning_tokens(state, prep, choices))
             doc = await state.offload.run(heavy, render, prep.request_id, created, prep.model, choices,
                                           len(prep.prompt.token_ids), tok, prep.top_logprobs)
             if (prep.tools is not None and prep.tools.calls) or state.reasoning_parser is not None:
@@ -253,9 +269,20 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     generated = [0] * len(prep.seqs)
     cached = [0] * len(prep.seqs)  # each sequence's prefix-cache hit
 
+    # with a reasoning parser: each choice's reasoning tokens, counted as they come (none when it does not think)
+    counts = [ReasoningTokens(state.reasoning_start_ids, state.reasoning_end_ids) for _ in prep.seqs] \
+        if prep.thinker is not None else None
+
+    def reasoning_tokens(index: int | None) -> int | None:  # (None: all the choices)
+        if state.reasoning_parser is None:
+            return None
+        if counts is None:
+            return 0
+        return sum(c.finish() for c in counts) if index is None else counts[index].count
+
     def with_usage(chunk: dict[str, Any], index: int) -> dict[str, Any]:
         if continuous:  # vLLM's continuous_usage_stats: this choice's usage so far, in every chunk
-            chunk["usage"] = usage(num_prompt, generated[index])
+            chunk["usage"] = usage(num_prompt, generated[index], reasoning_tokens=reasoning_tokens(index))
         return chunk
 
     prologue = []
@@ -274,6 +301,10 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
 
     def events(index: int, out: RequestOutput) -> list[bytes]:
         generated[index] += len(out.new_token_ids)
+        if counts is not None:
+            counts[index].feed(out.new_token_ids)
+            if out.finished:
+                counts[index].finish()
         cached[index] = max(cached[index], out.num_cached_tokens)
         first_of_choice = not started[index]
         started[index] = True
@@ -308,6 +339,6 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
             return []
         details = cached_prompt_tokens(state, cached, prep.per_prompt)
         return [sse(usage_chunk(request_id, created, model, "chat.completion.chunk", len(prep.prompt.token_ids),
-                                sum(generated), details))]
+                                sum(generated), details, reasoning_tokens(None)))]
 
     return stream_response(fan, first, events, prologue, epilogue)

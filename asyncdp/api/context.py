@@ -46,6 +46,7 @@ class AppState:
     reasoning_parser: type[ReasoningParser] | None = None  # --reasoning-parser; None: thinking stays in content
     reasoning_tags_special: bool = False  # the tokenizer marks <think> or </think> special: keep them in the text
     reasoning_end_ids: tuple[int, ...] = ()  # </think>'s token ids: a constraint starts after them (start_after)
+    reasoning_start_ids: tuple[int, ...] = ()  # <think>'s: with the end's, what usage's reasoning_tokens leaves out
     offload: Offload = field(default_factory=Offload)
     task_group: TaskGroup | None = None
     draining: bool = False

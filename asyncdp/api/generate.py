@@ -111,12 +111,14 @@ def best_choices(choices: list[Choice], per_prompt: int, n: int) -> list[Choice]
     return best
 
 
-async def run_whole(state: AppState, seqs: list[Sequence], hint: Any, key: str | None = None) -> list[Choice]:
-    """Every sequence's outputs, accumulated per choice, for a non-streamed response."""
+async def run_whole(state: AppState, seqs: list[Sequence], hint: Any, key: str | None = None, *,
+                    keep_token_ids: bool = False) -> list[Choice]:
+    """Every sequence's outputs, accumulated per choice, for a non-streamed response (with each choice's
+    generated token ids too when ``keep_token_ids``)."""
     state.producers()  # 503 while draining or not serving yet, before anything is reserved
     admission = state.client.admit(len(seqs))
     if len(seqs) == 1:  # no fan-out to merge: the handler iterates the one sequence itself
-        choice = Choice(seqs[0].index)
+        choice = Choice(seqs[0].index, token_ids=[] if keep_token_ids else None)
         if not await collect_one(state.client, seqs[0], hint, choice.add, admission, key):
             raise RuntimeError("every sequence ended without output")
         return [choice]
@@ -126,7 +128,7 @@ async def run_whole(state: AppState, seqs: list[Sequence], hint: Any, key: str |
         admission.release()
         raise
     try:
-        choices = [Choice(seq.index) for seq in seqs]
+        choices = [Choice(seq.index, token_ids=[] if keep_token_ids else None) for seq in seqs]
         while (item := await fan.receive()) is not None:
             index, out = item
             if isinstance(out, Exception):

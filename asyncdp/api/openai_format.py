@@ -40,6 +40,7 @@ class Choice:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_cached_tokens: int = 0  # the sequence's prefix-cache hit (the engine repeats it on its outputs)
+    token_ids: list[int] | None = None  # the generated ids, kept when asked (run_whole's keep_token_ids)
 
     @property
     def cumulative_logprob(self) -> float:
@@ -50,6 +51,8 @@ class Choice:
             self.prompt_logprobs = out.prompt_logprobs
         self.text += out.new_text
         self.num_tokens += len(out.new_token_ids)
+        if self.token_ids is not None:
+            self.token_ids.extend(out.new_token_ids)
         if out.num_cached_tokens > self.num_cached_tokens:
             self.num_cached_tokens = out.num_cached_tokens
         if out.logprobs:
@@ -59,13 +62,17 @@ class Choice:
             self.stop_reason = out.stop_reason
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+          reasoning_tokens: int | None = None) -> dict[str, Any]:
     """OpenAI's ``usage``; with ``cached_tokens`` (``--enable-prompt-tokens-details``) also
-    ``prompt_tokens_details.cached_tokens``, 0 included (vLLM leaves a 0 out)."""
+    ``prompt_tokens_details.cached_tokens``, 0 included (vLLM leaves a 0 out); with ``reasoning_tokens`` (chat,
+    ``--reasoning-parser``) also ``completion_tokens_details.reasoning_tokens``, 0 included (as vLLM)."""
     out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                            "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return out
 
 
@@ -203,6 +210,7 @@ def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs], top_n: int) -> dict[
 def chat_response(
     request_id: str, created: int, model: str, choices: list[Choice], prompt_tokens: int, tokenizer: Any,
     top_logprobs: int | None, *, echo: str = "", prompt: Echo | None = None, cached_tokens: int | None = None,
+    reasoning_tokens: int | None = None,
 ) -> dict[str, Any]:
     """``echo``: text prepended to every message (chat ``echo`` of a final assistant message). ``prompt``: add
     vLLM's top-level ``prompt_logprobs`` (the prompt is the same for every choice)."""
@@ -215,7 +223,7 @@ def chat_response(
              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
             for c in ordered
         ],
-        "usage": usage(prompt_tokens, sum(c.num_tokens for c in choices), cached_tokens),
+        "usage": usage(prompt_tokens, sum(c.num_tokens for c in choices), cached_tokens, reasoning_tokens),
     }
     if prompt is not None:
         response["prompt_logprobs"] = prompt_logprobs_field(
@@ -239,6 +247,7 @@ def chat_chunk(
 
 
 def usage_chunk(request_id: str, created: int, model: str, obj: str, prompt_tokens: int,
-                completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+                completion_tokens: int, cached_tokens: int | None = None,
+                reasoning_tokens: int | None = None) -> dict[str, Any]:
     return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)}

@@ -23,13 +23,16 @@ takes the next piece of generated text and returns the reasoning and the content
 begin a tag is held back until it cannot, and :meth:`ReasoningParser.finish` returns it at the end. A whole
 answer is the same parse fed in one piece, so a streamed answer and a whole one agree however the text was cut.
 
+:class:`ReasoningTokens` counts the same split in token ids, for ``usage.completion_tokens_details.reasoning_tokens``
+(vLLM's ``count_reasoning_tokens``): the tokens of what the parser makes reasoning, the tags' own tokens left out.
+
 ``PARSERS`` is the registry, name -> class, that ``--reasoning-parser`` chooses from (its names are also
 :data:`asyncdp.config.choices.REASONING_PARSERS`, which a test keeps equal).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from asyncdp.api.tool_parser_base import partial_prefix
@@ -109,6 +112,84 @@ class Qwen3Parser(ReasoningParser):
 
 
 PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (DeepSeekR1Parser, Qwen3Parser)}
+
+
+class ReasoningTokens:
+    """One choice's reasoning tokens, counted from its generated token ids as they come (``feed``), the way
+    :class:`ReasoningParser` splits its text: every token before the first ``</think>`` (an answer that never
+    writes it: every token) but those of the tag itself and of the first ``<think>`` before it, the model's own opening.
+    The tags are found by their ids as the server's tokenizer encodes them alone (:func:`start_token_ids`,
+    :func:`end_token_ids`); a tail that could begin one is held until it cannot, and ``finish`` counts it."""
+
+    def __init__(self, start: Sequence[int], end: Sequence[int]) -> None:
+        self._start, self._end = tuple(start), tuple(end)
+        self.count = 0
+        self._thinking = True  # before the end tag
+        self._opened = False  # the model's own start tag was left out
+        self._held: list[int] = []  # while thinking: a tail that may begin a tag
+
+    def feed(self, token_ids: Sequence[int]) -> None:
+        if not self._thinking:
+            return
+        held = self._held
+        held.extend(token_ids)
+        while True:
+            end = _find(held, self._end)
+            start = -1 if self._opened else _find(held, self._start)
+            if start >= 0 and (end < 0 or start < end):
+                self.count += start
+                del held[:start + len(self._start)]
+                self._opened = True
+                continue
+            if end >= 0:
+                self.count += end
+                held.clear()
+                self._thinking = False
+                return
+            keep = max(_partial(held, self._end), 0 if self._opened else _partial(held, self._start))
+            self.count += len(held) - keep
+            del held[:len(held) - keep]
+            return
+
+    def finish(self) -> int:
+        """The count, at the end of the answer: a partial tag that never completed is reasoning."""
+        self.count += len(self._held)
+        self._held.clear()
+        return self.count
+
+
+def count_reasoning_tokens(token_ids: Sequence[int], start: Sequence[int], end: Sequence[int]) -> int:
+    """A whole answer's reasoning tokens (:class:`ReasoningTokens` fed in one piece)."""
+    counter = ReasoningTokens(start, end)
+    counter.feed(token_ids)
+    return counter.finish()
+
+
+def _find(values: list[int], tag: tuple[int, ...]) -> int:
+    """Where ``tag`` first occurs in ``values``, or -1."""
+    if not tag:
+        return -1
+    i = -1
+    try:
+        while True:
+            i = values.index(tag[0], i + 1)
+            if tuple(values[i:i + len(tag)]) == tag:
+                return i
+    except ValueError:
+        return -1
+
+
+def _partial(values: list[int], tag: tuple[int, ...]) -> int:
+    """The length of the longest end of ``values`` that begins ``tag`` (shorter than the tag)."""
+    for k in range(min(len(tag) - 1, len(values)), 0, -1):
+        if tuple(values[-k:]) == tag[:k]:
+            return k
+    return 0
+
+
+def start_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """``<think>`` as the server's tokenizer encodes it on its own, no special tokens added."""
+    return tuple(tokenizer.encode(START, add_special_tokens=False))
 
 
 def end_token_ids(tokenizer: Any) -> tuple[int, ...]:

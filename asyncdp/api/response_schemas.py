@@ -3,8 +3,8 @@
 They describe what ``asyncdp.api.openai_format`` and ``asyncdp.api.chat`` send, flags included: a message's
 ``content`` may be null (an answer of tool calls alone, or one that only thought), its ``tool_calls`` (a named or
 ``"required"`` tool choice, and ``"auto"`` with ``--enable-auto-tool-choice``), ``finish_reason: "tool_calls"``,
-and, with ``--reasoning-parser``, ``message.reasoning`` on every message (a string or null) and
-``delta.reasoning`` in a stream. A streamed answer is described event by event, as OpenAPI 3.2's ``itemSchema``
+and, with ``--reasoning-parser``, ``message.reasoning`` on every message (a string or null),
+``delta.reasoning`` in a stream and ``usage.completion_tokens_details.reasoning_tokens``. A streamed answer is described event by event, as OpenAPI 3.2's ``itemSchema``
 (schemathesis reads a 3.1 ``schema`` of ``text/event-stream`` that way): each event's ``data`` is a chunk or an
 error as JSON, or ``[DONE]``. Objects stay open (``additionalProperties`` allowed), as OpenAI adds fields.
 """
@@ -28,7 +28,9 @@ _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "
     "prompt_tokens": {"type": "integer", "minimum": 0}, "completion_tokens": {"type": "integer", "minimum": 0},
     "total_tokens": {"type": "integer", "minimum": 0},
     "prompt_tokens_details": {"type": "object", "required": ["cached_tokens"],
-                              "properties": {"cached_tokens": {"type": "integer", "minimum": 0}}}}}
+                              "properties": {"cached_tokens": {"type": "integer", "minimum": 0}}},
+    "completion_tokens_details": {"type": "object", "required": ["reasoning_tokens"],
+                                  "properties": {"reasoning_tokens": {"type": "integer", "minimum": 0}}}}}
 _PROMPT_LOGPROBS = {"type": "array", "items": {"anyOf": [{"type": "null"}, {
     "type": "object", "additionalProperties": {"type": "object", "required": ["logprob", "rank", "decoded_token"]}}]}}
 _STOP_REASON = {"type": ["string", "integer", "null"]}

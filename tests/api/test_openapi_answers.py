@@ -64,6 +64,7 @@ async def test_every_chat_answer_validates_against_the_served_document(flags: di
     for sent, r in answers:
         if not sent.get("stream"):
             problems += [f"{sent}: {p}" for p in errors(whole, r.json())]
+            seen.add(("usage details", "completion_tokens_details" in r.json()["usage"]))
             for choice in r.json()["choices"]:
                 seen.add(("content null", choice["message"]["content"] is None))
                 seen.add(("reasoning", "reasoning" in choice["message"]))
@@ -74,12 +75,16 @@ async def test_every_chat_answer_validates_against_the_served_document(flags: di
             if data != "[DONE]":
                 problems += [f"{sent} chunk {data[:80]}: {p}" for p in errors(chunk, json.loads(data))]
                 seen |= {("delta", key) for ch in json.loads(data)["choices"] for key in ch["delta"]}
+                if json.loads(data).get("usage"):
+                    seen.add(("usage details", "completion_tokens_details" in json.loads(data)["usage"]))
     assert not problems, "\n".join(problems)
     reasoning = "reasoning_parser" in flags
     message = doc["components"]["schemas"]["ChatCompletion"]["properties"]["choices"]["items"]["properties"][
         "message"]
     assert ("reasoning" in message["required"]) == reasoning  # every message has it, with the flag only
     assert ("reasoning", True) in seen if reasoning else ("reasoning", False) in seen
+    # every usage has completion_tokens_details with the flag, none without it
+    assert ("usage details", reasoning) in seen and ("usage details", not reasoning) not in seen
     if reasoning:  # the shapes the flags add were sent, and validated
         assert {("content null", True), ("delta", "reasoning")} <= seen
     if "tool_call_parser" in flags:
@@ -88,7 +93,7 @@ async def test_every_chat_answer_validates_against_the_served_document(flags: di
 
 async def test_a_wrong_answer_does_not_validate() -> None:
     """The schemas are not vacuous: a message without ``content``, a ``reasoning`` that is a number, an unknown
-    finish reason and a call without arguments are refused."""
+    finish reason, a call without arguments and a ``reasoning_tokens`` that is no count are refused."""
     async with running(reasoning_parser="qwen3") as srv:
         doc = (await srv.http.get("/openapi.json")).json()
     whole = validator(doc, {"$ref": "#/components/schemas/ChatCompletion"})
@@ -104,3 +109,8 @@ async def test_a_wrong_answer_does_not_validate() -> None:
                 {**message, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}):
         assert errors(whole, {**good, "choices": [{**good["choices"][0], "message": bad}]}), bad
     assert errors(whole, {**good, "choices": [{**good["choices"][0], "finish_reason": "done"}]})
+    details = {**good, "usage": {**good["usage"], "completion_tokens_details": {"reasoning_tokens": 1}}}
+    assert not errors(whole, details)
+    for bad_count in (-1, "1", None):
+        assert errors(whole, {**details, "usage": {**good["usage"], "completion_tokens_details": {
+            "reasoning_tokens": bad_count}}}), bad_count

@@ -1,12 +1,25 @@
 """The ``qwen3`` and ``deepseek_r1`` reasoning parsers (asyncdp.api.reasoning_parsers), without HTTP: each text
 split whole into reasoning and content, then fed in every split (each cut point, and character by character),
-which must reassemble the same split, as a streamed answer must equal the whole one."""
+which must reassemble the same split, as a streamed answer must equal the whole one; and the same split counted
+in token ids (``ReasoningTokens``, for ``usage.completion_tokens_details.reasoning_tokens``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncdp.api.reasoning_parsers import PARSERS, DeepSeekR1Parser, Qwen3Parser, ReasoningParser, split
+from asyncdp.api.reasoning_parsers import (
+    END,
+    PARSERS,
+    START,
+    DeepSeekR1Parser,
+    Qwen3Parser,
+    ReasoningParser,
+    ReasoningTokens,
+    count_reasoning_tokens,
+    end_token_ids,
+    split,
+    start_token_ids,
+)
 from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.config.flags import REASONING_PARSERS
 from asyncdp.testing import byte_tokenizer
@@ -95,3 +108,63 @@ def test_think_tags_marked_special_are_detected() -> None:
     special = byte_tokenizer()
     special.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
     assert tags_are_special(DeepSeekR1Parser, special)
+
+
+def byte_ids(text: str) -> list[int]:
+    """``text`` as byte-level ids, each tag several of them (a tokenizer that does not add the tags)."""
+    return list(text.encode())
+
+
+OPEN, CLOSE = 1000, 1001  # the tags as one added token each, as in Qwen3's and DeepSeek-R1's tokenizers
+
+
+def tag_ids(text: str) -> list[int]:
+    """``text`` as byte-level ids, each tag one token."""
+    out: list[int] = []
+    for i, piece in enumerate(text.split(END)):
+        if i:
+            out.append(CLOSE)
+        for j, part in enumerate(piece.split(START)):
+            if j:
+                out.append(OPEN)
+            out += part.encode()
+    return out
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_reasoning_tokens_are_those_of_the_reasoning_text_tags_left_out(name: str) -> None:
+    """Before, nothing counted them. With multi-token tags (bytes) and one-token tags alike, and whatever pieces
+    the ids come in, the count is the reasoning text's own tokens (a later tag in it is text, and counts)."""
+    text, reasoning, _ = CASES[name]
+    for encode, start, end in ((byte_ids, byte_ids(START), byte_ids(END)), (tag_ids, [OPEN], [CLOSE])):
+        ids, expected = encode(text), len(encode(reasoning))
+        assert count_reasoning_tokens(ids, start, end) == expected, ids
+        for cut in range(len(ids) + 1):
+            counter = ReasoningTokens(start, end)
+            counter.feed(ids[:cut])
+            assert counter.count <= expected  # (so far: a tail that may be a tag waits)
+            counter.feed(ids[cut:])
+            counter.feed([])
+            assert counter.finish() == expected, cut
+        one_by_one = ReasoningTokens(start, end)
+        for token in ids:
+            one_by_one.feed([token])
+        assert one_by_one.finish() == expected
+
+
+def test_a_possible_tag_is_counted_once_it_is_none() -> None:
+    counter = ReasoningTokens(byte_ids(START), byte_ids(END))
+    counter.feed(byte_ids("ab</th"))
+    assert counter.count == 2  # "</th" may begin the end tag
+    counter.feed(byte_ids("ought>"))
+    assert counter.count == 12
+    counter.feed(byte_ids("c</think>and the answer"))
+    assert counter.count == 13
+    assert counter.finish() == 13
+
+
+def test_the_tags_are_the_tokenizers_own_encoding() -> None:
+    tok = byte_tokenizer()
+    assert (start_token_ids(tok), end_token_ids(tok)) == (tuple(byte_ids(START)), tuple(byte_ids(END)))
+    tok.add_tokens([START, END])
+    assert (start_token_ids(tok), end_token_ids(tok)) == ((256 + 3,), (256 + 4,))
