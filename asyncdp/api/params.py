@@ -42,7 +42,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "request_id": (),
     "return_tokens_as_token_ids": (False,),
     "return_token_ids": (False,),
-    "cache_salt": (),
     "kv_transfer_params": (),
     "vllm_xargs": (),
     "store": (False,),
@@ -145,6 +144,8 @@ def sampling_params(
 ) -> SamplingParams:
     """The per-sequence sampling parameters (n is fanned out by the caller), range-checked."""
     stop: tuple[str, ...] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if req.cache_salt is not None and not req.cache_salt:  # vLLM's check and message
+        raise _bad("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
     params = SamplingParams(
         n=1 if req.n is None else req.n,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -166,5 +167,6 @@ def sampling_params(
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=bias,
         structured=structured,
+        cache_salt=req.cache_salt,
     )
     return params.validate()

@@ -115,6 +115,8 @@ class _Common(msgspec.Struct, kw_only=True):
     guided_choice: Annotated[list[str], Meta(min_length=1)] | None = None
     guided_grammar: Annotated[str, Meta(min_length=1)] | None = None
     structured_outputs: StructuredOutputsBody | None = None
+    # Isolates the request's prefix-cache blocks (SamplingParams.cache_salt); "" is a 400 (asyncdp.api.params).
+    cache_salt: str | None = None
     # Declared so a wrong type is a 400 too; refused unless absent, null or the value named in params.REFUSED.
     functions: list[Json] | None = None
     function_call: str | Json | None = None
@@ -131,7 +133,6 @@ class _Common(msgspec.Struct, kw_only=True):
     request_id: str | None = None
     return_tokens_as_token_ids: bool | None = None
     return_token_ids: bool | None = None
-    cache_salt: str | None = None
     kv_transfer_params: Json | None = None
     vllm_xargs: Json | None = None
     store: bool | None = None

@@ -229,7 +229,7 @@ class DPClient:
         # A new prefix among several API servers: the coordinator says where it goes (before the slot is taken).
         directed = None if rank_hint is not None or not self.can_serve() or self._shutting_down else \
             await self.coordinator.direct(self.lb, request_id, prompt_token_ids, params.max_tokens or 16, now_us(),
-                                          routing_key)
+                                          routing_key, params.cache_salt)
         # The slot: one of the HTTP request's reserved ones, or a fresh one. From the take on, the count stays
         # right on every path: nothing awaits until the request is registered below, and every path out after
         # that goes through the finally, which releases it.
@@ -285,7 +285,7 @@ class DPClient:
         global_rank = rank_hint.global_rank if rank_hint else None
         dp_rank = self.lb.select(request_id, prompt_token_ids, local_index, global_rank_hint=global_rank,
                                  max_tokens=params.max_tokens or 16, now_us=now_us(), directed=directed,
-                                 routing_key=key)
+                                 routing_key=key, cache_salt=params.cache_salt)
         engine = self._links.engines.get(dp_rank)
         if engine is None or not engine.alive:
             self.lb.on_finish(request_id)

@@ -125,12 +125,13 @@ class CoordinatorFollower:
         return waiter.reply
 
     async def direct(self, lb: LoadBalancer, request_id: str, prompt: Sequence[int], max_tokens: int,
-                     now_us: int, routing_key: str | None = None) -> int | None:
+                     now_us: int, routing_key: str | None = None, cache_salt: str | None = None) -> int | None:
         """The global rank the prefix directory sends this request to, when ``lb``'s policy claims its prompt
         (:meth:`LoadBalancer.claim`) and the coordinator answers in time; None to route on the policy."""
         if self.link is None:
             return None
-        ask = lb.claim(request_id, prompt, max_tokens=max_tokens, now_us=now_us, routing_key=routing_key)
+        ask = lb.claim(request_id, prompt, max_tokens=max_tokens, now_us=now_us, routing_key=routing_key,
+                       cache_salt=cache_salt)
         if ask is None:
             return None
         engines = lb.engines

@@ -188,14 +188,14 @@ class LoadBalancer:
         return resolve_rank_hint(self._engines, rank_hint, global_rank_hint)
 
     def claim(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int = 16,
-              now_us: int = 0, routing_key: str | None = None) -> ClaimAsk | None:
+              now_us: int = 0, routing_key: str | None = None, cache_salt: str | None = None) -> ClaimAsk | None:
         """For an unhinted request: a :class:`ClaimAsk` when the policy wants the coordinator's prefix directory
         asked where this prompt goes (:meth:`Policy.claim_hashes`), with the global rank it would pick itself
         (a pure ``select``, nothing recorded) and the global ranks it would accept
         (:meth:`Policy.claim_candidates`); None otherwise. Only with other routers and more than one rank."""
         if self._client_count < 2 or len(self._engines) < 2:
             return None
-        req = RequestView(request_id, prompt_token_ids, max_tokens, routing_key, None, now_us)
+        req = RequestView(request_id, prompt_token_ids, max_tokens, routing_key, None, now_us, cache_salt)
         hashes = self._policy.claim_hashes(self._state, req)
         if not hashes:
             return None
@@ -228,16 +228,17 @@ class LoadBalancer:
 
     def select(self, request_id: str, prompt_token_ids: Sequence[int] = (), rank_hint: object = None, *,
                global_rank_hint: object = None, max_tokens: int = 16, now_us: int = 0,
-               directed: int | None = None, routing_key: str | None = None) -> int:
+               directed: int | None = None, routing_key: str | None = None, cache_salt: str | None = None) -> int:
         """Pick the global rank for a new request and record it as in flight there. ``directed``: a live global
         rank the prefix directory named for it (:meth:`on_prefix_owner`), which a hint still overrides.
-        ``routing_key``: the request's session key, if it has one (the policies' ``RequestView.routing_key``)."""
+        ``routing_key``: the request's session key, if it has one (the policies' ``RequestView.routing_key``).
+        ``cache_salt``: its ``SamplingParams.cache_salt``, under which the policies hash its prompt."""
         if request_id in self._owner:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight.", field="request_id")
         hint = self.resolve_hint(rank_hint, global_rank_hint)
         if hint is not None and hint in self._dead:
             raise UnavailableError(f"data-parallel rank {self._engines[hint]} is not available.")
-        req = RequestView(request_id, prompt_token_ids, max_tokens, routing_key, hint, now_us)
+        req = RequestView(request_id, prompt_token_ids, max_tokens, routing_key, hint, now_us, cache_salt)
         d = self._index.get(directed) if directed is not None and hint is None else None
         if d is not None and d not in self._dead:
             decision = Decision(d)

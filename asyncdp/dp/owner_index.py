@@ -124,9 +124,10 @@ def ranks_of(mask: int) -> tuple[int, ...]:
 _memo: list[Any] = [None, 0, ()]  # (request, block size, hashes): the last prompt hashed
 
 
-def chain_hashes(tokens: Sequence[int], block_size: int) -> tuple[int, ...]:
+def chain_hashes(tokens: Sequence[int], block_size: int, root: int = 0) -> tuple[int, ...]:
     """The chained hash of each complete block of ``block_size`` tokens (a partial tail has none): block k's hash
-    is ``hash((hash of block k-1, its tokens))``, from 0.
+    is ``hash((hash of block k-1, its tokens))``, from ``root`` (:attr:`RequestView.root_hash`: 0, or the
+    request's cache salt's).
 
     This index only compares a router's prompts with each other, never with the engine's cache, so it needs equal
     hashes for equal prefixes, not the engine's BLAKE2b (:func:`asyncdp.dp.peers.hashing.block_hashes`, which the
@@ -134,7 +135,7 @@ def chain_hashes(tokens: Sequence[int], block_size: int) -> tuple[int, ...]:
     server of a deployment, on one Python, gets the same values, so their tie keys agree) and costs about a
     quarter of BLAKE2b per block here. A collision only mispredicts a hit."""
     t = tokens if type(tokens) is tuple else tuple(tokens)
-    h = 0
+    h = root
     out = []
     for end in range(block_size, len(t) + 1, block_size):
         h = hash((h, t[end - block_size:end]))
@@ -149,7 +150,7 @@ def prompt_hashes(req: RequestView, block_size: int) -> tuple[int, ...]:
     the selection."""
     if _memo[0] is req and _memo[1] == block_size:
         return _memo[2]
-    hashes = chain_hashes(req.tokens, block_size)
+    hashes = chain_hashes(req.tokens, block_size, req.root_hash)
     _memo[0], _memo[1], _memo[2] = req, block_size, hashes
     return hashes
 

@@ -19,11 +19,19 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import Any
 
 from asyncdp.errors import UnavailableError
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def salt_root(cache_salt: str) -> int:
+    """BLAKE2b-64 (personalised ``asyncdp-salt``) of the salt's UTF-8 bytes, read little-endian: the engine's
+    ``asyncdp.engine.block_manager.salt_root``, written twice because dp/ may not import the engine (tested equal)."""
+    digest = blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=8, person=b"asyncdp-salt").digest()
+    return int.from_bytes(digest, "little")
 
 
 # ---------------------------------------------------------------- request, snapshot, decision
@@ -39,6 +47,14 @@ class RequestView:
     routing_key: str | None = None
     rank_hint: int | None = None  # an index among the ranks, already validated
     t_arrival_us: int = 0
+    cache_salt: str | None = None  # SamplingParams.cache_salt: the engine shares no cached block across salts
+
+    @property
+    def root_hash(self) -> int:
+        """The parent of the prompt's first block hash: 0 unsalted, else :func:`salt_root`. Every policy that predicts
+        prefix-cache hits from block hashes chains them from here, so a salted prompt matches no block of another
+        salt (or of no salt), as in the engine's cache."""
+        return 0 if self.cache_salt is None else salt_root(self.cache_salt)
 
     @property
     def prompt_len(self) -> int:

@@ -6,10 +6,13 @@ through the prefix cache is referenced by every request using it.
 
 Prefix caching. Every *full* block of a request's tokens has a chained hash
 ``hash_block_tokens(parent_hash, tokens)`` (64-bit BLAKE2b over the parent hash and the token ids, both
-little-endian; the first block's parent is ``ROOT_HASH``), so a hash names the whole prefix up to and including
-the block. A full block is published in the hash map as soon as it is *scheduled* (rule 5), so a request
-admitted in a later step can reuse it. On admission, the hit is the longest run of published blocks, capped at
-``floor((num_tokens - 1) / block_size)`` blocks because the last token must be computed (rule 4).
+little-endian; the first block's parent is ``ROOT_HASH``, or for a request with a ``cache_salt`` the salt's own
+hash, :func:`salt_root`), so a hash names the whole prefix up to and including the block, and the salt it was
+computed under: requests with different salts, or with and without one, share no block (vLLM mixes the salt into
+the first block's hash the same way). A full block is published in the hash map as soon as it is *scheduled*
+(rule 5), so a request admitted in a later step can reuse it. On admission, the hit is the longest run of
+published blocks, capped at ``floor((num_tokens - 1) / block_size)`` blocks because the last token must be
+computed (rule 4).
 
 Free blocks live in one LRU queue (an ``OrderedDict``, O(1) at both ends); allocation takes the oldest. Free
 blocks that still carry a hash stay findable until they are reused (evicted). A finished or preempted sequence
@@ -36,6 +39,7 @@ from asyncdp.engine.request import Request
 from asyncdp.errors import ConfigError
 
 ROOT_HASH = 0
+SALT_PERSON = b"asyncdp-salt"
 
 _structs: dict[int, struct.Struct] = {}
 
@@ -47,6 +51,15 @@ def hash_block_tokens(parent_hash: int, token_ids: Sequence[int]) -> int:
     if packer is None:
         packer = _structs[n] = struct.Struct(f"<Q{n}I")
     return int.from_bytes(blake2b(packer.pack(parent_hash, *token_ids), digest_size=8).digest(), "little")
+
+
+def salt_root(cache_salt: str | None) -> int:
+    """The parent of a prompt's first block: ``ROOT_HASH`` unsalted, else BLAKE2b-64 (personalised, apart from
+    the block hashes) of the salt's UTF-8 bytes. ``asyncdp.dp.policy.salt_root`` is the same (tested)."""
+    if cache_salt is None:
+        return ROOT_HASH
+    digest = blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=8, person=SALT_PERSON).digest()
+    return int.from_bytes(digest, "little")
 
 
 def compute_block_hashes(token_ids: Sequence[int], block_size: int, parent_hash: int = ROOT_HASH) -> list[int]:
@@ -124,7 +137,7 @@ class BlockManager:
         if n < num_full_blocks:
             bs = self.block_size
             tokens = req.all_token_ids
-            parent = hashes[-1] if hashes else ROOT_HASH
+            parent = hashes[-1] if hashes else salt_root(req.sampling_params.cache_salt)
             for i in range(n, num_full_blocks):
                 parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs])
                 hashes.append(parent)

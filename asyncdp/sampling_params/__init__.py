@@ -88,6 +88,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     logit_bias: tuple[tuple[int, float], ...] = ()
     # A grammar the output must follow (JSON schema, regex, choice, Lark); None: unconstrained.
     structured: StructuredOutputs | None = None
+    # vLLM's cache_salt: mixed into the hash of the prompt's first KV block (so into every later one), so requests
+    # with different salts, or with and without one, never share prefix-cache blocks. None: unsalted.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         # vLLM's shapes: stop="x" is one stop string (never its characters), lists are kept as tuples.
@@ -151,6 +154,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
                       [b for _, b in self.logit_bias])
         if self.structured is not None:
             self.structured.validate()
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise bad("cache_salt", "a non-empty string or None", self.cache_salt)
         return self
 
     def _has_plain_types(self) -> bool:

@@ -10,8 +10,8 @@ it holds back the text that could begin a stop string (its longest length - 1 ch
 
 A prefix cache is simulated as the engine's: a request's ``num_cached_tokens`` (on every output) is the longest
 prefix of its prompt, in whole blocks of ``block_size`` tokens and leaving one token to compute, that an earlier
-request's prompt began with (0 with ``prompt_logprobs``, which computes every position); ``cached_tokens`` records
-it per request id.
+request's prompt under the same ``cache_salt`` (or none) began with (0 with ``prompt_logprobs``, which computes
+every position); ``cached_tokens`` records it per request id.
 
 Admission follows the real client: ``admit(k)`` reserves ``k`` slots all or nothing (``max_queued_requests``
 bounds reserved plus running), ``generate(..., admission=)`` takes one of them, a plain ``generate`` admits
@@ -91,7 +91,8 @@ class FakeEngineClient:
         self.routing_keys: dict[str, str | None] = {}  # request id -> the routing key generate() was given
         self.cached_tokens: dict[str, int] = {}  # request id -> its prefix-cache hit
         self.block_size = block_size
-        self._cached_prefixes: set[tuple[int, ...]] = set()  # every whole-block prefix of the prompts seen
+        # every whole-block prefix of the prompts seen, after the salt they came with (None: unsalted)
+        self._cached_prefixes: set[tuple[str | int | None, ...]] = set()
         self.finished: list[str] = []
         self.aborted: list[str] = []
         self.paused = False
@@ -259,14 +260,14 @@ class FakeEngineClient:
 
     def _prefix_cache_hit(self, request_id: str, prompt: list[int], params: SamplingParams) -> int:
         """The cached prefix of ``prompt`` (whole blocks, one token left to compute); then cache its blocks."""
-        bs = self.block_size
+        bs, salt = self.block_size, params.cache_salt
         hit = 0
         if params.prompt_logprobs is None:
             for k in range(1, (len(prompt) - 1) // bs + 1):
-                if tuple(prompt[:k * bs]) not in self._cached_prefixes:
+                if (salt, *prompt[:k * bs]) not in self._cached_prefixes:
                     break
                 hit = k * bs
-        self._cached_prefixes.update(tuple(prompt[:k * bs]) for k in range(1, len(prompt) // bs + 1))
+        self._cached_prefixes.update((salt, *prompt[:k * bs]) for k in range(1, len(prompt) // bs + 1))
         self.cached_tokens[request_id] = hit
         return hit
 

@@ -3,7 +3,8 @@ reads ``usage.prompt_tokens_details.cached_tokens`` from the real engines' prefi
 
 Every request is pinned to one rank (``X-data-parallel-rank``), so a prompt sent twice finds the blocks its first
 run computed, whichever API process takes each request. The engines cache whole 16-token blocks and leave one
-prompt token to compute, so a repeated prompt of P tokens reports ``(P - 1) // 16 * 16`` cached tokens.
+prompt token to compute, so a repeated prompt of P tokens reports ``(P - 1) // 16 * 16`` cached tokens. A ``cache_salt`` confines the hits to the
+prompts sent under the same salt.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import anyio
+import openai
 import pytest
 
 from tests.e2e.conftest import MODEL, serve
@@ -75,3 +77,36 @@ async def test_repeated_prompts_report_their_cached_prefix(tmp_path: Path) -> No
                     assert usage.prompt_tokens_details is not None
                     assert usage.prompt_tokens_details.cached_tokens == hit_of(usage.prompt_tokens) > 0
 
+
+
+async def test_a_cache_salt_isolates_the_cached_prefix(tmp_path: Path) -> None:
+    """vLLM's ``cache_salt``: a prompt repeated under the same salt hits the real engine's prefix cache; under
+    another salt, or without one, it hits nothing of the salted runs (and they nothing of the unsalted one)."""
+    with serve(tmp_path, "--enable-prompt-tokens-details") as server:
+        with anyio.fail_after(60):
+            async with server.openai() as client:
+                prompt = text("salted")
+                cached, prompt_tokens = [], 0
+                for salt in ("tenant-a", "tenant-a", "tenant-b", None, "tenant-b", None):
+                    res = await client.completions.create(
+                        model=MODEL, prompt=prompt, max_tokens=2,
+                        extra_body={"cache_salt": salt} if salt is not None else None)
+                    assert res.usage is not None and res.usage.prompt_tokens_details is not None
+                    cached.append(res.usage.prompt_tokens_details.cached_tokens)
+                    prompt_tokens = res.usage.prompt_tokens
+                expected = hit_of(prompt_tokens)
+                assert expected >= 5 * BLOCK
+                assert cached == [0, expected, 0, 0, expected, expected]
+                messages = [{"role": "user", "content": text("salted chat")}]
+                hits = []
+                for salt in ("s", "t", "s"):
+                    chat = await client.chat.completions.create(
+                        model=MODEL, messages=messages, max_tokens=2,  # type: ignore[arg-type]
+                        extra_body={"cache_salt": salt})
+                    assert chat.usage is not None and chat.usage.prompt_tokens_details is not None
+                    hits.append(chat.usage.prompt_tokens_details.cached_tokens)
+                    prompt_tokens = chat.usage.prompt_tokens
+                assert hits[:2] == [0, 0] and hits[2] == hit_of(prompt_tokens) > 0
+                with pytest.raises(openai.BadRequestError) as err:
+                    await client.completions.create(model=MODEL, prompt="x", extra_body={"cache_salt": ""})
+                assert "cache_salt" in str(err.value)

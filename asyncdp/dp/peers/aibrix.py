@@ -44,7 +44,7 @@ class AibrixPrefixPolicy(ChoosingPolicy):
         return AibrixState(dp_size, BlockIndex.empty(dp_size, self.capacity), [0] * dp_size)
 
     def match_percent(self, req: RequestView, state: AibrixState, alive: list[int]) -> dict[int, float]:
-        hashes = block_hashes(render_text(req.tokens), self.block_chars)
+        hashes = block_hashes(render_text(req.tokens), self.block_chars, parent_hash=req.root_hash)
         if not hashes:
             return dict.fromkeys(alive, 0.0)
         return {i: 100.0 * state.index.prefix_run(i, hashes) / len(hashes) for i in alive}
@@ -69,7 +69,8 @@ class AibrixPrefixPolicy(ChoosingPolicy):
         return tied[0] if len(tied) == 1 else rng.choice(tied)
 
     def on_dispatch(self, state: AibrixState, req: RequestView, decision: Decision, now_us: int) -> None:
-        state.index.insert(decision.dp_rank, block_hashes(render_text(req.tokens), self.block_chars), now_us)
+        hashes = block_hashes(render_text(req.tokens), self.block_chars, parent_hash=req.root_hash)
+        state.index.insert(decision.dp_rank, hashes, now_us)
         state.run[decision.dp_rank] += 1
 
     def on_finish(self, state: AibrixState, req_id: str, dp_rank: int, now_us: int) -> None:

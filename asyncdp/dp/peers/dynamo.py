@@ -108,7 +108,7 @@ class DynamoKvPolicy(ChoosingPolicy):
     def costs(self, req: RequestView, state: DynamoState, cands: list[int], now_us: int) -> dict[int, float]:
         """Lower is better (``@early2025``'s logit is negated so the same picker applies)."""
         bs = state.block_size
-        blocks = block_hashes(req.tokens, bs)
+        blocks = block_hashes(req.tokens, bs, parent_hash=req.root_hash)
         unique = set(blocks)
         out: dict[int, float] = {}
         top_wait = max(1, max(state.waiting[i] for i in cands))
@@ -157,7 +157,7 @@ class DynamoKvPolicy(ChoosingPolicy):
 
     def on_dispatch(self, state: DynamoState, req: RequestView, decision: Decision, now_us: int) -> None:
         r = decision.dp_rank
-        blocks = block_hashes(req.tokens, state.block_size)
+        blocks = block_hashes(req.tokens, state.block_size, parent_hash=req.root_hash)
         ov = self.overlap(state, r, blocks, now_us)
         fresh = tuple(blocks[ov:]) if self.formula == "early2025" else tuple(blocks)
         prefill = max(0, req.prompt_len - ov * state.block_size)

@@ -102,12 +102,24 @@ def render_text(tokens: Sequence[int]) -> str:
 
 
 def units(req: RequestView, kind: str) -> Sequence[int] | str:
-    """The request's tokens, or its 4-characters-per-token text (C4)."""
+    """The request's tokens, or its 4-characters-per-token text (C4), for the radix trees. A salted request's
+    (:attr:`RequestView.cache_salt`) start with :func:`salt_marker`, so a tree shares no node between salts."""
     if kind == "tokens":
-        return tuple(req.tokens)
-    if kind == "chars":
-        return render_text(req.tokens)
-    raise ConfigError(f"unit kind must be one of {', '.join(UNIT_KINDS)} (got {kind!r}).")
+        seq: tuple[int, ...] | str = tuple(req.tokens)
+    elif kind == "chars":
+        seq = render_text(req.tokens)
+    else:
+        raise ConfigError(f"unit kind must be one of {', '.join(UNIT_KINDS)} (got {kind!r}).")
+    return seq if req.cache_salt is None else salt_marker(req.root_hash, kind) + seq  # type: ignore[operator]
+
+
+def salt_marker(root: int, kind: str) -> tuple[int, ...] | str:
+    """The units a salted prompt starts with in a radix tree, from its salt's root hash: one negative unit (no
+    token id is one) for tokens; for characters its four 16-bit parts as code points of the Supplementary Private
+    Use Area-A (which no rendering uses). Equal salts share it, so a tree counts it as 1 or 4 matched units."""
+    if kind == "tokens":
+        return (-1 - root,)
+    return "".join(chr(0xF0000 + ((root >> shift) & 0xFFFF)) for shift in (48, 32, 16, 0))
 
 
 def stable_hash64(text: str) -> int:

@@ -93,7 +93,7 @@ class LlmdWeightedPolicy(ChoosingPolicy):
             for i, s in self.prefix_scores(req, state, alive).items():
                 score[i] += self.w_prefix * s
         if self.w_precise:
-            hashes = block_hashes(req.tokens, state.block_size)
+            hashes = block_hashes(req.tokens, state.block_size, parent_hash=req.root_hash)
             if hashes:
                 for i in alive:
                     run = 0
@@ -106,7 +106,7 @@ class LlmdWeightedPolicy(ChoosingPolicy):
 
     def prompt_hashes(self, req: RequestView) -> list[int]:
         head = req.tokens[:self.max_prefix_blocks * self.block_chars // 4]  # render only what is hashed
-        return block_hashes(render_text(head), self.block_chars, self.max_prefix_blocks)
+        return block_hashes(render_text(head), self.block_chars, self.max_prefix_blocks, req.root_hash)
 
     def prefix_scores(self, req: RequestView, state: LlmdState, alive: list[int]) -> dict[int, float]:
         hashes = self.prompt_hashes(req)
@@ -141,7 +141,8 @@ class LlmdWeightedPolicy(ChoosingPolicy):
         if self.w_prefix:
             state.index.insert(r, self.prompt_hashes(req), now_us)
         if self.w_precise:
-            state.speculative.insert(r, block_hashes(req.tokens, state.block_size), now_us)
+            hashes = block_hashes(req.tokens, state.block_size, parent_hash=req.root_hash)
+            state.speculative.insert(r, hashes, now_us)
 
     def on_snapshot(self, state: LlmdState, snap: Snapshot) -> None:
         state.snap = snap

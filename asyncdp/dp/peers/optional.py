@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncdp.dp.peers.block_index import BlockIndex
-from asyncdp.dp.peers.hashing import block_hashes, render_text
+from asyncdp.dp.peers.hashing import block_hashes, render_text, units
 from asyncdp.dp.peers.radix import RadixTree
 from asyncdp.dp.peers.ring import HashRing
 from asyncdp.dp.peers.session import QPS_WINDOW_US
@@ -136,6 +136,8 @@ class SmgPrefixHashPolicy(_InflightPolicy):
                now_us: int, rng: random.Random) -> int:
         assert state.ring is not None
         key = ",".join(map(str, req.tokens[:self.prefix_tokens]))
+        if req.cache_salt is not None:  # a salted prompt hits no other salt's blocks: its own place on the ring
+            key = f"{req.root_hash}/{key}"
         r = state.ring.lookup(key, state.excluded)
         avg = sum(state.inflight[i] for i in alive) / len(alive)
         if state.inflight[r] > avg * self.load_factor:
@@ -165,7 +167,7 @@ class ProdstackPrefixAwarePolicy(_InflightPolicy):
 
     def runs(self, req: RequestView, state: PeerState, alive: list[int]) -> tuple[dict[int, int], int]:
         assert state.index is not None
-        hashes = block_hashes(render_text(req.tokens), self.chunk_chars)
+        hashes = block_hashes(render_text(req.tokens), self.chunk_chars, parent_hash=req.root_hash)
         return {i: state.index.prefix_run(i, hashes) for i in alive}, len(hashes)
 
     def choose(self, req: RequestView, snap: Snapshot | None, state: PeerState, alive: list[int],
@@ -179,7 +181,8 @@ class ProdstackPrefixAwarePolicy(_InflightPolicy):
     def on_dispatch(self, state: PeerState, req: RequestView, decision: Decision, now_us: int) -> None:
         super().on_dispatch(state, req, decision, now_us)
         assert state.index is not None
-        state.index.insert(decision.dp_rank, block_hashes(render_text(req.tokens), self.chunk_chars), now_us)
+        hashes = block_hashes(render_text(req.tokens), self.chunk_chars, parent_hash=req.root_hash)
+        state.index.insert(decision.dp_rank, hashes, now_us)
         state.recent.append((now_us, decision.dp_rank))
         while state.recent and now_us - state.recent[0][0] >= QPS_WINDOW_US:
             state.recent.popleft()
@@ -226,7 +229,7 @@ class RayPrefixPolicy(_InflightPolicy):
         if max(q[i] for i in alive) - min(q[i] for i in alive) > self.imbalance:
             return min(alive, key=lambda i: (q[i], i))
         assert state.tree is not None
-        text = render_text(req.tokens)
+        text = units(req, "chars")
         cands = alive
         if text:
             matched, node = state.tree.match(text)
@@ -242,4 +245,4 @@ class RayPrefixPolicy(_InflightPolicy):
         super().on_dispatch(state, req, decision, now_us)
         assert state.tree is not None
         if req.tokens:
-            state.tree.insert(render_text(req.tokens), decision.dp_rank, now_us)
+            state.tree.insert(units(req, "chars"), decision.dp_rank, now_us)

@@ -118,7 +118,7 @@ class SglangCacheAwarePolicy(ChoosingPolicy):
         return lo
 
     def _events_pick(self, req: RequestView, state: SglangState, alive: list[int], lo: int) -> int:
-        hashes = block_hashes(req.tokens, state.block_size)
+        hashes = block_hashes(req.tokens, state.block_size, parent_hash=req.root_hash)
         ov = {i: state.events.overlap(i, hashes) for i in alive}
         if not any(ov.values()):
             return lo
