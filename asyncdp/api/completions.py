@@ -115,7 +115,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
             return ""
         return p if isinstance(p, str) and not cut else tok.decode(ids)
 
-    texts = [Echo(echoed(p, ids, len(ids) < len(w)), ids) for p, ids, w in zip(raw, prompt_ids, whole, strict=True)]
+    texts = [Echo(echoed(p, ids, len(ids) < len(w)), ids)
+             for p, ids, w in zip(raw, prompt_ids, whole, strict=True)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     seqs = sequences(request_id, prompt_ids, params, per_prompt)
     return Prepared(req, request_id, model, prompt_ids, texts, seqs, per_prompt, n, requested == 0)

@@ -101,10 +101,11 @@ def completion_logprobs(
     tokenizer: Any, lps: list[TokenLogprobs], text_offsets: TextOffsets | None = None,
     prompt: tuple[list[int], list[TokenLogprobs | None]] | None = None, *, as_ids: bool = False,
 ) -> dict[str, Any]:
-    """Completions-style logprobs (``as_ids``: tokens and ``top_logprobs`` keys as ``"token_id:{id}"``). ``text_offsets`` places each token in the choice's text (its character
+    """Completions-style logprobs. ``text_offsets`` places each token in the choice's text (its character
     offset, from the tokens' bytes: the same whether the tokens come in one piece or streamed, whatever text a
     stop string or a partial character held back); a stream passes one per choice, carried across chunks.
-    ``prompt`` (token ids and their prompt logprobs) puts the echoed prompt's tokens first."""
+    ``prompt`` (token ids and their prompt logprobs) puts the echoed prompt's tokens first. ``as_ids``
+    (``return_tokens_as_token_ids``): the tokens and ``top_logprobs`` keys are ``"token_id:{id}"``."""
     cursor = text_offsets if text_offsets is not None else TextOffsets(tokenizer)
     name = _namer(tokenizer, as_ids)
     tokens: list[str] = []
@@ -201,7 +202,9 @@ def completion_chunk(
 # ---------------------------------------------------------------------- chat
 
 
-def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs], top_n: int, *, as_ids: bool = False) -> dict[str, Any]:
+def chat_logprobs(
+    tokenizer: Any, lps: list[TokenLogprobs], top_n: int, *, as_ids: bool = False,
+) -> dict[str, Any]:
     """OpenAI's chat logprobs: ``token`` is the token's own decoded text (U+FFFD for a part of a multi-byte
     character, as vLLM gives it), ``bytes`` its raw bytes (``asyncdp.api.token_bytes``), so a client joining
     the ``bytes`` of a run of tokens gets the text back exactly. ``as_ids`` (``return_tokens_as_token_ids``):

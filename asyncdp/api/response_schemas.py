@@ -4,8 +4,9 @@ They describe what ``asyncdp.api.openai_format`` and ``asyncdp.api.chat`` send, 
 ``content`` may be null (an answer of tool calls alone, or one that only thought), its ``tool_calls`` (a named or
 ``"required"`` tool choice, and ``"auto"`` with ``--enable-auto-tool-choice``), ``finish_reason: "tool_calls"``,
 and, with ``--reasoning-parser``, ``message.reasoning`` on every message (a string or null),
-``delta.reasoning`` in a stream and ``usage.completion_tokens_details.reasoning_tokens``; with ``return_token_ids``,
-``prompt_token_ids`` (top-level: the whole answer, and each choice's first chunk) and each choice's ``token_ids``. A streamed answer is described event by event, as OpenAPI 3.2's ``itemSchema``
+``delta.reasoning`` in a stream and ``usage.completion_tokens_details.reasoning_tokens``; with
+``return_token_ids``, ``prompt_token_ids`` (top-level: the whole answer, and each choice's first chunk) and each
+choice's ``token_ids``. A streamed answer is described event by event, as OpenAPI 3.2's ``itemSchema``
 (schemathesis reads a 3.1 ``schema`` of ``text/event-stream`` that way): each event's ``data`` is a chunk or an
 error as JSON, or ``[DONE]``. Objects stay open (``additionalProperties`` allowed), as OpenAI adds fields.
 """
