@@ -20,6 +20,9 @@ from the token after the first ``</think>``; the tool calls are read from the co
 has ``completion_tokens_details.reasoning_tokens`` (as vLLM): the thinking's tokens, tags left out, counted from
 each choice's token ids (:class:`~asyncdp.api.reasoning_parsers.ReasoningTokens`) and summed over the choices;
 0 when the request does not think; per choice so far in ``continuous_usage_stats``' chunks.
+``truncate_prompt_tokens`` cuts the rendered prompt, ``return_token_ids`` adds the prompt's and each choice's token
+ids (withheld, as the logprobs are, when ``include_reasoning: false`` hides the thinking), and
+``return_tokens_as_token_ids`` names the logprobs' tokens by id (``asyncdp.api.token_ids``).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
+from asyncdp.api.token_ids import add_chat_token_ids, truncate_prompt
 from asyncdp.api.tool_calls import StreamedCalls, ToolUse, answer, tool_use
 from asyncdp.errors import HTTPError, InvalidRequestError
 from asyncdp.messages import RequestOutput
@@ -171,6 +175,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         thinker is not None and state.reasoning_tags_special)
     if keep_tags and req.skip_special_tokens is None:
         params = msgspec.structs.replace(params, skip_special_tokens=False)  # the parsers must see their tags
+    prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, state.client.max_model_len, max_tokens,
+                                 field)
     check_length(len(prompt_ids), max_tokens, state.client.max_model_len, field, params.min_tokens,
                  prompt_field="messages")
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
@@ -240,14 +246,16 @@ def register(app: Quart, state: AppState) -> None:
         created = int(time.time())
         tok = state.client.tokenizer
         if not prep.req.stream:
-            ran = await run_whole(state, prep.seqs, hint, key, keep_token_ids=prep.thinker is not None)
+            ran = await run_whole(state, prep.seqs, hint, key,
+                                  keep_token_ids=prep.thinker is not None or bool(prep.req.return_token_ids))
             cached = cached_prompt_tokens(state, [c.num_cached_tokens for c in ran], prep.per_prompt)
             choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (prep.top_logprobs is not None or prep.req.prompt_logprobs is not None) and (
                 len(prep.prompt.token_ids) + sum(c.num_tokens for c in choices) > INLINE_TOKENS)
             prompt = prep.prompt if prep.req.prompt_logprobs is not None else None
             render = partial(chat_response, echo=prep.echo, prompt=prompt, cached_tokens=cached,
-                             reasoning_tokens=_reasoning_tokens(state, prep, choices))
+                             reasoning_tokens=_reasoning_tokens(state, prep, choices),
+                             as_ids=bool(prep.req.return_tokens_as_token_ids))
             doc = await state.offload.run(heavy, render, prep.request_id, created, prep.model, choices,
                                           len(prep.prompt.token_ids), tok, prep.top_logprobs)
             if (prep.tools is not None and prep.tools.calls) or state.reasoning_parser is not None:
@@ -256,6 +264,9 @@ def register(app: Quart, state: AppState) -> None:
                         state, prep, choice["message"], choice["finish_reason"])
                     if prep.hide_reasoning:
                         choice["logprobs"] = None  # (as vLLM: they would show the thinking)
+            if prep.req.return_token_ids:
+                add_chat_token_ids(doc, prep.prompt.token_ids, {c.index: c.token_ids for c in choices},
+                                   prep.hide_reasoning)
             return json_response(doc)
         return await _streamed(state, prep, hint, key, created)
 
@@ -290,8 +301,10 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     # accumulated stream
     opening = {"role": "assistant", "content": None if _null_content(state, prep) else ""}
     for i in range(len(prep.seqs)):
-        prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, dict(opening),
-                                                  include_usage=include_usage), i)))
+        role_chunk = chat_chunk(request_id, created, model, i, dict(opening), include_usage=include_usage)
+        if req.return_token_ids:  # (as vLLM: in each choice's first chunk)
+            role_chunk["prompt_token_ids"] = prep.prompt.token_ids
+        prologue.append(sse(with_usage(role_chunk, i)))
         if prep.echo:
             prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, {"content": prep.echo},
                                                       include_usage=include_usage), i)))
@@ -309,13 +322,16 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
         first_of_choice = not started[index]
         started[index] = True
         show_logprobs = prep.top_logprobs is not None and not prep.hide_reasoning  # (they would show the thinking)
-        wants_logprobs = show_logprobs and bool(out.logprobs)
-        if not out.new_text and not out.finished and not wants_logprobs and not (
+        wants_ids = bool(req.return_token_ids) and not prep.hide_reasoning  # (hidden with the thinking)
+        # logprobs and ids go out with every token, one with no text yet included
+        must_send = (show_logprobs and bool(out.logprobs)) or (wants_ids and bool(out.new_token_ids))
+        if not out.new_text and not out.finished and not must_send and not (
                 first_of_choice and req.prompt_logprobs is not None):
             return []  # (a token with no text yet, held back by a stop string or a partial character: its
-            # logprobs still go out, in a chunk of their own, one entry per token as without streaming)
+            # logprobs and ids still go out, in a chunk of their own, one entry per token as without streaming)
         top = prep.top_logprobs
-        lps = chat_logprobs(tok, out.logprobs or [], top) if top is not None and show_logprobs else None
+        lps = chat_logprobs(tok, out.logprobs or [], top, as_ids=bool(req.return_tokens_as_token_ids)) \
+            if top is not None and show_logprobs else None
         text, reasoning = out.new_text, ""
         if thoughts is not None:
             reasoning, text = thoughts[index].read(text, out.finished)
@@ -326,12 +342,14 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
         if reasoning and not prep.hide_reasoning:
             delta = {"reasoning": reasoning, **delta}
         if (calls is not None or thoughts is not None) and not delta and finish_reason is None and not (
-                wants_logprobs or (first_of_choice and req.prompt_logprobs is not None)):
+                must_send or (first_of_choice and req.prompt_logprobs is not None)):
             return []  # "required" holds its text until the choice ends, a parser a tail that may be a tag
         chunk = chat_chunk(request_id, created, model, index, delta, logprobs=lps, finish_reason=finish_reason,
                            stop_reason=out.stop_reason if out.finished else None, include_usage=include_usage)
         if first_of_choice and req.prompt_logprobs is not None:
             chunk["prompt_logprobs"] = prompt_logprobs_field(tok, prep.prompt.token_ids, out.prompt_logprobs)
+        if wants_ids:
+            chunk["choices"][0]["token_ids"] = list(out.new_token_ids)
         return [sse(with_usage(chunk, index))]
 
     def epilogue() -> list[bytes]:

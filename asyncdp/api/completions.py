@@ -5,6 +5,8 @@ event loop when the body is large (``asyncdp.api.offload``). ``echo`` prepends e
 and, with ``logprobs``, its tokens to ``logprobs`` (through the engine's prompt logprobs); ``max_tokens: 0``
 runs one token and drops it, so only the prompt comes back. ``best_of`` runs ``best_of`` sequences per prompt
 with their sampled-token logprobs and returns the ``n`` most likely, renumbered (not with ``stream``).
+``truncate_prompt_tokens``, ``return_token_ids`` and ``return_tokens_as_token_ids``: ``asyncdp.api.token_ids``;
+with ``return_token_ids`` an ``echo`` sends the prompt as ids only (its text is left out, as vLLM does).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from asyncdp.api.schemas import CompletionRequest, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
 from asyncdp.api.token_bytes import TextOffsets
+from asyncdp.api.token_ids import truncate_prompt
 from asyncdp.errors import HTTPError
 from asyncdp.messages import RequestOutput
 
@@ -101,10 +104,19 @@ def prepare(state: AppState, body: bytes) -> Prepared:
         prompt_lps = max(prompt_lps or 0, req.logprobs)
     params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs, prompt_logprobs=prompt_lps,
                              bias=logit_bias(req, vocab), structured=structured_outputs(req))
+    whole = prompt_ids
+    prompt_ids = [truncate_prompt(ids, req.truncate_prompt_tokens, state.client.max_model_len, max_tokens, field)
+                  for ids in whole]
     for ids in prompt_ids:
         check_length(len(ids), max_tokens, state.client.max_model_len, field)
-    texts = [Echo(p if isinstance(p, str) else tok.decode(ids) if req.echo else "", ids)
-             for p, ids in zip(raw, prompt_ids, strict=True)]
+
+    def echoed(p: str | list[int], ids: list[int], cut: bool) -> str:
+        if not req.echo or req.return_token_ids:
+            return ""
+        return p if isinstance(p, str) and not cut else tok.decode(ids)
+
+    texts = [Echo(echoed(p, ids, len(ids) < len(w)), ids)
+             for p, ids, w in zip(raw, prompt_ids, whole, strict=True)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     seqs = sequences(request_id, prompt_ids, params, per_prompt)
     return Prepared(req, request_id, model, prompt_ids, texts, seqs, per_prompt, n, requested == 0)
@@ -116,8 +128,12 @@ def _render(state: AppState, prep: Prepared, choices: list[Any], request_id: str
     prompt_of = [prep.prompts[c.index // prep.n] for c in choices]  # renumbered: index = prompt * n + j
     out = [completion_choice(tok, c, with_logprobs=req.logprobs is not None,
                              echo=p if req.echo else None, prompt=p if req.prompt_logprobs is not None else None,
-                             drop_generated=prep.drop_generated)
+                             drop_generated=prep.drop_generated, as_ids=bool(req.return_tokens_as_token_ids))
            for c, p in zip(choices, prompt_of, strict=True)]
+    if req.return_token_ids:
+        for choice, c, p in zip(out, choices, prompt_of, strict=True):
+            choice["prompt_token_ids"] = p.token_ids
+            choice["token_ids"] = [] if prep.drop_generated else c.token_ids
     generated = 0 if prep.drop_generated else sum(c.num_tokens for c in choices)
     return orjson.dumps(completion_response(request_id, created, prep.model, out, prep.num_prompt_tokens,
                                             generated, cached))
@@ -133,7 +149,7 @@ def register(app: Quart, state: AppState) -> None:
         hint, key = parse_rank_hint(headers, req), routing_key(headers, req)
         request_id, created = prep.request_id, int(time.time())
         if not req.stream:
-            ran = await run_whole(state, prep.seqs, hint, key)
+            ran = await run_whole(state, prep.seqs, hint, key, keep_token_ids=bool(req.return_token_ids))
             cached = cached_prompt_tokens(state, [c.num_cached_tokens for c in ran], prep.per_prompt)
             choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (req.echo or req.logprobs is not None or req.prompt_logprobs is not None) and (
@@ -167,8 +183,13 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
         if req.logprobs is not None:
             lps = completion_logprobs(
                 tok, out.logprobs or [], offsets[index],
-                (prompt.token_ids, out.prompt_logprobs or [None] * len(prompt.token_ids)) if echo_now else None)
+                (prompt.token_ids, out.prompt_logprobs or [None] * len(prompt.token_ids)) if echo_now else None,
+                as_ids=bool(req.return_tokens_as_token_ids))
         chunk = completion_chunk(request_id, created, model, index, out, lps, include_usage)
+        if req.return_token_ids:  # the prompt's ids in the choice's first chunk, as vLLM
+            chunk["choices"][0]["token_ids"] = list(out.new_token_ids)
+            if not started[index]:
+                chunk["choices"][0]["prompt_token_ids"] = prompt.token_ids
         if continuous:  # vLLM's continuous_usage_stats: this choice's usage so far, in every chunk
             chunk["usage"] = usage(len(prompt.token_ids), generated[index])
         if echo_now:

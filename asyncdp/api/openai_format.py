@@ -16,10 +16,13 @@ masked has logprob ``-inf`` among a constrained request's alternatives, which JS
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from asyncdp.api.token_bytes import TextOffsets, token_bytes_of
+from asyncdp.api.token_ids import token_id_text
 from asyncdp.messages import RequestOutput, TokenLogprobs
 
 LOGPROB_FLOOR = -9999.0
@@ -80,38 +83,45 @@ def _token_text(tokenizer: Any, token_id: int) -> str:
     return tokenizer.decode([token_id])
 
 
+def _namer(tokenizer: Any, as_ids: bool) -> Callable[[int], str]:
+    """How logprobs name a token: its text, or ``"token_id:{id}"`` (``return_tokens_as_token_ids``)."""
+    return token_id_text if as_ids else partial(_token_text, tokenizer)
+
+
 # ---------------------------------------------------------------------- completions
 
 
-def _top(tokenizer: Any, lp: TokenLogprobs) -> dict[str, float]:
-    top = {_token_text(tokenizer, t.token_id): _sent(t.logprob) for t in lp.top}
-    top.setdefault(_token_text(tokenizer, lp.token_id), _sent(lp.logprob))
+def _top(name: Callable[[int], str], lp: TokenLogprobs) -> dict[str, float]:
+    top = {name(t.token_id): _sent(t.logprob) for t in lp.top}
+    top.setdefault(name(lp.token_id), _sent(lp.logprob))
     return top
 
 
 def completion_logprobs(
     tokenizer: Any, lps: list[TokenLogprobs], text_offsets: TextOffsets | None = None,
-    prompt: tuple[list[int], list[TokenLogprobs | None]] | None = None,
+    prompt: tuple[list[int], list[TokenLogprobs | None]] | None = None, *, as_ids: bool = False,
 ) -> dict[str, Any]:
     """Completions-style logprobs. ``text_offsets`` places each token in the choice's text (its character
     offset, from the tokens' bytes: the same whether the tokens come in one piece or streamed, whatever text a
     stop string or a partial character held back); a stream passes one per choice, carried across chunks.
-    ``prompt`` (token ids and their prompt logprobs) puts the echoed prompt's tokens first."""
+    ``prompt`` (token ids and their prompt logprobs) puts the echoed prompt's tokens first. ``as_ids``
+    (``return_tokens_as_token_ids``): the tokens and ``top_logprobs`` keys are ``"token_id:{id}"``."""
     cursor = text_offsets if text_offsets is not None else TextOffsets(tokenizer)
+    name = _namer(tokenizer, as_ids)
     tokens: list[str] = []
     token_lps: list[float | None] = []
     tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
     if prompt is not None:
         for token_id, entry in zip(*prompt, strict=False):
-            tokens.append(_token_text(tokenizer, token_id))
+            tokens.append(name(token_id))
             token_lps.append(None if entry is None else _sent(entry.logprob))
-            tops.append(None if entry is None else _top(tokenizer, entry))
+            tops.append(None if entry is None else _top(name, entry))
             offsets.append(cursor.next(token_id))
     for lp in lps:
-        tokens.append(_token_text(tokenizer, lp.token_id))
+        tokens.append(name(lp.token_id))
         token_lps.append(_sent(lp.logprob))
-        tops.append(_top(tokenizer, lp))
+        tops.append(_top(name, lp))
         offsets.append(cursor.next(lp.token_id))
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
@@ -143,7 +153,7 @@ class Echo:
 
 def completion_choice(
     tokenizer: Any, c: Choice, *, with_logprobs: bool, echo: Echo | None = None, prompt: Echo | None = None,
-    drop_generated: bool = False, index: int | None = None,
+    drop_generated: bool = False, index: int | None = None, as_ids: bool = False,
 ) -> dict[str, Any]:
     """One completions choice. ``echo``: prepend the prompt (text, and its tokens in ``logprobs``).
     ``prompt``: add vLLM's ``prompt_logprobs``. ``drop_generated``: ``max_tokens: 0``, the prompt only."""
@@ -153,7 +163,8 @@ def completion_choice(
     if with_logprobs:
         logprobs = completion_logprobs(
             tokenizer, lps, None,
-            (echo.token_ids, c.prompt_logprobs or [None] * len(echo.token_ids)) if echo is not None else None)
+            (echo.token_ids, c.prompt_logprobs or [None] * len(echo.token_ids)) if echo is not None else None,
+            as_ids=as_ids)
     choice: dict[str, Any] = {
         "index": c.index if index is None else index, "text": (echo.text if echo is not None else "") + text,
         "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
@@ -191,18 +202,25 @@ def completion_chunk(
 # ---------------------------------------------------------------------- chat
 
 
-def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs], top_n: int) -> dict[str, Any]:
+def chat_logprobs(
+    tokenizer: Any, lps: list[TokenLogprobs], top_n: int, *, as_ids: bool = False,
+) -> dict[str, Any]:
     """OpenAI's chat logprobs: ``token`` is the token's own decoded text (U+FFFD for a part of a multi-byte
     character, as vLLM gives it), ``bytes`` its raw bytes (``asyncdp.api.token_bytes``), so a client joining
-    the ``bytes`` of a run of tokens gets the text back exactly."""
+    the ``bytes`` of a run of tokens gets the text back exactly. ``as_ids`` (``return_tokens_as_token_ids``):
+    every ``token`` is ``"token_id:{id}"``; the chosen token keeps its bytes, and an alternative's ``bytes`` are
+    its name's, as vLLM sends them."""
     token_bytes = token_bytes_of(tokenizer)
+    name = _namer(tokenizer, as_ids)
 
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        return {"token": _token_text(tokenizer, token_id), "logprob": _sent(logprob),
-                "bytes": list(token_bytes(token_id))}
+    def entry(token_id: int, logprob: float, chosen: bool) -> dict[str, Any]:
+        text = name(token_id)
+        raw = token_bytes(token_id) if chosen or not as_ids else text.encode()
+        return {"token": text, "logprob": _sent(logprob), "bytes": list(raw)}
 
     return {"content": [
-        {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t.token_id, t.logprob) for t in lp.top[:top_n]]}
+        {**entry(lp.token_id, lp.logprob, True),
+         "top_logprobs": [entry(t.token_id, t.logprob, False) for t in lp.top[:top_n]]}
         for lp in lps
     ]}
 
@@ -210,7 +228,7 @@ def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs], top_n: int) -> dict[
 def chat_response(
     request_id: str, created: int, model: str, choices: list[Choice], prompt_tokens: int, tokenizer: Any,
     top_logprobs: int | None, *, echo: str = "", prompt: Echo | None = None, cached_tokens: int | None = None,
-    reasoning_tokens: int | None = None,
+    reasoning_tokens: int | None = None, as_ids: bool = False,
 ) -> dict[str, Any]:
     """``echo``: text prepended to every message (chat ``echo`` of a final assistant message). ``prompt``: add
     vLLM's top-level ``prompt_logprobs`` (the prompt is the same for every choice)."""
@@ -219,7 +237,8 @@ def chat_response(
         "id": request_id, "object": "chat.completion", "created": created, "model": model,
         "choices": [
             {"index": c.index, "message": {"role": "assistant", "content": echo + c.text},
-             "logprobs": chat_logprobs(tokenizer, c.logprobs, top_logprobs) if top_logprobs is not None else None,
+             "logprobs": chat_logprobs(tokenizer, c.logprobs, top_logprobs, as_ids=as_ids)
+             if top_logprobs is not None else None,
              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
             for c in ordered
         ],

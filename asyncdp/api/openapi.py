@@ -115,6 +115,11 @@ def _components(state: AppState) -> dict[str, Any]:
             props["prompt"] = prompt
         if "content" in props:
             props["content"] = _CONTENT
+        if "truncate_prompt_tokens" in props:  # (0 would leave no prompt: a 400)
+            props["truncate_prompt_tokens"] = {"anyOf": [
+                {"type": "null"}, {"const": -1}, {"type": "integer", "minimum": 1, "maximum": MAX_INT32}],
+                "description": "Keep the prompt's last k tokens; -1: max_model_len minus max_tokens. A k above "
+                               "that is a 400."}
         if "data_parallel_rank" in props:
             props["data_parallel_rank"] = local
             props["data_parallel_global_rank"] = global_

@@ -4,7 +4,9 @@ They describe what ``asyncdp.api.openai_format`` and ``asyncdp.api.chat`` send, 
 ``content`` may be null (an answer of tool calls alone, or one that only thought), its ``tool_calls`` (a named or
 ``"required"`` tool choice, and ``"auto"`` with ``--enable-auto-tool-choice``), ``finish_reason: "tool_calls"``,
 and, with ``--reasoning-parser``, ``message.reasoning`` on every message (a string or null),
-``delta.reasoning`` in a stream and ``usage.completion_tokens_details.reasoning_tokens``. A streamed answer is described event by event, as OpenAPI 3.2's ``itemSchema``
+``delta.reasoning`` in a stream and ``usage.completion_tokens_details.reasoning_tokens``; with
+``return_token_ids``, ``prompt_token_ids`` (top-level: the whole answer, and each choice's first chunk) and each
+choice's ``token_ids``. A streamed answer is described event by event, as OpenAPI 3.2's ``itemSchema``
 (schemathesis reads a 3.1 ``schema`` of ``text/event-stream`` that way): each event's ``data`` is a chunk or an
 error as JSON, or ``[DONE]``. Objects stay open (``additionalProperties`` allowed), as OpenAI adds fields.
 """
@@ -34,6 +36,8 @@ _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "
 _PROMPT_LOGPROBS = {"type": "array", "items": {"anyOf": [{"type": "null"}, {
     "type": "object", "additionalProperties": {"type": "object", "required": ["logprob", "rank", "decoded_token"]}}]}}
 _STOP_REASON = {"type": ["string", "integer", "null"]}
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_NULLABLE_IDS = {"anyOf": [{"type": "null"}, _IDS]}  # null: withheld with the hidden thinking
 _FUNCTION = {"type": "object", "required": ["name", "arguments"],
              "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}
 _TOOL_CALL = {"type": "object", "required": ["id", "type", "function"], "properties": {
@@ -55,21 +59,22 @@ def chat_response_schemas(*, reasoning: bool) -> dict[str, Any]:
                               "tool_calls": {"type": "array", "items": _TOOL_CALL}}}
     choice = {"type": "object", "required": ["index", "message", "logprobs", "finish_reason"], "properties": {
         "index": {"type": "integer", "minimum": 0}, "message": message, "logprobs": _LOGPROBS,
-        "finish_reason": {"enum": _FINISH_REASONS}, "stop_reason": _STOP_REASON}}
+        "finish_reason": {"enum": _FINISH_REASONS}, "stop_reason": _STOP_REASON, "token_ids": _NULLABLE_IDS}}
     completion = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
                   "properties": {**_HEADER, "object": {"const": "chat.completion"},
                                  "choices": {"type": "array", "items": choice}, "usage": _USAGE,
-                                 "prompt_logprobs": _PROMPT_LOGPROBS}}
+                                 "prompt_logprobs": _PROMPT_LOGPROBS, "prompt_token_ids": _IDS}}
     delta = {"type": "object", "properties": {
         "role": {"const": "assistant"}, "content": _NULLABLE_STRING, "reasoning": {"type": "string"},
         "tool_calls": {"type": "array", "items": _TOOL_CALL_DELTA}}}
     chunk_choice = {"type": "object", "required": ["index", "delta", "finish_reason"], "properties": {
         "index": {"type": "integer", "minimum": 0}, "delta": delta, "logprobs": _LOGPROBS,
-        "finish_reason": {"enum": [*_FINISH_REASONS, None]}, "stop_reason": _STOP_REASON}}
+        "finish_reason": {"enum": [*_FINISH_REASONS, None]}, "stop_reason": _STOP_REASON, "token_ids": _IDS}}
     chunk = {"type": "object", "required": ["id", "object", "created", "model", "choices"],
              "properties": {**_HEADER, "object": {"const": "chat.completion.chunk"},
                             "choices": {"type": "array", "items": chunk_choice},
-                            "usage": {"anyOf": [{"type": "null"}, _USAGE]}, "prompt_logprobs": _PROMPT_LOGPROBS}}
+                            "usage": {"anyOf": [{"type": "null"}, _USAGE]}, "prompt_logprobs": _PROMPT_LOGPROBS,
+                            "prompt_token_ids": _IDS}}
     return {"ChatCompletion": completion, "ChatCompletionChunk": chunk, "ChatCompletionEvent": sse_event(
         "ChatCompletionChunk")}
 

@@ -106,6 +106,10 @@ class _Common(msgspec.Struct, kw_only=True):
     prompt_logprobs: NumLogprobs | None = None
     add_special_tokens: bool | None = None
     echo: bool | None = None
+    # vLLM's token-id parameters (asyncdp.api.token_ids); truncate_prompt_tokens 0 is a 400 there
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=MAX_INT32)] | None = None
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     data_parallel_rank: Any = None  # typed by parse_rank_hint, so a bad value gets the E1 message
     data_parallel_global_rank: Any = None
     # Structured outputs (asyncdp.api.structured): at most one of these per request.
@@ -123,7 +127,6 @@ class _Common(msgspec.Struct, kw_only=True):
     use_beam_search: bool | None = None
     length_penalty: float | None = None
     spaces_between_special_tokens: bool | None = None
-    truncate_prompt_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     logits_processors: list[Any] | None = None
@@ -131,8 +134,6 @@ class _Common(msgspec.Struct, kw_only=True):
     guided_whitespace_pattern: str | None = None
     priority: int | None = None
     request_id: str | None = None
-    return_tokens_as_token_ids: bool | None = None
-    return_token_ids: bool | None = None
     kv_transfer_params: Json | None = None
     vllm_xargs: Json | None = None
     store: bool | None = None

@@ -47,6 +47,9 @@ async def test_every_chat_answer_validates_against_the_served_document(flags: di
         bodies += [{**b, "tools": TOOLS} for b in bodies]
     bodies.append({"messages": CHAT, "seed": 1, "logprobs": True, "top_logprobs": 1, "prompt_logprobs": 1,
                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    ids = {"messages": CHAT, "seed": 3, "logprobs": True, "top_logprobs": 2, "return_token_ids": True,
+           "return_tokens_as_token_ids": True, "truncate_prompt_tokens": 9}  # vLLM's token-id parameters
+    bodies += [ids, {**ids, "seed": 1, "include_reasoning": False}]  # (the ids withheld with the thinking)
     async with running(fake, **flags) as srv:
         doc = (await srv.http.get("/openapi.json")).json()
         answers = []
