@@ -100,7 +100,7 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     if req.echo and req.logprobs is not None:
         prompt_lps = max(prompt_lps or 0, req.logprobs)
     params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs, prompt_logprobs=prompt_lps,
-                             bias=logit_bias(req, vocab), structured=structured_outputs(req))
+                             bias=logit_bias(req, vocab), structured=structured_outputs(req), tokenizer=tok)
     for ids in prompt_ids:
         check_length(len(ids), max_tokens, state.client.max_model_len, field)
     texts = [Echo(p if isinstance(p, str) else tok.decode(ids) if req.echo else "", ids)
