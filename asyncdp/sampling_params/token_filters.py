@@ -33,16 +33,21 @@ if TYPE_CHECKING:
 MAX_NUM_BAD_WORDS = 128
 
 
+def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return tuple(getattr(ids, "ids", ids))  # a ``tokenizers.Tokenizer`` gives an Encoding
+
+
 def bad_word_sequences(words: Sequence[str], tokenizer: Any) -> tuple[tuple[int, ...], ...]:
     """The token sequences ``words`` ban (vLLM's rules, see the module docstring)."""
     out: list[tuple[int, ...]] = []
     for word in words:
-        plain = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        plain = _encode(tokenizer, word.lstrip())
         if not plain:
             raise InvalidSamplingParams(f"bad_words entries must tokenize to at least one token, got {word!r}.",
                                         field="bad_words")
         out.append(plain)
-        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        spaced = _encode(tokenizer, " " + word.lstrip())
         if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
             out.append(spaced)
         if len(out) > MAX_NUM_BAD_WORDS:
