@@ -35,6 +35,16 @@ async def test_both_reach_the_engine_on_both_routes_with_the_words_tokenized() -
         assert params.bad_words_token_ids == ((97, 98), (99,))
 
 
+async def test_the_document_publishes_their_ranges_not_a_refusal() -> None:
+    async with running() as srv:
+        doc = (await srv.http.get("/openapi.json")).json()
+    for name in ("CompletionRequest", "ChatRequest"):
+        props = doc["components"]["schemas"][name]["properties"]
+        allowed = props["allowed_token_ids"]["anyOf"][1]
+        assert allowed["minItems"] == 1 and allowed["items"] == {"type": "integer", "minimum": 0, "maximum": 258}
+        assert props["bad_words"]["anyOf"][1]["items"]["type"] == "string"
+
+
 async def test_empty_bad_words_and_null_ask_for_nothing() -> None:
     async with running() as srv:
         r = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "bad_words": [],
@@ -52,6 +62,7 @@ async def test_empty_bad_words_and_null_ask_for_nothing() -> None:
     ("allowed_token_ids", ["a"]),
     ("allowed_token_ids", 5),
     ("bad_words", [""]),
+    ("bad_words", ["a", " \t"]),  # strips to nothing: tokenizes to nothing (vLLM: a 400)
     ("bad_words", "ab"),
     ("bad_words", [1]),
     ("bad_words", [f"w{i}" for i in range(129)]),  # more token sequences than vLLM's 128
