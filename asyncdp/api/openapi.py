@@ -26,7 +26,7 @@ from asyncdp.api.schemas import (
     TokenizeChat,
     TokenizeCompletion,
 )
-from asyncdp.sampling_params import MAX_INT32, MAX_LOGIT_BIAS
+from asyncdp.sampling_params import MAX_INT32, MAX_LOGIT_BIAS, MAX_NUM_BAD_WORDS
 from asyncdp.version import __version__
 
 _REF = "#/components/schemas/{name}"
@@ -106,6 +106,9 @@ def _components(state: AppState) -> dict[str, Any]:
             props["logit_bias"] = {"anyOf": [{"type": "null"}, {
                 "type": "object", "propertyNames": {"pattern": decimal_upto(last_id)},
                 "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS}}]}
+        if "allowed_token_ids" in props:
+            props["allowed_token_ids"] = {"anyOf": [{"type": "null"}, token_ids]}
+            props["bad_words"] = _BAD_WORDS
         if name == "DetokenizeRequest":
             props["tokens"] = {"type": "array", "items": token_ids["items"]}
         for field, allowed in REFUSED.items():
@@ -140,6 +143,13 @@ def _components(state: AppState) -> dict[str, Any]:
     components["ErrorResponse"] = _ERROR
     components.update(chat_response_schemas(reasoning=state.reasoning_parser is not None))
     return components
+
+
+# Each word needs a character Python's str.lstrip keeps (a word of whitespace tokenizes to nothing: a 400); the
+# pattern means that read by an ECMA or a Python regex engine (their \s differ by \x1c-\x1f, \x85, \ufeff).
+_BAD_WORDS = {"anyOf": [{"type": "null"}, {"type": "array", "items": {
+    "type": "string", "pattern": "[^\\s\\x1c-\\x1f\\x85]|\\ufeff"}}], "description": (
+    f"Words never generated. More than {MAX_NUM_BAD_WORDS} token sequences in all (a word makes one or two) is a 400.")}
 
 
 def _when(condition: dict[str, Any], then: dict[str, Any], *, required: bool = True) -> dict[str, Any]:

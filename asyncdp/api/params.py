@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncdp.api.schemas import ChatRequest, CompletionRequest, _Common
 from asyncdp.errors import HTTPError
-from asyncdp.sampling_params import SamplingParams, StructuredOutputs
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs, with_token_filters
 
 
 def _bad(field: str, message: str) -> HTTPError:
@@ -32,8 +32,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (False,),
     "length_penalty": (),
     "spaces_between_special_tokens": (True,),
-    "allowed_token_ids": (),
-    "bad_words": ([],),
     "logits_processors": ([],),
     "guided_decoding_backend": ("auto", "guidance", "llguidance"),  # the one backend asyncdp has
     "guided_whitespace_pattern": (),
@@ -137,9 +135,10 @@ def logit_bias(req: _Common, vocab_size: int) -> tuple[tuple[int, float], ...]:
 def sampling_params(
     req: CompletionRequest | ChatRequest, *, max_tokens: int | None, logprobs: int | None,
     prompt_logprobs: int | None = None, bias: tuple[tuple[int, float], ...] = (),
-    structured: StructuredOutputs | None = None,
+    structured: StructuredOutputs | None = None, tokenizer: Any = None,
 ) -> SamplingParams:
-    """The per-sequence sampling parameters (n is fanned out by the caller), range-checked."""
+    """The per-sequence sampling parameters (n is fanned out by the caller), range-checked. With ``tokenizer``,
+    ``bad_words`` are tokenized and the token filters' ids checked against its vocabulary (a 400 naming them)."""
     stop: tuple[str, ...] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if req.cache_salt is not None and not req.cache_salt:  # vLLM's check and message
         raise _bad("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
@@ -165,5 +164,8 @@ def sampling_params(
         logit_bias=bias,
         structured=structured,
         cache_salt=req.cache_salt,
+        allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
+        bad_words=tuple(dict.fromkeys(req.bad_words or ())),  # duplicates dropped, as vLLM
     )
-    return params.validate()
+    params = params.validate()
+    return params if tokenizer is None else with_token_filters(params, tokenizer, len(tokenizer))

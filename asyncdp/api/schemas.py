@@ -119,6 +119,9 @@ class _Common(msgspec.Struct, kw_only=True):
     guided_choice: Annotated[list[str], Meta(min_length=1)] | None = None
     guided_grammar: Annotated[str, Meta(min_length=1)] | None = None
     structured_outputs: StructuredOutputsBody | None = None
+    # vLLM's token filters (asyncdp.sampling_params.token_filters), checked by asyncdp.api.params
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     # Isolates the request's prefix-cache blocks (SamplingParams.cache_salt); "" is a 400 (asyncdp.api.params).
     cache_salt: str | None = None
     # Declared so a wrong type is a 400 too; refused unless absent, null or the value named in params.REFUSED.
@@ -127,8 +130,6 @@ class _Common(msgspec.Struct, kw_only=True):
     use_beam_search: bool | None = None
     length_penalty: float | None = None
     spaces_between_special_tokens: bool | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
     logits_processors: list[Any] | None = None
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None

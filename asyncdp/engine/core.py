@@ -4,11 +4,11 @@
 execute it, append the sampled tokens, detokenize, check stop conditions, free finished requests, and return
 ``StepOutputs`` (``RequestOutput`` deltas in scheduling order, finished ids, timings).
 
-Aborts. ``abort_requests(ids)`` only queues the ids (a deque append, safe from any thread, also while a step
-runs); the aborted requests appear as finished outputs (``finish_reason="abort"``) in the result of the next
-``step()``, which applies them before scheduling and again right after the forward, so a request aborted
-during a step gets no further tokens. ``pause("abort")`` aborts at once; its outputs also come with the next
-``step()``. A step that has only aborts to report runs no forward (``StepOutputs.executed`` is False). Everything else (``add_request``,
+Aborts. ``abort_requests(ids)`` only queues the ids (a deque append, safe from any thread, also while a step runs);
+the aborted requests appear as finished outputs (``finish_reason="abort"``) in the result of the next ``step()``,
+which applies them before scheduling and again right after the forward, so a request aborted during a step gets no
+further tokens. ``pause("abort")`` aborts at once; its outputs also come with the next ``step()``. A step that has
+only aborts to report runs no forward (``StepOutputs.executed`` is False). Everything else (``add_request``,
 ``pause``, ``resume``) must be called from the thread that calls ``step()``, between steps.
 
 Stop conditions, checked after each sampled token: a stop token id or EOS (unless ``ignore_eos``) and stop
@@ -63,7 +63,7 @@ from asyncdp.engine.scheduler import PauseMode, Scheduler
 from asyncdp.engine.structured import GrammarMatchers
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
 from asyncdp.messages import RequestOutput, SchedulerStats, TokenLogprobs
-from asyncdp.sampling_params import SamplingParams, StructuredOutputs
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs, with_token_filters
 from asyncdp.sampling_params.structured import grammar_failed
 
 
@@ -137,9 +137,8 @@ class EngineCore:
         if n == 0:
             raise InvalidRequestError("The prompt must contain at least one token.", field="prompt")  # not too long
         if n >= self.max_model_len:
-            raise PromptTooLongError(
-                f"The prompt has {n} tokens; with at least one generated token it exceeds max_model_len "
-                f"({self.max_model_len}).", field="prompt")
+            raise PromptTooLongError(f"The prompt has {n} tokens; with at least one generated token it exceeds "
+                                     f"max_model_len ({self.max_model_len}).", field="prompt")
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use.", field="request_id")
         if params.stop and self._decode is None:
@@ -147,6 +146,7 @@ class EngineCore:
         vocab = self._vocab_size
         if vocab is not None and (min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}).", field="prompt")
+        params = with_token_filters(params, self.tokenizer, vocab)  # bad_words tokenized, ids in the vocabulary
         room = self.max_model_len - n
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         if params.min_tokens > max_tokens:  # never a silent stop at max_model_len short of min_tokens

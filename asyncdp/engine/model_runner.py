@@ -6,7 +6,7 @@ attention metadata with a handful of tensor constructions, runs one forward, com
 that sample (plus, for a request with ``prompt_logprobs``, every row of its chunk that predicts a prompt token:
 row j of a chunk predicts token ``start_pos + j + 1``), and samples. Structured-output rows arrive with the
 core's allowed-token bitmask (``ModelBatch.token_masks``), unpacked on the host and copied to the device once
-per step. Penalties get each row's prompt and output
+per step. Penalties (and bad words) get each row's prompt and output
 ids from the chunk (references to the request's lists). ``StepResult.forward_time_s`` covers forward + logits +
 sampling (+ prompt logprobs); everything else in a step (input building here, scheduling above) is per-step
 overhead.
@@ -259,6 +259,7 @@ class TorchExecutor:
             params = [chunks[i].sampling_params for i in sample_rows]
             counts = [chunks[i].num_output_tokens for i in sample_rows]
             penalised = any(p.has_penalties for p in params)
+            with_output = penalised or any(p.bad_words_token_ids for p in params)
             token_mask = None
             if batch.token_masks is not None:
                 row_of = {i: row for row, i in enumerate(sample_rows)}
@@ -268,7 +269,7 @@ class TorchExecutor:
             tokens, row_logprobs = self.sampler(
                 logits, params, counts,
                 prompt_token_ids=[chunks[i].prompt_token_ids for i in sample_rows] if penalised else None,
-                output_token_ids=[chunks[i].output_token_ids for i in sample_rows] if penalised else None,
+                output_token_ids=[chunks[i].output_token_ids for i in sample_rows] if with_output else None,
                 token_mask=token_mask)
             for row, i in enumerate(sample_rows):
                 sampled[i] = tokens[row]

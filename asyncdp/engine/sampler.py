@@ -2,9 +2,11 @@
 
 Order per row (vLLM semantics): the structured-output mask (tokens the row's grammar forbids get -inf; one
 bool tensor for the constrained rows, so logprobs are those of the constrained distribution, as in vLLM) ->
-raw log-probabilities for logprobs (log_softmax of the unprocessed logits) ->
-``logit_bias`` added -> min_tokens mask (EOS and ``stop_token_ids`` get -inf while ``num_output_tokens <
-min_tokens``; EOS is masked even with ``ignore_eos``, which is harmless since it would not stop the request) ->
+raw log-probabilities for logprobs (log_softmax of the unprocessed logits) -> ``allowed_token_ids`` (every
+other token -inf) -> ``bad_words`` (the last token of each banned sequence whose other tokens end the output,
+``token_filters.banned_tokens``, -inf) -> ``logit_bias`` added -> min_tokens mask (EOS and ``stop_token_ids``
+get -inf while ``num_output_tokens < min_tokens``; EOS is masked even with ``ignore_eos``, which is harmless
+since it would not stop the request) ->
 penalties: repetition (tokens seen in the prompt or the output: positive logits divided by the penalty, negative
 ones multiplied), frequency (``-= frequency_penalty * count_in_output``) and presence (``-= presence_penalty`` for
 tokens in the output) -> greedy rows take the argmax (penalties and bias apply to them too); sampled rows divide
@@ -18,7 +20,12 @@ Reproducibility: a row with ``seed`` draws its Exp(1) noise from its own ``torch
 BLAKE2b(seed, num_output_tokens), so the same request yields the same tokens whatever else shares its batch.
 Rows without a seed share one generator seeded from the engine seed (which ``rank_seed`` derives per DP rank, so
 ranks draw different unseeded samples). Fast path: an all-greedy batch without logprobs, active min_tokens,
-penalties or logit_bias is a single argmax.
+penalties, logit_bias or token filters is a single argmax.
+
+Logprobs are computed before the token filters, as vLLM's default ``logprobs_mode`` (``raw_logprobs``) does: the
+structured-output mask is in them (vLLM applies it to the logits before its sampler), ``allowed_token_ids`` and
+``bad_words`` are not (nor bias, penalties or temperature), so a filtered-out token can be among the top
+alternatives.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import torch
 
 from asyncdp.messages import Logprob, TokenLogprobs
 from asyncdp.sampling_params import MIN_REPETITION_PENALTY, SamplingParams
+from asyncdp.sampling_params.token_filters import banned_tokens
 
 
 def row_seed(seed: int, num_output_tokens: int) -> int:
@@ -129,6 +137,35 @@ def apply_allowed_tokens(logits: torch.Tensor, rows: Sequence[int], allowed: tor
     return logits.index_copy(0, index, torch.where(allowed, logits.index_select(0, index), neg_inf))
 
 
+def allowed_mask(params: Sequence[SamplingParams], rows: Sequence[int], vocab: int, device: torch.device
+                 ) -> torch.Tensor:
+    """Bool ``[len(rows), V]``: True at each row's ``allowed_token_ids`` (ids beyond the vocabulary dropped)."""
+    index_rows: list[int] = []
+    index_cols: list[int] = []
+    for r, i in enumerate(rows):
+        ids = [t for t in params[i].allowed_token_ids or () if t < vocab]
+        index_rows.extend([r] * len(ids))
+        index_cols.extend(ids)
+    allowed = torch.zeros((len(rows), vocab), dtype=torch.bool)
+    allowed[torch.tensor(index_rows, dtype=torch.int64), torch.tensor(index_cols, dtype=torch.int64)] = True
+    return allowed.to(device)
+
+
+def apply_bad_words(logits: torch.Tensor, params: Sequence[SamplingParams], rows: Sequence[int],
+                    output_token_ids: Sequence[Sequence[int]]) -> None:
+    """-inf, in place, at the tokens each row's ``bad_words`` ban after its output so far."""
+    vocab = logits.shape[1]
+    index_rows: list[int] = []
+    index_cols: list[int] = []
+    for i in rows:
+        banned = [t for t in banned_tokens(params[i].bad_words_token_ids, output_token_ids[i]) if t < vocab]
+        index_rows.extend([i] * len(banned))
+        index_cols.extend(banned)
+    if index_cols:
+        device = logits.device
+        logits[torch.tensor(index_rows, device=device), torch.tensor(index_cols, device=device)] = float("-inf")
+
+
 class Sampler:
     def __init__(self, eos_token_ids: Collection[int], seed: int = 0, device: torch.device | None = None) -> None:
         self.eos_token_ids = tuple(sorted(eos_token_ids))
@@ -144,23 +181,37 @@ class Sampler:
         """Sample one token per row. Returns the tokens and, when any row asked for logprobs, per-row logprobs.
 
         ``prompt_token_ids`` / ``output_token_ids`` (per row) are read only by rows with a penalty; a row whose
-        ids are not given is penalised as if it had none. ``token_mask`` is (rows, allowed): the allowed tokens
-        of the structured-output rows (see ``apply_allowed_tokens``).
+        ids are not given is penalised as if it had none; ``output_token_ids`` are read by rows with
+        ``bad_words`` too. ``token_mask`` is (rows, allowed): the allowed tokens of the structured-output rows
+        (see ``apply_allowed_tokens``).
         """
         want_logprobs = any(p.logprobs is not None for p in params)
         min_tokens_rows = [i for i, (p, n) in enumerate(zip(params, num_output_tokens, strict=True))
                            if n < p.min_tokens]
         bias_rows = [i for i, p in enumerate(params) if p.logit_bias]
         penalty_rows = [i for i, p in enumerate(params) if p.has_penalties]
+        filter_rows = [i for i, p in enumerate(params) if p.allowed_token_ids is not None or p.bad_words_token_ids]
         all_greedy = all(p.greedy for p in params)
         if (all_greedy and not want_logprobs and not min_tokens_rows and not bias_rows and not penalty_rows
-                and token_mask is None):
+                and token_mask is None and not filter_rows):
             return logits.argmax(dim=-1).tolist(), None
 
+        copied = token_mask is not None
         if token_mask is not None:
             logits = apply_allowed_tokens(logits, token_mask[0], token_mask[1])  # a copy
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-        if (bias_rows or min_tokens_rows or penalty_rows) and token_mask is None:
+        if filter_rows:
+            allowed_rows = [i for i in filter_rows if params[i].allowed_token_ids is not None]
+            if allowed_rows:
+                logits = apply_allowed_tokens(logits, allowed_rows,
+                                              allowed_mask(params, allowed_rows, logits.shape[1], logits.device))
+                copied = True
+            bad_rows = [i for i in filter_rows if params[i].bad_words_token_ids]
+            if bad_rows:
+                if not copied:
+                    logits, copied = logits.clone(), True
+                apply_bad_words(logits, params, bad_rows, output_token_ids or [()] * len(params))
+        if (bias_rows or min_tokens_rows or penalty_rows) and not copied:
             logits = logits.clone()
         if bias_rows:
             apply_logit_bias(logits, params, bias_rows)

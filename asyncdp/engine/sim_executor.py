@@ -9,9 +9,11 @@ the executor protocol's ``modelled_step_s`` returns, so the async rank loop can 
 
 Tokens are a pure function of (previous token, position, seed): BLAKE2b mod the vocabulary, never an id in
 ``avoid_token_ids`` (none by default; the factory passes the model's EOS ids so outputs run to ``max_tokens``). They do not depend on the request id, the batch composition or on preemption, so a request
-recomputed after preemption, or served with prefix caching on or off, yields the same tokens. No other
-sampling parameter is honoured (``seed`` from the params is used when set, else the config seed; the config seed
-is not derived per rank, so simulated ranks agree on every token).
+recomputed after preemption, or served with prefix caching on or off, yields the same tokens. The token filters
+are honoured: with ``allowed_token_ids`` the token is the allowed id at its index modulo their count, and a
+token that ``allowed_token_ids`` or ``bad_words`` forbid (or in ``avoid_token_ids``) moves on to the next one
+they allow. No other sampling parameter is honoured (``seed`` from the params is used when set, else the config
+seed; the config seed is not derived per rank, so simulated ranks agree on every token).
 
 Prompt logprobs (``SamplingParams.prompt_logprobs``) are those of a uniform model: every prompt token a chunk
 predicts gets ``-log(vocab_size)``, and its top-n alternatives are token ids ``0 .. n-1``, each at the same
@@ -26,12 +28,13 @@ spec §4.0 "Materialisation"). Without it nothing changes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from hashlib import blake2b
 
 from asyncdp.config.flags import DEFAULT_SIM_KV_BLOCKS, EngineConfig
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
 from asyncdp.messages import Logprob, TokenLogprobs
+from asyncdp.sampling_params.token_filters import banned_tokens
 
 #: ``(request_id, output index) -> token id | None`` (None: the default token rule)
 TokenSource = Callable[[str, int], int | None]
@@ -115,8 +118,12 @@ class SimExecutor:
             position = chunk.start_pos + len(chunk.token_ids)
             seed = chunk.sampling_params.seed
             token = sim_token(chunk.token_ids[-1], position, default_seed if seed is None else seed, vocab)
-            while token in avoid:
-                token = (token + 1) % vocab
+            params = chunk.sampling_params
+            if params.allowed_token_ids is not None or params.bad_words_token_ids:
+                token = filtered_token(token, chunk, avoid, vocab)
+            else:
+                while token in avoid:
+                    token = (token + 1) % vocab
             sampled.append(token)
         self.last_step_s = self.step_cost_s(batch)
         self.num_steps += 1
@@ -141,6 +148,24 @@ class SimExecutor:
 
     def shutdown(self) -> None:
         pass
+
+
+def filtered_token(token: int, chunk: ScheduledChunk, avoid: Collection[int], vocab: int) -> int:
+    """``token`` moved onto what the chunk's token filters allow (see the module docstring); ``avoid`` is kept
+    out where something else is allowed."""
+    params = chunk.sampling_params
+    banned = set(banned_tokens(params.bad_words_token_ids, chunk.output_token_ids))
+    allowed = params.allowed_token_ids
+    candidates: Sequence[int] = range(vocab) if allowed is None else sorted({t for t in allowed if t < vocab})
+    if not candidates:
+        return token
+    start = token % len(candidates)
+    for skip in (banned | set(avoid), banned):
+        for k in range(len(candidates)):
+            candidate = candidates[(start + k) % len(candidates)]
+            if candidate not in skip:
+                return candidate
+    return candidates[start]
 
 
 def prefill_token_pairs(batch: ModelBatch) -> float:

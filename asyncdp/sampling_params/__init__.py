@@ -4,7 +4,8 @@
 raises :class:`~asyncdp.errors.InvalidSamplingParams` naming the field and its allowed range; the API layer and
 the offline ``LLM`` both call it before a request reaches an engine. ``structured`` (``StructuredOutputs``, in
 :mod:`.structured` with the grammar checks, re-exported here) is checked by compiling its grammar, so an
-uncompilable schema or regex is refused there too, naming ``structured.<field>``.
+uncompilable schema or regex is refused there too, naming ``structured.<field>``. ``allowed_token_ids`` and
+``bad_words`` are checked against a vocabulary, and the words tokenized, by :mod:`.token_filters`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import msgspec
 
 from asyncdp.errors import InvalidSamplingParams
 from asyncdp.sampling_params.structured import StructuredOutputs
+from asyncdp.sampling_params.token_filters import MAX_NUM_BAD_WORDS, with_token_filters
 
-__all__ = ["MAX_INT32", "MAX_LOGIT_BIAS", "MAX_LOGPROBS", "MAX_N", "MAX_PENALTY", "MIN_REPETITION_PENALTY",
-           "SamplingParams", "StructuredOutputs", "sample_seed"]
+__all__ = ["MAX_INT32", "MAX_LOGIT_BIAS", "MAX_LOGPROBS", "MAX_N", "MAX_NUM_BAD_WORDS", "MAX_PENALTY",
+           "MIN_REPETITION_PENALTY", "SamplingParams", "StructuredOutputs", "sample_seed", "with_token_filters"]
 
 # Logprobs beyond this many alternatives are refused, as in vLLM's default.
 MAX_LOGPROBS = 20
@@ -91,6 +93,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     # vLLM's cache_salt: mixed into the hash of the prompt's first KV block (so into every later one), so requests
     # with different salts, or with and without one, never share prefix-cache blocks. None: unsalted.
     cache_salt: str | None = None
+    # vLLM's token filters (asyncdp.sampling_params.token_filters). allowed_token_ids: only these ids may be sampled
+    # (None: any; empty is refused). bad_words: words never generated, banned as the token sequences in
+    # bad_words_token_ids (made from the words by the API server or the engine core when not given).
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         # vLLM's shapes: stop="x" is one stop string (never its characters), lists are kept as tuples.
@@ -98,6 +106,13 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             msgspec.structs.force_setattr(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         if isinstance(self.stop_token_ids, list):
             msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.allowed_token_ids, list):
+            msgspec.structs.force_setattr(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        if isinstance(self.bad_words, list):  # duplicates dropped, order kept, as vLLM
+            msgspec.structs.force_setattr(self, "bad_words", tuple(dict.fromkeys(self.bad_words)))
+        if isinstance(self.bad_words_token_ids, list):
+            msgspec.structs.force_setattr(self, "bad_words_token_ids", tuple(
+                tuple(seq) if isinstance(seq, list) else seq for seq in self.bad_words_token_ids))
         if isinstance(self.logit_bias, dict):  # vLLM's {token_id: bias}; the struct keeps sorted pairs
             pairs = self.logit_bias.items()
             if all(_is_int(t) for t, _ in pairs):
@@ -152,6 +167,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
             raise bad("logit_bias", f"biases in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
                       [b for _, b in self.logit_bias])
+        if self.allowed_token_ids is not None and (
+                not self.allowed_token_ids or any(not 0 <= t <= MAX_INT32 for t in self.allowed_token_ids)):
+            raise bad("allowed_token_ids", f"a non-empty list of token ids in [0, {MAX_INT32}]",
+                      list(self.allowed_token_ids))
+        if any(not word for word in self.bad_words):
+            raise bad("bad_words", "a list of non-empty strings", list(self.bad_words))
+        sequences = self.bad_words_token_ids
+        if len(sequences) > MAX_NUM_BAD_WORDS or any(not s or any(not 0 <= t <= MAX_INT32 for t in s)
+                                                     for s in sequences):
+            raise bad("bad_words", f"at most {MAX_NUM_BAD_WORDS} non-empty token sequences of ids in "
+                                   f"[0, {MAX_INT32}]", [list(s) for s in sequences])
         if self.structured is not None:
             self.structured.validate()
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
@@ -167,7 +193,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
                 and _PLAIN_NUMBERS.issuperset(map(type, _NUMBERS(self)))
                 and _BOOL.issuperset(map(type, _BOOLS(self)))
                 and type(self.stop_token_ids) is tuple and not self.stop_token_ids
-                and type(self.logit_bias) is tuple and not self.logit_bias and self.structured is None)
+                and type(self.logit_bias) is tuple and not self.logit_bias and self.structured is None
+                and self.allowed_token_ids is None and type(self.bad_words) is tuple and not self.bad_words
+                and type(self.bad_words_token_ids) is tuple and not self.bad_words_token_ids)
 
     def _check_types(self, bad: Any) -> None:
         """Each field's type, before the ranges compare them (a bool is no number; ``stop``: with its range)."""
@@ -190,6 +218,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             raise bad("logit_bias", "a dict {token_id: bias} of integer ids and numbers", self.logit_bias)
         if not isinstance(self.structured, StructuredOutputs | None):
             raise bad("structured", "a StructuredOutputs or None", self.structured)
+        if not (self.allowed_token_ids is None or isinstance(self.allowed_token_ids, tuple)
+                and all(map(_is_int, self.allowed_token_ids))):
+            raise bad("allowed_token_ids", "a list of integer token ids or None", self.allowed_token_ids)
+        if not isinstance(self.bad_words, tuple) or not all(isinstance(w, str) for w in self.bad_words):
+            raise bad("bad_words", "a list of strings", self.bad_words)
+        if not isinstance(self.bad_words_token_ids, tuple) or not all(
+                isinstance(s, tuple) and all(map(_is_int, s)) for s in self.bad_words_token_ids):
+            raise bad("bad_words_token_ids", "a list of token-id lists", self.bad_words_token_ids)
 
     @property
     def has_penalties(self) -> bool:

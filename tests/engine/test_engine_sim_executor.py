@@ -60,3 +60,17 @@ def test_a_constrained_request_refused_by_the_sim_executor_names_the_request_par
     with pytest.raises(InvalidRequestError, match="--executor sim") as raised:
         core.add_request("r", encode("ab"), params)
     assert raised.value.field == "guided_regex"
+
+
+def test_the_sim_executor_samples_only_allowed_ids_and_never_a_bad_word():
+    core = sim_core()
+    allowed = [ord(c) for c in "abc"] + [EOS_ID]  # EOS allowed but avoided while anything else is
+    core.add_request("allowed", encode("prompt"), SamplingParams(max_tokens=40, allowed_token_ids=allowed))
+    core.add_request("bad", encode("prompt"), SamplingParams(max_tokens=40, allowed_token_ids=allowed,
+                                                             bad_words=["ab", "c"]))  # tokenized by the core
+    core.add_request("free", encode("prompt"), SamplingParams(max_tokens=40, bad_words=["e"]))
+    res = run_to_completion(core)
+    assert len(res["allowed"]["tokens"]) == 40 and set(res["allowed"]["tokens"]) == set(allowed[:3])
+    bad = bytes(res["bad"]["tokens"]).decode()
+    assert len(bad) == 40 and set(bad) <= {"a", "b"} and "ab" not in bad
+    assert ord("e") not in res["free"]["tokens"] and len(set(res["free"]["tokens"])) > 10
