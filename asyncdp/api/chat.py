@@ -28,7 +28,6 @@ ids (withheld, as the logprobs are, when ``include_reasoning: false`` hides the 
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -63,6 +62,7 @@ from asyncdp.api.openai_format import (
 from asyncdp.api.params import logit_bias, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
 from asyncdp.api.reasoning_parsers import ReasoningParser, ReasoningTokens, count_reasoning_tokens, split
+from asyncdp.api.request_ids import REQUEST_ID_HEADER, request_ids
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
 from asyncdp.api.sse import sse
@@ -139,7 +139,7 @@ class Prepared:
     hide_reasoning: bool  # include_reasoning false: the thinking is dropped, and the logprobs that would show it
 
 
-def prepare(state: AppState, body: bytes) -> Prepared:
+def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepared:
     """Everything that can refuse the request, before any sequence starts (see ``completions.prepare``)."""
     req: ChatRequest = decode_body(body, ChatRequest)
     refuse_unsupported(req)
@@ -182,8 +182,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
     if echo and tools is not None and tools.calls:
         raise HTTPError(400, "echo cannot be combined with a tool_choice whose answer is tool calls.", param="echo")
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    seqs = sequences(request_id, [prompt_ids], params, per_prompt)
+    request_id, engine_id = request_ids("chatcmpl", id_header, req.request_id)
+    seqs = sequences(engine_id, [prompt_ids], params, per_prompt)
     return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs, tools,
                     thinker, thinker is not None and req.include_reasoning is False)
 
@@ -240,8 +240,8 @@ def register(app: Quart, state: AppState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
         body = await request.get_data(as_text=False)
-        prep = await state.offload.run(heavy_body(body), prepare, state, body)
-        headers = routing_headers(request.headers)  # one pass over them for the rank hint and the routing key
+        headers = routing_headers(request.headers)  # one pass: the rank hint, the routing key, X-Request-Id
+        prep = await state.offload.run(heavy_body(body), prepare, state, body, headers.get(REQUEST_ID_HEADER))
         hint, key = parse_rank_hint(headers, prep.req), routing_key(headers, prep.req)
         created = int(time.time())
         tok = state.client.tokenizer

@@ -12,7 +12,6 @@ with ``return_token_ids`` an ``echo`` sends the prompt as ids only (its text is 
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +43,7 @@ from asyncdp.api.openai_format import (
 )
 from asyncdp.api.params import logit_bias, prompts, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
+from asyncdp.api.request_ids import REQUEST_ID_HEADER, request_ids
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import CompletionRequest, decode_body
 from asyncdp.api.sse import sse
@@ -71,7 +71,7 @@ class Prepared:
         return sum(len(ids) for ids in self.prompt_ids)
 
 
-def prepare(state: AppState, body: bytes) -> Prepared:
+def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepared:
     """Everything that can refuse the request, before any sequence starts. Runs in a worker thread for big
     bodies: touches only the request, the tokenizer and immutable app settings."""
     req: CompletionRequest = decode_body(body, CompletionRequest)
@@ -117,8 +117,8 @@ def prepare(state: AppState, body: bytes) -> Prepared:
 
     texts = [Echo(echoed(p, ids, len(ids) < len(w)), ids)
              for p, ids, w in zip(raw, prompt_ids, whole, strict=True)]
-    request_id = f"cmpl-{uuid.uuid4().hex}"
-    seqs = sequences(request_id, prompt_ids, params, per_prompt)
+    request_id, engine_id = request_ids("cmpl", id_header, req.request_id)
+    seqs = sequences(engine_id, prompt_ids, params, per_prompt)
     return Prepared(req, request_id, model, prompt_ids, texts, seqs, per_prompt, n, requested == 0)
 
 
@@ -143,9 +143,9 @@ def register(app: Quart, state: AppState) -> None:
     @app.post("/v1/completions")
     async def completions() -> Response:
         body = await request.get_data(as_text=False)
-        prep = await state.offload.run(heavy_body(body), prepare, state, body)
+        headers = routing_headers(request.headers)  # one pass: the rank hint, the routing key, X-Request-Id
+        prep = await state.offload.run(heavy_body(body), prepare, state, body, headers.get(REQUEST_ID_HEADER))
         req = prep.req
-        headers = routing_headers(request.headers)  # one pass over them for the rank hint and the routing key
         hint, key = parse_rank_hint(headers, req), routing_key(headers, req)
         request_id, created = prep.request_id, int(time.time())
         if not req.stream:

@@ -21,8 +21,10 @@ def _as_int(field: str, value: Any) -> int:
         raise HTTPError(400, str(exc), param=field) from None
 
 
-# Every header a request's routing reads (rank hints here, routing keys in :mod:`.routing_key`), lower case.
-ROUTING_HEADERS = frozenset(("x-data-parallel-rank", "x-data-parallel-global-rank", "x-session-id", "x-user-id"))
+# Every header a request's routing reads (rank hints here, routing keys in :mod:`.routing_key`), lower case, and
+# X-Request-Id (the response's id, :mod:`.request_ids`), collected in the same pass.
+ROUTING_HEADERS = frozenset(("x-data-parallel-rank", "x-data-parallel-global-rank", "x-session-id", "x-user-id",
+                             "x-request-id"))
 
 
 def routing_headers(headers: Any) -> dict[str, str]:

@@ -124,12 +124,14 @@ class _Common(msgspec.Struct, kw_only=True):
     bad_words: list[str] | None = None
     # Isolates the request's prefix-cache blocks (SamplingParams.cache_salt); "" is a 400 (asyncdp.api.params).
     cache_salt: str | None = None
-    # Declared so a wrong type is a 400 too; refused unless absent, null or the value named in params.REFUSED.
+    # vLLM's detokenization option (SamplingParams.spaces_between_special_tokens; null: true).
+    spaces_between_special_tokens: bool | None = None
+    # Declared so a wrong type is a 400 too; refused unless absent, null or the value named in params.REFUSED
+    # (but request_id, below: the response's id, asyncdp.api.request_ids).
     functions: list[Json] | None = None
     function_call: str | Json | None = None
     use_beam_search: bool | None = None
     length_penalty: float | None = None
-    spaces_between_special_tokens: bool | None = None
     logits_processors: list[Any] | None = None
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None

@@ -13,6 +13,14 @@ so a stop string is never half-streamed (the final delta releases what remains).
 truncates the text; it is kept only with ``include_stop_str_in_output``. A stop token (EOS or a ``stop_token_ids``
 entry) is never given to ``update`` unless ``include_stop_str_in_output`` asks for its text (``EngineCore``).
 
+``spaces_between_special_tokens=False`` (vLLM's; it matters only with ``skip_special_tokens`` false) does what
+vLLM's fast incremental detokenizer does, the one vLLM uses for every Hugging Face fast tokenizer: a token that is
+an added token (special or not) right after another generated added token contributes its text exactly, so no
+space the tokenizer's decoder would put between them (WordPiece's does; ByteLevel's and Metaspace's put none, so
+for those tokenizers, the built-in models' and SmolLM2's among them, the text is the same either way). A space
+between an added token and ordinary text is kept. vLLM's slow (pure Python tokenizer) path joins the text
+around every added token with a space unless the flag is false; asyncdp applies the fast rule to every tokenizer.
+
 Works with any tokenizer that has ``decode(ids, skip_special_tokens=...)``: a ``tokenizers.Tokenizer`` or a
 Hugging Face tokenizer (whose Rust backend is used directly when it has one, for speed).
 """
@@ -39,10 +47,20 @@ def make_decode_fn(tokenizer: Any) -> DecodeFn:
     return target.decode
 
 
+def added_token_texts(decode: DecodeFn) -> dict[int, str]:
+    """Id -> text of the added tokens (special or not) of the tokenizer ``decode`` belongs to ({} when it has
+    none or does not say): a ``tokenizers.Tokenizer``'s ``get_added_tokens_decoder()``, or a Hugging Face
+    tokenizer's ``added_tokens_decoder``."""
+    owner = getattr(decode, "__self__", None)
+    table = getattr(owner, "get_added_tokens_decoder", None)
+    added = table() if callable(table) else getattr(owner, "added_tokens_decoder", None)
+    return {int(tid): str(tok.content) for tid, tok in added.items()} if isinstance(added, dict) else {}
+
+
 class IncrementalDetokenizer:
     __slots__ = (
         "_decode", "_skip_special", "_tokens", "_prefix_offset", "_read_offset", "output_text",
-        "_emitted", "_stop", "_max_stop_len", "_holdback", "_include_stop",
+        "_emitted", "_stop", "_max_stop_len", "_holdback", "_include_stop", "_added", "_last_added",
     )
 
     def __init__(self, decode: DecodeFn, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -58,11 +76,20 @@ class IncrementalDetokenizer:
         self._max_stop_len = max((len(s) for s in params.stop), default=0)
         self._include_stop = params.include_stop_str_in_output
         self._holdback = 0 if params.include_stop_str_in_output else max(self._max_stop_len - 1, 0)
+        # Added tokens whose text is given as it is after another one (spaces_between_special_tokens false)
+        keep_spaces = params.skip_special_tokens or params.spaces_between_special_tokens
+        self._added = None if keep_spaces else added_token_texts(decode) or None
+        self._last_added = False  # the last generated token was an added token (the prompt's do not count)
 
     def update(self, token_id: int, *, check_stop: bool = True) -> str | None:
         """Add one generated token. Returns the stop string that now ends the text, if any."""
         tokens = self._tokens
         tokens.append(token_id)
+        if self._added is not None:
+            text = self._added.get(token_id)
+            after_added, self._last_added = self._last_added, text is not None
+            if text is not None and after_added:  # (vLLM's fast detokenizer: no space between the two)
+                return self._advance(text, check_stop)
         prefix_offset = self._prefix_offset
         read_offset = self._read_offset
         decode = self._decode
@@ -73,8 +100,12 @@ class IncrementalDetokenizer:
             return None  # nothing printable yet (a skipped special token, or a partial character)
         if full_text.endswith("\ufffd") and len(tokens) - read_offset < _MAX_PENDING_TOKENS:
             return None
-        new_text = full_text[len(prefix_text):]
-        self._prefix_offset = read_offset
+        return self._advance(full_text[len(prefix_text):], check_stop)
+
+    def _advance(self, new_text: str, check_stop: bool) -> str | None:
+        """The window moves past the tokens whose text ``new_text`` is; the text is appended."""
+        tokens = self._tokens
+        self._prefix_offset = self._read_offset
         self._read_offset = len(tokens)
         # Keep the window list short: drop tokens nobody will decode again.
         if self._prefix_offset > 64:

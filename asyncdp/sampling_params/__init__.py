@@ -47,7 +47,8 @@ _INT_FIELDS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "pr
 _OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 _NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 _PLAIN_NUMBERS = frozenset((int, float))
-_BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+_BOOL_FIELDS = (
+    "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens")
 # The same fields, read at once for the plain-types check (so a field added above is checked there too).
 _REQUIRED_INTS = attrgetter(*(name for name in _INT_FIELDS if name not in _OPTIONAL))
 _OPTIONAL_INTS = attrgetter(*_OPTIONAL)
@@ -80,6 +81,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     logprobs: int | None = None  # top-n alternatives per generated token (0: only the sampled token)
     prompt_logprobs: int | None = None  # top-n alternatives per prompt token (0: only the prompt token)
     skip_special_tokens: bool = True
+    # vLLM's: with skip_special_tokens false, False puts no space between two added tokens in a row (the
+    # detokenizer gives the second one's text as it is; asyncdp.engine.detokenizer).
+    spaces_between_special_tokens: bool = True
     # Penalties, vLLM semantics: presence/frequency subtract from the logits of tokens already generated
     # (frequency scaled by the count); repetition divides positive (multiplies negative) logits of tokens in the
     # prompt or the output. 0 / 0 / 1 disable them.

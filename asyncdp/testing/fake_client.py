@@ -17,7 +17,8 @@ Admission follows the real client: ``admit(k)`` reserves ``k`` slots all or noth
 bounds reserved plus running), ``generate(..., admission=)`` takes one of them, a plain ``generate`` admits
 itself, and every way out of a request gives its slot back (``num_in_flight`` counts what is held). Leaving the
 iteration early records the request id in ``aborted``, as a real client would send ``AbortRequests``, and every
-request ends in ``metrics`` (``vllm:*`` counters) with its reason. Switches (``healthy``, ``shutting_down``,
+request ends in ``metrics`` (``vllm:*`` counters) with its reason. A request id already in flight is a
+``RuntimeError``, as the real client keys its requests by id: the HTTP layer must never reuse one. Switches (``healthy``, ``shutting_down``,
 ``queue_full``, ``fail_after_tokens`` with ``fail_after_tokens_with``, ``fail_with``) reproduce the failure
 modes of spec §12.4. It is public API: users' tests may use it.
 
@@ -101,6 +102,7 @@ class FakeEngineClient:
         self.max_queued_requests = max_queued_requests
         self._num_reserved = 0  # admitted through admit() and not yet taken by a generate()
         self._num_holding = 0  # generate() calls holding a slot
+        self._in_flight_ids: set[str] = set()
         self._changed: anyio.Event | None = None
 
     # ------------------------------------------------------------------ EngineClient
@@ -294,9 +296,12 @@ class FakeEngineClient:
             reply = self.replies(self._tokenizer.decode(prompt), params.seed) if self.replies is not None else None
             if reply == "":
                 raise ValueError("FakeEngineClient.replies returned an empty reply (a model writes at least a token)")
+            if request_id in self._in_flight_ids:  # the real client would mix the two requests' outputs up
+                raise RuntimeError(f"request id {request_id!r} is already in flight")
         except BaseException:
             self._num_holding -= 1
             raise
+        self._in_flight_ids.add(request_id)
         self.submitted.append((request_id, prompt, params, hint))
         num_cached = self._prefix_cache_hit(request_id, prompt, params)
         limit = params.max_tokens if params.max_tokens is not None else self._max_model_len - len(prompt)
@@ -355,6 +360,7 @@ class FakeEngineClient:
                 if finished:
                     break
         finally:
+            self._in_flight_ids.discard(request_id)
             self._num_active -= 1
             self._num_holding -= 1
             if completed:

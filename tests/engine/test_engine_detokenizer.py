@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from engine_testing import BOS_ID, encode, make_byte_tokenizer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers.decoders import DecodeStream
 
 from asyncdp.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
 from asyncdp.sampling_params import SamplingParams
@@ -83,3 +86,53 @@ def test_hf_style_tokenizer_object_with_backend_is_supported():
     for t in encode("\u00e9t\u00e9"):
         d.update(t)
     assert d.output_text == "\u00e9t\u00e9"
+
+
+def wordpiece_tokenizer() -> Tokenizer:
+    """A BERT-style tokenizer: its WordPiece decoder puts a space between tokens, added ones included."""
+    vocab = {w: i for i, w in enumerate(["[UNK]", "hello", "world", "##s", "a", "!"])}
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.add_special_tokens(["[CLS]", "[SEP]"])
+    tok.add_tokens(["<x>"])  # an added token that is not special
+    return tok
+
+
+def vllm_fast_text(tok: Tokenizer, prompt: list[int], ids: list[int], skip: bool, spaces: bool) -> str:
+    """What vLLM's fast incremental detokenizer (a DecodeStream primed with the prompt) makes of ``ids``: with
+    spaces_between_special_tokens false (and special tokens kept), an added token right after another one is its
+    text as it is."""
+    stream = DecodeStream(ids=prompt, skip_special_tokens=skip)
+    added = {tid: t.content for tid, t in tok.get_added_tokens_decoder().items()}
+    text, last_added = "", False
+    for t in ids:
+        piece = stream.step(tok, t)
+        if not (skip or spaces):
+            if t in added and last_added:
+                piece = added[t]
+            last_added = t in added
+        text += piece or ""
+    return text
+
+
+@pytest.mark.parametrize(("skip", "spaces"), [(True, True), (True, False), (False, True), (False, False)])
+def test_spaces_between_special_tokens_as_vllm_fast_detokenizer(skip: bool, spaces: bool) -> None:
+    tok = wordpiece_tokenizer()
+    prompt = tok.encode("a").ids
+    ids = tok.encode("hello [CLS] [SEP] worlds <x> <x> [SEP] a !").ids
+    params = SamplingParams(skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+    d = IncrementalDetokenizer(make_decode_fn(tok), prompt, params)
+    for t in ids:
+        d.update(t)
+    d.flush()
+    assert d.output_text == vllm_fast_text(tok, prompt, ids, skip, spaces)
+    if not skip:
+        kept = " hello [CLS] [SEP] worlds <x> <x> [SEP] a!"
+        assert d.output_text == (kept if spaces else " hello [CLS][SEP] worlds <x><x>[SEP] a!")
+
+
+def test_spaces_between_special_tokens_changes_nothing_where_the_decoder_puts_no_space() -> None:
+    ids = encode("hi") + [BOS_ID, BOS_ID] + encode("yo")
+    params = SamplingParams(skip_special_tokens=False, spaces_between_special_tokens=False)
+    assert stream(ids, params)[2] == stream(ids, SamplingParams(skip_special_tokens=False))[2] == "hi<bos><bos>yo"
