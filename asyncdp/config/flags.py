@@ -196,8 +196,7 @@ class ServeConfig:
     data_parallel_start_rank: int | None = None
     data_parallel_address: str | None = None
     data_parallel_rpc_port: int = 29550
-    # --data-parallel-secret-file: the deployment secret's file; the secret itself (from the file or the
-    # environment, read by from_flags) is data_parallel_secret, never logged
+    # the deployment secret's file; the secret (from it or the environment, by from_flags) is never logged
     data_parallel_secret_file: str | None = None
     data_parallel_secret: bytes | None = dataclasses.field(default=None, repr=False)
     data_parallel_backend: str = "mp"
