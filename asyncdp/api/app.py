@@ -44,6 +44,7 @@ from asyncdp.api.metrics import CONTENT_TYPE, Metrics
 from asyncdp.api.reasoning_parsers import PARSERS as REASONING_PARSERS
 from asyncdp.api.reasoning_parsers import end_token_ids, start_token_ids
 from asyncdp.api.request_close import with_close_callbacks
+from asyncdp.api.request_templates import RequestTemplates
 from asyncdp.api.template_roles import resolve_template_roles
 from asyncdp.api.tool_parsers import PARSERS, tags_are_special
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
@@ -80,6 +81,7 @@ def create_app(
     cors: Cors | None = ALLOW_ALL,
     enable_prompt_tokens_details: bool = False,
     chat_template_content_format: str = "auto",
+    trust_request_chat_template: bool = False,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
 ) -> Quart:
@@ -90,6 +92,8 @@ def create_app(
     ``cors`` what cross-origin requests may do (``--allowed-origins`` and friends; None: no CORS headers);
     ``enable_prompt_tokens_details`` adds ``usage.prompt_tokens_details.cached_tokens`` (the flag of that name);
     ``chat_template_content_format`` is ``--chat-template-content-format`` ("auto" reads the tokenizer's template);
+    ``trust_request_chat_template`` lets chat and ``/tokenize`` requests bring their own ``chat_template``
+    (``--trust-request-chat-template``; False: a 400);
     ``tool_call_parser`` serves ``tool_choice: "auto"`` with that parser of ``asyncdp.api.tool_parsers.PARSERS``
     (``--enable-auto-tool-choice --tool-call-parser NAME``; None: "auto" with tools is a 400);
     ``reasoning_parser`` returns chat answers' thinking apart from their content with that parser of
@@ -126,6 +130,8 @@ def create_app(
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         content_format=content_format,
         template_roles=resolve_template_roles(client.tokenizer, content_format, template),
+        request_templates=(RequestTemplates(client.tokenizer, chat_template_content_format)
+                           if trust_request_chat_template else None),
         tool_parser=parser,
         tool_tags_special=parser is not None and tags_are_special(parser, client.tokenizer),
         reasoning_parser=thinker,

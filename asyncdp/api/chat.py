@@ -4,7 +4,8 @@ Preparation (decode, checks, chat-template rendering, tokenization) is one plain
 the event loop for large bodies. Template options follow vLLM: ``add_generation_prompt`` (default true, false
 by default when ``continue_final_message`` is set; both true is a 400), ``continue_final_message`` (the last
 message is left open for the model to continue), ``chat_template_kwargs`` (extra variables for the template;
-the ones asyncdp sets itself are refused). ``echo`` prepends the last message's content to each answer when
+the ones asyncdp sets itself are refused); the rendering, with ``documents`` and a request's own ``chat_template``,
+is :mod:`asyncdp.api.chat_render`. ``echo`` prepends the last message's content to each answer when
 that message is the assistant's.
 
 With ``--reasoning-parser`` (:mod:`asyncdp.api.reasoning_parsers`), each answer's thinking is taken out of its
@@ -35,7 +36,8 @@ from typing import Any
 import msgspec
 from quart import Quart, Response, request
 
-from asyncdp.api.chat_messages import chat_messages, content_text
+from asyncdp.api.chat_messages import content_text
+from asyncdp.api.chat_render import render_prompt
 from asyncdp.api.context import AppState, json_response
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
@@ -64,7 +66,7 @@ from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
 from asyncdp.api.reasoning_parsers import ReasoningParser, ReasoningTokens, count_reasoning_tokens, split
 from asyncdp.api.request_ids import REQUEST_ID_HEADER, request_ids
 from asyncdp.api.routing_key import routing_key
-from asyncdp.api.schemas import ChatRequest, TokenizeChat, decode_body
+from asyncdp.api.schemas import ChatRequest, decode_body
 from asyncdp.api.sse import sse
 from asyncdp.api.structured import structured_outputs
 from asyncdp.api.token_ids import add_chat_token_ids, truncate_prompt
@@ -72,55 +74,6 @@ from asyncdp.api.tool_calls import StreamedCalls, ToolUse, answer, tool_use
 from asyncdp.errors import HTTPError, InvalidRequestError
 from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import StructuredOutputs
-
-# Template arguments asyncdp passes itself; chat_template_kwargs may not override them.
-_RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
-    "tools", "documents", "return_dict", "return_tensors", "truncation", "padding", "max_length",
-    "tokenizer_kwargs", "return_assistant_tokens_mask", "sanitize_control_tokens",
-})
-
-
-def render_prompt(
-    state: AppState, req: ChatRequest | TokenizeChat, tools: list[dict[str, Any]] | None = None,
-) -> tuple[list[dict[str, Any]], list[int]]:
-    """The messages and the token ids of the rendered chat template (given ``tools``, passed to it as vLLM
-    does); template errors are the caller's 400."""
-    messages = chat_messages(req.messages, state.content_format, state.template_roles)
-    if req.continue_final_message and req.add_generation_prompt:
-        raise HTTPError(400, "continue_final_message and add_generation_prompt cannot both be true.",
-                        param="continue_final_message")
-    continue_final = bool(req.continue_final_message)
-    add_generation = (not continue_final) if req.add_generation_prompt is None else req.add_generation_prompt
-    extra = req.chat_template_kwargs or {}
-    reserved = sorted(set(extra) & _RESERVED_TEMPLATE_KWARGS)
-    if reserved:
-        raise HTTPError(400, f"chat_template_kwargs may not set {', '.join(reserved)}.",
-                        param="chat_template_kwargs")
-    tok = state.client.tokenizer
-    render = partial(tok.apply_chat_template, messages, add_generation_prompt=add_generation, tokenize=False,
-                     continue_final_message=continue_final)
-    tool_kwargs = {} if tools is None else {"tools": tools}
-    try:
-        text = render(**extra, **tool_kwargs)
-    except Exception as exc:  # a template that rejects these messages (roles, order) is the caller's error
-        raise _template_error(exc, render, extra, tool_kwargs) from None
-    add_special = bool(req.add_special_tokens)  # the template already holds the special tokens
-    return messages, tok.encode(text, add_special_tokens=add_special)
-
-
-def _template_error(exc: Exception, render: Any, extra: dict[str, Any], tools: dict[str, Any]) -> HTTPError:
-    """The 400 of a template that failed: it names ``chat_template_kwargs`` when the template renders the same
-    request without them (a variable of the wrong type, a function replaced by a value), else ``messages``."""
-    if extra:
-        try:
-            render(**tools)
-        except Exception:
-            pass
-        else:
-            return HTTPError(400, f"The chat template failed with these chat_template_kwargs: {exc}",
-                             param="chat_template_kwargs")
-    return HTTPError(400, f"The chat template rejected the messages: {exc}", param="messages")
 
 
 @dataclass

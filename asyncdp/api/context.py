@@ -18,6 +18,7 @@ from asyncdp.api.errors import error_body
 from asyncdp.api.metrics import Metrics
 from asyncdp.api.offload import Offload
 from asyncdp.api.reasoning_parsers import ReasoningParser
+from asyncdp.api.request_templates import RequestTemplates
 from asyncdp.api.template_roles import TemplateRoles
 from asyncdp.api.tool_parsers import ToolCallParser
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
@@ -41,6 +42,7 @@ class AppState:
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
     content_format: str = "string"  # how message content reaches the chat template (asyncdp.api.content_format)
     template_roles: TemplateRoles = field(default_factory=TemplateRoles)  # developer and system messages
+    request_templates: RequestTemplates | None = None  # requests' own chat_template; None: refused (a 400)
     tool_parser: type[ToolCallParser] | None = None  # tool_choice "auto" (--enable-auto-tool-choice); None: a 400
     tool_tags_special: bool = False  # the tokenizer marks the parser's tags special: keep them in the text
     reasoning_parser: type[ReasoningParser] | None = None  # --reasoning-parser; None: thinking stays in content

@@ -39,8 +39,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "vllm_xargs": (),
     "store": (False,),
     "service_tier": ("auto", "default"),
-    "chat_template": (),
-    "documents": (),
     "mm_processor_kwargs": (),
     "modalities": (["text"],),
     "audio": (),

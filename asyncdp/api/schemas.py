@@ -35,6 +35,12 @@ TokenIdKey = Annotated[str, Meta(pattern="^(0|[1-9][0-9]{0,9})$")]  # no leading
 Bias = Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 Json = dict[str, Any]
+# A request's own chat template (--trust-request-chat-template): the largest real ones are ~20 KB.
+MAX_CHAT_TEMPLATE_CHARS = 128 * 1024
+ChatTemplateSource = Annotated[str, Meta(
+    max_length=MAX_CHAT_TEMPLATE_CHARS,
+    description="A Jinja chat template for this request only (vLLM's): a 400 unless the server runs with "
+                "--trust-request-chat-template.")]
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -204,8 +210,8 @@ class ChatRequest(_Common, kw_only=True):
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     chat_template_kwargs: Json | None = None
-    chat_template: str | None = None
-    documents: list[Json] | None = None
+    chat_template: ChatTemplateSource | None = None  # needs --trust-request-chat-template (asyncdp.api.chat_render)
+    documents: list[dict[str, str]] | None = None  # RAG documents, the template's ``documents`` (vLLM's shape)
     mm_processor_kwargs: Json | None = None
     modalities: list[str] | None = None
     audio: Json | None = None
@@ -233,6 +239,7 @@ class TokenizeChat(msgspec.Struct, kw_only=True):
     continue_final_message: bool | None = None
     add_special_tokens: bool | None = None
     chat_template_kwargs: Json | None = None
+    chat_template: ChatTemplateSource | None = None  # as a chat request's (vLLM's TokenizeChatRequest has it)
     tools: list[ToolDefinition] | None = None  # rendered by the chat template, as for a chat request
 
 

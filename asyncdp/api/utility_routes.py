@@ -2,7 +2,8 @@
 ``POST /detokenize``, ``GET /version``, ``GET|POST /ping`` and ``GET /openapi.json``.
 
 Shapes follow vLLM's OpenAI server: ``/tokenize`` takes a ``prompt`` or ``messages`` (rendered by the chat
-template as for a chat request) and answers ``{"count", "max_model_len", "tokens"}``; ``/detokenize`` takes
+template as for a chat request, its own ``chat_template`` with
+``--trust-request-chat-template``) and answers ``{"count", "max_model_len", "tokens"}``; ``/detokenize`` takes
 ``{"tokens"}`` and answers ``{"prompt"}``; ``/ping`` is ``/health`` under SageMaker's name.
 """
 
@@ -27,7 +28,7 @@ class _TokenizeAny(msgspec.Struct, kw_only=True):
 
 
 def tokenize(state: AppState, body: bytes) -> dict[str, Any]:
-    from asyncdp.api.chat import render_prompt
+    from asyncdp.api.chat_render import render_prompt
     from asyncdp.api.tool_calls import template_tools
 
     which = decode_body(body, _TokenizeAny)

@@ -80,6 +80,7 @@ class ApiConfig:
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
     chat_template: str | None = field(default=None, repr=False)  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
+    trust_request_chat_template: bool = False  # --trust-request-chat-template
     auto_tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice
     reasoning_parser: str | None = None  # --reasoning-parser
     model_aliases: tuple[str, ...] = ()  # more names for the model (the first is the client's model_name)
@@ -130,6 +131,7 @@ async def serve_api(
                      max_request_body_bytes=cfg.max_request_body_bytes,
                      enable_prompt_tokens_details=cfg.enable_prompt_tokens_details,
                      chat_template_content_format=cfg.chat_template_content_format,
+                     trust_request_chat_template=cfg.trust_request_chat_template,
                      tool_call_parser=cfg.auto_tool_call_parser, reasoning_parser=cfg.reasoning_parser,
                      served_model_names=[cfg.client.model_name, *cfg.model_aliases], cors=cfg.cors,
                      api_key=cfg.api_key)
@@ -222,6 +224,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
         enable_prompt_tokens_details=role.enable_prompt_tokens_details,
         chat_template=role.chat_template, chat_template_content_format=role.chat_template_content_format,
+        trust_request_chat_template=role.trust_request_chat_template,
         auto_tool_call_parser=role.auto_tool_call_parser, reasoning_parser=role.reasoning_parser,
         cors=Cors(role.allowed_origins, role.allowed_methods, role.allowed_headers, role.allow_credentials),
         api_key=role.api_key)

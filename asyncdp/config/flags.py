@@ -196,8 +196,7 @@ class ServeConfig:
     data_parallel_start_rank: int | None = None
     data_parallel_address: str | None = None
     data_parallel_rpc_port: int = 29550
-    # --data-parallel-secret-file: the deployment secret's file; the secret itself (from the file or the
-    # environment, read by from_flags) is data_parallel_secret, never logged
+    # the deployment secret's file; the secret (from it or the environment, by from_flags) is never logged
     data_parallel_secret_file: str | None = None
     data_parallel_secret: bytes | None = dataclasses.field(default=None, repr=False)
     data_parallel_backend: str = "mp"
@@ -231,6 +230,7 @@ class ServeConfig:
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens (vLLM's flag)
     chat_template: str | None = dataclasses.field(default=None, repr=False)  # --chat-template (cli: its text)
     chat_template_content_format: str = "auto"  # CHAT_TEMPLATE_CONTENT_FORMATS
+    trust_request_chat_template: bool = False  # chat requests may bring their own chat_template (vLLM's flag)
     enable_auto_tool_choice: bool = False  # tool_choice "auto" parsed by tool_call_parser (which it requires)
     tool_call_parser: str | None = None  # TOOL_CALL_PARSERS
     reasoning_parser: str | None = None  # REASONING_PARSERS: chat answers' thinking in message.reasoning

@@ -130,6 +130,10 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
                    help="how message content reaches the chat template: 'string' (the text), 'openai' (a list of "
                         "{'type': 'text', 'text': ...} parts, for templates that loop over parts); auto reads the "
                         "template to choose (default: auto)")
+    _bool(g, "--trust-request-chat-template",
+          help="let chat and /tokenize requests render with their own chat_template (a Jinja template run in "
+               "the sandbox, a 400 without this flag): only for clients trusted with the server's CPU "
+               "(default: false)")
     g.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
                    help='serve tool_choice "auto" (and tools without a tool_choice), a 400 without it: the model '
                         "writes freely and --tool-call-parser, which it requires, finds the tool calls in its text "

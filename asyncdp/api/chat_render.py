@@ -1,0 +1,84 @@
+"""From a chat request's messages to prompt token ids: the chat template rendered (``render_prompt``), for
+``/v1/chat/completions`` and ``/tokenize``.
+
+The template gets, as vLLM passes them: the messages (:mod:`asyncdp.api.chat_messages`), ``add_generation_prompt``
+and ``continue_final_message``, the ``tools`` it should show, a chat request's ``documents`` (RAG documents,
+objects of strings such as ``{"title", "text"}``, Transformers' ``documents=``), and ``chat_template_kwargs``,
+less the names asyncdp sets itself. The template is the server's (the tokenizer's, or ``--chat-template``), or
+the request's ``chat_template`` with ``--trust-request-chat-template`` (:mod:`asyncdp.api.request_templates`).
+A template that fails is the client's 400: naming ``chat_template`` when the request brought it, else
+``chat_template_kwargs`` when the template renders the same request without them, else ``messages``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from asyncdp.api.chat_messages import chat_messages
+from asyncdp.api.context import AppState
+from asyncdp.api.request_templates import request_template
+from asyncdp.api.schemas import ChatRequest, TokenizeChat
+from asyncdp.errors import HTTPError
+
+# Template arguments asyncdp passes itself; chat_template_kwargs may not override them.
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
+    "tools", "documents", "return_dict", "return_tensors", "truncation", "padding", "max_length",
+    "tokenizer_kwargs", "return_assistant_tokens_mask", "sanitize_control_tokens",
+})
+
+
+def render_prompt(
+    state: AppState, req: ChatRequest | TokenizeChat, tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """The messages and the token ids of the rendered chat template (given ``tools``, passed to it as vLLM
+    does); template errors are the caller's 400."""
+    own = request_template(state.request_templates, req.chat_template)
+    if own is None:
+        messages = chat_messages(req.messages, state.content_format, state.template_roles)
+    else:
+        messages = chat_messages(req.messages, own.content_format, own.roles)
+    if req.continue_final_message and req.add_generation_prompt:
+        raise HTTPError(400, "continue_final_message and add_generation_prompt cannot both be true.",
+                        param="continue_final_message")
+    continue_final = bool(req.continue_final_message)
+    add_generation = (not continue_final) if req.add_generation_prompt is None else req.add_generation_prompt
+    extra = req.chat_template_kwargs or {}
+    reserved = sorted(set(extra) & _RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise HTTPError(400, f"chat_template_kwargs may not set {', '.join(reserved)}.",
+                        param="chat_template_kwargs")
+    tok = state.client.tokenizer
+    render = partial(tok.apply_chat_template, messages, add_generation_prompt=add_generation, tokenize=False,
+                     continue_final_message=continue_final)
+    if own is not None:
+        render = partial(render, chat_template=own.source)
+    fixed: dict[str, Any] = {} if tools is None else {"tools": tools}
+    documents = getattr(req, "documents", None)  # (chat requests only, as in vLLM)
+    if documents is not None:
+        fixed["documents"] = documents
+    try:
+        text = render(**extra, **fixed)
+    except Exception as exc:  # a template that rejects these messages (roles, order) is the caller's error
+        if own is not None:
+            raise HTTPError(400, f"The request's chat_template failed: {type(exc).__name__}: {exc}",
+                            param="chat_template") from None
+        raise _template_error(exc, render, extra, fixed) from None
+    add_special = bool(req.add_special_tokens)  # the template already holds the special tokens
+    return messages, tok.encode(text, add_special_tokens=add_special)
+
+
+def _template_error(exc: Exception, render: Any, extra: dict[str, Any], fixed: dict[str, Any]) -> HTTPError:
+    """The 400 of the server's template that failed: it names ``chat_template_kwargs`` when the template renders
+    the same request without them (a variable of the wrong type, a function replaced by a value), else
+    ``messages``."""
+    if extra:
+        try:
+            render(**fixed)
+        except Exception:
+            pass
+        else:
+            return HTTPError(400, f"The chat template failed with these chat_template_kwargs: {exc}",
+                             param="chat_template_kwargs")
+    return HTTPError(400, f"The chat template rejected the messages: {exc}", param="messages")
