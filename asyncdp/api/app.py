@@ -84,6 +84,7 @@ def create_app(
     trust_request_chat_template: bool = False,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
+    scheduling_policy: str = "fcfs",
 ) -> Quart:
     """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
 
@@ -97,7 +98,9 @@ def create_app(
     ``tool_call_parser`` serves ``tool_choice: "auto"`` with that parser of ``asyncdp.api.tool_parsers.PARSERS``
     (``--enable-auto-tool-choice --tool-call-parser NAME``; None: "auto" with tools is a 400);
     ``reasoning_parser`` returns chat answers' thinking apart from their content with that parser of
-    ``asyncdp.api.reasoning_parsers.PARSERS`` (``--reasoning-parser NAME``; None: the thinking stays in content)."""
+    ``asyncdp.api.reasoning_parsers.PARSERS`` (``--reasoning-parser NAME``; None: the thinking stays in content);
+    ``scheduling_policy`` is the engines' ``--scheduling-policy`` ("fcfs": a request's priority other than 0 is a
+    400, as vLLM's)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -128,6 +131,7 @@ def create_app(
         max_seqs_per_request=max_seqs_per_request,
         max_request_body_bytes=max_request_body_bytes,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
+        scheduling_policy=scheduling_policy,
         content_format=content_format,
         template_roles=resolve_template_roles(client.tokenizer, content_format, template),
         request_templates=(RequestTemplates(client.tokenizer, chat_template_content_format)

@@ -117,7 +117,7 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
     try:
         params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs,
                                  prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)),
-                                 structured=constraint, tokenizer=tok)
+                                 structured=constraint, tokenizer=tok, scheduling_policy=state.scheduling_policy)
     except InvalidRequestError as exc:
         if exc.field == "logprobs":
             exc.field = "top_logprobs"

@@ -103,7 +103,8 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
     if req.echo and req.logprobs is not None:
         prompt_lps = max(prompt_lps or 0, req.logprobs)
     params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs, prompt_logprobs=prompt_lps,
-                             bias=logit_bias(req, vocab), structured=structured_outputs(req), tokenizer=tok)
+                             bias=logit_bias(req, vocab), structured=structured_outputs(req), tokenizer=tok,
+                             scheduling_policy=state.scheduling_policy)
     whole = prompt_ids
     prompt_ids = [truncate_prompt(ids, req.truncate_prompt_tokens, state.client.max_model_len, max_tokens, field)
                   for ids in whole]

@@ -40,6 +40,7 @@ class AppState:
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int = 0
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
+    scheduling_policy: str = "fcfs"  # --scheduling-policy: fcfs refuses a priority other than 0 (a 400)
     content_format: str = "string"  # how message content reaches the chat template (asyncdp.api.content_format)
     template_roles: TemplateRoles = field(default_factory=TemplateRoles)  # developer and system messages
     request_templates: RequestTemplates | None = None  # requests' own chat_template; None: refused (a 400)

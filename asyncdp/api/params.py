@@ -34,7 +34,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "logits_processors": ([],),
     "guided_decoding_backend": ("auto", "guidance", "llguidance"),  # the one backend asyncdp has
     "guided_whitespace_pattern": (),
-    "priority": (0,),
     "kv_transfer_params": (),
     "vllm_xargs": (),
     "store": (False,),
@@ -131,13 +130,16 @@ def logit_bias(req: _Common, vocab_size: int) -> tuple[tuple[int, float], ...]:
 def sampling_params(
     req: CompletionRequest | ChatRequest, *, max_tokens: int | None, logprobs: int | None,
     prompt_logprobs: int | None = None, bias: tuple[tuple[int, float], ...] = (),
-    structured: StructuredOutputs | None = None, tokenizer: Any = None,
+    structured: StructuredOutputs | None = None, tokenizer: Any = None, scheduling_policy: str = "fcfs",
 ) -> SamplingParams:
     """The per-sequence sampling parameters (n is fanned out by the caller), range-checked. With ``tokenizer``,
-    ``bad_words`` are tokenized and the token filters' ids checked against its vocabulary (a 400 naming them)."""
+    ``bad_words`` are tokenized and the token filters' ids checked against its vocabulary (a 400 naming them).
+    A ``priority`` other than 0 needs ``scheduling_policy`` "priority" (``--scheduling-policy``): vLLM's 400."""
     stop: tuple[str, ...] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if req.cache_salt is not None and not req.cache_salt:  # vLLM's check and message
         raise _bad("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
+    if req.priority and scheduling_policy != "priority":  # vLLM's check and message
+        raise _bad("priority", f"Got priority {req.priority} but Priority scheduling is not enabled.")
     params = SamplingParams(
         n=1 if req.n is None else req.n,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -163,6 +165,7 @@ def sampling_params(
         cache_salt=req.cache_salt,
         allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
         bad_words=tuple(dict.fromkeys(req.bad_words or ())),  # duplicates dropped, as vLLM
+        priority=req.priority or 0,
     )
     params = params.validate()
     return params if tokenizer is None else with_token_filters(params, tokenizer, len(tokenizer))

@@ -78,6 +78,7 @@ class ApiConfig:
     max_seqs_per_request: int = 256
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    scheduling_policy: str = "fcfs"  # the engines' --scheduling-policy
     chat_template: str | None = field(default=None, repr=False)  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     trust_request_chat_template: bool = False  # --trust-request-chat-template
@@ -130,6 +131,7 @@ async def serve_api(
     app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
                      max_request_body_bytes=cfg.max_request_body_bytes,
                      enable_prompt_tokens_details=cfg.enable_prompt_tokens_details,
+                     scheduling_policy=cfg.scheduling_policy,
                      chat_template_content_format=cfg.chat_template_content_format,
                      trust_request_chat_template=cfg.trust_request_chat_template,
                      tool_call_parser=cfg.auto_tool_call_parser, reasoning_parser=cfg.reasoning_parser,
@@ -222,7 +224,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         ssl_certfile=role.ssl_certfile, socket_dir=role.socket_dir, client_link_host=role.client_link_host,
         max_seqs_per_request=role.max_seqs_per_request,
         max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
-        enable_prompt_tokens_details=role.enable_prompt_tokens_details,
+        enable_prompt_tokens_details=role.enable_prompt_tokens_details, scheduling_policy=role.scheduling_policy,
         chat_template=role.chat_template, chat_template_content_format=role.chat_template_content_format,
         trust_request_chat_template=role.trust_request_chat_template,
         auto_tool_call_parser=role.auto_tool_call_parser, reasoning_parser=role.reasoning_parser,

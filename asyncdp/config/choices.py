@@ -18,4 +18,10 @@ CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")
 # --reasoning-parser (vLLM's names): the registry asyncdp.api.reasoning_parsers.PARSERS, kept equal by a test.
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
+# --scheduling-policy (vLLM's): how a rank's waiting queue is ordered and whom it preempts: fcfs by arrival;
+# priority by the requests' priority, then arrival (asyncdp.engine.request_queue).
+SCHEDULING_POLICIES = ("fcfs", "priority")
+# The engine's choice flags: EngineConfig field -> its choices.
+ENGINE_CHOICES = {"executor": ("torch", "sim"), "dtype": ("auto", "float32", "bfloat16", "float16"),
+                  "device": ("auto", "cpu", "cuda"), "scheduling_policy": SCHEDULING_POLICIES}
 MODES = ("single", "internal", "hybrid", "external", "headless", "multi-port")

@@ -31,6 +31,7 @@ from asyncdp.config.choices import (  # (defined there, importable from here as 
     CHAT_TEMPLATE_CONTENT_FORMATS,
     DEFAULT_LB_POLICY,
     DP_BACKENDS,
+    ENGINE_CHOICES,
     HTTP_BACKENDS,
     LB_POLICIES,
     LOG_LEVELS,
@@ -110,6 +111,7 @@ class EngineConfig:
     dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16"
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     torch_threads: int | None = None  # None: leave torch's default
+    scheduling_policy: str = "fcfs"  # SCHEDULING_POLICIES
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -134,10 +136,8 @@ class EngineConfig:
         need(self.num_kv_blocks is None or self.num_kv_blocks >= 2, "--num-kv-blocks",
              ">= 2 (block 0 is the engine's scratch block)", self.num_kv_blocks)
         need(self.kv_cache_memory_bytes >= 1, "--kv-cache-memory-bytes", ">= 1", self.kv_cache_memory_bytes)
-        need(self.executor in ("torch", "sim"), "--executor", "one of torch, sim", self.executor)
-        need(self.dtype in ("auto", "float32", "bfloat16", "float16"), "--dtype",
-             "one of auto, float32, bfloat16, float16", self.dtype)
-        need(self.device in ("auto", "cpu", "cuda"), "--device", "one of auto, cpu, cuda", self.device)
+        for f, choices in ENGINE_CHOICES.items():  # --executor, --dtype, --device, --scheduling-policy
+            need(getattr(self, f) in choices, "--" + f.replace("_", "-"), "one of " + ", ".join(choices), getattr(self, f))
         need(self.torch_threads is None or self.torch_threads >= 1, "--torch-threads", ">= 1", self.torch_threads)
         cost = self.sim_cost  # SimCostProfile.parse checks the flag's text; a profile built in Python is checked here
         need(isinstance(cost, SimCostProfile) and all(

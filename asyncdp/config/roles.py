@@ -170,6 +170,7 @@ class ApiServerRole(_Role, frozen=True):
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int | None = None
     enable_prompt_tokens_details: bool = False
+    scheduling_policy: str = "fcfs"  # the engines' --scheduling-policy: fcfs refuses a priority other than 0
     chat_template: str | None = None  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     trust_request_chat_template: bool = False  # --trust-request-chat-template
@@ -239,6 +240,7 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         ssl_keyfile=plan.ssl_keyfile, ssl_certfile=plan.ssl_certfile, socket_dir=socket_dir,
         max_seqs_per_request=plan.max_seqs_per_request, max_request_body_bytes=plan.max_request_body_bytes or None,
         enable_prompt_tokens_details=plan.enable_prompt_tokens_details,
+        scheduling_policy=plan.engine.scheduling_policy,
         chat_template=plan.chat_template, chat_template_content_format=plan.chat_template_content_format,
         trust_request_chat_template=plan.trust_request_chat_template,
         auto_tool_call_parser=plan.auto_tool_call_parser, reasoning_parser=plan.reasoning_parser,

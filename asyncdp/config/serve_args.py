@@ -14,6 +14,7 @@ from asyncdp.config.flags import (
     CHAT_TEMPLATE_CONTENT_FORMATS,
     DEFAULT_MODEL,
     DP_BACKENDS,
+    ENGINE_CHOICES,
     HTTP_BACKENDS,
     LB_POLICIES,
     LOG_LEVELS,
@@ -226,3 +227,7 @@ def _add_engine_flags(g: argparse._ArgumentGroup) -> None:
                         "(+ e*sum of p*(c0 + p/2) over the prefill chunks of p tokens after c0 of context)")
     g.add_argument("--torch-threads", type=int, default=None, metavar="N",
                    help="torch intra-op threads per engine (default: the node's cores divided among its engines)")
+    g.add_argument("--scheduling-policy", default=None,
+                   metavar="{" + ",".join(ENGINE_CHOICES["scheduling_policy"]) + "}",
+                   help="how a rank orders its waiting requests and whom it preempts: fcfs by arrival, priority by "
+                        f"the requests' priority (lower first), then arrival (default: {e.scheduling_policy})")

@@ -59,6 +59,7 @@ from asyncdp.engine.block_manager import BlockManager
 from asyncdp.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
 from asyncdp.engine.executor import Executor, ModelBatch, ScheduledChunk, StepResult
 from asyncdp.engine.request import Request, RequestStatus
+from asyncdp.engine.request_queue import check_priority
 from asyncdp.engine.scheduler import PauseMode, Scheduler
 from asyncdp.engine.structured import GrammarMatchers
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
@@ -102,12 +103,11 @@ class EngineCore:
                 f"({num_blocks} blocks of {config.block_size} tokens, one reserved): lower --max-model-len or "
                 f"raise --num-kv-blocks / the KV cache memory.")
         self.max_model_len = min(max_model_len, capacity_tokens)
-        self.block_manager = BlockManager(
-            num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
-            reserve_scratch_block=True)
+        self.block_manager = BlockManager(num_blocks, config.block_size, reserve_scratch_block=True,
+                                          enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens)
+            max_num_batched_tokens=config.max_num_batched_tokens, policy=config.scheduling_policy)
         self._decode = make_decode_fn(tokenizer) if tokenizer is not None else None
         self._vocab_size: int | None = getattr(executor, "vocab_size", None)
         self._grammars: GrammarMatchers | None = None  # created by the first structured-output request
@@ -141,6 +141,7 @@ class EngineCore:
                                      f"max_model_len ({self.max_model_len}).", field="prompt")
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use.", field="request_id")
+        check_priority(self.scheduler.policy, params.priority)  # (vLLM's 400 under fcfs)
         if params.stop and self._decode is None:
             raise InvalidRequestError("stop strings need a tokenizer; this engine has none.", field="stop")
         vocab = self._vocab_size
@@ -224,8 +225,7 @@ class EngineCore:
         self._start_change()
         aborted = self.scheduler.pause(mode)
         self._drop_grammars(aborted)
-        for req in aborted:
-            self._pending_outputs.append(self._abort_output(req))
+        self._pending_outputs.extend(self._abort_output(req) for req in aborted)
         self._broken = False
 
     def resume(self) -> None:

@@ -53,6 +53,7 @@ class Request:
         "num_registered_blocks", "num_cached_tokens", "num_preemptions", "detokenizer", "first_token_time",
         "queued_time", "queue_time_s",
         "stop_reason", "max_tokens", "num_prompt_tokens", "prompt_logprobs", "extra", "prefill_debt", "error",
+        "queue_seq",
     )
 
     def __init__(
@@ -95,6 +96,7 @@ class Request:
         self.extra: dict[str, Any] | None = None
         self.prefill_debt = 0  # its part of Scheduler.prefill_tokens: prompt tokens it still owes the rank
         self.error: InvalidRequestError | None = None  # why it finished with FINISHED_ERROR
+        self.queue_seq = -1  # under --scheduling-policy priority: its order among equal keys (request_queue.py)
 
     @property
     def num_tokens(self) -> int:

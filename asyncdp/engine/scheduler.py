@@ -1,14 +1,17 @@
 """Continuous-batching scheduler of one rank (vLLM v1 semantics, spec routing-bench §5 rules 1-7).
 
-Owns the ``waiting`` queue (FCFS; preempted requests re-enter at the front) and the ``running`` list (in
-admission order). ``schedule()`` builds one ``ModelBatch``:
+Owns the ``waiting`` queue (:mod:`asyncdp.engine.request_queue`; ``fcfs``: preempted requests re-enter at the
+front; ``priority``: by ``(priority, arrival_time)``, a preempted request re-entering at its place in that order)
+and the ``running`` list (in admission order). ``schedule()`` builds one ``ModelBatch``:
 
 1. Running requests take the token budget first: a decode takes 1 token, a partial prefill
    ``min(remaining, budget)`` (chunked prefill, no per-request cap).
 2. When a running request cannot get blocks, the most recently admitted running request is preempted
-   (recompute): its blocks are freed, full blocks staying cached, and it goes to the front of ``waiting``.
-3. Only if nothing was preempted, waiting requests are admitted FCFS while ``running < max_num_seqs``, budget
-   remains and blocks can be allocated. The first admission records the prefix-cache hit.
+   (recompute): its blocks are freed, full blocks staying cached, and it goes back to ``waiting``. Under
+   ``priority`` the victim is the running request of the lowest priority, latest arrival (vLLM's); one scheduled
+   earlier in this step gives its chunk back (its budget, and its unwritten blocks leave the prefix cache).
+3. Only if nothing was preempted, waiting requests are admitted in queue order while ``running < max_num_seqs``,
+   budget remains and blocks can be allocated. The first admission records the prefix-cache hit.
 
 ``num_computed_tokens`` advances when a chunk is scheduled (so full blocks are published at scheduling time);
 ``update()`` appends the sampled tokens. A prefill that completes in a step samples the first token at its end.
@@ -25,8 +28,8 @@ in no queue: it is neither steppable nor MoE wave work until ``grammar_ready`` a
 Pause states (spec dp-deployment §8.6): ``unpaused``; ``paused-new`` (modes ``abort`` and ``wait``: the requests in
 flight keep stepping, nothing new is admitted); ``paused-all`` (mode ``keep``: nothing is scheduled). In flight means
 running or preempted: a preempted request (it may have streamed tokens already) is re-admitted while paused-new, so
-a ``wait`` pause completes only once it finished too. Preempted requests are the front of ``waiting`` (a preemption
-re-enters at the front, a new request at the back), so telling them from the new ones costs nothing.
+a ``wait`` pause completes only once it finished too. The queue tells the preempted requests from the new ones at
+no cost (``fcfs``: they are its front; ``priority``: a heap of their own).
 Throttling (§8.5): ``schedule(throttle_new_prefills=True)`` admits no new prefill while a running request is
 decoding, unless the last unthrottled step left waiting work behind for lack of token budget.
 
@@ -35,14 +38,13 @@ Not thread-safe: one thread (the one that calls ``EngineCore.step``) drives it.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator
-from itertools import takewhile
 from typing import Literal
 
 from asyncdp.engine.block_manager import BlockManager
 from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
 from asyncdp.engine.request import Request, RequestStatus
+from asyncdp.engine.request_queue import make_waiting_queue, priority_key
 
 PauseMode = Literal["abort", "wait", "keep"]
 PauseState = Literal["unpaused", "paused-new", "paused-all"]
@@ -55,11 +57,13 @@ class Scheduler:
         *,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        policy: str = "fcfs",
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Request] = deque()
+        self.policy = policy
+        self.waiting = make_waiting_queue(policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # every unfinished request, waiting or running
         self.grammar_waiting: dict[str, Request] = {}  # those of them whose grammar is still compiling
@@ -84,8 +88,8 @@ class Scheduler:
         return bool(self.requests)
 
     def preempted_waiting(self) -> Iterator[Request]:
-        """The preempted requests: the front of ``waiting`` (O(their number))."""
-        return takewhile(_is_preempted, self.waiting)
+        """The preempted requests in ``waiting`` (O(their number))."""
+        return self.waiting.preempted()
 
     def in_flight(self) -> list[Request]:
         """The requests a ``paused-new`` scheduler still steps: running and preempted (O(their number))."""
@@ -96,7 +100,7 @@ class Scheduler:
         if self.pause_state == "paused-all":
             return False
         if self.pause_state == "paused-new":
-            return bool(self.running) or (bool(self.waiting) and _is_preempted(self.waiting[0]))
+            return bool(self.running) or self.waiting.peek(preempted_only=True) is not None
         return len(self.requests) > len(self.grammar_waiting)
 
     def num_unfinished_for_sync(self) -> int:
@@ -219,7 +223,7 @@ class Scheduler:
         self._requeue(req)
 
     def _requeue(self, req: Request) -> None:
-        """Back to the front of ``waiting``, to be recomputed; its blocks are freed (published ones stay)."""
+        """Back to ``waiting`` (FCFS: its front), to be recomputed; its blocks are freed (published ones stay)."""
         self.block_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
@@ -273,7 +277,14 @@ class Scheduler:
                 continue
             n = remaining if remaining < budget else budget
             while not bm.allocate(req, n):
-                victim = running.pop()
+                if self.policy == "priority":  # the lowest priority, latest arrival (vLLM's), maybe scheduled
+                    k = max(range(len(running)), key=lambda j: priority_key(running[j]))
+                    victim = running.pop(k)
+                    if k < i:  # its chunk of this step goes back
+                        budget += self._withdraw(batch, victim)
+                        i -= 1
+                else:
+                    victim = running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
@@ -296,7 +307,22 @@ class Scheduler:
         batch.num_prefill_tokens += num_prefill
         batch.num_decode_seqs += num_decode
         batch.num_kv_tokens += num_kv
-        return budget, preempted, num_decode > 0
+        return budget, preempted, batch.num_decode_seqs > 0
+
+    def _withdraw(self, batch: ModelBatch, req: Request) -> int:
+        """Take ``req``'s chunk out of this step's batch (it is being preempted) and return its tokens; the blocks
+        it was to write leave the prefix cache (published at scheduling time, they would be handed out unwritten)."""
+        k = next(k for k, r in enumerate(self._scheduled) if r is req)
+        del self._scheduled[k]
+        chunk = batch.chunks.pop(k)
+        start, m = chunk.start_pos, len(chunk.token_ids)
+        self.block_manager.forget_from(req, start // self.block_manager.block_size)
+        if m == 1 and start >= req.num_prompt_tokens:  # (the counts _schedule_running adds to the batch)
+            batch.num_decode_seqs -= 1
+        else:
+            batch.num_prefill_tokens -= m
+        batch.num_kv_tokens -= start + m
+        return m
 
     def _admit_waiting(self, batch: ModelBatch, budget: int, now: float, *, preempted_only: bool) -> int:
         """Admit waiting requests (with their cached prefix) while they fit; returns the budget left."""
@@ -305,8 +331,8 @@ class Scheduler:
         running, waiting = self.running, self.waiting
         num_prefill = num_kv = 0
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
-            req = waiting[0]
-            if preempted_only and not _is_preempted(req):
+            req = waiting.peek(preempted_only=preempted_only)
+            if req is None:
                 break
             # Cached positions would have no logits: a request still owed prompt logprobs computes them all.
             prefix = [] if req.prompt_logprobs is not None else bm.find_cached_prefix(req)
@@ -316,7 +342,7 @@ class Scheduler:
             n = remaining if remaining < budget else budget
             if not bm.allocate(req, n, prefix):
                 break
-            waiting.popleft()
+            waiting.take(req)
             if req.num_cached_tokens < 0:  # its first admission
                 req.num_cached_tokens = start
                 bm.record_admission(num_tokens, start)
@@ -363,10 +389,6 @@ class Scheduler:
             bm.free(req)
             del self.requests[req.request_id]
         self.running = [r for r in self.running if not r.is_finished]
-
-
-def _is_preempted(req: Request) -> bool:
-    return req.status == RequestStatus.PREEMPTED
 
 
 def _take_chunk(req: Request, start: int, end: int) -> ScheduledChunk:

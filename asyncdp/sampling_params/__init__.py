@@ -43,7 +43,7 @@ def sample_seed(seed: int | None, index: int) -> int | None:
     return child - 2**64 if child is not None and child >= 2**64 else child
 
 
-_INT_FIELDS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs")
+_INT_FIELDS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs", "priority")
 _OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 _NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 _PLAIN_NUMBERS = frozenset((int, float))
@@ -97,6 +97,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     # vLLM's cache_salt: mixed into the hash of the prompt's first KV block (so into every later one), so requests
     # with different salts, or with and without one, never share prefix-cache blocks. None: unsalted.
     cache_salt: str | None = None
+    # vLLM's request priority, under --scheduling-policy priority: lower is served first (ties by arrival) and
+    # preempted last. Anything but 0 under fcfs is refused (by the API server and the engine core).
+    priority: int = 0
     # vLLM's token filters (asyncdp.sampling_params.token_filters). allowed_token_ids: only these ids may be sampled
     # (None: any; empty is refused). bad_words: words never generated, banned as the token sequences in
     # bad_words_token_ids (made from the words by the API server or the engine core when not given).
@@ -186,6 +189,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             self.structured.validate()
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise bad("cache_salt", "a non-empty string or None", self.cache_salt)
+        if not -(2**63) <= self.priority < 2**63:
+            raise bad("priority", "a 64-bit signed integer", self.priority)
         return self
 
     def _has_plain_types(self) -> bool:

@@ -170,7 +170,7 @@ REFUSED_EXAMPLES = {
     "tools": [{"type": "function", "function": {"name": "f"}}],
     "tool_choice": "required", "functions": [{"name": "f"}], "function_call": {"name": "f"}, "suffix": "x",
     "use_beam_search": True, "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ",
-    "priority": 1, "length_penalty": 1.0,
+    "length_penalty": 1.0,
     "store": True, "service_tier": "flex",
 }
 
