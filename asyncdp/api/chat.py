@@ -36,6 +36,7 @@ from typing import Any
 import msgspec
 from quart import Quart, Response, request
 
+from asyncdp.api.beam_search import check_beam_search, run_beam_search
 from asyncdp.api.chat_messages import content_text
 from asyncdp.api.chat_render import render_prompt
 from asyncdp.api.context import AppState, json_response
@@ -135,8 +136,10 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
     if echo and tools is not None and tools.calls:
         raise HTTPError(400, "echo cannot be combined with a tool_choice whose answer is tool calls.", param="echo")
+    beams = check_beam_search(req, params, 1, state.max_seqs_per_request)
     request_id, engine_id = request_ids("chatcmpl", id_header, req.request_id)
-    seqs = sequences(engine_id, [prompt_ids], params, per_prompt)
+    seqs = sequences(engine_id, [prompt_ids], params, 1 if beams else per_prompt)  # (beams: the search's start)
+    per_prompt = beams or per_prompt
     return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs, tools,
                     thinker, thinker is not None and req.include_reasoning is False)
 
@@ -199,8 +202,11 @@ def register(app: Quart, state: AppState) -> None:
         created = int(time.time())
         tok = state.client.tokenizer
         if not prep.req.stream:
-            ran = await run_whole(state, prep.seqs, hint, key,
-                                  keep_token_ids=prep.thinker is not None or bool(prep.req.return_token_ids))
+            if prep.req.use_beam_search:
+                ran = await run_beam_search(state, prep.seqs, prep.n, prep.req.length_penalty, hint, key)
+            else:
+                ran = await run_whole(state, prep.seqs, hint, key,
+                                      keep_token_ids=prep.thinker is not None or bool(prep.req.return_token_ids))
             cached = cached_prompt_tokens(state, [c.num_cached_tokens for c in ran], prep.per_prompt)
             choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (prep.top_logprobs is not None or prep.req.prompt_logprobs is not None) and (

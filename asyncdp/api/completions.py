@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from quart import Quart, Response, request
 
+from asyncdp.api.beam_search import check_beam_search, run_beam_search
 from asyncdp.api.context import AppState
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
@@ -118,8 +119,12 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
 
     texts = [Echo(echoed(p, ids, len(ids) < len(w)), ids)
              for p, ids, w in zip(raw, prompt_ids, whole, strict=True)]
+    beams = check_beam_search(req, params, len(raw), state.max_seqs_per_request)
     request_id, engine_id = request_ids("cmpl", id_header, req.request_id)
-    seqs = sequences(engine_id, prompt_ids, params, per_prompt)
+    # beam search: one sequence per prompt, the search's start (asyncdp.api.beam_search)
+    seqs = sequences(engine_id, prompt_ids, params, 1) if beams else sequences(engine_id, prompt_ids, params,
+                                                                               per_prompt)
+    per_prompt = beams or per_prompt
     return Prepared(req, request_id, model, prompt_ids, texts, seqs, per_prompt, n, requested == 0)
 
 
@@ -150,7 +155,10 @@ def register(app: Quart, state: AppState) -> None:
         hint, key = parse_rank_hint(headers, req), routing_key(headers, req)
         request_id, created = prep.request_id, int(time.time())
         if not req.stream:
-            ran = await run_whole(state, prep.seqs, hint, key, keep_token_ids=bool(req.return_token_ids))
+            if req.use_beam_search:
+                ran = await run_beam_search(state, prep.seqs, prep.n, req.length_penalty, hint, key)
+            else:
+                ran = await run_whole(state, prep.seqs, hint, key, keep_token_ids=bool(req.return_token_ids))
             cached = cached_prompt_tokens(state, [c.num_cached_tokens for c in ran], prep.per_prompt)
             choices = best_choices(ran, prep.per_prompt, prep.n)
             heavy = (req.echo or req.logprobs is not None or req.prompt_logprobs is not None) and (

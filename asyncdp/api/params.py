@@ -29,8 +29,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "function_call": ("none", "auto"),
     "suffix": ("",),
     "prompt_embeds": (),
-    "use_beam_search": (False,),
-    "length_penalty": (),
     "logits_processors": ([],),
     "guided_decoding_backend": ("auto", "guidance", "llguidance"),  # the one backend asyncdp has
     "guided_whitespace_pattern": (),

@@ -169,8 +169,7 @@ async def test_chat_echo_prepends_only_an_assistant_final_message() -> None:
 REFUSED_EXAMPLES = {
     "tools": [{"type": "function", "function": {"name": "f"}}],
     "tool_choice": "required", "functions": [{"name": "f"}], "function_call": {"name": "f"}, "suffix": "x",
-    "use_beam_search": True, "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ",
-    "length_penalty": 1.0,
+    "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ",
     "store": True, "service_tier": "flex",
 }
 
