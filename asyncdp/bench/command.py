@@ -303,7 +303,9 @@ def _routing(ns: argparse.Namespace) -> int:
     header = {"seeds": seeds, "workload_hashes": hashes, "r_sat": r_sats, "scale": ns.scale or DEFAULT_SCALE, "profile": profile.name,
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "router_assign": ns.router_assign, "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
-              "python": platform.python_version(), "trio": _trio_version()}
+              "python": platform.python_version(), "trio": _trio_version(),
+              # what was run, as given: a run's "workload" label is the generator's name, without its preset
+              "workloads": csv_items(ns.workload or ""), "trace": ns.trace, "options": parse_options(ns.option)}
 
     def plots() -> list[Path]:
         from asyncdp.bench.plots import write_plots  # (only with --plots: matplotlib)

@@ -98,6 +98,17 @@ def test_router_assign_key_keeps_each_client_on_one_router_and_the_header_says_s
     assert "invalid choice: 'session'" in capsys.readouterr().err
 
 
+def test_the_header_says_which_preset_and_options_were_run(tmp_path):
+    # a run's "workload" label is the generator's name ("w9"): without these, a reader of the JSON could not tell
+    # w9@onoff from w9, nor the options the workload was built with
+    out = tmp_path / "onoff.json"
+    assert main(["bench", "routing", "--workload", "w9@onoff", "--dp", "2", "--option", "duration_s=40",
+                 "--option", "burst_size=8", "--policies", "round_robin", "--json", str(out)]) == 0
+    header = json.loads(out.read_text())["header"]
+    assert header["workloads"] == ["w9@onoff"] and header["options"] == {"duration_s": "40", "burst_size": "8"}
+    assert header["trace"] is None
+
+
 def test_every_bench_routing_option_is_documented_in_the_cli_reference():
     parser = argparse.ArgumentParser()
     add_bench_parser(parser.add_subparsers(dest="command"))
