@@ -38,9 +38,11 @@ def run_asyncdp(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     (["serve"], {"ASYNCDP_DP_LB_POLICY": "bogus"}, "(got 'bogus')"),
     (["serve", "--max-seqs-per-request", "0"], {}, "--max-seqs-per-request must be in 1..2147483647 (got 0)"),
     (["serve", "--enable-auto-tool-choice"], {}, "--enable-auto-tool-choice requires --tool-call-parser (one of "
-                                                 "hermes, llama3_json, pythonic)"),
+                                                 "hermes, llama3_json, llama4_pythonic, mistral, pythonic, "
+                                                 "qwen3_coder)"),
     (["serve", "--tool-call-parser", "llama3"], {}, "--tool-call-parser must be one of hermes, llama3_json, "
-                                                    "pythonic (got 'llama3')"),
+                                                    "llama4_pythonic, mistral, pythonic, qwen3_coder (got "
+                                                    "'llama3')"),
     (["serve", "--reasoning-parser", "granite"], {}, "--reasoning-parser must be one of deepseek_r1, qwen3 (got "
                                                      "'granite')"),
 ])

@@ -1,4 +1,4 @@
-"""The Llama tool-call formats: ``llama3_json`` and ``pythonic`` (their rules are in
+"""The Llama tool-call formats: ``llama3_json``, ``pythonic`` and ``llama4_pythonic`` (their rules are in
 :mod:`asyncdp.api.tool_parsers`'s doc, with the registry that names them)."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import ast
 import json
 import re
 import warnings
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import Any, ClassVar
 
 from asyncdp.api.tool_parser_base import (
+    Closing,
     ParsedCall,
     Piece,
     ToolCallParser,
@@ -21,42 +22,6 @@ from asyncdp.api.tool_parser_base import (
 )
 
 
-class _Closing:
-    """Where a bracketed text that opens at offset 0 closes: the end of its first bracket's match, brackets inside
-    strings (delimited by one of ``quotes``, with backslash escapes) not counted. Scans each character once as the
-    text grows. It only finds the end; whether the text between is valid is the caller's parser's to say."""
-
-    def __init__(self, quotes: str) -> None:
-        self._quotes = quotes
-        self._scanned = 0
-        self._depth = 0
-        self._quote = ""  # the open string's quote
-        self._escaped = False
-
-    def end(self, text: str) -> int:
-        """The offset just past the closing bracket, or -1 while it has not come."""
-        for i in range(self._scanned, len(text)):
-            c = text[i]
-            if self._quote:
-                if self._escaped:
-                    self._escaped = False
-                elif c == "\\":
-                    self._escaped = True
-                elif c == self._quote:
-                    self._quote = ""
-            elif c in self._quotes:
-                self._quote = c
-            elif c in "([{":
-                self._depth += 1
-            elif c in ")]}":
-                self._depth -= 1
-                if self._depth == 0:
-                    self._scanned = i + 1
-                    return i + 1
-        self._scanned = len(text)
-        return -1
-
-
 class Llama3JsonParser(ToolCallParser):
     """``{"name": ..., "parameters": {...}}`` objects at the start of the answer or after ``<|python_tag|>``,
     several separated by ``;`` (see the module doc)."""
@@ -65,13 +30,13 @@ class Llama3JsonParser(ToolCallParser):
     TAG = "<|python_tag|>"
     tags = (TAG,)
 
-    def __init__(self, tool_names: Collection[str]) -> None:
-        super().__init__(tool_names)
+    def __init__(self, tool_names: Collection[str], parameters: Mapping[str, Any] | None = None) -> None:
+        super().__init__(tool_names, parameters)
         self._buf = ""  # text not yet given out
         self._mode = "text"  # "text", "tag" (after TAG, before the object), "object", "after" (an object)
         self._at_start = True  # only whitespace so far: a "{" opens an object without the tag
         self._opener = ""  # what came before the object (the tag, a separator): text again if it is no call
-        self._closing = _Closing('"')
+        self._closing = Closing('"')
 
     def feed(self, text: str) -> list[Piece]:
         self._buf += text
@@ -136,7 +101,7 @@ class Llama3JsonParser(ToolCallParser):
 
     def _open(self, body: str, opener: str) -> None:
         self._buf, self._mode, self._opener, self._at_start = body, "object", opener, False
-        self._closing = _Closing('"')
+        self._closing = Closing('"')
 
     def _call(self, text: str) -> ParsedCall | None:
         """The call an object describes, or None when it is not one (then it stays text)."""
@@ -157,36 +122,58 @@ _CALLS = re.compile(r"\[\s*[^\W\d]\w*\s*\(")
 
 class PythonicParser(ToolCallParser):
     """``[f(a=1), g(b="x")]``, a Python list of calls with literal keyword arguments, at the start of the answer
-    (see the module doc)."""
+    (see the module doc). A subclass may name tags that wrap the list (``llama4_pythonic``)."""
 
     name = "pythonic"
+    START: ClassVar[str] = ""  # a tag that may open the answer before the list (whitespace around it allowed)
+    END: ClassVar[str] = ""  # the tag that closes a list that START opened (whitespace before it allowed)
 
-    def __init__(self, tool_names: Collection[str]) -> None:
-        super().__init__(tool_names)
+    def __init__(self, tool_names: Collection[str], parameters: Mapping[str, Any] | None = None) -> None:
+        super().__init__(tool_names, parameters)
         self._buf = ""  # text not yet given out
-        self._mode = "start"  # "start" (only whitespace so far), "list" (held until its "]"), "text" (the rest)
-        self._closing = _Closing("'\"")
+        # "start" (only whitespace, maybe START, so far), "list" (held until its "]"), "end" (after a list START
+        # opened: whitespace and END may follow), "text" (the rest)
+        self._mode = "start"
+        self._opener = ""  # START and the whitespace after it: text again when no list of calls follows
+        self._closing = Closing("'\"")
 
     def feed(self, text: str) -> list[Piece]:
         self._buf += text
+        out: list[Piece] = []
         if self._mode == "start":
             body = self._buf.lstrip()
+            if self.START and not self._opener and body and self.START.startswith(body[:len(self.START)]):
+                if len(body) < len(self.START):
+                    return out  # (may still be the tag)
+                emit_text(out, self._buf[:len(self._buf) - len(body)])
+                self._opener, self._buf = self.START, body[len(self.START):]
+                body = self._buf.lstrip()
             if not body or _MAY_BE_CALLS.fullmatch(body):
-                return []
+                return out
             if not _CALLS.match(body):
-                return self._text()
+                return out + self._text()
             self._mode = "list"
-            out: list[Piece] = []
-            emit_text(out, self._buf[:len(self._buf) - len(body)])
+            lead = self._buf[:len(self._buf) - len(body)]
+            if self._opener:
+                self._opener += lead
+            else:
+                emit_text(out, lead)
             self._buf = body
-        else:
-            out = []
         if self._mode == "list":
             end = self._closing.end(self._buf)
             if end < 0:
                 return out
             listed, self._buf = self._buf[:end], self._buf[end:]
-            out += self._calls(listed) or [listed]
+            calls = self._calls(listed)
+            out += calls or [self._opener + listed]
+            self._mode = "end" if calls and self._opener else "text"
+            self._opener = ""
+        if self._mode == "end":
+            body = self._buf.lstrip()
+            if len(body) < len(self.END) and self.END.startswith(body):
+                return out  # (may still be the closing tag)
+            if body.startswith(self.END):
+                self._buf = body[len(self.END):]
             self._mode = "text"
         return out + self._text()
 
@@ -194,7 +181,8 @@ class PythonicParser(ToolCallParser):
         return self._text()
 
     def _text(self) -> list[Piece]:
-        rest, self._buf, self._mode = self._buf, "", "text"
+        rest = self._opener + self._buf
+        self._buf, self._opener, self._mode = "", "", "text"
         return [rest] if rest else []
 
     def _calls(self, text: str) -> list[Piece] | None:
@@ -243,3 +231,12 @@ def _literal(node: ast.expr) -> Any:
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     raise ValueError(f"not a literal: {ast.dump(node)}")
+
+
+class Llama4PythonicParser(PythonicParser):
+    """``pythonic`` as Llama 4 writes it: the list may be wrapped in ``<|python_start|>`` and ``<|python_end|>``
+    (see the module doc)."""
+
+    name = "llama4_pythonic"
+    START, END = "<|python_start|>", "<|python_end|>"
+    tags = (START, END)

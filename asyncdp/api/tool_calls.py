@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from asyncdp.api.schemas import ChatRequest, NamedToolChoice, ToolDefinition
@@ -62,6 +62,8 @@ class ToolUse:
     constraint: StructuredOutputs | None = None  # None for "none" and "auto": the model writes freely
     parser: type[ToolCallParser] | None = None  # "auto": finds the calls in the text
     tool_names: frozenset[str] = frozenset()
+    # "auto": each tool's parameters schema, for a parser that types the arguments by it (qwen3_coder)
+    tool_parameters: dict[str, Any] = field(default_factory=dict)
     parallel: bool = True  # "auto": false keeps only the first call the parser finds
 
     @property
@@ -72,7 +74,11 @@ class ToolUse:
     def auto(self) -> AutoToolCalls:
         """A fresh parse of one choice's answer (``"auto"`` only)."""
         assert self.parser is not None
-        return AutoToolCalls(self.parser(self.tool_names), self.parallel)
+        return AutoToolCalls(self.parser(self.tool_names, self.tool_parameters), self.parallel)
+
+    def call_id(self) -> str:
+        """A new call's id: the parser's kind (``mistral``'s has nine letters and digits), else vLLM's."""
+        return self.parser.call_id() if self.parser is not None else call_id()
 
 
 def tool_use(req: ChatRequest, parser: type[ToolCallParser] | None = None) -> ToolUse | None:
@@ -92,11 +98,13 @@ def tool_use(req: ChatRequest, parser: type[ToolCallParser] | None = None) -> To
     if choice is None or choice == "auto":
         if parser is not None:
             return ToolUse(dicts, parser=parser, tool_names=frozenset(t.function.name for t in tools),
+                           tool_parameters={t.function.name: t.function.parameters for t in tools},
                            parallel=req.parallel_tool_calls is not False)
         raise HTTPError(400, 'tools with tool_choice "auto" (the default with tools) need a tool-call parser to find '
                              "the calls in free text: start the server with --enable-auto-tool-choice and "
-                             "--tool-call-parser (hermes, llama3_json or pythonic), or set tool_choice to \"none\", "
-                             "\"required\" or a named function.", param="tools")
+                             "--tool-call-parser (hermes, llama3_json, llama4_pythonic, mistral, pythonic or "
+                             "qwen3_coder), or set tool_choice to \"none\", \"required\" or a named function.",
+                        param="tools")
     if isinstance(choice, NamedToolChoice):
         by_name = {t.function.name: t for t in tools}
         if choice.function.name not in by_name:
@@ -178,7 +186,7 @@ def answer(use: ToolUse, text: str, finish_reason: str | None) -> tuple[dict[str
         content, found = use.auto().feed(text, finished=True)
         if not found:
             return {"role": "assistant", "content": content}, finish_reason
-        return {"role": "assistant", "content": content or None, "tool_calls": [_parsed(c) for c in found]}, (
+        return {"role": "assistant", "content": content or None, "tool_calls": [_parsed(use, c) for c in found]}, (
             "tool_calls" if finish_reason == "stop" else finish_reason)
     calls = required_calls(text)
     if calls is None:
@@ -187,8 +195,8 @@ def answer(use: ToolUse, text: str, finish_reason: str | None) -> tuple[dict[str
         "tool_calls" if finish_reason == "stop" else finish_reason)
 
 
-def _parsed(call: ParsedCall) -> dict[str, Any]:
-    return _call(call.name, call.arguments)
+def _parsed(use: ToolUse, call: ParsedCall) -> dict[str, Any]:
+    return _call(call.name, call.arguments, use.call_id())
 
 
 class StreamedCalls:
@@ -207,7 +215,7 @@ class StreamedCalls:
             delta: dict[str, Any] = {"content": content} if content else {}
             if found:  # (indexes go on from the calls sent before: num_calls counts these too)
                 first = self._auto.num_calls - len(found)
-                delta["tool_calls"] = [{"index": first + i, **_parsed(c)} for i, c in enumerate(found)]
+                delta["tool_calls"] = [{"index": first + i, **_parsed(self._use, c)} for i, c in enumerate(found)]
             if finished and self._auto.num_calls and finish_reason == "stop":
                 finish_reason = "tool_calls"
             return delta, finish_reason

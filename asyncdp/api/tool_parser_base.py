@@ -4,7 +4,8 @@ pieces a parser returns, its incremental interface, and the small text helpers o
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+import uuid
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,8 +29,16 @@ class ToolCallParser:
     # skip_special_tokens false (unless the request sets it), or they would be missing from the text.
     tags: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, tool_names: Collection[str]) -> None:
+    def __init__(self, tool_names: Collection[str], parameters: Mapping[str, Any] | None = None) -> None:
         self.tool_names = frozenset(tool_names)
+        # each tool's ``parameters`` JSON schema (absent or None: it has none), for formats whose arguments are
+        # not JSON and take their types from it (qwen3_coder)
+        self.parameters: Mapping[str, Any] = parameters or {}
+
+    @classmethod
+    def call_id(cls) -> str:
+        """A new tool call's ``id`` (vLLM's, ``chatcmpl-tool-`` and 32 hex digits; a format may need its own)."""
+        return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
     def feed(self, text: str) -> list[Piece]:
         raise NotImplementedError
@@ -42,6 +51,92 @@ class ToolCallParser:
         cannot even be looked up), else None."""
         name = parsed.get("name")
         return name if isinstance(name, str) and name in self.tool_names else None
+
+
+class TaggedBlockParser(ToolCallParser):
+    """Calls in blocks between ``START`` and ``END`` tags (hermes, qwen3_coder): a block whose body ``_call``
+    makes a call is one, any other stays text verbatim, tags included. Outside a block, a tail that could begin
+    ``START`` is held back until it cannot; inside one, everything is held until ``END``. A last block that never
+    closed is a call when ``_call`` takes its body as it is, and text otherwise."""
+
+    START: ClassVar[str]
+    END: ClassVar[str]
+
+    def __init__(self, tool_names: Collection[str], parameters: Mapping[str, Any] | None = None) -> None:
+        super().__init__(tool_names, parameters)
+        self._buf = ""  # outside a block: a tail that may begin START; inside: the block's text after START
+        self._in_block = False
+        self._searched = 0  # inside a block: END does not begin before this offset of _buf
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buf += text
+        out: list[Piece] = []
+        while True:
+            if not self._in_block:
+                at = self._buf.find(self.START)
+                if at < 0:
+                    keep = partial_prefix(self._buf, self.START)
+                    emit_text(out, self._buf[:len(self._buf) - keep])
+                    self._buf = self._buf[len(self._buf) - keep:]
+                    return out
+                emit_text(out, self._buf[:at])
+                self._buf = self._buf[at + len(self.START):]
+                self._in_block, self._searched = True, 0
+            end = self._buf.find(self.END, self._searched)
+            if end < 0:
+                self._searched = max(0, len(self._buf) - len(self.END) + 1)
+                return out
+            body = self._buf[:end]
+            self._buf = self._buf[end + len(self.END):]
+            self._in_block = False
+            out.append(self._call(body) or f"{self.START}{body}{self.END}")
+
+    def finish(self) -> list[Piece]:
+        rest, self._buf = self._buf, ""
+        if not self._in_block:
+            return [rest] if rest else []
+        self._in_block = False
+        return [self._call(rest) or f"{self.START}{rest}"]
+
+    def _call(self, body: str) -> ParsedCall | None:
+        """The call a block's body describes, or None when it is not one (then the block stays text)."""
+        raise NotImplementedError
+
+
+class Closing:
+    """Where a bracketed text that opens at offset 0 closes: the end of its first bracket's match, brackets inside
+    strings (delimited by one of ``quotes``, with backslash escapes) not counted. Scans each character once as the
+    text grows. It only finds the end; whether the text between is valid is the caller's parser's to say."""
+
+    def __init__(self, quotes: str) -> None:
+        self._quotes = quotes
+        self._scanned = 0
+        self._depth = 0
+        self._quote = ""  # the open string's quote
+        self._escaped = False
+
+    def end(self, text: str) -> int:
+        """The offset just past the closing bracket, or -1 while it has not come."""
+        for i in range(self._scanned, len(text)):
+            c = text[i]
+            if self._quote:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == self._quote:
+                    self._quote = ""
+            elif c in self._quotes:
+                self._quote = c
+            elif c in "([{":
+                self._depth += 1
+            elif c in ")]}":
+                self._depth -= 1
+                if self._depth == 0:
+                    self._scanned = i + 1
+                    return i + 1
+        self._scanned = len(text)
+        return -1
 
 
 def partial_prefix(text: str, tag: str) -> int:

@@ -9,8 +9,10 @@ piece, so a streamed answer and a whole one are the same parse, however the text
 only the first call under ``parallel_tool_calls: false``.
 
 ``PARSERS`` is the registry, name -> class, that ``--tool-call-parser`` chooses from (its names are also
-:data:`asyncdp.config.choices.TOOL_CALL_PARSERS`, which a test keeps equal): ``hermes`` here, ``llama3_json`` and
-``pythonic`` in :mod:`asyncdp.api.llama_tool_parsers`, on the interface of :mod:`asyncdp.api.tool_parser_base`.
+:data:`asyncdp.config.choices.TOOL_CALL_PARSERS`, which a test keeps equal): ``hermes`` here, ``llama3_json``,
+``pythonic`` and ``llama4_pythonic`` in :mod:`asyncdp.api.llama_tool_parsers`, ``mistral`` in
+:mod:`asyncdp.api.mistral_tool_parsers`, ``qwen3_coder`` in :mod:`asyncdp.api.qwen_tool_parsers`, on the interface
+of :mod:`asyncdp.api.tool_parser_base`.
 Every format follows the same rules: a call must name one of the request's tools; anything that is not a valid
 call stays text, verbatim, so nothing the model wrote is lost; and text that may still become a call is held
 back while streaming until it is known, so a streamed answer and a whole one agree however the text is cut.
@@ -51,70 +53,51 @@ any name and drops positional arguments. Text after the list is content (vLLM ma
 answer that does not begin with the list is all text, as vLLM's. While streaming, the answer is held while it may
 still be ``[name(``, released as text the moment it cannot be, and otherwise held until the list's ``]``
 (brackets in strings skipped), when its calls go out together.
+
+``llama4_pythonic``: ``pythonic``, with the list optionally wrapped in ``<|python_start|>`` and ``<|python_end|>``
+(whitespace around them allowed), which are dropped when the list is calls and stay text otherwise; a closing tag
+that no start tag opened is text.
+
+``mistral``: ``[TOOL_CALLS]`` (whitespace after it allowed), then either a JSON array of ``{"name", "arguments"}``
+objects (tokenizers before v11; every item a call, or the token and the array stay text) or ``NAME[ARGS]{...}``
+(v11 and later; ``[ARGS]`` optional), one call per token, its arguments a JSON object passed on as written. The
+form is told by the text (``[`` after the token), where vLLM asks the tokenizer. When what follows a token is no
+call, the token is text and the rest is read again as text. Calls' ids are nine letters and digits, as Mistral's
+tokenizers require. Held while streaming: a tail that may begin the token, a name while it may still be a tool's
+``NAME{`` or ``NAME[ARGS]{``, and the JSON until it closes.
+
+``qwen3_coder``: ``hermes``'s blocks (:class:`asyncdp.api.tool_parser_base.TaggedBlockParser`) holding
+``<function=NAME>`` ``<parameter=P>value</parameter>``... ``</function>``; each value is typed by the tool's
+``parameters`` schema as vLLM types it (:func:`asyncdp.api.qwen_tool_parsers.typed`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
-from asyncdp.api.llama_tool_parsers import Llama3JsonParser, PythonicParser
+from asyncdp.api.llama_tool_parsers import Llama3JsonParser, Llama4PythonicParser, PythonicParser
+from asyncdp.api.mistral_tool_parsers import MistralParser
+from asyncdp.api.qwen_tool_parsers import Qwen3CoderParser
 from asyncdp.api.tool_parser_base import (
     ParsedCall,
     Piece,
+    TaggedBlockParser,
     ToolCallParser,
     arguments_json,
-    emit_text,
     json_object,
     partial_prefix,
     tags_are_special,
 )
 
-__all__ = ["PARSERS", "AutoToolCalls", "HermesParser", "Llama3JsonParser", "ParsedCall", "Piece", "PythonicParser",
-           "ToolCallParser", "partial_prefix", "tags_are_special"]
+__all__ = ["PARSERS", "AutoToolCalls", "HermesParser", "Llama3JsonParser", "Llama4PythonicParser", "MistralParser",
+           "ParsedCall", "Piece", "PythonicParser", "Qwen3CoderParser", "ToolCallParser", "partial_prefix",
+           "tags_are_special"]
 
 
-class HermesParser(ToolCallParser):
+class HermesParser(TaggedBlockParser):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (see the module doc)."""
 
     name = "hermes"
     START, END = "<tool_call>", "</tool_call>"
     tags = (START, END)
-
-    def __init__(self, tool_names: Collection[str]) -> None:
-        super().__init__(tool_names)
-        self._buf = ""  # outside a block: a tail that may begin START; inside: the block's text after START
-        self._in_block = False
-        self._searched = 0  # inside a block: END does not begin before this offset of _buf
-
-    def feed(self, text: str) -> list[Piece]:
-        self._buf += text
-        out: list[Piece] = []
-        while True:
-            if not self._in_block:
-                at = self._buf.find(self.START)
-                if at < 0:
-                    keep = partial_prefix(self._buf, self.START)
-                    emit_text(out, self._buf[:len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep:]
-                    return out
-                emit_text(out, self._buf[:at])
-                self._buf = self._buf[at + len(self.START):]
-                self._in_block, self._searched = True, 0
-            end = self._buf.find(self.END, self._searched)
-            if end < 0:
-                self._searched = max(0, len(self._buf) - len(self.END) + 1)
-                return out
-            body = self._buf[:end]
-            self._buf = self._buf[end + len(self.END):]
-            self._in_block = False
-            out.append(self._call(body) or f"{self.START}{body}{self.END}")
-
-    def finish(self) -> list[Piece]:
-        rest, self._buf = self._buf, ""
-        if not self._in_block:
-            return [rest] if rest else []
-        self._in_block = False
-        return [self._call(rest) or f"{self.START}{rest}"]
 
     def _call(self, body: str) -> ParsedCall | None:
         """The call a block's JSON describes, or None when it is not one (then the block stays text)."""
@@ -126,7 +109,8 @@ class HermesParser(ToolCallParser):
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {
-    p.name: p for p in (HermesParser, Llama3JsonParser, PythonicParser)}
+    p.name: p for p in (HermesParser, Llama3JsonParser, Llama4PythonicParser, MistralParser, PythonicParser,
+                        Qwen3CoderParser)}
 
 
 class AutoToolCalls:

@@ -15,7 +15,7 @@ DP_BACKENDS = ("mp", "ray")
 # --chat-template-content-format (vLLM's): how message content reaches the chat template; auto reads the template.
 CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
 # --tool-call-parser (vLLM's names): the registry asyncdp.api.tool_parsers.PARSERS, kept equal by a test.
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_pythonic", "mistral", "pythonic", "qwen3_coder")
 # --reasoning-parser (vLLM's names): the registry asyncdp.api.reasoning_parsers.PARSERS, kept equal by a test.
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 # --scheduling-policy (vLLM's): how a rank's waiting queue is ordered and whom it preempts: fcfs by arrival;

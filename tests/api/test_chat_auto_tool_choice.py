@@ -198,8 +198,9 @@ async def test_tags_a_tokenizer_marks_special_are_kept_in_the_text_unless_the_re
 def test_an_unknown_parser_is_refused_by_create_app() -> None:
     from asyncdp.api import create_app
 
-    with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json, pythonic"):
-        create_app(FakeEngineClient(), tool_call_parser="mistral")
+    with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json, llama4_pythonic, "
+                                         "mistral, pythonic, qwen3_coder"):
+        create_app(FakeEngineClient(), tool_call_parser="granite")
 
 
 async def test_a_scripted_fake_ends_its_reply_as_an_end_of_sequence_and_keeps_letters_by_default() -> None:
