@@ -14,6 +14,15 @@ Qwen3's template closes an empty think block in the prompt, so the model's outpu
 does not parse it (as vLLM, which sees from the prompt that the reasoning has ended). ``deepseek_r1`` has no such
 switch. vLLM's ``<tool_call>`` as an implicit end of reasoning (Qwen3.5's XML tool calls) is not built.
 
+Other models' parsers, vLLM's of the same names, are the same machine with other tags and switches (a table of
+class attributes, :class:`ReasoningParser`): ``minimax_m2`` and ``seed_oss`` (``<seed:think>``) read as
+``deepseek_r1``, ``step3`` knows no opening tag, ``kimi_k2`` has the ``thinking`` switch and drops the model's
+``(no content)`` placeholder from the content; ``glm45``, ``mistral`` (``[THINK]``) and ``granite`` (its phrases,
+which must begin the answer) need the opening tag (``opens``): text before it is content, an answer without it all
+content. Where vLLM's whole and streamed readings of one answer differ, these follow its stream (an opened block
+never closed is reasoning), so that a stream and a whole answer agree; vLLM's ``hunyuan_a13b`` (one tokenizer's
+fixed ids) and ``ernie45`` (a ``<response>`` wrapper) are not built.
+
 A constraint (structured outputs, a named or ``"required"`` tool choice) applies only after the thinking, as in
 vLLM: the API passes :func:`end_token_ids` as the grammar's ``start_after``, and the engine starts the grammar
 at the token after the first ``</think>`` it generates; the parsers then find the constrained text as content.
@@ -24,7 +33,8 @@ begin a tag is held back until it cannot, and :meth:`ReasoningParser.finish` ret
 answer is the same parse fed in one piece, so a streamed answer and a whole one agree however the text was cut.
 
 :class:`ReasoningTokens` counts the same split in token ids, for ``usage.completion_tokens_details.reasoning_tokens``
-(vLLM's ``count_reasoning_tokens``): the tokens of what the parser makes reasoning, the tags' own tokens left out.
+(vLLM's ``count_reasoning_tokens``): the tokens of what the parser makes reasoning, the tags' own tokens left out
+(Granite's phrases found by the ids they have alone, which its "Here's" spelling does not match; vLLM counts none).
 
 ``PARSERS`` is the registry, name -> class, that ``--reasoning-parser`` chooses from (its names are also
 :data:`asyncdp.config.choices.REASONING_PARSERS`, which a test keeps equal).
