@@ -140,8 +140,8 @@ def create_app(
         tool_tags_special=parser is not None and tags_are_special(parser, client.tokenizer),
         reasoning_parser=thinker,
         reasoning_tags_special=thinker is not None and tags_are_special(thinker, client.tokenizer),
-        reasoning_end_ids=() if thinker is None else end_token_ids(client.tokenizer),
-        reasoning_start_ids=() if thinker is None else start_token_ids(client.tokenizer),
+        reasoning_end_ids=() if thinker is None else end_token_ids(client.tokenizer, thinker),
+        reasoning_start_ids=() if thinker is None else start_token_ids(client.tokenizer, thinker),
     )
     app.extensions["asyncdp"] = state
     app.set_draining = lambda: set_draining(app)  # type: ignore[attr-defined]

@@ -170,7 +170,7 @@ def _reasoning_tokens(state: AppState, prep: Prepared, choices: list[Choice]) ->
     if prep.thinker is None:
         return 0
     start, end = state.reasoning_start_ids, state.reasoning_end_ids
-    return sum(count_reasoning_tokens(c.token_ids or (), start, end) for c in choices)
+    return sum(count_reasoning_tokens(c.token_ids or (), start, end, prep.thinker.opens) for c in choices)
 
 
 def _null_content(state: AppState, prep: Prepared) -> bool:
@@ -240,7 +240,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     cached = [0] * len(prep.seqs)  # each sequence's prefix-cache hit
 
     # with a reasoning parser: each choice's reasoning tokens, counted as they come (none when it does not think)
-    counts = [ReasoningTokens(state.reasoning_start_ids, state.reasoning_end_ids) for _ in prep.seqs] \
+    counts = [ReasoningTokens(state.reasoning_start_ids, state.reasoning_end_ids, prep.thinker.opens) for _ in prep.seqs] \
         if prep.thinker is not None else None
 
     def reasoning_tokens(index: int | None) -> int | None:  # (None: all the choices)

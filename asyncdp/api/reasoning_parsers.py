@@ -14,6 +14,15 @@ Qwen3's template closes an empty think block in the prompt, so the model's outpu
 does not parse it (as vLLM, which sees from the prompt that the reasoning has ended). ``deepseek_r1`` has no such
 switch. vLLM's ``<tool_call>`` as an implicit end of reasoning (Qwen3.5's XML tool calls) is not built.
 
+Other models' parsers, vLLM's of the same names, are the same machine with other tags and switches (a table of
+class attributes, :class:`ReasoningParser`): ``minimax_m2`` and ``seed_oss`` (``<seed:think>``) read as
+``deepseek_r1``, ``step3`` knows no opening tag, ``kimi_k2`` has the ``thinking`` switch and drops the model's
+``(no content)`` placeholder from the content; ``glm45``, ``mistral`` (``[THINK]``) and ``granite`` (its phrases,
+which must begin the answer) need the opening tag (``opens``): text before it is content, an answer without it all
+content. Where vLLM's whole and streamed readings of one answer differ, these follow its stream (an opened block
+never closed is reasoning), so that a stream and a whole answer agree; vLLM's ``hunyuan_a13b`` (one tokenizer's
+fixed ids) and ``ernie45`` (a ``<response>`` wrapper) are not built.
+
 A constraint (structured outputs, a named or ``"required"`` tool choice) applies only after the thinking, as in
 vLLM: the API passes :func:`end_token_ids` as the grammar's ``start_after``, and the engine starts the grammar
 at the token after the first ``</think>`` it generates; the parsers then find the constrained text as content.
@@ -24,7 +33,8 @@ begin a tag is held back until it cannot, and :meth:`ReasoningParser.finish` ret
 answer is the same parse fed in one piece, so a streamed answer and a whole one agree however the text was cut.
 
 :class:`ReasoningTokens` counts the same split in token ids, for ``usage.completion_tokens_details.reasoning_tokens``
-(vLLM's ``count_reasoning_tokens``): the tokens of what the parser makes reasoning, the tags' own tokens left out.
+(vLLM's ``count_reasoning_tokens``): the tokens of what the parser makes reasoning, the tags' own tokens left out
+(Granite's phrases found by the ids they have alone, which its "Here's" spelling does not match; vLLM counts none).
 
 ``PARSERS`` is the registry, name -> class, that ``--reasoning-parser`` chooses from (its names are also
 :data:`asyncdp.config.choices.REASONING_PARSERS`, which a test keeps equal).
@@ -38,20 +48,34 @@ from typing import Any, ClassVar
 from asyncdp.api.tool_parser_base import partial_prefix
 
 START, END = "<think>", "</think>"
+BEFORE, THINKING, AFTER, PLAIN = range(4)  # a parser's state: before its opening tag (``opens``), inside, after
 
 
 class ReasoningParser:
-    """One choice's incremental split of its text into reasoning and content (a new one per choice)."""
+    """One choice's incremental split of its text into reasoning and content (a new one per choice).
+
+    A subclass names its tags and two switches, table-like: ``starts`` (the model's own opening tag, its spellings;
+    none: the template always opens the block), ``ends`` (the closing tag's), ``opens`` (the thinking needs the
+    opening tag: text before it is content, an answer without it all content, a closing tag before it dropped) and
+    ``anchored`` (with ``opens``: the opening must begin the answer, else all of it is content, phrases included)."""
 
     name: ClassVar[str]
+    starts: ClassVar[tuple[str, ...]] = (START,)
+    ends: ClassVar[tuple[str, ...]] = (END,)
+    opens: ClassVar[bool] = False
+    anchored: ClassVar[bool] = False
     # Tokens the format needs in the text: kept by detokenizing with skip_special_tokens false when the tokenizer
     # marks one special (asyncdp.api.tool_parser_base.tags_are_special), or they would be missing from the text.
     tags: ClassVar[tuple[str, ...]] = (START, END)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.tags = cls.starts + cls.ends
+
     def __init__(self) -> None:
-        self._thinking = True  # before END
-        self._opened = False  # the model's own START was dropped
-        self._buf = ""  # while thinking: a tail that may begin a tag
+        self._state = BEFORE if self.opens else THINKING
+        self._opened = self.opens  # the opening tag is behind: a later one is text
+        self._buf = ""  # before the end: a tail that may begin a tag
 
     @classmethod
     def thinks(cls, template_kwargs: Mapping[str, Any]) -> bool:
@@ -60,30 +84,74 @@ class ReasoningParser:
 
     def feed(self, text: str) -> tuple[str, str]:
         """The reasoning and the content that ``text`` adds (either may be empty)."""
-        if not self._thinking:
-            return "", text
+        if self._state in (AFTER, PLAIN):
+            return "", self._content(text)
         self._buf += text
-        reasoning = []
-        while True:
-            end = self._buf.find(END)
-            start = -1 if self._opened else self._buf.find(START)
-            if start >= 0 and (end < 0 or start < end):
-                reasoning.append(self._buf[:start])
-                self._buf, self._opened = self._buf[start + len(START):], True
-                continue
-            if end >= 0:
-                reasoning.append(self._buf[:end])
-                content, self._buf, self._thinking = self._buf[end + len(END):], "", False
-                return "".join(reasoning), content
-            keep = max(partial_prefix(self._buf, END), 0 if self._opened else partial_prefix(self._buf, START))
-            reasoning.append(self._buf[:len(self._buf) - keep])
-            self._buf = self._buf[len(self._buf) - keep:]
-            return "".join(reasoning), ""
+        reasoning: list[str] = []
+        content: list[str] = []
+        while self._state == BEFORE and self._before(content):
+            pass
+        while self._state == THINKING and self._thinking(reasoning, content):
+            pass
+        return "".join(reasoning), self._content("".join(content))
+
+    def _before(self, content: list[str]) -> bool:
+        """Before the opening tag (``opens``): content until it; whether to go on."""
+        buf = self._buf
+        if self.anchored:
+            tag = next((s for s in self.starts if buf.startswith(s)), None)
+            if tag is not None:
+                self._buf, self._state = buf[len(tag):], THINKING
+            elif not any(s.startswith(buf) for s in self.starts):
+                content.append(buf)
+                self._buf, self._state = "", PLAIN
+            return False
+        at, tag = _first(buf, self.starts + self.ends)
+        if at >= 0:
+            content.append(buf[:at])  # (a closing tag before any opening one is dropped)
+            self._buf = buf[at + len(tag):]
+            if tag in self.starts:
+                self._state = THINKING
+            return True
+        keep = max(partial_prefix(buf, tag) for tag in self.starts + self.ends)
+        content.append(buf[:len(buf) - keep])
+        self._buf = buf[len(buf) - keep:]
+        return False
+
+    def _thinking(self, reasoning: list[str], content: list[str]) -> bool:
+        """Inside the thinking: reasoning until the first closing tag; whether to go on."""
+        buf = self._buf
+        end, end_tag = _first(buf, self.ends)
+        start, start_tag = (-1, "") if self._opened else _first(buf, self.starts)
+        if start >= 0 and (end < 0 or start < end):
+            reasoning.append(buf[:start])
+            self._buf, self._opened = buf[start + len(start_tag):], True
+            return True
+        if end >= 0:
+            reasoning.append(buf[:end])
+            content.append(buf[end + len(end_tag):])
+            self._buf, self._state = "", AFTER
+            return False
+        tags = self.ends if self._opened else self.ends + self.starts
+        keep = max(partial_prefix(buf, tag) for tag in tags)
+        reasoning.append(buf[:len(buf) - keep])
+        self._buf = buf[len(buf) - keep:]
+        return False
+
+    def _content(self, text: str) -> str:
+        """The content as sent (a subclass may filter it, holding back what ``_content_rest`` returns at the end)."""
+        return text
+
+    def _content_rest(self) -> str:
+        return ""
 
     def finish(self) -> tuple[str, str]:
-        """What was held back, at the end of the answer: a partial tag that never completed is reasoning."""
+        """What was held back, at the end of the answer: a partial tag that never completed is reasoning inside
+        the thinking, content before it."""
         rest, self._buf = self._buf, ""
-        return rest, ""
+        if self._state == THINKING:
+            return rest, self._content_rest()
+        return "", self._content(rest) + self._content_rest()
 
     def read(self, text: str, finished: bool) -> tuple[str, str]:
         """``feed`` then, when ``finished``, ``finish``: the reasoning and the content to send for ``text``."""
@@ -111,21 +179,105 @@ class Qwen3Parser(ReasoningParser):
         return template_kwargs.get("enable_thinking", True) is not False
 
 
-PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (DeepSeekR1Parser, Qwen3Parser)}
+class MiniMaxM2Parser(ReasoningParser):
+    """MiniMax-M2: ``<think>``…``</think>`` read as ``deepseek_r1`` (vLLM's base think-tag parser)."""
+
+    name = "minimax_m2"
+
+
+class SeedOssParser(ReasoningParser):
+    """ByteDance Seed-OSS: as ``deepseek_r1``, with ``<seed:think>``…``</seed:think>``."""
+
+    name = "seed_oss"
+    starts, ends = ("<seed:think>",), ("</seed:think>",)
+
+
+class Step3Parser(ReasoningParser):
+    """StepFun Step3: everything before the first ``</think>`` is reasoning; it knows no opening tag (a ``<think>``
+    is text)."""
+
+    name = "step3"
+    starts = ()
+
+
+class KimiK2Parser(ReasoningParser):
+    """Kimi K2 (Thinking): as ``deepseek_r1``, unless ``chat_template_kwargs: {"thinking": false}`` (vLLM's switch for
+    it), when the output is all content; the ``(no content)`` placeholder the model writes before a tool call with no
+    text is taken out of the content."""
+
+    name = "kimi_k2"
+    placeholder = "(no content)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held = ""  # content that may begin the placeholder
+
+    @classmethod
+    def thinks(cls, template_kwargs: Mapping[str, Any]) -> bool:
+        return bool(template_kwargs.get("thinking", True))
+
+    def _content(self, text: str) -> str:
+        held = (self._held + text).replace(self.placeholder, "")
+        keep = partial_prefix(held, self.placeholder)
+        self._held = held[len(held) - keep:]
+        return held[:len(held) - keep]
+
+    def _content_rest(self) -> str:
+        rest, self._held = self._held, ""
+        return rest
+
+
+class Glm45Parser(ReasoningParser):
+    """GLM-4.5/4.6/4.7: the model opens ``<think>`` itself; an answer without it is all content (text before it is
+    content too), and ``chat_template_kwargs: {"enable_thinking": false}`` (which closes an empty block in the
+    prompt) turns the parse off."""
+
+    name = "glm45"
+    opens = True
+
+    @classmethod
+    def thinks(cls, template_kwargs: Mapping[str, Any]) -> bool:
+        return template_kwargs.get("enable_thinking", True) is not False
+
+
+class MistralParser(ReasoningParser):
+    """Magistral (Mistral): ``[THINK]``…``[/THINK]``; without ``[THINK]`` the answer is all content (a stray
+    ``[/THINK]`` dropped), text before it is content too."""
+
+    name = "mistral"
+    starts, ends = ("[THINK]",), ("[/THINK]",)
+    opens = True
+
+
+class GraniteParser(ReasoningParser):
+    """IBM Granite 3.2 (``chat_template_kwargs: {"thinking": true}``): an answer that begins "Here is my thought
+    process:" thinks until "Here is my response:" ("Here's" in either, as vLLM accepts); any other is all content."""
+
+    name = "granite"
+    starts = ("Here is my thought process:", "Here's my thought process:")
+    ends = ("Here is my response:", "Here's my response:")
+    opens = anchored = True
+
+
+PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (
+    DeepSeekR1Parser, Glm45Parser, GraniteParser, KimiK2Parser, MiniMaxM2Parser, MistralParser, Qwen3Parser,
+    SeedOssParser, Step3Parser)}
 
 
 class ReasoningTokens:
     """One choice's reasoning tokens, counted from its generated token ids as they come (``feed``), the way
-    :class:`ReasoningParser` splits its text: every token before the first ``</think>`` (an answer that never
-    writes it: every token) but those of the tag itself and of the first ``<think>`` before it, the model's own opening.
+    :class:`ReasoningParser` splits its text: every token before the first end tag (an answer that never
+    writes it: every token) but those of the tag itself and of the first start tag before it, the model's own opening;
+    with ``opens`` (:attr:`ReasoningParser.opens`), only the tokens after the start tag (none without one).
     The tags are found by their ids as the server's tokenizer encodes them alone (:func:`start_token_ids`,
     :func:`end_token_ids`); a tail that could begin one is held until it cannot, and ``finish`` counts it."""
 
-    def __init__(self, start: Sequence[int], end: Sequence[int]) -> None:
+    def __init__(self, start: Sequence[int], end: Sequence[int], opens: bool = False) -> None:
         self._start, self._end = tuple(start), tuple(end)
         self.count = 0
+        self._before = opens  # before the start tag, which the thinking needs: no count yet
         self._thinking = True  # before the end tag
-        self._opened = False  # the model's own start tag was left out
+        self._opened = opens  # the model's own start tag was left out (or is needed first)
         self._held: list[int] = []  # while thinking: a tail that may begin a tag
 
     def feed(self, token_ids: Sequence[int]) -> None:
@@ -133,6 +285,13 @@ class ReasoningTokens:
             return
         held = self._held
         held.extend(token_ids)
+        if self._before:
+            start = _find(held, self._start)
+            if start < 0:
+                del held[:len(held) - _partial(held, self._start)]  # (content: not counted)
+                return
+            del held[:start + len(self._start)]
+            self._before = False
         while True:
             end = _find(held, self._end)
             start = -1 if self._opened else _find(held, self._start)
@@ -152,17 +311,29 @@ class ReasoningTokens:
             return
 
     def finish(self) -> int:
-        """The count, at the end of the answer: a partial tag that never completed is reasoning."""
-        self.count += len(self._held)
+        """The count, at the end of the answer: a partial tag that never completed is reasoning (content before
+        the start tag that ``opens`` needs)."""
+        self.count += 0 if self._before else len(self._held)
         self._held.clear()
         return self.count
 
 
-def count_reasoning_tokens(token_ids: Sequence[int], start: Sequence[int], end: Sequence[int]) -> int:
+def count_reasoning_tokens(token_ids: Sequence[int], start: Sequence[int], end: Sequence[int],
+                           opens: bool = False) -> int:
     """A whole answer's reasoning tokens (:class:`ReasoningTokens` fed in one piece)."""
-    counter = ReasoningTokens(start, end)
+    counter = ReasoningTokens(start, end, opens)
     counter.feed(token_ids)
     return counter.finish()
+
+
+def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
+    """Where the first of ``tags`` occurs in ``text`` (the longest at a tie) and which, or (-1, "")."""
+    best, found = -1, ""
+    for tag in tags:
+        at = text.find(tag)
+        if at >= 0 and (best < 0 or at < best or (at == best and len(tag) > len(found))):
+            best, found = at, tag
+    return best, found
 
 
 def _find(values: list[int], tag: tuple[int, ...]) -> int:
@@ -187,16 +358,18 @@ def _partial(values: list[int], tag: tuple[int, ...]) -> int:
     return 0
 
 
-def start_token_ids(tokenizer: Any) -> tuple[int, ...]:
-    """``<think>`` as the server's tokenizer encodes it on its own, no special tokens added."""
-    return tuple(tokenizer.encode(START, add_special_tokens=False))
+def start_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Parser) -> tuple[int, ...]:
+    """The parser's start tag (its first spelling; none for ``step3``) as the server's tokenizer encodes it on its
+    own, no special tokens added."""
+    return tuple(tokenizer.encode(parser.starts[0], add_special_tokens=False)) if parser.starts else ()
 
 
-def end_token_ids(tokenizer: Any) -> tuple[int, ...]:
-    """``</think>`` as the server's tokenizer encodes it on its own, no special tokens added: one added token in
-    Qwen3's and DeepSeek-R1's, several elsewhere. A constraint on an answer that may think starts after these ids
-    (``StructuredOutputs.start_after``); a model that spells the tag with other tokens leaves its answer free."""
-    return tuple(tokenizer.encode(END, add_special_tokens=False))
+def end_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Parser) -> tuple[int, ...]:
+    """The parser's end tag (``</think>``; its first spelling) as the server's tokenizer encodes it on its own, no
+    special tokens added: one added token in Qwen3's and DeepSeek-R1's, several elsewhere. A constraint on an
+    answer that may think starts after these ids (``StructuredOutputs.start_after``); a model that spells the tag
+    with other tokens (Granite's "Here's my response:", a phrase after other text) leaves its answer free."""
+    return tuple(tokenizer.encode(parser.ends[0], add_special_tokens=False))
 
 
 def split(parser: ReasoningParser, text: str) -> tuple[str | None, str]:

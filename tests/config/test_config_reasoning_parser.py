@@ -9,8 +9,9 @@ from tests.config.command_lines import DENSE, api_server_configs, fails
 
 
 def test_an_unknown_parser_is_refused_naming_the_choices():
-    assert fails("--reasoning-parser granite", DENSE) == (
-        "--reasoning-parser must be one of deepseek_r1, qwen3 (got 'granite').")
+    assert fails("--reasoning-parser hunyuan_a13b", DENSE) == (
+        "--reasoning-parser must be one of deepseek_r1, glm45, granite, kimi_k2, minimax_m2, mistral, qwen3, "
+        "seed_oss, step3 (got 'hunyuan_a13b').")
 
 
 @pytest.mark.parametrize(("flags", "parser"), [("--reasoning-parser qwen3", "qwen3"),

@@ -1,0 +1,98 @@
+"""The other models' reasoning parsers through the API (``--reasoning-parser mistral``, ``granite``, ``glm45``,
+``kimi_k2``, ``minimax_m2``, ``seed_oss``, ``step3``), through the official ``openai`` client: the thinking in
+``message.reasoning``, the rest in ``content``, a stream accumulated into the whole answer, ``reasoning_tokens``
+counted by each parser's tags, a constraint started after each parser's end tag, and the switches that turn the
+thinking off. The fake generates one token per character (the byte tokenizer: tags as their bytes).
+
+Before, these names were refused by ``create_app``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncdp.testing import FakeEngineClient
+from tests.api.conftest import running
+from tests.api.test_chat_auto_tool_choice import STREAM_WARNING, scripted
+
+pytestmark = pytest.mark.anyio
+
+CHAT: Any = [{"role": "user", "content": "2+2?"}]
+
+# parser: (reply, reasoning, content)
+REPLIES: dict[str, tuple[str, str | None, str | None]] = {
+    "mistral": ("[THINK]Two and two.[/THINK]It is 4.", "Two and two.", "It is 4."),
+    "granite": ("Here is my thought process:\nTwo and two.\nHere is my response:\nIt is 4.", "\nTwo and two.\n",
+                "\nIt is 4."),
+    "glm45": ("<think>Two and two.</think>It is 4.", "Two and two.", "It is 4."),
+    "kimi_k2": ("<think>Two and two.</think>(no content)", "Two and two.", None),
+    "minimax_m2": ("Two and two.</think>It is 4.", "Two and two.", "It is 4."),
+    "seed_oss": ("<seed:think>Two and two.</seed:think>It is 4.", "Two and two.", "It is 4."),
+    "step3": ("Two and two.</think>It is 4.", "Two and two.", "It is 4."),
+}
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+@pytest.mark.parametrize("name", REPLIES)
+async def test_each_parser_splits_the_answer_whole_and_streamed(name: str) -> None:
+    reply, reasoning, content = REPLIES[name]
+    async with running(scripted(reply), reasoning_parser=name) as srv:
+        client = srv.openai()
+        whole = await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200)
+        async with client.chat.completions.stream(model="fake-model", messages=CHAT, max_tokens=200) as stream:
+            accumulated = await stream.get_final_completion()
+        streamed = await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200,
+                                                        stream=True, stream_options={"include_usage": True})
+        last = [chunk async for chunk in streamed][-1]
+    message = whole.choices[0].message
+    assert (message.reasoning, message.content) == (reasoning, content)  # type: ignore[attr-defined]
+    assert accumulated.choices[0].message.model_dump(exclude_none=True) == message.model_dump(exclude_none=True)
+    for used in (whole.usage, last.usage):
+        assert used is not None and used.completion_tokens_details is not None
+        assert used.completion_tokens_details.reasoning_tokens == len(reasoning or "")
+
+
+@pytest.mark.parametrize(("name", "reply"), [("mistral", "It is 4."), ("glm45", "It is 4."),
+                                             ("granite", "It is 4. Here is my response: 4")])
+async def test_an_answer_that_does_not_open_the_thinking_is_all_content(name: str, reply: str) -> None:
+    async with running(scripted(reply), reasoning_parser=name) as srv:
+        whole = await srv.openai().chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200)
+    assert whole.choices[0].message.content == reply
+    assert whole.choices[0].message.reasoning is None  # type: ignore[attr-defined]
+    assert whole.usage is not None and whole.usage.completion_tokens_details is not None
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [("glm45", {"enable_thinking": False}), ("kimi_k2", {"thinking": False})])
+async def test_the_switch_turns_the_parse_off(name: str, kwargs: dict[str, Any]) -> None:
+    reply = "<think>not parsed</think>x"
+    async with running(scripted(reply), reasoning_parser=name) as srv:
+        whole = await srv.openai().chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200,
+                                                           extra_body={"chat_template_kwargs": kwargs})
+    assert whole.choices[0].message.content == reply
+    assert whole.usage is not None and whole.usage.completion_tokens_details is not None
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+@pytest.mark.parametrize(("name", "end"), [("mistral", "[/THINK]"), ("seed_oss", "</seed:think>"),
+                                           ("granite", "Here is my response:"), ("step3", "</think>")])
+async def test_a_constraint_starts_after_each_parsers_end_tag(name: str, end: str) -> None:
+    fake = FakeEngineClient(replies=lambda _prompt, _seed: f"x{end}{{}}")
+    body = {"messages": CHAT, "response_format": {"type": "json_object"}}
+    async with running(fake, reasoning_parser=name) as srv:
+        r = await srv.http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    params = fake.submitted[0][2]
+    assert params.structured is not None and params.structured.start_after == tuple(end.encode())
+
+
+async def test_glm45_without_thinking_constrains_the_whole_answer() -> None:
+    fake = FakeEngineClient(replies=lambda _prompt, _seed: "{}")
+    body = {"messages": CHAT, "response_format": {"type": "json_object"},
+            "chat_template_kwargs": {"enable_thinking": False}}
+    async with running(fake, reasoning_parser="glm45") as srv:
+        r = await srv.http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    params = fake.submitted[0][2]
+    assert params.structured is not None and params.structured.start_after == ()

@@ -1,0 +1,164 @@
+"""The reasoning parsers of other open models (asyncdp.api.reasoning_parsers), as vLLM's of the same names, without
+HTTP: each text split whole, then fed in every split (each cut point, character by character, three pieces), which
+must reassemble the same split; the ``chat_template_kwargs`` switches; and the split counted in token ids
+(``ReasoningTokens``) with each parser's tags as a byte tokenizer encodes them.
+
+Before, only ``qwen3`` and ``deepseek_r1`` existed: these names were not in the registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncdp.api.reasoning_parsers import (
+    PARSERS,
+    ReasoningParser,
+    ReasoningTokens,
+    count_reasoning_tokens,
+    end_token_ids,
+    start_token_ids,
+)
+from asyncdp.api.tool_parsers import tags_are_special
+from asyncdp.testing import byte_tokenizer
+
+THOUGHT_PHRASE, RESPONSE_PHRASE = "Here is my thought process:", "Here is my response:"
+
+# parser name: [(text, reasoning, content, countable)]; countable: the byte-level count equals the reasoning's
+# length (False where the tags are spelled in a way the ids do not find: Granite's "Here's", documented)
+CASES: dict[str, list[tuple[str, str, str, bool]]] = {
+    "mistral": [
+        ("[THINK]Two and two.[/THINK]It is 4.", "Two and two.", "It is 4.", True),
+        ("It is 4.", "", "It is 4.", True),  # no [THINK]: all content (vLLM's case 3.b)
+        ("[THINK]Still thinking", "Still thinking", "", True),
+        ("Hi [THINK]x[/THINK]y", "x", "Hi y", True),  # text before [THINK] is content
+        ("a[/THINK]b", "", "ab", True),  # a stray [/THINK] is dropped (case 3.a)
+        ("[THINK]a[THINK]b[/THINK]c[THINK]d", "a[THINK]b", "c[THINK]d", True),
+        ("[THINK]abc[/TH", "abc[/TH", "", True),
+        ("abc[TH", "", "abc[TH", True),
+        ("[THINK][/THINK]", "", "", True),
+        ("", "", "", True),
+    ],
+    "glm45": [
+        ("<think>Two.</think>Four.", "Two.", "Four.", True),
+        ("Four.", "", "Four.", True),  # enable_thinking false, or a model that did not think
+        ("<think>still", "still", "", True),
+        ("x</think>y", "", "xy", True),
+        ("<think>a</think>b<think>c</think>", "a", "b<think>c</think>", True),
+    ],
+    "granite": [
+        (f"{THOUGHT_PHRASE} Two and two. {RESPONSE_PHRASE} It is 4.", " Two and two. ", " It is 4.", True),
+        ("Here's my thought process:\nA\nHere's my response:\nB", "\nA\n", "\nB", False),
+        (f"{THOUGHT_PHRASE} mixed Here's my response: ok", " mixed ", " ok", False),
+        ("It is 4.", "", "It is 4.", True),
+        (f"{RESPONSE_PHRASE} 4", "", f"{RESPONSE_PHRASE} 4", True),  # no thought process: all content
+        (f"{THOUGHT_PHRASE} still", " still", "", True),
+        ("Here is my thought", "", "Here is my thought", True),
+        (f"{THOUGHT_PHRASE} a {RESPONSE_PHRASE} b {RESPONSE_PHRASE} c", " a ", f" b {RESPONSE_PHRASE} c", True),
+        ("Here: is my thought process: x", "", "Here: is my thought process: x", True),
+        ("", "", "", True),
+    ],
+    "kimi_k2": [
+        ("<think>Plan.</think>(no content)", "Plan.", "", True),
+        ("Plan.</think>Sure (no content) ok(no content)", "Plan.", "Sure  ok", True),
+        ("Plan.</think>(no cont", "Plan.", "(no cont", True),
+        ("<think>a (no content) b</think>c", "a (no content) b", "c", True),  # only the content is cleaned
+    ],
+    "minimax_m2": [
+        ("<think>Two.</think>Four.", "Two.", "Four.", True),
+        ("Two.</think>Four.", "Two.", "Four.", True),
+        ("Unfinished", "Unfinished", "", True),
+    ],
+    "seed_oss": [
+        ("<seed:think>Two.</seed:think>Four.", "Two.", "Four.", True),
+        ("Two.</seed:think>Four.", "Two.", "Four.", True),
+        ("<think>x</think>y", "<think>x</think>y", "", True),  # other tags are text
+        ("<seed:think>a</seed:th", "a</seed:th", "", True),
+    ],
+    "step3": [
+        ("Two.</think>Four.", "Two.", "Four.", True),
+        ("<think>Two.</think>Four.", "<think>Two.", "Four.", True),  # no opening tag to drop
+        ("Unfinished", "Unfinished", "", True),
+    ],
+}
+ALL = [(name, *case) for name, cases in CASES.items() for case in cases]
+
+
+def whole(parser: ReasoningParser, text: str) -> tuple[str, str]:
+    return parser.read(text, finished=True)
+
+
+def fed(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
+    reasoning, content = "", ""
+    for i, piece in enumerate(pieces):
+        more, rest = parser.read(piece, finished=i == len(pieces) - 1)
+        reasoning, content = reasoning + more, content + rest
+    return reasoning, content
+
+
+@pytest.mark.parametrize(("name", "text", "reasoning", "content", "countable"), ALL)
+def test_a_whole_answer_and_every_split_of_it(name: str, text: str, reasoning: str, content: str,
+                                              countable: bool) -> None:
+    parser = PARSERS[name]
+    assert whole(parser(), text) == (reasoning, content)
+    assert fed(parser(), list(text)) == (reasoning, content), "character by character"
+    for cut in range(len(text) + 1):
+        assert fed(parser(), [text[:cut], text[cut:]]) == (reasoning, content), cut
+    for a in range(0, len(text), 3):
+        for b in range(a, len(text), 4):
+            assert fed(parser(), [text[:a], text[a:b], text[b:], ""]) == (reasoning, content), (a, b)
+
+
+@pytest.mark.parametrize(("name", "text", "reasoning", "content", "countable"), ALL)
+def test_the_reasoning_tokens_are_those_of_the_reasoning_text(name: str, text: str, reasoning: str, content: str,
+                                                              countable: bool) -> None:
+    parser, tok = PARSERS[name], byte_tokenizer()
+    start, end = start_token_ids(tok, parser), end_token_ids(tok, parser)
+    assert end == tuple(parser.ends[0].encode())
+    ids = list(text.encode())
+    expected = len(reasoning.encode())
+    if not countable:
+        assert count_reasoning_tokens(ids, start, end, parser.opens) != expected
+        return
+    assert count_reasoning_tokens(ids, start, end, parser.opens) == expected
+    for cut in range(len(ids) + 1):
+        counter = ReasoningTokens(start, end, parser.opens)
+        counter.feed(ids[:cut])
+        assert counter.count <= expected
+        counter.feed(ids[cut:])
+        assert counter.finish() == expected, cut
+
+
+def test_the_tag_ids_are_each_parsers_own() -> None:
+    tok = byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["[THINK]", "[/THINK]"]})
+    mistral = PARSERS["mistral"]
+    assert start_token_ids(tok, mistral) == (tok.convert_tokens_to_ids("[THINK]"),)
+    assert end_token_ids(tok, mistral) == (tok.convert_tokens_to_ids("[/THINK]"),)
+    assert tags_are_special(mistral, tok) and not tags_are_special(PARSERS["glm45"], tok)
+    assert start_token_ids(tok, PARSERS["step3"]) == ()  # step3 has no opening tag
+    assert end_token_ids(tok, PARSERS["granite"]) == tuple(RESPONSE_PHRASE.encode())
+    assert PARSERS["seed_oss"].tags == ("<seed:think>", "</seed:think>")
+
+
+@pytest.mark.parametrize(("name", "kwargs", "thinks"), [
+    ("glm45", {}, True), ("glm45", {"enable_thinking": True}, True), ("glm45", {"enable_thinking": False}, False),
+    ("kimi_k2", {}, True), ("kimi_k2", {"thinking": True}, True), ("kimi_k2", {"thinking": False}, False),
+    ("kimi_k2", {"enable_thinking": False}, True),  # (Kimi's switch is "thinking", as vLLM reads it)
+    ("mistral", {"enable_thinking": False}, True), ("granite", {"thinking": False}, True),
+    ("minimax_m2", {"enable_thinking": False}, True), ("seed_oss", {}, True), ("step3", {}, True),
+])
+def test_the_thinking_switches(name: str, kwargs: dict[str, Any], thinks: bool) -> None:
+    assert PARSERS[name].thinks(kwargs) is thinks
+
+
+def test_a_possible_phrase_is_held_back_and_released_when_it_is_none() -> None:
+    parser = PARSERS["granite"]()
+    assert parser.feed("Here is my") == ("", "")  # may still open the thought process
+    assert parser.feed(" thought process: Hmm. Here") == (" Hmm. ", "")
+    assert parser.feed(" is the plan. Here's my") == ("Here is the plan. ", "")
+    assert parser.feed(" response: 4") == ("", " 4")
+    assert parser.finish() == ("", "")
+    other = PARSERS["granite"]()
+    assert other.feed("Here is a") == ("", "Here is a")  # no thought process: content, as it comes
+    assert other.feed(" Here is my response: b") == ("", " Here is my response: b")
