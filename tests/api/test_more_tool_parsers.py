@@ -21,6 +21,7 @@ from asyncdp.api.tool_parsers import (
     tags_are_special,
 )
 from asyncdp.testing import byte_tokenizer
+from tests.api.parser_feeds import assert_every_split_agrees, feed_pieces
 
 NAMES = ("get_weather", "get_time")
 PARAMETERS: dict[str, Any] = {
@@ -40,13 +41,7 @@ def whole(text: str, parser: type[ToolCallParser]) -> tuple[str, list[ParsedCall
 
 
 def fed(pieces: list[str], parser: type[ToolCallParser]) -> tuple[str, list[ParsedCall]]:
-    auto = AutoToolCalls(parser(NAMES, PARAMETERS))
-    content, calls = "", []
-    for i, piece in enumerate(pieces):
-        more, found = auto.feed(piece, finished=i == len(pieces) - 1)
-        content += more
-        calls += found
-    return content, calls
+    return feed_pieces(AutoToolCalls(parser(NAMES, PARAMETERS)), pieces)
 
 
 T = "[TOOL_CALLS]"
@@ -162,13 +157,7 @@ def test_a_whole_answer(parser: type[ToolCallParser], name: str, text: str, cont
 @pytest.mark.parametrize(("parser", "name", "text", "content", "calls"), ALL_CASES, ids=IDS)
 def test_every_split_of_the_text_gives_the_whole_answer(parser: type[ToolCallParser], name: str, text: str,
                                                         content: str, calls: list[ParsedCall]) -> None:
-    expected = whole(text, parser)
-    assert fed(list(text), parser) == expected, "character by character"
-    for cut in range(len(text) + 1):
-        assert fed([text[:cut], text[cut:]], parser) == expected, cut
-    for a in range(0, len(text), 3):
-        for b in range(a, len(text), 5):
-            assert fed([text[:a], text[a:b], text[b:], ""], parser) == expected, (a, b)
+    assert_every_split_agrees(lambda: AutoToolCalls(parser(NAMES, PARAMETERS)), text)
 
 
 def test_the_new_parsers_are_registered() -> None:

@@ -13,7 +13,6 @@ import pytest
 
 from asyncdp.api.reasoning_parsers import (
     PARSERS,
-    ReasoningParser,
     ReasoningTokens,
     count_reasoning_tokens,
     end_token_ids,
@@ -21,6 +20,7 @@ from asyncdp.api.reasoning_parsers import (
 )
 from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.testing import byte_tokenizer
+from tests.api.parser_feeds import fed, whole
 
 THOUGHT_PHRASE, RESPONSE_PHRASE = "Here is my thought process:", "Here is my response:"
 
@@ -82,18 +82,6 @@ CASES: dict[str, list[tuple[str, str, str, bool]]] = {
     ],
 }
 ALL = [(name, *case) for name, cases in CASES.items() for case in cases]
-
-
-def whole(parser: ReasoningParser, text: str) -> tuple[str, str]:
-    return parser.read(text, finished=True)
-
-
-def fed(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
-    reasoning, content = "", ""
-    for i, piece in enumerate(pieces):
-        more, rest = parser.read(piece, finished=i == len(pieces) - 1)
-        reasoning, content = reasoning + more, content + rest
-    return reasoning, content
 
 
 @pytest.mark.parametrize(("name", "text", "reasoning", "content", "countable"), ALL)

@@ -23,19 +23,7 @@ from asyncdp.api.reasoning_parsers import (
 from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.config.flags import REASONING_PARSERS
 from asyncdp.testing import byte_tokenizer
-
-
-def whole(parser: ReasoningParser, text: str) -> tuple[str, str]:
-    return parser.read(text, finished=True)
-
-
-def fed(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
-    reasoning, content = "", ""
-    for i, piece in enumerate(pieces):
-        more, rest = parser.read(piece, finished=i == len(pieces) - 1)
-        reasoning, content = reasoning + more, content + rest
-    return reasoning, content
-
+from tests.api.parser_feeds import fed, whole
 
 # name: (text, reasoning, content), both parsers while thinking (as vLLM reads them today)
 CASES: dict[str, tuple[str, str, str]] = {

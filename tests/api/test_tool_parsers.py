@@ -22,6 +22,7 @@ from asyncdp.api.tool_parsers import (
 )
 from asyncdp.config.flags import TOOL_CALL_PARSERS
 from asyncdp.testing import byte_tokenizer
+from tests.api.parser_feeds import assert_every_split_agrees, feed_pieces
 
 NAMES = ("get_weather", "get_time")
 
@@ -35,13 +36,7 @@ def whole(text: str, parser: type[ToolCallParser] = HermesParser) -> tuple[str, 
 
 
 def fed(pieces: list[str], parser: type[ToolCallParser] = HermesParser) -> tuple[str, list[ParsedCall]]:
-    auto = AutoToolCalls(parser(NAMES))
-    content, calls = "", []
-    for i, piece in enumerate(pieces):
-        more, found = auto.feed(piece, finished=i == len(pieces) - 1)
-        content += more
-        calls += found
-    return content, calls
+    return feed_pieces(AutoToolCalls(parser(NAMES)), pieces)
 
 
 WEATHER = call("get_weather", {"city": "Paris"})
@@ -161,13 +156,7 @@ def test_a_whole_answer(parser: type[ToolCallParser], name: str, text: str, cont
                          ids=[f"{c[0].name}: {c[1]}" for c in ALL_CASES])
 def test_every_split_of_the_text_gives_the_whole_answer(parser: type[ToolCallParser], name: str, text: str,
                                                         content: str, calls: list[ParsedCall]) -> None:
-    expected = whole(text, parser)
-    assert fed(list(text), parser) == expected, "character by character"
-    for cut in range(len(text) + 1):
-        assert fed([text[:cut], text[cut:]], parser) == expected, cut
-    for a in range(0, len(text), 3):
-        for b in range(a, len(text), 5):
-            assert fed([text[:a], text[a:b], text[b:], ""], parser) == expected, (a, b)
+    assert_every_split_agrees(lambda: AutoToolCalls(parser(NAMES)), text)
 
 
 def test_a_possible_tag_is_held_back_and_released_when_it_is_none() -> None:
