@@ -38,7 +38,7 @@ from quart import Quart, Response, request
 
 from asyncdp.api.beam_search import check_beam_search, run_beam_search
 from asyncdp.api.chat_messages import content_text
-from asyncdp.api.chat_render import render_prompt
+from asyncdp.api.chat_render import render_prompt, template_kwargs
 from asyncdp.api.context import AppState, json_response
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
@@ -110,7 +110,7 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     tok = state.client.tokenizer
     thinker = state.reasoning_parser
-    if thinker is not None and not thinker.thinks(req.chat_template_kwargs or {}):
+    if thinker is not None and not thinker.thinks(template_kwargs(req)):
         thinker = None  # (qwen3 with enable_thinking false: the answer is all content)
     constraint = _constraint(req, tools)
     if thinker is not None and constraint is not None:  # (the thinking stays free: vLLM's behaviour)

@@ -4,7 +4,7 @@
 The template gets, as vLLM passes them: the messages (:mod:`asyncdp.api.chat_messages`), ``add_generation_prompt``
 and ``continue_final_message``, the ``tools`` it should show, a chat request's ``documents`` (RAG documents,
 objects of strings such as ``{"title", "text"}``, Transformers' ``documents=``), and ``chat_template_kwargs``,
-less the names asyncdp sets itself. The template is the server's (the tokenizer's, or ``--chat-template``), or
+less the names asyncdp sets itself, with a chat request's ``reasoning_effort`` over them (``template_kwargs``). The template is the server's (the tokenizer's, or ``--chat-template``), or
 the request's ``chat_template`` with ``--trust-request-chat-template`` (:mod:`asyncdp.api.request_templates`).
 A template that fails is the client's 400: naming ``chat_template`` when the request brought it, else
 ``chat_template_kwargs`` when the template renders the same request without them, else ``messages``.
@@ -29,6 +29,19 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 })
 
 
+def template_kwargs(req: ChatRequest | TokenizeChat) -> dict[str, Any]:
+    """``chat_template_kwargs`` with the request's ``reasoning_effort``, as vLLM merges them: a set effort
+    replaces theirs, and sets ``enable_thinking`` (false for ``"none"``) unless they do (templates that default
+    to no thinking, as Gemma 4's, need the switch; the reasoning parsers read the same)."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    effort = getattr(req, "reasoning_effort", None)  # (chat requests only, as in vLLM)
+    if effort is not None:
+        if "enable_thinking" not in kwargs:
+            kwargs["enable_thinking"] = effort != "none"
+        kwargs["reasoning_effort"] = effort
+    return kwargs
+
+
 def render_prompt(
     state: AppState, req: ChatRequest | TokenizeChat, tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[int]]:
@@ -44,7 +57,7 @@ def render_prompt(
                         param="continue_final_message")
     continue_final = bool(req.continue_final_message)
     add_generation = (not continue_final) if req.add_generation_prompt is None else req.add_generation_prompt
-    extra = req.chat_template_kwargs or {}
+    extra = template_kwargs(req)
     reserved = sorted(set(extra) & _RESERVED_TEMPLATE_KWARGS)
     if reserved:
         raise HTTPError(400, f"chat_template_kwargs may not set {', '.join(reserved)}.",
@@ -64,21 +77,22 @@ def render_prompt(
         if own is not None:
             raise HTTPError(400, f"The request's chat_template failed: {type(exc).__name__}: {exc}",
                             param="chat_template") from None
-        raise _template_error(exc, render, extra, fixed) from None
+        named = "chat_template_kwargs" if req.chat_template_kwargs else "reasoning_effort"
+        raise _template_error(exc, render, extra, fixed, named) from None
     add_special = bool(req.add_special_tokens)  # the template already holds the special tokens
     return messages, tok.encode(text, add_special_tokens=add_special)
 
 
-def _template_error(exc: Exception, render: Any, extra: dict[str, Any], fixed: dict[str, Any]) -> HTTPError:
-    """The 400 of the server's template that failed: it names ``chat_template_kwargs`` when the template renders
-    the same request without them (a variable of the wrong type, a function replaced by a value), else
-    ``messages``."""
+def _template_error(exc: Exception, render: Any, extra: dict[str, Any], fixed: dict[str, Any],
+                    named: str) -> HTTPError:
+    """The 400 of the server's template that failed: it names ``chat_template_kwargs`` (or ``reasoning_effort``,
+    when that alone was given) when the template renders the same request without them (a variable of the wrong
+    type, a function replaced by a value, an effort the template raises on), else ``messages``."""
     if extra:
         try:
             render(**fixed)
         except Exception:
             pass
         else:
-            return HTTPError(400, f"The chat template failed with these chat_template_kwargs: {exc}",
-                             param="chat_template_kwargs")
+            return HTTPError(400, f"The chat template failed with the request's {named}: {exc}", param=named)
     return HTTPError(400, f"The chat template rejected the messages: {exc}", param="messages")

@@ -39,7 +39,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "mm_processor_kwargs": (),
     "modalities": (["text"],),
     "audio": (),
-    "reasoning_effort": (),
     "web_search_options": (),
     "verbosity": ("medium",),  # OpenAI's default; another would ask for shorter or longer answers
     "include_reasoning": (True, False),  # served by asyncdp.api.chat: false drops the reasoning parser's output

@@ -216,7 +216,8 @@ class ChatRequest(_Common, kw_only=True):
     modalities: list[str] | None = None
     audio: Json | None = None
     prediction: Json | None = None  # OpenAI's predicted output: a latency hint, the answer is the same without it
-    reasoning_effort: str | None = None
+    # vLLM's (and the openai client's) efforts: the chat template's ``reasoning_effort`` (asyncdp.api.chat_render)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     web_search_options: Json | None = None
     verbosity: str | None = None
     include_reasoning: bool | None = None
