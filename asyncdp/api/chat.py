@@ -19,7 +19,7 @@ from the token after the first ``</think>``; the tool calls are read from the co
 ``max_tokens`` (or ended by EOS) inside the thinking was never constrained: it is all reasoning.
 ``include_reasoning: false`` (vLLM's) drops the thinking, and the logprobs, which would show it. ``usage`` then
 has ``completion_tokens_details.reasoning_tokens`` (as vLLM): the thinking's tokens, tags left out, counted from
-each choice's token ids (:class:`~asyncdp.api.reasoning_parsers.ReasoningTokens`) and summed over the choices;
+each choice's token ids (:class:`~asyncdp.api.reasoning_tokens.ReasoningTokens`) and summed over the choices;
 0 when the request does not think; per choice so far in ``continuous_usage_stats``' chunks.
 ``truncate_prompt_tokens`` cuts the rendered prompt, ``return_token_ids`` adds the prompt's and each choice's token
 ids (withheld, as the logprobs are, when ``include_reasoning: false`` hides the thinking), and
@@ -29,6 +29,7 @@ ids (withheld, as the logprobs are, when ``include_reasoning: false`` hides the 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -64,7 +65,8 @@ from asyncdp.api.openai_format import (
 )
 from asyncdp.api.params import logit_bias, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
-from asyncdp.api.reasoning_parsers import ReasoningParser, ReasoningTokens, count_reasoning_tokens, split
+from asyncdp.api.reasoning_parsers import ReasoningParser, split
+from asyncdp.api.reasoning_tokens import ReasoningTokens, count_reasoning_tokens
 from asyncdp.api.request_ids import REQUEST_ID_HEADER, request_ids
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, decode_body
@@ -169,8 +171,16 @@ def _reasoning_tokens(state: AppState, prep: Prepared, choices: list[Choice]) ->
         return None
     if prep.thinker is None:
         return 0
-    start, end = state.reasoning_start_ids, state.reasoning_end_ids
-    return sum(count_reasoning_tokens(c.token_ids or (), start, end, prep.thinker.opens) for c in choices)
+    start, end, call = state.reasoning_start_ids, state.reasoning_end_ids, state.reasoning_call_ids
+    decode = _decoder(state)
+    return sum(count_reasoning_tokens(c.token_ids or (), start, end, prep.thinker.opens, call, decode)
+               for c in choices)
+
+
+def _decoder(state: AppState) -> Callable[[list[int]], str]:
+    """Token ids' text, special tokens kept: what follows a ``<tool_call>`` in the thinking's count."""
+    tok = state.client.tokenizer
+    return lambda ids: tok.decode(ids, skip_special_tokens=False)
 
 
 def _null_content(state: AppState, prep: Prepared) -> bool:
@@ -240,7 +250,8 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     cached = [0] * len(prep.seqs)  # each sequence's prefix-cache hit
 
     # with a reasoning parser: each choice's reasoning tokens, counted as they come (none when it does not think)
-    counts = [ReasoningTokens(state.reasoning_start_ids, state.reasoning_end_ids, prep.thinker.opens) for _ in prep.seqs] \
+    counts = [ReasoningTokens(state.reasoning_start_ids, state.reasoning_end_ids, prep.thinker.opens,
+                              state.reasoning_call_ids, _decoder(state)) for _ in prep.seqs] \
         if prep.thinker is not None else None
 
     def reasoning_tokens(index: int | None) -> int | None:  # (None: all the choices)

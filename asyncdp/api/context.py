@@ -50,6 +50,7 @@ class AppState:
     reasoning_tags_special: bool = False  # the tokenizer marks <think> or </think> special: keep them in the text
     reasoning_end_ids: tuple[int, ...] = ()  # </think>'s token ids: a constraint starts after them (start_after)
     reasoning_start_ids: tuple[int, ...] = ()  # <think>'s: with the end's, what usage's reasoning_tokens leaves out
+    reasoning_call_ids: tuple[int, ...] = ()  # qwen3's <tool_call>: a tool call that ends the thinking
     offload: Offload = field(default_factory=Offload)
     task_group: TaskGroup | None = None
     draining: bool = False

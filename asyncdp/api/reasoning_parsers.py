@@ -12,7 +12,11 @@ itself (Qwen3 up to the 2507 releases), so the output is read the way vLLM reads
 ``qwen3`` and ``deepseek_r1`` differ in one thing: with ``chat_template_kwargs: {"enable_thinking": false}``
 Qwen3's template closes an empty think block in the prompt, so the model's output is all content and ``qwen3``
 does not parse it (as vLLM, which sees from the prompt that the reasoning has ended). ``deepseek_r1`` has no such
-switch. vLLM's ``<tool_call>`` as an implicit end of reasoning (Qwen3.5's XML tool calls) is not built.
+switch. Qwen3.5 and Qwen3-Coder may call a tool while thinking, without ``</think>``: ``qwen3`` ends the reasoning
+at the first ``<tool_call>`` that whitespace and ``<function=`` (or ``<function `` ) follow, as vLLM, whether or not
+the request has tools; the call, ``<tool_call>`` included, is content, for the tool-call parser (``qwen3_coder``). A
+``<tool_call>`` followed by anything else (Hermes' JSON ``{...}``, as vLLM) stays reasoning, and so does one the
+answer ends before deciding. The earlier of the two ends counts; after it, a ``</think>`` is content.
 
 Other models' parsers, vLLM's of the same names, are the same machine with other tags and switches (a table of
 class attributes, :class:`ReasoningParser`): ``minimax_m2`` and ``seed_oss`` (``<seed:think>``) read as
@@ -26,15 +30,19 @@ fixed ids) and ``ernie45`` (a ``<response>`` wrapper) are not built.
 A constraint (structured outputs, a named or ``"required"`` tool choice) applies only after the thinking, as in
 vLLM: the API passes :func:`end_token_ids` as the grammar's ``start_after``, and the engine starts the grammar
 at the token after the first ``</think>`` it generates; the parsers then find the constrained text as content.
+A constrained answer whose thinking ends with a tool call is a limitation: the grammar still waits for ``</think>``
+(vLLM would start it inside the call), so the call is unconstrained content, and a later ``</think>`` too.
 
 A parser is sans-IO and incremental, as :mod:`asyncdp.api.tool_parsers`' are: :meth:`ReasoningParser.feed`
 takes the next piece of generated text and returns the reasoning and the content known by now; a tail that could
 begin a tag is held back until it cannot, and :meth:`ReasoningParser.finish` returns it at the end. A whole
 answer is the same parse fed in one piece, so a streamed answer and a whole one agree however the text was cut.
 
-:class:`ReasoningTokens` counts the same split in token ids, for ``usage.completion_tokens_details.reasoning_tokens``
+:class:`~asyncdp.api.reasoning_tokens.ReasoningTokens` counts the same split in token ids, for ``usage.completion_tokens_details.reasoning_tokens``
 (vLLM's ``count_reasoning_tokens``): the tokens of what the parser makes reasoning, the tags' own tokens left out
 (Granite's phrases found by the ids they have alone, which its "Here's" spelling does not match; vLLM counts none).
+``qwen3``'s tool-call end is found the same way: the tokens before a ``<tool_call>`` (its ids alone) that the decoded
+tokens after it confirm (``<function``) are reasoning, the call's are not.
 
 ``PARSERS`` is the registry, name -> class, that ``--reasoning-parser`` chooses from (its names are also
 :data:`asyncdp.config.choices.REASONING_PARSERS`, which a test keeps equal).
@@ -42,12 +50,15 @@ answer is the same parse fed in one piece, so a streamed answer and a whole one 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from asyncdp.api.tool_parser_base import partial_prefix
 
 START, END = "<think>", "</think>"
+CALL = "<tool_call>"  # qwen3: a tool call that ends the thinking (``calls``), when ``<function`` follows it
+_FUNCTION = "<function"
 BEFORE, THINKING, AFTER, PLAIN = range(4)  # a parser's state: before its opening tag (``opens``), inside, after
 
 
@@ -64,6 +75,7 @@ class ReasoningParser:
     ends: ClassVar[tuple[str, ...]] = (END,)
     opens: ClassVar[bool] = False
     anchored: ClassVar[bool] = False
+    calls: ClassVar[bool] = False  # a ``<tool_call>`` that ``<function`` follows ends the thinking (qwen3)
     # Tokens the format needs in the text: kept by detokenizing with skip_special_tokens false when the tokenizer
     # marks one special (asyncdp.api.tool_parser_base.tags_are_special), or they would be missing from the text.
     tags: ClassVar[tuple[str, ...]] = (START, END)
@@ -122,18 +134,24 @@ class ReasoningParser:
         """Inside the thinking: reasoning until the first closing tag; whether to go on."""
         buf = self._buf
         end, end_tag = _first(buf, self.ends)
+        call, held = find_call(buf) if self.calls else (-1, 0)
         start, start_tag = (-1, "") if self._opened else _first(buf, self.starts)
-        if start >= 0 and (end < 0 or start < end):
+        if start >= 0 and (end < 0 or start < end) and (call < 0 or start < call):
             reasoning.append(buf[:start])
             self._buf, self._opened = buf[start + len(start_tag):], True
             return True
+        if call >= 0 and (end < 0 or call < end):
+            reasoning.append(buf[:call])
+            content.append(buf[call:])  # (the call stays, for the tool-call parser)
+            self._buf, self._state = "", AFTER
+            return False
         if end >= 0:
             reasoning.append(buf[:end])
             content.append(buf[end + len(end_tag):])
             self._buf, self._state = "", AFTER
             return False
         tags = self.ends if self._opened else self.ends + self.starts
-        keep = max(partial_prefix(buf, tag) for tag in tags)
+        keep = max([held] + [partial_prefix(buf, tag) for tag in tags])
         reasoning.append(buf[:len(buf) - keep])
         self._buf = buf[len(buf) - keep:]
         return False
@@ -173,6 +191,7 @@ class Qwen3Parser(ReasoningParser):
     ``chat_template_kwargs: {"enable_thinking": false}``, when the output is all content."""
 
     name = "qwen3"
+    calls = True
 
     @classmethod
     def thinks(cls, template_kwargs: Mapping[str, Any]) -> bool:
@@ -264,66 +283,19 @@ PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (
     SeedOssParser, Step3Parser)}
 
 
-class ReasoningTokens:
-    """One choice's reasoning tokens, counted from its generated token ids as they come (``feed``), the way
-    :class:`ReasoningParser` splits its text: every token before the first end tag (an answer that never
-    writes it: every token) but those of the tag itself and of the first start tag before it, the model's own opening;
-    with ``opens`` (:attr:`ReasoningParser.opens`), only the tokens after the start tag (none without one).
-    The tags are found by their ids as the server's tokenizer encodes them alone (:func:`start_token_ids`,
-    :func:`end_token_ids`); a tail that could begin one is held until it cannot, and ``finish`` counts it."""
-
-    def __init__(self, start: Sequence[int], end: Sequence[int], opens: bool = False) -> None:
-        self._start, self._end = tuple(start), tuple(end)
-        self.count = 0
-        self._before = opens  # before the start tag, which the thinking needs: no count yet
-        self._thinking = True  # before the end tag
-        self._opened = opens  # the model's own start tag was left out (or is needed first)
-        self._held: list[int] = []  # while thinking: a tail that may begin a tag
-
-    def feed(self, token_ids: Sequence[int]) -> None:
-        if not self._thinking:
-            return
-        held = self._held
-        held.extend(token_ids)
-        if self._before:
-            start = _find(held, self._start)
-            if start < 0:
-                del held[:len(held) - _partial(held, self._start)]  # (content: not counted)
-                return
-            del held[:start + len(self._start)]
-            self._before = False
-        while True:
-            end = _find(held, self._end)
-            start = -1 if self._opened else _find(held, self._start)
-            if start >= 0 and (end < 0 or start < end):
-                self.count += start
-                del held[:start + len(self._start)]
-                self._opened = True
-                continue
-            if end >= 0:
-                self.count += end
-                held.clear()
-                self._thinking = False
-                return
-            keep = max(_partial(held, self._end), 0 if self._opened else _partial(held, self._start))
-            self.count += len(held) - keep
-            del held[:len(held) - keep]
-            return
-
-    def finish(self) -> int:
-        """The count, at the end of the answer: a partial tag that never completed is reasoning (content before
-        the start tag that ``opens`` needs)."""
-        self.count += 0 if self._before else len(self._held)
-        self._held.clear()
-        return self.count
+_CALL_ENDS = re.compile(re.escape(CALL) + r"\s*<function[\s=]")
 
 
-def count_reasoning_tokens(token_ids: Sequence[int], start: Sequence[int], end: Sequence[int],
-                           opens: bool = False) -> int:
-    """A whole answer's reasoning tokens (:class:`ReasoningTokens` fed in one piece)."""
-    counter = ReasoningTokens(start, end, opens)
-    counter.feed(token_ids)
-    return counter.finish()
+def find_call(text: str) -> tuple[int, int]:
+    """Where the first tool call that ends qwen3's thinking begins in ``text`` (-1: none), and how long a tail of
+    it could still begin one (a ``<tool_call>`` that only whitespace and a beginning of ``<function`` follow)."""
+    found = _CALL_ENDS.search(text)
+    at = text.find(CALL)
+    while at >= 0 and (found is None or at < found.start()):
+        if _FUNCTION.startswith(text[at + len(CALL):].lstrip()):
+            return -1, len(text) - at
+        at = text.find(CALL, at + 1)
+    return (found.start(), 0) if found is not None else (-1, partial_prefix(text, CALL))
 
 
 def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
@@ -334,28 +306,6 @@ def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
         if at >= 0 and (best < 0 or at < best or (at == best and len(tag) > len(found))):
             best, found = at, tag
     return best, found
-
-
-def _find(values: list[int], tag: tuple[int, ...]) -> int:
-    """Where ``tag`` first occurs in ``values``, or -1."""
-    if not tag:
-        return -1
-    i = -1
-    try:
-        while True:
-            i = values.index(tag[0], i + 1)
-            if tuple(values[i:i + len(tag)]) == tag:
-                return i
-    except ValueError:
-        return -1
-
-
-def _partial(values: list[int], tag: tuple[int, ...]) -> int:
-    """The length of the longest end of ``values`` that begins ``tag`` (shorter than the tag)."""
-    for k in range(min(len(tag) - 1, len(values)), 0, -1):
-        if tuple(values[-k:]) == tag[:k]:
-            return k
-    return 0
 
 
 def start_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Parser) -> tuple[int, ...]:
@@ -370,6 +320,11 @@ def end_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Pars
     answer that may think starts after these ids (``StructuredOutputs.start_after``); a model that spells the tag
     with other tokens (Granite's "Here's my response:", a phrase after other text) leaves its answer free."""
     return tuple(tokenizer.encode(parser.ends[0], add_special_tokens=False))
+
+
+def call_token_ids(tokenizer: Any, parser: type[ReasoningParser]) -> tuple[int, ...]:
+    """``<tool_call>`` as the tokenizer encodes it alone, for a parser a tool call ends (``calls``; else none)."""
+    return tuple(tokenizer.encode(CALL, add_special_tokens=False)) if parser.calls else ()
 
 
 def split(parser: ReasoningParser, text: str) -> tuple[str | None, str]:

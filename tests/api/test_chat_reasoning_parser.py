@@ -246,3 +246,22 @@ async def test_a_tool_choice_cut_inside_the_thinking_has_no_call_whole_or_stream
     assert choice["finish_reason"] == "length"
     deltas = deltas_of(streamed.text)
     assert not any("tool_calls" in d for d in deltas) and "".join(d.get("reasoning", "") for d in deltas) == "Hmm"
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+@pytest.mark.parametrize(("parser", "call", "calls"), [
+    ("qwen3_coder", "<tool_call>\n<function=get_time>\n</function>\n</tool_call>", ["get_time"]),
+    ("hermes", CALL, []),  # (vLLM's qwen3 ends the thinking only at a call that <function follows)
+])
+async def test_a_tool_call_written_while_thinking_ends_the_thinking_whole_and_streamed(
+        parser: str, call: str, calls: list[str]) -> None:
+    reply = "<think>I should call it" + call
+    body: Any = {"model": "fake-model", "messages": CHAT, "tools": TOOLS, "max_tokens": 200}
+    async with running(scripted(reply), tool_call_parser=parser, reasoning_parser="qwen3") as srv:
+        whole, accumulated = await whole_and_streamed(srv.openai(), body)
+    message = whole.choices[0].message
+    assert message.reasoning == ("I should call it" if calls else "I should call it" + call)  # type: ignore
+    assert [c.function.name for c in message.tool_calls or []] == calls
+    assert without_ids(accumulated.choices[0].message) == without_ids(message)
+    assert whole.usage.completion_tokens_details.reasoning_tokens == len(  # type: ignore[union-attr]
+        (message.reasoning or "").encode())  # (byte tokens)

@@ -13,11 +13,10 @@ import pytest
 
 from asyncdp.api.reasoning_parsers import (
     PARSERS,
-    ReasoningTokens,
-    count_reasoning_tokens,
     end_token_ids,
     start_token_ids,
 )
+from asyncdp.api.reasoning_tokens import ReasoningTokens, count_reasoning_tokens
 from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.testing import byte_tokenizer
 from tests.api.parser_feeds import fed, whole

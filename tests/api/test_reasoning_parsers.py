@@ -14,12 +14,11 @@ from asyncdp.api.reasoning_parsers import (
     DeepSeekR1Parser,
     Qwen3Parser,
     ReasoningParser,
-    ReasoningTokens,
-    count_reasoning_tokens,
     end_token_ids,
     split,
     start_token_ids,
 )
+from asyncdp.api.reasoning_tokens import ReasoningTokens, count_reasoning_tokens
 from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.config.flags import REASONING_PARSERS
 from asyncdp.testing import byte_tokenizer
@@ -156,3 +155,42 @@ def test_the_tags_are_the_tokenizers_own_encoding() -> None:
     assert (start_token_ids(tok), end_token_ids(tok)) == (tuple(byte_ids(START)), tuple(byte_ids(END)))
     tok.add_tokens([START, END])
     assert (start_token_ids(tok), end_token_ids(tok)) == ((256 + 3,), (256 + 4,))
+
+
+XML_CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n</function>\n</tool_call>"
+# qwen3 only: a tool call that whitespace and <function follow ends the thinking (vLLM's Qwen3.5 reading)
+CALL_CASES: dict[str, tuple[str, str, str]] = {
+    "a call ends the thinking": ("I should call it" + XML_CALL, "I should call it", XML_CALL),
+    "the model's own opening tag": ("<think>I should call it\n\n" + XML_CALL, "I should call it\n\n", XML_CALL),
+    "a Hermes JSON call stays reasoning": ('I should<tool_call>{"name": "f"}</tool_call>',
+                                           'I should<tool_call>{"name": "f"}</tool_call>', ""),
+    "a mention, then a call": ("say <tool_call> then<tool_call> <function=f>", "say <tool_call> then",
+                               "<tool_call> <function=f>"),
+    "cut before deciding: reasoning": ("a<tool_call>\n<functio", "a<tool_call>\n<functio", ""),
+    "</think> first wins": ("a</think>b" + XML_CALL, "a", "b" + XML_CALL),
+    "after the call, </think> is content": ("a" + XML_CALL + "</think>", "a", XML_CALL + "</think>"),
+}
+
+
+@pytest.mark.parametrize("name", CALL_CASES)
+def test_qwen3_ends_the_thinking_at_a_tool_call_whole_and_at_every_split(name: str) -> None:
+    text, reasoning, content = CALL_CASES[name]
+    assert whole(Qwen3Parser(), text) == (reasoning, content)
+    assert fed(Qwen3Parser(), list(text)) == (reasoning, content)
+    for cut in range(len(text) + 1):
+        assert fed(Qwen3Parser(), [text[:cut], text[cut:]]) == (reasoning, content), cut
+    if content.startswith("<tool_call>"):
+        assert whole(DeepSeekR1Parser(), text)[1] != content  # (only qwen3 reads it so)
+
+
+@pytest.mark.parametrize("name", CALL_CASES)
+def test_the_reasoning_tokens_stop_before_the_call_that_ended_the_thinking(name: str) -> None:
+    text, reasoning, _ = CALL_CASES[name]
+    call, decode = byte_ids("<tool_call>"), (lambda ids: bytes(ids).decode("utf-8", "replace"))
+    ids, expected = byte_ids(text), len(byte_ids(reasoning))
+    assert count_reasoning_tokens(ids, byte_ids(START), byte_ids(END), False, call, decode) == expected
+    for cut in range(len(ids) + 1):
+        counter = ReasoningTokens(byte_ids(START), byte_ids(END), False, call, decode)
+        counter.feed(ids[:cut])
+        counter.feed(ids[cut:])
+        assert counter.finish() == expected, cut
