@@ -31,7 +31,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "prompt_embeds": (),
     "logits_processors": ([],),
     "guided_decoding_backend": ("auto", "guidance", "llguidance"),  # the one backend asyncdp has
-    "guided_whitespace_pattern": (),
     "kv_transfer_params": (),
     "vllm_xargs": (),
     "store": (False,),

@@ -80,6 +80,7 @@ class StructuredOutputsBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=
     choice: Annotated[list[str], Meta(min_length=1)] | None = None
     grammar: Annotated[str, Meta(min_length=1)] | None = None
     json_object: bool | None = None
+    whitespace_pattern: str | None = None  # with json or json_object (asyncdp.api.structured)
 
 
 class _Common(msgspec.Struct, kw_only=True):

@@ -4,6 +4,10 @@
 A request names at most one source (two are a 400 naming both). The grammar is compiled here, before any
 sequence starts (``StructuredOutputs.validate``, cached by text), so a schema or regex the grammar library
 cannot compile is a 400 naming the request's own parameter, not an engine error after admission.
+
+``guided_whitespace_pattern`` (or ``structured_outputs.whitespace_pattern``, not both) becomes the constraint's
+``whitespace_pattern``: the whitespace allowed between a JSON constraint's tokens. With a regex, choice or grammar
+constraint, or none, it is ignored, as vLLM ignores it; a pattern the grammar library refuses is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ def _from_body(body: StructuredOutputsBody) -> StructuredOutputs:
     return StructuredOutputs(
         json_schema=None if body.json is None else _schema_text(body.json, "structured_outputs.json"),
         json_object=bool(body.json_object), regex=body.regex, choice=tuple(body.choice or ()),
-        grammar=body.grammar)
+        grammar=body.grammar, whitespace_pattern=body.whitespace_pattern)
 
 
 def structured_outputs(req: _Common) -> StructuredOutputs | None:
@@ -65,8 +69,16 @@ def structured_outputs(req: _Common) -> StructuredOutputs | None:
         raise HTTPError(400, f"give at most one structured-output constraint; got {', '.join(names)}.",
                         param=names[1])
     param, constraint = sources[0]
+    pattern_param = "structured_outputs" if constraint.whitespace_pattern is not None else param
+    if req.guided_whitespace_pattern is not None:
+        if constraint.whitespace_pattern is not None:
+            raise HTTPError(400, "give at most one whitespace pattern; got guided_whitespace_pattern and "
+                                 "structured_outputs.whitespace_pattern.", param="guided_whitespace_pattern")
+        pattern_param = "guided_whitespace_pattern"
+        constraint = msgspec.structs.replace(constraint, whitespace_pattern=req.guided_whitespace_pattern)
     try:
         constraint.validate()
     except InvalidSamplingParams as exc:
-        raise HTTPError(400, f"{param}: {exc}", param=param) from None
+        named = pattern_param if exc.field == "structured.whitespace_pattern" else param
+        raise HTTPError(400, f"{named}: {exc}", param=named) from None
     return msgspec.structs.replace(constraint, param=param)  # named again if the grammar fails mid-generation

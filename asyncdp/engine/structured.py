@@ -10,7 +10,8 @@ imports the engine. Templates are built under the same ``grammar_limits``.
 
 ``GrammarMatchers`` lives in the engine core. A rank compiles a request's grammar first, with ``prepare`` in a
 worker thread of its own (``asyncdp.engine.rank_grammar``), then ``add`` copies the template. ``add`` (called by ``EngineCore.add_request``) gives the request a
-matcher: a ``deep_copy`` of a compiled template cached by grammar text (so a repeated schema compiles once).
+matcher: a ``deep_copy`` of a compiled template cached by grammar text and whitespace pattern
+(``StructuredOutputs.grammar_key``; so a repeated schema compiles once).
 Per step, only when some live request has a matcher, ``token_masks`` fills one int32 bitmask row (bit t of row r:
 token t allowed) per sampled chunk that has one; the executor applies it to those rows' logits before sampling.
 After sampling, ``advance`` feeds the accepted token to the matcher and says whether the request must end:
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _MAX_TEMPLATES = 64
+_Key = tuple[str, str, str | None]  # StructuredOutputs.grammar_key(): what a template is compiled from
 
 
 class _MarkerWatch:
@@ -97,12 +99,12 @@ class GrammarMatchers:
         self.eos_token_ids = sorted(eos_token_ids)
         self._ll_tokenizer: Any = None
         self._building = threading.Lock()  # held while the tokenizer is built (by ``warm`` or a first grammar)
-        self._templates: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._templates: OrderedDict[_Key, Any] = OrderedDict()
         # Grammars compile in worker threads (``prepare``) while the execution thread copies templates (``add``):
         # the cache's get-then-move and insert-then-evict are one step each. A compile itself holds no lock.
         self._cache_lock = threading.Lock()
         self.matchers: dict[str, Any] = {}
-        self._origins: dict[str, tuple[tuple[str, str], Any]] = {}  # request id -> (key, template) it copies
+        self._origins: dict[str, tuple[_Key, Any]] = {}  # request id -> (key, template) it copies
         self._waiting: dict[str, _MarkerWatch] = {}  # request id -> its marker watch, until the grammar starts
 
     @classmethod
@@ -142,20 +144,20 @@ class GrammarMatchers:
         plain = llg.LLTokenizer(backend.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids, slices=[])
         return plain.with_slices(llg.LLTokenizer.general_slices())  # LLTokenizer's default slices, in a second call
 
-    def _cached(self, key: tuple[str, str]) -> Any:
+    def _cached(self, key: _Key) -> Any:
         with self._cache_lock:
             template = self._templates.get(key)
             if template is not None:
                 self._templates.move_to_end(key)
             return template
 
-    def _template(self, key: tuple[str, str]) -> Any:
+    def _template(self, key: _Key) -> Any:
         template = self._cached(key)
         if template is not None:
             return template
-        kind, text = key
+        kind, text, whitespace_pattern = key
         try:
-            grammar = grammar_text(kind, text)
+            grammar = grammar_text(kind, text, whitespace_pattern)
         except ValueError as exc:
             raise refuse_grammar(kind, str(exc)) from exc
         template = llguidance_module().LLMatcher(self._tokenizer(), grammar, log_level=0, limits=grammar_limits())
@@ -174,13 +176,13 @@ class GrammarMatchers:
     def prepare(self, structured: StructuredOutputs) -> None:
         """Build the tokenizer and compile the grammar's template now (InvalidSamplingParams if it does not
         compile), so that ``add`` only copies it."""
-        self._template(structured.kind())
+        self._template(structured.grammar_key())
 
     def add(self, request_id: str, structured: StructuredOutputs, *, compile_grammar: bool = True) -> bool:
         """Give ``request_id`` a fresh matcher for its grammar (InvalidSamplingParams if it does not compile).
         With ``compile_grammar=False`` only from a template ``prepare`` compiled: False (no matcher) when there is
         none (evicted since, or never compiled)."""
-        key = structured.kind()
+        key = structured.grammar_key()
         template = self._template(key) if compile_grammar else self._cached(key)
         if template is None:
             return False

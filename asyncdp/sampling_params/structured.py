@@ -28,7 +28,9 @@ from asyncdp.errors import InvalidSamplingParams
 
 INSTALL_HINT = "structured outputs need the 'llguidance' package on the server; install it with: pip install llguidance"
 # JSON is generated compact (no optional whitespace): small models otherwise loop on spaces and newlines.
-_JSON_OPTIONS = {"whitespace_flexible": False}
+_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+# The kinds a ``whitespace_pattern`` applies to (ignored with the others, as vLLM does).
+JSON_KINDS = ("json_schema", "json_object")
 # llguidance's parser limits for every compile, probe and matcher (``LLParserLimits``; the rest are the library's
 # defaults). The initial lexer fuel is a fifth of its default 1_000_000: a regex's counted repetition {n} takes
 # about 4n, so n up to ~50_000, JSON schemas of hundreds of properties and enums of thousands of values fit, and
@@ -91,12 +93,16 @@ def llguidance_module() -> Any:
     return llguidance
 
 
-def grammar_text(kind: str, text: str) -> str:
-    """The llguidance grammar of a ``StructuredOutputs.kind()`` pair (the engine's matchers compile the same)."""
+def grammar_text(kind: str, text: str, whitespace_pattern: str | None = None) -> str:
+    """The llguidance grammar of a ``StructuredOutputs.grammar_key()`` (the engine's matchers compile the same).
+    ``whitespace_pattern`` (JSON kinds only) is the regex of the whitespace allowed between JSON tokens: the
+    library's ``whitespace_pattern`` compile option, which replaces the compact default."""
     llg = llguidance_module()
     matcher = llg.LLMatcher
-    if kind in ("json_schema", "json_object"):
-        return str(matcher.grammar_from_json_schema(text, defaults=_JSON_OPTIONS))
+    if kind in JSON_KINDS:
+        options = _JSON_OPTIONS if whitespace_pattern is None else {
+            **_JSON_OPTIONS, "whitespace_pattern": whitespace_pattern}
+        return str(matcher.grammar_from_json_schema(text, defaults=options))
     if kind == "regex":
         return str(matcher.grammar_from_regex(text))
     if kind == "choice":
@@ -179,11 +185,11 @@ def probe_grammar(grammar: str) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def check_grammar(kind: str, text: str) -> str:
+def check_grammar(kind: str, text: str, whitespace_pattern: str | None = None) -> str:
     """The library's error message for this grammar, or "" when it compiles and passes the probe (cached by
-    text)."""
+    text and whitespace pattern)."""
     try:
-        grammar = grammar_text(kind, text)
+        grammar = grammar_text(kind, text, whitespace_pattern)
     except ValueError as exc:
         return str(exc)
     error = str(llguidance_module().LLMatcher.validate_grammar(grammar, limits=grammar_limits())).strip()
@@ -208,6 +214,10 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     advanced); from the next token the grammar applies from its start. The API sets it to a reasoning model's
     ``</think>`` (``--reasoning-parser``), so that the thinking stays free and the answer after it is constrained,
     as vLLM does. A request that ends before the sequence (EOS, ``max_tokens``) was never constrained.
+
+    ``whitespace_pattern`` (vLLM's, ``guided_whitespace_pattern`` over HTTP) qualifies a JSON constraint
+    (``json_schema``, ``json_object``): a regex of the whitespace allowed between JSON tokens (``""``: none; unset:
+    none either, JSON is generated compact). With the other kinds it is ignored, as vLLM's grammar backends do.
     """
 
     json_schema: str | None = None
@@ -217,6 +227,7 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     grammar: str | None = None
     param: str | None = None
     start_after: tuple[int, ...] = ()
+    whitespace_pattern: str | None = None
 
     def __post_init__(self) -> None:  # vLLM's shapes: a list of choices, a schema as a dict (its ``json=``)
         for name in ("choice", "start_after"):
@@ -238,9 +249,15 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
                 f"{[name for name, _ in given] or 'none'}.", field="structured")
         return given[0]
 
+    def grammar_key(self) -> tuple[str, str, str | None]:
+        """(field name, its text, whitespace pattern): what the grammar is compiled from (the pattern None where
+        it does not apply), so what caches compiled grammars key on."""
+        name, text = self.kind()
+        return name, text, self.whitespace_pattern if name in JSON_KINDS else None
+
     def validate(self) -> None:
         """Check that exactly one field is set and that the grammar library compiles it (cached by text)."""
-        for name in ("json_schema", "regex", "grammar", "param"):
+        for name in ("json_schema", "regex", "grammar", "param", "whitespace_pattern"):
             if not isinstance(getattr(self, name), str | None):
                 raise InvalidSamplingParams(f"structured.{name} must be a string"
                                             f"{' or a dict of JSON values' if name == 'json_schema' else ''}, got "
@@ -262,6 +279,12 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
             if not isinstance(schema, dict | bool):
                 raise InvalidSamplingParams("structured.json_schema must be a JSON object (a JSON schema).",
                                             field="structured.json_schema")
-        error = check_grammar(name, text)
+        pattern = self.grammar_key()[2]
+        if pattern is not None:  # checked alone first, so that its error names it
+            error = check_grammar("json_object", '{"type": "object"}', pattern)
+            if error:
+                raise InvalidSamplingParams(f"structured.whitespace_pattern is not a usable regex: {error}",
+                                            field="structured.whitespace_pattern")
+        error = check_grammar(name, text, pattern)
         if error:
             raise refuse_grammar(name, error)

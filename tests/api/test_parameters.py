@@ -169,7 +169,7 @@ async def test_chat_echo_prepends_only_an_assistant_final_message() -> None:
 REFUSED_EXAMPLES = {
     "tools": [{"type": "function", "function": {"name": "f"}}],
     "tool_choice": "required", "functions": [{"name": "f"}], "function_call": {"name": "f"}, "suffix": "x",
-    "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ",
+    "guided_decoding_backend": "xgrammar",
     "store": True, "service_tier": "flex",
 }
 

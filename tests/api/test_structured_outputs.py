@@ -33,6 +33,12 @@ CASES = [
     ({"structured_outputs": {"choice": ["a", "b"]}}, StructuredOutputs(choice=("a", "b"))),
     ({"structured_outputs": {"json": SCHEMA}}, StructuredOutputs(json_schema=json.dumps(SCHEMA))),
     ({"structured_outputs": {"regex": "a+"}}, StructuredOutputs(regex="a+")),
+    ({"guided_json": SCHEMA, "guided_whitespace_pattern": ""},
+     StructuredOutputs(json_schema=json.dumps(SCHEMA), whitespace_pattern="")),
+    ({"response_format": {"type": "json_object"}, "guided_whitespace_pattern": "[ ]?"},
+     StructuredOutputs(json_object=True, whitespace_pattern="[ ]?")),
+    ({"structured_outputs": {"json_object": True, "whitespace_pattern": " "}},
+     StructuredOutputs(json_object=True, whitespace_pattern=" ")),
 ]
 
 
@@ -63,6 +69,10 @@ async def test_text_response_format_asks_for_no_constraint() -> None:
     ({"structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs"),
     ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs"),
     ({"guided_choice": []}, "guided_choice"),
+    ({"guided_json": SCHEMA, "guided_whitespace_pattern": "("}, "guided_whitespace_pattern"),
+    ({"structured_outputs": {"json": SCHEMA, "whitespace_pattern": "[ "}}, "structured_outputs"),
+    ({"structured_outputs": {"json_object": True, "whitespace_pattern": ""}, "guided_whitespace_pattern": ""},
+     "guided_whitespace_pattern"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
     # compiles, but would exhaust the grammar library's limits at the first token: refused up front

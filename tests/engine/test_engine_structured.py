@@ -315,3 +315,33 @@ def test_start_after_round_trips_the_wire_codec_and_is_validated() -> None:
     with pytest.raises(InvalidSamplingParams) as err:
         after((-1,), regex="[0-9]").validate()
     assert err.value.field == "structured.start_after"
+
+
+WS_SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}, "b": {
+    "type": "array", "items": {"type": "integer"}}}, "required": ["a", "b"], "additionalProperties": False})
+SPACED = '{ "a" : 1 , "b" : [ 2 ] }'
+
+
+def test_a_whitespace_pattern_sets_the_whitespace_between_json_tokens_and_keys_the_compiled_grammar() -> None:
+    """Pattern "": no mask of the request ever allows a space (outside strings: the schema has none); pattern
+    " ": the spaced script passes whole. Same schema, both in one core: each gets its own compiled template."""
+    compact = '{"a":1,"b":[2]}'
+    core, ex = masking_core({"compact": [*encode(compact), EOS_ID], "spaced": [*encode(SPACED), EOS_ID]})
+    core.add_request("compact", encode("x"), params(json_schema=WS_SCHEMA, whitespace_pattern=""))
+    core.add_request("spaced", encode("x"), params(json_schema=WS_SCHEMA, whitespace_pattern=" "))
+    res = run_to_completion(core)
+    assert (res["compact"]["text"], res["compact"]["finish_reason"]) == (compact, "stop")
+    assert (res["spaced"]["text"], res["spaced"]["finish_reason"]) == (SPACED, "stop")
+    rows = [(rid, allowed) for m in ex.masks if m is not None for rid, allowed in zip(*m, strict=True)]
+    assert not any(ord(" ") in allowed for rid, allowed in rows if rid == "compact")
+    assert any(ord(" ") in allowed for rid, allowed in rows if rid == "spaced")
+    assert core._grammars is not None and len(core._grammars._templates) == 2
+
+
+def test_a_whitespace_pattern_is_ignored_with_a_regex_and_a_bad_one_is_refused_naming_it() -> None:
+    with_regex = StructuredOutputs(regex="[ab]+", whitespace_pattern="(")
+    assert with_regex.grammar_key() == ("regex", "[ab]+", None)
+    SamplingParams(structured=with_regex).validate()  # ignored, as vLLM ignores it
+    with pytest.raises(InvalidSamplingParams) as err:
+        SamplingParams(structured=StructuredOutputs(json_object=True, whitespace_pattern="(")).validate()
+    assert err.value.field == "structured.whitespace_pattern" and "unclosed group" in str(err.value)
