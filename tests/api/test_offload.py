@@ -84,9 +84,9 @@ async def test_a_small_request_with_a_grammar_is_checked_off_the_event_loop(path
     threads: list[int] = []
     check = sp.check_grammar
 
-    def recorded(kind: str, text: str) -> str:
+    def recorded(kind: str, text: str, whitespace_pattern: str | None = None) -> str:
         threads.append(threading.get_ident())
-        return check(kind, text)
+        return check(kind, text, whitespace_pattern)
 
     monkeypatch.setattr(sp, "check_grammar", recorded)
     fake, tok = recording_fake(max_model_len=256)
