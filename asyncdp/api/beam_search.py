@@ -29,16 +29,13 @@ import msgspec
 
 from asyncdp.api.context import AppState
 from asyncdp.api.engine_client import Admission, EngineClient, RankHint
-from asyncdp.api.fanout import Sequence
+from asyncdp.api.fanout import Sequence, collect_one
 from asyncdp.api.generate import check_num_sequences
 from asyncdp.api.openai_format import Choice
 from asyncdp.api.schemas import _Common
 from asyncdp.errors import HTTPError
 from asyncdp.messages import Logprob, RequestOutput, TokenLogprobs
 from asyncdp.sampling_params import MAX_LOGPROBS, SamplingParams
-
-# Upper bound on closing one step request early (its generator sends the abort), as in asyncdp.api.fanout.
-_ACLOSE_TIMEOUT_S = 5.0
 
 # Parameters beam search does not use -> the values that ask for nothing (null always does). The search ranks
 # the model's raw log-probabilities, so sampling parameters would change nothing: they are refused, not ignored.
@@ -275,19 +272,10 @@ class _Next:
 
 async def _next_token(client: EngineClient, request_id: str, ids: list[int], params: SamplingParams,
                       hint: RankHint | None, admission: Admission, key: str | None) -> _Next:
-    """One step request, run to its end; closing it early (cancelled, failed) aborts it on its engine."""
+    """One step request, run to its end; closing it early (cancelled, failed) aborts it on its engine
+    (``collect_one``). The step's admission is its owner's to release, once every beam's request started."""
     outs: list[RequestOutput] = []
-    outputs = client.generate(request_id, ids, params, rank_hint=hint, admission=admission, routing_key=key)
-    exhausted = False
-    try:
-        async for out in outputs:
-            outs.append(out)
-        exhausted = True
-    finally:
-        aclose = getattr(outputs, "aclose", None)
-        if aclose is not None and not exhausted:
-            with anyio.move_on_after(_ACLOSE_TIMEOUT_S, shield=True):
-                await aclose()
+    await collect_one(client, Sequence(0, request_id, ids, params), hint, outs.append, admission, key, release=False)
     logprobs = [lp for out in outs for lp in out.logprobs or ()]
     if not logprobs:
         raise RuntimeError(f"beam search step {request_id} ended without a token's logprobs")

@@ -105,19 +105,20 @@ class Fanout:
 
 async def collect_one(
     client: EngineClient, seq: Sequence, hint: RankHint | None, on_output: Callable[[RequestOutput], None],
-    admission: Admission | None = None, routing_key: str | None = None,
+    admission: Admission | None = None, routing_key: str | None = None, *, release: bool = True,
 ) -> int:
     """Iterate one sequence in the calling task, passing each output to ``on_output``; return the count.
 
     The generator is closed on the way out (shielded and bounded, as in the producers), which aborts an
-    unfinished request when the caller is cancelled or ``on_output`` raises; then ``admission`` is released."""
+    unfinished request when the caller is cancelled or ``on_output`` raises; then ``admission`` is released,
+    unless ``release`` is false (an admission shared with other sequences, which its owner releases)."""
     count = 0
     exhausted = False
     try:
         outputs = client.generate(seq.request_id, seq.prompt_token_ids, seq.params, rank_hint=hint,
                                   admission=admission, routing_key=routing_key)
     except BaseException:
-        if admission is not None:
+        if admission is not None and release:
             admission.release()
         raise
     try:
@@ -130,6 +131,6 @@ async def collect_one(
         if aclose is not None and not exhausted:
             with anyio.move_on_after(_ACLOSE_TIMEOUT_S, shield=True):
                 await aclose()
-        if admission is not None:
+        if admission is not None and release:
             admission.release()
     return count
