@@ -19,19 +19,12 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from hashlib import blake2b
 from typing import Any
 
 from asyncdp.errors import UnavailableError
+from asyncdp.sampling_params import salt_root
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-
-
-def salt_root(cache_salt: str) -> int:
-    """BLAKE2b-64 (personalised ``asyncdp-salt``) of the salt's UTF-8 bytes, read little-endian: the engine's
-    ``asyncdp.engine.block_manager.salt_root``, written twice because dp/ may not import the engine (tested equal)."""
-    digest = blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=8, person=b"asyncdp-salt").digest()
-    return int.from_bytes(digest, "little")
 
 
 # ---------------------------------------------------------------- request, snapshot, decision

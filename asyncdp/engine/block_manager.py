@@ -37,9 +37,9 @@ from hashlib import blake2b
 
 from asyncdp.engine.request import Request
 from asyncdp.errors import ConfigError
+from asyncdp.sampling_params import salt_root as root_of_salt
 
 ROOT_HASH = 0
-SALT_PERSON = b"asyncdp-salt"
 
 _structs: dict[int, struct.Struct] = {}
 
@@ -54,12 +54,9 @@ def hash_block_tokens(parent_hash: int, token_ids: Sequence[int]) -> int:
 
 
 def salt_root(cache_salt: str | None) -> int:
-    """The parent of a prompt's first block: ``ROOT_HASH`` unsalted, else BLAKE2b-64 (personalised, apart from
-    the block hashes) of the salt's UTF-8 bytes. ``asyncdp.dp.policy.salt_root`` is the same (tested)."""
-    if cache_salt is None:
-        return ROOT_HASH
-    digest = blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=8, person=SALT_PERSON).digest()
-    return int.from_bytes(digest, "little")
+    """The parent of a prompt's first block: ``ROOT_HASH`` unsalted, else the salt's own hash
+    (:func:`asyncdp.sampling_params.salt_root`, which the routing policies chain from too)."""
+    return ROOT_HASH if cache_salt is None else root_of_salt(cache_salt)
 
 
 def compute_block_hashes(token_ids: Sequence[int], block_size: int, parent_hash: int = ROOT_HASH) -> list[int]:

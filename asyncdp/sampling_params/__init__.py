@@ -11,6 +11,7 @@ uncompilable schema or regex is refused there too, naming ``structured.<field>``
 from __future__ import annotations
 
 import math
+from hashlib import blake2b
 from operator import attrgetter
 from typing import Any
 
@@ -35,6 +36,14 @@ MAX_PENALTY = 2.0
 # 0) turns the penalised logits into inf and the distribution into NaN. 1e-6 keeps logits / penalty finite.
 MIN_REPETITION_PENALTY = 1e-6
 MAX_LOGIT_BIAS = 100.0
+
+
+def salt_root(cache_salt: str) -> int:
+    """The hash a salted prompt's block hashes chain from (``cache_salt``): BLAKE2b-64, personalised apart from the
+    block hashes, of the salt's UTF-8 bytes, read little-endian. The engine's block manager and the routing policies'
+    predicted hits (``asyncdp.dp.policy.RequestView.root_hash``) both start from it."""
+    digest = blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=8, person=b"asyncdp-salt").digest()
+    return int.from_bytes(digest, "little")
 
 
 def sample_seed(seed: int | None, index: int) -> int | None:
