@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncdp.api.schemas import ChatRequest, CompletionRequest, _Common
 from asyncdp.errors import HTTPError
-from asyncdp.sampling_params import SamplingParams, StructuredOutputs, with_token_filters
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs, check_priority, with_token_filters
 
 
 def _bad(field: str, message: str) -> HTTPError:
@@ -134,8 +134,7 @@ def sampling_params(
     stop: tuple[str, ...] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if req.cache_salt is not None and not req.cache_salt:  # vLLM's check and message
         raise _bad("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
-    if req.priority and scheduling_policy != "priority":  # vLLM's check and message
-        raise _bad("priority", f"Got priority {req.priority} but Priority scheduling is not enabled.")
+    check_priority(scheduling_policy, req.priority or 0)  # (a 400 naming priority under fcfs, as vLLM)
     params = SamplingParams(
         n=1 if req.n is None else req.n,
         temperature=1.0 if req.temperature is None else req.temperature,

@@ -59,12 +59,11 @@ from asyncdp.engine.block_manager import BlockManager
 from asyncdp.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
 from asyncdp.engine.executor import Executor, ModelBatch, ScheduledChunk, StepResult
 from asyncdp.engine.request import Request, RequestStatus
-from asyncdp.engine.request_queue import check_priority
 from asyncdp.engine.scheduler import PauseMode, Scheduler
 from asyncdp.engine.structured import GrammarMatchers
 from asyncdp.errors import ConfigError, InvalidRequestError, PromptTooLongError
 from asyncdp.messages import RequestOutput, SchedulerStats, TokenLogprobs
-from asyncdp.sampling_params import SamplingParams, StructuredOutputs, with_token_filters
+from asyncdp.sampling_params import SamplingParams, StructuredOutputs, check_priority, with_token_filters
 from asyncdp.sampling_params.structured import grammar_failed
 
 

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from itertools import takewhile
 
 from asyncdp.engine.request import Request, RequestStatus
-from asyncdp.errors import InvalidRequestError
 
 
 def _is_preempted(req: Request) -> bool:
@@ -124,8 +123,3 @@ def make_waiting_queue(policy: str) -> WaitingQueue:
         return PriorityQueue()
     raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
 
-
-def check_priority(policy: str, priority: int) -> None:
-    """A request's ``priority`` other than 0 needs ``--scheduling-policy priority``: vLLM's refusal otherwise."""
-    if priority != 0 and policy != "priority":
-        raise InvalidRequestError(f"Got priority {priority} but Priority scheduling is not enabled.", field="priority")

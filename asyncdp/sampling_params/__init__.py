@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from asyncdp.errors import InvalidSamplingParams
+from asyncdp.errors import InvalidRequestError, InvalidSamplingParams
 from asyncdp.sampling_params.structured import StructuredOutputs
 from asyncdp.sampling_params.token_filters import MAX_NUM_BAD_WORDS, with_token_filters
 
@@ -44,6 +44,13 @@ def salt_root(cache_salt: str) -> int:
     predicted hits (``asyncdp.dp.policy.RequestView.root_hash``) both start from it."""
     digest = blake2b(cache_salt.encode("utf-8", "surrogatepass"), digest_size=8, person=b"asyncdp-salt").digest()
     return int.from_bytes(digest, "little")
+
+
+def check_priority(scheduling_policy: str, priority: int) -> None:
+    """A request's ``priority`` other than 0 needs ``--scheduling-policy priority``: vLLM's refusal otherwise (the
+    API server's 400, and the engine's for the offline ``LLM`` or a rank set up otherwise than its API server)."""
+    if priority != 0 and scheduling_policy != "priority":
+        raise InvalidRequestError(f"Got priority {priority} but Priority scheduling is not enabled.", field="priority")
 
 
 def sample_seed(seed: int | None, index: int) -> int | None:
