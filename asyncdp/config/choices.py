@@ -1,5 +1,6 @@
 """The fixed choices of ``asyncdp serve``'s flags, each a tuple of names (:mod:`asyncdp.config.flags` checks a
-flag's value against its tuple and re-exports them all; the argument parser lists them in its help)."""
+flag's value against its tuple and re-exports them all; the argument parser lists them in its help), and the
+defaults of the flags whose default is a number."""
 
 from __future__ import annotations
 
@@ -25,3 +26,17 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 ENGINE_CHOICES = {"executor": ("torch", "sim"), "dtype": ("auto", "float32", "bfloat16", "float16"),
                   "device": ("auto", "cpu", "cuda"), "scheduling_policy": SCHEDULING_POLICIES}
 MODES = ("single", "internal", "hybrid", "external", "headless", "multi-port")
+
+# Most sequences (prompts x max(n, best_of)) one HTTP request may start: --max-seqs-per-request.
+DEFAULT_MAX_SEQS_PER_REQUEST = 256
+# KV-cache blocks of the simulated executor (--executor sim) when --num-kv-blocks is not given.
+DEFAULT_SIM_KV_BLOCKS = 4096
+# --max-request-body-bytes by default: room for a max_model_len prompt written as JSON token ids or escaped
+# text (up to ~16 bytes a token), for a batch of such prompts, and never below 16 MiB.
+_BODY_BYTES_PER_TOKEN = 64
+_MIN_BODY_BYTES = 16 * 1024 * 1024
+
+
+def default_max_request_body_bytes(max_model_len: int) -> int:
+    """The default of ``--max-request-body-bytes``: 64 bytes per token of ``max_model_len``, at least 16 MiB."""
+    return max(_MIN_BODY_BYTES, _BODY_BYTES_PER_TOKEN * max_model_len)

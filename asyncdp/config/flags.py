@@ -30,6 +30,7 @@ from typing import Any
 from asyncdp.config.choices import (  # (defined there, importable from here as before)
     CHAT_TEMPLATE_CONTENT_FORMATS,
     DEFAULT_LB_POLICY,
+    DEFAULT_MAX_SEQS_PER_REQUEST,
     DP_BACKENDS,
     ENGINE_CHOICES,
     HTTP_BACKENDS,
@@ -38,24 +39,13 @@ from asyncdp.config.choices import (  # (defined there, importable from here as 
     REASONING_PARSERS,
     TOOL_CALL_PARSERS,
 )
+from asyncdp.config.choices import DEFAULT_SIM_KV_BLOCKS as DEFAULT_SIM_KV_BLOCKS
 from asyncdp.config.choices import MODES as MODES
+from asyncdp.config.choices import default_max_request_body_bytes as default_max_request_body_bytes
 from asyncdp.config.files import read_secret_file
 from asyncdp.errors import ConfigError
 
 DEFAULT_MODEL = "builtin:tiny-moe"
-# Most sequences (prompts x max(n, best_of)) one HTTP request may start: --max-seqs-per-request.
-DEFAULT_MAX_SEQS_PER_REQUEST = 256
-# KV-cache blocks of the simulated executor (--executor sim) when --num-kv-blocks is not given.
-DEFAULT_SIM_KV_BLOCKS = 4096
-# --max-request-body-bytes by default: room for a max_model_len prompt written as JSON token ids or escaped
-# text (up to ~16 bytes a token), for a batch of such prompts, and never below 16 MiB.
-_BODY_BYTES_PER_TOKEN = 64
-_MIN_BODY_BYTES = 16 * 1024 * 1024
-
-
-def default_max_request_body_bytes(max_model_len: int) -> int:
-    """The default of ``--max-request-body-bytes``: 64 bytes per token of ``max_model_len``, at least 16 MiB."""
-    return max(_MIN_BODY_BYTES, _BODY_BYTES_PER_TOKEN * max_model_len)
 
 
 @dataclass(frozen=True, slots=True)
