@@ -16,10 +16,14 @@ from collections.abc import Mapping
 
 from asyncdp.config.flags import EngineConfig
 
-# Every setting that must agree across MoE lockstep ranks, in the order E6 reports them.
+# Every setting that must agree across MoE lockstep ranks (and, through NodeHello and Hello, across every launch and
+# rank of any deployment), in the order E6 reports them. scheduling_policy is beyond spec §5.3's list: the API servers
+# check a request's priority against their own launch's --scheduling-policy, the engines schedule (and refuse) by
+# theirs, so a head and a node that disagree would accept a request on one side and refuse or reorder it on the other.
 CONFIG_SUMMARY_FIELDS = (
     "model", "dtype", "quantization", "dp_size", "tp_size", "pp_size", "enable_expert_parallel", "num_experts",
-    "dp_sync_interval", "prefill_schedule_interval", "max_model_len", "block_size", "protocol_version",
+    "dp_sync_interval", "prefill_schedule_interval", "max_model_len", "block_size", "scheduling_policy",
+    "protocol_version",
 )
 
 SummaryValue = str | int | bool
@@ -33,7 +37,8 @@ def parallel_config_summary(
 
     ``model_identity`` names the model and its revision (the caller decides how, e.g. a content hash of
     ``config.json`` plus the weight files' names and sizes). ``max_model_len`` is the resolved limit, not the
-    flag. dtype and block size come from ``engine``; quantization is always ``"none"`` in this build.
+    flag. dtype, block size and scheduling policy come from ``engine``; quantization is always ``"none"`` in this
+    build.
     """
     return {
         "model": str(model_identity),
@@ -48,6 +53,7 @@ def parallel_config_summary(
         "prefill_schedule_interval": int(prefill_schedule_interval),
         "max_model_len": int(max_model_len),
         "block_size": int(engine.block_size),
+        "scheduling_policy": str(engine.scheduling_policy),
         "protocol_version": int(protocol_version),
     }
 

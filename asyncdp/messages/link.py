@@ -14,7 +14,7 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 12  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+PROTOCOL_VERSION = 13  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
 # 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"; 6: the ranks' cache_fill
 # (SchedulerStats, RankStats, StatsSnapshot), StructuredOutputs.param, RankDraining, and the leaving flag at the end
 # of the MoE sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths);
@@ -24,6 +24,8 @@ PROTOCOL_VERSION = 12  # 2: PrefixClaim and PrefixOwner on the coordinator link;
 # from (ranks of different builds would derive different keys and fail the rendezvous on each other's values);
 # 11: SamplingParams.cache_salt in AddRequest (a rank of 10 would drop the salt and share its prompts' cached blocks)
 # 12: SamplingParams.priority in AddRequest (a rank of 11 would drop it and serve the request first come, first served)
+# 13: scheduling_policy in the configuration summary (NodeHello, Hello, Ready): a launch of 12 would be refused for
+# a scheduling_policy=<missing> instead of by its protocol version
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):

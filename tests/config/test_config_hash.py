@@ -30,18 +30,19 @@ def summary(engine: EngineConfig | None = None, **overrides: object) -> dict[str
 OTHER: dict[str, str | int | bool] = {
     "model": "builtin:tiny-moe@9999", "dtype": "float16", "quantization": "fp8", "dp_size": 8, "tp_size": 2,
     "pp_size": 2, "enable_expert_parallel": False, "num_experts": 16, "dp_sync_interval": 8,
-    "prefill_schedule_interval": 4, "max_model_len": 1024, "block_size": 32, "protocol_version": 99,
+    "prefill_schedule_interval": 4, "max_model_len": 1024, "block_size": 32, "scheduling_policy": "priority",
+    "protocol_version": 99,
 }
 
 
 def test_summary_holds_every_lockstep_setting_in_readable_form():
-    s = summary(EngineConfig(dtype="float16", block_size=32), tp_size=2, pp_size=1, sync_interval=16,
-                prefill_schedule_interval=3, max_model_len=2048)
+    s = summary(EngineConfig(dtype="float16", block_size=32, scheduling_policy="priority"), tp_size=2, pp_size=1,
+                sync_interval=16, prefill_schedule_interval=3, max_model_len=2048)
     assert tuple(s) == CONFIG_SUMMARY_FIELDS
     assert s == {
         "model": "builtin:tiny-moe@3f2a", "dtype": "float16", "quantization": "none", "dp_size": 4, "tp_size": 2,
         "pp_size": 1, "enable_expert_parallel": True, "num_experts": 8, "dp_sync_interval": 16,
-        "prefill_schedule_interval": 3, "max_model_len": 2048, "block_size": 32,
+        "prefill_schedule_interval": 3, "max_model_len": 2048, "block_size": 32, "scheduling_policy": "priority",
         "protocol_version": PROTOCOL_VERSION,
     }
 

@@ -7,7 +7,8 @@ group's rendezvous. A rank with another ``-dp`` then failed with a traceback (``
 does not match rank 1/3``), and one with another ``--dp-sync-interval`` joined the group and died of a mismatched
 gloo collective (``terminate called ... EnforceNotMet``, exit -6) while the group was torn down. Now the engine's
 ``Hello`` carries its launch's configuration and the head refuses it by field at once: both servers exit 1 within
-seconds, each naming the mismatch, without a traceback.
+seconds, each naming the mismatch, without a traceback. A headless node is checked the same way, at its
+``NodeHello``, before it starts an engine: one with another ``--scheduling-policy`` than the head's is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.multinode import head, start, wait_code
+from tests.e2e.multinode import head, headless, start, wait_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -48,3 +49,25 @@ async def test_a_rank_server_with_other_flags_is_refused_by_field_before_it_join
     assert re.search(f"startup failed: handshake with engine rank 1: {refusal}", rank0), logs
     for text in (rank0, rank1):
         assert "Traceback" not in text and "terminate called" not in text and "code -6" not in text, logs
+
+
+async def test_a_headless_node_with_another_scheduling_policy_is_refused_by_field(tmp_path: Path) -> None:
+    """An API-only head that accepts ``priority`` (its API servers check it against the head's flag) and a headless
+    node whose engines refuse it used to serve together (every ``priority: 5`` a 400 from the engine): now both exit
+    1 at the node's NodeHello, before any engine starts, naming the field (this node's value first)."""
+    dep = start(tmp_path, [head("-dp", "2", "-dpl", "0", "--scheduling-policy", "priority"),
+                           headless("-dp", "2", "-dpl", "2")])
+    try:
+        dep.remember_trees()
+        codes = [await wait_code(node, EXIT_WITHIN_S, dep) for node in dep.nodes]
+        left = dep.wait_gone(10.0)
+    finally:
+        dep.kill_all()
+    logs = dep.logs()
+    assert codes == [1, 1], logs
+    assert not left, logs
+    refusal = ("configuration mismatch: the headless node with ranks 0..1 (.*) differs from the head in "
+               "scheduling_policy=fcfs vs priority")
+    for node in dep.nodes:
+        assert re.search(refusal, node.log()), logs
+        assert "Traceback" not in node.log(), logs
