@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncdp.api.schemas import ChatRequest, CompletionRequest, _Common
+from asyncdp.api.schemas import ChatRequest, CompletionRequest, TokenizeChat, _Common
 from asyncdp.errors import HTTPError
 from asyncdp.sampling_params import SamplingParams, StructuredOutputs, check_priority, with_token_filters
 
@@ -43,6 +43,14 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "include_reasoning": (True, False),  # served by asyncdp.api.chat: false drops the reasoning parser's output
 }
 
+
+# Chat's prompt fields that vLLM's /tokenize does not take (its TokenizeChatRequest has neither), with what to do
+# instead. vLLM ignores them there; counting a prompt other than the chat request's would be silently wrong.
+TOKENIZE_REFUSED = {
+    "reasoning_effort": "render it with chat_template_kwargs, as {\"reasoning_effort\": ..., \"enable_thinking\": "
+                        "true} (false for \"none\"), which is what a chat request's reasoning_effort passes",
+    "documents": "a chat request's usage.prompt_tokens counts a prompt with them",
+}
 
 # Checked by asyncdp.api.tool_calls for chat requests instead.
 CHAT_TOOLS = frozenset({"tools", "tool_choice"})
@@ -79,6 +87,17 @@ def refuse_unsupported(req: _Common) -> None:
             raise _bad("stream_options", "stream_options is only allowed when stream is true.")
         if opts.continuous_usage_stats and not opts.include_usage:
             raise _bad("stream_options", "stream_options.continuous_usage_stats needs include_usage: true.")
+
+
+def refuse_unsupported_tokenize(req: TokenizeChat) -> None:
+    """400 for a ``/tokenize`` field that would render another prompt than asked: chat's fields vLLM's /tokenize
+    lacks (``TOKENIZE_REFUSED``) and, as for chat, ``mm_processor_kwargs``."""
+    for name, instead in TOKENIZE_REFUSED.items():
+        if getattr(req, name) is not None:
+            raise _bad(name, f"{name} is not a /tokenize parameter (vLLM's /tokenize takes none, so a count would "
+                             f"leave it out): {instead}.")
+    if not harmless("mm_processor_kwargs", req.mm_processor_kwargs):
+        raise _bad("mm_processor_kwargs", "mm_processor_kwargs is not supported by this server.")
 
 
 def prompts(req: CompletionRequest) -> list[str | list[int]]:

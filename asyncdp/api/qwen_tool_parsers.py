@@ -15,6 +15,8 @@ from asyncdp.api.tool_parser_base import ParsedCall, TaggedBlockParser
 _FUNCTION = re.compile(r"\s*<function=([^>]*)>(.*)</function>\s*", re.DOTALL)
 # a parameter runs to its closing tag, or (left unclosed) to the next parameter or the end, as vLLM's pattern reads
 _PARAMETER = re.compile(r"<parameter=(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
+_FUNCTION_END = "</function>"
+_NOT_IN_NAMES = frozenset("{}<>\"' \t\n\r")  # vLLM's _is_valid_function_name
 _STRING_TYPES = ("string", "str", "text", "varchar", "char", "enum")
 _INTEGER_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 _NULLS = ("null", "none")
@@ -22,14 +24,28 @@ _NULLS = ("null", "none")
 
 class Qwen3CoderParser(TaggedBlockParser):
     """``<tool_call><function=F><parameter=P>value</parameter>...</function></tool_call>`` blocks, values typed
-    by the tool's schema (see the module doc)."""
+    by the tool's schema (see the module doc), and the same ``<function=F>...</function>`` without the
+    ``<tool_call>`` around it (Qwen3-Coder often leaves it out) when ``F`` is one of the request's tools."""
 
     name = "qwen3_coder"
     START, END = "<tool_call>", "</tool_call>"
     tags = (START, END)
 
-    def _call(self, body: str) -> ParsedCall | None:
+    def blocks(self) -> dict[str, str]:
+        """``<tool_call>``'s blocks, and a bare ``<function=F>`` for each tool ``F`` whose name vLLM takes for a
+        function's (no whitespace, quotes, braces or angle brackets), closed by ``</function>``."""
+        bare = {f"<function={name}>": _FUNCTION_END for name in sorted(self.tool_names)
+                if name and not _NOT_IN_NAMES.intersection(name)}
+        return {self.START: self.END, **bare}
+
+    def trailer(self, opener: str) -> str:
+        """A bare call is often followed by the ``</tool_call>`` whose opening tag the model left out."""
+        return "" if opener == self.START else self.END
+
+    def _call(self, body: str, opener: str) -> ParsedCall | None:
         """The call a block describes: one function of the request's tools, its parameters typed; else None."""
+        if opener != self.START:  # a bare function: the block is the call's text
+            body = f"{opener}{body}{_FUNCTION_END}"
         match = _FUNCTION.fullmatch(body)
         if match is None or (name := match.group(1)) not in self.tool_names:
             return None

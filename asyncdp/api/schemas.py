@@ -230,10 +230,11 @@ class TokenizeCompletion(msgspec.Struct, kw_only=True):
     prompt: str
     model: str | None = None
     add_special_tokens: bool | None = None
+    return_token_strs: bool | None = None  # vLLM's: the answer's ``token_strs``, each token's string
 
 
 class TokenizeChat(msgspec.Struct, kw_only=True):
-    """``POST /tokenize`` with messages (vLLM's ``TokenizeChatRequest``)."""
+    """``POST /tokenize`` with messages (vLLM's ``TokenizeChatRequest``): rendered as a chat request's prompt."""
 
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     model: str | None = None
@@ -243,6 +244,11 @@ class TokenizeChat(msgspec.Struct, kw_only=True):
     chat_template_kwargs: Json | None = None
     chat_template: ChatTemplateSource | None = None  # as a chat request's (vLLM's TokenizeChatRequest has it)
     tools: list[ToolDefinition] | None = None  # rendered by the chat template, as for a chat request
+    return_token_strs: bool | None = None
+    mm_processor_kwargs: Json | None = None  # refused, as chat's (asyncdp.api.params)
+    # Chat's, not vLLM's /tokenize's: a 400 naming them (asyncdp.api.params.TOKENIZE_REFUSED)
+    reasoning_effort: Any = None
+    documents: Any = None
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):

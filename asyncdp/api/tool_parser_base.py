@@ -4,7 +4,9 @@ pieces a parser returns, its incremental interface, and the small text helpers o
 from __future__ import annotations
 
 import json
+import re
 import uuid
+from bisect import bisect_left
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -54,52 +56,101 @@ class ToolCallParser:
 
 
 class TaggedBlockParser(ToolCallParser):
-    """Calls in blocks between ``START`` and ``END`` tags (hermes, qwen3_coder): a block whose body ``_call``
-    makes a call is one, any other stays text verbatim, tags included. Outside a block, a tail that could begin
-    ``START`` is held back until it cannot; inside one, everything is held until ``END``. A last block that never
-    closed is a call when ``_call`` takes its body as it is, and text otherwise."""
+    """Calls in blocks between tags (hermes, qwen3_coder): ``START`` opens a block that ``END`` closes, and
+    :meth:`blocks` may name more openers, each with its closer. A block whose body ``_call`` makes a call is one,
+    any other stays text verbatim, tags included. Outside a block, a tail that could begin an opener is held back
+    until it cannot; inside one, everything is held until its closer. A last ``START`` block that never closed is
+    a call when ``_call`` takes its body as it is, and text otherwise (as is another opener's). After a call, its
+    opener's :meth:`trailer` (a closer the model may write again, whitespace before it allowed) is dropped."""
 
     START: ClassVar[str]
     END: ClassVar[str]
 
     def __init__(self, tool_names: Collection[str], parameters: Mapping[str, Any] | None = None) -> None:
         super().__init__(tool_names, parameters)
-        self._buf = ""  # outside a block: a tail that may begin START; inside: the block's text after START
-        self._in_block = False
-        self._searched = 0  # inside a block: END does not begin before this offset of _buf
+        self._closers = self.blocks()
+        self._openers = sorted(self._closers)
+        self._opener_at = re.compile("|".join(map(re.escape, self._openers)))
+        self._may_open = re.compile(f"[{re.escape(''.join({o[0] for o in self._openers}))}]")
+        self._longest = max(map(len, self._openers))
+        self._buf = ""  # outside a block: a tail that may begin an opener; inside: the block's text after it
+        self._opener = ""  # the open block's opener, "" outside a block
+        self._searched = 0  # inside a block: its closer does not begin before this offset of _buf
+        self._trailer = ""  # after a call: its opener's trailer, dropped when it comes next
+
+    def blocks(self) -> dict[str, str]:
+        """Each tag that opens a block, with the tag that closes it; no opener may begin another."""
+        return {self.START: self.END}
+
+    def trailer(self, opener: str) -> str:
+        """What a call opened by ``opener`` may be followed by and is dropped ("" for nothing)."""
+        return ""
 
     def feed(self, text: str) -> list[Piece]:
         self._buf += text
         out: list[Piece] = []
         while True:
-            if not self._in_block:
-                at = self._buf.find(self.START)
-                if at < 0:
-                    keep = partial_prefix(self._buf, self.START)
+            if not self._opener:
+                if self._trailer and not self._drop_trailer(out):
+                    return out
+                found = self._opener_at.search(self._buf)
+                if found is None:
+                    keep = self._held()
                     emit_text(out, self._buf[:len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep:]
                     return out
-                emit_text(out, self._buf[:at])
-                self._buf = self._buf[at + len(self.START):]
-                self._in_block, self._searched = True, 0
-            end = self._buf.find(self.END, self._searched)
+                emit_text(out, self._buf[:found.start()])
+                self._buf = self._buf[found.end():]
+                self._opener, self._searched = found.group(), 0
+            closer = self._closers[self._opener]
+            end = self._buf.find(closer, self._searched)
             if end < 0:
-                self._searched = max(0, len(self._buf) - len(self.END) + 1)
+                self._searched = max(0, len(self._buf) - len(closer) + 1)
                 return out
             body = self._buf[:end]
-            self._buf = self._buf[end + len(self.END):]
-            self._in_block = False
-            out.append(self._call(body) or f"{self.START}{body}{self.END}")
+            self._buf = self._buf[end + len(closer):]
+            opener, self._opener = self._opener, ""
+            call = self._call(body, opener)
+            if call is None:
+                out.append(f"{opener}{body}{closer}")
+            else:
+                out.append(call)
+                self._trailer = self.trailer(opener)
 
     def finish(self) -> list[Piece]:
-        rest, self._buf = self._buf, ""
-        if not self._in_block:
+        rest, self._buf, self._trailer = self._buf, "", ""
+        if not self._opener:
             return [rest] if rest else []
-        self._in_block = False
-        return [self._call(rest) or f"{self.START}{rest}"]
+        opener, self._opener = self._opener, ""
+        call = self._call(rest, opener) if opener == self.START else None
+        return [call or f"{opener}{rest}"]
 
-    def _call(self, body: str) -> ParsedCall | None:
-        """The call a block's body describes, or None when it is not one (then the block stays text)."""
+    def _held(self) -> int:
+        """The length of the longest tail of the text that begins an opener (what to hold back): the openers
+        beginning with a tail are a run of the sorted ones, found by bisection, as a parser may have many."""
+        for may in self._may_open.finditer(self._buf, max(0, len(self._buf) - self._longest + 1)):
+            tail = self._buf[may.start():]
+            at = bisect_left(self._openers, tail)
+            if at < len(self._openers) and self._openers[at].startswith(tail):
+                return len(tail)
+        return 0
+
+    def _drop_trailer(self, out: list[Piece]) -> bool:
+        """After a call: the whitespace that follows it is text, then the trailer, when it comes, is dropped.
+        False while the text may still be the trailer (it is held)."""
+        rest = self._buf.lstrip()
+        emit_text(out, self._buf[:len(self._buf) - len(rest)])
+        self._buf = rest
+        if rest.startswith(self._trailer):
+            self._buf = rest[len(self._trailer):]
+        elif not rest or self._trailer.startswith(rest):
+            return False
+        self._trailer = ""
+        return True
+
+    def _call(self, body: str, opener: str) -> ParsedCall | None:
+        """The call a block's body describes (the block was opened by ``opener``), or None when it is not one
+        (then the block stays text)."""
         raise NotImplementedError
 
 

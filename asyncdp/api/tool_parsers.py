@@ -68,7 +68,10 @@ tokenizers require. Held while streaming: a tail that may begin the token, a nam
 
 ``qwen3_coder``: ``hermes``'s blocks (:class:`asyncdp.api.tool_parser_base.TaggedBlockParser`) holding
 ``<function=NAME>`` ``<parameter=P>value</parameter>``... ``</function>``; each value is typed by the tool's
-``parameters`` schema as vLLM types it (:func:`asyncdp.api.qwen_tool_parsers.typed`).
+``parameters`` schema as vLLM types it (:func:`asyncdp.api.qwen_tool_parsers.typed`). Qwen3-Coder often leaves
+the ``<tool_call>`` out: a bare ``<function=NAME>...</function>`` is a call too when NAME is one of the request's
+tools (a ``</tool_call>`` right after it, whitespace between allowed, is dropped), and other text with
+``<function`` in it stays text; only ``<function=`` and a tool's name are held back while streaming.
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ class HermesParser(TaggedBlockParser):
     START, END = "<tool_call>", "</tool_call>"
     tags = (START, END)
 
-    def _call(self, body: str) -> ParsedCall | None:
+    def _call(self, body: str, opener: str) -> ParsedCall | None:
         """The call a block's JSON describes, or None when it is not one (then the block stays text)."""
         parsed = json_object(body)
         if parsed is None or (name := self.tool_named(parsed)) is None:

@@ -2,8 +2,9 @@
 ``POST /detokenize``, ``GET /version``, ``GET|POST /ping`` and ``GET /openapi.json``.
 
 Shapes follow vLLM's OpenAI server: ``/tokenize`` takes a ``prompt`` or ``messages`` (rendered by the chat
-template as for a chat request, its own ``chat_template`` with
-``--trust-request-chat-template``) and answers ``{"count", "max_model_len", "tokens"}``; ``/detokenize`` takes
+template as for a chat request, its own ``chat_template`` with ``--trust-request-chat-template``; chat's
+``reasoning_effort`` and ``documents``, which vLLM's ``/tokenize`` lacks, are a 400) and answers
+``{"count", "max_model_len", "tokens"}``, with ``token_strs`` under ``return_token_strs``; ``/detokenize`` takes
 ``{"tokens"}`` and answers ``{"prompt"}``; ``/ping`` is ``/health`` under SageMaker's name.
 """
 
@@ -29,19 +30,26 @@ class _TokenizeAny(msgspec.Struct, kw_only=True):
 
 def tokenize(state: AppState, body: bytes) -> dict[str, Any]:
     from asyncdp.api.chat_render import render_prompt
+    from asyncdp.api.params import refuse_unsupported_tokenize
     from asyncdp.api.tool_calls import template_tools
 
     which = decode_body(body, _TokenizeAny)
     if which.messages is not None:
         chat: TokenizeChat = decode_body(body, TokenizeChat)
         state.check_model(chat.model)
+        refuse_unsupported_tokenize(chat)
         _, tokens = render_prompt(state, chat, template_tools(chat.tools) if chat.tools else None)
+        token_strs = chat.return_token_strs
     else:
         req: TokenizeCompletion = decode_body(body, TokenizeCompletion)
         state.check_model(req.model)
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
         tokens = state.client.tokenizer.encode(req.prompt, add_special_tokens=add_special)
-    return {"count": len(tokens), "max_model_len": state.client.max_model_len, "tokens": tokens}
+        token_strs = req.return_token_strs
+    answer = {"count": len(tokens), "max_model_len": state.client.max_model_len, "tokens": tokens}
+    if token_strs:
+        answer["token_strs"] = state.client.tokenizer.convert_ids_to_tokens(tokens)
+    return answer
 
 
 def detokenize(state: AppState, body: bytes) -> dict[str, Any]:

@@ -23,7 +23,7 @@ TOOLS: Any = [
                                          "metric": {"type": "boolean"}}}}},
     {"type": "function", "function": {"name": "get_time"}},
 ]
-CASES = {  # parser: (reply, special tokens, content, calls)
+CASES = {  # parser (and what the case shows): (reply, special tokens, content, calls)
     "mistral": ('Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich", "days": 2}[TOOL_CALLS]get_time[ARGS]{}',
                 ["[TOOL_CALLS]", "[ARGS]"], "Checking.",
                 [("get_weather", '{"city": "Zürich", "days": 2}'), ("get_time", "{}")]),
@@ -31,6 +31,9 @@ CASES = {  # parser: (reply, special tokens, content, calls)
                     "<parameter=days>\n2\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n</function>\n"
                     "</tool_call>\n<tool_call><function=get_time></function></tool_call>", [], "OK.",
                     [("get_weather", '{"days": 2, "metric": true}'), ("get_time", "{}")]),
+    "qwen3_coder without <tool_call>": ("OK.\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n"
+                                        "</function>\n</tool_call>\n<function=get_time>\n</function>", [], "OK.",
+                                        [("get_weather", '{"days": 2}'), ("get_time", "{}")]),
     "llama4_pythonic": ('<|python_start|>[get_weather(city="Zürich", days=2), get_time()]<|python_end|> Checking.',
                         ["<|python_start|>", "<|python_end|>"], " Checking.",
                         [("get_weather", '{"city": "Zürich", "days": 2}'), ("get_time", "{}")]),
@@ -38,9 +41,10 @@ CASES = {  # parser: (reply, special tokens, content, calls)
 
 
 @pytest.mark.filterwarnings(STREAM_WARNING)
-@pytest.mark.parametrize("parser", list(CASES))
-async def test_auto_turns_the_calls_into_tool_calls_whole_and_streamed(parser: str) -> None:
-    reply, special, content, expected = CASES[parser]
+@pytest.mark.parametrize("case", list(CASES))
+async def test_auto_turns_the_calls_into_tool_calls_whole_and_streamed(case: str) -> None:
+    reply, special, content, expected = CASES[case]
+    parser = case.split()[0]
     tok = byte_tokenizer()
     if special:
         tok.add_special_tokens({"additional_special_tokens": special})  # as Mistral's and Llama 4's mark them

@@ -84,6 +84,10 @@ def coder(function: str, *params: tuple[str, str]) -> str:
     return f"<tool_call>\n<function={function}>\n{body}</function>\n</tool_call>"
 
 
+def bare(function: str, *params: tuple[str, str]) -> str:
+    return coder(function, *params).removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")
+
+
 def weather(**arguments: Any) -> ParsedCall:
     return ParsedCall("get_weather", json.dumps(arguments, ensure_ascii=False))
 
@@ -124,6 +128,32 @@ QWEN3_CODER_CASES: dict[str, tuple[str, str, list[ParsedCall]]] = {
                                            "<tool_call>\n<function=get_weather>\n<parameter=city>\nPa", []),
     "a partial tag at the end stays text": ("Hi <tool_c", "Hi <tool_c", []),
     "whitespace only": ("  \n", "  \n", []),
+    # Qwen3-Coder often leaves out the <tool_call> around a call: a bare <function=F> block of one of the tools
+    "a bare call": (bare("get_weather", ("city", "Paris")), "", [PARIS]),
+    "bare calls, text around": ("Checking.\n" + bare("get_weather", ("city", "Paris")) + "\n" + bare("get_time")
+                                + " Done.", "Checking.\n\n Done.", [PARIS, TIME]),
+    "a bare call and a wrapped one": (bare("get_time") + "\n" + coder("get_weather", ("city", "Paris")), "",
+                                      [TIME, PARIS]),
+    "a bare call's stray </tool_call> is the format's": (bare("get_time") + "\n</tool_call>\nDone.", "\n\nDone.",
+                                                         [TIME]),
+    "a bare call's </tool_call> right after it": (bare("get_time") + "</tool_call>", "", [TIME]),
+    "a bare call typed by the schema": (bare("get_weather", ("days", "3"), ("metric", "true")), "",
+                                        [weather(days=3, metric=True)]),
+    "prose about <function stays text": ("Write <function> or <function=name>, then </function>.",
+                                         "Write <function> or <function=name>, then </function>.", []),
+    "a bare block of an unknown function stays text": (bare("launch", ("x", "1")) + " ok",
+                                                       bare("launch", ("x", "1")) + " ok", []),
+    "a bare block of a tool's prefix stays text": ("<function=get_tim></function>", "<function=get_tim></function>",
+                                                   []),
+    "a bare block that does not parse stays text": ("<function=get_time><parameter=x</function>",
+                                                    "<function=get_time><parameter=x</function>", []),
+    "an unclosed bare block stays text": ("<function=get_weather>\n<parameter=city>\nPa",
+                                          "<function=get_weather>\n<parameter=city>\nPa", []),
+    "a </tool_call> after a bare block that is no call stays text": (
+        "<function=get_time><parameter=x</function></tool_call>",
+        "<function=get_time><parameter=x</function></tool_call>", []),
+    "a </tool_call> with no bare call before it stays text": ("Hi </tool_call>", "Hi </tool_call>", []),
+    "a partial bare tag at the end stays text": ("Hi <function=get_ti", "Hi <function=get_ti", []),
 }
 S, E = "<|python_start|>", "<|python_end|>"
 LLAMA4_CASES: dict[str, tuple[str, str, list[ParsedCall]]] = {
@@ -178,6 +208,16 @@ def test_mistral_holds_a_name_only_while_it_may_be_a_tools() -> None:
     assert auto.feed("GS]{}", False) == ("", [TIME])
     other = AutoToolCalls(MistralParser(NAMES))
     assert other.feed(T + "get_x", False) == (T + "get_x", [])  # no tool's name: released at once
+
+
+def test_qwen3_coder_holds_a_bare_function_only_while_it_may_be_a_tools() -> None:
+    auto = AutoToolCalls(Qwen3CoderParser(NAMES))
+    assert auto.feed("Sure. <function=get_", False) == ("Sure.", [])
+    assert auto.feed("time>\n", False) == ("", [])
+    assert auto.feed("</function>", False) == ("", [TIME])
+    other = AutoToolCalls(Qwen3CoderParser(NAMES))
+    assert other.feed("Use <function=f", False) == ("Use <function=f", [])  # no tool's name: released at once
+    assert other.feed("oo> tags", False) == ("oo> tags", [])
 
 
 def test_qwen3_coder_without_the_schemas_keeps_values_as_strings() -> None:
