@@ -34,7 +34,7 @@ def template_kwargs(req: ChatRequest | TokenizeChat) -> dict[str, Any]:
     replaces theirs, and sets ``enable_thinking`` (false for ``"none"``) unless they do (templates that default
     to no thinking, as Gemma 4's, need the switch; the reasoning parsers read the same)."""
     kwargs = dict(req.chat_template_kwargs or {})
-    effort = req.reasoning_effort  # (always None for /tokenize, which refuses it, as vLLM's takes none)
+    effort = req.reasoning_effort
     if effort is not None:
         if "enable_thinking" not in kwargs:
             kwargs["enable_thinking"] = effort != "none"
@@ -68,7 +68,7 @@ def render_prompt(
     if own is not None:
         render = partial(render, chat_template=own.source)
     fixed: dict[str, Any] = {} if tools is None else {"tools": tools}
-    documents = req.documents  # (likewise)
+    documents = req.documents
     if documents is not None:
         fixed["documents"] = documents
     try:

@@ -17,7 +17,7 @@ import msgspec
 
 from asyncdp.api.chat_messages import TEXT_PARTS
 from asyncdp.api.context import AppState
-from asyncdp.api.params import CHAT_TOOLS, REFUSED, TOKENIZE_REFUSED
+from asyncdp.api.params import CHAT_TOOLS, REFUSED
 from asyncdp.api.response_schemas import chat_response_schemas
 from asyncdp.api.schemas import (
     ChatRequest,
@@ -114,9 +114,6 @@ def _components(state: AppState) -> dict[str, Any]:
         for field, allowed in REFUSED.items():  # (/tokenize renders a chat request's tools too)
             if field in props and not (name in ("ChatRequest", "TokenizeChat") and field in CHAT_TOOLS):
                 props[field] = {"enum": [None, *allowed], "description": "Not supported: only these values."}
-        if name == "TokenizeChat":
-            for field, instead in TOKENIZE_REFUSED.items():
-                props[field] = {"type": "null", "description": f"Chat's, not /tokenize's: {instead}."}
         if "prompt" in props and name == "CompletionRequest":
             props["prompt"] = prompt
         if "content" in props:

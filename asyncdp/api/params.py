@@ -44,14 +44,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
 }
 
 
-# Chat's prompt fields that vLLM's /tokenize does not take (its TokenizeChatRequest has neither), with what to do
-# instead. vLLM ignores them there; counting a prompt other than the chat request's would be silently wrong.
-TOKENIZE_REFUSED = {
-    "reasoning_effort": "render it with chat_template_kwargs, as {\"reasoning_effort\": ..., \"enable_thinking\": "
-                        "true} (false for \"none\"), which is what a chat request's reasoning_effort passes",
-    "documents": "a chat request's usage.prompt_tokens counts a prompt with them",
-}
-
 # Checked by asyncdp.api.tool_calls for chat requests instead.
 CHAT_TOOLS = frozenset({"tools", "tool_choice"})
 
@@ -90,12 +82,8 @@ def refuse_unsupported(req: _Common) -> None:
 
 
 def refuse_unsupported_tokenize(req: TokenizeChat) -> None:
-    """400 for a ``/tokenize`` field that would render another prompt than asked: chat's fields vLLM's /tokenize
-    lacks (``TOKENIZE_REFUSED``) and, as for chat, ``mm_processor_kwargs``."""
-    for name, instead in TOKENIZE_REFUSED.items():
-        if getattr(req, name) is not None:
-            raise _bad(name, f"{name} is not a /tokenize parameter (vLLM's /tokenize takes none, so a count would "
-                             f"leave it out): {instead}.")
+    """400 for a ``/tokenize`` field that would render another prompt than asked: as for chat,
+    ``mm_processor_kwargs``."""
     if not harmless("mm_processor_kwargs", req.mm_processor_kwargs):
         raise _bad("mm_processor_kwargs", "mm_processor_kwargs is not supported by this server.")
 

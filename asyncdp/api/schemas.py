@@ -246,9 +246,10 @@ class TokenizeChat(msgspec.Struct, kw_only=True):
     tools: list[ToolDefinition] | None = None  # rendered by the chat template, as for a chat request
     return_token_strs: bool | None = None
     mm_processor_kwargs: Json | None = None  # refused, as chat's (asyncdp.api.params)
-    # Chat's, not vLLM's /tokenize's: a 400 naming them (asyncdp.api.params.TOKENIZE_REFUSED)
-    reasoning_effort: Any = None
-    documents: Any = None
+    # Chat's, beyond vLLM's /tokenize (which ignores them): rendered as a chat request renders them, so the count is
+    # the chat request's prompt_tokens
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    documents: list[dict[str, str]] | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):

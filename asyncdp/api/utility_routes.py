@@ -2,8 +2,9 @@
 ``POST /detokenize``, ``GET /version``, ``GET|POST /ping`` and ``GET /openapi.json``.
 
 Shapes follow vLLM's OpenAI server: ``/tokenize`` takes a ``prompt`` or ``messages`` (rendered by the chat
-template as for a chat request, its own ``chat_template`` with ``--trust-request-chat-template``; chat's
-``reasoning_effort`` and ``documents``, which vLLM's ``/tokenize`` lacks, are a 400) and answers
+template as for a chat request, its own ``chat_template`` with ``--trust-request-chat-template``, and chat's
+``reasoning_effort`` and ``documents``, which vLLM's ``/tokenize`` ignores, so that the count is the chat
+request's ``prompt_tokens``) and answers
 ``{"count", "max_model_len", "tokens"}``, with ``token_strs`` under ``return_token_strs``; ``/detokenize`` takes
 ``{"tokens"}`` and answers ``{"prompt"}``; ``/ping`` is ``/health`` under SageMaker's name.
 """
