@@ -40,6 +40,13 @@ async def _complete(http: httpx.AsyncClient, prompt: str, **body: object) -> dic
     return r.json()
 
 
+async def _until_running(base_url: str, num: int) -> None:
+    """Until the ranks run ``num`` requests between them, by their gauge (polling another process; the caller's
+    deadline bounds it): a fixed sleep instead would be too short on a loaded machine, or too long elsewhere."""
+    while sum(per_engine(await read_metrics(base_url), "vllm:num_requests_running").values()) < num:  # noqa: ASYNC110
+        await anyio.sleep(0.05)
+
+
 async def test_100_requests_finish_balanced_and_the_group_pauses_within_5s(moe: Server) -> None:
     before = await successes(moe.base_url)
     results: list[dict] = []
@@ -110,7 +117,7 @@ async def test_pause_abort_ends_requests_with_abort_and_resume_serves_again(moe:
             async with anyio.create_task_group() as tg:
                 for i in range(4):
                     tg.start_soon(long, i)
-                await anyio.sleep(1.0)
+                await _until_running(moe.base_url, 4)  # every one is on a rank before the pause aborts them
                 r = await http.post("/pause", params={"mode": "abort"})
                 assert r.status_code == 200, r.text
             assert reasons == ["abort"] * 4
@@ -157,8 +164,9 @@ async def test_sigkill_of_one_rank_brings_the_deployment_down_within_5s(moe: Ser
 
         async def in_flight(i: int) -> None:
             try:
+                # within the model's 512-token context: a longer request is refused (400) and never runs
                 r = await http.post("/v1/completions", json={"model": MOE, "prompt": f"doomed {i}",
-                                                             "max_tokens": 2000, "ignore_eos": True})
+                                                             "max_tokens": 500, "ignore_eos": True})
                 statuses.append(r.status_code)
             except httpx.TransportError:
                 statuses.append(-1)  # the server went away mid-request: also an error, never a hang
@@ -167,7 +175,7 @@ async def test_sigkill_of_one_rank_brings_the_deployment_down_within_5s(moe: Ser
             async with anyio.create_task_group() as tg:
                 for i in range(4):
                     tg.start_soon(in_flight, i)
-                await anyio.sleep(1.0)
+                await _until_running(server.base_url, 4)  # every one is in flight on a rank when it is killed
                 server.remember_tree()
                 killed_at = time.monotonic()
                 os.kill(engine1, signal.SIGKILL)
@@ -176,4 +184,5 @@ async def test_sigkill_of_one_rank_brings_the_deployment_down_within_5s(moe: Ser
     assert code == 1
     assert gone_after < 5.0, gone_after
     assert statuses and all(s != 200 for s in statuses), statuses
+    assert set(statuses) <= {503, -1}, statuses  # cut off by the teardown, not refused before it
     assert not server.wait_gone(2.0)

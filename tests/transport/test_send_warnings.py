@@ -1,6 +1,7 @@
 """asyncio's ``socket.send() raised exception.`` flood after peers reset their connections (issue #12, item 13)."""
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
@@ -15,13 +16,15 @@ async def writes_after_a_reset(num_connections: int, writes_each: int) -> None:
     have not yet seen the disconnect does."""
     listener = socket.create_server(("127.0.0.1", 0))
     writers = []
-    for _ in range(num_connections):
-        _, writer = await asyncio.open_connection(*listener.getsockname())
-        peer, _ = listener.accept()
-        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        peer.close()  # RST
-        writers.append(writer)
-    await asyncio.sleep(0.05)
+    async with asyncio.timeout(5):
+        for _ in range(num_connections):
+            reader, writer = await asyncio.open_connection(*listener.getsockname())
+            peer, _ = listener.accept()
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            peer.close()  # RST
+            with contextlib.suppress(ConnectionResetError):
+                await reader.read()  # the transport has seen the reset (the handlers that write below have not)
+            writers.append(writer)
     for _ in range(writes_each):
         for writer in writers:
             writer.write(b"data: chunk\n\n")
