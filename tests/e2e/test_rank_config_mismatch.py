@@ -18,12 +18,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.multinode import head, headless, start, wait_code
+from tests.e2e.multinode import Deployment, head, headless, start, wait_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 MOE = "builtin:tiny-moe"
 EXIT_WITHIN_S = 60.0  # the refusal comes before any model is loaded: seconds on a loaded 2-core machine
+
+
+async def _both_exit_1(dep: Deployment) -> str:
+    """Wait for every node of ``dep`` to exit, assert each exited 1 and left no process behind; their logs."""
+    try:
+        dep.remember_trees()
+        codes = [await wait_code(node, EXIT_WITHIN_S, dep) for node in dep.nodes]
+        left = dep.wait_gone(10.0)
+    finally:
+        dep.kill_all()
+    logs = dep.logs()
+    assert codes == [1] * len(dep.nodes), logs
+    assert not left, logs
+    return logs
 
 
 @pytest.mark.parametrize(("flags", "field"), [
@@ -34,15 +48,7 @@ async def test_a_rank_server_with_other_flags_is_refused_by_field_before_it_join
         tmp_path: Path, flags: tuple[str, ...], field: str) -> None:
     dep = start(tmp_path, [head("-dp", "2", "--data-parallel-rank", "0", name="rank0"),
                            head(*flags, "--data-parallel-rank", "1", name="rank1")], model=MOE)
-    try:
-        dep.remember_trees()
-        codes = [await wait_code(node, EXIT_WITHIN_S, dep) for node in dep.nodes]
-        left = dep.wait_gone(10.0)
-    finally:
-        dep.kill_all()
-    logs = dep.logs()
-    assert codes == [1, 1], logs
-    assert not left, logs
+    logs = await _both_exit_1(dep)
     rank0, rank1 = (node.log() for node in dep.nodes)
     refusal = rf"configuration mismatch: engine rank 1 \(.*\) differs from the head in {re.escape(field)}"
     assert re.search(f"rank 1: the front-end refused the handshake: {refusal}", rank1), logs
@@ -57,15 +63,7 @@ async def test_a_headless_node_with_another_scheduling_policy_is_refused_by_fiel
     1 at the node's NodeHello, before any engine starts, naming the field (this node's value first)."""
     dep = start(tmp_path, [head("-dp", "2", "-dpl", "0", "--scheduling-policy", "priority"),
                            headless("-dp", "2", "-dpl", "2")])
-    try:
-        dep.remember_trees()
-        codes = [await wait_code(node, EXIT_WITHIN_S, dep) for node in dep.nodes]
-        left = dep.wait_gone(10.0)
-    finally:
-        dep.kill_all()
-    logs = dep.logs()
-    assert codes == [1, 1], logs
-    assert not left, logs
+    logs = await _both_exit_1(dep)
     refusal = ("configuration mismatch: the headless node with ranks 0..1 (.*) differs from the head in "
                "scheduling_policy=fcfs vs priority")
     for node in dep.nodes:
