@@ -15,11 +15,19 @@ admission for the step; leaving early (an error, the client's disconnect) closes
 which aborts it on its engine, so no request outlives the search. ``check_beam_search`` bounds the request:
 ``2 * n`` logprobs within ``MAX_LOGPROBS`` (n <= 10), ``prompts * n`` within ``--max-seqs-per-request``, and
 refuses, with a 400 naming it, what the search would ignore (sampling parameters, ``best_of``, structured outputs)
-and ``stream`` (as vLLM's completions route does).
+and, on the completions route, ``stream`` (as vLLM's completions route does).
+
+A streamed chat request (vLLM's chat route streams a search) gets its answer when the search ends, as vLLM sends
+it: ``stream_beam_search`` runs the search in the handler, like the non-streamed path (its errors keep their HTTP
+status; a client that leaves cancels it and its step requests are aborted), then serves each finished beam as one
+finished ``RequestOutput`` to the chat route's ordinary stream formatting: each choice's role chunk, then each beam
+whole in one chunk with its finish reason (and logprobs, token ids, ``continuous_usage_stats`` usage as asked), the
+usage chunk with ``include_usage``, ``[DONE]``.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,7 +37,7 @@ import msgspec
 
 from asyncdp.api.context import AppState
 from asyncdp.api.engine_client import Admission, EngineClient, RankHint
-from asyncdp.api.fanout import Sequence, collect_one
+from asyncdp.api.fanout import Item, Sequence, collect_one
 from asyncdp.api.generate import check_num_sequences
 from asyncdp.api.openai_format import Choice
 from asyncdp.api.schemas import _Common
@@ -46,15 +54,16 @@ IGNORED_BY_BEAM_SEARCH: dict[str, tuple[Any, ...]] = {
 }
 
 
-def check_beam_search(req: _Common, params: SamplingParams, num_prompts: int, limit: int) -> int:
+def check_beam_search(req: _Common, params: SamplingParams, num_prompts: int, limit: int, *,
+                      may_stream: bool = False) -> int:
     """The beams per prompt (``n``) of a ``use_beam_search`` request, after the checks that bound it; a request
-    without beam search may not set ``length_penalty``."""
+    without beam search may not set ``length_penalty``. ``may_stream``: the route streams a search (chat's)."""
     if not req.use_beam_search:
         if req.length_penalty is not None:
             raise HTTPError(400, "length_penalty is only used with use_beam_search: true.", param="length_penalty")
         return 0
     n = req.n or 1
-    if req.stream:
+    if req.stream and not may_stream:
         raise HTTPError(400, "Streaming is not currently supported with beam search (use_beam_search).",
                         param="stream")
     if 2 * n > MAX_LOGPROBS:
@@ -192,6 +201,32 @@ async def run_beam_search(state: AppState, seqs: list[Sequence], width: int, len
 
     await _all([job(seq) for seq in seqs])
     return [c for choices in found for c in choices]
+
+
+async def stream_beam_search(state: AppState, seqs: list[Sequence], width: int, length_penalty: float | None,
+                             hint: RankHint | None, key: str | None) -> tuple[Finished, Item]:
+    """``run_beam_search``, its choices served as a stream's items (``generate.start_stream``'s result): one
+    finished output per beam, carrying all of it."""
+    choices = await run_beam_search(state, seqs, width, length_penalty, hint, key)
+    items: list[Item] = [(c.index, RequestOutput(
+        request_id=seqs[c.index // width].request_id, new_token_ids=c.token_ids or [], new_text=c.text,
+        finished=True, finish_reason=c.finish_reason, stop_reason=c.stop_reason, logprobs=c.logprobs,
+        prompt_logprobs=c.prompt_logprobs, num_prompt_tokens=len(seqs[c.index // width].prompt_token_ids),
+        num_cached_tokens=c.num_cached_tokens)) for c in choices]
+    return Finished(items[1:]), items[0]
+
+
+class Finished:
+    """Items already in hand, received as a ``Fanout``'s are; nothing runs, so ``close`` only drops them."""
+
+    def __init__(self, items: list[Item]) -> None:
+        self._items = deque(items)
+
+    async def receive(self) -> Item | None:
+        return self._items.popleft() if self._items else None
+
+    def close(self) -> None:
+        self._items.clear()
 
 
 async def _all(jobs: list[Callable[[], Any]]) -> None:

@@ -23,7 +23,9 @@ each choice's token ids (:class:`~asyncdp.api.reasoning_tokens.ReasoningTokens`)
 0 when the request does not think; per choice so far in ``continuous_usage_stats``' chunks.
 ``truncate_prompt_tokens`` cuts the rendered prompt, ``return_token_ids`` adds the prompt's and each choice's token
 ids (withheld, as the logprobs are, when ``include_reasoning: false`` hides the thinking), and
-``return_tokens_as_token_ids`` names the logprobs' tokens by id (``asyncdp.api.token_ids``).
+``return_tokens_as_token_ids`` names the logprobs' tokens by id (``asyncdp.api.token_ids``). ``use_beam_search``
+streams too, as vLLM's chat route does (completions refuses it): the search runs before the response starts and
+each beam goes out whole, through the same chunks, when it ends (``asyncdp.api.beam_search.stream_beam_search``).
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ from typing import Any
 import msgspec
 from quart import Quart, Response, request
 
-from asyncdp.api.beam_search import check_beam_search, run_beam_search
+from asyncdp.api.beam_search import check_beam_search, run_beam_search, stream_beam_search
 from asyncdp.api.chat_messages import content_text
 from asyncdp.api.chat_render import render_prompt, template_kwargs
 from asyncdp.api.context import AppState, json_response
 from asyncdp.api.fanout import Sequence
 from asyncdp.api.generate import (
+    Items,
     best_choices,
     cached_prompt_tokens,
     check_length,
@@ -138,7 +141,7 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
     if echo and tools is not None and tools.calls:
         raise HTTPError(400, "echo cannot be combined with a tool_choice whose answer is tool calls.", param="echo")
-    beams = check_beam_search(req, params, 1, state.max_seqs_per_request)
+    beams = check_beam_search(req, params, 1, state.max_seqs_per_request, may_stream=True)  # (as vLLM's chat)
     request_id, engine_id = request_ids("chatcmpl", id_header, req.request_id)
     seqs = sequences(engine_id, [prompt_ids], params, 1 if beams else per_prompt)  # (beams: the search's start)
     per_prompt = beams or per_prompt
@@ -242,16 +245,21 @@ def register(app: Quart, state: AppState) -> None:
 
 async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None, created: int) -> Response:
     req, tok, model, request_id = prep.req, state.client.tokenizer, prep.model, prep.request_id
-    fan, first = await start_stream(state, prep.seqs, hint, key)
+    fan: Items
+    if req.use_beam_search:  # the search runs here; its beams come whole, once it ends (as vLLM streams them)
+        fan, first = await stream_beam_search(state, prep.seqs, prep.n, req.length_penalty, hint, key)
+    else:
+        fan, first = await start_stream(state, prep.seqs, hint, key)
+    num_choices = prep.per_prompt  # (one prompt: its sequences, or its beams)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
     num_prompt = len(prep.prompt.token_ids)
-    generated = [0] * len(prep.seqs)
-    cached = [0] * len(prep.seqs)  # each sequence's prefix-cache hit
+    generated = [0] * num_choices
+    cached = [0] * num_choices  # each choice's prefix-cache hit
 
     # with a reasoning parser: each choice's reasoning tokens, counted as they come (none when it does not think)
     counts = [ReasoningTokens(state.reasoning_start_ids, state.reasoning_end_ids, prep.thinker.opens,
-                              state.reasoning_call_ids, _decoder(state)) for _ in prep.seqs] \
+                              state.reasoning_call_ids, _decoder(state)) for _ in range(num_choices)] \
         if prep.thinker is not None else None
 
     def reasoning_tokens(index: int | None) -> int | None:  # (None: all the choices)
@@ -270,7 +278,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     # "auto" may answer calls alone, a thinker only think, whose content is null: "" here would make it "" in an
     # accumulated stream
     opening = {"role": "assistant", "content": None if _null_content(state, prep) else ""}
-    for i in range(len(prep.seqs)):
+    for i in range(num_choices):
         role_chunk = chat_chunk(request_id, created, model, i, dict(opening), include_usage=include_usage)
         if req.return_token_ids:  # (as vLLM: in each choice's first chunk)
             role_chunk["prompt_token_ids"] = prep.prompt.token_ids
@@ -278,9 +286,10 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
         if prep.echo:
             prologue.append(sse(with_usage(chat_chunk(request_id, created, model, i, {"content": prep.echo},
                                                       include_usage=include_usage), i)))
-    started = [False] * len(prep.seqs)
-    calls = [StreamedCalls(prep.tools) for _ in prep.seqs] if prep.tools is not None and prep.tools.calls else None
-    thoughts = [prep.thinker() for _ in prep.seqs] if prep.thinker is not None else None
+    started = [False] * num_choices
+    calls = [StreamedCalls(prep.tools) for _ in range(num_choices)] if prep.tools is not None and prep.tools.calls \
+        else None
+    thoughts = [prep.thinker() for _ in range(num_choices)] if prep.thinker is not None else None
 
     def events(index: int, out: RequestOutput) -> list[bytes]:
         generated[index] += len(out.new_token_ids)

@@ -15,7 +15,7 @@ request the engine or the server abandons is an error status (503 naming the cau
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
@@ -165,8 +165,16 @@ async def start_stream(state: AppState, seqs: list[Sequence], hint: Any,
     return fan, first
 
 
+class Items(Protocol):
+    """Where a stream's items come from: a ``Fanout``, or a finished beam search's (``beam_search.Finished``)."""
+
+    async def receive(self) -> Item | None: ...
+
+    def close(self) -> None: ...
+
+
 def stream_response(
-    fan: Fanout, first: Item, to_events: Callable[[int, RequestOutput], list[bytes]], prologue: list[bytes],
+    fan: Items, first: Item, to_events: Callable[[int, RequestOutput], list[bytes]], prologue: list[bytes],
     epilogue: Callable[[], list[bytes]],
 ) -> Response:
     async def body() -> AsyncIterator[bytes]:

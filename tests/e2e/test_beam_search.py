@@ -1,6 +1,7 @@
 """``use_beam_search`` through the official ``openai`` client against ``asyncdp serve builtin:tiny-dense`` (torch
 executor): each step is ordinary one-token requests through the DP client, and the answer is ``n`` distinct
-beams, best first, with ``usage`` counting the returned beams' tokens."""
+beams, best first, with ``usage`` counting the returned beams' tokens; chat streams the same beams at the end, and
+completions refuses ``stream`` (as vLLM's routes do)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,25 @@ async def test_beam_search_answers_n_distinct_beams_best_first(server: Server) -
     assert chat.usage is not None and chat.usage.completion_tokens == 10
 
 
-async def test_beam_search_with_stream_is_a_400_naming_stream(server: Server) -> None:
+async def test_chat_streams_the_same_beams_at_the_end(server: Server) -> None:
+    with anyio.fail_after(120):
+        async with server.openai() as client:
+            kwargs: dict = {"model": MODEL, "messages": CHAT, "n": 2, "max_tokens": 5,
+                            "extra_body": {"use_beam_search": True, "ignore_eos": True}}
+            whole = await client.chat.completions.create(**kwargs)
+            stream = await client.chat.completions.create(**kwargs, stream=True,
+                                                          stream_options={"include_usage": True})
+            chunks = [c async for c in stream]
+    texts, finish = ["", ""], [None, None]
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            finish[c.index] = finish[c.index] or c.finish_reason
+    assert texts == [c.message.content for c in whole.choices] and finish == ["length", "length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+async def test_completions_beam_search_with_stream_is_a_400_naming_stream(server: Server) -> None:
     async with server.openai() as client:
         with pytest.raises(openai.BadRequestError) as refused:
             await client.completions.create(model=MODEL, prompt="Hello", n=2, stream=True,
