@@ -125,10 +125,11 @@ def parse_options(items: Iterable[str]) -> dict[str, str]:
     return options
 
 
-def _workloads(ns: argparse.Namespace, seed: int, profile: Any) -> Iterator[Any]:
+def _workloads(ns: argparse.Namespace, seed: int, profile: Any) -> Iterator[tuple[str, Any]]:
+    """``(label, workload)`` for ``seed``: the label names it in the report (:func:`asyncdp.bench.workloads.label`)."""
     from asyncdp.bench.records import BLOCK_SIZE, DEFAULT_MAX_MODEL_LEN
     from asyncdp.bench.trace import read_trace
-    from asyncdp.bench.workloads import build
+    from asyncdp.bench.workloads import build, label
 
     if ns.trace:
         # a trace's request must fit one sequence of the simulated engine: its max_model_len, or less where the
@@ -138,15 +139,16 @@ def _workloads(ns: argparse.Namespace, seed: int, profile: Any) -> Iterator[Any]
             limit = (profile.kv_blocks - 1) * BLOCK_SIZE
             why = (f"what profile {profile.name}'s KV cache holds: kv_blocks {profile.kv_blocks} less the scratch "
                    f"block, of {BLOCK_SIZE} tokens")
-        yield read_trace(ns.trace, ns.trace_block_size or TRACE_BLOCK, seed=seed, dp_size=ns.dp or 8,
-                         max_model_len=limit, why=why)
+        trace = read_trace(ns.trace, ns.trace_block_size or TRACE_BLOCK, seed=seed, dp_size=ns.dp or 8,
+                           max_model_len=limit, why=why)
+        yield trace.name, trace
         return
     options = parse_options(ns.option)
     for name in csv_items(ns.workload or ""):
         workload = build(name, ns.scale or DEFAULT_SCALE, seed, options)
         if not workload.records:  # (groups=0 and the like): an all-zero table would read as a result
             raise ConfigError(f"{name}: these options give no requests ({', '.join(ns.option or ()) or 'none'}).")
-        yield workload
+        yield label(name, options), workload
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -192,32 +194,31 @@ def _routing(ns: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
     robust: list[dict[str, Any]] = []
     logs: dict[tuple[str, str, int], Any] = {}
-    workloads = [(seed, w) for seed in seeds for w in _workloads(ns, seed, profile)]  # all checked before any run
-    check_workloads(ns, [w for _, w in workloads])
+    workloads = [(seed, *lw) for seed in seeds for lw in _workloads(ns, seed, profile)]  # all checked before any run
+    check_workloads(ns, [(name, w) for _, name, w in workloads])
     with Runner(jobs_at_once) as runner:
-        for seed, workload in workloads:
+        for seed, name, workload in workloads:  # name: the workload's label, preset included
             spec = ClusterSpec(ns.dp or workload.dp_size, profile, routers=ns.routers, lockstep=ns.lockstep,
                                telemetry=ns.telemetry, router_assign=ns.router_assign)
             r_sat = ns.r_sat
             if isinstance(workload.arrival, RelativeLadder):
                 if r_sat is None:
-                    print(f"asyncdp bench: {workload.name} seed {seed}: measuring R_sat (round_robin in closed loop)",
+                    print(f"asyncdp bench: {name} seed {seed}: measuring R_sat (round_robin in closed loop)",
                           file=sys.stderr, flush=True)
                     r_sat = measure_r_sat(workload, spec, seed, run=runner.run)
-                    print(f"asyncdp bench: {workload.name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)",
-                          file=sys.stderr)
-                r_sats[f"{workload.name}/{seed}"] = r_sat
-            check_span(workload, ns, r_sat)
+                    print(f"asyncdp bench: {name} seed {seed}: R_sat = {r_sat:.4g} req/s (measured)", file=sys.stderr)
+                r_sats[f"{name}/{seed}"] = r_sat
+            check_span(name, workload, ns, r_sat)
             resolved = resolve(workload, ns.rate_scale, r_sat)
             if ns.export_trace and seed == seeds[0]:
                 try:
-                    export_trace(ns.export_trace, resolved, spec.dp_size, ns.trace_block_size or TRACE_BLOCK)
+                    export_trace(ns.export_trace, name, resolved, spec.dp_size, ns.trace_block_size or TRACE_BLOCK)
                 except WriteFailed as exc:  # before the runs: nothing is lost
                     print(f"asyncdp bench: error: {exc}", file=sys.stderr)
                     return 1
-            hashes[f"{workload.name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
+            hashes[f"{name}/{seed}"] = blake2b(encode_workload(resolved), digest_size=8).hexdigest()
             rungs = _rungs(workload, resolved)
-            plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved))
+            plans.extend((seed, label, w, spec, rungs) for label, w in expand_sweep(resolved, name))
         # Every run at once (``--jobs`` at a time, each in its own process); the results are read in plan order.
         jobs: list[tuple[Future[Any], str, str, int, Any, Any, dict[str, set[int]], str | None]] = []
         total = len(plans) * (len(policies) + (2 if ns.robustness else 0))
@@ -287,7 +288,7 @@ def _routing(ns: argparse.Namespace) -> int:
         gate_rows.append(g7(timing, ns.candidate))
     else:
         gate_rows.append(("G7", "n/a", "decision time not measured (run with --decision-time)"))
-    print(report.tables(runs))
+    print(report.tables(runs, parse_options(ns.option)))
     print()
     print(pathology.table(runs))
     print()
@@ -304,7 +305,7 @@ def _routing(ns: argparse.Namespace) -> int:
               "profile_hash": profile_hash(profile), "telemetry": ns.telemetry, "routers": ns.routers,
               "router_assign": ns.router_assign, "lockstep": ns.lockstep, "rate_scale": ns.rate_scale, "policies": policies,
               "python": platform.python_version(), "trio": _trio_version(),
-              # what was run, as given: a run's "workload" label is the generator's name, without its preset
+              # what was run, as given: a run's "workload" label has the preset, not the other options
               "workloads": csv_items(ns.workload or ""), "trace": ns.trace, "options": parse_options(ns.option)}
 
     def plots() -> list[Path]:

@@ -116,17 +116,21 @@ def _check_applies(ns: argparse.Namespace) -> None:
                           "export them one at a time.")
 
 
-def check_workloads(ns: argparse.Namespace, workloads: list[Any]) -> None:
-    """The workloads built, before any run: no two with one label, and ``--r-sat`` and ``--rate-scale`` each
-    apply to one of them."""
+def check_workloads(ns: argparse.Namespace, labelled: list[tuple[str, Any]]) -> None:
+    """The workloads built, as ``(label, workload)``, before any run: no two of one generator, and ``--r-sat`` and
+    ``--rate-scale`` each apply to one of them."""
     from asyncdp.bench.arrivals import Closed, RelativeLadder
 
-    names = ", ".join(dict.fromkeys(w.name for w in workloads))
-    first = [w.name for w in workloads if w.seed == workloads[0].seed]
-    twice = [name for k, name in enumerate(first) if name in first[:k]]
-    if twice:  # (w3 and w3@ray_scaling were averaged together in one table, as if they were two seeds)
-        raise ConfigError(f"--workload {ns.workload}: two of these workloads report as {twice[0]}, and their runs "
-                          "would be mixed in one table; run them one at a time.")
+    workloads = [w for _, w in labelled]
+    names = ", ".join(dict.fromkeys(label for label, _ in labelled))
+    first = [(label, w.name) for label, w in labelled if w.seed == workloads[0].seed]
+    twice = [(seen, label) for k, (label, name) in enumerate(first) for seen, other in first[:k] if other == name]
+    if twice:  # (w3 and w3@ray_scaling were once averaged together in one "w3" table, as if they were two seeds)
+        seen, label = twice[0]
+        what = (f"{seen}, and their runs would be mixed in one table" if seen == label else
+                f"{seen} and {label}, two presets of one generator")
+        raise ConfigError(f"--workload {ns.workload}: two of these workloads report as {what}; run them one at a "
+                          "time.")
     if ns.r_sat is not None and not any(isinstance(w.arrival, RelativeLadder) for w in workloads):
         raise ConfigError(f"--r-sat does nothing here: no workload of this run ({names}) is on a relative ladder "
                           "(W2 at quick scale, W6, W7, W8, or arrival=ladder); leave it out.")
@@ -135,7 +139,7 @@ def check_workloads(ns: argparse.Namespace, workloads: list[Any]) -> None:
                           "whose clients send as their answers come (change its clients instead); leave it out.")
 
 
-def check_span(workload: Any, ns: argparse.Namespace, r_sat: float | None) -> None:
+def check_span(label: str, workload: Any, ns: argparse.Namespace, r_sat: float | None) -> None:
     """The last send time, once ``--rate-scale`` (and R_sat) are applied, within the simulator's limit on a run
     (:data:`~asyncdp.bench.records.DEADLINE_S`): a slower replay would stop there as a stalled run, after minutes
     of stepping through virtual hours (and a far one overflowed). A dispatcher (W4) sends its records at its rate:
@@ -150,7 +154,7 @@ def check_span(workload: Any, ns: argparse.Namespace, r_sat: float | None) -> No
         last_ms = max(last_ms, len(workload.records) / slowest * 1000.0)
     if not last_ms <= DEADLINE_S * 1000.0:
         given = f"--r-sat {r_sat:g} and " if ns.r_sat is not None and r_sat is not None else ""
-        raise ConfigError(f"{workload.name}: {given}--rate-scale {ns.rate_scale:g} would send its last request "
+        raise ConfigError(f"{label}: {given}--rate-scale {ns.rate_scale:g} would send its last request "
                           f"about {last_ms / 3.6e6:.4g} virtual hours after its first; the simulator stops a run after "
                           f"{DEADLINE_S / 3600:g} virtual hours (raise {'them' if given else 'it'}).")
 

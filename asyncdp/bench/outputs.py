@@ -14,16 +14,16 @@ from typing import Any
 __all__ = ["export_trace", "write_outputs"]
 
 
-def export_trace(path: str, resolved: Any, dp_size: int, block_size: int) -> None:
+def export_trace(path: str, label: str, resolved: Any, dp_size: int, block_size: int) -> None:
     """``--export-trace``: the workload with the send times its runs use (R_sat, ``--rate-scale`` and the replay
     speed applied), so that ``--trace`` of the file at the same ``--dp`` replays the same requests at the same
-    times; one line on stderr says how."""
+    times; one line on stderr, naming the workload by ``label``, says how."""
     from asyncdp.bench.files import write
     from asyncdp.bench.trace import MOONCAKE_BLOCK, encode_trace
 
     write("--export-trace", Path(path), encode_trace(resolved, block_size))
     size = f" --trace-block-size {block_size}" if block_size != MOONCAKE_BLOCK else ""
-    print(f"asyncdp bench: wrote {resolved.name} seed {resolved.seed} ({len(resolved.records)} requests) to {path}; "
+    print(f"asyncdp bench: wrote {label} seed {resolved.seed} ({len(resolved.records)} requests) to {path}; "
           f"replay it with --trace {path} --dp {dp_size}{size}", file=sys.stderr)
 
 

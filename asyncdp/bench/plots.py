@@ -2,7 +2,7 @@
 
 Everything is drawn from what one run already computed (the runs' entries, their event logs, the resolved
 workloads of the plan, the decision timings): nothing is simulated again. PNGs, ``<w>`` being the workload
-label made safe for a file name (``w4@16rps`` -> ``w4_16rps``):
+label made safe for a file name (``w4@16rps`` -> ``w4_16rps``, ``w8@pure_long`` -> ``w8_pure_long``):
 
 - ``ttft_cdf_<w>.png``: the TTFT CDF per policy, log x-axis, over the measured requests of every seed pooled;
 - ``load_heatmap_<w>.png``: per-rank load over time, a rank × time heatmap of outstanding requests (sent,
@@ -39,7 +39,7 @@ from asyncdp.bench.arrivals import Dispatch, Ladder, rung_indices
 from asyncdp.bench.files import write
 from asyncdp.bench.metrics import METRIC_KEYS, mean
 from asyncdp.bench.pathology import SAMPLE_S, completed, outstanding_samples
-from asyncdp.bench.report import REFERENCE_POLICY, aggregate
+from asyncdp.bench.report import REFERENCE_POLICY, aggregate, split_rung
 from asyncdp.bench.simulate import RunLog
 
 CSV_FIELDS = ("workload", "policy", "seed", "dp", "variant", *METRIC_KEYS, "ttft_floor_p99_s")
@@ -99,7 +99,7 @@ def heatmap_policies(runs: Sequence[dict[str, Any]], label: str, candidate: str)
 
 
 def load_points(plans: Iterable[Plan]) -> dict[str, list[tuple[str, float]]]:
-    """For each ladder workload (by label) and each rate sweep (by workload name): ``(entry label, offered
+    """For each ladder workload and each rate sweep (by workload label, preset included): ``(entry label, offered
     req/s)`` per rung or sweep rate, by increasing rate, the rate averaged over seeds (a relative ladder's
     R_sat is measured per seed). An entry label is a ``workload`` of the JSON runs. A rung whose requests all
     arrive in the warm-up (W2's first stage at full scale) measures nothing and is left out."""
@@ -114,7 +114,7 @@ def load_points(plans: Iterable[Plan]) -> dict[str, list[tuple[str, float]]]:
                     rate = arrival.rungs[index[min(ids)]][0]
                     rates.setdefault(label, {}).setdefault(f"{label}@{name}", []).append(rate)
         elif workload.sweep_rates_rps and isinstance(arrival, Dispatch):
-            rates.setdefault(workload.name, {}).setdefault(label, []).append(arrival.rate_rps)
+            rates.setdefault(split_rung(label)[0], {}).setdefault(label, []).append(arrival.rate_rps)
     return {base: sorted(((entry, mean(values)) for entry, values in points.items()), key=lambda p: p[1])
             for base, points in rates.items()}
 

@@ -1,9 +1,13 @@
 """The routing benchmark's report (spec routing-bench §6, gates of §3): tables, ratios to ``vllm``, gates, JSON.
 
-A *run* is one (workload, policy, seed) as a plain dict: ``workload`` (its label, e.g. ``w1`` or ``w4@8rps``),
-``policy``, ``seed``, ``dp``, ``metrics`` (:data:`~asyncdp.bench.metrics.METRIC_KEYS`) and ``counts``. The
-tables show, per workload, the mean over seeds of each metric per policy (± the spread, max − min, when there
-are several seeds), then each metric as a ratio to ``vllm``'s. A metric that no request measured (null in the
+A *run* is one (workload, policy, seed) as a plain dict: ``workload`` (its label), ``policy``, ``seed``, ``dp``,
+``metrics`` (:data:`~asyncdp.bench.metrics.METRIC_KEYS`) and ``counts``. A label is the generator's name, then the
+preset given (:func:`asyncdp.bench.workloads.label`), then, for an entry of one rung of a ladder or one rate of
+W4's sweep, the rung: ``w1``, ``w8@pure_long``, ``w2@0.85rsat``, ``w4@pressure@8rps``. A rung is a number and
+``rsat`` or ``rps`` and no preset is, so :func:`split_rung` tells the two apart; :func:`family` is the generator.
+The tables show, per workload, the mean over seeds of each metric per policy (± the spread, max − min, when there
+are several seeds), then each metric as a ratio to ``vllm``'s; their title also names the ``--option`` pairs the
+workloads were built with (in the JSON, the header's ``options``). A metric that no request measured (null in the
 JSON: every measured request failed, :func:`~asyncdp.bench.metrics.reported`) reads ``-``, and a line starting
 ``!!`` under the table names each run whose requests failed, how many and the first error (:func:`failures`).
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,9 +57,19 @@ _SHORT = {"ttft_mean_s": "ttft_mean", "ttft_p50_s": "ttft_p50", "ttft_p90_s": "t
           "prefix_hit_rate": "hit", "max_mean_load_ratio": "max/mean", "preemptions": "preempt"}
 
 
+_RUNG = re.compile(r"@([0-9][0-9.e+-]*(?:rsat|rps))$")  # (module docstring)
+
+
 def family(workload_label: str) -> str:
-    """``w4@8rps`` -> ``w4``."""
+    """The generator of an entry: ``w4@pressure@8rps`` -> ``w4``."""
     return workload_label.partition("@")[0]
+
+
+def split_rung(workload_label: str) -> tuple[str, str]:
+    """An entry's workload label and its rung (``""`` for a whole run): ``w4@pressure@8rps`` -> ``("w4@pressure",
+    "8rps")``, ``w8@pure_long`` -> ``("w8@pure_long", "")``."""
+    rung = _RUNG.search(workload_label)
+    return (workload_label, "") if rung is None else (workload_label[:rung.start()], rung.group(1))
 
 
 def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, tuple[float, float]]]]:
@@ -100,9 +115,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
-def tables(runs: Sequence[dict[str, Any]]) -> str:
-    """Per workload: the metrics table (policy × metric) and the ratio-to-vllm table."""
+def tables(runs: Sequence[dict[str, Any]], options: dict[str, str] | None = None) -> str:
+    """Per workload: the metrics table (policy × metric) and the ratio-to-vllm table; the title names ``options``
+    (``--option``: the label has the preset)."""
     out: list[str] = []
+    given = ", ".join(f"{k}={v}" for k, v in (options or {}).items() if k != "preset")
+    built = f" with {given}" if given else ""
     header = ["policy", *(_SHORT[k] for k in METRIC_KEYS)]
     for workload, by_policy in aggregate(runs).items():
         rows = []
@@ -110,7 +128,7 @@ def tables(runs: Sequence[dict[str, Any]]) -> str:
             rows.append([policy, *(_fmt(ms[k][0]) + (f"±{_fmt(ms[k][1])}" if ms[k][1] else "") if k in ms else "-"
                                    for k in METRIC_KEYS)])
         failed = failures(runs, workload)
-        out.append(f"== {workload} (mean over seeds; times in s)\n{_table(header, rows)}" +
+        out.append(f"== {workload}{built} (mean over seeds; times in s)\n{_table(header, rows)}" +
                    "".join(f"\n{line}" for line in failed))
         ref = by_policy.get(REFERENCE_POLICY)
         if ref is None:
@@ -152,7 +170,7 @@ def gates(runs: Sequence[dict[str, Any]], candidate: str = "asyncdp") -> list[tu
         ref = {k: v[0] for k, v in ps[REFERENCE_POLICY].items()} if REFERENCE_POLICY in ps else None
         others = {p: {k: v[0] for k, v in ms.items()} for p, ms in ps.items() if is_baseline(p, candidate)}
         if ref is not None and candidate != REFERENCE_POLICY:
-            rung = workload.partition("@")[2]
+            rung = split_rung(workload)[1]
             if (family(workload) in G1_WORKLOADS and (not rung.endswith("rsat") or rung == "0.7rsat")
                     and "ttft_p99_s" in ref):
                 lim = 0.5 * ref["ttft_p99_s"]

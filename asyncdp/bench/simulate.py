@@ -372,15 +372,14 @@ class _Driver:
             self._later_count -= 1
 
 
-def expand_sweep(workload: Workload) -> list[tuple[str, Workload]]:
-    """A workload with ``sweep_rates_rps`` (W4) as one workload per rate, each run on a fresh cluster."""
+def expand_sweep(workload: Workload, label: str = "") -> list[tuple[str, Workload]]:
+    """A workload with ``sweep_rates_rps`` (W4) as one workload per rate, each run on a fresh cluster, labelled
+    ``label`` (default: its name) and ``@<rate>rps`` (``w4@pressure@8rps``)."""
     if not workload.sweep_rates_rps or not isinstance(workload.arrival, Dispatch):
-        return [(workload.name, workload)]
-    out = []
-    for rate in workload.sweep_rates_rps:
-        arrival = msgspec.structs.replace(workload.arrival, rate_rps=rate)
-        out.append((f"{workload.name}@{rate:g}rps", msgspec.structs.replace(workload, arrival=arrival)))
-    return out
+        return [(label or workload.name, workload)]
+    return [(f"{label or workload.name}@{rate:g}rps",
+             msgspec.structs.replace(workload, arrival=msgspec.structs.replace(workload.arrival, rate_rps=rate)))
+            for rate in workload.sweep_rates_rps]
 
 
 def measure_r_sat(workload: Workload, spec: ClusterSpec, seed: int,

@@ -3,7 +3,8 @@
 ``WORKLOADS[name](scale, seed, options) -> Workload``; ``scale`` is ``quick`` (CI: dp 4), ``full`` (dp 8, the
 reference) or ``dp32`` (scale-out, where the spec defines one); ``options`` are the generator's knobs (its
 module docstring lists them), and ``preset`` selects a named variant. :func:`build` also takes
-``"name@preset"``. Every generator is deterministic per seed: the same arguments give byte-identical JSONL.
+``"name@preset"``, and :func:`label` names such a workload in ``bench routing``'s report. Every generator is
+deterministic per seed: the same arguments give byte-identical JSONL.
 
 | name | module | what |
 |---|---|---|
@@ -70,4 +71,13 @@ def build(spec: str, scale: str = "quick", seed: int = 1, options: Mapping[str, 
     return generator(scale, seed, opts)
 
 
-__all__ = ["SCALES", "WORKLOADS", "Generator", "build"]
+def label(spec: str, options: Mapping[str, Any] | None = None) -> str:
+    """How ``bench routing`` names the workload ``spec`` that :func:`build` makes with ``options``: the generator's
+    name and the preset given, as ``@preset`` or as option ``preset`` (``w8@pure_long``; ``w8`` without one). The
+    other options are not part of it (the report shows them beside it)."""
+    name, _, preset = spec.partition("@")
+    preset = preset or str((options or {}).get("preset", ""))
+    return f"{name.lower()}@{preset}" if preset else name.lower()
+
+
+__all__ = ["SCALES", "WORKLOADS", "Generator", "build", "label"]
