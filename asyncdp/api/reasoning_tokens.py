@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from asyncdp.api.reasoning_parsers import CALL, find_call
+from asyncdp.api.reasoning_parser_base import CALL, find_call
 
 
 class ReasoningTokens:

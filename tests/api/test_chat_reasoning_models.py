@@ -1,10 +1,10 @@
 """The other models' reasoning parsers through the API (``--reasoning-parser mistral``, ``granite``, ``glm45``,
-``kimi_k2``, ``minimax_m2``, ``seed_oss``, ``step3``), through the official ``openai`` client: the thinking in
+``kimi_k2``, ``minimax_m2``, ``seed_oss``, ``step3``, ``deepseek_v3``, ``ernie45``, ``hunyuan_a13b``), through the official ``openai`` client: the thinking in
 ``message.reasoning``, the rest in ``content``, a stream accumulated into the whole answer, ``reasoning_tokens``
 counted by each parser's tags, a constraint started after each parser's end tag, and the switches that turn the
 thinking off. The fake generates one token per character (the byte tokenizer: tags as their bytes).
 
-Before, these names were refused by ``create_app``."""
+Before, these names were refused by ``create_app`` (``deepseek_v3``, ``ernie45`` and ``hunyuan_a13b`` until later)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ REPLIES: dict[str, tuple[str, str | None, str | None]] = {
     "minimax_m2": ("Two and two.</think>It is 4.", "Two and two.", "It is 4."),
     "seed_oss": ("<seed:think>Two and two.</seed:think>It is 4.", "Two and two.", "It is 4."),
     "step3": ("Two and two.</think>It is 4.", "Two and two.", "It is 4."),
+    "ernie45": ("Two and two.\n</think>\n\n<response>\nIt is 4.\n</response>\n", "Two and two.\n", "\nIt is 4.\n"),
+    "hunyuan_a13b": ("<think>\nTwo and two.</think>\n<answer>\nIt is 4.\n</answer>", "Two and two.", "It is 4."),
 }
 
 
@@ -76,7 +78,8 @@ async def test_the_switch_turns_the_parse_off(name: str, kwargs: dict[str, Any])
 
 
 @pytest.mark.parametrize(("name", "end"), [("mistral", "[/THINK]"), ("seed_oss", "</seed:think>"),
-                                           ("granite", "Here is my response:"), ("step3", "</think>")])
+                                           ("granite", "Here is my response:"), ("step3", "</think>"),
+                                           ("ernie45", "</think>"), ("hunyuan_a13b", "</think>\n<answer>\n")])
 async def test_a_constraint_starts_after_each_parsers_end_tag(name: str, end: str) -> None:
     fake = FakeEngineClient(replies=lambda _prompt, _seed: f"x{end}{{}}")
     body = {"messages": CHAT, "response_format": {"type": "json_object"}}
@@ -96,3 +99,56 @@ async def test_glm45_without_thinking_constrains_the_whole_answer() -> None:
     assert r.status_code == 200, r.text
     params = fake.submitted[0][2]
     assert params.structured is not None and params.structured.start_after == ()
+
+
+HUNYUAN = "<think>\nTwo and two.\n</think>\n<answer>\nIt is 4.\n</answer>"
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+@pytest.mark.parametrize(("reply", "reasoning", "reasoning_tokens"), [
+    (HUNYUAN, "Two and two.", len("Two and two.\n")),  # the newline before </think>: one token more
+    ("<think>\n\n</think>\n<answer>\nIt is 4.\n</answer>", None, 1),  # (one token in Hunyuan's tokenizer: 0)
+])
+async def test_hunyuan_a13b_answers_whole_and_streamed(reply: str, reasoning: str | None,
+                                                       reasoning_tokens: int) -> None:
+    async with running(scripted(reply), reasoning_parser="hunyuan_a13b") as srv:
+        client = srv.openai()
+        whole = await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200)
+        async with client.chat.completions.stream(model="fake-model", messages=CHAT, max_tokens=200) as stream:
+            accumulated = await stream.get_final_completion()
+    message = whole.choices[0].message
+    assert (message.reasoning, message.content) == (reasoning, "It is 4.")  # type: ignore[attr-defined]
+    assert accumulated.choices[0].message.model_dump(exclude_none=True) == message.model_dump(exclude_none=True)
+    assert whole.usage is not None and whole.usage.completion_tokens_details is not None
+    assert whole.usage.completion_tokens_details.reasoning_tokens == reasoning_tokens
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+@pytest.mark.parametrize(("kwargs", "effort", "thinks"), [
+    (None, None, False), ({"thinking": True}, None, True), ({"enable_thinking": True}, None, True),
+    ({"thinking": False}, None, False), (None, "high", True), (None, "none", False),
+])
+async def test_deepseek_v3_thinks_only_when_asked(kwargs: dict[str, Any] | None, effort: str | None,
+                                                 thinks: bool) -> None:
+    reply = "<think>Two and two.</think>It is 4."
+    extra: dict[str, Any] = {"chat_template_kwargs": kwargs} if kwargs is not None else {}
+    if effort is not None:
+        extra["reasoning_effort"] = effort
+    fake = scripted(reply)
+    async with running(fake, reasoning_parser="deepseek_v3") as srv:
+        client = srv.openai()
+        body: Any = {"model": "fake-model", "messages": CHAT, "max_tokens": 200, "extra_body": extra}
+        whole = await client.chat.completions.create(**body)
+        async with client.chat.completions.stream(**body) as stream:
+            accumulated = await stream.get_final_completion()
+        r = await srv.http.post("/v1/chat/completions", json={
+            "messages": CHAT, "response_format": {"type": "json_object"}, **extra})
+    assert r.status_code == 200, r.text
+    message = whole.choices[0].message
+    expected = ("Two and two.", "It is 4.") if thinks else (None, reply)
+    assert (message.reasoning, message.content) == expected  # type: ignore[attr-defined]
+    assert accumulated.choices[0].message.model_dump(exclude_none=True) == message.model_dump(exclude_none=True)
+    assert whole.usage is not None and whole.usage.completion_tokens_details is not None
+    assert whole.usage.completion_tokens_details.reasoning_tokens == (len("Two and two.") if thinks else 0)
+    constraint = fake.submitted[-1][2].structured
+    assert constraint is not None and constraint.start_after == (tuple(b"</think>") if thinks else ())

@@ -3,7 +3,8 @@ HTTP: each text split whole, then fed in every split (each cut point, character 
 must reassemble the same split; the ``chat_template_kwargs`` switches; and the split counted in token ids
 (``ReasoningTokens``) with each parser's tags as a byte tokenizer encodes them.
 
-Before, only ``qwen3`` and ``deepseek_r1`` existed: these names were not in the registry."""
+Before, only ``qwen3`` and ``deepseek_r1`` existed: these names were not in the registry (``deepseek_v3``, ``ernie45``
+and ``hunyuan_a13b`` came later: before them, they were not either)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from tests.api.parser_feeds import fed, whole
 THOUGHT_PHRASE, RESPONSE_PHRASE = "Here is my thought process:", "Here is my response:"
 
 # parser name: [(text, reasoning, content, countable)]; countable: the byte-level count equals the reasoning's
-# length (False where the tags are spelled in a way the ids do not find: Granite's "Here's", documented)
+# length (False where the tags are spelled in a way the ids do not find: Granite's "Here's"; or where the ids find
+# a shorter tag: Hunyuan's end without its newline; both documented)
 CASES: dict[str, list[tuple[str, str, str, bool]]] = {
     "mistral": [
         ("[THINK]Two and two.[/THINK]It is 4.", "Two and two.", "It is 4.", True),
@@ -73,6 +75,37 @@ CASES: dict[str, list[tuple[str, str, str, bool]]] = {
         ("Two.</seed:think>Four.", "Two.", "Four.", True),
         ("<think>x</think>y", "<think>x</think>y", "", True),  # other tags are text
         ("<seed:think>a</seed:th", "a</seed:th", "", True),
+    ],
+    "deepseek_v3": [  # (with thinking on: deepseek_r1's rules)
+        ("<think>Two.</think>Four.", "Two.", "Four.", True),
+        ("Two.</think>Four.", "Two.", "Four.", True),
+        ("Unfinished", "Unfinished", "", True),
+    ],
+    "ernie45": [
+        ("abc\n</think>\n\n<response>\ndef\n</response>\n", "abc\n", "\ndef\n", True),  # the wrapper is dropped
+        ("abc\n</think>\ndef", "abc\n", "def", True),  # the newlines after </think> too (vLLM's stream)
+        ("<think>abc</think>def", "abc", "def", True),
+        ("abc\nABC</think>def\nDEF", "abc\nABC", "def\nDEF", True),
+        ("abc", "abc", "", True),
+        ("abc</think>", "abc", "", True),
+        ("a</think>\n\n<response>\nx", "a", "\nx", True),  # cut inside the response
+        ("a</think>\n\n<tool_call>\n{}\n</tool_call>", "a", "<tool_call>\n{}\n</tool_call>", True),
+        ("a</think>x<response>y</response>\n\nz", "a", "xyz", True),  # the tags anywhere; newlines after </response>
+        ("a</think>b<respon", "a", "b<respon", True),  # a partial tag at the end is content
+        ("a</think>\n\n", "a", "", True),
+    ],
+    "hunyuan_a13b": [  # countable False: the ids of </think>\n<answer>\n leave the newline before it in the count
+        ("<think>\nabc\n</think>\n<answer>\ndef\n</answer>", "abc", "def", False),
+        ("<think>\n\n</think>\n<answer>\nhi\n</answer>", "", "hi", False),  # the fast (no-think) answer
+        ("<think>\nabc</think>\n<answer>\ndef", "abc", "def", True),  # the end without its newline
+        ("<think>\nabc", "abc", "", True),  # cut while thinking: reasoning (vLLM's stream)
+        ("hi\n</answer>", "", "hi", True),  # no thinking: content, the answer's end dropped
+        ("plain", "", "plain", True),
+        ("pre<think>\nabc\n</think>\n<answer>\nd", "abc", "pred", False),  # text before <think> is content
+        ("\n</think>\n<answer>\nx", "", "\n</think>\n<answer>\nx", True),  # an end before any start is text
+        ("<think>x", "", "<think>x", True),  # <think> without its newline opens nothing
+        ("<think>\na\n</think>\n<answer>\nb\n</answer>\nc", "a", "b\nc", False),
+        ("<think>\na\n</think>\n<answer>\nb\n</ans", "a", "b\n</ans", False),
     ],
     "step3": [
         ("Two.</think>Four.", "Two.", "Four.", True),
@@ -126,6 +159,10 @@ def test_the_tag_ids_are_each_parsers_own() -> None:
     assert start_token_ids(tok, PARSERS["step3"]) == ()  # step3 has no opening tag
     assert end_token_ids(tok, PARSERS["granite"]) == tuple(RESPONSE_PHRASE.encode())
     assert PARSERS["seed_oss"].tags == ("<seed:think>", "</seed:think>")
+    hunyuan = PARSERS["hunyuan_a13b"]  # its end as ids without the newline: the fast answer's "\n\n" is one token
+    assert start_token_ids(tok, hunyuan) == tuple(b"<think>\n")
+    assert end_token_ids(tok, hunyuan) == tuple(b"</think>\n<answer>\n")
+    assert "<response>" in PARSERS["ernie45"].tags  # (kept in the text, to be taken out of it)
 
 
 @pytest.mark.parametrize(("name", "kwargs", "thinks"), [
@@ -134,6 +171,10 @@ def test_the_tag_ids_are_each_parsers_own() -> None:
     ("kimi_k2", {"enable_thinking": False}, True),  # (Kimi's switch is "thinking", as vLLM reads it)
     ("mistral", {"enable_thinking": False}, True), ("granite", {"thinking": False}, True),
     ("minimax_m2", {"enable_thinking": False}, True), ("seed_oss", {}, True), ("step3", {}, True),
+    ("deepseek_v3", {}, False), ("deepseek_v3", {"thinking": True}, True),  # (vLLM's: off unless asked for)
+    ("deepseek_v3", {"enable_thinking": True}, True), ("deepseek_v3", {"thinking": False, "enable_thinking": 1}, True),
+    ("deepseek_v3", {"thinking": False}, False), ("ernie45", {"enable_thinking": False}, True),
+    ("hunyuan_a13b", {"enable_thinking": False}, True),
 ])
 def test_the_thinking_switches(name: str, kwargs: dict[str, Any], thinks: bool) -> None:
     assert PARSERS[name].thinks(kwargs) is thinks
