@@ -44,8 +44,8 @@ def run_asyncdp(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
                                                     "llama4_pythonic, mistral, pythonic, qwen3_coder (got "
                                                     "'llama3')"),
     (["serve", "--reasoning-parser", "openai_gptoss"], {}, "--reasoning-parser must be one of deepseek_r1, "
-     "deepseek_v3, ernie45, glm45, granite, hunyuan_a13b, kimi_k2, minimax_m2, mistral, qwen3, seed_oss, step3 (got "
-     "'openai_gptoss')"),
+     "deepseek_v3, ernie45, glm45, granite, holo2, hunyuan_a13b, kimi_k2, minimax_m2, minimax_m2_append_think, "
+     "mistral, qwen3, seed_oss, step3 (got 'openai_gptoss')"),
 ])
 def test_invalid_command_line_exits_2_with_one_error_line(args, env, message):
     proc = run_asyncdp(*args, env=env)

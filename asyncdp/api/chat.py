@@ -176,8 +176,8 @@ def _reasoning_tokens(state: AppState, prep: Prepared, choices: list[Choice]) ->
         return 0
     start, end, call = state.reasoning_start_ids, state.reasoning_end_ids, state.reasoning_call_ids
     decode = _decoder(state)
-    return sum(count_reasoning_tokens(c.token_ids or (), start, end, prep.thinker.opens, call, decode)
-               for c in choices)
+    return sum(count_reasoning_tokens(c.token_ids or (), start, end, prep.thinker.opens, call, decode,
+                                      prep.thinker.plain) for c in choices)
 
 
 def _decoder(state: AppState) -> Callable[[list[int]], str]:
@@ -259,7 +259,8 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
 
     # with a reasoning parser: each choice's reasoning tokens, counted as they come (none when it does not think)
     counts = [ReasoningTokens(state.reasoning_start_ids, state.reasoning_end_ids, prep.thinker.opens,
-                              state.reasoning_call_ids, _decoder(state)) for _ in range(num_choices)] \
+                              state.reasoning_call_ids, _decoder(state), prep.thinker.plain)
+              for _ in range(num_choices)] \
         if prep.thinker is not None else None
 
     def reasoning_tokens(index: int | None) -> int | None:  # (None: all the choices)

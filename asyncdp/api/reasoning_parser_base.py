@@ -12,7 +12,8 @@ answer that never writes the end tag is all reasoning. The attributes change it:
 the opening tag), ``anchored`` (which must begin the answer), ``calls`` (qwen3's ``<tool_call>`` ends the
 thinking, :func:`find_call`), and, for the content, ``dropped`` (strings taken out of it wherever they are: a
 placeholder, an answer's wrapper tags) and ``trimmed_after`` (the end tag or dropped strings after which the
-newlines that follow are dropped too).
+newlines that follow are dropped too). ``plain`` turns the split off (all content, the thinking and its tags
+included) and ``prefix`` begins the content (``minimax_m2_append_think``'s ``<think>``, which the prompt opened).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ class ReasoningParser:
     ``opens`` (the thinking needs the opening tag: text before it is content, an answer without it all content, a
     closing tag before it dropped unless ``drops_stray_end`` is false, when it stays text) and ``anchored`` (with
     ``opens``: the opening must begin the answer, else all of it is content, phrases included); for the content,
-    ``dropped`` and ``trimmed_after`` (see the module)."""
+    ``dropped`` and ``trimmed_after`` (see the module); ``plain`` (nothing is reasoning: the answer is all content,
+    nor are its tokens counted) and ``prefix`` (text the content begins with, sent with the first piece of the
+    answer, or at its end when it had none)."""
 
     name: ClassVar[str]
     starts: ClassVar[tuple[str, ...]] = (START,)
@@ -48,6 +51,8 @@ class ReasoningParser:
     calls: ClassVar[bool] = False  # a ``<tool_call>`` that ``<function`` follows ends the thinking (qwen3)
     dropped: ClassVar[tuple[str, ...]] = ()
     trimmed_after: ClassVar[tuple[str, ...]] = ()
+    plain: ClassVar[bool] = False
+    prefix: ClassVar[str] = ""
     # Tokens the format needs in the text: kept by detokenizing with skip_special_tokens false when the tokenizer
     # marks one special (asyncdp.api.tool_parser_base.tags_are_special), or they would be missing from the text.
     tags: ClassVar[tuple[str, ...]] = (START, END)
@@ -57,7 +62,8 @@ class ReasoningParser:
         cls.tags = cls.starts + cls.ends + cls.dropped
 
     def __init__(self) -> None:
-        self._state = BEFORE if self.opens else THINKING
+        self._state = PLAIN if self.plain else BEFORE if self.opens else THINKING
+        self._prefix = self.prefix  # not sent yet
         self._opened = self.opens  # the opening tag is behind: a later one is text
         self._buf = ""  # before the end: a tail that may begin a tag
         self._held = ""  # the content's tail that may begin a dropped string
@@ -70,6 +76,11 @@ class ReasoningParser:
 
     def feed(self, text: str) -> tuple[str, str]:
         """The reasoning and the content that ``text`` adds (either may be empty)."""
+        reasoning, content = self._split(text)
+        prefix, self._prefix = self._prefix, ""
+        return reasoning, prefix + content
+
+    def _split(self, text: str) -> tuple[str, str]:
         if self._state in (AFTER, PLAIN):
             return "", self._content(text)
         self._buf += text
@@ -162,9 +173,10 @@ class ReasoningParser:
         """What was held back, at the end of the answer: a partial tag that never completed is reasoning inside
         the thinking, content before it."""
         rest, self._buf = self._buf, ""
+        prefix, self._prefix = self._prefix, ""
         if self._state == THINKING:
-            return rest, self._content_rest()
-        return "", self._content(rest) + self._content_rest()
+            return rest, prefix + self._content_rest()
+        return "", prefix + self._content(rest) + self._content_rest()
 
     def read(self, text: str, finished: bool) -> tuple[str, str]:
         """``feed`` then, when ``finished``, ``finish``: the reasoning and the content to send for ``text``."""

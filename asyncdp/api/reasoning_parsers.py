@@ -21,7 +21,9 @@ answer ends before deciding. The earlier of the two ends counts; after it, a ``<
 Other models' parsers, vLLM's of the same names, are the same machine with other tags and switches (a table of
 class attributes, :class:`~asyncdp.api.reasoning_parser_base.ReasoningParser`, which says how it reads): ``minimax_m2``
 and ``seed_oss`` (``<seed:think>``) read as ``deepseek_r1``, ``deepseek_v3`` too but only when the request turns the
-thinking on (``thinking`` or ``enable_thinking``), ``step3`` knows no opening tag, ``kimi_k2`` has the ``thinking``
+thinking on (``thinking`` or ``enable_thinking``), ``holo2`` as ``deepseek_v3`` but thinking when neither switch is
+given, ``minimax_m2_append_think`` splits nothing (``plain``: the content is the answer with ``<think>`` before it),
+``step3`` knows no opening tag, ``kimi_k2`` has the ``thinking``
 switch and drops the model's ``(no content)`` placeholder from the content; ``glm45``, ``mistral`` (``[THINK]``) and
 ``granite`` (its phrases, which must begin the answer) need the opening tag (``opens``): text before it is content,
 an answer without it all content. ``ernie45`` and ``hunyuan_a13b``, whose answers come wrapped in tags, are in
@@ -57,7 +59,7 @@ from asyncdp.api.reasoning_parser_base import CALL, END, START, ReasoningParser,
 from asyncdp.api.wrapped_reasoning_parsers import Ernie45Parser, HunyuanA13bParser
 
 __all__ = ["CALL", "END", "PARSERS", "START", "DeepSeekR1Parser", "DeepSeekV3Parser", "Ernie45Parser",
-           "HunyuanA13bParser", "Qwen3Parser", "ReasoningParser", "call_token_ids", "end_token_ids", "find_call",
+           "Holo2Parser", "HunyuanA13bParser", "MiniMaxM2AppendThinkParser", "Qwen3Parser", "ReasoningParser", "call_token_ids", "end_token_ids", "find_call",
            "split", "start_token_ids"]
 
 
@@ -79,6 +81,21 @@ class DeepSeekV3Parser(DeepSeekR1Parser):
         return bool(template_kwargs.get("thinking")) or bool(template_kwargs.get("enable_thinking"))
 
 
+class Holo2Parser(DeepSeekV3Parser):
+    """H Company's Holo2 (Qwen3-based): ``deepseek_v3``, but thinking by default, as vLLM's (its
+    ``DeepSeekV3ReasoningWithThinkingParser``): on when the request gives neither ``thinking`` nor
+    ``enable_thinking`` (or gives them null), else as ``deepseek_v3`` (either true: on), so ``thinking: false`` or
+    ``reasoning_effort: "none"`` turns it off."""
+
+    name = "holo2"
+
+    @classmethod
+    def thinks(cls, template_kwargs: Mapping[str, Any]) -> bool:
+        if template_kwargs.get("thinking") is None and template_kwargs.get("enable_thinking") is None:
+            return True
+        return super().thinks(template_kwargs)
+
+
 class Qwen3Parser(ReasoningParser):
     """Qwen3 (and 3.5): as ``deepseek_r1``, unless the request turns thinking off with
     ``chat_template_kwargs: {"enable_thinking": false}``, when the output is all content."""
@@ -95,6 +112,17 @@ class MiniMaxM2Parser(ReasoningParser):
     """MiniMax-M2: ``<think>``…``</think>`` read as ``deepseek_r1`` (vLLM's base think-tag parser)."""
 
     name = "minimax_m2"
+
+
+class MiniMaxM2AppendThinkParser(ReasoningParser):
+    """MiniMax-M2 for clients that keep the thinking in the answer (vLLM's ``minimax_m2_append_think``): nothing is
+    reasoning; the content is the whole answer with the ``<think>`` the template opened in the prompt before it
+    (``<think>`` + ``abc</think>def``), as vLLM's, which prepends it to the first delta; no reasoning tokens. A
+    constraint still starts after ``</think>``."""
+
+    name = "minimax_m2_append_think"
+    plain = True
+    prefix = START
 
 
 class SeedOssParser(ReasoningParser):
@@ -158,8 +186,9 @@ class GraniteParser(ReasoningParser):
 
 
 PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (
-    DeepSeekR1Parser, DeepSeekV3Parser, Ernie45Parser, Glm45Parser, GraniteParser, HunyuanA13bParser, KimiK2Parser,
-    MiniMaxM2Parser, MistralParser, Qwen3Parser, SeedOssParser, Step3Parser)}
+    DeepSeekR1Parser, DeepSeekV3Parser, Ernie45Parser, Glm45Parser, GraniteParser, Holo2Parser, HunyuanA13bParser,
+    KimiK2Parser, MiniMaxM2Parser, MiniMaxM2AppendThinkParser, MistralParser, Qwen3Parser, SeedOssParser,
+    Step3Parser)}
 
 
 def start_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Parser) -> tuple[int, ...]:

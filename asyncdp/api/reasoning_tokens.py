@@ -12,17 +12,18 @@ class ReasoningTokens:
     """One choice's reasoning tokens, counted from its generated token ids as they come (``feed``), the way
     :class:`ReasoningParser` splits its text: every token before the first end tag (an answer that never
     writes it: every token) but those of the tag itself and of the first start tag before it, the model's own opening;
-    with ``opens`` (:attr:`ReasoningParser.opens`), only the tokens after the start tag (none without one).
+    with ``opens`` (:attr:`ReasoningParser.opens`), only the tokens after the start tag (none without one); with
+    ``plain`` (:attr:`ReasoningParser.plain`: nothing is reasoning), none.
     The tags are found by their ids as the server's tokenizer encodes them alone (:func:`start_token_ids`,
     :func:`end_token_ids`); a tail that could begin one is held until it cannot, and ``finish`` counts it."""
 
     def __init__(self, start: Sequence[int], end: Sequence[int], opens: bool = False, call: Sequence[int] = (),
-                 decode: Callable[[list[int]], str] | None = None) -> None:
+                 decode: Callable[[list[int]], str] | None = None, plain: bool = False) -> None:
         self._start, self._end, self._call = tuple(start), tuple(end), tuple(call)  # call: qwen3's <tool_call>
         self._decode = decode  # with call: the text of the ids after a <tool_call>, to find <function in
         self.count = 0
         self._before = opens  # before the start tag, which the thinking needs: no count yet
-        self._thinking = True  # before the end tag
+        self._thinking = not plain  # before the end tag
         self._opened = opens  # the model's own start tag was left out (or is needed first)
         self._held: list[int] = []  # while thinking: a tail that may begin a tag
 
@@ -90,9 +91,9 @@ class ReasoningTokens:
 
 def count_reasoning_tokens(token_ids: Sequence[int], start: Sequence[int], end: Sequence[int],
                            opens: bool = False, call: Sequence[int] = (),
-                           decode: Callable[[list[int]], str] | None = None) -> int:
+                           decode: Callable[[list[int]], str] | None = None, plain: bool = False) -> int:
     """A whole answer's reasoning tokens (:class:`ReasoningTokens` fed in one piece)."""
-    counter = ReasoningTokens(start, end, opens, call, decode)
+    counter = ReasoningTokens(start, end, opens, call, decode, plain)
     counter.feed(token_ids)
     return counter.finish()
 

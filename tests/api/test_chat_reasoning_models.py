@@ -1,10 +1,12 @@
 """The other models' reasoning parsers through the API (``--reasoning-parser mistral``, ``granite``, ``glm45``,
-``kimi_k2``, ``minimax_m2``, ``seed_oss``, ``step3``, ``deepseek_v3``, ``ernie45``, ``hunyuan_a13b``), through the official ``openai`` client: the thinking in
+``kimi_k2``, ``minimax_m2``, ``seed_oss``, ``step3``, ``deepseek_v3``, ``ernie45``, ``hunyuan_a13b``, ``holo2``,
+``minimax_m2_append_think``), through the official ``openai`` client: the thinking in
 ``message.reasoning``, the rest in ``content``, a stream accumulated into the whole answer, ``reasoning_tokens``
 counted by each parser's tags, a constraint started after each parser's end tag, and the switches that turn the
 thinking off. The fake generates one token per character (the byte tokenizer: tags as their bytes).
 
-Before, these names were refused by ``create_app`` (``deepseek_v3``, ``ernie45`` and ``hunyuan_a13b`` until later)."""
+Before, these names were refused by ``create_app`` (``deepseek_v3``, ``ernie45`` and ``hunyuan_a13b`` until later,
+``holo2`` and ``minimax_m2_append_think`` later still)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ REPLIES: dict[str, tuple[str, str | None, str | None]] = {
     "step3": ("Two and two.</think>It is 4.", "Two and two.", "It is 4."),
     "ernie45": ("Two and two.\n</think>\n\n<response>\nIt is 4.\n</response>\n", "Two and two.\n", "\nIt is 4.\n"),
     "hunyuan_a13b": ("<think>\nTwo and two.</think>\n<answer>\nIt is 4.\n</answer>", "Two and two.", "It is 4."),
+    "holo2": ("Two and two.</think>It is 4.", "Two and two.", "It is 4."),
+    "minimax_m2_append_think": ("Two and two.</think>It is 4.", None, "<think>Two and two.</think>It is 4."),
 }
 
 
@@ -79,7 +83,8 @@ async def test_the_switch_turns_the_parse_off(name: str, kwargs: dict[str, Any])
 
 @pytest.mark.parametrize(("name", "end"), [("mistral", "[/THINK]"), ("seed_oss", "</seed:think>"),
                                            ("granite", "Here is my response:"), ("step3", "</think>"),
-                                           ("ernie45", "</think>"), ("hunyuan_a13b", "</think>\n<answer>\n")])
+                                           ("ernie45", "</think>"), ("hunyuan_a13b", "</think>\n<answer>\n"),
+                                           ("holo2", "</think>"), ("minimax_m2_append_think", "</think>")])
 async def test_a_constraint_starts_after_each_parsers_end_tag(name: str, end: str) -> None:
     fake = FakeEngineClient(replies=lambda _prompt, _seed: f"x{end}{{}}")
     body = {"messages": CHAT, "response_format": {"type": "json_object"}}
@@ -130,12 +135,29 @@ async def test_hunyuan_a13b_answers_whole_and_streamed(reply: str, reasoning: st
 ])
 async def test_deepseek_v3_thinks_only_when_asked(kwargs: dict[str, Any] | None, effort: str | None,
                                                  thinks: bool) -> None:
+    await _thinks_by_the_switches("deepseek_v3", kwargs, effort, thinks)
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+@pytest.mark.parametrize(("kwargs", "effort", "thinks"), [
+    (None, None, True), ({"thinking": True}, None, True), ({"thinking": None}, None, True),
+    ({"thinking": False}, None, False), ({"enable_thinking": False}, None, False),
+    ({"thinking": False, "enable_thinking": True}, None, True), (None, "high", True), (None, "none", False),
+])
+async def test_holo2_thinks_unless_told_not_to(kwargs: dict[str, Any] | None, effort: str | None,
+                                               thinks: bool) -> None:
+    await _thinks_by_the_switches("holo2", kwargs, effort, thinks)
+
+
+async def _thinks_by_the_switches(name: str, kwargs: dict[str, Any] | None, effort: str | None,
+                                  thinks: bool) -> None:
+    """The parser named splits the answer, counts its thinking and constrains after it, or none of these."""
     reply = "<think>Two and two.</think>It is 4."
     extra: dict[str, Any] = {"chat_template_kwargs": kwargs} if kwargs is not None else {}
     if effort is not None:
         extra["reasoning_effort"] = effort
     fake = scripted(reply)
-    async with running(fake, reasoning_parser="deepseek_v3") as srv:
+    async with running(fake, reasoning_parser=name) as srv:
         client = srv.openai()
         body: Any = {"model": "fake-model", "messages": CHAT, "max_tokens": 200, "extra_body": extra}
         whole = await client.chat.completions.create(**body)
@@ -152,3 +174,19 @@ async def test_deepseek_v3_thinks_only_when_asked(kwargs: dict[str, Any] | None,
     assert whole.usage.completion_tokens_details.reasoning_tokens == (len("Two and two.") if thinks else 0)
     constraint = fake.submitted[-1][2].structured
     assert constraint is not None and constraint.start_after == (tuple(b"</think>") if thinks else ())
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+async def test_minimax_m2_append_think_streams_the_thinking_as_content() -> None:
+    reply = "Two and two.</think>It is 4."
+    async with running(scripted(reply), reasoning_parser="minimax_m2_append_think") as srv:
+        client = srv.openai()
+        streamed = await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200,
+                                                        stream=True, extra_body={"include_reasoning": False})
+        deltas = [c.choices[0].delta for c in [chunk async for chunk in streamed] if c.choices]
+        whole = await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200,
+                                                     extra_body={"include_reasoning": False})
+    texts = [d.content for d in deltas if d.content]
+    assert texts[0] == "<think>T" and "".join(texts) == "<think>" + reply  # (one token per character)
+    assert not any(getattr(d, "reasoning", None) for d in deltas)
+    assert whole.choices[0].message.content == "<think>" + reply  # nothing is reasoning, so nothing is hidden

@@ -228,8 +228,8 @@ async def test_think_tags_a_tokenizer_marks_special_are_kept_in_the_text_unless_
 def test_an_unknown_parser_is_refused_by_create_app() -> None:
     from asyncdp.api import create_app
 
-    choices = ("deepseek_r1, deepseek_v3, ernie45, glm45, granite, hunyuan_a13b, kimi_k2, minimax_m2, mistral, qwen3, "
-               "seed_oss, step3")
+    choices = ("deepseek_r1, deepseek_v3, ernie45, glm45, granite, holo2, hunyuan_a13b, kimi_k2, minimax_m2, "
+               "minimax_m2_append_think, mistral, qwen3, seed_oss, step3")
     with pytest.raises(ValueError, match=f"reasoning_parser must be one of {choices}"):
         create_app(FakeEngineClient(), reasoning_parser="openai_gptoss")
 

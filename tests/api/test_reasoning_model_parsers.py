@@ -4,7 +4,8 @@ must reassemble the same split; the ``chat_template_kwargs`` switches; and the s
 (``ReasoningTokens``) with each parser's tags as a byte tokenizer encodes them.
 
 Before, only ``qwen3`` and ``deepseek_r1`` existed: these names were not in the registry (``deepseek_v3``, ``ernie45``
-and ``hunyuan_a13b`` came later: before them, they were not either)."""
+and ``hunyuan_a13b`` came later, ``holo2`` and ``minimax_m2_append_think`` later still: before them, they were not
+either)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,18 @@ CASES: dict[str, list[tuple[str, str, str, bool]]] = {
         ("<think>\na\n</think>\n<answer>\nb\n</answer>\nc", "a", "b\nc", False),
         ("<think>\na\n</think>\n<answer>\nb\n</ans", "a", "b\n</ans", False),
     ],
+    "holo2": [  # (with thinking on, its default: deepseek_r1's rules)
+        ("<think>Two.</think>Four.", "Two.", "Four.", True),
+        ("Two.</think>Four.", "Two.", "Four.", True),
+        ("Unfinished", "Unfinished", "", True),
+        ("a</think>b</think>c", "a", "b</think>c", True),
+    ],
+    "minimax_m2_append_think": [  # nothing is reasoning: the content is the answer with <think> before it
+        ("Two.</think>Four.", "", "<think>Two.</think>Four.", True),
+        ("<think>Two.</think>Four.", "", "<think><think>Two.</think>Four.", True),  # prepended whatever comes
+        ("Unfinished", "", "<think>Unfinished", True),
+        ("</thi", "", "<think></thi", True),
+    ],
     "step3": [
         ("Two.</think>Four.", "Two.", "Four.", True),
         ("<think>Two.</think>Four.", "<think>Two.", "Four.", True),  # no opening tag to drop
@@ -138,11 +151,11 @@ def test_the_reasoning_tokens_are_those_of_the_reasoning_text(name: str, text: s
     ids = list(text.encode())
     expected = len(reasoning.encode())
     if not countable:
-        assert count_reasoning_tokens(ids, start, end, parser.opens) != expected
+        assert count_reasoning_tokens(ids, start, end, parser.opens, plain=parser.plain) != expected
         return
-    assert count_reasoning_tokens(ids, start, end, parser.opens) == expected
+    assert count_reasoning_tokens(ids, start, end, parser.opens, plain=parser.plain) == expected
     for cut in range(len(ids) + 1):
-        counter = ReasoningTokens(start, end, parser.opens)
+        counter = ReasoningTokens(start, end, parser.opens, plain=parser.plain)
         counter.feed(ids[:cut])
         assert counter.count <= expected
         counter.feed(ids[cut:])
@@ -163,6 +176,8 @@ def test_the_tag_ids_are_each_parsers_own() -> None:
     assert start_token_ids(tok, hunyuan) == tuple(b"<think>\n")
     assert end_token_ids(tok, hunyuan) == tuple(b"</think>\n<answer>\n")
     assert "<response>" in PARSERS["ernie45"].tags  # (kept in the text, to be taken out of it)
+    append = PARSERS["minimax_m2_append_think"]  # nothing to split, but </think> starts a constraint, as vLLM's
+    assert end_token_ids(tok, append) == tuple(b"</think>") and append.tags == ("<think>", "</think>")
 
 
 @pytest.mark.parametrize(("name", "kwargs", "thinks"), [
@@ -175,6 +190,11 @@ def test_the_tag_ids_are_each_parsers_own() -> None:
     ("deepseek_v3", {"enable_thinking": True}, True), ("deepseek_v3", {"thinking": False, "enable_thinking": 1}, True),
     ("deepseek_v3", {"thinking": False}, False), ("ernie45", {"enable_thinking": False}, True),
     ("hunyuan_a13b", {"enable_thinking": False}, True),
+    ("holo2", {}, True), ("holo2", {"thinking": None}, True),  # (vLLM's: on unless a switch is given)
+    ("holo2", {"thinking": False}, False), ("holo2", {"enable_thinking": False}, False),
+    ("holo2", {"thinking": False, "enable_thinking": True}, True),  # (either switch true: on, as deepseek_v3)
+    ("holo2", {"thinking": True, "enable_thinking": False}, True), ("holo2", {"thinking": 0}, False),
+    ("minimax_m2_append_think", {"enable_thinking": False}, True),
 ])
 def test_the_thinking_switches(name: str, kwargs: dict[str, Any], thinks: bool) -> None:
     assert PARSERS[name].thinks(kwargs) is thinks
@@ -190,3 +210,13 @@ def test_a_possible_phrase_is_held_back_and_released_when_it_is_none() -> None:
     other = PARSERS["granite"]()
     assert other.feed("Here is a") == ("", "Here is a")  # no thought process: content, as it comes
     assert other.feed(" Here is my response: b") == ("", " Here is my response: b")
+
+
+def test_minimax_m2_append_think_opens_the_content_with_think_once() -> None:
+    parser = PARSERS["minimax_m2_append_think"]()
+    assert parser.feed("Two") == ("", "<think>Two")  # the first piece carries it, as vLLM's first delta
+    assert parser.feed(".</think>") == ("", ".</think>")
+    assert parser.feed("Four.") == ("", "Four.")
+    assert parser.finish() == ("", "")
+    empty = PARSERS["minimax_m2_append_think"]()  # an empty answer's content is the tag alone (vLLM's whole answer)
+    assert empty.read("", finished=False) == ("", "") and empty.read("", finished=True) == ("", "<think>")

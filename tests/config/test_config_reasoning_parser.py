@@ -10,14 +10,17 @@ from tests.config.command_lines import DENSE, api_server_configs, fails
 
 def test_an_unknown_parser_is_refused_naming_the_choices():
     assert fails("--reasoning-parser openai_gptoss", DENSE) == (
-        "--reasoning-parser must be one of deepseek_r1, deepseek_v3, ernie45, glm45, granite, hunyuan_a13b, kimi_k2, "
-        "minimax_m2, mistral, qwen3, seed_oss, step3 (got 'openai_gptoss').")
+        "--reasoning-parser must be one of deepseek_r1, deepseek_v3, ernie45, glm45, granite, holo2, hunyuan_a13b, "
+        "kimi_k2, minimax_m2, minimax_m2_append_think, mistral, qwen3, seed_oss, step3 (got 'openai_gptoss').")
 
 
 @pytest.mark.parametrize(("flags", "parser"), [("--reasoning-parser qwen3", "qwen3"),
                                                ("--reasoning-parser deepseek_r1", "deepseek_r1"), ("", None),
                                                ("--reasoning-parser deepseek_v3", "deepseek_v3"),
                                                ("--reasoning-parser ernie45", "ernie45"),
-                                               ("--reasoning-parser hunyuan_a13b", "hunyuan_a13b")])
+                                               ("--reasoning-parser hunyuan_a13b", "hunyuan_a13b"),
+                                               ("--reasoning-parser holo2", "holo2"),
+                                               ("--reasoning-parser minimax_m2_append_think",
+                                                "minimax_m2_append_think")])
 def test_the_parser_reaches_every_api_server_role(monkeypatch: pytest.MonkeyPatch, flags: str, parser: str | None):
     assert [c.reasoning_parser for c in api_server_configs(monkeypatch, flags)] == [parser, parser]
