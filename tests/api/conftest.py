@@ -61,3 +61,10 @@ async def running(
 def sse_events(text: str) -> list[str]:
     """The ``data:`` payloads of an SSE body, in order."""
     return [block[len("data: "):] for block in text.split("\n\n") if block.startswith("data: ")]
+
+
+async def whole_and_streamed(client: Any, body: dict[str, Any]) -> tuple[Any, Any]:
+    """The answer to ``body`` whole, and streamed as the ``openai`` library's stream helper accumulates it."""
+    whole = await client.chat.completions.create(**body)
+    async with client.chat.completions.stream(**body) as stream:
+        return whole, await stream.get_final_completion()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from asyncdp.testing import FakeEngineClient, byte_tokenizer
-from tests.api.conftest import running, sse_events
+from tests.api.conftest import running, sse_events, whole_and_streamed
 
 pytestmark = pytest.mark.anyio
 
@@ -37,12 +37,6 @@ def scripted(reply: str | dict[int, str]) -> FakeEngineClient:
     fake.tokenizer.chat_template = TEMPLATE
     return fake
 
-
-async def whole_and_streamed(client: Any, body: dict[str, Any]) -> tuple[Any, Any]:
-    """The answer to ``body`` whole, and streamed as the ``openai`` library's stream helper accumulates it."""
-    whole = await client.chat.completions.create(**body)
-    async with client.chat.completions.stream(**body) as stream:
-        return whole, await stream.get_final_completion()
 
 
 def without_ids(message: Any) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from asyncdp.testing import FakeEngineClient, byte_tokenizer
-from tests.api.conftest import running, sse_events
-from tests.api.test_chat_auto_tool_choice import CHAT, STREAM_WARNING, TEMPLATE, whole_and_streamed
+from tests.api.conftest import running, sse_events, whole_and_streamed
+from tests.api.test_chat_auto_tool_choice import CHAT, STREAM_WARNING, TEMPLATE
 
 pytestmark = pytest.mark.anyio
 

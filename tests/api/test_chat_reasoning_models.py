@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from asyncdp.testing import FakeEngineClient
-from tests.api.conftest import running
+from tests.api.conftest import running, whole_and_streamed
 from tests.api.test_chat_auto_tool_choice import STREAM_WARNING, scripted
 
 pytestmark = pytest.mark.anyio
@@ -45,9 +45,7 @@ async def test_each_parser_splits_the_answer_whole_and_streamed(name: str) -> No
     reply, reasoning, content = REPLIES[name]
     async with running(scripted(reply), reasoning_parser=name) as srv:
         client = srv.openai()
-        whole = await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200)
-        async with client.chat.completions.stream(model="fake-model", messages=CHAT, max_tokens=200) as stream:
-            accumulated = await stream.get_final_completion()
+        whole, accumulated = await whole_and_streamed(client, {"model": "fake-model", "messages": CHAT, "max_tokens": 200})
         streamed = await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200,
                                                         stream=True, stream_options={"include_usage": True})
         last = [chunk async for chunk in streamed][-1]
@@ -118,9 +116,7 @@ async def test_hunyuan_a13b_answers_whole_and_streamed(reply: str, reasoning: st
                                                        reasoning_tokens: int) -> None:
     async with running(scripted(reply), reasoning_parser="hunyuan_a13b") as srv:
         client = srv.openai()
-        whole = await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200)
-        async with client.chat.completions.stream(model="fake-model", messages=CHAT, max_tokens=200) as stream:
-            accumulated = await stream.get_final_completion()
+        whole, accumulated = await whole_and_streamed(client, {"model": "fake-model", "messages": CHAT, "max_tokens": 200})
     message = whole.choices[0].message
     assert (message.reasoning, message.content) == (reasoning, "It is 4.")  # type: ignore[attr-defined]
     assert accumulated.choices[0].message.model_dump(exclude_none=True) == message.model_dump(exclude_none=True)
@@ -160,9 +156,7 @@ async def _thinks_by_the_switches(name: str, kwargs: dict[str, Any] | None, effo
     async with running(fake, reasoning_parser=name) as srv:
         client = srv.openai()
         body: Any = {"model": "fake-model", "messages": CHAT, "max_tokens": 200, "extra_body": extra}
-        whole = await client.chat.completions.create(**body)
-        async with client.chat.completions.stream(**body) as stream:
-            accumulated = await stream.get_final_completion()
+        whole, accumulated = await whole_and_streamed(client, body)
         r = await srv.http.post("/v1/chat/completions", json={
             "messages": CHAT, "response_format": {"type": "json_object"}, **extra})
     assert r.status_code == 200, r.text

@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 
 from asyncdp.testing import FakeEngineClient, byte_tokenizer
-from tests.api.conftest import running, sse_events
+from tests.api.conftest import running, sse_events, whole_and_streamed
 from tests.api.test_chat_auto_tool_choice import (
     STREAM_WARNING,
     TOOLS,
     scripted,
-    whole_and_streamed,
     without_ids,
 )
 
@@ -74,9 +73,7 @@ async def test_the_stream_sends_the_thinking_as_it_comes_then_the_content() -> N
 async def test_the_openai_client_accumulates_the_stream_into_the_whole_answer(reply: str) -> None:
     async with running(scripted(reply), reasoning_parser="deepseek_r1") as srv:
         client = srv.openai()
-        whole = await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=200)
-        async with client.chat.completions.stream(model="fake-model", messages=CHAT, max_tokens=200) as stream:
-            accumulated = await stream.get_final_completion()
+        whole, accumulated = await whole_and_streamed(client, {"model": "fake-model", "messages": CHAT, "max_tokens": 200})
     message = whole.choices[0].message
     assert message.reasoning  # type: ignore[attr-defined]  (vLLM's field, not in the openai types)
     assert accumulated.choices[0].message.model_dump(exclude_none=True) == message.model_dump(exclude_none=True)
