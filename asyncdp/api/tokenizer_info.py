@@ -24,10 +24,9 @@ _FILE_PATHS = ("vocab_file", "merges_file")  # what vLLM leaves out
 
 def tokenizer_info(tokenizer: Any, chat_template: str | None) -> dict[str, Any]:
     """The answer for ``tokenizer``; ``chat_template``: the server's ``--chat-template`` text (None: none given)."""
-    config = {k: v for k, v in (getattr(tokenizer, "init_kwargs", None) or {}).items() if k not in _FILE_PATHS}
-    info: dict[str, Any] = {"tokenizer_class": type(tokenizer).__name__}
-    info.update(_json(config))
-    info["tokenizer_class"] = type(tokenizer).__name__
+    config = {k: v for k, v in (getattr(tokenizer, "init_kwargs", None) or {}).items()
+              if k not in (*_FILE_PATHS, "tokenizer_class")}
+    info: dict[str, Any] = {"tokenizer_class": type(tokenizer).__name__, **_json(config)}
     if chat_template:
         info["chat_template"] = chat_template
     return info
