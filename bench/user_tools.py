@@ -1,15 +1,18 @@
 """The tools users point at an OpenAI-compatible server, end to end against ``asyncdp serve``.
 
-Starts ``asyncdp serve builtin:tiny-dense -dp 2`` on a free loopback port, then runs, each tool in its own venv
-outside the repo (see docs/benchmarks.md for the install commands), with local data only:
+Starts ``asyncdp serve builtin:tiny-dense -dp 2 --enable-tokenizer-info-endpoint`` on a free loopback port, then
+runs, each tool in its own venv outside the repo (see docs/benchmarks.md for the install commands), with local data
+only:
 
   lm-eval mc         lm-evaluation-harness ``local-completions``, the multiple-choice (loglikelihood) task of
                      ``bench/tasks/asyncdp_smoke_mc.yaml`` (echo + logprobs + max_tokens 1, prompts as token ids,
                      4 prompts per request), the model's tokenizer loaded locally
   lm-eval gen        ``local-completions``, the ``generate_until`` task of ``bench/tasks/asyncdp_smoke_gen.yaml``
   lm-eval chat       ``local-chat-completions`` with the chat template, the same ``generate_until`` task
-  lm-eval remote-tok the mc task with lm-eval's remote tokenizer (``GET /tokenizer_info``, ``POST /tokenize``),
-                     what ``tokenizer_backend=auto`` picks when the server offers it (informational: not required)
+  lm-eval remote-tok the mc task with lm-eval's remote tokenizer (``GET /tokenizer_info``, which the server serves
+                     with ``--enable-tokenizer-info-endpoint``, and ``POST /tokenize``), what
+                     ``tokenizer_backend=auto`` picks when the server offers it; with ``lm-eval mc`` run too, its
+                     loglikelihoods must equal that run's within 1e-3
   lm-eval hf-ref     no server: lm-eval's ``hf`` model on the same checkpoint (transformers, float32, CPU); the
                      server's loglikelihoods must equal it within 1e-3 and its greedy generations must be identical
   guidellm compl     guidellm, streamed ``/v1/completions``, synthetic prompts, the model's own tokenizer
@@ -75,11 +78,13 @@ class Run:
 
 @contextmanager
 def asyncdp_server(log_path: Path, timeout_s: float = 120.0) -> Iterator[str]:
-    """``asyncdp serve builtin:tiny-dense -dp 2`` (two API servers) on a free loopback port; SIGTERM at the end."""
+    """``asyncdp serve builtin:tiny-dense -dp 2`` (two API servers) with ``/tokenizer_info`` on a free loopback
+    port; SIGTERM at the end."""
     with open(log_path, "wb") as log:
         try:
             with asyncdp_serve(MODEL, "-dp", "2", "--executor", "torch", "--torch-threads", "1", "--max-model-len",
-                               str(MAX_MODEL_LEN), log=log, env={"OMP_NUM_THREADS": "1"},
+                               str(MAX_MODEL_LEN), "--enable-tokenizer-info-endpoint", log=log,
+                               env={"OMP_NUM_THREADS": "1"},
                                timeout_s=timeout_s) as (base_url, _):
                 yield base_url
         except RuntimeError as exc:
@@ -224,6 +229,20 @@ def compare_with_reference(ref: Run, work: Path) -> None:
     ref.passed = not ref.failures
 
 
+def compare_with_mc(remote: Run, work: Path) -> None:
+    """The remote tokenizer's loglikelihoods against the ``lm-eval mc`` run's (the tokenizer loaded locally), when
+    that run ran: the server's /tokenize must give lm-eval the same tokens."""
+    want = samples(work / "lm-eval_mc", MC)
+    if not remote.passed or not want:
+        return
+    diffs = [abs(a - b) for a, b in zip(loglikelihoods(samples(work / "lm-eval_remote-tok", MC)),
+                                        loglikelihoods(want), strict=True)]
+    remote.headline["max |loglikelihood - mc|"] = max(diffs)
+    if max(diffs) > 1e-3:
+        remote.failures.append(f"loglikelihoods differ from lm-eval mc's by up to {max(diffs):.3g}")
+    remote.passed = not remote.failures
+
+
 # What guidellm 0.8 sends (its request handlers), replayed once to read the error body it does not log.
 GUIDELLM_BODY = {"/v1/completions": {"prompt": "hello", "max_tokens": 4},
                  "/v1/chat/completions": {"messages": [{"role": "user", "content": "hello"}],
@@ -285,7 +304,7 @@ def plan(base_url: str, tokenizer: Path, work: Path, timeout_s: float, requests:
     def remote() -> Run:
         run = lm_eval("lm-eval remote-tok", work, timeout_s, (MC,), "local-completions",
                       server_args(base_url, completions, None), ("--batch_size", "4"))
-        run.required = False
+        compare_with_mc(run, work)
         return run
 
     def reference() -> Run:

@@ -46,6 +46,7 @@ from asyncdp.api.reasoning_parsers import call_token_ids, end_token_ids, start_t
 from asyncdp.api.request_close import with_close_callbacks
 from asyncdp.api.request_templates import RequestTemplates
 from asyncdp.api.template_roles import resolve_template_roles
+from asyncdp.api.tokenizer_info import tokenizer_info
 from asyncdp.api.tool_parsers import PARSERS, tags_are_special
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
 from asyncdp.errors import HTTPError
@@ -80,8 +81,10 @@ def create_app(
     max_request_body_bytes: int | None = None,
     cors: Cors | None = ALLOW_ALL,
     enable_prompt_tokens_details: bool = False,
+    chat_template: str | None = None,
     chat_template_content_format: str = "auto",
     trust_request_chat_template: bool = False,
+    enable_tokenizer_info_endpoint: bool = False,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
     scheduling_policy: str = "fcfs",
@@ -92,9 +95,13 @@ def create_app(
     ``max_request_body_bytes`` the body (``--max-request-body-bytes``; None: derived from ``max_model_len``);
     ``cors`` what cross-origin requests may do (``--allowed-origins`` and friends; None: no CORS headers);
     ``enable_prompt_tokens_details`` adds ``usage.prompt_tokens_details.cached_tokens`` (the flag of that name);
+    ``chat_template`` is ``--chat-template``'s text: set as ``client.tokenizer``'s template here, so prompts render
+    with it (None: the tokenizer's own);
     ``chat_template_content_format`` is ``--chat-template-content-format`` ("auto" reads the tokenizer's template);
     ``trust_request_chat_template`` lets chat and ``/tokenize`` requests bring their own ``chat_template``
     (``--trust-request-chat-template``; False: a 400);
+    ``enable_tokenizer_info_endpoint`` serves ``GET /tokenizer_info`` (the flag of that name; False: no such route,
+    a 404, as in vLLM);
     ``tool_call_parser`` serves ``tool_choice: "auto"`` with that parser of ``asyncdp.api.tool_parsers.PARSERS``
     (``--enable-auto-tool-choice --tool-call-parser NAME``; None: "auto" with tools is a 400);
     ``reasoning_parser`` returns chat answers' thinking apart from their content with that parser of
@@ -121,6 +128,8 @@ def create_app(
     app.asgi_app = with_close_callbacks(app.asgi_app)  # type: ignore[method-assign]
     if backend == "trio":  # keep-alive connections must get their idle timer: see asyncdp.api.last_send
         app.asgi_app = with_last_send_shielded(app.asgi_app)  # type: ignore[method-assign]
+    if chat_template is not None:  # --chat-template: the content format is detected from it, prompts use it
+        client.tokenizer.chat_template = chat_template
     template = read_template(client.tokenizer)  # once: both detectors take its source and parsed tree
     content_format = resolve_content_format(client.tokenizer, chat_template_content_format, template)
     state = AppState(
@@ -136,6 +145,7 @@ def create_app(
         template_roles=resolve_template_roles(client.tokenizer, content_format, template),
         request_templates=(RequestTemplates(client.tokenizer, chat_template_content_format)
                            if trust_request_chat_template else None),
+        tokenizer_info=(tokenizer_info(client.tokenizer, chat_template) if enable_tokenizer_info_endpoint else None),
         tool_parser=parser,
         tool_tags_special=parser is not None and tags_are_special(parser, client.tokenizer),
         reasoning_parser=thinker,

@@ -44,6 +44,8 @@ class AppState:
     content_format: str = "string"  # how message content reaches the chat template (asyncdp.api.content_format)
     template_roles: TemplateRoles = field(default_factory=TemplateRoles)  # developer and system messages
     request_templates: RequestTemplates | None = None  # requests' own chat_template; None: refused (a 400)
+    # GET /tokenizer_info's answer (--enable-tokenizer-info-endpoint); None: no such route (a 404)
+    tokenizer_info: dict[str, Any] | None = None
     tool_parser: type[ToolCallParser] | None = None  # tool_choice "auto" (--enable-auto-tool-choice); None: a 400
     tool_tags_special: bool = False  # the tokenizer marks the parser's tags special: keep them in the text
     reasoning_parser: type[ReasoningParser] | None = None  # --reasoning-parser; None: thinking stays in content

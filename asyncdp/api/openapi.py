@@ -63,6 +63,7 @@ _ROUTES: dict[tuple[str, str], tuple[str, tuple[type[msgspec.Struct], ...], tupl
     ("post", "/tokenize"): ("Tokenize a prompt or chat messages", (TokenizeCompletion, TokenizeChat),
                             ("application/json",)),
     ("post", "/detokenize"): ("Turn token ids into text", (DetokenizeRequest,), ("application/json",)),
+    ("get", "/tokenizer_info"): ("The tokenizer's configuration", (), ("application/json",)),
 }
 # (path, 200 content type) -> the component describing that answer (the others' answers have no schema yet)
 _ANSWERS = {("/v1/chat/completions", "application/json"): "ChatCompletion",

@@ -1,5 +1,6 @@
 """The routes vLLM users call besides generation: ``GET /v1/models/{id}``, ``POST /tokenize``,
-``POST /detokenize``, ``GET /version``, ``GET|POST /ping`` and ``GET /openapi.json``.
+``POST /detokenize``, ``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint`` only, as in vLLM: see
+``asyncdp.api.tokenizer_info``), ``GET /version``, ``GET|POST /ping`` and ``GET /openapi.json``.
 
 Shapes follow vLLM's OpenAI server: ``/tokenize`` takes a ``prompt`` or ``messages`` (rendered by the chat
 template as for a chat request, its own ``chat_template`` with ``--trust-request-chat-template``, and chat's
@@ -84,6 +85,13 @@ def register(app: Quart, state: AppState) -> None:
         body = await request.get_data(as_text=False)
         heavy = len(body) > INLINE_TOKENS * 4
         return json_response(await state.offload.run(heavy, detokenize, state, body))
+
+    if state.tokenizer_info is not None:
+        info = state.tokenizer_info
+
+        @app.get("/tokenizer_info")
+        async def tokenizer_info_route() -> Response:
+            return json_response(info)
 
     @app.get("/version")
     async def version() -> Response:

@@ -35,7 +35,7 @@ import tempfile
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -55,6 +55,11 @@ from asyncdp.errors import ConfigError
 from asyncdp.logs import DrainCounts
 from asyncdp.transport import listen
 from asyncdp.transport.control import ControlChannel, follow_parent
+
+if TYPE_CHECKING:
+    from quart import Quart
+
+    from asyncdp.api.engine_client import EngineClient
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +87,7 @@ class ApiConfig:
     chat_template: str | None = field(default=None, repr=False)  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     trust_request_chat_template: bool = False  # --trust-request-chat-template
+    enable_tokenizer_info_endpoint: bool = False  # --enable-tokenizer-info-endpoint: GET /tokenizer_info
     auto_tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice
     reasoning_parser: str | None = None  # --reasoning-parser
     model_aliases: tuple[str, ...] = ()  # more names for the model (the first is the client's model_name)
@@ -93,6 +99,20 @@ def make_metrics(cfg: ApiConfig) -> Any:
     from asyncdp.api.metrics import Metrics
 
     return Metrics(model_name=cfg.client.model_name)
+
+
+def make_app(cfg: ApiConfig, client: EngineClient, metrics: Any) -> Quart:
+    """The API server's app over ``client``, every front-end flag of ``cfg`` applied."""
+    return create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
+                      max_request_body_bytes=cfg.max_request_body_bytes,
+                      enable_prompt_tokens_details=cfg.enable_prompt_tokens_details,
+                      scheduling_policy=cfg.scheduling_policy, chat_template=cfg.chat_template,
+                      chat_template_content_format=cfg.chat_template_content_format,
+                      trust_request_chat_template=cfg.trust_request_chat_template,
+                      enable_tokenizer_info_endpoint=cfg.enable_tokenizer_info_endpoint,
+                      tool_call_parser=cfg.auto_tool_call_parser, reasoning_parser=cfg.reasoning_parser,
+                      served_model_names=[cfg.client.model_name, *cfg.model_aliases], cors=cfg.cors,
+                      api_key=cfg.api_key)
 
 
 async def bind_client_listener(cfg: ApiConfig) -> tuple[anyio.abc.Listener[Any], str]:
@@ -124,19 +144,9 @@ async def serve_api(
     # (abandoned if this server is stopped meanwhile: loading imports transformers, seconds the launcher's stop
     # deadline would otherwise spend waiting, then kill this process and report the stop as a failure)
     tokenizer = await anyio.to_thread.run_sync(load_tokenizer, cfg.model_path, abandon_on_cancel=True)
-    if cfg.chat_template is not None:  # --chat-template: the content format is detected from it, prompts use it
-        tokenizer.chat_template = cfg.chat_template
     metrics = make_metrics(cfg)
     client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
-    app = create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
-                     max_request_body_bytes=cfg.max_request_body_bytes,
-                     enable_prompt_tokens_details=cfg.enable_prompt_tokens_details,
-                     scheduling_policy=cfg.scheduling_policy,
-                     chat_template_content_format=cfg.chat_template_content_format,
-                     trust_request_chat_template=cfg.trust_request_chat_template,
-                     tool_call_parser=cfg.auto_tool_call_parser, reasoning_parser=cfg.reasoning_parser,
-                     served_model_names=[cfg.client.model_name, *cfg.model_aliases], cors=cfg.cors,
-                     api_key=cfg.api_key)
+    app = make_app(cfg, client, metrics)
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
     http_stop = anyio.Event()
@@ -227,6 +237,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         enable_prompt_tokens_details=role.enable_prompt_tokens_details, scheduling_policy=role.scheduling_policy,
         chat_template=role.chat_template, chat_template_content_format=role.chat_template_content_format,
         trust_request_chat_template=role.trust_request_chat_template,
+        enable_tokenizer_info_endpoint=role.enable_tokenizer_info_endpoint,
         auto_tool_call_parser=role.auto_tool_call_parser, reasoning_parser=role.reasoning_parser,
         cors=Cors(role.allowed_origins, role.allowed_methods, role.allowed_headers, role.allow_credentials),
         api_key=role.api_key)

@@ -221,6 +221,7 @@ class ServeConfig:
     chat_template: str | None = dataclasses.field(default=None, repr=False)  # --chat-template (cli: its text)
     chat_template_content_format: str = "auto"  # CHAT_TEMPLATE_CONTENT_FORMATS
     trust_request_chat_template: bool = False  # chat requests may bring their own chat_template (vLLM's flag)
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (vLLM's flag); off: a 404
     enable_auto_tool_choice: bool = False  # tool_choice "auto" parsed by tool_call_parser (which it requires)
     tool_call_parser: str | None = None  # TOOL_CALL_PARSERS
     reasoning_parser: str | None = None  # REASONING_PARSERS: chat answers' thinking in message.reasoning

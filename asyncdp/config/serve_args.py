@@ -135,6 +135,9 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
           help="let chat and /tokenize requests render with their own chat_template (a Jinja template run in "
                "the sandbox, a 400 without this flag): only for clients trusted with the server's CPU "
                "(default: false)")
+    _bool(g, "--enable-tokenizer-info-endpoint",
+          help="serve GET /tokenizer_info, the tokenizer's configuration (its special tokens and chat template), "
+               "for clients such as lm-evaluation-harness's remote tokenizer; a 404 without it (default: false)")
     g.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
                    help='serve tool_choice "auto" (and tools without a tool_choice), a 400 without it: the model '
                         "writes freely and --tool-call-parser, which it requires, finds the tool calls in its text "
