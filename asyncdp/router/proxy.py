@@ -3,7 +3,7 @@ answer back as it arrives.
 
 Theory of operation. Served by :func:`asyncdp.api.serve.serve_http` (Hypercorn). Routes:
 
-* ``POST|GET|... /v1/*``, ``/tokenize``, ``/detokenize``: proxied. The body is held whole when it is at most
+* ``POST|GET|... /v1/*``, ``/tokenize``, ``/detokenize``, ``/tokenizer_info``: proxied. The body is held whole when it is at most
   ``--replay-buffer-bytes``, and streamed to the endpoint as it arrives when larger (:mod:`.body`); over
   ``--max-request-body-bytes`` it is a 413. The request goes with the method, path, query and headers unchanged,
   ``Authorization`` included, less the hop-by-hop ones, plus ``X-Forwarded-For``/``X-Forwarded-Proto``

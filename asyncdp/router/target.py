@@ -41,7 +41,7 @@ import orjson
 
 from asyncdp.api.errors import error_body
 
-PROXIED_EXACT = frozenset({"/tokenize", "/detokenize"})
+PROXIED_EXACT = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})  # (lm-eval's remote tokenizer reads all three)
 _ABSOLUTE_FORM = re.compile(rb"[A-Za-z][A-Za-z0-9+.\-]*://[^/?#]*")
 _CHECK_BASE = httpx.URL("http://endpoint")  # what a target is checked against: httpx's rules need no real host
 # Targets of only these bytes (printable ASCII less '#', the common case) need no check by httpx (about 20 us).
@@ -89,7 +89,7 @@ def is_proxied(path: str) -> bool:
 
 
 def not_a_route(method: str, path: str) -> str:
-    return (f"{method} {path} is not a route of the router; it forwards /v1/*, /tokenize and /detokenize and answers "
+    return (f"{method} {path} is not a route of the router; it forwards /v1/*, /tokenize, /detokenize and /tokenizer_info and answers "
             "/health and /load")
 
 

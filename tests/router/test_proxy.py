@@ -248,3 +248,14 @@ async def test_cancel_all_ends_a_stream_in_flight_without_its_end_and_closes_the
         await app(sse_scope(), receive, send)
     assert upstream.closed and [m.get("body") for m in sent] == [None, b"data: 1\n\n"]
     assert app.cancel_all() == 0 and app.poller.endpoints[0].num_inflight == 0
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/tokenize"), ("POST", "/detokenize"),
+                                              ("GET", "/tokenizer_info")])
+async def test_the_tokenizer_routes_are_forwarded_as_they_came(method: str, path: str) -> None:
+    # (lm-eval's remote tokenizer reads all three from the server it evaluates: here the router)
+    app, client = app_with({A: echo})
+    async with client:
+        r = await client.request(method, path)
+    assert r.status_code == 200 and app.calls == [A]  # type: ignore[attr-defined]
+    assert (r.json()["method"], r.json()["target"]) == (method, path)
