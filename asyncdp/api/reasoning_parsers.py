@@ -52,15 +52,20 @@ tokens after it confirm (``<function``) are reasoning, the call's are not.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
+from asyncdp.api.harmony import TAGS, HarmonyTokens
+from asyncdp.api.harmony_parsers import HarmonyReasoningParser
 from asyncdp.api.reasoning_parser_base import CALL, END, START, ReasoningParser, find_call
+from asyncdp.api.reasoning_tokens import ReasoningTokens, TokenCount
 from asyncdp.api.wrapped_reasoning_parsers import Ernie45Parser, HunyuanA13bParser
 
 __all__ = ["CALL", "END", "PARSERS", "START", "DeepSeekR1Parser", "DeepSeekV3Parser", "Ernie45Parser",
-           "Holo2Parser", "HunyuanA13bParser", "MiniMaxM2AppendThinkParser", "Qwen3Parser", "ReasoningParser", "call_token_ids", "end_token_ids", "find_call",
-           "split", "start_token_ids"]
+           "HarmonyReasoningParser", "Holo2Parser", "HunyuanA13bParser", "MiniMaxM2AppendThinkParser", "Qwen3Parser",
+           "ReasoningParser", "call_token_ids", "end_token_ids", "find_call", "split", "start_token_ids",
+           "token_counter"]
 
 
 class DeepSeekR1Parser(ReasoningParser):
@@ -187,8 +192,8 @@ class GraniteParser(ReasoningParser):
 
 PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (
     DeepSeekR1Parser, DeepSeekV3Parser, Ernie45Parser, Glm45Parser, GraniteParser, Holo2Parser, HunyuanA13bParser,
-    KimiK2Parser, MiniMaxM2Parser, MiniMaxM2AppendThinkParser, MistralParser, Qwen3Parser, SeedOssParser,
-    Step3Parser)}
+    KimiK2Parser, MiniMaxM2Parser, MiniMaxM2AppendThinkParser, MistralParser, HarmonyReasoningParser, Qwen3Parser,
+    SeedOssParser, Step3Parser)}
 
 
 def start_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Parser) -> tuple[int, ...]:
@@ -208,6 +213,20 @@ def end_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Pars
 def call_token_ids(tokenizer: Any, parser: type[ReasoningParser]) -> tuple[int, ...]:
     """``<tool_call>`` as the tokenizer encodes it alone, for a parser a tool call ends (``calls``; else none)."""
     return tuple(tokenizer.encode(CALL, add_special_tokens=False)) if parser.calls else ()
+
+
+def token_counter(tokenizer: Any, parser: type[ReasoningParser]) -> Callable[[], TokenCount]:
+    """A new choice's reasoning-token count (``reasoning_tokens``), by the parser's tags as ``tokenizer`` encodes
+    each alone: :class:`ReasoningTokens`, or harmony's messages for ``openai_gptoss``. Token ids are decoded with
+    the special tokens kept (what follows qwen3's ``<tool_call>``, a harmony header)."""
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+    if issubclass(parser, HarmonyReasoningParser):
+        return partial(HarmonyTokens, {tag: tuple(tokenizer.encode(tag, add_special_tokens=False)) for tag in TAGS},
+                       decode)
+    return partial(ReasoningTokens, start_token_ids(tokenizer, parser), end_token_ids(tokenizer, parser),
+                   parser.opens, call_token_ids(tokenizer, parser), decode, parser.plain)
 
 
 def split(parser: ReasoningParser, text: str) -> tuple[str | None, str]:
