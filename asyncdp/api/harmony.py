@@ -12,9 +12,9 @@ and ``<|call|>``, which end the generation and are not in the text: the answer's
 header is ``<|start|>`` and a role (the first message's are the prompt's, so it has neither, or only the role),
 then, in any order, ``<|channel|>`` and the channel's name, the recipient ``to=NAME`` (in the role's section or
 the channel's) and a content type (``json``, or ``<|constrain|>json``), read as harmony's own parser reads them
-(a lone word is the recipient, a word after a recipient the content type). A header of anything else, one longer
-than :data:`MAX_HEADER` characters or with more than four words, is no header: its text is loose text, as is
-text between messages and a header the answer ends in. A body ends only at a terminator (harmony's parser reads
+(a lone word is the recipient, unless it is ``<|constrain|>``'s; a word after a recipient is the content type).
+A header of anything else, one longer than :data:`MAX_HEADER` characters or with more than four words, is no
+header: its text is loose text, as is text between messages and a header the answer ends in. A body ends only at a terminator (harmony's parser reads
 a ``<|start|>`` inside a body as text too).
 
 :class:`Splitter` turns text into :class:`Event`\\ s however it is cut: the same text gives the same events.

@@ -27,7 +27,8 @@ given, ``minimax_m2_append_think`` splits nothing (``plain``: the content is the
 switch and drops the model's ``(no content)`` placeholder from the content; ``glm45``, ``mistral`` (``[THINK]``) and
 ``granite`` (its phrases, which must begin the answer) need the opening tag (``opens``): text before it is content,
 an answer without it all content. ``ernie45`` and ``hunyuan_a13b``, whose answers come wrapped in tags, are in
-:mod:`asyncdp.api.wrapped_reasoning_parsers`. Where vLLM's whole and streamed readings of one answer differ, these
+:mod:`asyncdp.api.wrapped_reasoning_parsers`; ``openai_gptoss`` (gpt-oss), whose answers are harmony messages, not
+tags, in :mod:`asyncdp.api.harmony_parsers`. Where vLLM's whole and streamed readings of one answer differ, these
 follow its stream (an opened block never closed is reasoning), so that a stream and a whole answer agree.
 
 A constraint (structured outputs, a named or ``"required"`` tool choice) applies only after the thinking, as in
@@ -44,7 +45,8 @@ one are the same parse, however the text was cut.
 (Granite's phrases found by the ids they have alone, which its "Here's" spelling does not match; vLLM counts none;
 Hunyuan's end by ``</think>\\n<answer>\\n``'s, so the newline token before it counts: vLLM counts none either).
 ``qwen3``'s tool-call end is found the same way: the tokens before a ``<tool_call>`` (its ids alone) that the decoded
-tokens after it confirm (``<function``) are reasoning, the call's are not.
+tokens after it confirm (``<function``) are reasoning, the call's are not. ``openai_gptoss`` counts its
+``analysis`` messages' bodies (:class:`~asyncdp.api.harmony.HarmonyTokens`); :func:`token_counter` picks the count.
 
 ``PARSERS`` is the registry, name -> class, that ``--reasoning-parser`` chooses from (its names are also
 :data:`asyncdp.config.choices.REASONING_PARSERS`, which a test keeps equal).
