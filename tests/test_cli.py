@@ -38,14 +38,14 @@ def run_asyncdp(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     (["serve"], {"ASYNCDP_DP_LB_POLICY": "bogus"}, "(got 'bogus')"),
     (["serve", "--max-seqs-per-request", "0"], {}, "--max-seqs-per-request must be in 1..2147483647 (got 0)"),
     (["serve", "--enable-auto-tool-choice"], {}, "--enable-auto-tool-choice requires --tool-call-parser (one of "
-                                                 "hermes, llama3_json, llama4_pythonic, mistral, pythonic, "
+                                                 "hermes, llama3_json, llama4_pythonic, mistral, openai, pythonic, "
                                                  "qwen3_coder)"),
     (["serve", "--tool-call-parser", "llama3"], {}, "--tool-call-parser must be one of hermes, llama3_json, "
-                                                    "llama4_pythonic, mistral, pythonic, qwen3_coder (got "
+                                                    "llama4_pythonic, mistral, openai, pythonic, qwen3_coder (got "
                                                     "'llama3')"),
-    (["serve", "--reasoning-parser", "openai_gptoss"], {}, "--reasoning-parser must be one of deepseek_r1, "
+    (["serve", "--reasoning-parser", "olmo3"], {}, "--reasoning-parser must be one of deepseek_r1, "
      "deepseek_v3, ernie45, glm45, granite, holo2, hunyuan_a13b, kimi_k2, minimax_m2, minimax_m2_append_think, "
-     "mistral, qwen3, seed_oss, step3 (got 'openai_gptoss')"),
+     "mistral, openai_gptoss, qwen3, seed_oss, step3 (got 'olmo3')"),
 ])
 def test_invalid_command_line_exits_2_with_one_error_line(args, env, message):
     proc = run_asyncdp(*args, env=env)

@@ -31,7 +31,6 @@ each beam goes out whole, through the same chunks, when it ends (``asyncdp.api.b
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -69,7 +68,7 @@ from asyncdp.api.openai_format import (
 from asyncdp.api.params import logit_bias, refuse_unsupported, sampling_params
 from asyncdp.api.rank_hint import parse_rank_hint, routing_headers
 from asyncdp.api.reasoning_parsers import ReasoningParser, split
-from asyncdp.api.reasoning_tokens import ReasoningTokens, count_reasoning_tokens
+from asyncdp.api.reasoning_tokens import TokenCount
 from asyncdp.api.request_ids import REQUEST_ID_HEADER, request_ids
 from asyncdp.api.routing_key import routing_key
 from asyncdp.api.schemas import ChatRequest, decode_body
@@ -174,16 +173,18 @@ def _reasoning_tokens(state: AppState, prep: Prepared, choices: list[Choice]) ->
         return None
     if prep.thinker is None:
         return 0
-    start, end, call = state.reasoning_start_ids, state.reasoning_end_ids, state.reasoning_call_ids
-    decode = _decoder(state)
-    return sum(count_reasoning_tokens(c.token_ids or (), start, end, prep.thinker.opens, call, decode,
-                                      prep.thinker.plain) for c in choices)
+    total = 0
+    for choice in choices:
+        counter = _counter(state)
+        counter.feed(choice.token_ids or ())
+        total += counter.finish()
+    return total
 
 
-def _decoder(state: AppState) -> Callable[[list[int]], str]:
-    """Token ids' text, special tokens kept: what follows a ``<tool_call>`` in the thinking's count."""
-    tok = state.client.tokenizer
-    return lambda ids: tok.decode(ids, skip_special_tokens=False)
+def _counter(state: AppState) -> TokenCount:
+    """A new count of one choice's reasoning tokens (the server's parser's, by its tags' ids)."""
+    assert state.reasoning_counter is not None  # (set with the reasoning parser)
+    return state.reasoning_counter()
 
 
 def _null_content(state: AppState, prep: Prepared) -> bool:
@@ -258,10 +259,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     cached = [0] * num_choices  # each choice's prefix-cache hit
 
     # with a reasoning parser: each choice's reasoning tokens, counted as they come (none when it does not think)
-    counts = [ReasoningTokens(state.reasoning_start_ids, state.reasoning_end_ids, prep.thinker.opens,
-                              state.reasoning_call_ids, _decoder(state), prep.thinker.plain)
-              for _ in range(num_choices)] \
-        if prep.thinker is not None else None
+    counts = [_counter(state) for _ in range(num_choices)] if prep.thinker is not None else None
 
     def reasoning_tokens(index: int | None) -> int | None:  # (None: all the choices)
         if state.reasoning_parser is None:

@@ -59,7 +59,8 @@ class ReasoningParser:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.tags = cls.starts + cls.ends + cls.dropped
+        if "tags" not in cls.__dict__:  # (a parser that reads its format otherwise names them: harmony's)
+            cls.tags = cls.starts + cls.ends + cls.dropped
 
     def __init__(self) -> None:
         self._state = PLAIN if self.plain else BEFORE if self.opens else THINKING

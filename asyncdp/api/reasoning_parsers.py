@@ -27,7 +27,8 @@ given, ``minimax_m2_append_think`` splits nothing (``plain``: the content is the
 switch and drops the model's ``(no content)`` placeholder from the content; ``glm45``, ``mistral`` (``[THINK]``) and
 ``granite`` (its phrases, which must begin the answer) need the opening tag (``opens``): text before it is content,
 an answer without it all content. ``ernie45`` and ``hunyuan_a13b``, whose answers come wrapped in tags, are in
-:mod:`asyncdp.api.wrapped_reasoning_parsers`. Where vLLM's whole and streamed readings of one answer differ, these
+:mod:`asyncdp.api.wrapped_reasoning_parsers`; ``openai_gptoss`` (gpt-oss), whose answers are harmony messages, not
+tags, in :mod:`asyncdp.api.harmony_parsers`. Where vLLM's whole and streamed readings of one answer differ, these
 follow its stream (an opened block never closed is reasoning), so that a stream and a whole answer agree.
 
 A constraint (structured outputs, a named or ``"required"`` tool choice) applies only after the thinking, as in
@@ -44,7 +45,8 @@ one are the same parse, however the text was cut.
 (Granite's phrases found by the ids they have alone, which its "Here's" spelling does not match; vLLM counts none;
 Hunyuan's end by ``</think>\\n<answer>\\n``'s, so the newline token before it counts: vLLM counts none either).
 ``qwen3``'s tool-call end is found the same way: the tokens before a ``<tool_call>`` (its ids alone) that the decoded
-tokens after it confirm (``<function``) are reasoning, the call's are not.
+tokens after it confirm (``<function``) are reasoning, the call's are not. ``openai_gptoss`` counts its
+``analysis`` messages' bodies (:class:`~asyncdp.api.harmony.HarmonyTokens`); :func:`token_counter` picks the count.
 
 ``PARSERS`` is the registry, name -> class, that ``--reasoning-parser`` chooses from (its names are also
 :data:`asyncdp.config.choices.REASONING_PARSERS`, which a test keeps equal).
@@ -52,15 +54,20 @@ tokens after it confirm (``<function``) are reasoning, the call's are not.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
+from asyncdp.api.harmony import TAGS, HarmonyTokens
+from asyncdp.api.harmony_parsers import HarmonyReasoningParser
 from asyncdp.api.reasoning_parser_base import CALL, END, START, ReasoningParser, find_call
+from asyncdp.api.reasoning_tokens import ReasoningTokens, TokenCount
 from asyncdp.api.wrapped_reasoning_parsers import Ernie45Parser, HunyuanA13bParser
 
 __all__ = ["CALL", "END", "PARSERS", "START", "DeepSeekR1Parser", "DeepSeekV3Parser", "Ernie45Parser",
-           "Holo2Parser", "HunyuanA13bParser", "MiniMaxM2AppendThinkParser", "Qwen3Parser", "ReasoningParser", "call_token_ids", "end_token_ids", "find_call",
-           "split", "start_token_ids"]
+           "HarmonyReasoningParser", "Holo2Parser", "HunyuanA13bParser", "MiniMaxM2AppendThinkParser", "Qwen3Parser",
+           "ReasoningParser", "call_token_ids", "end_token_ids", "find_call", "split", "start_token_ids",
+           "token_counter"]
 
 
 class DeepSeekR1Parser(ReasoningParser):
@@ -187,8 +194,8 @@ class GraniteParser(ReasoningParser):
 
 PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (
     DeepSeekR1Parser, DeepSeekV3Parser, Ernie45Parser, Glm45Parser, GraniteParser, Holo2Parser, HunyuanA13bParser,
-    KimiK2Parser, MiniMaxM2Parser, MiniMaxM2AppendThinkParser, MistralParser, Qwen3Parser, SeedOssParser,
-    Step3Parser)}
+    KimiK2Parser, MiniMaxM2Parser, MiniMaxM2AppendThinkParser, MistralParser, HarmonyReasoningParser, Qwen3Parser,
+    SeedOssParser, Step3Parser)}
 
 
 def start_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Parser) -> tuple[int, ...]:
@@ -208,6 +215,20 @@ def end_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Pars
 def call_token_ids(tokenizer: Any, parser: type[ReasoningParser]) -> tuple[int, ...]:
     """``<tool_call>`` as the tokenizer encodes it alone, for a parser a tool call ends (``calls``; else none)."""
     return tuple(tokenizer.encode(CALL, add_special_tokens=False)) if parser.calls else ()
+
+
+def token_counter(tokenizer: Any, parser: type[ReasoningParser]) -> Callable[[], TokenCount]:
+    """A new choice's reasoning-token count (``reasoning_tokens``), by the parser's tags as ``tokenizer`` encodes
+    each alone: :class:`ReasoningTokens`, or harmony's messages for ``openai_gptoss``. Token ids are decoded with
+    the special tokens kept (what follows qwen3's ``<tool_call>``, a harmony header)."""
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+    if issubclass(parser, HarmonyReasoningParser):
+        return partial(HarmonyTokens, {tag: tuple(tokenizer.encode(tag, add_special_tokens=False)) for tag in TAGS},
+                       decode)
+    return partial(ReasoningTokens, start_token_ids(tokenizer, parser), end_token_ids(tokenizer, parser),
+                   parser.opens, call_token_ids(tokenizer, parser), decode, parser.plain)
 
 
 def split(parser: ReasoningParser, text: str) -> tuple[str | None, str]:

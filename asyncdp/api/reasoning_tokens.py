@@ -4,8 +4,20 @@ split of :mod:`asyncdp.api.reasoning_parsers` counted in a choice's generated to
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from asyncdp.api.reasoning_parser_base import CALL, find_call
+
+
+class TokenCount(Protocol):
+    """One choice's reasoning tokens, as its token ids come: :class:`ReasoningTokens`, or harmony's
+    (:class:`asyncdp.api.harmony.HarmonyTokens`)."""
+
+    count: int  # so far
+
+    def feed(self, token_ids: Sequence[int]) -> None: ...
+
+    def finish(self) -> int: ...
 
 
 class ReasoningTokens:
@@ -33,16 +45,16 @@ class ReasoningTokens:
         held = self._held
         held.extend(token_ids)
         if self._before:
-            start = _find(held, self._start)
+            start = find_ids(held, self._start)
             if start < 0:
-                del held[:len(held) - _partial(held, self._start)]  # (content: not counted)
+                del held[:len(held) - partial_ids(held, self._start)]  # (content: not counted)
                 return
             del held[:start + len(self._start)]
             self._before = False
         while True:
-            end = _find(held, self._end)
+            end = find_ids(held, self._end)
             call, wait = self._find_call(held)
-            start = -1 if self._opened else _find(held, self._start)
+            start = -1 if self._opened else find_ids(held, self._start)
             if start >= 0 and (end < 0 or start < end) and (call < 0 or start < call):
                 self.count += start
                 del held[:start + len(self._start)]
@@ -58,7 +70,7 @@ class ReasoningTokens:
                 held.clear()
                 self._thinking = False
                 return
-            keep = max(_partial(held, self._end), 0 if self._opened else _partial(held, self._start), wait)
+            keep = max(partial_ids(held, self._end), 0 if self._opened else partial_ids(held, self._start), wait)
             self.count += len(held) - keep
             del held[:len(held) - keep]
             return
@@ -69,7 +81,7 @@ class ReasoningTokens:
         tag = self._call
         if not tag or self._decode is None:
             return -1, 0
-        at = _find(held, tag)
+        at = find_ids(held, tag)
         while at >= 0:
             text = CALL + self._decode(held[at + len(tag):])
             found, wait = find_call(text)
@@ -77,9 +89,9 @@ class ReasoningTokens:
                 return at, 0
             if wait == len(text):
                 return -1, len(held) - at
-            nxt = _find(held[at + 1:], tag)
+            nxt = find_ids(held[at + 1:], tag)
             at = -1 if nxt < 0 else at + 1 + nxt
-        return -1, _partial(held, tag)
+        return -1, partial_ids(held, tag)
 
     def finish(self) -> int:
         """The count, at the end of the answer: a partial tag that never completed is reasoning (content before
@@ -98,7 +110,7 @@ def count_reasoning_tokens(token_ids: Sequence[int], start: Sequence[int], end: 
     return counter.finish()
 
 
-def _find(values: list[int], tag: tuple[int, ...]) -> int:
+def find_ids(values: list[int], tag: tuple[int, ...]) -> int:
     """Where ``tag`` first occurs in ``values``, or -1."""
     if not tag:
         return -1
@@ -112,7 +124,7 @@ def _find(values: list[int], tag: tuple[int, ...]) -> int:
         return -1
 
 
-def _partial(values: list[int], tag: tuple[int, ...]) -> int:
+def partial_ids(values: list[int], tag: tuple[int, ...]) -> int:
     """The length of the longest end of ``values`` that begins ``tag`` (shorter than the tag)."""
     for k in range(min(len(tag) - 1, len(values)), 0, -1):
         if tuple(values[-k:]) == tag[:k]:

@@ -102,8 +102,8 @@ def tool_use(req: ChatRequest, parser: type[ToolCallParser] | None = None) -> To
                            parallel=req.parallel_tool_calls is not False)
         raise HTTPError(400, 'tools with tool_choice "auto" (the default with tools) need a tool-call parser to find '
                              "the calls in free text: start the server with --enable-auto-tool-choice and "
-                             "--tool-call-parser (hermes, llama3_json, llama4_pythonic, mistral, pythonic or "
-                             "qwen3_coder), or set tool_choice to \"none\", \"required\" or a named function.",
+                             "--tool-call-parser (hermes, llama3_json, llama4_pythonic, mistral, openai, pythonic "
+                             "or qwen3_coder), or set tool_choice to \"none\", \"required\" or a named function.",
                         param="tools")
     if isinstance(choice, NamedToolChoice):
         by_name = {t.function.name: t for t in tools}

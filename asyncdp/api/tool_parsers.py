@@ -11,8 +11,9 @@ only the first call under ``parallel_tool_calls: false``.
 ``PARSERS`` is the registry, name -> class, that ``--tool-call-parser`` chooses from (its names are also
 :data:`asyncdp.config.choices.TOOL_CALL_PARSERS`, which a test keeps equal): ``hermes`` here, ``llama3_json``,
 ``pythonic`` and ``llama4_pythonic`` in :mod:`asyncdp.api.llama_tool_parsers`, ``mistral`` in
-:mod:`asyncdp.api.mistral_tool_parsers`, ``qwen3_coder`` in :mod:`asyncdp.api.qwen_tool_parsers`, on the interface
-of :mod:`asyncdp.api.tool_parser_base`.
+:mod:`asyncdp.api.mistral_tool_parsers`, ``qwen3_coder`` in :mod:`asyncdp.api.qwen_tool_parsers`, ``openai``
+(gpt-oss's harmony messages) in :mod:`asyncdp.api.harmony_parsers`, on the interface of
+:mod:`asyncdp.api.tool_parser_base`.
 Every format follows the same rules: a call must name one of the request's tools; anything that is not a valid
 call stays text, verbatim, so nothing the model wrote is lost; and text that may still become a call is held
 back while streaming until it is known, so a streamed answer and a whole one agree however the text is cut.
@@ -76,6 +77,7 @@ tools (a ``</tool_call>`` right after it, whitespace between allowed, is dropped
 
 from __future__ import annotations
 
+from asyncdp.api.harmony_parsers import HarmonyToolParser
 from asyncdp.api.llama_tool_parsers import Llama3JsonParser, Llama4PythonicParser, PythonicParser
 from asyncdp.api.mistral_tool_parsers import MistralParser
 from asyncdp.api.qwen_tool_parsers import Qwen3CoderParser
@@ -90,7 +92,7 @@ from asyncdp.api.tool_parser_base import (
     tags_are_special,
 )
 
-__all__ = ["PARSERS", "AutoToolCalls", "HermesParser", "Llama3JsonParser", "Llama4PythonicParser", "MistralParser",
+__all__ = ["PARSERS", "AutoToolCalls", "HarmonyToolParser", "HermesParser", "Llama3JsonParser", "Llama4PythonicParser", "MistralParser",
            "ParsedCall", "Piece", "PythonicParser", "Qwen3CoderParser", "ToolCallParser", "partial_prefix",
            "tags_are_special"]
 
@@ -112,8 +114,8 @@ class HermesParser(TaggedBlockParser):
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {
-    p.name: p for p in (HermesParser, Llama3JsonParser, Llama4PythonicParser, MistralParser, PythonicParser,
-                        Qwen3CoderParser)}
+    p.name: p for p in (HermesParser, Llama3JsonParser, Llama4PythonicParser, MistralParser, HarmonyToolParser,
+                        PythonicParser, Qwen3CoderParser)}
 
 
 class AutoToolCalls:

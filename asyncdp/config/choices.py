@@ -16,10 +16,11 @@ DP_BACKENDS = ("mp", "ray")
 # --chat-template-content-format (vLLM's): how message content reaches the chat template; auto reads the template.
 CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
 # --tool-call-parser (vLLM's names): the registry asyncdp.api.tool_parsers.PARSERS, kept equal by a test.
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_pythonic", "mistral", "pythonic", "qwen3_coder")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_pythonic", "mistral", "openai", "pythonic", "qwen3_coder")
 # --reasoning-parser (vLLM's names): the registry asyncdp.api.reasoning_parsers.PARSERS, kept equal by a test.
 REASONING_PARSERS = ("deepseek_r1", "deepseek_v3", "ernie45", "glm45", "granite", "holo2", "hunyuan_a13b", "kimi_k2",
-                     "minimax_m2", "minimax_m2_append_think", "mistral", "qwen3", "seed_oss", "step3")
+                     "minimax_m2", "minimax_m2_append_think", "mistral", "openai_gptoss", "qwen3", "seed_oss",
+                     "step3")
 # --scheduling-policy (vLLM's): how a rank's waiting queue is ordered and whom it preempts: fcfs by arrival;
 # priority by the requests' priority, then arrival (asyncdp.engine.request_queue).
 SCHEDULING_POLICIES = ("fcfs", "priority")

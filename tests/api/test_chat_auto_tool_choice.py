@@ -193,7 +193,7 @@ def test_an_unknown_parser_is_refused_by_create_app() -> None:
     from asyncdp.api import create_app
 
     with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json, llama4_pythonic, "
-                                         "mistral, pythonic, qwen3_coder"):
+                                         "mistral, openai, pythonic, qwen3_coder"):
         create_app(FakeEngineClient(), tool_call_parser="granite")
 
 

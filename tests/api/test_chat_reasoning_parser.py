@@ -226,9 +226,9 @@ def test_an_unknown_parser_is_refused_by_create_app() -> None:
     from asyncdp.api import create_app
 
     choices = ("deepseek_r1, deepseek_v3, ernie45, glm45, granite, holo2, hunyuan_a13b, kimi_k2, minimax_m2, "
-               "minimax_m2_append_think, mistral, qwen3, seed_oss, step3")
+               "minimax_m2_append_think, mistral, openai_gptoss, qwen3, seed_oss, step3")
     with pytest.raises(ValueError, match=f"reasoning_parser must be one of {choices}"):
-        create_app(FakeEngineClient(), reasoning_parser="openai_gptoss")
+        create_app(FakeEngineClient(), reasoning_parser="olmo3")
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])

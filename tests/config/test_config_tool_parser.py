@@ -11,16 +11,17 @@ from tests.config.command_lines import DENSE, api_server_configs, fails, serve
 def test_auto_tool_choice_without_a_parser_is_refused_naming_the_choices():
     message = fails("-dp 2 --enable-auto-tool-choice", DENSE)
     assert message.startswith("--enable-auto-tool-choice requires --tool-call-parser (one of hermes, llama3_json, "
-                              "llama4_pythonic, mistral, pythonic, qwen3_coder)"), message
+                              "llama4_pythonic, mistral, openai, pythonic, qwen3_coder)"), message
 
 
 def test_an_unknown_parser_is_refused_naming_the_choices():
     assert fails("--tool-call-parser granite", DENSE) == (
-        "--tool-call-parser must be one of hermes, llama3_json, llama4_pythonic, mistral, pythonic, qwen3_coder "
+        "--tool-call-parser must be one of hermes, llama3_json, llama4_pythonic, mistral, openai, pythonic, qwen3_coder "
         "(got 'granite').")
 
 
-@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "llama4_pythonic", "mistral", "pythonic", "qwen3_coder"])
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "llama4_pythonic", "mistral", "openai", "pythonic",
+                                    "qwen3_coder"])
 def test_every_parser_is_accepted_with_auto_tool_choice(parser: str):
     config = serve(f"--enable-auto-tool-choice --tool-call-parser {parser}", DENSE)
     assert config.tool_call_parser == parser and config.enable_auto_tool_choice
