@@ -3,18 +3,9 @@ default; ``--no-enable-tokenizer-info-endpoint`` turns it off again. Off, the ap
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
-from asyncdp.config.roles import api_server_role
-from tests.config.command_lines import DENSE, serve
-
-
-@dataclass(frozen=True)
-class Info:
-    max_position_embeddings: int = 4096
-    is_moe: bool = False
+from tests.config.command_lines import DENSE, api_server_configs, serve
 
 
 @pytest.mark.parametrize(("flags", "expected"), [
@@ -22,23 +13,13 @@ class Info:
     ("--enable-tokenizer-info-endpoint --no-enable-tokenizer-info-endpoint", False),
 ])
 def test_the_flag_reaches_every_api_servers_app(monkeypatch: pytest.MonkeyPatch, flags: str, expected: bool) -> None:
-    import asyncdp.model as model
-    from asyncdp.apiserver.process import api_config, make_app
-    from asyncdp.launcher.launch_plan import plan_from_config
+    from asyncdp.apiserver.process import make_app
     from asyncdp.testing import FakeEngineClient
 
-    monkeypatch.setattr(model, "resolve_model", lambda name: "/m")
-    monkeypatch.setattr(model, "read_model_info", lambda path: Info())
-    monkeypatch.setattr(model, "resolve_tokenizer", lambda tok, path: path)
-    config = serve(f"-dp 2 --api-server-count 2 {flags}", DENSE)
-    assert config.enable_tokenizer_info_endpoint is expected
-    plan = plan_from_config(config)
-    assert plan.enable_tokenizer_info_endpoint is expected
-    for index in (0, 1):
-        role = api_server_role(plan, index, managed_ranks=(0, 1), coordinator_client_addr=None, socket_dir=None)
-        assert role.enable_tokenizer_info_endpoint is expected
-        cfg = api_config(role)
-        assert cfg.enable_tokenizer_info_endpoint is expected
+    assert serve(f"-dp 2 --api-server-count 2 {flags}", DENSE).enable_tokenizer_info_endpoint is expected
+    configs = api_server_configs(monkeypatch, flags)
+    assert [cfg.enable_tokenizer_info_endpoint for cfg in configs] == [expected, expected]
+    for cfg in configs:
         fake = FakeEngineClient()
         app = make_app(cfg, fake, fake.metrics)
         routes = {rule.rule for rule in app.url_map.iter_rules()}
