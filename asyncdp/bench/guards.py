@@ -117,20 +117,18 @@ def _check_applies(ns: argparse.Namespace) -> None:
 
 
 def check_workloads(ns: argparse.Namespace, labelled: list[tuple[str, Any]]) -> None:
-    """The workloads built, as ``(label, workload)``, before any run: no two of one generator, and ``--r-sat`` and
-    ``--rate-scale`` each apply to one of them."""
+    """The workloads built, as ``(label, workload)``, before any run: no two under one label (their runs would be
+    mixed in one table), and ``--r-sat`` and ``--rate-scale`` each apply to one of them. Two presets of one generator
+    have labels of their own (``w3`` and ``w3@ray_scaling``), and run side by side."""
     from asyncdp.bench.arrivals import Closed, RelativeLadder
 
     workloads = [w for _, w in labelled]
     names = ", ".join(dict.fromkeys(label for label, _ in labelled))
-    first = [(label, w.name) for label, w in labelled if w.seed == workloads[0].seed]
-    twice = [(seen, label) for k, (label, name) in enumerate(first) for seen, other in first[:k] if other == name]
+    first = [label for label, w in labelled if w.seed == workloads[0].seed]
+    twice = [label for k, label in enumerate(first) if label in first[:k]]
     if twice:  # (w3 and w3@ray_scaling were once averaged together in one "w3" table, as if they were two seeds)
-        seen, label = twice[0]
-        what = (f"{seen}, and their runs would be mixed in one table" if seen == label else
-                f"{seen} and {label}, two presets of one generator")
-        raise ConfigError(f"--workload {ns.workload}: two of these workloads report as {what}; run them one at a "
-                          "time.")
+        raise ConfigError(f"--workload {ns.workload}: two of these workloads report as {twice[0]}, and their runs "
+                          "would be mixed in one table; run them one at a time.")
     if ns.r_sat is not None and not any(isinstance(w.arrival, RelativeLadder) for w in workloads):
         raise ConfigError(f"--r-sat does nothing here: no workload of this run ({names}) is on a relative ladder "
                           "(W2 at quick scale, W6, W7, W8, or arrival=ladder); leave it out.")

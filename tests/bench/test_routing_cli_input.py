@@ -43,8 +43,6 @@ def trace(tmp_path):
     (["--workload", "w1", "--seeds", "1,01"], "--seeds lists 1 twice"),
     (["--workload", "w1", "--policies", "vllm,random,vllm"], "--policies lists vllm twice"),
     (["--workload", "w1,w1"], "--workload lists w1 twice"),
-    # w3 and w3@ray_scaling were averaged together in one "w3" table, as if they were two seeds of one workload
-    (["--workload", "w3,w3@ray_scaling"], "--workload w3,w3@ray_scaling: two of these workloads report as w3"),
 ])
 def test_a_flag_that_would_do_nothing_or_repeat_a_run_is_one_line_and_exit_2(args, message, trace, tmp_path, capsys):
     args = [trace if a == "TRACE" else str(tmp_path / "x.jsonl") if a == "EXPORT" else a for a in args]

@@ -80,3 +80,23 @@ def test_the_options_given_are_in_the_table_title_and_the_header_not_the_label(t
 def test_a_label_splits_into_its_workload_and_rung_and_its_family_is_the_generator(label, workload, rung):
     assert split_rung(label) == (workload, rung)
     assert family(label) == label.partition("@")[0]
+
+
+def test_two_presets_of_one_generator_run_side_by_side_as_each_alone(tmp_path, capsys):
+    # (they were refused while both read "w3"; before that, averaged together in one table as if two seeds)
+    def runs(workloads: str) -> dict[tuple[str, str], dict]:
+        out = tmp_path / f"{workloads}.json"
+        assert main(["bench", "routing", "--workload", workloads, "--scale", "quick", "--policies", "vllm,asyncdp",
+                     "--seeds", "1", "--jobs", "0", "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        return {(r["workload"], r["policy"]): r["metrics"] for r in doc["runs"]} | {
+            ("hashes", workloads): doc["header"]["workload_hashes"]}
+
+    both = runs("w3,w3@ray_scaling")
+    alone = runs("w3") | runs("w3@ray_scaling")
+    assert both.pop(("hashes", "w3,w3@ray_scaling")) == alone.pop(("hashes", "w3")) | alone.pop(
+        ("hashes", "w3@ray_scaling"))
+    assert set(both) == {(w, p) for w in ("w3", "w3@ray_scaling") for p in ("vllm", "asyncdp")}
+    assert both == alone
+    printed = capsys.readouterr().out
+    assert "== w3 (mean over seeds" in printed and "== w3@ray_scaling (mean over seeds" in printed
