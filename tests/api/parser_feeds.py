@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from asyncdp.api.reasoning_parsers import ReasoningParser
 from asyncdp.api.tool_parsers import AutoToolCalls, ParsedCall
@@ -43,3 +44,15 @@ def fed(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
         more, rest = parser.read(piece, finished=i == len(pieces) - 1)
         reasoning, content = reasoning + more, content + rest
     return reasoning, content
+
+
+def assert_counts_at_every_cut(make: Callable[[], Any], ids: list[int], expected: int) -> None:
+    """A reasoning-token counter from ``make`` fed ``ids`` in two pieces, cut anywhere (and an empty piece), counts
+    ``expected`` in the end, and never more before it (a tail that may be a tag waits)."""
+    for cut in range(len(ids) + 1):
+        counter = make()
+        counter.feed(ids[:cut])
+        assert counter.count <= expected
+        counter.feed(ids[cut:])
+        counter.feed([])
+        assert counter.finish() == expected, cut

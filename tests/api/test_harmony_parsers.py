@@ -16,7 +16,7 @@ from asyncdp.api.reasoning_parsers import end_token_ids, split, token_counter
 from asyncdp.api.tool_parsers import PARSERS as TOOL_PARSERS
 from asyncdp.api.tool_parsers import AutoToolCalls, ParsedCall, tags_are_special
 from asyncdp.testing import byte_tokenizer
-from tests.api.parser_feeds import assert_every_split_agrees, fed, whole
+from tests.api.parser_feeds import assert_counts_at_every_cut, assert_every_split_agrees, fed, whole
 
 REASONING, TOOLS = REASONING_PARSERS["openai_gptoss"], TOOL_PARSERS["openai"]
 NAMES = ("get_weather", "get_time")
@@ -185,12 +185,7 @@ def test_the_reasoning_tokens_are_the_analysis_bodies_tokens(text: str, special:
     counter = make()
     counter.feed(ids)
     assert counter.finish() == expected
-    for cut in range(len(ids) + 1):
-        counter = make()
-        counter.feed(ids[:cut])
-        assert counter.count <= expected
-        counter.feed(ids[cut:])
-        assert counter.finish() == expected, cut
+    assert_counts_at_every_cut(make, ids, expected)
 
 
 def test_the_tags_are_gpt_oss_special_tokens_and_a_constraint_starts_after_the_final_header() -> None:

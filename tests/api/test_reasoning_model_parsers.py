@@ -21,7 +21,7 @@ from asyncdp.api.reasoning_parsers import (
 from asyncdp.api.reasoning_tokens import ReasoningTokens, count_reasoning_tokens
 from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.testing import byte_tokenizer
-from tests.api.parser_feeds import fed, whole
+from tests.api.parser_feeds import assert_counts_at_every_cut, fed, whole
 
 THOUGHT_PHRASE, RESPONSE_PHRASE = "Here is my thought process:", "Here is my response:"
 
@@ -154,12 +154,7 @@ def test_the_reasoning_tokens_are_those_of_the_reasoning_text(name: str, text: s
         assert count_reasoning_tokens(ids, start, end, parser.opens, plain=parser.plain) != expected
         return
     assert count_reasoning_tokens(ids, start, end, parser.opens, plain=parser.plain) == expected
-    for cut in range(len(ids) + 1):
-        counter = ReasoningTokens(start, end, parser.opens, plain=parser.plain)
-        counter.feed(ids[:cut])
-        assert counter.count <= expected
-        counter.feed(ids[cut:])
-        assert counter.finish() == expected, cut
+    assert_counts_at_every_cut(lambda: ReasoningTokens(start, end, parser.opens, plain=parser.plain), ids, expected)
 
 
 def test_the_tag_ids_are_each_parsers_own() -> None:

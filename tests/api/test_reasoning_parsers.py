@@ -5,6 +5,8 @@ in token ids (``ReasoningTokens``, for ``usage.completion_tokens_details.reasoni
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from asyncdp.api.reasoning_parsers import (
@@ -22,7 +24,7 @@ from asyncdp.api.reasoning_tokens import ReasoningTokens, count_reasoning_tokens
 from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.config.flags import REASONING_PARSERS
 from asyncdp.testing import byte_tokenizer
-from tests.api.parser_feeds import fed, whole
+from tests.api.parser_feeds import assert_counts_at_every_cut, fed, whole
 
 # name: (text, reasoning, content), both parsers while thinking (as vLLM reads them today)
 CASES: dict[str, tuple[str, str, str]] = {
@@ -126,13 +128,7 @@ def test_the_reasoning_tokens_are_those_of_the_reasoning_text_tags_left_out(name
     for encode, start, end in ((byte_ids, byte_ids(START), byte_ids(END)), (tag_ids, [OPEN], [CLOSE])):
         ids, expected = encode(text), len(encode(reasoning))
         assert count_reasoning_tokens(ids, start, end) == expected, ids
-        for cut in range(len(ids) + 1):
-            counter = ReasoningTokens(start, end)
-            counter.feed(ids[:cut])
-            assert counter.count <= expected  # (so far: a tail that may be a tag waits)
-            counter.feed(ids[cut:])
-            counter.feed([])
-            assert counter.finish() == expected, cut
+        assert_counts_at_every_cut(partial(ReasoningTokens, start, end), ids, expected)
         one_by_one = ReasoningTokens(start, end)
         for token in ids:
             one_by_one.feed([token])
@@ -189,8 +185,5 @@ def test_the_reasoning_tokens_stop_before_the_call_that_ended_the_thinking(name:
     call, decode = byte_ids("<tool_call>"), (lambda ids: bytes(ids).decode("utf-8", "replace"))
     ids, expected = byte_ids(text), len(byte_ids(reasoning))
     assert count_reasoning_tokens(ids, byte_ids(START), byte_ids(END), False, call, decode) == expected
-    for cut in range(len(ids) + 1):
-        counter = ReasoningTokens(byte_ids(START), byte_ids(END), False, call, decode)
-        counter.feed(ids[:cut])
-        counter.feed(ids[cut:])
-        assert counter.finish() == expected, cut
+    assert_counts_at_every_cut(lambda: ReasoningTokens(byte_ids(START), byte_ids(END), False, call, decode), ids,
+                               expected)
