@@ -303,3 +303,35 @@ async def test_the_api_servers_run_without_torch_and_the_engines_with_it(dp2: Se
     assert len(apis) == API_COUNT and len(engines) == DP_SIZE, titles
     assert [pid for pid in apis if _maps_torch(pid)] == []
     assert all(_maps_torch(pid) for pid in engines)
+
+
+async def test_http2_clients_multiplex_completions_streams_and_errors_on_one_connection(dp2: Server) -> None:
+    """hypercorn serves HTTP/2 too (h2c with prior knowledge, as a proxy such as Envoy speaks it upstream): 40
+    completions multiplexed on one connection all succeed and reach both ranks, a stream over it ends with
+    ``[DONE]``, and a bad body is the same OpenAI-style 400 as over HTTP/1.1."""
+    before = await successes(dp2.base_url)
+    with anyio.fail_after(60):
+        async with httpx.AsyncClient(base_url=dp2.base_url, http1=False, http2=True, timeout=30.0) as h2:
+            answers: list[httpx.Response] = []
+
+            async def one(i: int) -> None:
+                answers.append(await h2.post("/v1/completions", json={
+                    "model": MODEL, "prompt": f"multiplexed {i}", "max_tokens": 4, "ignore_eos": True}))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(40):
+                    tg.start_soon(one, i)
+            async with h2.stream("POST", "/v1/chat/completions", json={
+                    "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                    "stream": True}) as stream:
+                events = [line async for line in stream.aiter_lines() if line.startswith("data: ")]
+                streamed_version = stream.http_version
+            bad = await h2.post("/v1/completions", content=b'{"model": ', headers={"content-type": "application/json"})
+    assert {r.http_version for r in answers} == {"HTTP/2"} and streamed_version == "HTTP/2"
+    assert [r.status_code for r in answers] == [200] * 40
+    assert all(r.json()["usage"]["completion_tokens"] == 4 for r in answers)
+    assert events[-1] == "data: [DONE]" and len(events) >= 3
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "BadRequestError"
+    after = await successes(dp2.base_url)
+    gained = {e: after.get(e, 0.0) - before.get(e, 0.0) for e in ("0", "1")}
+    assert sum(gained.values()) == 41 and all(n > 0 for n in gained.values()), gained
