@@ -35,6 +35,9 @@ TokenIdKey = Annotated[str, Meta(pattern="^(0|[1-9][0-9]{0,9})$")]  # no leading
 Bias = Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 Json = dict[str, Any]
+# vLLM's options for its media loaders, by modality ({"video": {"num_frames": 40}}): checked, and without effect
+# here, where a message holds text only (asyncdp.api.chat_messages refuses media parts).
+MediaIoKwargs = dict[str, Json]
 # A request's own chat template (--trust-request-chat-template): the largest real ones are ~20 KB.
 MAX_CHAT_TEMPLATE_CHARS = 128 * 1024
 ChatTemplateSource = Annotated[str, Meta(
@@ -214,6 +217,7 @@ class ChatRequest(_Common, kw_only=True):
     chat_template: ChatTemplateSource | None = None  # needs --trust-request-chat-template (asyncdp.api.chat_render)
     documents: list[dict[str, str]] | None = None  # RAG documents, the template's ``documents`` (vLLM's shape)
     mm_processor_kwargs: Json | None = None
+    media_io_kwargs: MediaIoKwargs | None = None
     modalities: list[str] | None = None
     audio: Json | None = None
     prediction: Json | None = None  # OpenAI's predicted output: a latency hint, the answer is the same without it
@@ -246,6 +250,7 @@ class TokenizeChat(msgspec.Struct, kw_only=True):
     tools: list[ToolDefinition] | None = None  # rendered by the chat template, as for a chat request
     return_token_strs: bool | None = None
     mm_processor_kwargs: Json | None = None  # refused, as chat's (asyncdp.api.params)
+    media_io_kwargs: MediaIoKwargs | None = None  # as chat's
     # Chat's, beyond vLLM's /tokenize (which ignores them): rendered as a chat request renders them, so the count is
     # the chat request's prompt_tokens
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
@@ -281,6 +286,17 @@ def decode_body(data: bytes | str, kind: type[msgspec.Struct]) -> Any:
         raise HTTPError(400, f"The request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise HTTPError(400, "The request body is nested too deeply.") from None
+
+
+def convert_at(value: Any, kind: Any, param: str) -> Any:
+    """``value``, the part ``param`` of a decoded body, as the type ``kind``; else a 400 naming the place inside
+    ``param`` that is at fault, as ``decode_body`` names a field (``chat_template_kwargs.documents[0]``)."""
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        message = message.replace("`$", f"`$.{param}", 1) if "`$" in message else f"{message} - at `$.{param}`"
+        raise HTTPError(400, f"Invalid request body: {message}", param=_field_of(message)) from None
 
 
 def _integral(obj: Any) -> Any:
