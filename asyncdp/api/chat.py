@@ -14,8 +14,9 @@ of ``tool_choice: "auto"``, get the rest. Every message then has ``reasoning`` (
 and a ``content`` that is null rather than empty, and the first chunk of a stream has ``content: null``, so that
 a client accumulating the deltas gets the same message. A request that constrains the output (structured outputs,
 a named or ``"required"`` tool choice) while the model may think is constrained after the thinking only, as in
-vLLM: its grammar's ``start_after`` is ``</think>``'s token ids, so the model thinks freely and the grammar applies
-from the token after the first ``</think>``; the tool calls are read from the content alone. An answer cut by
+vLLM: its grammar's ``start_after`` is ``</think>``'s token ids (its ``start_markers`` gpt-oss's final-channel
+header with a content type), so the model thinks freely and the grammar applies from the token after the first
+``</think>``; the tool calls are read from the content alone. An answer cut by
 ``max_tokens`` (or ended by EOS) inside the thinking was never constrained: it is all reasoning.
 ``include_reasoning: false`` (vLLM's) drops the thinking, and the logprobs, which would show it. ``usage`` then
 has ``completion_tokens_details.reasoning_tokens`` (as vLLM): the thinking's tokens, tags left out, counted from
@@ -118,7 +119,8 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
         thinker = None  # (qwen3 with enable_thinking false: the answer is all content)
     constraint = _constraint(req, tools)
     if thinker is not None and constraint is not None:  # (the thinking stays free: vLLM's behaviour)
-        constraint = msgspec.structs.replace(constraint, start_after=state.reasoning_end_ids)
+        constraint = msgspec.structs.replace(constraint, start_after=state.reasoning_end_ids,
+                                             start_markers=state.reasoning_end_markers)
     try:
         params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs,
                                  prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)),

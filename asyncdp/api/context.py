@@ -25,6 +25,7 @@ from asyncdp.api.template_roles import TemplateRoles
 from asyncdp.api.tool_parsers import ToolCallParser
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
 from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
+from asyncdp.sampling_params import StartMarker
 
 PAUSE_MODES = ("abort", "wait", "keep")
 # The 503 of a server that is stopping, answered before it reads a request (a router may send it elsewhere).
@@ -53,6 +54,8 @@ class AppState:
     reasoning_parser: type[ReasoningParser] | None = None  # --reasoning-parser; None: thinking stays in content
     reasoning_tags_special: bool = False  # the tokenizer marks <think> or </think> special: keep them in the text
     reasoning_end_ids: tuple[int, ...] = ()  # </think>'s token ids: a constraint starts after them (start_after)
+    # or after one of these (start_markers): gpt-oss's final header with a content type (reasoning_parsers.end_markers)
+    reasoning_end_markers: tuple[StartMarker, ...] = ()
     # a new choice's count of usage's reasoning_tokens, by the parser's tags' ids (reasoning_parsers.token_counter)
     reasoning_counter: Callable[[], TokenCount] | None = None
     offload: Offload = field(default_factory=Offload)

@@ -49,6 +49,9 @@ class ReasoningParser:
     anchored: ClassVar[bool] = False
     drops_stray_end: ClassVar[bool] = True
     calls: ClassVar[bool] = False  # a ``<tool_call>`` that ``<function`` follows ends the thinking (qwen3)
+    # a header after which a constraint starts too (gpt-oss's final channel with a content type): its opening, its
+    # closing, the most ids between them, what between them cancels it (asyncdp.api.reasoning_parsers.end_markers)
+    end_header: ClassVar[tuple[str, str, int, str] | None] = None
     dropped: ClassVar[tuple[str, ...]] = ()
     trimmed_after: ClassVar[tuple[str, ...]] = ()
     plain: ClassVar[bool] = False

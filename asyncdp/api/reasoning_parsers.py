@@ -32,8 +32,9 @@ tags, in :mod:`asyncdp.api.harmony_parsers`. Where vLLM's whole and streamed rea
 follow its stream (an opened block never closed is reasoning), so that a stream and a whole answer agree.
 
 A constraint (structured outputs, a named or ``"required"`` tool choice) applies only after the thinking, as in
-vLLM: the API passes :func:`end_token_ids` as the grammar's ``start_after``, and the engine starts the grammar
-at the token after the first ``</think>`` it generates; the parsers then find the constrained text as content.
+vLLM: the API passes :func:`end_token_ids` as the grammar's ``start_after`` (and :func:`end_markers` as its
+``start_markers``: gpt-oss's final-channel header with a content type), and the engine starts the grammar at the
+token after the first ``</think>`` it generates; the parsers then find the constrained text as content.
 A constrained answer whose thinking ends with a tool call is a limitation: the grammar still waits for ``</think>``
 (vLLM would start it inside the call), so the call is unconstrained content, and a later ``</think>`` too.
 
@@ -63,11 +64,12 @@ from asyncdp.api.harmony_parsers import HarmonyReasoningParser
 from asyncdp.api.reasoning_parser_base import CALL, END, START, ReasoningParser, find_call
 from asyncdp.api.reasoning_tokens import ReasoningTokens, TokenCount
 from asyncdp.api.wrapped_reasoning_parsers import Ernie45Parser, HunyuanA13bParser
+from asyncdp.sampling_params import StartMarker
 
 __all__ = ["CALL", "END", "PARSERS", "START", "DeepSeekR1Parser", "DeepSeekV3Parser", "Ernie45Parser",
            "HarmonyReasoningParser", "Holo2Parser", "HunyuanA13bParser", "MiniMaxM2AppendThinkParser", "Qwen3Parser",
-           "ReasoningParser", "call_token_ids", "end_token_ids", "find_call", "split", "start_token_ids",
-           "token_counter"]
+           "ReasoningParser", "call_token_ids", "end_markers", "end_token_ids", "find_call", "split",
+           "start_token_ids", "token_counter"]
 
 
 class DeepSeekR1Parser(ReasoningParser):
@@ -210,6 +212,21 @@ def end_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Pars
     answer that may think starts after these ids (``StructuredOutputs.start_after``); a model that spells the tag
     with other tokens (Granite's "Here's my response:", a phrase after other text) leaves its answer free."""
     return tuple(tokenizer.encode(parser.ends[0], add_special_tokens=False))
+
+
+def end_markers(tokenizer: Any, parser: type[ReasoningParser]) -> tuple[StartMarker, ...]:
+    """More ends of the thinking after which a constraint starts (``StructuredOutputs.start_markers``): the
+    parser's ``end_header`` (gpt-oss's final-channel header, any content type between its parts), each part as the
+    tokenizer encodes it alone; none for the others."""
+    if parser.end_header is None:
+        return ()
+    opening, closing, max_gap_tokens, cancel = parser.end_header
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+    return (StartMarker(ids=ids(opening), closed_by=ids(closing), max_gap_tokens=max_gap_tokens,
+                        cancelled_by=ids(cancel)),)
 
 
 def call_token_ids(tokenizer: Any, parser: type[ReasoningParser]) -> tuple[int, ...]:
