@@ -47,8 +47,8 @@ class HarmonyReasoningParser(ReasoningParser):
     end_header = FINAL_HEADERS
     tags = TAGS
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, constrained: bool = False) -> None:
+        super().__init__(constrained=constrained)
         self._splitter = Splitter()
         self._header: Header | None = None  # the open message's
 

@@ -27,7 +27,7 @@ PROTOCOL_VERSION = 14  # 2: PrefixClaim and PrefixOwner on the coordinator link;
 # 13: scheduling_policy in the configuration summary (NodeHello, Hello, Ready): a launch of 12 would be refused for
 # a scheduling_policy=<missing> instead of by its protocol version
 # 14: SamplingParams.structured.start_markers in AddRequest (a rank of 13 would drop them and leave gpt-oss's
-# answer after a final header with a content type unconstrained)
+# answer after a final header with a content type, and qwen3's after a <tool_call> while thinking, unconstrained)
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
