@@ -42,7 +42,7 @@ from asyncdp.api.errors import error_body, status_and_body
 from asyncdp.api.last_send import with_last_send_shielded
 from asyncdp.api.metrics import CONTENT_TYPE, Metrics
 from asyncdp.api.reasoning_parsers import PARSERS as REASONING_PARSERS
-from asyncdp.api.reasoning_parsers import end_token_ids, token_counter
+from asyncdp.api.reasoning_parsers import end_markers, end_token_ids, token_counter
 from asyncdp.api.request_close import with_close_callbacks
 from asyncdp.api.request_templates import RequestTemplates
 from asyncdp.api.template_roles import resolve_template_roles
@@ -151,6 +151,7 @@ def create_app(
         reasoning_parser=thinker,
         reasoning_tags_special=thinker is not None and tags_are_special(thinker, client.tokenizer),
         reasoning_end_ids=() if thinker is None else end_token_ids(client.tokenizer, thinker),
+        reasoning_end_markers=() if thinker is None else end_markers(client.tokenizer, thinker),
         reasoning_counter=None if thinker is None else token_counter(client.tokenizer, thinker),
     )
     app.extensions["asyncdp"] = state

@@ -14,8 +14,10 @@ of ``tool_choice: "auto"``, get the rest. Every message then has ``reasoning`` (
 and a ``content`` that is null rather than empty, and the first chunk of a stream has ``content: null``, so that
 a client accumulating the deltas gets the same message. A request that constrains the output (structured outputs,
 a named or ``"required"`` tool choice) while the model may think is constrained after the thinking only, as in
-vLLM: its grammar's ``start_after`` is ``</think>``'s token ids, so the model thinks freely and the grammar applies
-from the token after the first ``</think>``; the tool calls are read from the content alone. An answer cut by
+vLLM: its grammar's ``start_after`` is ``</think>``'s token ids (its ``start_markers`` gpt-oss's final-channel
+header with a content type, qwen3's ``<tool_call>``), so the model thinks freely and the grammar applies from the
+token after the first ``</think>``; the tool calls are read from the content alone (a constrained answer's
+parser ends the thinking where the grammar starts: ``Prepared.reading``). An answer cut by
 ``max_tokens`` (or ended by EOS) inside the thinking was never constrained: it is all reasoning.
 ``include_reasoning: false`` (vLLM's) drops the thinking, and the logprobs, which would show it. ``usage`` then
 has ``completion_tokens_details.reasoning_tokens`` (as vLLM): the thinking's tokens, tags left out, counted from
@@ -95,6 +97,12 @@ class Prepared:
     tools: ToolUse | None
     thinker: type[ReasoningParser] | None  # the reasoning parser, when the request lets the model think
     hide_reasoning: bool  # include_reasoning false: the thinking is dropped, and the logprobs that would show it
+    constrained: bool = False  # a thinker's constrained answer: its grammar starts where the thinking ends
+
+    def reading(self) -> ReasoningParser:
+        """A new parse of one choice's thinking (a thinker's only)."""
+        assert self.thinker is not None
+        return self.thinker(constrained=self.constrained)
 
 
 def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepared:
@@ -118,7 +126,8 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
         thinker = None  # (qwen3 with enable_thinking false: the answer is all content)
     constraint = _constraint(req, tools)
     if thinker is not None and constraint is not None:  # (the thinking stays free: vLLM's behaviour)
-        constraint = msgspec.structs.replace(constraint, start_after=state.reasoning_end_ids)
+        constraint = msgspec.structs.replace(constraint, start_after=state.reasoning_end_ids,
+                                             start_markers=state.reasoning_end_markers)
     try:
         params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs,
                                  prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)),
@@ -145,7 +154,8 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
     seqs = sequences(engine_id, [prompt_ids], params, 1 if beams else per_prompt)  # (beams: the search's start)
     per_prompt = beams or per_prompt
     return Prepared(req, request_id, model, Echo("", prompt_ids), echo, seqs, per_prompt, n, top_logprobs, tools,
-                    thinker, thinker is not None and req.include_reasoning is False)
+                    thinker, thinker is not None and req.include_reasoning is False,
+                    thinker is not None and constraint is not None)
 
 
 def _whole(state: AppState, prep: Prepared, message: dict[str, Any], finish_reason: str | None,
@@ -154,7 +164,7 @@ def _whole(state: AppState, prep: Prepared, message: dict[str, Any], finish_reas
     text: str = message["content"]
     reasoning = None
     if prep.thinker is not None:
-        reasoning, answer_text = split(prep.thinker(), text[len(prep.echo):])  # (the echo is content)
+        reasoning, answer_text = split(prep.reading(), text[len(prep.echo):])  # (the echo is content)
         text = prep.echo + answer_text
         message = {"role": "assistant", "content": text}
     if prep.tools is not None and prep.tools.calls:
@@ -175,16 +185,16 @@ def _reasoning_tokens(state: AppState, prep: Prepared, choices: list[Choice]) ->
         return 0
     total = 0
     for choice in choices:
-        counter = _counter(state)
+        counter = _counter(state, prep)
         counter.feed(choice.token_ids or ())
         total += counter.finish()
     return total
 
 
-def _counter(state: AppState) -> TokenCount:
+def _counter(state: AppState, prep: Prepared) -> TokenCount:
     """A new count of one choice's reasoning tokens (the server's parser's, by its tags' ids)."""
     assert state.reasoning_counter is not None  # (set with the reasoning parser)
-    return state.reasoning_counter()
+    return state.reasoning_counter(prep.constrained)
 
 
 def _null_content(state: AppState, prep: Prepared) -> bool:
@@ -259,7 +269,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     cached = [0] * num_choices  # each choice's prefix-cache hit
 
     # with a reasoning parser: each choice's reasoning tokens, counted as they come (none when it does not think)
-    counts = [_counter(state) for _ in range(num_choices)] if prep.thinker is not None else None
+    counts = [_counter(state, prep) for _ in range(num_choices)] if prep.thinker is not None else None
 
     def reasoning_tokens(index: int | None) -> int | None:  # (None: all the choices)
         if state.reasoning_parser is None:
@@ -288,7 +298,7 @@ async def _streamed(state: AppState, prep: Prepared, hint: Any, key: str | None,
     started = [False] * num_choices
     calls = [StreamedCalls(prep.tools) for _ in range(num_choices)] if prep.tools is not None and prep.tools.calls \
         else None
-    thoughts = [prep.thinker() for _ in range(num_choices)] if prep.thinker is not None else None
+    thoughts = [prep.reading() for _ in range(num_choices)] if prep.thinker is not None else None
 
     def events(index: int, out: RequestOutput) -> list[bytes]:
         generated[index] += len(out.new_token_ids)

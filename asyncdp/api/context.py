@@ -6,7 +6,6 @@ never ``asyncdp.api.app``: the app factory imports the routes, not the reverse.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +18,13 @@ from asyncdp.api.errors import error_body
 from asyncdp.api.metrics import Metrics
 from asyncdp.api.offload import Offload
 from asyncdp.api.reasoning_parsers import ReasoningParser
-from asyncdp.api.reasoning_tokens import TokenCount
+from asyncdp.api.reasoning_tokens import NewTokenCount
 from asyncdp.api.request_templates import RequestTemplates
 from asyncdp.api.template_roles import TemplateRoles
 from asyncdp.api.tool_parsers import ToolCallParser
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
 from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
+from asyncdp.sampling_params import StartMarker
 
 PAUSE_MODES = ("abort", "wait", "keep")
 # The 503 of a server that is stopping, answered before it reads a request (a router may send it elsewhere).
@@ -53,8 +53,11 @@ class AppState:
     reasoning_parser: type[ReasoningParser] | None = None  # --reasoning-parser; None: thinking stays in content
     reasoning_tags_special: bool = False  # the tokenizer marks <think> or </think> special: keep them in the text
     reasoning_end_ids: tuple[int, ...] = ()  # </think>'s token ids: a constraint starts after them (start_after)
+    # or after one of these (start_markers): gpt-oss's final header with a content type, qwen3's <tool_call>
+    # (reasoning_parsers.end_markers)
+    reasoning_end_markers: tuple[StartMarker, ...] = ()
     # a new choice's count of usage's reasoning_tokens, by the parser's tags' ids (reasoning_parsers.token_counter)
-    reasoning_counter: Callable[[], TokenCount] | None = None
+    reasoning_counter: NewTokenCount | None = None
     offload: Offload = field(default_factory=Offload)
     task_group: TaskGroup | None = None
     draining: bool = False

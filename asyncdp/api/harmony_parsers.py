@@ -27,21 +27,28 @@ from asyncdp.api.reasoning_parser_base import ReasoningParser
 from asyncdp.api.tool_parser_base import ParsedCall, Piece, ToolCallParser, emit_text, json_object
 
 FINAL_HEADER = "<|channel|>final<|message|>"  # the final answer's header, whose ids start a constraint's grammar
+# The final answer's header with or without a content type (``<|channel|>final <|constrain|>json<|message|>``), which
+# starts a constraint's grammar too: its opening, its closing, the most ids between them, and what between them
+# cancels it. vLLM's gpt-oss reasoning parser ends the reasoning at a ``<|channel|>final`` that ``<|message|>``
+# follows with no ``<|end|>`` between, searching the 20 ids after it (``reasoning_max_num_between_tokens``): at
+# most 19 between.
+FINAL_HEADERS = ("<|channel|>final", "<|message|>", 19, "<|end|>")
 
 
 class HarmonyReasoningParser(ReasoningParser):
     """gpt-oss (``openai_gptoss``): the ``analysis`` channel is the reasoning, the rest the content (see the
-    module). Always thinking (harmony has no switch to turn it off); a constraint starts after
-    ``<|channel|>final<|message|>`` (``ends``), the final answer's header as the model writes it without a
-    content type."""
+    module). Always thinking (harmony has no switch to turn it off); a constraint starts after the final answer's
+    header: ``<|channel|>final<|message|>`` (``ends``), or one with a content type between (``end_header``), never
+    another channel's."""
 
     name = "openai_gptoss"
     starts = ()
     ends = (FINAL_HEADER,)
+    end_header = FINAL_HEADERS
     tags = TAGS
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, constrained: bool = False) -> None:
+        super().__init__(constrained=constrained)
         self._splitter = Splitter()
         self._header: Header | None = None  # the open message's
 

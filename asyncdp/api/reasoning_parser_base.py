@@ -14,6 +14,11 @@ thinking, :func:`find_call`), and, for the content, ``dropped`` (strings taken o
 placeholder, an answer's wrapper tags) and ``trimmed_after`` (the end tag or dropped strings after which the
 newlines that follow are dropped too). ``plain`` turns the split off (all content, the thinking and its tags
 included) and ``prefix`` begins the content (``minimax_m2_append_think``'s ``<think>``, which the prompt opened).
+
+A parser for a constrained answer (``constrained=True``) reads a ``calls`` parser's ``<tool_call>`` as the engine
+does: the constraint's grammar starts after the first one generated (``start_markers``, as vLLM's ends the
+reasoning there), so any ``<tool_call>`` ends the thinking, whatever follows it, and is dropped: the content is
+the grammar's text (the JSON, or a named or ``"required"`` tool choice's calls).
 """
 
 from __future__ import annotations
@@ -48,7 +53,10 @@ class ReasoningParser:
     opens: ClassVar[bool] = False
     anchored: ClassVar[bool] = False
     drops_stray_end: ClassVar[bool] = True
-    calls: ClassVar[bool] = False  # a ``<tool_call>`` that ``<function`` follows ends the thinking (qwen3)
+    calls: ClassVar[bool] = False  # a ``<tool_call>`` that ``<function`` follows (any, constrained) ends it (qwen3)
+    # a header after which a constraint starts too (gpt-oss's final channel with a content type): its opening, its
+    # closing, the most ids between them, what between them cancels it (asyncdp.api.reasoning_parsers.end_markers)
+    end_header: ClassVar[tuple[str, str, int, str] | None] = None
     dropped: ClassVar[tuple[str, ...]] = ()
     trimmed_after: ClassVar[tuple[str, ...]] = ()
     plain: ClassVar[bool] = False
@@ -62,8 +70,9 @@ class ReasoningParser:
         if "tags" not in cls.__dict__:  # (a parser that reads its format otherwise names them: harmony's)
             cls.tags = cls.starts + cls.ends + cls.dropped
 
-    def __init__(self) -> None:
+    def __init__(self, *, constrained: bool = False) -> None:
         self._state = PLAIN if self.plain else BEFORE if self.opens else THINKING
+        self._grammar_call = constrained and self.calls  # a <tool_call> starts the grammar: any ends the thinking
         self._prefix = self.prefix  # not sent yet
         self._opened = self.opens  # the opening tag is behind: a later one is text
         self._buf = ""  # before the end: a tail that may begin a tag
@@ -121,7 +130,7 @@ class ReasoningParser:
         """Inside the thinking: reasoning until the first closing tag; whether to go on."""
         buf = self._buf
         end, end_tag = _first(buf, self.ends)
-        call, held = find_call(buf) if self.calls else (-1, 0)
+        call, held = (_find(buf, CALL) if self._grammar_call else find_call(buf)) if self.calls else (-1, 0)
         start, start_tag = (-1, "") if self._opened else _first(buf, self.starts)
         if start >= 0 and (end < 0 or start < end) and (call < 0 or start < call):
             reasoning.append(buf[:start])
@@ -129,7 +138,8 @@ class ReasoningParser:
             return True
         if call >= 0 and (end < 0 or call < end):
             reasoning.append(buf[:call])
-            content.append(buf[call:])  # (the call stays, for the tool-call parser)
+            # the call stays, for the tool-call parser; the tag a grammar started after is not the grammar's text
+            content.append(buf[call + len(CALL):] if self._grammar_call else buf[call:])
             self._buf, self._state = "", AFTER
             return False
         if end >= 0:
@@ -201,6 +211,12 @@ def find_call(text: str) -> tuple[int, int]:
             return -1, len(text) - at
         at = text.find(CALL, at + 1)
     return (found.start(), 0) if found is not None else (-1, partial_prefix(text, CALL))
+
+
+def _find(text: str, tag: str) -> tuple[int, int]:
+    """Where ``tag`` first occurs in ``text`` (-1: nowhere), and how long a tail of ``text`` could begin it."""
+    at = text.find(tag)
+    return (at, 0) if at >= 0 else (-1, partial_prefix(text, tag))
 
 
 def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:

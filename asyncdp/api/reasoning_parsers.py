@@ -32,10 +32,13 @@ tags, in :mod:`asyncdp.api.harmony_parsers`. Where vLLM's whole and streamed rea
 follow its stream (an opened block never closed is reasoning), so that a stream and a whole answer agree.
 
 A constraint (structured outputs, a named or ``"required"`` tool choice) applies only after the thinking, as in
-vLLM: the API passes :func:`end_token_ids` as the grammar's ``start_after``, and the engine starts the grammar
-at the token after the first ``</think>`` it generates; the parsers then find the constrained text as content.
-A constrained answer whose thinking ends with a tool call is a limitation: the grammar still waits for ``</think>``
-(vLLM would start it inside the call), so the call is unconstrained content, and a later ``</think>`` too.
+vLLM: the API passes :func:`end_token_ids` as the grammar's ``start_after`` (and :func:`end_markers` as its
+``start_markers``: gpt-oss's final-channel header with a content type), and the engine starts the grammar at the
+token after the first ``</think>`` it generates; the parsers then find the constrained text as content. With
+``qwen3`` a ``<tool_call>`` written while thinking starts the grammar too (its ``start_markers``), as vLLM ends the
+reasoning at the first one generated for its grammar; a constrained answer is then read with ``constrained=True``
+(its parser and its token count): any ``<tool_call>`` ends the thinking and is dropped, the grammar's text after
+it is the content.
 
 Each parser is sans-IO and incremental (:mod:`asyncdp.api.reasoning_parser_base`): a streamed answer and a whole
 one are the same parse, however the text was cut.
@@ -54,20 +57,21 @@ tokens after it confirm (``<function``) are reasoning, the call's are not. ``ope
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
 from asyncdp.api.harmony import TAGS, HarmonyTokens
 from asyncdp.api.harmony_parsers import HarmonyReasoningParser
 from asyncdp.api.reasoning_parser_base import CALL, END, START, ReasoningParser, find_call
-from asyncdp.api.reasoning_tokens import ReasoningTokens, TokenCount
+from asyncdp.api.reasoning_tokens import NewTokenCount, ReasoningTokens
 from asyncdp.api.wrapped_reasoning_parsers import Ernie45Parser, HunyuanA13bParser
+from asyncdp.sampling_params import StartMarker
 
 __all__ = ["CALL", "END", "PARSERS", "START", "DeepSeekR1Parser", "DeepSeekV3Parser", "Ernie45Parser",
            "HarmonyReasoningParser", "Holo2Parser", "HunyuanA13bParser", "MiniMaxM2AppendThinkParser", "Qwen3Parser",
-           "ReasoningParser", "call_token_ids", "end_token_ids", "find_call", "split", "start_token_ids",
-           "token_counter"]
+           "ReasoningParser", "call_token_ids", "end_markers", "end_token_ids", "find_call", "split",
+           "start_token_ids", "token_counter"]
 
 
 class DeepSeekR1Parser(ReasoningParser):
@@ -212,23 +216,41 @@ def end_token_ids(tokenizer: Any, parser: type[ReasoningParser] = DeepSeekR1Pars
     return tuple(tokenizer.encode(parser.ends[0], add_special_tokens=False))
 
 
+def end_markers(tokenizer: Any, parser: type[ReasoningParser]) -> tuple[StartMarker, ...]:
+    """More ends of the thinking after which a constraint starts (``StructuredOutputs.start_markers``), each part
+    as the tokenizer encodes it alone: the parser's ``end_header`` (gpt-oss's final-channel header, any content
+    type between its parts), and a ``calls`` parser's ``<tool_call>`` (qwen3: vLLM ends the reasoning at the first
+    one generated, for its grammar too); none for the others."""
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+    markers = [StartMarker(ids=ids(CALL))] if parser.calls else []
+    if parser.end_header is not None:
+        opening, closing, max_gap_tokens, cancel = parser.end_header
+        markers.append(StartMarker(ids=ids(opening), closed_by=ids(closing), max_gap_tokens=max_gap_tokens,
+                                   cancelled_by=ids(cancel)))
+    return tuple(markers)
+
+
 def call_token_ids(tokenizer: Any, parser: type[ReasoningParser]) -> tuple[int, ...]:
     """``<tool_call>`` as the tokenizer encodes it alone, for a parser a tool call ends (``calls``; else none)."""
     return tuple(tokenizer.encode(CALL, add_special_tokens=False)) if parser.calls else ()
 
 
-def token_counter(tokenizer: Any, parser: type[ReasoningParser]) -> Callable[[], TokenCount]:
+def token_counter(tokenizer: Any, parser: type[ReasoningParser]) -> NewTokenCount:
     """A new choice's reasoning-token count (``reasoning_tokens``), by the parser's tags as ``tokenizer`` encodes
-    each alone: :class:`ReasoningTokens`, or harmony's messages for ``openai_gptoss``. Token ids are decoded with
-    the special tokens kept (what follows qwen3's ``<tool_call>``, a harmony header)."""
+    each alone: :class:`ReasoningTokens` (a constrained answer's: any ``<tool_call>`` ends its thinking), or
+    harmony's messages for ``openai_gptoss``. Token ids are decoded with the special tokens kept (what follows
+    qwen3's ``<tool_call>``, a harmony header)."""
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=False))
 
     if issubclass(parser, HarmonyReasoningParser):
-        return partial(HarmonyTokens, {tag: tuple(tokenizer.encode(tag, add_special_tokens=False)) for tag in TAGS},
-                       decode)
-    return partial(ReasoningTokens, start_token_ids(tokenizer, parser), end_token_ids(tokenizer, parser),
-                   parser.opens, call_token_ids(tokenizer, parser), decode, parser.plain)
+        tag_ids = {tag: tuple(tokenizer.encode(tag, add_special_tokens=False)) for tag in TAGS}
+        return lambda constrained=False: HarmonyTokens(tag_ids, decode)
+    count = partial(ReasoningTokens, start_token_ids(tokenizer, parser), end_token_ids(tokenizer, parser),
+                    parser.opens, call_token_ids(tokenizer, parser), decode, parser.plain)
+    return lambda constrained=False: count(bare_call=constrained)
 
 
 def split(parser: ReasoningParser, text: str) -> tuple[str | None, str]:

@@ -20,6 +20,14 @@ class TokenCount(Protocol):
     def finish(self) -> int: ...
 
 
+class NewTokenCount(Protocol):
+    """A new choice's :class:`TokenCount` (:func:`asyncdp.api.reasoning_parsers.token_counter`); ``constrained``:
+    of a constrained answer, where any ``<tool_call>`` of a ``calls`` parser ends the thinking, as the grammar
+    starts after it (:class:`~asyncdp.api.reasoning_parser_base.ReasoningParser`'s ``constrained``)."""
+
+    def __call__(self, constrained: bool = False) -> TokenCount: ...
+
+
 class ReasoningTokens:
     """One choice's reasoning tokens, counted from its generated token ids as they come (``feed``), the way
     :class:`ReasoningParser` splits its text: every token before the first end tag (an answer that never
@@ -27,12 +35,15 @@ class ReasoningTokens:
     with ``opens`` (:attr:`ReasoningParser.opens`), only the tokens after the start tag (none without one); with
     ``plain`` (:attr:`ReasoningParser.plain`: nothing is reasoning), none.
     The tags are found by their ids as the server's tokenizer encodes them alone (:func:`start_token_ids`,
-    :func:`end_token_ids`); a tail that could begin one is held until it cannot, and ``finish`` counts it."""
+    :func:`end_token_ids`); a tail that could begin one is held until it cannot, and ``finish`` counts it.
+    ``bare_call``: any ``call`` ends the thinking, ``<function`` after it or not (a constrained answer's)."""
 
     def __init__(self, start: Sequence[int], end: Sequence[int], opens: bool = False, call: Sequence[int] = (),
-                 decode: Callable[[list[int]], str] | None = None, plain: bool = False) -> None:
+                 decode: Callable[[list[int]], str] | None = None, plain: bool = False,
+                 bare_call: bool = False) -> None:
         self._start, self._end, self._call = tuple(start), tuple(end), tuple(call)  # call: qwen3's <tool_call>
         self._decode = decode  # with call: the text of the ids after a <tool_call>, to find <function in
+        self._bare_call = bare_call
         self.count = 0
         self._before = opens  # before the start tag, which the thinking needs: no count yet
         self._thinking = not plain  # before the end tag
@@ -78,12 +89,15 @@ class ReasoningTokens:
     def _find_call(self, held: list[int]) -> tuple[int, int]:
         """As :func:`find_call`, in ids: where the first ``<tool_call>`` that ends the thinking is (-1: none), and
         how many ids at the end to hold while it may be one."""
-        tag = self._call
-        if not tag or self._decode is None:
+        tag, decode = self._call, self._decode
+        if self._bare_call and tag:  # (a constrained answer's: any <tool_call>)
+            at = find_ids(held, tag)
+            return (at, 0) if at >= 0 else (-1, partial_ids(held, tag))
+        if not tag or decode is None:
             return -1, 0
         at = find_ids(held, tag)
         while at >= 0:
-            text = CALL + self._decode(held[at + len(tag):])
+            text = CALL + decode(held[at + len(tag):])
             found, wait = find_call(text)
             if found == 0:
                 return at, 0

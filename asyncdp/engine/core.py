@@ -29,7 +29,8 @@ its matcher. A completed grammar finishes the request with ``stop``. A matcher t
 mid-generation: its mask then allows only EOS) finishes it with ``finish_reason="error"`` and
 ``error_type="invalid_request"`` naming the grammar field, checked before EOS, so the text cut short never reads
 as a ``stop``. Only an executor with ``applies_token_masks`` takes such requests. A grammar with ``start_after``
-(a reasoning model's ``</think>``) applies from the token after that marker is generated (``GrammarMatchers``).
+(a reasoning model's ``</think>``) or ``start_markers`` (gpt-oss's final-channel header) applies from the token
+after the first of them is generated (``GrammarMatchers``).
 
 A failed forward (the executor raised, or an interrupt came in it) leaves ``step()`` once the scheduler has
 unpublished the blocks it never wrote and requeued its requests for recompute (``Scheduler.unschedule``);

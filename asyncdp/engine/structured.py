@@ -19,12 +19,13 @@ the grammar is complete (the core finishes it with ``stop``; EOS is allowed by t
 accepts), or the matcher failed. A batch without constrained rows costs one empty-dict test. ``discard`` drops a
 finished or aborted request.
 
-Starting after a marker (``StructuredOutputs.start_after``: a reasoning model's ``</think>``, as vLLM's
-structured outputs wait for the reasoning parser's end of reasoning). Such a request gets its matcher at ``add``
-as any other, but is *waiting*: ``token_masks`` gives it no row and ``advance`` only watches its sampled ids for
-the marker (the last ``len(marker)`` of them, so a marker of several tokens may span steps), never feeding the
-matcher. The token that completes the marker ends the wait; the next one is the grammar's first, from its start
-state. A request that ends while waiting (EOS, a stop, ``max_tokens``) was never constrained: EOS stops it with
+Starting after a marker (``StructuredOutputs.start_after``: a reasoning model's ``</think>``; ``start_markers``:
+more of them, gpt-oss's final-channel header with or without a content type; as vLLM's structured outputs wait for
+the reasoning parser's end of reasoning). Such a request gets its matcher at ``add`` as any other, but is
+*waiting*: ``token_masks`` gives it no row and ``advance`` only feeds its sampled ids to its watch
+(:mod:`asyncdp.engine.grammar_start`: a few ids of state per start, so a marker of several tokens may span
+steps), never to the matcher. The token that completes a start ends the wait; the next one is the grammar's
+first, from its start state. A request that ends while waiting (EOS, a stop, ``max_tokens``) was never constrained: EOS stops it with
 ``stop`` as vLLM lets it, the length limit with ``length``. Only generated ids count, never the prompt's.
 
 Failures. Matchers are built under ``grammar_limits`` (those validation probed the grammar with), but a limit
@@ -52,10 +53,11 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
+from asyncdp.engine.grammar_start import Watch, start_watch
 from asyncdp.errors import InvalidRequestError, InvalidSamplingParams
 from asyncdp.sampling_params.structured import (
     grammar_limits,
@@ -75,21 +77,6 @@ _MAX_TEMPLATES = 64
 _Key = tuple[str, str, str | None]  # StructuredOutputs.grammar_key(): what a template is compiled from
 
 
-class _MarkerWatch:
-    """The last sampled ids of a request waiting for its ``start_after`` marker."""
-
-    __slots__ = ("marker", "tail")
-
-    def __init__(self, marker: tuple[int, ...]) -> None:
-        self.marker = marker
-        self.tail: deque[int] = deque(maxlen=len(marker))
-
-    def seen(self, token_id: int) -> bool:
-        """Take the next sampled id; whether it completes the marker."""
-        self.tail.append(token_id)
-        return token_id == self.marker[-1] and tuple(self.tail) == self.marker
-
-
 class GrammarMatchers:
     """The matchers of one engine core's constrained requests, by request id."""
 
@@ -105,7 +92,7 @@ class GrammarMatchers:
         self._cache_lock = threading.Lock()
         self.matchers: dict[str, Any] = {}
         self._origins: dict[str, tuple[_Key, Any]] = {}  # request id -> (key, template) it copies
-        self._waiting: dict[str, _MarkerWatch] = {}  # request id -> its marker watch, until the grammar starts
+        self._waiting: dict[str, Watch] = {}  # request id -> its start's watch, until the grammar starts
 
     @classmethod
     def for_engine(cls, executor: Any, tokenizer: Any, vocab_size: int | None, eos_token_ids: Collection[int],
@@ -188,12 +175,14 @@ class GrammarMatchers:
             return False
         self.matchers[request_id] = template.deep_copy()
         self._origins[request_id] = (key, template)
-        if structured.start_after:
-            self._waiting[request_id] = _MarkerWatch(structured.start_after)
+        watch = start_watch(structured)
+        if watch is not None:
+            self._waiting[request_id] = watch
         return True
 
     def waiting(self, request_id: str) -> bool:
-        """Whether the request's grammar waits for its ``start_after`` marker (its tokens are free until then)."""
+        """Whether the request's grammar waits for its start (``start_after``, ``start_markers``): its tokens are
+        free until then."""
         return request_id in self._waiting
 
     def discard(self, request_id: str) -> None:

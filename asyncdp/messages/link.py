@@ -14,7 +14,7 @@ import msgspec
 
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 13  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+PROTOCOL_VERSION = 14  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
 # 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"; 6: the ranks' cache_fill
 # (SchedulerStats, RankStats, StatsSnapshot), StructuredOutputs.param, RankDraining, and the leaving flag at the end
 # of the MoE sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths);
@@ -26,6 +26,8 @@ PROTOCOL_VERSION = 13  # 2: PrefixClaim and PrefixOwner on the coordinator link;
 # 12: SamplingParams.priority in AddRequest (a rank of 11 would drop it and serve the request first come, first served)
 # 13: scheduling_policy in the configuration summary (NodeHello, Hello, Ready): a launch of 12 would be refused for
 # a scheduling_policy=<missing> instead of by its protocol version
+# 14: SamplingParams.structured.start_markers in AddRequest (a rank of 13 would drop them and leave gpt-oss's
+# answer after a final header with a content type, and qwen3's after a <tool_call> while thinking, unconstrained)
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):

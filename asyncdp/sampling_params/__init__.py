@@ -3,9 +3,10 @@
 ``SamplingParams`` travels inside ``AddRequest`` on the wire, so it is a frozen msgspec struct. ``validate()``
 raises :class:`~asyncdp.errors.InvalidSamplingParams` naming the field and its allowed range; the API layer and
 the offline ``LLM`` both call it before a request reaches an engine. ``structured`` (``StructuredOutputs``, in
-:mod:`.structured` with the grammar checks, re-exported here) is checked by compiling its grammar, so an
-uncompilable schema or regex is refused there too, naming ``structured.<field>``. ``allowed_token_ids`` and
-``bad_words`` are checked against a vocabulary, and the words tokenized, by :mod:`.token_filters`.
+:mod:`.structured` with the grammar checks, re-exported here with its ``StartMarker``) is checked by compiling its
+grammar, so an uncompilable schema or regex is refused there too, naming ``structured.<field>``.
+``allowed_token_ids`` and ``bad_words`` are checked against a vocabulary, and the words tokenized, by
+:mod:`.token_filters`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Any
 import msgspec
 
 from asyncdp.errors import InvalidRequestError, InvalidSamplingParams
-from asyncdp.sampling_params.structured import StructuredOutputs
+from asyncdp.sampling_params.structured import StartMarker, StructuredOutputs
 from asyncdp.sampling_params.token_filters import MAX_NUM_BAD_WORDS, with_token_filters
 
 __all__ = ["MAX_INT32", "MAX_LOGIT_BIAS", "MAX_LOGPROBS", "MAX_N", "MAX_NUM_BAD_WORDS", "MAX_PENALTY",
-           "MIN_REPETITION_PENALTY", "SamplingParams", "StructuredOutputs", "sample_seed", "with_token_filters"]
+           "MIN_REPETITION_PENALTY", "SamplingParams", "StartMarker", "StructuredOutputs", "sample_seed",
+           "with_token_filters"]
 
 # Logprobs beyond this many alternatives are refused, as in vLLM's default.
 MAX_LOGPROBS = 20

@@ -199,6 +199,40 @@ def check_grammar(kind: str, text: str, whitespace_pattern: str | None = None) -
     return f"it exceeds the grammar library's limits ({error}){_hint(error)}" if error else ""
 
 
+def _token_ids(value: object) -> bool:
+    return isinstance(value, tuple) and all(type(t) is int and t >= 0 for t in value)
+
+
+class StartMarker(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A point in the generated ids after which a grammar starts (``StructuredOutputs.start_markers``): data the
+    engine matches per sampled id.
+
+    ``ids`` alone: the grammar starts after the generated ids contain ``ids`` (as ``start_after``). With
+    ``closed_by``: ``ids`` opens a header that ``closed_by`` closes, the closing beginning at most ``max_gap_tokens``
+    ids after the opening (a content type between them, say), with no ``cancelled_by`` between; the grammar starts
+    after the closing. A later opening starts the header over. gpt-oss's final answer (``<|channel|>final``, up to
+    19 ids, ``<|message|>``, not across ``<|end|>``) is one, as vLLM's gpt-oss reasoning parser ends the reasoning.
+    """
+
+    ids: tuple[int, ...]
+    closed_by: tuple[int, ...] = ()
+    max_gap_tokens: int = 0
+    cancelled_by: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("ids", "closed_by", "cancelled_by"):
+            if isinstance(getattr(self, name), list):
+                msgspec.structs.force_setattr(self, name, tuple(getattr(self, name)))
+
+    def validate(self) -> None:
+        if not (_token_ids(self.ids) and self.ids and _token_ids(self.closed_by) and _token_ids(self.cancelled_by)
+                and type(self.max_gap_tokens) is int and self.max_gap_tokens >= 0):
+            raise InvalidSamplingParams(
+                f"structured.start_markers: each marker has ids (a non-empty list of token ids, ints >= 0), and "
+                f"may have closed_by and cancelled_by (lists of token ids) and max_gap_tokens (an int >= 0); got "
+                f"{self!r}.", field="structured.start_markers")
+
+
 class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Constrain the output to a grammar (vLLM's ``StructuredOutputsParams``): set exactly one field.
 
@@ -214,6 +248,9 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     advanced); from the next token the grammar applies from its start. The API sets it to a reasoning model's
     ``</think>`` (``--reasoning-parser``), so that the thinking stays free and the answer after it is constrained,
     as vLLM does. A request that ends before the sequence (EOS, ``max_tokens``) was never constrained.
+    ``start_markers`` (:class:`StartMarker`) are more such points: the grammar starts after the first of them, or
+    of ``start_after``, that the generated ids reach (gpt-oss's final-channel header, with or without a content
+    type).
 
     ``whitespace_pattern`` (vLLM's, ``guided_whitespace_pattern`` over HTTP) qualifies a JSON constraint
     (``json_schema``, ``json_object``): a regex of the whitespace allowed between JSON tokens (``""``: none; unset:
@@ -227,10 +264,11 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     grammar: str | None = None
     param: str | None = None
     start_after: tuple[int, ...] = ()
+    start_markers: tuple[StartMarker, ...] = ()
     whitespace_pattern: str | None = None
 
     def __post_init__(self) -> None:  # vLLM's shapes: a list of choices, a schema as a dict (its ``json=``)
-        for name in ("choice", "start_after"):
+        for name in ("choice", "start_after", "start_markers"):
             if isinstance(getattr(self, name), list):
                 msgspec.structs.force_setattr(self, name, tuple(getattr(self, name)))
         if isinstance(self.json_schema, dict) and json_depth(self.json_schema) <= MAX_SCHEMA_DEPTH:
@@ -269,10 +307,15 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
             raise InvalidSamplingParams(  # a str would be read as its characters: choice="yes" allows y, e or s
                 f"structured.choice must be a list or tuple of strings, got {self.choice!r}.",
                 field="structured.choice")
-        if not isinstance(self.start_after, tuple) or not all(
-                type(t) is int and t >= 0 for t in self.start_after):
+        if not _token_ids(self.start_after):
             raise InvalidSamplingParams(f"structured.start_after must be a list or tuple of token ids (ints >= 0), "
                                         f"got {self.start_after!r}.", field="structured.start_after")
+        if not isinstance(self.start_markers, tuple) or not all(
+                isinstance(m, StartMarker) for m in self.start_markers):
+            raise InvalidSamplingParams(f"structured.start_markers must be a list of StartMarker, got "
+                                        f"{self.start_markers!r}.", field="structured.start_markers")
+        for marker in self.start_markers:
+            marker.validate()
         name, text = self.kind()
         if name == "json_schema":
             schema = load_schema(text, "structured.json_schema")

@@ -1,7 +1,8 @@
 """Helpers for HTTP tests: a real Hypercorn server on 127.0.0.1, port 0, over a FakeEngineClient.
 
 Tests are marked ``@pytest.mark.anyio`` and run on both backends through the ``anyio_backend`` fixture below:
-asyncio serves the ``Quart`` app, trio the ``QuartTrio`` app.
+asyncio serves the ``Quart`` app, trio the ``QuartTrio`` app. ``GrammarFake`` writes its reply as the engine
+samples under the request's grammar (the engine's own matchers), for tests of where a constraint applies.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 import sniffio
 
 from asyncdp.api import create_app, serve_http
+from asyncdp.sampling_params import SamplingParams
 from asyncdp.testing import FakeEngineClient
 
 
@@ -68,3 +70,43 @@ async def whole_and_streamed(client: Any, body: dict[str, Any]) -> tuple[Any, An
     whole = await client.chat.completions.create(**body)
     async with client.chat.completions.stream(**body) as stream:
         return whole, await stream.get_final_completion()
+
+
+class GrammarFake(FakeEngineClient):
+    """A fake that writes ``reply`` (one id per character, as ``replies``) the way the engine samples it under
+    the request's ``structured`` constraint: the engine's ``GrammarMatchers`` see every id; while the grammar waits
+    for its start the ids pass as written, after it an id the grammar forbids becomes the lowest one it allows (as
+    the engine tests' masking executor), and the reply ends where the grammar completes. One request at a time."""
+
+    def __init__(self, reply: str, **kwargs: Any) -> None:
+        super().__init__(replies=self._reply, **kwargs)
+        self.reply = reply
+        self._params: list[SamplingParams] = []  # generate()'s, in order: each taken by the reply it asks for
+
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 **kwargs: Any) -> Any:
+        self._params.append(params)
+        return super().generate(request_id, prompt_token_ids, params, **kwargs)
+
+    def _reply(self, _prompt: str, _seed: int | None) -> str:
+        from asyncdp.engine.executor import ScheduledChunk
+        from asyncdp.engine.structured import GrammarMatchers
+
+        params = self._params.pop(0)
+        if params.structured is None:
+            return self.reply
+        eos = self.tokenizer.eos_token_id
+        matchers = GrammarMatchers(self.tokenizer, len(self.tokenizer), {eos})
+        matchers.add("r", params.structured)
+        chunk = ScheduledChunk("r", [], 0, [], True, params, 0)
+        written = []
+        for token in map(ord, self.reply):
+            masks = matchers.token_masks([chunk])
+            if masks is not None and not masks.allowed(matchers.vocab_size)[0, token]:
+                token = int(masks.allowed(matchers.vocab_size)[0].argmax())  # the lowest allowed
+                if token == eos:
+                    break
+            written.append(chr(token))
+            if matchers.advance("r", token):
+                break
+        return "".join(written)

@@ -16,7 +16,7 @@ import pytest
 
 from asyncdp.api.harmony import TAGS
 from asyncdp.testing import FakeEngineClient, byte_tokenizer
-from tests.api.conftest import running, sse_events, whole_and_streamed
+from tests.api.conftest import GrammarFake, running, sse_events, whole_and_streamed
 from tests.api.test_chat_auto_tool_choice import STREAM_WARNING, TEMPLATE, TOOLS, without_ids
 
 pytestmark = pytest.mark.anyio
@@ -141,3 +141,28 @@ async def test_a_constraint_starts_after_the_final_header() -> None:
     assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": "{}", "reasoning": "x"}
     params = fake.submitted[0][2]
     assert params.structured is not None and params.structured.start_after == tuple(b"<|channel|>final<|message|>")
+
+
+TYPED = "<|start|>assistant<|channel|>final <|constrain|>json<|message|>"
+OK_SCHEMA: Any = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                  "additionalProperties": False}
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+@pytest.mark.parametrize(("header", "content"), [(TYPED, '{"ok":false}'), (FINAL, '{"ok":false}'),
+                                                 (WEATHER, '{"ok": "sure"}')],
+                         ids=["a final header with a content type", "one without", "a commentary header"])
+async def test_a_constraint_starts_after_any_final_header(header: str, content: str) -> None:
+    """The engine's matchers (``GrammarFake``) take the request as the API sends it: after a final header, with
+    or without ``<|constrain|>json``, the schema turns the model's ``{"ok": "sure"}`` into ``{"ok":false}``; after
+    another channel's header (a call's) the text stays free. Before, only ``<|channel|>final<|message|>`` started
+    the grammar, so the answer after ``final <|constrain|>json<|message|>`` stayed ``{"ok": "sure"}``."""
+    fake = GrammarFake(A + "Check.<|end|>" + header + '{"ok": "sure"}', max_model_len=1024)
+    body: Any = {"model": "fake-model", "messages": CHAT, "max_tokens": 300, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "ok", "schema": OK_SCHEMA}}}
+    async with running(fake, reasoning_parser="openai_gptoss") as srv:
+        whole, accumulated = await whole_and_streamed(srv.openai(), body)
+    message = whole.choices[0].message
+    expected = content if header != WEATHER else header + content  # (another channel's message is content whole)
+    assert (message.reasoning, message.content) == ("Check.", expected)  # type: ignore[attr-defined]
+    assert accumulated.choices[0].message.model_dump(exclude_none=True) == message.model_dump(exclude_none=True)

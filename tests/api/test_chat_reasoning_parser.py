@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from asyncdp.testing import FakeEngineClient, byte_tokenizer
-from tests.api.conftest import running, sse_events, whole_and_streamed
+from tests.api.conftest import GrammarFake, running, sse_events, whole_and_streamed
 from tests.api.test_chat_auto_tool_choice import (
     STREAM_WARNING,
+    TEMPLATE,
     TOOLS,
     scripted,
     without_ids,
@@ -263,3 +264,27 @@ async def test_a_tool_call_written_while_thinking_ends_the_thinking_whole_and_st
     assert without_ids(accumulated.choices[0].message) == without_ids(message)
     assert whole.usage.completion_tokens_details.reasoning_tokens == len(  # type: ignore[union-attr]
         (message.reasoning or "").encode())  # (byte tokens)
+
+
+CONFIRM: Any = {"type": "function", "function": {"name": "confirm", "parameters": {
+    "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}}
+
+
+@pytest.mark.filterwarnings(STREAM_WARNING)
+async def test_a_named_tool_choice_written_while_thinking_is_constrained_after_the_tool_call_tag() -> None:
+    """Qwen3.5 and Qwen3-Coder may call while thinking, without ``</think>``: vLLM ends the reasoning at the first
+    ``<tool_call>`` generated, for its grammar too, so the engine's matchers (``GrammarFake``) turn the model's
+    ``{"ok": "sure"}`` after it into ``{"ok":false}``, the call's arguments; its thinking is the reasoning.
+    Before, the grammar waited for ``</think>``: the call was free, and all of it reasoning."""
+    fake = GrammarFake('Let me confirm.<tool_call>{"ok": "sure"}')
+    fake.tokenizer.chat_template = TEMPLATE
+    body: Any = {"model": "fake-model", "messages": CHAT, "tools": [CONFIRM], "max_tokens": 200,
+                 "tool_choice": {"type": "function", "function": {"name": "confirm"}}}
+    async with running(fake, tool_call_parser="qwen3_coder", reasoning_parser="qwen3") as srv:
+        whole, accumulated = await whole_and_streamed(srv.openai(), body)
+    message = whole.choices[0].message
+    assert message.reasoning == "Let me confirm."  # type: ignore[attr-defined]
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls or []] == [
+        ("confirm", '{"ok":false}')]
+    assert without_ids(accumulated.choices[0].message) == without_ids(message)
+    assert whole.usage.completion_tokens_details.reasoning_tokens == len("Let me confirm.")  # type: ignore[union-attr]

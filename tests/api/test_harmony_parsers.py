@@ -12,9 +12,10 @@ import pytest
 
 from asyncdp.api.harmony import TAGS, Header, Splitter, parse_header
 from asyncdp.api.reasoning_parsers import PARSERS as REASONING_PARSERS
-from asyncdp.api.reasoning_parsers import end_token_ids, split, token_counter
+from asyncdp.api.reasoning_parsers import end_markers, end_token_ids, split, token_counter
 from asyncdp.api.tool_parsers import PARSERS as TOOL_PARSERS
 from asyncdp.api.tool_parsers import AutoToolCalls, ParsedCall, tags_are_special
+from asyncdp.sampling_params import StartMarker
 from asyncdp.testing import byte_tokenizer
 from tests.api.parser_feeds import assert_counts_at_every_cut, assert_every_split_agrees, fed, whole
 
@@ -196,3 +197,14 @@ def test_the_tags_are_gpt_oss_special_tokens_and_a_constraint_starts_after_the_f
     assert end_token_ids(tok, REASONING) == tuple(tok.convert_tokens_to_ids(["<|channel|>"])) + tuple(
         b"final") + tuple(tok.convert_tokens_to_ids(["<|message|>"]))
     assert REASONING.thinks({"enable_thinking": False}) and REASONING.thinks({})
+
+
+def test_a_final_header_with_any_content_type_is_a_start_marker_as_the_tokenizer_encodes_its_parts() -> None:
+    """vLLM's bound: ``<|message|>`` within the 20 ids after ``<|channel|>final`` (at most 19 between), no
+    ``<|end|>`` between; the other parsers have no such marker."""
+    tok = byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": list(TAGS)})
+    channel, message, end = tok.convert_tokens_to_ids(["<|channel|>", "<|message|>", "<|end|>"])
+    assert end_markers(tok, REASONING) == (StartMarker(ids=(channel, *b"final"), closed_by=(message,),
+                                                       max_gap_tokens=19, cancelled_by=(end,)),)
+    assert end_markers(tok, REASONING_PARSERS["deepseek_r1"]) == ()

@@ -16,6 +16,7 @@ from asyncdp.api.reasoning_parsers import (
     DeepSeekR1Parser,
     Qwen3Parser,
     ReasoningParser,
+    end_markers,
     end_token_ids,
     split,
     start_token_ids,
@@ -23,6 +24,7 @@ from asyncdp.api.reasoning_parsers import (
 from asyncdp.api.reasoning_tokens import ReasoningTokens, count_reasoning_tokens
 from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.config.flags import REASONING_PARSERS
+from asyncdp.sampling_params import StartMarker
 from asyncdp.testing import byte_tokenizer
 from tests.api.parser_feeds import assert_counts_at_every_cut, fed, whole
 
@@ -187,3 +189,33 @@ def test_the_reasoning_tokens_stop_before_the_call_that_ended_the_thinking(name:
     assert count_reasoning_tokens(ids, byte_ids(START), byte_ids(END), False, call, decode) == expected
     assert_counts_at_every_cut(lambda: ReasoningTokens(byte_ids(START), byte_ids(END), False, call, decode), ids,
                                expected)
+
+
+# a constrained answer (``constrained=True``): the grammar starts after the first <tool_call> generated (vLLM ends
+# the reasoning there for its grammar), so any <tool_call> ends the thinking and the tag is not the content
+CONSTRAINED_CASES: dict[str, tuple[str, str, str]] = {
+    "any call ends it, the tag dropped": ('I should<tool_call>{"ok":false}', "I should", '{"ok":false}'),
+    "an XML call too": ("I should call it" + XML_CALL, "I should call it", XML_CALL[len("<tool_call>"):]),
+    "</think> first wins": ("a</think>b<tool_call>{}", "a", "b<tool_call>{}"),
+    "a tag cut short stays reasoning": ("a<tool_ca", "a<tool_ca", ""),
+}
+
+
+@pytest.mark.parametrize("name", CONSTRAINED_CASES)
+def test_a_constrained_answer_ends_the_thinking_where_its_grammar_starts(name: str) -> None:
+    text, reasoning, content = CONSTRAINED_CASES[name]
+    make = partial(Qwen3Parser, constrained=True)
+    assert whole(make(), text) == fed(make(), list(text)) == (reasoning, content)
+    for cut in range(len(text) + 1):
+        assert fed(make(), [text[:cut], text[cut:]]) == (reasoning, content), cut
+    ids = byte_ids(text)
+    count = partial(ReasoningTokens, byte_ids(START), byte_ids(END), False, byte_ids("<tool_call>"),
+                    lambda ids: bytes(ids).decode(), bare_call=True)
+    assert_counts_at_every_cut(count, ids, len(byte_ids(reasoning)))
+    assert whole(DeepSeekR1Parser(constrained=True), text) == whole(DeepSeekR1Parser(), text)  # (no calls)
+
+
+def test_qwen3s_tool_call_starts_a_constraint_too() -> None:
+    tok = byte_tokenizer()
+    assert end_markers(tok, Qwen3Parser) == (StartMarker(ids=tuple(byte_ids("<tool_call>"))),)
+    assert end_markers(tok, DeepSeekR1Parser) == ()
