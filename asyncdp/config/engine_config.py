@@ -69,6 +69,9 @@ class EngineConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     torch_threads: int | None = None  # None: leave torch's default
     scheduling_policy: str = "fcfs"  # SCHEDULING_POLICIES
+    # vLLM's share of a CUDA device's memory for the weights and the KV cache (None: not given, the KV cache takes
+    # kv_cache_memory_bytes); no effect on CPU, as in vLLM's CPU backend
+    gpu_memory_utilization: float | None = None
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -96,6 +99,9 @@ class EngineConfig:
         for f, choices in ENGINE_CHOICES.items():  # --executor, --dtype, --device, --scheduling-policy
             need(getattr(self, f) in choices, "--" + f.replace("_", "-"), "one of " + ", ".join(choices), getattr(self, f))
         need(self.torch_threads is None or self.torch_threads >= 1, "--torch-threads", ">= 1", self.torch_threads)
+        share = self.gpu_memory_utilization
+        need(share is None or (isinstance(share, int | float) and not isinstance(share, bool) and 0 < share <= 1),
+             "--gpu-memory-utilization", "in (0, 1]", share)
         cost = self.sim_cost  # SimCostProfile.parse checks the flag's text; a profile built in Python is checked here
         need(isinstance(cost, SimCostProfile) and all(
             isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf

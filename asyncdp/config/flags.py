@@ -45,6 +45,7 @@ from asyncdp.config.engine_config import DEFAULT_MODEL as DEFAULT_MODEL
 from asyncdp.config.engine_config import EngineConfig as EngineConfig
 from asyncdp.config.engine_config import SimCostProfile as SimCostProfile
 from asyncdp.config.files import read_secret_file
+from asyncdp.config.vllm_flags import VllmFlags
 from asyncdp.errors import ConfigError
 
 
@@ -159,6 +160,8 @@ class ServeConfig:
     dp_fail_fast: bool = False
     keep_alive_on_engine_death: bool = False
     supervised_rank: int | None = None  # env ASYNCDP_SUPERVISED_RANK: this server is a multi-port child
+    # vLLM's flags beyond data parallelism that carry over (honoured, accepted without effect, or refused)
+    vllm: VllmFlags = VllmFlags()
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -171,17 +174,21 @@ class ServeConfig:
     def from_flags(cls, flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServeConfig:
         """Build and validate from ``{field: value}`` (None = flag not given), applying §2.4 env overrides.
 
-        Keys are ServeConfig or EngineConfig field names; ``sim_cost`` may be the ``"a,b,c,d"`` string.
+        Keys are ServeConfig, EngineConfig or VllmFlags field names; ``sim_cost`` may be the ``"a,b,c,d"`` string.
         """
         env = os.environ if env is None else env
-        serve_fields = {f.name for f in dataclasses.fields(cls)} - {"engine"}
+        serve_fields = {f.name for f in dataclasses.fields(cls)} - {"engine", "vllm"}
         engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-        unknown = set(flags) - serve_fields - engine_fields
+        vllm_fields = {f.name for f in dataclasses.fields(VllmFlags)}
+        unknown = set(flags) - serve_fields - engine_fields - vllm_fields
         if unknown:
             raise TypeError(f"unknown flag fields: {sorted(unknown)}")
         given = {k: v for k, v in flags.items() if v is not None}
         serve = {k: v for k, v in given.items() if k in serve_fields}
         engine = {k: v for k, v in given.items() if k in engine_fields and k not in serve_fields}
+        if "kv_cache_memory_bytes" in engine:  # (as in vLLM: a given KV size wins over the memory share)
+            engine.pop("gpu_memory_utilization", None)
+        vllm = VllmFlags(**{k: v for k, v in given.items() if k in vllm_fields})
         if isinstance(engine.get("sim_cost"), str):
             engine["sim_cost"] = SimCostProfile.parse(engine["sim_cost"])
         for name, (variables, parse) in ENV_OVERRIDES.items():
@@ -211,7 +218,7 @@ class ServeConfig:
             if key in serve:
                 serve[key] = tuple(serve[key])
         model = serve.get("model", DEFAULT_MODEL)
-        return cls(engine=EngineConfig(model=model, **engine), **serve).validate()
+        return cls(engine=EngineConfig(model=model, **engine), vllm=vllm, **serve).validate()
 
     def validate(self) -> ServeConfig:
         """Per-flag range checks (V13 and friends). Cross-flag rules live in :func:`resolve`."""
@@ -282,6 +289,7 @@ class ServeConfig:
                 f"--dp-heartbeat-timeout-s must be greater than 2 x --dp-heartbeat-interval-s "
                 f"(got {self.dp_heartbeat_timeout_s} <= 2 x {self.dp_heartbeat_interval_s}).")
         self.engine.validate()
+        self.vllm.validate()
         return self
 
 
