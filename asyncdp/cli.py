@@ -16,6 +16,7 @@ Heavy modules (model, launcher) are imported lazily so that ``--help`` and valid
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ from asyncdp.config.deployment import ResolvedServeConfig, resolve
 from asyncdp.config.files import check_tls_files
 from asyncdp.config.flags import ServeConfig, json_strings
 from asyncdp.config.serve_args import add_serve_flags
+from asyncdp.config.vllm_flags import generation_config_notice
 from asyncdp.dp.balance import make_policy
 from asyncdp.errors import ConfigError
 from asyncdp.router import command as route_command
@@ -128,9 +130,15 @@ def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = N
         config = config.replace(chat_template=read_chat_template(config.chat_template))
     from asyncdp.model.info import ModelInfo, check_fits_model  # JSON only, no torch
 
-    if isinstance(facts, ModelInfo):  # the checkpoint's limits (fakes in tests carry none)
+    notice = None
+    if isinstance(facts, ModelInfo):  # the checkpoint's limits and defaults (fakes in tests carry none)
         check_fits_model(config.engine, facts)
+        notice = generation_config_notice(config.vllm, dict(facts.generation_defaults))
+        if notice is not None and notice[0]:
+            raise ConfigError(notice[1])
     deployment = resolve(config, is_moe=bool(facts.is_moe), num_experts=int(facts.num_experts), env=env)
+    if notice is not None:  # said before startup, with the deployment's own warnings
+        deployment = dataclasses.replace(deployment, warnings=(*deployment.warnings, notice[1]))
     return ResolvedServeConfig.with_deployment(config, deployment)
 
 
@@ -148,7 +156,7 @@ def unsupported_reason(config: ResolvedServeConfig) -> str | None:
         what = " and ".join(f.split("-")[2] for f in sharded)
         return (f"{what} parallelism ({', '.join(sharded)}) is not supported in this build yet; each "
                 f"data-parallel rank runs on one device: drop {_names(sharded)}")
-    return None
+    return config.vllm.unsupported_reason()  # vLLM's other flags: a value that would change what asyncdp computes
 
 
 def _names(passed: list[str]) -> str:

@@ -49,6 +49,7 @@ from asyncdp.api.template_roles import resolve_template_roles
 from asyncdp.api.tokenizer_info import tokenizer_info
 from asyncdp.api.tool_parsers import PARSERS, tags_are_special
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
+from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 from asyncdp.errors import HTTPError
 
 _ALWAYS_OPEN = ("/health", "/metrics", "/server_info")
@@ -88,6 +89,9 @@ def create_app(
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
     scheduling_policy: str = "fcfs",
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+    enable_log_requests: bool = False,
+    max_log_len: int | None = None,
 ) -> Quart:
     """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
 
@@ -107,7 +111,10 @@ def create_app(
     ``reasoning_parser`` returns chat answers' thinking apart from their content with that parser of
     ``asyncdp.api.reasoning_parsers.PARSERS`` (``--reasoning-parser NAME``; None: the thinking stays in content);
     ``scheduling_policy`` is the engines' ``--scheduling-policy`` ("fcfs": a request's priority other than 0 is a
-    400, as vLLM's)."""
+    400, as vLLM's);
+    ``max_logprobs`` is ``--max-logprobs`` (a request asking more sample or prompt logprobs is a 400);
+    ``enable_log_requests`` logs one INFO line per prompt accepted, showing at most ``max_log_len`` of its token
+    ids (``--enable-log-requests``, ``--max-log-len``)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -141,6 +148,9 @@ def create_app(
         max_request_body_bytes=max_request_body_bytes,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         scheduling_policy=scheduling_policy,
+        max_logprobs=max_logprobs,
+        log_requests=enable_log_requests,
+        max_log_len=max_log_len,
         content_format=content_format,
         template_roles=resolve_template_roles(client.tokenizer, content_format, template),
         request_templates=(RequestTemplates(client.tokenizer, chat_template_content_format)

@@ -38,7 +38,7 @@ import msgspec
 from asyncdp.api.context import AppState
 from asyncdp.api.engine_client import Admission, EngineClient, RankHint
 from asyncdp.api.fanout import Item, Sequence, collect_one
-from asyncdp.api.generate import check_num_sequences
+from asyncdp.api.generate import accept_request, check_num_sequences
 from asyncdp.api.openai_format import Choice
 from asyncdp.api.schemas import _Common
 from asyncdp.errors import HTTPError
@@ -192,6 +192,7 @@ async def run_beam_search(state: AppState, seqs: list[Sequence], width: int, len
     """Each prompt's ``width`` best beams as choices numbered ``prompt * width + j``, best first. ``seqs``: one
     per prompt (index = the prompt's), its params the request's; the prompts are searched together."""
     state.producers()  # 503 while draining or not serving yet, before anything starts
+    accept_request(state, seqs, beam_width=width)
     found: list[list[Choice]] = [[] for _ in seqs]
 
     def job(seq: Sequence) -> Callable[[], Any]:

@@ -23,6 +23,7 @@ from asyncdp.api.request_templates import RequestTemplates
 from asyncdp.api.template_roles import TemplateRoles
 from asyncdp.api.tool_parsers import ToolCallParser
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
+from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
 from asyncdp.sampling_params import StartMarker
 
@@ -42,6 +43,9 @@ class AppState:
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int = 0
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs: a request asking more logprobs is a 400
+    log_requests: bool = False  # --enable-log-requests: one INFO line per prompt accepted
+    max_log_len: int | None = None  # --max-log-len: the most prompt token ids that line shows (None: all)
     scheduling_policy: str = "fcfs"  # --scheduling-policy: fcfs refuses a priority other than 0 (a 400)
     content_format: str = "string"  # how message content reaches the chat template (asyncdp.api.content_format)
     template_roles: TemplateRoles = field(default_factory=TemplateRoles)  # developer and system messages

@@ -14,6 +14,7 @@ request the engine or the server abandons is an error status (503 naming the cau
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -31,6 +32,8 @@ from asyncdp.api.sse import DONE, sse
 from asyncdp.errors import HTTPError, InvalidRequestError, ShuttingDownError
 from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams, sample_seed
+
+log = logging.getLogger(__name__)
 
 
 def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int, field: str = "max_tokens",
@@ -111,11 +114,36 @@ def best_choices(choices: list[Choice], per_prompt: int, n: int) -> list[Choice]
     return best
 
 
+def accept_request(state: AppState, seqs: list[Sequence], *, beam_width: int = 0) -> None:
+    """A request's last checks and its log line, before it is admitted: ``--max-logprobs`` (vLLM's 400 for more
+    sample or prompt logprobs than it, or a beam search whose steps ask ``2 * n``; the request schemas bound them
+    at its default, 20) and ``--enable-log-requests`` (one INFO line per prompt: its sampling parameters and at
+    most ``--max-log-len`` of its token ids)."""
+    cap = state.max_logprobs
+    for seq in seqs:
+        for kind, field, asked in (("sample", "logprobs", seq.params.logprobs),
+                                   ("prompt", "prompt_logprobs", seq.params.prompt_logprobs),
+                                   ("sample", "n", 2 * beam_width)):
+            if asked is not None and asked > cap:
+                raise InvalidRequestError(f"Requested {kind} logprobs of {asked}, which is greater than max "
+                                          f"allowed: {cap}", field=field)
+    if not state.log_requests:
+        return
+    logged: set[str] = set()
+    for seq in seqs:  # (the ids are "{request}-{prompt}-{sample}": a prompt's samples share its line)
+        prompt_id = seq.request_id.rsplit("-", 1)[0]
+        if prompt_id not in logged:
+            logged.add(prompt_id)
+            log.info("Received request %s: params: %s, prompt_token_ids: %s.", prompt_id, seq.params,
+                     seq.prompt_token_ids[:state.max_log_len])
+
+
 async def run_whole(state: AppState, seqs: list[Sequence], hint: Any, key: str | None = None, *,
                     keep_token_ids: bool = False) -> list[Choice]:
     """Every sequence's outputs, accumulated per choice, for a non-streamed response (with each choice's
     generated token ids too when ``keep_token_ids``)."""
     state.producers()  # 503 while draining or not serving yet, before anything is reserved
+    accept_request(state, seqs)
     admission = state.client.admit(len(seqs))
     if len(seqs) == 1:  # no fan-out to merge: the handler iterates the one sequence itself
         choice = Choice(seqs[0].index, token_ids=[] if keep_token_ids else None)
@@ -143,6 +171,7 @@ async def start_stream(state: AppState, seqs: list[Sequence], hint: Any,
                        key: str | None = None) -> tuple[Fanout, Item]:
     """Admit, start the producers and wait for the first item; raise (and release everything) on an error."""
     tg = state.producers()
+    accept_request(state, seqs)
     admission = state.client.admit(len(seqs))
     try:
         fan = Fanout(tg, state.client, seqs, hint, admission, key)

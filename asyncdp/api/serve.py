@@ -180,6 +180,12 @@ class RunningOnFilter(logging.Filter):
         return logging.getLogger(HTTP_LOGGER).isEnabledFor(logging.DEBUG)
 
 
+def http_log_level(uvicorn_level: str) -> int:
+    """``--uvicorn-log-level`` (uvicorn's names, as vLLM takes them) as the level of :func:`http_logger`: uvicorn's
+    ``trace`` is below ``debug``, which is the lowest Python level, so both are DEBUG."""
+    return logging.DEBUG if uvicorn_level == "trace" else logging.getLevelName(uvicorn_level.upper())
+
+
 def http_logger() -> logging.Logger:
     """The logger Hypercorn's error log goes to: ``asyncdp.http``, with :class:`RunningOnFilter` installed once."""
     logger = logging.getLogger(HTTP_LOGGER)

@@ -47,10 +47,11 @@ from asyncdp import messages as m
 # it held the API server's loop, or the launcher's for an in-process API server, for a second or more mid-startup.
 from asyncdp.api.app import create_app
 from asyncdp.api.cors import ALLOW_ALL, Cors
-from asyncdp.api.serve import SSLFiles, serve_http
+from asyncdp.api.serve import SSLFiles, http_log_level, http_logger, serve_http
 from asyncdp.apiserver.client import ClientConfig, DPClient
 from asyncdp.apiserver.node_table import NodeTable
 from asyncdp.config.roles import ApiServerRole
+from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 from asyncdp.errors import ConfigError
 from asyncdp.logs import DrainCounts
 from asyncdp.transport import listen
@@ -83,6 +84,10 @@ class ApiConfig:
     max_seqs_per_request: int = 256
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs
+    enable_log_requests: bool = False  # --enable-log-requests
+    max_log_len: int | None = None  # --max-log-len
+    uvicorn_log_level: str | None = None  # --uvicorn-log-level: the level of HTTP_LOGGER (None: --log-level's)
     scheduling_policy: str = "fcfs"  # the engines' --scheduling-policy
     chat_template: str | None = field(default=None, repr=False)  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
@@ -105,7 +110,8 @@ def make_app(cfg: ApiConfig, client: EngineClient, metrics: Any) -> Quart:
     """The API server's app over ``client``, every front-end flag of ``cfg`` applied."""
     return create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
                       max_request_body_bytes=cfg.max_request_body_bytes,
-                      enable_prompt_tokens_details=cfg.enable_prompt_tokens_details,
+                      enable_prompt_tokens_details=cfg.enable_prompt_tokens_details, max_logprobs=cfg.max_logprobs,
+                      enable_log_requests=cfg.enable_log_requests, max_log_len=cfg.max_log_len,
                       scheduling_policy=cfg.scheduling_policy, chat_template=cfg.chat_template,
                       chat_template_content_format=cfg.chat_template_content_format,
                       trust_request_chat_template=cfg.trust_request_chat_template,
@@ -147,6 +153,8 @@ async def serve_api(
     metrics = make_metrics(cfg)
     client = DPClient(cfg.client, tokenizer, metrics=metrics, node_table=node_table)
     app = make_app(cfg, client, metrics)
+    if cfg.uvicorn_log_level is not None:
+        http_logger().setLevel(http_log_level(cfg.uvicorn_log_level))
     ssl = SSLFiles(cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile and cfg.ssl_keyfile else None
     code = 0
     http_stop = anyio.Event()
@@ -235,6 +243,8 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         max_seqs_per_request=role.max_seqs_per_request,
         max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
         enable_prompt_tokens_details=role.enable_prompt_tokens_details, scheduling_policy=role.scheduling_policy,
+        max_logprobs=role.max_logprobs, enable_log_requests=role.enable_log_requests, max_log_len=role.max_log_len,
+        uvicorn_log_level=role.uvicorn_log_level,
         chat_template=role.chat_template, chat_template_content_format=role.chat_template_content_format,
         trust_request_chat_template=role.trust_request_chat_template,
         enable_tokenizer_info_endpoint=role.enable_tokenizer_info_endpoint,

@@ -5,7 +5,7 @@ message that names the flag, its value and what to change.
 
 Theory of operation (spec §2, §3, §4.1):
 
-* :class:`EngineConfig` is what one rank's engine core needs.
+* :class:`EngineConfig` is what one rank's engine core needs (defined in :mod:`asyncdp.config.engine_config`).
 * :class:`ServeConfig` holds every ``asyncdp serve`` flag, one field per flag, named after the flag (``None`` =
   not given). :meth:`ServeConfig.from_flags` builds it from a flag mapping plus the environment (the §2.4 env
   overrides apply only where the flag was not given) and runs the per-flag range checks (V13).
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -32,7 +31,6 @@ from asyncdp.config.choices import (  # (defined there, importable from here as 
     DEFAULT_LB_POLICY,
     DEFAULT_MAX_SEQS_PER_REQUEST,
     DP_BACKENDS,
-    ENGINE_CHOICES,
     HTTP_BACKENDS,
     LB_POLICIES,
     LOG_LEVELS,
@@ -40,101 +38,15 @@ from asyncdp.config.choices import (  # (defined there, importable from here as 
     TOOL_CALL_PARSERS,
 )
 from asyncdp.config.choices import DEFAULT_SIM_KV_BLOCKS as DEFAULT_SIM_KV_BLOCKS
+from asyncdp.config.choices import ENGINE_CHOICES as ENGINE_CHOICES
 from asyncdp.config.choices import MODES as MODES
 from asyncdp.config.choices import default_max_request_body_bytes as default_max_request_body_bytes
+from asyncdp.config.engine_config import DEFAULT_MODEL as DEFAULT_MODEL
+from asyncdp.config.engine_config import EngineConfig as EngineConfig
+from asyncdp.config.engine_config import SimCostProfile as SimCostProfile
 from asyncdp.config.files import read_secret_file
+from asyncdp.config.vllm_flags import VllmFlags
 from asyncdp.errors import ConfigError
-
-DEFAULT_MODEL = "builtin:tiny-moe"
-
-
-@dataclass(frozen=True, slots=True)
-class SimCostProfile:
-    """Step-time model of the simulated executor (ms): ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens +
-    e*Σ p*(c0 + p/2)``, the last sum over the step's prefill chunks of ``p`` tokens after ``c0`` of context
-    (prefill attention, quadratic in the chunk: routing-bench §5; 0 unless a profile turns it on)."""
-
-    a_ms: float = 0.0
-    b_ms_per_token: float = 0.0
-    c_ms_per_seq: float = 0.0
-    d_ms_per_kv_token: float = 0.0
-    e_ms_per_token_pair: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str) -> SimCostProfile:
-        """Parse ``--sim-cost "a,b,c,d[,e]"`` (milliseconds)."""
-        parts = [p.strip() for p in text.split(",")]
-        try:
-            values = [float(p) for p in parts]
-        except ValueError:
-            values = []
-        if len(values) not in (4, 5) or any(v < 0 for v in values):
-            raise ConfigError(f"--sim-cost must be four or five non-negative numbers 'a,b,c,d[,e]' in ms "
-                              f"(got {text!r}).")
-        return cls(*values)
-
-
-# EngineConfig's annotations (strings, under ``from __future__ import annotations``) -> the type its value must have.
-_FIELD_TYPES: dict[str, type] = {"int": int, "int | None": int, "bool": bool, "str": str, "str | None": str}
-
-
-def _is(kind: type, value: object) -> bool:
-    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))  # True is no count
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Everything one rank's engine core needs. Shared by the offline ``LLM`` and the engine process."""
-
-    model: str = DEFAULT_MODEL
-    tokenizer: str | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # None: the model's own limit
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_bytes
-    kv_cache_memory_bytes: int = 1 << 30
-    enable_prefix_caching: bool = True
-    executor: str = "torch"  # "torch" | "sim"
-    sim_cost: SimCostProfile = SimCostProfile()
-    seed: int = 0
-    dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16"
-    device: str = "auto"  # "auto" | "cpu" | "cuda"
-    torch_threads: int | None = None  # None: leave torch's default
-    scheduling_policy: str = "fcfs"  # SCHEDULING_POLICIES
-
-    def replace(self, **changes: object) -> EngineConfig:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-    def validate(self) -> EngineConfig:
-        def need(cond: bool, flag: str, allowed: str, value: object) -> None:
-            if not cond:
-                raise ConfigError(f"{flag} must be {allowed} (got {value!r}).")
-
-        for field in dataclasses.fields(self):  # LLM(**engine_args) passes Python values: types first
-            kind = _FIELD_TYPES.get(str(field.type))
-            value = getattr(self, field.name)
-            if kind is not None and not (value is None and "None" in str(field.type) or _is(kind, value)):
-                flag = "--" + field.name.replace("_", "-")
-                raise ConfigError(f"{field.name} ({flag}) must be {kind.__name__}"
-                                  f"{' or None' if 'None' in str(field.type) else ''} (got {value!r}).")
-        need(self.max_num_seqs >= 1, "--max-num-seqs", ">= 1", self.max_num_seqs)
-        need(self.max_num_batched_tokens >= 1, "--max-num-batched-tokens", ">= 1", self.max_num_batched_tokens)
-        need(self.max_model_len is None or self.max_model_len >= 2, "--max-model-len", ">= 2", self.max_model_len)
-        need(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "--block-size", "a power of two in [1, 128]",
-             self.block_size)
-        need(self.num_kv_blocks is None or self.num_kv_blocks >= 2, "--num-kv-blocks",
-             ">= 2 (block 0 is the engine's scratch block)", self.num_kv_blocks)
-        need(self.kv_cache_memory_bytes >= 1, "--kv-cache-memory-bytes", ">= 1", self.kv_cache_memory_bytes)
-        for f, choices in ENGINE_CHOICES.items():  # --executor, --dtype, --device, --scheduling-policy
-            need(getattr(self, f) in choices, "--" + f.replace("_", "-"), "one of " + ", ".join(choices), getattr(self, f))
-        need(self.torch_threads is None or self.torch_threads >= 1, "--torch-threads", ">= 1", self.torch_threads)
-        cost = self.sim_cost  # SimCostProfile.parse checks the flag's text; a profile built in Python is checked here
-        need(isinstance(cost, SimCostProfile) and all(
-            isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf
-            for v in dataclasses.astuple(cost)), "sim_cost (--sim-cost)",
-             "a SimCostProfile of non-negative finite numbers (ms)", cost)
-        return self
 
 
 def environ() -> Mapping[str, str]:
@@ -248,6 +160,8 @@ class ServeConfig:
     dp_fail_fast: bool = False
     keep_alive_on_engine_death: bool = False
     supervised_rank: int | None = None  # env ASYNCDP_SUPERVISED_RANK: this server is a multi-port child
+    # vLLM's flags beyond data parallelism that carry over (honoured, accepted without effect, or refused)
+    vllm: VllmFlags = VllmFlags()
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -260,17 +174,21 @@ class ServeConfig:
     def from_flags(cls, flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServeConfig:
         """Build and validate from ``{field: value}`` (None = flag not given), applying §2.4 env overrides.
 
-        Keys are ServeConfig or EngineConfig field names; ``sim_cost`` may be the ``"a,b,c,d"`` string.
+        Keys are ServeConfig, EngineConfig or VllmFlags field names; ``sim_cost`` may be the ``"a,b,c,d"`` string.
         """
         env = os.environ if env is None else env
-        serve_fields = {f.name for f in dataclasses.fields(cls)} - {"engine"}
+        serve_fields = {f.name for f in dataclasses.fields(cls)} - {"engine", "vllm"}
         engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-        unknown = set(flags) - serve_fields - engine_fields
+        vllm_fields = {f.name for f in dataclasses.fields(VllmFlags)}
+        unknown = set(flags) - serve_fields - engine_fields - vllm_fields
         if unknown:
             raise TypeError(f"unknown flag fields: {sorted(unknown)}")
         given = {k: v for k, v in flags.items() if v is not None}
         serve = {k: v for k, v in given.items() if k in serve_fields}
         engine = {k: v for k, v in given.items() if k in engine_fields and k not in serve_fields}
+        if "kv_cache_memory_bytes" in engine:  # (as in vLLM: a given KV size wins over the memory share)
+            engine.pop("gpu_memory_utilization", None)
+        vllm = VllmFlags(**{k: v for k, v in given.items() if k in vllm_fields})
         if isinstance(engine.get("sim_cost"), str):
             engine["sim_cost"] = SimCostProfile.parse(engine["sim_cost"])
         for name, (variables, parse) in ENV_OVERRIDES.items():
@@ -300,7 +218,7 @@ class ServeConfig:
             if key in serve:
                 serve[key] = tuple(serve[key])
         model = serve.get("model", DEFAULT_MODEL)
-        return cls(engine=EngineConfig(model=model, **engine), **serve).validate()
+        return cls(engine=EngineConfig(model=model, **engine), vllm=vllm, **serve).validate()
 
     def validate(self) -> ServeConfig:
         """Per-flag range checks (V13 and friends). Cross-flag rules live in :func:`resolve`."""
@@ -371,6 +289,7 @@ class ServeConfig:
                 f"--dp-heartbeat-timeout-s must be greater than 2 x --dp-heartbeat-interval-s "
                 f"(got {self.dp_heartbeat_timeout_s} <= 2 x {self.dp_heartbeat_interval_s}).")
         self.engine.validate()
+        self.vllm.validate()
         return self
 
 

@@ -24,6 +24,7 @@ import msgspec
 
 from asyncdp.config.deployment import DeploymentConfig
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, EngineConfig
+from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,10 @@ class LaunchPlan:
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int = 0  # resolved with max_model_len (0: unknown yet)
     enable_prompt_tokens_details: bool = False
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs: above it a request's logprobs are a 400
+    enable_log_requests: bool = False  # --enable-log-requests (--max-log-len: max_log_len)
+    max_log_len: int | None = None
+    uvicorn_log_level: str | None = None  # --uvicorn-log-level: the API servers' HTTP log (None: --log-level's)
     chat_template: str | None = field(default=None, repr=False)  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     trust_request_chat_template: bool = False  # --trust-request-chat-template
@@ -171,6 +176,10 @@ class ApiServerRole(_Role, frozen=True):
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int | None = None
     enable_prompt_tokens_details: bool = False
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs
+    enable_log_requests: bool = False  # --enable-log-requests
+    max_log_len: int | None = None  # --max-log-len
+    uvicorn_log_level: str | None = None  # --uvicorn-log-level
     scheduling_policy: str = "fcfs"  # the engines' --scheduling-policy: fcfs refuses a priority other than 0
     chat_template: str | None = None  # --chat-template's text; None: the tokenizer's
     chat_template_content_format: str = "auto"  # --chat-template-content-format
@@ -241,8 +250,9 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         shutdown_timeout_s=plan.shutdown_timeout_s, keep_alive_on_engine_death=plan.keep_alive_on_engine_death,
         ssl_keyfile=plan.ssl_keyfile, ssl_certfile=plan.ssl_certfile, socket_dir=socket_dir,
         max_seqs_per_request=plan.max_seqs_per_request, max_request_body_bytes=plan.max_request_body_bytes or None,
-        enable_prompt_tokens_details=plan.enable_prompt_tokens_details,
-        scheduling_policy=plan.engine.scheduling_policy,
+        enable_prompt_tokens_details=plan.enable_prompt_tokens_details, max_logprobs=plan.max_logprobs,
+        enable_log_requests=plan.enable_log_requests, max_log_len=plan.max_log_len,
+        uvicorn_log_level=plan.uvicorn_log_level, scheduling_policy=plan.engine.scheduling_policy,
         chat_template=plan.chat_template, chat_template_content_format=plan.chat_template_content_format,
         trust_request_chat_template=plan.trust_request_chat_template,
         enable_tokenizer_info_endpoint=plan.enable_tokenizer_info_endpoint,

@@ -8,6 +8,7 @@ the help texts quote are :class:`~asyncdp.config.flags.ServeConfig`'s own, so th
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from asyncdp.config.flags import (
@@ -22,12 +23,29 @@ from asyncdp.config.flags import (
     TOOL_CALL_PARSERS,
     ServeConfig,
 )
+from asyncdp.config.vllm_flags import (
+    DEFAULT_MAX_LOGPROBS,
+    DISTRIBUTED_EXECUTOR_BACKENDS,
+    KV_CACHE_DTYPES,
+    TOKENIZER_MODES,
+    UVICORN_LOG_LEVELS,
+    human_readable_int,
+)
 
 _D = ServeConfig()  # defaults for help texts
 
 
 def _bool(group: Any, *names: str, help: str, dest: str | None = None) -> None:
     group.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, dest=dest, help=help)
+
+
+def _choice(group: Any, *names: str, choices: Sequence[str], help: str) -> None:
+    """A flag that takes one of ``choices``, listed in its help; ServeConfig.validate checks the value (exit 2)."""
+    group.add_argument(*names, default=None, metavar="{" + ",".join(choices) + "}", help=help)
+
+
+def _dtype(name: str) -> str:
+    return {"half": "float16", "float": "float32"}.get(name, name)  # vLLM's other spellings
 
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -40,6 +58,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     _add_supervisor_flags(p.add_argument_group("multi-port supervisor"))
     _add_tuning_flags(p.add_argument_group("asyncdp data-parallel tuning"))
     _add_engine_flags(p.add_argument_group("engine"))
+    _add_vllm_flags(p.add_argument_group("vLLM flags that carry over (docs/reference/cli.md)"))
 
 
 def _add_topology_flags(g: argparse._ArgumentGroup) -> None:
@@ -61,8 +80,8 @@ def _add_topology_flags(g: argparse._ArgumentGroup) -> None:
                         "(mode 600; every node the same); env ASYNCDP_DP_SECRET holds the secret itself; without "
                         "one, one node draws a fresh secret and several nodes run unauthenticated, with a warning "
                         "(default: none)")
-    g.add_argument("--data-parallel-backend", "-dpb", default=None, metavar="{" + ",".join(DP_BACKENDS) + "}",
-                   help="process backend; ray is not available in this build (default: mp)")
+    _choice(g, "--data-parallel-backend", "-dpb", choices=DP_BACKENDS,
+            help="process backend; ray is not available in this build (default: mp)")
     _bool(g, "--data-parallel-hybrid-lb", "-dph",
           help="hybrid LB: each node's API servers balance over its own local ranks S..S+L-1 only. "
                "Rank hints (X-data-parallel-rank) are local indices in [0, L) (default: off)")
@@ -126,11 +145,10 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
                    help="the chat template to render chat messages with, instead of the tokenizer's: a Jinja file, "
                         "or the template itself (default: the tokenizer's)")
-    g.add_argument("--chat-template-content-format", default=None,
-                   metavar="{" + ",".join(CHAT_TEMPLATE_CONTENT_FORMATS) + "}",
-                   help="how message content reaches the chat template: 'string' (the text), 'openai' (a list of "
-                        "{'type': 'text', 'text': ...} parts, for templates that loop over parts); auto reads the "
-                        "template to choose (default: auto)")
+    _choice(g, "--chat-template-content-format", choices=CHAT_TEMPLATE_CONTENT_FORMATS,
+            help="how message content reaches the chat template: 'string' (the text), 'openai' (a list of "
+                 "{'type': 'text', 'text': ...} parts, for templates that loop over parts); auto reads the "
+                 "template to choose (default: auto)")
     _bool(g, "--trust-request-chat-template",
           help="let chat and /tokenize requests render with their own chat_template (a Jinja template run in "
                "the sandbox, a 400 without this flag): only for clients trusted with the server's CPU "
@@ -142,13 +160,13 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
                    help='serve tool_choice "auto" (and tools without a tool_choice), a 400 without it: the model '
                         "writes freely and --tool-call-parser, which it requires, finds the tool calls in its text "
                         "(default: off)")
-    g.add_argument("--tool-call-parser", default=None, metavar="{" + ",".join(TOOL_CALL_PARSERS) + "}",
-                   help="the format of the model's tool calls, for --enable-auto-tool-choice: hermes reads "
-                        "<tool_call>{json}</tool_call> blocks (Hermes, Qwen) (default: none)")
-    g.add_argument("--reasoning-parser", default=None, metavar="{" + ",".join(REASONING_PARSERS) + "}",
-                   help="return a reasoning model's thinking (<think>...</think>) in chat answers' "
-                        "message.reasoning, apart from their content: qwen3 (Qwen3, QwQ), deepseek_r1 (DeepSeek-R1 "
-                        "and its distills) (default: none)")
+    _choice(g, "--tool-call-parser", choices=TOOL_CALL_PARSERS,
+            help="the format of the model's tool calls, for --enable-auto-tool-choice: hermes reads "
+                 "<tool_call>{json}</tool_call> blocks (Hermes, Qwen) (default: none)")
+    _choice(g, "--reasoning-parser", choices=REASONING_PARSERS,
+            help="return a reasoning model's thinking (<think>...</think>) in chat answers' "
+                 "message.reasoning, apart from their content: qwen3 (Qwen3, QwQ), deepseek_r1 (DeepSeek-R1 "
+                 "and its distills) (default: none)")
     for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
                        ("--allowed-headers", "request headers")):
         g.add_argument(flag, default=None, metavar="JSON",
@@ -160,14 +178,14 @@ def _add_front_end_flags(g: argparse._ArgumentGroup) -> None:
                    help="answer 401 unless 'Authorization: Bearer KEY' comes with the request, on every route but "
                         "/health, /ping, /version, /metrics, /load and /openapi.json; the environment variable "
                         "ASYNCDP_API_KEY (or VLLM_API_KEY) keeps it out of the process list (default: no key)")
-    g.add_argument("--backend", default=None, metavar="{" + ",".join(HTTP_BACKENDS) + "}",
-                   help=f"anyio backend of every process (default: {_D.backend})")
+    _choice(g, "--backend", choices=HTTP_BACKENDS,
+            help=f"anyio backend of every process (default: {_D.backend})")
     g.add_argument("--lb-policy", "--dp-lb-policy", dest="lb_policy", default=None,
                    metavar="POLICY",
                    help=f"client load-balancing policy, one of {', '.join(LB_POLICIES)}; "
                         f"env ASYNCDP_DP_LB_POLICY (default: {_D.lb_policy})")
-    g.add_argument("--log-level", default=None, metavar="{" + ",".join(LOG_LEVELS) + "}",
-                   help=f"log level (default: {_D.log_level})")
+    _choice(g, "--log-level", choices=LOG_LEVELS,
+            help=f"log level (default: {_D.log_level})")
 
 
 def _add_supervisor_flags(g: argparse._ArgumentGroup) -> None:
@@ -207,20 +225,20 @@ def _add_engine_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
                    help=f"most sequences per step (default: {e.max_num_seqs})")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+    g.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None, metavar="N",
                    help=f"most tokens per step (default: {e.max_num_batched_tokens})")
-    g.add_argument("--max-model-len", type=int, default=None, metavar="N",
+    g.add_argument("--max-model-len", type=human_readable_int, default=None, metavar="N",
                    help="longest prompt plus output, in tokens (default: the model's limit)")
     g.add_argument("--block-size", type=int, default=None, metavar="N", help=f"KV-cache block size (default: {e.block_size})")
-    g.add_argument("--num-kv-blocks", type=int, default=None, metavar="N",
-                   help="KV-cache blocks per rank (default: from --kv-cache-memory-bytes)")
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=None, metavar="BYTES",
+    g.add_argument("--num-kv-blocks", "--num-gpu-blocks-override", dest="num_kv_blocks", type=int, default=None,
+                   metavar="N", help="KV-cache blocks per rank (default: from --kv-cache-memory-bytes)")
+    g.add_argument("--kv-cache-memory-bytes", type=human_readable_int, default=None, metavar="BYTES",
                    help=f"KV-cache memory per rank when --num-kv-blocks is not given, capped at what --max-num-seqs "
                         f"full-length sequences use (default: {e.kv_cache_memory_bytes})")
     _bool(g, "--enable-prefix-caching", help="reuse cached KV blocks of shared prompt prefixes (default: on)")
     g.add_argument("--seed", type=int, default=None, help=f"sampling seed (default: {e.seed})")
-    g.add_argument("--dtype", default=None, metavar="{auto,float32,bfloat16,float16}",
-                   help="model weight and activation dtype (default: auto)")
+    g.add_argument("--dtype", type=_dtype, default=None, metavar="{auto,half,float16,bfloat16,float,float32}",
+                   help="model weight and activation dtype; half is float16, float is float32 (default: auto)")
     g.add_argument("--device", default=None, metavar="{auto,cpu,cuda}",
                    help="execution device (default: auto)")
     g.add_argument("--executor", default=None, metavar="{torch,sim}",
@@ -230,7 +248,59 @@ def _add_engine_flags(g: argparse._ArgumentGroup) -> None:
                         "(+ e*sum of p*(c0 + p/2) over the prefill chunks of p tokens after c0 of context)")
     g.add_argument("--torch-threads", type=int, default=None, metavar="N",
                    help="torch intra-op threads per engine (default: the node's cores divided among its engines)")
-    g.add_argument("--scheduling-policy", default=None,
-                   metavar="{" + ",".join(ENGINE_CHOICES["scheduling_policy"]) + "}",
-                   help="how a rank orders its waiting requests and whom it preempts: fcfs by arrival, priority by "
-                        f"the requests' priority (lower first), then arrival (default: {e.scheduling_policy})")
+    _choice(g, "--scheduling-policy", choices=ENGINE_CHOICES["scheduling_policy"],
+            help="how a rank orders its waiting requests and whom it preempts: fcfs by arrival, priority by "
+                 f"the requests' priority (lower first), then arrival (default: {e.scheduling_policy})")
+
+
+def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
+    """vLLM's flags beyond data parallelism (asyncdp.config.vllm_flags): honoured, accepted without effect, or
+    refused (exit 2) for a value this build cannot honour."""
+    v = _D.vllm
+    g.add_argument("--max-logprobs", type=int, default=None, metavar="N",
+                   help=f"most logprobs, top_logprobs and prompt_logprobs a request may ask; above it HTTP 400 "
+                        f"(at most {DEFAULT_MAX_LOGPROBS} in this build) (default: {v.max_logprobs})")
+    g.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="F",
+                   help="share of a CUDA device's memory for the weights and the KV cache, which takes what the "
+                        "weights leave of it; no effect on CPU (default: unset, --kv-cache-memory-bytes sizes the "
+                        "KV cache; vLLM's is 0.9)")
+    _choice(g, "--uvicorn-log-level", choices=UVICORN_LOG_LEVELS,
+            help="log level of the API servers' HTTP server (logger asyncdp.http); trace is debug "
+                 "(default: --log-level)")
+    _bool(g, "--enable-log-requests", help="log one INFO line per prompt of each request accepted (default: off)")
+    _bool(g, "--disable-log-requests", help="deprecated in vLLM and without effect there and here (default: on)")
+    g.add_argument("--max-log-len", type=int, default=None, metavar="N",
+                   help="most prompt token ids a request's log line shows (default: all)")
+    g.add_argument("--generation-config", default=None, metavar="{auto,vllm}",
+                   help="vllm: requests that leave sampling parameters unset get OpenAI's defaults; auto, refused "
+                        "where the model's generation_config.json sets sampling defaults (default: unset, as vllm)")
+    _bool(g, "--trust-remote-code", help="accepted; asyncdp never runs a checkpoint's code (default: off)")
+    _bool(g, "--enforce-eager", help="no effect: asyncdp captures no CUDA graphs (default: off)")
+    _bool(g, "--enable-chunked-prefill",
+          help="no effect: prompts are always chunked; --no-enable-chunked-prefill is refused (default: on)")
+    g.add_argument("--max-seq-len-to-capture", type=int, default=None, metavar="N",
+                   help=f"no effect: no CUDA graphs (default: {v.max_seq_len_to_capture})")
+    g.add_argument("--compilation-config", "-O", default=None, metavar="JSON|LEVEL",
+                   help="no effect: asyncdp compiles nothing (default: {})")
+    _bool(g, "--async-scheduling", help="no effect on any output (default: off)")
+    g.add_argument("--swap-space", type=float, default=None, metavar="GIB",
+                   help=f"no effect: preempted requests are recomputed (default: {v.swap_space})")
+    _choice(g, "--distributed-executor-backend", choices=DISTRIBUTED_EXECUTOR_BACKENDS,
+            help="mp and uni: no effect; the others are refused (default: none)")
+    _choice(g, "--tokenizer-mode", choices=TOKENIZER_MODES,
+            help=f"auto and hf: no effect; the others are refused (default: {v.tokenizer_mode})")
+    _choice(g, "--kv-cache-dtype", choices=KV_CACHE_DTYPES,
+            help=f"auto: the model's dtype; the others are refused (default: {v.kv_cache_dtype})")
+    g.add_argument("--load-format", default=None, metavar="FORMAT",
+                   help=f"auto and safetensors: no effect; the others are refused (default: {v.load_format})")
+    g.add_argument("--download-dir", default=None, metavar="DIR",
+                   help="no effect: asyncdp never downloads (default: none)")
+    g.add_argument("--cpu-offload-gb", type=float, default=None, metavar="GIB",
+                   help="0: no effect; more is refused (default: 0)")
+    _bool(g, "--calculate-kv-scales", help="no effect: the KV cache is never fp8 (default: off)")
+    g.add_argument("--quantization", "-q", default=None, metavar="METHOD",
+                   help="refused: asyncdp runs unquantized weights (default: none)")
+    g.add_argument("--disable-log-stats", action="store_true", default=None,
+                   help="no effect: asyncdp logs no periodic stats (they are on /metrics)")
+    _bool(g, "--disable-uvicorn-access-log", help="no effect: asyncdp writes no access log (default: off)")
+    _bool(g, "--disable-custom-all-reduce", help="no effect: no tensor parallelism (default: off)")

@@ -15,7 +15,8 @@ KV cache: per layer K and V tensors ``[num_kv_blocks, block_size, num_kv_heads, 
 never given to a request (the engine core's block manager reserves it): dummy batches write there and padded
 gathers read it, so no request's blocks are ever touched by them. ``num_kv_blocks`` is ``config.num_kv_blocks``,
 or ``kv_cache_memory_bytes // bytes_per_block`` capped at what ``max_num_seqs`` full-length sequences could use
-plus the scratch block.
+plus the scratch block; on CUDA with ``gpu_memory_utilization`` the bytes are that share of the device less what
+is in use on it once the weights are loaded (``asyncdp.model.info.kv_bytes_from_share``).
 
 DP mode (MoE, dp > 1; spec §9): built with a ``DPContext``, the executor loads only its expert shard (its expert
 block with expert parallelism, else its slice of every expert), routes every MoE block through the cross-rank
@@ -39,7 +40,7 @@ from asyncdp.errors import ConfigError
 from asyncdp.messages import TokenLogprobs
 from asyncdp.model import read_model_info
 from asyncdp.model.decoder import ArchSpec
-from asyncdp.model.info import kv_cache_num_blocks, load_config
+from asyncdp.model.info import kv_bytes_from_share, kv_cache_num_blocks, load_config
 from asyncdp.model.layers import AttentionMetadata, PrefillChunk
 from asyncdp.model.loader import load_model, torch_dtype
 from asyncdp.model.moe import ExpertShard
@@ -109,7 +110,18 @@ class TorchExecutor:
         elem = torch.finfo(self.dtype).bits // 8
         bytes_per_block = 2 * spec.num_layers * bs * spec.num_kv_heads * spec.head_dim * elem
         # the same sizing the launcher checks before anything starts (asyncdp.model.info.check_fits_model)
-        num_blocks = kv_cache_num_blocks(config, max_model_len=max_len, bytes_per_block=bytes_per_block)
+        share = config.gpu_memory_utilization
+        if share is not None and self.device.type == "cuda" and not config.num_kv_blocks:
+            free, total = torch.cuda.mem_get_info(self.device)
+            kv_bytes = kv_bytes_from_share(share, total_bytes=total, free_bytes=free)
+            num_blocks = kv_cache_num_blocks(config.replace(kv_cache_memory_bytes=max(1, kv_bytes)),
+                                             max_model_len=max_len, bytes_per_block=bytes_per_block)
+            if num_blocks < 2:
+                raise ConfigError(f"--gpu-memory-utilization {share} leaves fewer than 2 KV blocks ({bytes_per_block} "
+                                  f"bytes each) once the weights are loaded ({total - free} of {total} bytes of "
+                                  f"{self.device} in use); raise it.")
+        else:
+            num_blocks = kv_cache_num_blocks(config, max_model_len=max_len, bytes_per_block=bytes_per_block)
         if num_blocks < 2:
             raise ConfigError(f"--kv-cache-memory-bytes {config.kv_cache_memory_bytes} holds fewer than 2 KV blocks "
                               f"({bytes_per_block} bytes each); raise it.")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncdp.config.flags import DEFAULT_SIM_KV_BLOCKS, EngineConfig
+from asyncdp.config.vllm_flags import GENERATION_DEFAULTS
 from asyncdp.errors import ConfigError, ModelNotFoundError
 
 DENSE_TYPES = ("llama", "qwen2", "qwen3")
@@ -38,6 +39,9 @@ class ModelInfo:
     num_experts: int  # 0 for dense models
     num_experts_per_tok: int  # 0 for dense models
     dtype: str  # "float32" | "bfloat16" | "float16"
+    # the sampling defaults generation_config.json sets, which vLLM applies under --generation-config auto and
+    # asyncdp does not (asyncdp.config.vllm_flags.generation_config_notice): (name, value) pairs
+    generation_defaults: tuple[tuple[str, Any], ...] = ()
 
 
 def _ids(value: Any) -> set[int]:
@@ -65,11 +69,13 @@ def read_model_info(path: Path | str) -> ModelInfo:
     config = load_config(path)
     eos = _ids(config.get("eos_token_id"))
     gen_path = path / "generation_config.json"
+    generation: dict[str, Any] = {}
     if gen_path.is_file():
         try:
-            eos |= _ids(json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id"))
+            generation = json.loads(gen_path.read_text(encoding="utf-8"))
         except ValueError as exc:
             raise ModelNotFoundError(f"{gen_path}: invalid JSON ({exc}).") from exc
+        eos |= _ids(generation.get("eos_token_id"))
     num_heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     num_experts = int(config.get("num_experts") or config.get("num_local_experts")
@@ -91,6 +97,7 @@ def read_model_info(path: Path | str) -> ModelInfo:
         num_experts=num_experts,
         num_experts_per_tok=int(config.get("num_experts_per_tok") or 0) if num_experts else 0,
         dtype=dtype,
+        generation_defaults=tuple((k, generation[k]) for k in GENERATION_DEFAULTS if generation.get(k) is not None),
     )
 
 
@@ -107,6 +114,14 @@ def kv_cache_num_blocks(config: EngineConfig, *, max_model_len: int, bytes_per_b
         return config.num_kv_blocks
     cap = config.max_num_seqs * math.ceil(max_model_len / config.block_size)
     return min(config.kv_cache_memory_bytes // bytes_per_block, cap + 1)
+
+
+def kv_bytes_from_share(share: float, *, total_bytes: int, free_bytes: int) -> int:
+    """``--gpu-memory-utilization`` on a CUDA device: the KV cache gets ``share`` of the device's memory less what
+    is in use on it once the weights are loaded (this process's and any other's), as vLLM gives the KV cache the
+    share less the weights; activations and the sampler's buffers come out of the rest of the device. Never
+    below 0."""
+    return max(0, int(share * total_bytes) - (total_bytes - free_bytes))
 
 
 def check_fits_model(config: EngineConfig, info: ModelInfo) -> None:
@@ -129,6 +144,8 @@ def check_fits_model(config: EngineConfig, info: ModelInfo) -> None:
                           f"({max_positions}); lower --max-model-len.")
     if not torch:
         num_blocks = config.num_kv_blocks or DEFAULT_SIM_KV_BLOCKS
+    elif config.gpu_memory_utilization is not None and config.device != "cpu" and not config.num_kv_blocks:
+        return  # on CUDA the KV cache is sized from the device's free memory: the engine checks it there
     else:
         if config.device == "cpu" and dtype == "float16":
             dtype = "float32"  # as the executor does: fp16 matmuls are slow or missing on CPU

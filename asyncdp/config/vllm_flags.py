@@ -1,0 +1,161 @@
+"""The ``vllm serve`` flags beyond data parallelism that carry over to ``asyncdp serve`` (docs/reference/cli.md,
+"vLLM flags that carry over"), with vLLM's defaults, and their checks.
+
+Theory of operation. Each flag falls in one of three groups:
+
+1. honoured: asyncdp does what it asks (``--max-logprobs``, ``--uvicorn-log-level``, ``--enable-log-requests``
+   with ``--max-log-len``, ``--generation-config vllm``; ``--gpu-memory-utilization`` is an engine setting, in
+   :class:`~asyncdp.config.engine_config.EngineConfig`);
+2. accepted without effect, because asyncdp already behaves as the flag asks (no CUDA graphs: ``--enforce-eager``;
+   prefills always chunked: ``--enable-chunked-prefill``; never downloads: ``--download-dir``; ...);
+3. refused with exit 2 for a value that would change what asyncdp computes (``--quantization fp8``,
+   ``--kv-cache-dtype fp8``, ``--cpu-offload-gb 4``, ``--no-enable-chunked-prefill``, ...):
+   :meth:`VllmFlags.unsupported_reason` says which and what to change, in the form of :func:`asyncdp.cli.
+   unsupported_reason` ("<what> is not supported in this build yet; <what to change>").
+
+:class:`VllmFlags` holds their values (``ServeConfig.vllm``); :meth:`VllmFlags.validate` checks ranges and choices
+(exit 2 with "must be"). None of them is part of the configuration summary the ranks and launches compare
+(:mod:`asyncdp.config.summary`): a refused value never starts, and an accepted one changes nothing a peer sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+from asyncdp.errors import ConfigError
+
+# vLLM's --max-logprobs default, and the most this build serves (the request schemas bound logprobs with it).
+DEFAULT_MAX_LOGPROBS = 20
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+TOKENIZER_MODES = ("auto", "hf", "slow", "mistral", "custom")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+DISTRIBUTED_EXECUTOR_BACKENDS = ("ray", "mp", "uni", "external_launcher")
+# The values of the choice flags that change nothing here (any other is refused: group 3).
+_HONOURED = {"tokenizer_mode": ("auto", "hf"), "kv_cache_dtype": ("auto",), "load_format": ("auto", "safetensors"),
+             "distributed_executor_backend": (None, "mp", "uni")}
+# The fields of generation_config.json vLLM applies to requests under --generation-config auto (its default).
+GENERATION_DEFAULTS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
+
+
+def _is_compilation_config(raw: str) -> bool:
+    """``--compilation-config`` / ``-O``: a JSON object, or an optimization level 0..3 (``-O3``)."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(value, dict) or (type(value) is int and 0 <= value <= 3)
+
+
+def human_readable_int(raw: str) -> int:
+    """vLLM's form of token and byte counts: ``2048``, ``2k`` (2000), ``2K`` (2048), ``1.5m``, ``32G``."""
+    text = raw.strip()
+    units = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
+    try:
+        return int(number) * unit if unit == 1 or text[-1].isupper() else int(float(number) * unit)
+    except ValueError:  # (argparse puts the flag's name before it)
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a count such as 2048, 2k (2000) or 2K (2048)") from None
+
+
+@dataclass(frozen=True, slots=True)
+class VllmFlags:
+    """The values of the carried-over flags (``ServeConfig.vllm``); each default is vLLM's."""
+
+    # group 1: honoured
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # the most logprobs, top_logprobs, prompt_logprobs a request may ask
+    uvicorn_log_level: str | None = None  # the API servers' HTTP log (logger asyncdp.http); None: --log-level's
+    enable_log_requests: bool = False  # one INFO line per prompt of each request accepted
+    max_log_len: int | None = None  # the most prompt token ids that line shows (None: all)
+    generation_config: str | None = None  # None: not given (asyncdp applies none of the checkpoint's defaults)
+    trust_remote_code: bool = False  # asyncdp runs no checkpoint code either way
+    # group 2: accepted, asyncdp already does what they ask (group 3 for the values _HONOURED leaves out)
+    enforce_eager: bool = False
+    enable_chunked_prefill: bool | None = None
+    max_seq_len_to_capture: int = 8192
+    compilation_config: str = "{}"  # the JSON text (or level) as given
+    async_scheduling: bool = False
+    swap_space: float = 4.0
+    distributed_executor_backend: str | None = None
+    tokenizer_mode: str = "auto"
+    kv_cache_dtype: str = "auto"
+    load_format: str = "auto"
+    download_dir: str | None = None
+    cpu_offload_gb: float = 0.0
+    calculate_kv_scales: bool = False
+    quantization: str | None = None
+    disable_log_stats: bool = False
+    disable_log_requests: bool | None = None  # deprecated in vLLM, where it no longer does anything either
+    disable_uvicorn_access_log: bool = False
+    disable_custom_all_reduce: bool = False
+
+    def validate(self) -> VllmFlags:
+        """Ranges and choices, as vLLM checks them (a ConfigError naming the flag)."""
+
+        def need(cond: bool, flag: str, allowed: str, value: object) -> None:
+            if not cond:
+                raise ConfigError(f"{flag} must be {allowed} (got {value!r}).")
+
+        need(self.max_logprobs >= -1, "--max-logprobs", "-1 (no limit) or >= 0", self.max_logprobs)
+        need(self.max_log_len is None or self.max_log_len >= 0, "--max-log-len", ">= 0", self.max_log_len)
+        for flag, value, choices in (("--uvicorn-log-level", self.uvicorn_log_level, (None, *UVICORN_LOG_LEVELS)),
+                                     ("--tokenizer-mode", self.tokenizer_mode, TOKENIZER_MODES),
+                                     ("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPES),
+                                     ("--distributed-executor-backend", self.distributed_executor_backend,
+                                      (None, *DISTRIBUTED_EXECUTOR_BACKENDS))):
+            need(value in choices, flag, "one of " + ", ".join(c for c in choices if c), value)
+        need(self.swap_space >= 0, "--swap-space", ">= 0 (GiB)", self.swap_space)
+        need(self.cpu_offload_gb >= 0, "--cpu-offload-gb", ">= 0 (GiB)", self.cpu_offload_gb)
+        need(_is_compilation_config(self.compilation_config), "--compilation-config (-O)",
+             "a JSON object such as '{\"level\": 3}' or an optimization level 0..3", self.compilation_config)
+        return self
+
+    def unsupported_reason(self) -> str | None:
+        """Group 3: the first flag whose value this build cannot honour, in the house form, or None."""
+        if not 0 <= self.max_logprobs <= DEFAULT_MAX_LOGPROBS:
+            return (f"--max-logprobs {self.max_logprobs} is not supported in this build yet; requests may ask for "
+                    f"at most {DEFAULT_MAX_LOGPROBS} logprobs: pass --max-logprobs {DEFAULT_MAX_LOGPROBS} or less")
+        if self.generation_config not in (None, "auto", "vllm"):
+            return (f"--generation-config {self.generation_config} is not supported in this build yet; asyncdp "
+                    f"reads only the stop tokens of the model's own generation_config.json: pass "
+                    f"--generation-config vllm")
+        if self.enable_chunked_prefill is False:
+            return ("--no-enable-chunked-prefill is not supported in this build yet; asyncdp always splits long "
+                    "prompts into chunks of --max-num-batched-tokens: drop --no-enable-chunked-prefill")
+        if self.quantization is not None:
+            return (f"--quantization {self.quantization} is not supported in this build yet; asyncdp runs the "
+                    f"checkpoint's unquantized weights: drop --quantization")
+        for name, why in (("kv_cache_dtype", "the KV cache takes the model's dtype"),
+                          ("tokenizer_mode", "asyncdp loads the checkpoint's fast tokenizer (tokenizer.json)"),
+                          ("load_format", "asyncdp loads the checkpoint's safetensors weights"),
+                          ("distributed_executor_backend", "each data-parallel rank runs in its own process on "
+                                                           "one device")):
+            value, honoured = getattr(self, name), _HONOURED[name]
+            if value not in honoured:
+                flag = "--" + name.replace("_", "-")
+                allowed = " or ".join(str(v) for v in honoured if v is not None)
+                return (f"{flag} {value} is not supported in this build yet; {why}: drop {flag} "
+                        f"(or pass {allowed})")
+        if self.cpu_offload_gb > 0:
+            return (f"--cpu-offload-gb {self.cpu_offload_gb:g} is not supported in this build yet; the weights stay "
+                    f"on the device: drop --cpu-offload-gb (or pass 0)")
+        return None
+
+
+def generation_config_notice(flags: VllmFlags, defaults: dict[str, object]) -> tuple[bool, str] | None:
+    """Where the model's generation_config.json sets sampling ``defaults``, which vLLM applies to requests that
+    leave them unset under ``--generation-config auto`` (its default) and asyncdp does not: ``(True, reason)`` for
+    an explicit ``auto`` (group 3, exit 2), ``(False, warning)`` when the flag is not given (asyncdp behaves as
+    ``vllm``, and says so at startup). None where asyncdp and vLLM agree."""
+    if not defaults or flags.generation_config == "vllm":
+        return None
+    shown = ", ".join(f"{k}={v}" for k, v in defaults.items())
+    if flags.generation_config == "auto":
+        return True, (f"--generation-config auto is not supported in this build yet; asyncdp does not apply the "
+                      f"sampling defaults of the model's generation_config.json ({shown}): pass "
+                      f"--generation-config vllm, or send these parameters with each request")
+    return False, (f"the model's generation_config.json sets {shown}, which vLLM applies to requests that leave "
+                   f"them unset (--generation-config auto, its default); asyncdp does not, as under "
+                   f"--generation-config vllm: pass --generation-config vllm to say so, or send these parameters "
+                   f"with each request")

@@ -1,0 +1,75 @@
+"""What the honoured vLLM flags do in an API server (docs/reference/cli.md, "vLLM flags that carry over"):
+``--max-logprobs`` bounds a request's logprobs with vLLM's 400, ``--enable-log-requests`` logs one line per prompt
+(``--max-log-len`` of its token ids), and ``--uvicorn-log-level`` sets the HTTP server's log level."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from asyncdp.api.serve import http_log_level
+from tests.api.conftest import running
+
+pytestmark = pytest.mark.anyio
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("route", "body", "param", "message"), [
+    ("/v1/completions", {"prompt": "a", "logprobs": 4}, "logprobs",
+     "Requested sample logprobs of 4, which is greater than max allowed: 3"),
+    ("/v1/completions", {"prompt": "a", "prompt_logprobs": 4}, "prompt_logprobs",
+     "Requested prompt logprobs of 4, which is greater than max allowed: 3"),
+    ("/v1/completions", {"prompt": "a", "logprobs": 4, "stream": True}, "logprobs",
+     "Requested sample logprobs of 4, which is greater than max allowed: 3"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 4}, "logprobs",
+     "Requested sample logprobs of 4, which is greater than max allowed: 3"),
+    ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 4, "stream": True}, "prompt_logprobs",
+     "Requested prompt logprobs of 4, which is greater than max allowed: 3"),
+    ("/v1/completions", {"prompt": "a", "n": 2, "use_beam_search": True}, "n",
+     "Requested sample logprobs of 4, which is greater than max allowed: 3"),
+])
+async def test_more_logprobs_than_max_logprobs_is_vllms_400_before_anything_starts(route, body, param, message):
+    async with running(max_logprobs=3) as srv:
+        r = await srv.http.post(route, json={"max_tokens": 1, **body})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["message"]) == (param, message)
+    assert srv.fake.submitted == []
+
+
+async def test_max_logprobs_itself_is_served_on_both_routes():
+    async with running(max_logprobs=3) as srv:
+        c = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "logprobs": 3,
+                                                         "prompt_logprobs": 3})
+        chat = await srv.http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 1, "logprobs": True,
+                                                                 "top_logprobs": 3})
+    assert c.status_code == 200 and chat.status_code == 200, (c.text, chat.text)
+    assert [(p.logprobs, p.prompt_logprobs) for _, _, p, _ in srv.fake.submitted] == [(3, 3), (3, None)]
+
+
+async def test_enable_log_requests_logs_each_prompt_once_with_max_log_len_token_ids(caplog):
+    caplog.set_level(logging.INFO, logger="asyncdp.api.generate")
+    async with running(enable_log_requests=True, max_log_len=2) as srv:
+        r = await srv.http.post("/v1/completions", json={"prompt": [[5, 6, 7], [8, 9]], "n": 2, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "asyncdp.api.generate"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("Received request cmpl-") and lines[0].endswith(", prompt_token_ids: [5, 6].")
+    assert "-0: params: SamplingParams(" in lines[0]
+    assert "-1: params: SamplingParams(" in lines[1] and lines[1].endswith(", prompt_token_ids: [8, 9].")
+
+
+async def test_requests_are_not_logged_without_enable_log_requests(caplog):
+    caplog.set_level(logging.INFO, logger="asyncdp.api.generate")
+    async with running() as srv:
+        r = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1})
+    assert r.status_code == 200
+    assert not [rec for rec in caplog.records if rec.getMessage().startswith("Received request")]
+
+
+@pytest.mark.parametrize(("name", "level"), [("critical", logging.CRITICAL), ("error", logging.ERROR),
+                                             ("warning", logging.WARNING), ("info", logging.INFO),
+                                             ("debug", logging.DEBUG), ("trace", logging.DEBUG)])
+def test_uvicorn_log_levels_map_to_the_http_loggers_level(name, level):
+    assert http_log_level(name) == level
