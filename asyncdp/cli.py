@@ -28,8 +28,8 @@ from asyncdp.bench.command import run as run_bench
 from asyncdp.config.deployment import ResolvedServeConfig, resolve
 from asyncdp.config.files import check_tls_files
 from asyncdp.config.flags import ServeConfig, json_strings
+from asyncdp.config.generation_config import generation_notice, generation_source, resolve_generation_defaults
 from asyncdp.config.serve_args import add_serve_flags
-from asyncdp.config.vllm_flags import generation_config_notice
 from asyncdp.dp.balance import make_policy
 from asyncdp.errors import ConfigError
 from asyncdp.router import command as route_command
@@ -130,16 +130,27 @@ def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = N
         config = config.replace(chat_template=read_chat_template(config.chat_template))
     from asyncdp.model.info import ModelInfo, check_fits_model  # JSON only, no torch
 
-    notice = None
+    model_fields = {}
     if isinstance(facts, ModelInfo):  # the checkpoint's limits and defaults (fakes in tests carry none)
         check_fits_model(config.engine, facts)
-        notice = generation_config_notice(config.vllm, dict(facts.generation_defaults))
-        if notice is not None and notice[0]:
-            raise ConfigError(notice[1])
+        model_fields = dict(facts.generation_defaults)
+    config = with_generation_defaults(config, model_fields)
     deployment = resolve(config, is_moe=bool(facts.is_moe), num_experts=int(facts.num_experts), env=env)
-    if notice is not None:  # said before startup, with the deployment's own warnings
-        deployment = dataclasses.replace(deployment, warnings=(*deployment.warnings, notice[1]))
+    notice = generation_notice(config.vllm.generation_defaults, config.vllm.generation_config)
+    if notice is not None:  # said once before startup, with the deployment's own warnings (vLLM's warning)
+        deployment = dataclasses.replace(deployment, warnings=(*deployment.warnings, notice))
     return ResolvedServeConfig.with_deployment(config, deployment)
+
+
+def with_generation_defaults(config: ServeConfig, model_fields: dict[str, Any]) -> ServeConfig:
+    """``config`` with the sampling defaults of ``--generation-config`` and ``--override-generation-config``
+    resolved (``model_fields``: the checkpoint's) and checked here (exit 2), not in each API server."""
+    from asyncdp.sampling_params import default_sampling_params
+
+    flags, override = config.vllm, config.vllm.override()
+    defaults = resolve_generation_defaults(flags.generation_config, override, model_fields)
+    default_sampling_params(defaults, generation_source(flags.generation_config, override))  # (range checks)
+    return config.replace(vllm=dataclasses.replace(flags, generation_defaults=defaults))
 
 
 def unsupported_reason(config: ResolvedServeConfig) -> str | None:

@@ -8,22 +8,46 @@ per prompt, in prompt order. Its ``num_cached_tokens`` is the prefix-cache hit o
 interrupted), the outstanding requests are aborted so the engine stays usable. A request the engine ends with an
 error (its grammar failed mid-generation) raises ``InvalidRequestError`` naming its field the same way: no
 output cut short is returned as if complete.
+
+vLLM's engine arguments beyond ``EngineConfig``'s: ``generation_config`` and ``override_generation_config`` give the
+sampling defaults (:mod:`asyncdp.config.generation_config`; the model's own under ``"auto"``) that
+``get_default_sampling_params()`` returns and ``generate`` uses when given no sampling params (params given are used
+as they are, as in vLLM); ``max_logprobs`` bounds a request's logprobs and prompt logprobs (vLLM's refusal; -1: the
+vocabulary's size).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import reprlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from asyncdp.config.flags import EngineConfig
+from asyncdp.config.generation_config import (
+    generation_notice,
+    generation_source,
+    resolve_generation_defaults,
+)
+from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 from asyncdp.engine.build import build_engine_core
 from asyncdp.engine.core import EngineCore
-from asyncdp.errors import InvalidRequestError, ShuttingDownError
+from asyncdp.errors import ConfigError, InvalidRequestError, ShuttingDownError
 from asyncdp.outputs import CompletionOutput, RequestOutput
-from asyncdp.sampling_params import SamplingParams, sample_seed
+from asyncdp.sampling_params import (
+    MAX_INT32,
+    SamplingParams,
+    check_logprobs,
+    default_sampling_params,
+    logprobs_limit,
+    sample_seed,
+)
+
+log = logging.getLogger(__name__)
 
 PromptType = str | list[int] | dict[str, Any]
 
@@ -60,9 +84,9 @@ def _normalize_prompts(prompts: object) -> list[PromptType]:
     return [_check_prompt(prompt, f"prompts[{i}]") for i, prompt in enumerate(prompts)]
 
 
-def _params_list(sampling_params: object, count: int) -> list[SamplingParams]:
+def _params_list(sampling_params: object, count: int, default: SamplingParams) -> list[SamplingParams]:
     if sampling_params is None:
-        return [SamplingParams()] * count
+        return [default] * count
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * count
     if not isinstance(sampling_params, list | tuple) or not all(
@@ -77,10 +101,17 @@ def _params_list(sampling_params: object, count: int) -> list[SamplingParams]:
 
 
 class LLM:
-    def __init__(self, model: str, **engine_args: Any) -> None:
+    def __init__(self, model: str, *, generation_config: str = "auto",
+                 override_generation_config: Mapping[str, Any] | None = None,
+                 max_logprobs: int = DEFAULT_MAX_LOGPROBS, **engine_args: Any) -> None:
         config = EngineConfig(model=model, **engine_args).validate()
+        if max_logprobs < -1:
+            raise ConfigError(f"max_logprobs must be -1 (no limit) or >= 0 (got {max_logprobs}).")
+        defaults = _generation_defaults(model, generation_config, dict(override_generation_config or {}))
         self.llm_engine: EngineCore = self._build(config)
         self.tokenizer = self.llm_engine.tokenizer
+        self._default_params = defaults
+        self.max_logprobs = max_logprobs
         self._counter = itertools.count()
         self._shut_down = False
 
@@ -94,12 +125,19 @@ class LLM:
         self = cls.__new__(cls)
         self.llm_engine = core
         self.tokenizer = core.tokenizer
+        self._default_params = SamplingParams()
+        self.max_logprobs = DEFAULT_MAX_LOGPROBS
         self._counter = itertools.count()
         self._shut_down = False
         return self
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: what ``generate`` uses when given no sampling params, ``SamplingParams()`` with the sampling
+        defaults of ``generation_config`` (and ``override_generation_config``) set."""
+        return self._default_params
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -122,7 +160,8 @@ class LLM:
         if self._shut_down:  # its executor is gone: stepping would fail deep in the model
             raise ShuttingDownError("this LLM is shut down (shutdown() or its with block ended); create a new LLM.")
         items = _normalize_prompts(prompts)
-        params_list = _params_list(sampling_params, len(items))
+        params_list = _params_list(sampling_params, len(items), self._default_params)
+        limit = logprobs_limit(self.max_logprobs, MAX_INT32 if self.tokenizer is None else len(self.tokenizer))
         core = self.llm_engine
         results: list[RequestOutput] = []
         children: dict[str, tuple[CompletionOutput, RequestOutput]] = {}
@@ -130,6 +169,7 @@ class LLM:
         try:
             for prompt, params in zip(items, params_list, strict=True):
                 params.validate()
+                check_logprobs(params, limit)  # (vLLM's engine refuses more than max_logprobs)
                 text, token_ids = self._tokenize(prompt)
                 rid = str(next(self._counter))
                 result = RequestOutput(request_id=rid, prompt=text, prompt_token_ids=token_ids)
@@ -199,9 +239,25 @@ class LLM:
         self.shutdown()
 
 
-def _child_params(params: SamplingParams, k: int) -> SamplingParams:
-    import msgspec
+def _generation_defaults(model: str, generation_config: str, override: dict[str, Any]) -> SamplingParams:
+    """The default sampling params of ``model`` under vLLM's ``generation_config`` and ``override_generation_config``
+    (a ConfigError for a bad folder or value, before the model loads), said once where defaults apply."""
+    from asyncdp.model import read_model_info, resolve_model  # lazy: asyncdp.model imports transformers
 
+    model_fields = {}
+    if generation_config == "auto":
+        model_fields = dict(read_model_info(resolve_model(model)).generation_defaults)
+    # (no cap: vLLM's LLM applies none, its serving layer does)
+    defaults = resolve_generation_defaults(generation_config, override, model_fields)
+    defaults = msgspec.structs.replace(defaults, max_tokens_cap=None)
+    params = default_sampling_params(defaults, generation_source(generation_config, override))
+    notice = generation_notice(defaults, generation_config)
+    if notice is not None:
+        log.warning("%s", notice)
+    return params
+
+
+def _child_params(params: SamplingParams, k: int) -> SamplingParams:
     return msgspec.structs.replace(params, n=1, seed=sample_seed(params.seed, k))  # as the HTTP API's samples
 
 

@@ -49,6 +49,7 @@ from asyncdp.api.template_roles import resolve_template_roles
 from asyncdp.api.tokenizer_info import tokenizer_info
 from asyncdp.api.tool_parsers import PARSERS, tags_are_special
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_request_body_bytes
+from asyncdp.config.generation_config import GenerationDefaults
 from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 from asyncdp.errors import HTTPError
 
@@ -92,6 +93,7 @@ def create_app(
     max_logprobs: int = DEFAULT_MAX_LOGPROBS,
     enable_log_requests: bool = False,
     max_log_len: int | None = None,
+    generation_defaults: GenerationDefaults | None = None,
 ) -> Quart:
     """Build the app for ``backend`` ("asyncio" -> ``Quart``, "trio" -> ``QuartTrio``).
 
@@ -112,7 +114,10 @@ def create_app(
     ``asyncdp.api.reasoning_parsers.PARSERS`` (``--reasoning-parser NAME``; None: the thinking stays in content);
     ``scheduling_policy`` is the engines' ``--scheduling-policy`` ("fcfs": a request's priority other than 0 is a
     400, as vLLM's);
-    ``max_logprobs`` is ``--max-logprobs`` (a request asking more sample or prompt logprobs is a 400);
+    ``max_logprobs`` is ``--max-logprobs`` (a request asking more sample or prompt logprobs is a 400; -1: more
+    than the vocabulary);
+    ``generation_defaults`` are the sampling defaults of ``--generation-config`` for the fields a request leaves
+    unset (None: none);
     ``enable_log_requests`` logs one INFO line per prompt accepted, showing at most ``max_log_len`` of its token
     ids (``--enable-log-requests``, ``--max-log-len``)."""
     if backend == "asyncio":
@@ -149,6 +154,7 @@ def create_app(
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         scheduling_policy=scheduling_policy,
         max_logprobs=max_logprobs,
+        generation_defaults=generation_defaults or GenerationDefaults(),
         log_requests=enable_log_requests,
         max_log_len=max_log_len,
         content_format=content_format,

@@ -13,7 +13,8 @@ tokens too and not a trailing EOS, and the ``n`` best are the choices, best firs
 ``BeamSearch`` is the bookkeeping, pure; ``run_beam_search`` the async shell. Each step's requests hold one
 admission for the step; leaving early (an error, the client's disconnect) closes every step request's generator,
 which aborts it on its engine, so no request outlives the search. ``check_beam_search`` bounds the request:
-``2 * n`` logprobs within ``MAX_LOGPROBS`` (n <= 10), ``prompts * n`` within ``--max-seqs-per-request``, and
+``2 * n`` logprobs within ``--max-logprobs`` (vLLM's 400, naming ``n``), ``prompts * n`` within
+``--max-seqs-per-request``, and
 refuses, with a 400 naming it, what the search would ignore (sampling parameters, ``best_of``, structured outputs)
 and, on the completions route, ``stream`` (as vLLM's completions route does).
 
@@ -43,7 +44,7 @@ from asyncdp.api.openai_format import Choice
 from asyncdp.api.schemas import _Common
 from asyncdp.errors import HTTPError
 from asyncdp.messages import Logprob, RequestOutput, TokenLogprobs
-from asyncdp.sampling_params import MAX_LOGPROBS, SamplingParams
+from asyncdp.sampling_params import SamplingParams, check_logprobs
 
 # Parameters beam search does not use -> the values that ask for nothing (null always does). The search ranks
 # the model's raw log-probabilities, so sampling parameters would change nothing: they are refused, not ignored.
@@ -55,9 +56,10 @@ IGNORED_BY_BEAM_SEARCH: dict[str, tuple[Any, ...]] = {
 
 
 def check_beam_search(req: _Common, params: SamplingParams, num_prompts: int, limit: int, *,
-                      may_stream: bool = False) -> int:
+                      logprobs_limit: int | None, may_stream: bool = False) -> int:
     """The beams per prompt (``n``) of a ``use_beam_search`` request, after the checks that bound it; a request
-    without beam search may not set ``length_penalty``. ``may_stream``: the route streams a search (chat's)."""
+    without beam search may not set ``length_penalty``. ``logprobs_limit``: the most logprobs a step may ask
+    (``--max-logprobs``). ``may_stream``: the route streams a search (chat's)."""
     if not req.use_beam_search:
         if req.length_penalty is not None:
             raise HTTPError(400, "length_penalty is only used with use_beam_search: true.", param="length_penalty")
@@ -66,9 +68,7 @@ def check_beam_search(req: _Common, params: SamplingParams, num_prompts: int, li
     if req.stream and not may_stream:
         raise HTTPError(400, "Streaming is not currently supported with beam search (use_beam_search).",
                         param="stream")
-    if 2 * n > MAX_LOGPROBS:
-        raise HTTPError(400, f"use_beam_search takes n <= {MAX_LOGPROBS // 2} beams (each step asks for 2 * n "
-                             f"logprobs, at most {MAX_LOGPROBS}), got {n}.", param="n")
+    check_logprobs(params, logprobs_limit, beam_width=n)  # (each step asks 2 * n: vLLM's 400)
     if req.best_of is not None and req.best_of != n:
         raise HTTPError(400, "best_of is not supported with use_beam_search (n is the number of beams).",
                         param="best_of")
@@ -192,7 +192,7 @@ async def run_beam_search(state: AppState, seqs: list[Sequence], width: int, len
     """Each prompt's ``width`` best beams as choices numbered ``prompt * width + j``, best first. ``seqs``: one
     per prompt (index = the prompt's), its params the request's; the prompts are searched together."""
     state.producers()  # 503 while draining or not serving yet, before anything starts
-    accept_request(state, seqs, beam_width=width)
+    accept_request(state, seqs)
     found: list[list[Choice]] = [[] for _ in seqs]
 
     def job(seq: Sequence) -> Callable[[], Any]:
@@ -262,7 +262,8 @@ async def _search(client: EngineClient, seq: Sequence, width: int, length_penalt
         params, n=1, max_tokens=1, temperature=0.0, seed=None, min_tokens=0, stop=(), stop_token_ids=(),
         ignore_eos=True, include_stop_str_in_output=False, logprobs=max(2 * width, params.logprobs or 0),
         prompt_logprobs=None)
-    num_steps = params.max_tokens if params.max_tokens is not None else client.max_model_len - len(prompt)
+    room = client.max_model_len - len(prompt)  # (a default max_tokens is not bounded by the prompt: this is)
+    num_steps = room if params.max_tokens is None else min(params.max_tokens, room)
     first: _Next | None = None
     for step in range(num_steps):
         this = step_params if step else msgspec.structs.replace(step_params, prompt_logprobs=params.prompt_logprobs)

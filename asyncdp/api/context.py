@@ -23,9 +23,10 @@ from asyncdp.api.request_templates import RequestTemplates
 from asyncdp.api.template_roles import TemplateRoles
 from asyncdp.api.tool_parsers import ToolCallParser
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
+from asyncdp.config.generation_config import GenerationDefaults
 from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
-from asyncdp.sampling_params import StartMarker
+from asyncdp.sampling_params import StartMarker, logprobs_limit
 
 PAUSE_MODES = ("abort", "wait", "keep")
 # The 503 of a server that is stopping, answered before it reads a request (a router may send it elsewhere).
@@ -43,7 +44,8 @@ class AppState:
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int = 0
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs: a request asking more logprobs is a 400
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs: a request asking more logprobs is a 400 (-1: vocab)
+    generation_defaults: GenerationDefaults = GenerationDefaults()  # --generation-config: for unset fields
     log_requests: bool = False  # --enable-log-requests: one INFO line per prompt accepted
     max_log_len: int | None = None  # --max-log-len: the most prompt token ids that line shows (None: all)
     scheduling_policy: str = "fcfs"  # --scheduling-policy: fcfs refuses a priority other than 0 (a 400)
@@ -74,6 +76,10 @@ class AppState:
         if model not in self.served_model_names:
             raise ModelNotServedError(f"The model `{model}` does not exist.")
         return model
+
+    def logprobs_limit(self) -> int:
+        """The most logprobs a request may ask: ``--max-logprobs``, its -1 the tokenizer's vocabulary size."""
+        return logprobs_limit(self.max_logprobs, len(self.client.tokenizer))
 
     @property
     def refusing(self) -> bool:

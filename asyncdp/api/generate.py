@@ -114,19 +114,10 @@ def best_choices(choices: list[Choice], per_prompt: int, n: int) -> list[Choice]
     return best
 
 
-def accept_request(state: AppState, seqs: list[Sequence], *, beam_width: int = 0) -> None:
-    """A request's last checks and its log line, before it is admitted: ``--max-logprobs`` (vLLM's 400 for more
-    sample or prompt logprobs than it, or a beam search whose steps ask ``2 * n``; the request schemas bound them
-    at its default, 20) and ``--enable-log-requests`` (one INFO line per prompt: its sampling parameters and at
-    most ``--max-log-len`` of its token ids)."""
-    cap = state.max_logprobs
-    for seq in seqs:
-        for kind, field, asked in (("sample", "logprobs", seq.params.logprobs),
-                                   ("prompt", "prompt_logprobs", seq.params.prompt_logprobs),
-                                   ("sample", "n", 2 * beam_width)):
-            if asked is not None and asked > cap:
-                raise InvalidRequestError(f"Requested {kind} logprobs of {asked}, which is greater than max "
-                                          f"allowed: {cap}", field=field)
+def accept_request(state: AppState, seqs: list[Sequence]) -> None:
+    """A request's log line, as it is admitted (its checks passed, ``--max-logprobs``'s in
+    ``asyncdp.api.params.sampling_params``): ``--enable-log-requests``, one INFO line per prompt with its sampling
+    parameters and at most ``--max-log-len`` of its token ids."""
     if not state.log_requests:
         return
     logged: set[str] = set()

@@ -101,12 +101,17 @@ def _components(state: AppState) -> dict[str, Any]:
     token_ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": last_id}}
     prompt = {**_PROMPT, "anyOf": [*_PROMPT["anyOf"][:2], token_ids,
                                    {"type": "array", "minItems": 1, "items": token_ids}]}
+    logprobs = {"anyOf": [{"type": "null"}, {"type": "integer", "minimum": 0, "maximum": state.logprobs_limit()}],
+                "description": "At most --max-logprobs; more is a 400."}
     for name, schema in components.items():
         props = schema.get("properties", {})
         if "logit_bias" in props:
             props["logit_bias"] = {"anyOf": [{"type": "null"}, {
                 "type": "object", "propertyNames": {"pattern": decimal_upto(last_id)},
                 "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS}}]}
+        for field in ("logprobs", "top_logprobs", "prompt_logprobs"):  # (chat's logprobs is a bool)
+            if field in props and not (name == "ChatRequest" and field == "logprobs"):
+                props[field] = logprobs
         if "allowed_token_ids" in props:
             props["allowed_token_ids"] = {"anyOf": [{"type": "null"}, token_ids]}
             props["bad_words"] = _BAD_WORDS

@@ -1,6 +1,8 @@
 """From a decoded request body to what the engine client takes: prompts, chat messages, ``SamplingParams``.
 
-Pure functions over the structs of ``asyncdp.api.schemas``. ``refuse_unsupported`` is the one place that says
+Pure functions over the structs of ``asyncdp.api.schemas``. ``sampling_params`` gives a request's unset sampling
+fields the server's defaults (``--generation-config``: ``asyncdp.config.generation_config``) and bounds its logprobs
+by ``--max-logprobs``, as vLLM's serving layer and input processor do. ``refuse_unsupported`` is the one place that says
 which OpenAI/vLLM parameters asyncdp does not implement: each is a 400 naming it unless it is absent, null or a
 value that asks for nothing (``REFUSED``), so no parameter is ever accepted and ignored.
 """
@@ -10,8 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from asyncdp.api.schemas import ChatRequest, CompletionRequest, TokenizeChat, _Common
+from asyncdp.config.generation_config import GenerationDefaults
 from asyncdp.errors import HTTPError
-from asyncdp.sampling_params import SamplingParams, StructuredOutputs, check_priority, with_token_filters
+from asyncdp.sampling_params import (
+    SamplingParams,
+    StructuredOutputs,
+    check_logprobs,
+    check_priority,
+    with_token_filters,
+)
+
+NO_DEFAULTS = GenerationDefaults()
 
 
 def _bad(field: str, message: str) -> HTTPError:
@@ -134,22 +145,28 @@ def sampling_params(
     req: CompletionRequest | ChatRequest, *, max_tokens: int | None, logprobs: int | None,
     prompt_logprobs: int | None = None, bias: tuple[tuple[int, float], ...] = (),
     structured: StructuredOutputs | None = None, tokenizer: Any = None, scheduling_policy: str = "fcfs",
+    defaults: GenerationDefaults = NO_DEFAULTS, logprobs_limit: int | None = None,
 ) -> SamplingParams:
     """The per-sequence sampling parameters (n is fanned out by the caller), range-checked. With ``tokenizer``,
     ``bad_words`` are tokenized and the token filters' ids checked against its vocabulary (a 400 naming them).
-    A ``priority`` other than 0 needs ``scheduling_policy`` "priority" (``--scheduling-policy``): vLLM's 400."""
+    A ``priority`` other than 0 needs ``scheduling_policy`` "priority" (``--scheduling-policy``): vLLM's 400.
+    Where the request leaves temperature, top_p, top_k, min_p or repetition_penalty unset (None), the server's
+    ``defaults`` apply, and to ``max_tokens`` (the caller's: the request's own, or the route's default) their
+    default and cap; a beam search takes the temperature and max_tokens only, as vLLM's. More logprobs or prompt
+    logprobs than ``logprobs_limit`` (``--max-logprobs``; None: no limit) is vLLM's 400."""
     stop: tuple[str, ...] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if req.cache_salt is not None and not req.cache_salt:  # vLLM's check and message
         raise _bad("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
     check_priority(scheduling_policy, req.priority or 0)  # (a 400 naming priority under fcfs, as vLLM)
+    d = defaults.for_beam_search() if req.use_beam_search else defaults
     params = SamplingParams(
         n=1 if req.n is None else req.n,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=0 if req.top_k is None else req.top_k,
-        min_p=0.0 if req.min_p is None else req.min_p,
+        temperature=d.pick("temperature", req.temperature, 1.0),
+        top_p=d.pick("top_p", req.top_p, 1.0),
+        top_k=d.pick("top_k", req.top_k, 0),
+        min_p=d.pick("min_p", req.min_p, 0.0),
         seed=req.seed,
-        max_tokens=max_tokens,
+        max_tokens=d.max_tokens_for(max_tokens),
         min_tokens=req.min_tokens or 0,
         ignore_eos=bool(req.ignore_eos),
         stop=stop,
@@ -161,7 +178,7 @@ def sampling_params(
         spaces_between_special_tokens=req.spaces_between_special_tokens is not False,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        repetition_penalty=d.pick("repetition_penalty", req.repetition_penalty, 1.0),
         logit_bias=bias,
         structured=structured,
         cache_salt=req.cache_salt,
@@ -170,4 +187,5 @@ def sampling_params(
         priority=req.priority or 0,
     )
     params = params.validate()
+    check_logprobs(params, logprobs_limit)
     return params if tokenizer is None else with_token_filters(params, tokenizer, len(tokenizer))

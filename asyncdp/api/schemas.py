@@ -19,7 +19,6 @@ from asyncdp.errors import HTTPError
 from asyncdp.sampling_params import (
     MAX_INT32,
     MAX_LOGIT_BIAS,
-    MAX_LOGPROBS,
     MAX_N,
     MAX_PENALTY,
     MIN_REPETITION_PENALTY,
@@ -29,7 +28,7 @@ Count = Annotated[int, Meta(ge=0, le=MAX_INT32)]
 TokenId = Annotated[int, Meta(ge=0, le=MAX_INT32)]
 Penalty = Annotated[float, Meta(ge=-MAX_PENALTY, le=MAX_PENALTY)]
 NumSeqs = Annotated[int, Meta(ge=1, le=MAX_N)]
-NumLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
+NumLogprobs = Annotated[int, Meta(ge=0, le=MAX_INT32)]  # at most --max-logprobs: asyncdp.api.params
 StopString = Annotated[str, Meta(min_length=1)]
 TokenIdKey = Annotated[str, Meta(pattern="^(0|[1-9][0-9]{0,9})$")]  # no leading zeros: one spelling per id
 Bias = Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]

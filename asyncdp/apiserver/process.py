@@ -50,6 +50,7 @@ from asyncdp.api.cors import ALLOW_ALL, Cors
 from asyncdp.api.serve import SSLFiles, http_log_level, http_logger, serve_http
 from asyncdp.apiserver.client import ClientConfig, DPClient
 from asyncdp.apiserver.node_table import NodeTable
+from asyncdp.config.generation_config import GenerationDefaults
 from asyncdp.config.roles import ApiServerRole
 from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 from asyncdp.errors import ConfigError
@@ -85,6 +86,7 @@ class ApiConfig:
     max_request_body_bytes: int | None = None  # None: derived from max_model_len by create_app
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs
+    generation_defaults: GenerationDefaults = GenerationDefaults()  # --generation-config's sampling defaults
     enable_log_requests: bool = False  # --enable-log-requests
     max_log_len: int | None = None  # --max-log-len
     uvicorn_log_level: str | None = None  # --uvicorn-log-level: the level of HTTP_LOGGER (None: --log-level's)
@@ -111,6 +113,7 @@ def make_app(cfg: ApiConfig, client: EngineClient, metrics: Any) -> Quart:
     return create_app(client, backend=cfg.backend, metrics=metrics, max_seqs_per_request=cfg.max_seqs_per_request,
                       max_request_body_bytes=cfg.max_request_body_bytes,
                       enable_prompt_tokens_details=cfg.enable_prompt_tokens_details, max_logprobs=cfg.max_logprobs,
+                      generation_defaults=cfg.generation_defaults,
                       enable_log_requests=cfg.enable_log_requests, max_log_len=cfg.max_log_len,
                       scheduling_policy=cfg.scheduling_policy, chat_template=cfg.chat_template,
                       chat_template_content_format=cfg.chat_template_content_format,
@@ -244,6 +247,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
         enable_prompt_tokens_details=role.enable_prompt_tokens_details, scheduling_policy=role.scheduling_policy,
         max_logprobs=role.max_logprobs, enable_log_requests=role.enable_log_requests, max_log_len=role.max_log_len,
+        generation_defaults=role.generation_defaults,
         uvicorn_log_level=role.uvicorn_log_level,
         chat_template=role.chat_template, chat_template_content_format=role.chat_template_content_format,
         trust_request_chat_template=role.trust_request_chat_template,

@@ -24,6 +24,7 @@ import msgspec
 
 from asyncdp.config.deployment import DeploymentConfig
 from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, EngineConfig
+from asyncdp.config.generation_config import GenerationDefaults
 from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 
 
@@ -47,6 +48,7 @@ class LaunchPlan:
     max_request_body_bytes: int = 0  # resolved with max_model_len (0: unknown yet)
     enable_prompt_tokens_details: bool = False
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs: above it a request's logprobs are a 400
+    generation_defaults: GenerationDefaults = GenerationDefaults()  # --generation-config's, resolved by the cli
     enable_log_requests: bool = False  # --enable-log-requests (--max-log-len: max_log_len)
     max_log_len: int | None = None
     uvicorn_log_level: str | None = None  # --uvicorn-log-level: the API servers' HTTP log (None: --log-level's)
@@ -177,6 +179,7 @@ class ApiServerRole(_Role, frozen=True):
     max_request_body_bytes: int | None = None
     enable_prompt_tokens_details: bool = False
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs
+    generation_defaults: GenerationDefaults = GenerationDefaults()  # --generation-config's sampling defaults
     enable_log_requests: bool = False  # --enable-log-requests
     max_log_len: int | None = None  # --max-log-len
     uvicorn_log_level: str | None = None  # --uvicorn-log-level
@@ -251,6 +254,7 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         ssl_keyfile=plan.ssl_keyfile, ssl_certfile=plan.ssl_certfile, socket_dir=socket_dir,
         max_seqs_per_request=plan.max_seqs_per_request, max_request_body_bytes=plan.max_request_body_bytes or None,
         enable_prompt_tokens_details=plan.enable_prompt_tokens_details, max_logprobs=plan.max_logprobs,
+        generation_defaults=plan.generation_defaults,
         enable_log_requests=plan.enable_log_requests, max_log_len=plan.max_log_len,
         uvicorn_log_level=plan.uvicorn_log_level, scheduling_policy=plan.engine.scheduling_policy,
         chat_template=plan.chat_template, chat_template_content_format=plan.chat_template_content_format,

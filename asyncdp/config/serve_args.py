@@ -24,7 +24,6 @@ from asyncdp.config.flags import (
     ServeConfig,
 )
 from asyncdp.config.vllm_flags import (
-    DEFAULT_MAX_LOGPROBS,
     DISTRIBUTED_EXECUTOR_BACKENDS,
     KV_CACHE_DTYPES,
     TOKENIZER_MODES,
@@ -258,8 +257,8 @@ def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
     refused (exit 2) for a value this build cannot honour."""
     v = _D.vllm
     g.add_argument("--max-logprobs", type=int, default=None, metavar="N",
-                   help=f"most logprobs, top_logprobs and prompt_logprobs a request may ask; above it HTTP 400 "
-                        f"(at most {DEFAULT_MAX_LOGPROBS} in this build) (default: {v.max_logprobs})")
+                   help=f"most logprobs, top_logprobs and prompt_logprobs a request may ask; above it HTTP 400; -1: "
+                        f"the vocabulary's size (default: {v.max_logprobs})")
     g.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="F",
                    help="share of a CUDA device's memory for the weights and the KV cache, which takes what the "
                         "weights leave of it; no effect on CPU (default: unset, --kv-cache-memory-bytes sizes the "
@@ -271,9 +270,14 @@ def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
     _bool(g, "--disable-log-requests", help="deprecated in vLLM and without effect there and here (default: on)")
     g.add_argument("--max-log-len", type=int, default=None, metavar="N",
                    help="most prompt token ids a request's log line shows (default: all)")
-    g.add_argument("--generation-config", default=None, metavar="{auto,vllm}",
-                   help="vllm: requests that leave sampling parameters unset get OpenAI's defaults; auto, refused "
-                        "where the model's generation_config.json sets sampling defaults (default: unset, as vllm)")
+    g.add_argument("--generation-config", default=None, metavar="{auto,vllm,FOLDER}",
+                   help="the sampling defaults of requests that leave them unset: auto, those of the model's "
+                        "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens "
+                        "as max_tokens); vllm, none; a folder, its generation_config.json's, whose max_new_tokens "
+                        f"also caps every request's max_tokens (default: {v.generation_config})")
+    g.add_argument("--override-generation-config", default=None, metavar="JSON",
+                   help="a JSON object of generation_config.json fields that override or add to those defaults "
+                        "(with vllm too); its max_new_tokens caps every request's max_tokens (default: {})")
     _bool(g, "--trust-remote-code", help="accepted; asyncdp never runs a checkpoint's code (default: off)")
     _bool(g, "--enforce-eager", help="no effect: asyncdp captures no CUDA graphs (default: off)")
     _bool(g, "--enable-chunked-prefill",

@@ -4,7 +4,8 @@
 Theory of operation. Each flag falls in one of three groups:
 
 1. honoured: asyncdp does what it asks (``--max-logprobs``, ``--uvicorn-log-level``, ``--enable-log-requests``
-   with ``--max-log-len``, ``--generation-config vllm``; ``--gpu-memory-utilization`` is an engine setting, in
+   with ``--max-log-len``, ``--generation-config`` with ``--override-generation-config``, whose sampling defaults
+   :mod:`asyncdp.config.generation_config` resolves; ``--gpu-memory-utilization`` is an engine setting, in
    :class:`~asyncdp.config.engine_config.EngineConfig`);
 2. accepted without effect, because asyncdp already behaves as the flag asks (no CUDA graphs: ``--enforce-eager``;
    prefills always chunked: ``--enable-chunked-prefill``; never downloads: ``--download-dir``; ...);
@@ -23,10 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
+from typing import Any
 
+from asyncdp.config.generation_config import GenerationDefaults, parse_override
 from asyncdp.errors import ConfigError
 
-# vLLM's --max-logprobs default, and the most this build serves (the request schemas bound logprobs with it).
+# vLLM's --max-logprobs default (-1: no cap but the vocabulary's size).
 DEFAULT_MAX_LOGPROBS = 20
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 TOKENIZER_MODES = ("auto", "hf", "slow", "mistral", "custom")
@@ -35,8 +38,6 @@ DISTRIBUTED_EXECUTOR_BACKENDS = ("ray", "mp", "uni", "external_launcher")
 # The values of the choice flags that change nothing here (any other is refused: group 3).
 _HONOURED = {"tokenizer_mode": ("auto", "hf"), "kv_cache_dtype": ("auto",), "load_format": ("auto", "safetensors"),
              "distributed_executor_backend": (None, "mp", "uni")}
-# The fields of generation_config.json vLLM applies to requests under --generation-config auto (its default).
-GENERATION_DEFAULTS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 
 
 def _is_compilation_config(raw: str) -> bool:
@@ -68,7 +69,10 @@ class VllmFlags:
     uvicorn_log_level: str | None = None  # the API servers' HTTP log (logger asyncdp.http); None: --log-level's
     enable_log_requests: bool = False  # one INFO line per prompt of each request accepted
     max_log_len: int | None = None  # the most prompt token ids that line shows (None: all)
-    generation_config: str | None = None  # None: not given (asyncdp applies none of the checkpoint's defaults)
+    generation_config: str = "auto"  # "auto" (the model's generation_config.json), "vllm" (none) or a folder
+    override_generation_config: str = "{}"  # a JSON object of generation_config.json fields, as given
+    # not a flag: the sampling defaults the two above give, which the cli resolves (asyncdp.config.generation_config)
+    generation_defaults: GenerationDefaults = GenerationDefaults()
     trust_remote_code: bool = False  # asyncdp runs no checkpoint code either way
     # group 2: accepted, asyncdp already does what they ask (group 3 for the values _HONOURED leaves out)
     enforce_eager: bool = False
@@ -109,17 +113,15 @@ class VllmFlags:
         need(self.cpu_offload_gb >= 0, "--cpu-offload-gb", ">= 0 (GiB)", self.cpu_offload_gb)
         need(_is_compilation_config(self.compilation_config), "--compilation-config (-O)",
              "a JSON object such as '{\"level\": 3}' or an optimization level 0..3", self.compilation_config)
+        parse_override(self.override_generation_config)
         return self
+
+    def override(self) -> dict[str, Any]:
+        """``--override-generation-config``'s object (checked by :meth:`validate`)."""
+        return parse_override(self.override_generation_config)
 
     def unsupported_reason(self) -> str | None:
         """Group 3: the first flag whose value this build cannot honour, in the house form, or None."""
-        if not 0 <= self.max_logprobs <= DEFAULT_MAX_LOGPROBS:
-            return (f"--max-logprobs {self.max_logprobs} is not supported in this build yet; requests may ask for "
-                    f"at most {DEFAULT_MAX_LOGPROBS} logprobs: pass --max-logprobs {DEFAULT_MAX_LOGPROBS} or less")
-        if self.generation_config not in (None, "auto", "vllm"):
-            return (f"--generation-config {self.generation_config} is not supported in this build yet; asyncdp "
-                    f"reads only the stop tokens of the model's own generation_config.json: pass "
-                    f"--generation-config vllm")
         if self.enable_chunked_prefill is False:
             return ("--no-enable-chunked-prefill is not supported in this build yet; asyncdp always splits long "
                     "prompts into chunks of --max-num-batched-tokens: drop --no-enable-chunked-prefill")
@@ -142,20 +144,3 @@ class VllmFlags:
                     f"on the device: drop --cpu-offload-gb (or pass 0)")
         return None
 
-
-def generation_config_notice(flags: VllmFlags, defaults: dict[str, object]) -> tuple[bool, str] | None:
-    """Where the model's generation_config.json sets sampling ``defaults``, which vLLM applies to requests that
-    leave them unset under ``--generation-config auto`` (its default) and asyncdp does not: ``(True, reason)`` for
-    an explicit ``auto`` (group 3, exit 2), ``(False, warning)`` when the flag is not given (asyncdp behaves as
-    ``vllm``, and says so at startup). None where asyncdp and vLLM agree."""
-    if not defaults or flags.generation_config == "vllm":
-        return None
-    shown = ", ".join(f"{k}={v}" for k, v in defaults.items())
-    if flags.generation_config == "auto":
-        return True, (f"--generation-config auto is not supported in this build yet; asyncdp does not apply the "
-                      f"sampling defaults of the model's generation_config.json ({shown}): pass "
-                      f"--generation-config vllm, or send these parameters with each request")
-    return False, (f"the model's generation_config.json sets {shown}, which vLLM applies to requests that leave "
-                   f"them unset (--generation-config auto, its default); asyncdp does not, as under "
-                   f"--generation-config vllm: pass --generation-config vllm to say so, or send these parameters "
-                   f"with each request")

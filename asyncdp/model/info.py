@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncdp.config.flags import DEFAULT_SIM_KV_BLOCKS, EngineConfig
-from asyncdp.config.vllm_flags import GENERATION_DEFAULTS
+from asyncdp.config.generation_config import sampling_fields
 from asyncdp.errors import ConfigError, ModelNotFoundError
 
 DENSE_TYPES = ("llama", "qwen2", "qwen3")
@@ -39,8 +39,8 @@ class ModelInfo:
     num_experts: int  # 0 for dense models
     num_experts_per_tok: int  # 0 for dense models
     dtype: str  # "float32" | "bfloat16" | "float16"
-    # the sampling defaults generation_config.json sets, which vLLM applies under --generation-config auto and
-    # asyncdp does not (asyncdp.config.vllm_flags.generation_config_notice): (name, value) pairs
+    # the sampling defaults generation_config.json sets, applied under --generation-config auto (vLLM's default;
+    # asyncdp.config.generation_config): (name, value) pairs
     generation_defaults: tuple[tuple[str, Any], ...] = ()
 
 
@@ -97,7 +97,7 @@ def read_model_info(path: Path | str) -> ModelInfo:
         num_experts=num_experts,
         num_experts_per_tok=int(config.get("num_experts_per_tok") or 0) if num_experts else 0,
         dtype=dtype,
-        generation_defaults=tuple((k, generation[k]) for k in GENERATION_DEFAULTS if generation.get(k) is not None),
+        generation_defaults=tuple(sampling_fields(generation).items()),
     )
 
 

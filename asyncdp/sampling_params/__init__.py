@@ -6,7 +6,9 @@ the offline ``LLM`` both call it before a request reaches an engine. ``structure
 :mod:`.structured` with the grammar checks, re-exported here with its ``StartMarker``) is checked by compiling its
 grammar, so an uncompilable schema or regex is refused there too, naming ``structured.<field>``.
 ``allowed_token_ids`` and ``bad_words`` are checked against a vocabulary, and the words tokenized, by
-:mod:`.token_filters`.
+:mod:`.token_filters`. The server's (or the offline ``LLM``'s) bounds beyond ``validate()``'s ranges are checked by
+their owners with the functions here: ``--max-logprobs`` (:func:`check_logprobs`) and ``--scheduling-policy``
+(:func:`check_priority`); :func:`default_sampling_params` are vLLM's ``LLM.get_default_sampling_params``.
 """
 
 from __future__ import annotations
@@ -18,16 +20,14 @@ from typing import Any
 
 import msgspec
 
-from asyncdp.errors import InvalidRequestError, InvalidSamplingParams
+from asyncdp.config.generation_config import GenerationDefaults
+from asyncdp.errors import ConfigError, InvalidRequestError, InvalidSamplingParams
 from asyncdp.sampling_params.structured import StartMarker, StructuredOutputs
 from asyncdp.sampling_params.token_filters import MAX_NUM_BAD_WORDS, with_token_filters
 
-__all__ = ["MAX_INT32", "MAX_LOGIT_BIAS", "MAX_LOGPROBS", "MAX_N", "MAX_NUM_BAD_WORDS", "MAX_PENALTY",
-           "MIN_REPETITION_PENALTY", "SamplingParams", "StartMarker", "StructuredOutputs", "sample_seed",
-           "with_token_filters"]
-
-# Logprobs beyond this many alternatives are refused, as in vLLM's default.
-MAX_LOGPROBS = 20
+__all__ = ["MAX_INT32", "MAX_LOGIT_BIAS", "MAX_N", "MAX_NUM_BAD_WORDS", "MAX_PENALTY", "MIN_REPETITION_PENALTY",
+           "SamplingParams", "StartMarker", "StructuredOutputs", "check_logprobs", "default_sampling_params",
+           "logprobs_limit", "sample_seed", "with_token_filters"]
 # Most sequences one request may ask for (n, best_of), as OpenAI caps them.
 MAX_N = 128
 # Integer fields that name token ids or counts travel as msgpack ints and index tensors: keep them in int32.
@@ -53,6 +53,36 @@ def check_priority(scheduling_policy: str, priority: int) -> None:
     API server's 400, and the engine's for the offline ``LLM`` or a rank set up otherwise than its API server)."""
     if priority != 0 and scheduling_policy != "priority":
         raise InvalidRequestError(f"Got priority {priority} but Priority scheduling is not enabled.", field="priority")
+
+
+def logprobs_limit(max_logprobs: int, vocab_size: int) -> int:
+    """``--max-logprobs`` as the most logprobs a request may ask: -1 (vLLM's "no cap") is the vocabulary's size."""
+    return vocab_size if max_logprobs == -1 else max_logprobs
+
+
+def check_logprobs(params: SamplingParams, limit: int | None, *, beam_width: int = 0) -> None:
+    """vLLM's refusal of more sample or prompt logprobs than ``limit`` (:func:`logprobs_limit`; None: no limit), or
+    of a beam search whose steps ask ``2 * beam_width`` (the field named is ``n``, the request's beam width)."""
+    if limit is None:
+        return
+    for kind, field, asked in (("sample", "logprobs", params.logprobs),
+                               ("prompt", "prompt_logprobs", params.prompt_logprobs),
+                               ("sample", "n", 2 * beam_width or None)):
+        if asked is not None and asked > limit:
+            raise InvalidSamplingParams(f"Requested {kind} logprobs of {asked}, which is greater than max allowed: "
+                                        f"{limit}", field=field)
+
+
+def default_sampling_params(defaults: GenerationDefaults, source: str) -> SamplingParams:
+    """vLLM's ``LLM.get_default_sampling_params``: ``SamplingParams`` with the sampling ``defaults`` set, the others
+    (``max_tokens`` 16 included) its own; a ConfigError naming ``source`` where one is out of range, the cap too."""
+    try:
+        params = SamplingParams(**defaults.values()).validate()
+        if defaults.max_tokens_cap is not None:
+            msgspec.structs.replace(params, max_tokens=defaults.max_tokens_cap).validate()
+    except InvalidSamplingParams as exc:
+        raise ConfigError(f"the sampling defaults of {source} are invalid: {exc}") from None
+    return params
 
 
 def sample_seed(seed: int | None, index: int) -> int | None:
@@ -169,10 +199,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             raise bad("min_tokens", f"in [0, {MAX_INT32}]", self.min_tokens)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise bad("logprobs", f"in [0, {MAX_LOGPROBS}]", self.logprobs)
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-            raise bad("prompt_logprobs", f"in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
+        # (the most a request may ask is its server's --max-logprobs: check_logprobs)
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_INT32:
+            raise bad("logprobs", f"in [0, {MAX_INT32}]", self.logprobs)
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_INT32:
+            raise bad("prompt_logprobs", f"in [0, {MAX_INT32}]", self.prompt_logprobs)
         if not isinstance(self.stop, tuple) or any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "a string or a list of non-empty strings", self.stop)
         if any(not 0 <= t <= MAX_INT32 for t in self.stop_token_ids):

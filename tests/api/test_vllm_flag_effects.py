@@ -23,8 +23,8 @@ CHAT = [{"role": "user", "content": "hi"}]
      "Requested prompt logprobs of 4, which is greater than max allowed: 3"),
     ("/v1/completions", {"prompt": "a", "logprobs": 4, "stream": True}, "logprobs",
      "Requested sample logprobs of 4, which is greater than max allowed: 3"),
-    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 4}, "logprobs",
-     "Requested sample logprobs of 4, which is greater than max allowed: 3"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 4}, "top_logprobs",
+     "Requested sample logprobs of 4, which is greater than max allowed: 3"),  # (chat's name for them)
     ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 4, "stream": True}, "prompt_logprobs",
      "Requested prompt logprobs of 4, which is greater than max allowed: 3"),
     ("/v1/completions", {"prompt": "a", "n": 2, "use_beam_search": True}, "n",
@@ -46,6 +46,41 @@ async def test_max_logprobs_itself_is_served_on_both_routes():
                                                                  "top_logprobs": 3})
     assert c.status_code == 200 and chat.status_code == 200, (c.text, chat.text)
     assert [(p.logprobs, p.prompt_logprobs) for _, _, p, _ in srv.fake.submitted] == [(3, 3), (3, None)]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+async def test_max_logprobs_above_20_is_served_up_to_it_and_refused_beyond(route):
+    """The cap is the server's, not the request schema's: 25 sample and prompt logprobs, and a beam search of 12
+    (whose steps ask 24), under --max-logprobs 30."""
+    body: dict = {"prompt": "a"} if route == "/v1/completions" else {"messages": CHAT}
+    asks = {"logprobs": 25} if route == "/v1/completions" else {"logprobs": True, "top_logprobs": 25}
+    field = "logprobs" if route == "/v1/completions" else "top_logprobs"
+    async with running(max_logprobs=30) as srv:
+        ok = await srv.http.post(route, json={**body, "max_tokens": 1, "prompt_logprobs": 25, **asks})
+        beams = await srv.http.post(route, json={**body, "max_tokens": 1, "n": 12, "use_beam_search": True})
+        over = await srv.http.post(route, json={**body, "max_tokens": 1, **asks, field: 31})
+        schema = (await srv.http.get("/openapi.json")).json()["components"]["schemas"]
+    assert ok.status_code == 200 and beams.status_code == 200, (ok.text, beams.text)
+    assert (srv.fake.submitted[0][2].logprobs, srv.fake.submitted[0][2].prompt_logprobs) == (25, 25)
+    assert len(ok.json()["choices"][0]["logprobs"]["content" if field == "top_logprobs" else "top_logprobs"]) == 1
+    assert over.status_code == 400 and (over.json()["error"]["param"], over.json()["error"]["message"]) == (
+        field, "Requested sample logprobs of 31, which is greater than max allowed: 30")
+    request = schema["CompletionRequest" if field == "logprobs" else "ChatRequest"]["properties"]
+    assert [s.get("maximum") for s in request[field]["anyOf"]] == [None, 30]  # (null, or up to the cap)
+    assert [s.get("maximum") for s in request["prompt_logprobs"]["anyOf"]] == [None, 30]
+
+
+async def test_max_logprobs_minus_1_leaves_the_vocabulary_as_the_only_limit():
+    async with running(max_logprobs=-1) as srv:
+        vocab = len(srv.fake.tokenizer)
+        ok = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "logprobs": vocab,
+                                                          "prompt_logprobs": vocab})
+        over = await srv.http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 1,
+                                                                 "prompt_logprobs": vocab + 1})
+    assert ok.status_code == 200, ok.text
+    assert srv.fake.submitted[0][2].logprobs == vocab > 20
+    assert over.status_code == 400 and (over.json()["error"]["param"], over.json()["error"]["message"]) == (
+        "prompt_logprobs", f"Requested prompt logprobs of {vocab + 1}, which is greater than max allowed: {vocab}")
 
 
 async def test_enable_log_requests_logs_each_prompt_once_with_max_log_len_token_ids(caplog):

@@ -22,6 +22,8 @@ ACCEPTED: list[tuple[str, Callable[[ServeConfig], Any], Any]] = [
     # group 1: honoured (their effects: tests/api/test_vllm_flag_effects.py, tests/e2e/test_vllm_dp_flags.py)
     ("--max-logprobs 5", lambda c: c.vllm.max_logprobs, 5),
     ("--max-logprobs 0", lambda c: c.vllm.max_logprobs, 0),
+    ("--max-logprobs 50", lambda c: c.vllm.max_logprobs, 50),  # (above vLLM's default too: the server's cap)
+    ("--max-logprobs -1", lambda c: c.vllm.max_logprobs, -1),  # (vLLM's "no cap": the vocabulary's size)
     ("--gpu-memory-utilization 0.5", lambda c: c.engine.gpu_memory_utilization, 0.5),
     ("--gpu-memory-utilization 0.5 --kv-cache-memory-bytes 2G", lambda c: (
         c.engine.gpu_memory_utilization, c.engine.kv_cache_memory_bytes), (None, 2 * 2**30)),  # (a given size wins)
@@ -108,13 +110,6 @@ REFUSED = [
     ("--distributed-executor-backend ray", "--distributed-executor-backend ray is not supported in this build yet; "
                                            "each data-parallel rank runs in its own process on one device: drop "
                                            "--distributed-executor-backend (or pass mp or uni)"),
-    ("--max-logprobs 21", "--max-logprobs 21 is not supported in this build yet; requests may ask for at most 20 "
-                          "logprobs: pass --max-logprobs 20 or less"),
-    ("--max-logprobs -1", "--max-logprobs -1 is not supported in this build yet; requests may ask for at most 20 "
-                          "logprobs: pass --max-logprobs 20 or less"),
-    ("--generation-config /models/gen", "--generation-config /models/gen is not supported in this build yet; "
-                                        "asyncdp reads only the stop tokens of the model's own "
-                                        "generation_config.json: pass --generation-config vllm"),
 ]
 
 
@@ -141,6 +136,8 @@ INVALID = [
     ("--gpu-memory-utilization 0", "--gpu-memory-utilization must be in (0, 1] (got 0.0)."),
     ("--gpu-memory-utilization 1.5", "--gpu-memory-utilization must be in (0, 1] (got 1.5)."),
     ("--max-logprobs -2", "--max-logprobs must be -1 (no limit) or >= 0 (got -2)."),
+    ("--generation-config /models/gen", "--generation-config must be auto, vllm or a folder holding "
+                                        "generation_config.json (got '/models/gen': no such folder)."),
     ("--max-log-len -1", "--max-log-len must be >= 0 (got -1)."),
     ("--swap-space -1", "--swap-space must be >= 0 (GiB) (got -1.0)."),
     ("--cpu-offload-gb -1", "--cpu-offload-gb must be >= 0 (GiB) (got -1.0)."),

