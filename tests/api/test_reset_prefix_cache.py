@@ -24,16 +24,12 @@ async def cached_tokens(srv) -> int:
     return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
-async def test_without_dev_mode_there_is_no_such_route() -> None:
-    async with running() as srv:
-        r = await srv.http.post("/reset_prefix_cache")
-        doc = (await srv.http.get("/openapi.json")).json()
+async def test_a_reset_drops_the_cached_prompts_and_answers_success_in_dev_mode_only() -> None:
+    async with running(enable_prompt_tokens_details=True) as plain:
+        r = await plain.http.post("/reset_prefix_cache")
+        doc = (await plain.http.get("/openapi.json")).json()
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
-    assert "/reset_prefix_cache" not in doc["paths"]
-    assert not srv.fake.utility_calls
-
-
-async def test_a_reset_drops_the_cached_prompts_and_answers_success() -> None:
+    assert "/reset_prefix_cache" not in doc["paths"] and not plain.fake.utility_calls
     async with running(server_dev_mode=True, enable_prompt_tokens_details=True) as srv:
         assert [await cached_tokens(srv) for _ in range(2)][1] > 0
         r = await srv.http.post("/reset_prefix_cache")
