@@ -20,6 +20,7 @@
      ├── StartupError                a handshake check, deadline or child process failed at startup (exit 1)
      │    └── ChildExited            a child process exited before it reported what startup waits for
      ├── PauseError                  pause/resume misuse (resume while a pause is still in progress)
+ ├── PrefixCacheBusyError        a rank refused to reset its prefix cache: a request holds KV blocks
      ├── RankTornDown                the MoE group was torn down (coordinator Teardown, lost coordinator)
      ├── DPGroupError                a collective of the DP control group failed (lockstep violation, lost peer)
      │    └── DPGroupAborted         the group was aborted (teardown); no collective can complete any more
@@ -143,6 +144,11 @@ class StartupError(AsyncDPError):
 
 class PauseError(AsyncDPError):
     """Pause/resume misuse, e.g. resume while a pause is still in progress."""
+
+
+class PrefixCacheBusyError(AsyncDPError):
+    """A rank refused ``POST /reset_prefix_cache``: a request holds KV blocks (vLLM's reset fails then too; the
+    route answers ``{"success": false}``)."""
 
 
 class _Child(Protocol):

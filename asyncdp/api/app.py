@@ -24,7 +24,7 @@ import anyio
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
-from asyncdp.api import chat, completions, utility_routes
+from asyncdp.api import chat, completions, dev_routes, utility_routes
 from asyncdp.api.body import draining_request_class, read_rest_of_body
 from asyncdp.api.content_format import read_template, resolve_content_format
 from asyncdp.api.context import (
@@ -55,7 +55,8 @@ from asyncdp.errors import HTTPError
 
 _ALWAYS_OPEN = ("/health", "/metrics", "/server_info")
 # Routes that answer without the API key: the probes of load balancers, orchestrators, scrapers and routers, and
-# the schema. Everything else (generation, /v1/models, tokenizing, /server_info, /pause and /resume) wants it.
+# the schema. Everything else (generation, /v1/models, tokenizing, /server_info, /pause and /resume,
+# /reset_prefix_cache) wants it.
 _OPEN_WITHOUT_KEY = frozenset({"/health", "/ping", "/version", "/metrics", "/load", "/openapi.json"})
 
 __all__ = ["AppState", "create_app", "json_response", "set_draining", "state_of"]
@@ -87,6 +88,7 @@ def create_app(
     chat_template_content_format: str = "auto",
     trust_request_chat_template: bool = False,
     enable_tokenizer_info_endpoint: bool = False,
+    server_dev_mode: bool = False,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
     scheduling_policy: str = "fcfs",
@@ -108,6 +110,8 @@ def create_app(
     (``--trust-request-chat-template``; False: a 400);
     ``enable_tokenizer_info_endpoint`` serves ``GET /tokenizer_info`` (the flag of that name; False: no such route,
     a 404, as in vLLM);
+    ``server_dev_mode`` serves vLLM's development routes, ``POST /reset_prefix_cache`` (``ASYNCDP_SERVER_DEV_MODE=1``
+    or ``VLLM_SERVER_DEV_MODE=1``; False: no such route, a 404, as in vLLM; see ``asyncdp.api.dev_routes``);
     ``tool_call_parser`` serves ``tool_choice: "auto"`` with that parser of ``asyncdp.api.tool_parsers.PARSERS``
     (``--enable-auto-tool-choice --tool-call-parser NAME``; None: "auto" with tools is a 400);
     ``reasoning_parser`` returns chat answers' thinking apart from their content with that parser of
@@ -180,6 +184,8 @@ def create_app(
     completions.register(app, state)
     chat.register(app, state)
     utility_routes.register(app, state)
+    if server_dev_mode:
+        dev_routes.register(app, state)
     return app
 
 

@@ -111,4 +111,5 @@ class EngineClient(Protocol):
         """The ``GET /load`` document: per managed rank, the load a router needs (docs/howto/external-lb.md)."""
 
     async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run a utility method (``pause``, ``resume``, ``is_paused``, ...) on every managed engine."""
+        """Run a utility method (``pause``, ``resume``, ``is_paused``, ``reset_prefix_cache``, ...) on every managed
+        engine; a rank's refusal raises (``PauseError``; ``PrefixCacheBusyError`` for a reset with KV blocks in use)."""

@@ -64,6 +64,7 @@ _ROUTES: dict[tuple[str, str], tuple[str, tuple[type[msgspec.Struct], ...], tupl
                             ("application/json",)),
     ("post", "/detokenize"): ("Turn token ids into text", (DetokenizeRequest,), ("application/json",)),
     ("get", "/tokenizer_info"): ("The tokenizer's configuration", (), ("application/json",)),
+    ("post", "/reset_prefix_cache"): ("Drop every managed rank's prefix cache", (), ("application/json",)),
 }
 # (path, 200 content type) -> the component describing that answer (the others' answers have no schema yet)
 _ANSWERS = {("/v1/chat/completions", "application/json"): "ChatCompletion",
@@ -205,7 +206,10 @@ def openapi_document(app: Any) -> dict[str, Any]:
             if path == "/server_info":
                 op["parameters"] = [{"name": "config_format", "in": "query", "required": False,
                                      "schema": {"enum": ["json", "text"]}}]
-            if path in ("/pause", "/resume"):
+            if path == "/reset_prefix_cache":
+                op["parameters"] = [{"name": name, "in": "query", "required": False, "schema": {"type": "boolean"}}
+                                    for name in ("reset_running_requests", "reset_external")]
+            if path in ("/pause", "/resume", "/reset_prefix_cache"):
                 op["tags"] = ["control"]
             paths.setdefault(path, {})[key[0]] = op
     return {

@@ -15,7 +15,9 @@ released. When a rank dies (``EngineDead`` or link EOF) it
 leaves the balancer, its requests and the utility calls waiting on it fail at once with ``EngineDeadError``
 (and are released), its gauges drop to 0; the other ranks keep serving (dense, spec §13). A rank that stops in
 order says so first (``RankDraining``): it leaves the balancer's choices at once, while its own requests finish
-(unless it is the last one); its end is then logged at INFO ("gone"), a death at ERROR ("dead").
+(unless it is the last one); its end is then logged at INFO ("gone"), a death at ERROR ("dead"). A rank that reset
+its prefix cache (``PrefixCacheReset``, whichever API server asked) is told to the balancer, whose policy forgets
+the prefixes it sent there.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class EngineEvents:
             self._utility.on_result(rank, msg)
         elif isinstance(msg, m.RankDraining) and self._abandoned() is None and self._lb.mark_draining(rank):
             log.info("engine rank %d is stopping; new requests go to the other ranks while its own finish", rank)
+        elif isinstance(msg, m.PrefixCacheReset):
+            self._lb.on_cache_reset(rank)  # the policy no longer counts on the prefixes it sent there
 
     def on_outputs(self, msg: m.EngineOutputs) -> None:
         now = time.monotonic()

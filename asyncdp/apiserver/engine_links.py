@@ -39,7 +39,6 @@ from asyncdp.errors import (
     AsyncDPError,
     EngineDeadError,
     EngineTimeoutError,
-    PauseError,
     ProtocolError,
     StartupError,
     UnavailableError,
@@ -154,9 +153,9 @@ class UtilityCalls:
             raise pending.error
         failed = [r for r in pending.results.values() if not r.ok]
         if failed:
-            # a pause/resume misuse (a resume that overtook this pause) is the caller's conflict, not ours: 409
-            raise (PauseError if failed[0].error_kind == m.PAUSE_ERROR else AsyncDPError)(
-                f"{method} failed: {failed[0].error}")
+            # a pause/resume misuse (a resume that overtook this pause) is the caller's conflict, not ours: 409;
+            # a prefix-cache reset refused (blocks in use) is the route's {"success": false}
+            raise m.ERROR_KINDS.get(failed[0].error_kind or "", AsyncDPError)(f"{method} failed: {failed[0].error}")
         return pending.results[live[0].dp_rank].value
 
     def on_result(self, dp_rank: int, msg: m.UtilityResult) -> None:

@@ -95,6 +95,7 @@ class ApiConfig:
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     trust_request_chat_template: bool = False  # --trust-request-chat-template
     enable_tokenizer_info_endpoint: bool = False  # --enable-tokenizer-info-endpoint: GET /tokenizer_info
+    server_dev_mode: bool = False  # ASYNCDP_SERVER_DEV_MODE=1: POST /reset_prefix_cache
     auto_tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice
     reasoning_parser: str | None = None  # --reasoning-parser
     model_aliases: tuple[str, ...] = ()  # more names for the model (the first is the client's model_name)
@@ -119,6 +120,7 @@ def make_app(cfg: ApiConfig, client: EngineClient, metrics: Any) -> Quart:
                       chat_template_content_format=cfg.chat_template_content_format,
                       trust_request_chat_template=cfg.trust_request_chat_template,
                       enable_tokenizer_info_endpoint=cfg.enable_tokenizer_info_endpoint,
+                      server_dev_mode=cfg.server_dev_mode,
                       tool_call_parser=cfg.auto_tool_call_parser, reasoning_parser=cfg.reasoning_parser,
                       served_model_names=[cfg.client.model_name, *cfg.model_aliases], cors=cfg.cors,
                       api_key=cfg.api_key)
@@ -251,7 +253,7 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         uvicorn_log_level=role.uvicorn_log_level,
         chat_template=role.chat_template, chat_template_content_format=role.chat_template_content_format,
         trust_request_chat_template=role.trust_request_chat_template,
-        enable_tokenizer_info_endpoint=role.enable_tokenizer_info_endpoint,
+        enable_tokenizer_info_endpoint=role.enable_tokenizer_info_endpoint, server_dev_mode=role.server_dev_mode,
         auto_tool_call_parser=role.auto_tool_call_parser, reasoning_parser=role.reasoning_parser,
         cors=Cors(role.allowed_origins, role.allowed_methods, role.allowed_headers, role.allow_credentials),
         api_key=role.api_key)

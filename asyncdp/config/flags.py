@@ -73,6 +73,7 @@ ENV_OVERRIDES: dict[str, tuple[tuple[str, ...], type]] = {
     "api_key": (("ASYNCDP_API_KEY", "VLLM_API_KEY"), str),
 }
 KEEP_ALIVE_ENV = ("ASYNCDP_KEEP_ALIVE_ON_ENGINE_DEATH", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")
+SERVER_DEV_MODE_ENV = ("ASYNCDP_SERVER_DEV_MODE", "VLLM_SERVER_DEV_MODE")  # =1: vLLM's dev routes (reset_prefix_cache)
 # Set by the multi-port supervisor (§11.3) in the environment of each child it starts: the child's global rank.
 # Internal (no flag, not a user override): it makes the child name itself asyncdp-api-dp{r}, log as APIServer_DP{r}.
 SUPERVISED_RANK_ENV = "ASYNCDP_SUPERVISED_RANK"
@@ -159,6 +160,7 @@ class ServeConfig:
     dp_heartbeat_timeout_s: float = 5.0
     dp_fail_fast: bool = False
     keep_alive_on_engine_death: bool = False
+    server_dev_mode: bool = False  # env SERVER_DEV_MODE_ENV=1: POST /reset_prefix_cache is served (else a 404)
     supervised_rank: int | None = None  # env ASYNCDP_SUPERVISED_RANK: this server is a multi-port child
     # vLLM's flags beyond data parallelism that carry over (honoured, accepted without effect, or refused)
     vllm: VllmFlags = VllmFlags()
@@ -205,6 +207,8 @@ class ServeConfig:
                     break
         if "keep_alive_on_engine_death" not in serve:
             serve["keep_alive_on_engine_death"] = any(env.get(v, "").strip() == "1" for v in KEEP_ALIVE_ENV)
+        if "server_dev_mode" not in serve:
+            serve["server_dev_mode"] = any(env.get(v, "").strip() == "1" for v in SERVER_DEV_MODE_ENV)
         if serve.get("data_parallel_secret_file") is not None:
             serve["data_parallel_secret"] = read_secret_file(serve["data_parallel_secret_file"])
         elif "data_parallel_secret" not in serve and (raw := env.get(DP_SECRET_ENV, "").strip()):

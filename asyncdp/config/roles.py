@@ -56,6 +56,7 @@ class LaunchPlan:
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     trust_request_chat_template: bool = False  # --trust-request-chat-template
     enable_tokenizer_info_endpoint: bool = False  # --enable-tokenizer-info-endpoint: GET /tokenizer_info
+    server_dev_mode: bool = False  # ASYNCDP_SERVER_DEV_MODE=1 (VLLM_SERVER_DEV_MODE=1): POST /reset_prefix_cache
     # --tool-call-parser when --enable-auto-tool-choice is on: tool_choice "auto" is served (None: a 400)
     auto_tool_call_parser: str | None = None
     reasoning_parser: str | None = None  # --reasoning-parser: chat answers' thinking apart from their content
@@ -188,6 +189,7 @@ class ApiServerRole(_Role, frozen=True):
     chat_template_content_format: str = "auto"  # --chat-template-content-format
     trust_request_chat_template: bool = False  # --trust-request-chat-template
     enable_tokenizer_info_endpoint: bool = False  # --enable-tokenizer-info-endpoint: GET /tokenizer_info
+    server_dev_mode: bool = False  # ASYNCDP_SERVER_DEV_MODE=1 (VLLM_SERVER_DEV_MODE=1): POST /reset_prefix_cache
     auto_tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice
     reasoning_parser: str | None = None  # --reasoning-parser
     allowed_origins: tuple[str, ...] = ("*",)  # CORS (--allowed-origins ...): "*" allows any
@@ -259,7 +261,7 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         uvicorn_log_level=plan.uvicorn_log_level, scheduling_policy=plan.engine.scheduling_policy,
         chat_template=plan.chat_template, chat_template_content_format=plan.chat_template_content_format,
         trust_request_chat_template=plan.trust_request_chat_template,
-        enable_tokenizer_info_endpoint=plan.enable_tokenizer_info_endpoint,
+        enable_tokenizer_info_endpoint=plan.enable_tokenizer_info_endpoint, server_dev_mode=plan.server_dev_mode,
         auto_tool_call_parser=plan.auto_tool_call_parser, reasoning_parser=plan.reasoning_parser,
         allowed_origins=plan.allowed_origins, allowed_methods=plan.allowed_methods,
         allowed_headers=plan.allowed_headers, allow_credentials=plan.allow_credentials, api_key=plan.api_key,

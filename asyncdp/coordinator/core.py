@@ -18,7 +18,8 @@ Prefix claims: a client's ``PrefixClaim`` is answered by its link's reader at on
 :class:`~asyncdp.dp.prefix_directory.PrefixDirectory` (where several API servers agree to put a new prefix); a new
 prefix of at least ``LONG_PLACEMENT_TOKENS`` is also told to every other client (``PrefixPlaced``). The
 directory is separate state that never awaits, so the readers share it without a core round trip; the core only
-drops a dead rank's entries. A malformed claim is logged and dropped (the client routes alone after its timeout).
+drops a dead rank's entries, and an engine's reader those of its rank when it reset its prefix cache
+(``PrefixCacheReset``). A malformed claim is logged and dropped (the client routes alone after its timeout).
 
 Startup: once exactly N distinct engines have sent ``Subscribe{dp_rank}``, every engine gets
 ``CoordinatorReady``. An unknown or duplicate rank, or a missing one after ``subscribe_timeout_s``, is a
@@ -84,6 +85,7 @@ from asyncdp.messages import (
     FirstRequest,
     Goodbye,
     Heartbeat,
+    PrefixCacheReset,
     PrefixClaim,
     RankStats,
     StartWave,
@@ -232,6 +234,8 @@ class Coordinator:
         while (msg := await peer.receive()) is not None:
             if isinstance(msg, RankStats | WaveComplete | StartWaveRequest):
                 await self._inbox_send.send(EngineMessage(rank, msg))
+            elif isinstance(msg, PrefixCacheReset) and msg.dp_rank == rank:
+                self.directory.forget_rank(rank)  # (shared by the readers: it never awaits)
             elif isinstance(msg, Goodbye):
                 peer.departed = True
                 await self._inbox_send.send(W.EngineLost(rank, f"rank {rank} shut down", orderly=True))

@@ -290,6 +290,12 @@ class LoadBalancer:
             cache_fill=None if cache_fill is None else [cache_fill[g] for g in self._engines])
         self._policy.on_snapshot(self._state, self._snap)
 
+    def on_cache_reset(self, rank: int) -> None:
+        """Global ``rank`` dropped its prefix cache (``PrefixCacheReset``): the policy forgets what it sent there."""
+        i = self._index.get(rank)
+        if i is not None:
+            self._policy.on_cache_reset(self._state, i)
+
     def set_engine_params(self, params: dict[str, Any]) -> bool:
         """Give the policy what the engines reported (``kv_blocks_per_rank``, ``block_size_tokens``: the knobs of
         ``Policy.init``), so an approximate index is bounded by the real KV capacity (routing-bench H8). Only

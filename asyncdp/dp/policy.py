@@ -4,10 +4,11 @@ A policy is a stateless object; its per-router state lives in a separate ``State
 is a pure decision: it reads the request, the latest snapshot, the state and the rng it is given, and returns a
 :class:`Decision`. Every mutation caused by that decision happens in ``on_dispatch``; the other hooks
 (``on_first_token``, ``on_tokens`` for a policy with ``needs_tokens``, ``on_finish``, ``on_snapshot``,
-``on_rank_dead``, ``on_kv_event``, and ``on_timer`` every ``timer_period_us``) update the state as telemetry
-arrives; the peers' policies (:mod:`asyncdp.dp.peers`) use them all. The DP client's
-:class:`~asyncdp.dp.balance.LoadBalancer` delivers first tokens, token counts, finishes, snapshots and dead
-ranks; KV events and timers come from the routing simulator (no production component emits KV events yet).
+``on_rank_dead``, ``on_cache_reset``, ``on_kv_event``, and ``on_timer`` every ``timer_period_us``) update the state
+as telemetry arrives; the peers' policies (:mod:`asyncdp.dp.peers`) use them all. The DP client's
+:class:`~asyncdp.dp.balance.LoadBalancer` delivers first tokens, token counts, finishes, snapshots, dead ranks and
+prefix-cache resets; KV events and timers come from the routing simulator (no production component emits KV events
+yet).
 A policy's counts (``inflight``, ``load``, ...) are its own model of the ranks, updated when its rules say (some
 peers count load from the first token, not from dispatch); the true in-flight count of a client is the
 balancer's. Ranks are *indices* ``0..dp_size-1`` here. A state may carry ``excluded`` (indices of dead ranks); every policy skips them, and
@@ -161,6 +162,10 @@ class Policy:
         """A rank excluded by :meth:`on_rank_dead` serves again (a restarted node brought it back, spec §13): it
         takes part in decisions from now on, with no load of this router (its requests failed when it died)."""
         state.excluded.discard(dp_rank)
+
+    def on_cache_reset(self, state: Any, dp_rank: int) -> None:
+        """The rank dropped its prefix cache (``POST /reset_prefix_cache``): forget what this router's index says
+        it holds, as after its death, but keep it in the decisions. No-op for a policy without such an index."""
 
     def on_kv_event(self, state: Any, ev: Any) -> None:
         pass

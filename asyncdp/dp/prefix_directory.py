@@ -64,7 +64,7 @@ the last router that did: hit rate 0.835 against 0.928 at R = 1, mean TTFT 2.5 x
 The answer sends that one request to the owner (unless the owner died or is not this API server's), and from then
 on the API server's own index knows the prefix, so it never asks again for it while it holds it. Entries are
 bounded (``max_entries``, and ``max_blocks`` hashes over all of them, oldest first) and expire after ``ttl_s``; a
-dead rank's entries go, and a dead rank is never chosen. Pure: the caller passes the time; the coordinator serves
+dead rank's entries go, and a dead rank is never chosen; a rank that reset its prefix cache loses its entries too. Pure: the caller passes the time; the coordinator serves
 it from its client links.
 """
 
@@ -176,6 +176,10 @@ class PrefixDirectory:
     def drop_rank(self, rank: int) -> None:
         """A rank died: its prefixes are gone and it is never chosen again."""
         self.dead.add(rank)
+        self.forget_rank(rank)
+
+    def forget_rank(self, rank: int) -> None:
+        """The rank's prefixes are gone (it died, or reset its prefix cache): a claim of one is a new prefix again."""
         for key in [k for k, c in self.entries.items() if c.owner == rank]:
             self._pop(key)
 

@@ -1,6 +1,7 @@
 """asyncdp's policy with several routers (H7, shared state): which prompts it claims through the coordinator's prefix
 directory, which ranks it would accept for one, and what it learns from the directory's answers and announcements (:mod:`.prefix_directory`,
-docs/discussion/routing-policy.md "Several routers"). A base of :class:`~.asyncdp_policy.AsyncdpPolicy`."""
+docs/discussion/routing-policy.md "Several routers"), and from a rank's prefix-cache reset, which every router hears
+of. A base of :class:`~.asyncdp_policy.AsyncdpPolicy`."""
 
 from __future__ import annotations
 
@@ -86,4 +87,11 @@ class SeveralRouters(Policy):
 
     def claim_is_deep(self, state: AsyncdpState, hashes: Sequence[int]) -> bool:
         return state.deep.is_deep(hashes)
+
+    def on_cache_reset(self, state: AsyncdpState, dp_rank: int) -> None:
+        """The rank dropped its prefix cache: its part of the index goes, so no hit is predicted there, and its
+        memory term reads empty (the fill its last snapshot reported is gone too)."""
+        state.index.drop_rank(dp_rank)
+        state.fill[dp_rank] = 0.0
+        state.update(dp_rank)
 

@@ -196,7 +196,7 @@ class EngineCore:
             aborted = self.scheduler.reset()
             if self._grammars is not None:
                 self._grammars.clear()
-            self._pending_outputs.extend(self._abort_output(req) for req in aborted)
+            self._pending_outputs.extend(req.abort_output() for req in aborted)
         self._broken = True
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
@@ -225,7 +225,7 @@ class EngineCore:
         self._start_change()
         aborted = self.scheduler.pause(mode)
         self._drop_grammars(aborted)
-        self._pending_outputs.extend(self._abort_output(req) for req in aborted)
+        self._pending_outputs.extend(req.abort_output() for req in aborted)
         self._broken = False
 
     def resume(self) -> None:
@@ -234,15 +234,15 @@ class EngineCore:
     def is_paused(self) -> bool:
         return self.scheduler.pause_state != "unpaused"
 
-    # ------------------------------------------------------------------ stepping
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's, between steps: forget every cached block (the prefix-cache counters keep counting); refused (False,
+        nothing changed) while a request holds blocks, unless ``reset_running_requests`` preempts the running first."""
+        self._start_change()
+        done = self.scheduler.reset_prefix_cache(reset_running_requests)
+        self._broken = False
+        return done
 
-    @staticmethod
-    def _abort_output(req: Request) -> RequestOutput:
-        return RequestOutput(
-            request_id=req.request_id, finished=True, finish_reason="abort",
-            new_text=req.detokenizer.take_delta(True) if req.detokenizer is not None else "",
-            num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=max(req.num_cached_tokens, 0),
-            first_token_time=req.first_token_time, queue_time_s=None if req.output_token_ids else req.queue_time_s)
+    # ------------------------------------------------------------------ stepping
 
     def _apply_aborts(self, out: StepOutputs) -> None:
         pending = self._pending_aborts  # (other threads may append while this pops what it saw)
@@ -250,7 +250,7 @@ class EngineCore:
         self._drop_grammars(aborted)
         for req in aborted:
             out.finished_request_ids.append(req.request_id)
-            out.outputs.append(self._abort_output(req))
+            out.outputs.append(req.abort_output())
 
     def step(self, *, throttle_new_prefills: bool = False) -> StepOutputs:
         """Report what finished outside a forward, schedule, execute, and turn the sampled tokens into outputs."""

@@ -1,11 +1,16 @@
-"""A rank's utility calls: ``pause``/``resume``/``is_paused``/``stats``/``ping`` from a client (spec §8.6).
+"""A rank's utility calls: ``pause``/``resume``/``is_paused``/``reset_prefix_cache``/``stats``/``ping`` from a client
+(spec §8.6).
 
 Theory of operation. :class:`UtilityCalls` belongs to one :class:`~asyncdp.engine.rank.EngineRank` and runs on
 its busy loop (never concurrently with a step). Every ``UtilityCall`` gets exactly one ``UtilityResult``, posted
 to the calling client only (``UtilityCall.client_index``). ``pause`` answers only once the pause is complete
 (dense: the rank is idle; MoE: the group reached consensus and stopped): the call waits in ``pending`` and
 :meth:`complete_pauses`, called by the loops after every iteration, answers it. A ``resume`` before that answers
-the pending pauses with a :class:`~asyncdp.errors.PauseError`. A rank that is shutting down refuses every call.
+the pending pauses with a :class:`~asyncdp.errors.PauseError`. ``reset_prefix_cache`` is vLLM's (refused with a
+:class:`~asyncdp.errors.PrefixCacheBusyError` while a request holds KV blocks, unless ``reset_running_requests``); a
+reset is told to every client (``PrefixCacheReset``; the caller's comes before its answer) and then to the
+coordinator, so that no router keeps sending requests here for prefixes the rank dropped. A rank that is shutting
+down refuses every call.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncdp import messages as m
-from asyncdp.errors import AsyncDPError, PauseError
+from asyncdp.errors import AsyncDPError, PrefixCacheBusyError
 
 if TYPE_CHECKING:
     from asyncdp.engine.core import EngineCore
@@ -43,6 +48,9 @@ class UtilityHost(Protocol):
     def links(self) -> RankLinks: ...
     @property
     def lockstep(self) -> LockstepLoop | None: ...
+    @property
+    def coordinator(self) -> object | None: ...
+    async def send_coordinator(self, msg: m.Message) -> None: ...
 
 
 class UtilityCalls:
@@ -66,9 +74,12 @@ class UtilityCalls:
                 value = self._run(call.method, *call.args, **call.kwargs)
             result = m.UtilityResult(call_id=call.call_id, ok=True, value=value)
         except (AsyncDPError, TypeError, ValueError) as exc:
-            result = m.UtilityResult(call_id=call.call_id, ok=False, error=str(exc),
-                                     error_kind=m.PAUSE_ERROR if isinstance(exc, PauseError) else None)
+            kind = next((k for k, error in m.ERROR_KINDS.items() if isinstance(exc, error)), None)
+            result = m.UtilityResult(call_id=call.call_id, ok=False, error=str(exc), error_kind=kind)
         rank.links.post_nowait(call.client_index, result)
+        if result.ok and call.method == "reset_prefix_cache" and rank.coordinator is not None:
+            # its prefix directory forgets the prefixes placed here (outside the try: a lost link may end the rank)
+            await rank.send_coordinator(m.PrefixCacheReset(dp_rank=rank.cfg.dp_rank))
 
     async def _pause(self, mode: str) -> None:
         self.rank.core.pause(mode)  # type: ignore[arg-type]  # the scheduler validates the mode
@@ -101,10 +112,23 @@ class UtilityCalls:
                 call_id=call.call_id, ok=False, error="resumed before the pause completed", error_kind=m.PAUSE_ERROR))
         return True
 
+    def _reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        rank = self.rank
+        if not rank.core.reset_prefix_cache(bool(reset_running_requests)):
+            bm = rank.core.block_manager
+            raise PrefixCacheBusyError(f"engine rank {rank.cfg.dp_rank}: {bm.num_usable_blocks - bm.num_free_blocks} "
+                                       f"KV blocks are in use by requests in flight")
+        notice = m.PrefixCacheReset(dp_rank=rank.cfg.dp_rank)
+        for client in rank.links.clients:  # (the caller's comes before its answer: the same outbox)
+            rank.links.post_nowait(client, notice)
+        return True
+
     def _run(self, method: str, *args: Any, **kwargs: Any) -> Any:
         core = self.rank.core
         if method == "is_paused":
             return core.is_paused()
+        if method == "reset_prefix_cache":
+            return self._reset_prefix_cache(*args, **kwargs)
         if method == "stats":
             s = core.stats()
             return {"num_running": s.num_running, "num_waiting": s.num_waiting, "kv_cache_usage": s.kv_cache_usage}

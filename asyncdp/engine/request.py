@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
+from asyncdp.engine.executor import ScheduledChunk
+from asyncdp.messages import RequestOutput
 from asyncdp.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -117,6 +119,22 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def take_chunk(self, start: int, end: int) -> ScheduledChunk:
+        """Schedule tokens ``[start, end)``: they count as computed from now on (the scheduler's step)."""
+        self.num_computed_tokens = end
+        return ScheduledChunk(self.request_id, self.all_token_ids[start:end], start, self.block_ids,
+                              end == len(self.all_token_ids), self.sampling_params, len(self.output_token_ids),
+                              self.prompt_token_ids, self.output_token_ids,
+                              self.sampling_params.prompt_logprobs if self.prompt_logprobs is not None else None)
+
+    def abort_output(self) -> RequestOutput:
+        """The output that reports it aborted: the text its detokenizer still held, its prompt and cache counts."""
+        return RequestOutput(
+            request_id=self.request_id, finished=True, finish_reason="abort",
+            new_text=self.detokenizer.take_delta(True) if self.detokenizer is not None else "",
+            num_prompt_tokens=self.num_prompt_tokens, num_cached_tokens=max(self.num_cached_tokens, 0),
+            first_token_time=self.first_token_time, queue_time_s=None if self.output_token_ids else self.queue_time_s)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from asyncdp.engine.block_manager import BlockManager
-from asyncdp.engine.executor import ModelBatch, ScheduledChunk, StepResult
+from asyncdp.engine.executor import ModelBatch, StepResult
 from asyncdp.engine.request import Request, RequestStatus
 from asyncdp.engine.request_queue import make_waiting_queue, priority_key
 
@@ -215,6 +215,15 @@ class Scheduler:
     def resume(self) -> None:
         self.pause_state = "unpaused"
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's reset: refused (False) while a block is in use, unless ``reset_running_requests`` preempts."""
+        while reset_running_requests and self.running:  # the last admitted first: waiting keeps their order
+            self._preempt(self.running.pop())
+        if done := self.block_manager.reset_prefix_cache():
+            for req in self.requests.values():  # all waiting now: each owes its every token again
+                self._settle(req, req.num_tokens)
+        return done
+
     # ------------------------------------------------------------------ scheduling
 
     def _preempt(self, req: Request) -> None:
@@ -296,7 +305,7 @@ class Scheduler:
                 else:
                     num_prefill += n
                 num_kv += end
-                chunks.append(_take_chunk(req, start, end))
+                chunks.append(req.take_chunk(start, end))
                 scheduled.append(req)
                 if req.prefill_debt:
                     self._settle(req, max(0, req.prefill_debt - n))
@@ -353,7 +362,7 @@ class Scheduler:
             self._settle(req, num_tokens - end)
             num_prefill += n
             num_kv += end
-            chunks.append(_take_chunk(req, start, end))
+            chunks.append(req.take_chunk(start, end))
             scheduled.append(req)
             budget -= n
         batch.num_prefill_tokens += num_prefill
@@ -389,12 +398,3 @@ class Scheduler:
             bm.free(req)
             del self.requests[req.request_id]
         self.running = [r for r in self.running if not r.is_finished]
-
-
-def _take_chunk(req: Request, start: int, end: int) -> ScheduledChunk:
-    """Schedule tokens ``[start, end)`` of ``req``: they count as computed from now on."""
-    req.num_computed_tokens = end
-    return ScheduledChunk(req.request_id, req.all_token_ids[start:end], start, req.block_ids,
-                          end == len(req.all_token_ids), req.sampling_params, len(req.output_token_ids),
-                          req.prompt_token_ids, req.output_token_ids,
-                          req.sampling_params.prompt_logprobs if req.prompt_logprobs is not None else None)

@@ -92,7 +92,7 @@ def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
         max_log_len=config.vllm.max_log_len, uvicorn_log_level=config.vllm.uvicorn_log_level,
         chat_template=config.chat_template, chat_template_content_format=config.chat_template_content_format,
         trust_request_chat_template=config.trust_request_chat_template,
-        enable_tokenizer_info_endpoint=config.enable_tokenizer_info_endpoint,
+        enable_tokenizer_info_endpoint=config.enable_tokenizer_info_endpoint, server_dev_mode=config.server_dev_mode,
         auto_tool_call_parser=config.tool_call_parser if config.enable_auto_tool_choice else None,
         reasoning_parser=config.reasoning_parser,
         max_request_body_bytes=config.max_request_body_bytes or default_max_request_body_bytes(max_model_len),

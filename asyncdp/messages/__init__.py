@@ -33,8 +33,10 @@ from asyncdp.messages.control import (
     WorkerHello,
 )
 from asyncdp.messages.link import (
+    ERROR_KINDS,
     LAUNCH_NONCE_BYTES,
     PAUSE_ERROR,
+    PREFIX_CACHE_BUSY,
     PROTOCOL_VERSION,
     AbortRequests,
     AddRequest,
@@ -52,6 +54,7 @@ from asyncdp.messages.link import (
     Heartbeat,
     Hello,
     Logprob,
+    PrefixCacheReset,
     PrefixClaim,
     PrefixOwner,
     PrefixPlaced,
@@ -83,7 +86,7 @@ from asyncdp.messages.node_link import (
 
 Message = Union[  # noqa: UP007 - msgspec needs a real Union of tagged structs
     Hello, HandshakeInit, HandshakeError, Ready, EngineReady,
-    AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead, RankDraining,
+    AddRequest, AbortRequests, UtilityCall, UtilityResult, EngineOutputs, EngineDead, RankDraining, PrefixCacheReset,
     Subscribe, CoordinatorReady, RankStats, WaveComplete, StartWaveRequest, FirstRequest, StartWave,
     PrefixClaim, PrefixOwner, PrefixPlaced,
     StatsSnapshot, Teardown, Heartbeat, Goodbye, NodeHello, NodeAccepted, NodeShutdown, NodeStopping,
@@ -102,6 +105,7 @@ __all__ = [
     "CoordinatorListening",
     "CoordinatorReady",
     "DPGroupInfo",
+    "ERROR_KINDS",
     "EngineDead",
     "EngineOutputs",
     "EngineReady",
@@ -122,8 +126,10 @@ __all__ = [
     "NodeStopping",
     "NodeTopology",
     "PAUSE_ERROR",
+    "PREFIX_CACHE_BUSY",
     "PROTOCOL_VERSION",
     "PeerLeftGroup",
+    "PrefixCacheReset",
     "PrefixClaim",
     "PrefixOwner",
     "PrefixPlaced",

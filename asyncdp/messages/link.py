@@ -12,9 +12,10 @@ from typing import Any
 
 import msgspec
 
+from asyncdp.errors import AsyncDPError, PauseError, PrefixCacheBusyError
 from asyncdp.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 14  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
+PROTOCOL_VERSION = 15  # 2: PrefixClaim and PrefixOwner on the coordinator link; 3: PrefixPlaced;
 # 4: UtilityResult.error_kind; 5: RequestOutput.error_field and finish_reason "error"; 6: the ranks' cache_fill
 # (SchedulerStats, RankStats, StatsSnapshot), StructuredOutputs.param, RankDraining, and the leaving flag at the end
 # of the MoE sync all-reduce (asyncdp.dp.lockstep: ranks of different builds would sum vectors of different lengths);
@@ -28,6 +29,8 @@ PROTOCOL_VERSION = 14  # 2: PrefixClaim and PrefixOwner on the coordinator link;
 # a scheduling_policy=<missing> instead of by its protocol version
 # 14: SamplingParams.structured.start_markers in AddRequest (a rank of 13 would drop them and leave gpt-oss's
 # answer after a final header with a content type, and qwen3's after a <tool_call> while thinking, unconstrained)
+# 15: PrefixCacheReset, and UtilityResult.error_kind PREFIX_CACHE_BUSY (POST /reset_prefix_cache: a rank of 14 would
+# refuse the utility call, and a client or coordinator of 14 would drop the notice and keep the dropped prefixes)
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True, array_like=False):
@@ -203,6 +206,9 @@ class UtilityCall(_Msg, frozen=True):
 
 
 PAUSE_ERROR = "pause"  # UtilityResult.error_kind of a pause/resume misuse (PauseError on both sides)
+PREFIX_CACHE_BUSY = "prefix_cache_busy"  # of a reset_prefix_cache refused: KV blocks in use (PrefixCacheBusyError)
+# UtilityResult.error_kind -> the error a client raises for it (a failure of any other kind: AsyncDPError)
+ERROR_KINDS: dict[str, type[AsyncDPError]] = {PAUSE_ERROR: PauseError, PREFIX_CACHE_BUSY: PrefixCacheBusyError}
 
 
 class UtilityResult(_Msg, frozen=True):
@@ -210,7 +216,7 @@ class UtilityResult(_Msg, frozen=True):
     ok: bool
     value: Any = None
     error: str | None = None
-    error_kind: str | None = None  # PAUSE_ERROR, or None for any other failure
+    error_kind: str | None = None  # a key of ERROR_KINDS, or None for any other failure
 
 
 class EngineOutputs(_Msg, frozen=True):
@@ -229,6 +235,13 @@ class EngineDead(_Msg, frozen=True):
 class RankDraining(_Msg, frozen=True):
     """Engine -> every client: this rank stops in order (its node or process got a stop): its requests finish,
     within its drain bound, and new ones go to the other ranks [ours]."""
+
+    dp_rank: int
+
+
+class PrefixCacheReset(_Msg, frozen=True):
+    """Engine -> every client and the coordinator: this rank dropped its prefix cache (``POST /reset_prefix_cache``),
+    so no router may count on the prefixes it sent there [ours]. Sent before the caller's ``UtilityResult``."""
 
     dp_rank: int
 

@@ -11,7 +11,8 @@ it holds back the text that could begin a stop string (its longest length - 1 ch
 A prefix cache is simulated as the engine's: a request's ``num_cached_tokens`` (on every output) is the longest
 prefix of its prompt, in whole blocks of ``block_size`` tokens and leaving one token to compute, that an earlier
 request's prompt under the same ``cache_salt`` (or none) began with (0 with ``prompt_logprobs``, which computes
-every position); ``cached_tokens`` records it per request id.
+every position); ``cached_tokens`` records it per request id. ``call_utility("reset_prefix_cache")`` forgets every
+prompt, or refuses with ``PrefixCacheBusyError`` while a request is generating (unless ``reset_running_requests``).
 
 Admission follows the real client: ``admit(k)`` reserves ``k`` slots all or nothing (``max_queued_requests``
 bounds reserved plus running), ``generate(..., admission=)`` takes one of them, a plain ``generate`` admits
@@ -42,6 +43,7 @@ from asyncdp.dp.hints import resolve_rank_hint
 from asyncdp.errors import (
     EngineDeadError,
     InvalidRequestError,
+    PrefixCacheBusyError,
     PromptTooLongError,
     QueueFullError,
     ShuttingDownError,
@@ -49,6 +51,7 @@ from asyncdp.errors import (
 )
 from asyncdp.messages import Logprob, RequestOutput, TokenLogprobs
 from asyncdp.sampling_params import SamplingParams
+from asyncdp.testing.fake_admission import FakeAdmission
 from asyncdp.testing.tokenizer import byte_tokenizer
 
 _LETTERS = b"abcdefghijklmnopqrstuvwxyz"
@@ -163,6 +166,11 @@ class FakeEngineClient:
             return None
         if method == "is_paused":
             return self.paused
+        if method == "reset_prefix_cache":  # vLLM's: refused while requests hold KV blocks, unless they are preempted
+            if self._num_active and not kwargs.get("reset_running_requests"):
+                raise PrefixCacheBusyError(f"{self._num_active} requests in flight hold KV blocks")
+            self._cached_prefixes.clear()
+            return True
         raise InvalidRequestError(f"unknown utility method {method!r}")
 
     def admit(self, num_sequences: int) -> FakeAdmission:
@@ -374,23 +382,3 @@ class FakeEngineClient:
                     decode_s=0.0 if first_token_s is None else last_s - start - first_token_s)
             self._notify()
 
-
-class FakeAdmission:
-    """Slots ``FakeEngineClient.admit`` reserved; each ``generate(..., admission=)`` takes one."""
-
-    def __init__(self, owner: FakeEngineClient, num_slots: int) -> None:
-        self.owner = owner
-        self.num_left = num_slots
-
-    def take(self) -> bool:
-        if self.num_left == 0:
-            return False
-        self.num_left -= 1
-        self.owner._num_reserved -= 1
-        return True
-
-    def release(self) -> None:
-        if self.num_left:
-            self.owner._num_reserved -= self.num_left
-            self.num_left = 0
-            self.owner._notify()

@@ -47,9 +47,9 @@ class _ModelInfo:
     is_moe: bool = False
 
 
-def api_server_configs(monkeypatch: pytest.MonkeyPatch, cmd: str) -> list[Any]:
+def api_server_configs(monkeypatch: pytest.MonkeyPatch, cmd: str, env: dict[str, str] | None = None) -> list[Any]:
     """The config each API server of ``asyncdp serve <dense model> -dp 2 --api-server-count 2 cmd`` starts with, as
-    its process builds it from its role (no model on disk: its facts are injected)."""
+    its process builds it from its role (no model on disk: its facts are injected), under ``env``."""
     import asyncdp.model as model
     from asyncdp.apiserver.process import api_config
     from asyncdp.config.roles import api_server_role
@@ -58,6 +58,6 @@ def api_server_configs(monkeypatch: pytest.MonkeyPatch, cmd: str) -> list[Any]:
     monkeypatch.setattr(model, "resolve_model", lambda name: "/m")
     monkeypatch.setattr(model, "read_model_info", lambda path: _ModelInfo())
     monkeypatch.setattr(model, "resolve_tokenizer", lambda tok, path: path)
-    plan = plan_from_config(serve(f"-dp 2 --api-server-count 2 {cmd}", DENSE))
+    plan = plan_from_config(serve(f"-dp 2 --api-server-count 2 {cmd}", DENSE, env))
     return [api_config(api_server_role(plan, client_index=i, managed_ranks=(0, 1), coordinator_client_addr=None,
                                        socket_dir=None)) for i in range(2)]

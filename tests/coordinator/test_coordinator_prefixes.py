@@ -11,7 +11,7 @@ import trio
 
 from asyncdp.coordinator.core import CoordinatorConfig
 from asyncdp.dp.prefix_directory import LONG_PLACEMENT_TOKENS
-from asyncdp.messages import PrefixClaim, PrefixOwner, PrefixPlaced
+from asyncdp.messages import PrefixCacheReset, PrefixClaim, PrefixOwner, PrefixPlaced
 from tests.coordinator.harness import coordinator
 
 # ---------------------------------------------------------------- the prefix directory
@@ -133,3 +133,24 @@ async def test_a_client_that_leaves_takes_its_new_prefix_counts_with_it(autojump
         await b.send(claim(2, [41], proposal=1))
         _, owner = await b.expect(PrefixOwner)
         assert owner.others == [0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.trio
+async def test_a_rank_that_reset_its_prefix_cache_loses_its_prefixes_and_stays_eligible(autojump_clock):
+    """``PrefixCacheReset`` from an engine: the prefixes placed on its rank are new again (placed anew, no blocks
+    predicted cached), while the other ranks' stay known and the rank is still chosen."""
+    async with coordinator(CoordinatorConfig(dp_size=4, wave_mode=False)) as h:
+        engines = await h.engines(4)
+        a, b = await h.client(0), await h.client(1)
+        await a.send(claim(1, [11, 12, 13], proposal=1))
+        await a.send(claim(2, [21, 22], proposal=2))
+        for _ in range(2):
+            await a.expect(PrefixOwner)
+        await engines[1].send(PrefixCacheReset(dp_rank=1))
+        await trio.sleep(10)  # the recent new-prefix tokens decay away (they would move the proposal off rank 1)
+        await b.send(claim(1, [11, 12, 99], proposal=1))  # the same system prompt: rank 1 no longer holds it
+        await b.send(claim(2, [21, 22, 99], proposal=0))
+        _, placed = await b.expect(PrefixOwner)
+        _, known = await b.expect(PrefixOwner)
+    assert (placed.owner, placed.matched) == (1, 0)
+    assert (known.owner, known.matched) == (2, 2)

@@ -352,3 +352,16 @@ def test_claims_that_are_never_answered_leave_a_bounded_number_of_heads():
         ask = a.claim(f"t{i}", (*SYSTEM, *range(400_000 + 1000 * i, 400_000 + 1000 * i + 16 * 40)))
         assert ask is not None and ask.deep
     assert 0 < len(a.state.deep.heads) <= MAX_HEADS
+
+
+def test_a_rank_that_reset_its_cache_loses_its_entries_and_stays_eligible():
+    """``forget_rank`` (a ``PrefixCacheReset``): the rank's prefixes are new again, placed on the proposal (it may be
+    that rank), with nothing predicted cached; the other ranks' entries stay."""
+    d = PrefixDirectory(4)
+    d.claim([11, 12, 13], 1, 48, (0, 3), now_s=0.0)
+    d.claim([21, 22], 2, 32, (0, 3), now_s=0.0)
+    d.forget_rank(1)
+    assert list(d.entries) == [(0, 3, 21)] and d.owned == [0, 0, 1, 0]
+    again = d.claim([11, 12, 99], 1, 48, (0, 3), now_s=10.0, client=1)
+    assert (again.owner, again.matched, again.placed) == (1, 0, 48)
+    assert d.claim([21, 22, 99], 0, 48, (0, 3), now_s=10.0, client=1).matched == 2

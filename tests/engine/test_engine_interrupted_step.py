@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from test_engine_kv_consistency import BASE, make_core
 
-from asyncdp.engine import scheduler as scheduler_module
 from asyncdp.engine.block_manager import BlockManager
 from asyncdp.engine.core import EngineCore
+from asyncdp.engine.request import Request
 from asyncdp.engine.scheduler import Scheduler
 from asyncdp.llm import LLM
 from asyncdp.sampling_params import SamplingParams
@@ -33,7 +33,7 @@ POINTS: list[tuple[object, str]] = [
     (BlockManager, "find_cached_prefix"), (BlockManager, "allocate"), (BlockManager, "_publish"),
     (BlockManager, "record_admission"), (BlockManager, "free"),
     (Scheduler, "_schedule_running"), (Scheduler, "_admit_waiting"), (Scheduler, "_preempt"),
-    (Scheduler, "_requeue"), (Scheduler, "_settle"), (Scheduler, "_owe_uncached"), (scheduler_module, "_take_chunk"),
+    (Scheduler, "_requeue"), (Scheduler, "_settle"), (Scheduler, "_owe_uncached"), (Request, "take_chunk"),
     # after the forward: the tokens are appended, requests finish and are retired
     (Scheduler, "update"), (EngineCore, "_stop_status"), (Scheduler, "retire"),
 ]

@@ -78,4 +78,7 @@ class AibrixPrefixPolicy(ChoosingPolicy):
 
     def on_rank_dead(self, state: AibrixState, dp_rank: int) -> None:
         state.excluded.add(dp_rank)
+        self.on_cache_reset(state, dp_rank)
+
+    def on_cache_reset(self, state: AibrixState, dp_rank: int) -> None:
         state.index.drop_rank(dp_rank)

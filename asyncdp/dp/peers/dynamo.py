@@ -203,3 +203,7 @@ class DynamoKvPolicy(ChoosingPolicy):
 
     def on_rank_dead(self, state: DynamoState, dp_rank: int) -> None:
         state.excluded.add(dp_rank)
+
+    def on_cache_reset(self, state: DynamoState, dp_rank: int) -> None:
+        state.approx.drop_rank(dp_rank)
+        state.events.apply(KvEvent(dp_rank, "cleared"))

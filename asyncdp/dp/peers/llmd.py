@@ -153,4 +153,9 @@ class LlmdWeightedPolicy(ChoosingPolicy):
 
     def on_rank_dead(self, state: LlmdState, dp_rank: int) -> None:
         state.excluded.add(dp_rank)
+        self.on_cache_reset(state, dp_rank)
+
+    def on_cache_reset(self, state: LlmdState, dp_rank: int) -> None:
         state.index.drop_rank(dp_rank)
+        state.speculative.drop_rank(dp_rank)
+        state.events.apply(KvEvent(dp_rank, "cleared"))

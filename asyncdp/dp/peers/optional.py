@@ -56,6 +56,12 @@ class _InflightPolicy(ChoosingPolicy):
     def on_finish(self, state: PeerState, req_id: str, dp_rank: int, now_us: int) -> None:
         state.inflight[dp_rank] = max(0, state.inflight[dp_rank] - 1)
 
+    def on_cache_reset(self, state: PeerState, dp_rank: int) -> None:
+        if state.index is not None:  # the prefix-aware ones' view of what they sent
+            state.index.drop_rank(dp_rank)
+        if state.tree is not None:
+            state.tree.remove_owner(dp_rank)
+
     def on_snapshot(self, state: PeerState, snap: Snapshot) -> None:
         state.snap = snap
 

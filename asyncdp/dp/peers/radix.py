@@ -122,7 +122,7 @@ class RadixTree:
         return upper  # owners' unit totals are unchanged: the edge's units were only redistributed
 
     def remove_owner(self, rank: int) -> None:
-        """Forget every path the rank owns (it died)."""
+        """Forget every path the rank owns (it died, or dropped its prefix cache)."""
         self._evict_rank(rank, 0)
 
     def evict(self, max_units: int) -> None:

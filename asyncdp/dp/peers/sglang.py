@@ -161,4 +161,8 @@ class SglangCacheAwarePolicy(ChoosingPolicy):
 
     def on_rank_dead(self, state: SglangState, dp_rank: int) -> None:
         state.excluded.add(dp_rank)
+        self.on_cache_reset(state, dp_rank)
+
+    def on_cache_reset(self, state: SglangState, dp_rank: int) -> None:
         state.tree.remove_owner(dp_rank)
+        state.events.apply(KvEvent(dp_rank, "cleared"))
