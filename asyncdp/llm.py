@@ -100,6 +100,14 @@ def _params_list(sampling_params: object, count: int, default: SamplingParams) -
     return list(sampling_params)
 
 
+def _vocab_size(tokenizer: Any) -> int:
+    """The vocabulary's size, ``max_logprobs=-1``'s limit: a Hugging Face tokenizer's ``len``, a ``tokenizers``
+    one's ``get_vocab_size()`` (the built-in models'), or no limit without a tokenizer."""
+    if tokenizer is None:
+        return MAX_INT32
+    return len(tokenizer) if hasattr(tokenizer, "__len__") else int(tokenizer.get_vocab_size())
+
+
 class LLM:
     def __init__(self, model: str, *, generation_config: str = "auto",
                  override_generation_config: Mapping[str, Any] | None = None,
@@ -161,7 +169,7 @@ class LLM:
             raise ShuttingDownError("this LLM is shut down (shutdown() or its with block ended); create a new LLM.")
         items = _normalize_prompts(prompts)
         params_list = _params_list(sampling_params, len(items), self._default_params)
-        limit = logprobs_limit(self.max_logprobs, MAX_INT32 if self.tokenizer is None else len(self.tokenizer))
+        limit = logprobs_limit(self.max_logprobs, _vocab_size(self.tokenizer) if self.max_logprobs == -1 else 0)
         core = self.llm_engine
         results: list[RequestOutput] = []
         children: dict[str, tuple[CompletionOutput, RequestOutput]] = {}
