@@ -32,6 +32,7 @@ class FakeInfo:
     eos_token_ids: frozenset = frozenset({EOS_ID})
     is_moe: bool = False
     num_experts: int = 0
+    generation_defaults: tuple = ()  # (ModelInfo's: no sampling defaults in generation_config.json)
 
 
 def hf_tokenizer():
