@@ -137,8 +137,10 @@ def build_serve_config(argv: Sequence[str], *, env: Mapping[str, str] | None = N
     config = with_generation_defaults(config, model_fields)
     deployment = resolve(config, is_moe=bool(facts.is_moe), num_experts=int(facts.num_experts), env=env)
     notice = generation_notice(config.vllm.generation_defaults, config.vllm.generation_config)
-    if notice is not None:  # said once before startup, with the deployment's own warnings (vLLM's warning)
-        deployment = dataclasses.replace(deployment, warnings=(*deployment.warnings, notice))
+    notices = (*(() if notice is None else (notice,)),
+               *config.vllm.notices(expert_parallel=deployment.enable_expert_parallel))
+    if notices:  # said once before startup, with the deployment's own warnings (vLLM's warnings)
+        deployment = dataclasses.replace(deployment, warnings=(*deployment.warnings, *notices))
     return ResolvedServeConfig.with_deployment(config, deployment)
 
 
@@ -167,7 +169,8 @@ def unsupported_reason(config: ResolvedServeConfig) -> str | None:
         what = " and ".join(f.split("-")[2] for f in sharded)
         return (f"{what} parallelism ({', '.join(sharded)}) is not supported in this build yet; each "
                 f"data-parallel rank runs on one device: drop {_names(sharded)}")
-    return config.vllm.unsupported_reason()  # vLLM's other flags: a value that would change what asyncdp computes
+    # vLLM's other flags: a value that would change what asyncdp computes, or that needs machinery it lacks
+    return config.vllm.unsupported_reason(expert_parallel=d.enable_expert_parallel)
 
 
 def _names(passed: list[str]) -> str:

@@ -94,6 +94,7 @@ def create_app(
     scheduling_policy: str = "fcfs",
     max_logprobs: int = DEFAULT_MAX_LOGPROBS,
     enable_log_requests: bool = False,
+    enable_log_outputs: bool = False,
     max_log_len: int | None = None,
     generation_defaults: GenerationDefaults | None = None,
 ) -> Quart:
@@ -123,7 +124,8 @@ def create_app(
     ``generation_defaults`` are the sampling defaults of ``--generation-config`` for the fields a request leaves
     unset (None: none);
     ``enable_log_requests`` logs one INFO line per prompt accepted, showing at most ``max_log_len`` of its token
-    ids (``--enable-log-requests``, ``--max-log-len``)."""
+    ids (``--enable-log-requests``, ``--max-log-len``), and with ``enable_log_outputs`` one per choice generated
+    (``--enable-log-outputs``; alone it logs nothing, as vLLM's)."""
     if backend == "asyncio":
         app_class: type[Quart] = Quart
     elif backend == "trio":
@@ -160,6 +162,7 @@ def create_app(
         max_logprobs=max_logprobs,
         generation_defaults=generation_defaults or GenerationDefaults(),
         log_requests=enable_log_requests,
+        log_outputs=enable_log_requests and enable_log_outputs,
         max_log_len=max_log_len,
         content_format=content_format,
         template_roles=resolve_template_roles(client.tokenizer, content_format, template),

@@ -47,6 +47,8 @@ class AppState:
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs: a request asking more logprobs is a 400 (-1: vocab)
     generation_defaults: GenerationDefaults = GenerationDefaults()  # --generation-config: for unset fields
     log_requests: bool = False  # --enable-log-requests: one INFO line per prompt accepted
+    # --enable-log-outputs (with --enable-log-requests): one INFO line per choice generated, each delta of a stream
+    log_outputs: bool = False
     max_log_len: int | None = None  # --max-log-len: the most prompt token ids that line shows (None: all)
     scheduling_policy: str = "fcfs"  # --scheduling-policy: fcfs refuses a priority other than 0 (a 400)
     content_format: str = "string"  # how message content reaches the chat template (asyncdp.api.content_format)

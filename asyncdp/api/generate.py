@@ -10,6 +10,10 @@ nothing reserved), every ``generate`` takes one of them, and the admission is re
 starts, so errors the client raises before its first yield (E2/E3, 429, 503) keep their HTTP status even for
 streams. After that, a failure in a stream is an SSE error event followed by ``data: [DONE]``; a non-streamed
 request the engine or the server abandons is an error status (503 naming the cause), never a partial 200.
+
+With ``--enable-log-requests`` a request's prompts are logged as it is admitted (``accept_request``), and with
+``--enable-log-outputs`` too what it generated, in vLLM's request logger's words: each choice once it ends, or each
+delta of a stream as it passes and then each choice's whole text (``OutputLog``).
 """
 
 from __future__ import annotations
@@ -136,11 +140,12 @@ async def run_whole(state: AppState, seqs: list[Sequence], hint: Any, key: str |
     state.producers()  # 503 while draining or not serving yet, before anything is reserved
     accept_request(state, seqs)
     admission = state.client.admit(len(seqs))
+    keep_token_ids = keep_token_ids or state.log_outputs
     if len(seqs) == 1:  # no fan-out to merge: the handler iterates the one sequence itself
         choice = Choice(seqs[0].index, token_ids=[] if keep_token_ids else None)
         if not await collect_one(state.client, seqs[0], hint, choice.add, admission, key):
             raise RuntimeError("every sequence ended without output")
-        return [choice]
+        return OutputLog(state, seqs).whole([choice])
     try:
         fan = Fanout(state.producers(), state.client, seqs, hint, admission, key)
     except BaseException:
@@ -155,11 +160,11 @@ async def run_whole(state: AppState, seqs: list[Sequence], hint: Any, key: str |
             choices[index].add(out)
     finally:
         fan.close()
-    return choices
+    return OutputLog(state, seqs).whole(choices)
 
 
 async def start_stream(state: AppState, seqs: list[Sequence], hint: Any,
-                       key: str | None = None) -> tuple[Fanout, Item]:
+                       key: str | None = None) -> tuple[Items, Item]:
     """Admit, start the producers and wait for the first item; raise (and release everything) on an error."""
     tg = state.producers()
     accept_request(state, seqs)
@@ -182,7 +187,11 @@ async def start_stream(state: AppState, seqs: list[Sequence], hint: Any,
     except BaseException:
         fan.close()
         raise
-    return fan, first
+    if not state.log_outputs:
+        return fan, first
+    logged = OutputLog(state, seqs, fan)
+    logged.delta(first)
+    return logged, first
 
 
 class Items(Protocol):
@@ -191,6 +200,48 @@ class Items(Protocol):
     async def receive(self) -> Item | None: ...
 
     def close(self) -> None: ...
+
+
+class OutputLog:
+    """``--enable-log-outputs``: vLLM's "Generated response" lines, the text cut at ``--max-log-len`` characters and
+    the ids at as many ids. A whole response logs each choice (``whole``); a stream, passed through as its
+    ``Items``, logs each item's delta with its new ids, then, once every sequence ended, each choice's whole text."""
+
+    def __init__(self, state: AppState, seqs: list[Sequence], items: Items | None = None) -> None:
+        self._state, self._items = state, items
+        self._ids = {seq.index: seq.request_id for seq in seqs}
+        self._texts = dict.fromkeys(self._ids, "")
+
+    def _log(self, index: int, how: str, text: str, ids: list[int] | None, finish_reason: str | None) -> None:
+        cut = self._state.max_log_len
+        log.info("Generated response %s%s: output: %r, output_token_ids: %s, finish_reason: %s", self._ids[index],
+                 how, text[:cut], None if ids is None else ids[:cut], finish_reason)
+
+    def whole(self, choices: list[Choice]) -> list[Choice]:
+        if self._state.log_outputs:
+            for c in choices:
+                self._log(c.index, "", c.text, c.token_ids, c.finish_reason)
+        return choices
+
+    def delta(self, item: Item) -> None:
+        index, out = item
+        if not isinstance(out, Exception) and out.new_text:  # (as vLLM: a delta without text is not logged)
+            self._texts[index] += out.new_text
+            self._log(index, " (streaming delta)", out.new_text, list(out.new_token_ids), out.finish_reason)
+
+    async def receive(self) -> Item | None:
+        assert self._items is not None
+        item = await self._items.receive()
+        if item is None:
+            for index, text in self._texts.items():
+                self._log(index, " (streaming complete)", text, None, "streaming_complete")
+        else:
+            self.delta(item)
+        return item
+
+    def close(self) -> None:
+        assert self._items is not None
+        self._items.close()
 
 
 def stream_response(

@@ -88,6 +88,7 @@ class ApiConfig:
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs
     generation_defaults: GenerationDefaults = GenerationDefaults()  # --generation-config's sampling defaults
     enable_log_requests: bool = False  # --enable-log-requests
+    enable_log_outputs: bool = False  # --enable-log-outputs
     max_log_len: int | None = None  # --max-log-len
     uvicorn_log_level: str | None = None  # --uvicorn-log-level: the level of HTTP_LOGGER (None: --log-level's)
     scheduling_policy: str = "fcfs"  # the engines' --scheduling-policy
@@ -115,7 +116,8 @@ def make_app(cfg: ApiConfig, client: EngineClient, metrics: Any) -> Quart:
                       max_request_body_bytes=cfg.max_request_body_bytes,
                       enable_prompt_tokens_details=cfg.enable_prompt_tokens_details, max_logprobs=cfg.max_logprobs,
                       generation_defaults=cfg.generation_defaults,
-                      enable_log_requests=cfg.enable_log_requests, max_log_len=cfg.max_log_len,
+                      enable_log_requests=cfg.enable_log_requests, enable_log_outputs=cfg.enable_log_outputs,
+                      max_log_len=cfg.max_log_len,
                       scheduling_policy=cfg.scheduling_policy, chat_template=cfg.chat_template,
                       chat_template_content_format=cfg.chat_template_content_format,
                       trust_request_chat_template=cfg.trust_request_chat_template,
@@ -248,7 +250,8 @@ def api_config(role: ApiServerRole) -> ApiConfig:
         max_seqs_per_request=role.max_seqs_per_request,
         max_request_body_bytes=role.max_request_body_bytes, model_aliases=role.model_aliases,
         enable_prompt_tokens_details=role.enable_prompt_tokens_details, scheduling_policy=role.scheduling_policy,
-        max_logprobs=role.max_logprobs, enable_log_requests=role.enable_log_requests, max_log_len=role.max_log_len,
+        max_logprobs=role.max_logprobs, enable_log_requests=role.enable_log_requests,
+        enable_log_outputs=role.enable_log_outputs, max_log_len=role.max_log_len,
         generation_defaults=role.generation_defaults,
         uvicorn_log_level=role.uvicorn_log_level,
         chat_template=role.chat_template, chat_template_content_format=role.chat_template_content_format,

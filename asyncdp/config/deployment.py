@@ -248,6 +248,8 @@ def _check_devices(c: ServeConfig, local: int) -> None:
 
 
 def _expert_checks(c: ServeConfig, *, is_moe: bool, num_experts: int, warnings: list[str]) -> bool:
+    c.vllm.check_eplb(enable_expert_parallel=c.enable_expert_parallel,
+                      ep_size=c.data_parallel_size * c.tensor_parallel_size)
     if not c.enable_expert_parallel:
         return False
     if not is_moe:

@@ -50,6 +50,7 @@ class LaunchPlan:
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs: above it a request's logprobs are a 400
     generation_defaults: GenerationDefaults = GenerationDefaults()  # --generation-config's, resolved by the cli
     enable_log_requests: bool = False  # --enable-log-requests (--max-log-len: max_log_len)
+    enable_log_outputs: bool = False  # --enable-log-outputs
     max_log_len: int | None = None
     uvicorn_log_level: str | None = None  # --uvicorn-log-level: the API servers' HTTP log (None: --log-level's)
     chat_template: str | None = field(default=None, repr=False)  # --chat-template's text; None: the tokenizer's
@@ -182,6 +183,7 @@ class ApiServerRole(_Role, frozen=True):
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs
     generation_defaults: GenerationDefaults = GenerationDefaults()  # --generation-config's sampling defaults
     enable_log_requests: bool = False  # --enable-log-requests
+    enable_log_outputs: bool = False  # --enable-log-outputs
     max_log_len: int | None = None  # --max-log-len
     uvicorn_log_level: str | None = None  # --uvicorn-log-level
     scheduling_policy: str = "fcfs"  # the engines' --scheduling-policy: fcfs refuses a priority other than 0
@@ -257,7 +259,8 @@ def api_server_role(plan: LaunchPlan, client_index: int, *, managed_ranks: tuple
         max_seqs_per_request=plan.max_seqs_per_request, max_request_body_bytes=plan.max_request_body_bytes or None,
         enable_prompt_tokens_details=plan.enable_prompt_tokens_details, max_logprobs=plan.max_logprobs,
         generation_defaults=plan.generation_defaults,
-        enable_log_requests=plan.enable_log_requests, max_log_len=plan.max_log_len,
+        enable_log_requests=plan.enable_log_requests, enable_log_outputs=plan.enable_log_outputs,
+        max_log_len=plan.max_log_len,
         uvicorn_log_level=plan.uvicorn_log_level, scheduling_policy=plan.engine.scheduling_policy,
         chat_template=plan.chat_template, chat_template_content_format=plan.chat_template_content_format,
         trust_request_chat_template=plan.trust_request_chat_template,

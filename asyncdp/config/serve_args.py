@@ -24,7 +24,9 @@ from asyncdp.config.flags import (
     ServeConfig,
 )
 from asyncdp.config.vllm_flags import (
+    ALL2ALL_BACKENDS,
     DISTRIBUTED_EXECUTOR_BACKENDS,
+    EXPERT_PLACEMENT_STRATEGIES,
     KV_CACHE_DTYPES,
     TOKENIZER_MODES,
     UVICORN_LOG_LEVELS,
@@ -41,6 +43,10 @@ def _bool(group: Any, *names: str, help: str, dest: str | None = None) -> None:
 def _choice(group: Any, *names: str, choices: Sequence[str], help: str) -> None:
     """A flag that takes one of ``choices``, listed in its help; ServeConfig.validate checks the value (exit 2)."""
     group.add_argument(*names, default=None, metavar="{" + ",".join(choices) + "}", help=help)
+
+
+def _nullable(value: str) -> str | None:
+    return None if value in ("", "None") else value  # vLLM's optional strings
 
 
 def _dtype(name: str) -> str:
@@ -279,6 +285,15 @@ def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
                    help="a JSON object of generation_config.json fields that override or add to those defaults "
                         "(with vllm too); its max_new_tokens caps every request's max_tokens (default: {})")
     _bool(g, "--trust-remote-code", help="accepted; asyncdp never runs a checkpoint's code (default: off)")
+    _bool(g, "--enable-log-outputs", help="with --enable-log-requests, also log one INFO line per choice generated "
+                                          "(each delta of a stream, then the whole) (default: off)")
+    _choice(g, "--all2all-backend", choices=ALL2ALL_BACKENDS,
+            help="allgather_reducescatter (naive, pplx: the same, as in vLLM) names the exchange of MoE ranks "
+                 "without --enable-expert-parallel, which is refused with it; the kernel libraries are refused "
+                 "(default: asyncdp's exchange)")
+    _choice(g, "--expert-placement-strategy", choices=EXPERT_PLACEMENT_STRATEGIES,
+            help="linear: each expert-parallel rank holds a contiguous block of experts; round_robin is refused "
+                 f"with --enable-expert-parallel (default: {v.expert_placement_strategy})")
     _bool(g, "--enforce-eager", help="no effect: asyncdp captures no CUDA graphs (default: off)")
     _bool(g, "--enable-chunked-prefill",
           help="no effect: prompts are always chunked; --no-enable-chunked-prefill is refused (default: on)")
@@ -308,3 +323,38 @@ def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
                    help="no effect: asyncdp logs no periodic stats (they are on /metrics)")
     _bool(g, "--disable-uvicorn-access-log", help="no effect: asyncdp writes no access log (default: off)")
     _bool(g, "--disable-custom-all-reduce", help="no effect: no tensor parallelism (default: off)")
+    _add_moe_and_model_flags(g)
+
+
+def _add_moe_and_model_flags(g: argparse._ArgumentGroup) -> None:
+    """The rest of the carried-over flags: MoE command lines' (no effect: asyncdp moves no expert, splits no batch),
+    and those of the model and its KV cache, accepted where they ask nothing asyncdp lacks."""
+    v = _D.vllm
+    _bool(g, "--enable-eplb", help="no effect: asyncdp moves and replicates no expert; needs --enable-expert-parallel "
+                                   "(default: off)")
+    g.add_argument("--eplb-config", default=None, metavar="JSON",
+                   help="no effect: window_size, step_interval, num_redundant_experts (needs --enable-eplb), "
+                        "log_balancedness, ... (default: {})")
+    _bool(g, "--enable-dbo", help="no effect: each step runs as one batch (default: off)")
+    g.add_argument("--dbo-decode-token-threshold", type=int, default=None, metavar="N",
+                   help=f"no effect (default: {v.dbo_decode_token_threshold})")
+    g.add_argument("--dbo-prefill-token-threshold", type=int, default=None, metavar="N",
+                   help=f"no effect (default: {v.dbo_prefill_token_threshold})")
+    for flag, what in (("--revision", "the model's"), ("--code-revision", "the model code's"),
+                       ("--tokenizer-revision", "the tokenizer's")):
+        g.add_argument(flag, type=_nullable, default=None, metavar="REV",
+                       help=f"no effect: {what} revision on the Hugging Face Hub; asyncdp reads local directories "
+                            "as they are (default: none)")
+    g.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
+                   help="no effect: no CUDA graphs (default: none)")
+    g.add_argument("--cudagraph-capture-sizes", "--cuda-graph-sizes", dest="cudagraph_capture_sizes", type=int,
+                   nargs="+", default=None, metavar="N", help="no effect: no CUDA graphs (default: none)")
+    _bool(g, "--disable-cascade-attn", help="no effect: asyncdp has no cascade attention (default: off)")
+    g.add_argument("--hf-overrides", default=None, metavar="JSON",
+                   help="{}: no effect; an override of config.json is refused (default: {})")
+    g.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                   help="refused with a kv_connector: asyncdp has no KV connector (default: none)")
+    g.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help="refused with enable_kv_cache_events: asyncdp publishes no KV cache events (default: none)")
+    g.add_argument("--limit-mm-per-prompt", default=None, metavar="JSON",
+                   help="every modality 0: no effect on a text-only model; a media count is refused (default: {})")

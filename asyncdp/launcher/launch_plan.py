@@ -88,7 +88,7 @@ def plan_from_config(config: ResolvedServeConfig) -> LaunchPlan:
         max_seqs_per_request=config.max_seqs_per_request,
         enable_prompt_tokens_details=config.enable_prompt_tokens_details,
         max_logprobs=config.vllm.max_logprobs, generation_defaults=config.vllm.generation_defaults,
-        enable_log_requests=config.vllm.enable_log_requests,
+        enable_log_requests=config.vllm.enable_log_requests, enable_log_outputs=config.vllm.enable_log_outputs,
         max_log_len=config.vllm.max_log_len, uvicorn_log_level=config.vllm.uvicorn_log_level,
         chat_template=config.chat_template, chat_template_content_format=config.chat_template_content_format,
         trust_request_chat_template=config.trust_request_chat_template,

@@ -1,14 +1,17 @@
 """What the honoured vLLM flags do in an API server (docs/reference/cli.md, "vLLM flags that carry over"):
 ``--max-logprobs`` bounds a request's logprobs with vLLM's 400, ``--enable-log-requests`` logs one line per prompt
-(``--max-log-len`` of its token ids), and ``--uvicorn-log-level`` sets the HTTP server's log level."""
+(``--max-log-len`` of its token ids) and, with ``--enable-log-outputs``, one line per choice generated, and
+``--uvicorn-log-level`` sets the HTTP server's log level."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
 from asyncdp.api.serve import http_log_level
+from asyncdp.testing import FakeEngineClient
 from tests.api.conftest import running
 
 pytestmark = pytest.mark.anyio
@@ -101,6 +104,50 @@ async def test_requests_are_not_logged_without_enable_log_requests(caplog):
         r = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1})
     assert r.status_code == 200
     assert not [rec for rec in caplog.records if rec.getMessage().startswith("Received request")]
+
+
+def generated_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("Generated response")]
+
+
+async def test_enable_log_outputs_logs_each_choice_once_it_ends_with_max_log_len(caplog):
+    caplog.set_level(logging.INFO, logger="asyncdp.api.generate")
+    async with running(FakeEngineClient(replies=lambda _prompt, _seed: "hey"), enable_log_requests=True,
+                       enable_log_outputs=True, max_log_len=2) as srv:
+        r = await srv.http.post("/v1/chat/completions", json={"messages": CHAT, "n": 2})
+    assert r.status_code == 200, r.text
+    lines = generated_lines(caplog)
+    assert len(lines) == 2, lines
+    for i, line in enumerate(lines):  # (the text and the ids cut at --max-log-len, as vLLM's request logger)
+        assert re.fullmatch(rf"Generated response chatcmpl-\S+-0-{i}: output: 'he', output_token_ids: \[104, 101\], "
+                            r"finish_reason: stop", line), line
+
+
+async def test_enable_log_outputs_logs_a_streams_deltas_then_each_choice_complete(caplog):
+    caplog.set_level(logging.INFO, logger="asyncdp.api.generate")
+    async with running(FakeEngineClient(replies=lambda _prompt, _seed: "hey"), enable_log_requests=True,
+                       enable_log_outputs=True) as srv:
+        r = await srv.http.post("/v1/completions", json={"prompt": "a", "stream": True})
+    assert r.status_code == 200, r.text
+    lines = [re.sub(r"cmpl-\S+-0-0", "ID", line) for line in generated_lines(caplog)]
+    assert lines == [
+        "Generated response ID (streaming delta): output: 'h', output_token_ids: [104], finish_reason: None",
+        "Generated response ID (streaming delta): output: 'e', output_token_ids: [101], finish_reason: None",
+        "Generated response ID (streaming delta): output: 'y', output_token_ids: [121], finish_reason: stop",
+        "Generated response ID (streaming complete): output: 'hey', output_token_ids: None, "
+        "finish_reason: streaming_complete",
+    ]
+
+
+async def test_outputs_are_logged_only_with_both_log_flags(caplog):
+    """vLLM's request logger exists only with --enable-log-requests; --enable-log-outputs adds its output lines."""
+    caplog.set_level(logging.INFO, logger="asyncdp.api.generate")
+    for flags in ({"enable_log_outputs": True}, {"enable_log_requests": True}):
+        async with running(**flags) as srv:
+            r = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
+            s = await srv.http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "stream": True})
+        assert (r.status_code, s.status_code) == (200, 200)
+        assert generated_lines(caplog) == [], flags
 
 
 @pytest.mark.parametrize(("name", "level"), [("critical", logging.CRITICAL), ("error", logging.ERROR),

@@ -1,6 +1,7 @@
 """Real command lines for the config tests (tests/config/test_config_*.py): the model's facts are injected (no
 model package needed) and the environment is an explicit mapping; ``serve`` builds the ServeConfig, ``deploy``
-its resolved deployment, ``fails`` the ConfigError's message."""
+its resolved deployment, ``fails`` the ConfigError's message, ``exits_2`` what ``asyncdp serve`` prints as it exits 2
+before starting anything."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncdp.cli import build_serve_config
+from asyncdp.cli import build_serve_config, main
 from asyncdp.config.deployment import DeploymentConfig
 from asyncdp.config.flags import ServeConfig
 from asyncdp.errors import ConfigError
@@ -39,6 +40,28 @@ def fails(cmd: str, facts: Facts = MOE, env: dict[str, str] | None = None) -> st
     with pytest.raises(ConfigError) as info:
         serve(cmd, facts, env)
     return str(info.value)
+
+
+def underscored(cmd: str) -> str:
+    """``cmd`` with every long flag in vLLM's other spelling: ``--max_model_len``."""
+    return shlex.join("--" + w[2:].replace("-", "_") if w.startswith("--") else w for w in shlex.split(cmd))
+
+
+class Launcher:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, config: Any) -> int:
+        self.calls += 1
+        return 0
+
+
+def exits_2(cmd: str, facts: Facts, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The stderr lines of ``asyncdp serve cmd``, once it exited 2 without calling the launcher."""
+    launcher = Launcher()
+    assert main(["serve", *shlex.split(cmd)], model_facts=lambda _name: facts, run_serve=launcher, env={}) == 2
+    assert launcher.calls == 0
+    return capsys.readouterr().err.splitlines()
 
 
 @dataclass(frozen=True)

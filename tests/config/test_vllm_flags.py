@@ -5,15 +5,14 @@ launcher is called; out-of-range values exit 2 naming what the flag must be."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from asyncdp.cli import main, unsupported_reason
+from asyncdp.cli import unsupported_reason
 from asyncdp.config.flags import ServeConfig
-from tests.config.command_lines import DENSE, api_server_configs, serve
+from tests.config.command_lines import DENSE, api_server_configs, exits_2, serve, underscored
 
 # vLLM's own DP end-to-end tests start their servers with these (tests/v1/distributed/test_internal_lb_dp.py).
 VLLM_DP_TEST_FLAGS = "--dtype bfloat16 --max-model-len 2048 --max-num-seqs 128 --enforce-eager"
@@ -71,10 +70,6 @@ ACCEPTED: list[tuple[str, Callable[[ServeConfig], Any], Any]] = [
 ]
 
 
-def underscored(cmd: str) -> str:
-    return shlex.join("--" + w[2:].replace("-", "_") if w.startswith("--") else w for w in shlex.split(cmd))
-
-
 @pytest.mark.parametrize(("cmd", "read", "expected"), ACCEPTED, ids=[c for c, _, _ in ACCEPTED])
 def test_accepted_flag_reaches_the_resolved_config_in_both_spellings(cmd, read, expected):
     for spelling in (cmd, underscored(cmd)):
@@ -113,23 +108,10 @@ REFUSED = [
 ]
 
 
-class Launcher:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, config: Any) -> int:
-        self.calls += 1
-        return 0
-
-
 @pytest.mark.parametrize(("cmd", "message"), REFUSED, ids=[c for c, _ in REFUSED])
 def test_refused_value_exits_2_with_one_line_before_the_launcher(cmd, message, capsys):
-    for spelling in (cmd, underscored(cmd)):
-        launcher = Launcher()
-        assert main(["serve", "-dp", "2", *shlex.split(spelling)], model_facts=lambda _name: DENSE,
-                    run_serve=launcher, env={}) == 2
-        assert capsys.readouterr().err.splitlines() == [f"asyncdp: error: {message}"]
-        assert launcher.calls == 0
+    for spelling in (cmd, underscored(cmd)):  # (exits_2: exit status 2, the launcher never called)
+        assert exits_2(f"-dp 2 {spelling}", DENSE, capsys) == [f"asyncdp: error: {message}"]
 
 
 INVALID = [
@@ -156,8 +138,7 @@ INVALID = [
 
 @pytest.mark.parametrize(("cmd", "message"), INVALID, ids=[c for c, _ in INVALID])
 def test_out_of_range_value_exits_2_naming_what_the_flag_must_be(cmd, message, capsys):
-    assert main(["serve", *shlex.split(cmd)], model_facts=lambda _name: DENSE, run_serve=Launcher(), env={}) == 2
-    assert capsys.readouterr().err.splitlines() == [f"asyncdp: error: {message}"]
+    assert exits_2(cmd, DENSE, capsys) == [f"asyncdp: error: {message}"]
 
 
 def test_front_end_flags_reach_every_api_server(monkeypatch):
