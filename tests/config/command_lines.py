@@ -64,6 +64,13 @@ def exits_2(cmd: str, facts: Facts, capsys: pytest.CaptureFixture[str]) -> list[
     return capsys.readouterr().err.splitlines()
 
 
+
+def refused_both_spellings(cmd: str, message: str, facts: Facts, capsys: pytest.CaptureFixture[str]) -> None:
+    """``asyncdp serve -dp 2 cmd`` exits 2 with the one line ``message``, before the launcher, in both of vLLM's
+    spellings of its flags (dashes and underscores)."""
+    for spelling in (cmd, underscored(cmd)):
+        assert exits_2(f"-dp 2 {spelling}", facts, capsys) == [f"asyncdp: error: {message}"]
+
 @dataclass(frozen=True)
 class _ModelInfo:
     max_position_embeddings: int = 512

@@ -12,7 +12,14 @@ import pytest
 
 from asyncdp.cli import unsupported_reason
 from asyncdp.config.flags import ServeConfig
-from tests.config.command_lines import DENSE, api_server_configs, exits_2, serve, underscored
+from tests.config.command_lines import (
+    DENSE,
+    api_server_configs,
+    exits_2,
+    refused_both_spellings,
+    serve,
+    underscored,
+)
 
 # vLLM's own DP end-to-end tests start their servers with these (tests/v1/distributed/test_internal_lb_dp.py).
 VLLM_DP_TEST_FLAGS = "--dtype bfloat16 --max-model-len 2048 --max-num-seqs 128 --enforce-eager"
@@ -110,8 +117,7 @@ REFUSED = [
 
 @pytest.mark.parametrize(("cmd", "message"), REFUSED, ids=[c for c, _ in REFUSED])
 def test_refused_value_exits_2_with_one_line_before_the_launcher(cmd, message, capsys):
-    for spelling in (cmd, underscored(cmd)):  # (exits_2: exit status 2, the launcher never called)
-        assert exits_2(f"-dp 2 {spelling}", DENSE, capsys) == [f"asyncdp: error: {message}"]
+    refused_both_spellings(cmd, message, DENSE, capsys)
 
 
 INVALID = [

@@ -15,7 +15,15 @@ import pytest
 
 from asyncdp.cli import unsupported_reason
 from asyncdp.config.flags import ServeConfig
-from tests.config.command_lines import DENSE, MOE, api_server_configs, exits_2, serve, underscored
+from tests.config.command_lines import (
+    DENSE,
+    MOE,
+    api_server_configs,
+    exits_2,
+    refused_both_spellings,
+    serve,
+    underscored,
+)
 
 EPLB = """{"window_size": 100, "step_interval": 200, "num_redundant_experts": 2, "log_balancedness": true}"""
 
@@ -120,8 +128,7 @@ REFUSED = [
 
 @pytest.mark.parametrize(("cmd", "message"), REFUSED, ids=[c for c, _ in REFUSED])
 def test_refused_value_exits_2_with_one_line_before_the_launcher(cmd, message, capsys):
-    for spelling in (cmd, underscored(cmd)):  # (exits_2: exit status 2, the launcher never called)
-        assert exits_2(f"-dp 2 {spelling}", MOE, capsys) == [f"asyncdp: error: {message}"]
+    refused_both_spellings(cmd, message, MOE, capsys)
 
 
 def test_expert_parallel_refusals_do_not_apply_where_the_model_has_no_experts():
