@@ -132,7 +132,7 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
         params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs,
                                  prompt_logprobs=req.prompt_logprobs, bias=logit_bias(req, len(tok)),
                                  structured=constraint, tokenizer=tok, scheduling_policy=state.scheduling_policy,
-                                 defaults=state.generation_defaults, logprobs_limit=state.logprobs_limit())
+                                 defaults=state.generation_defaults, logprobs_limit=state.logprobs_limit)
     except InvalidRequestError as exc:
         if exc.field == "logprobs":
             exc.field = "top_logprobs"
@@ -150,7 +150,7 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
     echo = content_text(messages[-1]["content"]) if req.echo and messages[-1]["role"] == "assistant" else ""
     if echo and tools is not None and tools.calls:
         raise HTTPError(400, "echo cannot be combined with a tool_choice whose answer is tool calls.", param="echo")
-    beams = check_beam_search(req, params, 1, state.max_seqs_per_request, logprobs_limit=state.logprobs_limit(),
+    beams = check_beam_search(req, params, 1, state.max_seqs_per_request, logprobs_limit=state.logprobs_limit,
                               may_stream=True)  # (as vLLM's chat)
     request_id, engine_id = request_ids("chatcmpl", id_header, req.request_id)
     seqs = sequences(engine_id, [prompt_ids], params, 1 if beams else per_prompt)  # (beams: the search's start)

@@ -106,7 +106,7 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
     params = sampling_params(req, max_tokens=max_tokens, logprobs=seq_logprobs, prompt_logprobs=prompt_lps,
                              bias=logit_bias(req, vocab), structured=structured_outputs(req), tokenizer=tok,
                              scheduling_policy=state.scheduling_policy, defaults=state.generation_defaults,
-                             logprobs_limit=state.logprobs_limit())
+                             logprobs_limit=state.logprobs_limit)
     whole = prompt_ids
     prompt_ids = [truncate_prompt(ids, req.truncate_prompt_tokens, state.client.max_model_len, max_tokens, field)
                   for ids in whole]
@@ -121,7 +121,7 @@ def prepare(state: AppState, body: bytes, id_header: str | None = None) -> Prepa
     texts = [Echo(echoed(p, ids, len(ids) < len(w)), ids)
              for p, ids, w in zip(raw, prompt_ids, whole, strict=True)]
     beams = check_beam_search(req, params, len(raw), state.max_seqs_per_request,
-                              logprobs_limit=state.logprobs_limit())
+                              logprobs_limit=state.logprobs_limit)
     request_id, engine_id = request_ids("cmpl", id_header, req.request_id)
     # beam search: one sequence per prompt, the search's start (asyncdp.api.beam_search)
     seqs = sequences(engine_id, prompt_ids, params, 1) if beams else sequences(engine_id, prompt_ids, params,

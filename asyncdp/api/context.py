@@ -26,7 +26,7 @@ from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST
 from asyncdp.config.generation_config import GenerationDefaults
 from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 from asyncdp.errors import ModelNotServedError, ShuttingDownError, UnavailableError
-from asyncdp.sampling_params import StartMarker, logprobs_limit
+from asyncdp.sampling_params import StartMarker
 
 PAUSE_MODES = ("abort", "wait", "keep")
 # The 503 of a server that is stopping, answered before it reads a request (a router may send it elsewhere).
@@ -44,7 +44,8 @@ class AppState:
     max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_body_bytes: int = 0
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # --max-logprobs: a request asking more logprobs is a 400 (-1: vocab)
+    # the most logprobs a request may ask (a 400 beyond): --max-logprobs, its -1 the tokenizer's vocabulary size
+    logprobs_limit: int = DEFAULT_MAX_LOGPROBS
     generation_defaults: GenerationDefaults = GenerationDefaults()  # --generation-config: for unset fields
     log_requests: bool = False  # --enable-log-requests: one INFO line per prompt accepted
     # --enable-log-outputs (with --enable-log-requests): one INFO line per choice generated, each delta of a stream
@@ -78,10 +79,6 @@ class AppState:
         if model not in self.served_model_names:
             raise ModelNotServedError(f"The model `{model}` does not exist.")
         return model
-
-    def logprobs_limit(self) -> int:
-        """The most logprobs a request may ask: ``--max-logprobs``, its -1 the tokenizer's vocabulary size."""
-        return logprobs_limit(self.max_logprobs, len(self.client.tokenizer))
 
     @property
     def refusing(self) -> bool:

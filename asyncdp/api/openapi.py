@@ -102,7 +102,7 @@ def _components(state: AppState) -> dict[str, Any]:
     token_ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": last_id}}
     prompt = {**_PROMPT, "anyOf": [*_PROMPT["anyOf"][:2], token_ids,
                                    {"type": "array", "minItems": 1, "items": token_ids}]}
-    logprobs = {"anyOf": [{"type": "null"}, {"type": "integer", "minimum": 0, "maximum": state.logprobs_limit()}],
+    logprobs = {"anyOf": [{"type": "null"}, {"type": "integer", "minimum": 0, "maximum": state.logprobs_limit}],
                 "description": "At most --max-logprobs; more is a 400."}
     for name, schema in components.items():
         props = schema.get("properties", {})
