@@ -6,12 +6,13 @@ before starting anything."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from asyncdp.cli import build_serve_config, main
+from asyncdp.cli import build_serve_config, main, unsupported_reason
 from asyncdp.config.deployment import DeploymentConfig
 from asyncdp.config.flags import ServeConfig
 from asyncdp.errors import ConfigError
@@ -64,6 +65,14 @@ def exits_2(cmd: str, facts: Facts, capsys: pytest.CaptureFixture[str]) -> list[
     return capsys.readouterr().err.splitlines()
 
 
+
+def accepted_both_spellings(cmd: str, read: Callable[[ServeConfig], Any], expected: Any, facts: Facts) -> None:
+    """``asyncdp serve -dp 2 cmd`` resolves, in both of vLLM's spellings of its flags, to a configuration that
+    ``read`` finds ``expected`` in and that nothing refuses."""
+    for spelling in (cmd, underscored(cmd)):
+        config = serve(f"-dp 2 {spelling}", facts)
+        assert read(config) == expected, spelling
+        assert unsupported_reason(config) is None
 
 def refused_both_spellings(cmd: str, message: str, facts: Facts, capsys: pytest.CaptureFixture[str]) -> None:
     """``asyncdp serve -dp 2 cmd`` exits 2 with the one line ``message``, before the launcher, in both of vLLM's

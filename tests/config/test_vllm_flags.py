@@ -10,15 +10,13 @@ from typing import Any
 
 import pytest
 
-from asyncdp.cli import unsupported_reason
 from asyncdp.config.flags import ServeConfig
 from tests.config.command_lines import (
     DENSE,
+    accepted_both_spellings,
     api_server_configs,
     exits_2,
     refused_both_spellings,
-    serve,
-    underscored,
 )
 
 # vLLM's own DP end-to-end tests start their servers with these (tests/v1/distributed/test_internal_lb_dp.py).
@@ -79,10 +77,7 @@ ACCEPTED: list[tuple[str, Callable[[ServeConfig], Any], Any]] = [
 
 @pytest.mark.parametrize(("cmd", "read", "expected"), ACCEPTED, ids=[c for c, _, _ in ACCEPTED])
 def test_accepted_flag_reaches_the_resolved_config_in_both_spellings(cmd, read, expected):
-    for spelling in (cmd, underscored(cmd)):
-        config = serve(f"-dp 2 {spelling}", DENSE)
-        assert read(config) == expected, spelling
-        assert unsupported_reason(config) is None
+    accepted_both_spellings(cmd, read, expected, DENSE)
 
 
 REFUSED = [

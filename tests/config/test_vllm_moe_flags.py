@@ -18,11 +18,11 @@ from asyncdp.config.flags import ServeConfig
 from tests.config.command_lines import (
     DENSE,
     MOE,
+    accepted_both_spellings,
     api_server_configs,
     exits_2,
     refused_both_spellings,
     serve,
-    underscored,
 )
 
 EPLB = """{"window_size": 100, "step_interval": 200, "num_redundant_experts": 2, "log_balancedness": true}"""
@@ -66,10 +66,7 @@ ACCEPTED: list[tuple[str, Callable[[ServeConfig], Any], Any]] = [
 
 @pytest.mark.parametrize(("cmd", "read", "expected"), ACCEPTED, ids=[c for c, _, _ in ACCEPTED])
 def test_accepted_flag_reaches_the_resolved_config_in_both_spellings(cmd, read, expected):
-    for spelling in (cmd, underscored(cmd)):
-        config = serve(f"-dp 2 {spelling}", MOE)
-        assert read(config) == expected, spelling
-        assert unsupported_reason(config) is None
+    accepted_both_spellings(cmd, read, expected, MOE)
 
 
 @pytest.mark.parametrize("backend", ["naive", "pplx"])
