@@ -46,6 +46,18 @@ def fed(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
     return reasoning, content
 
 
+def assert_read_alike_at_every_cut(make: Callable[[], ReasoningParser], text: str, expected: tuple[str, str],
+                                   step: int = 5) -> None:
+    """A reasoning parser from ``make`` reads ``text`` as ``expected`` (``(reasoning, content)``) whole, character
+    by character, cut once at every point, and cut twice on a grid of 3 by ``step`` (with an empty last piece)."""
+    assert whole(make(), text) == expected
+    assert fed(make(), list(text)) == expected, "character by character"
+    for cut in range(len(text) + 1):
+        assert fed(make(), [text[:cut], text[cut:]]) == expected, cut
+    for a in range(0, len(text), 3):
+        for b in range(a, len(text), step):
+            assert fed(make(), [text[:a], text[a:b], text[b:], ""]) == expected, (a, b)
+
 def assert_counts_at_every_cut(make: Callable[[], Any], ids: list[int], expected: int) -> None:
     """A reasoning-token counter from ``make`` fed ``ids`` in two pieces, cut anywhere (and an empty piece), counts
     ``expected`` in the end, and never more before it (a tail that may be a tag waits)."""

@@ -17,7 +17,12 @@ from asyncdp.api.tool_parsers import PARSERS as TOOL_PARSERS
 from asyncdp.api.tool_parsers import AutoToolCalls, ParsedCall, tags_are_special
 from asyncdp.sampling_params import StartMarker
 from asyncdp.testing import byte_tokenizer
-from tests.api.parser_feeds import assert_counts_at_every_cut, assert_every_split_agrees, fed, whole
+from tests.api.parser_feeds import (
+    assert_counts_at_every_cut,
+    assert_every_split_agrees,
+    assert_read_alike_at_every_cut,
+    whole,
+)
 
 REASONING, TOOLS = REASONING_PARSERS["openai_gptoss"], TOOL_PARSERS["openai"]
 NAMES = ("get_weather", "get_time")
@@ -65,13 +70,7 @@ CASES: dict[str, tuple[str, str, str]] = {
 
 @pytest.mark.parametrize(("text", "reasoning", "content"), CASES.values(), ids=list(CASES))
 def test_the_reasoning_parser_whole_and_at_every_split(text: str, reasoning: str, content: str) -> None:
-    assert whole(REASONING(), text) == (reasoning, content)
-    assert fed(REASONING(), list(text)) == (reasoning, content), "character by character"
-    for cut in range(len(text) + 1):
-        assert fed(REASONING(), [text[:cut], text[cut:]]) == (reasoning, content), cut
-    for a in range(0, len(text), 3):
-        for b in range(a, len(text), 5):
-            assert fed(REASONING(), [text[:a], text[a:b], text[b:], ""]) == (reasoning, content), (a, b)
+    assert_read_alike_at_every_cut(REASONING, text, (reasoning, content))
 
 
 def test_a_whole_answer_without_reasoning_has_none() -> None:

@@ -21,7 +21,7 @@ from asyncdp.api.reasoning_parsers import (
 from asyncdp.api.reasoning_tokens import ReasoningTokens, count_reasoning_tokens
 from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.testing import byte_tokenizer
-from tests.api.parser_feeds import assert_counts_at_every_cut, fed, whole
+from tests.api.parser_feeds import assert_counts_at_every_cut, assert_read_alike_at_every_cut
 
 THOUGHT_PHRASE, RESPONSE_PHRASE = "Here is my thought process:", "Here is my response:"
 
@@ -132,14 +132,7 @@ ALL = [(name, *case) for name, cases in CASES.items() for case in cases]
 @pytest.mark.parametrize(("name", "text", "reasoning", "content", "countable"), ALL)
 def test_a_whole_answer_and_every_split_of_it(name: str, text: str, reasoning: str, content: str,
                                               countable: bool) -> None:
-    parser = PARSERS[name]
-    assert whole(parser(), text) == (reasoning, content)
-    assert fed(parser(), list(text)) == (reasoning, content), "character by character"
-    for cut in range(len(text) + 1):
-        assert fed(parser(), [text[:cut], text[cut:]]) == (reasoning, content), cut
-    for a in range(0, len(text), 3):
-        for b in range(a, len(text), 4):
-            assert fed(parser(), [text[:a], text[a:b], text[b:], ""]) == (reasoning, content), (a, b)
+    assert_read_alike_at_every_cut(PARSERS[name], text, (reasoning, content), step=4)
 
 
 @pytest.mark.parametrize(("name", "text", "reasoning", "content", "countable"), ALL)

@@ -26,7 +26,7 @@ from asyncdp.api.tool_parsers import tags_are_special
 from asyncdp.config.flags import REASONING_PARSERS
 from asyncdp.sampling_params import StartMarker
 from asyncdp.testing import byte_tokenizer
-from tests.api.parser_feeds import assert_counts_at_every_cut, fed, whole
+from tests.api.parser_feeds import assert_counts_at_every_cut, assert_read_alike_at_every_cut, fed, whole
 
 # name: (text, reasoning, content), both parsers while thinking (as vLLM reads them today)
 CASES: dict[str, tuple[str, str, str]] = {
@@ -58,13 +58,7 @@ def test_a_whole_answer(parser: type[ReasoningParser], name: str) -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_every_split_of_the_text_gives_the_whole_answer(name: str) -> None:
     text = CASES[name][0]
-    expected = whole(Qwen3Parser(), text)
-    assert fed(Qwen3Parser(), list(text)) == expected, "character by character"
-    for cut in range(len(text) + 1):
-        assert fed(Qwen3Parser(), [text[:cut], text[cut:]]) == expected, cut
-    for a in range(0, len(text), 3):
-        for b in range(a, len(text), 5):
-            assert fed(Qwen3Parser(), [text[:a], text[a:b], text[b:], ""]) == expected, (a, b)
+    assert_read_alike_at_every_cut(Qwen3Parser, text, whole(Qwen3Parser(), text))
 
 
 def test_a_possible_tag_is_held_back_and_released_when_it_is_none() -> None:
