@@ -145,7 +145,7 @@ async def run_whole(state: AppState, seqs: list[Sequence], hint: Any, key: str |
         choice = Choice(seqs[0].index, token_ids=[] if keep_token_ids else None)
         if not await collect_one(state.client, seqs[0], hint, choice.add, admission, key):
             raise RuntimeError("every sequence ended without output")
-        return OutputLog(state, seqs).whole([choice])
+        return _logged(state, seqs, [choice])
     try:
         fan = Fanout(state.producers(), state.client, seqs, hint, admission, key)
     except BaseException:
@@ -160,8 +160,15 @@ async def run_whole(state: AppState, seqs: list[Sequence], hint: Any, key: str |
             choices[index].add(out)
     finally:
         fan.close()
-    return OutputLog(state, seqs).whole(choices)
+    return _logged(state, seqs, choices)
 
+
+
+def _logged(state: AppState, seqs: list[Sequence], choices: list[Choice]) -> list[Choice]:
+    """``choices``, logged first with ``--enable-log-outputs`` (nothing is built for the log without it)."""
+    if state.log_outputs:
+        OutputLog(state, seqs).whole(choices)
+    return choices
 
 async def start_stream(state: AppState, seqs: list[Sequence], hint: Any,
                        key: str | None = None) -> tuple[Items, Item]:
@@ -217,11 +224,9 @@ class OutputLog:
         log.info("Generated response %s%s: output: %r, output_token_ids: %s, finish_reason: %s", self._ids[index],
                  how, text[:cut], None if ids is None else ids[:cut], finish_reason)
 
-    def whole(self, choices: list[Choice]) -> list[Choice]:
-        if self._state.log_outputs:
-            for c in choices:
-                self._log(c.index, "", c.text, c.token_ids, c.finish_reason)
-        return choices
+    def whole(self, choices: list[Choice]) -> None:
+        for c in choices:
+            self._log(c.index, "", c.text, c.token_ids, c.finish_reason)
 
     def delta(self, item: Item) -> None:
         index, out = item
