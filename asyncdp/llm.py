@@ -43,7 +43,6 @@ from asyncdp.sampling_params import (
     SamplingParams,
     check_logprobs,
     default_sampling_params,
-    logprobs_limit,
     sample_seed,
 )
 
@@ -169,7 +168,7 @@ class LLM:
             raise ShuttingDownError("this LLM is shut down (shutdown() or its with block ended); create a new LLM.")
         items = _normalize_prompts(prompts)
         params_list = _params_list(sampling_params, len(items), self._default_params)
-        limit = logprobs_limit(self.max_logprobs, _vocab_size(self.tokenizer) if self.max_logprobs == -1 else 0)
+        limit = _vocab_size(self.tokenizer) if self.max_logprobs == -1 else self.max_logprobs
         core = self.llm_engine
         results: list[RequestOutput] = []
         children: dict[str, tuple[CompletionOutput, RequestOutput]] = {}

@@ -52,7 +52,6 @@ from asyncdp.config.flags import DEFAULT_MAX_SEQS_PER_REQUEST, default_max_reque
 from asyncdp.config.generation_config import GenerationDefaults
 from asyncdp.config.vllm_flags import DEFAULT_MAX_LOGPROBS
 from asyncdp.errors import HTTPError
-from asyncdp.sampling_params import logprobs_limit
 
 _ALWAYS_OPEN = ("/health", "/metrics", "/server_info")
 # Routes that answer without the API key: the probes of load balancers, orchestrators, scrapers and routers, and
@@ -160,7 +159,7 @@ def create_app(
         max_request_body_bytes=max_request_body_bytes,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         scheduling_policy=scheduling_policy,
-        logprobs_limit=logprobs_limit(max_logprobs, len(client.tokenizer)),
+        logprobs_limit=len(client.tokenizer) if max_logprobs == -1 else max_logprobs,  # (-1: the vocabulary)
         generation_defaults=generation_defaults or GenerationDefaults(),
         log_requests=enable_log_requests,
         log_outputs=enable_log_requests and enable_log_outputs,

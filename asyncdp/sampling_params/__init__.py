@@ -27,7 +27,7 @@ from asyncdp.sampling_params.token_filters import MAX_NUM_BAD_WORDS, with_token_
 
 __all__ = ["MAX_INT32", "MAX_LOGIT_BIAS", "MAX_N", "MAX_NUM_BAD_WORDS", "MAX_PENALTY", "MIN_REPETITION_PENALTY",
            "SamplingParams", "StartMarker", "StructuredOutputs", "check_logprobs", "default_sampling_params",
-           "logprobs_limit", "sample_seed", "with_token_filters"]
+           "sample_seed", "with_token_filters"]
 # Most sequences one request may ask for (n, best_of), as OpenAI caps them.
 MAX_N = 128
 # Integer fields that name token ids or counts travel as msgpack ints and index tensors: keep them in int32.
@@ -55,13 +55,8 @@ def check_priority(scheduling_policy: str, priority: int) -> None:
         raise InvalidRequestError(f"Got priority {priority} but Priority scheduling is not enabled.", field="priority")
 
 
-def logprobs_limit(max_logprobs: int, vocab_size: int) -> int:
-    """``--max-logprobs`` as the most logprobs a request may ask: -1 (vLLM's "no cap") is the vocabulary's size."""
-    return vocab_size if max_logprobs == -1 else max_logprobs
-
-
 def check_logprobs(params: SamplingParams, limit: int | None, *, beam_width: int = 0) -> None:
-    """vLLM's refusal of more sample or prompt logprobs than ``limit`` (:func:`logprobs_limit`; None: no limit), or
+    """vLLM's refusal of more sample or prompt logprobs than ``limit`` (``--max-logprobs``, its -1 the vocabulary's size; None: no limit), or
     of a beam search whose steps ask ``2 * beam_width`` (the field named is ``n``, the request's beam width)."""
     if limit is None:
         return
